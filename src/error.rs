@@ -1,0 +1,25 @@
+//! The core's error: every situation a request can end in other than
+//! success. `api::status` maps each one to a gRPC status in one table.
+
+use crate::{kafka::CatalogError, message::Invalid, store::StoreError};
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    #[error("topic {0:?} does not exist on the Kafka cluster; create it first")]
+    TopicUnknown(String),
+    #[error("cannot check topic {topic:?} because Kafka is unreachable ({reason}); try again")]
+    KafkaUnavailable { topic: String, reason: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<CatalogError> for Error {
+    fn from(e: CatalogError) -> Self {
+        match e {
+            CatalogError::Unknown(topic) => Error::TopicUnknown(topic),
+            CatalogError::Unreachable { topic, reason } => Error::KafkaUnavailable { topic, reason },
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! Kafka: the producer the dispatcher hands due messages to, and the topic
+//! catalog the service checks requests against. rdkafka's callbacks reach
+//! async code only through channels.
+
+mod catalog;
+mod producer;
+
+pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
+pub use producer::{DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
+
+use std::collections::BTreeMap;
+
+/// How to reach the Kafka cluster.
+#[derive(Clone, Debug)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// librdkafka properties passed through as they are (SASL, SSL,
+    /// compression, ...). They override hourglass's producer defaults.
+    pub properties: BTreeMap<String, String>,
+}

@@ -1,0 +1,225 @@
+//! The producer: one librdkafka producer with idempotence on, whose delivery
+//! reports come back to the dispatcher over a channel.
+//!
+//! It owns no retry policy and no state about messages: the dispatcher tags
+//! each record with a token and decides what a report means.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use rdkafka::{
+    ClientConfig, ClientContext, Message as _,
+    error::{KafkaError, RDKafkaErrorCode},
+    message::{DeliveryResult, Header, OwnedHeaders},
+    producer::{BaseRecord, DefaultProducerContext, Producer as _, ProducerContext, ThreadedProducer},
+};
+use tokio::sync::mpsc;
+
+use super::{KafkaConfig, catalog::MetadataSource};
+
+/// The outcome of one produce, tagged with the dispatcher's token.
+#[derive(Debug)]
+pub struct DeliveryReport {
+    pub token: u64,
+    pub result: Result<(i32, i64), ProduceError>,
+}
+
+/// Why a produce failed, and whether it is the message's fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProduceError {
+    pub fault: Fault,
+    pub reason: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The cluster is unreachable or busy: try again later, for as long as
+    /// it takes.
+    Outage,
+    /// The broker refused this message (topic gone, too large, not
+    /// authorised): try a bounded number of times, then give up.
+    Rejected,
+}
+
+/// Which errors mean "this message cannot be delivered" rather than "Kafka
+/// is not available right now".
+pub fn classify(code: RDKafkaErrorCode) -> Fault {
+    use RDKafkaErrorCode::*;
+    match code {
+        MessageSizeTooLarge
+        | InvalidMessageSize
+        | InvalidMessage
+        | UnknownTopicOrPartition
+        | UnknownTopic
+        | UnknownPartition
+        | TopicAuthorizationFailed
+        | ClusterAuthorizationFailed
+        | InvalidTopic
+        | MessageBatchTooLarge
+        | PolicyViolation
+        | InvalidRecord
+        | InvalidTimestamp
+        | InvalidPartitions => Fault::Rejected,
+        _ => Fault::Outage,
+    }
+}
+
+fn produce_error(e: &KafkaError) -> ProduceError {
+    let fault = e.rdkafka_error_code().map_or(Fault::Outage, classify);
+    ProduceError { fault, reason: e.to_string() }
+}
+
+struct Ticket {
+    token: u64,
+    reports: mpsc::UnboundedSender<DeliveryReport>,
+}
+
+struct Reports;
+
+impl ClientContext for Reports {}
+
+impl ProducerContext for Reports {
+    type DeliveryOpaque = Box<Ticket>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<Ticket>) {
+        let result = match result {
+            Ok(m) => Ok((m.partition(), m.offset())),
+            Err((e, _)) => Err(produce_error(e)),
+        };
+        // The dispatcher gone means we are shutting down past the grace
+        // period; the message stays pending and is produced after restart.
+        let _ = ticket.reports.send(DeliveryReport { token: ticket.token, result });
+    }
+}
+
+/// A record to produce, borrowed from the store's copy.
+pub struct Outgoing<'a> {
+    pub topic: &'a str,
+    pub key: Option<&'a [u8]>,
+    pub value: &'a [u8],
+    pub headers: Vec<(&'a str, &'a [u8])>,
+    pub partition: Option<i32>,
+}
+
+pub struct Producer {
+    inner: ThreadedProducer<Reports>,
+    metadata: rdkafka::producer::BaseProducer<DefaultProducerContext>,
+}
+
+/// hourglass's producer defaults; the user's properties override them.
+fn defaults() -> BTreeMap<&'static str, &'static str> {
+    BTreeMap::from([
+        // Exactly one copy per produce, in order per partition, even when
+        // librdkafka retries internally.
+        ("enable.idempotence", "true"),
+        ("acks", "all"),
+        // Precision first: a due record waits at most 1 ms for company.
+        ("linger.ms", "1"),
+        // Keyed records land where the Java client would put them.
+        ("partitioner", "murmur2_random"),
+        ("queue.buffering.max.messages", "1000000"),
+    ])
+}
+
+fn client_config(config: &KafkaConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (k, v) in defaults() {
+        client.set(k, v);
+    }
+    client.set("bootstrap.servers", &config.brokers);
+    for (k, v) in &config.properties {
+        client.set(k, v);
+    }
+    client
+}
+
+impl Producer {
+    pub fn new(config: &KafkaConfig) -> Result<Producer, KafkaError> {
+        let client = client_config(config);
+        if client.get("enable.idempotence") != Some("true") {
+            tracing::warn!("enable.idempotence is off: Kafka retries may duplicate or reorder records");
+        }
+        let inner = client.create_with_context(Reports)?;
+        // A separate client for metadata, so refreshes never queue behind
+        // produce traffic.
+        let metadata = client.create()?;
+        Ok(Producer { inner, metadata })
+    }
+
+    /// Hands a record to librdkafka; its report arrives on `reports` with
+    /// `token`. An error here means it was not queued at all.
+    pub fn send(
+        &self,
+        record: Outgoing<'_>,
+        token: u64,
+        reports: &mpsc::UnboundedSender<DeliveryReport>,
+    ) -> Result<(), ProduceError> {
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        for (key, value) in record.headers {
+            headers = headers.insert(Header { key, value: Some(value) });
+        }
+        let ticket = Box::new(Ticket { token, reports: reports.clone() });
+        let mut base =
+            BaseRecord::with_opaque_to(record.topic, ticket).payload(record.value).headers(headers);
+        if let Some(key) = record.key {
+            base = base.key(key);
+        }
+        if let Some(partition) = record.partition {
+            base = base.partition(partition);
+        }
+        self.inner.send(base).map_err(|(e, _)| produce_error(&e))
+    }
+
+    /// Waits up to `timeout` for every queued record to be acknowledged.
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.inner.flush(timeout)
+    }
+
+    pub fn in_flight(&self) -> i32 {
+        self.inner.in_flight_count()
+    }
+}
+
+impl MetadataSource for Producer {
+    fn topics(&self, timeout: Duration) -> Result<BTreeMap<String, i32>, String> {
+        let md = self.metadata.client().fetch_metadata(None, timeout).map_err(|e| e.to_string())?;
+        Ok(md
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| (t.name().to_owned(), t.partitions().len() as i32))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_faults_are_told_from_outages() {
+        assert_eq!(classify(RDKafkaErrorCode::MessageSizeTooLarge), Fault::Rejected);
+        assert_eq!(classify(RDKafkaErrorCode::UnknownTopicOrPartition), Fault::Rejected);
+        assert_eq!(classify(RDKafkaErrorCode::TopicAuthorizationFailed), Fault::Rejected);
+        assert_eq!(classify(RDKafkaErrorCode::MessageTimedOut), Fault::Outage);
+        assert_eq!(classify(RDKafkaErrorCode::AllBrokersDown), Fault::Outage);
+        assert_eq!(classify(RDKafkaErrorCode::NotLeaderForPartition), Fault::Outage);
+        assert_eq!(classify(RDKafkaErrorCode::QueueFull), Fault::Outage);
+    }
+
+    #[test]
+    fn user_properties_override_defaults() {
+        let config = KafkaConfig {
+            brokers: "b1:9092,b2:9092".into(),
+            properties: BTreeMap::from([
+                ("linger.ms".to_owned(), "20".to_owned()),
+                ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
+            ]),
+        };
+        let client = client_config(&config);
+        assert_eq!(client.get("bootstrap.servers"), Some("b1:9092,b2:9092"));
+        assert_eq!(client.get("linger.ms"), Some("20"));
+        assert_eq!(client.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(client.get("partitioner"), Some("murmur2_random"));
+        assert_eq!(client.get("enable.idempotence"), Some("true"));
+    }
+}

@@ -1,0 +1,489 @@
+//! The domain: what a scheduled message is, its id, its due time, its states
+//! and the limits a message must meet at the door.
+//!
+//! Plain types only. Nothing here does I/O, so validation and state
+//! transitions are unit-tested without RocksDB or Kafka. Knowing whether a
+//! topic exists needs the broker's metadata and lives in the service instead.
+
+use std::{fmt, time::Duration};
+
+/// Wall-clock milliseconds since the Unix epoch: the unit of every due time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnixMillis(pub u64);
+
+impl UnixMillis {
+    pub fn saturating_add(self, d: Duration) -> Self {
+        UnixMillis(self.0.saturating_add(duration_ms(d)))
+    }
+
+    /// How far `self` lies after `earlier`; zero when it does not.
+    pub fn since(self, earlier: UnixMillis) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+
+    /// RFC 3339 with milliseconds, for people reading logs and the CLI.
+    pub fn to_rfc3339(self) -> String {
+        let secs = (self.0 / 1000) as i64;
+        let nanos = (self.0 % 1000) as u32 * 1_000_000;
+        chrono::DateTime::from_timestamp(secs, nanos)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            .unwrap_or_else(|| format!("{}ms", self.0))
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A message id: the client's idempotency key, or one the server generated.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(String);
+
+impl MessageId {
+    pub const MAX_LEN: usize = 128;
+
+    /// Accepts a client-chosen id: 1 to 128 printable ASCII characters, no
+    /// spaces, so ids are safe in logs, terminals and URLs.
+    pub fn parse(id: &str) -> Result<Self, Invalid> {
+        if id.is_empty() {
+            return Err(Invalid::new("id", "must not be empty; omit it to let the server assign one"));
+        }
+        if id.len() > Self::MAX_LEN {
+            return Err(Invalid::new(
+                "id",
+                format!("is {} bytes long; the limit is {}", id.len(), Self::MAX_LEN),
+            ));
+        }
+        if let Some(c) = id.chars().find(|c| !c.is_ascii_graphic()) {
+            return Err(Invalid::new("id", format!("contains {c:?}; use printable ASCII without spaces")));
+        }
+        Ok(MessageId(id.to_owned()))
+    }
+
+    /// A new unique id that sorts by creation time (a ULID).
+    pub fn generate(generator: &mut ulid::Generator) -> Self {
+        let ulid = generator.generate().unwrap_or_else(|_| ulid::Ulid::new());
+        MessageId(ulid.to_string())
+    }
+
+    /// An id read back from the store, where it was validated on the way in.
+    pub(crate) fn from_stored(bytes: &[u8]) -> Option<Self> {
+        std::str::from_utf8(bytes).ok().map(|s| MessageId(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub key: String,
+    pub value: Vec<u8>,
+}
+
+/// The Kafka record to produce when due, exactly as the client gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: Vec<Header>,
+    pub partition: Option<i32>,
+}
+
+/// Prefix of the headers hourglass adds to every record it produces.
+pub const RESERVED_HEADER_PREFIX: &str = "hourglass-";
+/// Header carrying the message id, so consumers can deduplicate.
+pub const ID_HEADER: &str = "hourglass-id";
+/// Header carrying the due time in Unix milliseconds (decimal text).
+pub const DUE_HEADER: &str = "hourglass-due-ms";
+
+impl Envelope {
+    /// Bytes the record carries: key, value and headers.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len) + self.value.len() + self.headers_size()
+    }
+
+    fn headers_size(&self) -> usize {
+        self.headers.iter().map(|h| h.key.len() + h.value.len()).sum()
+    }
+
+    /// Checks everything that can be checked without the broker.
+    pub fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        validate_topic_name(&self.topic)?;
+        if self.value.is_empty() {
+            return Err(Invalid::new("message.value", "must not be empty"));
+        }
+        if self.headers.len() > limits.max_headers {
+            return Err(Invalid::new(
+                "message.headers",
+                format!("has {} headers; the limit is {}", self.headers.len(), limits.max_headers),
+            ));
+        }
+        for h in &self.headers {
+            if h.key.is_empty() {
+                return Err(Invalid::new("message.headers", "a header key must not be empty"));
+            }
+            if h.key.starts_with(RESERVED_HEADER_PREFIX) {
+                return Err(Invalid::new(
+                    "message.headers",
+                    format!("header {:?} uses the reserved prefix {RESERVED_HEADER_PREFIX:?}", h.key),
+                ));
+            }
+        }
+        if self.headers_size() > limits.max_headers_bytes {
+            return Err(Invalid::new(
+                "message.headers",
+                format!(
+                    "headers take {} bytes; the limit is {}",
+                    self.headers_size(),
+                    limits.max_headers_bytes
+                ),
+            ));
+        }
+        if self.size() > limits.max_message_bytes {
+            return Err(Invalid::new(
+                "message",
+                format!(
+                    "key, value and headers take {} bytes; the limit is {}",
+                    self.size(),
+                    limits.max_message_bytes
+                ),
+            ));
+        }
+        if let Some(p) = self.partition
+            && p < 0
+        {
+            return Err(Invalid::new("message.partition", format!("{p} is negative")));
+        }
+        Ok(())
+    }
+}
+
+/// Kafka's own rule for topic names.
+pub fn validate_topic_name(topic: &str) -> Result<(), Invalid> {
+    const MAX: usize = 249;
+    if topic.is_empty() {
+        return Err(Invalid::new("message.topic", "must not be empty"));
+    }
+    if topic.len() > MAX {
+        return Err(Invalid::new("message.topic", format!("is longer than {MAX} characters")));
+    }
+    if topic == "." || topic == ".." {
+        return Err(Invalid::new("message.topic", "may not be \".\" or \"..\""));
+    }
+    if let Some(c) = topic.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(Invalid::new(
+            "message.topic",
+            format!("{topic:?} contains {c:?}; Kafka topics use letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    Ok(())
+}
+
+/// When to deliver, as the client said it. Kept as given so that a retried
+/// request with a relative delay is recognised as the same request minutes
+/// later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DueSpec {
+    At(UnixMillis),
+    After(Duration),
+}
+
+impl DueSpec {
+    pub fn resolve(self, now: UnixMillis) -> UnixMillis {
+        match self {
+            DueSpec::At(t) => t,
+            DueSpec::After(d) => now.saturating_add(d),
+        }
+    }
+}
+
+/// What a message must meet to be accepted.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Key, value and headers together.
+    pub max_message_bytes: usize,
+    pub max_headers: usize,
+    pub max_headers_bytes: usize,
+    /// How far in the future a due time may lie.
+    pub max_delay: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: 1024 * 1024,
+            max_headers: 64,
+            max_headers_bytes: 64 * 1024,
+            max_delay: Duration::from_secs(3 * 366 * 24 * 3600),
+        }
+    }
+}
+
+impl Limits {
+    /// A due time in the past is fine (delivered at once); one beyond
+    /// `max_delay` is refused rather than silently clamped.
+    pub fn check_due(&self, due: UnixMillis, now: UnixMillis) -> Result<(), Invalid> {
+        let latest = now.saturating_add(self.max_delay);
+        if due > latest {
+            return Err(Invalid::new(
+                "due",
+                format!(
+                    "{} is more than {} from now; the server's --max-delay is {}",
+                    due.to_rfc3339(),
+                    humantime::format_duration(due.since(now)),
+                    humantime::format_duration(self.max_delay)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A request field that is wrong, and why, in words a person can act on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {reason}")]
+pub struct Invalid {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl Invalid {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Invalid { field, reason: reason.into() }
+    }
+}
+
+/// Where a delivered record landed, and when the broker acknowledged it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub partition: i32,
+    pub offset: i64,
+    pub delivered_at: UnixMillis,
+}
+
+/// A message's lifecycle:
+///
+/// ```text
+/// Pending ──produce acked──► Delivered
+///    │  ╰─tries exhausted──► Failed ──reschedule──► Pending
+///    ╰──────cancel────────► Cancelled
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    Pending { attempts: u32, last_error: Option<String> },
+    Delivered(Delivery),
+    Cancelled { at: UnixMillis },
+    Failed { reason: String, attempts: u32, at: UnixMillis },
+}
+
+/// What a cancel did, or why it did nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    Cancelled,
+    AlreadyDelivered,
+    AlreadyCancelled,
+    AlreadyFailed,
+    NotFound,
+}
+
+/// Why a reschedule was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RescheduleRefusal {
+    AlreadyDelivered,
+    AlreadyCancelled,
+}
+
+impl State {
+    pub fn is_pending(&self) -> bool {
+        matches!(self, State::Pending { .. })
+    }
+
+    /// Whether a cancel may take this message; the outcome to report if not.
+    pub fn cancel(&self) -> Result<(), CancelOutcome> {
+        match self {
+            State::Pending { .. } => Ok(()),
+            State::Delivered(_) => Err(CancelOutcome::AlreadyDelivered),
+            State::Cancelled { .. } => Err(CancelOutcome::AlreadyCancelled),
+            State::Failed { .. } => Err(CancelOutcome::AlreadyFailed),
+        }
+    }
+
+    /// Whether a reschedule may move this message. A failed message may be
+    /// rescheduled: that is how an operator re-drives it.
+    pub fn reschedule(&self) -> Result<(), RescheduleRefusal> {
+        match self {
+            State::Pending { .. } | State::Failed { .. } => Ok(()),
+            State::Delivered(_) => Err(RescheduleRefusal::AlreadyDelivered),
+            State::Cancelled { .. } => Err(RescheduleRefusal::AlreadyCancelled),
+        }
+    }
+}
+
+/// A message as `Get` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledMessage {
+    pub id: MessageId,
+    pub envelope: Envelope,
+    pub due: UnixMillis,
+    pub scheduled_at: UnixMillis,
+    pub state: State,
+}
+
+/// The answer to a schedule request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    pub id: MessageId,
+    pub due: UnixMillis,
+    /// The id was already scheduled by this same request.
+    pub duplicate: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope() -> Envelope {
+        Envelope {
+            topic: "orders.cancel-v1".into(),
+            key: Some(b"order-42".to_vec()),
+            value: b"cancel".to_vec(),
+            headers: vec![Header { key: "trace".into(), value: b"abc".to_vec() }],
+            partition: None,
+        }
+    }
+
+    #[test]
+    fn a_plain_message_is_valid() {
+        assert_eq!(envelope().validate(&Limits::default()), Ok(()));
+    }
+
+    #[test]
+    fn bad_topics_are_refused_with_the_reason() {
+        for (topic, needle) in [
+            ("", "empty"),
+            ("has space", "contains ' '"),
+            ("..", "may not"),
+            (&"t".repeat(250), "longer than 249"),
+        ] {
+            let err = validate_topic_name(topic).unwrap_err();
+            assert_eq!(err.field, "message.topic");
+            assert!(err.reason.contains(needle), "{topic:?}: {err}");
+        }
+        assert!(validate_topic_name(&"t".repeat(249)).is_ok());
+    }
+
+    #[test]
+    fn empty_value_is_refused() {
+        let mut e = envelope();
+        e.value.clear();
+        assert_eq!(e.validate(&Limits::default()).unwrap_err().field, "message.value");
+    }
+
+    #[test]
+    fn oversized_message_is_refused() {
+        let limits = Limits { max_message_bytes: 100, ..Limits::default() };
+        let mut e = envelope();
+        e.value = vec![0; 100];
+        let err = e.validate(&limits).unwrap_err();
+        assert_eq!(err.field, "message");
+        assert!(err.reason.contains("the limit is 100"), "{err}");
+        e.value = vec![0; 100 - 8 - 8];
+        assert_eq!(e.validate(&limits), Ok(()));
+    }
+
+    #[test]
+    fn header_limits_apply() {
+        let limits = Limits { max_headers: 2, max_headers_bytes: 10, ..Limits::default() };
+        let mut e = envelope();
+        e.headers = vec![Header { key: "k".into(), value: vec![] }; 3];
+        assert!(e.validate(&limits).unwrap_err().reason.contains("3 headers"));
+        e.headers = vec![Header { key: "k".into(), value: vec![0; 10] }];
+        assert!(e.validate(&limits).unwrap_err().reason.contains("11 bytes"));
+        e.headers = vec![Header { key: "".into(), value: vec![] }];
+        assert!(e.validate(&limits).unwrap_err().reason.contains("empty"));
+        e.headers = vec![Header { key: ID_HEADER.into(), value: vec![] }];
+        assert!(e.validate(&limits).unwrap_err().reason.contains("reserved"));
+    }
+
+    #[test]
+    fn negative_partition_is_refused() {
+        let mut e = envelope();
+        e.partition = Some(-1);
+        assert_eq!(e.validate(&Limits::default()).unwrap_err().field, "message.partition");
+    }
+
+    #[test]
+    fn ids_are_printable_and_bounded() {
+        assert!(MessageId::parse("order-42:cancel").is_ok());
+        assert!(MessageId::parse("").is_err());
+        assert!(MessageId::parse("with space").is_err());
+        assert!(MessageId::parse("tab\t").is_err());
+        assert!(MessageId::parse("é").is_err());
+        assert!(MessageId::parse(&"x".repeat(128)).is_ok());
+        assert!(MessageId::parse(&"x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn generated_ids_are_unique_and_time_ordered() {
+        let mut g = ulid::Generator::new();
+        let ids: Vec<_> = (0..1000).map(|_| MessageId::generate(&mut g)).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, ids);
+        assert!(ids.iter().all(|id| MessageId::parse(id.as_str()).is_ok()));
+    }
+
+    #[test]
+    fn due_resolution_and_max_delay() {
+        let now = UnixMillis(1_000_000);
+        assert_eq!(DueSpec::After(Duration::from_millis(1500)).resolve(now), UnixMillis(1_001_500));
+        assert_eq!(DueSpec::At(UnixMillis(5)).resolve(now), UnixMillis(5));
+        let limits = Limits { max_delay: Duration::from_secs(10), ..Limits::default() };
+        assert!(limits.check_due(UnixMillis(5), now).is_ok(), "past is delivered at once");
+        assert!(limits.check_due(UnixMillis(1_010_000), now).is_ok());
+        let err = limits.check_due(UnixMillis(1_010_001), now).unwrap_err();
+        assert!(err.reason.contains("--max-delay"), "{err}");
+    }
+
+    #[test]
+    fn cancel_transitions() {
+        let delivered = State::Delivered(Delivery { partition: 0, offset: 1, delivered_at: UnixMillis(1) });
+        assert_eq!(State::Pending { attempts: 2, last_error: None }.cancel(), Ok(()));
+        assert_eq!(delivered.cancel(), Err(CancelOutcome::AlreadyDelivered));
+        assert_eq!(State::Cancelled { at: UnixMillis(1) }.cancel(), Err(CancelOutcome::AlreadyCancelled));
+        let failed = State::Failed { reason: "x".into(), attempts: 5, at: UnixMillis(1) };
+        assert_eq!(failed.cancel(), Err(CancelOutcome::AlreadyFailed));
+    }
+
+    #[test]
+    fn reschedule_transitions() {
+        let delivered = State::Delivered(Delivery { partition: 0, offset: 1, delivered_at: UnixMillis(1) });
+        assert_eq!(State::Pending { attempts: 0, last_error: None }.reschedule(), Ok(()));
+        let failed = State::Failed { reason: "x".into(), attempts: 5, at: UnixMillis(1) };
+        assert_eq!(failed.reschedule(), Ok(()), "a failed message can be re-driven");
+        assert_eq!(delivered.reschedule(), Err(RescheduleRefusal::AlreadyDelivered));
+        assert_eq!(
+            State::Cancelled { at: UnixMillis(1) }.reschedule(),
+            Err(RescheduleRefusal::AlreadyCancelled)
+        );
+    }
+
+    #[test]
+    fn rfc3339_has_milliseconds() {
+        assert_eq!(UnixMillis(1_700_000_000_123).to_rfc3339(), "2023-11-14T22:13:20.123Z");
+    }
+}

@@ -1,0 +1,120 @@
+//! Wiring: builds the producer, the topic catalog, the shard and the gRPC
+//! and metrics servers from a [`Config`], runs them until `shutdown`, then
+//! drains in order.
+//!
+//! Shutdown order: health turns NOT_SERVING; the gRPC server stops accepting
+//! and finishes the requests in flight (their writes commit); the dispatcher
+//! waits for in-flight produces and settles them; the store commits what is
+//! queued, syncs the WAL and closes; the metrics endpoint goes last.
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    api::SchedulerApi,
+    clock::{Clock, SystemClock},
+    config::Config,
+    kafka::{MetadataSource, Producer, TopicCatalog},
+    metrics, proto,
+    service::Service,
+    shard::Shard,
+};
+
+/// The sockets the server answers on, bound by the caller (port 0 in tests).
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub metrics: TcpListener,
+}
+
+impl Listeners {
+    pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        let grpc = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen for gRPC on {} (--listen)", config.listen))?;
+        let metrics = TcpListener::bind(config.metrics_listen).await.with_context(|| {
+            format!("cannot listen for metrics on {} (--metrics-listen)", config.metrics_listen)
+        })?;
+        Ok(Listeners { grpc, metrics })
+    }
+}
+
+/// Runs hourglass until `shutdown` is cancelled, then drains and returns.
+pub async fn run(config: Config, listeners: Listeners, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_with_clock(config, listeners, Arc::new(SystemClock), shutdown).await
+}
+
+pub async fn run_with_clock(
+    config: Config,
+    listeners: Listeners,
+    clock: Arc<dyn Clock>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    metrics::init();
+    let producer = Arc::new(Producer::new(&config.kafka()).context("creating the Kafka producer")?);
+    let catalog = Arc::new(TopicCatalog::new(Arc::clone(&producer) as Arc<dyn MetadataSource>));
+    let background = CancellationToken::new();
+    let catalog_task = tokio::spawn(Arc::clone(&catalog).run(config.metadata_refresh, background.clone()));
+
+    let shard = Shard::start(&config.shard(), Arc::clone(&producer), Arc::clone(&clock))
+        .with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
+    let service = Arc::new(Service::new(shard.store().clone(), Arc::clone(&catalog), config.limits(), clock));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<proto::scheduler_server::SchedulerServer<SchedulerApi>>().await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let metrics_task = tokio::spawn(serve_metrics(listeners.metrics, background.clone()));
+    let grpc_addr = listeners.grpc.local_addr()?;
+    tracing::info!(%grpc_addr, brokers = %config.kafka_brokers, data_dir = %config.data_dir.display(), "hourglass is serving");
+
+    let stop_accepting = CancellationToken::new();
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(SchedulerApi::new(service).into_server())
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(listeners.grpc),
+                stop_accepting.clone().cancelled_owned(),
+            ),
+    );
+
+    shutdown.cancelled().await;
+    tracing::info!("shutting down: no longer serving");
+    health.set_not_serving::<proto::scheduler_server::SchedulerServer<SchedulerApi>>().await;
+    health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    stop_accepting.cancel();
+    drain_within(config.shutdown_grace, "gRPC requests", grpc).await;
+    shard.shutdown().await;
+    background.cancel();
+    let _ = catalog_task.await;
+    let _ = metrics_task.await;
+    producer.flush(Duration::from_secs(1)).ok();
+    tracing::info!("shut down cleanly");
+    Ok(())
+}
+
+async fn drain_within<T>(grace: Duration, what: &str, task: tokio::task::JoinHandle<T>) {
+    let abort = task.abort_handle();
+    if tokio::time::timeout(grace, task).await.is_err() {
+        tracing::warn!("{what} still running after the shutdown grace; closing them");
+        abort.abort();
+    }
+}
+
+async fn serve_metrics(listener: TcpListener, stop: CancellationToken) {
+    let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { metrics::render() }));
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
+        tracing::error!(error = %e, "metrics endpoint failed");
+    }
+}

@@ -1,0 +1,103 @@
+//! A shard: one store and the dispatcher that drains it, plus the upkeep
+//! they need (retention purge, compaction, gauges). It is the unit of work a
+//! process owns; today a process owns one, and nothing in it assumes so.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{
+    clock::Clock,
+    dispatcher::{Dispatcher, DispatcherConfig},
+    kafka::Producer,
+    metrics,
+    store::{Store, StoreConfig, StoreError, schema::DueKey},
+};
+
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    pub store: StoreConfig,
+    pub dispatcher: DispatcherConfig,
+    /// How long delivered, cancelled and failed messages stay queryable.
+    pub retention: Duration,
+    /// How often upkeep runs.
+    pub upkeep_every: Duration,
+}
+
+pub struct Shard {
+    store: Store,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Shard {
+    /// Opens the store and starts the dispatcher and upkeep.
+    pub fn start(
+        config: &ShardConfig,
+        producer: Arc<Producer>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Shard, StoreError> {
+        let store = Store::open(&config.store)?;
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let dispatcher =
+            Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone());
+        tasks.spawn(dispatcher.run(stop.clone()));
+        tasks.spawn(upkeep(store.clone(), clock, config.retention, config.upkeep_every, stop.clone()));
+        tasks.close();
+        Ok(Shard { store, stop, tasks })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Stops the dispatcher (after it settles what is in flight) and upkeep,
+    /// then closes the store once every queued change is committed.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        self.tasks.wait().await;
+        self.store.close().await;
+    }
+}
+
+/// Purges settled messages past retention, compacts the settled head of the
+/// due CF, and updates the store gauges.
+async fn upkeep(
+    store: Store,
+    clock: Arc<dyn Clock>,
+    retention: Duration,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    const PURGE_BATCH: usize = 10_000;
+    const COMPACT_EVERY: u32 = 20;
+    let mut rounds = 0u32;
+    loop {
+        let now = clock.now();
+        let before = crate::message::UnixMillis(now.0.saturating_sub(retention.as_millis() as u64));
+        loop {
+            match store.purge(before, PURGE_BATCH).await {
+                Ok(n) if n == PURGE_BATCH && !stop.is_cancelled() => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "purging settled messages failed");
+                    break;
+                }
+            }
+        }
+        rounds += 1;
+        if rounds % COMPACT_EVERY == 0 {
+            // Below this lie mostly the tombstones of settled messages.
+            // Compaction drops those and keeps anything still live.
+            let below = DueKey::after(crate::message::UnixMillis(now.0.saturating_sub(60_000)));
+            let s = store.clone();
+            let _ = tokio::task::spawn_blocking(move || s.compact_settled(below)).await;
+        }
+        metrics::STORE_SIZE.set(store.size_bytes() as i64);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The store: where messages are parked until due, and where the dispatcher
+//! records what it delivered. One RocksDB with three column families (see
+//! [`schema`]).
+//!
+//! A narrow interface: the service calls `schedule`, `cancel`, `reschedule`
+//! and `get`; the dispatcher calls `take_due` and `settle`. Every change goes
+//! through the single [`writer`] thread as one atomic `WriteBatch`; reads go
+//! straight to RocksDB from a blocking thread. Nothing here knows about gRPC
+//! or Kafka.
+
+mod claims;
+pub mod schema;
+mod writer;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRecoveryMode, Direction, IteratorMode, Options,
+    ReadOptions,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use claims::Claims;
+pub(crate) use claims::Wake;
+use schema::{DueKey, MessageRecord, Meta, Settlement};
+pub use writer::NewMessage;
+use writer::{Op, Writer, cf};
+pub(crate) use writer::{Outcome, Settle};
+
+use crate::message::{CancelOutcome, MessageId, Scheduled, ScheduledMessage, UnixMillis};
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no message with id {0:?}")]
+    NotFound(MessageId),
+    #[error("id {0:?} is already taken by a different message")]
+    IdConflict(MessageId),
+    #[error("message {0:?} was already delivered")]
+    AlreadyDelivered(MessageId),
+    #[error("message {0:?} was cancelled")]
+    AlreadyCancelled(MessageId),
+    #[error("the store's disk is full: {0}")]
+    Full(String),
+    #[error("the store is closed")]
+    Closed,
+    #[error("the store is corrupt: {0}")]
+    Corrupt(String),
+    #[error("store I/O failed: {0}")]
+    Io(String),
+}
+
+impl StoreError {
+    fn corrupt(what: impl Into<String>) -> Self {
+        StoreError::Corrupt(what.into())
+    }
+}
+
+impl From<rocksdb::Error> for StoreError {
+    fn from(e: rocksdb::Error) -> Self {
+        let text = e.into_string();
+        match () {
+            _ if text.contains("No space left") => StoreError::Full(text),
+            _ if text.starts_with("Corruption") => StoreError::Corrupt(text),
+            _ => StoreError::Io(text),
+        }
+    }
+}
+
+/// How the store is opened.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    /// Sync the WAL before acknowledging (survives power loss), or leave it
+    /// in the OS page cache (survives a process crash only).
+    pub sync_writes: bool,
+    /// Block cache shared by the column families.
+    pub cache_bytes: usize,
+    /// Memtable budget across the column families.
+    pub write_buffer_bytes: usize,
+}
+
+impl StoreConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            path: path.into(),
+            sync_writes: true,
+            cache_bytes: 32 << 20,
+            write_buffer_bytes: 64 << 20,
+        }
+    }
+}
+
+/// A message the dispatcher claimed and may produce now.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    pub id: MessageId,
+    pub key: DueKey,
+    pub record: MessageRecord,
+    pub attempts: u32,
+    pub rejections: u32,
+}
+
+/// What one look at the due CF found.
+#[derive(Debug, Default)]
+pub(crate) struct DueBatch {
+    pub ready: Vec<Ready>,
+    /// Where the next look starts.
+    pub next_from: DueKey,
+    /// More is due now than `limit` allowed.
+    pub more: bool,
+    /// When nothing more is due now: when the next message is.
+    pub next_due: Option<UnixMillis>,
+    /// Claims taken on entries that turned out stale; give them back.
+    pub stale: Vec<MessageId>,
+}
+
+/// A handle on one store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Arc<DB>,
+    ops: mpsc::Sender<Op>,
+    claims: Arc<Claims>,
+    wake: Arc<Wake>,
+    pending: Arc<AtomicU64>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) the store at `config.path` and starts its writer.
+    pub fn open(config: &StoreConfig) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(&config.path)
+            .map_err(|e| StoreError::Io(format!("creating {}: {e}", config.path.display())))?;
+        let db = Arc::new(open_db(config)?);
+        let meta = match db.get_pinned_cf(cf(&db, schema::CF_CHECKPOINT), schema::meta_key())? {
+            Some(bytes) => schema::decode::<Meta>(&bytes)
+                .map_err(|e| StoreError::corrupt(format!("checkpoint meta: {e}")))?,
+            None => Meta::default(),
+        };
+        let claims = Arc::new(Claims::default());
+        let wake = Arc::new(Wake::default());
+        let pending = Arc::new(AtomicU64::new(meta.pending));
+        crate::metrics::PENDING.set(meta.pending as i64);
+        let (ops, rx) = mpsc::channel(16 * 1024);
+        let writer = Writer::new(
+            Arc::clone(&db),
+            Arc::clone(&claims),
+            Arc::clone(&wake),
+            Arc::clone(&pending),
+            meta,
+            config.sync_writes,
+            rx,
+        );
+        let handle = std::thread::Builder::new()
+            .name("hourglass-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| StoreError::Io(format!("starting the writer thread: {e}")))?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                db,
+                ops,
+                claims,
+                wake,
+                pending,
+                writer: Mutex::new(Some(handle)),
+                path: config.path.clone(),
+            }),
+        })
+    }
+
+    async fn call<T>(&self, op: impl FnOnce(writer::Reply<T>) -> Op) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.ops.send(op(tx)).await.map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn send(&self, op: Op) -> Result<(), StoreError> {
+        self.inner.ops.send(op).await.map_err(|_| StoreError::Closed)
+    }
+
+    /// Parks a message; returns once it is durable.
+    pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
+        self.call(|reply| Op::Schedule { msg, reply }).await
+    }
+
+    pub async fn cancel(&self, id: MessageId, now: UnixMillis) -> Result<CancelOutcome, StoreError> {
+        self.call(|reply| Op::Cancel { id, now, reply }).await
+    }
+
+    pub async fn reschedule(&self, id: MessageId, due: UnixMillis) -> Result<UnixMillis, StoreError> {
+        self.call(|reply| Op::Reschedule { id, due, reply }).await
+    }
+
+    /// Forgets up to `limit` messages settled before `before`; returns how many.
+    pub async fn purge(&self, before: UnixMillis, limit: usize) -> Result<usize, StoreError> {
+        self.call(|reply| Op::Purge { before, limit, reply }).await
+    }
+
+    pub async fn get(&self, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
+        let db = Arc::clone(&self.inner.db);
+        blocking(move || read_message(&db, id)).await
+    }
+
+    pub(crate) async fn settle(&self, settle: Settle) -> Result<(), StoreError> {
+        self.send(Op::Settle(settle)).await
+    }
+
+    pub(crate) async fn release(&self, ids: Vec<MessageId>) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.send(Op::Release(ids)).await
+    }
+
+    pub(crate) fn wake(&self) -> &Wake {
+        &self.inner.wake
+    }
+
+    /// Messages waiting for delivery.
+    pub fn pending(&self) -> u64 {
+        self.inner.pending.load(Ordering::Relaxed)
+    }
+
+    /// Messages the dispatcher holds for producing right now.
+    pub fn dispatching(&self) -> usize {
+        self.inner.claims.dispatching()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Bytes on disk (SST files) plus memtables.
+    pub fn size_bytes(&self) -> u64 {
+        let db = &self.inner.db;
+        [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT]
+            .iter()
+            .flat_map(|name| {
+                let cf = cf(db, name);
+                ["rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"]
+                    .map(|p| db.property_int_value_cf(cf, p).ok().flatten().unwrap_or(0))
+            })
+            .sum()
+    }
+
+    /// Claims what is due at `now`, starting at `from`, at most `limit`
+    /// messages, reading each one's record. Blocking: call it off the runtime.
+    pub(crate) fn take_due(
+        &self,
+        from: DueKey,
+        now: UnixMillis,
+        limit: usize,
+    ) -> Result<DueBatch, StoreError> {
+        let db = &self.inner.db;
+        let due_cf = cf(db, schema::CF_DUE);
+        let upper = DueKey::after(now);
+        let mut opts = ReadOptions::default();
+        // Bounds keep the seek clear of the tombstones that settled messages
+        // leave behind the dispatcher's position.
+        opts.set_iterate_lower_bound(from.encode());
+        opts.set_iterate_upper_bound(upper.encode());
+        let mut batch = DueBatch { next_from: from, ..DueBatch::default() };
+        let start = from.encode();
+        for item in db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward)) {
+            if batch.ready.len() >= limit {
+                batch.more = true;
+                return Ok(batch);
+            }
+            let (k, v) = item?;
+            let key = DueKey::decode(&k).ok_or_else(|| StoreError::corrupt(format!("due key {k:?}")))?;
+            let id = MessageId::from_stored(&v)
+                .ok_or_else(|| StoreError::corrupt(format!("due entry {key:?} names no id")))?;
+            batch.next_from = key.successor();
+            if !self.inner.claims.claim_for_dispatch(&id) {
+                // The writer is cancelling or moving it; its commit decides.
+                continue;
+            }
+            match self.read_pending(&id, key) {
+                Ok(Some(ready)) => batch.ready.push(ready),
+                Ok(None) => batch.stale.push(id),
+                Err(e) => {
+                    // Give the claim back and look here again in a while.
+                    tracing::error!(%id, error = %e, "reading a due message failed");
+                    batch.stale.push(id);
+                    batch.next_from = key;
+                    batch.next_due = Some(UnixMillis(now.0 + 1000));
+                    return Ok(batch);
+                }
+            }
+        }
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(upper.encode());
+        let next = db
+            .iterator_cf_opt(due_cf, opts, IteratorMode::From(&upper.encode(), Direction::Forward))
+            .next()
+            .transpose()?;
+        batch.next_due = next.and_then(|(k, _)| DueKey::decode(&k)).map(|k| k.due);
+        Ok(batch)
+    }
+
+    /// The message under `key`, if it is still pending there.
+    fn read_pending(&self, id: &MessageId, key: DueKey) -> Result<Option<Ready>, StoreError> {
+        let db = &self.inner.db;
+        let Some((record, settlement)) = read_record(db, id, &ReadOptions::default())? else {
+            return Ok(None);
+        };
+        if settlement.as_ref().is_some_and(Settlement::is_settled)
+            || schema::dispatch_key(&record, settlement.as_ref()) != key
+        {
+            return Ok(None);
+        }
+        let (attempts, rejections) = settlement.map_or((0, 0), |s| (s.attempts, s.rejections));
+        Ok(Some(Ready { id: id.clone(), key, record, attempts, rejections }))
+    }
+
+    /// Drops the tombstones settled messages left in the due CF below `below`.
+    pub fn compact_settled(&self, below: DueKey) {
+        let db = &self.inner.db;
+        db.compact_range_cf(cf(db, schema::CF_DUE), None::<&[u8]>, Some(&below.encode()[..]));
+    }
+
+    /// Stops the writer after it has committed everything queued. Requests
+    /// made after this fail with `Closed`.
+    pub async fn close(&self) {
+        let _ = self.send(Op::Close).await;
+        let handle = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = handle {
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+    }
+}
+
+fn read_record(
+    db: &DB,
+    id: &MessageId,
+    opts: &ReadOptions,
+) -> Result<Option<(MessageRecord, Option<Settlement>)>, StoreError> {
+    let Some(bytes) = db.get_pinned_cf_opt(cf(db, schema::CF_MESSAGES), id.as_bytes(), opts)? else {
+        return Ok(None);
+    };
+    let record = schema::decode::<MessageRecord>(&bytes)
+        .map_err(|e| StoreError::corrupt(format!("message {id}: {e}")))?;
+    let settlement = db
+        .get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::settlement_key(id), opts)?
+        .map(|b| schema::decode::<Settlement>(&b))
+        .transpose()
+        .map_err(|e| StoreError::corrupt(format!("settlement of {id}: {e}")))?;
+    Ok(Some((record, settlement)))
+}
+
+fn read_message(db: &DB, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
+    // One snapshot, so the record and its settlement agree.
+    let snapshot = db.snapshot();
+    let mut opts = ReadOptions::default();
+    opts.set_snapshot(&snapshot);
+    Ok(read_record(db, &id, &opts)?
+        .map(|(record, settlement)| schema::scheduled_message(id, &record, settlement.as_ref())))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Io(format!("store read task: {e}")))?
+}
+
+fn open_db(config: &StoreConfig) -> Result<DB, StoreError> {
+    let cache = Cache::new_lru_cache(config.cache_bytes);
+    let table = |bloom: bool| {
+        let mut t = BlockBasedOptions::default();
+        t.set_block_cache(&cache);
+        t.set_cache_index_and_filter_blocks(true);
+        if bloom {
+            t.set_bloom_filter(10.0, false);
+        }
+        t
+    };
+    let mut db_opts = Options::default();
+    db_opts.create_if_missing(true);
+    db_opts.create_missing_column_families(true);
+    // A torn record at the WAL's tail was never acknowledged (acks wait for
+    // the write); corruption anywhere else stops the open instead of
+    // silently dropping what follows it.
+    db_opts.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
+    db_opts.set_paranoid_checks(true);
+    db_opts.set_db_write_buffer_size(config.write_buffer_bytes);
+    db_opts.set_max_background_jobs(2);
+    db_opts.set_bytes_per_sync(1 << 20);
+    db_opts.set_keep_log_file_num(4);
+    db_opts.set_max_total_wal_size(256 << 20);
+
+    let mut due = Options::default();
+    due.set_block_based_table_factory(&table(false));
+    // The due CF is a queue: its head fills with tombstones. Compact files
+    // dense with deletions so later seeks do not wade through them.
+    due.add_compact_on_deletion_collector_factory(64 * 1024, 16 * 1024, 0.5);
+    let mut messages = Options::default();
+    messages.set_block_based_table_factory(&table(true));
+    messages.add_compact_on_deletion_collector_factory(64 * 1024, 16 * 1024, 0.5);
+    let mut checkpoint = Options::default();
+    checkpoint.set_block_based_table_factory(&table(true));
+
+    let cfs = vec![
+        ColumnFamilyDescriptor::new(schema::CF_DUE, due),
+        ColumnFamilyDescriptor::new(schema::CF_MESSAGES, messages),
+        ColumnFamilyDescriptor::new(schema::CF_CHECKPOINT, checkpoint),
+    ];
+    Ok(DB::open_cf_descriptors(&db_opts, &config.path, cfs)?)
+}

@@ -1,0 +1,455 @@
+//! Key layout and value codecs of the three column families. Nothing outside
+//! this file knows how a key or a value is laid out in bytes.
+//!
+//! ```text
+//! CF due         due_ms:u64be ‖ seq:u64be        → message id
+//! CF messages    message id                       → MessageRecord
+//! CF checkpoint  "m"                              → Meta (dispatcher progress, counters)
+//!                "s" ‖ message id                 → Settlement (tries, delivery, cancel, failure)
+//!                "r" ‖ settled_ms:u64be ‖ id      → ()   retention index, purged in order
+//! ```
+//!
+//! Big-endian integers make byte order equal numeric order, so iterating the
+//! due CF walks messages in due order; `seq` breaks ties in acceptance order
+//! and makes every key unique. Values are protobuf (prost derives, no .proto
+//! file): unknown fields are skipped, so a newer build can add fields and an
+//! older one still reads the store.
+
+use crate::message::{Delivery, DueSpec, Envelope, Header, MessageId, ScheduledMessage, State, UnixMillis};
+
+pub const CF_DUE: &str = "due";
+pub const CF_MESSAGES: &str = "messages";
+pub const CF_CHECKPOINT: &str = "checkpoint";
+
+const META_KEY: &[u8] = b"m";
+const SETTLEMENT_PREFIX: u8 = b's';
+const RETENTION_PREFIX: u8 = b'r';
+
+/// A position in the due CF: the due time, then the acceptance sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DueKey {
+    pub due: UnixMillis,
+    pub seq: u64,
+}
+
+impl DueKey {
+    pub const LEN: usize = 16;
+    pub const MIN: DueKey = DueKey { due: UnixMillis(0), seq: 0 };
+
+    /// The first key due strictly after `t`: the exclusive upper bound of
+    /// everything due at or before `t`.
+    pub fn after(t: UnixMillis) -> DueKey {
+        DueKey { due: UnixMillis(t.0.saturating_add(1)), seq: 0 }
+    }
+
+    /// The smallest key greater than `self`.
+    pub fn successor(self) -> DueKey {
+        match self.seq.checked_add(1) {
+            Some(seq) => DueKey { due: self.due, seq },
+            None => DueKey { due: UnixMillis(self.due.0.saturating_add(1)), seq: 0 },
+        }
+    }
+
+    pub fn encode(self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..8].copy_from_slice(&self.due.0.to_be_bytes());
+        out[8..].copy_from_slice(&self.seq.to_be_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<DueKey> {
+        let bytes: &[u8; Self::LEN] = bytes.try_into().ok()?;
+        let (due, seq) = bytes.split_at(8);
+        Some(DueKey {
+            due: UnixMillis(u64::from_be_bytes(due.try_into().ok()?)),
+            seq: u64::from_be_bytes(seq.try_into().ok()?),
+        })
+    }
+}
+
+pub fn meta_key() -> &'static [u8] {
+    META_KEY
+}
+
+pub fn settlement_key(id: &MessageId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + id.as_bytes().len());
+    k.push(SETTLEMENT_PREFIX);
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+pub fn retention_key(settled_at: UnixMillis, id: &MessageId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + id.as_bytes().len());
+    k.push(RETENTION_PREFIX);
+    k.extend_from_slice(&settled_at.0.to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// The retention index range holding everything settled before `t`.
+pub fn retention_range_before(t: UnixMillis) -> (Vec<u8>, Vec<u8>) {
+    (vec![RETENTION_PREFIX], {
+        let mut k = vec![RETENTION_PREFIX];
+        k.extend_from_slice(&t.0.to_be_bytes());
+        k
+    })
+}
+
+pub fn decode_retention_key(key: &[u8]) -> Option<(UnixMillis, MessageId)> {
+    let rest = key.strip_prefix(&[RETENTION_PREFIX])?;
+    if rest.len() < 8 {
+        return None;
+    }
+    let (at, id) = rest.split_at(8);
+    Some((UnixMillis(u64::from_be_bytes(at.try_into().ok()?)), MessageId::from_stored(id)?))
+}
+
+/// A message as parked in the messages CF.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MessageRecord {
+    #[prost(string, tag = "1")]
+    pub topic: String,
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub key: Option<Vec<u8>>,
+    #[prost(bytes = "vec", tag = "3")]
+    pub value: Vec<u8>,
+    #[prost(message, repeated, tag = "4")]
+    pub headers: Vec<HeaderRecord>,
+    #[prost(int32, optional, tag = "5")]
+    pub partition: Option<i32>,
+    /// The current due time (moves on reschedule).
+    #[prost(uint64, tag = "6")]
+    pub due_ms: u64,
+    #[prost(uint64, tag = "7")]
+    pub seq: u64,
+    #[prost(uint64, tag = "8")]
+    pub scheduled_at_ms: u64,
+    /// The due time as first requested, for recognising a retried request.
+    #[prost(uint64, optional, tag = "9")]
+    pub requested_at_ms: Option<u64>,
+    #[prost(uint64, optional, tag = "10")]
+    pub requested_delay_ms: Option<u64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HeaderRecord {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+impl MessageRecord {
+    pub fn new(envelope: Envelope, requested: DueSpec, due: UnixMillis, seq: u64, now: UnixMillis) -> Self {
+        let (requested_at_ms, requested_delay_ms) = requested_fields(requested);
+        MessageRecord {
+            topic: envelope.topic,
+            key: envelope.key,
+            value: envelope.value,
+            headers: envelope
+                .headers
+                .into_iter()
+                .map(|h| HeaderRecord { key: h.key, value: h.value })
+                .collect(),
+            partition: envelope.partition,
+            due_ms: due.0,
+            seq,
+            scheduled_at_ms: now.0,
+            requested_at_ms,
+            requested_delay_ms,
+        }
+    }
+
+    pub fn envelope(&self) -> Envelope {
+        Envelope {
+            topic: self.topic.clone(),
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers: self
+                .headers
+                .iter()
+                .map(|h| Header { key: h.key.clone(), value: h.value.clone() })
+                .collect(),
+            partition: self.partition,
+        }
+    }
+
+    pub fn due(&self) -> UnixMillis {
+        UnixMillis(self.due_ms)
+    }
+
+    /// Whether `envelope` + `requested` is the request that created this
+    /// record (an idempotent retry) rather than a different one.
+    pub fn is_same_request(&self, envelope: &Envelope, requested: DueSpec) -> bool {
+        requested_fields(requested) == (self.requested_at_ms, self.requested_delay_ms)
+            && self.topic == envelope.topic
+            && self.key == envelope.key
+            && self.value == envelope.value
+            && self.partition == envelope.partition
+            && self.headers.len() == envelope.headers.len()
+            && self.headers.iter().zip(&envelope.headers).all(|(a, b)| a.key == b.key && a.value == b.value)
+    }
+}
+
+fn requested_fields(requested: DueSpec) -> (Option<u64>, Option<u64>) {
+    match requested {
+        DueSpec::At(t) => (Some(t.0), None),
+        DueSpec::After(d) => (None, Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+    }
+}
+
+/// What has happened to a message since it was parked. Absent = pending and
+/// never tried.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Settlement {
+    #[prost(enumeration = "SettlementKind", tag = "1")]
+    pub kind: i32,
+    /// Produce tries so far.
+    #[prost(uint32, tag = "2")]
+    pub attempts: u32,
+    /// Tries the broker refused for this message itself (not outages); these
+    /// count toward the delivery attempt limit.
+    #[prost(uint32, tag = "3")]
+    pub rejections: u32,
+    #[prost(string, tag = "4")]
+    pub last_error: String,
+    /// Retrying: when the next try is due.
+    #[prost(uint64, tag = "5")]
+    pub retry_at_ms: u64,
+    /// Delivered, cancelled or failed: when.
+    #[prost(uint64, tag = "6")]
+    pub at_ms: u64,
+    #[prost(int32, tag = "7")]
+    pub partition: i32,
+    #[prost(int64, tag = "8")]
+    pub offset: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum SettlementKind {
+    Retrying = 0,
+    Delivered = 1,
+    Cancelled = 2,
+    Failed = 3,
+}
+
+impl Settlement {
+    pub fn is_settled(&self) -> bool {
+        self.kind() != SettlementKind::Retrying
+    }
+
+    pub fn settled_at(&self) -> Option<UnixMillis> {
+        self.is_settled().then_some(UnixMillis(self.at_ms))
+    }
+}
+
+/// Where the message waits in the due CF now: its due time, or the time of
+/// its next try after a failed one.
+pub fn dispatch_key(record: &MessageRecord, settlement: Option<&Settlement>) -> DueKey {
+    let due = match settlement {
+        Some(s) if s.kind() == SettlementKind::Retrying && s.retry_at_ms > 0 => s.retry_at_ms,
+        _ => record.due_ms,
+    };
+    DueKey { due: UnixMillis(due), seq: record.seq }
+}
+
+pub fn state_of(settlement: Option<&Settlement>) -> State {
+    let Some(s) = settlement else {
+        return State::Pending { attempts: 0, last_error: None };
+    };
+    let last_error = (!s.last_error.is_empty()).then(|| s.last_error.clone());
+    match s.kind() {
+        SettlementKind::Retrying => State::Pending { attempts: s.attempts, last_error },
+        SettlementKind::Delivered => State::Delivered(Delivery {
+            partition: s.partition,
+            offset: s.offset,
+            delivered_at: UnixMillis(s.at_ms),
+        }),
+        SettlementKind::Cancelled => State::Cancelled { at: UnixMillis(s.at_ms) },
+        SettlementKind::Failed => {
+            State::Failed { reason: s.last_error.clone(), attempts: s.attempts, at: UnixMillis(s.at_ms) }
+        }
+    }
+}
+
+pub fn scheduled_message(
+    id: MessageId,
+    record: &MessageRecord,
+    settlement: Option<&Settlement>,
+) -> ScheduledMessage {
+    ScheduledMessage {
+        id,
+        envelope: record.envelope(),
+        due: record.due(),
+        scheduled_at: UnixMillis(record.scheduled_at_ms),
+        state: state_of(settlement),
+    }
+}
+
+/// The dispatcher's progress and the store's counters, rewritten by every
+/// commit that changes them.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Meta {
+    /// Next acceptance sequence number.
+    #[prost(uint64, tag = "1")]
+    pub next_seq: u64,
+    /// Messages waiting to be delivered.
+    #[prost(uint64, tag = "2")]
+    pub pending: u64,
+    /// The due key of the latest delivery, encoded; empty before the first.
+    /// Everything in the due CF below the dispatcher's position is settled;
+    /// compaction uses this to drop the tombstones they left.
+    #[prost(bytes = "vec", tag = "3")]
+    pub last_delivered_key: Vec<u8>,
+    #[prost(uint64, tag = "4")]
+    pub delivered_total: u64,
+}
+
+pub fn encode<M: prost::Message>(m: &M) -> Vec<u8> {
+    m.encode_to_vec()
+}
+
+pub fn decode<M: prost::Message + Default>(bytes: &[u8]) -> Result<M, prost::DecodeError> {
+    M::decode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn key() -> impl Strategy<Value = DueKey> {
+        (any::<u64>(), any::<u64>()).prop_map(|(d, s)| DueKey { due: UnixMillis(d), seq: s })
+    }
+
+    proptest! {
+        #[test]
+        fn due_key_round_trips(k in key()) {
+            prop_assert_eq!(DueKey::decode(&k.encode()), Some(k));
+        }
+
+        #[test]
+        fn due_key_bytes_sort_like_keys(a in key(), b in key()) {
+            prop_assert_eq!(a.encode().cmp(&b.encode()), a.cmp(&b));
+        }
+
+        #[test]
+        fn successor_is_next(k in key()) {
+            let next = k.successor();
+            prop_assume!(k != DueKey { due: UnixMillis(u64::MAX), seq: u64::MAX });
+            prop_assert!(next > k);
+            prop_assert!(next.encode() > k.encode());
+        }
+
+        #[test]
+        fn after_bounds_everything_due_by_t(t in 0u64..u64::MAX - 1, seq in any::<u64>()) {
+            let bound = DueKey::after(UnixMillis(t));
+            let (at_t, after_t) = (DueKey { due: UnixMillis(t), seq }, DueKey { due: UnixMillis(t + 1), seq });
+            prop_assert!(at_t < bound);
+            prop_assert!(after_t >= bound);
+        }
+
+        #[test]
+        fn retention_keys_round_trip_and_sort_by_time(
+            a in any::<u64>(), b in any::<u64>(), id in "[!-~]{1,128}"
+        ) {
+            let id = MessageId::parse(&id).unwrap();
+            let ka = retention_key(UnixMillis(a), &id);
+            prop_assert_eq!(decode_retention_key(&ka), Some((UnixMillis(a), id.clone())));
+            let kb = retention_key(UnixMillis(b), &id);
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            let (lo, hi) = retention_range_before(UnixMillis(a));
+            prop_assert!(ka >= lo && ka >= hi, "settled at t is not before t");
+            let (_, hi_after) = retention_range_before(UnixMillis(a.saturating_add(1)));
+            prop_assert!(a == u64::MAX || ka < hi_after);
+        }
+
+        #[test]
+        fn message_record_round_trips(
+            topic in "[a-z]{1,20}",
+            key in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32)),
+            value in proptest::collection::vec(any::<u8>(), 1..256),
+            headers in proptest::collection::vec(("[a-z]{1,8}", proptest::collection::vec(any::<u8>(), 0..16)), 0..4),
+            partition in proptest::option::of(0i32..100),
+            due in any::<u64>(), seq in any::<u64>(), delay in proptest::option::of(0u64..1 << 40),
+        ) {
+            let envelope = Envelope {
+                topic, key, value, partition,
+                headers: headers.into_iter().map(|(key, value)| Header { key, value }).collect(),
+            };
+            let requested = match delay {
+                Some(d) => DueSpec::After(Duration::from_millis(d)),
+                None => DueSpec::At(UnixMillis(due)),
+            };
+            let record = MessageRecord::new(envelope.clone(), requested, UnixMillis(due), seq, UnixMillis(7));
+            let back: MessageRecord = decode(&encode(&record)).unwrap();
+            prop_assert_eq!(&back, &record);
+            prop_assert_eq!(back.envelope(), envelope.clone());
+            prop_assert!(back.is_same_request(&envelope, requested));
+        }
+    }
+
+    fn record() -> MessageRecord {
+        let envelope =
+            Envelope { topic: "t".into(), key: None, value: b"v".to_vec(), headers: vec![], partition: None };
+        MessageRecord::new(
+            envelope,
+            DueSpec::After(Duration::from_secs(30)),
+            UnixMillis(100),
+            3,
+            UnixMillis(70),
+        )
+    }
+
+    #[test]
+    fn a_different_request_is_not_the_same() {
+        let r = record();
+        let same = r.envelope();
+        assert!(r.is_same_request(&same, DueSpec::After(Duration::from_secs(30))));
+        assert!(!r.is_same_request(&same, DueSpec::After(Duration::from_secs(31))));
+        assert!(!r.is_same_request(&same, DueSpec::At(UnixMillis(30_000))));
+        let mut other = same.clone();
+        other.value = b"w".to_vec();
+        assert!(!r.is_same_request(&other, DueSpec::After(Duration::from_secs(30))));
+        let mut other = same;
+        other.key = Some(vec![]);
+        assert!(
+            !r.is_same_request(&other, DueSpec::After(Duration::from_secs(30))),
+            "empty key is not no key"
+        );
+    }
+
+    #[test]
+    fn dispatch_key_follows_retries() {
+        let r = record();
+        assert_eq!(dispatch_key(&r, None), DueKey { due: UnixMillis(100), seq: 3 });
+        let retrying = Settlement { retry_at_ms: 900, attempts: 1, ..Default::default() };
+        assert_eq!(dispatch_key(&r, Some(&retrying)), DueKey { due: UnixMillis(900), seq: 3 });
+    }
+
+    #[test]
+    fn state_follows_settlement() {
+        assert_eq!(state_of(None), State::Pending { attempts: 0, last_error: None });
+        let retrying = Settlement { attempts: 2, last_error: "timed out".into(), ..Default::default() };
+        assert_eq!(
+            state_of(Some(&retrying)),
+            State::Pending { attempts: 2, last_error: Some("timed out".into()) }
+        );
+        let delivered = Settlement {
+            kind: SettlementKind::Delivered as i32,
+            partition: 2,
+            offset: 9,
+            at_ms: 5,
+            ..Default::default()
+        };
+        assert_eq!(
+            state_of(Some(&delivered)),
+            State::Delivered(Delivery { partition: 2, offset: 9, delivered_at: UnixMillis(5) })
+        );
+        assert!(delivered.is_settled() && !retrying.is_settled());
+    }
+}

@@ -1,0 +1,320 @@
+//! Helpers for the integration tests: a real Kafka-protocol broker (Tansu) on
+//! a free loopback port, hourglass itself on port 0 over a temp-dir RocksDB,
+//! and a real Kafka consumer. Every test uses its own random topic names.
+#![allow(dead_code)]
+
+use std::{
+    collections::BTreeMap,
+    net::{SocketAddr, TcpListener as StdListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use hourglass::{
+    config::Config,
+    proto::{self, scheduler_client::SchedulerClient},
+};
+use rdkafka::{
+    ClientConfig, Message as _, Offset, TopicPartitionList,
+    admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},
+    client::DefaultClientContext,
+    consumer::{BaseConsumer, Consumer},
+    message::Headers,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_for_port(addr: &str, within: Duration) {
+    let started = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        assert!(started.elapsed() < within, "nothing listens on {addr} after {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn random_name(prefix: &str) -> String {
+    format!("{prefix}-{}", ulid::Ulid::new().to_string().to_lowercase())
+}
+
+/// A Tansu broker: Apache-Kafka-compatible, in memory, on a free port.
+pub struct Broker {
+    child: Option<Child>,
+    pub addr: String,
+    storage: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Broker {
+    pub fn start() -> Broker {
+        Self::start_with(free_port(), "memory://tansu/".into(), None)
+    }
+
+    /// A broker that keeps its data (SQLite) across its own restarts.
+    pub fn start_persistent() -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = format!("sqlite://{}", dir.path().join("tansu.db").display());
+        Self::start_with(free_port(), storage, Some(dir))
+    }
+
+    fn start_with(port: u16, storage: String, dir: Option<tempfile::TempDir>) -> Broker {
+        let mut broker = Broker { child: None, addr: format!("127.0.0.1:{port}"), storage, _dir: dir };
+        broker.resume();
+        broker
+    }
+
+    /// Starts the broker process (again) on the same port and storage.
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none(), "broker already running");
+        let url = format!("tcp://{}", self.addr);
+        let tansu = std::env::var("HOURGLASS_TEST_TANSU").unwrap_or_else(|_| "tansu".into());
+        let child = Command::new(&tansu)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", &self.storage])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {tansu:?} ({e}); install the test broker with `bash .ci/test` (see README)"
+                )
+            });
+        self.child = Some(child);
+        wait_for_port(&self.addr, Duration::from_secs(30));
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn create_topic(&self, name: &str, partitions: i32) {
+        let admin: AdminClient<DefaultClientContext> =
+            ClientConfig::new().set("bootstrap.servers", &self.addr).create().unwrap();
+        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+        let results = admin.create_topics([&topic], &AdminOptions::new()).await.unwrap();
+        for r in results {
+            r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
+        }
+    }
+
+    pub async fn delete_topic(&self, name: &str) {
+        let admin: AdminClient<DefaultClientContext> =
+            ClientConfig::new().set("bootstrap.servers", &self.addr).create().unwrap();
+        for r in admin.delete_topics(&[name], &AdminOptions::new()).await.unwrap() {
+            r.unwrap_or_else(|(t, e)| panic!("deleting topic {t}: {e}"));
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A server config pointing at `broker`, storing in `data_dir`, on port 0.
+pub fn config(broker: &Broker, data_dir: &Path) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data_dir.to_owned(),
+        kafka_brokers: broker.addr.clone(),
+        retry_backoff: Duration::from_millis(100),
+        retry_backoff_max: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(5),
+        ..Config::default()
+    }
+}
+
+/// hourglass running in this process.
+pub struct Hourglass {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub data_dir: PathBuf,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Hourglass {
+    pub async fn start(config: Config) -> Hourglass {
+        let grpc = TcpListener::bind(config.listen).await.unwrap();
+        let metrics = TcpListener::bind(config.metrics_listen).await.unwrap();
+        let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
+        let data_dir = config.data_dir.clone();
+        let shutdown = CancellationToken::new();
+        let task =
+            tokio::spawn(hourglass::run(config, hourglass::Listeners { grpc, metrics }, shutdown.clone()));
+        Hourglass { addr, metrics_addr, data_dir, shutdown, task }
+    }
+
+    pub async fn client(&self) -> SchedulerClient<Channel> {
+        let url = format!("http://{}", self.addr);
+        for _ in 0..100 {
+            if let Ok(c) = SchedulerClient::connect(url.clone()).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("cannot connect to hourglass at {url}");
+    }
+
+    /// Graceful shutdown, as on SIGTERM; fails the test if it errs.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("shutdown took longer than 30s")
+            .expect("server task panicked")
+            .expect("server returned an error");
+    }
+}
+
+/// A schedule request for `topic`, due after `delay`.
+pub fn request(topic: &str, value: &str, delay: Duration) -> proto::ScheduleRequest {
+    proto::ScheduleRequest {
+        message: Some(proto::Message {
+            topic: topic.into(),
+            key: None,
+            value: value.as_bytes().to_vec(),
+            headers: vec![],
+            partition: None,
+        }),
+        due: Some(proto::schedule_request::Due::Delay(prost_types::Duration {
+            seconds: delay.as_secs() as i64,
+            nanos: delay.subsec_nanos() as i32,
+        })),
+        id: None,
+    }
+}
+
+pub fn millis(t: &prost_types::Timestamp) -> i64 {
+    t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+}
+
+/// A record as a consumer saw it.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: BTreeMap<String, Vec<u8>>,
+    /// Kafka record timestamp (the producer's create time), Unix ms.
+    pub timestamp_ms: i64,
+}
+
+impl Received {
+    pub fn header(&self, key: &str) -> Option<&str> {
+        self.headers.get(key).map(|v| std::str::from_utf8(v).unwrap())
+    }
+
+    pub fn id(&self) -> &str {
+        self.header("hourglass-id").expect("every record carries hourglass-id")
+    }
+}
+
+/// Reads `topic` from the beginning until `count` records arrived or
+/// `within` passed, then `settle` longer to catch any extra (duplicate)
+/// records. Blocking: call from spawn_blocking or a plain thread.
+pub fn consume(broker: &str, topic: &str, count: usize, within: Duration, settle: Duration) -> Vec<Received> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker)
+        .set("group.id", random_name("verify"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    let partitions = metadata.topics()[0].partitions().len();
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        assignment.add_partition_offset(topic, p as i32, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let mut out = Vec::new();
+    let started = Instant::now();
+    let mut deadline = started + within;
+    let mut settling = false;
+    while Instant::now() < deadline {
+        if out.len() >= count && !settling {
+            settling = true;
+            deadline = Instant::now() + settle;
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else { continue };
+        let m = message.unwrap();
+        let headers = m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Received {
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            headers,
+            timestamp_ms: m.timestamp().to_millis().unwrap_or(-1),
+        });
+    }
+    out
+}
+
+pub async fn consume_async(
+    broker: &Broker,
+    topic: &str,
+    count: usize,
+    within: Duration,
+    settle: Duration,
+) -> Vec<Received> {
+    let (addr, topic) = (broker.addr.clone(), topic.to_owned());
+    tokio::task::spawn_blocking(move || consume(&addr, &topic, count, within, settle)).await.unwrap()
+}
+
+/// Kafka's `Utils.murmur2`, as the Java client hashes record keys. Written
+/// out here so tests check hourglass against an independent implementation.
+pub fn murmur2(key: &[u8]) -> i32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h: u32 = SEED ^ key.len() as u32;
+    let chunks = key.chunks_exact(4);
+    let tail = chunks.remainder();
+    for c in chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    if tail.len() >= 3 {
+        h ^= u32::from(tail[2]) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= u32::from(tail[1]) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= u32::from(tail[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The partition the Java client's default partitioner picks for `key`.
+pub fn java_partition(key: &[u8], partitions: i32) -> i32 {
+    (murmur2(key) & 0x7fff_ffff) % partitions
+}

@@ -1,0 +1,397 @@
+//! End to end against a real broker and a real store: what is scheduled
+//! arrives on its topic, partition and key, with its headers, never before
+//! it is due; and the API's answers match what happened.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use hourglass::proto::{self, CancelOutcome, State};
+use tonic::Code;
+
+#[test]
+fn murmur2_matches_kafka_test_vectors() {
+    // From Kafka's UtilsTest.testMurmur2.
+    assert_eq!(murmur2(b"21"), -973932308);
+    assert_eq!(murmur2(b"foobar"), -790332482);
+    assert_eq!(murmur2(b"a-little-bit-long-string"), -985981536);
+    assert_eq!(murmur2(b"a-little-bit-longer-string"), -1486304829);
+    assert_eq!(murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8"), -58897971);
+    assert_eq!(murmur2(b"abc"), 479470107);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_arrive_on_topic_partition_and_key_with_headers_not_before_due() {
+    let broker = Broker::start();
+    let topic = random_name("orders");
+    broker.create_topic(&topic, 4).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut client = server.client().await;
+
+    let mut keyed = request(&topic, "keyed", Duration::from_millis(800));
+    keyed.message.as_mut().unwrap().key = Some(b"order-42".to_vec());
+    keyed.message.as_mut().unwrap().headers = vec![
+        proto::Header { key: "trace".into(), value: b"t-1".to_vec() },
+        proto::Header { key: "empty".into(), value: vec![] },
+    ];
+    let mut pinned = request(&topic, "pinned", Duration::from_millis(1200));
+    pinned.message.as_mut().unwrap().partition = Some(3);
+    pinned.message.as_mut().unwrap().key = Some(b"order-42".to_vec());
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let mut past = request(&topic, "past", Duration::ZERO);
+    past.due = Some(proto::schedule_request::Due::DeliverAt(prost_types::Timestamp {
+        seconds: now_ms / 1000 - 3600,
+        nanos: 0,
+    }));
+
+    let mut due = std::collections::HashMap::new();
+    for r in [keyed, pinned, past] {
+        let value = String::from_utf8(r.message.as_ref().unwrap().value.clone()).unwrap();
+        let reply = client.schedule(r).await.unwrap().into_inner();
+        assert!(!reply.duplicate);
+        due.insert(value, (reply.id, millis(&reply.deliver_at.unwrap())));
+    }
+
+    let got = consume_async(&broker, &topic, 3, Duration::from_secs(20), Duration::from_millis(500)).await;
+    assert_eq!(got.len(), 3, "exactly the three records arrive: {got:?}");
+    for r in &got {
+        let value = String::from_utf8(r.value.clone()).unwrap();
+        let (id, due_ms) = &due[&value];
+        assert_eq!(r.id(), id);
+        assert_eq!(r.header("hourglass-due-ms"), Some(due_ms.to_string().as_str()));
+        assert!(r.timestamp_ms >= *due_ms, "{value} produced at {} before due {due_ms}", r.timestamp_ms);
+        match value.as_str() {
+            "keyed" => {
+                assert_eq!(r.key.as_deref(), Some(&b"order-42"[..]));
+                assert_eq!(r.partition, java_partition(b"order-42", 4), "murmur2 like the Java client");
+                assert_eq!(r.header("trace"), Some("t-1"));
+                assert_eq!(r.header("empty"), Some(""));
+            }
+            "pinned" => assert_eq!(r.partition, 3, "explicit partition wins over the key"),
+            "past" => assert!(r.timestamp_ms - due_ms >= 3_600_000 - 60_000, "past due is sent at once"),
+            other => panic!("unexpected record {other}"),
+        }
+        // Get reports where it landed.
+        let got = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        assert_eq!(got.state(), State::Delivered);
+        let Some(proto::get_response::Settlement::Delivered(d)) = got.settlement else {
+            panic!("delivered without a delivery record: {got:?}");
+        };
+        assert_eq!((d.partition, d.offset), (r.partition, r.offset));
+        assert!(millis(&d.delivered_at.unwrap()) >= *due_ms);
+        assert_eq!(got.message.unwrap().value, r.value);
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_statuses_and_store_nothing() {
+    let broker = Broker::start();
+    let topic = random_name("bad");
+    broker.create_topic(&topic, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut client = server.client().await;
+
+    let unknown = client.schedule(request("no-such-topic", "v", Duration::ZERO)).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+    assert!(unknown.message().contains("no-such-topic"), "{}", unknown.message());
+
+    let mut cases: Vec<(proto::ScheduleRequest, &str)> = Vec::new();
+    let mut r = request(&topic, "", Duration::ZERO);
+    r.message.as_mut().unwrap().value.clear();
+    cases.push((r, "value"));
+    let mut r = request(&topic, "v", Duration::ZERO);
+    r.message.as_mut().unwrap().partition = Some(2);
+    cases.push((r, "2 partition"));
+    cases.push((request(&topic, "v", Duration::from_secs(10 * 366 * 24 * 3600)), "max-delay"));
+    let mut r = request(&topic, "v", Duration::ZERO);
+    r.due = None;
+    cases.push((r, "deliver_at"));
+    let mut r = request(&topic, "v", Duration::ZERO);
+    r.message.as_mut().unwrap().topic = "bad topic!".into();
+    cases.push((r, "topic"));
+    let mut r = request(&topic, "v", Duration::ZERO);
+    r.message.as_mut().unwrap().headers = vec![proto::Header { key: "hourglass-id".into(), value: vec![] }];
+    cases.push((r, "reserved"));
+    let mut r = request(&topic, "v", Duration::ZERO);
+    r.id = Some("has space".into());
+    cases.push((r, "id"));
+    for (r, needle) in cases {
+        let status = client.schedule(r).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(needle), "{needle:?} not in {:?}", status.message());
+    }
+    // Oversized requests are refused before they reach the store.
+    let big = request(&topic, &"x".repeat(2 << 20), Duration::ZERO);
+    let status = client.schedule(big).await.unwrap_err();
+    assert!(
+        matches!(status.code(), Code::InvalidArgument | Code::OutOfRange | Code::ResourceExhausted),
+        "{status:?}"
+    );
+
+    let status = client.get(proto::GetRequest { id: "nope".into() }).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    let got = consume_async(&broker, &topic, 1, Duration::from_secs(2), Duration::ZERO).await;
+    assert!(got.is_empty(), "nothing invalid was delivered: {got:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_is_answered_once_and_delivered_once() {
+    let broker = Broker::start();
+    let topic = random_name("idem");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut client = server.client().await;
+
+    let mut r = request(&topic, "once", Duration::from_secs(2));
+    r.id = Some("order-7:cancel".into());
+    let first = client.schedule(r.clone()).await.unwrap().into_inner();
+    assert_eq!(first.id, "order-7:cancel");
+    assert!(!first.duplicate);
+    // A client retrying later with the same relative delay gets the original due time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = client.schedule(r.clone()).await.unwrap().into_inner();
+    assert!(again.duplicate);
+    assert_eq!(again.deliver_at, first.deliver_at);
+    // Concurrent retries all agree.
+    let retries = (0..50).map(|_| {
+        let (mut c, r) = (client.clone(), r.clone());
+        tokio::spawn(async move { c.schedule(r).await.unwrap().into_inner() })
+    });
+    for retry in retries {
+        assert_eq!(retry.await.unwrap().deliver_at, first.deliver_at);
+    }
+    // The same id with a different message is a conflict.
+    let mut other = r.clone();
+    other.message.as_mut().unwrap().value = b"different".to_vec();
+    let status = client.schedule(other).await.unwrap_err();
+    assert_eq!(status.code(), Code::AlreadyExists);
+
+    let got = consume_async(&broker, &topic, 1, Duration::from_secs(15), Duration::from_secs(2)).await;
+    assert_eq!(got.len(), 1, "delivered exactly once: {got:?}");
+    assert_eq!(got[0].value, b"once");
+    // Still remembered after delivery.
+    let after = client.schedule(r).await.unwrap().into_inner();
+    assert!(after.duplicate);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_reports_what_happened() {
+    let broker = Broker::start();
+    let topic = random_name("cancel");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut client = server.client().await;
+
+    let later =
+        client.schedule(request(&topic, "later", Duration::from_millis(1500))).await.unwrap().into_inner();
+    let now = client.schedule(request(&topic, "now", Duration::ZERO)).await.unwrap().into_inner();
+    let got = consume_async(&broker, &topic, 1, Duration::from_secs(10), Duration::ZERO).await;
+    assert_eq!(got[0].value, b"now");
+
+    let cancel = |id: &str| proto::CancelRequest { id: id.to_owned() };
+    let outcome = |r: proto::CancelResponse| r.outcome();
+    assert_eq!(
+        outcome(client.cancel(cancel(&later.id)).await.unwrap().into_inner()),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        outcome(client.cancel(cancel(&later.id)).await.unwrap().into_inner()),
+        CancelOutcome::AlreadyCancelled
+    );
+    assert_eq!(
+        outcome(client.cancel(cancel(&now.id)).await.unwrap().into_inner()),
+        CancelOutcome::AlreadyDelivered
+    );
+    assert_eq!(
+        outcome(client.cancel(cancel("never-was")).await.unwrap().into_inner()),
+        CancelOutcome::NotFound
+    );
+    let got = client.get(proto::GetRequest { id: later.id.clone() }).await.unwrap().into_inner();
+    assert_eq!(got.state(), State::Cancelled);
+
+    let got = consume_async(&broker, &topic, 2, Duration::from_secs(4), Duration::ZERO).await;
+    assert_eq!(got.len(), 1, "the cancelled message never arrives: {got:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_racing_delivery_is_one_or_the_other() {
+    let broker = Broker::start();
+    let topic = random_name("race");
+    broker.create_topic(&topic, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let client = server.client().await;
+
+    const N: usize = 300;
+    let delay = Duration::from_millis(1500);
+    let mut ids = Vec::new();
+    for i in 0..N {
+        let reply = client.clone().schedule(request(&topic, &format!("m{i}"), delay)).await.unwrap();
+        ids.push(reply.into_inner().id);
+    }
+    // Cancel everything around the instant it falls due.
+    tokio::time::sleep(delay - Duration::from_millis(30)).await;
+    let cancels = ids.iter().map(|id| {
+        let (mut c, id) = (client.clone(), id.clone());
+        tokio::spawn(async move {
+            let outcome =
+                c.cancel(proto::CancelRequest { id: id.clone() }).await.unwrap().into_inner().outcome();
+            (id, outcome)
+        })
+    });
+    let mut cancelled = std::collections::HashSet::new();
+    let mut delivered = std::collections::HashSet::new();
+    for c in cancels {
+        match c.await.unwrap() {
+            (id, CancelOutcome::Cancelled) => assert!(cancelled.insert(id)),
+            (id, CancelOutcome::AlreadyDelivered) => assert!(delivered.insert(id)),
+            (id, other) => panic!("{id}: unexpected {other:?}"),
+        }
+    }
+    let got =
+        consume_async(&broker, &topic, delivered.len(), Duration::from_secs(15), Duration::from_secs(2))
+            .await;
+    let mut seen = std::collections::HashSet::new();
+    for r in &got {
+        assert!(seen.insert(r.id().to_owned()), "{} delivered twice", r.id());
+        assert!(!cancelled.contains(r.id()), "{} was reported cancelled but was delivered", r.id());
+    }
+    assert_eq!(seen, delivered, "every 'already delivered' is on the topic, and nothing else");
+    eprintln!("race: {} cancelled, {} delivered", cancelled.len(), delivered.len());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reschedule_moves_a_pending_message_and_refuses_settled_ones() {
+    let broker = Broker::start();
+    let topic = random_name("move");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut client = server.client().await;
+
+    let far =
+        client.schedule(request(&topic, "moved", Duration::from_secs(3600))).await.unwrap().into_inner();
+    let soon = std::time::SystemTime::now() + Duration::from_millis(700);
+    let soon_ts = prost_types::Timestamp::from(soon);
+    let moved = client
+        .reschedule(proto::RescheduleRequest {
+            id: far.id.clone(),
+            due: Some(proto::reschedule_request::Due::DeliverAt(soon_ts)),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let new_due = millis(&moved.deliver_at.unwrap());
+    let got = consume_async(&broker, &topic, 1, Duration::from_secs(10), Duration::ZERO).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id(), far.id);
+    assert!(got[0].timestamp_ms >= new_due);
+    assert_eq!(got[0].header("hourglass-due-ms"), Some(new_due.to_string().as_str()));
+
+    let again = client
+        .reschedule(proto::RescheduleRequest {
+            id: far.id.clone(),
+            due: Some(proto::reschedule_request::Due::Delay(prost_types::Duration { seconds: 60, nanos: 0 })),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition);
+    assert!(again.message().contains("delivered"), "{}", again.message());
+    let missing = client
+        .reschedule(proto::RescheduleRequest {
+            id: "nope".into(),
+            due: Some(proto::reschedule_request::Due::Delay(prost_types::Duration { seconds: 1, nanos: 0 })),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_restart_keeps_pending_messages() {
+    let broker = Broker::start();
+    let topic = random_name("restart");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut client = server.client().await;
+    let mut ids = std::collections::HashSet::new();
+    for i in 0..20 {
+        let r = client.schedule(request(&topic, &format!("r{i}"), Duration::from_secs(2))).await.unwrap();
+        ids.insert(r.into_inner().id);
+    }
+    server.stop().await;
+
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut client = server.client().await;
+    let any = ids.iter().next().unwrap().clone();
+    let pending = client.get(proto::GetRequest { id: any }).await.unwrap().into_inner();
+    assert_eq!(pending.state(), State::Pending, "still pending after restart");
+    let got = consume_async(&broker, &topic, 20, Duration::from_secs(15), Duration::from_secs(1)).await;
+    let seen: std::collections::HashSet<_> = got.iter().map(|r| r.id().to_owned()).collect();
+    assert_eq!(got.len(), 20, "no duplicates");
+    assert_eq!(seen, ids);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_are_served() {
+    let broker = Broker::start();
+    let topic = random_name("obs");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut client = server.client().await;
+    client.schedule(request(&topic, "m", Duration::ZERO)).await.unwrap();
+    consume_async(&broker, &topic, 1, Duration::from_secs(10), Duration::ZERO).await;
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest { service: "hourglass.v1.Scheduler".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
+
+    let body = http_get(server.metrics_addr, "/metrics").await;
+    for series in [
+        "hourglass_messages_scheduled_total",
+        "hourglass_messages_delivered_total",
+        "hourglass_messages_pending",
+        "hourglass_dispatch_lateness_seconds_bucket",
+        "hourglass_kafka_produce_errors_total",
+        "hourglass_store_size_bytes",
+        "hourglass_grpc_requests_total{code=\"Ok\",method=\"Schedule\"}",
+    ] {
+        assert!(body.contains(series), "{series} missing from /metrics:\n{body}");
+    }
+    server.stop().await;
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}
