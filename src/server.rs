@@ -65,12 +65,13 @@ pub async fn run_with_clock(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<proto::scheduler_server::SchedulerServer<SchedulerApi>>().await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
 
     let metrics_task = tokio::spawn(serve_metrics(listeners.metrics, background.clone()));
     let grpc_addr = listeners.grpc.local_addr()?;

@@ -231,15 +231,24 @@ async fn cancel_racing_delivery_is_one_or_the_other() {
     let server = Hourglass::start(config(&broker, dir.path())).await;
     let client = server.client().await;
 
-    const N: usize = 300;
-    let delay = Duration::from_millis(1500);
+    // Due one every 2 ms over 600 ms; all cancelled at once in the middle, so
+    // some are long gone, some far off, and many fall due as the cancels land.
+    const N: u64 = 300;
+    let start = std::time::SystemTime::now() + Duration::from_secs(3);
+    let scheduling = (0..N).map(|i| {
+        let mut r = request(&topic, &format!("m{i}"), Duration::ZERO);
+        let due = prost_types::Timestamp::from(start + Duration::from_millis(2 * i));
+        r.due = Some(proto::schedule_request::Due::DeliverAt(due));
+        let mut c = client.clone();
+        tokio::spawn(async move { c.schedule(r).await.unwrap().into_inner().id })
+    });
     let mut ids = Vec::new();
-    for i in 0..N {
-        let reply = client.clone().schedule(request(&topic, &format!("m{i}"), delay)).await.unwrap();
-        ids.push(reply.into_inner().id);
+    for s in scheduling {
+        ids.push(s.await.unwrap());
     }
-    // Cancel everything around the instant it falls due.
-    tokio::time::sleep(delay - Duration::from_millis(30)).await;
+    let middle = start + Duration::from_millis(N);
+    assert!(std::time::SystemTime::now() < start, "scheduling took longer than the lead time");
+    tokio::time::sleep(middle.duration_since(std::time::SystemTime::now()).unwrap()).await;
     let cancels = ids.iter().map(|id| {
         let (mut c, id) = (client.clone(), id.clone());
         tokio::spawn(async move {
@@ -267,6 +276,7 @@ async fn cancel_racing_delivery_is_one_or_the_other() {
     }
     assert_eq!(seen, delivered, "every 'already delivered' is on the topic, and nothing else");
     eprintln!("race: {} cancelled, {} delivered", cancelled.len(), delivered.len());
+    assert!(!cancelled.is_empty() && !delivered.is_empty(), "the cancels must meet the deliveries");
     server.stop().await;
 }
 
