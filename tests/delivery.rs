@@ -23,11 +23,7 @@ fn murmur2_matches_kafka_test_vectors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_arrive_on_topic_partition_and_key_with_headers_not_before_due() {
-    let broker = Broker::start();
-    let topic = random_name("orders");
-    broker.create_topic(&topic, 4).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let TestBed { broker, topic, dir: _dir, server } = TestBed::start("orders", 4).await;
     let mut client = server.client().await;
 
     let mut keyed = request(&topic, "keyed", Duration::from_millis(800));
@@ -88,11 +84,7 @@ async fn records_arrive_on_topic_partition_and_key_with_headers_not_before_due()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_statuses_and_store_nothing() {
-    let broker = Broker::start();
-    let topic = random_name("bad");
-    broker.create_topic(&topic, 2).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let TestBed { broker, topic, dir: _dir, server } = TestBed::start("bad", 2).await;
     let mut client = server.client().await;
 
     let unknown = client.schedule(request("no-such-topic", "v", Duration::ZERO)).await.unwrap_err();
@@ -141,11 +133,7 @@ async fn bad_requests_get_clear_statuses_and_store_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_request_is_answered_once_and_delivered_once() {
-    let broker = Broker::start();
-    let topic = random_name("idem");
-    broker.create_topic(&topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let TestBed { broker, topic, dir: _dir, server } = TestBed::start("idem", 1).await;
     let mut client = server.client().await;
 
     let mut r = request(&topic, "once", Duration::from_secs(2));
@@ -183,11 +171,7 @@ async fn a_retried_request_is_answered_once_and_delivered_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_reports_what_happened() {
-    let broker = Broker::start();
-    let topic = random_name("cancel");
-    broker.create_topic(&topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let TestBed { broker, topic, dir: _dir, server } = TestBed::start("cancel", 1).await;
     let mut client = server.client().await;
 
     let later =
@@ -224,11 +208,7 @@ async fn cancel_reports_what_happened() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_racing_delivery_is_one_or_the_other() {
-    let broker = Broker::start();
-    let topic = random_name("race");
-    broker.create_topic(&topic, 2).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let TestBed { broker, topic, dir: _dir, server } = TestBed::start("race", 2).await;
     let client = server.client().await;
 
     // Due one every 2 ms over 600 ms; all cancelled at once in the middle, so
@@ -282,11 +262,7 @@ async fn cancel_racing_delivery_is_one_or_the_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reschedule_moves_a_pending_message_and_refuses_settled_ones() {
-    let broker = Broker::start();
-    let topic = random_name("move");
-    broker.create_topic(&topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let TestBed { broker, topic, dir: _dir, server } = TestBed::start("move", 1).await;
     let mut client = server.client().await;
 
     let far =
@@ -330,11 +306,7 @@ async fn reschedule_moves_a_pending_message_and_refuses_settled_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_restart_keeps_pending_messages() {
-    let broker = Broker::start();
-    let topic = random_name("restart");
-    broker.create_topic(&topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let TestBed { broker, topic, dir, server } = TestBed::start("restart", 1).await;
     let mut client = server.client().await;
     let mut ids = std::collections::HashSet::new();
     for i in 0..20 {
@@ -357,11 +329,7 @@ async fn graceful_restart_keeps_pending_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_health_are_served() {
-    let broker = Broker::start();
-    let topic = random_name("obs");
-    broker.create_topic(&topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let TestBed { broker, topic, dir: _dir, server } = TestBed::start("obs", 1).await;
     let mut client = server.client().await;
     client.schedule(request(&topic, "m", Duration::ZERO)).await.unwrap();
     consume_async(&broker, &topic, 1, Duration::from_secs(10), Duration::ZERO).await;

@@ -146,7 +146,7 @@ struct Round<'a> {
     unread: Vec<Settle>,
     lowest_added: Option<DueKey>,
     lowest_kept: Option<DueKey>,
-    replies: Vec<Box<dyn FnOnce(Option<&StoreError>) + Send>>,
+    replies: Vec<DeferredReply>,
     effects: Effects,
 }
 
@@ -159,6 +159,9 @@ struct Effects {
     /// Lateness (delivered-at minus due) of each delivery.
     delivered: Vec<Duration>,
 }
+
+/// An answer held back until its round commits; it receives the commit's error.
+type DeferredReply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 
 enum Flow<T> {
     Done(Result<T, StoreError>),

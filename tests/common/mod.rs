@@ -178,6 +178,26 @@ impl Hourglass {
     }
 }
 
+/// A broker with one fresh topic, and hourglass in front of it over a
+/// temporary store: what most tests start from.
+pub struct TestBed {
+    pub broker: Broker,
+    pub topic: String,
+    pub dir: tempfile::TempDir,
+    pub server: Hourglass,
+}
+
+impl TestBed {
+    pub async fn start(prefix: &str, partitions: i32) -> TestBed {
+        let broker = Broker::start();
+        let topic = random_name(prefix);
+        broker.create_topic(&topic, partitions).await;
+        let dir = tempfile::tempdir().unwrap();
+        let server = Hourglass::start(config(&broker, dir.path())).await;
+        TestBed { broker, topic, dir, server }
+    }
+}
+
 /// A schedule request for `topic`, due after `delay`.
 pub fn request(topic: &str, value: &str, delay: Duration) -> proto::ScheduleRequest {
     proto::ScheduleRequest {
