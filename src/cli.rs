@@ -80,6 +80,16 @@ pub struct ServeArgs {
     /// Most bytes of headers on one message [default: 65536]
     #[arg(long, env = "HOURGLASS_MAX_HEADERS_BYTES")]
     pub max_headers_bytes: Option<usize>,
+    /// Most items in one ScheduleBatch call [default: 10000]
+    #[arg(long, env = "HOURGLASS_MAX_BATCH")]
+    pub max_batch: Option<usize>,
+    /// Largest ScheduleBatch request in bytes [default: 16777216]
+    #[arg(long, env = "HOURGLASS_MAX_BATCH_BYTES")]
+    pub max_batch_bytes: Option<usize>,
+    /// Requests one ScheduleStream may have unanswered before the server
+    /// stops reading it [default: 8192]
+    #[arg(long, env = "HOURGLASS_STREAM_WINDOW")]
+    pub stream_window: Option<usize>,
     /// Messages produced and not yet acknowledged by Kafka [default: 10000]
     #[arg(long, env = "HOURGLASS_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
@@ -121,6 +131,9 @@ impl ServeArgs {
             max_message_bytes,
             max_headers,
             max_headers_bytes,
+            max_batch,
+            max_batch_bytes,
+            stream_window,
             max_in_flight,
             max_delivery_attempts,
             retry_backoff,

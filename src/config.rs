@@ -53,6 +53,13 @@ pub struct Config {
     pub max_headers: usize,
     /// Default 64 KiB.
     pub max_headers_bytes: usize,
+    /// Items in one `ScheduleBatch` call. Default 10000.
+    pub max_batch: usize,
+    /// Encoded size of one `ScheduleBatch` request. Default 16 MiB.
+    pub max_batch_bytes: usize,
+    /// Requests on one `ScheduleStream` read ahead of their answers.
+    /// Default 8192.
+    pub stream_window: usize,
     /// Messages produced and not yet acknowledged. Default 10000.
     pub max_in_flight: usize,
     /// Refusals by the broker before a message is failed. Default 5.
@@ -87,6 +94,9 @@ impl Default for Config {
             max_message_bytes: limits.max_message_bytes,
             max_headers: limits.max_headers,
             max_headers_bytes: limits.max_headers_bytes,
+            max_batch: limits.max_batch,
+            max_batch_bytes: limits.max_batch_bytes,
+            stream_window: 8192,
             max_in_flight: dispatcher.max_in_flight,
             max_delivery_attempts: dispatcher.max_attempts,
             retry_backoff: dispatcher.backoff_initial,
@@ -128,6 +138,12 @@ impl Config {
         if self.max_in_flight == 0 {
             return fail("max_in_flight must be at least 1".into());
         }
+        if self.max_batch == 0 || self.stream_window == 0 {
+            return fail("max_batch and stream_window must be at least 1".into());
+        }
+        if self.max_batch_bytes > 256 << 20 {
+            return fail(format!("max_batch_bytes is {}; use at most 256 MiB", self.max_batch_bytes));
+        }
         if self.max_delivery_attempts == 0 {
             return fail("max_delivery_attempts must be at least 1".into());
         }
@@ -149,6 +165,8 @@ impl Config {
             max_headers: self.max_headers,
             max_headers_bytes: self.max_headers_bytes,
             max_delay: self.max_delay,
+            max_batch: self.max_batch,
+            max_batch_bytes: self.max_batch_bytes,
         }
     }
 
@@ -219,6 +237,8 @@ mod tests {
             Config { kafka_brokers: " ".into(), ..Config::default() },
             Config { max_in_flight: 0, ..Config::default() },
             Config { max_delivery_attempts: 0, ..Config::default() },
+            Config { max_batch: 0, ..Config::default() },
+            Config { stream_window: 0, ..Config::default() },
             Config { max_message_bytes: 0, ..Config::default() },
             Config { retry_backoff: Duration::from_secs(60), ..Config::default() },
             Config { metrics_listen: Config::default().listen, ..Config::default() },

@@ -219,6 +219,10 @@ pub struct Limits {
     pub max_headers_bytes: usize,
     /// How far in the future a due time may lie.
     pub max_delay: Duration,
+    /// Items in one `ScheduleBatch` call.
+    pub max_batch: usize,
+    /// Encoded size of one `ScheduleBatch` request.
+    pub max_batch_bytes: usize,
 }
 
 impl Default for Limits {
@@ -228,11 +232,19 @@ impl Default for Limits {
             max_headers: 64,
             max_headers_bytes: 64 * 1024,
             max_delay: Duration::from_secs(3 * 366 * 24 * 3600),
+            max_batch: 10_000,
+            max_batch_bytes: 16 << 20,
         }
     }
 }
 
 impl Limits {
+    /// The largest request the server decodes: a batch, or one message
+    /// with room for its envelope. Anything larger is refused unread.
+    pub fn max_request_bytes(&self) -> usize {
+        self.max_batch_bytes.max(self.max_message_bytes + 64 * 1024)
+    }
+
     /// A due time in the past is fine (delivered at once); one beyond
     /// `max_delay` is refused rather than silently clamped.
     pub fn check_due(&self, due: UnixMillis, now: UnixMillis) -> Result<(), Invalid> {

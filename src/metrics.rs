@@ -74,6 +74,18 @@ pub static PRODUCE_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 });
 pub static METADATA_ERRORS: LazyLock<IntCounter> =
     LazyLock::new(|| counter("hourglass_kafka_metadata_errors_total", "Failed topic metadata refreshes."));
+pub static SCHEDULE_ITEMS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "hourglass_grpc_schedule_items_total",
+                "Items of ScheduleBatch and ScheduleStream calls by method and status code.",
+            ),
+            &["method", "code"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static GRPC_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -123,6 +135,7 @@ pub fn init() {
         PRODUCE_ERRORS.with_label_values(&[kind]);
     }
     LazyLock::force(&METADATA_ERRORS);
+    LazyLock::force(&SCHEDULE_ITEMS);
     LazyLock::force(&GRPC_REQUESTS);
     LazyLock::force(&GRPC_SECONDS);
     LazyLock::force(&STORE_SIZE);

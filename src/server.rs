@@ -83,7 +83,7 @@ pub async fn run_with_clock(
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(SchedulerApi::new(service).into_server())
+            .add_service(SchedulerApi::new(service, config.stream_window).into_server())
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(listeners.grpc),
                 stop_accepting.clone().cancelled_owned(),

@@ -46,7 +46,8 @@ impl Service {
         Ok((due_at, now))
     }
 
-    pub async fn schedule(&self, cmd: ScheduleCommand) -> Result<Scheduled, Error> {
+    /// Checks a request and resolves its due time: what the store parks.
+    async fn prepare(&self, cmd: ScheduleCommand) -> Result<NewMessage, Error> {
         cmd.envelope.validate(&self.limits)?;
         let (due, now) = self.resolve(cmd.due)?;
         let partitions = self.catalog.partitions(&cmd.envelope.topic).await?;
@@ -62,8 +63,54 @@ impl Service {
             )
             .into());
         }
-        let msg = NewMessage { id: cmd.id, envelope: cmd.envelope, requested: cmd.due, due, now };
+        Ok(NewMessage { id: cmd.id, envelope: cmd.envelope, requested: cmd.due, due, now })
+    }
+
+    pub async fn schedule(&self, cmd: ScheduleCommand) -> Result<Scheduled, Error> {
+        let msg = self.prepare(cmd).await?;
         Ok(self.store.schedule(msg).await?)
+    }
+
+    /// Schedules many requests in one durable write. Items that fail to
+    /// convert or validate are answered with their error and not stored;
+    /// the rest are parked together. The whole call fails only when the
+    /// batch is too large or the write fails (then nothing was stored).
+    pub async fn schedule_batch(
+        &self,
+        items: Vec<Result<ScheduleCommand, Invalid>>,
+    ) -> Result<Vec<Result<Scheduled, Error>>, Error> {
+        if items.len() > self.limits.max_batch {
+            return Err(Invalid::new(
+                "requests",
+                format!(
+                    "has {} items; the server takes at most {} per batch (--max-batch)",
+                    items.len(),
+                    self.limits.max_batch
+                ),
+            )
+            .into());
+        }
+        let mut results: Vec<Option<Result<Scheduled, Error>>> = Vec::with_capacity(items.len());
+        let (mut msgs, mut slots) = (Vec::new(), Vec::new());
+        for item in items {
+            let prepared = match item {
+                Ok(cmd) => self.prepare(cmd).await,
+                Err(invalid) => Err(invalid.into()),
+            };
+            match prepared {
+                Ok(msg) => {
+                    slots.push(results.len());
+                    msgs.push(msg);
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let stored = self.store.schedule_batch(msgs).await?;
+        for (slot, result) in slots.into_iter().zip(stored) {
+            results[slot] = Some(result.map_err(Error::from));
+        }
+        Ok(results.into_iter().map(|r| r.expect("every item is answered")).collect())
     }
 
     pub async fn cancel(&self, id: MessageId) -> Result<CancelOutcome, Error> {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::{
     message::{
-        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, MessageId, ScheduledMessage, State,
-        UnixMillis,
+        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, MessageId, Scheduled, ScheduledMessage,
+        State, UnixMillis,
     },
     proto,
     service::ScheduleCommand,
@@ -110,6 +110,16 @@ impl TryFrom<proto::ScheduleRequest> for ScheduleCommand {
             envelope: message.into(),
             due: due_spec(r.due.map(WireDue::from))?,
         })
+    }
+}
+
+impl From<Scheduled> for proto::ScheduleResponse {
+    fn from(s: Scheduled) -> Self {
+        proto::ScheduleResponse {
+            id: s.id.to_string(),
+            deliver_at: Some(timestamp(s.due)),
+            duplicate: s.duplicate,
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod convert;
 mod status;
+mod stream;
 
 use std::{future::Future, sync::Arc, time::Instant};
 
@@ -14,17 +15,38 @@ use crate::{Error, metrics, proto, service::Service};
 
 pub struct SchedulerApi {
     service: Arc<Service>,
+    /// Requests one `ScheduleStream` may have unanswered.
+    stream_window: usize,
 }
 
 impl SchedulerApi {
-    pub fn new(service: Arc<Service>) -> Self {
-        SchedulerApi { service }
+    pub fn new(service: Arc<Service>, stream_window: usize) -> Self {
+        SchedulerApi { service, stream_window }
     }
 
     pub fn into_server(self) -> proto::scheduler_server::SchedulerServer<Self> {
-        let max = self.service.limits().max_message_bytes + 64 * 1024;
+        let max = self.service.limits().max_request_bytes();
         proto::scheduler_server::SchedulerServer::new(self).max_decoding_message_size(max)
     }
+}
+
+/// The answer to item `index` of a batch or a stream, counted by code.
+fn schedule_result(
+    method: &'static str,
+    index: u64,
+    result: Result<crate::message::Scheduled, Error>,
+) -> proto::ScheduleResult {
+    use proto::schedule_result::Result as R;
+    let result = match result {
+        Ok(scheduled) => R::Scheduled(scheduled.into()),
+        Err(e) => R::Error(status::item_error(e)),
+    };
+    let code = match &result {
+        R::Scheduled(_) => tonic::Code::Ok,
+        R::Error(e) => tonic::Code::from_i32(e.code),
+    };
+    metrics::SCHEDULE_ITEMS.with_label_values(&[method, &format!("{code:?}")]).inc();
+    proto::ScheduleResult { index, result: Some(result) }
 }
 
 /// Runs one call, counting it by method and status code.
@@ -51,13 +73,35 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
     ) -> Result<Response<proto::ScheduleResponse>, Status> {
         observe("Schedule", async {
             let scheduled = self.service.schedule(request.into_inner().try_into()?).await?;
-            Ok(proto::ScheduleResponse {
-                id: scheduled.id.to_string(),
-                deliver_at: Some(convert::timestamp(scheduled.due)),
-                duplicate: scheduled.duplicate,
-            })
+            Ok(scheduled.into())
         })
         .await
+    }
+
+    async fn schedule_batch(
+        &self,
+        request: Request<proto::ScheduleBatchRequest>,
+    ) -> Result<Response<proto::ScheduleBatchResponse>, Status> {
+        observe("ScheduleBatch", async {
+            let items = request.into_inner().requests.into_iter().map(TryInto::try_into).collect();
+            let results = self.service.schedule_batch(items).await?;
+            let results = (0u64..)
+                .zip(results)
+                .map(|(index, result)| schedule_result("ScheduleBatch", index, result))
+                .collect();
+            Ok(proto::ScheduleBatchResponse { results })
+        })
+        .await
+    }
+
+    type ScheduleStreamStream = stream::Answers;
+
+    async fn schedule_stream(
+        &self,
+        request: Request<tonic::Streaming<proto::ScheduleRequest>>,
+    ) -> Result<Response<Self::ScheduleStreamStream>, Status> {
+        let answers = stream::serve(Arc::clone(&self.service), request.into_inner(), self.stream_window);
+        Ok(Response::new(answers))
     }
 
     async fn cancel(

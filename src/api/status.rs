@@ -13,7 +13,7 @@
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::{Error, store::StoreError};
+use crate::{Error, proto, store::StoreError};
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
@@ -29,6 +29,17 @@ impl From<Error> for Status {
             Error::Store(e) => Status::new(store_code(&e), message),
         }
     }
+}
+
+/// The refusal of one item of a batch or a stream: the status `Schedule`
+/// would have returned for it.
+pub fn item_error(e: Error) -> proto::ItemError {
+    let field = match &e {
+        Error::Invalid(invalid) => invalid.field.to_owned(),
+        _ => String::new(),
+    };
+    let status = Status::from(e);
+    proto::ItemError { code: status.code() as i32, message: status.message().to_owned(), field }
 }
 
 fn store_code(e: &StoreError) -> Code {

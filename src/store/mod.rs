@@ -193,6 +193,20 @@ impl Store {
         self.call(|reply| Op::Schedule { msg, reply }).await
     }
 
+    /// Parks many messages in one atomic, durable write. Each message gets
+    /// its own answer (an id taken by a different message fails alone); the
+    /// call fails as a whole only if the write does, and then nothing of it
+    /// was stored.
+    pub async fn schedule_batch(
+        &self,
+        msgs: Vec<NewMessage>,
+    ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
+        if msgs.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(|reply| Op::ScheduleBatch { msgs, reply }).await
+    }
+
     pub async fn cancel(&self, id: MessageId, now: UnixMillis) -> Result<CancelOutcome, StoreError> {
         self.call(|reply| Op::Cancel { id, now, reply }).await
     }

@@ -85,6 +85,11 @@ pub(crate) enum Op {
         msg: NewMessage,
         reply: Reply<Scheduled>,
     },
+    /// Many messages in one commit, answered one by one.
+    ScheduleBatch {
+        msgs: Vec<NewMessage>,
+        reply: Reply<Vec<Result<Scheduled, StoreError>>>,
+    },
     Cancel {
         id: MessageId,
         now: UnixMillis,
@@ -204,9 +209,13 @@ impl Writer {
                     None => break,
                 }
             }
-            while ops.len() < self.max_round {
+            let mut weight: usize = ops.iter().map(Op::weight).sum();
+            while weight < self.max_round {
                 match self.rx.try_recv() {
-                    Ok(op) => ops.push(op),
+                    Ok(op) => {
+                        weight += op.weight();
+                        ops.push(op);
+                    }
                     Err(_) => break,
                 }
             }
@@ -242,6 +251,10 @@ impl Writer {
             Op::Schedule { msg, reply } => {
                 let result = self.schedule(r, msg);
                 r.reply(reply, result);
+            }
+            Op::ScheduleBatch { msgs, reply } => {
+                let results = msgs.into_iter().map(|msg| self.schedule(r, msg)).collect();
+                r.reply(reply, Ok(results));
             }
             Op::Cancel { id, now, reply } => match self.cancel(r, &id, now) {
                 Flow::Done(result) => r.reply(reply, result),
@@ -542,9 +555,21 @@ impl Writer {
     }
 }
 
+impl Op {
+    /// How much of a round this op takes: a batch counts per message.
+    fn weight(&self) -> usize {
+        match self {
+            Op::ScheduleBatch { msgs, .. } => msgs.len().max(1),
+            Op::Release(ids) => ids.len().max(1),
+            _ => 1,
+        }
+    }
+}
+
 fn refuse(op: Op, error: StoreError) {
     match op {
         Op::Schedule { reply, .. } => drop(reply.send(Err(error))),
+        Op::ScheduleBatch { reply, .. } => drop(reply.send(Err(error))),
         Op::Cancel { reply, .. } => drop(reply.send(Err(error))),
         Op::Reschedule { reply, .. } => drop(reply.send(Err(error))),
         Op::Purge { reply, .. } => drop(reply.send(Err(error))),
