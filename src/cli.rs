@@ -27,6 +27,9 @@ pub enum Command {
     Reschedule(RescheduleArgs),
     /// Show a message, its due time and its state.
     Get(IdArgs),
+    /// Measure ingest, drain, precision and footprint against a real broker
+    /// and store, beside the machine's own limits; prints one table.
+    Bench(BenchArgs),
 }
 
 fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
@@ -149,6 +152,74 @@ impl ServeArgs {
         }
         c.validate()?;
         Ok(c)
+    }
+}
+
+/// Flags of `hourglass bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Run at the scale the targets are set for (10M parked, 1M drained;
+    /// about ten minutes) instead of the reduced default (a few minutes).
+    #[arg(long)]
+    pub full: bool,
+    /// Multiply every count by this, e.g. 0.01 for a smoke run.
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Kafka bootstrap servers to run against; without it a local Tansu
+    /// broker is started on a free port.
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Also write the figures as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Where the stores go (a temporary directory in it); it decides which
+    /// disk is measured [default: the system temp dir]
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Durability of the server and of the raw store limit.
+    #[arg(long, value_enum, default_value = "sync")]
+    pub durability: Durability,
+    /// Partitions of the bench topic.
+    #[arg(long, default_value_t = 4)]
+    pub partitions: i32,
+    /// Record value size in bytes.
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Concurrent clients for unary Schedule, one connection each.
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Items per ScheduleBatch call.
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: usize,
+    /// Concurrent ScheduleBatch callers.
+    #[arg(long, default_value_t = 4)]
+    pub batch_callers: usize,
+    /// Concurrent ScheduleStream calls.
+    #[arg(long, default_value_t = 4)]
+    pub streams: usize,
+}
+
+impl BenchArgs {
+    pub fn settings(&self) -> Result<crate::bench::Settings, String> {
+        if !(self.scale > 0.0 && self.scale <= 100.0) {
+            return Err(format!("--scale {} must be above 0 and at most 100", self.scale));
+        }
+        if self.partitions < 1 || self.clients == 0 || self.batch_size == 0 || self.streams == 0 {
+            return Err("--partitions, --clients, --batch-size and --streams must be at least 1".into());
+        }
+        let scale = if self.full { crate::bench::Scale::full() } else { crate::bench::Scale::reduced() };
+        Ok(crate::bench::Settings {
+            scale: scale.times(self.scale),
+            brokers: self.brokers.clone(),
+            dir: self.dir.clone(),
+            durability: self.durability,
+            partitions: self.partitions,
+            value_bytes: self.value_bytes,
+            clients: self.clients,
+            batch_size: self.batch_size,
+            batch_callers: self.batch_callers.max(1),
+            streams: self.streams,
+        })
     }
 }
 

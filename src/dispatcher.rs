@@ -31,7 +31,10 @@ use crate::{
     kafka::{DeliveryReport, Fault, Outgoing, ProduceError, Producer},
     message::{DUE_HEADER, ID_HEADER, MessageId, UnixMillis},
     metrics,
-    store::{Outcome, Ready, Settle, Store, schema::DueKey},
+    store::{
+        Outcome, Ready, Settle, Store,
+        schema::{DueKey, Settlement},
+    },
 };
 
 #[derive(Clone, Debug)]
@@ -89,8 +92,8 @@ impl DispatcherConfig {
 struct InFlight {
     id: MessageId,
     key: DueKey,
-    attempts: u32,
-    rejections: u32,
+    due: UnixMillis,
+    prev: Settlement,
 }
 
 pub struct Dispatcher {
@@ -102,6 +105,8 @@ pub struct Dispatcher {
     next_token: u64,
     reports_tx: mpsc::UnboundedSender<DeliveryReport>,
     reports: mpsc::UnboundedReceiver<DeliveryReport>,
+    /// Outcomes not yet handed to the store; sent together.
+    settling: Vec<Settle>,
     /// Everything in the due CF below this is settled or in flight.
     scan_from: DueKey,
 }
@@ -135,12 +140,15 @@ impl Dispatcher {
             next_token: 0,
             reports_tx,
             reports,
+            settling: Vec::new(),
             scan_from: DueKey::MIN,
         }
     }
 
     pub async fn run(mut self, stop: CancellationToken) {
         loop {
+            // One commit for every outcome gathered since the last look.
+            self.flush_settles().await;
             let next = self.dispatch_due().await;
             let sleep = match next {
                 Next::At(due) => due.since(self.clock.now()).min(self.config.max_sleep),
@@ -151,9 +159,9 @@ impl Dispatcher {
                 biased;
                 _ = stop.cancelled() => break,
                 Some(report) = self.reports.recv() => {
-                    self.on_report(report).await;
+                    self.on_report(report);
                     while let Ok(report) = self.reports.try_recv() {
-                        self.on_report(report).await;
+                        self.on_report(report);
                     }
                 }
                 _ = self.store.wake().notified(), if !matches!(next, Next::Full) => {}
@@ -218,17 +226,23 @@ impl Dispatcher {
             partition: record.partition,
         };
         let queued = self.producer.send(outgoing, token, &self.reports_tx);
-        self.in_flight.insert(
-            token,
-            InFlight { id: ready.id, key: ready.key, attempts: ready.attempts, rejections: ready.rejections },
-        );
+        let due = ready.record.due();
+        self.in_flight.insert(token, InFlight { id: ready.id, key: ready.key, due, prev: ready.prev });
         if let Err(error) = queued {
             // Refused before it was queued: the same as a failed report.
-            self.on_report(DeliveryReport { token, result: Err(error) }).await;
+            self.on_report(DeliveryReport { token, result: Err(error) });
         }
     }
 
-    async fn on_report(&mut self, report: DeliveryReport) {
+    /// Hands the gathered outcomes to the store as one commit.
+    async fn flush_settles(&mut self) {
+        let settles = std::mem::take(&mut self.settling);
+        if let Err(e) = self.store.settle(settles).await {
+            tracing::error!(error = %e, "settling deliveries failed; they will be produced again after restart");
+        }
+    }
+
+    fn on_report(&mut self, report: DeliveryReport) {
         let Some(sent) = self.in_flight.remove(&report.token) else {
             return;
         };
@@ -242,13 +256,12 @@ impl Dispatcher {
                     Fault::Rejected => "rejected",
                 };
                 metrics::PRODUCE_ERRORS.with_label_values(&[kind]).inc();
-                tracing::warn!(id = %sent.id, attempts = sent.attempts + 1, kind, error = %error.reason, "produce failed");
-                self.config.outcome_of_error(error, sent.attempts, sent.rejections, now)
+                let (attempts, rejections) = (sent.prev.attempts, sent.prev.rejections);
+                tracing::warn!(id = %sent.id, attempts = attempts + 1, kind, error = %error.reason, "produce failed");
+                self.config.outcome_of_error(error, attempts, rejections, now)
             }
         };
-        if let Err(e) = self.store.settle(Settle { id: sent.id, key: sent.key, outcome }).await {
-            tracing::error!(error = %e, "settling a delivery failed; it will be produced again after restart");
-        }
+        self.settling.push(Settle { id: sent.id, key: sent.key, due: sent.due, prev: sent.prev, outcome });
     }
 
     /// Shutdown: produce nothing new, wait (up to the grace period) for what
@@ -258,10 +271,11 @@ impl Dispatcher {
         let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
         while !self.in_flight.is_empty() {
             match tokio::time::timeout_at(deadline, self.reports.recv()).await {
-                Ok(Some(report)) => self.on_report(report).await,
+                Ok(Some(report)) => self.on_report(report),
                 Ok(None) | Err(_) => break,
             }
         }
+        self.flush_settles().await;
         if !self.in_flight.is_empty() {
             tracing::warn!(
                 unacknowledged = self.in_flight.len(),

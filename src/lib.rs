@@ -25,6 +25,7 @@
 //! - [`server`]: wiring and ordered shutdown; [`config`] and [`cli`] feed it.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod clock;

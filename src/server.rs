@@ -11,8 +11,8 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
 
 use crate::{
     api::SchedulerApi,
@@ -85,7 +85,9 @@ pub async fn run_with_clock(
             .add_service(reflection_v1alpha)
             .add_service(SchedulerApi::new(service, config.stream_window).into_server())
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(listeners.grpc),
+                // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs
+                // hold back small answers for up to 40 ms.
+                TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
                 stop_accepting.clone().cancelled_owned(),
             ),
     );

@@ -26,7 +26,7 @@ impl Serve {
         let grpc = format!("127.0.0.1:{}", free_port());
         let child = Command::new(BIN)
             .args(["serve", "--listen", &grpc, "--metrics-listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--kafka-brokers", &broker.addr, "--data-dir"])
+            .args(["--kafka-brokers", broker.addr(), "--data-dir"])
             .arg(data_dir)
             .env("HOURGLASS_LOG", "warn")
             .stdout(Stdio::null())

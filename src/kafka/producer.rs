@@ -120,7 +120,9 @@ fn defaults() -> BTreeMap<&'static str, &'static str> {
     ])
 }
 
-fn client_config(config: &KafkaConfig) -> ClientConfig {
+/// The producer's librdkafka configuration: defaults, brokers, then the
+/// user's properties.
+pub(crate) fn client_config(config: &KafkaConfig) -> ClientConfig {
     let mut client = ClientConfig::new();
     for (k, v) in defaults() {
         client.set(k, v);

@@ -67,6 +67,14 @@ impl Claims {
         self.held().remove(id);
     }
 
+    /// Releases many under one lock.
+    pub fn release_all(&self, ids: &[MessageId]) {
+        let mut held = self.held();
+        for id in ids {
+            held.remove(id);
+        }
+    }
+
     pub fn dispatching(&self) -> usize {
         self.held().values().filter(|h| **h == Holder::Dispatcher).count()
     }

@@ -30,7 +30,8 @@ use claims::Claims;
 pub(crate) use claims::Wake;
 use schema::{DueKey, MessageRecord, Meta, Settlement};
 pub use writer::NewMessage;
-use writer::{Op, Writer, cf};
+pub(crate) use writer::cf;
+use writer::{Op, Writer};
 pub(crate) use writer::{Outcome, Settle};
 
 use crate::message::{CancelOutcome, MessageId, Scheduled, ScheduledMessage, UnixMillis};
@@ -102,8 +103,8 @@ pub(crate) struct Ready {
     pub id: MessageId,
     pub key: DueKey,
     pub record: MessageRecord,
-    pub attempts: u32,
-    pub rejections: u32,
+    /// Its tries so far (default when never tried).
+    pub prev: Settlement,
 }
 
 /// What one look at the due CF found.
@@ -225,8 +226,12 @@ impl Store {
         blocking(move || read_message(&db, id)).await
     }
 
-    pub(crate) async fn settle(&self, settle: Settle) -> Result<(), StoreError> {
-        self.send(Op::Settle(settle)).await
+    /// Records what became of produces, in one commit.
+    pub(crate) async fn settle(&self, settles: Vec<Settle>) -> Result<(), StoreError> {
+        if settles.is_empty() {
+            return Ok(());
+        }
+        self.send(Op::Settle(settles)).await
     }
 
     pub(crate) async fn release(&self, ids: Vec<MessageId>) -> Result<(), StoreError> {
@@ -333,8 +338,7 @@ impl Store {
         {
             return Ok(None);
         }
-        let (attempts, rejections) = settlement.map_or((0, 0), |s| (s.attempts, s.rejections));
-        Ok(Some(Ready { id: id.clone(), key, record, attempts, rejections }))
+        Ok(Some(Ready { id: id.clone(), key, record, prev: settlement.unwrap_or_default() }))
     }
 
     /// Drops the tombstones settled messages left in the due CF below `below`.
@@ -385,6 +389,12 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Io(format!("store read task: {e}")))?
+}
+
+/// Opens the database with the store's options and no writer: what
+/// `hourglass bench` measures RocksDB's own limit on.
+pub(crate) fn open_raw(config: &StoreConfig) -> Result<DB, StoreError> {
+    open_db(config)
 }
 
 fn open_db(config: &StoreConfig) -> Result<DB, StoreError> {

@@ -57,6 +57,11 @@ pub(crate) struct Settle {
     pub id: MessageId,
     /// The due key the dispatcher took the message from.
     pub key: DueKey,
+    /// The message's due time, for its lateness.
+    pub due: UnixMillis,
+    /// Its settlement as the dispatcher read it (tries so far), which its
+    /// claim has kept unchanged since.
+    pub prev: Settlement,
     pub outcome: Outcome,
 }
 
@@ -100,7 +105,7 @@ pub(crate) enum Op {
         due: UnixMillis,
         reply: Reply<UnixMillis>,
     },
-    Settle(Settle),
+    Settle(Vec<Settle>),
     /// The dispatcher gives claims back without a change.
     Release(Vec<MessageId>),
     Purge {
@@ -147,8 +152,6 @@ struct Round<'a> {
     released: Vec<MessageId>,
     /// Settles to try again if the commit fails: their produce happened.
     settles: Vec<Settle>,
-    /// Settles whose message could not be read: tried again next round.
-    unread: Vec<Settle>,
     lowest_added: Option<DueKey>,
     lowest_kept: Option<DueKey>,
     replies: Vec<DeferredReply>,
@@ -264,7 +267,11 @@ impl Writer {
                 Flow::Done(result) => r.reply(reply, result),
                 Flow::Park => self.park(id.clone(), Op::Reschedule { id, due, reply }),
             },
-            Op::Settle(settle) => self.settle(r, settle),
+            Op::Settle(settles) => {
+                for settle in settles {
+                    self.settle(r, settle);
+                }
+            }
             Op::Release(ids) => r.released.extend(ids),
             Op::Purge { before, limit, reply } => {
                 let result = self.purge(r, before, limit);
@@ -345,7 +352,8 @@ impl Writer {
             at_ms: now.0,
             ..stored.settlement.unwrap_or_default()
         };
-        r.settle(id, stored.record, settlement, now);
+        r.settle(id, &settlement, now);
+        r.overlay.insert(id.clone(), Some(Stored { record: stored.record, settlement: Some(settlement) }));
         r.effects.cancelled += 1;
         Flow::Done(Ok(CancelOutcome::Cancelled))
     }
@@ -393,31 +401,13 @@ impl Writer {
         Flow::Done(Ok(due))
     }
 
+    /// Records what became of a produce. The dispatcher's claim has kept
+    /// the message as it read it, so nothing needs reading here.
     fn settle(&mut self, r: &mut Round, settle: Settle) {
         let id = settle.id.clone();
-        let stored = match self.load(r, &id) {
-            Ok(Some(s)) => s,
-            Ok(None) => {
-                tracing::error!(%id, "a settled message is missing from the store");
-                r.released.push(id);
-                return;
-            }
-            Err(e) => {
-                // Keep the claim and try again: the produce happened.
-                tracing::error!(%id, error = %e, "reading a message to settle it failed");
-                r.unread.push(settle);
-                return;
-            }
-        };
         r.released.push(id.clone());
-        let current = schema::dispatch_key(&stored.record, stored.settlement.as_ref());
-        let prev = stored.settlement.clone().unwrap_or_default();
-        if prev.is_settled() || current != settle.key {
-            // Cannot happen while the claim is held; refuse to guess.
-            tracing::error!(%id, "a message changed while it was being produced; keeping its stored state");
-            return;
-        }
         r.delete_due(settle.key);
+        let prev = settle.prev.clone();
         let attempts = prev.attempts.saturating_add(1);
         match &settle.outcome {
             Outcome::Delivered { partition, offset, at } => {
@@ -430,10 +420,10 @@ impl Writer {
                     retry_at_ms: 0,
                     ..prev
                 };
-                r.effects.delivered.push(at.since(stored.record.due()));
+                r.effects.delivered.push(at.since(settle.due));
                 r.meta.last_delivered_key = settle.key.encode().to_vec();
                 r.meta.delivered_total += 1;
-                r.settle(&id, stored.record, settlement, *at);
+                r.settle(&id, &settlement, *at);
             }
             Outcome::Retry { retry_at, error, rejected } => {
                 let settlement = Settlement {
@@ -444,10 +434,8 @@ impl Writer {
                     retry_at_ms: retry_at.0,
                     ..prev
                 };
-                let key = DueKey { due: *retry_at, seq: stored.record.seq };
-                r.put_due(key, &id);
+                r.put_due(DueKey { due: *retry_at, seq: settle.key.seq }, &id);
                 r.put_settlement(&id, &settlement);
-                r.overlay.insert(id, Some(Stored { record: stored.record, settlement: Some(settlement) }));
             }
             Outcome::Failed { at, error } => {
                 let settlement = Settlement {
@@ -460,7 +448,7 @@ impl Writer {
                     ..prev
                 };
                 r.effects.failed += 1;
-                r.settle(&id, stored.record, settlement, *at);
+                r.settle(&id, &settlement, *at);
             }
         }
         r.settles.push(settle);
@@ -513,14 +501,11 @@ impl Writer {
         for reply in r.replies.drain(..) {
             reply(error.as_ref());
         }
-        let unread = !r.unread.is_empty();
-        self.again.extend(r.unread.drain(..).map(Op::Settle));
         match error {
             None => {
-                // Unreadable messages mean the store is failing: pace retries.
-                self.failed_commits = if unread { self.failed_commits.saturating_add(1) } else { 0 };
+                self.failed_commits = 0;
+                self.claims.release_all(&r.released);
                 for id in r.released.drain(..) {
-                    self.claims.release(&id);
                     if let Some(ops) = self.parked.remove(&id) {
                         self.again.extend(ops);
                     }
@@ -546,7 +531,7 @@ impl Writer {
                         self.again.extend(ops);
                     }
                 }
-                self.again.extend(r.settles.drain(..).map(Op::Settle));
+                self.again.push_back(Op::Settle(std::mem::take(&mut r.settles)));
                 if let Some(key) = r.lowest_kept {
                     self.wake.lower(key);
                 }
@@ -561,6 +546,7 @@ impl Op {
         match self {
             Op::ScheduleBatch { msgs, .. } => msgs.len().max(1),
             Op::Release(ids) => ids.len().max(1),
+            Op::Settle(settles) => settles.len().max(1),
             _ => 1,
         }
     }
@@ -593,7 +579,6 @@ impl<'a> Round<'a> {
             reserved: HashSet::new(),
             released: Vec::new(),
             settles: Vec::new(),
-            unread: Vec::new(),
             lowest_added: None,
             lowest_kept: None,
             replies: Vec::new(),
@@ -647,11 +632,10 @@ impl<'a> Round<'a> {
 
     /// Records a final state (delivered, cancelled, failed) and starts its
     /// retention clock.
-    fn settle(&mut self, id: &MessageId, record: MessageRecord, settlement: Settlement, at: UnixMillis) {
-        self.put_settlement(id, &settlement);
+    fn settle(&mut self, id: &MessageId, settlement: &Settlement, at: UnixMillis) {
+        self.put_settlement(id, settlement);
         self.batch.put_cf(cf(self.db, schema::CF_CHECKPOINT), schema::retention_key(at, id), []);
         self.meta.pending = self.meta.pending.saturating_sub(1);
-        self.overlay.insert(id.clone(), Some(Stored { record, settlement: Some(settlement) }));
     }
 }
 

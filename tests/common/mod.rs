@@ -5,20 +5,18 @@
 
 use std::{
     collections::BTreeMap,
-    net::{SocketAddr, TcpListener as StdListener, TcpStream},
+    net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use hourglass::{
+    bench::LocalBroker,
     config::Config,
     proto::{self, scheduler_client::SchedulerClient},
 };
 use rdkafka::{
     ClientConfig, Message as _, Offset, TopicPartitionList,
-    admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},
-    client::DefaultClientContext,
     consumer::{BaseConsumer, Consumer},
     message::Headers,
 };
@@ -27,97 +25,43 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn wait_for_port(addr: &str, within: Duration) {
-    let started = Instant::now();
-    while TcpStream::connect(addr).is_err() {
-        assert!(started.elapsed() < within, "nothing listens on {addr} after {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    hourglass::bench::free_port().unwrap()
 }
 
 pub fn random_name(prefix: &str) -> String {
     format!("{prefix}-{}", ulid::Ulid::new().to_string().to_lowercase())
 }
 
-/// A Tansu broker: Apache-Kafka-compatible, in memory, on a free port.
-pub struct Broker {
-    child: Option<Child>,
-    pub addr: String,
-    storage: String,
-    _dir: Option<tempfile::TempDir>,
-}
+/// A Tansu broker on a free port; see `hourglass::bench::LocalBroker`.
+pub struct Broker(pub LocalBroker);
 
 impl Broker {
     pub fn start() -> Broker {
-        Self::start_with(free_port(), "memory://tansu/".into(), None)
+        Broker(LocalBroker::start().expect("starting the test broker (install it with `bash .ci/test`)"))
     }
 
-    /// A broker that keeps its data (SQLite) across its own restarts.
     pub fn start_persistent() -> Broker {
-        let dir = tempfile::tempdir().unwrap();
-        let storage = format!("sqlite://{}", dir.path().join("tansu.db").display());
-        Self::start_with(free_port(), storage, Some(dir))
+        Broker(LocalBroker::start_persistent().expect("starting the test broker"))
     }
 
-    fn start_with(port: u16, storage: String, dir: Option<tempfile::TempDir>) -> Broker {
-        let mut broker = Broker { child: None, addr: format!("127.0.0.1:{port}"), storage, _dir: dir };
-        broker.resume();
-        broker
-    }
-
-    /// Starts the broker process (again) on the same port and storage.
     pub fn resume(&mut self) {
-        assert!(self.child.is_none(), "broker already running");
-        let url = format!("tcp://{}", self.addr);
-        let tansu = std::env::var("HOURGLASS_TEST_TANSU").unwrap_or_else(|_| "tansu".into());
-        let child = Command::new(&tansu)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", &self.storage])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {tansu:?} ({e}); install the test broker with `bash .ci/test` (see README)"
-                )
-            });
-        self.child = Some(child);
-        wait_for_port(&self.addr, Duration::from_secs(30));
+        self.0.resume().expect("restarting the test broker");
     }
 
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.0.stop();
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.0.addr
     }
 
     pub async fn create_topic(&self, name: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", &self.addr).create().unwrap();
-        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-        let results = admin.create_topics([&topic], &AdminOptions::new()).await.unwrap();
-        for r in results {
-            r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
-        }
+        hourglass::bench::create_topic(&self.0.addr, name, partitions).await.unwrap();
     }
 
     pub async fn delete_topic(&self, name: &str) {
-        let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", &self.addr).create().unwrap();
-        for r in admin.delete_topics(&[name], &AdminOptions::new()).await.unwrap() {
-            r.unwrap_or_else(|(t, e)| panic!("deleting topic {t}: {e}"));
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.stop();
+        hourglass::bench::delete_topic(&self.0.addr, name).await.unwrap();
     }
 }
 
@@ -127,7 +71,7 @@ pub fn config(broker: &Broker, data_dir: &Path) -> Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: data_dir.to_owned(),
-        kafka_brokers: broker.addr.clone(),
+        kafka_brokers: broker.addr().to_owned(),
         retry_backoff: Duration::from_millis(100),
         retry_backoff_max: Duration::from_secs(1),
         shutdown_grace: Duration::from_secs(5),
@@ -297,7 +241,7 @@ pub async fn consume_async(
     within: Duration,
     settle: Duration,
 ) -> Vec<Received> {
-    let (addr, topic) = (broker.addr.clone(), topic.to_owned());
+    let (addr, topic) = (broker.addr().to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || consume(&addr, &topic, count, within, settle)).await.unwrap()
 }
 

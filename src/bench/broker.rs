@@ -1,0 +1,123 @@
+//! A local Kafka-protocol broker (Tansu) on a free loopback port, for the
+//! bench and the tests when no broker is given. Tansu is a test tool here;
+//! hourglass itself targets Apache Kafka.
+
+use std::{
+    net::{TcpListener, TcpStream},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use rdkafka::{
+    ClientConfig,
+    admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},
+    client::DefaultClientContext,
+};
+
+/// The Tansu binary: `$HOURGLASS_TANSU`, else `tansu` on the PATH.
+fn tansu() -> String {
+    std::env::var("HOURGLASS_TANSU").unwrap_or_else(|_| "tansu".into())
+}
+
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A Tansu broker process; stopped when dropped.
+pub struct LocalBroker {
+    child: Option<Child>,
+    pub addr: String,
+    storage: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl LocalBroker {
+    /// A broker that keeps its data in memory.
+    pub fn start() -> anyhow::Result<LocalBroker> {
+        Self::start_with("memory://tansu/".into(), None)
+    }
+
+    /// A broker that keeps its data (SQLite) across its own restarts.
+    pub fn start_persistent() -> anyhow::Result<LocalBroker> {
+        let dir = tempfile::tempdir()?;
+        let storage = format!("sqlite://{}", dir.path().join("tansu.db").display());
+        Self::start_with(storage, Some(dir))
+    }
+
+    fn start_with(storage: String, dir: Option<tempfile::TempDir>) -> anyhow::Result<LocalBroker> {
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let mut broker = LocalBroker { child: None, addr, storage, _dir: dir };
+        broker.resume()?;
+        Ok(broker)
+    }
+
+    /// Starts the broker process (again) on the same port and storage.
+    pub fn resume(&mut self) -> anyhow::Result<()> {
+        if self.child.is_some() {
+            bail!("the broker is already running");
+        }
+        let url = format!("tcp://{}", self.addr);
+        let tansu = tansu();
+        let child = Command::new(&tansu)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", &self.storage])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "cannot run {tansu:?}, the local test broker; install it with \
+                     `bash deploy/local/install-deps.sh`, or give a broker with --brokers"
+                )
+            })?;
+        self.child = Some(child);
+        wait_for_port(&self.addr, Duration::from_secs(30))
+    }
+
+    /// Kills the broker process; `resume` starts it again.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for LocalBroker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn wait_for_port(addr: &str, within: Duration) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        if started.elapsed() > within {
+            bail!("nothing listens on {addr} after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+fn admin(brokers: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
+    Ok(ClientConfig::new().set("bootstrap.servers", brokers).create()?)
+}
+
+pub async fn create_topic(brokers: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for r in admin(brokers)?.create_topics([&topic], &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+pub async fn delete_topic(brokers: &str, name: &str) -> anyhow::Result<()> {
+    for r in admin(brokers)?.delete_topics(&[name], &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("deleting topic {t}: {e}"))?;
+    }
+    Ok(())
+}

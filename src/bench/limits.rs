@@ -1,0 +1,137 @@
+//! The physical limits each figure is measured against, on the same
+//! machine in the same run: RocksDB writing the same records with no gRPC
+//! in front, and a bare rdkafka producer sending the same records.
+
+use std::{
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use rdkafka::{
+    ClientContext,
+    error::{KafkaError, RDKafkaErrorCode},
+    message::{DeliveryResult, Header, OwnedHeaders},
+    producer::{BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
+};
+use rocksdb::{WriteBatch, WriteOptions};
+
+use super::workload::Workload;
+use crate::{
+    kafka::{KafkaConfig, client_config},
+    message::{DueSpec, MessageId, UnixMillis},
+    store::{
+        StoreConfig, cf, open_raw,
+        schema::{self, DueKey, MessageRecord, Meta},
+    },
+};
+
+/// Messages per second RocksDB takes as atomic batches of `batch`
+/// messages, written the way the store writes them: the record, its due
+/// index entry, and the checkpoint meta once per batch.
+pub fn store_writes(
+    dir: &Path,
+    sync: bool,
+    batch: usize,
+    messages: usize,
+    w: &Workload,
+) -> anyhow::Result<f64> {
+    let mut config = StoreConfig::new(dir);
+    config.sync_writes = sync;
+    let db = open_raw(&config).context("opening RocksDB for the store limit")?;
+    let (messages_cf, due_cf, checkpoint_cf) =
+        (cf(&db, schema::CF_MESSAGES), cf(&db, schema::CF_DUE), cf(&db, schema::CF_CHECKPOINT));
+    let mut opts = WriteOptions::default();
+    opts.set_sync(sync);
+    let mut ids = ulid::Generator::new();
+    let now = UnixMillis(chrono::Utc::now().timestamp_millis() as u64);
+    let due = now.saturating_add(Duration::from_secs(86_400));
+    let mut meta = Meta::default();
+    let started = Instant::now();
+    let mut written = 0;
+    while written < messages {
+        let mut wb = WriteBatch::default();
+        let end = (written + batch).min(messages);
+        for i in written..end {
+            let id = MessageId::generate(&mut ids);
+            let seq = meta.next_seq;
+            meta.next_seq += 1;
+            let record = MessageRecord::new(w.envelope(i), DueSpec::At(due), due, seq, now);
+            wb.put_cf(messages_cf, id.as_bytes(), schema::encode(&record));
+            wb.put_cf(due_cf, DueKey { due, seq }.encode(), id.as_bytes());
+            meta.pending += 1;
+        }
+        wb.put_cf(checkpoint_cf, schema::meta_key(), schema::encode(&meta));
+        db.write_opt(wb, &opts)?;
+        written = end;
+    }
+    Ok(messages as f64 / started.elapsed().as_secs_f64())
+}
+
+struct Counting {
+    acked: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+}
+
+impl ClientContext for Counting {}
+
+impl ProducerContext for Counting {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => self.acked.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// Messages per second a bare rdkafka producer, configured as hourglass's
+/// producer is, gets acknowledged: the same records with the same headers,
+/// to the same broker.
+pub fn producer(kafka: &KafkaConfig, topic: &str, messages: usize, w: &Workload) -> anyhow::Result<f64> {
+    let acked = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let context = Counting { acked: Arc::clone(&acked), failed: Arc::clone(&failed) };
+    let producer: ThreadedProducer<Counting> =
+        client_config(kafka).create_with_context(context).context("creating the raw producer")?;
+    let due = (chrono::Utc::now().timestamp_millis()).to_string();
+    let mut ids = ulid::Generator::new();
+    // Connect and get a producer id first: hourglass's producer is warm too.
+    producer.send(BaseRecord::<(), [u8]>::to(topic).payload(&b"warm-up"[..])).map_err(|(e, _)| e)?;
+    producer.flush(Duration::from_secs(30)).context("raw producer warm-up")?;
+    acked.store(0, Ordering::Relaxed);
+    let started = Instant::now();
+    for i in 0..messages {
+        let envelope = w.envelope(i);
+        let id = MessageId::generate(&mut ids);
+        let headers = OwnedHeaders::new_with_capacity(2)
+            .insert(Header { key: crate::message::ID_HEADER, value: Some(id.as_bytes()) })
+            .insert(Header { key: crate::message::DUE_HEADER, value: Some(due.as_bytes()) });
+        let mut record = BaseRecord::to(topic).payload(&envelope.value).headers(headers);
+        if let Some(key) = envelope.key.as_deref() {
+            record = record.key(key);
+        }
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => return Err(e).context("raw producer send"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120)).context("raw producer flush")?;
+    let elapsed = started.elapsed();
+    let failed = failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        anyhow::bail!("the raw producer had {failed} failed deliveries");
+    }
+    Ok(acked.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64())
+}

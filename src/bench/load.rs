@@ -1,0 +1,244 @@
+//! Load generators: the ways a client can hand hourglass messages (unary
+//! calls from many clients, batches, streams), each timing every durable
+//! acknowledgement.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use tokio::task::JoinSet;
+use tokio_stream::StreamExt as _;
+
+use super::{server::ServerProcess, workload::Workload};
+use crate::proto::{self, schedule_result::Result as Item};
+
+/// The due time, in Unix milliseconds, of message `i`.
+pub type DueOf = Arc<dyn Fn(usize) -> u64 + Send + Sync>;
+
+/// What one load run did.
+#[derive(Debug, Default)]
+pub struct Run {
+    pub messages: usize,
+    pub elapsed: Duration,
+    /// Per call (unary, batch) or per message (stream), sorted.
+    pub latencies: Vec<Duration>,
+    /// With `keep`: every message's id and due time.
+    pub scheduled: Vec<(String, u64)>,
+}
+
+impl Run {
+    pub fn rate(&self) -> f64 {
+        self.messages as f64 / self.elapsed.as_secs_f64()
+    }
+
+    pub fn percentile(&self, p: f64) -> Duration {
+        percentile(&self.latencies, p)
+    }
+
+    fn finish(mut self, started: Instant) -> Run {
+        self.elapsed = started.elapsed();
+        self.latencies.sort_unstable();
+        self
+    }
+}
+
+pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
+    if sorted.is_empty() {
+        return T::default();
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn scheduled(result: proto::ScheduleResult) -> anyhow::Result<proto::ScheduleResponse> {
+    match result.result {
+        Some(Item::Scheduled(s)) => Ok(s),
+        Some(Item::Error(e)) => bail!("item {} refused: {} ({})", result.index, e.message, e.code),
+        None => bail!("item {} has an empty answer", result.index),
+    }
+}
+
+/// `clients` connections, each making one `Schedule` call at a time.
+pub async fn unary(
+    server: &ServerProcess,
+    w: &Workload,
+    messages: usize,
+    clients: usize,
+    due: DueOf,
+) -> anyhow::Result<Run> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
+    let started = Instant::now();
+    for _ in 0..clients {
+        let mut client = server.client().await?;
+        let (next, w, due) = (Arc::clone(&next), w.clone(), Arc::clone(&due));
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= messages {
+                    return Ok::<_, anyhow::Error>(latencies);
+                }
+                let sent = Instant::now();
+                client.schedule(w.at(i, due(i))).await.context("Schedule")?;
+                latencies.push(sent.elapsed());
+            }
+        });
+    }
+    let mut run = Run { messages, ..Run::default() };
+    while let Some(done) = tasks.join_next().await {
+        run.latencies.extend(done??);
+    }
+    Ok(run.finish(started))
+}
+
+/// `callers` connections, each sending one `ScheduleBatch` of `size` at a time.
+pub async fn batch(
+    server: &ServerProcess,
+    w: &Workload,
+    messages: usize,
+    size: usize,
+    callers: usize,
+    due: DueOf,
+) -> anyhow::Result<Run> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
+    let started = Instant::now();
+    for _ in 0..callers {
+        let mut client = server.client().await?;
+        let (next, w, due) = (Arc::clone(&next), w.clone(), Arc::clone(&due));
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let first = next.fetch_add(size, Ordering::Relaxed);
+                if first >= messages {
+                    return Ok::<_, anyhow::Error>(latencies);
+                }
+                let requests = (first..(first + size).min(messages)).map(|i| w.at(i, due(i))).collect();
+                let sent = Instant::now();
+                let reply = client
+                    .schedule_batch(proto::ScheduleBatchRequest { requests })
+                    .await
+                    .context("ScheduleBatch")?;
+                latencies.push(sent.elapsed());
+                for result in reply.into_inner().results {
+                    scheduled(result)?;
+                }
+            }
+        });
+    }
+    let mut run = Run { messages, ..Run::default() };
+    while let Some(done) = tasks.join_next().await {
+        run.latencies.extend(done??);
+    }
+    Ok(run.finish(started))
+}
+
+/// `streams` `ScheduleStream` calls, each kept full; latency is from
+/// sending a request to its answer. With `keep`, returns every id.
+pub async fn stream(
+    server: &ServerProcess,
+    w: &Workload,
+    messages: usize,
+    streams: usize,
+    due: DueOf,
+    keep: bool,
+) -> anyhow::Result<Run> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
+    let started = Instant::now();
+    for _ in 0..streams {
+        let mut client = server.client().await?;
+        let (next, w, due) = (Arc::clone(&next), w.clone(), Arc::clone(&due));
+        // (index, due, sent at) of each request awaiting its answer, in order.
+        let sent: Arc<Mutex<VecDeque<(usize, u64, Instant)>>> = Arc::default();
+        let outgoing = {
+            let sent = Arc::clone(&sent);
+            let (tx, rx) = tokio::sync::mpsc::channel(1024);
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= messages {
+                        return;
+                    }
+                    let due_ms = due(i);
+                    let request = w.at(i, due_ms);
+                    sent.lock().unwrap_or_else(|e| e.into_inner()).push_back((i, due_ms, Instant::now()));
+                    if tx.send(request).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            tokio_stream::wrappers::ReceiverStream::new(rx)
+        };
+        tasks.spawn(async move {
+            let mut answers = client.schedule_stream(outgoing).await.context("ScheduleStream")?.into_inner();
+            let (mut latencies, mut ids) = (Vec::new(), Vec::new());
+            while let Some(answer) = answers.next().await {
+                let reply = scheduled(answer.context("ScheduleStream")?)?;
+                let (_, due_ms, at) = sent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop_front()
+                    .context("an answer with no request")?;
+                latencies.push(at.elapsed());
+                if keep {
+                    ids.push((reply.id, due_ms));
+                }
+            }
+            Ok::<_, anyhow::Error>((latencies, ids))
+        });
+    }
+    let mut run = Run { messages, ..Run::default() };
+    while let Some(done) = tasks.join_next().await {
+        let (latencies, ids) = done??;
+        run.latencies.extend(latencies);
+        run.scheduled.extend(ids);
+    }
+    if run.latencies.len() != messages {
+        bail!("{} of {messages} stream requests were answered", run.latencies.len());
+    }
+    Ok(run.finish(started))
+}
+
+/// Lateness of each delivered message (delivered_at minus due, in whole
+/// milliseconds, negative if early), read back with `Get`.
+pub async fn lateness(
+    server: &ServerProcess,
+    messages: &[(String, u64)],
+    clients: usize,
+) -> anyhow::Result<Vec<i64>> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let messages: Arc<Vec<(String, u64)>> = Arc::new(messages.to_vec());
+    let mut tasks = JoinSet::new();
+    for _ in 0..clients {
+        let mut client = server.client().await?;
+        let (next, messages) = (Arc::clone(&next), Arc::clone(&messages));
+        tasks.spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((id, due)) = messages.get(i) else { return Ok::<_, anyhow::Error>(out) };
+                let got = client.get(proto::GetRequest { id: id.clone() }).await.context("Get")?.into_inner();
+                let Some(proto::get_response::Settlement::Delivered(d)) = got.settlement else {
+                    bail!("message {id} is {:?}, not delivered", got.state());
+                };
+                let at = d.delivered_at.context("delivered without a time")?;
+                let at_ms = at.seconds * 1000 + i64::from(at.nanos) / 1_000_000;
+                out.push(at_ms - *due as i64);
+            }
+        });
+    }
+    let mut all = Vec::with_capacity(messages.len());
+    while let Some(done) = tasks.join_next().await {
+        all.extend(done??);
+    }
+    all.sort_unstable();
+    Ok(all)
+}

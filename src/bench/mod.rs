@@ -1,0 +1,496 @@
+//! `hourglass bench`: throughput, precision and footprint against a real
+//! broker and a real store, each figure beside the limit of the machine it
+//! ran on, measured in the same run.
+//!
+//! The server under test is the real binary in its own process (so its
+//! memory is its own and it restarts for real); the load generator and the
+//! limits run in this process. Phases, in order, on one store:
+//!
+//! 1. limits: raw RocksDB batches of the same records with the same sync
+//!    setting; a bare rdkafka producer with hourglass's producer settings.
+//! 2. ingest: unary `Schedule` from many clients, `ScheduleBatch`,
+//!    `ScheduleStream`; everything due a day later, so it stays parked.
+//! 3. drain: messages all due in the same millisecond, until Kafka has
+//!    acknowledged the last one.
+//! 4. precision: messages due at a steady rate over a window while the
+//!    backlog stays parked; lateness = broker acknowledgement minus due.
+//! 5. burst: many due in one millisecond, then a trickle just after it.
+//! 6. footprint: memory and disk with the large backlog parked, and the
+//!    time from process start to dispatching again, after SIGTERM and after
+//!    SIGKILL.
+
+mod broker;
+mod limits;
+mod load;
+mod machine;
+mod report;
+mod server;
+mod workload;
+
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+pub use broker::{LocalBroker, create_topic, delete_topic, free_port};
+use load::{DueOf, percentile};
+use machine::Machine;
+pub use report::{Measurement, Report, Target};
+use server::ServerProcess;
+use workload::{Workload, now_ms};
+
+use crate::{config::Durability, kafka::KafkaConfig, proto};
+
+/// How much of everything; `full` is the scale the targets are set for.
+#[derive(Clone, Debug)]
+pub struct Scale {
+    pub unary: usize,
+    pub batch: usize,
+    pub stream: usize,
+    /// Parked (due much later) while drain and precision are measured.
+    pub backlog: usize,
+    pub drain: usize,
+    pub precision_rate: usize,
+    pub precision_window: Duration,
+    pub burst: usize,
+    pub trickle_rate: usize,
+    pub trickle_window: Duration,
+    /// Parked when memory, disk and restart are measured.
+    pub footprint: usize,
+}
+
+impl Scale {
+    pub fn reduced() -> Scale {
+        Scale {
+            unary: 30_000,
+            batch: 300_000,
+            stream: 300_000,
+            backlog: 1_000_000,
+            drain: 200_000,
+            precision_rate: 5_000,
+            precision_window: Duration::from_secs(10),
+            burst: 200_000,
+            trickle_rate: 1_000,
+            trickle_window: Duration::from_secs(3),
+            footprint: 1_000_000,
+        }
+    }
+
+    pub fn full() -> Scale {
+        Scale {
+            unary: 200_000,
+            batch: 1_000_000,
+            stream: 1_000_000,
+            backlog: 2_000_000,
+            drain: 1_000_000,
+            precision_rate: 5_000,
+            precision_window: Duration::from_secs(60),
+            burst: 1_000_000,
+            trickle_rate: 1_000,
+            trickle_window: Duration::from_secs(5),
+            footprint: 10_000_000,
+        }
+    }
+
+    /// Every count times `f` (at least 10); windows shrink with it, to 1 s.
+    pub fn times(self, f: f64) -> Scale {
+        let n = |x: usize| ((x as f64 * f) as usize).max(10);
+        let window = |d: Duration| Duration::from_secs_f64((d.as_secs_f64() * f.min(1.0)).max(1.0));
+        let rate = |r: usize| if f < 1.0 { ((r as f64 * f) as usize).max(10) } else { r };
+        Scale {
+            unary: n(self.unary),
+            batch: n(self.batch),
+            stream: n(self.stream),
+            backlog: n(self.backlog),
+            drain: n(self.drain),
+            precision_rate: rate(self.precision_rate),
+            precision_window: window(self.precision_window),
+            burst: n(self.burst),
+            trickle_rate: rate(self.trickle_rate),
+            trickle_window: window(self.trickle_window),
+            footprint: n(self.footprint),
+        }
+    }
+}
+
+/// How the bench drives hourglass.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub scale: Scale,
+    pub brokers: Option<String>,
+    pub dir: Option<PathBuf>,
+    pub durability: Durability,
+    pub partitions: i32,
+    pub value_bytes: usize,
+    pub clients: usize,
+    pub batch_size: usize,
+    pub batch_callers: usize,
+    pub streams: usize,
+}
+
+/// Runs the bench, prints the table, writes JSON if asked.
+pub async fn main(settings: Settings, json: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let report = run(settings).await?;
+    println!("{}", report.table());
+    if let Some(path) = json {
+        let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        serde_json::to_writer_pretty(file, &report).context("writing the JSON report")?;
+        eprintln!("figures written to {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn phase(name: &str) {
+    eprintln!("bench: {name}");
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// Due a day from now (parked for the whole run), each a millisecond apart
+/// so they spread over the due index as real traffic would.
+fn parked(from: u64) -> DueOf {
+    let base = now_ms() + DAY.as_millis() as u64;
+    Arc::new(move |i| base + from + i as u64)
+}
+
+pub async fn run(s: Settings) -> anyhow::Result<Report> {
+    let dir = match &s.dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let mut report = Report { machine: Machine::describe(dir.path()), ..Report::default() };
+    let _local;
+    let brokers = match &s.brokers {
+        Some(b) => b.clone(),
+        None => {
+            phase("starting a local broker (tansu, in memory)");
+            let local = LocalBroker::start()?;
+            let addr = local.addr.clone();
+            _local = local;
+            addr
+        }
+    };
+    let settings = [
+        ("durability", format!("{:?}", s.durability).to_lowercase()),
+        ("broker", if s.brokers.is_some() { brokers.clone() } else { "local tansu 0.6 (memory)".into() }),
+        ("partitions", s.partitions.to_string()),
+        ("record", format!("{} B value, 10 B key, 2 headers", s.value_bytes)),
+        ("unary clients", s.clients.to_string()),
+        ("batch", format!("{} x {} callers", s.batch_size, s.batch_callers)),
+        ("streams", s.streams.to_string()),
+    ];
+    report.settings = settings.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+
+    let run_id = ulid::Ulid::new().to_string().to_lowercase();
+    let topic = format!("hourglass-bench-{run_id}");
+    let raw_topic = format!("hourglass-bench-raw-{run_id}");
+    create_topic(&brokers, &topic, s.partitions).await?;
+    create_topic(&brokers, &raw_topic, s.partitions).await?;
+    let w = Workload { topic: topic.clone(), value_bytes: s.value_bytes, keys: 10_000 };
+    let sync = s.durability == Durability::Sync;
+    let sc = &s.scale;
+
+    // 1. Limits.
+    phase("store limit: raw RocksDB atomic writes");
+    let raw_dir = dir.path().join("raw");
+    let store_limit = |batch: usize, messages: usize, sub: &str| {
+        let (dir, w) = (raw_dir.join(sub), w.clone());
+        tokio::task::spawn_blocking(move || limits::store_writes(&dir, sync, batch, messages, &w))
+    };
+    let raw_1 = store_limit(1, sc.unary.min(10_000), "b1").await??;
+    let raw_b = store_limit(s.batch_size, sc.batch, "bn").await??;
+    let raw_4k = store_limit(4096, sc.batch, "b4k").await??;
+    std::fs::remove_dir_all(&raw_dir).ok();
+    phase("producer limit: bare rdkafka producer");
+    let kafka = KafkaConfig { brokers: brokers.clone(), properties: Default::default() };
+    let producer_limit = {
+        let (kafka, raw_topic, w, n) = (kafka.clone(), raw_topic.clone(), w.clone(), sc.drain);
+        tokio::task::spawn_blocking(move || limits::producer(&kafka, &raw_topic, n, &w)).await??
+    };
+    report.add("store limit: 1 msg/write", raw_1, "msg/s", None, &[]);
+    report.add(format!("store limit: {} msg/write", s.batch_size), raw_b, "msg/s", None, &[]);
+    report.add("store limit: 4096 msg/write", raw_4k, "msg/s", None, &[]);
+    report.add("producer limit", producer_limit, "msg/s", None, &[]);
+
+    // 2. Ingest.
+    let data = dir.path().join("store");
+    let mut server = ServerProcess::start(&data, &brokers, s.durability).await?;
+    report.add("memory: empty", mib(server.rss_bytes()), "MiB", None, &[]);
+    let mut offset = 0u64;
+    let mut next_parked = |n: usize| {
+        let due = parked(offset);
+        offset += n as u64;
+        due
+    };
+    phase("ingest: unary Schedule");
+    let run = load::unary(&server, &w, sc.unary, s.clients, next_parked(sc.unary)).await?;
+    let name = format!("ingest: Schedule, {} clients", s.clients);
+    report.add(&name, run.rate(), "msg/s", Some(raw_b), &[Target::AtLeast(45_000.0)]);
+    report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, &[]);
+    report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, &[Target::AtMost(5.0)]);
+    phase("ingest: ScheduleBatch");
+    let run =
+        load::batch(&server, &w, sc.batch, s.batch_size, s.batch_callers, next_parked(sc.batch)).await?;
+    let name = format!("ingest: ScheduleBatch of {}", s.batch_size);
+    report.add(
+        &name,
+        run.rate(),
+        "msg/s",
+        Some(raw_b),
+        &[Target::AtLeast(300_000.0), Target::RatioAtLeast(0.5)],
+    );
+    report.add(format!("{name}: p50 per call"), ms(run.percentile(50.0)), "ms", None, &[]);
+    report.add(format!("{name}: p99 per call"), ms(run.percentile(99.0)), "ms", None, &[]);
+    phase("ingest: ScheduleStream");
+    let run = load::stream(&server, &w, sc.stream, s.streams, next_parked(sc.stream), false).await?;
+    let name = format!("ingest: ScheduleStream x {}", s.streams);
+    report.add(
+        &name,
+        run.rate(),
+        "msg/s",
+        Some(raw_b),
+        &[Target::AtLeast(300_000.0), Target::RatioAtLeast(0.5)],
+    );
+    report.add(format!("{name}: p50 per msg"), ms(run.percentile(50.0)), "ms", None, &[]);
+    report.add(format!("{name}: p99 per msg"), ms(run.percentile(99.0)), "ms", None, &[]);
+
+    let parked_now = sc.unary + sc.batch + sc.stream;
+    if sc.backlog > parked_now {
+        phase("parking the backlog");
+        let n = sc.backlog - parked_now;
+        load::stream(&server, &w, n, s.streams, next_parked(n), false).await?;
+    }
+    let backlog = server.metric("hourglass_messages_pending").await?;
+    report.note(format!("drain, precision and burst ran with {} messages parked for later", backlog as u64));
+
+    // 3. Drain.
+    phase("drain: all due in the same millisecond");
+    let delivered = server.metric("hourglass_messages_delivered_total").await?;
+    let t0 = now_ms() + lead_time(sc.drain);
+    load::stream(&server, &w, sc.drain, s.streams, Arc::new(move |_| t0), false).await?;
+    let (elapsed, peak) = drain(&server, t0, delivered + sc.drain as f64, &mut report).await?;
+    report.add(
+        "drain",
+        sc.drain as f64 / elapsed.as_secs_f64(),
+        "msg/s",
+        Some(producer_limit),
+        &[Target::RatioAtLeast(0.8)],
+    );
+    report.add("drain: memory peak", mib(peak), "MiB", None, &[]);
+
+    // 4. Precision.
+    phase("precision: a steady rate due over a window");
+    let count = sc.precision_rate * sc.precision_window.as_secs().max(1) as usize;
+    let t1 = now_ms() + lead_time(count);
+    let rate = sc.precision_rate as u64;
+    let delivered = server.metric("hourglass_messages_delivered_total").await?;
+    let run =
+        load::stream(&server, &w, count, s.streams, Arc::new(move |i| t1 + i as u64 * 1000 / rate), true)
+            .await?;
+    drain(&server, t1, delivered + count as f64, &mut report).await?;
+    let late = load::lateness(&server, &run.scheduled, 32).await?;
+    let name = format!("precision at {}/s", sc.precision_rate);
+    report.add(format!("{name}: p50 lateness"), percentile(&late, 50.0) as f64, "ms", None, &[]);
+    report.add(
+        format!("{name}: p99 lateness"),
+        percentile(&late, 99.0) as f64,
+        "ms",
+        None,
+        &[Target::AtMost(5.0)],
+    );
+    report.add(format!("{name}: p999 lateness"), percentile(&late, 99.9) as f64, "ms", None, &[]);
+    report.add(format!("{name}: max lateness"), late.last().copied().unwrap_or(0) as f64, "ms", None, &[]);
+    report.add(
+        format!("{name}: early"),
+        late.iter().filter(|l| **l < 0).count() as f64,
+        "msgs",
+        None,
+        &[Target::AtMost(0.0)],
+    );
+
+    // 5. Burst.
+    phase("burst: many due in one millisecond, then a trickle");
+    let trickle = sc.trickle_rate * sc.trickle_window.as_secs().max(1) as usize;
+    let t2 = now_ms() + lead_time(sc.burst + trickle);
+    let delivered = server.metric("hourglass_messages_delivered_total").await?;
+    load::stream(&server, &w, sc.burst, s.streams, Arc::new(move |_| t2), false).await?;
+    let trate = sc.trickle_rate as u64;
+    let run =
+        load::stream(&server, &w, trickle, 1, Arc::new(move |i| t2 + 1 + i as u64 * 1000 / trate), true)
+            .await?;
+    let (elapsed, peak) = drain(&server, t2, delivered + (sc.burst + trickle) as f64, &mut report).await?;
+    let late = load::lateness(&server, &run.scheduled, 32).await?;
+    let name = format!("burst of {}", sc.burst);
+    report.add(
+        format!("{name}: drain"),
+        (sc.burst + trickle) as f64 / elapsed.as_secs_f64(),
+        "msg/s",
+        Some(producer_limit),
+        &[],
+    );
+    report.add(format!("{name}: memory peak"), mib(peak), "MiB", None, &[]);
+    report.add(format!("{name}: trickle p50 lateness"), percentile(&late, 50.0) as f64, "ms", None, &[]);
+    report.add(
+        format!("{name}: trickle max lateness"),
+        late.last().copied().unwrap_or(0) as f64,
+        "ms",
+        None,
+        &[],
+    );
+    report.add(
+        format!("{name}: trickle early"),
+        late.iter().filter(|l| **l < 0).count() as f64,
+        "msgs",
+        None,
+        &[Target::AtMost(0.0)],
+    );
+
+    // 6. Footprint.
+    let pending = server.metric("hourglass_messages_pending").await? as usize;
+    if sc.footprint > pending {
+        phase("footprint: parking the large backlog");
+        let n = sc.footprint - pending;
+        load::stream(&server, &w, n, s.streams, next_parked(n), false).await?;
+    }
+    let pending = server.metric("hourglass_messages_pending").await? as u64;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let name = format!("footprint: {pending} parked");
+    report.add(format!("{name}: memory"), mib(server.rss_bytes()), "MiB", None, &[Target::AtMost(256.0)]);
+    report.add(format!("{name}: disk"), dir_bytes(&data) as f64 / (1 << 20) as f64, "MiB", None, &[]);
+    for (how, crash) in [("SIGTERM", false), ("SIGKILL", true)] {
+        phase(&format!("footprint: restart after {how}"));
+        let (serving, dispatching) = restart(&mut server, &w, crash).await?;
+        report.add(format!("{name}: restart after {how} to serving"), ms(serving), "ms", None, &[]);
+        report.add(
+            format!("{name}: restart after {how} to dispatching"),
+            ms(dispatching),
+            "ms",
+            None,
+            &[Target::AtMost(2000.0)],
+        );
+    }
+    report.add(
+        format!("{name}: memory after restart"),
+        mib(server.rss_bytes()),
+        "MiB",
+        None,
+        &[Target::AtMost(256.0)],
+    );
+    server.stop()?;
+    delete_topic(&brokers, &topic).await.ok();
+    delete_topic(&brokers, &raw_topic).await.ok();
+    Ok(report)
+}
+
+/// Time to start a phase whose messages are scheduled first: enough to park
+/// them all (at a conservative 100k/s) before the first is due.
+fn lead_time(messages: usize) -> u64 {
+    2_000 + messages as u64 / 100
+}
+
+/// Waits for `target` deliveries; returns the time from `due_ms` until the
+/// last was acknowledged, and the server's peak memory meanwhile.
+async fn drain(
+    server: &ServerProcess,
+    due_ms: u64,
+    target: f64,
+    report: &mut Report,
+) -> anyhow::Result<(Duration, Option<u64>)> {
+    let now = now_ms();
+    if now > due_ms {
+        report.note(format!(
+            "scheduling took longer than planned: the first messages were due {} ms before the last was parked",
+            now - due_ms
+        ));
+    }
+    let peak = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, done, pid) = (Arc::clone(&peak), Arc::clone(&done), server.pid());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                if let Some(rss) = pid.and_then(server::rss_of) {
+                    peak.fetch_max(rss, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let due_at = Instant::now() + Duration::from_millis(due_ms.saturating_sub(now_ms()));
+    let finished =
+        server.wait_metric("hourglass_messages_delivered_total", target, Duration::from_secs(600)).await;
+    done.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let finished = finished?;
+    let peak = Some(peak.load(Ordering::Relaxed)).filter(|p| *p > 0);
+    Ok((finished.saturating_duration_since(due_at), peak))
+}
+
+/// Stops the server (gracefully, or with SIGKILL) with a message coming
+/// due while it is down, starts it again, and measures from the new
+/// process's start to serving and to that message's delivery.
+async fn restart(
+    server: &mut ServerProcess,
+    w: &Workload,
+    crash: bool,
+) -> anyhow::Result<(Duration, Duration)> {
+    let mut client = server.client().await?;
+    let due = now_ms() + 3_000;
+    let marker = client.schedule(w.at(0, due)).await?.into_inner().id;
+    if crash {
+        server.kill();
+    } else {
+        server.stop()?;
+    }
+    let wait = due.saturating_sub(now_ms()) + 100;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    let started = Instant::now();
+    let started_ms = now_ms();
+    server.spawn()?;
+    server.wait_serving(Duration::from_secs(300)).await?;
+    let serving = started.elapsed();
+    let mut client = server.client().await?;
+    loop {
+        let got = client.get(proto::GetRequest { id: marker.clone() }).await?.into_inner();
+        if let Some(proto::get_response::Settlement::Delivered(d)) = got.settlement {
+            let at = d.delivered_at.context("delivered without a time")?;
+            let at_ms = (at.seconds * 1000 + i64::from(at.nanos) / 1_000_000) as u64;
+            anyhow::ensure!(at_ms >= started_ms, "the restart marker was delivered before the restart");
+            return Ok((serving, Duration::from_millis(at_ms - started_ms)));
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "the marker was not delivered after restart"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn mib(bytes: Option<u64>) -> f64 {
+    bytes.map_or(f64::NAN, |b| b as f64 / (1 << 20) as f64)
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,176 @@
+//! hourglass under test: the real binary, started as its own process, so
+//! its memory is its own and it restarts as it would in production.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tonic::transport::Channel;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+use super::free_port;
+use crate::{config::Durability, proto::scheduler_client::SchedulerClient};
+
+pub struct ServerProcess {
+    child: Option<Child>,
+    pub grpc: String,
+    pub metrics: String,
+    data_dir: PathBuf,
+    brokers: String,
+    durability: Durability,
+}
+
+impl ServerProcess {
+    pub async fn start(
+        data_dir: &Path,
+        brokers: &str,
+        durability: Durability,
+    ) -> anyhow::Result<ServerProcess> {
+        let mut s = ServerProcess {
+            child: None,
+            grpc: format!("127.0.0.1:{}", free_port()?),
+            metrics: format!("127.0.0.1:{}", free_port()?),
+            data_dir: data_dir.to_owned(),
+            brokers: brokers.to_owned(),
+            durability,
+        };
+        s.spawn()?;
+        s.wait_serving(Duration::from_secs(120)).await?;
+        Ok(s)
+    }
+
+    /// Starts the process, without waiting for it to serve.
+    pub fn spawn(&mut self) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("locating the hourglass binary")?;
+        let durability = match self.durability {
+            Durability::Sync => "sync",
+            Durability::Buffered => "buffered",
+        };
+        let child = Command::new(exe)
+            .args(["serve", "--listen", &self.grpc, "--metrics-listen", &self.metrics])
+            .args(["--kafka-brokers", &self.brokers, "--durability", durability, "--data-dir"])
+            .arg(&self.data_dir)
+            .env(
+                "HOURGLASS_LOG",
+                std::env::var("HOURGLASS_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting hourglass serve")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Waits until gRPC health says SERVING.
+    pub async fn wait_serving(&mut self, within: Duration) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("hourglass serve exited during start-up: {status}");
+            }
+            if let Ok(channel) = Channel::from_shared(format!("http://{}", self.grpc))?.connect().await {
+                let reply =
+                    HealthClient::new(channel).check(HealthCheckRequest { service: String::new() }).await;
+                if reply.is_ok_and(|r| r.into_inner().status() == ServingStatus::Serving) {
+                    return Ok(());
+                }
+            }
+            if started.elapsed() > within {
+                bail!("hourglass did not serve within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn client(&self) -> anyhow::Result<SchedulerClient<Channel>> {
+        let channel = Channel::from_shared(format!("http://{}", self.grpc))?.connect().await?;
+        Ok(SchedulerClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20))
+    }
+
+    /// Resident memory of the server process, in bytes.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        rss_of(self.pid()?)
+    }
+
+    /// One counter or gauge from the server's /metrics.
+    pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let mut s = tokio::net::TcpStream::connect(&self.metrics).await?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await?;
+        body.lines()
+            .find_map(|l| {
+                l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())
+            })
+            .with_context(|| format!("{name} missing from /metrics"))
+    }
+
+    /// Waits until `name` reaches `target`, polling every 5 ms (rendering
+    /// /metrics costs the server CPU); returns when it first read so.
+    pub async fn wait_metric(&self, name: &str, target: f64, within: Duration) -> anyhow::Result<Instant> {
+        let started = Instant::now();
+        loop {
+            if self.metric(name).await? >= target {
+                return Ok(Instant::now());
+            }
+            if started.elapsed() > within {
+                bail!("{name} did not reach {target} within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// SIGTERM, and wait for a clean exit.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else { return Ok(()) };
+        Command::new("kill").args(["-TERM", &child.id().to_string()]).status().context("sending SIGTERM")?;
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("hourglass exited with {status} on SIGTERM");
+        }
+        Ok(())
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Resident memory of process `pid`, in bytes.
+pub fn rss_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}

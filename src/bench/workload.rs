@@ -1,0 +1,49 @@
+//! The records the bench sends: the same shape for hourglass and for the
+//! limits measured beside it.
+
+use crate::{message::Envelope, proto};
+
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub topic: String,
+    pub value_bytes: usize,
+    /// Distinct keys, spread over the partitions.
+    pub keys: usize,
+}
+
+impl Workload {
+    fn key(&self, i: usize) -> Vec<u8> {
+        format!("key-{:06}", i % self.keys.max(1)).into_bytes()
+    }
+
+    fn value(&self, i: usize) -> Vec<u8> {
+        let mut v = format!("{i:012}").into_bytes();
+        v.resize(self.value_bytes.max(v.len()), b'.');
+        v
+    }
+
+    pub fn envelope(&self, i: usize) -> Envelope {
+        Envelope {
+            topic: self.topic.clone(),
+            key: Some(self.key(i)),
+            value: self.value(i),
+            headers: vec![],
+            partition: None,
+        }
+    }
+
+    /// A request for record `i`, due at `due_ms` (Unix milliseconds).
+    pub fn at(&self, i: usize, due_ms: u64) -> proto::ScheduleRequest {
+        proto::ScheduleRequest {
+            message: Some(self.envelope(i).into()),
+            due: Some(proto::schedule_request::Due::DeliverAt(crate::api::convert::timestamp(
+                crate::message::UnixMillis(due_ms),
+            ))),
+            id: None,
+        }
+    }
+}
+
+pub fn now_ms() -> u64 {
+    chrono::Utc::now().timestamp_millis() as u64
+}

@@ -1,0 +1,66 @@
+//! `hourglass bench` on a tiny workload: it runs against a real broker and
+//! a real store, prints its table, and writes JSON whose figures are sane.
+//! Timings are the bench's business; this checks only that it measures.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
+
+#[test]
+fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("figures.json");
+    let out = Command::new(BIN)
+        .args(["bench", "--scale", "0.002", "--clients", "8", "--json"])
+        .arg(&json)
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .expect("running hourglass bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {}\n{stdout}\n{stderr}", out.status);
+    for line in ["machine:", "disk:", "settings:", "durability=sync", "measurement"] {
+        assert!(stdout.contains(line), "the table lacks {line:?}:\n{stdout}");
+    }
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(report["machine"]["cores"].as_u64().unwrap() >= 1);
+    let measurements = report["measurements"].as_array().unwrap();
+    // Names carry the scale ("burst of 400: ..."): find them by their words.
+    let value = |words: &[&str]| -> f64 {
+        let m = measurements
+            .iter()
+            .find(|m| words.iter().all(|w| m["name"].as_str().unwrap().contains(w)))
+            .unwrap_or_else(|| panic!("no measurement named with {words:?}:\n{stdout}"));
+        m["value"].as_f64().unwrap()
+    };
+    for m in measurements {
+        let (name, v) = (m["name"].as_str().unwrap(), m["value"].as_f64().unwrap());
+        assert!(v.is_finite() && v >= 0.0, "{name} = {v}");
+        assert!(!m["unit"].as_str().unwrap().is_empty(), "{name} has no unit");
+        if let Some(limit) = m["limit"].as_f64() {
+            let ratio = m["ratio"].as_f64().unwrap();
+            assert!((ratio - v / limit).abs() < 1e-6, "{name}: ratio {ratio} is not {v} / {limit}");
+        }
+    }
+    for rate in [
+        "store limit: 1 msg/write",
+        "producer limit",
+        "ingest: Schedule,",
+        "ingest: ScheduleBatch",
+        "ingest: ScheduleStream",
+        "drain",
+    ] {
+        assert!(value(&[rate]) > 0.0, "{rate} measured nothing");
+    }
+    assert_eq!(value(&["precision", "early"]), 0.0, "nothing is delivered early");
+    assert_eq!(value(&["burst", "trickle early"]), 0.0);
+    assert!(value(&["precision", "max lateness"]) < 60_000.0);
+    assert!(value(&["footprint", "parked: memory"]) > 1.0, "the server's memory was read");
+    assert!(value(&["footprint", "disk"]) > 0.0);
+    let restart = value(&["footprint", "SIGKILL to dispatching"]);
+    assert!(restart > 0.0 && restart < 120_000.0, "restart took {restart} ms");
+}
