@@ -185,9 +185,12 @@ pub struct BenchArgs {
     /// Record value size in bytes.
     #[arg(long, default_value_t = 100)]
     pub value_bytes: usize,
-    /// Concurrent clients for unary Schedule, one connection each.
+    /// Concurrent callers of unary Schedule.
     #[arg(long, default_value_t = 64)]
     pub clients: usize,
+    /// HTTP/2 connections those callers share [default: one each]
+    #[arg(long)]
+    pub connections: Option<usize>,
     /// Items per ScheduleBatch call.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: usize,
@@ -216,6 +219,7 @@ impl BenchArgs {
             partitions: self.partitions,
             value_bytes: self.value_bytes,
             clients: self.clients,
+            connections: self.connections.unwrap_or(self.clients),
             batch_size: self.batch_size,
             batch_callers: self.batch_callers.max(1),
             streams: self.streams,

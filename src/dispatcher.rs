@@ -32,7 +32,7 @@ use crate::{
     message::{DUE_HEADER, ID_HEADER, MessageId, UnixMillis},
     metrics,
     store::{
-        Outcome, Ready, Settle, Store,
+        DueBatch, Outcome, Ready, Settle, Store, StoreError,
         schema::{DueKey, Settlement},
     },
 };
@@ -87,6 +87,10 @@ impl DispatcherConfig {
         Outcome::Retry { retry_at: now.saturating_add(self.backoff(attempts)), error: error.reason, rejected }
     }
 }
+
+/// Messages read from the store in one go; the next chunk is read while
+/// this one is produced.
+const READ_CHUNK: usize = 2048;
 
 /// A message handed to the producer, waiting for its report.
 struct InFlight {
@@ -177,36 +181,56 @@ impl Dispatcher {
         if let Some(lowest) = self.store.wake().take() {
             self.scan_from = self.scan_from.min(lowest);
         }
-        let room = self.config.max_in_flight.saturating_sub(self.in_flight.len());
+        let mut room = self.config.max_in_flight.saturating_sub(self.in_flight.len());
         if room == 0 {
             return Next::Full;
         }
         let now = self.clock.now();
-        let (store, from) = (self.store.clone(), self.scan_from);
-        let batch = match tokio::task::spawn_blocking(move || store.take_due(from, now, room)).await {
-            Ok(Ok(batch)) => batch,
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "reading due messages failed; retrying shortly");
-                return Next::At(now.saturating_add(self.config.max_sleep));
+        // Read in chunks, the next one while this one is being produced.
+        let mut reading = Some(self.read_due(self.scan_from, now, room.min(READ_CHUNK)));
+        let mut next = Next::Idle;
+        while let Some(read) = reading.take() {
+            let batch = match read.await {
+                Ok(Ok(batch)) => batch,
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "reading due messages failed; retrying shortly");
+                    return Next::At(now.saturating_add(self.config.max_sleep));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the due-message reader panicked; retrying shortly");
+                    return Next::At(now.saturating_add(self.config.max_sleep));
+                }
+            };
+            self.scan_from = batch.next_from;
+            room = room.saturating_sub(batch.ready.len());
+            if batch.more && room > 0 {
+                reading = Some(self.read_due(batch.next_from, now, room.min(READ_CHUNK)));
             }
-            Err(e) => {
-                tracing::error!(error = %e, "the due-message reader panicked; retrying shortly");
-                return Next::At(now.saturating_add(self.config.max_sleep));
+            if let Err(e) = self.store.release(batch.stale).await {
+                tracing::warn!(error = %e, "returning stale claims failed");
             }
-        };
-        self.scan_from = batch.next_from;
-        if let Err(e) = self.store.release(batch.stale).await {
-            tracing::warn!(error = %e, "returning stale claims failed");
-        }
-        for ready in batch.ready {
-            self.produce(ready).await;
+            for ready in batch.ready {
+                self.produce(ready).await;
+            }
+            next = match (batch.more, batch.next_due) {
+                (true, _) => Next::Now,
+                (false, Some(due)) => Next::At(due),
+                (false, None) => Next::Idle,
+            };
         }
         metrics::IN_FLIGHT.set(self.in_flight.len() as i64);
-        match (batch.more, batch.next_due) {
-            (true, _) => Next::Now,
-            (false, Some(due)) => Next::At(due),
-            (false, None) => Next::Idle,
-        }
+        next
+    }
+
+    /// Starts reading (and claiming) up to `limit` messages due at `now`.
+    fn read_due(
+        &self,
+        from: DueKey,
+        now: UnixMillis,
+        limit: usize,
+    ) -> tokio::task::JoinHandle<Result<DueBatch, StoreError>> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.take_due(from, now, limit))
     }
 
     async fn produce(&mut self, ready: Ready) {

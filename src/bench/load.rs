@@ -64,19 +64,25 @@ fn scheduled(result: proto::ScheduleResult) -> anyhow::Result<proto::ScheduleRes
     }
 }
 
-/// `clients` connections, each making one `Schedule` call at a time.
+/// `clients` callers, each making one `Schedule` call at a time, spread
+/// over `connections` HTTP/2 connections.
 pub async fn unary(
     server: &ServerProcess,
     w: &Workload,
     messages: usize,
     clients: usize,
+    connections: usize,
     due: DueOf,
 ) -> anyhow::Result<Run> {
+    let mut channels = Vec::new();
+    for _ in 0..connections.clamp(1, clients) {
+        channels.push(server.client().await?);
+    }
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = JoinSet::new();
     let started = Instant::now();
-    for _ in 0..clients {
-        let mut client = server.client().await?;
+    for c in 0..clients {
+        let mut client = channels[c % channels.len()].clone();
         let (next, w, due) = (Arc::clone(&next), w.clone(), Arc::clone(&due));
         tasks.spawn(async move {
             let mut latencies = Vec::new();

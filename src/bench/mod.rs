@@ -129,6 +129,8 @@ pub struct Settings {
     pub partitions: i32,
     pub value_bytes: usize,
     pub clients: usize,
+    /// Connections the unary clients share.
+    pub connections: usize,
     pub batch_size: usize,
     pub batch_callers: usize,
     pub streams: usize,
@@ -181,7 +183,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         ("broker", if s.brokers.is_some() { brokers.clone() } else { "local tansu 0.6 (memory)".into() }),
         ("partitions", s.partitions.to_string()),
         ("record", format!("{} B value, 10 B key, 2 headers", s.value_bytes)),
-        ("unary clients", s.clients.to_string()),
+        ("unary", format!("{} clients on {} connections", s.clients, s.connections.clamp(1, s.clients))),
         ("batch", format!("{} x {} callers", s.batch_size, s.batch_callers)),
         ("streams", s.streams.to_string()),
     ];
@@ -229,7 +231,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         due
     };
     phase("ingest: unary Schedule");
-    let run = load::unary(&server, &w, sc.unary, s.clients, next_parked(sc.unary)).await?;
+    let run = load::unary(&server, &w, sc.unary, s.clients, s.connections, next_parked(sc.unary)).await?;
     let name = format!("ingest: Schedule, {} clients", s.clients);
     report.add(&name, run.rate(), "msg/s", Some(raw_b), &[Target::AtLeast(45_000.0)]);
     report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, &[]);
@@ -324,12 +326,14 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let run =
         load::stream(&server, &w, trickle, 1, Arc::new(move |i| t2 + 1 + i as u64 * 1000 / trate), true)
             .await?;
-    let (elapsed, peak) = drain(&server, t2, delivered + (sc.burst + trickle) as f64, &mut report).await?;
+    // Due order puts the burst first: the first `burst` deliveries are it.
+    let (elapsed, peak) = drain(&server, t2, delivered + sc.burst as f64, &mut report).await?;
+    drain(&server, t2, delivered + (sc.burst + trickle) as f64, &mut report).await?;
     let late = load::lateness(&server, &run.scheduled, 32).await?;
     let name = format!("burst of {}", sc.burst);
     report.add(
         format!("{name}: drain"),
-        (sc.burst + trickle) as f64 / elapsed.as_secs_f64(),
+        sc.burst as f64 / elapsed.as_secs_f64(),
         "msg/s",
         Some(producer_limit),
         &[],

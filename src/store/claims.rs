@@ -41,15 +41,18 @@ impl Claims {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The dispatcher takes `id` for producing; false if the writer has it.
-    pub fn claim_for_dispatch(&self, id: &MessageId) -> bool {
-        match self.held().entry(id.clone()) {
+    /// The dispatcher takes each of `ids` for producing, under one lock;
+    /// false for those the writer has.
+    pub fn claim_for_dispatch_all<'a>(&self, ids: impl Iterator<Item = &'a MessageId>) -> Vec<bool> {
+        let mut held = self.held();
+        ids.map(|id| match held.entry(id.clone()) {
             Entry::Occupied(_) => false,
             Entry::Vacant(v) => {
                 v.insert(Holder::Dispatcher);
                 true
             }
-        }
+        })
+        .collect()
     }
 
     /// The writer takes `id` for a change; false if the dispatcher has it.
@@ -119,16 +122,20 @@ mod tests {
     #[test]
     fn dispatcher_and_writer_exclude_each_other() {
         let c = Claims::default();
-        assert!(c.claim_for_dispatch(&id("a")));
+        assert_eq!(c.claim_for_dispatch_all([id("a"), id("b")].iter()), [true, true]);
         assert!(!c.reserve_for_writer(&id("a")), "writer must wait for the produce");
-        assert_eq!(c.dispatching(), 1);
-        c.release(&id("a"));
+        assert_eq!(c.dispatching(), 2);
+        c.release_all(&[id("a"), id("b")]);
         assert!(c.reserve_for_writer(&id("a")));
         assert!(c.reserve_for_writer(&id("a")), "the writer may reserve twice in one round");
-        assert!(!c.claim_for_dispatch(&id("a")), "dispatcher skips what the writer is changing");
+        assert_eq!(
+            c.claim_for_dispatch_all([id("a"), id("b")].iter()),
+            [false, true],
+            "dispatcher skips what the writer is changing"
+        );
         c.release(&id("a"));
-        assert!(c.claim_for_dispatch(&id("a")));
-        assert_eq!(c.dispatching(), 1);
+        assert_eq!(c.claim_for_dispatch_all([id("a")].iter()), [true]);
+        assert_eq!(c.dispatching(), 2);
     }
 
     #[test]

@@ -274,6 +274,10 @@ impl Store {
 
     /// Claims what is due at `now`, starting at `from`, at most `limit`
     /// messages, reading each one's record. Blocking: call it off the runtime.
+    ///
+    /// Three steps, each batched: walk the due index, claim what it names
+    /// under one lock, then read the records and their settlements with two
+    /// MultiGets.
     pub(crate) fn take_due(
         &self,
         from: DueKey,
@@ -289,33 +293,57 @@ impl Store {
         opts.set_iterate_lower_bound(from.encode());
         opts.set_iterate_upper_bound(upper.encode());
         let mut batch = DueBatch { next_from: from, ..DueBatch::default() };
+        let mut entries: Vec<(DueKey, MessageId)> = Vec::new();
         let start = from.encode();
         for item in db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward)) {
-            if batch.ready.len() >= limit {
+            if entries.len() >= limit {
                 batch.more = true;
-                return Ok(batch);
+                break;
             }
             let (k, v) = item?;
             let key = DueKey::decode(&k).ok_or_else(|| StoreError::corrupt(format!("due key {k:?}")))?;
             let id = MessageId::from_stored(&v)
                 .ok_or_else(|| StoreError::corrupt(format!("due entry {key:?} names no id")))?;
             batch.next_from = key.successor();
-            if !self.inner.claims.claim_for_dispatch(&id) {
-                // The writer is cancelling or moving it; its commit decides.
+            entries.push((key, id));
+        }
+        // What the writer holds is being cancelled or moved; its commit decides.
+        let claimed = self.inner.claims.claim_for_dispatch_all(entries.iter().map(|(_, id)| id));
+        let entries: Vec<(DueKey, MessageId)> =
+            entries.into_iter().zip(claimed).filter_map(|(e, claimed)| claimed.then_some(e)).collect();
+        let records = db.batched_multi_get_cf(
+            cf(db, schema::CF_MESSAGES),
+            entries.iter().map(|(_, id)| id.as_bytes()),
+            false,
+        );
+        let settlement_keys: Vec<Vec<u8>> =
+            entries.iter().map(|(_, id)| schema::settlement_key(id)).collect();
+        let settlements = db.batched_multi_get_cf(cf(db, schema::CF_CHECKPOINT), &settlement_keys, false);
+        let mut failed: Option<DueKey> = None;
+        for (((key, id), record), settlement) in entries.into_iter().zip(records).zip(settlements) {
+            if failed.is_some() {
+                batch.stale.push(id);
                 continue;
             }
-            match self.read_pending(&id, key) {
+            match ready(&id, key, record, settlement) {
                 Ok(Some(ready)) => batch.ready.push(ready),
                 Ok(None) => batch.stale.push(id),
                 Err(e) => {
-                    // Give the claim back and look here again in a while.
+                    // Give the claims back and look here again in a while.
                     tracing::error!(%id, error = %e, "reading a due message failed");
+                    failed = Some(key);
                     batch.stale.push(id);
-                    batch.next_from = key;
-                    batch.next_due = Some(UnixMillis(now.0 + 1000));
-                    return Ok(batch);
                 }
             }
+        }
+        if let Some(key) = failed {
+            batch.next_from = key;
+            batch.more = false;
+            batch.next_due = Some(UnixMillis(now.0 + 1000));
+            return Ok(batch);
+        }
+        if batch.more {
+            return Ok(batch);
         }
         let mut opts = ReadOptions::default();
         opts.set_iterate_lower_bound(upper.encode());
@@ -325,20 +353,6 @@ impl Store {
             .transpose()?;
         batch.next_due = next.and_then(|(k, _)| DueKey::decode(&k)).map(|k| k.due);
         Ok(batch)
-    }
-
-    /// The message under `key`, if it is still pending there.
-    fn read_pending(&self, id: &MessageId, key: DueKey) -> Result<Option<Ready>, StoreError> {
-        let db = &self.inner.db;
-        let Some((record, settlement)) = read_record(db, id, &ReadOptions::default())? else {
-            return Ok(None);
-        };
-        if settlement.as_ref().is_some_and(Settlement::is_settled)
-            || schema::dispatch_key(&record, settlement.as_ref()) != key
-        {
-            return Ok(None);
-        }
-        Ok(Some(Ready { id: id.clone(), key, record, prev: settlement.unwrap_or_default() }))
     }
 
     /// Drops the tombstones settled messages left in the due CF below `below`.
@@ -356,6 +370,33 @@ impl Store {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
     }
+}
+
+type Read<'a> = Result<Option<rocksdb::DBPinnableSlice<'a>>, rocksdb::Error>;
+
+/// The message under `key` from its read record and settlement, if it is
+/// still pending there.
+fn ready(
+    id: &MessageId,
+    key: DueKey,
+    record: Read<'_>,
+    settlement: Read<'_>,
+) -> Result<Option<Ready>, StoreError> {
+    let Some(bytes) = record? else {
+        return Ok(None);
+    };
+    let record = schema::decode::<MessageRecord>(&bytes)
+        .map_err(|e| StoreError::corrupt(format!("message {id}: {e}")))?;
+    let settlement = settlement?
+        .map(|b| schema::decode::<Settlement>(&b))
+        .transpose()
+        .map_err(|e| StoreError::corrupt(format!("settlement of {id}: {e}")))?;
+    if settlement.as_ref().is_some_and(Settlement::is_settled)
+        || schema::dispatch_key(&record, settlement.as_ref()) != key
+    {
+        return Ok(None);
+    }
+    Ok(Some(Ready { id: id.clone(), key, record, prev: settlement.unwrap_or_default() }))
 }
 
 fn read_record(
