@@ -188,7 +188,7 @@ impl Config {
                 ..DispatcherConfig::default()
             },
             retention: self.retention,
-            upkeep_every: Duration::from_secs(30),
+            upkeep_every: Duration::from_secs(10),
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod config;
 pub mod dispatcher;
 mod error;
 pub mod kafka;
+pub mod memory;
 pub mod message;
 pub mod metrics;
 pub mod server;

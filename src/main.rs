@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    hourglass::memory::limit_arenas();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -62,7 +62,7 @@ impl Shard {
 }
 
 /// Purges settled messages past retention, compacts the settled head of the
-/// due CF, and updates the store gauges.
+/// due CF, updates the store gauges and returns freed heap to the kernel.
 async fn upkeep(
     store: Store,
     clock: Arc<dyn Clock>,
@@ -95,6 +95,8 @@ async fn upkeep(
             let _ = tokio::task::spawn_blocking(move || s.compact_settled(below)).await;
         }
         metrics::STORE_SIZE.set(store.size_bytes() as i64);
+        // Bursts leave freed heap behind; hand it back while idle-ish.
+        tokio::task::spawn_blocking(crate::memory::trim);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}

@@ -211,10 +211,13 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     std::fs::remove_dir_all(&raw_dir).ok();
     phase("producer limit: bare rdkafka producer");
     let kafka = KafkaConfig { brokers: brokers.clone(), properties: Default::default() };
-    let producer_limit = {
+    // The best of two runs: the limit is what the hardware can do.
+    let mut producer_limit = 0f64;
+    for _ in 0..2 {
         let (kafka, raw_topic, w, n) = (kafka.clone(), raw_topic.clone(), w.clone(), sc.drain);
-        tokio::task::spawn_blocking(move || limits::producer(&kafka, &raw_topic, n, &w)).await??
-    };
+        let rate = tokio::task::spawn_blocking(move || limits::producer(&kafka, &raw_topic, n, &w)).await??;
+        producer_limit = producer_limit.max(rate);
+    }
     report.add("store limit: 1 msg/write", raw_1, "msg/s", None, &[]);
     report.add(format!("store limit: {} msg/write", s.batch_size), raw_b, "msg/s", None, &[]);
     report.add("store limit: 4096 msg/write", raw_4k, "msg/s", None, &[]);
@@ -276,7 +279,8 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let delivered = server.metric("hourglass_messages_delivered_total").await?;
     let t0 = now_ms() + lead_time(sc.drain);
     load::stream(&server, &w, sc.drain, s.streams, Arc::new(move |_| t0), false).await?;
-    let (elapsed, peak) = drain(&server, t0, delivered + sc.drain as f64, &mut report).await?;
+    check_lead("drain", t0, &mut report);
+    let (elapsed, peak) = drain(&server, t0, delivered + sc.drain as f64).await?;
     report.add(
         "drain",
         sc.drain as f64 / elapsed.as_secs_f64(),
@@ -295,7 +299,8 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let run =
         load::stream(&server, &w, count, s.streams, Arc::new(move |i| t1 + i as u64 * 1000 / rate), true)
             .await?;
-    drain(&server, t1, delivered + count as f64, &mut report).await?;
+    check_lead("precision", t1, &mut report);
+    drain(&server, t1, delivered + count as f64).await?;
     let late = load::lateness(&server, &run.scheduled, 32).await?;
     let name = format!("precision at {}/s", sc.precision_rate);
     report.add(format!("{name}: p50 lateness"), percentile(&late, 50.0) as f64, "ms", None, &[]);
@@ -327,8 +332,9 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         load::stream(&server, &w, trickle, 1, Arc::new(move |i| t2 + 1 + i as u64 * 1000 / trate), true)
             .await?;
     // Due order puts the burst first: the first `burst` deliveries are it.
-    let (elapsed, peak) = drain(&server, t2, delivered + sc.burst as f64, &mut report).await?;
-    drain(&server, t2, delivered + (sc.burst + trickle) as f64, &mut report).await?;
+    check_lead("burst", t2, &mut report);
+    let (elapsed, peak) = drain(&server, t2, delivered + sc.burst as f64).await?;
+    drain(&server, t2, delivered + (sc.burst + trickle) as f64).await?;
     let late = load::lateness(&server, &run.scheduled, 32).await?;
     let name = format!("burst of {}", sc.burst);
     report.add(
@@ -360,12 +366,29 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     if sc.footprint > pending {
         phase("footprint: parking the large backlog");
         let n = sc.footprint - pending;
-        load::stream(&server, &w, n, s.streams, next_parked(n), false).await?;
+        let sampler = RssSampler::start(server.pid());
+        let run = load::stream(&server, &w, n, s.streams, next_parked(n), false).await?;
+        let peak = sampler.stop();
+        report.add(
+            format!("sustained ingest: ScheduleStream, {n} more"),
+            run.rate(),
+            "msg/s",
+            Some(raw_b),
+            &[],
+        );
+        report.add("sustained ingest: memory peak", mib(peak), "MiB", None, &[]);
     }
     let pending = server.metric("hourglass_messages_pending").await? as u64;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // At rest: after the server's upkeep (every 10 s) has run at least once.
+    tokio::time::sleep(Duration::from_secs(12)).await;
     let name = format!("footprint: {pending} parked");
-    report.add(format!("{name}: memory"), mib(server.rss_bytes()), "MiB", None, &[Target::AtMost(256.0)]);
+    report.add(
+        format!("{name}: memory at rest"),
+        mib(server.rss_bytes()),
+        "MiB",
+        None,
+        &[Target::AtMost(256.0)],
+    );
     report.add(format!("{name}: disk"), dir_bytes(&data) as f64 / (1 << 20) as f64, "MiB", None, &[]);
     for (how, crash) in [("SIGTERM", false), ("SIGKILL", true)] {
         phase(&format!("footprint: restart after {how}"));
@@ -392,48 +415,66 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+/// Notes when a phase's messages were not all parked before the first was
+/// due: its figures then include scheduling time.
+fn check_lead(phase: &str, due_ms: u64, report: &mut Report) {
+    let now = now_ms();
+    if now > due_ms {
+        report.note(format!(
+            "{phase}: scheduling took longer than planned: the first messages were due {} ms before the last was parked",
+            now - due_ms
+        ));
+    }
+}
+
 /// Time to start a phase whose messages are scheduled first: enough to park
-/// them all (at a conservative 100k/s) before the first is due.
+/// them all before the first is due, at a conservative 40k/s (sustained
+/// ingest is bounded by compaction, well below the short-run rate).
 fn lead_time(messages: usize) -> u64 {
-    2_000 + messages as u64 / 100
+    2_000 + messages as u64 / 40
 }
 
 /// Waits for `target` deliveries; returns the time from `due_ms` until the
 /// last was acknowledged, and the server's peak memory meanwhile.
-async fn drain(
-    server: &ServerProcess,
-    due_ms: u64,
-    target: f64,
-    report: &mut Report,
-) -> anyhow::Result<(Duration, Option<u64>)> {
-    let now = now_ms();
-    if now > due_ms {
-        report.note(format!(
-            "scheduling took longer than planned: the first messages were due {} ms before the last was parked",
-            now - due_ms
-        ));
-    }
-    let peak = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (peak, done, pid) = (Arc::clone(&peak), Arc::clone(&done), server.pid());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                if let Some(rss) = pid.and_then(server::rss_of) {
-                    peak.fetch_max(rss, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
+async fn drain(server: &ServerProcess, due_ms: u64, target: f64) -> anyhow::Result<(Duration, Option<u64>)> {
+    let sampler = RssSampler::start(server.pid());
     let due_at = Instant::now() + Duration::from_millis(due_ms.saturating_sub(now_ms()));
     let finished =
         server.wait_metric("hourglass_messages_delivered_total", target, Duration::from_secs(600)).await;
-    done.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
-    let finished = finished?;
-    let peak = Some(peak.load(Ordering::Relaxed)).filter(|p| *p > 0);
-    Ok((finished.saturating_duration_since(due_at), peak))
+    let peak = sampler.stop();
+    Ok((finished?.saturating_duration_since(due_at), peak))
+}
+
+/// Samples a process's resident memory every 20 ms, keeping the peak.
+struct RssSampler {
+    peak: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl RssSampler {
+    fn start(pid: Option<u32>) -> RssSampler {
+        let peak = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (peak, done) = (Arc::clone(&peak), Arc::clone(&done));
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    if let Some(rss) = pid.and_then(server::rss_of) {
+                        peak.fetch_max(rss, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        RssSampler { peak, done, thread }
+    }
+
+    fn stop(self) -> Option<u64> {
+        self.done.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        Some(self.peak.load(Ordering::Relaxed)).filter(|p| *p > 0)
+    }
 }
 
 /// Stops the server (gracefully, or with SIGKILL) with a message coming
