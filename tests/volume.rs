@@ -92,12 +92,8 @@ async fn a_batch_answers_each_item_and_parks_only_the_good_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_batch_is_refused_whole() {
-    let broker = Broker::start();
-    let topic = random_name("big");
-    broker.create_topic(&topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = hourglass::config::Config { max_batch: 10, ..config(&broker, dir.path()) };
-    let server = Hourglass::start(config).await;
+    let TestBed { topic, server, broker: _broker, dir: _dir } =
+        TestBed::start_with("big", 1, |c| c.max_batch = 10).await;
     let mut client = server.client().await;
     let requests: Vec<_> =
         (0..11).map(|i| with_id(request(&topic, "v", Duration::from_secs(60)), &format!("b-{i}"))).collect();
@@ -155,12 +151,8 @@ async fn a_stream_answers_in_order_and_delivers_each_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_answers_are_not_read_is_not_read_either() {
-    let broker = Broker::start();
-    let topic = random_name("window");
-    broker.create_topic(&topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = hourglass::config::Config { stream_window: 16, ..config(&broker, dir.path()) };
-    let server = Hourglass::start(config).await;
+    let TestBed { topic, server, broker: _broker, dir: _dir } =
+        TestBed::start_with("window", 1, |c| c.stream_window = 16).await;
     let _warm = server.client().await;
     // A client with small HTTP/2 receive windows, so that what is buffered
     // is the server's doing, not the client's (hyper's default is 2 MiB).

@@ -242,28 +242,10 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     phase("ingest: ScheduleBatch");
     let run =
         load::batch(&server, &w, sc.batch, s.batch_size, s.batch_callers, next_parked(sc.batch)).await?;
-    let name = format!("ingest: ScheduleBatch of {}", s.batch_size);
-    report.add(
-        &name,
-        run.rate(),
-        "msg/s",
-        Some(raw_b),
-        &[Target::AtLeast(300_000.0), Target::RatioAtLeast(0.5)],
-    );
-    report.add(format!("{name}: p50 per call"), ms(run.percentile(50.0)), "ms", None, &[]);
-    report.add(format!("{name}: p99 per call"), ms(run.percentile(99.0)), "ms", None, &[]);
+    add_volume(&mut report, &format!("ingest: ScheduleBatch of {}", s.batch_size), &run, raw_b, "per call");
     phase("ingest: ScheduleStream");
     let run = load::stream(&server, &w, sc.stream, s.streams, next_parked(sc.stream), false).await?;
-    let name = format!("ingest: ScheduleStream x {}", s.streams);
-    report.add(
-        &name,
-        run.rate(),
-        "msg/s",
-        Some(raw_b),
-        &[Target::AtLeast(300_000.0), Target::RatioAtLeast(0.5)],
-    );
-    report.add(format!("{name}: p50 per msg"), ms(run.percentile(50.0)), "ms", None, &[]);
-    report.add(format!("{name}: p99 per msg"), ms(run.percentile(99.0)), "ms", None, &[]);
+    add_volume(&mut report, &format!("ingest: ScheduleStream x {}", s.streams), &run, raw_b, "per msg");
 
     let parked_now = sc.unary + sc.batch + sc.stream;
     if sc.backlog > parked_now {
@@ -413,6 +395,14 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     delete_topic(&brokers, &topic).await.ok();
     delete_topic(&brokers, &raw_topic).await.ok();
     Ok(report)
+}
+
+/// The figures of a batch or stream ingest run, against the store limit.
+fn add_volume(report: &mut Report, name: &str, run: &load::Run, store_limit: f64, per: &str) {
+    let targets = [Target::AtLeast(300_000.0), Target::RatioAtLeast(0.5)];
+    report.add(name, run.rate(), "msg/s", Some(store_limit), &targets);
+    report.add(format!("{name}: p50 {per}"), ms(run.percentile(50.0)), "ms", None, &[]);
+    report.add(format!("{name}: p99 {per}"), ms(run.percentile(99.0)), "ms", None, &[]);
 }
 
 /// Notes when a phase's messages were not all parked before the first was

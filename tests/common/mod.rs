@@ -133,11 +133,18 @@ pub struct TestBed {
 
 impl TestBed {
     pub async fn start(prefix: &str, partitions: i32) -> TestBed {
+        Self::start_with(prefix, partitions, |_| {}).await
+    }
+
+    /// As `start`, with the server's config changed by `tweak` first.
+    pub async fn start_with(prefix: &str, partitions: i32, tweak: impl FnOnce(&mut Config)) -> TestBed {
         let broker = Broker::start();
         let topic = random_name(prefix);
         broker.create_topic(&topic, partitions).await;
         let dir = tempfile::tempdir().unwrap();
-        let server = Hourglass::start(config(&broker, dir.path())).await;
+        let mut config = config(&broker, dir.path());
+        tweak(&mut config);
+        let server = Hourglass::start(config).await;
         TestBed { broker, topic, dir, server }
     }
 }
