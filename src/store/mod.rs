@@ -481,3 +481,143 @@ fn open_db(config: &StoreConfig) -> Result<DB, StoreError> {
     ];
     Ok(DB::open_cf_descriptors(&db_opts, &config.path, cfs)?)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The store's dispatch cycle against a real RocksDB: take what is due,
+    //! settle it, and what each outcome leaves behind.
+
+    use super::*;
+    use crate::message::{DueSpec, Envelope, State};
+
+    fn open(dir: &Path) -> Store {
+        let mut config = StoreConfig::new(dir);
+        config.sync_writes = false;
+        Store::open(&config).unwrap()
+    }
+
+    async fn park(store: &Store, id: &str, due: u64) -> MessageId {
+        let envelope = Envelope {
+            topic: "t".into(),
+            key: None,
+            value: id.as_bytes().to_vec(),
+            headers: vec![],
+            partition: None,
+        };
+        let msg = NewMessage {
+            id: Some(MessageId::parse(id).unwrap()),
+            envelope,
+            requested: DueSpec::At(UnixMillis(due)),
+            due: UnixMillis(due),
+            now: UnixMillis(0),
+        };
+        store.schedule(msg).await.unwrap().id
+    }
+
+    /// Every op queued before this one has been committed when it returns.
+    async fn barrier(store: &Store) {
+        store.purge(UnixMillis(0), 1).await.unwrap();
+    }
+
+    fn settle(ready: &Ready, outcome: Outcome) -> Settle {
+        Settle {
+            id: ready.id.clone(),
+            key: ready.key,
+            due: ready.record.due(),
+            prev: ready.prev.clone(),
+            outcome,
+        }
+    }
+
+    async fn state(store: &Store, id: &MessageId) -> State {
+        store.get(id.clone()).await.unwrap().unwrap().state
+    }
+
+    #[tokio::test]
+    async fn take_due_takes_in_due_order_up_to_the_limit_and_only_what_is_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        for (id, due) in [("c", 30), ("a", 10), ("b", 20), ("later", 1_000)] {
+            park(&store, id, due).await;
+        }
+        let batch = store.take_due(DueKey::MIN, UnixMillis(100), 2).unwrap();
+        let ids: Vec<&str> = batch.ready.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert!(batch.more, "more is due than the limit allowed");
+        let rest = store.take_due(batch.next_from, UnixMillis(100), 10).unwrap();
+        assert_eq!(rest.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["c"]);
+        assert!(!rest.more);
+        assert_eq!(rest.next_due, Some(UnixMillis(1_000)), "and when the next one is due");
+        assert_eq!(store.dispatching(), 3, "what was taken is claimed");
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn take_due_skips_what_the_writer_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let a = park(&store, "a", 10).await;
+        park(&store, "b", 20).await;
+        assert!(store.inner.claims.reserve_for_writer(&a));
+        let batch = store.take_due(DueKey::MIN, UnixMillis(100), 10).unwrap();
+        assert_eq!(batch.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["b"]);
+        store.inner.claims.release(&a);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn retries_carry_their_tries_until_delivered_or_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let ok = park(&store, "ok", 10).await;
+        let bad = park(&store, "bad", 10).await;
+        let batch = store.take_due(DueKey::MIN, UnixMillis(10), 10).unwrap();
+        let retry =
+            |at| Outcome::Retry { retry_at: UnixMillis(at), error: "broker down".into(), rejected: false };
+        let settles = batch.ready.iter().map(|r| settle(r, retry(50))).collect();
+        store.settle(settles).await.unwrap();
+        barrier(&store).await;
+        assert_eq!(
+            state(&store, &ok).await,
+            State::Pending { attempts: 1, last_error: Some("broker down".into()) }
+        );
+        assert_eq!(store.dispatching(), 0, "settling gives the claims back");
+        assert!(
+            store.take_due(DueKey::MIN, UnixMillis(49), 10).unwrap().ready.is_empty(),
+            "not before the retry time"
+        );
+
+        let batch = store.take_due(DueKey::MIN, UnixMillis(50), 10).unwrap();
+        assert_eq!(batch.ready.len(), 2, "both come back at their retry time");
+        assert!(batch.ready.iter().all(|r| r.prev.attempts == 1), "with the tries so far");
+        let settles = batch
+            .ready
+            .iter()
+            .map(|r| {
+                if r.id == ok {
+                    settle(r, Outcome::Delivered { partition: 3, offset: 42, at: UnixMillis(51) })
+                } else {
+                    settle(r, Outcome::Failed { at: UnixMillis(51), error: "topic deleted".into() })
+                }
+            })
+            .collect();
+        store.settle(settles).await.unwrap();
+        barrier(&store).await;
+        match state(&store, &ok).await {
+            State::Delivered(d) => {
+                assert_eq!((d.partition, d.offset, d.delivered_at), (3, 42, UnixMillis(51)))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            state(&store, &bad).await,
+            State::Failed { reason: "topic deleted".into(), attempts: 2, at: UnixMillis(51) }
+        );
+        assert_eq!(store.pending(), 0);
+        assert!(
+            store.take_due(DueKey::MIN, UnixMillis(10_000), 10).unwrap().ready.is_empty(),
+            "nothing left to send"
+        );
+        store.close().await;
+    }
+}
