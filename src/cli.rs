@@ -159,7 +159,7 @@ impl ServeArgs {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Run at the scale the targets are set for (10M parked, 1M drained;
-    /// about ten minutes) instead of the reduced default (a few minutes).
+    /// about seven minutes here) instead of the reduced default (a few minutes).
     #[arg(long)]
     pub full: bool,
     /// Multiply every count by this, e.g. 0.01 for a smoke run.

@@ -11,7 +11,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hourglass/target}"
 
 cargo build --release --locked --bin hourglass
-state="${HOURGLASS_LOCAL_DIR:-$PWD/.local}"
+state="$(realpath -m "${HOURGLASS_LOCAL_DIR:-.local}")"
 topic="${HOURGLASS_LOCAL_TOPIC:-reminders}"
 broker=127.0.0.1:9092
 mkdir -p "$state"
@@ -21,13 +21,20 @@ if (exec 3<>"/dev/tcp/${broker%:*}/${broker#*:}") 2>/dev/null; then
 else
   echo "run.sh: starting tansu on $broker (log: $state/tansu.log)"
   tansu broker --listener-url "tcp://$broker" --advertised-listener-url "tcp://$broker" \
-    --storage-engine "sqlite://$state/tansu.db" >"$state/tansu.log" 2>&1 &
+    --storage-engine "sqlite:///$state/tansu.db" >"$state/tansu.log" 2>&1 &
   tansu_pid=$!
   trap 'kill "$tansu_pid" 2>/dev/null; wait "$tansu_pid" 2>/dev/null || true' EXIT
+  up=
   for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/${broker%:*}/${broker#*:}") 2>/dev/null && break
+    (exec 3<>"/dev/tcp/${broker%:*}/${broker#*:}") 2>/dev/null && { up=1; break; }
+    kill -0 "$tansu_pid" 2>/dev/null || break
     sleep 0.1
   done
+  if [ -z "$up" ]; then
+    echo "run.sh: tansu did not start; its log ($state/tansu.log) says:" >&2
+    tail -5 "$state/tansu.log" >&2
+    exit 1
+  fi
 fi
 
 if ! tansu topic list --broker "tcp://$broker" 2>/dev/null | grep -q "\"name\":\"$topic\""; then

@@ -41,7 +41,8 @@ impl LocalBroker {
     /// A broker that keeps its data (SQLite) across its own restarts.
     pub fn start_persistent() -> anyhow::Result<LocalBroker> {
         let dir = tempfile::tempdir()?;
-        let storage = format!("sqlite://{}", dir.path().join("tansu.db").display());
+        // sqlite:// then an absolute path: four slashes in all.
+        let storage = format!("sqlite:///{}", dir.path().join("tansu.db").display());
         Self::start_with(storage, Some(dir))
     }
 
