@@ -155,7 +155,7 @@ impl Dispatcher {
             self.flush_settles().await;
             let next = self.dispatch_due().await;
             let sleep = match next {
-                Next::At(due) => due.since(self.clock.now()).min(self.config.max_sleep),
+                Next::At(due) => self.clock.until(due).min(self.config.max_sleep),
                 Next::Idle | Next::Full => self.config.max_sleep,
                 Next::Now => Duration::ZERO,
             };
