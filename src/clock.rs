@@ -56,6 +56,12 @@ impl ManualClock {
     }
 }
 
+impl Clock for ManualClock {
+    fn now(&self) -> UnixMillis {
+        UnixMillis(self.0.load(Ordering::SeqCst))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,11 +74,5 @@ mod tests {
         assert_eq!(SystemClock.until(UnixMillis(now.0.saturating_sub(5))), Duration::ZERO);
         let manual = ManualClock::new(UnixMillis(1_000));
         assert_eq!(manual.until(UnixMillis(1_250)), Duration::from_millis(250));
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> UnixMillis {
-        UnixMillis(self.0.load(Ordering::SeqCst))
     }
 }
