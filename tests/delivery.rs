@@ -361,3 +361,54 @@ async fn metrics_and_health_are_served() {
     }
     server.stop().await;
 }
+
+/// A `Message` whose topic is raw bytes, so a test can send what prost
+/// would refuse to encode as a string.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawMessage {
+    #[prost(bytes = "vec", tag = "1")]
+    topic: Vec<u8>,
+    #[prost(bytes = "vec", tag = "3")]
+    value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawScheduleRequest {
+    #[prost(message, optional, tag = "1")]
+    message: Option<RawMessage>,
+    #[prost(message, optional, tag = "3")]
+    delay: Option<prost_types::Duration>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_does_not_decode_is_invalid_argument() {
+    let TestBed { topic, server, broker: _broker, dir: _dir } = TestBed::start("utf8", 1).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let send = |topic: Vec<u8>| RawScheduleRequest {
+        message: Some(RawMessage { topic, value: b"v".to_vec() }),
+        delay: Some(prost_types::Duration { seconds: 60, nanos: 0 }),
+    };
+    for (topic, expect) in
+        [(topic.clone().into_bytes(), Code::Ok), (vec![b'o', 0xff, 0xfe, b'k'], Code::InvalidArgument)]
+    {
+        grpc.ready().await.unwrap();
+        let reply: Result<tonic::Response<proto::ScheduleResponse>, tonic::Status> = grpc
+            .unary(
+                tonic::Request::new(send(topic)),
+                tonic::codegen::http::uri::PathAndQuery::from_static("/hourglass.v1.Scheduler/Schedule"),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+        let code = reply.as_ref().map_or_else(tonic::Status::code, |_| Code::Ok);
+        assert_eq!(code, expect, "{reply:?}");
+        if let Err(status) = reply {
+            assert!(status.message().contains("UTF-8"), "the reason is given: {}", status.message());
+        }
+    }
+    server.stop().await;
+}

@@ -3,6 +3,7 @@
 //! the answer back; errors become statuses through the one table in
 //! `status`. No decisions are made here.
 
+pub mod codec;
 pub mod convert;
 mod status;
 mod stream;
