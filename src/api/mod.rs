@@ -31,23 +31,35 @@ impl SchedulerApi {
     }
 }
 
-/// The answer to item `index` of a batch or a stream, counted by code.
-fn schedule_result(
+/// The answers to items of a batch or a stream, numbered from
+/// `first_index`, counted by status code (the successes in one go).
+fn schedule_results(
     method: &'static str,
-    index: u64,
-    result: Result<crate::message::Scheduled, Error>,
-) -> proto::ScheduleResult {
+    first_index: u64,
+    results: Vec<Result<crate::message::Scheduled, Error>>,
+) -> Vec<proto::ScheduleResult> {
     use proto::schedule_result::Result as R;
-    let result = match result {
-        Ok(scheduled) => R::Scheduled(scheduled.into()),
-        Err(e) => R::Error(status::item_error(e)),
-    };
-    let code = match &result {
-        R::Scheduled(_) => tonic::Code::Ok,
-        R::Error(e) => tonic::Code::from_i32(e.code),
-    };
-    metrics::SCHEDULE_ITEMS.with_label_values(&[method, &format!("{code:?}")]).inc();
-    proto::ScheduleResult { index, result: Some(result) }
+    let mut scheduled = 0;
+    let answers = (first_index..)
+        .zip(results)
+        .map(|(index, result)| {
+            let result = match result {
+                Ok(s) => {
+                    scheduled += 1;
+                    R::Scheduled(s.into())
+                }
+                Err(e) => {
+                    let error = status::item_error(e);
+                    let code = format!("{:?}", tonic::Code::from_i32(error.code));
+                    metrics::SCHEDULE_ITEMS.with_label_values(&[method, &code]).inc();
+                    R::Error(error)
+                }
+            };
+            proto::ScheduleResult { index, result: Some(result) }
+        })
+        .collect();
+    metrics::SCHEDULE_ITEMS.with_label_values(&[method, "Ok"]).inc_by(scheduled);
+    answers
 }
 
 /// Runs one call, counting it by method and status code.
@@ -86,11 +98,7 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         observe("ScheduleBatch", async {
             let items = request.into_inner().requests.into_iter().map(TryInto::try_into).collect();
             let results = self.service.schedule_batch(items).await?;
-            let results = (0u64..)
-                .zip(results)
-                .map(|(index, result)| schedule_result("ScheduleBatch", index, result))
-                .collect();
-            Ok(proto::ScheduleBatchResponse { results })
+            Ok(proto::ScheduleBatchResponse { results: schedule_results("ScheduleBatch", 0, results) })
         })
         .await
     }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::schedule_result;
+use super::schedule_results;
 use crate::{message::Scheduled, metrics, proto, service::Service};
 
 /// The answers to a stream, in request order.
@@ -122,7 +122,7 @@ async fn schedule_chunk(
         // The write failed: nothing of the chunk was stored.
         Err(e) => vec![Err(e); n],
     };
-    (first_index..).zip(results).map(|(index, result)| schedule_result(METHOD, index, result)).collect()
+    schedule_results(METHOD, first_index, results)
 }
 
 fn finish(started: Instant, code: tonic::Code) {

@@ -64,60 +64,39 @@ fn scheduled(result: proto::ScheduleResult) -> anyhow::Result<proto::ScheduleRes
     }
 }
 
-/// `clients` callers, each making one `Schedule` call at a time, spread
-/// over `connections` HTTP/2 connections.
-pub async fn unary(
+/// A request-response way to schedule.
+#[derive(Clone, Copy, Debug)]
+pub enum Call {
+    /// One `Schedule` per message.
+    Unary,
+    /// One `ScheduleBatch` of this many messages.
+    Batch(usize),
+}
+
+/// `callers` callers, each making one call at a time, spread over
+/// `connections` HTTP/2 connections; latency is per call.
+pub async fn calls(
     server: &ServerProcess,
     w: &Workload,
     messages: usize,
-    clients: usize,
+    call: Call,
+    callers: usize,
     connections: usize,
     due: DueOf,
 ) -> anyhow::Result<Run> {
     let mut channels = Vec::new();
-    for _ in 0..connections.clamp(1, clients) {
+    for _ in 0..connections.clamp(1, callers) {
         channels.push(server.client().await?);
     }
+    let size = match call {
+        Call::Unary => 1,
+        Call::Batch(size) => size.max(1),
+    };
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = JoinSet::new();
     let started = Instant::now();
-    for c in 0..clients {
+    for c in 0..callers {
         let mut client = channels[c % channels.len()].clone();
-        let (next, w, due) = (Arc::clone(&next), w.clone(), Arc::clone(&due));
-        tasks.spawn(async move {
-            let mut latencies = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= messages {
-                    return Ok::<_, anyhow::Error>(latencies);
-                }
-                let sent = Instant::now();
-                client.schedule(w.at(i, due(i))).await.context("Schedule")?;
-                latencies.push(sent.elapsed());
-            }
-        });
-    }
-    let mut run = Run { messages, ..Run::default() };
-    while let Some(done) = tasks.join_next().await {
-        run.latencies.extend(done??);
-    }
-    Ok(run.finish(started))
-}
-
-/// `callers` connections, each sending one `ScheduleBatch` of `size` at a time.
-pub async fn batch(
-    server: &ServerProcess,
-    w: &Workload,
-    messages: usize,
-    size: usize,
-    callers: usize,
-    due: DueOf,
-) -> anyhow::Result<Run> {
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = JoinSet::new();
-    let started = Instant::now();
-    for _ in 0..callers {
-        let mut client = server.client().await?;
         let (next, w, due) = (Arc::clone(&next), w.clone(), Arc::clone(&due));
         tasks.spawn(async move {
             let mut latencies = Vec::new();
@@ -126,16 +105,25 @@ pub async fn batch(
                 if first >= messages {
                     return Ok::<_, anyhow::Error>(latencies);
                 }
-                let requests = (first..(first + size).min(messages)).map(|i| w.at(i, due(i))).collect();
+                let mut requests: Vec<_> =
+                    (first..(first + size).min(messages)).map(|i| w.at(i, due(i))).collect();
                 let sent = Instant::now();
-                let reply = client
-                    .schedule_batch(proto::ScheduleBatchRequest { requests })
-                    .await
-                    .context("ScheduleBatch")?;
-                latencies.push(sent.elapsed());
-                for result in reply.into_inner().results {
-                    scheduled(result)?;
+                match call {
+                    Call::Unary => {
+                        let request = requests.pop().context("a unary call needs a message")?;
+                        client.schedule(request).await.context("Schedule")?;
+                    }
+                    Call::Batch(_) => {
+                        let reply = client
+                            .schedule_batch(proto::ScheduleBatchRequest { requests })
+                            .await
+                            .context("ScheduleBatch")?;
+                        for result in reply.into_inner().results {
+                            scheduled(result)?;
+                        }
+                    }
                 }
+                latencies.push(sent.elapsed());
             }
         });
     }

@@ -234,14 +234,31 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         due
     };
     phase("ingest: unary Schedule");
-    let run = load::unary(&server, &w, sc.unary, s.clients, s.connections, next_parked(sc.unary)).await?;
+    let run = load::calls(
+        &server,
+        &w,
+        sc.unary,
+        load::Call::Unary,
+        s.clients,
+        s.connections,
+        next_parked(sc.unary),
+    )
+    .await?;
     let name = format!("ingest: Schedule, {} clients", s.clients);
     report.add(&name, run.rate(), "msg/s", Some(raw_b), &[Target::AtLeast(45_000.0)]);
     report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, &[]);
     report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, &[Target::AtMost(5.0)]);
     phase("ingest: ScheduleBatch");
-    let run =
-        load::batch(&server, &w, sc.batch, s.batch_size, s.batch_callers, next_parked(sc.batch)).await?;
+    let run = load::calls(
+        &server,
+        &w,
+        sc.batch,
+        load::Call::Batch(s.batch_size),
+        s.batch_callers,
+        s.batch_callers,
+        next_parked(sc.batch),
+    )
+    .await?;
     add_volume(&mut report, &format!("ingest: ScheduleBatch of {}", s.batch_size), &run, raw_b, "per call");
     phase("ingest: ScheduleStream");
     let run = load::stream(&server, &w, sc.stream, s.streams, next_parked(sc.stream), false).await?;
@@ -285,23 +302,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     drain(&server, t1, delivered + count as f64).await?;
     let late = load::lateness(&server, &run.scheduled, 32).await?;
     let name = format!("precision at {}/s", sc.precision_rate);
-    report.add(format!("{name}: p50 lateness"), percentile(&late, 50.0) as f64, "ms", None, &[]);
-    report.add(
-        format!("{name}: p99 lateness"),
-        percentile(&late, 99.0) as f64,
-        "ms",
-        None,
-        &[Target::AtMost(5.0)],
-    );
-    report.add(format!("{name}: p999 lateness"), percentile(&late, 99.9) as f64, "ms", None, &[]);
-    report.add(format!("{name}: max lateness"), late.last().copied().unwrap_or(0) as f64, "ms", None, &[]);
-    report.add(
-        format!("{name}: early"),
-        late.iter().filter(|l| **l < 0).count() as f64,
-        "msgs",
-        None,
-        &[Target::AtMost(0.0)],
-    );
+    add_lateness(&mut report, &format!("{name}:"), &late, &[Target::AtMost(5.0)]);
 
     // 5. Burst.
     phase("burst: many due in one millisecond, then a trickle");
@@ -327,21 +328,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         &[],
     );
     report.add(format!("{name}: memory peak"), mib(peak), "MiB", None, &[]);
-    report.add(format!("{name}: trickle p50 lateness"), percentile(&late, 50.0) as f64, "ms", None, &[]);
-    report.add(
-        format!("{name}: trickle max lateness"),
-        late.last().copied().unwrap_or(0) as f64,
-        "ms",
-        None,
-        &[],
-    );
-    report.add(
-        format!("{name}: trickle early"),
-        late.iter().filter(|l| **l < 0).count() as f64,
-        "msgs",
-        None,
-        &[Target::AtMost(0.0)],
-    );
+    add_lateness(&mut report, &format!("{name}: trickle"), &late, &[]);
 
     // 6. Footprint.
     let pending = server.metric("hourglass_messages_pending").await? as usize;
@@ -403,6 +390,17 @@ fn add_volume(report: &mut Report, name: &str, run: &load::Run, store_limit: f64
     report.add(name, run.rate(), "msg/s", Some(store_limit), &targets);
     report.add(format!("{name}: p50 {per}"), ms(run.percentile(50.0)), "ms", None, &[]);
     report.add(format!("{name}: p99 {per}"), ms(run.percentile(99.0)), "ms", None, &[]);
+}
+
+/// Lateness percentiles (ms) of delivered messages, and how many were early.
+fn add_lateness(report: &mut Report, prefix: &str, late: &[i64], p99: &[Target]) {
+    let at = |p| percentile(late, p) as f64;
+    report.add(format!("{prefix} p50 lateness"), at(50.0), "ms", None, &[]);
+    report.add(format!("{prefix} p99 lateness"), at(99.0), "ms", None, p99);
+    report.add(format!("{prefix} p999 lateness"), at(99.9), "ms", None, &[]);
+    report.add(format!("{prefix} max lateness"), late.last().copied().unwrap_or(0) as f64, "ms", None, &[]);
+    let early = late.iter().filter(|l| **l < 0).count() as f64;
+    report.add(format!("{prefix} early"), early, "msgs", None, &[Target::AtMost(0.0)]);
 }
 
 /// Notes when a phase's messages were not all parked before the first was

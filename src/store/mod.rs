@@ -385,12 +385,7 @@ fn ready(
     let Some(bytes) = record? else {
         return Ok(None);
     };
-    let record = schema::decode::<MessageRecord>(&bytes)
-        .map_err(|e| StoreError::corrupt(format!("message {id}: {e}")))?;
-    let settlement = settlement?
-        .map(|b| schema::decode::<Settlement>(&b))
-        .transpose()
-        .map_err(|e| StoreError::corrupt(format!("settlement of {id}: {e}")))?;
+    let (record, settlement) = decode_stored(id, &bytes, settlement?.as_deref())?;
     if settlement.as_ref().is_some_and(Settlement::is_settled)
         || schema::dispatch_key(&record, settlement.as_ref()) != key
     {
@@ -399,7 +394,22 @@ fn ready(
     Ok(Some(Ready { id: id.clone(), key, record, prev: settlement.unwrap_or_default() }))
 }
 
-fn read_record(
+/// A message's record and settlement from their stored bytes.
+fn decode_stored(
+    id: &MessageId,
+    record: &[u8],
+    settlement: Option<&[u8]>,
+) -> Result<(MessageRecord, Option<Settlement>), StoreError> {
+    let record = schema::decode::<MessageRecord>(record)
+        .map_err(|e| StoreError::corrupt(format!("message {id}: {e}")))?;
+    let settlement = settlement
+        .map(schema::decode::<Settlement>)
+        .transpose()
+        .map_err(|e| StoreError::corrupt(format!("settlement of {id}: {e}")))?;
+    Ok((record, settlement))
+}
+
+pub(crate) fn read_record(
     db: &DB,
     id: &MessageId,
     opts: &ReadOptions,
@@ -407,14 +417,8 @@ fn read_record(
     let Some(bytes) = db.get_pinned_cf_opt(cf(db, schema::CF_MESSAGES), id.as_bytes(), opts)? else {
         return Ok(None);
     };
-    let record = schema::decode::<MessageRecord>(&bytes)
-        .map_err(|e| StoreError::corrupt(format!("message {id}: {e}")))?;
-    let settlement = db
-        .get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::settlement_key(id), opts)?
-        .map(|b| schema::decode::<Settlement>(&b))
-        .transpose()
-        .map_err(|e| StoreError::corrupt(format!("settlement of {id}: {e}")))?;
-    Ok(Some((record, settlement)))
+    let settlement = db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::settlement_key(id), opts)?;
+    decode_stored(id, &bytes, settlement.as_deref()).map(Some)
 }
 
 fn read_message(db: &DB, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {

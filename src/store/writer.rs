@@ -289,18 +289,8 @@ impl Writer {
         if let Some(stored) = r.overlay.get(id) {
             return Ok(stored.clone());
         }
-        let Some(bytes) = self.db.get_pinned_cf(cf(&self.db, schema::CF_MESSAGES), id.as_bytes())? else {
-            return Ok(None);
-        };
-        let record = schema::decode::<MessageRecord>(&bytes)
-            .map_err(|e| StoreError::corrupt(format!("message {id}: {e}")))?;
-        let settlement = self
-            .db
-            .get_pinned_cf(cf(&self.db, schema::CF_CHECKPOINT), schema::settlement_key(id))?
-            .map(|b| schema::decode::<Settlement>(&b))
-            .transpose()
-            .map_err(|e| StoreError::corrupt(format!("settlement of {id}: {e}")))?;
-        Ok(Some(Stored { record, settlement }))
+        let read = super::read_record(&self.db, id, &ReadOptions::default())?;
+        Ok(read.map(|(record, settlement)| Stored { record, settlement }))
     }
 
     fn schedule(&mut self, r: &mut Round, msg: NewMessage) -> Result<Scheduled, StoreError> {
