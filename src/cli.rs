@@ -93,6 +93,15 @@ pub struct ServeArgs {
     /// stops reading it [default: 8192]
     #[arg(long, env = "HOURGLASS_STREAM_WINDOW")]
     pub stream_window: Option<usize>,
+    /// gRPC calls served at once; more are refused at once with
+    /// RESOURCE_EXHAUSTED [default: 4096]
+    #[arg(long, env = "HOURGLASS_MAX_CONCURRENT_REQUESTS")]
+    pub max_concurrent_requests: Option<usize>,
+    /// Messages pending at once; new ones are refused with
+    /// RESOURCE_EXHAUSTED and health turns NOT_SERVING until deliveries make
+    /// room. 0: no cap [default: 0]
+    #[arg(long, env = "HOURGLASS_MAX_PENDING")]
+    pub max_pending: Option<u64>,
     /// Messages produced and not yet acknowledged by Kafka [default: 10000]
     #[arg(long, env = "HOURGLASS_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
@@ -137,6 +146,8 @@ impl ServeArgs {
             max_batch,
             max_batch_bytes,
             stream_window,
+            max_concurrent_requests,
+            max_pending,
             max_in_flight,
             max_delivery_attempts,
             retry_backoff,

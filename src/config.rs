@@ -60,6 +60,12 @@ pub struct Config {
     /// Requests on one `ScheduleStream` read ahead of their answers.
     /// Default 8192.
     pub stream_window: usize,
+    /// gRPC calls served at once; more are refused with RESOURCE_EXHAUSTED.
+    /// Default 4096.
+    pub max_concurrent_requests: usize,
+    /// Messages pending at once; new ones are refused with
+    /// RESOURCE_EXHAUSTED beyond it. 0 (the default): no cap.
+    pub max_pending: u64,
     /// Messages produced and not yet acknowledged. Default 10000.
     pub max_in_flight: usize,
     /// Refusals by the broker before a message is failed. Default 5.
@@ -97,6 +103,8 @@ impl Default for Config {
             max_batch: limits.max_batch,
             max_batch_bytes: limits.max_batch_bytes,
             stream_window: 8192,
+            max_concurrent_requests: 4096,
+            max_pending: 0,
             max_in_flight: dispatcher.max_in_flight,
             max_delivery_attempts: dispatcher.max_attempts,
             retry_backoff: dispatcher.backoff_initial,
@@ -138,8 +146,8 @@ impl Config {
         if self.max_in_flight == 0 {
             return fail("max_in_flight must be at least 1".into());
         }
-        if self.max_batch == 0 || self.stream_window == 0 {
-            return fail("max_batch and stream_window must be at least 1".into());
+        if self.max_batch == 0 || self.stream_window == 0 || self.max_concurrent_requests == 0 {
+            return fail("max_batch, stream_window and max_concurrent_requests must be at least 1".into());
         }
         if self.max_batch_bytes > 256 << 20 {
             return fail(format!("max_batch_bytes is {}; use at most 256 MiB", self.max_batch_bytes));
@@ -177,6 +185,7 @@ impl Config {
     pub fn shard(&self) -> ShardConfig {
         let mut store = StoreConfig::new(&self.data_dir);
         store.sync_writes = self.durability == Durability::Sync;
+        store.max_pending = (self.max_pending > 0).then_some(self.max_pending);
         ShardConfig {
             store,
             dispatcher: DispatcherConfig {
@@ -239,6 +248,7 @@ mod tests {
             Config { max_delivery_attempts: 0, ..Config::default() },
             Config { max_batch: 0, ..Config::default() },
             Config { stream_window: 0, ..Config::default() },
+            Config { max_concurrent_requests: 0, ..Config::default() },
             Config { max_message_bytes: 0, ..Config::default() },
             Config { retry_backoff: Duration::from_secs(60), ..Config::default() },
             Config { metrics_listen: Config::default().listen, ..Config::default() },

@@ -273,7 +273,10 @@ impl Dispatcher {
         metrics::IN_FLIGHT.set(self.in_flight.len() as i64);
         let now = self.clock.now();
         let outcome = match report.result {
-            Ok((partition, offset)) => Outcome::Delivered { partition, offset, at: now },
+            Ok((partition, offset)) => {
+                crate::failpoint::hit("dispatch-before-settle");
+                Outcome::Delivered { partition, offset, at: now }
+            }
             Err(error) => {
                 let kind = match error.fault {
                     Fault::Outage => "outage",

@@ -32,6 +32,7 @@ pub mod clock;
 pub mod config;
 pub mod dispatcher;
 mod error;
+pub mod failpoint;
 pub mod kafka;
 pub mod memory;
 pub mod message;

@@ -107,6 +107,15 @@ pub static GRPC_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
 });
 pub static STORE_SIZE: LazyLock<IntGauge> =
     LazyLock::new(|| gauge("hourglass_store_size_bytes", "RocksDB SST files plus memtables."));
+pub static STORE_WRITABLE: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "hourglass_store_writable",
+        "1 while the store takes new messages; 0 while its writes fail or the backlog cap is reached.",
+    )
+});
+pub static STORE_MAX_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge("hourglass_store_max_pending", "The backlog cap (--max-pending); 0 when there is none.")
+});
 pub static STORE_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     register(
         Histogram::with_opts(
@@ -140,6 +149,8 @@ pub fn init() {
     LazyLock::force(&GRPC_SECONDS);
     LazyLock::force(&STORE_SIZE);
     LazyLock::force(&STORE_COMMIT_SECONDS);
+    LazyLock::force(&STORE_WRITABLE);
+    LazyLock::force(&STORE_MAX_PENDING);
 }
 
 /// The Prometheus text exposition of every metric.

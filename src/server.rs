@@ -22,6 +22,7 @@ use crate::{
     metrics, proto,
     service::Service,
     shard::Shard,
+    store::StoreHealth,
 };
 
 /// The sockets the server answers on, bound by the caller (port 0 in tests).
@@ -54,6 +55,7 @@ pub async fn run_with_clock(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     metrics::init();
+    metrics::STORE_MAX_PENDING.set(i64::try_from(config.max_pending).unwrap_or(i64::MAX));
     let producer = Arc::new(Producer::new(&config.kafka()).context("creating the Kafka producer")?);
     let catalog = Arc::new(TopicCatalog::new(Arc::clone(&producer) as Arc<dyn MetadataSource>));
     let background = CancellationToken::new();
@@ -64,7 +66,7 @@ pub async fn run_with_clock(
     let service = Arc::new(Service::new(shard.store().clone(), Arc::clone(&catalog), config.limits(), clock));
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<proto::scheduler_server::SchedulerServer<SchedulerApi>>().await;
+    let health_task = tokio::spawn(report_health(shard.store().health(), health.clone(), background.clone()));
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
@@ -83,7 +85,10 @@ pub async fn run_with_clock(
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(SchedulerApi::new(service, config.stream_window).into_server())
+            .add_service(
+                SchedulerApi::new(service, config.stream_window, config.max_concurrent_requests)
+                    .into_server(),
+            )
             .serve_with_incoming_shutdown(
                 // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs
                 // hold back small answers for up to 40 ms.
@@ -94,6 +99,8 @@ pub async fn run_with_clock(
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: no longer serving");
+    health_task.abort();
+    let _ = health_task.await;
     health.set_not_serving::<proto::scheduler_server::SchedulerServer<SchedulerApi>>().await;
     health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
     stop_accepting.cancel();
@@ -106,6 +113,48 @@ pub async fn run_with_clock(
     tracing::info!("shut down cleanly");
     Ok(())
 }
+
+/// Mirrors the store's health in gRPC health, for the whole server and for
+/// the Scheduler service: NOT_SERVING while the store cannot take new
+/// messages (disk full, backlog cap reached), so that load balancers and
+/// readiness probes send traffic elsewhere. Reads keep being answered.
+async fn report_health(
+    mut store: tokio::sync::watch::Receiver<StoreHealth>,
+    health: tonic_health::server::HealthReporter,
+    stop: CancellationToken,
+) {
+    use tonic_health::ServingStatus;
+    loop {
+        let now = store.borrow_and_update().clone();
+        let status = match &now {
+            StoreHealth::Ok => {
+                tracing::info!("the store takes new messages: serving");
+                ServingStatus::Serving
+            }
+            StoreHealth::AtCapacity => {
+                tracing::warn!(
+                    "the backlog cap (--max-pending) is reached: not serving until deliveries make room"
+                );
+                ServingStatus::NotServing
+            }
+            StoreHealth::Failing(reason) => {
+                tracing::error!(%reason, "the store refuses writes: not serving until a write succeeds again");
+                ServingStatus::NotServing
+            }
+        };
+        metrics::STORE_WRITABLE.set(i64::from(now == StoreHealth::Ok));
+        health.set_service_status("", status).await;
+        health.set_service_status(SCHEDULER, status).await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = store.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// The Scheduler service's name in gRPC health.
+const SCHEDULER: &str =
+    <proto::scheduler_server::SchedulerServer<SchedulerApi> as tonic::server::NamedService>::NAME;
 
 async fn drain_within<T>(grace: Duration, what: &str, task: tokio::task::JoinHandle<T>) {
     let abort = task.abort_handle();

@@ -11,7 +11,7 @@ use crate::{
     dispatcher::{Dispatcher, DispatcherConfig},
     kafka::Producer,
     metrics,
-    store::{Store, StoreConfig, StoreError, schema::DueKey},
+    store::{Store, StoreConfig, StoreError, StoreHealth, schema::DueKey},
 };
 
 #[derive(Clone, Debug)]
@@ -44,6 +44,7 @@ impl Shard {
             Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone());
         tasks.spawn(dispatcher.run(stop.clone()));
         tasks.spawn(upkeep(store.clone(), clock, config.retention, config.upkeep_every, stop.clone()));
+        tasks.spawn(probe_while_failing(store.clone(), stop.clone()));
         tasks.close();
         Ok(Shard { store, stop, tasks })
     }
@@ -58,6 +59,31 @@ impl Shard {
         self.stop.cancel();
         self.tasks.wait().await;
         self.store.close().await;
+    }
+}
+
+/// While the store's writes fail (disk full, I/O error), tries a tiny write
+/// every second, so that it reports healthy again as soon as it can take
+/// writes, even if no client sends any meanwhile.
+async fn probe_while_failing(store: Store, stop: CancellationToken) {
+    const EVERY: Duration = Duration::from_secs(1);
+    let mut health = store.health();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            failing = health.wait_for(|h| matches!(h, StoreHealth::Failing(_))) => {
+                if failing.is_err() {
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+        if let Err(e) = store.probe().await {
+            tracing::debug!(error = %e, "the store still refuses writes");
+        }
     }
 }
 

@@ -10,7 +10,8 @@ mod stream;
 
 use std::{future::Future, sync::Arc, time::Instant};
 
-use tonic::{Request, Response, Status};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::{Code, Request, Response, Status};
 
 use crate::{Error, metrics, proto, service::Service};
 
@@ -18,11 +19,42 @@ pub struct SchedulerApi {
     service: Arc<Service>,
     /// Requests one `ScheduleStream` may have unanswered.
     stream_window: usize,
+    /// Calls being served at once, at most; one permit per call.
+    admission: Arc<Semaphore>,
+    max_concurrent: usize,
 }
 
 impl SchedulerApi {
-    pub fn new(service: Arc<Service>, stream_window: usize) -> Self {
-        SchedulerApi { service, stream_window }
+    pub fn new(service: Arc<Service>, stream_window: usize, max_concurrent: usize) -> Self {
+        SchedulerApi {
+            service,
+            stream_window,
+            admission: Arc::new(Semaphore::new(max_concurrent)),
+            max_concurrent,
+        }
+    }
+
+    /// Lets a call in, or turns it away at once when the server already
+    /// serves as many as it may: a quick refusal the client can retry
+    /// elsewhere or later, instead of a queue that grows without bound.
+    fn admit(&self, method: &'static str) -> Result<OwnedSemaphorePermit, Status> {
+        Arc::clone(&self.admission).try_acquire_owned().map_err(|_| {
+            metrics::GRPC_REQUESTS.with_label_values(&[method, &format!("{:?}", Code::ResourceExhausted)]).inc();
+            Status::resource_exhausted(format!(
+                "the server is busy: it already serves {} calls (--max-concurrent-requests); retry with backoff",
+                self.max_concurrent
+            ))
+        })
+    }
+
+    /// Runs one admitted call, counting it by method and status code.
+    async fn call<T>(
+        &self,
+        method: &'static str,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Response<T>, Status> {
+        let _permit = self.admit(method)?;
+        observe(method, call).await
     }
 
     pub fn into_server(self) -> proto::scheduler_server::SchedulerServer<Self> {
@@ -84,7 +116,7 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::ScheduleRequest>,
     ) -> Result<Response<proto::ScheduleResponse>, Status> {
-        observe("Schedule", async {
+        self.call("Schedule", async {
             let scheduled = self.service.schedule(request.into_inner().try_into()?).await?;
             Ok(scheduled.into())
         })
@@ -95,7 +127,7 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::ScheduleBatchRequest>,
     ) -> Result<Response<proto::ScheduleBatchResponse>, Status> {
-        observe("ScheduleBatch", async {
+        self.call("ScheduleBatch", async {
             let items = request.into_inner().requests.into_iter().map(TryInto::try_into).collect();
             let results = self.service.schedule_batch(items).await?;
             Ok(proto::ScheduleBatchResponse { results: schedule_results("ScheduleBatch", 0, results) })
@@ -109,7 +141,9 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<tonic::Streaming<proto::ScheduleRequest>>,
     ) -> Result<Response<Self::ScheduleStreamStream>, Status> {
-        let answers = stream::serve(Arc::clone(&self.service), request.into_inner(), self.stream_window);
+        let permit = self.admit("ScheduleStream")?;
+        let answers =
+            stream::serve(Arc::clone(&self.service), request.into_inner(), self.stream_window, permit);
         Ok(Response::new(answers))
     }
 
@@ -117,7 +151,7 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::CancelRequest>,
     ) -> Result<Response<proto::CancelResponse>, Status> {
-        observe("Cancel", async {
+        self.call("Cancel", async {
             let id = convert::message_id(&request.into_inner().id)?;
             let outcome = self.service.cancel(id).await?;
             Ok(proto::CancelResponse { outcome: proto::CancelOutcome::from(outcome).into() })
@@ -129,7 +163,7 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::RescheduleRequest>,
     ) -> Result<Response<proto::RescheduleResponse>, Status> {
-        observe("Reschedule", async {
+        self.call("Reschedule", async {
             let request = request.into_inner();
             let id = convert::message_id(&request.id)?;
             let due = convert::due_spec(request.due.map(convert::WireDue::from))?;
@@ -140,7 +174,7 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
     }
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::GetResponse>, Status> {
-        observe("Get", async {
+        self.call("Get", async {
             let id = convert::message_id(&request.into_inner().id)?;
             Ok(self.service.get(id).await?.into())
         })

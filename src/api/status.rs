@@ -6,7 +6,7 @@
 //! | unknown topic, unknown id                   | NOT_FOUND           |
 //! | id taken by a different message             | ALREADY_EXISTS      |
 //! | reschedule of a delivered/cancelled message | FAILED_PRECONDITION |
-//! | disk full                                   | RESOURCE_EXHAUSTED  |
+//! | disk full, backlog cap, server busy         | RESOURCE_EXHAUSTED  |
 //! | Kafka unreachable, shutting down, I/O error | UNAVAILABLE         |
 //! | store corruption                            | DATA_LOSS           |
 
@@ -47,7 +47,7 @@ fn store_code(e: &StoreError) -> Code {
         StoreError::NotFound(_) => Code::NotFound,
         StoreError::IdConflict(_) => Code::AlreadyExists,
         StoreError::AlreadyDelivered(_) | StoreError::AlreadyCancelled(_) => Code::FailedPrecondition,
-        StoreError::Full(_) => Code::ResourceExhausted,
+        StoreError::Full(_) | StoreError::AtCapacity { .. } => Code::ResourceExhausted,
         StoreError::Closed | StoreError::Io(_) => Code::Unavailable,
         StoreError::Corrupt(_) => Code::DataLoss,
     }
@@ -70,6 +70,7 @@ mod tests {
             (StoreError::AlreadyDelivered(id()).into(), Code::FailedPrecondition),
             (StoreError::AlreadyCancelled(id()).into(), Code::FailedPrecondition),
             (StoreError::Full("no space".into()).into(), Code::ResourceExhausted),
+            (StoreError::AtCapacity { pending: 9 }.into(), Code::ResourceExhausted),
             (StoreError::Closed.into(), Code::Unavailable),
             (StoreError::Corrupt("bad block".into()).into(), Code::DataLoss),
         ];

@@ -29,9 +29,19 @@ const CHUNK: usize = 1024;
 
 const METHOD: &str = "ScheduleStream";
 
-pub fn serve(service: Arc<Service>, inbound: Streaming<proto::ScheduleRequest>, window: usize) -> Answers {
+/// `permit` is the stream's place among the calls served at once; it is
+/// held until the stream ends.
+pub fn serve(
+    service: Arc<Service>,
+    inbound: Streaming<proto::ScheduleRequest>,
+    window: usize,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Answers {
     let (tx, rx) = mpsc::channel(CHUNK);
-    tokio::spawn(pump(service, inbound, window.max(1), tx));
+    tokio::spawn(async move {
+        pump(service, inbound, window.max(1), tx).await;
+        drop(permit);
+    });
     ReceiverStream::new(rx)
 }
 

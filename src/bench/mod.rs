@@ -42,7 +42,7 @@ pub use broker::{LocalBroker, create_topic, delete_topic, free_port};
 use load::{DueOf, percentile};
 use machine::Machine;
 pub use report::{Measurement, Report, Target};
-use server::ServerProcess;
+pub use server::{ServerProcess, rss_of};
 use workload::{Workload, now_ms};
 
 use crate::{config::Durability, kafka::KafkaConfig, proto};

@@ -22,50 +22,101 @@ pub struct ServerProcess {
     pub grpc: String,
     pub metrics: String,
     data_dir: PathBuf,
-    brokers: String,
-    durability: Durability,
+    exe: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl ServerProcess {
+    /// Starts this very executable (`hourglass bench`) as `hourglass serve`.
     pub async fn start(
         data_dir: &Path,
         brokers: &str,
         durability: Durability,
     ) -> anyhow::Result<ServerProcess> {
-        let mut s = ServerProcess {
+        let exe = std::env::current_exe().context("locating the hourglass binary")?;
+        ServerProcess::new(&exe, data_dir, brokers, durability)?.launch().await
+    }
+
+    /// `exe serve` on free ports over `data_dir`, not started yet; add flags
+    /// with [`arg`](Self::arg) and environment with [`env`](Self::env).
+    pub fn new(
+        exe: &Path,
+        data_dir: &Path,
+        brokers: &str,
+        durability: Durability,
+    ) -> anyhow::Result<ServerProcess> {
+        let durability = match durability {
+            Durability::Sync => "sync",
+            Durability::Buffered => "buffered",
+        };
+        let log = std::env::var("HOURGLASS_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into());
+        Ok(ServerProcess {
             child: None,
             grpc: format!("127.0.0.1:{}", free_port()?),
             metrics: format!("127.0.0.1:{}", free_port()?),
             data_dir: data_dir.to_owned(),
-            brokers: brokers.to_owned(),
-            durability,
-        };
-        s.spawn()?;
-        s.wait_serving(Duration::from_secs(120)).await?;
-        Ok(s)
+            exe: exe.to_owned(),
+            args: ["--kafka-brokers", brokers, "--durability", durability].map(str::to_owned).to_vec(),
+            env: vec![("HOURGLASS_LOG".into(), log)],
+        })
+    }
+
+    pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {
+        self.args.push(flag.to_owned());
+        self.args.push(value.to_string());
+        self
+    }
+
+    /// Sets an environment variable for every later start.
+    pub fn env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+    }
+
+    /// Starts the process and waits until it serves.
+    pub async fn launch(mut self) -> anyhow::Result<ServerProcess> {
+        self.spawn()?;
+        self.wait_serving(Duration::from_secs(120)).await?;
+        Ok(self)
     }
 
     /// Starts the process, without waiting for it to serve.
     pub fn spawn(&mut self) -> anyhow::Result<()> {
-        let exe = std::env::current_exe().context("locating the hourglass binary")?;
-        let durability = match self.durability {
-            Durability::Sync => "sync",
-            Durability::Buffered => "buffered",
-        };
-        let child = Command::new(exe)
+        let child = Command::new(&self.exe)
             .args(["serve", "--listen", &self.grpc, "--metrics-listen", &self.metrics])
-            .args(["--kafka-brokers", &self.brokers, "--durability", durability, "--data-dir"])
+            .args(&self.args)
+            .arg("--data-dir")
             .arg(&self.data_dir)
-            .env(
-                "HOURGLASS_LOG",
-                std::env::var("HOURGLASS_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
             .context("starting hourglass serve")?;
         self.child = Some(child);
         Ok(())
+    }
+
+    /// Waits for the process to exit by itself (a crash at a fail point,
+    /// say); None if it still runs after `within`.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let started = Instant::now();
+        while started.elapsed() < within {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// What gRPC health says of the whole server.
+    pub async fn health(&self) -> anyhow::Result<ServingStatus> {
+        let channel = Channel::from_shared(format!("http://{}", self.grpc))?.connect().await?;
+        let reply = HealthClient::new(channel).check(HealthCheckRequest { service: String::new() }).await?;
+        Ok(reply.into_inner().status())
     }
 
     pub fn pid(&self) -> Option<u32> {

@@ -117,6 +117,9 @@ fn defaults() -> BTreeMap<&'static str, &'static str> {
         // Keyed records land where the Java client would put them.
         ("partitioner", "murmur2_random"),
         ("queue.buffering.max.messages", "1000000"),
+        // After a broker outage, reconnect within a second of its return
+        // rather than librdkafka's 10 s backoff ceiling.
+        ("reconnect.backoff.max.ms", "1000"),
     ])
 }
 

@@ -24,7 +24,7 @@ use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRecoveryMode, Direction, IteratorMode, Options,
     ReadOptions,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use claims::Claims;
 pub(crate) use claims::Wake;
@@ -48,6 +48,10 @@ pub enum StoreError {
     AlreadyCancelled(MessageId),
     #[error("the store's disk is full: {0}")]
     Full(String),
+    #[error(
+        "{pending} messages are pending, the most this server holds (--max-pending); try again once some are delivered"
+    )]
+    AtCapacity { pending: u64 },
     #[error("the store is closed")]
     Closed,
     #[error("the store is corrupt: {0}")]
@@ -84,6 +88,21 @@ pub struct StoreConfig {
     pub cache_bytes: usize,
     /// Memtable budget across the column families.
     pub write_buffer_bytes: usize,
+    /// Most messages pending at once; new ones are refused beyond it.
+    pub max_pending: Option<u64>,
+}
+
+/// Whether the store takes new messages, as its last commit found. A
+/// process reports it as gRPC health, so a load balancer sends its traffic
+/// elsewhere while the store cannot take it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreHealth {
+    Ok,
+    /// The backlog cap is reached; it clears as messages are delivered.
+    AtCapacity,
+    /// The last write failed (disk full, I/O error). Nothing in it was
+    /// acknowledged; the store probes until a write succeeds again.
+    Failing(String),
 }
 
 impl StoreConfig {
@@ -93,6 +112,7 @@ impl StoreConfig {
             sync_writes: true,
             cache_bytes: 32 << 20,
             write_buffer_bytes: 64 << 20,
+            max_pending: None,
         }
     }
 }
@@ -133,6 +153,7 @@ struct Inner {
     claims: Arc<Claims>,
     wake: Arc<Wake>,
     pending: Arc<AtomicU64>,
+    health: watch::Receiver<StoreHealth>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     path: PathBuf,
 }
@@ -153,7 +174,8 @@ impl Store {
         let pending = Arc::new(AtomicU64::new(meta.pending));
         crate::metrics::PENDING.set(meta.pending as i64);
         let (ops, rx) = mpsc::channel(16 * 1024);
-        let writer = Writer::new(
+        let (health_tx, health) = watch::channel(StoreHealth::Ok);
+        let mut writer = Writer::new(
             Arc::clone(&db),
             Arc::clone(&claims),
             Arc::clone(&wake),
@@ -162,6 +184,9 @@ impl Store {
             config.sync_writes,
             rx,
         );
+        writer.max_pending = config.max_pending;
+        writer.health = health_tx;
+        writer.report_capacity();
         let handle = std::thread::Builder::new()
             .name("hourglass-writer".into())
             .spawn(move || writer.run())
@@ -173,6 +198,7 @@ impl Store {
                 claims,
                 wake,
                 pending,
+                health,
                 writer: Mutex::new(Some(handle)),
                 path: config.path.clone(),
             }),
@@ -239,6 +265,17 @@ impl Store {
             return Ok(());
         }
         self.send(Op::Release(ids)).await
+    }
+
+    /// Whether the store takes new messages; changes as commits succeed or fail.
+    pub fn health(&self) -> watch::Receiver<StoreHealth> {
+        self.inner.health.clone()
+    }
+
+    /// Writes nothing but the store's own metadata, to learn whether writes
+    /// succeed again after a failure.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        self.call(|reply| Op::Probe { reply }).await
     }
 
     pub(crate) fn wake(&self) -> &Wake {

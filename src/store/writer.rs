@@ -29,7 +29,7 @@ use rocksdb::{DB, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    StoreError,
+    StoreError, StoreHealth,
     claims::{Claims, Wake},
     schema::{self, DueKey, MessageRecord, Meta, Settlement, SettlementKind},
 };
@@ -113,6 +113,10 @@ pub(crate) enum Op {
         limit: usize,
         reply: Reply<usize>,
     },
+    /// A write of the metadata alone: does the store take writes again?
+    Probe {
+        reply: Reply<()>,
+    },
     /// Finish what is queued, then stop.
     Close,
 }
@@ -133,6 +137,8 @@ pub(crate) struct Writer {
     pub sync: bool,
     pub rx: mpsc::Receiver<Op>,
     pub max_round: usize,
+    pub max_pending: Option<u64>,
+    pub health: tokio::sync::watch::Sender<StoreHealth>,
     ids: ulid::Generator,
     /// Requests waiting for the dispatcher to settle a message they touch.
     parked: HashMap<MessageId, Vec<Op>>,
@@ -156,6 +162,8 @@ struct Round<'a> {
     lowest_kept: Option<DueKey>,
     replies: Vec<DeferredReply>,
     effects: Effects,
+    /// Commit even when nothing changed: a probe.
+    probe: bool,
 }
 
 #[derive(Default)]
@@ -196,6 +204,8 @@ impl Writer {
             sync,
             rx,
             max_round: 4096,
+            max_pending: None,
+            health: tokio::sync::watch::channel(StoreHealth::Ok).0,
             ids: ulid::Generator::new(),
             parked: HashMap::new(),
             again: VecDeque::new(),
@@ -226,7 +236,9 @@ impl Writer {
             if self.failed_commits > 0 {
                 // The store refused a write (disk full, I/O error). Pace the
                 // retries of the settles we are keeping instead of spinning.
-                let backoff = 50u64 << self.failed_commits.min(7);
+                // At most ~1 s apart, so a store that has room again is
+                // noticed soon.
+                let backoff = 50u64 << self.failed_commits.min(4);
                 std::thread::sleep(Duration::from_millis(backoff));
             }
         }
@@ -256,7 +268,16 @@ impl Writer {
                 r.reply(reply, result);
             }
             Op::ScheduleBatch { msgs, reply } => {
-                let results = msgs.into_iter().map(|msg| self.schedule(r, msg)).collect();
+                let half = msgs.len() / 2;
+                let results = (0..)
+                    .zip(msgs)
+                    .map(|(i, msg)| {
+                        if i == half && i > 0 {
+                            crate::failpoint::hit("store-mid-batch");
+                        }
+                        self.schedule(r, msg)
+                    })
+                    .collect();
                 r.reply(reply, Ok(results));
             }
             Op::Cancel { id, now, reply } => match self.cancel(r, &id, now) {
@@ -276,6 +297,10 @@ impl Writer {
             Op::Purge { before, limit, reply } => {
                 let result = self.purge(r, before, limit);
                 r.reply(reply, result);
+            }
+            Op::Probe { reply } => {
+                r.probe = true;
+                r.reply(reply, Ok(()));
             }
             Op::Close => self.rx.close(),
         }
@@ -308,6 +333,9 @@ impl Writer {
             }
             None => MessageId::generate(&mut self.ids),
         };
+        if self.max_pending.is_some_and(|cap| r.meta.pending >= cap) {
+            return Err(StoreError::AtCapacity { pending: r.meta.pending });
+        }
         let seq = r.meta.next_seq;
         r.meta.next_seq += 1;
         let record = MessageRecord::new(msg.envelope, msg.requested, msg.due, seq, msg.now);
@@ -375,7 +403,10 @@ impl Writer {
                 r.put_settlement(id, s);
             }
         } else {
-            // Failed: re-armed with a clean slate.
+            // Failed: re-armed with a clean slate, if there is room.
+            if self.max_pending.is_some_and(|cap| r.meta.pending >= cap) {
+                return Flow::Done(Err(StoreError::AtCapacity { pending: r.meta.pending }));
+            }
             if let Some(at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
                 r.delete_retention(at, id);
             }
@@ -472,7 +503,8 @@ impl Writer {
     }
 
     fn commit(&mut self, mut r: Round) {
-        let result = if r.batch.is_empty() {
+        let writes = !r.batch.is_empty() || r.probe;
+        let result = if !writes {
             Ok(())
         } else {
             r.batch.put_cf(cf(&self.db, schema::CF_CHECKPOINT), schema::meta_key(), schema::encode(&r.meta));
@@ -488,6 +520,9 @@ impl Writer {
             self.claims.release(id);
         }
         let error = result.err();
+        if writes && error.is_none() && !r.replies.is_empty() {
+            crate::failpoint::hit("store-before-ack");
+        }
         for reply in r.replies.drain(..) {
             reply(error.as_ref());
         }
@@ -507,10 +542,13 @@ impl Writer {
                 self.pending.store(r.meta.pending, Ordering::Relaxed);
                 metrics::PENDING.set(r.meta.pending as i64);
                 self.meta = r.meta;
+                self.report_capacity();
             }
             Some(e) => {
                 self.failed_commits = self.failed_commits.saturating_add(1);
                 tracing::error!(error = %e, "store commit failed; nothing in it was acknowledged");
+                let failing = StoreHealth::Failing(e.to_string());
+                self.health.send_if_modified(|h| std::mem::replace(h, failing.clone()) != failing);
                 // Produces that happened must still be recorded: keep their
                 // claims and settle them again. Everything else stays as it
                 // was, so the dispatcher must look at what it skipped.
@@ -527,6 +565,18 @@ impl Writer {
                 }
             }
         }
+    }
+}
+
+impl Writer {
+    /// Reports whether the backlog cap is reached, after a commit succeeded.
+    pub fn report_capacity(&self) {
+        let now = if self.max_pending.is_some_and(|cap| self.meta.pending >= cap) {
+            StoreHealth::AtCapacity
+        } else {
+            StoreHealth::Ok
+        };
+        self.health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
     }
 }
 
@@ -549,6 +599,7 @@ fn refuse(op: Op, error: StoreError) {
         Op::Cancel { reply, .. } => drop(reply.send(Err(error))),
         Op::Reschedule { reply, .. } => drop(reply.send(Err(error))),
         Op::Purge { reply, .. } => drop(reply.send(Err(error))),
+        Op::Probe { reply } => drop(reply.send(Err(error))),
         Op::Settle(_) | Op::Release(_) | Op::Close => {}
     }
 }
@@ -573,6 +624,7 @@ impl<'a> Round<'a> {
             lowest_kept: None,
             replies: Vec::new(),
             effects: Effects::default(),
+            probe: false,
         }
     }
 

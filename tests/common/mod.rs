@@ -3,6 +3,8 @@
 //! and a real Kafka consumer. Every test uses its own random topic names.
 #![allow(dead_code)]
 
+pub mod verify;
+
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
