@@ -74,6 +74,12 @@ pub static PRODUCE_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 });
 pub static METADATA_ERRORS: LazyLock<IntCounter> =
     LazyLock::new(|| counter("hourglass_kafka_metadata_errors_total", "Failed topic metadata refreshes."));
+pub static KAFKA_REACHABLE: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "hourglass_kafka_reachable",
+        "1 while Kafka answers; 0 from the moment librdkafka finds every broker down until one answers again.",
+    )
+});
 pub static SCHEDULE_ITEMS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -144,6 +150,7 @@ pub fn init() {
         PRODUCE_ERRORS.with_label_values(&[kind]);
     }
     LazyLock::force(&METADATA_ERRORS);
+    KAFKA_REACHABLE.set(1);
     LazyLock::force(&SCHEDULE_ITEMS);
     LazyLock::force(&GRPC_REQUESTS);
     LazyLock::force(&GRPC_SECONDS);

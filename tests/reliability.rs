@@ -397,9 +397,10 @@ async fn a_broker_outage_loses_nothing_and_scheduling_goes_on() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before_outage = ledger.len();
     broker.stop();
-    let stopped_at = now_ms();
     tokio::time::sleep(outage).await;
     let during_outage = ledger.len() - before_outage;
+    let reachable = server.metric("hourglass_kafka_reachable").await.unwrap();
+    assert_eq!(reachable, 0.0, "the outage shows in hourglass_kafka_reachable");
     let delivered_before_return = server.metric("hourglass_messages_delivered_total").await.unwrap();
     broker.resume();
     let returned = Instant::now();
@@ -412,6 +413,7 @@ async fn a_broker_outage_loses_nothing_and_scheduling_goes_on() {
         .await
         .unwrap();
     let resumed_after = returned.elapsed();
+    server.wait_metric("hourglass_kafka_reachable", 1.0, Duration::from_secs(30)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
     running.store(false, Ordering::Relaxed);
     load.await.unwrap();
@@ -425,20 +427,13 @@ async fn a_broker_outage_loses_nothing_and_scheduling_goes_on() {
     )
     .await;
     let verdict = ledger.verdict(&deliveries);
-    let waited: Vec<i64> = {
-        let mut w: Vec<i64> = verdict.lateness_ms.iter().copied().filter(|&l| l > 1_000).collect();
-        w.sort_unstable();
-        w
-    };
     eprintln!(
         "broker outage of {outage:?}: {during_outage} messages scheduled while it was down, {} calls refused; \
-         delivery resumed {resumed_after:?} after the broker returned; peak RSS {} MiB; {} messages waited; {}",
+         delivery resumed {resumed_after:?} after the broker returned; peak RSS {} MiB; {}",
         refused.load(Ordering::Relaxed),
         peak / MIB,
-        waited.len(),
         verdict.summary()
     );
-    let _ = stopped_at;
     verdict.assert_nothing_lost_or_early();
     assert!(during_outage > 0, "scheduling stopped during the outage");
     assert_eq!(refused.load(Ordering::Relaxed), 0, "scheduling was refused during the outage");

@@ -8,13 +8,15 @@ use std::{collections::BTreeMap, time::Duration};
 
 use rdkafka::{
     ClientConfig, ClientContext, Message as _,
+    config::RDKafkaLogLevel,
     error::{KafkaError, RDKafkaErrorCode},
     message::{DeliveryResult, Header, OwnedHeaders},
-    producer::{BaseRecord, DefaultProducerContext, Producer as _, ProducerContext, ThreadedProducer},
+    producer::{BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
 };
 use tokio::sync::mpsc;
 
 use super::{KafkaConfig, catalog::MetadataSource};
+use crate::metrics;
 
 /// The outcome of one produce, tagged with the dispatcher's token.
 #[derive(Debug)]
@@ -75,14 +77,57 @@ struct Ticket {
 
 struct Reports;
 
-impl ClientContext for Reports {}
+impl ClientContext for Reports {
+    /// librdkafka reports every failed connection and, each second of an
+    /// outage, "all brokers down", per client. Say once that Kafka is
+    /// unreachable, and once more when it is back (see [`reachable`]).
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::AllBrokersDown) => {
+                if metrics::KAFKA_REACHABLE.get() != 0 {
+                    metrics::KAFKA_REACHABLE.set(0);
+                    tracing::warn!(%reason, "Kafka is unreachable: scheduling goes on, deliveries wait for it");
+                }
+            }
+            Some(RDKafkaErrorCode::BrokerTransportFailure) => {
+                tracing::debug!(%error, %reason, "librdkafka");
+            }
+            _ => tracing::error!(%error, %reason, "librdkafka"),
+        }
+    }
+
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        use RDKafkaLogLevel::*;
+        match level {
+            // A failed connection is an outage, reported through `error`.
+            _ if facility == "FAIL" => tracing::debug!(target: "librdkafka", "{facility}: {message}"),
+            Emerg | Alert | Critical | Error => {
+                tracing::error!(target: "librdkafka", "{facility}: {message}")
+            }
+            Warning => tracing::warn!(target: "librdkafka", "{facility}: {message}"),
+            Notice | Info => tracing::info!(target: "librdkafka", "{facility}: {message}"),
+            Debug => tracing::debug!(target: "librdkafka", "{facility}: {message}"),
+        }
+    }
+}
+
+/// Kafka answered: note it if it had been unreachable.
+fn reachable() {
+    if metrics::KAFKA_REACHABLE.get() != 1 {
+        metrics::KAFKA_REACHABLE.set(1);
+        tracing::info!("Kafka is reachable");
+    }
+}
 
 impl ProducerContext for Reports {
     type DeliveryOpaque = Box<Ticket>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<Ticket>) {
         let result = match result {
-            Ok(m) => Ok((m.partition(), m.offset())),
+            Ok(m) => {
+                reachable();
+                Ok((m.partition(), m.offset()))
+            }
             Err((e, _)) => Err(produce_error(e)),
         };
         // The dispatcher gone means we are shutting down past the grace
@@ -102,7 +147,7 @@ pub struct Outgoing<'a> {
 
 pub struct Producer {
     inner: ThreadedProducer<Reports>,
-    metadata: rdkafka::producer::BaseProducer<DefaultProducerContext>,
+    metadata: rdkafka::producer::BaseProducer<Reports>,
 }
 
 /// hourglass's producer defaults; the user's properties override them.
@@ -146,7 +191,7 @@ impl Producer {
         let inner = client.create_with_context(Reports)?;
         // A separate client for metadata, so refreshes never queue behind
         // produce traffic.
-        let metadata = client.create()?;
+        let metadata = client.create_with_context(Reports)?;
         Ok(Producer { inner, metadata })
     }
 
@@ -187,6 +232,7 @@ impl Producer {
 impl MetadataSource for Producer {
     fn topics(&self, timeout: Duration) -> Result<BTreeMap<String, i32>, String> {
         let md = self.metadata.client().fetch_metadata(None, timeout).map_err(|e| e.to_string())?;
+        reachable();
         Ok(md
             .topics()
             .iter()
