@@ -5,6 +5,7 @@
 
 pub mod codec;
 pub mod convert;
+mod limit;
 mod status;
 mod stream;
 
@@ -25,9 +26,13 @@ impl SchedulerApi {
         SchedulerApi { service, stream_window }
     }
 
-    pub fn into_server(self) -> proto::scheduler_server::SchedulerServer<Self> {
+    /// The gRPC service, refusing requests over the size limit unread.
+    pub fn into_server(self) -> limit::SizeLimit<proto::scheduler_server::SchedulerServer<Self>> {
         let max = self.service.limits().max_request_bytes();
-        proto::scheduler_server::SchedulerServer::new(self).max_decoding_message_size(max)
+        limit::SizeLimit::new(
+            proto::scheduler_server::SchedulerServer::new(self).max_decoding_message_size(max),
+            max,
+        )
     }
 }
 

@@ -71,7 +71,7 @@ async fn pump(
                     match item {
                         Some(Ok(request)) => chunk.push(request),
                         Some(Err(status)) => {
-                            broken = Some(status);
+                            broken = Some(super::limit::too_large(status, service.limits().max_request_bytes()));
                             open = false;
                             break;
                         }
