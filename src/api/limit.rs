@@ -22,6 +22,8 @@ use tonic::{
     server::NamedService,
 };
 
+use crate::metrics;
+
 /// Wraps the gRPC service so that a request refused for its size is
 /// answered as [`too_large`] says.
 #[derive(Clone)]
@@ -54,13 +56,21 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let method = request.uri().path().rsplit('/').next().unwrap_or_default().to_owned();
         let (answer, max) = (self.inner.call(request), self.max);
         Box::pin(async move {
             let response = answer.await?;
             // A refusal before the method ran is a trailers-only answer: the
-            // status is in the headers.
+            // status is in the headers. Only a method of the service gets
+            // this far, so `method` is one of a few names.
             match Status::from_header_map(response.headers()) {
-                Some(status) if status.code() == Code::OutOfRange => Ok(too_large(status, max).into_http()),
+                Some(status) if status.code() == Code::OutOfRange => {
+                    let status = too_large(status, max);
+                    metrics::GRPC_REQUESTS
+                        .with_label_values(&[&method, &format!("{:?}", status.code())])
+                        .inc();
+                    Ok(status.into_http())
+                }
                 _ => Ok(response),
             }
         })
