@@ -45,10 +45,13 @@ const MAX_HEADERS_BYTES: usize = 512;
 const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
 const MAX_BATCH: usize = 40;
 const MAX_BATCH_BYTES: usize = 128 * 1024;
-/// The largest request the server reads, per the README: a batch of
-/// `--max-batch-bytes`, or one message with room for its envelope.
-const MAX_REQUEST: usize =
-    if MAX_BATCH_BYTES > MAX_MESSAGE + 64 * 1024 { MAX_BATCH_BYTES } else { MAX_MESSAGE + 64 * 1024 };
+/// The largest requests the server reads, per the README: one message with
+/// 64 KiB to spare, or a batch of `--max-batch-bytes` (never less).
+const MAX_ONE_REQUEST: usize = MAX_MESSAGE + 64 * 1024;
+const MAX_BATCH_REQUEST: usize =
+    if MAX_BATCH_BYTES > MAX_ONE_REQUEST { MAX_BATCH_BYTES } else { MAX_ONE_REQUEST };
+const ONE_LIMIT: Expect = Expect::TooLarge(MAX_ONE_REQUEST, "--max-message-bytes");
+const BATCH_LIMIT: Expect = Expect::TooLarge(MAX_BATCH_REQUEST, "--max-batch-bytes");
 const PARTITIONS: i32 = 2;
 
 async fn bed(prefix: &str) -> TestBed {
@@ -124,8 +127,9 @@ enum Expect {
     /// INVALID_ARGUMENT: the request does not decode (e.g. a string that is
     /// not UTF-8). Fails a whole batch or ends a stream.
     Undecodable,
-    /// Larger than the server reads: refused whole, unread.
-    TooLarge,
+    /// Larger than the server reads (this many bytes, set by this flag):
+    /// refused whole, unread.
+    TooLarge(usize, &'static str),
 }
 
 #[derive(Clone, Debug)]
@@ -409,8 +413,8 @@ fn too_large(topic: String) -> BoxedStrategy<Case> {
     (1..16 * 1024usize)
         .prop_map(move |extra| {
             let mut r = base(&topic);
-            msg(&mut r).value = vec![b'v'; MAX_REQUEST + extra];
-            case("request over the size limit", r, Expect::TooLarge)
+            msg(&mut r).value = vec![b'v'; MAX_ONE_REQUEST + extra];
+            case("request over the size limit", r, ONE_LIMIT)
         })
         .boxed()
 }
@@ -572,22 +576,23 @@ fn check_refusal(what: &str, expect: Expect, status: &Status) -> Result<(), Test
             prop_assert_eq!(status.code(), Code::InvalidArgument, "{}", context);
             prop_assert!(status.message().contains("does not decode"), "{}", context);
         }
-        Expect::TooLarge => {
-            check_too_large(status).map_err(|e| TestCaseError::fail(format!("{context}: {e}")))?;
+        Expect::TooLarge(bytes, flag) => {
+            check_too_large(status, bytes, flag)
+                .map_err(|e| TestCaseError::fail(format!("{context}: {e}")))?;
         }
     }
     Ok(())
 }
 
 /// How a request over the size limit is refused: INVALID_ARGUMENT, like a
-/// batch with too many items, naming the limit.
-fn check_too_large(status: &Status) -> Result<(), String> {
+/// batch with too many items, naming the limit and the flag that sets it.
+fn check_too_large(status: &Status, bytes: usize, flag: &str) -> Result<(), String> {
     if status.code() != Code::InvalidArgument {
         return Err(format!("code {:?}, not InvalidArgument", status.code()));
     }
     let message = status.message();
-    if !message.contains(&MAX_REQUEST.to_string()) || !message.contains("--max-batch-bytes") {
-        return Err(format!("the message does not name the limit: {message:?}"));
+    if !message.contains(&format!("at most {bytes} bytes")) || !message.contains(flag) {
+        return Err(format!("the message does not name the limit ({bytes}, {flag}): {message:?}"));
     }
     Ok(())
 }
@@ -654,8 +659,8 @@ fn each_schedule_request_gets_its_documented_code() {
 /// What a batch or a stream of `cases` must answer as a whole.
 fn whole(cases: &[Case], sent: &WireBatch) -> Option<Expect> {
     // The length is judged before anything is decoded.
-    if prost::Message::encoded_len(sent) > MAX_REQUEST {
-        Some(Expect::TooLarge)
+    if prost::Message::encoded_len(sent) > MAX_BATCH_REQUEST {
+        Some(BATCH_LIMIT)
     } else if cases.iter().any(|c| c.expect == Expect::Undecodable) {
         Some(Expect::Undecodable)
     } else if cases.len() > MAX_BATCH {
@@ -956,8 +961,13 @@ async fn raw_call(addr: std::net::SocketAddr, method: &str, body: tonic::body::B
 async fn an_oversized_request_is_refused_from_its_length_prefix() {
     let TestBed { server, topic: _topic, broker: _broker, dir: _dir } = bed("prefix").await;
     let _warm = server.client().await;
-    for method in ["Schedule", "ScheduleBatch", "ScheduleStream"] {
-        for claimed in [MAX_REQUEST as u32 + 1, u32::MAX] {
+    // A single Schedule is held to one message's limit, below the batch's.
+    const { assert!(MAX_ONE_REQUEST < MAX_BATCH_REQUEST) };
+    for (method, limit) in
+        [("Schedule", ONE_LIMIT), ("ScheduleBatch", BATCH_LIMIT), ("ScheduleStream", ONE_LIMIT)]
+    {
+        let Expect::TooLarge(bytes, flag) = limit else { unreachable!() };
+        for claimed in [bytes as u32 + 1, u32::MAX] {
             // The 5-byte gRPC frame header (uncompressed, length), then the
             // body is withheld for good: only the header can be judged.
             let mut prefix = vec![0];
@@ -967,7 +977,7 @@ async fn an_oversized_request_is_refused_from_its_length_prefix() {
                 .await
                 .unwrap_or_else(|_| panic!("{method}: no answer while the body is withheld"));
             eprintln!("{method}, {claimed} bytes claimed: {:?} {:?}", status.code(), status.message());
-            if let Err(e) = check_too_large(&status) {
+            if let Err(e) = check_too_large(&status, bytes, flag) {
                 panic!("{method}, {claimed} bytes claimed: {e}");
             }
             assert!(status.message().contains(&claimed.to_string()), "the size is named: {status:?}");

@@ -3,16 +3,19 @@
 //! which is what we want, but it answers OUT_OF_RANGE in its own words. A
 //! request too large is the sender's fault like any other request the server
 //! will not take (a batch with too many items is INVALID_ARGUMENT), so it is
-//! INVALID_ARGUMENT here, naming the limit and the flags that set it.
+//! INVALID_ARGUMENT here, naming the limit and the flag that sets it.
 //!
-//! tonic decodes a unary request before the method runs, so its refusal is
-//! rewritten on the way out ([`SizeLimit`]); a stream's refusal reaches the
+//! tonic has one decoding limit per service; a `ScheduleBatch` may be far
+//! larger than any other request, so [`SizeLimit`] routes it to a copy of the
+//! service with the batch limit and everything else to one with the limit of
+//! one message. tonic decodes a unary request before the method runs, so its
+//! refusal is rewritten on the way out; a stream's refusal reaches the
 //! method and goes through [`too_large`] there.
 
 use std::{
     convert::Infallible,
     pin::Pin,
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
 };
 
 use tonic::{
@@ -22,19 +25,39 @@ use tonic::{
     server::NamedService,
 };
 
-use crate::metrics;
+use crate::{message::Limits, metrics};
 
-/// Wraps the gRPC service so that a request refused for its size is
+/// How large a request may be, and what sets that.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    pub bytes: usize,
+    set_by: &'static str,
+}
+
+impl Limit {
+    /// A `ScheduleBatch` request.
+    pub fn batch(limits: &Limits) -> Limit {
+        Limit { bytes: limits.max_batch_request_bytes(), set_by: "--max-batch-bytes" }
+    }
+
+    /// Any other request, including each request of a stream.
+    pub fn one_message(limits: &Limits) -> Limit {
+        Limit { bytes: limits.max_request_bytes(), set_by: "--max-message-bytes plus 64 KiB" }
+    }
+}
+
+/// The gRPC service, twice: with the batch limit for `ScheduleBatch`, with
+/// the one-message limit for the rest. A request refused for its size is
 /// answered as [`too_large`] says.
 #[derive(Clone)]
 pub struct SizeLimit<S> {
-    inner: S,
-    max: usize,
+    one: (S, Limit),
+    batch: (S, Limit),
 }
 
 impl<S> SizeLimit<S> {
-    pub fn new(inner: S, max: usize) -> Self {
-        SizeLimit { inner, max }
+    pub fn new(one: (S, Limit), batch: (S, Limit)) -> Self {
+        SizeLimit { one, batch }
     }
 }
 
@@ -52,12 +75,14 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
+        ready!(self.one.0.poll_ready(cx))?;
+        self.batch.0.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let method = request.uri().path().rsplit('/').next().unwrap_or_default().to_owned();
-        let (answer, max) = (self.inner.call(request), self.max);
+        let (service, limit) = if method == "ScheduleBatch" { &mut self.batch } else { &mut self.one };
+        let (answer, limit) = (service.call(request), *limit);
         Box::pin(async move {
             let response = answer.await?;
             // A refusal before the method ran is a trailers-only answer: the
@@ -65,7 +90,7 @@ where
             // this far, so `method` is one of a few names.
             match Status::from_header_map(response.headers()) {
                 Some(status) if status.code() == Code::OutOfRange => {
-                    let status = too_large(status, max);
+                    let status = too_large(status, limit);
                     metrics::GRPC_REQUESTS
                         .with_label_values(&[&method, &format!("{:?}", status.code())])
                         .inc();
@@ -79,13 +104,14 @@ where
 
 /// tonic's refusal of an oversized request (OUT_OF_RANGE, which the server
 /// never answers otherwise) as INVALID_ARGUMENT; any other status as is.
-pub fn too_large(status: Status, max: usize) -> Status {
+pub fn too_large(status: Status, limit: Limit) -> Status {
     if status.code() != Code::OutOfRange {
         return status;
     }
     Status::invalid_argument(format!(
-        "the request is larger than the server reads: at most {max} bytes, set by --max-batch-bytes \
-         (or --max-message-bytes plus 64 KiB); split it ({})",
+        "the request is larger than the server reads: at most {} bytes, set by {}; split it ({})",
+        limit.bytes,
+        limit.set_by,
         status.message()
     ))
 }
@@ -99,10 +125,24 @@ mod tests {
         let tonic = Status::out_of_range(
             "Error, decoded message length too large: found 9 bytes, the limit is: 8 bytes",
         );
-        let status = too_large(tonic, 8);
+        let limit = Limit { bytes: 8, set_by: "--max-batch-bytes" };
+        let status = too_large(tonic, limit);
         assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(status.message().contains("at most 8 bytes"), "{}", status.message());
+        assert!(
+            status.message().contains("at most 8 bytes, set by --max-batch-bytes"),
+            "{}",
+            status.message()
+        );
         assert!(status.message().contains("found 9 bytes"), "tonic's figures are kept: {}", status.message());
-        assert_eq!(too_large(Status::internal("x"), 8).code(), Code::Internal);
+        assert_eq!(too_large(Status::internal("x"), limit).code(), Code::Internal);
+    }
+
+    #[test]
+    fn a_batch_may_always_hold_one_message() {
+        let limits = Limits { max_message_bytes: 1 << 20, max_batch_bytes: 1024, ..Limits::default() };
+        assert_eq!(Limit::one_message(&limits).bytes, (1 << 20) + 64 * 1024);
+        assert_eq!(Limit::batch(&limits).bytes, Limit::one_message(&limits).bytes);
+        let limits = Limits::default();
+        assert_eq!(Limit::batch(&limits).bytes, limits.max_batch_bytes);
     }
 }

@@ -28,11 +28,13 @@ impl SchedulerApi {
 
     /// The gRPC service, refusing requests over the size limit unread.
     pub fn into_server(self) -> limit::SizeLimit<proto::scheduler_server::SchedulerServer<Self>> {
-        let max = self.service.limits().max_request_bytes();
-        limit::SizeLimit::new(
-            proto::scheduler_server::SchedulerServer::new(self).max_decoding_message_size(max),
-            max,
-        )
+        let limits = self.service.limits().clone();
+        let api = Arc::new(self);
+        let serve = |limit: limit::Limit| {
+            let server = proto::scheduler_server::SchedulerServer::from_arc(Arc::clone(&api));
+            (server.max_decoding_message_size(limit.bytes), limit)
+        };
+        limit::SizeLimit::new(serve(limit::Limit::one_message(&limits)), serve(limit::Limit::batch(&limits)))
     }
 }
 

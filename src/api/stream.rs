@@ -71,7 +71,7 @@ async fn pump(
                     match item {
                         Some(Ok(request)) => chunk.push(request),
                         Some(Err(status)) => {
-                            broken = Some(super::limit::too_large(status, service.limits().max_request_bytes()));
+                            broken = Some(super::limit::too_large(status, super::limit::Limit::one_message(service.limits())));
                             open = false;
                             break;
                         }
