@@ -12,7 +12,8 @@
 //!
 //! The expected code of each generated request comes from the category that
 //! generated it, written from the README and the proto, not from the code
-//! under test.
+//! under test. `cargo test --test bad_input -- --nocapture` shows the cases
+//! per category.
 
 mod common;
 

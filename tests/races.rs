@@ -5,8 +5,10 @@
 //! Pass: a message is stored once and delivered once however often it is
 //! submitted; a cancel is either CANCELLED (never delivered) or
 //! ALREADY_DELIVERED (delivered exactly once), never both, nothing
-//! unaccounted for. `HOURGLASS_RELIABILITY_FULL=1` runs the cancel race at
-//! full scale; `--nocapture` shows the counts.
+//! unaccounted for.
+//!
+//! `cargo test --test races -- --nocapture` shows the counts;
+//! `HOURGLASS_RELIABILITY_FULL=1` runs the cancel race at full scale.
 
 mod common;
 

@@ -303,8 +303,8 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     out
 }
 
-/// A client on a connection of its own (`Hourglass::client` shares one
-/// per call site only by cloning).
+/// A client on a new connection of its own, for spreading calls over
+/// several connections.
 pub async fn connect(addr: SocketAddr) -> SchedulerClient<Channel> {
     let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
     SchedulerClient::new(channel)
