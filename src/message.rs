@@ -239,10 +239,17 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The largest request the server decodes: a batch, or one message
+    /// The largest request of one message the server decodes (`Schedule`,
+    /// each request of a `ScheduleStream`, and the small ones): the message
     /// with room for its envelope. Anything larger is refused unread.
     pub fn max_request_bytes(&self) -> usize {
-        self.max_batch_bytes.max(self.max_message_bytes + 64 * 1024)
+        self.max_message_bytes + 64 * 1024
+    }
+
+    /// The largest `ScheduleBatch` request the server decodes; never less
+    /// than one message needs.
+    pub fn max_batch_request_bytes(&self) -> usize {
+        self.max_batch_bytes.max(self.max_request_bytes())
     }
 
     /// A due time in the past is fine (delivered at once); one beyond

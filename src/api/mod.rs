@@ -5,6 +5,7 @@
 
 pub mod codec;
 pub mod convert;
+mod limit;
 mod status;
 mod stream;
 
@@ -57,9 +58,15 @@ impl SchedulerApi {
         observe(method, call).await
     }
 
-    pub fn into_server(self) -> proto::scheduler_server::SchedulerServer<Self> {
-        let max = self.service.limits().max_request_bytes();
-        proto::scheduler_server::SchedulerServer::new(self).max_decoding_message_size(max)
+    /// The gRPC service, refusing requests over the size limit unread.
+    pub fn into_server(self) -> limit::SizeLimit<proto::scheduler_server::SchedulerServer<Self>> {
+        let limits = self.service.limits().clone();
+        let api = Arc::new(self);
+        let serve = |limit: limit::Limit| {
+            let server = proto::scheduler_server::SchedulerServer::from_arc(Arc::clone(&api));
+            (server.max_decoding_message_size(limit.bytes), limit)
+        };
+        limit::SizeLimit::new(serve(limit::Limit::one_message(&limits)), serve(limit::Limit::batch(&limits)))
     }
 }
 

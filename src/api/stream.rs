@@ -81,7 +81,7 @@ async fn pump(
                     match item {
                         Some(Ok(request)) => chunk.push(request),
                         Some(Err(status)) => {
-                            broken = Some(status);
+                            broken = Some(super::limit::too_large(status, super::limit::Limit::one_message(service.limits())));
                             open = false;
                             break;
                         }

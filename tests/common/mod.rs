@@ -304,3 +304,16 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     out
 }
+
+/// A client on a new connection of its own, for spreading calls over
+/// several connections.
+pub async fn connect(addr: SocketAddr) -> SchedulerClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    SchedulerClient::new(channel)
+}
+
+/// Whether to run the reliability tests at full scale
+/// (`HOURGLASS_RELIABILITY_FULL=1`) rather than CI scale.
+pub fn reliability_full() -> bool {
+    std::env::var("HOURGLASS_RELIABILITY_FULL").is_ok_and(|v| v == "1")
+}

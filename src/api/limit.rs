@@ -1,0 +1,148 @@
+//! Requests larger than the server reads. tonic judges a request by the
+//! length prefix of its gRPC frame and refuses it before buffering the body,
+//! which is what we want, but it answers OUT_OF_RANGE in its own words. A
+//! request too large is the sender's fault like any other request the server
+//! will not take (a batch with too many items is INVALID_ARGUMENT), so it is
+//! INVALID_ARGUMENT here, naming the limit and the flag that sets it.
+//!
+//! tonic has one decoding limit per service; a `ScheduleBatch` may be far
+//! larger than any other request, so [`SizeLimit`] routes it to a copy of the
+//! service with the batch limit and everything else to one with the limit of
+//! one message. tonic decodes a unary request before the method runs, so its
+//! refusal is rewritten on the way out; a stream's refusal reaches the
+//! method and goes through [`too_large`] there.
+
+use std::{
+    convert::Infallible,
+    pin::Pin,
+    task::{Context, Poll, ready},
+};
+
+use tonic::{
+    Code, Status,
+    body::Body,
+    codegen::{Service, http},
+    server::NamedService,
+};
+
+use crate::{message::Limits, metrics};
+
+/// How large a request may be, and what sets that.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    pub bytes: usize,
+    set_by: &'static str,
+}
+
+impl Limit {
+    /// A `ScheduleBatch` request.
+    pub fn batch(limits: &Limits) -> Limit {
+        Limit { bytes: limits.max_batch_request_bytes(), set_by: "--max-batch-bytes" }
+    }
+
+    /// Any other request, including each request of a stream.
+    pub fn one_message(limits: &Limits) -> Limit {
+        Limit { bytes: limits.max_request_bytes(), set_by: "--max-message-bytes plus 64 KiB" }
+    }
+}
+
+/// The gRPC service, twice: with the batch limit for `ScheduleBatch`, with
+/// the one-message limit for the rest. A request refused for its size is
+/// answered as [`too_large`] says.
+#[derive(Clone)]
+pub struct SizeLimit<S> {
+    one: (S, Limit),
+    batch: (S, Limit),
+}
+
+impl<S> SizeLimit<S> {
+    pub fn new(one: (S, Limit), batch: (S, Limit)) -> Self {
+        SizeLimit { one, batch }
+    }
+}
+
+impl<S: NamedService> NamedService for SizeLimit<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for SizeLimit<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        ready!(self.one.0.poll_ready(cx))?;
+        self.batch.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let method = request.uri().path().rsplit('/').next().unwrap_or_default().to_owned();
+        let (service, limit) = if method == "ScheduleBatch" { &mut self.batch } else { &mut self.one };
+        let (answer, limit) = (service.call(request), *limit);
+        Box::pin(async move {
+            let response = answer.await?;
+            // A refusal before the method ran is a trailers-only answer: the
+            // status is in the headers. Only a method of the service gets
+            // this far, so `method` is one of a few names.
+            match Status::from_header_map(response.headers()) {
+                Some(status) if status.code() == Code::OutOfRange => {
+                    let status = too_large(status, limit);
+                    metrics::GRPC_REQUESTS
+                        .with_label_values(&[&method, &format!("{:?}", status.code())])
+                        .inc();
+                    Ok(status.into_http())
+                }
+                _ => Ok(response),
+            }
+        })
+    }
+}
+
+/// tonic's refusal of an oversized request (OUT_OF_RANGE, which the server
+/// never answers otherwise) as INVALID_ARGUMENT; any other status as is.
+pub fn too_large(status: Status, limit: Limit) -> Status {
+    if status.code() != Code::OutOfRange {
+        return status;
+    }
+    Status::invalid_argument(format!(
+        "the request is larger than the server reads: at most {} bytes, set by {}; split it ({})",
+        limit.bytes,
+        limit.set_by,
+        status.message()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_size_refusal_is_rewritten() {
+        let tonic = Status::out_of_range(
+            "Error, decoded message length too large: found 9 bytes, the limit is: 8 bytes",
+        );
+        let limit = Limit { bytes: 8, set_by: "--max-batch-bytes" };
+        let status = too_large(tonic, limit);
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status.message().contains("at most 8 bytes, set by --max-batch-bytes"),
+            "{}",
+            status.message()
+        );
+        assert!(status.message().contains("found 9 bytes"), "tonic's figures are kept: {}", status.message());
+        assert_eq!(too_large(Status::internal("x"), limit).code(), Code::Internal);
+    }
+
+    #[test]
+    fn a_batch_may_always_hold_one_message() {
+        let limits = Limits { max_message_bytes: 1 << 20, max_batch_bytes: 1024, ..Limits::default() };
+        assert_eq!(Limit::one_message(&limits).bytes, (1 << 20) + 64 * 1024);
+        assert_eq!(Limit::batch(&limits).bytes, Limit::one_message(&limits).bytes);
+        let limits = Limits::default();
+        assert_eq!(Limit::batch(&limits).bytes, limits.max_batch_bytes);
+    }
+}
