@@ -117,6 +117,15 @@ fn defaults() -> BTreeMap<&'static str, &'static str> {
         // Keyed records land where the Java client would put them.
         ("partitioner", "murmur2_random"),
         ("queue.buffering.max.messages", "1000000"),
+        // A topic the cluster does not know is deleted (the catalog saw it
+        // when the message was scheduled), not still being created: fail
+        // its records soon instead of holding them, and their in-flight
+        // slots, for librdkafka's default 30 s.
+        ("topic.metadata.propagation.max.ms", "5000"),
+        // Never bring a deleted topic back by producing to it: its messages
+        // fail instead (librdkafka's producer default is to ask the broker
+        // to create unknown topics).
+        ("allow.auto.create.topics", "false"),
     ])
 }
 
