@@ -84,6 +84,11 @@ fn lateness(got: &[Received]) -> Vec<i64> {
     late
 }
 
+/// Count, min, median and max of sorted lateness figures.
+fn summary(late: &[i64]) -> String {
+    format!("n={} min={} p50={} max={}", late.len(), late[0], late[late.len() / 2], late[late.len() - 1])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_fail_with_their_reason_and_healthy_ones_keep_flowing() {
     deleted_topic_and_oversized_record_on_a_real_broker().await;
@@ -98,8 +103,7 @@ async fn poison_messages_fail_with_their_reason_and_healthy_ones_keep_flowing() 
 /// the producer held poison records (librdkafka waits for an unknown topic
 /// to appear), the healthy ones behind them would wait too.
 async fn deleted_topic_and_oversized_record_on_a_real_broker() {
-    const POISON: usize = 6;
-    const HEALTHY: u64 = 12;
+    let (poison_n, healthy_n, spacing) = if full_scale() { (200, 400u64, 25) } else { (6, 12u64, 250) };
     let tweak = |c: &mut hourglass::config::Config| {
         c.max_delivery_attempts = ATTEMPTS;
         c.max_in_flight = 4;
@@ -110,14 +114,14 @@ async fn deleted_topic_and_oversized_record_on_a_real_broker() {
     let mut client = server.client().await;
 
     let mut poison = Vec::new();
-    for i in 0..POISON {
+    for i in 0..poison_n {
         let r = client.schedule(request(&gone, &format!("p{i}"), Duration::from_secs(4))).await.unwrap();
         poison.push(r.into_inner().id);
     }
     let big = request(&healthy, &"x".repeat(1_000_100), Duration::from_secs(4));
     let big = client.schedule(big).await.unwrap().into_inner().id;
-    for i in 0..HEALTHY {
-        let due = Duration::from_millis(4500 + 250 * i);
+    for i in 0..healthy_n {
+        let due = Duration::from_millis(4500 + spacing * i);
         client.schedule(request(&healthy, &format!("h{i}"), due)).await.unwrap();
     }
     // Deleted while hourglass is down, so its producer has never seen the
@@ -132,11 +136,15 @@ async fn deleted_topic_and_oversized_record_on_a_real_broker() {
     let started = Instant::now();
 
     let got =
-        consume_async(&broker, &healthy, HEALTHY as usize, Duration::from_secs(60), Duration::from_secs(1))
+        consume_async(&broker, &healthy, healthy_n as usize, Duration::from_secs(90), Duration::from_secs(1))
             .await;
-    assert_eq!(got.len(), HEALTHY as usize, "every healthy message arrives, once: {got:?}");
+    assert_eq!(got.len(), healthy_n as usize, "every healthy message arrives, once: {got:?}");
     let late = lateness(&got);
-    eprintln!("poison/tansu: healthy lateness ms (sorted) {late:?}, all in {:?}", started.elapsed());
+    eprintln!(
+        "poison/tansu: {healthy_n} healthy, lateness ms {}, all in {:?}",
+        summary(&late),
+        started.elapsed()
+    );
     assert!(late.iter().all(|&l| l >= 0), "nothing early: {late:?}");
     // librdkafka holds a record for a topic it does not know for
     // topic.metadata.propagation.max.ms (30 s by default); healthy messages
@@ -151,7 +159,7 @@ async fn deleted_topic_and_oversized_record_on_a_real_broker() {
     let big = &settled(&mut client, std::slice::from_ref(&big)).await[0];
     assert_failed(big, "too large");
     eprintln!(
-        "poison/tansu: {POISON} to a deleted topic and 1 oversized failed after {ATTEMPTS} tries each, \
+        "poison/tansu: {poison_n} to a deleted topic and 1 oversized failed after {ATTEMPTS} tries each, \
          in {:?}; reasons {:?} / {:?}",
         started.elapsed(),
         results[0].last_error,
@@ -159,7 +167,7 @@ async fn deleted_topic_and_oversized_record_on_a_real_broker() {
     );
 
     let after = counters(&server).await;
-    let poisoned = (POISON + 1) as f64;
+    let poisoned = (poison_n + 1) as f64;
     assert_eq!(delta(&before, &after, FAILED), poisoned, "each poison message counted once as failed");
     assert_eq!(delta(&before, &after, REJECTED), poisoned * f64::from(ATTEMPTS), "every refusal counted");
     server.stop().await;
@@ -230,13 +238,13 @@ impl Mock {
 /// requests to the poison topic's leader get MESSAGE_TOO_LARGE, every time,
 /// while the other broker takes the healthy topic's records.
 async fn broker_rejection_injected_with_the_mock_cluster() {
-    const HEALTHY: u64 = 10;
+    let (poison_n, healthy_n) = if full_scale() { (20, 200u64) } else { (1, 10u64) };
     let mock = Mock::start(2);
     let (healthy, poison_topic) = (random_name("healthy"), random_name("refused"));
     mock.topic(&healthy, 2);
     mock.topic(&poison_topic, 1);
     // More errors than tries: every try is refused by the broker.
-    mock.fail_produce(1, RespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, 10);
+    mock.fail_produce(1, RespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, poison_n * ATTEMPTS as usize + 10);
 
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_at(&mock.bootstrap(), dir.path());
@@ -245,11 +253,14 @@ async fn broker_rejection_injected_with_the_mock_cluster() {
     let mut client = server.client().await;
     let before = counters(&server).await;
 
-    let poison = client.schedule(request(&poison_topic, "refused", Duration::from_secs(1))).await.unwrap();
-    let poison = poison.into_inner().id;
+    let mut poison = Vec::new();
+    for i in 0..poison_n {
+        let r = request(&poison_topic, &format!("refused-{i}"), Duration::from_secs(1));
+        poison.push(client.schedule(r).await.unwrap().into_inner().id);
+    }
     let mut healthy_ids = Vec::new();
-    for i in 0..HEALTHY {
-        let due = Duration::from_millis(1000 + 200 * i);
+    for i in 0..healthy_n {
+        let due = Duration::from_millis(1000 + 10_000 * i / healthy_n);
         healthy_ids
             .push(client.schedule(request(&healthy, &format!("h{i}"), due)).await.unwrap().into_inner().id);
     }
@@ -262,19 +273,21 @@ async fn broker_rejection_injected_with_the_mock_cluster() {
         late.push(millis(d.delivered_at.as_ref().unwrap()) - millis(r.deliver_at.as_ref().unwrap()));
     }
     late.sort_unstable();
-    eprintln!("poison/mock: healthy lateness ms (sorted, at acknowledgement) {late:?}");
+    eprintln!("poison/mock: {healthy_n} healthy, lateness ms at acknowledgement {}", summary(&late));
     assert!(late.iter().all(|&l| l >= 0), "nothing early: {late:?}");
 
-    let result = &settled(&mut client, std::slice::from_ref(&poison)).await[0];
-    assert_failed(result, "too large");
+    let results = settled(&mut client, &poison).await;
+    for r in &results {
+        assert_failed(r, "too large");
+    }
     eprintln!(
-        "poison/mock: refused message failed after {ATTEMPTS} tries in {:?}: {:?}",
+        "poison/mock: {poison_n} refused, failed after {ATTEMPTS} tries each, in {:?}: {:?}",
         started.elapsed(),
-        result.last_error
+        results[0].last_error
     );
     let after = counters(&server).await;
-    assert_eq!(delta(&before, &after, FAILED), 1.0);
-    assert_eq!(delta(&before, &after, REJECTED), f64::from(ATTEMPTS));
+    assert_eq!(delta(&before, &after, FAILED), poison_n as f64);
+    assert_eq!(delta(&before, &after, REJECTED), (poison_n as u32 * ATTEMPTS) as f64);
     server.stop().await;
     drop(mock.owner);
 }
