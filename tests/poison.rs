@@ -93,6 +93,7 @@ fn summary(late: &[i64]) -> String {
 async fn poison_messages_fail_with_their_reason_and_healthy_ones_keep_flowing() {
     deleted_topic_and_oversized_record_on_a_real_broker().await;
     broker_rejection_injected_with_the_mock_cluster().await;
+    topic_deleted_while_running_on_the_mock_cluster().await;
 }
 
 /// Tansu: a topic deleted after its messages were scheduled, and a record
@@ -216,6 +217,13 @@ impl Mock {
         }
     }
 
+    /// From now on the cluster answers metadata requests for `topic` with
+    /// `error`.
+    fn topic_error(&self, topic: &str, error: RespErr) {
+        let c = CString::new(topic).unwrap();
+        unsafe { rd::rd_kafka_mock_topic_set_error(self.cluster, c.as_ptr(), error) };
+    }
+
     /// The next `count` Produce requests to `broker` fail with `error`.
     fn fail_produce(&self, broker: i32, error: RespErr, count: usize) {
         for _ in 0..count {
@@ -282,6 +290,69 @@ async fn broker_rejection_injected_with_the_mock_cluster() {
     }
     eprintln!(
         "poison/mock: {poison_n} refused, failed after {ATTEMPTS} tries each, in {:?}: {:?}",
+        started.elapsed(),
+        results[0].last_error
+    );
+    let after = counters(&server).await;
+    assert_eq!(delta(&before, &after, FAILED), poison_n as f64);
+    assert_eq!(delta(&before, &after, REJECTED), (poison_n as u32 * ATTEMPTS) as f64);
+    server.stop().await;
+    drop(mock.owner);
+}
+
+/// A topic deleted while hourglass runs and its producer already knows the
+/// topic (it delivered there): what happens on a real cluster, which Tansu
+/// cannot show (it accepts records for a deleted topic from a producer that
+/// knew it). The mock cluster plays the deletion: metadata says the topic
+/// is unknown and its leader answers Produce with UNKNOWN_TOPIC_OR_PART.
+async fn topic_deleted_while_running_on_the_mock_cluster() {
+    let (poison_n, healthy_n) = if full_scale() { (20, 200u64) } else { (3, 10u64) };
+    let mock = Mock::start(2);
+    let (healthy, vanished) = (random_name("healthy"), random_name("vanished"));
+    mock.topic(&healthy, 2);
+    mock.topic(&vanished, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_at(&mock.bootstrap(), dir.path());
+    config.max_delivery_attempts = ATTEMPTS;
+    let server = Hourglass::start(config).await;
+    let mut client = server.client().await;
+
+    let first = client.schedule(request(&vanished, "first", Duration::ZERO)).await.unwrap().into_inner().id;
+    let first = &settled(&mut client, &[first]).await[0];
+    assert_eq!(first.state(), State::Delivered, "the topic works before it is deleted: {first:?}");
+    let mut poison = Vec::new();
+    for i in 0..poison_n {
+        let r = request(&vanished, &format!("after-{i}"), Duration::from_secs(3));
+        poison.push(client.schedule(r).await.unwrap().into_inner().id);
+    }
+    let mut healthy_ids = Vec::new();
+    for i in 0..healthy_n {
+        let due = Duration::from_millis(3000 + 5_000 * i / healthy_n);
+        healthy_ids
+            .push(client.schedule(request(&healthy, &format!("h{i}"), due)).await.unwrap().into_inner().id);
+    }
+    let before = counters(&server).await;
+    mock.topic_error(&vanished, RespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
+    mock.fail_produce(1, RespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, 1000);
+    let started = Instant::now();
+
+    let results = settled(&mut client, &healthy_ids).await;
+    let mut late = Vec::new();
+    for r in &results {
+        assert_eq!(r.state(), State::Delivered, "{r:?}");
+        let Some(Settlement::Delivered(d)) = &r.settlement else { panic!("{r:?}") };
+        late.push(millis(d.delivered_at.as_ref().unwrap()) - millis(r.deliver_at.as_ref().unwrap()));
+    }
+    late.sort_unstable();
+    eprintln!("poison/mock-deleted: {healthy_n} healthy, lateness ms at acknowledgement {}", summary(&late));
+    assert!(late.iter().all(|&l| l >= 0), "nothing early: {late:?}");
+
+    let results = settled(&mut client, &poison).await;
+    for r in &results {
+        assert_failed(r, "Unknown topic");
+    }
+    eprintln!(
+        "poison/mock-deleted: {poison_n} to the deleted topic failed after {ATTEMPTS} tries each, in {:?}: {:?}",
         started.elapsed(),
         results[0].last_error
     );
