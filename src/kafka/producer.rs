@@ -232,5 +232,6 @@ mod tests {
         assert_eq!(client.get("security.protocol"), Some("SASL_SSL"));
         assert_eq!(client.get("partitioner"), Some("murmur2_random"));
         assert_eq!(client.get("enable.idempotence"), Some("true"));
+        assert_eq!(client.get("allow.auto.create.topics"), Some("false"), "never re-create a deleted topic");
     }
 }
