@@ -151,6 +151,7 @@ impl Dispatcher {
 
     pub async fn run(mut self, stop: CancellationToken) {
         loop {
+            metrics::DISPATCH_WAKEUPS.inc();
             // One commit for every outcome gathered since the last look.
             self.flush_settles().await;
             let next = self.dispatch_due().await;

@@ -59,6 +59,13 @@ pub static LATENESS: LazyLock<Histogram> = LazyLock::new(|| {
 pub static IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge("hourglass_dispatch_in_flight", "Messages handed to the producer and not yet acknowledged.")
 });
+pub static DISPATCH_WAKEUPS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_dispatch_wakeups_total",
+        "Times the dispatcher woke to look for due messages: its timer, an earlier message, or a \
+         delivery report. Idle, it wakes about once per second; a fast climb while idle is a busy loop.",
+    )
+});
 pub static PRODUCE_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -146,6 +153,7 @@ pub fn init() {
     LazyLock::force(&PENDING);
     LazyLock::force(&LATENESS);
     LazyLock::force(&IN_FLIGHT);
+    LazyLock::force(&DISPATCH_WAKEUPS);
     for kind in ["outage", "rejected"] {
         PRODUCE_ERRORS.with_label_values(&[kind]);
     }

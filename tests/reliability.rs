@@ -35,13 +35,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 /// The scenarios load the machine heavily; one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn full() -> bool {
-    std::env::var("HOURGLASS_RELIABILITY_FULL").is_ok_and(|v| v == "1")
-}
-
 /// `small` in CI, `large` with HOURGLASS_RELIABILITY_FULL=1.
 fn scale<T>(small: T, large: T) -> T {
-    if full() { large } else { small }
+    if reliability_full() { large } else { small }
 }
 
 fn now_ms() -> i64 {

@@ -165,6 +165,15 @@ fn defaults() -> BTreeMap<&'static str, &'static str> {
         // After a broker outage, reconnect within a second of its return
         // rather than librdkafka's 10 s backoff ceiling.
         ("reconnect.backoff.max.ms", "1000"),
+        // A topic the cluster does not know is deleted (the catalog saw it
+        // when the message was scheduled), not still being created: fail
+        // its records soon instead of holding them, and their in-flight
+        // slots, for librdkafka's default 30 s.
+        ("topic.metadata.propagation.max.ms", "5000"),
+        // Never bring a deleted topic back by producing to it: its messages
+        // fail instead (librdkafka's producer default is to ask the broker
+        // to create unknown topics).
+        ("allow.auto.create.topics", "false"),
     ])
 }
 
@@ -272,5 +281,6 @@ mod tests {
         assert_eq!(client.get("security.protocol"), Some("SASL_SSL"));
         assert_eq!(client.get("partitioner"), Some("murmur2_random"));
         assert_eq!(client.get("enable.idempotence"), Some("true"));
+        assert_eq!(client.get("allow.auto.create.topics"), Some("false"), "never re-create a deleted topic");
     }
 }

@@ -92,14 +92,7 @@ pub struct Hourglass {
 
 impl Hourglass {
     pub async fn start(config: Config) -> Hourglass {
-        let grpc = TcpListener::bind(config.listen).await.unwrap();
-        let metrics = TcpListener::bind(config.metrics_listen).await.unwrap();
-        let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
-        let data_dir = config.data_dir.clone();
-        let shutdown = CancellationToken::new();
-        let task =
-            tokio::spawn(hourglass::run(config, hourglass::Listeners { grpc, metrics }, shutdown.clone()));
-        Hourglass { addr, metrics_addr, data_dir, shutdown, task }
+        Self::start_with_clock(config, std::sync::Arc::new(hourglass::clock::SystemClock)).await
     }
 
     pub async fn client(&self) -> SchedulerClient<Channel> {
@@ -310,6 +303,48 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 pub async fn connect(addr: SocketAddr) -> SchedulerClient<Channel> {
     let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
     SchedulerClient::new(channel)
+}
+
+/// As `config`, for a cluster given by its bootstrap servers (librdkafka's
+/// mock cluster, say) rather than a test broker.
+pub fn config_at(bootstrap: &str, data_dir: &Path) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data_dir.to_owned(),
+        kafka_brokers: bootstrap.to_owned(),
+        retry_backoff: Duration::from_millis(100),
+        retry_backoff_max: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(5),
+        ..Config::default()
+    }
+}
+
+impl Hourglass {
+    /// As `start`, telling time by `clock` instead of the system clock.
+    pub async fn start_with_clock(
+        config: Config,
+        clock: std::sync::Arc<dyn hourglass::clock::Clock>,
+    ) -> Hourglass {
+        let grpc = TcpListener::bind(config.listen).await.unwrap();
+        let metrics = TcpListener::bind(config.metrics_listen).await.unwrap();
+        let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
+        let data_dir = config.data_dir.clone();
+        let shutdown = CancellationToken::new();
+        let listeners = hourglass::Listeners { grpc, metrics };
+        let task = tokio::spawn(hourglass::run_with_clock(config, listeners, clock, shutdown.clone()));
+        Hourglass { addr, metrics_addr, data_dir, shutdown, task }
+    }
+}
+
+/// The value of one series (name plus labels, as exported) from `/metrics`.
+pub async fn metric(server: &Hourglass, series: &str) -> f64 {
+    let body = http_get(server.metrics_addr, "/metrics").await;
+    body.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(k, _)| *k == series)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing from /metrics"))
 }
 
 /// Whether to run the reliability tests at full scale

@@ -1,0 +1,239 @@
+//! A damaged store. The real binary is killed with SIGKILL after its writes
+//! were acknowledged, then its files are damaged on disk:
+//!
+//! - a torn record at the tail of the newest WAL (a write cut short by the
+//!   crash, never acknowledged): start-up drops it and every acknowledged
+//!   message is still there and is delivered;
+//! - damage in the middle of the WAL, with valid records after it, and
+//!   damage inside a table (SST) file: start-up stops with a clear error
+//!   and a non-zero exit instead of serving without the records, and the
+//!   files are left as they were.
+
+mod common;
+
+use std::{
+    collections::HashSet,
+    io::Read as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+use hourglass::proto::{self, State, scheduler_client::SchedulerClient};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
+
+/// `hourglass serve` as a child process.
+struct Serve {
+    child: Child,
+    grpc: String,
+}
+
+fn spawn(broker: &Broker, data_dir: &Path) -> (Child, String) {
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(BIN)
+        .args(["serve", "--listen", &grpc, "--metrics-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--kafka-brokers", broker.addr(), "--data-dir"])
+        .arg(data_dir)
+        .env("HOURGLASS_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, grpc)
+}
+
+impl Serve {
+    fn start(broker: &Broker, data_dir: &Path) -> Serve {
+        let (mut child, grpc) = spawn(broker, data_dir);
+        let started = Instant::now();
+        while std::net::TcpStream::connect(&grpc).is_err() {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                panic!("hourglass exited with {status} at start-up:\n{err}");
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "hourglass did not start listening");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Serve { child, grpc }
+    }
+
+    async fn client(&self) -> SchedulerClient<tonic::transport::Channel> {
+        SchedulerClient::connect(format!("http://{}", self.grpc)).await.unwrap()
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        self.child.wait().unwrap()
+    }
+}
+
+/// Starts hourglass on a damaged store and expects it to refuse: a
+/// non-zero exit within 60 s. Returns what it printed. (Its port accepts
+/// connections before the store is open, so that says nothing.)
+fn refused_start(broker: &Broker, data_dir: &Path) -> String {
+    let (mut child, _grpc) = spawn(broker, data_dir);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("hourglass still running on a damaged store after 60 s instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    eprintln!("corruption: start-up refused with {status}:\n{err}");
+    assert!(!status.success(), "a refused start exits non-zero");
+    err
+}
+
+/// The start-up error names the store, says it is corrupt, that hourglass
+/// will not start rather than drop records, and what to do.
+fn assert_clear_refusal(err: &str, data_dir: &Path) {
+    assert!(err.contains(&data_dir.display().to_string()), "names the store: {err}");
+    assert!(err.contains("corrupt"), "says it is corrupt: {err}");
+    assert!(err.contains("refuses to start"), "says it refuses to start: {err}");
+    assert!(err.contains("backup"), "says what to do: {err}");
+}
+
+/// Files in `dir` ending in `ext`, oldest name first.
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Schedules `n` messages due after `delay`, each acknowledged; returns
+/// their ids. Values are `prefix-0000`, `prefix-0001`, ...
+async fn schedule(server: &Serve, topic: &str, prefix: &str, n: usize, delay: Duration) -> Vec<String> {
+    let mut client = server.client().await;
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let r = request(topic, &format!("{prefix}-{i:04}"), delay);
+        ids.push(client.schedule(r).await.unwrap().into_inner().id);
+    }
+    ids
+}
+
+/// Where `needle` first occurs in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn scale() -> usize {
+    if reliability_full() { 5_000 } else { 200 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_wal_tail_is_dropped_and_every_acknowledged_message_survives() {
+    let n = scale();
+    let broker = Broker::start();
+    let topic = random_name("torn");
+    broker.create_topic(&topic, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(&broker, dir.path());
+    let ids = schedule(&server, &topic, "torn", n, Duration::from_secs(5)).await;
+    server.kill9();
+
+    // A write cut short: a record header promising 500 bytes, and 100 of them.
+    let wal = files(dir.path(), "log").pop().expect("a WAL file");
+    let len = std::fs::metadata(&wal).unwrap().len();
+    let mut torn = vec![0x5a, 0x17, 0xc3, 0x9e, 0xf4, 0x01, 1];
+    torn.extend(std::iter::repeat_n(0xab, 100));
+    let mut bytes = std::fs::read(&wal).unwrap();
+    bytes.extend(&torn);
+    std::fs::write(&wal, &bytes).unwrap();
+    eprintln!("corruption: appended a torn record to {} ({len} bytes)", wal.display());
+
+    let server = Serve::start(&broker, dir.path());
+    let mut client = server.client().await;
+    for id in &ids {
+        let got = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        assert_ne!(got.state(), State::Unspecified, "{id} lost");
+    }
+    let got = consume_async(&broker, &topic, n, Duration::from_secs(60), Duration::from_secs(1)).await;
+    let seen: HashSet<&str> = got.iter().map(Received::id).collect();
+    assert_eq!(got.len(), n, "each delivered once");
+    assert_eq!(seen, ids.iter().map(String::as_str).collect(), "every acknowledged message delivered");
+    eprintln!("corruption: torn tail: {n} acknowledged, {} delivered after restart", got.len());
+    assert!(server.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_in_the_middle_of_the_wal_stops_start_up_with_a_clear_error() {
+    let n = scale();
+    let broker = Broker::start();
+    let topic = random_name("walmid");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(&broker, dir.path());
+    schedule(&server, &topic, "walmid", n, Duration::from_secs(3600)).await;
+    server.kill9();
+
+    // Damage a record in the middle: every later record is intact.
+    let wal = files(dir.path(), "log").pop().expect("a WAL file");
+    let mut bytes = std::fs::read(&wal).unwrap();
+    let at = find(&bytes, format!("walmid-{:04}", n / 2).as_bytes()).expect("the record in the WAL");
+    bytes[at..at + 6].copy_from_slice(b"XXXXXX");
+    std::fs::write(&wal, &bytes).unwrap();
+    eprintln!("corruption: damaged {} at byte {at} of {}", wal.display(), bytes.len());
+
+    let err = refused_start(&broker, dir.path());
+    assert_clear_refusal(&err, dir.path());
+    assert_eq!(std::fs::read(&wal).unwrap(), bytes, "the damaged WAL is left as it was");
+    let got = consume_async(&broker, &topic, 1, Duration::from_secs(2), Duration::ZERO).await;
+    assert!(got.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_table_file_stops_start_up_with_a_clear_error() {
+    let n = scale();
+    let broker = Broker::start();
+    let topic = random_name("sst");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(&broker, dir.path());
+    schedule(&server, &topic, "sst", n, Duration::from_secs(3600)).await;
+    assert!(server.terminate().success());
+
+    // Move everything into table files, as a long-running store has it.
+    {
+        let names = ["due", "messages", "checkpoint"];
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), names).unwrap();
+        for name in names {
+            db.flush_cf(db.cf_handle(name).unwrap()).unwrap();
+        }
+    }
+    let ssts = files(dir.path(), "sst");
+    let (sst, at) = ssts
+        .iter()
+        .find_map(|f| {
+            find(&std::fs::read(f).unwrap(), format!("sst-{:04}", n / 2).as_bytes()).map(|at| (f, at))
+        })
+        .expect("a table file holding the messages");
+    let mut bytes = std::fs::read(sst).unwrap();
+    bytes[at..at + 6].copy_from_slice(b"XXXXXX");
+    std::fs::write(sst, &bytes).unwrap();
+    eprintln!("corruption: damaged {} at byte {at} of {}", sst.display(), bytes.len());
+
+    let err = refused_start(&broker, dir.path());
+    assert_clear_refusal(&err, dir.path());
+    assert_eq!(std::fs::read(sst).unwrap(), bytes, "the damaged table file is left as it was");
+}
