@@ -102,6 +102,11 @@ pub struct ServeArgs {
     /// room. 0: no cap [default: 0]
     #[arg(long, env = "HOURGLASS_MAX_PENDING")]
     pub max_pending: Option<u64>,
+    /// Read every entry of the store with its checksum at start-up, so that
+    /// damage stops start-up with a clear error; false skips that full read
+    /// (damage then surfaces as DATA_LOSS when it is reached) [default: true]
+    #[arg(long, env = "HOURGLASS_VERIFY_ON_START", value_name = "BOOL")]
+    pub verify_on_start: Option<bool>,
     /// Messages produced and not yet acknowledged by Kafka [default: 10000]
     #[arg(long, env = "HOURGLASS_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
@@ -148,6 +153,7 @@ impl ServeArgs {
             stream_window,
             max_concurrent_requests,
             max_pending,
+            verify_on_start,
             max_in_flight,
             max_delivery_attempts,
             retry_backoff,

@@ -66,6 +66,8 @@ pub struct Config {
     /// Messages pending at once; new ones are refused with
     /// RESOURCE_EXHAUSTED beyond it. 0 (the default): no cap.
     pub max_pending: u64,
+    /// Read the whole store with checksums at start-up. Default true.
+    pub verify_on_start: bool,
     /// Messages produced and not yet acknowledged. Default 10000.
     pub max_in_flight: usize,
     /// Refusals by the broker before a message is failed. Default 5.
@@ -105,6 +107,7 @@ impl Default for Config {
             stream_window: 8192,
             max_concurrent_requests: 4096,
             max_pending: 0,
+            verify_on_start: true,
             max_in_flight: dispatcher.max_in_flight,
             max_delivery_attempts: dispatcher.max_attempts,
             retry_backoff: dispatcher.backoff_initial,
@@ -179,13 +182,21 @@ impl Config {
     }
 
     pub fn kafka(&self) -> KafkaConfig {
-        KafkaConfig { brokers: self.kafka_brokers.clone(), properties: self.kafka_properties.clone() }
+        let mut properties = self.kafka_properties.clone();
+        // librdkafka refuses records over its message.max.bytes (1000000 by
+        // default); let it take every message hourglass accepts, with room
+        // for the record's framing and hourglass's own headers.
+        properties
+            .entry("message.max.bytes".into())
+            .or_insert_with(|| (self.max_message_bytes + 64 * 1024).max(1_000_000).to_string());
+        KafkaConfig { brokers: self.kafka_brokers.clone(), properties }
     }
 
     pub fn shard(&self) -> ShardConfig {
         let mut store = StoreConfig::new(&self.data_dir);
         store.sync_writes = self.durability == Durability::Sync;
         store.max_pending = (self.max_pending > 0).then_some(self.max_pending);
+        store.verify_on_open = self.verify_on_start;
         ShardConfig {
             store,
             dispatcher: DispatcherConfig {
@@ -232,6 +243,15 @@ mod tests {
         assert_eq!(config.kafka_properties["sasl.mechanism"], "SCRAM-SHA-512");
         assert_eq!(config.listen, Config::default().listen);
         assert!(!config.shard().store.sync_writes);
+    }
+
+    #[test]
+    fn the_producer_takes_every_message_the_server_accepts() {
+        let config = Config { max_message_bytes: 4 << 20, ..Config::default() };
+        assert_eq!(config.kafka().properties["message.max.bytes"], ((4 << 20) + 64 * 1024).to_string());
+        let mut set = Config::default();
+        set.kafka_properties.insert("message.max.bytes".into(), "500000".into());
+        assert_eq!(set.kafka().properties["message.max.bytes"], "500000", "the operator's setting wins");
     }
 
     #[test]

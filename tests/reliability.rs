@@ -191,6 +191,22 @@ fn sample_rss(pid: u32, running: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64
 
 const MIB: u64 = 1 << 20;
 
+/// Reads `topic` until every message `ledger` expects has arrived (or
+/// `within` passed), a little longer for late duplicates, and judges.
+async fn judge(broker: &Broker, topic: &str, ledger: &Ledger, within: Duration) -> Verdict {
+    let deliveries =
+        collect_async(broker.addr(), &[topic], ledger.expected(), within, Duration::from_secs(2)).await;
+    ledger.verdict(&deliveries)
+}
+
+/// Refused requests stored nothing: `Get` finds none of them.
+async fn assert_not_stored(client: &mut SchedulerClient<Channel>, ids: impl IntoIterator<Item = &String>) {
+    for id in ids {
+        let got = client.get(proto::GetRequest { id: id.clone() }).await;
+        assert_eq!(got.map(|_| ()).unwrap_err().code(), Code::NotFound, "{id} was refused yet stored");
+    }
+}
+
 /// 1. kill -9 at random moments while clients schedule and messages come
 /// due; restart each time. Nothing acknowledged is lost or early; the only
 /// duplicates are messages whose first copy went out before a kill.
@@ -230,15 +246,9 @@ async fn kill_9_sweep_loses_nothing() {
         server.wait_serving(Duration::from_secs(60)).await.unwrap();
     }
     let failed_calls = load.await.unwrap();
-    let deliveries = collect_async(
-        broker.addr(),
-        &[&topic],
-        ledger.expected(),
-        Duration::from_millis(window_ms as u64) + Duration::from_secs(120),
-        Duration::from_secs(3),
-    )
-    .await;
-    let verdict = ledger.verdict(&deliveries);
+    let verdict =
+        judge(&broker, &topic, &ledger, Duration::from_millis(window_ms as u64) + Duration::from_secs(120))
+            .await;
     eprintln!(
         "kill -9 sweep: {count} messages over {window_ms} ms, {kills} kills, {failed_calls} client calls cut; {}",
         verdict.summary()
@@ -294,15 +304,7 @@ async fn a_crash_at_each_fail_point_loses_nothing() {
         server.spawn().unwrap();
         server.wait_serving(Duration::from_secs(60)).await.unwrap();
         load.await.unwrap();
-        let deliveries = collect_async(
-            broker.addr(),
-            &[&topic],
-            ledger.expected(),
-            Duration::from_secs(120),
-            Duration::from_secs(3),
-        )
-        .await;
-        let verdict = ledger.verdict(&deliveries);
+        let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(120)).await;
         eprintln!("crash at {point}: {}", verdict.summary());
         verdict.assert_nothing_lost_or_early();
         assert_eq!(verdict.acknowledged, count);
@@ -414,15 +416,7 @@ async fn a_broker_outage_loses_nothing_and_scheduling_goes_on() {
     running.store(false, Ordering::Relaxed);
     load.await.unwrap();
     let peak = rss.await.unwrap();
-    let deliveries = collect_async(
-        broker.addr(),
-        &[&topic],
-        ledger.expected(),
-        Duration::from_secs(180),
-        Duration::from_secs(3),
-    )
-    .await;
-    let verdict = ledger.verdict(&deliveries);
+    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(180)).await;
     eprintln!(
         "broker outage of {outage:?}: {during_outage} messages scheduled while it was down, {} calls refused; \
          delivery resumed {resumed_after:?} after the broker returned; peak RSS {} MiB; {}",
@@ -487,26 +481,10 @@ async fn a_burst_due_at_once_is_delivered_with_bounded_memory() {
         trickle_ledger.clone(),
     )
     .await;
-    let deliveries = collect_async(
-        broker.addr(),
-        &[&topic],
-        ledger.expected(),
-        Duration::from_secs(600),
-        Duration::from_secs(3),
-    )
-    .await;
+    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(600)).await;
     running.store(false, Ordering::Relaxed);
     let peak = rss.await.unwrap();
-    let trickled = collect_async(
-        broker.addr(),
-        &[&trickle_topic],
-        trickle_ledger.expected(),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    )
-    .await;
-    let verdict = ledger.verdict(&deliveries);
-    let trickle_verdict = trickle_ledger.verdict(&trickled);
+    let trickle_verdict = judge(&broker, &trickle_topic, &trickle_ledger, Duration::from_secs(60)).await;
     eprintln!(
         "burst of {burst}: peak RSS {} MiB; burst: {}; trickle of {trickle} due after it: {}",
         peak / MIB,
@@ -554,15 +532,7 @@ async fn sigterm_under_load_exits_in_grace_and_loses_nothing() {
     server.spawn().unwrap();
     server.wait_serving(Duration::from_secs(60)).await.unwrap();
     let cut_calls = load.await.unwrap();
-    let deliveries = collect_async(
-        broker.addr(),
-        &[&topic],
-        ledger.expected(),
-        Duration::from_secs(120),
-        Duration::from_secs(3),
-    )
-    .await;
-    let verdict = ledger.verdict(&deliveries);
+    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(120)).await;
     eprintln!(
         "SIGTERM under load: exited {took:?} after SIGTERM (grace {grace:?}), {cut_calls} client calls cut; {}",
         verdict.summary()
@@ -659,19 +629,8 @@ async fn overload_is_refused_quickly_and_what_is_accepted_is_kept() {
     assert!(peak < 1024 * MIB, "memory grew to {} MiB", peak / MIB);
     // Refused calls stored nothing; accepted ones are all delivered.
     let mut client = client(&server.grpc);
-    for id in refused_ids.iter().step_by((refused_ids.len() / 200).max(1)) {
-        let got = client.get(proto::GetRequest { id: id.clone() }).await;
-        assert_eq!(got.map(|_| ()).unwrap_err().code(), Code::NotFound, "{id} was refused yet stored");
-    }
-    let deliveries = collect_async(
-        broker.addr(),
-        &[&topic],
-        ledger.expected(),
-        Duration::from_secs(180),
-        Duration::from_secs(2),
-    )
-    .await;
-    let verdict = ledger.verdict(&deliveries);
+    assert_not_stored(&mut client, refused_ids.iter().step_by((refused_ids.len() / 200).max(1))).await;
+    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(180)).await;
     eprintln!("overload, accepted calls: {}", verdict.summary());
     verdict.assert_nothing_lost_or_early();
     assert!(verdict.duplicates.is_empty());
@@ -711,19 +670,8 @@ async fn a_backlog_cap_refuses_more_and_recovers_as_messages_leave() {
     assert_eq!(ledger.len(), cap, "exactly the cap is accepted");
     assert_eq!(refused, 200);
     assert_eq!(server.health().await.unwrap(), ServingStatus::NotServing, "full: not serving");
-    for id in &refused_ids {
-        let got = client.get(proto::GetRequest { id: id.clone() }).await;
-        assert_eq!(got.map(|_| ()).unwrap_err().code(), Code::NotFound, "{id} was refused yet stored");
-    }
-    let deliveries = collect_async(
-        broker.addr(),
-        &[&topic],
-        ledger.expected(),
-        Duration::from_secs(120),
-        Duration::from_secs(1),
-    )
-    .await;
-    let verdict = ledger.verdict(&deliveries);
+    assert_not_stored(&mut client, &refused_ids).await;
+    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(120)).await;
     eprintln!("backlog cap of {cap}: {refused} refused past it; {}", verdict.summary());
     verdict.assert_nothing_lost_or_early();
     wait_for_health(&server, ServingStatus::Serving, Duration::from_secs(30)).await;
@@ -788,15 +736,7 @@ async fn a_full_disk_refuses_writes_and_recovers_when_space_is_back() {
     eprintln!("{} adding space", chrono::Utc::now());
     mount.resize(256);
     let serving_again = wait_for_health(&server, ServingStatus::Serving, Duration::from_secs(120)).await;
-    let deliveries = collect_async(
-        broker.addr(),
-        &[&topic],
-        ledger.expected(),
-        Duration::from_secs(180),
-        Duration::from_secs(1),
-    )
-    .await;
-    let verdict = ledger.verdict(&deliveries);
+    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(180)).await;
     eprintln!(
         "full disk (32 MiB tmpfs, 16 KiB values): {accepted} accepted, then {refused} refused with {last_code:?}; \
          NOT_SERVING seen after {not_serving:?}; SERVING {serving_again:?} after space was added; {}",

@@ -90,6 +90,10 @@ pub struct StoreConfig {
     pub write_buffer_bytes: usize,
     /// Most messages pending at once; new ones are refused beyond it.
     pub max_pending: Option<u64>,
+    /// Read every entry with its checksum when opening, so that damage
+    /// stops start-up instead of surfacing when the dispatcher reaches it.
+    /// Costs a full read of the store at each start.
+    pub verify_on_open: bool,
 }
 
 /// Whether the store takes new messages, as its last commit found. A
@@ -113,6 +117,7 @@ impl StoreConfig {
             cache_bytes: 32 << 20,
             write_buffer_bytes: 64 << 20,
             max_pending: None,
+            verify_on_open: true,
         }
     }
 }
@@ -164,7 +169,7 @@ impl Store {
         std::fs::create_dir_all(&config.path)
             .map_err(|e| StoreError::Io(format!("creating {}: {e}", config.path.display())))?;
         let db = open_db(config)
-            .and_then(|db| verify(&db).map(|()| db))
+            .and_then(|db| if config.verify_on_open { verify(&db).map(|()| db) } else { Ok(db) })
             .map_err(|e| refuse_corrupt(e, &config.path))?;
         let db = Arc::new(db);
         let meta = match db.get_pinned_cf(cf(&db, schema::CF_CHECKPOINT), schema::meta_key())? {
