@@ -195,6 +195,9 @@ impl Dispatcher {
                 Ok(Ok(batch)) => batch,
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, "reading due messages failed; retrying shortly");
+                    if let StoreError::Corrupt(detail) = &e {
+                        self.store.report_damage(detail);
+                    }
                     return Next::At(now.saturating_add(self.config.max_sleep));
                 }
                 Err(e) => {

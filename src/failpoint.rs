@@ -10,6 +10,12 @@
 //! | `store-mid-batch`        | half of a `ScheduleBatch` is in the write batch, none written |
 //! | `store-before-ack`       | a commit is durable, its requests not yet answered           |
 //! | `dispatch-before-settle` | Kafka acknowledged a record, the delivery is not recorded    |
+//!
+//! And one that does not crash but breaks something ([`fires`]):
+//!
+//! | name          | what                                                             |
+//! |---------------|------------------------------------------------------------------|
+//! | `kafka-fatal` | the producer raises a fatal error (as an idempotent producer does when the broker lost its sequence state) |
 
 #[cfg(feature = "failpoints")]
 mod armed {
@@ -28,21 +34,35 @@ mod armed {
         Some((name, AtomicU64::new(nth - 1)))
     });
 
-    pub fn hit(name: &str) {
-        let Some((armed, left)) = ARMED.as_ref() else { return };
-        if armed == name && left.fetch_sub(1, Ordering::SeqCst) == 0 {
-            eprintln!("fail point {name} reached: aborting");
-            std::process::abort();
-        }
+    /// True the N-th time `name` is reached, once.
+    pub fn fires(name: &str) -> bool {
+        let Some((armed, left)) = ARMED.as_ref() else { return false };
+        armed == name && left.fetch_sub(1, Ordering::SeqCst) == 0
     }
 }
 
 /// Crashes the process here if the test armed this point.
 #[cfg(feature = "failpoints")]
 pub fn hit(name: &str) {
-    armed::hit(name);
+    if armed::fires(name) {
+        eprintln!("fail point {name} reached: aborting");
+        std::process::abort();
+    }
+}
+
+/// Whether the test armed this point and it is now reached: the caller
+/// then breaks what the point names.
+#[cfg(feature = "failpoints")]
+pub fn fires(name: &str) -> bool {
+    armed::fires(name)
 }
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn fires(_name: &str) -> bool {
+    false
+}

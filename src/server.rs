@@ -44,6 +44,8 @@ impl Listeners {
 }
 
 /// Runs hourglass until `shutdown` is cancelled, then drains and returns.
+/// It also stops, and returns an error, when the Kafka producer fails
+/// fatally (a restart brings a new one) or when the store is found damaged.
 pub async fn run(config: Config, listeners: Listeners, shutdown: CancellationToken) -> anyhow::Result<()> {
     run_with_clock(config, listeners, Arc::new(SystemClock), shutdown).await
 }
@@ -97,7 +99,14 @@ pub async fn run_with_clock(
             ),
     );
 
-    shutdown.cancelled().await;
+    let failed = producer.failed();
+    let store = shard.store().clone();
+    let damaged = store.damaged();
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = failed.cancelled() => {}
+        _ = damaged.cancelled() => {}
+    }
     tracing::info!("shutting down: no longer serving");
     health_task.abort();
     let _ = health_task.await;
@@ -110,6 +119,16 @@ pub async fn run_with_clock(
     let _ = catalog_task.await;
     let _ = metrics_task.await;
     producer.flush(Duration::from_secs(1)).ok();
+    if let Some(damage) = store.damage() {
+        anyhow::bail!(damage);
+    }
+    if failed.is_cancelled() {
+        let reason = producer.fatal_error().unwrap_or_else(|| "no reason given".into());
+        anyhow::bail!(
+            "the Kafka producer failed fatally ({reason}); hourglass stopped with every undelivered message \
+             still in its store: start it again to go on with a new producer"
+        );
+    }
     tracing::info!("shut down cleanly");
     Ok(())
 }

@@ -105,7 +105,7 @@ fn refused_start(broker: &Broker, data_dir: &Path) -> String {
 fn assert_clear_refusal(err: &str, data_dir: &Path) {
     assert!(err.contains(&data_dir.display().to_string()), "names the store: {err}");
     assert!(err.contains("corrupt"), "says it is corrupt: {err}");
-    assert!(err.contains("refuses to start"), "says it refuses to start: {err}");
+    assert!(err.contains("will not run on a damaged store"), "says it will not run on it: {err}");
     assert!(err.contains("backup"), "says what to do: {err}");
 }
 

@@ -14,6 +14,7 @@ use rdkafka::{
     producer::{BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
 };
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::{KafkaConfig, catalog::MetadataSource};
 use crate::metrics;
@@ -75,7 +76,12 @@ struct Ticket {
     reports: mpsc::UnboundedSender<DeliveryReport>,
 }
 
-struct Reports;
+/// The clients' context: routes delivery reports, quiets outage noise, and
+/// raises `fatal` when librdkafka says the producer cannot go on.
+#[derive(Clone)]
+struct Reports {
+    fatal: CancellationToken,
+}
 
 impl ClientContext for Reports {
     /// librdkafka reports every failed connection and, each second of an
@@ -111,6 +117,20 @@ impl ClientContext for Reports {
     }
 }
 
+impl Reports {
+    /// An idempotent producer that can no longer rule out duplicates or
+    /// reordering (the broker lost its sequence state, say) stops for good,
+    /// and fails every record with a fatal error from then on. What it has
+    /// not delivered is still in the store; the server shuts down so that a
+    /// restart brings a new producer.
+    fn failed_fatally(&self) {
+        if !self.fatal.is_cancelled() {
+            tracing::error!("the Kafka producer failed fatally; stopping so that a restart brings a new one");
+            self.fatal.cancel();
+        }
+    }
+}
+
 /// Kafka answered: note it if it had been unreachable.
 fn reachable() {
     if metrics::KAFKA_REACHABLE.get() != 1 {
@@ -128,7 +148,12 @@ impl ProducerContext for Reports {
                 reachable();
                 Ok((m.partition(), m.offset()))
             }
-            Err((e, _)) => Err(produce_error(e)),
+            Err((e, _)) => {
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+                    self.failed_fatally();
+                }
+                Err(produce_error(e))
+            }
         };
         // The dispatcher gone means we are shutting down past the grace
         // period; the message stays pending and is produced after restart.
@@ -148,6 +173,7 @@ pub struct Outgoing<'a> {
 pub struct Producer {
     inner: ThreadedProducer<Reports>,
     metadata: rdkafka::producer::BaseProducer<Reports>,
+    fatal: CancellationToken,
 }
 
 /// hourglass's producer defaults; the user's properties override them.
@@ -197,11 +223,23 @@ impl Producer {
         if client.get("enable.idempotence") != Some("true") {
             tracing::warn!("enable.idempotence is off: Kafka retries may duplicate or reorder records");
         }
-        let inner = client.create_with_context(Reports)?;
+        let context = Reports { fatal: CancellationToken::new() };
+        let inner = client.create_with_context(context.clone())?;
         // A separate client for metadata, so refreshes never queue behind
         // produce traffic.
-        let metadata = client.create_with_context(Reports)?;
-        Ok(Producer { inner, metadata })
+        let metadata = client.create_with_context(context.clone())?;
+        Ok(Producer { inner, metadata, fatal: context.fatal })
+    }
+
+    /// Cancelled when the producer has failed fatally and cannot produce
+    /// again; the process must restart it.
+    pub fn failed(&self) -> CancellationToken {
+        self.fatal.clone()
+    }
+
+    /// Why the producer failed fatally, if it did.
+    pub fn fatal_error(&self) -> Option<String> {
+        self.inner.client().fatal_error().map(|(code, reason)| format!("{code}: {reason}"))
     }
 
     /// Hands a record to librdkafka; its report arrives on `reports` with
@@ -216,6 +254,9 @@ impl Producer {
         for (key, value) in record.headers {
             headers = headers.insert(Header { key, value: Some(value) });
         }
+        if crate::failpoint::fires("kafka-fatal") {
+            self.raise_fatal_for_test();
+        }
         let ticket = Box::new(Ticket { token, reports: reports.clone() });
         let mut base =
             BaseRecord::with_opaque_to(record.topic, ticket).payload(record.value).headers(headers);
@@ -225,8 +266,32 @@ impl Producer {
         if let Some(partition) = record.partition {
             base = base.partition(partition);
         }
-        self.inner.send(base).map_err(|(e, _)| produce_error(&e))
+        self.inner.send(base).map_err(|(e, _)| {
+            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+                self.inner.context().failed_fatally();
+            }
+            produce_error(&e)
+        })
     }
+
+    /// What the `kafka-fatal` fail point does: librdkafka's own way of
+    /// raising the fatal error an idempotent producer raises for real.
+    #[cfg(feature = "failpoints")]
+    fn raise_fatal_for_test(&self) {
+        let reason = c"fail point kafka-fatal";
+        // SAFETY: the client handle is valid for as long as `self.inner`
+        // lives, and the reason is a NUL-terminated string librdkafka copies.
+        unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                self.inner.client().native_ptr(),
+                rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                reason.as_ptr(),
+            );
+        }
+    }
+
+    #[cfg(not(feature = "failpoints"))]
+    fn raise_fatal_for_test(&self) {}
 
     /// Waits up to `timeout` for every queued record to be acknowledged.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {

@@ -25,6 +25,7 @@ use rocksdb::{
     ReadOptions,
 };
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
 
 use claims::Claims;
 pub(crate) use claims::Wake;
@@ -161,6 +162,11 @@ struct Inner {
     health: watch::Receiver<StoreHealth>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     path: PathBuf,
+    /// Cancelled when damage is found; `damage` says what and where.
+    damaged: CancellationToken,
+    damage: Mutex<Option<String>>,
+    /// Cancelled by `close`: background reads stop.
+    closing: CancellationToken,
 }
 
 impl Store {
@@ -168,9 +174,10 @@ impl Store {
     pub fn open(config: &StoreConfig) -> Result<Store, StoreError> {
         std::fs::create_dir_all(&config.path)
             .map_err(|e| StoreError::Io(format!("creating {}: {e}", config.path.display())))?;
-        let db = open_db(config)
-            .and_then(|db| if config.verify_on_open { verify(&db).map(|()| db) } else { Ok(db) })
-            .map_err(|e| refuse_corrupt(e, &config.path))?;
+        let db = open_db(config).map_err(|e| match e {
+            StoreError::Corrupt(detail) => StoreError::Corrupt(damage_report(&detail, &config.path)),
+            other => other,
+        })?;
         let db = Arc::new(db);
         let meta = match db.get_pinned_cf(cf(&db, schema::CF_CHECKPOINT), schema::meta_key())? {
             Some(bytes) => schema::decode::<Meta>(&bytes)
@@ -199,7 +206,7 @@ impl Store {
             .name("hourglass-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| StoreError::Io(format!("starting the writer thread: {e}")))?;
-        Ok(Store {
+        let store = Store {
             inner: Arc::new(Inner {
                 db,
                 ops,
@@ -209,8 +216,53 @@ impl Store {
                 health,
                 writer: Mutex::new(Some(handle)),
                 path: config.path.clone(),
+                damaged: CancellationToken::new(),
+                damage: Mutex::new(None),
+                closing: CancellationToken::new(),
             }),
-        })
+        };
+        if config.verify_on_open {
+            let verifying = store.clone();
+            std::thread::Builder::new()
+                .name("hourglass-verify".into())
+                .spawn(move || verifying.verify())
+                .map_err(|e| StoreError::Io(format!("starting the verifier thread: {e}")))?;
+        }
+        Ok(store)
+    }
+
+    /// Reads the whole store with checksums, in the background of a
+    /// running server, and reports damage it finds.
+    fn verify(&self) {
+        match verify(&self.inner.db, &self.inner.closing) {
+            Ok(()) => {}
+            Err(StoreError::Corrupt(detail)) => self.report_damage(&detail),
+            Err(e) => tracing::warn!(error = %e, "verifying the store's checksums failed"),
+        }
+    }
+
+    /// Cancelled once damage is found in the store (at start-up by the
+    /// verifier, or by any read since): the server stops rather than go on
+    /// without the records past the damage.
+    pub fn damaged(&self) -> CancellationToken {
+        self.inner.damaged.clone()
+    }
+
+    /// What damage was found, and what to do about it.
+    pub fn damage(&self) -> Option<String> {
+        self.inner.damage.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn report_damage(&self, detail: &str) {
+        let mut damage = self.inner.damage.lock().unwrap_or_else(|e| e.into_inner());
+        if damage.is_none() {
+            let path = self.inner.path.display();
+            let report =
+                format!("the store in {path} is corrupt: {}", damage_report(detail, &self.inner.path));
+            tracing::error!("{report}");
+            *damage = Some(report);
+        }
+        self.inner.damaged.cancel();
     }
 
     async fn call<T>(&self, op: impl FnOnce(writer::Reply<T>) -> Op) -> Result<T, StoreError> {
@@ -257,7 +309,11 @@ impl Store {
 
     pub async fn get(&self, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
         let db = Arc::clone(&self.inner.db);
-        blocking(move || read_message(&db, id)).await
+        let read = blocking(move || read_message(&db, id)).await;
+        if let Err(StoreError::Corrupt(detail)) = &read {
+            self.report_damage(detail);
+        }
+        read
     }
 
     /// Records what became of produces, in one commit.
@@ -376,6 +432,9 @@ impl Store {
                 Err(e) => {
                     // Give the claims back and look here again in a while.
                     tracing::error!(%id, error = %e, "reading a due message failed");
+                    if let StoreError::Corrupt(detail) = &e {
+                        self.report_damage(detail);
+                    }
                     failed = Some(key);
                     batch.stale.push(id);
                 }
@@ -409,6 +468,7 @@ impl Store {
     /// Stops the writer after it has committed everything queued. Requests
     /// made after this fail with `Closed`.
     pub async fn close(&self) {
+        self.inner.closing.cancel();
         let _ = self.send(Op::Close).await;
         let handle = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(handle) = handle {
@@ -481,11 +541,11 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Io(format!("store read task: {e}")))?
 }
 
-/// Reads every entry of every column family with checksums on. RocksDB
-/// checks a table file's blocks only when it reads them, so without this
-/// a damaged block would surface later, as messages that cannot be read
-/// or delivered, while the server looks healthy.
-fn verify(db: &DB) -> Result<(), StoreError> {
+/// Reads every entry of every column family with checksums on, until done
+/// or `stop`. RocksDB checks a table file's blocks only when it reads them,
+/// so without this a damaged block would surface only when a message in it
+/// comes due or is asked for.
+fn verify(db: &DB, stop: &CancellationToken) -> Result<(), StoreError> {
     let started = std::time::Instant::now();
     let mut entries = 0u64;
     for name in [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT] {
@@ -499,24 +559,24 @@ fn verify(db: &DB) -> Result<(), StoreError> {
                 other => other,
             })?;
             entries += 1;
+            if entries % 4096 == 0 && stop.is_cancelled() {
+                return Ok(());
+            }
         }
     }
     tracing::info!(entries, elapsed = ?started.elapsed(), "store checksums verified");
     Ok(())
 }
 
-/// Damage found at start-up stops it: serving from the store would
-/// silently go without the records past the damage.
-fn refuse_corrupt(e: StoreError, path: &Path) -> StoreError {
-    match e {
-        StoreError::Corrupt(detail) => StoreError::Corrupt(format!(
-            "{detail}; hourglass refuses to start rather than serve without the records past the damage. \
-             Restore {} from a backup, or move it aside to start with an empty store (the messages \
-             parked in it are then lost)",
-            path.display()
-        )),
-        other => other,
-    }
+/// Damage stops hourglass: serving from the store would go on without the
+/// records past the damage.
+fn damage_report(detail: &str, path: &Path) -> String {
+    format!(
+        "{detail}; hourglass will not run on a damaged store, because it would go on without the records \
+         past the damage. Restore {path} from a backup, or move it aside to start with an empty store (the \
+         messages parked in it are then lost)",
+        path = path.display()
+    )
 }
 
 /// Opens the database with the store's options and no writer: what
