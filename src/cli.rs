@@ -102,9 +102,9 @@ pub struct ServeArgs {
     /// room. 0: no cap [default: 0]
     #[arg(long, env = "HOURGLASS_MAX_PENDING")]
     pub max_pending: Option<u64>,
-    /// Read every entry of the store with its checksum at start-up, so that
-    /// damage stops start-up with a clear error; false skips that full read
-    /// (damage then surfaces as DATA_LOSS when it is reached) [default: true]
+    /// Read every entry of the store with its checksum in the background
+    /// after start-up, so that damage stops hourglass with a clear error at
+    /// once; false leaves damage to be found when it is read [default: true]
     #[arg(long, env = "HOURGLASS_VERIFY_ON_START", value_name = "BOOL")]
     pub verify_on_start: Option<bool>,
     /// Messages produced and not yet acknowledged by Kafka [default: 10000]

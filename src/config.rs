@@ -66,7 +66,8 @@ pub struct Config {
     /// Messages pending at once; new ones are refused with
     /// RESOURCE_EXHAUSTED beyond it. 0 (the default): no cap.
     pub max_pending: u64,
-    /// Read the whole store with checksums at start-up. Default true.
+    /// Read the whole store with checksums in the background after
+    /// start-up. Default true.
     pub verify_on_start: bool,
     /// Messages produced and not yet acknowledged. Default 10000.
     pub max_in_flight: usize,

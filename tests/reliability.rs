@@ -267,12 +267,20 @@ async fn kill_9_sweep_loses_nothing() {
 
 /// 1 (continued). A crash at each fail point: mid-batch, between the durable
 /// write and the answer, between Kafka's acknowledgement and the recorded
-/// delivery. The batch cut mid-way is stored whole or not at all.
+/// delivery; and a fatal error of the idempotent producer (raised through
+/// librdkafka's test hook as when a broker lost its sequence state), after
+/// which the server stops by itself with exit status 1.
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crash_at_each_fail_point_loses_nothing() {
     let _serial = SERIAL.lock().await;
-    for (point, nth) in [("store-mid-batch", 20), ("store-before-ack", 30), ("dispatch-before-settle", 200)] {
+    let points = [
+        ("store-mid-batch", 20),
+        ("store-before-ack", 30),
+        ("dispatch-before-settle", 200),
+        ("kafka-fatal", 500),
+    ];
+    for (point, nth) in points {
         let broker = Broker::start();
         let topic = random_name("crash");
         broker.create_topic(&topic, 2).await;
@@ -300,6 +308,9 @@ async fn a_crash_at_each_fail_point_loses_nothing() {
             server.wait_exit(Duration::from_secs(120)).await.expect("the fail point was never reached");
         let crashed_at = now_ms();
         assert!(!status.success(), "{point}: the server exited cleanly instead of crashing");
+        if point == "kafka-fatal" {
+            assert_eq!(status.code(), Some(1), "a failed producer stops the server with status 1: {status}");
+        }
         server.env("HOURGLASS_FAILPOINT", "");
         server.spawn().unwrap();
         server.wait_serving(Duration::from_secs(60)).await.unwrap();
@@ -353,55 +364,6 @@ async fn a_batch_cut_by_a_crash_is_stored_whole_or_not_at_all() {
         eprintln!("crash at {point}: {found} of {} items of the cut batch stored", ids.len());
         assert_eq!(found, if stored { ids.len() } else { 0 }, "{point}: a batch is atomic");
     }
-}
-
-/// 1 (continued). The idempotent producer fails fatally (librdkafka's test
-/// hook raises the error it raises when a broker lost its sequence state):
-/// the server stops by itself, exit status 1, and once restarted delivers
-/// everything it acknowledged.
-#[cfg(feature = "failpoints")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_fatal_producer_error_stops_the_server_and_a_restart_delivers_everything() {
-    let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
-    let topic = random_name("fatal");
-    broker.create_topic(&topic, 2).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = server(dir.path(), &broker).await;
-    server.env("HOURGLASS_FAILPOINT", "kafka-fatal@500");
-    let mut server = server.launch().await.unwrap();
-    let ledger = Arc::new(Ledger::default());
-    let load = tokio::spawn(schedule_spread(
-        Spread {
-            grpc: server.grpc.clone(),
-            topic: topic.clone(),
-            run: random_name("m"),
-            count: 3_000,
-            from_ms: now_ms() + 500,
-            over_ms: 4_000,
-            clients: 2,
-            batch: 20,
-            ingest_ms: 3_000,
-        },
-        ledger.clone(),
-    ));
-    let status = server
-        .wait_exit(Duration::from_secs(120))
-        .await
-        .expect("the server kept running with a failed producer");
-    let stopped_at = now_ms();
-    assert_eq!(status.code(), Some(1), "a fatal producer error ends the process with status 1: {status}");
-    server.env("HOURGLASS_FAILPOINT", "");
-    server.spawn().unwrap();
-    server.wait_serving(Duration::from_secs(60)).await.unwrap();
-    load.await.unwrap();
-    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(120)).await;
-    eprintln!("fatal producer error: {}", verdict.summary());
-    verdict.assert_nothing_lost_or_early();
-    for (id, at) in &verdict.duplicates {
-        assert!(at[0] <= stopped_at, "{id} duplicated with no stop in between: {at:?}");
-    }
-    server.stop().unwrap();
 }
 
 /// 2. The broker goes away while messages come due and new ones are

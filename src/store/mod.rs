@@ -91,9 +91,9 @@ pub struct StoreConfig {
     pub write_buffer_bytes: usize,
     /// Most messages pending at once; new ones are refused beyond it.
     pub max_pending: Option<u64>,
-    /// Read every entry with its checksum when opening, so that damage
-    /// stops start-up instead of surfacing when the dispatcher reaches it.
-    /// Costs a full read of the store at each start.
+    /// Read every entry with its checksum, in the background after opening,
+    /// so that damage is reported at once instead of when the dispatcher
+    /// reaches it. Costs a full read of the store at each start.
     pub verify_on_open: bool,
 }
 
