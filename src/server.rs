@@ -68,6 +68,9 @@ pub async fn run_with_clock(
     let service = Arc::new(Service::new(shard.store().clone(), Arc::clone(&catalog), config.limits(), clock));
 
     let (health, health_service) = tonic_health::server::health_reporter();
+    // For liveness probes: SERVING for as long as the process answers gRPC,
+    // whatever the store's state (readiness asks for "" instead).
+    health.set_service_status(LIVENESS, tonic_health::ServingStatus::Serving).await;
     let health_task = tokio::spawn(report_health(shard.store().health(), health.clone(), background.clone()));
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -170,6 +173,9 @@ async fn report_health(
         }
     }
 }
+
+/// The gRPC health service name a liveness probe asks for.
+pub const LIVENESS: &str = "liveness";
 
 /// The Scheduler service's name in gRPC health.
 const SCHEDULER: &str =

@@ -5,13 +5,16 @@
 #   - tansu, an Apache-Kafka-compatible broker, for local runs and tests
 #   - grpcurl, for the README walkthrough and its test
 #   - confluent-kafka for Python, to watch a topic from the terminal
+#   - promtool (from the prometheus package) and yamllint, which the tests
+#     use to check the alert rules, the dashboard and the deploy manifests
 set -euo pipefail
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 missing=()
-for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip; do
+for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip \
+  prometheus yamllint; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -1,0 +1,335 @@
+//! The deploy artifacts, checked without Docker or a cluster: every command
+//! they run parses with the real command line, every environment variable
+//! they set is one hourglass reads, probes ask gRPC health on the port the
+//! server listens on, the example config sets every option and validates,
+//! and the alert rules and the dashboard are valid PromQL over metrics
+//! hourglass exports (checked by `promtool`).
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use clap::{CommandFactory as _, Parser as _};
+use hourglass::{
+    cli::{Cli, Command as Sub},
+    config::Config,
+};
+use serde_json::Value;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+}
+
+/// The flags of `hourglass serve`, as config keys (`max-pending` →
+/// `max_pending`), and the environment variables they read.
+fn serve_options() -> (BTreeSet<String>, BTreeSet<String>) {
+    let cli = Cli::command();
+    let serve = cli.find_subcommand("serve").expect("a serve subcommand");
+    let mut keys = BTreeSet::new();
+    let mut env = BTreeSet::new();
+    for arg in serve.get_arguments() {
+        if let Some(long) = arg.get_long() {
+            let key = match long {
+                "config" => continue,
+                "kafka-property" => "kafka_properties".to_owned(),
+                other => other.replace('-', "_"),
+            };
+            keys.insert(key);
+        }
+        if let Some(var) = arg.get_env() {
+            env.insert(var.to_string_lossy().into_owned());
+        }
+    }
+    // Read by the binary itself rather than by a flag.
+    env.extend(["HOURGLASS_LOG".to_owned(), "HOURGLASS_SERVER".to_owned()]);
+    (keys, env)
+}
+
+/// Parses `hourglass ARGS...` as the binary would; fails the test with
+/// clap's own message if it would refuse them.
+fn parse_serve(args: &[String], what: &str) -> Config {
+    let cli = Cli::try_parse_from(std::iter::once("hourglass".to_owned()).chain(args.iter().cloned()))
+        .unwrap_or_else(|e| panic!("{what} runs `hourglass {}`, which does not parse:\n{e}", args.join(" ")));
+    let Sub::Serve(serve) = cli.command else { panic!("{what} does not run `hourglass serve`") };
+    let mut serve = *serve;
+    // The config file named is the example one, installed.
+    if serve.config.is_some() {
+        serve.config = Some(repo("deploy/hourglass.toml"));
+    }
+    serve.into_config().unwrap_or_else(|e| panic!("{what}: invalid configuration: {e}"))
+}
+
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+fn port_of(addr: &str) -> u64 {
+    addr.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or_else(|| panic!("no port in {addr}"))
+}
+
+/// YAML documents as JSON, through PyYAML (installed with yamllint).
+fn yaml(path: &str) -> Vec<Value> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, json, yaml; json.dump(list(yaml.safe_load_all(open(sys.argv[1]))), sys.stdout)",
+        ])
+        .arg(repo(path))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{path} is not valid YAML (or PyYAML is missing: bash deploy/local/install-deps.sh):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn tool(name: &str, args: &[&str]) {
+    let out = Command::new(name).args(args).output().unwrap_or_else(|e| {
+        panic!("running {name} ({e}); install it with bash deploy/local/install-deps.sh")
+    });
+    assert!(
+        out.status.success(),
+        "{name} {}:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().map(|s| s.as_str().map_or_else(|| s.to_string(), str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_example_config_sets_every_option_and_is_valid() {
+    let config = Config::from_file(&repo("deploy/hourglass.toml")).unwrap();
+    config.validate().unwrap();
+    let table: toml::Table = read("deploy/hourglass.toml").parse().unwrap();
+    let set: BTreeSet<String> = table.keys().cloned().collect();
+    let (options, _) = serve_options();
+    let missing: Vec<_> = options.difference(&set).collect();
+    assert!(missing.is_empty(), "deploy/hourglass.toml does not explain {missing:?}");
+    // Its values are the defaults, but for where the store lives.
+    let defaults = Config { data_dir: config.data_dir.clone(), ..Config::default() };
+    assert_eq!(config, defaults, "the example shows the defaults");
+}
+
+#[test]
+fn the_systemd_unit_runs_a_valid_server_and_waits_for_its_shutdown() {
+    let unit = read("deploy/systemd/hourglass.service");
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|l| l.strip_prefix('=')))
+            .unwrap_or_else(|| panic!("the unit has no {key}"))
+    };
+    let exec: Vec<String> = value("ExecStart").split_whitespace().map(str::to_owned).collect();
+    assert_eq!(exec[0], "/usr/local/bin/hourglass");
+    let config = parse_serve(&exec[1..], "the systemd unit");
+    let stop: u64 = value("TimeoutStopSec").parse().unwrap();
+    assert!(Duration::from_secs(stop) > config.shutdown_grace, "TimeoutStopSec must exceed shutdown_grace");
+    assert_eq!(value("StateDirectory"), "hourglass");
+    assert_eq!(config.data_dir, Path::new("/var/lib/hourglass"), "the store is in the StateDirectory");
+}
+
+#[test]
+fn the_dockerfile_copies_what_exists_and_runs_a_valid_server() {
+    let dockerfile = read("deploy/Dockerfile");
+    let (_, env) = serve_options();
+    let mut command = Vec::new();
+    let mut set_env = Vec::new();
+    let lines: Vec<String> = dockerfile.replace("\\\n", " ").lines().map(str::to_owned).collect();
+    for line in &lines {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.first().copied() {
+            Some("COPY") if !words[1].starts_with("--from") => {
+                for source in &words[1..words.len() - 1] {
+                    assert!(
+                        repo(source).exists(),
+                        "the Dockerfile copies {source}, which is not in the repo"
+                    );
+                }
+            }
+            Some("ENTRYPOINT") | Some("CMD") => {
+                let json: Value = serde_json::from_str(line.split_once(' ').unwrap().1).unwrap();
+                command.extend(strings(&json));
+            }
+            Some("ENV") => {
+                set_env.extend(words[1..].iter().filter_map(|w| w.split_once('=').map(|(k, _)| k)))
+            }
+            _ => {}
+        }
+    }
+    for var in &set_env {
+        assert!(env.contains(*var), "the Dockerfile sets {var}, which hourglass does not read");
+    }
+    assert_eq!(command[0], "hourglass");
+    parse_serve(&command[1..], "the Dockerfile");
+}
+
+#[test]
+fn compose_runs_a_valid_server_built_from_the_dockerfile() {
+    tool(
+        "yamllint",
+        &["-d", "relaxed", "--no-warnings", repo("deploy/docker-compose.yml").to_str().unwrap()],
+    );
+    let compose = &yaml("deploy/docker-compose.yml")[0];
+    let hourglass = &compose["services"]["hourglass"];
+    let dockerfile = hourglass["build"]["dockerfile"].as_str().unwrap();
+    assert!(repo(dockerfile).exists(), "compose builds {dockerfile}, which is not in the repo");
+    let (_, env) = serve_options();
+    for var in hourglass["environment"].as_object().unwrap().keys() {
+        assert!(env.contains(var), "compose sets {var}, which hourglass does not read");
+    }
+    parse_serve(&strings(&hourglass["command"]), "docker-compose.yml");
+}
+
+#[test]
+fn kubernetes_pods_run_a_valid_server_and_probe_its_grpc_health() {
+    let (_, env) = serve_options();
+    for file in ["deploy/kubernetes/statefulset.yaml", "deploy/kubernetes/sidecar.yaml"] {
+        tool("yamllint", &["-d", "relaxed", "--no-warnings", repo(file).to_str().unwrap()]);
+        let docs = yaml(file);
+        let config_maps: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "ConfigMap").collect();
+        let mut checked = 0;
+        for set in docs.iter().filter(|d| d["kind"] == "StatefulSet") {
+            let pod = &set["spec"]["template"]["spec"];
+            for c in pod["containers"].as_array().unwrap() {
+                if !c["image"].as_str().unwrap().starts_with("hourglass:") {
+                    continue;
+                }
+                let what = format!("{file}, container {}", c["name"]);
+                let args = strings(&c["args"]);
+                let config = parse_serve(&args, &what);
+                for var in c["env"].as_array().into_iter().flatten() {
+                    let name = var["name"].as_str().unwrap();
+                    assert!(env.contains(name), "{what} sets {name}, which hourglass does not read");
+                }
+                for source in c["envFrom"].as_array().into_iter().flatten() {
+                    let name = &source["configMapRef"]["name"];
+                    let map =
+                        config_maps.iter().find(|m| &m["metadata"]["name"] == name).expect("the ConfigMap");
+                    for var in map["data"].as_object().unwrap().keys() {
+                        assert!(
+                            env.contains(var),
+                            "{what}: ConfigMap sets {var}, which hourglass does not read"
+                        );
+                    }
+                }
+                let grpc_port = port_of(flag(&args, "--listen").expect("--listen"));
+                let probe = |kind: &str| &c[kind]["grpc"];
+                assert_eq!(
+                    probe("readinessProbe")["port"],
+                    grpc_port,
+                    "{what}: readiness probes the gRPC port"
+                );
+                assert_eq!(probe("readinessProbe")["service"], "", "{what}: readiness asks for the server");
+                assert_eq!(
+                    probe("livenessProbe")["port"],
+                    grpc_port,
+                    "{what}: liveness probes the gRPC port"
+                );
+                assert_eq!(
+                    probe("livenessProbe")["service"],
+                    hourglass::server::LIVENESS,
+                    "{what}: liveness"
+                );
+                let mounts = c["volumeMounts"].as_array().unwrap();
+                assert!(
+                    mounts.iter().any(|m| Path::new(m["mountPath"].as_str().unwrap()) == config.data_dir),
+                    "{what}: the store ({}) must be on a mounted volume",
+                    config.data_dir.display()
+                );
+                let claims = set["spec"]["volumeClaimTemplates"].as_array().expect("a volume claim per pod");
+                assert!(
+                    mounts.iter().any(|m| claims.iter().any(|v| v["metadata"]["name"] == m["name"])),
+                    "{what}: the store's volume is persistent"
+                );
+                let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+                assert!(Duration::from_secs(grace) > config.shutdown_grace, "{what}: grace period");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 1, "{file} runs one hourglass");
+    }
+}
+
+/// Every `hourglass_*` series exported, with a value for each labelled one.
+fn exported_metrics() -> BTreeSet<String> {
+    use hourglass::metrics::*;
+    init();
+    GRPC_REQUESTS.with_label_values(&["Schedule", "Ok"]).inc();
+    GRPC_SECONDS.with_label_values(&["Schedule"]).observe(0.001);
+    SCHEDULE_ITEMS.with_label_values(&["ScheduleBatch", "Ok"]).inc();
+    let text = render();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("hourglass_") {
+        let tail = &rest[at..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        names.insert(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+fn assert_exported(names: &BTreeSet<String>, exported: &BTreeSet<String>, what: &str) {
+    for name in names {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| exported.contains(*f)))
+            .unwrap_or(name);
+        assert!(exported.contains(family), "{what} uses {name}, which hourglass does not export");
+    }
+}
+
+#[test]
+fn alert_rules_and_the_dashboard_are_valid_promql_over_real_metrics() {
+    let exported = exported_metrics();
+    tool("promtool", &["check", "rules", repo("deploy/monitoring/alerts.yml").to_str().unwrap()]);
+    assert_exported(&metric_names(&read("deploy/monitoring/alerts.yml")), &exported, "alerts.yml");
+
+    let dashboard: Value = serde_json::from_str(&read("deploy/monitoring/grafana-dashboard.json")).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(exprs.len() >= 10, "the dashboard shows the main series");
+    // promtool checks PromQL in rule files: each query as a recording rule.
+    let rules: String = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "      - record: dashboard:query{i}\n        expr: {}\n",
+                serde_json::to_string(e).unwrap()
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dashboard-queries.yml");
+    std::fs::write(&file, format!("groups:\n  - name: dashboard\n    rules:\n{rules}")).unwrap();
+    tool("promtool", &["check", "rules", file.to_str().unwrap()]);
+    assert_exported(&metric_names(&exprs.join("\n")), &exported, "the dashboard");
+}
