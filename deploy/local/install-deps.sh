@@ -15,9 +15,12 @@ sudo=""
 
 missing=()
 for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip \
-  prometheus yamllint nodejs npm; do
+  prometheus yamllint; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# Node.js may come from elsewhere than Debian (with npm bundled): look for
+# the commands, not the packages.
+command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: apt packages: ${missing[*]}"
   $sudo apt-get update -qq
