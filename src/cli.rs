@@ -57,6 +57,7 @@ pub struct ServeArgs {
     pub kafka_brokers: Option<String>,
     /// librdkafka producer property KEY=VALUE, repeatable (e.g.
     /// security.protocol=SASL_SSL). In the environment: comma-separated.
+    /// A VALUE of env:NAME or file:/path is read from there at start-up.
     #[arg(
         long = "kafka-property",
         env = "HOURGLASS_KAFKA_PROPERTIES",
@@ -125,6 +126,25 @@ pub struct ServeArgs {
     /// How long shutdown waits for requests and produces in flight [default: 10s]
     #[arg(long, env = "HOURGLASS_SHUTDOWN_GRACE", value_parser = duration)]
     pub shutdown_grace: Option<Duration>,
+    /// PEM certificate (chain) for TLS on the gRPC port; needs --tls-key
+    #[arg(long, env = "HOURGLASS_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, env = "HOURGLASS_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): only clients with a certificate signed by it
+    /// get in (mutual TLS); needs --tls-cert and --tls-key
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Tokens file (TOML): every call but health then needs
+    /// `authorization: Bearer <token>`, and each token may schedule to its
+    /// listed topics only. Reloaded on SIGHUP [default: no authentication]
+    #[arg(long, env = "HOURGLASS_AUTH_TOKENS", value_name = "FILE")]
+    pub auth_tokens: Option<PathBuf>,
+    /// HTTP/2 streams (calls) one connection may have open at once; the
+    /// client waits for a free one. 0: no limit [default: 0]
+    #[arg(long, env = "HOURGLASS_MAX_STREAMS_PER_CONNECTION")]
+    pub max_streams_per_connection: Option<u32>,
 }
 
 impl ServeArgs {
@@ -159,8 +179,19 @@ impl ServeArgs {
             retry_backoff,
             retry_backoff_max,
             metadata_refresh,
-            shutdown_grace
+            shutdown_grace,
+            max_streams_per_connection
         );
+        for (flag, field) in [
+            (self.tls_cert, &mut c.tls_cert),
+            (self.tls_key, &mut c.tls_key),
+            (self.tls_client_ca, &mut c.tls_client_ca),
+            (self.auth_tokens, &mut c.auth_tokens),
+        ] {
+            if flag.is_some() {
+                *field = flag;
+            }
+        }
         for property in &self.kafka_properties {
             let (k, v) = property.split_once('=').ok_or_else(|| {
                 ConfigError::Invalid(format!("--kafka-property {property:?} is not KEY=VALUE"))
