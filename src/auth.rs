@@ -308,6 +308,36 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// The client's side: sends `authorization: Bearer <token>` with every call.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl Bearer {
+    /// Without a token, calls go out without the header.
+    pub fn new(token: Option<&str>) -> Result<Bearer, ConfigError> {
+        let value = token
+            .map(|t| {
+                let mut value: tonic::metadata::AsciiMetadataValue =
+                    format!("Bearer {}", t.trim())
+                        .parse()
+                        .map_err(|_| ConfigError::Invalid("--token must be printable ASCII".into()))?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()?;
+        Ok(Bearer(value))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
 /// Reloads the tokens file on SIGHUP until `stop`; a bad file is logged and
 /// the tokens in use stay.
 pub async fn reload_on_hangup(auth: Authenticator, stop: tokio_util::sync::CancellationToken) {

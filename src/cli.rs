@@ -280,6 +280,19 @@ pub struct ServerArg {
     /// Address of the hourglass server.
     #[arg(long, env = "HOURGLASS_SERVER", default_value = "http://127.0.0.1:50051")]
     pub server: String,
+    /// Bearer token, for a server with --auth-tokens.
+    #[arg(long, env = "HOURGLASS_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM CA certificate to trust for an https:// server [default: the
+    /// system's trusted roots]
+    #[arg(long, env = "HOURGLASS_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// PEM client certificate, for a server that requires mutual TLS.
+    #[arg(long, env = "HOURGLASS_CLIENT_CERT", value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert.
+    #[arg(long, env = "HOURGLASS_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

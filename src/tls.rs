@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
-use crate::config::ConfigError;
+use crate::{cli::ServerArg, config::ConfigError};
 
 /// Where the server's TLS material lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +60,37 @@ impl TlsFiles {
         }
         Ok(tls)
     }
+}
+
+/// The client subcommands' TLS: none for an http:// server; for https://,
+/// the server checked against `--ca-cert` (or the system's roots) and
+/// `--client-cert`/`--client-key` presented when given.
+pub fn client_config(server: &ServerArg) -> Result<Option<ClientTlsConfig>, ConfigError> {
+    let https = server.server.starts_with("https://");
+    let wants_tls = server.ca_cert.is_some() || server.client_cert.is_some();
+    if !https && wants_tls {
+        return Err(ConfigError::Invalid(format!(
+            "--ca-cert and --client-cert need an https:// --server, not {}",
+            server.server
+        )));
+    }
+    if !https {
+        return Ok(None);
+    }
+    let mut tls = ClientTlsConfig::new();
+    tls = match &server.ca_cert {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read_certificates("--ca-cert", ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&server.client_cert, &server.client_key) {
+        let cert = read_certificates("--client-cert", cert)?;
+        let key_pem = read("--client-key", key)?;
+        if let Err(e) = PrivateKeyDer::from_pem_slice(&key_pem) {
+            return Err(bad_pem("--client-key", key, &format!("no private key in PEM form ({e})")));
+        }
+        tls = tls.identity(Identity::from_pem(cert, key_pem));
+    }
+    Ok(Some(tls))
 }
 
 fn read(flag: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
