@@ -413,4 +413,35 @@ mod tests {
         assert!(parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "1m 30s"]).is_ok());
         assert!(parse(&["reschedule", "id1", "--at", "2030-01-01T00:00:00+02:00"]).is_ok());
     }
+
+    #[test]
+    fn security_flags_reach_the_config_and_the_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, "[[token]]\nname = \"a\"\ntoken = \"t\"\ntopics = [\"*\"]\n").unwrap();
+        let tokens = tokens.to_str().unwrap();
+        let Command::Serve(args) =
+            parse(&["serve", "--auth-tokens", tokens, "--max-streams-per-connection", "64"]).unwrap().command
+        else {
+            panic!("not serve");
+        };
+        let config = args.into_config().unwrap();
+        assert_eq!(config.auth_tokens.as_deref(), Some(std::path::Path::new(tokens)));
+        assert_eq!(config.max_streams_per_connection, 64);
+        let Command::Serve(args) = parse(&["serve", "--tls-cert", "c.pem"]).unwrap().command else {
+            panic!("not serve");
+        };
+        assert!(
+            args.into_config().unwrap_err().to_string().contains("--tls-cert is given without --tls-key")
+        );
+
+        assert!(parse(&["get", "id1", "--client-cert", "c.pem"]).is_err(), "a certificate needs its key");
+        let Command::Get(args) =
+            parse(&["get", "id1", "--token", "t", "--ca-cert", "ca.pem"]).unwrap().command
+        else {
+            panic!("not get");
+        };
+        assert_eq!(args.server.token.as_deref(), Some("t"));
+        assert_eq!(args.server.ca_cert, Some(PathBuf::from("ca.pem")));
+    }
 }

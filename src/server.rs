@@ -1,6 +1,8 @@
 //! Wiring: builds the producer, the topic catalog, the shard and the gRPC
 //! and metrics servers from a [`Config`], runs them until `shutdown`, then
-//! drains in order.
+//! drains in order. TLS ([`crate::tls`]) and the token check
+//! ([`crate::auth`]) are put in front of the gRPC services here; health
+//! stays outside the token check.
 //!
 //! Shutdown order: health turns NOT_SERVING; the gRPC server stops accepting
 //! and finishes the requests in flight (their writes commit); the dispatcher

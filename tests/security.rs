@@ -400,3 +400,24 @@ async fn client_subcommands_reach_a_server_with_mutual_tls_and_tokens() {
     );
     bed.server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolvable_kafka_secret_stops_start_up_naming_the_property_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = hourglass::config::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_owned(),
+        ..Default::default()
+    };
+    config.kafka_properties.insert("sasl.password".into(), "env:HOURGLASS_TEST_NEVER_SET".into());
+    let listeners = hourglass::Listeners::bind(&config).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = hourglass::run(config, listeners, shutdown.clone());
+    let err = tokio::time::timeout(Duration::from_secs(30), run).await.expect("start-up stops").unwrap_err();
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("kafka property sasl.password") && text.contains("HOURGLASS_TEST_NEVER_SET"),
+        "{text}"
+    );
+}
