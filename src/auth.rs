@@ -36,7 +36,7 @@ use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use tonic::{Request, Status, metadata::MetadataMap};
 
-use crate::{Error, config::ConfigError};
+use crate::{Error, config::ConfigError, metrics};
 
 /// One topic pattern of a grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -281,12 +281,16 @@ impl Authenticator {
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Access, Status> {
         let Some((_, tokens)) = &self.tokens else { return Ok(Access::Open) };
         let token = bearer(metadata).ok_or_else(|| {
+            metrics::AUTH_REFUSED.with_label_values(&["missing"]).inc();
             Status::unauthenticated("no bearer token: send the header `authorization: Bearer <token>`")
         })?;
         let tokens = Arc::clone(&tokens.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
         match tokens.find(token) {
             Some(grant) => Ok(Access::Granted(grant)),
-            None => Err(Status::unauthenticated("the bearer token is not valid")),
+            None => {
+                metrics::AUTH_REFUSED.with_label_values(&["invalid"]).inc();
+                Err(Status::unauthenticated("the bearer token is not valid"))
+            }
         }
     }
 }

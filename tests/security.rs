@@ -200,7 +200,9 @@ async fn tokens_decide_who_may_schedule_to_which_topic() {
     let mut admin = client_with(server.addr, Some("admin-token")).await;
     let now = Duration::ZERO;
 
-    // No token, a bad token: refused before anything is read.
+    // No token, a bad token: refused before anything is read, and counted.
+    let refused = |reason: &str| hourglass::metrics::AUTH_REFUSED.with_label_values(&[reason]).get();
+    let (missing, invalid) = (refused("missing"), refused("invalid"));
     for (client, id) in [(&mut anonymous, "anonymous-1"), (&mut impostor, "impostor-1")] {
         let status = client.schedule(with_id(request(&by_prefix, "x", now), id)).await.unwrap_err();
         assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
@@ -209,6 +211,8 @@ async fn tokens_decide_who_may_schedule_to_which_topic() {
         let status = admin.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound, "nothing was stored for {id}");
     }
+    // Other tests of this binary only add to the counters.
+    assert!(refused("missing") >= missing + 2 && refused("invalid") >= invalid + 2);
 
     // A valid token, a topic it does not cover: refused, nothing stored.
     let status = orders.schedule(with_id(request(&other, "x", now), "forbidden-1")).await.unwrap_err();
