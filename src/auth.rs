@@ -358,7 +358,7 @@ pub async fn reload_on_hangup(auth: Authenticator, stop: tokio_util::sync::Cance
             _ = stop.cancelled() => return,
             _ = hangup.recv() => match auth.reload() {
                 Ok(count) => tracing::info!(count, "SIGHUP: tokens file reloaded"),
-                Err(e) => tracing::error!(error = %e, "SIGHUP: tokens file not reloaded; the tokens in use stay"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: tokens file not reloaded; old tokens stay"),
             },
         }
     }
@@ -473,6 +473,23 @@ mod tests {
         };
         assert_eq!(grant.name, "ops");
         assert!(matches!(Authenticator::disabled().authenticate(&MetadataMap::new()), Ok(Access::Open)));
+    }
+
+    #[test]
+    fn a_reload_takes_the_new_file_or_keeps_the_old_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let entry = |token: &str| format!("[[token]]\nname = \"a\"\ntoken = \"{token}\"\ntopics = [\"*\"]\n");
+        std::fs::write(&path, entry("first")).unwrap();
+        let auth = Authenticator::load(&path).unwrap();
+        assert!(auth.authenticate(&metadata("Bearer first")).is_ok());
+        std::fs::write(&path, entry("second")).unwrap();
+        assert_eq!(auth.reload().unwrap(), 1);
+        assert!(auth.authenticate(&metadata("Bearer first")).is_err());
+        assert!(auth.authenticate(&metadata("Bearer second")).is_ok());
+        std::fs::write(&path, "not toml [").unwrap();
+        assert!(auth.reload().is_err());
+        assert!(auth.authenticate(&metadata("Bearer second")).is_ok(), "a bad file leaves the tokens in use");
     }
 
     #[test]

@@ -106,7 +106,8 @@ async fn pump(
                     unanswered += chunk.len();
                     let first_index = next_index;
                     next_index += chunk.len() as u64;
-                    answers.push_back(Box::pin(schedule_chunk(Arc::clone(&service), access.clone(), chunk, first_index)));
+                    let service = Arc::clone(&service);
+                    answers.push_back(Box::pin(schedule_chunk(service, access.clone(), chunk, first_index)));
                 }
             }
             else => break,
