@@ -61,6 +61,7 @@ pub struct ServeArgs {
     #[arg(
         long = "kafka-property",
         env = "HOURGLASS_KAFKA_PROPERTIES",
+        hide_env_values = true,
         value_delimiter = ',',
         value_name = "KEY=VALUE"
     )]
