@@ -57,9 +57,11 @@ pub struct ServeArgs {
     pub kafka_brokers: Option<String>,
     /// librdkafka producer property KEY=VALUE, repeatable (e.g.
     /// security.protocol=SASL_SSL). In the environment: comma-separated.
+    /// A VALUE of env:NAME or file:/path is read from there at start-up.
     #[arg(
         long = "kafka-property",
         env = "HOURGLASS_KAFKA_PROPERTIES",
+        hide_env_values = true,
         value_delimiter = ',',
         value_name = "KEY=VALUE"
     )]
@@ -125,6 +127,25 @@ pub struct ServeArgs {
     /// How long shutdown waits for requests and produces in flight [default: 10s]
     #[arg(long, env = "HOURGLASS_SHUTDOWN_GRACE", value_parser = duration)]
     pub shutdown_grace: Option<Duration>,
+    /// PEM certificate (chain) for TLS on the gRPC port; needs --tls-key
+    #[arg(long, env = "HOURGLASS_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, env = "HOURGLASS_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): only clients with a certificate signed by it
+    /// get in (mutual TLS); needs --tls-cert and --tls-key
+    #[arg(long, env = "HOURGLASS_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Tokens file (TOML): every call but health then needs
+    /// `authorization: Bearer <token>`, and each token may schedule to its
+    /// listed topics only. Reloaded on SIGHUP [default: no authentication]
+    #[arg(long, env = "HOURGLASS_AUTH_TOKENS", value_name = "FILE")]
+    pub auth_tokens: Option<PathBuf>,
+    /// HTTP/2 streams (calls) one connection may have open at once; the
+    /// client waits for a free one. 0: no limit [default: 0]
+    #[arg(long, env = "HOURGLASS_MAX_STREAMS_PER_CONNECTION")]
+    pub max_streams_per_connection: Option<u32>,
 }
 
 impl ServeArgs {
@@ -159,8 +180,19 @@ impl ServeArgs {
             retry_backoff,
             retry_backoff_max,
             metadata_refresh,
-            shutdown_grace
+            shutdown_grace,
+            max_streams_per_connection
         );
+        for (flag, field) in [
+            (self.tls_cert, &mut c.tls_cert),
+            (self.tls_key, &mut c.tls_key),
+            (self.tls_client_ca, &mut c.tls_client_ca),
+            (self.auth_tokens, &mut c.auth_tokens),
+        ] {
+            if flag.is_some() {
+                *field = flag;
+            }
+        }
         for property in &self.kafka_properties {
             let (k, v) = property.split_once('=').ok_or_else(|| {
                 ConfigError::Invalid(format!("--kafka-property {property:?} is not KEY=VALUE"))
@@ -249,6 +281,19 @@ pub struct ServerArg {
     /// Address of the hourglass server.
     #[arg(long, env = "HOURGLASS_SERVER", default_value = "http://127.0.0.1:50051")]
     pub server: String,
+    /// Bearer token, for a server with --auth-tokens.
+    #[arg(long, env = "HOURGLASS_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM CA certificate to trust for an https:// server [default: the
+    /// system's trusted roots]
+    #[arg(long, env = "HOURGLASS_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// PEM client certificate, for a server that requires mutual TLS.
+    #[arg(long, env = "HOURGLASS_CLIENT_CERT", value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert.
+    #[arg(long, env = "HOURGLASS_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -368,5 +413,36 @@ mod tests {
         );
         assert!(parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "1m 30s"]).is_ok());
         assert!(parse(&["reschedule", "id1", "--at", "2030-01-01T00:00:00+02:00"]).is_ok());
+    }
+
+    #[test]
+    fn security_flags_reach_the_config_and_the_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, "[[token]]\nname = \"a\"\ntoken = \"t\"\ntopics = [\"*\"]\n").unwrap();
+        let tokens = tokens.to_str().unwrap();
+        let Command::Serve(args) =
+            parse(&["serve", "--auth-tokens", tokens, "--max-streams-per-connection", "64"]).unwrap().command
+        else {
+            panic!("not serve");
+        };
+        let config = args.into_config().unwrap();
+        assert_eq!(config.auth_tokens.as_deref(), Some(std::path::Path::new(tokens)));
+        assert_eq!(config.max_streams_per_connection, 64);
+        let Command::Serve(args) = parse(&["serve", "--tls-cert", "c.pem"]).unwrap().command else {
+            panic!("not serve");
+        };
+        assert!(
+            args.into_config().unwrap_err().to_string().contains("--tls-cert is given without --tls-key")
+        );
+
+        assert!(parse(&["get", "id1", "--client-cert", "c.pem"]).is_err(), "a certificate needs its key");
+        let Command::Get(args) =
+            parse(&["get", "id1", "--token", "t", "--ca-cert", "ca.pem"]).unwrap().command
+        else {
+            panic!("not get");
+        };
+        assert_eq!(args.server.token.as_deref(), Some("t"));
+        assert_eq!(args.server.ca_cert, Some(PathBuf::from("ca.pem")));
     }
 }

@@ -5,9 +5,10 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use tonic::transport::Channel;
+use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
 use crate::{
+    auth::Bearer,
     cli::{IdArgs, RescheduleArgs, ScheduleArgs, ServerArg, When},
     message::UnixMillis,
     proto::{self, scheduler_client::SchedulerClient},
@@ -15,13 +16,18 @@ use crate::{
 
 pub const EXIT_NOT_APPLIED: u8 = 3;
 
-async fn connect(server: &ServerArg) -> anyhow::Result<SchedulerClient<Channel>> {
-    let channel = Channel::from_shared(server.server.clone())
-        .with_context(|| format!("--server {:?} is not a URL like http://127.0.0.1:50051", server.server))?
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach hourglass at {}", server.server))?;
-    Ok(SchedulerClient::new(channel))
+/// A client that sends `--token`, if given, with every call.
+type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
+
+async fn connect(server: &ServerArg) -> anyhow::Result<Client> {
+    let mut endpoint = Channel::from_shared(server.server.clone())
+        .with_context(|| format!("--server {:?} is not a URL like http://127.0.0.1:50051", server.server))?;
+    if let Some(tls) = crate::tls::client_config(server)? {
+        endpoint = endpoint.tls_config(tls).context("setting up TLS")?;
+    }
+    let channel =
+        endpoint.connect().await.with_context(|| format!("cannot reach hourglass at {}", server.server))?;
+    Ok(SchedulerClient::with_interceptor(channel, Bearer::new(server.token.as_deref())?))
 }
 
 fn status_error(e: tonic::Status) -> anyhow::Error {

@@ -38,6 +38,7 @@ pub struct Config {
     /// Kafka bootstrap servers. Default 127.0.0.1:9092.
     pub kafka_brokers: String,
     /// librdkafka producer properties, passed through (SASL, SSL, ...).
+    /// A value may be `env:NAME` or `file:/path` (see `secret`).
     pub kafka_properties: BTreeMap<String, String>,
     /// Default sync.
     pub durability: Durability,
@@ -85,6 +86,20 @@ pub struct Config {
     /// How long shutdown waits for requests and produces in flight. Default 10s.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// PEM certificate (chain) of the gRPC port; with `tls_key`, the port
+    /// speaks TLS only. Default: none, plaintext.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): clients must present a certificate signed by
+    /// one (mutual TLS). Default: none.
+    pub tls_client_ca: Option<PathBuf>,
+    /// Tokens file (see `auth`); with it, every call but health needs a
+    /// bearer token. Default: none, no authentication.
+    pub auth_tokens: Option<PathBuf>,
+    /// HTTP/2 streams (calls) one connection may have open at once. 0 (the
+    /// default): no limit per connection.
+    pub max_streams_per_connection: u32,
 }
 
 impl Default for Config {
@@ -115,6 +130,11 @@ impl Default for Config {
             retry_backoff_max: dispatcher.backoff_max,
             metadata_refresh: Duration::from_secs(30),
             shutdown_grace: dispatcher.shutdown_grace,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            auth_tokens: None,
+            max_streams_per_connection: 0,
         }
     }
 }
@@ -168,7 +188,27 @@ impl Config {
         if self.metadata_refresh < Duration::from_secs(1) {
             return fail("metadata_refresh must be at least 1s".into());
         }
+        self.check_security()
+    }
+
+    /// TLS files present and readable PEM, the tokens file well-formed.
+    fn check_security(&self) -> Result<(), ConfigError> {
+        if let Some(tls) = self.tls()? {
+            tls.load()?;
+        }
+        if let Some(path) = &self.auth_tokens {
+            crate::auth::Tokens::load(path)?;
+        }
         Ok(())
+    }
+
+    /// The TLS files of the gRPC port, or none for plaintext.
+    pub fn tls(&self) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
+        crate::tls::TlsFiles::from_parts(
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_client_ca.as_deref(),
+        )
     }
 
     pub fn limits(&self) -> Limits {
@@ -282,5 +322,46 @@ mod tests {
             let err = config.validate().unwrap_err();
             assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
         }
+    }
+
+    #[test]
+    fn security_settings_are_checked_with_the_flag_and_file_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            (
+                Config { tls_cert: Some("c.pem".into()), ..Config::default() },
+                "--tls-cert is given without --tls-key",
+            ),
+            (
+                Config { tls_key: Some("k.pem".into()), ..Config::default() },
+                "--tls-key is given without --tls-cert",
+            ),
+            (Config { tls_client_ca: Some("ca.pem".into()), ..Config::default() }, "--tls-client-ca needs"),
+            (
+                Config {
+                    tls_cert: Some(dir.path().join("none.pem")),
+                    tls_key: Some(dir.path().join("none.pem")),
+                    ..Config::default()
+                },
+                "--tls-cert",
+            ),
+            (
+                Config { auth_tokens: Some(dir.path().join("tokens.toml")), ..Config::default() },
+                "--auth-tokens",
+            ),
+        ];
+        for (config, expected) in cases {
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains(expected), "{err}");
+        }
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, "[[token]]\nname = \"a\"\ntoken = \"t\"\ntopics = [\"*\"]\n").unwrap();
+        let config: Config = toml::from_str(&format!(
+            "auth_tokens = {:?}\nmax_streams_per_connection = 100",
+            tokens.display().to_string()
+        ))
+        .unwrap();
+        assert_eq!(config.max_streams_per_connection, 100);
+        config.validate().unwrap();
     }
 }

@@ -13,6 +13,11 @@ pub enum Error {
     KafkaUnavailable { topic: String, reason: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The caller's token does not cover the topic (see `auth`).
+    #[error(
+        "the token {token:?} may not use topic {topic:?}; the tokens file (--auth-tokens) lists its topics"
+    )]
+    Forbidden { token: String, topic: String },
 }
 
 impl From<CatalogError> for Error {

@@ -22,9 +22,13 @@
 //!   settles each delivery (partition, offset) in the checkpoint CF.
 //! - [`kafka`]: the idempotent producer and the cached topic metadata.
 //! - [`shard`]: one store plus its dispatcher, the unit a process owns.
+//! - [`auth`]: bearer tokens and the topics each may use; [`tls`]: the
+//!   gRPC port's certificates; [`secret`]: Kafka secrets from the
+//!   environment or files, kept out of logs.
 //! - [`server`]: wiring and ordered shutdown; [`config`] and [`cli`] feed it.
 
 pub mod api;
+pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod client;
@@ -37,10 +41,12 @@ pub mod kafka;
 pub mod memory;
 pub mod message;
 pub mod metrics;
+pub mod secret;
 pub mod server;
 pub mod service;
 pub mod shard;
 pub mod store;
+pub mod tls;
 
 pub use error::Error;
 pub use server::{Listeners, run, run_with_clock};

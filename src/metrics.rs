@@ -118,6 +118,16 @@ pub static GRPC_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+/// Calls refused for their token before they were read (`--auth-tokens`).
+pub static AUTH_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("hourglass_grpc_unauthenticated_total", "Calls refused without a valid bearer token."),
+            &["reason"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static STORE_SIZE: LazyLock<IntGauge> =
     LazyLock::new(|| gauge("hourglass_store_size_bytes", "RocksDB SST files plus memtables."));
 pub static STORE_WRITABLE: LazyLock<IntGauge> = LazyLock::new(|| {
@@ -162,6 +172,7 @@ pub fn init() {
     LazyLock::force(&SCHEDULE_ITEMS);
     LazyLock::force(&GRPC_REQUESTS);
     LazyLock::force(&GRPC_SECONDS);
+    LazyLock::force(&AUTH_REFUSED);
     LazyLock::force(&STORE_SIZE);
     LazyLock::force(&STORE_COMMIT_SECONDS);
     LazyLock::force(&STORE_WRITABLE);

@@ -1,6 +1,8 @@
 //! Wiring: builds the producer, the topic catalog, the shard and the gRPC
 //! and metrics servers from a [`Config`], runs them until `shutdown`, then
-//! drains in order.
+//! drains in order. TLS ([`crate::tls`]) and the token check
+//! ([`crate::auth`]) are put in front of the gRPC services here; health
+//! stays outside the token check.
 //!
 //! Shutdown order: health turns NOT_SERVING; the gRPC server stops accepting
 //! and finishes the requests in flight (their writes commit); the dispatcher
@@ -12,14 +14,15 @@ use std::{sync::Arc, time::Duration};
 use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
+use tonic::{service::interceptor::InterceptedService, transport::server::TcpIncoming};
 
 use crate::{
     api::SchedulerApi,
+    auth::{self, Authenticator},
     clock::{Clock, SystemClock},
     config::Config,
     kafka::{MetadataSource, Producer, TopicCatalog},
-    metrics, proto,
+    metrics, proto, secret,
     service::Service,
     shard::Shard,
     store::StoreHealth,
@@ -58,7 +61,16 @@ pub async fn run_with_clock(
 ) -> anyhow::Result<()> {
     metrics::init();
     metrics::STORE_MAX_PENDING.set(i64::try_from(config.max_pending).unwrap_or(i64::MAX));
-    let producer = Arc::new(Producer::new(&config.kafka()).context("creating the Kafka producer")?);
+    let tls = config.tls()?.map(|tls| tls.load()).transpose()?;
+    let auth = match &config.auth_tokens {
+        Some(path) => Authenticator::load(path)?,
+        None => Authenticator::disabled(),
+    };
+    let mut kafka = config.kafka();
+    secret::resolve(&mut kafka.properties)?;
+    let producer = Arc::new(Producer::new(&kafka).map_err(|e| {
+        anyhow::anyhow!("creating the Kafka producer: {}", secret::redact(&e.to_string(), &kafka.properties))
+    })?);
     let catalog = Arc::new(TopicCatalog::new(Arc::clone(&producer) as Arc<dyn MetadataSource>));
     let background = CancellationToken::new();
     let catalog_task = tokio::spawn(Arc::clone(&catalog).run(config.metadata_refresh, background.clone()));
@@ -77,23 +89,41 @@ pub async fn run_with_clock(
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let reflection_v1 = reflection().build_v1()?;
-    let reflection_v1alpha = reflection().build_v1alpha()?;
+    // Health answers everyone; reflection and the Scheduler need a token
+    // when authentication is on.
+    let reflection_v1 = InterceptedService::new(reflection().build_v1()?, auth.clone());
+    let reflection_v1alpha = InterceptedService::new(reflection().build_v1alpha()?, auth.clone());
+    let hangup_task = tokio::spawn(auth::reload_on_hangup(auth.clone(), background.clone()));
 
     let metrics_task = tokio::spawn(serve_metrics(listeners.metrics, background.clone()));
     let grpc_addr = listeners.grpc.local_addr()?;
-    tracing::info!(%grpc_addr, brokers = %config.kafka_brokers, data_dir = %config.data_dir.display(), "hourglass is serving");
+    tracing::info!(
+        %grpc_addr,
+        tls = tls.is_some(),
+        mutual_tls = config.tls_client_ca.is_some(),
+        auth = auth.is_enabled(),
+        brokers = %config.kafka_brokers,
+        data_dir = %config.data_dir.display(),
+        "hourglass is serving"
+    );
 
+    let mut server = tonic::transport::Server::builder().max_concurrent_streams(
+        (config.max_streams_per_connection > 0).then_some(config.max_streams_per_connection),
+    );
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).context("setting up TLS (--tls-cert, --tls-key, --tls-client-ca)")?;
+    }
     let stop_accepting = CancellationToken::new();
     let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
+        server
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(
+            .add_service(InterceptedService::new(
                 SchedulerApi::new(service, config.stream_window, config.max_concurrent_requests)
                     .into_server(),
-            )
+                auth.clone(),
+            ))
             .serve_with_incoming_shutdown(
                 // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs
                 // hold back small answers for up to 40 ms.
@@ -120,6 +150,7 @@ pub async fn run_with_clock(
     shard.shutdown().await;
     background.cancel();
     let _ = catalog_task.await;
+    let _ = hangup_task.await;
     let _ = metrics_task.await;
     producer.flush(Duration::from_secs(1)).ok();
     if let Some(damage) = store.damage() {

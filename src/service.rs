@@ -3,6 +3,8 @@
 //! the clock, and hands the change to the store. The gRPC adapter converts
 //! and calls; it decides nothing.
 
+mod access;
+
 use std::sync::Arc;
 
 use crate::{

@@ -14,7 +14,7 @@ use std::{future::Future, sync::Arc, time::Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Request, Response, Status};
 
-use crate::{Error, metrics, proto, service::Service};
+use crate::{Error, auth::Access, metrics, proto, service::Service};
 
 pub struct SchedulerApi {
     service: Arc<Service>,
@@ -123,8 +123,9 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::ScheduleRequest>,
     ) -> Result<Response<proto::ScheduleResponse>, Status> {
+        let access = Access::of(&request);
         self.call("Schedule", async {
-            let scheduled = self.service.schedule(request.into_inner().try_into()?).await?;
+            let scheduled = self.service.schedule_for(&access, request.into_inner().try_into()?).await?;
             Ok(scheduled.into())
         })
         .await
@@ -134,9 +135,10 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::ScheduleBatchRequest>,
     ) -> Result<Response<proto::ScheduleBatchResponse>, Status> {
+        let access = Access::of(&request);
         self.call("ScheduleBatch", async {
             let items = request.into_inner().requests.into_iter().map(TryInto::try_into).collect();
-            let results = self.service.schedule_batch(items).await?;
+            let results = self.service.schedule_batch_for(&access, items).await?;
             Ok(proto::ScheduleBatchResponse { results: schedule_results("ScheduleBatch", 0, results) })
         })
         .await
@@ -149,8 +151,14 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<tonic::Streaming<proto::ScheduleRequest>>,
     ) -> Result<Response<Self::ScheduleStreamStream>, Status> {
         let permit = self.admit("ScheduleStream")?;
-        let answers =
-            stream::serve(Arc::clone(&self.service), request.into_inner(), self.stream_window, permit);
+        let access = Access::of(&request);
+        let answers = stream::serve(
+            Arc::clone(&self.service),
+            access,
+            request.into_inner(),
+            self.stream_window,
+            permit,
+        );
         Ok(Response::new(answers))
     }
 
@@ -158,9 +166,10 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::CancelRequest>,
     ) -> Result<Response<proto::CancelResponse>, Status> {
+        let access = Access::of(&request);
         self.call("Cancel", async {
             let id = convert::message_id(&request.into_inner().id)?;
-            let outcome = self.service.cancel(id).await?;
+            let outcome = self.service.cancel_for(&access, id).await?;
             Ok(proto::CancelResponse { outcome: proto::CancelOutcome::from(outcome).into() })
         })
         .await
@@ -170,20 +179,22 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::RescheduleRequest>,
     ) -> Result<Response<proto::RescheduleResponse>, Status> {
+        let access = Access::of(&request);
         self.call("Reschedule", async {
             let request = request.into_inner();
             let id = convert::message_id(&request.id)?;
             let due = convert::due_spec(request.due.map(convert::WireDue::from))?;
-            let due = self.service.reschedule(id, due).await?;
+            let due = self.service.reschedule_for(&access, id, due).await?;
             Ok(proto::RescheduleResponse { deliver_at: Some(convert::timestamp(due)) })
         })
         .await
     }
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::GetResponse>, Status> {
+        let access = Access::of(&request);
         self.call("Get", async {
             let id = convert::message_id(&request.into_inner().id)?;
-            Ok(self.service.get(id).await?.into())
+            Ok(self.service.get_for(&access, id).await?.into())
         })
         .await
     }

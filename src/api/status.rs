@@ -9,6 +9,10 @@
 //! | disk full, backlog cap, server busy         | RESOURCE_EXHAUSTED  |
 //! | Kafka unreachable, shutting down, I/O error | UNAVAILABLE         |
 //! | store corruption                            | DATA_LOSS           |
+//! | the caller's token does not cover the topic | PERMISSION_DENIED   |
+//!
+//! A missing or unknown token never gets this far: `auth` refuses it with
+//! UNAUTHENTICATED before the call is read.
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -27,6 +31,7 @@ impl From<Error> for Status {
             Error::TopicUnknown(_) => Status::not_found(message),
             Error::KafkaUnavailable { .. } => Status::unavailable(message),
             Error::Store(e) => Status::new(store_code(&e), message),
+            Error::Forbidden { .. } => Status::permission_denied(message),
         }
     }
 }
@@ -73,6 +78,7 @@ mod tests {
             (StoreError::AtCapacity { pending: 9 }.into(), Code::ResourceExhausted),
             (StoreError::Closed.into(), Code::Unavailable),
             (StoreError::Corrupt("bad block".into()).into(), Code::DataLoss),
+            (Error::Forbidden { token: "a".into(), topic: "t".into() }, Code::PermissionDenied),
         ];
         for (error, code) in cases {
             let text = error.to_string();

@@ -19,7 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::schedule_results;
-use crate::{message::Scheduled, metrics, proto, service::Service};
+use crate::{auth::Access, message::Scheduled, metrics, proto, service::Service};
 
 /// The answers to a stream, in request order.
 pub type Answers = ReceiverStream<Result<proto::ScheduleResult, Status>>;
@@ -30,16 +30,18 @@ const CHUNK: usize = 1024;
 const METHOD: &str = "ScheduleStream";
 
 /// `permit` is the stream's place among the calls served at once; it is
-/// held until the stream ends.
+/// held until the stream ends. Items for topics outside `access` are
+/// answered PERMISSION_DENIED.
 pub fn serve(
     service: Arc<Service>,
+    access: Access,
     inbound: Streaming<proto::ScheduleRequest>,
     window: usize,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Answers {
     let (tx, rx) = mpsc::channel(CHUNK);
     tokio::spawn(async move {
-        pump(service, inbound, window.max(1), tx).await;
+        pump(service, access, inbound, window.max(1), tx).await;
         drop(permit);
     });
     ReceiverStream::new(rx)
@@ -49,6 +51,7 @@ type Chunk = Pin<Box<dyn Future<Output = Vec<proto::ScheduleResult>> + Send>>;
 
 async fn pump(
     service: Arc<Service>,
+    access: Access,
     mut inbound: Streaming<proto::ScheduleRequest>,
     window: usize,
     tx: mpsc::Sender<Result<proto::ScheduleResult, Status>>,
@@ -103,7 +106,8 @@ async fn pump(
                     unanswered += chunk.len();
                     let first_index = next_index;
                     next_index += chunk.len() as u64;
-                    answers.push_back(Box::pin(schedule_chunk(Arc::clone(&service), chunk, first_index)));
+                    let service = Arc::clone(&service);
+                    answers.push_back(Box::pin(schedule_chunk(service, access.clone(), chunk, first_index)));
                 }
             }
             else => break,
@@ -122,12 +126,14 @@ async fn pump(
 
 async fn schedule_chunk(
     service: Arc<Service>,
+    access: Access,
     chunk: Vec<proto::ScheduleRequest>,
     first_index: u64,
 ) -> Vec<proto::ScheduleResult> {
     let n = chunk.len();
     let items = chunk.into_iter().map(TryInto::try_into).collect();
-    let results: Vec<Result<Scheduled, crate::Error>> = match service.schedule_batch(items).await {
+    let results: Vec<Result<Scheduled, crate::Error>> = match service.schedule_batch_for(&access, items).await
+    {
         Ok(results) => results,
         // The write failed: nothing of the chunk was stored.
         Err(e) => vec![Err(e); n],

@@ -11,12 +11,21 @@ pub use producer::{DeliveryReport, Fault, Outgoing, ProduceError, Producer, clas
 
 use std::collections::BTreeMap;
 
-/// How to reach the Kafka cluster.
-#[derive(Clone, Debug)]
+/// How to reach the Kafka cluster. Its `Debug` hides secret property values.
+#[derive(Clone)]
 pub struct KafkaConfig {
     /// Bootstrap servers, `host:port[,host:port...]`.
     pub brokers: String,
     /// librdkafka properties passed through as they are (SASL, SSL,
     /// compression, ...). They override hourglass's producer defaults.
     pub properties: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("properties", &crate::secret::Redacted(&self.properties))
+            .finish()
+    }
 }

@@ -1,0 +1,507 @@
+//! Token authentication (`--auth-tokens FILE`): who is calling, and which
+//! topics they may schedule to.
+//!
+//! The tokens file is TOML, one `[[token]]` table per caller:
+//!
+//! ```toml
+//! [[token]]
+//! name = "orders-service"   # shown in logs and errors, never the token
+//! sha256 = "…64 hex digits…" # printf %s "$TOKEN" | sha256sum
+//! topics = ["orders.*", "audit"]
+//!
+//! [[token]]
+//! name = "ops"
+//! token = "plaintext is accepted too"
+//! topics = ["*"]
+//! ```
+//!
+//! A topic pattern is an exact name, a prefix ending in `*` (`orders.*`
+//! matches `orders.created`), or `*` for every topic.
+//!
+//! Callers send `authorization: Bearer <token>`. Only SHA-256 digests are
+//! kept in memory; a presented token is hashed and compared with every
+//! digest in constant time. Tokens are never logged.
+//!
+//! This module decides who the caller is ([`Authenticator`], a tonic
+//! interceptor) and what a grant allows ([`Access`]); the service applies
+//! it to the topics a request names.
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    sync::{Arc, RwLock},
+};
+
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+use tonic::{Request, Status, metadata::MetadataMap};
+
+use crate::{Error, config::ConfigError, metrics};
+
+/// One topic pattern of a grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum TopicPattern {
+    Any,
+    Prefix(String),
+    Exact(String),
+}
+
+impl TopicPattern {
+    fn parse(pattern: &str) -> Result<TopicPattern, String> {
+        let pattern = pattern.trim();
+        if pattern == "*" {
+            return Ok(TopicPattern::Any);
+        }
+        match pattern.strip_suffix('*') {
+            _ if pattern.is_empty() => Err("an empty topic pattern".into()),
+            Some(prefix) if !prefix.contains('*') => Ok(TopicPattern::Prefix(prefix.to_owned())),
+            None if !pattern.contains('*') => Ok(TopicPattern::Exact(pattern.to_owned())),
+            _ => Err(format!("topic pattern {pattern:?}: `*` may only end a pattern")),
+        }
+    }
+
+    fn matches(&self, topic: &str) -> bool {
+        match self {
+            TopicPattern::Any => true,
+            TopicPattern::Prefix(prefix) => topic.starts_with(prefix.as_str()),
+            TopicPattern::Exact(name) => topic == name,
+        }
+    }
+}
+
+/// What one token may do: schedule to the topics its patterns match.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The token's name from the file, for logs and errors.
+    pub name: String,
+    topics: Vec<TopicPattern>,
+}
+
+impl Grant {
+    pub fn allows(&self, topic: &str) -> bool {
+        self.topics.iter().any(|p| p.matches(topic))
+    }
+
+    fn allows_every_topic(&self) -> bool {
+        self.topics.contains(&TopicPattern::Any)
+    }
+}
+
+/// What the caller of one request may do: everything when authentication is
+/// off, otherwise what its token was granted.
+#[derive(Clone, Debug)]
+pub enum Access {
+    Open,
+    Granted(Arc<Grant>),
+}
+
+impl Access {
+    /// The access the [`Authenticator`] attached to the request; without
+    /// one, authentication is off.
+    pub fn of<T>(request: &Request<T>) -> Access {
+        request.extensions().get::<Access>().cloned().unwrap_or(Access::Open)
+    }
+
+    /// No topic is out of bounds, so stored messages need not be looked at.
+    pub fn is_unrestricted(&self) -> bool {
+        match self {
+            Access::Open => true,
+            Access::Granted(grant) => grant.allows_every_topic(),
+        }
+    }
+
+    /// `Ok` when the caller may use `topic`, else [`Error::Forbidden`].
+    pub fn check(&self, topic: &str) -> Result<(), Error> {
+        match self {
+            Access::Open => Ok(()),
+            Access::Granted(grant) if grant.allows(topic) => Ok(()),
+            Access::Granted(grant) => {
+                Err(Error::Forbidden { token: grant.name.clone(), topic: topic.to_owned() })
+            }
+        }
+    }
+}
+
+/// The tokens of one file, by digest.
+#[derive(Debug)]
+pub struct Tokens {
+    entries: Vec<([u8; 32], Arc<Grant>)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    #[serde(default)]
+    token: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    name: String,
+    token: Option<String>,
+    sha256: Option<String>,
+    topics: Vec<String>,
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+fn parse_hex_digest(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (byte, pair) in out.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Equal in time independent of where the digests differ.
+fn same_digest(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+impl Tokens {
+    /// Reads and checks a tokens file. Errors name the file and the entry,
+    /// never a token (a TOML syntax error is reported by line only, as the
+    /// line may hold one).
+    pub fn load(path: &Path) -> Result<Tokens, ConfigError> {
+        let fail = |m: String| ConfigError::Invalid(format!("--auth-tokens {}: {m}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
+        Tokens::parse(&text).map_err(fail)
+    }
+
+    fn parse(text: &str) -> Result<Tokens, String> {
+        let file: TokensFile = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            match line {
+                Some(line) => format!("not valid TOML near line {line}"),
+                None => "not valid TOML".to_owned(),
+            }
+        })?;
+        if file.token.is_empty() {
+            return Err("no [[token]] entries; without tokens no call would be let in".into());
+        }
+        let mut names = HashSet::new();
+        let mut entries: Vec<([u8; 32], Arc<Grant>)> = Vec::new();
+        for entry in file.token {
+            let name = entry.name;
+            let fail = |m: &str| Err(format!("token {name:?}: {m}"));
+            if name.trim().is_empty() {
+                return Err("a token has an empty name".into());
+            }
+            if !names.insert(name.clone()) {
+                return fail("the name is used twice");
+            }
+            let hash = match (entry.token, entry.sha256) {
+                (Some(token), None) if !token.is_empty() => digest(token.as_bytes()),
+                (Some(_), None) => return fail("the token is empty"),
+                (None, Some(hex)) => match parse_hex_digest(&hex) {
+                    Some(hash) => hash,
+                    None => return fail("sha256 must be 64 hex digits"),
+                },
+                _ => return fail("give exactly one of `token` and `sha256`"),
+            };
+            if entries.iter().any(|(h, _)| same_digest(h, &hash)) {
+                return fail("the same token is listed under another name too");
+            }
+            if entry.topics.is_empty() {
+                return fail("no topics; use [\"*\"] for every topic");
+            }
+            let topics = entry.topics.iter().map(|t| TopicPattern::parse(t)).collect::<Result<_, _>>();
+            let topics = match topics {
+                Ok(topics) => topics,
+                Err(e) => return fail(&e),
+            };
+            entries.push((hash, Arc::new(Grant { name, topics })));
+        }
+        Ok(Tokens { entries })
+    }
+
+    /// The grant of `token`, comparing its digest with every entry.
+    fn find(&self, token: &str) -> Option<Arc<Grant>> {
+        let hash = digest(token.as_bytes());
+        let mut found = None;
+        for (entry, grant) in &self.entries {
+            if same_digest(entry, &hash) {
+                found = Some(Arc::clone(grant));
+            }
+        }
+        found
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// The token check in front of the Scheduler and reflection services: a
+/// tonic interceptor that refuses a call without a valid bearer token
+/// (UNAUTHENTICATED) and attaches the token's [`Access`] to the rest.
+/// Disabled (lets every call through) when no tokens file is configured.
+#[derive(Clone, Default)]
+pub struct Authenticator {
+    tokens: Option<(PathBuf, Arc<RwLock<Arc<Tokens>>>)>,
+}
+
+impl Authenticator {
+    /// Lets every call in.
+    pub fn disabled() -> Authenticator {
+        Authenticator::default()
+    }
+
+    pub fn load(path: &Path) -> Result<Authenticator, ConfigError> {
+        let tokens = Tokens::load(path)?;
+        Ok(Authenticator { tokens: Some((path.to_owned(), Arc::new(RwLock::new(Arc::new(tokens))))) })
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// Reads the tokens file again; on an error the tokens in use stay.
+    /// Returns how many tokens are in use now.
+    pub fn reload(&self) -> Result<usize, ConfigError> {
+        let Some((path, current)) = &self.tokens else { return Ok(0) };
+        let tokens = Tokens::load(path)?;
+        let count = tokens.len();
+        *current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(tokens);
+        Ok(count)
+    }
+
+    /// The caller's access, from its `authorization: Bearer` header.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Access, Status> {
+        let Some((_, tokens)) = &self.tokens else { return Ok(Access::Open) };
+        let token = bearer(metadata).ok_or_else(|| {
+            metrics::AUTH_REFUSED.with_label_values(&["missing"]).inc();
+            Status::unauthenticated("no bearer token: send the header `authorization: Bearer <token>`")
+        })?;
+        let tokens = Arc::clone(&tokens.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        match tokens.find(token) {
+            Some(grant) => Ok(Access::Granted(grant)),
+            None => {
+                metrics::AUTH_REFUSED.with_label_values(&["invalid"]).inc();
+                Err(Status::unauthenticated("the bearer token is not valid"))
+            }
+        }
+    }
+}
+
+impl tonic::service::Interceptor for Authenticator {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let access = self.authenticate(request.metadata())?;
+        if let Access::Granted(_) = access {
+            request.extensions_mut().insert(access);
+        }
+        Ok(request)
+    }
+}
+
+fn bearer(metadata: &MetadataMap) -> Option<&str> {
+    let value = metadata.get("authorization")?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The client's side: sends `authorization: Bearer <token>` with every call.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl Bearer {
+    /// Without a token, calls go out without the header.
+    pub fn new(token: Option<&str>) -> Result<Bearer, ConfigError> {
+        let value = token
+            .map(|t| {
+                let mut value: tonic::metadata::AsciiMetadataValue =
+                    format!("Bearer {}", t.trim())
+                        .parse()
+                        .map_err(|_| ConfigError::Invalid("--token must be printable ASCII".into()))?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()?;
+        Ok(Bearer(value))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// Reloads the tokens file on SIGHUP until `stop`; a bad file is logged and
+/// the tokens in use stay.
+pub async fn reload_on_hangup(auth: Authenticator, stop: tokio_util::sync::CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    if !auth.is_enabled() {
+        return;
+    }
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; the tokens file is read at start-up only");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = hangup.recv() => match auth.reload() {
+                Ok(count) => tracing::info!(count, "SIGHUP: tokens file reloaded"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: tokens file not reloaded; old tokens stay"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(hash: [u8; 32]) -> String {
+        hash.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn tokens() -> Tokens {
+        Tokens::parse(&format!(
+            r#"
+            [[token]]
+            name = "orders"
+            sha256 = "{}"
+            topics = ["orders.*", "audit"]
+
+            [[token]]
+            name = "ops"
+            token = "ops-secret"
+            topics = ["*"]
+            "#,
+            hex(digest(b"orders-secret"))
+        ))
+        .unwrap()
+    }
+
+    fn metadata(authorization: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert("authorization", authorization.parse().unwrap());
+        m
+    }
+
+    #[test]
+    fn patterns_match_exact_names_prefixes_and_everything() {
+        let tokens = tokens();
+        let orders = tokens.find("orders-secret").unwrap();
+        assert_eq!(orders.name, "orders");
+        assert!(orders.allows("orders.created"));
+        assert!(orders.allows("orders."));
+        assert!(orders.allows("audit"));
+        assert!(!orders.allows("audit2"));
+        assert!(!orders.allows("orders"));
+        assert!(!orders.allows("payments"));
+        assert!(!orders.allows_every_topic());
+        let ops = tokens.find("ops-secret").unwrap();
+        assert!(ops.allows("anything") && ops.allows_every_topic());
+        assert!(tokens.find("wrong").is_none());
+        assert!(tokens.find("").is_none());
+    }
+
+    #[test]
+    fn sha256_of_the_documented_example_is_the_plain_digest() {
+        assert_eq!(hex(digest(b"test")), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+        assert_eq!(parse_hex_digest(&hex(digest(b"x")).to_uppercase()), Some(digest(b"x")));
+    }
+
+    #[test]
+    fn a_bad_file_is_refused_with_the_entry_named_and_no_token_shown() {
+        let cases = [
+            ("", "no [[token]]"),
+            ("[[token]]\nname = \"a\"\ntopics = [\"*\"]", "exactly one of"),
+            (
+                "[[token]]\nname = \"a\"\ntoken = \"s3cret\"\nsha256 = \"00\"\ntopics = [\"*\"]",
+                "exactly one of",
+            ),
+            ("[[token]]\nname = \"a\"\nsha256 = \"abc\"\ntopics = [\"*\"]", "64 hex digits"),
+            ("[[token]]\nname = \"a\"\ntoken = \"s3cret\"\ntopics = []", "no topics"),
+            ("[[token]]\nname = \"a\"\ntoken = \"s3cret\"\ntopics = [\"a*b\"]", "may only end"),
+            ("[[token]]\nname = \"a\"\ntoken = \"s3cret\"\ntopics = [\"\"]", "empty topic"),
+            ("[[token]]\nname = \"a\"\ntoken = \"\"\ntopics = [\"*\"]", "empty"),
+            (
+                "[[token]]\nname = \"a\"\ntoken = \"s3cret\"\ntopics = [\"*\"]\n\
+                 [[token]]\nname = \"b\"\ntoken = \"s3cret\"\ntopics = [\"*\"]",
+                "another name",
+            ),
+            (
+                "[[token]]\nname = \"a\"\ntoken = \"s3cret\"\ntopics = [\"*\"]\n\
+                 [[token]]\nname = \"a\"\ntoken = \"other\"\ntopics = [\"*\"]",
+                "used twice",
+            ),
+            ("[[token]]\nname = \"a\"\ntoken = \"s3cret\ntopics = [\"*\"]", "near line 3"),
+        ];
+        for (text, expected) in cases {
+            let err = Tokens::parse(text).unwrap_err();
+            assert!(err.contains(expected), "{text:?}: {err}");
+            assert!(!err.contains("s3cret"), "a token leaked into {err}");
+        }
+    }
+
+    #[test]
+    fn the_file_is_named_in_errors() {
+        let err = Tokens::load(Path::new("/nonexistent/tokens.toml")).unwrap_err().to_string();
+        assert!(err.contains("--auth-tokens /nonexistent/tokens.toml: cannot read it"), "{err}");
+    }
+
+    #[test]
+    fn bearer_tokens_are_checked() {
+        let auth =
+            Authenticator { tokens: Some((PathBuf::new(), Arc::new(RwLock::new(Arc::new(tokens()))))) };
+        let code = |m: &MetadataMap| auth.authenticate(m).unwrap_err().code();
+        assert_eq!(code(&MetadataMap::new()), tonic::Code::Unauthenticated);
+        assert_eq!(code(&metadata("Bearer wrong")), tonic::Code::Unauthenticated);
+        assert_eq!(code(&metadata("Basic ops-secret")), tonic::Code::Unauthenticated);
+        assert_eq!(code(&metadata("Bearer ")), tonic::Code::Unauthenticated);
+        let Access::Granted(grant) = auth.authenticate(&metadata("bearer  ops-secret ")).unwrap() else {
+            panic!("not granted");
+        };
+        assert_eq!(grant.name, "ops");
+        assert!(matches!(Authenticator::disabled().authenticate(&MetadataMap::new()), Ok(Access::Open)));
+    }
+
+    #[test]
+    fn a_reload_takes_the_new_file_or_keeps_the_old_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let entry = |token: &str| format!("[[token]]\nname = \"a\"\ntoken = \"{token}\"\ntopics = [\"*\"]\n");
+        std::fs::write(&path, entry("first")).unwrap();
+        let auth = Authenticator::load(&path).unwrap();
+        assert!(auth.authenticate(&metadata("Bearer first")).is_ok());
+        std::fs::write(&path, entry("second")).unwrap();
+        assert_eq!(auth.reload().unwrap(), 1);
+        assert!(auth.authenticate(&metadata("Bearer first")).is_err());
+        assert!(auth.authenticate(&metadata("Bearer second")).is_ok());
+        std::fs::write(&path, "not toml [").unwrap();
+        assert!(auth.reload().is_err());
+        assert!(auth.authenticate(&metadata("Bearer second")).is_ok(), "a bad file leaves the tokens in use");
+    }
+
+    #[test]
+    fn access_checks_topics() {
+        let tokens = tokens();
+        let orders = Access::Granted(tokens.find("orders-secret").unwrap());
+        assert!(orders.check("orders.paid").is_ok());
+        let err = orders.check("payments").unwrap_err();
+        assert!(
+            matches!(&err, Error::Forbidden { token, topic } if token == "orders" && topic == "payments")
+        );
+        assert!(!orders.is_unrestricted());
+        assert!(Access::Open.check("anything").is_ok() && Access::Open.is_unrestricted());
+    }
+}

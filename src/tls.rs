@@ -1,0 +1,173 @@
+//! TLS on the gRPC port: the server's certificate and key (`--tls-cert`,
+//! `--tls-key`) and, for mutual TLS, the CA that client certificates must be
+//! signed by (`--tls-client-ca`). Files are read and their PEM checked at
+//! start-up, so a wrong path or a broken file stops the server with an error
+//! naming the flag and the file rather than at the first handshake.
+//!
+//! This module only loads and checks; the handshake is tonic's (rustls).
+
+use std::path::{Path, PathBuf};
+
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+use crate::{cli::ServerArg, config::ConfigError};
+
+/// Where the server's TLS material lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// With it, every client must present a certificate signed by this CA.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// The TLS settings given, or none for plaintext; a half-given set is an
+    /// error naming what is missing.
+    pub fn from_parts(
+        cert: Option<&Path>,
+        key: Option<&Path>,
+        client_ca: Option<&Path>,
+    ) -> Result<Option<TlsFiles>, ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.into()));
+        match (cert, key) {
+            (None, None) if client_ca.is_some() => {
+                invalid("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first")
+            }
+            (None, None) => Ok(None),
+            (Some(_), None) => invalid("--tls-cert is given without --tls-key"),
+            (None, Some(_)) => invalid("--tls-key is given without --tls-cert"),
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+                client_ca: client_ca.map(Path::to_owned),
+            })),
+        }
+    }
+
+    /// Reads the files, checks that each holds what it should, and builds
+    /// tonic's server TLS settings.
+    pub fn load(&self) -> Result<ServerTlsConfig, ConfigError> {
+        let cert = read_certificates("--tls-cert", &self.cert)?;
+        let key = read("--tls-key", &self.key)?;
+        if let Err(e) = PrivateKeyDer::from_pem_slice(&key) {
+            return Err(bad_pem("--tls-key", &self.key, &format!("no private key in PEM form ({e})")));
+        }
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+        if let Some(ca) = &self.client_ca {
+            tls = tls.client_ca_root(Certificate::from_pem(read_certificates("--tls-client-ca", ca)?));
+        }
+        Ok(tls)
+    }
+}
+
+/// The client subcommands' TLS: none for an http:// server; for https://,
+/// the server checked against `--ca-cert` (or the system's roots) and
+/// `--client-cert`/`--client-key` presented when given.
+pub fn client_config(server: &ServerArg) -> Result<Option<ClientTlsConfig>, ConfigError> {
+    let https = server.server.starts_with("https://");
+    let wants_tls = server.ca_cert.is_some() || server.client_cert.is_some();
+    if !https && wants_tls {
+        return Err(ConfigError::Invalid(format!(
+            "--ca-cert and --client-cert need an https:// --server, not {}",
+            server.server
+        )));
+    }
+    if !https {
+        return Ok(None);
+    }
+    let mut tls = ClientTlsConfig::new();
+    tls = match &server.ca_cert {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read_certificates("--ca-cert", ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&server.client_cert, &server.client_key) {
+        let cert = read_certificates("--client-cert", cert)?;
+        let key_pem = read("--client-key", key)?;
+        if let Err(e) = PrivateKeyDer::from_pem_slice(&key_pem) {
+            return Err(bad_pem("--client-key", key, &format!("no private key in PEM form ({e})")));
+        }
+        tls = tls.identity(Identity::from_pem(cert, key_pem));
+    }
+    Ok(Some(tls))
+}
+
+fn read(flag: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path)
+        .map_err(|e| ConfigError::Invalid(format!("{flag} {}: cannot read it: {e}", path.display())))
+}
+
+fn bad_pem(flag: &str, path: &Path, what: &str) -> ConfigError {
+    ConfigError::Invalid(format!("{flag} {}: {what}", path.display()))
+}
+
+/// A file of one or more PEM certificates.
+fn read_certificates(flag: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    let pem = read(flag, path)?;
+    let mut found = 0;
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        if let Err(e) = cert {
+            return Err(bad_pem(flag, path, &format!("broken PEM certificate ({e})")));
+        }
+        found += 1;
+    }
+    if found == 0 {
+        return Err(bad_pem(flag, path, "no PEM certificate (-----BEGIN CERTIFICATE-----) in it"));
+    }
+    Ok(pem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Option<&Path> {
+        Some(Path::new(s))
+    }
+
+    #[test]
+    fn cert_and_key_come_together() {
+        assert_eq!(TlsFiles::from_parts(None, None, None).unwrap(), None);
+        let err = TlsFiles::from_parts(p("c.pem"), None, None).unwrap_err().to_string();
+        assert!(err.contains("--tls-cert is given without --tls-key"), "{err}");
+        let err = TlsFiles::from_parts(None, p("k.pem"), None).unwrap_err().to_string();
+        assert!(err.contains("--tls-key is given without --tls-cert"), "{err}");
+        let err = TlsFiles::from_parts(None, None, p("ca.pem")).unwrap_err().to_string();
+        assert!(err.contains("--tls-client-ca needs --tls-cert"), "{err}");
+        let files = TlsFiles::from_parts(p("c.pem"), p("k.pem"), p("ca.pem")).unwrap().unwrap();
+        assert_eq!(files.client_ca, Some(PathBuf::from("ca.pem")));
+    }
+
+    #[test]
+    fn unreadable_and_broken_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate").unwrap();
+
+        let files = TlsFiles { cert: missing.clone(), key: garbage.clone(), client_ca: None };
+        let err = files.load().unwrap_err().to_string();
+        assert!(
+            err.contains("--tls-cert") && err.contains("missing.pem") && err.contains("cannot read"),
+            "{err}"
+        );
+
+        let files = TlsFiles { cert: garbage.clone(), key: garbage.clone(), client_ca: None };
+        let err = files.load().unwrap_err().to_string();
+        assert!(err.contains("--tls-cert") && err.contains("garbage.pem") && err.contains("no PEM"), "{err}");
+
+        let signed = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let cert = dir.path().join("cert.pem");
+        std::fs::write(&cert, signed.cert.pem()).unwrap();
+        let files = TlsFiles { cert: cert.clone(), key: garbage.clone(), client_ca: None };
+        let err = files.load().unwrap_err().to_string();
+        assert!(err.contains("--tls-key") && err.contains("garbage.pem"), "{err}");
+
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, signed.signing_key.serialize_pem()).unwrap();
+        let files = TlsFiles { cert, key, client_ca: Some(garbage) };
+        let err = files.load().unwrap_err().to_string();
+        assert!(err.contains("--tls-client-ca") && err.contains("garbage.pem"), "{err}");
+    }
+}
