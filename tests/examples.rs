@@ -47,34 +47,25 @@ async fn check_example(bed: &TestBed, steps: &[Value], id: &str, source: &str) {
     assert_eq!(records[0].offset, step("settled")["offset"].as_i64().unwrap());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_python_example_schedules_retries_cancels_and_sees_its_delivery() {
-    let bed = TestBed::start("python", 2).await;
-    let id = random_name("py");
-    let server = bed.server.addr.to_string();
-    let script = repo("examples/python/hourglass_client.py");
-    let steps = tokio::task::spawn_blocking({
-        let (id, topic) = (id.clone(), bed.topic.clone());
-        move || {
-            run_example(
-                "python3",
-                &[
-                    script.to_str().unwrap(),
-                    "--server",
-                    &server,
-                    "--topic",
-                    &topic,
-                    "--id",
-                    &id,
-                    "--delay-ms",
-                    "500",
-                ],
-            )
-        }
+/// Runs `program script` against a fresh server and broker, and checks it.
+async fn example_against_a_real_server(program: &'static str, script: std::path::PathBuf, source: &str) {
+    let bed = TestBed::start(source, 2).await;
+    let id = random_name(source);
+    let (server, topic) = (bed.server.addr.to_string(), bed.topic.clone());
+    let args = vec![script.to_str().unwrap().to_owned(), "--server".into(), server, "--topic".into(), topic];
+    let args: Vec<String> =
+        args.into_iter().chain(["--id".into(), id.clone(), "--delay-ms".into(), "500".into()]).collect();
+    let steps = tokio::task::spawn_blocking(move || {
+        run_example(program, &args.iter().map(String::as_str).collect::<Vec<_>>())
     })
     .await
     .unwrap();
-    check_example(&bed, &steps, &id, "python").await;
+    check_example(&bed, &steps, &id, source).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_schedules_retries_cancels_and_sees_its_delivery() {
+    example_against_a_real_server("python3", repo("examples/python/hourglass_client.py"), "python").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,32 +79,7 @@ async fn the_node_example_schedules_retries_cancels_and_sees_its_delivery() {
             .expect("npm (install Node.js with bash deploy/local/install-deps.sh)");
         assert!(status.success(), "npm ci in examples/node failed");
     }
-    let bed = TestBed::start("node", 2).await;
-    let id = random_name("js");
-    let server = bed.server.addr.to_string();
-    let script = dir.join("client.js");
-    let steps = tokio::task::spawn_blocking({
-        let (id, topic) = (id.clone(), bed.topic.clone());
-        move || {
-            run_example(
-                "node",
-                &[
-                    script.to_str().unwrap(),
-                    "--server",
-                    &server,
-                    "--topic",
-                    &topic,
-                    "--id",
-                    &id,
-                    "--delay-ms",
-                    "500",
-                ],
-            )
-        }
-    })
-    .await
-    .unwrap();
-    check_example(&bed, &steps, &id, "node").await;
+    example_against_a_real_server("node", dir.join("client.js"), "node").await;
 }
 
 /// The `grpcurl` commands of the README's code blocks, in order, each as
