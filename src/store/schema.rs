@@ -378,6 +378,18 @@ mod tests {
         }
 
         #[test]
+        fn page_tokens_round_trip_through_text(k in key()) {
+            let token = k.token().encode();
+            prop_assert_eq!(PageToken::decode(&token).map(DueKey::from_token), Ok(k));
+        }
+
+        #[test]
+        fn page_tokens_refuse_any_other_text(text in "[0-9a-f]{0,40}|.{0,40}") {
+            let ok = PageToken::decode(&text);
+            prop_assert!(ok.is_err() || ok.map(|t| t.encode()) == Ok(text.clone()));
+        }
+
+        #[test]
         fn successor_is_next(k in key()) {
             let next = k.successor();
             prop_assume!(k != DueKey { due: UnixMillis(u64::MAX), seq: u64::MAX });
