@@ -27,6 +27,11 @@ pub enum Command {
     Reschedule(RescheduleArgs),
     /// Show a message, its due time and its state.
     Get(IdArgs),
+    /// List pending messages in the order they will be produced, a page at a
+    /// time; filter by topic and dispatch-time range.
+    List(ListArgs),
+    /// Counts by state, the oldest overdue message, the store's size.
+    Stats(StatsArgs),
     /// Measure ingest, drain, precision and footprint against a real broker
     /// and store, beside the machine's own limits; prints one table.
     Bench(BenchArgs),
@@ -276,8 +281,9 @@ impl BenchArgs {
     }
 }
 
+/// Flags every client subcommand takes.
 #[derive(Debug, Args)]
-pub struct ServerArg {
+pub struct ClientArgs {
     /// Address of the hourglass server.
     #[arg(long, env = "HOURGLASS_SERVER", default_value = "http://127.0.0.1:50051")]
     pub server: String,
@@ -294,6 +300,17 @@ pub struct ServerArg {
     /// PEM private key of --client-cert.
     #[arg(long, env = "HOURGLASS_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
     pub client_key: Option<PathBuf>,
+    /// What to print: text for people, json for scripts (one object per
+    /// line; field names are documented in the README).
+    #[arg(long, env = "HOURGLASS_OUTPUT", value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    #[default]
+    Text,
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -310,7 +327,7 @@ pub struct When {
 #[derive(Debug, Args)]
 pub struct ScheduleArgs {
     #[command(flatten)]
-    pub server: ServerArg,
+    pub client: ClientArgs,
     /// Kafka topic to deliver to.
     #[arg(long)]
     pub topic: String,
@@ -336,7 +353,7 @@ pub struct ScheduleArgs {
 #[derive(Debug, Args)]
 pub struct IdArgs {
     #[command(flatten)]
-    pub server: ServerArg,
+    pub client: ClientArgs,
     /// Message id.
     pub id: String,
 }
@@ -344,11 +361,41 @@ pub struct IdArgs {
 #[derive(Debug, Args)]
 pub struct RescheduleArgs {
     #[command(flatten)]
-    pub server: ServerArg,
+    pub client: ClientArgs,
     /// Message id.
     pub id: String,
     #[command(flatten)]
     pub when: When,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Only messages for this topic.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Only messages dispatched at or after this time, RFC 3339.
+    #[arg(long)]
+    pub from: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Only messages dispatched before this time, RFC 3339.
+    #[arg(long)]
+    pub to: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Messages per page, at most 1000 [default: 100]
+    #[arg(long)]
+    pub page_size: Option<u32>,
+    /// Start at this page (a previous page's next page token).
+    #[arg(long)]
+    pub page_token: Option<String>,
+    /// Follow the pages to the end instead of stopping after one.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[cfg(test)]
@@ -442,7 +489,25 @@ mod tests {
         else {
             panic!("not get");
         };
-        assert_eq!(args.server.token.as_deref(), Some("t"));
-        assert_eq!(args.server.ca_cert, Some(PathBuf::from("ca.pem")));
+        assert_eq!(args.client.token.as_deref(), Some("t"));
+        assert_eq!(args.client.ca_cert, Some(PathBuf::from("ca.pem")));
+    }
+
+    #[test]
+    fn every_client_subcommand_takes_output() {
+        for args in [
+            &["schedule", "--topic", "t", "--value", "v", "--delay", "1s"][..],
+            &["cancel", "id1"],
+            &["reschedule", "id1", "--delay", "1s"],
+            &["get", "id1"],
+            &["list", "--topic", "t", "--from", "2030-01-01T00:00:00Z", "--page-size", "5", "--all"],
+            &["stats"],
+        ] {
+            let with = [args, &["--output", "json"]].concat();
+            assert!(parse(&with).is_ok(), "{with:?}");
+            let bad = [args, &["--output", "yaml"]].concat();
+            assert!(parse(&bad).is_err(), "{bad:?}");
+        }
+        assert!(parse(&["serve", "--output", "json"]).is_err(), "serve prints no answers");
     }
 }

@@ -1,6 +1,9 @@
-//! The client subcommands: `schedule`, `cancel`, `reschedule`, `get`, for
-//! people at a terminal. Readable output; exit codes: 0 done, 1 the request
-//! failed, 2 bad usage, 3 cancel found nothing to cancel.
+//! The client subcommands: `schedule`, `cancel`, `reschedule`, `get`, and
+//! `list` and `stats` for operators. Readable text by default; with
+//! `--output json`, one JSON object per line with the field names of
+//! [`json`], for scripts. Exit codes either way: 0 done, 1 the request
+//! failed (the error goes to stderr as text), 2 bad usage, 3 cancel found
+//! nothing to cancel.
 
 use std::process::ExitCode;
 
@@ -9,7 +12,7 @@ use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
 use crate::{
     auth::Bearer,
-    cli::{IdArgs, RescheduleArgs, ScheduleArgs, ServerArg, When},
+    cli::{ClientArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs, When},
     message::UnixMillis,
     proto::{self, scheduler_client::SchedulerClient},
 };
@@ -19,7 +22,7 @@ pub const EXIT_NOT_APPLIED: u8 = 3;
 /// A client that sends `--token`, if given, with every call.
 type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
 
-async fn connect(server: &ServerArg) -> anyhow::Result<Client> {
+async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
     let mut endpoint = Channel::from_shared(server.server.clone())
         .with_context(|| format!("--server {:?} is not a URL like http://127.0.0.1:50051", server.server))?;
     if let Some(tls) = crate::tls::client_config(server)? {
@@ -34,9 +37,22 @@ fn status_error(e: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", e.code(), e.message())
 }
 
+fn millis(t: prost_types::Timestamp) -> UnixMillis {
+    UnixMillis(t.seconds.max(0) as u64 * 1000 + (t.nanos.max(0) / 1_000_000) as u64)
+}
+
 fn time(t: Option<prost_types::Timestamp>) -> String {
-    t.map(|t| UnixMillis(t.seconds.max(0) as u64 * 1000 + (t.nanos / 1_000_000) as u64).to_rfc3339())
-        .unwrap_or_else(|| "-".into())
+    t.map(|t| millis(t).to_rfc3339()).unwrap_or_else(|| "-".into())
+}
+
+fn to_timestamp(t: chrono::DateTime<chrono::FixedOffset>) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: t.timestamp(), nanos: t.timestamp_subsec_nanos() as i32 }
+}
+
+/// Prints one JSON object on a line of its own.
+fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(value).context("writing JSON")?);
+    Ok(())
 }
 
 fn schedule_due(when: When) -> proto::schedule_request::Due {
@@ -45,10 +61,7 @@ fn schedule_due(when: When) -> proto::schedule_request::Due {
         (Some(d), _) => {
             Due::Delay(prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 })
         }
-        (None, Some(at)) => Due::DeliverAt(prost_types::Timestamp {
-            seconds: at.timestamp(),
-            nanos: at.timestamp_subsec_nanos() as i32,
-        }),
+        (None, Some(at)) => Due::DeliverAt(to_timestamp(at)),
         // clap's group makes one of the two required.
         (None, None) => Due::Delay(prost_types::Duration::default()),
     }
@@ -75,14 +88,18 @@ pub async fn schedule(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
         id: args.id,
         due: Some(schedule_due(args.when)),
     };
-    let reply = connect(&args.server).await?.schedule(request).await.map_err(status_error)?.into_inner();
+    let reply = connect(&args.client).await?.schedule(request).await.map_err(status_error)?.into_inner();
+    if args.client.output == Output::Json {
+        print_json(&json::Scheduled::from(reply))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let again = if reply.duplicate { " (already scheduled by this same request)" } else { "" };
     println!("scheduled {} for {}{again}", reply.id, time(reply.deliver_at));
     Ok(ExitCode::SUCCESS)
 }
 
 pub async fn cancel(args: IdArgs) -> anyhow::Result<ExitCode> {
-    let reply = connect(&args.server)
+    let reply = connect(&args.client)
         .await?
         .cancel(proto::CancelRequest { id: args.id.clone() })
         .await
@@ -97,7 +114,12 @@ pub async fn cancel(args: IdArgs) -> anyhow::Result<ExitCode> {
         NotFound => ("not cancelled: no such message", ExitCode::from(EXIT_NOT_APPLIED)),
         Unspecified => ("unknown outcome", ExitCode::FAILURE),
     };
-    println!("{} {text}", args.id);
+    match args.client.output {
+        Output::Json => {
+            print_json(&json::Cancelled { id: args.id, outcome: json::outcome(reply.outcome()) })?
+        }
+        Output::Text => println!("{} {text}", args.id),
+    }
     Ok(code)
 }
 
@@ -107,13 +129,18 @@ pub async fn reschedule(args: RescheduleArgs) -> anyhow::Result<ExitCode> {
         proto::schedule_request::Due::Delay(d) => Due::Delay(d),
         proto::schedule_request::Due::DeliverAt(t) => Due::DeliverAt(t),
     };
-    let reply = connect(&args.server)
+    let reply = connect(&args.client)
         .await?
         .reschedule(proto::RescheduleRequest { id: args.id.clone(), due: Some(due) })
         .await
         .map_err(status_error)?
         .into_inner();
-    println!("rescheduled {} for {}", args.id, time(reply.deliver_at));
+    match args.client.output {
+        Output::Json => {
+            print_json(&json::Rescheduled { id: args.id, deliver_at: json::time(reply.deliver_at) })?
+        }
+        Output::Text => println!("rescheduled {} for {}", args.id, time(reply.deliver_at)),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -125,12 +152,16 @@ fn bytes(b: &[u8]) -> String {
 }
 
 pub async fn get(args: IdArgs) -> anyhow::Result<ExitCode> {
-    let m = connect(&args.server)
+    let m = connect(&args.client)
         .await?
         .get(proto::GetRequest { id: args.id })
         .await
         .map_err(status_error)?
         .into_inner();
+    if args.client.output == Output::Json {
+        print_json(&json::Message::from(m))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     use proto::get_response::Settlement;
     let state = match (&m.settlement, m.state()) {
         (Some(Settlement::Delivered(d)), _) => {
@@ -164,4 +195,347 @@ pub async fn get(args: IdArgs) -> anyhow::Result<ExitCode> {
         println!("value:        {}", bytes(&msg.value));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(&args.client).await?;
+    let mut request = proto::ListRequest {
+        topic: args.topic.unwrap_or_default(),
+        due_from: args.from.map(to_timestamp),
+        due_to: args.to.map(to_timestamp),
+        page_size: args.page_size.unwrap_or(0),
+        page_token: args.page_token.unwrap_or_default(),
+    };
+    let mut listed = 0usize;
+    loop {
+        let page = client.list(request.clone()).await.map_err(status_error)?.into_inner();
+        listed += page.messages.len();
+        let next = page.next_page_token.clone();
+        match args.client.output {
+            Output::Json => print_json(&json::Page::from(page))?,
+            Output::Text => print_rows(&page.messages),
+        }
+        if next.is_empty() || !args.all {
+            if args.client.output == Output::Text {
+                if listed == 0 {
+                    println!("no pending messages match");
+                }
+                if !next.is_empty() {
+                    println!("more: --page-token {next}");
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        // Each page moves past at least one entry, so this ends; a token
+        // that does not move would be a server fault, not a reason to spin.
+        anyhow::ensure!(next != request.page_token, "the server returned the same page token twice");
+        request.page_token = next;
+    }
+}
+
+/// One aligned line per message: dispatch time, id, topic, tries.
+fn print_rows(messages: &[proto::PendingMessage]) {
+    let id_width = messages.iter().map(|m| m.id.len()).max().unwrap_or(0);
+    let topic_width = messages.iter().map(|m| m.topic.len()).max().unwrap_or(0);
+    for m in messages {
+        let mut line = format!("{}  {:id_width$}  {:topic_width$}", time(m.dispatch_at), m.id, m.topic);
+        if m.dispatch_at != m.deliver_at {
+            line.push_str(&format!("  (due {})", time(m.deliver_at)));
+        }
+        if m.attempts > 0 {
+            line.push_str(&format!("  attempts {}: {}", m.attempts, m.last_error));
+        }
+        println!("{}", line.trim_end());
+    }
+}
+
+pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
+    let s =
+        connect(&args.client).await?.stats(proto::StatsRequest {}).await.map_err(status_error)?.into_inner();
+    if args.client.output == Output::Json {
+        print_json(&json::Stats::from(s))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let cap = s.max_pending.map(|cap| format!(" (cap {cap})")).unwrap_or_default();
+    println!("as of:          {}", time(s.as_of));
+    println!("pending:        {}{cap}", s.pending);
+    println!("dispatching:    {}", s.dispatching);
+    println!("delivered:      {}", s.delivered);
+    println!("cancelled:      {}", s.cancelled);
+    println!("failed:         {}", s.failed);
+    match &s.oldest_overdue {
+        Some(m) => println!(
+            "oldest overdue: {} on {}, due {} ({} ms ago)",
+            m.id,
+            m.topic,
+            time(m.dispatch_at),
+            json::overdue_ms(s.as_of, m.dispatch_at)
+        ),
+        None => println!("oldest overdue: none"),
+    }
+    println!("store size:     {} bytes", s.store_bytes);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The JSON the client subcommands print with `--output json`. These field
+/// names are an interface: scripts read them, the README lists them, and
+/// they change only by adding fields. Times are RFC 3339 in UTC with
+/// milliseconds; bytes (keys, values) are base64, as in protobuf's JSON.
+pub mod json {
+    use base64::Engine as _;
+    use serde::Serialize;
+
+    use super::millis;
+    use crate::proto;
+
+    pub fn time(t: Option<prost_types::Timestamp>) -> Option<String> {
+        t.map(|t| millis(t).to_rfc3339())
+    }
+
+    fn base64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    fn text(s: String) -> Option<String> {
+        (!s.is_empty()).then_some(s)
+    }
+
+    /// How long before `as_of` a message was due, in milliseconds.
+    pub fn overdue_ms(as_of: Option<prost_types::Timestamp>, due: Option<prost_types::Timestamp>) -> u64 {
+        match (as_of, due) {
+            (Some(now), Some(due)) => millis(now).0.saturating_sub(millis(due).0),
+            _ => 0,
+        }
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Scheduled {
+        pub id: String,
+        pub deliver_at: Option<String>,
+        pub duplicate: bool,
+    }
+
+    impl From<proto::ScheduleResponse> for Scheduled {
+        fn from(r: proto::ScheduleResponse) -> Self {
+            Scheduled { id: r.id, deliver_at: time(r.deliver_at), duplicate: r.duplicate }
+        }
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Cancelled {
+        pub id: String,
+        /// `cancelled`, `already_delivered`, `already_cancelled`,
+        /// `already_failed` or `not_found`.
+        pub outcome: String,
+    }
+
+    pub fn outcome(o: proto::CancelOutcome) -> String {
+        o.as_str_name().trim_start_matches("CANCEL_OUTCOME_").to_lowercase()
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Rescheduled {
+        pub id: String,
+        pub deliver_at: Option<String>,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Header {
+        pub key: String,
+        pub value: String,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Delivery {
+        pub partition: i32,
+        pub offset: i64,
+        pub delivered_at: Option<String>,
+    }
+
+    /// `get`: the message and its state. Fields that do not apply are null.
+    #[derive(Debug, Serialize)]
+    pub struct Message {
+        pub id: String,
+        /// `pending`, `delivered`, `cancelled` or `failed`.
+        pub state: String,
+        pub deliver_at: Option<String>,
+        pub scheduled_at: Option<String>,
+        pub attempts: u32,
+        pub last_error: Option<String>,
+        pub topic: String,
+        pub partition: Option<i32>,
+        pub key: Option<String>,
+        pub value: String,
+        pub headers: Vec<Header>,
+        pub delivery: Option<Delivery>,
+        pub cancelled_at: Option<String>,
+        pub failed_at: Option<String>,
+    }
+
+    impl From<proto::GetResponse> for Message {
+        fn from(m: proto::GetResponse) -> Self {
+            use proto::get_response::Settlement;
+            let state = m.state().as_str_name().trim_start_matches("STATE_").to_lowercase();
+            let msg = m.message.unwrap_or_default();
+            let (mut delivery, mut cancelled_at, mut failed_at) = (None, None, None);
+            match m.settlement {
+                Some(Settlement::Delivered(d)) => {
+                    delivery = Some(Delivery {
+                        partition: d.partition,
+                        offset: d.offset,
+                        delivered_at: time(d.delivered_at),
+                    })
+                }
+                Some(Settlement::Cancelled(c)) => cancelled_at = time(c.cancelled_at),
+                Some(Settlement::Failed(f)) => failed_at = time(f.failed_at),
+                None => {}
+            }
+            Message {
+                id: m.id,
+                state,
+                deliver_at: time(m.deliver_at),
+                scheduled_at: time(m.scheduled_at),
+                attempts: m.attempts,
+                last_error: text(m.last_error),
+                topic: msg.topic,
+                partition: msg.partition,
+                key: msg.key.as_deref().map(base64),
+                value: base64(&msg.value),
+                headers: msg
+                    .headers
+                    .iter()
+                    .map(|h| Header { key: h.key.clone(), value: base64(&h.value) })
+                    .collect(),
+                delivery,
+                cancelled_at,
+                failed_at,
+            }
+        }
+    }
+
+    /// A pending message in `list` and `stats`.
+    #[derive(Debug, Serialize)]
+    pub struct Pending {
+        pub id: String,
+        pub topic: String,
+        pub partition: Option<i32>,
+        pub key: Option<String>,
+        pub value_bytes: u64,
+        pub deliver_at: Option<String>,
+        pub dispatch_at: Option<String>,
+        pub scheduled_at: Option<String>,
+        pub attempts: u32,
+        pub last_error: Option<String>,
+    }
+
+    impl From<proto::PendingMessage> for Pending {
+        fn from(m: proto::PendingMessage) -> Self {
+            Pending {
+                id: m.id,
+                topic: m.topic,
+                partition: m.partition,
+                key: m.key.as_deref().map(base64),
+                value_bytes: m.value_bytes,
+                deliver_at: time(m.deliver_at),
+                dispatch_at: time(m.dispatch_at),
+                scheduled_at: time(m.scheduled_at),
+                attempts: m.attempts,
+                last_error: text(m.last_error),
+            }
+        }
+    }
+
+    /// One page of `list`; with `--all`, one line per page.
+    #[derive(Debug, Serialize)]
+    pub struct Page {
+        pub messages: Vec<Pending>,
+        /// Empty on the last page.
+        pub next_page_token: String,
+    }
+
+    impl From<proto::ListResponse> for Page {
+        fn from(p: proto::ListResponse) -> Self {
+            Page {
+                messages: p.messages.into_iter().map(Into::into).collect(),
+                next_page_token: p.next_page_token,
+            }
+        }
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Overdue {
+        #[serde(flatten)]
+        pub message: Pending,
+        /// How long past its `dispatch_at` it was at `as_of`.
+        pub overdue_ms: u64,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct Stats {
+        pub as_of: Option<String>,
+        pub pending: u64,
+        pub dispatching: u64,
+        pub delivered: u64,
+        pub cancelled: u64,
+        pub failed: u64,
+        pub oldest_overdue: Option<Overdue>,
+        pub store_bytes: u64,
+        pub max_pending: Option<u64>,
+    }
+
+    impl From<proto::StatsResponse> for Stats {
+        fn from(s: proto::StatsResponse) -> Self {
+            let oldest_overdue = s
+                .oldest_overdue
+                .map(|m| Overdue { overdue_ms: overdue_ms(s.as_of, m.dispatch_at), message: m.into() });
+            Stats {
+                as_of: time(s.as_of),
+                pending: s.pending,
+                dispatching: s.dispatching,
+                delivered: s.delivered,
+                cancelled: s.cancelled,
+                failed: s.failed,
+                oldest_overdue,
+                store_bytes: s.store_bytes,
+                max_pending: s.max_pending,
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn get_json_has_every_field_and_base64_bytes() {
+            let m = proto::GetResponse {
+                id: "a".into(),
+                message: Some(proto::Message {
+                    topic: "t".into(),
+                    key: Some(b"k".to_vec()),
+                    value: b"hello".to_vec(),
+                    headers: vec![proto::Header { key: "h".into(), value: b"x".to_vec() }],
+                    partition: None,
+                }),
+                deliver_at: Some(prost_types::Timestamp { seconds: 1, nanos: 5_000_000 }),
+                state: proto::State::Pending as i32,
+                ..Default::default()
+            };
+            let v = serde_json::to_value(Message::from(m)).unwrap();
+            assert_eq!(v["state"], "pending");
+            assert_eq!(v["value"], "aGVsbG8=");
+            assert_eq!(v["key"], "aw==");
+            assert_eq!(v["headers"][0]["value"], "eA==");
+            assert_eq!(v["deliver_at"], "1970-01-01T00:00:01.005Z");
+            for null in ["last_error", "partition", "delivery", "cancelled_at", "failed_at", "scheduled_at"] {
+                assert!(v[null].is_null() && v.get(null).is_some(), "{null} is present and null: {v}");
+            }
+        }
+
+        #[test]
+        fn outcomes_are_snake_case() {
+            assert_eq!(outcome(proto::CancelOutcome::AlreadyDelivered), "already_delivered");
+            assert_eq!(outcome(proto::CancelOutcome::NotFound), "not_found");
+        }
+    }
 }

@@ -36,6 +36,8 @@ fn main() -> ExitCode {
             Command::Cancel(args) => client::cancel(args).await,
             Command::Reschedule(args) => client::reschedule(args).await,
             Command::Get(args) => client::get(args).await,
+            Command::List(args) => client::list(args).await,
+            Command::Stats(args) => client::stats(args).await,
             Command::Bench(args) => {
                 let settings = args.settings().map_err(anyhow::Error::msg)?;
                 hourglass::bench::main(settings, args.json).await

@@ -370,6 +370,136 @@ pub struct Scheduled {
     pub duplicate: bool,
 }
 
+/// A pending message as a listing shows it: everything but the value and
+/// the headers, so a page of them stays small.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingMessage {
+    pub id: MessageId,
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub partition: Option<i32>,
+    pub value_bytes: usize,
+    /// The due time it was parked with (or rescheduled to).
+    pub due: UnixMillis,
+    /// When it is produced next: `due`, or its retry time after a failed try.
+    pub dispatch_at: UnixMillis,
+    pub scheduled_at: UnixMillis,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}
+
+/// Where a listing goes on: the position in dispatch order of the first
+/// message not yet looked at. Opaque to clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageToken {
+    pub dispatch_at: UnixMillis,
+    pub seq: u64,
+}
+
+impl PageToken {
+    const VERSION: u8 = 1;
+
+    /// Hex of a version byte, the time and the sequence (big-endian).
+    pub fn encode(self) -> String {
+        let mut bytes = vec![Self::VERSION];
+        bytes.extend_from_slice(&self.dispatch_at.0.to_be_bytes());
+        bytes.extend_from_slice(&self.seq.to_be_bytes());
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn decode(token: &str) -> Result<PageToken, Invalid> {
+        let bad = || {
+            Invalid::new(
+                "page_token",
+                "is not a token this server issued; pass next_page_token unchanged, or leave it empty for \
+                 the first page",
+            )
+        };
+        // Only what `encode` writes: 34 lowercase hex digits.
+        if token.len() != 34 || !token.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(bad());
+        }
+        let bytes = (0..token.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&token[i..i + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| bad())?;
+        let (version, rest) = bytes.split_first().ok_or_else(bad)?;
+        if *version != Self::VERSION {
+            return Err(bad());
+        }
+        let (at, seq) = rest.split_at(8);
+        Ok(PageToken {
+            dispatch_at: UnixMillis(u64::from_be_bytes(at.try_into().map_err(|_| bad())?)),
+            seq: u64::from_be_bytes(seq.try_into().map_err(|_| bad())?),
+        })
+    }
+}
+
+/// Which pending messages to list, and where to go on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    pub topic: Option<String>,
+    /// Dispatch time at or after this.
+    pub from: Option<UnixMillis>,
+    /// Dispatch time before this.
+    pub to: Option<UnixMillis>,
+    /// 0: the default.
+    pub page_size: u32,
+    pub page_token: Option<PageToken>,
+}
+
+impl ListQuery {
+    pub const DEFAULT_PAGE_SIZE: usize = 100;
+    pub const MAX_PAGE_SIZE: usize = 1000;
+
+    /// Checks the query; returns the page size to use.
+    pub fn validate(&self) -> Result<usize, Invalid> {
+        if let Some(topic) = &self.topic {
+            validate_topic_name(topic).map_err(|e| Invalid::new("topic", e.reason))?;
+        }
+        if let (Some(from), Some(to)) = (self.from, self.to)
+            && to <= from
+        {
+            return Err(Invalid::new(
+                "due_to",
+                format!("{} is not after due_from {}", to.to_rfc3339(), from.to_rfc3339()),
+            ));
+        }
+        match self.page_size as usize {
+            0 => Ok(Self::DEFAULT_PAGE_SIZE),
+            n if n > Self::MAX_PAGE_SIZE => {
+                Err(Invalid::new("page_size", format!("is {n}; the most is {}", Self::MAX_PAGE_SIZE)))
+            }
+            n => Ok(n),
+        }
+    }
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PendingPage {
+    pub messages: Vec<PendingMessage>,
+    /// Where the next page starts; none when the listing is complete.
+    pub next: Option<PageToken>,
+}
+
+/// What `Stats` reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stats {
+    pub as_of: UnixMillis,
+    pub pending: u64,
+    /// Since the store was created, purged messages included.
+    pub delivered: u64,
+    pub cancelled: u64,
+    pub failed: u64,
+    pub dispatching: u64,
+    /// The pending message longest past its dispatch time.
+    pub oldest_overdue: Option<PendingMessage>,
+    pub store_bytes: u64,
+    pub max_pending: Option<u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,5 +634,44 @@ mod tests {
     #[test]
     fn rfc3339_has_milliseconds() {
         assert_eq!(UnixMillis(1_700_000_000_123).to_rfc3339(), "2023-11-14T22:13:20.123Z");
+    }
+
+    #[test]
+    fn page_tokens_round_trip() {
+        for (at, seq) in [(0, 0), (1_700_000_000_123, 42), (u64::MAX, u64::MAX)] {
+            let token = PageToken { dispatch_at: UnixMillis(at), seq };
+            assert_eq!(PageToken::decode(&token.encode()), Ok(token));
+        }
+    }
+
+    #[test]
+    fn bad_page_tokens_are_refused_by_name() {
+        let good = PageToken { dispatch_at: UnixMillis(0xfeed), seq: 0xbeef }.encode();
+        let wrong_version = format!("02{}", &good[2..]);
+        let non_hex = format!("zz{}", &good[2..]);
+        let multibyte = format!("é{}", &good[2..]);
+        let upper = good.to_uppercase();
+        for token in
+            ["", "abc", &good[..32], &wrong_version, &non_hex, &multibyte, &upper, &format!("{good}00")]
+        {
+            assert_eq!(PageToken::decode(token).unwrap_err().field, "page_token", "{token:?}");
+        }
+    }
+
+    #[test]
+    fn list_queries_are_checked() {
+        let q = |from: Option<u64>, to: Option<u64>, page_size| ListQuery {
+            from: from.map(UnixMillis),
+            to: to.map(UnixMillis),
+            page_size,
+            ..ListQuery::default()
+        };
+        assert_eq!(q(None, None, 0).validate(), Ok(ListQuery::DEFAULT_PAGE_SIZE));
+        assert_eq!(q(Some(1), Some(2), 1000).validate(), Ok(1000));
+        assert_eq!(q(None, None, 1001).validate().unwrap_err().field, "page_size");
+        assert_eq!(q(Some(2), Some(2), 10).validate().unwrap_err().field, "due_to");
+        assert_eq!(q(Some(3), Some(2), 10).validate().unwrap_err().field, "due_to");
+        let bad_topic = ListQuery { topic: Some("no spaces".into()), ..ListQuery::default() };
+        assert_eq!(bad_topic.validate().unwrap_err().field, "topic");
     }
 }

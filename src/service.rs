@@ -12,10 +12,14 @@ use crate::{
     clock::Clock,
     kafka::TopicCatalog,
     message::{
-        CancelOutcome, DueSpec, Envelope, Invalid, Limits, MessageId, Scheduled, ScheduledMessage, UnixMillis,
+        CancelOutcome, DueSpec, Envelope, Invalid, Limits, ListQuery, MessageId, PendingPage, Scheduled,
+        ScheduledMessage, Stats, UnixMillis,
     },
-    store::{NewMessage, Store, StoreError},
+    store::{ListFilter, NewMessage, Store, StoreError, schema::DueKey},
 };
+
+/// Due entries one `List` call looks at, at most, matching or not.
+pub const LIST_EXAMINE: usize = 10_000;
 
 /// A request to schedule one message.
 #[derive(Clone, Debug)]
@@ -129,5 +133,35 @@ impl Service {
             Some(m) => Ok(m),
             None => Err(StoreError::NotFound(id).into()),
         }
+    }
+
+    /// A page of pending messages in dispatch order. A call looks at no
+    /// more than [`LIST_EXAMINE`] entries, so a filtered page may come back
+    /// short, or empty, with a token to go on.
+    pub async fn list(&self, query: ListQuery) -> Result<PendingPage, Error> {
+        let limit = query.validate()?;
+        let start = DueKey { due: query.from.unwrap_or_default(), seq: 0 };
+        let from = query.page_token.map(DueKey::from_token).map_or(start, |token| token.max(start));
+        let filter = ListFilter { topic: query.topic, from, to: query.to, limit, examine: LIST_EXAMINE };
+        Ok(self.store.list_pending(filter).await?)
+    }
+
+    /// Counts by state, the oldest overdue message, the store's size.
+    pub async fn stats(&self) -> Result<Stats, Error> {
+        let now = self.clock.now();
+        let stats = self.store.stats(now).await?;
+        let store = self.store.clone();
+        let store_bytes = tokio::task::spawn_blocking(move || store.size_bytes()).await.unwrap_or(0);
+        Ok(Stats {
+            as_of: now,
+            pending: stats.meta.pending,
+            delivered: stats.meta.delivered_total,
+            cancelled: stats.meta.cancelled_total,
+            failed: stats.meta.failed_total,
+            dispatching: self.store.dispatching() as u64,
+            oldest_overdue: stats.oldest_overdue,
+            store_bytes,
+            max_pending: self.store.max_pending(),
+        })
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
-use crate::{cli::ServerArg, config::ConfigError};
+use crate::{cli::ClientArgs, config::ConfigError};
 
 /// Where the server's TLS material lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,7 +65,7 @@ impl TlsFiles {
 /// The client subcommands' TLS: none for an http:// server; for https://,
 /// the server checked against `--ca-cert` (or the system's roots) and
 /// `--client-cert`/`--client-key` presented when given.
-pub fn client_config(server: &ServerArg) -> Result<Option<ClientTlsConfig>, ConfigError> {
+pub fn client_config(server: &ClientArgs) -> Result<Option<ClientTlsConfig>, ConfigError> {
     let https = server.server.starts_with("https://");
     let wants_tls = server.ca_cert.is_some() || server.client_cert.is_some();
     if !https && wants_tls {

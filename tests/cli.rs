@@ -194,3 +194,97 @@ async fn sigkill_and_restart_loses_nothing_and_sends_nothing_early() {
     eprintln!("sigkill: {} delivered, {duplicates} duplicates (in flight at the kill)", seen.len());
     assert!(server.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_stats_print_json_for_scripts() {
+    let broker = Broker::start();
+    let topic = random_name("cli-json");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(&broker, dir.path());
+    let url = server.url();
+    let hourglass = |args: &[&str]| run(Command::new(BIN).args(args).args(["--server", &url]));
+    let json = |out: &Output| -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+
+    for (id, at) in
+        [("j2", "2028-01-01T09:00:02Z"), ("j1", "2028-01-01T09:00:01Z"), ("j3", "2028-01-01T09:00:03Z")]
+    {
+        let out = hourglass(&[
+            "schedule", "--topic", &topic, "--value", "v", "--key", "k", "--at", at, "--id", id, "--output",
+            "json",
+        ]);
+        assert!(out.status.success());
+        let reply = &json(&out)[0];
+        assert_eq!(
+            (reply["id"].as_str(), reply["deliver_at"].as_str()),
+            (Some(id), Some(&at.replace('Z', ".000Z")[..]))
+        );
+        assert_eq!(reply["duplicate"], false);
+    }
+
+    // Two a page, every page: one JSON object per line, in due order.
+    let out = hourglass(&["list", "--page-size", "2", "--all", "--output", "json"]);
+    assert!(out.status.success());
+    let pages = json(&out);
+    assert_eq!(pages.len(), 2, "{pages:?}");
+    let listed: Vec<&str> = pages
+        .iter()
+        .flat_map(|p| p["messages"].as_array().unwrap())
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["j1", "j2", "j3"]);
+    assert_eq!(pages[1]["next_page_token"], "", "the last page says so");
+    let first = &pages[0]["messages"][0];
+    assert_eq!(first["topic"], topic.as_str());
+    assert_eq!(first["key"], "aw==", "bytes in base64");
+    assert_eq!(first["dispatch_at"], "2028-01-01T09:00:01.000Z");
+    assert_eq!((first["attempts"].as_u64(), first["value_bytes"].as_u64()), (Some(0), Some(1)));
+    assert!(first["last_error"].is_null());
+
+    // One page, then on from its token.
+    let out = hourglass(&["list", "--page-size", "2", "--output", "json"]);
+    let page = &json(&out)[0];
+    let token = page["next_page_token"].as_str().unwrap();
+    assert!(!token.is_empty());
+    let out =
+        hourglass(&["list", "--page-token", token, "--from", "2028-01-01T09:00:00Z", "--output", "json"]);
+    assert_eq!(json(&out)[0]["messages"][0]["id"], "j3");
+    let out = hourglass(&["list", "--topic", "nothing-here", "--output", "json"]);
+    assert_eq!(json(&out)[0], serde_json::json!({"messages": [], "next_page_token": ""}));
+    let out = hourglass(&["list"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().count() == 3 && text.starts_with("2028-01-01T09:00:01.000Z  j1"), "{text}");
+
+    let out = hourglass(&["cancel", "j2", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json(&out)[0], serde_json::json!({"id": "j2", "outcome": "cancelled"}));
+    let out = hourglass(&["cancel", "j2", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(3), "exit codes as in text");
+    assert_eq!(json(&out)[0]["outcome"], "already_cancelled");
+    let out = hourglass(&["reschedule", "j3", "--at", "2028-06-01T00:00:00Z", "--output", "json"]);
+    assert_eq!(json(&out)[0], serde_json::json!({"id": "j3", "deliver_at": "2028-06-01T00:00:00.000Z"}));
+    let out = hourglass(&["get", "j2", "--output", "json"]);
+    let got = &json(&out)[0];
+    assert_eq!((got["state"].as_str(), got["value"].as_str()), (Some("cancelled"), Some("dg==")));
+    assert!(got["cancelled_at"].is_string() && got["delivery"].is_null(), "{got}");
+
+    let out = hourglass(&["stats", "--output", "json"]);
+    assert!(out.status.success());
+    let stats = &json(&out)[0];
+    assert_eq!((stats["pending"].as_u64(), stats["cancelled"].as_u64()), (Some(2), Some(1)), "{stats}");
+    assert_eq!((stats["delivered"].as_u64(), stats["failed"].as_u64()), (Some(0), Some(0)));
+    assert!(stats["oldest_overdue"].is_null() && stats["max_pending"].is_null(), "{stats}");
+    assert!(stats["store_bytes"].as_u64().is_some() && stats["as_of"].is_string(), "{stats}");
+    let out = hourglass(&["stats"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pending:        2"));
+
+    let out = hourglass(&["list", "--page-size", "5000", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("page_size"), "the field is named");
+    let out = hourglass(&["stats", "--output", "yaml"]);
+    assert_eq!(out.status.code(), Some(2), "bad usage");
+    assert!(server.terminate().success());
+}

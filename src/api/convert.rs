@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::{
     message::{
-        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, MessageId, Scheduled, ScheduledMessage,
-        State, UnixMillis,
+        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, ListQuery, MessageId, PageToken,
+        PendingMessage, PendingPage, Scheduled, ScheduledMessage, State, Stats, UnixMillis,
     },
     proto,
     service::ScheduleCommand,
@@ -177,6 +177,62 @@ impl From<ScheduledMessage> for proto::GetResponse {
     }
 }
 
+impl TryFrom<proto::ListRequest> for ListQuery {
+    type Error = Invalid;
+
+    fn try_from(r: proto::ListRequest) -> Result<Self, Invalid> {
+        Ok(ListQuery {
+            topic: (!r.topic.is_empty()).then_some(r.topic),
+            from: r.due_from.map(|t| unix_millis("due_from", t)).transpose()?,
+            to: r.due_to.map(|t| unix_millis("due_to", t)).transpose()?,
+            page_size: r.page_size,
+            page_token: (!r.page_token.is_empty()).then(|| PageToken::decode(&r.page_token)).transpose()?,
+        })
+    }
+}
+
+impl From<PendingMessage> for proto::PendingMessage {
+    fn from(m: PendingMessage) -> Self {
+        proto::PendingMessage {
+            id: m.id.to_string(),
+            topic: m.topic,
+            key: m.key,
+            partition: m.partition,
+            deliver_at: Some(timestamp(m.due)),
+            dispatch_at: Some(timestamp(m.dispatch_at)),
+            scheduled_at: Some(timestamp(m.scheduled_at)),
+            attempts: m.attempts,
+            last_error: m.last_error.unwrap_or_default(),
+            value_bytes: m.value_bytes as u64,
+        }
+    }
+}
+
+impl From<PendingPage> for proto::ListResponse {
+    fn from(page: PendingPage) -> Self {
+        proto::ListResponse {
+            messages: page.messages.into_iter().map(Into::into).collect(),
+            next_page_token: page.next.map(PageToken::encode).unwrap_or_default(),
+        }
+    }
+}
+
+impl From<Stats> for proto::StatsResponse {
+    fn from(s: Stats) -> Self {
+        proto::StatsResponse {
+            as_of: Some(timestamp(s.as_of)),
+            pending: s.pending,
+            delivered: s.delivered,
+            cancelled: s.cancelled,
+            failed: s.failed,
+            dispatching: s.dispatching,
+            oldest_overdue: s.oldest_overdue.map(Into::into),
+            store_bytes: s.store_bytes,
+            max_pending: s.max_pending,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,5 +289,28 @@ mod tests {
         assert_eq!(t(-5, 0).unwrap(), DueSpec::At(UnixMillis(0)));
         assert_eq!(t(1, -1).unwrap_err().field, "deliver_at");
         assert_eq!(timestamp(UnixMillis(1234)), prost_types::Timestamp { seconds: 1, nanos: 234_000_000 });
+    }
+
+    #[test]
+    fn list_requests_convert_and_name_bad_fields() {
+        let token = PageToken { dispatch_at: UnixMillis(9), seq: 1 };
+        let request = proto::ListRequest {
+            topic: "orders".into(),
+            due_from: Some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
+            due_to: Some(prost_types::Timestamp { seconds: 2, nanos: 0 }),
+            page_size: 10,
+            page_token: token.encode(),
+        };
+        let query = ListQuery::try_from(request.clone()).unwrap();
+        assert_eq!(query.topic.as_deref(), Some("orders"));
+        assert_eq!((query.from, query.to), (Some(UnixMillis(1000)), Some(UnixMillis(2000))));
+        assert_eq!(query.page_token, Some(token));
+        let empty = ListQuery::try_from(proto::ListRequest::default()).unwrap();
+        assert_eq!(empty, ListQuery::default(), "empty fields are unset");
+        let bad = proto::ListRequest { page_token: "nope".into(), ..request.clone() };
+        assert_eq!(ListQuery::try_from(bad).unwrap_err().field, "page_token");
+        let bad =
+            proto::ListRequest { due_to: Some(prost_types::Timestamp { seconds: 1, nanos: -1 }), ..request };
+        assert_eq!(ListQuery::try_from(bad).unwrap_err().field, "due_to");
     }
 }

@@ -198,4 +198,22 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         })
         .await
     }
+
+    async fn list(
+        &self,
+        request: Request<proto::ListRequest>,
+    ) -> Result<Response<proto::ListResponse>, Status> {
+        self.call("List", async {
+            let page = self.service.list(request.into_inner().try_into()?).await?;
+            Ok(page.into())
+        })
+        .await
+    }
+
+    async fn stats(
+        &self,
+        _request: Request<proto::StatsRequest>,
+    ) -> Result<Response<proto::StatsResponse>, Status> {
+        self.call("Stats", async { Ok(self.service.stats().await?.into()) }).await
+    }
 }

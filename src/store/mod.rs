@@ -3,7 +3,8 @@
 //! [`schema`]).
 //!
 //! A narrow interface: the service calls `schedule`, `cancel`, `reschedule`
-//! and `get`; the dispatcher calls `take_due` and `settle`. Every change goes
+//! and `get`, and `list_pending` and `stats` for operators; the dispatcher
+//! calls `take_due` and `settle`. Every change goes
 //! through the single [`writer`] thread as one atomic `WriteBatch`; reads go
 //! straight to RocksDB from a blocking thread. Nothing here knows about gRPC
 //! or Kafka.
@@ -35,7 +36,9 @@ pub(crate) use writer::cf;
 use writer::{Op, Writer};
 pub(crate) use writer::{Outcome, Settle};
 
-use crate::message::{CancelOutcome, MessageId, Scheduled, ScheduledMessage, UnixMillis};
+use crate::message::{
+    CancelOutcome, MessageId, PendingMessage, PendingPage, Scheduled, ScheduledMessage, UnixMillis,
+};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
@@ -123,6 +126,29 @@ impl StoreConfig {
     }
 }
 
+/// Which pending messages `list_pending` reads.
+#[derive(Clone, Debug)]
+pub struct ListFilter {
+    pub topic: Option<String>,
+    /// The first position to look at.
+    pub from: DueKey,
+    /// Dispatch time before this.
+    pub to: Option<UnixMillis>,
+    /// Messages in the page, at most.
+    pub limit: usize,
+    /// Due entries looked at, at most: what bounds one call when a topic
+    /// filter matches little of a large backlog.
+    pub examine: usize,
+}
+
+/// What the store knows about itself for `Stats`.
+#[derive(Clone, Debug)]
+pub struct StoreStats {
+    /// The counters of the last commit.
+    pub meta: Meta,
+    pub oldest_overdue: Option<PendingMessage>,
+}
+
 /// A message the dispatcher claimed and may produce now.
 #[derive(Debug)]
 pub(crate) struct Ready {
@@ -167,6 +193,7 @@ struct Inner {
     damage: Mutex<Option<String>>,
     /// Cancelled by `close`: background reads stop.
     closing: CancellationToken,
+    max_pending: Option<u64>,
 }
 
 impl Store {
@@ -219,6 +246,7 @@ impl Store {
                 damaged: CancellationToken::new(),
                 damage: Mutex::new(None),
                 closing: CancellationToken::new(),
+                max_pending: config.max_pending,
             }),
         };
         if config.verify_on_open {
@@ -314,6 +342,32 @@ impl Store {
             self.report_damage(detail);
         }
         read
+    }
+
+    /// A page of pending messages in dispatch order, read from one snapshot.
+    pub async fn list_pending(&self, filter: ListFilter) -> Result<PendingPage, StoreError> {
+        let db = Arc::clone(&self.inner.db);
+        let read = blocking(move || list_pending(&db, &filter)).await;
+        if let Err(StoreError::Corrupt(detail)) = &read {
+            self.report_damage(detail);
+        }
+        read
+    }
+
+    /// The counters and the oldest pending message due before `now`, from
+    /// one snapshot.
+    pub async fn stats(&self, now: UnixMillis) -> Result<StoreStats, StoreError> {
+        let db = Arc::clone(&self.inner.db);
+        let read = blocking(move || read_stats(&db, now)).await;
+        if let Err(StoreError::Corrupt(detail)) = &read {
+            self.report_damage(detail);
+        }
+        read
+    }
+
+    /// The backlog cap, if one is set.
+    pub fn max_pending(&self) -> Option<u64> {
+        self.inner.max_pending
     }
 
     /// Records what became of produces, in one commit.
@@ -533,6 +587,92 @@ fn read_message(db: &DB, id: MessageId) -> Result<Option<ScheduledMessage>, Stor
     opts.set_snapshot(&snapshot);
     Ok(read_record(db, &id, &opts)?
         .map(|(record, settlement)| schema::scheduled_message(id, &record, settlement.as_ref())))
+}
+
+/// Upper bound on the key bytes of one listing page, so that a page of
+/// large keys stays well below a client's default 4 MiB message limit.
+const LIST_KEY_BYTES: usize = 1 << 20;
+
+fn list_pending(db: &DB, filter: &ListFilter) -> Result<PendingPage, StoreError> {
+    let snapshot = db.snapshot();
+    let mut read = ReadOptions::default();
+    read.set_snapshot(&snapshot);
+    let mut opts = ReadOptions::default();
+    opts.set_snapshot(&snapshot);
+    opts.set_iterate_lower_bound(filter.from.encode());
+    if let Some(to) = filter.to {
+        opts.set_iterate_upper_bound(DueKey { due: to, seq: 0 }.encode());
+    }
+    let start = filter.from.encode();
+    let mut page = PendingPage::default();
+    let (mut examined, mut key_bytes) = (0, 0);
+    for item in
+        db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
+    {
+        let (k, v) = item?;
+        let key = DueKey::decode(&k).ok_or_else(|| StoreError::corrupt(format!("due key {k:?}")))?;
+        if page.messages.len() >= filter.limit || examined >= filter.examine || key_bytes >= LIST_KEY_BYTES {
+            page.next = Some(key.token());
+            break;
+        }
+        examined += 1;
+        let id = MessageId::from_stored(&v)
+            .ok_or_else(|| StoreError::corrupt(format!("due entry {key:?} names no id")))?;
+        if let Some(message) = pending_at(db, &read, id, key)?
+            && filter.topic.as_ref().is_none_or(|t| *t == message.topic)
+        {
+            key_bytes += message.key.as_ref().map_or(0, Vec::len);
+            page.messages.push(message);
+        }
+    }
+    Ok(page)
+}
+
+/// The message a due entry names, if it is still pending under that key.
+fn pending_at(
+    db: &DB,
+    opts: &ReadOptions,
+    id: MessageId,
+    key: DueKey,
+) -> Result<Option<PendingMessage>, StoreError> {
+    let Some((record, settlement)) = read_record(db, &id, opts)? else {
+        return Ok(None);
+    };
+    if settlement.as_ref().is_some_and(Settlement::is_settled)
+        || schema::dispatch_key(&record, settlement.as_ref()) != key
+    {
+        return Ok(None);
+    }
+    Ok(Some(schema::pending_message(id, key, record, settlement.as_ref())))
+}
+
+fn read_stats(db: &DB, now: UnixMillis) -> Result<StoreStats, StoreError> {
+    // Entries that name no pending message cannot outlive a commit; looking
+    // past a few is only a guard.
+    const LOOK_PAST: usize = 64;
+    let snapshot = db.snapshot();
+    let mut read = ReadOptions::default();
+    read.set_snapshot(&snapshot);
+    let meta = match db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::meta_key(), &read)? {
+        Some(bytes) => schema::decode::<Meta>(&bytes)
+            .map_err(|e| StoreError::corrupt(format!("checkpoint meta: {e}")))?,
+        None => Meta::default(),
+    };
+    let mut opts = ReadOptions::default();
+    opts.set_snapshot(&snapshot);
+    opts.set_iterate_upper_bound(DueKey { due: now, seq: 0 }.encode());
+    let mut oldest_overdue = None;
+    for item in db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::Start).take(LOOK_PAST) {
+        let (k, v) = item?;
+        let key = DueKey::decode(&k).ok_or_else(|| StoreError::corrupt(format!("due key {k:?}")))?;
+        let id = MessageId::from_stored(&v)
+            .ok_or_else(|| StoreError::corrupt(format!("due entry {key:?} names no id")))?;
+        if let Some(message) = pending_at(db, &read, id, key)? {
+            oldest_overdue = Some(message);
+            break;
+        }
+    }
+    Ok(StoreStats { meta, oldest_overdue })
 }
 
 async fn blocking<T: Send + 'static>(
@@ -765,6 +905,101 @@ mod tests {
             store.take_due(DueKey::MIN, UnixMillis(10_000), 10).unwrap().ready.is_empty(),
             "nothing left to send"
         );
+        store.close().await;
+    }
+
+    fn filter(from: DueKey, limit: usize, examine: usize) -> ListFilter {
+        ListFilter { topic: None, from, to: None, limit, examine }
+    }
+
+    #[tokio::test]
+    async fn listing_pages_through_pending_messages_in_dispatch_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        for (id, due) in [("c", 30), ("a", 10), ("b", 20), ("d", 40)] {
+            park(&store, id, due).await;
+        }
+        let ids = |page: &PendingPage| page.messages.iter().map(|m| m.id.to_string()).collect::<Vec<_>>();
+        let first = store.list_pending(filter(DueKey::MIN, 2, 100)).await.unwrap();
+        assert_eq!(ids(&first), ["a", "b"]);
+        let next = DueKey::from_token(first.next.expect("more to come"));
+        let second = store.list_pending(filter(next, 2, 100)).await.unwrap();
+        assert_eq!(ids(&second), ["c", "d"]);
+        assert_eq!(second.next, None, "the end");
+
+        let until_30 = ListFilter { to: Some(UnixMillis(30)), ..filter(DueKey::MIN, 10, 100) };
+        assert_eq!(ids(&store.list_pending(until_30).await.unwrap()), ["a", "b"], "due_to is exclusive");
+
+        // A filter that matches nothing stops after `examine` entries and
+        // says where to go on.
+        let other_topic = ListFilter { topic: Some("other".into()), ..filter(DueKey::MIN, 10, 3) };
+        let page = store.list_pending(other_topic.clone()).await.unwrap();
+        assert!(page.messages.is_empty());
+        let next = DueKey::from_token(page.next.expect("not done"));
+        assert_eq!(next.due, UnixMillis(40), "three looked at, the fourth is next");
+        let page = store.list_pending(ListFilter { from: next, ..other_topic }).await.unwrap();
+        assert_eq!((page.messages.len(), page.next), (0, None));
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn listing_and_stats_see_retries_and_settlements() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let retried = park(&store, "retried", 10).await;
+        park(&store, "delivered", 20).await;
+        let cancelled = park(&store, "cancelled", 30).await;
+        park(&store, "failed", 40).await;
+        let batch = store.take_due(DueKey::MIN, UnixMillis(40), 10).unwrap();
+        let settles = batch
+            .ready
+            .iter()
+            .filter_map(|r| match r.id.as_str() {
+                "retried" => Some(settle(
+                    r,
+                    Outcome::Retry {
+                        retry_at: UnixMillis(500),
+                        error: "broker down".into(),
+                        rejected: false,
+                    },
+                )),
+                "delivered" => {
+                    Some(settle(r, Outcome::Delivered { partition: 0, offset: 1, at: UnixMillis(41) }))
+                }
+                "failed" => {
+                    Some(settle(r, Outcome::Failed { at: UnixMillis(41), error: "too large".into() }))
+                }
+                _ => None,
+            })
+            .collect();
+        store.release(vec![cancelled.clone()]).await.unwrap();
+        store.settle(settles).await.unwrap();
+        barrier(&store).await;
+        assert_eq!(store.cancel(cancelled, UnixMillis(42)).await.unwrap(), CancelOutcome::Cancelled);
+
+        let page = store.list_pending(filter(DueKey::MIN, 10, 100)).await.unwrap();
+        assert_eq!(page.messages.len(), 1, "only what is pending: {page:?}");
+        let m = &page.messages[0];
+        assert_eq!(m.id, retried);
+        assert_eq!((m.due, m.dispatch_at, m.attempts), (UnixMillis(10), UnixMillis(500), 1));
+        assert_eq!(m.last_error.as_deref(), Some("broker down"));
+
+        let stats = store.stats(UnixMillis(1_000)).await.unwrap();
+        let meta = &stats.meta;
+        assert_eq!(
+            (meta.pending, meta.delivered_total, meta.cancelled_total, meta.failed_total),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(stats.oldest_overdue.map(|m| m.id), Some(retried.clone()));
+        assert!(
+            store.stats(UnixMillis(500)).await.unwrap().oldest_overdue.is_none(),
+            "due at 500 is not overdue at 500"
+        );
+
+        let failed = MessageId::parse("failed").unwrap();
+        store.reschedule(failed, UnixMillis(2_000)).await.unwrap();
+        let meta = store.stats(UnixMillis(1_000)).await.unwrap().meta;
+        assert_eq!((meta.pending, meta.failed_total), (2, 0), "a re-driven failure is pending again");
         store.close().await;
     }
 }

@@ -15,7 +15,10 @@
 //! file): unknown fields are skipped, so a newer build can add fields and an
 //! older one still reads the store.
 
-use crate::message::{Delivery, DueSpec, Envelope, Header, MessageId, ScheduledMessage, State, UnixMillis};
+use crate::message::{
+    Delivery, DueSpec, Envelope, Header, MessageId, PageToken, PendingMessage, ScheduledMessage, State,
+    UnixMillis,
+};
 
 pub const CF_DUE: &str = "due";
 pub const CF_MESSAGES: &str = "messages";
@@ -55,6 +58,14 @@ impl DueKey {
         out[..8].copy_from_slice(&self.due.0.to_be_bytes());
         out[8..].copy_from_slice(&self.seq.to_be_bytes());
         out
+    }
+
+    pub fn from_token(t: PageToken) -> DueKey {
+        DueKey { due: t.dispatch_at, seq: t.seq }
+    }
+
+    pub fn token(self) -> PageToken {
+        PageToken { dispatch_at: self.due, seq: self.seq }
     }
 
     pub fn decode(bytes: &[u8]) -> Option<DueKey> {
@@ -244,6 +255,27 @@ impl Settlement {
     }
 }
 
+/// A pending message as a listing shows it, from its due entry.
+pub fn pending_message(
+    id: MessageId,
+    key: DueKey,
+    record: MessageRecord,
+    settlement: Option<&Settlement>,
+) -> PendingMessage {
+    PendingMessage {
+        id,
+        value_bytes: record.value.len(),
+        due: record.due(),
+        dispatch_at: key.due,
+        scheduled_at: UnixMillis(record.scheduled_at_ms),
+        attempts: settlement.map_or(0, |s| s.attempts),
+        last_error: settlement.filter(|s| !s.last_error.is_empty()).map(|s| s.last_error.clone()),
+        topic: record.topic,
+        key: record.key,
+        partition: record.partition,
+    }
+}
+
 /// Where the message waits in the due CF now: its due time, or the time of
 /// its next try after a failed one.
 pub fn dispatch_key(record: &MessageRecord, settlement: Option<&Settlement>) -> DueKey {
@@ -304,6 +336,14 @@ pub struct Meta {
     pub last_delivered_key: Vec<u8>,
     #[prost(uint64, tag = "4")]
     pub delivered_total: u64,
+    /// Cancelled since the store was created (counted from the version that
+    /// added this field; 0 in older stores).
+    #[prost(uint64, tag = "5")]
+    pub cancelled_total: u64,
+    /// Failed and not re-driven since: a failed message that is rescheduled
+    /// leaves this count.
+    #[prost(uint64, tag = "6")]
+    pub failed_total: u64,
 }
 
 pub fn encode<M: prost::Message>(m: &M) -> Vec<u8> {
@@ -335,6 +375,18 @@ mod tests {
         #[test]
         fn due_key_bytes_sort_like_keys(a in key(), b in key()) {
             prop_assert_eq!(a.encode().cmp(&b.encode()), a.cmp(&b));
+        }
+
+        #[test]
+        fn page_tokens_round_trip_through_text(k in key()) {
+            let token = k.token().encode();
+            prop_assert_eq!(PageToken::decode(&token).map(DueKey::from_token), Ok(k));
+        }
+
+        #[test]
+        fn page_tokens_refuse_any_other_text(text in "[0-9a-f]{0,40}|.{0,40}") {
+            let ok = PageToken::decode(&text);
+            prop_assert!(ok.is_err() || ok.map(|t| t.encode()) == Ok(text.clone()));
         }
 
         #[test]
@@ -421,6 +473,29 @@ mod tests {
             !r.is_same_request(&other, DueSpec::After(Duration::from_secs(30))),
             "empty key is not no key"
         );
+    }
+
+    #[test]
+    fn meta_without_the_newer_counters_reads_as_zero() {
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct OldMeta {
+            #[prost(uint64, tag = "2")]
+            pending: u64,
+            #[prost(uint64, tag = "4")]
+            delivered_total: u64,
+        }
+        let meta: Meta = decode(&encode(&OldMeta { pending: 3, delivered_total: 9 })).unwrap();
+        assert_eq!(
+            (meta.pending, meta.delivered_total, meta.cancelled_total, meta.failed_total),
+            (3, 9, 0, 0)
+        );
+    }
+
+    #[test]
+    fn due_keys_and_page_tokens_convert_both_ways() {
+        let key = DueKey { due: UnixMillis(12), seq: 34 };
+        assert_eq!(DueKey::from_token(key.token()), key);
+        assert_eq!(PageToken::decode(&key.token().encode()).map(DueKey::from_token), Ok(key));
     }
 
     #[test]

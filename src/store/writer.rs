@@ -373,6 +373,7 @@ impl Writer {
         r.settle(id, &settlement, now);
         r.overlay.insert(id.clone(), Some(Stored { record: stored.record, settlement: Some(settlement) }));
         r.effects.cancelled += 1;
+        r.meta.cancelled_total += 1;
         Flow::Done(Ok(CancelOutcome::Cancelled))
     }
 
@@ -413,6 +414,7 @@ impl Writer {
             r.delete_settlement(id);
             stored.settlement = None;
             r.meta.pending += 1;
+            r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
         }
         stored.record.due_ms = due.0;
         let key = DueKey { due, seq: stored.record.seq };
@@ -469,6 +471,7 @@ impl Writer {
                     ..prev
                 };
                 r.effects.failed += 1;
+                r.meta.failed_total += 1;
                 r.settle(&id, &settlement, *at);
             }
         }
