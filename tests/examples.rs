@@ -102,9 +102,10 @@ fn readme_grpcurl_commands() -> Vec<String> {
             None if line.starts_with("grpcurl ") => current = Some(line.to_owned()),
             None => continue,
         }
-        // A command ends on a line that is not inside an open quote.
+        // A command ends on a line that is not inside an open quote and
+        // does not end in a backslash.
         let c = current.as_ref().unwrap();
-        if c.matches('\'').count() % 2 == 0 {
+        if c.matches('\'').count() % 2 == 0 && !c.ends_with('\\') {
             commands.push(current.take().unwrap());
         }
     }
