@@ -6,55 +6,11 @@ mod common;
 
 use std::{
     collections::HashSet,
-    path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output},
     time::Duration,
 };
 
 use common::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
-
-/// `hourglass serve` as a child process.
-struct Serve {
-    child: Child,
-    grpc: String,
-}
-
-impl Serve {
-    fn start(broker: &Broker, data_dir: &Path) -> Serve {
-        let grpc = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(BIN)
-            .args(["serve", "--listen", &grpc, "--metrics-listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--kafka-brokers", broker.addr(), "--data-dir"])
-            .arg(data_dir)
-            .env("HOURGLASS_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = std::time::Instant::now();
-        while std::net::TcpStream::connect(&grpc).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(30), "hourglass did not start listening");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Serve { child, grpc }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.grpc)
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        self.child.wait().unwrap()
-    }
-}
 
 fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap();

@@ -15,72 +15,18 @@ use std::{
     collections::HashSet,
     io::Read as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
 use common::*;
-use hourglass::proto::{self, State, scheduler_client::SchedulerClient};
-
-const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
-
-/// `hourglass serve` as a child process.
-struct Serve {
-    child: Child,
-    grpc: String,
-}
-
-fn spawn(broker: &Broker, data_dir: &Path) -> (Child, String) {
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(BIN)
-        .args(["serve", "--listen", &grpc, "--metrics-listen", &format!("127.0.0.1:{}", free_port())])
-        .args(["--kafka-brokers", broker.addr(), "--data-dir"])
-        .arg(data_dir)
-        .env("HOURGLASS_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    (child, grpc)
-}
-
-impl Serve {
-    fn start(broker: &Broker, data_dir: &Path) -> Serve {
-        let (mut child, grpc) = spawn(broker, data_dir);
-        let started = Instant::now();
-        while std::net::TcpStream::connect(&grpc).is_err() {
-            if let Some(status) = child.try_wait().unwrap() {
-                let mut err = String::new();
-                child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                panic!("hourglass exited with {status} at start-up:\n{err}");
-            }
-            assert!(started.elapsed() < Duration::from_secs(30), "hourglass did not start listening");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Serve { child, grpc }
-    }
-
-    async fn client(&self) -> SchedulerClient<tonic::transport::Channel> {
-        SchedulerClient::connect(format!("http://{}", self.grpc)).await.unwrap()
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        self.child.wait().unwrap()
-    }
-}
+use hourglass::proto::{self, State};
 
 /// Starts hourglass on a damaged store and expects it to refuse: a
 /// non-zero exit within 60 s. Returns what it printed. (Its port accepts
 /// connections before the store is open, so that says nothing.)
 fn refused_start(broker: &Broker, data_dir: &Path) -> String {
-    let (mut child, _grpc) = spawn(broker, data_dir);
+    let (mut child, _grpc) = spawn_serve(broker, data_dir, Stdio::piped());
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {

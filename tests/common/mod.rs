@@ -3,6 +3,7 @@
 //! and a real Kafka consumer. Every test uses its own random topic names.
 #![allow(dead_code)]
 
+pub mod serve;
 pub mod verify;
 
 use std::{
@@ -11,6 +12,9 @@ use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
+
+#[allow(unused_imports)]
+pub use serve::{BIN, Serve, spawn_serve};
 
 use hourglass::{
     bench::LocalBroker,

@@ -1,0 +1,80 @@
+//! `hourglass serve` as a child process: the real binary, on free ports,
+//! for tests that kill it, stop it or read what it prints.
+
+use std::{
+    path::Path,
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use hourglass::proto::scheduler_client::SchedulerClient;
+
+use super::{Broker, free_port};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
+
+/// Starts `hourglass serve` over `data_dir` against `broker`; returns the
+/// child and its gRPC address. `stderr` says where its log goes.
+pub fn spawn_serve(broker: &Broker, data_dir: &Path, stderr: Stdio) -> (Child, String) {
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(BIN)
+        .args(["serve", "--listen", &grpc, "--metrics-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--kafka-brokers", broker.addr(), "--data-dir"])
+        .arg(data_dir)
+        .env("HOURGLASS_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    (child, grpc)
+}
+
+pub struct Serve {
+    pub child: Child,
+    pub grpc: String,
+}
+
+impl Serve {
+    /// Starts the server and waits until its gRPC port accepts connections.
+    pub fn start(broker: &Broker, data_dir: &Path) -> Serve {
+        let (mut child, grpc) = spawn_serve(broker, data_dir, Stdio::inherit());
+        let started = Instant::now();
+        while std::net::TcpStream::connect(&grpc).is_err() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("hourglass exited with {status} at start-up (its log is above)");
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "hourglass did not start listening");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Serve { child, grpc }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    pub async fn client(&self) -> SchedulerClient<tonic::transport::Channel> {
+        SchedulerClient::connect(self.url()).await.unwrap()
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn terminate(mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Serve {
+    /// A test that fails midway leaves no server behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
