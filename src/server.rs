@@ -143,8 +143,9 @@ pub async fn run_with_clock(
     tracing::info!("shutting down: no longer serving");
     health_task.abort();
     let _ = health_task.await;
-    health.set_not_serving::<proto::scheduler_server::SchedulerServer<SchedulerApi>>().await;
-    health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    for service in ["", SCHEDULER] {
+        health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
+    }
     stop_accepting.cancel();
     drain_within(config.shutdown_grace, "gRPC requests", grpc).await;
     shard.shutdown().await;
@@ -196,8 +197,9 @@ async fn report_health(
             }
         };
         metrics::STORE_WRITABLE.set(i64::from(now == StoreHealth::Ok));
-        health.set_service_status("", status).await;
-        health.set_service_status(SCHEDULER, status).await;
+        for service in ["", SCHEDULER] {
+            health.set_service_status(service, status).await;
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             changed = store.changed() => if changed.is_err() { return },

@@ -333,7 +333,7 @@ impl Writer {
             }
             None => MessageId::generate(&mut self.ids),
         };
-        if self.max_pending.is_some_and(|cap| r.meta.pending >= cap) {
+        if self.at_capacity(r.meta.pending) {
             return Err(StoreError::AtCapacity { pending: r.meta.pending });
         }
         let seq = r.meta.next_seq;
@@ -405,7 +405,7 @@ impl Writer {
             }
         } else {
             // Failed: re-armed with a clean slate, if there is room.
-            if self.max_pending.is_some_and(|cap| r.meta.pending >= cap) {
+            if self.at_capacity(r.meta.pending) {
                 return Flow::Done(Err(StoreError::AtCapacity { pending: r.meta.pending }));
             }
             if let Some(at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
@@ -523,13 +523,7 @@ impl Writer {
             self.claims.release(id);
         }
         let error = result.err();
-        if writes && error.is_none() && !r.replies.is_empty() {
-            crate::failpoint::hit("store-before-ack");
-        }
-        for reply in r.replies.drain(..) {
-            reply(error.as_ref());
-        }
-        match error {
+        match &error {
             None => {
                 self.failed_commits = 0;
                 self.claims.release_all(&r.released);
@@ -550,8 +544,7 @@ impl Writer {
             Some(e) => {
                 self.failed_commits = self.failed_commits.saturating_add(1);
                 tracing::error!(error = %e, "store commit failed; nothing in it was acknowledged");
-                let failing = StoreHealth::Failing(e.to_string());
-                self.health.send_if_modified(|h| std::mem::replace(h, failing.clone()) != failing);
+                self.set_health(StoreHealth::Failing(e.to_string()));
                 // Produces that happened must still be recorded: keep their
                 // claims and settle them again. Everything else stays as it
                 // was, so the dispatcher must look at what it skipped.
@@ -568,17 +561,30 @@ impl Writer {
                 }
             }
         }
+        // Answer last: whoever is answered sees everything the commit did,
+        // claims given back and counters included.
+        if writes && error.is_none() && !r.replies.is_empty() {
+            crate::failpoint::hit("store-before-ack");
+        }
+        for reply in r.replies.drain(..) {
+            reply(error.as_ref());
+        }
     }
 }
 
 impl Writer {
+    fn at_capacity(&self, pending: u64) -> bool {
+        self.max_pending.is_some_and(|cap| pending >= cap)
+    }
+
     /// Reports whether the backlog cap is reached, after a commit succeeded.
     pub fn report_capacity(&self) {
-        let now = if self.max_pending.is_some_and(|cap| self.meta.pending >= cap) {
-            StoreHealth::AtCapacity
-        } else {
-            StoreHealth::Ok
-        };
+        let pending = self.meta.pending;
+        self.set_health(if self.at_capacity(pending) { StoreHealth::AtCapacity } else { StoreHealth::Ok });
+    }
+
+    /// Tells the health watchers, only when it changes.
+    fn set_health(&self, now: StoreHealth) {
         self.health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
     }
 }
