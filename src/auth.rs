@@ -8,6 +8,7 @@
 //! name = "orders-service"   # shown in logs and errors, never the token
 //! sha256 = "…64 hex digits…" # printf %s "$TOKEN" | sha256sum
 //! topics = ["orders.*", "audit"]
+//! tenant = "orders"          # optional; the name by default
 //!
 //! [[token]]
 //! name = "ops"
@@ -16,15 +17,21 @@
 //! ```
 //!
 //! A topic pattern is an exact name, a prefix ending in `*` (`orders.*`
-//! matches `orders.created`), or `*` for every topic.
+//! matches `orders.created`), or `*` for every topic. Each token belongs to
+//! a tenant, whose messages live in an id space of their own (see
+//! [`crate::message::Scope`]); tokens that share a tenant (an old and a new
+//! token during a rotation, say) share its messages.
 //!
 //! Callers send `authorization: Bearer <token>`. Only SHA-256 digests are
 //! kept in memory; a presented token is hashed and compared with every
 //! digest in constant time. Tokens are never logged.
 //!
 //! This module decides who the caller is ([`Authenticator`], a tonic
-//! interceptor) and what a grant allows ([`Access`]); the service applies
-//! it to the topics a request names.
+//! interceptor) and what a grant allows ([`Access`]). Every call but health
+//! carries an [`Access`], also when authentication is off; a call that
+//! reaches the service without one is refused, never let through. The
+//! service takes the caller's access in every method and the store applies
+//! its [`Scope`] in the same step as the read or change it limits.
 
 use std::{
     collections::HashSet,
@@ -36,77 +43,73 @@ use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use tonic::{Request, Status, metadata::MetadataMap};
 
-use crate::{Error, config::ConfigError, metrics};
+use crate::{
+    Error,
+    config::ConfigError,
+    message::{Scope, Tenant, TopicPattern},
+    metrics,
+};
 
-/// One topic pattern of a grant.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum TopicPattern {
-    Any,
-    Prefix(String),
-    Exact(String),
-}
-
-impl TopicPattern {
-    fn parse(pattern: &str) -> Result<TopicPattern, String> {
-        let pattern = pattern.trim();
-        if pattern == "*" {
-            return Ok(TopicPattern::Any);
-        }
-        match pattern.strip_suffix('*') {
-            _ if pattern.is_empty() => Err("an empty topic pattern".into()),
-            Some(prefix) if !prefix.contains('*') => Ok(TopicPattern::Prefix(prefix.to_owned())),
-            None if !pattern.contains('*') => Ok(TopicPattern::Exact(pattern.to_owned())),
-            _ => Err(format!("topic pattern {pattern:?}: `*` may only end a pattern")),
-        }
-    }
-
-    fn matches(&self, topic: &str) -> bool {
-        match self {
-            TopicPattern::Any => true,
-            TopicPattern::Prefix(prefix) => topic.starts_with(prefix.as_str()),
-            TopicPattern::Exact(name) => topic == name,
-        }
-    }
-}
-
-/// What one token may do: schedule to the topics its patterns match.
-#[derive(Debug, PartialEq, Eq)]
+/// What one token may do: use the topics its patterns match, in its
+/// tenant's id space.
+#[derive(Debug)]
 pub struct Grant {
     /// The token's name from the file, for logs and errors.
     pub name: String,
-    topics: Vec<TopicPattern>,
+    scope: Scope,
+    digest: [u8; 32],
 }
 
 impl Grant {
     pub fn allows(&self, topic: &str) -> bool {
-        self.topics.iter().any(|p| p.matches(topic))
+        self.scope.covers(topic)
     }
 
-    fn allows_every_topic(&self) -> bool {
-        self.topics.contains(&TopicPattern::Any)
+    pub fn tenant(&self) -> &str {
+        self.scope.tenant.as_ref().map_or("", Tenant::as_str)
     }
 }
 
+/// The tokens in use, swapped whole by a reload.
+type Live = Arc<RwLock<Arc<Tokens>>>;
+
 /// What the caller of one request may do: everything when authentication is
-/// off, otherwise what its token was granted.
-#[derive(Clone, Debug)]
+/// off, otherwise what its token is granted.
+#[derive(Clone)]
 pub enum Access {
     Open,
-    Granted(Arc<Grant>),
+    Granted {
+        grant: Arc<Grant>,
+        /// The tokens in use, to look the token up again (see [`Access::current`]).
+        live: Live,
+    },
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Access::Open => f.write_str("Open"),
+            Access::Granted { grant, .. } => write!(f, "Granted({:?})", grant.name),
+        }
+    }
 }
 
 impl Access {
-    /// The access the [`Authenticator`] attached to the request; without
-    /// one, authentication is off.
-    pub fn of<T>(request: &Request<T>) -> Access {
-        request.extensions().get::<Access>().cloned().unwrap_or(Access::Open)
+    /// The access the [`Authenticator`] attached to the request. A request
+    /// without one never passed the check (a service wired without the
+    /// interceptor): it is refused, not let in.
+    pub fn of<T>(request: &Request<T>) -> Result<Access, Error> {
+        request.extensions().get::<Access>().cloned().ok_or_else(|| {
+            tracing::error!("a call reached the service without an access check; refused");
+            Error::Unauthenticated("the server checked no credentials for this call; it is refused".into())
+        })
     }
 
-    /// No topic is out of bounds, so stored messages need not be looked at.
-    pub fn is_unrestricted(&self) -> bool {
+    /// What the caller sees and may change in the store.
+    pub fn scope(&self) -> Scope {
         match self {
-            Access::Open => true,
-            Access::Granted(grant) => grant.allows_every_topic(),
+            Access::Open => Scope::everything(),
+            Access::Granted { grant, .. } => grant.scope.clone(),
         }
     }
 
@@ -114,10 +117,26 @@ impl Access {
     pub fn check(&self, topic: &str) -> Result<(), Error> {
         match self {
             Access::Open => Ok(()),
-            Access::Granted(grant) if grant.allows(topic) => Ok(()),
-            Access::Granted(grant) => {
+            Access::Granted { grant, .. } if grant.allows(topic) => Ok(()),
+            Access::Granted { grant, .. } => {
                 Err(Error::Forbidden { token: grant.name.clone(), topic: topic.to_owned() })
             }
+        }
+    }
+
+    /// The caller's access as the tokens in use now say: a long call (a
+    /// stream) asks again before each piece of work, so that a token
+    /// revoked or narrowed by a reload stops working at once.
+    pub fn current(&self) -> Result<Access, Error> {
+        let Access::Granted { grant, live } = self else { return Ok(Access::Open) };
+        let tokens = Arc::clone(&live.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        match tokens.find_digest(&grant.digest) {
+            Some(now) if Arc::ptr_eq(&now, grant) => Ok(self.clone()),
+            Some(now) => Ok(Access::Granted { grant: now, live: Arc::clone(live) }),
+            None => Err(Error::Unauthenticated(format!(
+                "the token {:?} was revoked (the tokens file was reloaded); this call ends",
+                grant.name
+            ))),
         }
     }
 }
@@ -142,6 +161,7 @@ struct Entry {
     token: Option<String>,
     sha256: Option<String>,
     topics: Vec<String>,
+    tenant: Option<String>,
 }
 
 fn digest(token: &[u8]) -> [u8; 32] {
@@ -217,17 +237,28 @@ impl Tokens {
                 Ok(topics) => topics,
                 Err(e) => return fail(&e),
             };
-            entries.push((hash, Arc::new(Grant { name, topics })));
+            let tenant = match Tenant::parse(entry.tenant.as_deref().unwrap_or(&name)) {
+                Ok(tenant) => tenant,
+                Err(e) if entry.tenant.is_none() => {
+                    return fail(&format!("{e}; name its tenant with `tenant = \"...\"`"));
+                }
+                Err(e) => return fail(&e),
+            };
+            let scope = Scope::tenant(&name, tenant, topics);
+            entries.push((hash, Arc::new(Grant { name, scope, digest: hash })));
         }
         Ok(Tokens { entries })
     }
 
     /// The grant of `token`, comparing its digest with every entry.
     fn find(&self, token: &str) -> Option<Arc<Grant>> {
-        let hash = digest(token.as_bytes());
+        self.find_digest(&digest(token.as_bytes()))
+    }
+
+    fn find_digest(&self, hash: &[u8; 32]) -> Option<Arc<Grant>> {
         let mut found = None;
         for (entry, grant) in &self.entries {
-            if same_digest(entry, &hash) {
+            if same_digest(entry, hash) {
                 found = Some(Arc::clone(grant));
             }
         }
@@ -249,7 +280,7 @@ impl Tokens {
 /// Disabled (lets every call through) when no tokens file is configured.
 #[derive(Clone, Default)]
 pub struct Authenticator {
-    tokens: Option<(PathBuf, Arc<RwLock<Arc<Tokens>>>)>,
+    tokens: Option<(PathBuf, Live)>,
 }
 
 impl Authenticator {
@@ -279,14 +310,14 @@ impl Authenticator {
 
     /// The caller's access, from its `authorization: Bearer` header.
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Access, Status> {
-        let Some((_, tokens)) = &self.tokens else { return Ok(Access::Open) };
+        let Some((_, live)) = &self.tokens else { return Ok(Access::Open) };
         let token = bearer(metadata).ok_or_else(|| {
             metrics::AUTH_REFUSED.with_label_values(&["missing"]).inc();
             Status::unauthenticated("no bearer token: send the header `authorization: Bearer <token>`")
         })?;
-        let tokens = Arc::clone(&tokens.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        let tokens = Arc::clone(&live.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
         match tokens.find(token) {
-            Some(grant) => Ok(Access::Granted(grant)),
+            Some(grant) => Ok(Access::Granted { grant, live: Arc::clone(live) }),
             None => {
                 metrics::AUTH_REFUSED.with_label_values(&["invalid"]).inc();
                 Err(Status::unauthenticated("the bearer token is not valid"))
@@ -298,9 +329,8 @@ impl Authenticator {
 impl tonic::service::Interceptor for Authenticator {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let access = self.authenticate(request.metadata())?;
-        if let Access::Granted(_) = access {
-            request.extensions_mut().insert(access);
-        }
+        // Open too: the service refuses a call that carries no access.
+        request.extensions_mut().insert(access);
         Ok(request)
     }
 }
@@ -343,12 +373,10 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 /// Reloads the tokens file on SIGHUP until `stop`; a bad file is logged and
-/// the tokens in use stay.
+/// the tokens in use stay. Without a tokens file SIGHUP is only logged: its
+/// default action, ending the process, is never what the sender meant.
 pub async fn reload_on_hangup(auth: Authenticator, stop: tokio_util::sync::CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    if !auth.is_enabled() {
-        return;
-    }
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
         tracing::warn!("cannot listen for SIGHUP; the tokens file is read at start-up only");
         return;
@@ -357,6 +385,9 @@ pub async fn reload_on_hangup(auth: Authenticator, stop: tokio_util::sync::Cance
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = hangup.recv() => match auth.reload() {
+                Ok(_) if !auth.is_enabled() => {
+                    tracing::info!("SIGHUP: nothing to reload (no --auth-tokens); going on");
+                }
                 Ok(count) => tracing::info!(count, "SIGHUP: tokens file reloaded"),
                 Err(e) => tracing::error!(error = %e, "SIGHUP: tokens file not reloaded; old tokens stay"),
             },
@@ -407,9 +438,8 @@ mod tests {
         assert!(!orders.allows("audit2"));
         assert!(!orders.allows("orders"));
         assert!(!orders.allows("payments"));
-        assert!(!orders.allows_every_topic());
         let ops = tokens.find("ops-secret").unwrap();
-        assert!(ops.allows("anything") && ops.allows_every_topic());
+        assert!(ops.allows("anything"));
         assert!(tokens.find("wrong").is_none());
         assert!(tokens.find("").is_none());
     }
@@ -468,7 +498,8 @@ mod tests {
         assert_eq!(code(&metadata("Bearer wrong")), tonic::Code::Unauthenticated);
         assert_eq!(code(&metadata("Basic ops-secret")), tonic::Code::Unauthenticated);
         assert_eq!(code(&metadata("Bearer ")), tonic::Code::Unauthenticated);
-        let Access::Granted(grant) = auth.authenticate(&metadata("bearer  ops-secret ")).unwrap() else {
+        let Access::Granted { grant, .. } = auth.authenticate(&metadata("bearer  ops-secret ")).unwrap()
+        else {
             panic!("not granted");
         };
         assert_eq!(grant.name, "ops");
@@ -495,13 +526,66 @@ mod tests {
     #[test]
     fn access_checks_topics() {
         let tokens = tokens();
-        let orders = Access::Granted(tokens.find("orders-secret").unwrap());
+        let live = Arc::new(RwLock::new(Arc::new(tokens)));
+        let grant = live.read().unwrap().find("orders-secret").unwrap();
+        let orders = Access::Granted { grant, live };
         assert!(orders.check("orders.paid").is_ok());
         let err = orders.check("payments").unwrap_err();
         assert!(
             matches!(&err, Error::Forbidden { token, topic } if token == "orders" && topic == "payments")
         );
-        assert!(!orders.is_unrestricted());
-        assert!(Access::Open.check("anything").is_ok() && Access::Open.is_unrestricted());
+        assert_eq!(orders.scope().tenant.map(|t| t.as_str().to_owned()), Some("orders".into()));
+        assert!(Access::Open.check("anything").is_ok() && Access::Open.scope().is_everything());
+    }
+
+    #[test]
+    fn a_call_without_an_access_check_is_refused() {
+        let unchecked = Request::new(());
+        assert!(matches!(Access::of(&unchecked), Err(Error::Unauthenticated(_))));
+        let mut checked = Request::new(());
+        let mut auth = Authenticator::disabled();
+        checked = tonic::service::Interceptor::call(&mut auth, checked).unwrap();
+        assert!(matches!(Access::of(&checked), Ok(Access::Open)), "authentication off still attaches Open");
+    }
+
+    #[test]
+    fn tokens_name_their_tenant_or_are_their_own() {
+        let tokens = Tokens::parse(
+            "[[token]]\nname = \"orders-2025\"\ntoken = \"old\"\ntopics = [\"orders.*\"]\ntenant = \"orders\"\n\
+             [[token]]\nname = \"orders-2026\"\ntoken = \"new\"\ntopics = [\"orders.*\"]\ntenant = \"orders\"\n\
+             [[token]]\nname = \"billing\"\ntoken = \"b\"\ntopics = [\"*\"]\n",
+        )
+        .unwrap();
+        assert_eq!(tokens.find("old").unwrap().tenant(), "orders");
+        assert_eq!(tokens.find("new").unwrap().tenant(), "orders", "a rotation keeps the messages");
+        assert_eq!(tokens.find("b").unwrap().tenant(), "billing", "by default the name");
+        let err = Tokens::parse("[[token]]\nname = \"my service\"\ntoken = \"s3cret\"\ntopics = [\"*\"]\n")
+            .unwrap_err();
+        assert!(err.contains("tenant = "), "a name that cannot be a tenant says how to name one: {err}");
+        let err = Tokens::parse(
+            "[[token]]\nname = \"a\"\ntoken = \"s3cret\"\ntopics = [\"*\"]\ntenant = \"a/b\"\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("contains '/'"), "{err}");
+    }
+
+    #[test]
+    fn a_reload_reaches_access_already_handed_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let entry =
+            |topics: &str| format!("[[token]]\nname = \"a\"\ntoken = \"first\"\ntopics = [{topics}]\n");
+        std::fs::write(&path, entry("\"orders.*\"")).unwrap();
+        let auth = Authenticator::load(&path).unwrap();
+        let access = auth.authenticate(&metadata("Bearer first")).unwrap();
+        assert!(access.current().unwrap().check("billing").is_err());
+        std::fs::write(&path, entry("\"orders.*\", \"billing\"")).unwrap();
+        auth.reload().unwrap();
+        assert!(access.current().unwrap().check("billing").is_ok(), "a widened grant applies at once");
+        std::fs::write(&path, "[[token]]\nname = \"b\"\ntoken = \"second\"\ntopics = [\"*\"]\n").unwrap();
+        auth.reload().unwrap();
+        let err = access.current().unwrap_err();
+        assert!(matches!(&err, Error::Unauthenticated(m) if m.contains("revoked")), "{err}");
+        assert!(Access::Open.current().is_ok());
     }
 }

@@ -6,7 +6,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, ConfigError, Durability};
+use crate::{
+    config::{Config, ConfigError, Durability},
+    secret::{self, Origin, Secret},
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "hourglass", version, about = "Delayed delivery for Apache Kafka", long_about = None)]
@@ -61,16 +64,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HOURGLASS_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
     /// librdkafka producer property KEY=VALUE, repeatable (e.g.
-    /// security.protocol=SASL_SSL). In the environment: comma-separated.
-    /// A VALUE of env:NAME or file:/path is read from there at start-up.
-    #[arg(
-        long = "kafka-property",
-        env = "HOURGLASS_KAFKA_PROPERTIES",
-        hide_env_values = true,
-        value_delimiter = ',',
-        value_name = "KEY=VALUE"
-    )]
-    pub kafka_properties: Vec<String>,
+    /// security.protocol=SASL_SSL). A VALUE of env:NAME or file:/path is read
+    /// from there at start-up. In the environment, HOURGLASS_KAFKA_PROPERTIES
+    /// takes them comma-separated, with \, for a comma inside a value.
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
+    pub kafka_properties: Vec<Secret>,
     /// When a change is acknowledged: after fsync (sync) or after the OS has
     /// the write (buffered: loses the last moments on power loss) [default: sync]
     #[arg(long, env = "HOURGLASS_DURABILITY", value_enum)]
@@ -117,9 +115,20 @@ pub struct ServeArgs {
     /// Messages produced and not yet acknowledged by Kafka [default: 10000]
     #[arg(long, env = "HOURGLASS_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
-    /// Times the broker may refuse a message before it is failed [default: 5]
+    /// Times the broker may refuse a message (or its topic) before it is
+    /// failed; --fail-after must have passed too [default: 5]
     #[arg(long, env = "HOURGLASS_MAX_DELIVERY_ATTEMPTS")]
     pub max_delivery_attempts: Option<u32>,
+    /// How long the broker must have refused a message (or its topic, e.g.
+    /// deleted or not authorised) before it is failed; a shorter refusal
+    /// only delays it [default: 10m]
+    #[arg(long, env = "HOURGLASS_FAIL_AFTER", value_parser = duration)]
+    pub fail_after: Option<Duration>,
+    /// A produce Kafka has not answered for this long holds the other
+    /// messages of its topic back, so that it cannot hold every topic's
+    /// [default: 10s]
+    #[arg(long, env = "HOURGLASS_STALL_AFTER", value_parser = duration)]
+    pub stall_after: Option<Duration>,
     /// First retry delay after a failed produce; doubles each try [default: 200ms]
     #[arg(long, env = "HOURGLASS_RETRY_BACKOFF", value_parser = duration)]
     pub retry_backoff: Option<Duration>,
@@ -148,14 +157,42 @@ pub struct ServeArgs {
     #[arg(long, env = "HOURGLASS_AUTH_TOKENS", value_name = "FILE")]
     pub auth_tokens: Option<PathBuf>,
     /// HTTP/2 streams (calls) one connection may have open at once; the
-    /// client waits for a free one. 0: no limit [default: 0]
+    /// client waits for a free one. 0: no limit [default: 128]
     #[arg(long, env = "HOURGLASS_MAX_STREAMS_PER_CONNECTION")]
     pub max_streams_per_connection: Option<u32>,
+    /// gRPC connections open at once; further ones wait to be accepted
+    /// [default: 1024]
+    #[arg(long, env = "HOURGLASS_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Bytes of request bodies the server holds at once, across all calls;
+    /// a call that would take more is refused with RESOURCE_EXHAUSTED
+    /// [default: 268435456]
+    #[arg(long, env = "HOURGLASS_MAX_REQUEST_MEMORY")]
+    pub max_request_memory: Option<usize>,
+    /// A ScheduleStream with nothing unanswered that sends nothing for this
+    /// long is ended with UNAVAILABLE [default: 2m]
+    #[arg(long, env = "HOURGLASS_STREAM_IDLE_TIMEOUT", value_parser = duration)]
+    pub stream_idle_timeout: Option<Duration>,
+    /// gRPC health Watch streams open at once (they need no token); more
+    /// are refused with RESOURCE_EXHAUSTED [default: 64]
+    #[arg(long, env = "HOURGLASS_MAX_HEALTH_WATCHES")]
+    pub max_health_watches: Option<usize>,
 }
 
+/// The environment variable that holds Kafka properties, comma-separated.
+pub const KAFKA_PROPERTIES_ENV: &str = "HOURGLASS_KAFKA_PROPERTIES";
+
 impl ServeArgs {
-    /// Defaults, then the config file, then these flags; validated.
+    /// Defaults, then the config file, then the environment and these
+    /// flags; validated.
     pub fn into_config(self) -> Result<Config, ConfigError> {
+        let listed = std::env::var(KAFKA_PROPERTIES_ENV).ok().map(Secret::new);
+        self.into_config_with(listed)
+    }
+
+    /// As [`ServeArgs::into_config`], with `listed` as the value of
+    /// `HOURGLASS_KAFKA_PROPERTIES`.
+    pub fn into_config_with(self, listed: Option<Secret>) -> Result<Config, ConfigError> {
         let mut c = match &self.config {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
@@ -186,7 +223,13 @@ impl ServeArgs {
             retry_backoff_max,
             metadata_refresh,
             shutdown_grace,
-            max_streams_per_connection
+            max_streams_per_connection,
+            fail_after,
+            stall_after,
+            max_connections,
+            max_request_memory,
+            stream_idle_timeout,
+            max_health_watches
         );
         for (flag, field) in [
             (self.tls_cert, &mut c.tls_cert),
@@ -198,9 +241,17 @@ impl ServeArgs {
                 *field = flag;
             }
         }
-        for property in &self.kafka_properties {
-            let (k, v) = property.split_once('=').ok_or_else(|| {
-                ConfigError::Invalid(format!("--kafka-property {property:?} is not KEY=VALUE"))
+        // The environment's list, then the flags; the list's items are
+        // checked here, where their positions are known, and named by them.
+        for (n, key, value) in
+            listed.as_ref().map(|l| secret::parse_list(l.expose())).transpose()?.unwrap_or_default()
+        {
+            secret::check_property(&key, &value, Origin::ListItem(n))?;
+            c.kafka_properties.insert(key, value);
+        }
+        for (n, property) in (1..).zip(&self.kafka_properties) {
+            let (k, v) = property.expose().split_once('=').ok_or_else(|| {
+                ConfigError::Invalid(format!("--kafka-property number {n} is not KEY=VALUE"))
             })?;
             c.kafka_properties.insert(k.trim().to_owned(), v.trim().to_owned());
         }
@@ -289,7 +340,7 @@ pub struct ClientArgs {
     pub server: String,
     /// Bearer token, for a server with --auth-tokens.
     #[arg(long, env = "HOURGLASS_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     /// PEM CA certificate to trust for an https:// server [default: the
     /// system's trusted roots]
     #[arg(long, env = "HOURGLASS_CA_CERT", value_name = "FILE")]
@@ -428,7 +479,7 @@ mod tests {
         else {
             panic!("not serve");
         };
-        let config = args.into_config().unwrap();
+        let config = args.into_config_with(None).unwrap();
         assert_eq!(config.listen.port(), 7000);
         assert_eq!(config.retention, Duration::from_secs(3600));
         assert_eq!(config.kafka_properties["compression.type"], "zstd");
@@ -437,8 +488,38 @@ mod tests {
 
     #[test]
     fn a_malformed_property_is_refused() {
-        let args = ServeArgs { kafka_properties: vec!["novalue".into()], ..ServeArgs::default() };
-        assert!(args.into_config().unwrap_err().to_string().contains("KEY=VALUE"));
+        let args = ServeArgs { kafka_properties: vec![Secret::new("novalue")], ..ServeArgs::default() };
+        assert!(args.into_config_with(None).unwrap_err().to_string().contains("KEY=VALUE"));
+    }
+
+    /// A password with every character that has tripped a parser.
+    const PASSWORD: &str = "Pw1,Xq9=Zk\"Jj";
+
+    #[test]
+    fn kafka_properties_from_the_environment_keep_secrets_out_of_errors_and_debug() {
+        let escaped = PASSWORD.replace(',', "\\,");
+        let listed = Secret::new(format!("security.protocol=SASL_SSL,sasl.password={escaped}"));
+        let config = ServeArgs::default().into_config_with(Some(listed)).unwrap();
+        assert_eq!(config.kafka_properties["sasl.password"], PASSWORD, "an escaped comma stays in the value");
+        // Unescaped, the password splits in two; neither piece may show,
+        // nor what parsed the arguments.
+        for listed in [format!("sasl.password={PASSWORD}"), "sasl.password=Pw1,Xq9".to_owned()] {
+            let err =
+                ServeArgs::default().into_config_with(Some(Secret::new(listed))).unwrap_err().to_string();
+            assert!(err.contains("HOURGLASS_KAFKA_PROPERTIES"), "{err}");
+            for piece in ["Pw1", "Xq9", "Zk", "Jj"] {
+                assert!(!err.contains(piece), "{err}");
+            }
+        }
+        let Command::Serve(args) =
+            parse(&["serve", "--kafka-property", &format!("sasl.password={PASSWORD}")]).unwrap().command
+        else {
+            panic!("not serve");
+        };
+        assert!(!format!("{args:?}").contains("Pw1"), "{args:?}");
+        assert_eq!(args.into_config_with(None).unwrap().kafka_properties["sasl.password"], PASSWORD);
+        let Command::Get(get) = parse(&["get", "x", "--token", PASSWORD]).unwrap().command else { panic!() };
+        assert!(!format!("{get:?}").contains("Pw1"), "{get:?}");
     }
 
     #[test]
@@ -473,14 +554,17 @@ mod tests {
         else {
             panic!("not serve");
         };
-        let config = args.into_config().unwrap();
+        let config = args.into_config_with(None).unwrap();
         assert_eq!(config.auth_tokens.as_deref(), Some(std::path::Path::new(tokens)));
         assert_eq!(config.max_streams_per_connection, 64);
         let Command::Serve(args) = parse(&["serve", "--tls-cert", "c.pem"]).unwrap().command else {
             panic!("not serve");
         };
         assert!(
-            args.into_config().unwrap_err().to_string().contains("--tls-cert is given without --tls-key")
+            args.into_config_with(None)
+                .unwrap_err()
+                .to_string()
+                .contains("--tls-cert is given without --tls-key")
         );
 
         assert!(parse(&["get", "id1", "--client-cert", "c.pem"]).is_err(), "a certificate needs its key");
@@ -489,7 +573,7 @@ mod tests {
         else {
             panic!("not get");
         };
-        assert_eq!(args.client.token.as_deref(), Some("t"));
+        assert_eq!(args.client.token.as_ref().map(Secret::expose), Some("t"));
         assert_eq!(args.client.ca_cert, Some(PathBuf::from("ca.pem")));
     }
 

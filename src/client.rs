@@ -30,7 +30,10 @@ async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
     }
     let channel =
         endpoint.connect().await.with_context(|| format!("cannot reach hourglass at {}", server.server))?;
-    Ok(SchedulerClient::with_interceptor(channel, Bearer::new(server.token.as_deref())?))
+    Ok(SchedulerClient::with_interceptor(
+        channel,
+        Bearer::new(server.token.as_ref().map(crate::secret::Secret::expose))?,
+    ))
 }
 
 fn status_error(e: tonic::Status) -> anyhow::Error {

@@ -4,12 +4,17 @@
 //! Precedence, highest first: command-line flag, `HOURGLASS_*` environment
 //! variable, config file (`--config`), built-in default.
 
-use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
 use crate::{
-    dispatcher::DispatcherConfig, kafka::KafkaConfig, message::Limits, shard::ShardConfig, store::StoreConfig,
+    dispatcher::DispatcherConfig,
+    kafka::KafkaConfig,
+    message::Limits,
+    secret::{self, Origin, Properties},
+    shard::ShardConfig,
+    store::StoreConfig,
 };
 
 /// When an acknowledged change is safe.
@@ -38,8 +43,9 @@ pub struct Config {
     /// Kafka bootstrap servers. Default 127.0.0.1:9092.
     pub kafka_brokers: String,
     /// librdkafka producer properties, passed through (SASL, SSL, ...).
-    /// A value may be `env:NAME` or `file:/path` (see `secret`).
-    pub kafka_properties: BTreeMap<String, String>,
+    /// A value may be `env:NAME` or `file:/path` (see `secret`). `Debug`
+    /// hides secret values.
+    pub kafka_properties: Properties,
     /// Default sync.
     pub durability: Durability,
     /// How long settled messages stay queryable. Default 7d.
@@ -74,6 +80,14 @@ pub struct Config {
     pub max_in_flight: usize,
     /// Refusals by the broker before a message is failed. Default 5.
     pub max_delivery_attempts: u32,
+    /// How long the broker must have refused a message (or its topic)
+    /// before it is failed, tries permitting. Default 10m.
+    #[serde(with = "humantime_serde")]
+    pub fail_after: Duration,
+    /// A produce Kafka has not answered for this long holds its topic's
+    /// other messages back (the rest go on). Default 10s.
+    #[serde(with = "humantime_serde")]
+    pub stall_after: Duration,
     /// First retry delay after a failed produce, doubling. Default 200ms.
     #[serde(with = "humantime_serde")]
     pub retry_backoff: Duration,
@@ -97,10 +111,25 @@ pub struct Config {
     /// Tokens file (see `auth`); with it, every call but health needs a
     /// bearer token. Default: none, no authentication.
     pub auth_tokens: Option<PathBuf>,
-    /// HTTP/2 streams (calls) one connection may have open at once. 0 (the
-    /// default): no limit per connection.
+    /// HTTP/2 streams (calls) one connection may have open at once; 0: no
+    /// limit. Default 128.
     pub max_streams_per_connection: u32,
+    /// gRPC connections open at once; more wait to be accepted. Default 1024.
+    pub max_connections: usize,
+    /// Bytes of request bodies held at once, across all calls; a call that
+    /// would take more is refused with RESOURCE_EXHAUSTED. Default 256 MiB.
+    pub max_request_memory: usize,
+    /// A `ScheduleStream` with nothing unanswered that sends nothing for
+    /// this long is ended. Default 2m.
+    #[serde(with = "humantime_serde")]
+    pub stream_idle_timeout: Duration,
+    /// gRPC health `Watch` streams open at once (they need no token).
+    /// Default 64.
+    pub max_health_watches: usize,
 }
+
+/// The longest `shutdown_grace` accepted.
+const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(3600);
 
 impl Default for Config {
     fn default() -> Self {
@@ -111,7 +140,7 @@ impl Default for Config {
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             data_dir: PathBuf::from("hourglass-data"),
             kafka_brokers: "127.0.0.1:9092".into(),
-            kafka_properties: BTreeMap::new(),
+            kafka_properties: Properties::default(),
             durability: Durability::Sync,
             retention: Duration::from_secs(7 * 24 * 3600),
             max_delay: limits.max_delay,
@@ -126,6 +155,8 @@ impl Default for Config {
             verify_on_start: true,
             max_in_flight: dispatcher.max_in_flight,
             max_delivery_attempts: dispatcher.max_attempts,
+            fail_after: dispatcher.fail_after,
+            stall_after: dispatcher.stall_after,
             retry_backoff: dispatcher.backoff_initial,
             retry_backoff_max: dispatcher.backoff_max,
             metadata_refresh: Duration::from_secs(30),
@@ -134,7 +165,11 @@ impl Default for Config {
             tls_key: None,
             tls_client_ca: None,
             auth_tokens: None,
-            max_streams_per_connection: 0,
+            max_streams_per_connection: 128,
+            max_connections: 1024,
+            max_request_memory: 256 << 20,
+            stream_idle_timeout: Duration::from_secs(120),
+            max_health_watches: 64,
         }
     }
 }
@@ -143,17 +178,59 @@ impl Default for Config {
 pub enum ConfigError {
     #[error("reading config file {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("config file {path}: {source}")]
-    Parse { path: PathBuf, source: toml::de::Error },
+    /// Where and why, without the text of the line: it may hold a secret.
+    #[error("config file {path}{at}: {reason}")]
+    Parse { path: PathBuf, at: String, reason: String },
     #[error("{0}")]
     Invalid(String),
+}
+
+impl ConfigError {
+    /// A TOML error as `Parse`: its line and column, and its reason with
+    /// every quoted value taken out (toml and serde quote the value they
+    /// choke on, and that value may be a password).
+    pub fn parse(path: &std::path::Path, text: &str, e: &toml::de::Error) -> ConfigError {
+        let at = e
+            .span()
+            .map(|span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.lines().count().max(1);
+                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                format!(" at line {line}, column {column}")
+            })
+            .unwrap_or_default();
+        ConfigError::Parse { path: path.to_owned(), at, reason: unquote(e.message()) }
+    }
+}
+
+/// `text` with everything between double quotes replaced (quotes escaped
+/// with a backslash inside them included).
+fn unquote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut inside = false;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match (c, inside) {
+            ('"', false) => {
+                inside = true;
+                out.push_str("\"…\"");
+            }
+            ('"', true) => inside = false,
+            ('\\', true) => {
+                chars.next();
+            }
+            (_, true) => {}
+            (c, false) => out.push(c),
+        }
+    }
+    out
 }
 
 impl Config {
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
+        toml::from_str(&text).map_err(|e| ConfigError::parse(path, &text, &e))
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -187,6 +264,38 @@ impl Config {
         }
         if self.metadata_refresh < Duration::from_secs(1) {
             return fail("metadata_refresh must be at least 1s".into());
+        }
+        if self.shutdown_grace > MAX_SHUTDOWN_GRACE {
+            return fail(format!(
+                "shutdown_grace is {}; use at most {}",
+                humantime::format_duration(self.shutdown_grace),
+                humantime::format_duration(MAX_SHUTDOWN_GRACE)
+            ));
+        }
+        if self.stall_after < Duration::from_secs(1) || self.stream_idle_timeout < Duration::from_secs(1) {
+            return fail("stall_after and stream_idle_timeout must be at least 1s".into());
+        }
+        if self.max_connections == 0 || self.max_health_watches == 0 {
+            return fail("max_connections and max_health_watches must be at least 1".into());
+        }
+        let largest = self.limits().max_batch_request_bytes();
+        if self.max_request_memory < largest {
+            return fail(format!(
+                "max_request_memory is {} bytes, less than one request may take ({largest} bytes, from \
+                 max_batch_bytes and max_message_bytes)",
+                self.max_request_memory
+            ));
+        }
+        for (name, value) in self.kafka_properties.iter() {
+            secret::check_property(name, value, Origin::Named)?;
+            // A record timed out locally may still have been written:
+            // producing it again could duplicate it.
+            if matches!(name.as_str(), "message.timeout.ms" | "delivery.timeout.ms") && value.trim() != "0" {
+                return fail(format!(
+                    "kafka property {name} must stay 0: hourglass never times a record out and sends it again, \
+                     which could duplicate it (a topic that stops answering is held by --stall-after instead)"
+                ));
+            }
         }
         self.check_security()
     }
@@ -223,7 +332,7 @@ impl Config {
     }
 
     pub fn kafka(&self) -> KafkaConfig {
-        let mut properties = self.kafka_properties.clone();
+        let mut properties = self.kafka_properties.0.clone();
         // librdkafka refuses records over its message.max.bytes (1000000 by
         // default); let it take every message hourglass accepts, with room
         // for the record's framing and hourglass's own headers.
@@ -246,6 +355,8 @@ impl Config {
                 backoff_initial: self.retry_backoff,
                 backoff_max: self.retry_backoff_max,
                 shutdown_grace: self.shutdown_grace,
+                fail_after: self.fail_after,
+                stall_after: self.stall_after,
                 ..DispatcherConfig::default()
             },
             retention: self.retention,
@@ -295,6 +406,43 @@ mod tests {
         assert_eq!(set.kafka().properties["message.max.bytes"], "500000", "the operator's setting wins");
     }
 
+    /// A password with every character that has tripped a parser.
+    const PASSWORD: &str = "Pw1,Xq9=Zk\\\"Jj";
+
+    #[test]
+    fn a_broken_config_file_is_named_by_line_without_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hourglass.toml");
+        let broken = [
+            // An unterminated string: toml quotes the rest of the line.
+            format!("[kafka_properties]\n\"sasl.password\" = \"{PASSWORD}\nretention = \"1d\"\n"),
+            // A value of the wrong type: serde quotes the value.
+            format!("max_pending = \"{PASSWORD}\"\n"),
+            // A table where a string belongs.
+            format!(
+                "kafka_brokers = \"k:9092\"\n[kafka_properties]\n\"sasl.password\" = {{ v = \"{PASSWORD}\" }}\n"
+            ),
+        ];
+        for text in broken {
+            std::fs::write(&path, &text).unwrap();
+            let err = Config::from_file(&path).unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(shown.contains("hourglass.toml at line"), "{shown}");
+            for piece in ["Pw1", "Xq9", "Zk", "Jj"] {
+                assert!(!shown.contains(piece), "the secret leaked: {shown}");
+            }
+        }
+    }
+
+    #[test]
+    fn debug_output_hides_kafka_secrets() {
+        let mut config = Config::default();
+        config.kafka_properties.insert("sasl.password".into(), PASSWORD.into());
+        config.kafka_properties.insert("sasl.username".into(), "hourglass".into());
+        let shown = format!("{config:?} {:?}", config.kafka());
+        assert!(!shown.contains("Pw1") && shown.contains("hourglass"), "{shown}");
+    }
+
     #[test]
     fn unknown_keys_are_refused() {
         let err = toml::from_str::<Config>("kafka_broker = \"x\"").unwrap_err();
@@ -314,7 +462,18 @@ mod tests {
             Config { retry_backoff: Duration::from_secs(60), ..Config::default() },
             Config { metrics_listen: Config::default().listen, ..Config::default() },
             Config {
-                kafka_properties: BTreeMap::from([("bootstrap.servers".into(), "x:1".into())]),
+                kafka_properties: Properties::from([("bootstrap.servers".into(), "x:1".into())]),
+                ..Config::default()
+            },
+            Config { shutdown_grace: Duration::MAX, ..Config::default() },
+            Config { max_request_memory: 1024, ..Config::default() },
+            Config { max_connections: 0, ..Config::default() },
+            Config {
+                kafka_properties: Properties::from([("no.such.thing".into(), "1".into())]),
+                ..Config::default()
+            },
+            Config {
+                kafka_properties: Properties::from([("message.timeout.ms".into(), "30000".into())]),
                 ..Config::default()
             },
         ];

@@ -3,10 +3,10 @@
 //!
 //! It has no polling interval. It sleeps until the earliest due time it knows
 //! of (read from the head of the due CF), and the writer wakes it when a
-//! commit adds anything earlier. Sleeping is on tokio's monotonic timer,
-//! capped at `max_sleep`; on waking it reads the wall clock again and takes
-//! only what is due by then, so it never delivers early, and a wall-clock
-//! step is noticed within `max_sleep`.
+//! commit adds anything. Sleeping is on tokio's monotonic timer, capped at
+//! `max_sleep`; on waking it reads the wall clock again and takes only what
+//! is due by then, so it never delivers early, and a wall-clock step is
+//! noticed within `max_sleep`.
 //!
 //! At most `max_in_flight` messages are between "claimed" and "settled".
 //! Messages go to the producer in due order, so each partition receives them
@@ -14,14 +14,41 @@
 //! [`Settle`] the writer commits atomically: delete from the due CF, record
 //! partition and offset in the checkpoint CF, advance the counters.
 //!
-//! Failures: an outage (broker unreachable, timed out) is retried with
-//! backoff for as long as it lasts, without counting toward the attempt
-//! limit; a rejection (topic deleted, too large, not authorised) is retried
-//! up to `max_attempts` times, then the message is settled as failed with the
-//! reason. Either way the message waits in the store, not in memory, so other
-//! messages keep flowing.
+//! Where it reads: it walks the due index forward from where it left off.
+//! What lands behind that position (a past-due schedule, a reschedule to
+//! now), what the writer held when it looked, what it could not read and
+//! what it put off are looked at again entry by entry, never by walking back
+//! over the tombstones of what was settled since.
+//!
+//! A record handed to the producer is never produced again while this
+//! process runs: librdkafka retries it itself, under the same idempotent
+//! sequence, for as long as it takes (no local timeout). So one topic that
+//! stops answering must not hold everything else:
+//!
+//! - **Stalled topic.** A produce Kafka has not answered for `stall_after`
+//!   stalls its topic: the record keeps its claim but gives its in-flight
+//!   slot back, and the topic's other due messages are put off (left in the
+//!   store, their place remembered) until the stalled records are answered.
+//! - **Refused topic.** A topic the broker refuses (deleted, not
+//!   authorised) is held: its messages are put off, and one probe record
+//!   tries it again after a growing backoff. Its messages fail only once it
+//!   has refused for `fail_after` *and* at least `max_attempts` probes; a
+//!   glitch shorter than that fails nothing.
+//! - **Refused message.** A record the broker refuses for itself (too large)
+//!   is retried with backoff and failed on the same rule, counted per
+//!   message.
+//!
+//! At shutdown it waits for what is in flight (up to the grace period) and
+//! settles it; records still unanswered are *in doubt*: the store is told,
+//! so that no cancel of them is answered `CANCELLED`.
+//!
+//! While the store cannot record deliveries (disk full) it produces nothing.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +56,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     clock::Clock,
     kafka::{DeliveryReport, Fault, Outgoing, ProduceError, Producer},
-    message::{DUE_HEADER, ID_HEADER, MessageId, UnixMillis},
+    message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis},
     metrics,
     store::{
         DueBatch, Outcome, Ready, Settle, Store, StoreError,
@@ -39,16 +66,22 @@ use crate::{
 
 #[derive(Clone, Debug)]
 pub struct DispatcherConfig {
-    /// Messages produced and not yet acknowledged, at most.
+    /// Messages produced and not yet acknowledged, at most (stalled ones
+    /// aside).
     pub max_in_flight: usize,
-    /// Tries the broker may refuse a message before it is settled as failed.
+    /// Refusals before a message (or the messages of a refused topic) may be
+    /// failed.
     pub max_attempts: u32,
+    /// How long refusals must have gone on before a message may be failed.
+    pub fail_after: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     /// Longest sleep before reading the wall clock again.
     pub max_sleep: Duration,
     /// How long shutdown waits for in-flight produces to be acknowledged.
     pub shutdown_grace: Duration,
+    /// A produce unanswered for this long stalls its topic.
+    pub stall_after: Duration,
 }
 
 impl Default for DispatcherConfig {
@@ -56,10 +89,12 @@ impl Default for DispatcherConfig {
         DispatcherConfig {
             max_in_flight: 10_000,
             max_attempts: 5,
+            fail_after: Duration::from_secs(10 * 60),
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
             max_sleep: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
+            stall_after: Duration::from_secs(10),
         }
     }
 }
@@ -71,20 +106,29 @@ impl DispatcherConfig {
         self.backoff_initial.saturating_mul(factor).min(self.backoff_max)
     }
 
-    /// What a produce error means for a message that had `rejections`
-    /// refusals before this one.
-    fn outcome_of_error(
-        &self,
-        error: ProduceError,
-        attempts: u32,
-        rejections: u32,
-        now: UnixMillis,
-    ) -> Outcome {
-        let rejected = error.fault == Fault::Rejected;
-        if rejected && rejections + 1 >= self.max_attempts {
-            return Outcome::Failed { at: now, error: error.reason };
+    /// Whether refusals that began at `since`, `tries` of them by now, are
+    /// enough to give up.
+    fn gives_up(&self, since: UnixMillis, tries: u32, now: UnixMillis) -> bool {
+        tries >= self.max_attempts && now.since(since) >= self.fail_after
+    }
+
+    /// What a produce error means for a message with `prev` tries behind
+    /// it, when the fault is the message's own or an outage. (A refused
+    /// topic is handled for the whole topic.)
+    fn outcome_of_error(&self, error: ProduceError, prev: &Settlement, now: UnixMillis) -> Outcome {
+        let refused = error.fault == Fault::MessageRefused;
+        if refused {
+            let since =
+                if prev.first_refused_at_ms == 0 { now } else { UnixMillis(prev.first_refused_at_ms) };
+            if self.gives_up(since, prev.rejections.saturating_add(1), now) {
+                return Outcome::Failed { error: error.reason, tried: true };
+            }
         }
-        Outcome::Retry { retry_at: now.saturating_add(self.backoff(attempts)), error: error.reason, rejected }
+        Outcome::Retry {
+            retry_at: now.saturating_add(self.backoff(prev.attempts)),
+            error: error.reason,
+            refused,
+        }
     }
 }
 
@@ -92,12 +136,57 @@ impl DispatcherConfig {
 /// this one is produced.
 const READ_CHUNK: usize = 2048;
 
+/// Entries put off (for held topics) that are remembered one by one, at
+/// most; past it the dispatcher rescans the due index from the lowest.
+const DEFER_CAP: usize = 100_000;
+
+/// How often the dispatcher tells readers where live entries start.
+const PUBLISH_EVERY: Duration = Duration::from_millis(200);
+
 /// A message handed to the producer, waiting for its report.
 struct InFlight {
     id: MessageId,
     key: DueKey,
     due: UnixMillis,
+    topic: Arc<str>,
     prev: Settlement,
+    stalled: bool,
+    /// It tries a refused topic again.
+    probe: bool,
+}
+
+/// What the dispatcher knows of one topic it is holding back or producing to.
+#[derive(Default)]
+struct TopicState {
+    in_flight: usize,
+    /// In-flight records unanswered for longer than `stall_after`.
+    stalled: usize,
+    refusal: Option<Refusal>,
+    /// Due entries put off while the topic is held.
+    deferred: Vec<(DueKey, MessageId)>,
+}
+
+/// A topic the broker refuses.
+struct Refusal {
+    since: UnixMillis,
+    /// Probes refused so far (the first refusal counts as one).
+    tries: u32,
+    error: String,
+    /// When the next probe may go.
+    probe_at: UnixMillis,
+    probing: bool,
+}
+
+impl TopicState {
+    /// Whether the topic's messages wait now: its records stalled, or it is
+    /// refused and no probe is due.
+    fn held(&self, now: UnixMillis) -> bool {
+        self.stalled > 0 || self.refusal.as_ref().is_some_and(|r| r.probing || now < r.probe_at)
+    }
+
+    fn is_idle(&self) -> bool {
+        self.in_flight == 0 && self.refusal.is_none() && self.deferred.is_empty()
+    }
 }
 
 pub struct Dispatcher {
@@ -106,20 +195,46 @@ pub struct Dispatcher {
     clock: Arc<dyn Clock>,
     config: DispatcherConfig,
     in_flight: HashMap<u64, InFlight>,
+    /// Tokens in the order they were sent, for finding stalls.
+    sent_order: VecDeque<(tokio::time::Instant, u64)>,
+    stalled: usize,
+    topics: HashMap<Arc<str>, TopicState>,
+    deferred_total: usize,
     next_token: u64,
     reports_tx: mpsc::UnboundedSender<DeliveryReport>,
     reports: mpsc::UnboundedReceiver<DeliveryReport>,
     /// Outcomes not yet handed to the store; sent together.
     settling: Vec<Settle>,
-    /// Everything in the due CF below this is settled or in flight.
+    /// Claims to give back with them: records refused with their topic.
+    releasing: Vec<MessageId>,
+    /// Entries to look at again: added behind the scan, held by the writer,
+    /// or released by a topic that is no longer held.
+    recheck: Vec<(DueKey, MessageId)>,
+    /// Entries that could not be read, and when to try again.
+    unreadable: Vec<(DueKey, MessageId)>,
+    unreadable_retry: UnixMillis,
+    /// Rescan from here: more was handed over or put off than is kept.
+    rescan_from: Option<DueKey>,
+    /// Everything in the due CF below this is settled, in flight, or in
+    /// one of the lists above.
     scan_from: DueKey,
+    /// When the low water mark was last published.
+    published: tokio::time::Instant,
+}
+
+/// What becomes of one due message.
+enum Decision {
+    Produce { probe: bool },
+    Defer,
+    Fail(String),
 }
 
 /// What to do after a look at the store.
+#[derive(Clone, Copy, Debug)]
 enum Next {
     /// More is due right now.
     Now,
-    /// Sleep until this due time (or a wake-up, or a report).
+    /// Sleep until this time (or a wake-up, or a report).
     At(UnixMillis),
     /// Nothing parked: wait for a wake-up or a report.
     Idle,
@@ -141,11 +256,21 @@ impl Dispatcher {
             clock,
             config,
             in_flight: HashMap::new(),
+            sent_order: VecDeque::new(),
+            stalled: 0,
+            topics: HashMap::new(),
+            deferred_total: 0,
             next_token: 0,
             reports_tx,
             reports,
             settling: Vec::new(),
+            releasing: Vec::new(),
+            recheck: Vec::new(),
+            unreadable: Vec::new(),
+            unreadable_retry: UnixMillis(0),
+            rescan_from: None,
             scan_from: DueKey::MIN,
+            published: tokio::time::Instant::now() - PUBLISH_EVERY,
         }
     }
 
@@ -154,7 +279,9 @@ impl Dispatcher {
             metrics::DISPATCH_WAKEUPS.inc();
             // One commit for every outcome gathered since the last look.
             self.flush_settles().await;
+            self.find_stalls();
             let next = self.dispatch_due().await;
+            self.publish();
             let sleep = match next {
                 Next::At(due) => self.clock.until(due).min(self.config.max_sleep),
                 Next::Idle | Next::Full => self.config.max_sleep,
@@ -170,34 +297,75 @@ impl Dispatcher {
                     }
                 }
                 _ = self.store.wake().notified(), if !matches!(next, Next::Full) => {}
-                _ = tokio::time::sleep(sleep), if !matches!(next, Next::Full) => {}
+                _ = tokio::time::sleep(sleep) => {}
             }
         }
         self.drain().await;
     }
 
+    /// In-flight slots taken: records Kafka is answering in time.
+    fn active(&self) -> usize {
+        self.in_flight.len() - self.stalled
+    }
+
     /// Claims and produces whatever is due now, as far as in-flight room
     /// allows.
     async fn dispatch_due(&mut self) -> Next {
-        if let Some(lowest) = self.store.wake().take() {
-            self.scan_from = self.scan_from.min(lowest);
+        let now = self.clock.now();
+        if self.store.writes_failing() {
+            // What would be produced could not be recorded: a restart would
+            // produce it again. Wait for the store.
+            return Next::At(now.saturating_add(self.config.max_sleep));
         }
-        let mut room = self.config.max_in_flight.saturating_sub(self.in_flight.len());
+        let late = self.store.wake().take();
+        self.recheck.extend(late.entries);
+        self.rescan(late.rescan_from);
+        if let Some(from) = self.rescan_from.take() {
+            self.scan_from = self.scan_from.min(from);
+        }
+        self.release_unheld(now);
+        if now >= self.unreadable_retry {
+            self.recheck.append(&mut self.unreadable);
+        }
+        // Stalled records keep their claims but not their slots; twice the
+        // limit in all bounds memory when everything stalls.
+        let mut room = self.config.max_in_flight.saturating_sub(self.active());
+        room = room.min((2 * self.config.max_in_flight).saturating_sub(self.in_flight.len()));
         if room == 0 {
             return Next::Full;
         }
-        let now = self.clock.now();
-        // Read in chunks, the next one while this one is being produced.
+
+        // Entries to look at again first: they are due, and behind the scan.
+        // Those found held by the writer again wait for the next look.
+        let mut recheck = std::mem::take(&mut self.recheck);
+        while !recheck.is_empty() && room > 0 {
+            let take = recheck.len().min(room).min(READ_CHUNK);
+            let entries: Vec<_> = recheck.drain(..take).collect();
+            let store = self.store.clone();
+            let batch = match tokio::task::spawn_blocking(move || store.take_listed(entries)).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    tracing::error!(error = %e, "the due-message reader panicked; retrying shortly");
+                    return Next::At(now.saturating_add(self.config.max_sleep));
+                }
+            };
+            room = room.saturating_sub(batch.ready.len());
+            self.handle(batch, now).await;
+        }
+        self.recheck.append(&mut recheck);
+        if room == 0 {
+            return Next::Full;
+        }
+
+        // Then the due index, in chunks, the next one read while this one
+        // is produced.
         let mut reading = Some(self.read_due(self.scan_from, now, room.min(READ_CHUNK)));
         let mut next = Next::Idle;
         while let Some(read) = reading.take() {
             let batch = match read.await {
                 Ok(Ok(batch)) => batch,
                 Ok(Err(e)) => {
-                    tracing::error!(error = %e, "reading due messages failed; retrying shortly");
-                    if let StoreError::Corrupt(detail) = &e {
-                        self.store.report_damage(detail);
-                    }
+                    self.read_failed(&e);
                     return Next::At(now.saturating_add(self.config.max_sleep));
                 }
                 Err(e) => {
@@ -210,20 +378,35 @@ impl Dispatcher {
             if batch.more && room > 0 {
                 reading = Some(self.read_due(batch.next_from, now, room.min(READ_CHUNK)));
             }
-            if let Err(e) = self.store.release(batch.stale).await {
-                tracing::warn!(error = %e, "returning stale claims failed");
-            }
-            for ready in batch.ready {
-                self.produce(ready).await;
-            }
             next = match (batch.more, batch.next_due) {
                 (true, _) => Next::Now,
                 (false, Some(due)) => Next::At(due),
                 (false, None) => Next::Idle,
             };
+            self.handle(batch, now).await;
         }
         metrics::IN_FLIGHT.set(self.in_flight.len() as i64);
-        next
+        if matches!(next, Next::Now) && room == 0 {
+            return Next::Full;
+        }
+        self.sooner(next)
+    }
+
+    /// `next`, or earlier if a probe or a read is due to be tried again.
+    fn sooner(&self, next: Next) -> Next {
+        let probe = self
+            .topics
+            .values()
+            .filter_map(|t| t.refusal.as_ref().filter(|r| !r.probing && !t.deferred.is_empty()))
+            .map(|r| r.probe_at)
+            .min();
+        let unreadable = (!self.unreadable.is_empty()).then_some(self.unreadable_retry);
+        match (next, probe.into_iter().chain(unreadable).min()) {
+            (Next::Now, _) | (Next::Full, _) => next,
+            (Next::At(t), Some(other)) => Next::At(t.min(other)),
+            (Next::Idle, Some(other)) => Next::At(other),
+            (next, None) => next,
+        }
     }
 
     /// Starts reading (and claiming) up to `limit` messages due at `now`.
@@ -237,15 +420,126 @@ impl Dispatcher {
         tokio::task::spawn_blocking(move || store.take_due(from, now, limit))
     }
 
-    async fn produce(&mut self, ready: Ready) {
+    fn read_failed(&mut self, e: &StoreError) {
+        tracing::error!(error = %e, "reading due messages failed; retrying shortly");
+        if let StoreError::Corrupt(detail) = e {
+            self.store.report_damage(detail);
+        }
+        self.store.report_reads(Some(format!("reading due messages failed: {e}")));
+    }
+
+    /// Produces what a look found ready, puts off what its topic's state
+    /// holds back, and keeps track of the rest.
+    async fn handle(&mut self, batch: DueBatch, now: UnixMillis) {
+        let mut release = batch.stale;
+        self.recheck.extend(batch.contended);
+        if batch.unreadable.is_empty() {
+            if self.unreadable.is_empty() {
+                self.store.report_reads(None);
+            }
+        } else {
+            for (key, id, e) in batch.unreadable {
+                tracing::error!(id = %id.qualified(), error = %e, "reading a due message failed; trying it again shortly");
+                self.store.report_reads(Some(format!("reading message {} failed: {e}", id.qualified())));
+                release.push(id.clone());
+                self.unreadable.push((key, id));
+            }
+            self.unreadable_retry = now.saturating_add(self.config.max_sleep);
+        }
+        for ready in batch.ready {
+            let topic: Arc<str> = ready.record.topic.as_str().into();
+            match self.decide(&topic, now) {
+                Decision::Produce { probe } => self.produce(ready, topic, probe),
+                Decision::Defer => {
+                    self.defer(topic, ready.key, ready.id.clone());
+                    release.push(ready.id);
+                }
+                Decision::Fail(error) => {
+                    // The topic has refused long enough: its messages fail
+                    // with its reason, without a try of their own.
+                    self.settle_untried(ready, topic, now, Outcome::Failed { error, tried: false });
+                }
+            }
+        }
+        if let Err(e) = self.store.release(release).await {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
+    }
+
+    /// What to do with a due message of `topic`, now.
+    fn decide(&mut self, topic: &Arc<str>, now: UnixMillis) -> Decision {
+        let config = &self.config;
+        let state = self.topics.entry(Arc::clone(topic)).or_default();
+        if state.held(now) {
+            return match &state.refusal {
+                Some(r) if config.gives_up(r.since, r.tries, now) => {
+                    Decision::Fail(refusal_reason(&r.error, r, now))
+                }
+                _ => Decision::Defer,
+            };
+        }
+        let probe = state.refusal.as_mut().map(|r| r.probing = true).is_some();
+        Decision::Produce { probe }
+    }
+
+    /// Settles a message that was not produced (its topic gave up).
+    fn settle_untried(&mut self, ready: Ready, topic: Arc<str>, now: UnixMillis, outcome: Outcome) {
+        self.settling.push(Settle {
+            id: ready.id,
+            key: ready.key,
+            due: ready.record.due(),
+            topic,
+            prev: ready.prev,
+            at: now,
+            outcome,
+        });
+    }
+
+    /// Remembers a due entry of a held topic, to look at again when the
+    /// topic is no longer held.
+    fn defer(&mut self, topic: Arc<str>, key: DueKey, id: MessageId) {
+        if self.deferred_total >= DEFER_CAP {
+            self.rescan(Some(key));
+            return;
+        }
+        self.deferred_total += 1;
+        self.topics.entry(topic).or_default().deferred.push((key, id));
+    }
+
+    fn rescan(&mut self, from: Option<DueKey>) {
+        if let Some(from) = from {
+            self.rescan_from = Some(self.rescan_from.map_or(from, |r| r.min(from)));
+        }
+    }
+
+    /// Hands the put-off entries of topics no longer held (or due for a
+    /// probe, or failing) back for a look, and forgets idle topics.
+    fn release_unheld(&mut self, now: UnixMillis) {
+        let mut released = 0;
+        for state in self.topics.values_mut() {
+            let giving_up =
+                state.refusal.as_ref().is_some_and(|r| self.config.gives_up(r.since, r.tries, now));
+            if !state.deferred.is_empty() && (!state.held(now) || giving_up) {
+                released += state.deferred.len();
+                self.recheck.append(&mut state.deferred);
+            }
+        }
+        self.deferred_total -= released;
+        self.topics.retain(|_, t| !t.is_idle());
+    }
+
+    fn produce(&mut self, ready: Ready, topic: Arc<str>, probe: bool) {
         let token = self.next_token;
         self.next_token += 1;
         let record = &ready.record;
         let due = record.due_ms.to_string();
         let mut headers: Vec<(&str, &[u8])> =
             record.headers.iter().map(|h| (h.key.as_str(), h.value.as_slice())).collect();
-        headers.push((ID_HEADER, ready.id.as_bytes()));
+        headers.push((ID_HEADER, ready.id.as_str().as_bytes()));
         headers.push((DUE_HEADER, due.as_bytes()));
+        if let Some(tenant) = ready.id.tenant() {
+            headers.push((TENANT_HEADER, tenant.as_bytes()));
+        }
         let outgoing = Outgoing {
             topic: &record.topic,
             key: record.key.as_deref(),
@@ -255,11 +549,72 @@ impl Dispatcher {
         };
         let queued = self.producer.send(outgoing, token, &self.reports_tx);
         let due = ready.record.due();
-        self.in_flight.insert(token, InFlight { id: ready.id, key: ready.key, due, prev: ready.prev });
+        let sent_at = tokio::time::Instant::now();
+        self.topics.entry(Arc::clone(&topic)).or_default().in_flight += 1;
+        self.in_flight.insert(
+            token,
+            InFlight { id: ready.id, key: ready.key, due, topic, prev: ready.prev, stalled: false, probe },
+        );
+        self.sent_order.push_back((sent_at, token));
         if let Err(error) = queued {
             // Refused before it was queued: the same as a failed report.
             self.on_report(DeliveryReport { token, result: Err(error) });
         }
+    }
+
+    /// Marks records Kafka has not answered for `stall_after` as stalled:
+    /// their topics are held and their slots freed. (Answered records are
+    /// dropped from the front of the send order as they are met, so it
+    /// stays about as long as what is in flight.)
+    fn find_stalls(&mut self) {
+        let now = tokio::time::Instant::now();
+        while let Some(&(sent_at, token)) = self.sent_order.front() {
+            if !self.in_flight.contains_key(&token) {
+                self.sent_order.pop_front();
+                continue;
+            }
+            if now.duration_since(sent_at) < self.config.stall_after {
+                break;
+            }
+            self.sent_order.pop_front();
+            let Some(sent) = self.in_flight.get_mut(&token) else { continue };
+            sent.stalled = true;
+            self.stalled += 1;
+            let state = self.topics.entry(Arc::clone(&sent.topic)).or_default();
+            state.stalled += 1;
+            if state.stalled == 1 {
+                tracing::warn!(
+                    topic = %sent.topic,
+                    waited = ?self.config.stall_after,
+                    "Kafka has not answered a produce to this topic; its messages wait, the others go on"
+                );
+            }
+        }
+        metrics::DISPATCH_HELD_TOPICS
+            .with_label_values(&["stalled"])
+            .set(self.topics.values().filter(|t| t.stalled > 0).count() as i64);
+        metrics::DISPATCH_HELD_TOPICS
+            .with_label_values(&["refused"])
+            .set(self.topics.values().filter(|t| t.refusal.is_some()).count() as i64);
+    }
+
+    /// Tells readers of the due index where live entries start; at most
+    /// every [`PUBLISH_EVERY`], as it looks at everything in flight.
+    fn publish(&mut self) {
+        if self.published.elapsed() < PUBLISH_EVERY {
+            return;
+        }
+        self.published = tokio::time::Instant::now();
+        let lowest = self
+            .in_flight
+            .values()
+            .map(|f| f.key)
+            .chain(self.recheck.iter().map(|(k, _)| *k))
+            .chain(self.unreadable.iter().map(|(k, _)| *k))
+            .chain(self.topics.values().flat_map(|t| t.deferred.iter().map(|(k, _)| *k)))
+            .chain(self.rescan_from)
+            .fold(self.scan_from, DueKey::min);
+        self.store.wake().set_low_water(lowest);
     }
 
     /// Hands the gathered outcomes to the store as one commit.
@@ -267,6 +622,9 @@ impl Dispatcher {
         let settles = std::mem::take(&mut self.settling);
         if let Err(e) = self.store.settle(settles).await {
             tracing::error!(error = %e, "settling deliveries failed; they will be produced again after restart");
+        }
+        if let Err(e) = self.store.release(std::mem::take(&mut self.releasing)).await {
+            tracing::warn!(error = %e, "returning claims failed");
         }
     }
 
@@ -276,30 +634,70 @@ impl Dispatcher {
         };
         metrics::IN_FLIGHT.set(self.in_flight.len() as i64);
         let now = self.clock.now();
+        let state = self.topics.entry(Arc::clone(&sent.topic)).or_default();
+        state.in_flight -= 1;
+        if sent.stalled {
+            self.stalled -= 1;
+            state.stalled -= 1;
+            if state.stalled == 0 {
+                tracing::info!(topic = %sent.topic, "Kafka answers produces to this topic again");
+            }
+        }
         let outcome = match report.result {
             Ok((partition, offset)) => {
                 crate::failpoint::hit("dispatch-before-settle");
-                Outcome::Delivered { partition, offset, at: now }
+                if let Some(refusal) = state.refusal.take() {
+                    tracing::info!(
+                        topic = %sent.topic,
+                        refused_for = ?now.since(refusal.since),
+                        "the topic takes records again"
+                    );
+                }
+                Outcome::Delivered { partition, offset }
             }
             Err(error) => {
                 let kind = match error.fault {
                     Fault::Outage => "outage",
-                    Fault::Rejected => "rejected",
+                    Fault::TopicRefused | Fault::MessageRefused => "rejected",
                 };
                 metrics::PRODUCE_ERRORS.with_label_values(&[kind]).inc();
-                let (attempts, rejections) = (sent.prev.attempts, sent.prev.rejections);
-                tracing::warn!(id = %sent.id, attempts = attempts + 1, kind, error = %error.reason, "produce failed");
-                self.config.outcome_of_error(error, attempts, rejections, now)
+                tracing::warn!(
+                    id = %sent.id.qualified(),
+                    topic = %sent.topic,
+                    kind,
+                    error = %error.reason,
+                    "produce failed"
+                );
+                if error.fault != Fault::TopicRefused {
+                    self.config.outcome_of_error(error, &sent.prev, now)
+                } else if let Some(outcome) = topic_refused(&self.config, state, &sent, error, now) {
+                    outcome
+                } else {
+                    // Not produced: it waits with its topic.
+                    self.defer(Arc::clone(&sent.topic), sent.key, sent.id.clone());
+                    self.releasing.push(sent.id);
+                    return;
+                }
             }
         };
-        self.settling.push(Settle { id: sent.id, key: sent.key, due: sent.due, prev: sent.prev, outcome });
+        self.settling.push(Settle {
+            id: sent.id,
+            key: sent.key,
+            due: sent.due,
+            topic: sent.topic,
+            prev: sent.prev,
+            at: now,
+            outcome,
+        });
     }
 
     /// Shutdown: produce nothing new, wait (up to the grace period) for what
-    /// is in flight, settle it, and give back the claims of anything still
-    /// unacknowledged (it stays pending and is produced after restart).
+    /// is in flight, and settle it. Records still unanswered then are in
+    /// doubt: they may yet reach Kafka. The store keeps their claims and
+    /// answers requests about them UNAVAILABLE, never CANCELLED; after a
+    /// restart they are produced again.
     async fn drain(mut self) {
-        let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
+        let deadline = deadline_after(self.config.shutdown_grace);
         while !self.in_flight.is_empty() {
             match tokio::time::timeout_at(deadline, self.reports.recv()).await {
                 Ok(Some(report)) => self.on_report(report),
@@ -310,15 +708,57 @@ impl Dispatcher {
         if !self.in_flight.is_empty() {
             tracing::warn!(
                 unacknowledged = self.in_flight.len(),
-                "shutdown grace ran out; these stay pending and may be produced twice"
+                "shutdown grace ran out; Kafka has not answered these produces: they stay pending, \
+                 in doubt, and are produced again after restart"
             );
         }
         let ids = self.in_flight.drain().map(|(_, f)| f.id).collect();
-        if let Err(e) = self.store.release(ids).await {
-            tracing::error!(error = %e, "returning claims at shutdown failed");
+        if let Err(e) = self.store.in_doubt(ids).await {
+            tracing::error!(error = %e, "reporting produces in doubt at shutdown failed");
         }
         metrics::IN_FLIGHT.set(0);
     }
+}
+
+/// Records a refusal of `sent`'s topic in its `state`; returns the
+/// message's outcome if the topic has refused long enough to give up, else
+/// none (it waits with its topic).
+fn topic_refused(
+    config: &DispatcherConfig,
+    state: &mut TopicState,
+    sent: &InFlight,
+    error: ProduceError,
+    now: UnixMillis,
+) -> Option<Outcome> {
+    let refusal = state.refusal.get_or_insert_with(|| {
+        tracing::warn!(topic = %sent.topic, error = %error.reason, "the broker refuses this topic; holding its messages");
+        Refusal { since: now, tries: 0, error: String::new(), probe_at: now, probing: false }
+    });
+    // Many records may be refused at once; one try counts per probe.
+    if sent.probe || refusal.tries == 0 {
+        refusal.tries = refusal.tries.saturating_add(1);
+        refusal.probe_at = now.saturating_add(config.backoff(refusal.tries.saturating_sub(1)));
+        refusal.probing = false;
+    }
+    refusal.error = error.reason;
+    config
+        .gives_up(refusal.since, refusal.tries, now)
+        .then(|| Outcome::Failed { error: refusal_reason(&refusal.error, refusal, now), tried: true })
+}
+
+/// Why the messages of a refused topic failed.
+fn refusal_reason(error: &str, refusal: &Refusal, now: UnixMillis) -> String {
+    format!(
+        "{error} (the topic refused every try for {}, {} tries)",
+        humantime::format_duration(now.since(refusal.since)),
+        refusal.tries
+    )
+}
+
+/// `grace` from now, or as far as the timer reaches.
+fn deadline_after(grace: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(grace).unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
 }
 
 #[cfg(test)]
@@ -339,23 +779,69 @@ mod tests {
         assert_eq!(c.backoff(u32::MAX), Duration::from_secs(1));
     }
 
+    fn tried(attempts: u32, rejections: u32, first_refused_at_ms: u64) -> Settlement {
+        Settlement { attempts, rejections, first_refused_at_ms, ..Settlement::default() }
+    }
+
     #[test]
-    fn outages_retry_forever_and_rejections_are_bounded() {
-        let c = DispatcherConfig { max_attempts: 3, ..DispatcherConfig::default() };
-        let now = UnixMillis(1000);
-        let outage = ProduceError { fault: Fault::Outage, reason: "timed out".into() };
-        let rejected = ProduceError { fault: Fault::Rejected, reason: "too large".into() };
-        assert!(matches!(c.outcome_of_error(outage, 500, 2, now), Outcome::Retry { rejected: false, .. }));
+    fn a_refused_message_fails_only_after_enough_tries_and_enough_time() {
+        let c = DispatcherConfig {
+            max_attempts: 3,
+            fail_after: Duration::from_secs(60),
+            ..DispatcherConfig::default()
+        };
+        let too_large = || ProduceError { fault: Fault::MessageRefused, reason: "too large".into() };
+        let outage = ProduceError { fault: Fault::Outage, reason: "queue full".into() };
+        let at = |ms| UnixMillis(ms);
         assert!(matches!(
-            c.outcome_of_error(rejected.clone(), 1, 1, now),
-            Outcome::Retry { rejected: true, .. }
+            c.outcome_of_error(outage, &tried(500, 2, 1), at(1_000_000)),
+            Outcome::Retry { refused: false, .. }
         ));
-        match c.outcome_of_error(rejected, 2, 2, now) {
-            Outcome::Failed { at, error } => {
-                assert_eq!(at, now);
-                assert_eq!(error, "too large");
-            }
-            other => panic!("third refusal must fail the message, got {other:?}"),
+        // Enough tries, not enough time: the glitch fails nothing.
+        assert!(matches!(
+            c.outcome_of_error(too_large(), &tried(9, 9, 1_000), at(30_000)),
+            Outcome::Retry { refused: true, .. }
+        ));
+        // Enough time, not enough tries.
+        assert!(matches!(
+            c.outcome_of_error(too_large(), &tried(1, 1, 1_000), at(1_000_000)),
+            Outcome::Retry { refused: true, .. }
+        ));
+        // The first refusal starts the clock.
+        assert!(matches!(
+            c.outcome_of_error(too_large(), &tried(5, 5, 0), at(1_000_000)),
+            Outcome::Retry { refused: true, .. }
+        ));
+        match c.outcome_of_error(too_large(), &tried(2, 2, 1_000), at(61_000)) {
+            Outcome::Failed { error, tried } => assert!(tried && error == "too large"),
+            other => panic!("the third refusal a minute on must fail the message, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn counters_at_their_limits_neither_wrap_nor_panic() {
+        let c = DispatcherConfig { max_attempts: u32::MAX, ..DispatcherConfig::default() };
+        let too_large = || ProduceError { fault: Fault::MessageRefused, reason: "too large".into() };
+        let worn = tried(u32::MAX, u32::MAX, 1);
+        match c.outcome_of_error(too_large(), &worn, UnixMillis(u64::MAX)) {
+            Outcome::Failed { .. } => {}
+            other => panic!("a message refused u32::MAX times for ages is failed, not retried: {other:?}"),
+        }
+        let retry = c.outcome_of_error(
+            ProduceError { fault: Fault::Outage, reason: "x".into() },
+            &worn,
+            UnixMillis(u64::MAX - 1),
+        );
+        assert!(matches!(retry, Outcome::Retry { retry_at: UnixMillis(u64::MAX), .. }), "{retry:?}");
+        assert!(c.gives_up(UnixMillis(0), u32::MAX, UnixMillis(u64::MAX)));
+        assert!(!c.gives_up(UnixMillis(u64::MAX), u32::MAX, UnixMillis(0)), "a clock behind counts no time");
+    }
+
+    #[test]
+    fn a_huge_grace_does_not_overflow_the_timer() {
+        let deadline = deadline_after(Duration::MAX);
+        assert!(deadline > tokio::time::Instant::now());
+        let soon = deadline_after(Duration::from_millis(5));
+        assert!(soon <= tokio::time::Instant::now() + Duration::from_millis(5));
     }
 }

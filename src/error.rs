@@ -18,6 +18,10 @@ pub enum Error {
         "the token {token:?} may not use topic {topic:?}; the tokens file (--auth-tokens) lists its topics"
     )]
     Forbidden { token: String, topic: String },
+    /// The call's credentials no longer hold (a token revoked mid-stream),
+    /// or were never checked.
+    #[error("{0}")]
+    Unauthenticated(String),
 }
 
 impl From<CatalogError> for Error {

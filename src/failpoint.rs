@@ -3,7 +3,8 @@
 //! `failpoints` cargo feature; without it [`hit`] is empty.
 //!
 //! `HOURGLASS_FAILPOINT=NAME` aborts the process the first time NAME is
-//! reached, `NAME@N` the N-th time. The points:
+//! reached, `NAME@N` the N-th time; `NAME@N..M` (for [`fires`]) from the
+//! N-th time to the M-th. The points:
 //!
 //! | name                     | where                                                        |
 //! |--------------------------|--------------------------------------------------------------|
@@ -16,6 +17,7 @@
 //! | name          | what                                                             |
 //! |---------------|------------------------------------------------------------------|
 //! | `kafka-fatal` | the producer raises a fatal error (as an idempotent producer does when the broker lost its sequence state) |
+//! | `store-read-io` | reading a due message's record fails with an I/O error |
 
 #[cfg(feature = "failpoints")]
 mod armed {
@@ -24,20 +26,32 @@ mod armed {
         atomic::{AtomicU64, Ordering},
     };
 
-    /// The armed point and how many more hits it lets pass.
-    static ARMED: LazyLock<Option<(String, AtomicU64)>> = LazyLock::new(|| {
+    /// The armed point, the hits it fires on (from the first to the last,
+    /// counted from 1), and how many hits there have been.
+    static ARMED: LazyLock<Option<(String, u64, u64, AtomicU64)>> = LazyLock::new(|| {
         let spec = std::env::var("HOURGLASS_FAILPOINT").ok()?;
-        let (name, nth) = match spec.split_once('@') {
-            Some((name, n)) => (name.to_owned(), n.parse::<u64>().unwrap_or(1).max(1)),
-            None => (spec, 1),
+        let (name, first, last) = match spec.split_once('@') {
+            Some((name, range)) => {
+                let (first, last) = match range.split_once("..") {
+                    Some((first, last)) => (first, last),
+                    None => (range, range),
+                };
+                let first = first.parse::<u64>().unwrap_or(1).max(1);
+                (name.to_owned(), first, last.parse::<u64>().unwrap_or(first).max(first))
+            }
+            None => (spec, 1, 1),
         };
-        Some((name, AtomicU64::new(nth - 1)))
+        Some((name, first, last, AtomicU64::new(0)))
     });
 
-    /// True the N-th time `name` is reached, once.
+    /// True the hits of `name` the test armed it for.
     pub fn fires(name: &str) -> bool {
-        let Some((armed, left)) = ARMED.as_ref() else { return false };
-        armed == name && left.fetch_sub(1, Ordering::SeqCst) == 0
+        let Some((armed, first, last, hits)) = ARMED.as_ref() else { return false };
+        if armed != name {
+            return false;
+        }
+        let hit = hits.fetch_add(1, Ordering::SeqCst) + 1;
+        (*first..=*last).contains(&hit)
     }
 }
 

@@ -35,16 +35,34 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A message id: the client's idempotency key, or one the server generated.
+/// A message's identity: the id a client chose (its idempotency key) or the
+/// server generated, in the id space it belongs to.
+///
+/// Each tenant (see [`Tenant`]) has an id space of its own, so the same id
+/// chosen by two tenants names two messages. Messages scheduled without a
+/// tenant (authentication off, or by a release from before tenants) live in
+/// the shared space. The stored form is the id alone in the shared space,
+/// and `\0 tenant \0 id` in a tenant's: client ids are printable ASCII, so
+/// the two can never collide.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MessageId(String);
+pub struct MessageId {
+    key: String,
+    /// Where the client's id starts in `key`.
+    id_at: usize,
+}
 
 impl MessageId {
     pub const MAX_LEN: usize = 128;
 
-    /// Accepts a client-chosen id: 1 to 128 printable ASCII characters, no
-    /// spaces, so ids are safe in logs, terminals and URLs.
+    /// Accepts a client-chosen id in the shared space: 1 to 128 printable
+    /// ASCII characters, no spaces, so ids are safe in logs, terminals and
+    /// URLs.
     pub fn parse(id: &str) -> Result<Self, Invalid> {
+        Self::parse_in(None, id)
+    }
+
+    /// A client-chosen id in `tenant`'s space (the shared one for none).
+    pub fn parse_in(tenant: Option<&Tenant>, id: &str) -> Result<Self, Invalid> {
         if id.is_empty() {
             return Err(Invalid::new("id", "must not be empty; omit it to let the server assign one"));
         }
@@ -57,32 +75,218 @@ impl MessageId {
         if let Some(c) = id.chars().find(|c| !c.is_ascii_graphic()) {
             return Err(Invalid::new("id", format!("contains {c:?}; use printable ASCII without spaces")));
         }
-        Ok(MessageId(id.to_owned()))
+        Ok(Self::in_space(tenant, id))
     }
 
-    /// A new unique id that sorts by creation time (a ULID).
-    pub fn generate(generator: &mut ulid::Generator) -> Self {
+    fn in_space(tenant: Option<&Tenant>, id: &str) -> Self {
+        match tenant {
+            None => MessageId { key: id.to_owned(), id_at: 0 },
+            Some(t) => {
+                let key = format!("\0{}\0{id}", t.as_str());
+                MessageId { id_at: t.as_str().len() + 2, key }
+            }
+        }
+    }
+
+    /// A new unique id that sorts by creation time (a ULID), in `tenant`'s
+    /// space.
+    pub fn generate(generator: &mut ulid::Generator, tenant: Option<&Tenant>) -> Self {
         let ulid = generator.generate().unwrap_or_else(|_| ulid::Ulid::new());
-        MessageId(ulid.to_string())
+        Self::in_space(tenant, &ulid.to_string())
     }
 
     /// An id read back from the store, where it was validated on the way in.
     pub(crate) fn from_stored(bytes: &[u8]) -> Option<Self> {
-        std::str::from_utf8(bytes).ok().map(|s| MessageId(s.to_owned()))
+        let key = std::str::from_utf8(bytes).ok()?;
+        let id_at = match key.strip_prefix('\0') {
+            None => 0,
+            Some(rest) => rest.find('\0')? + 2,
+        };
+        (id_at < key.len()).then(|| MessageId { key: key.to_owned(), id_at })
+    }
+
+    /// The id as the client knows it, without its space.
+    pub fn as_str(&self) -> &str {
+        &self.key[self.id_at..]
+    }
+
+    /// The tenant whose space the id is in; none for the shared space.
+    pub fn tenant(&self) -> Option<&str> {
+        (self.id_at > 0).then(|| &self.key[1..self.id_at - 1])
+    }
+
+    /// The same id in the shared space.
+    pub fn shared(&self) -> MessageId {
+        Self::in_space(None, self.as_str())
+    }
+
+    /// The stored form: what the store keys the message by.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.key.as_bytes()
+    }
+
+    /// `tenant/id` for logs; the bare id in the shared space.
+    pub fn qualified(&self) -> String {
+        match self.tenant() {
+            Some(t) => format!("{t}/{}", self.as_str()),
+            None => self.as_str().to_owned(),
+        }
+    }
+}
+
+/// The client's id; see [`MessageId::qualified`] for logs.
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tenant: whoever owns an id space of their own (see [`MessageId`]).
+/// With authentication on, each token belongs to one (its name, unless the
+/// tokens file groups several tokens under one tenant).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(std::sync::Arc<str>);
+
+impl Tenant {
+    pub const MAX_LEN: usize = 64;
+
+    /// 1 to 64 letters, digits, `.`, `_` or `-`.
+    pub fn parse(name: &str) -> Result<Tenant, String> {
+        if name.is_empty() || name.len() > Self::MAX_LEN {
+            return Err(format!("a tenant name has 1 to {} characters", Self::MAX_LEN));
+        }
+        if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+            return Err(format!("tenant {name:?} contains {c:?}; use letters, digits, '.', '_' and '-'"));
+        }
+        Ok(Tenant(name.into()))
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
 
-    pub fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
+/// One topic pattern of a grant: an exact name, a prefix ending in `*`, or
+/// `*` for every topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopicPattern {
+    Any,
+    Prefix(String),
+    Exact(String),
+}
+
+impl TopicPattern {
+    pub fn parse(pattern: &str) -> Result<TopicPattern, String> {
+        let pattern = pattern.trim();
+        if pattern == "*" {
+            return Ok(TopicPattern::Any);
+        }
+        match pattern.strip_suffix('*') {
+            _ if pattern.is_empty() => Err("an empty topic pattern".into()),
+            Some(prefix) if !prefix.contains('*') => Ok(TopicPattern::Prefix(prefix.to_owned())),
+            None if !pattern.contains('*') => Ok(TopicPattern::Exact(pattern.to_owned())),
+            _ => Err(format!("topic pattern {pattern:?}: `*` may only end a pattern")),
+        }
+    }
+
+    pub fn matches(&self, topic: &str) -> bool {
+        match self {
+            TopicPattern::Any => true,
+            TopicPattern::Prefix(prefix) => topic.starts_with(prefix.as_str()),
+            TopicPattern::Exact(name) => topic == name,
+        }
     }
 }
 
-impl fmt::Display for MessageId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+/// What one caller may see and change: the id space it works in and the
+/// topics it may use. Every read and change of the store goes through one.
+///
+/// - No tenant (authentication off): every message, by its id in the
+///   shared space; new messages go to the shared space.
+/// - A tenant: the messages in its own space, plus those of the shared
+///   space on topics it covers (messages from before tenants, or scheduled
+///   while authentication was off). New messages go to its own space. The
+///   messages of other tenants do not exist for it.
+///
+/// Within what it sees, a message on a topic it does not cover is refused
+/// ([`Visibility::Forbidden`]); what it does not see is [`Visibility::Hidden`],
+/// answered as if there were no such message.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    /// Who, for errors: the token's name.
+    pub name: std::sync::Arc<str>,
+    pub tenant: Option<Tenant>,
+    /// Empty: every topic.
+    topics: std::sync::Arc<[TopicPattern]>,
+}
+
+/// Whether a caller may see a message, and act on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visibility {
+    Visible,
+    /// In the caller's space, on a topic it does not cover.
+    Forbidden,
+    /// Not the caller's to know of.
+    Hidden,
+}
+
+impl Scope {
+    /// Everything: authentication is off.
+    pub fn everything() -> Scope {
+        Scope { name: "".into(), tenant: None, topics: std::sync::Arc::new([]) }
+    }
+
+    /// A tenant's scope, limited to `topics` (every topic if they hold `*`).
+    pub fn tenant(name: &str, tenant: Tenant, topics: Vec<TopicPattern>) -> Scope {
+        let topics = if topics.contains(&TopicPattern::Any) { Vec::new() } else { topics };
+        Scope { name: name.into(), tenant: Some(tenant), topics: topics.into() }
+    }
+
+    /// No limit at all: no tenant and every topic.
+    pub fn is_everything(&self) -> bool {
+        self.tenant.is_none() && self.topics.is_empty()
+    }
+
+    pub fn covers(&self, topic: &str) -> bool {
+        self.topics.is_empty() || self.topics.iter().any(|p| p.matches(topic))
+    }
+
+    /// Where a client's id names a message for this caller.
+    pub fn id(&self, id: &str) -> Result<MessageId, Invalid> {
+        MessageId::parse_in(self.tenant.as_ref(), id)
+    }
+
+    /// Where else `id` may name a message this caller sees: the shared
+    /// space, for a tenant.
+    pub fn fallback(&self, id: &MessageId) -> Option<MessageId> {
+        (self.tenant.is_some() && id.tenant().is_some()).then(|| id.shared())
+    }
+
+    /// Whether the message `id` on `topic` is this caller's to see.
+    pub fn sees(&self, id: &MessageId, topic: &str) -> Visibility {
+        let Some(tenant) = &self.tenant else {
+            return if self.covers(topic) { Visibility::Visible } else { Visibility::Forbidden };
+        };
+        match id.tenant() {
+            Some(t) if t == tenant.as_str() => {
+                if self.covers(topic) {
+                    Visibility::Visible
+                } else {
+                    Visibility::Forbidden
+                }
+            }
+            None if self.covers(topic) => Visibility::Visible,
+            _ => Visibility::Hidden,
+        }
+    }
+
+    /// Whether messages of `space` (a tenant; none for the shared one) may
+    /// be visible to this caller at all.
+    pub fn sees_space(&self, space: Option<&str>) -> bool {
+        match (&self.tenant, space) {
+            (None, _) | (Some(_), None) => true,
+            (Some(mine), Some(theirs)) => mine.as_str() == theirs,
+        }
     }
 }
 
@@ -108,6 +312,9 @@ pub const RESERVED_HEADER_PREFIX: &str = "hourglass-";
 pub const ID_HEADER: &str = "hourglass-id";
 /// Header carrying the due time in Unix milliseconds (decimal text).
 pub const DUE_HEADER: &str = "hourglass-due-ms";
+/// Header carrying the tenant whose id space the message is in; absent for
+/// the shared space. Two tenants may use the same id: deduplicate on both.
+pub const TENANT_HEADER: &str = "hourglass-tenant";
 
 impl Envelope {
     /// Bytes the record carries: key, value and headers.
@@ -588,12 +795,84 @@ mod tests {
     #[test]
     fn generated_ids_are_unique_and_time_ordered() {
         let mut g = ulid::Generator::new();
-        let ids: Vec<_> = (0..1000).map(|_| MessageId::generate(&mut g)).collect();
+        let ids: Vec<_> = (0..1000).map(|_| MessageId::generate(&mut g, None)).collect();
         let mut sorted = ids.clone();
         sorted.sort();
         sorted.dedup();
         assert_eq!(sorted, ids);
         assert!(ids.iter().all(|id| MessageId::parse(id.as_str()).is_ok()));
+    }
+
+    fn tenant(name: &str) -> Tenant {
+        Tenant::parse(name).unwrap()
+    }
+
+    #[test]
+    fn each_tenant_has_an_id_space_of_its_own() {
+        let (a, b) = (tenant("orders"), tenant("billing"));
+        let shared = MessageId::parse("order-1").unwrap();
+        let in_a = MessageId::parse_in(Some(&a), "order-1").unwrap();
+        let in_b = MessageId::parse_in(Some(&b), "order-1").unwrap();
+        assert!(shared != in_a && in_a != in_b, "one id, three messages");
+        for id in [&shared, &in_a, &in_b] {
+            assert_eq!(id.as_str(), "order-1");
+            assert_eq!(id.to_string(), "order-1", "clients see their own id");
+            assert_eq!(MessageId::from_stored(id.as_bytes()).as_ref(), Some(id), "round trip");
+        }
+        assert_eq!((shared.tenant(), in_a.tenant()), (None, Some("orders")));
+        assert_eq!(in_a.qualified(), "orders/order-1");
+        assert_eq!(in_a.shared(), shared);
+        assert!(
+            !shared.as_bytes().contains(&0) && in_a.as_bytes()[0] == 0,
+            "a stored shared id is the id itself, as stores from before tenants hold it"
+        );
+        let generated = MessageId::generate(&mut ulid::Generator::new(), Some(&b));
+        assert_eq!(generated.tenant(), Some("billing"));
+        assert_eq!(MessageId::from_stored(b"\0no-end"), None);
+        assert_eq!(MessageId::from_stored(b"\0t\0"), None, "an id is never empty");
+    }
+
+    #[test]
+    fn tenant_names_are_checked() {
+        assert!(Tenant::parse("orders-eu.1_a").is_ok());
+        for bad in ["", "has space", "a/b", "nul\0", &"t".repeat(65)] {
+            assert!(Tenant::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_scope_sees_its_space_and_the_shared_one_on_its_topics() {
+        let scope = Scope::tenant(
+            "orders-service",
+            tenant("orders"),
+            vec![TopicPattern::parse("orders.*").unwrap(), TopicPattern::parse("audit").unwrap()],
+        );
+        let mine = scope.id("x").unwrap();
+        let shared = MessageId::parse("x").unwrap();
+        let theirs = MessageId::parse_in(Some(&tenant("billing")), "x").unwrap();
+        assert_eq!(mine.tenant(), Some("orders"));
+        assert_eq!(scope.fallback(&mine), Some(shared.clone()));
+        assert_eq!(scope.sees(&mine, "orders.paid"), Visibility::Visible);
+        assert_eq!(scope.sees(&mine, "payments"), Visibility::Forbidden, "its own, on a topic it lost");
+        assert_eq!(scope.sees(&shared, "audit"), Visibility::Visible);
+        assert_eq!(scope.sees(&shared, "payments"), Visibility::Hidden, "shared, not its topic");
+        assert_eq!(
+            scope.sees(&theirs, "orders.paid"),
+            Visibility::Hidden,
+            "another tenant's, even on its topic"
+        );
+        assert!(
+            scope.sees_space(None) && scope.sees_space(Some("orders")) && !scope.sees_space(Some("billing"))
+        );
+
+        let everything = Scope::everything();
+        assert!(everything.is_everything());
+        assert_eq!(everything.fallback(&shared), None);
+        for id in [&mine, &shared, &theirs] {
+            assert_eq!(everything.sees(id, "payments"), Visibility::Visible);
+        }
+        let wildcard = Scope::tenant("ops", tenant("ops"), vec![TopicPattern::Any]);
+        assert!(wildcard.covers("anything") && !wildcard.is_everything(), "a tenant is never everything");
     }
 
     #[test]

@@ -7,8 +7,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder, core::Collector,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder, core::Collector,
 };
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
@@ -79,6 +79,19 @@ pub static PRODUCE_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static DISPATCH_HELD_TOPICS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register(
+        IntGaugeVec::new(
+            Opts::new(
+                "hourglass_dispatch_held_topics",
+                "Topics whose due messages wait: reason=stalled (Kafka has not answered a produce for \
+                 --stall-after) or refused (the broker refuses the topic; probed with backoff).",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static METADATA_ERRORS: LazyLock<IntCounter> =
     LazyLock::new(|| counter("hourglass_kafka_metadata_errors_total", "Failed topic metadata refreshes."));
 pub static KAFKA_REACHABLE: LazyLock<IntGauge> = LazyLock::new(|| {
@@ -139,6 +152,12 @@ pub static STORE_WRITABLE: LazyLock<IntGauge> = LazyLock::new(|| {
 pub static STORE_MAX_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge("hourglass_store_max_pending", "The backlog cap (--max-pending); 0 when there is none.")
 });
+pub static STORE_PARKED: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "hourglass_store_parked_requests",
+        "Cancels and reschedules waiting for the produce of the message they touch; each waits 5 s at most.",
+    )
+});
 pub static STORE_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     register(
         Histogram::with_opts(
@@ -167,6 +186,9 @@ pub fn init() {
     for kind in ["outage", "rejected"] {
         PRODUCE_ERRORS.with_label_values(&[kind]);
     }
+    for reason in ["stalled", "refused"] {
+        DISPATCH_HELD_TOPICS.with_label_values(&[reason]);
+    }
     LazyLock::force(&METADATA_ERRORS);
     KAFKA_REACHABLE.set(1);
     LazyLock::force(&SCHEDULE_ITEMS);
@@ -177,6 +199,7 @@ pub fn init() {
     LazyLock::force(&STORE_COMMIT_SECONDS);
     LazyLock::force(&STORE_WRITABLE);
     LazyLock::force(&STORE_MAX_PENDING);
+    LazyLock::force(&STORE_PARKED);
 }
 
 /// The Prometheus text exposition of every metric.

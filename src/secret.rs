@@ -12,10 +12,170 @@
 //! [`is_sensitive`]) are never logged or shown in errors: [`Redacted`]
 //! formats a property map with them hidden, and [`redact`] scrubs them from
 //! an error text (librdkafka repeats a refused value in its error).
+//! [`check_property`] asks librdkafka about one property and words its
+//! refusal without the value; [`parse_list`] reads the comma-separated form
+//! of `HOURGLASS_KAFKA_PROPERTIES` and names a bad item by its position, so
+//! that a fragment of a value split at the wrong comma never shows.
+//! [`Secret`] holds a value that `Debug` and `Display` never show.
 
 use std::{collections::BTreeMap, fmt};
 
+use rdkafka::{ClientConfig, error::KafkaError, types::RDKafkaConfRes};
+
 use crate::config::ConfigError;
+
+/// A value that must not be seen: `Debug` and `Display` show
+/// `[redacted]`; [`Secret::expose`] gives the value to whoever uses it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Secret, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+/// Librdkafka properties, as a map whose `Debug` hides secret values.
+#[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Properties(pub BTreeMap<String, String>);
+
+impl std::ops::Deref for Properties {
+    type Target = BTreeMap<String, String>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Properties {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl fmt::Debug for Properties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Redacted(&self.0).fmt(f)
+    }
+}
+
+impl<const N: usize> From<[(String, String); N]> for Properties {
+    fn from(items: [(String, String); N]) -> Properties {
+        Properties(BTreeMap::from(items))
+    }
+}
+
+/// Where a property came from, for naming it in an error.
+#[derive(Clone, Copy, Debug)]
+pub enum Origin {
+    /// A flag or the config file: the name is the user's own.
+    Named,
+    /// Item `n` (from 1) of `HOURGLASS_KAFKA_PROPERTIES`: the "name" may be
+    /// a piece of a value split at a comma, so it is not shown.
+    ListItem(usize),
+}
+
+/// Whether librdkafka knows the property `name`, and takes `value` for it
+/// (unless `value` is an `env:`/`file:` reference, resolved only at start).
+/// The error never holds the value; for a list item, not the name either.
+pub fn check_property(name: &str, value: &str, origin: Origin) -> Result<(), ConfigError> {
+    let what = match origin {
+        Origin::Named if looks_like_a_name(name) => format!("kafka property {name}"),
+        // A value given where a name belongs, perhaps: not repeated.
+        Origin::Named => "a kafka property whose name is not a property name (not shown)".to_owned(),
+        Origin::ListItem(n) => format!("item {n} of HOURGLASS_KAFKA_PROPERTIES"),
+    };
+    // A reference is resolved at start-up: only its name is checked now
+    // (an empty value is refused as invalid, never as unknown).
+    let reference = is_reference(value);
+    let tried = if reference { "" } else { value };
+    match ClientConfig::new().set(name, tried).create_native_config() {
+        Err(KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..)) => {
+            let hint = match origin {
+                Origin::Named => "",
+                Origin::ListItem(_) => " (write a comma inside a value as \\,)",
+            };
+            Err(ConfigError::Invalid(format!("{what} is not a librdkafka property{hint}")))
+        }
+        Err(KafkaError::ClientConfig(_, desc, _, _)) if !reference => {
+            let desc = if value.is_empty() { desc } else { desc.replace(value, "[redacted]") };
+            Err(ConfigError::Invalid(format!("{what}: librdkafka refuses its value: {desc}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// librdkafka's names: lowercase words joined by dots and underscores.
+fn looks_like_a_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_'))
+}
+
+fn is_reference(value: &str) -> bool {
+    ["env:", "file:", "raw:"].iter().any(|p| value.starts_with(p))
+}
+
+/// The items of a comma-separated `KEY=VALUE` list, as
+/// `HOURGLASS_KAFKA_PROPERTIES` holds them: `\,` is a comma inside a value,
+/// `\\` a backslash; empty items are skipped. Errors name an item by its
+/// position, never its text.
+pub fn parse_list(list: &str) -> Result<Vec<(usize, String, String)>, ConfigError> {
+    let mut items = vec![String::new()];
+    let mut chars = list.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(escaped @ (',' | '\\')) => items.last_mut().expect("one item").push(escaped),
+                Some(other) => {
+                    let item = items.last_mut().expect("one item");
+                    item.push('\\');
+                    item.push(other);
+                }
+                None => items.last_mut().expect("one item").push('\\'),
+            },
+            ',' => items.push(String::new()),
+            c => items.last_mut().expect("one item").push(c),
+        }
+    }
+    let mut out = Vec::new();
+    for (n, item) in (1..).zip(items) {
+        if item.trim().is_empty() {
+            continue;
+        }
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(ConfigError::Invalid(format!(
+                "item {n} of HOURGLASS_KAFKA_PROPERTIES is not KEY=VALUE (write a comma inside a value as \\,)"
+            )));
+        };
+        out.push((n, key.trim().to_owned(), value.trim().to_owned()));
+    }
+    Ok(out)
+}
 
 /// Parts of a property name that mark its value as secret: passwords, keys,
 /// OAuth and Kerberos settings, JAAS, tokens.
@@ -87,6 +247,58 @@ impl fmt::Debug for Redacted<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A password with every character that has tripped a parser.
+    const PASSWORD: &str = "Pw1,Xq9=Zk\"Jj";
+
+    #[test]
+    fn a_list_takes_escaped_commas_and_names_bad_items_by_position() {
+        let items =
+            parse_list("sasl.password=Pw1\\,Xq9=Zk\"Jj, security.protocol=SASL_SSL,,a\\\\b=c\\d").unwrap();
+        assert_eq!(
+            items,
+            [
+                (1, "sasl.password".to_owned(), PASSWORD.to_owned()),
+                (2, "security.protocol".to_owned(), "SASL_SSL".to_owned()),
+                (4, "a\\b".to_owned(), "c\\d".to_owned()),
+            ]
+        );
+        // The same password unescaped: the piece after the comma is no
+        // property, and neither piece may show.
+        let err = parse_list("sasl.password=Pw1,Xq9").unwrap_err().to_string();
+        assert!(err.contains("item 2 of HOURGLASS_KAFKA_PROPERTIES"), "{err}");
+        for piece in ["Pw1", "Xq9"] {
+            assert!(!err.contains(piece), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_property_check_never_shows_a_value_nor_a_list_items_name() {
+        check_property("sasl.password", PASSWORD, Origin::Named).unwrap();
+        check_property("security.protocol", "env:PROTOCOL", Origin::Named).unwrap();
+        let err = check_property("security.protocol", PASSWORD, Origin::Named).unwrap_err().to_string();
+        assert!(err.contains("kafka property security.protocol") && !err.contains("Pw1"), "{err}");
+        let err = check_property("no.such.property", "x", Origin::Named).unwrap_err().to_string();
+        assert!(err.contains("kafka property no.such.property is not a librdkafka property"), "{err}");
+        // A password given as a whole flag: its "name" is not repeated.
+        let err = check_property("Pw1,Xq9", "Zk\"Jj", Origin::Named).unwrap_err().to_string();
+        assert!(!err.contains("Pw1") && !err.contains("Zk"), "{err}");
+        // An unescaped comma split the password: its second piece looks like
+        // a property named `Xq9`.
+        let err = check_property("Xq9", "Zk\"Jj", Origin::ListItem(2)).unwrap_err().to_string();
+        assert!(err.contains("item 2 of HOURGLASS_KAFKA_PROPERTIES"), "{err}");
+        for piece in ["Xq9", "Zk"] {
+            assert!(!err.contains(piece), "{err}");
+        }
+    }
+
+    #[test]
+    fn secrets_and_property_maps_hide_their_values() {
+        let secret = Secret::new(PASSWORD);
+        assert_eq!((format!("{secret:?}"), secret.to_string()), ("[redacted]".into(), "[redacted]".into()));
+        let properties = Properties::from([("sasl.password".to_owned(), PASSWORD.to_owned())]);
+        assert!(!format!("{properties:?}").contains("Pw1"));
+    }
 
     #[test]
     fn secret_names_are_recognised() {

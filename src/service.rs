@@ -2,18 +2,31 @@
 //! request against the limits and the topic catalog, resolves due times with
 //! the clock, and hands the change to the store. The gRPC adapter converts
 //! and calls; it decides nothing.
-
-mod access;
+//!
+//! Every method takes the caller's [`Access`] first: which topics it may
+//! use, and the [`Scope`] of messages it sees. Topics a request names are
+//! checked here; the store applies the scope in the same step as the read or
+//! change it limits, so a check can never pass for one message and the
+//! change land on another. A method without an `Access` cannot be written.
+//!
+//! | method | a topic outside the grant | a message the caller does not see |
+//! |---|---|---|
+//! | `schedule` | PERMISSION_DENIED, nothing stored | (its id is the caller's own) |
+//! | `schedule_batch` | that item PERMISSION_DENIED | |
+//! | `get`, `cancel`, `reschedule` | PERMISSION_DENIED (its own message) | NOT_FOUND |
+//! | `list` | filter: PERMISSION_DENIED; else not listed | not listed |
+//! | `stats` | not counted | not counted |
 
 use std::sync::Arc;
 
 use crate::{
     Error,
+    auth::Access,
     clock::Clock,
     kafka::TopicCatalog,
     message::{
-        CancelOutcome, DueSpec, Envelope, Invalid, Limits, ListQuery, MessageId, PendingPage, Scheduled,
-        ScheduledMessage, Stats, UnixMillis,
+        CancelOutcome, DueSpec, Envelope, Invalid, Limits, ListQuery, PendingPage, Scheduled,
+        ScheduledMessage, Scope, Stats, UnixMillis,
     },
     store::{ListFilter, NewMessage, Store, StoreError, schema::DueKey},
 };
@@ -24,7 +37,8 @@ pub const LIST_EXAMINE: usize = 10_000;
 /// A request to schedule one message.
 #[derive(Clone, Debug)]
 pub struct ScheduleCommand {
-    pub id: Option<MessageId>,
+    /// The client's id; none to have one generated.
+    pub id: Option<String>,
     pub envelope: Envelope,
     pub due: DueSpec,
 }
@@ -53,8 +67,15 @@ impl Service {
     }
 
     /// Checks a request and resolves its due time: what the store parks.
-    async fn prepare(&self, cmd: ScheduleCommand) -> Result<NewMessage, Error> {
+    async fn prepare(
+        &self,
+        access: &Access,
+        scope: &Scope,
+        cmd: ScheduleCommand,
+    ) -> Result<NewMessage, Error> {
+        let id = cmd.id.as_deref().map(|id| scope.id(id)).transpose()?;
         cmd.envelope.validate(&self.limits)?;
+        access.check(&cmd.envelope.topic)?;
         let (due, now) = self.resolve(cmd.due)?;
         let partitions = self.catalog.partitions(&cmd.envelope.topic).await?;
         if let Some(p) = cmd.envelope.partition
@@ -69,20 +90,22 @@ impl Service {
             )
             .into());
         }
-        Ok(NewMessage { id: cmd.id, envelope: cmd.envelope, requested: cmd.due, due, now })
+        Ok(NewMessage { id, scope: scope.clone(), envelope: cmd.envelope, requested: cmd.due, due, now })
     }
 
-    pub async fn schedule(&self, cmd: ScheduleCommand) -> Result<Scheduled, Error> {
-        let msg = self.prepare(cmd).await?;
+    pub async fn schedule(&self, access: &Access, cmd: ScheduleCommand) -> Result<Scheduled, Error> {
+        let msg = self.prepare(access, &access.scope(), cmd).await?;
         Ok(self.store.schedule(msg).await?)
     }
 
     /// Schedules many requests in one durable write. Items that fail to
-    /// convert or validate are answered with their error and not stored;
-    /// the rest are parked together. The whole call fails only when the
-    /// batch is too large or the write fails (then nothing was stored).
+    /// convert, validate or pass the caller's grant are answered with their
+    /// error and not stored; the rest are parked together. The whole call
+    /// fails only when the batch is too large or the write fails (then
+    /// nothing was stored).
     pub async fn schedule_batch(
         &self,
+        access: &Access,
         items: Vec<Result<ScheduleCommand, Invalid>>,
     ) -> Result<Vec<Result<Scheduled, Error>>, Error> {
         if items.len() > self.limits.max_batch {
@@ -96,11 +119,12 @@ impl Service {
             )
             .into());
         }
+        let scope = access.scope();
         let mut results: Vec<Option<Result<Scheduled, Error>>> = Vec::with_capacity(items.len());
         let (mut msgs, mut slots) = (Vec::new(), Vec::new());
         for item in items {
             let prepared = match item {
-                Ok(cmd) => self.prepare(cmd).await,
+                Ok(cmd) => self.prepare(access, &scope, cmd).await,
                 Err(invalid) => Err(invalid.into()),
             };
             match prepared {
@@ -119,46 +143,62 @@ impl Service {
         Ok(results.into_iter().map(|r| r.expect("every item is answered")).collect())
     }
 
-    pub async fn cancel(&self, id: MessageId) -> Result<CancelOutcome, Error> {
-        Ok(self.store.cancel(id, self.clock.now()).await?)
+    pub async fn cancel(&self, access: &Access, id: &str) -> Result<CancelOutcome, Error> {
+        let scope = access.scope();
+        let id = scope.id(id)?;
+        Ok(self.store.cancel(scope, id, self.clock.now()).await?)
     }
 
-    pub async fn reschedule(&self, id: MessageId, due: DueSpec) -> Result<UnixMillis, Error> {
+    pub async fn reschedule(&self, access: &Access, id: &str, due: DueSpec) -> Result<UnixMillis, Error> {
+        let scope = access.scope();
+        let id = scope.id(id)?;
         let (due, _) = self.resolve(due)?;
-        Ok(self.store.reschedule(id, due).await?)
+        Ok(self.store.reschedule(scope, id, due).await?)
     }
 
-    pub async fn get(&self, id: MessageId) -> Result<ScheduledMessage, Error> {
-        match self.store.get(id.clone()).await? {
+    pub async fn get(&self, access: &Access, id: &str) -> Result<ScheduledMessage, Error> {
+        let scope = access.scope();
+        let id = scope.id(id)?;
+        match self.store.get(scope, id.clone()).await? {
             Some(m) => Ok(m),
             None => Err(StoreError::NotFound(id).into()),
         }
     }
 
-    /// A page of pending messages in dispatch order. A call looks at no
-    /// more than [`LIST_EXAMINE`] entries, so a filtered page may come back
-    /// short, or empty, with a token to go on.
-    pub async fn list(&self, query: ListQuery) -> Result<PendingPage, Error> {
+    /// A page of the pending messages the caller sees, in dispatch order. A
+    /// call looks at no more than [`LIST_EXAMINE`] entries, so a filtered
+    /// page may come back short, or empty, with a token to go on.
+    pub async fn list(&self, access: &Access, query: ListQuery) -> Result<PendingPage, Error> {
         let limit = query.validate()?;
+        if let Some(topic) = &query.topic {
+            access.check(topic)?;
+        }
         let start = DueKey { due: query.from.unwrap_or_default(), seq: 0 };
         let from = query.page_token.map(DueKey::from_token).map_or(start, |token| token.max(start));
         let filter = ListFilter { topic: query.topic, from, to: query.to, limit, examine: LIST_EXAMINE };
-        Ok(self.store.list_pending(filter).await?)
+        Ok(self.store.list_pending(access.scope(), filter).await?)
     }
 
-    /// Counts by state, the oldest overdue message, the store's size.
-    pub async fn stats(&self) -> Result<Stats, Error> {
+    /// Counts by state and the oldest overdue message, of what the caller
+    /// sees. Figures about the whole server (what is being dispatched, the
+    /// store's size) go only to a caller that sees everything.
+    pub async fn stats(&self, access: &Access) -> Result<Stats, Error> {
         let now = self.clock.now();
-        let stats = self.store.stats(now).await?;
-        let store = self.store.clone();
-        let store_bytes = tokio::task::spawn_blocking(move || store.size_bytes()).await.unwrap_or(0);
+        let scope = access.scope();
+        let whole_server = scope.is_everything();
+        let stats = self.store.stats(scope, now).await?;
+        let (dispatching, store_bytes) = if whole_server {
+            (self.store.dispatching() as u64, self.store.size_bytes().await)
+        } else {
+            (0, 0)
+        };
         Ok(Stats {
             as_of: now,
-            pending: stats.meta.pending,
-            delivered: stats.meta.delivered_total,
-            cancelled: stats.meta.cancelled_total,
-            failed: stats.meta.failed_total,
-            dispatching: self.store.dispatching() as u64,
+            pending: stats.counts.pending,
+            delivered: stats.counts.delivered,
+            cancelled: stats.counts.cancelled,
+            failed: stats.counts.failed,
+            dispatching,
             oldest_overdue: stats.oldest_overdue,
             store_bytes,
             max_pending: self.store.max_pending(),

@@ -117,10 +117,9 @@ async fn upkeep(
             // Below this lie mostly the tombstones of settled messages.
             // Compaction drops those and keeps anything still live.
             let below = DueKey::after(crate::message::UnixMillis(now.0.saturating_sub(60_000)));
-            let s = store.clone();
-            let _ = tokio::task::spawn_blocking(move || s.compact_settled(below)).await;
+            store.compact_settled(below).await;
         }
-        metrics::STORE_SIZE.set(store.size_bytes() as i64);
+        metrics::STORE_SIZE.set(store.size_bytes().await as i64);
         // Bursts leave freed heap behind; hand it back while idle-ish.
         tokio::task::spawn_blocking(crate::memory::trim);
         tokio::select! {

@@ -244,3 +244,91 @@ async fn list_and_stats_print_json_for_scripts() {
     assert_eq!(out.status.code(), Some(2), "bad usage");
     assert!(server.terminate().success());
 }
+
+/// SIGHUP to a server without a tokens file: logged, nothing else. (Its
+/// default action would end the process.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_without_a_tokens_file_is_harmless() {
+    let broker = Broker::start();
+    let topic = random_name("hup");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Serve::start(&broker, dir.path());
+    let pid = server.child.id().to_string();
+    for _ in 0..3 {
+        assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(server.child.try_wait().unwrap().is_none(), "SIGHUP ended the server");
+    let mut client = server.client().await;
+    client.schedule(request(&topic, "after SIGHUP", Duration::ZERO)).await.expect("still serving");
+    assert!(server.terminate().success());
+}
+
+/// A password with every character that has tripped a parser.
+const PASSWORD: &str = "Pw1,Xq9=Zk\"Jj";
+
+/// Where a Kafka secret may come from, and every way start-up can fail on
+/// it: no error and no log line shows any piece of it.
+#[test]
+fn kafka_secrets_never_reach_errors_or_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let pieces = ["Pw1", "Xq9", "Zk", "Jj"];
+    let check = |what: &str, out: &Output| {
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        for piece in pieces {
+            assert!(!text.contains(piece), "{what}: the password shows: {text}");
+        }
+    };
+    let serve = |extra: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(extra)
+            .env_remove("HOURGLASS_KAFKA_PROPERTIES")
+            .env("HOURGLASS_LOG", "debug,librdkafka=debug");
+        cmd
+    };
+
+    // The environment's list with the comma unescaped: refused by position.
+    let out = run(serve(&[]).env("HOURGLASS_KAFKA_PROPERTIES", format!("sasl.password={PASSWORD}")));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HOURGLASS_KAFKA_PROPERTIES"));
+    check("an unescaped list", &out);
+
+    // A config file that does not parse, on the password's own line.
+    let file = dir.path().join("broken.toml");
+    std::fs::write(&file, format!("[kafka_properties]\n\"sasl.password\" = \"{PASSWORD}\nx = 1\n")).unwrap();
+    let out = run(&mut serve(&["--config", file.to_str().unwrap()]));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"), "the line is named");
+    check("a broken config file", &out);
+
+    // A value librdkafka refuses, and a flag without a value.
+    let out = run(&mut serve(&["--kafka-property", &format!("security.protocol={PASSWORD}")]));
+    assert!(!out.status.success());
+    check("a refused value", &out);
+    let out = run(&mut serve(&["--kafka-property", PASSWORD]));
+    assert!(!out.status.success());
+    check("a flag that is not KEY=VALUE", &out);
+
+    // Accepted and in use, escaped in the environment: the server runs,
+    // fails to reach a broker that is not there, and logs at debug level.
+    let listed = format!(
+        "security.protocol=SASL_PLAINTEXT,sasl.mechanism=PLAIN,sasl.username=u,sasl.password={}",
+        PASSWORD.replace(',', "\\,")
+    );
+    let mut child = serve(&["--kafka-brokers", &format!("127.0.0.1:{}", free_port())])
+        .env("HOURGLASS_KAFKA_PROPERTIES", listed)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(child.try_wait().unwrap().is_none(), "the server runs");
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("DEBUG"), "debug logging was on");
+    check("a running server's log", &out);
+}

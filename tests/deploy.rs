@@ -48,8 +48,34 @@ fn serve_options() -> (BTreeSet<String>, BTreeSet<String>) {
         }
     }
     // Read by the binary itself rather than by a flag.
-    env.extend(["HOURGLASS_LOG".to_owned(), "HOURGLASS_SERVER".to_owned()]);
+    env.extend(
+        ["HOURGLASS_LOG", "HOURGLASS_SERVER", hourglass::cli::KAFKA_PROPERTIES_ENV].map(str::to_owned),
+    );
     (keys, env)
+}
+
+/// The secrets the examples mount, made by the script they tell people to
+/// run (`deploy/secrets/make-secrets.sh`), once per test run.
+fn secrets() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        tool(
+            "bash",
+            &[repo("deploy/secrets/make-secrets.sh").to_str().unwrap(), dir.path().to_str().unwrap()],
+        );
+        dir
+    })
+    .path()
+}
+
+/// Where a secret the examples mount is found here: its file made by the
+/// script, whatever directory the example mounts it in.
+fn mounted(path: Option<PathBuf>) -> Option<PathBuf> {
+    path.map(|p| {
+        let mounts = ["/run/secrets/", "/etc/hourglass/secrets/"];
+        if mounts.iter().any(|m| p.starts_with(m)) { secrets().join(p.file_name().unwrap()) } else { p }
+    })
 }
 
 /// Parses `hourglass ARGS...` as the binary would; fails the test with
@@ -63,7 +89,22 @@ fn parse_serve(args: &[String], what: &str) -> Config {
     if serve.config.is_some() {
         serve.config = Some(repo("deploy/hourglass.toml"));
     }
-    serve.into_config().unwrap_or_else(|e| panic!("{what}: invalid configuration: {e}"))
+    serve.auth_tokens = mounted(serve.auth_tokens);
+    serve.tls_cert = mounted(serve.tls_cert);
+    serve.tls_key = mounted(serve.tls_key);
+    serve.tls_client_ca = mounted(serve.tls_client_ca);
+    serve.into_config_with(None).unwrap_or_else(|e| panic!("{what}: invalid configuration: {e}"))
+}
+
+/// A server reachable beyond its own machine must ask for tokens.
+fn assert_not_open(config: &Config, what: &str) {
+    if !config.listen.ip().is_loopback() {
+        assert!(
+            config.auth_tokens.is_some(),
+            "{what} listens on {} with no tokens file: anyone who reaches it may schedule",
+            config.listen
+        );
+    }
 }
 
 fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
@@ -180,7 +221,21 @@ fn the_dockerfile_copies_what_exists_and_runs_a_valid_server() {
         assert!(env.contains(*var), "the Dockerfile sets {var}, which hourglass does not read");
     }
     assert_eq!(command[0], "hourglass");
-    parse_serve(&command[1..], "the Dockerfile");
+    let config = parse_serve(&command[1..], "the Dockerfile");
+    // What its ENV sets, over the command line's defaults.
+    let value = |var: &str| {
+        lines
+            .iter()
+            .flat_map(|l| l.split_whitespace())
+            .find_map(|w| w.strip_prefix(&format!("{var}=")).map(str::to_owned))
+    };
+    let listen: std::net::SocketAddr = value("HOURGLASS_LISTEN").expect("HOURGLASS_LISTEN").parse().unwrap();
+    let tokens = mounted(value("HOURGLASS_AUTH_TOKENS").map(PathBuf::from));
+    assert!(
+        tokens.as_ref().is_some_and(|t| t.exists()),
+        "the Dockerfile's tokens file is one make-secrets.sh makes"
+    );
+    assert_not_open(&Config { listen, auth_tokens: tokens, ..config }, "the Dockerfile");
 }
 
 #[test]
@@ -197,7 +252,25 @@ fn compose_runs_a_valid_server_built_from_the_dockerfile() {
     for var in hourglass["environment"].as_object().unwrap().keys() {
         assert!(env.contains(var), "compose sets {var}, which hourglass does not read");
     }
-    parse_serve(&strings(&hourglass["command"]), "docker-compose.yml");
+    let config = parse_serve(&strings(&hourglass["command"]), "docker-compose.yml");
+    // The image listens on every interface: compose asks for tokens and TLS,
+    // from secrets it mounts, and publishes the open metrics port locally.
+    assert!(config.auth_tokens.is_some() && config.tls_cert.is_some(), "compose runs with tokens and TLS");
+    let mounted_secrets: Vec<String> = strings(&hourglass["secrets"]);
+    for file in [&config.auth_tokens, &config.tls_cert, &config.tls_key] {
+        let name = file.as_ref().unwrap().file_name().unwrap().to_str().unwrap().to_owned();
+        assert!(mounted_secrets.contains(&name), "compose mounts {name}");
+        let source = compose["secrets"][&name]["file"].as_str().expect("a secret from a file");
+        assert!(source.starts_with("./secrets/"), "{name} comes from what make-secrets.sh makes: {source}");
+    }
+    for port in strings(&hourglass["ports"]) {
+        if port.ends_with(":9464") {
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "the metrics port is published beyond this machine: {port}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -217,6 +290,21 @@ fn kubernetes_pods_run_a_valid_server_and_probe_its_grpc_health() {
                 let what = format!("{file}, container {}", c["name"]);
                 let args = strings(&c["args"]);
                 let config = parse_serve(&args, &what);
+                assert_not_open(&config, &what);
+                let mounts = c["volumeMounts"].as_array().unwrap();
+                let tokens = flag(&args, "--auth-tokens").unwrap();
+                assert!(
+                    mounts.iter().any(|m| {
+                        let at = m["mountPath"].as_str().unwrap();
+                        Path::new(tokens).starts_with(at)
+                            && pod["volumes"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .any(|v| v["name"] == m["name"] && v["secret"].is_object())
+                    }),
+                    "{what}: the tokens file comes from a mounted Secret"
+                );
                 for var in c["env"].as_array().into_iter().flatten() {
                     let name = var["name"].as_str().unwrap();
                     assert!(env.contains(name), "{what} sets {name}, which hourglass does not read");

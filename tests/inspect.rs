@@ -190,6 +190,7 @@ async fn stats_count_each_state_and_follow_a_redriven_failure() {
     // own limit) is accepted and can never be produced: it fails.
     let tweak = |c: &mut hourglass::config::Config| {
         c.max_delivery_attempts = 2;
+        c.fail_after = Duration::ZERO;
         c.max_pending = 1000;
         c.kafka_properties.insert("message.max.bytes".into(), "1000000".into());
     };

@@ -50,12 +50,7 @@ async fn server(data_dir: &Path, broker: &Broker) -> ServerProcess {
 
 /// A client that reconnects by itself after the server comes back.
 fn client(grpc: &str) -> SchedulerClient<Channel> {
-    let channel = Channel::from_shared(format!("http://{grpc}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(20))
-        .connect_lazy();
-    SchedulerClient::new(channel)
+    reconnecting_client(grpc, Duration::from_secs(20))
 }
 
 fn message(topic: &str, id: &str, due_ms: i64) -> proto::ScheduleRequest {
@@ -356,7 +351,15 @@ async fn a_batch_cut_by_a_crash_is_stored_whole_or_not_at_all() {
         let store = hourglass::store::Store::open(&hourglass::store::StoreConfig::new(dir.path())).unwrap();
         let mut found = 0;
         for id in &ids {
-            if store.get(hourglass::message::MessageId::parse(id).unwrap()).await.unwrap().is_some() {
+            if store
+                .get(
+                    hourglass::message::Scope::everything(),
+                    hourglass::message::MessageId::parse(id).unwrap(),
+                )
+                .await
+                .unwrap()
+                .is_some()
+            {
                 found += 1;
             }
         }
@@ -795,4 +798,134 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
     }
+}
+
+/// 5 (continued). The disk fills while messages come due: the dispatcher
+/// stops once a commit of deliveries fails (it produces the round after the
+/// one whose settling failed, and no more: about twice `--max-in-flight`),
+/// health stays NOT_SERVING even across calls that write nothing, memory
+/// stays bounded, SIGTERM exits within its grace plus the writer's last
+/// tries; with room again every message is delivered, and only what went
+/// out unrecorded goes out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_disk_stops_dispatching_and_sigterm_still_exits() {
+    let _serial = SERIAL.lock().await;
+    let mount = Tmpfs::mount(64);
+    let broker = Broker::start();
+    let topic = random_name("full");
+    broker.create_topic(&topic, 2).await;
+    let data = mount.path.join("store");
+    let max_in_flight = 50;
+    let mut server = server(&data, &broker)
+        .await
+        .arg("--max-in-flight", max_in_flight)
+        .arg("--shutdown-grace", "3s")
+        .launch()
+        .await
+        .unwrap();
+    let mut client = client(&server.grpc);
+    let run = random_name("f");
+    let ledger = Ledger::default();
+    let count = 2_000;
+    let due = now_ms() + 10_000;
+    for chunk in (0..count).collect::<Vec<_>>().chunks(200) {
+        let requests = chunk
+            .iter()
+            .map(|i| {
+                let mut m = message(&topic, &format!("{run}-{i}"), due);
+                m.message.as_mut().unwrap().value = vec![b'x'; 4096];
+                m
+            })
+            .collect();
+        schedule_until_acked(&mut client, requests, &ledger, Instant::now() + Duration::from_secs(60)).await;
+    }
+    // Fill what is left of the disk.
+    let filler = mount.path.join("filler");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(std::process::Stdio::null())
+        .status();
+    let running = Arc::new(AtomicBool::new(true));
+    let rss = sample_rss(server.pid().unwrap(), running.clone());
+    tokio::time::sleep(Duration::from_millis((due - now_ms()).max(0) as u64 + 5_000)).await;
+    assert_eq!(server.health().await.unwrap(), ServingStatus::NotServing, "writes fail: not serving");
+    // Calls that write nothing do not make it look healthy.
+    for _ in 0..5 {
+        let _ = client.cancel(proto::CancelRequest { id: "never-was".into() }).await;
+        let _ = client.get(proto::GetRequest { id: "never-was".into() }).await;
+        assert_eq!(server.health().await.unwrap(), ServingStatus::NotServing, "health flapped");
+    }
+    let during =
+        consume_async(&broker, &topic, usize::MAX, Duration::from_secs(3), Duration::ZERO).await.len();
+    let asked = Instant::now();
+    let pid = server.pid().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let exited = server.wait_exit(Duration::from_secs(20)).await;
+    let took = asked.elapsed();
+    running.store(false, Ordering::Relaxed);
+    let peak = rss.await.unwrap();
+    eprintln!(
+        "full disk while {count} came due: {during} produced before dispatching stopped (max in flight \
+         {max_in_flight}); SIGTERM exited in {took:?}; peak RSS {} MiB",
+        peak / MIB
+    );
+    assert!(exited.is_some(), "SIGTERM did not end the server within 20 s");
+    assert!(during <= 3 * max_in_flight, "kept producing while deliveries could not be recorded: {during}");
+    assert!(peak < 512 * MIB, "memory grew to {} MiB", peak / MIB);
+
+    std::fs::remove_file(&filler).unwrap();
+    server.spawn().unwrap();
+    server.wait_serving(Duration::from_secs(60)).await.unwrap();
+    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(120)).await;
+    eprintln!("full disk, after room came back: {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert!(verdict.duplicates.len() <= during, "only what went out unrecorded goes out again");
+}
+
+/// 14. Reading some due messages fails (an I/O error, injected): the
+/// others go out on time, health says NOT_SERVING while reads fail, and
+/// the failed ones are read again and delivered once.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_that_cannot_be_read_hold_nothing_else_back() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start();
+    let topic = random_name("unreadable");
+    broker.create_topic(&topic, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = server(dir.path(), &broker).await;
+    server.env("HOURGLASS_FAILPOINT", "store-read-io@20..45");
+    let server = server.launch().await.unwrap();
+    let ledger = Arc::new(Ledger::default());
+    let count = 400;
+    schedule_spread(
+        Spread {
+            grpc: server.grpc.clone(),
+            topic: topic.clone(),
+            run: random_name("r"),
+            count,
+            from_ms: now_ms() + 2_000,
+            over_ms: 4_000,
+            clients: 2,
+            batch: 50,
+            ingest_ms: 0,
+        },
+        ledger.clone(),
+    )
+    .await;
+    let mut not_serving = false;
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        not_serving |= server.health().await.ok() == Some(ServingStatus::NotServing);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(60)).await;
+    eprintln!("26 reads failed among {count} due messages: {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert!(verdict.duplicates.is_empty());
+    assert!(not_serving, "health never said the store could not read");
+    wait_for_health(&server, ServingStatus::Serving, Duration::from_secs(10)).await;
+    // Held back by a second at most (one retry), not stalled behind.
+    assert!(verdict.lateness(0.99) < 3_000, "p99 lateness {} ms", verdict.lateness(0.99));
 }

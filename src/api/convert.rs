@@ -48,6 +48,12 @@ pub fn due_spec<D: Into<Option<WireDue>>>(due: D) -> Result<DueSpec, Invalid> {
     }
 }
 
+/// Checks the shape of a client's id; the service places it in the
+/// caller's id space.
+pub fn check_id(id: &str) -> Result<(), Invalid> {
+    MessageId::parse(id).map(|_| ())
+}
+
 /// The `due` oneof, shared by schedule and reschedule requests.
 pub enum WireDue {
     DeliverAt(prost_types::Timestamp),
@@ -70,10 +76,6 @@ impl From<proto::reschedule_request::Due> for WireDue {
             proto::reschedule_request::Due::Delay(d) => WireDue::Delay(d),
         }
     }
-}
-
-pub fn message_id(id: &str) -> Result<MessageId, Invalid> {
-    MessageId::parse(id)
 }
 
 impl From<proto::Message> for Envelope {
@@ -105,11 +107,10 @@ impl TryFrom<proto::ScheduleRequest> for ScheduleCommand {
 
     fn try_from(r: proto::ScheduleRequest) -> Result<Self, Invalid> {
         let message = r.message.ok_or_else(|| Invalid::new("message", "is missing"))?;
-        Ok(ScheduleCommand {
-            id: r.id.as_deref().map(message_id).transpose()?,
-            envelope: message.into(),
-            due: due_spec(r.due.map(WireDue::from))?,
-        })
+        if let Some(id) = &r.id {
+            check_id(id)?;
+        }
+        Ok(ScheduleCommand { id: r.id, envelope: message.into(), due: due_spec(r.due.map(WireDue::from))? })
     }
 }
 
@@ -139,6 +140,7 @@ impl From<ScheduledMessage> for proto::GetResponse {
     fn from(m: ScheduledMessage) -> Self {
         use proto::get_response::Settlement;
         let mut out = proto::GetResponse {
+            tenant: m.id.tenant().unwrap_or_default().to_owned(),
             id: m.id.to_string(),
             message: Some(m.envelope.into()),
             deliver_at: Some(timestamp(m.due)),
@@ -194,6 +196,7 @@ impl TryFrom<proto::ListRequest> for ListQuery {
 impl From<PendingMessage> for proto::PendingMessage {
     fn from(m: PendingMessage) -> Self {
         proto::PendingMessage {
+            tenant: m.id.tenant().unwrap_or_default().to_owned(),
             id: m.id.to_string(),
             topic: m.topic,
             key: m.key,
@@ -254,7 +257,7 @@ mod tests {
     #[test]
     fn a_full_request_converts() {
         let cmd = ScheduleCommand::try_from(request()).unwrap();
-        assert_eq!(cmd.id.unwrap().as_str(), "order-1");
+        assert_eq!(cmd.id.as_deref(), Some("order-1"));
         assert_eq!(cmd.due, DueSpec::After(Duration::from_secs(30)));
         assert_eq!(cmd.envelope.partition, Some(1));
         assert_eq!(cmd.envelope.headers, vec![Header { key: "h".into(), value: b"x".to_vec() }]);

@@ -9,6 +9,9 @@ mod limit;
 mod status;
 mod stream;
 
+pub use limit::Budget;
+pub use stream::StreamLimits;
+
 use std::{future::Future, sync::Arc, time::Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -16,22 +19,33 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::{Error, auth::Access, metrics, proto, service::Service};
 
+/// How the API admits calls.
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    /// Calls served at once, at most.
+    pub max_concurrent: usize,
+    pub stream: stream::StreamLimits,
+    /// The bytes of requests held at once, across calls.
+    pub memory: limit::Budget,
+}
+
 pub struct SchedulerApi {
     service: Arc<Service>,
-    /// Requests one `ScheduleStream` may have unanswered.
-    stream_window: usize,
+    config: ApiConfig,
     /// Calls being served at once, at most; one permit per call.
     admission: Arc<Semaphore>,
-    max_concurrent: usize,
+    /// Streams open at once, at most: half the calls, so that streams,
+    /// which last, never leave unary calls without room.
+    streams: Arc<Semaphore>,
 }
 
 impl SchedulerApi {
-    pub fn new(service: Arc<Service>, stream_window: usize, max_concurrent: usize) -> Self {
+    pub fn new(service: Arc<Service>, config: ApiConfig) -> Self {
         SchedulerApi {
             service,
-            stream_window,
-            admission: Arc::new(Semaphore::new(max_concurrent)),
-            max_concurrent,
+            admission: Arc::new(Semaphore::new(config.max_concurrent)),
+            streams: Arc::new(Semaphore::new((config.max_concurrent / 2).max(1))),
+            config,
         }
     }
 
@@ -40,12 +54,42 @@ impl SchedulerApi {
     /// elsewhere or later, instead of a queue that grows without bound.
     fn admit(&self, method: &'static str) -> Result<OwnedSemaphorePermit, Status> {
         Arc::clone(&self.admission).try_acquire_owned().map_err(|_| {
-            metrics::GRPC_REQUESTS.with_label_values(&[method, &format!("{:?}", Code::ResourceExhausted)]).inc();
-            Status::resource_exhausted(format!(
-                "the server is busy: it already serves {} calls (--max-concurrent-requests); retry with backoff",
-                self.max_concurrent
-            ))
+            busy(
+                method,
+                format!(
+                    "the server is busy: it already serves {} calls (--max-concurrent-requests); retry with backoff",
+                    self.config.max_concurrent
+                ),
+            )
         })
+    }
+
+    /// Lets a stream in: a place among the calls and among the streams, and
+    /// the memory its window may take.
+    fn admit_stream(&self) -> Result<impl Send + 'static, Status> {
+        const METHOD: &str = "ScheduleStream";
+        let call = self.admit(METHOD)?;
+        let stream = Arc::clone(&self.streams).try_acquire_owned().map_err(|_| {
+            busy(
+                METHOD,
+                format!(
+                    "the server already has {} streams open, half of --max-concurrent-requests; retry with backoff",
+                    (self.config.max_concurrent / 2).max(1)
+                ),
+            )
+        })?;
+        let bytes = stream::memory(self.service.limits());
+        let memory = self.config.memory.try_take(bytes).ok_or_else(|| {
+            busy(
+                METHOD,
+                format!(
+                    "the server's memory for requests ({} bytes, --max-request-memory) has no room for another \
+                     stream's window ({bytes} bytes); retry with backoff",
+                    self.config.memory.total()
+                ),
+            )
+        })?;
+        Ok((call, stream, memory))
     }
 
     /// Runs one admitted call, counting it by method and status code.
@@ -61,13 +105,24 @@ impl SchedulerApi {
     /// The gRPC service, refusing requests over the size limit unread.
     pub fn into_server(self) -> limit::SizeLimit<proto::scheduler_server::SchedulerServer<Self>> {
         let limits = self.service.limits().clone();
+        let memory = self.config.memory.clone();
         let api = Arc::new(self);
         let serve = |limit: limit::Limit| {
             let server = proto::scheduler_server::SchedulerServer::from_arc(Arc::clone(&api));
             (server.max_decoding_message_size(limit.bytes), limit)
         };
-        limit::SizeLimit::new(serve(limit::Limit::one_message(&limits)), serve(limit::Limit::batch(&limits)))
+        limit::SizeLimit::new(
+            serve(limit::Limit::one_message(&limits)),
+            serve(limit::Limit::batch(&limits)),
+            memory,
+        )
     }
+}
+
+/// A refusal for want of room, counted.
+fn busy(method: &'static str, message: String) -> Status {
+    metrics::GRPC_REQUESTS.with_label_values(&[method, &format!("{:?}", Code::ResourceExhausted)]).inc();
+    Status::resource_exhausted(message)
 }
 
 /// The answers to items of a batch or a stream, numbered from
@@ -123,9 +178,9 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::ScheduleRequest>,
     ) -> Result<Response<proto::ScheduleResponse>, Status> {
-        let access = Access::of(&request);
         self.call("Schedule", async {
-            let scheduled = self.service.schedule_for(&access, request.into_inner().try_into()?).await?;
+            let access = Access::of(&request)?;
+            let scheduled = self.service.schedule(&access, request.into_inner().try_into()?).await?;
             Ok(scheduled.into())
         })
         .await
@@ -135,10 +190,10 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::ScheduleBatchRequest>,
     ) -> Result<Response<proto::ScheduleBatchResponse>, Status> {
-        let access = Access::of(&request);
         self.call("ScheduleBatch", async {
+            let access = Access::of(&request)?;
             let items = request.into_inner().requests.into_iter().map(TryInto::try_into).collect();
-            let results = self.service.schedule_batch_for(&access, items).await?;
+            let results = self.service.schedule_batch(&access, items).await?;
             Ok(proto::ScheduleBatchResponse { results: schedule_results("ScheduleBatch", 0, results) })
         })
         .await
@@ -150,14 +205,14 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<tonic::Streaming<proto::ScheduleRequest>>,
     ) -> Result<Response<Self::ScheduleStreamStream>, Status> {
-        let permit = self.admit("ScheduleStream")?;
-        let access = Access::of(&request);
+        let access = Access::of(&request).map_err(Status::from)?;
+        let permits = self.admit_stream()?;
         let answers = stream::serve(
             Arc::clone(&self.service),
             access,
             request.into_inner(),
-            self.stream_window,
-            permit,
+            self.config.stream,
+            permits,
         );
         Ok(Response::new(answers))
     }
@@ -166,10 +221,9 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::CancelRequest>,
     ) -> Result<Response<proto::CancelResponse>, Status> {
-        let access = Access::of(&request);
         self.call("Cancel", async {
-            let id = convert::message_id(&request.into_inner().id)?;
-            let outcome = self.service.cancel_for(&access, id).await?;
+            let access = Access::of(&request)?;
+            let outcome = self.service.cancel(&access, &request.into_inner().id).await?;
             Ok(proto::CancelResponse { outcome: proto::CancelOutcome::from(outcome).into() })
         })
         .await
@@ -179,22 +233,21 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::RescheduleRequest>,
     ) -> Result<Response<proto::RescheduleResponse>, Status> {
-        let access = Access::of(&request);
         self.call("Reschedule", async {
+            let access = Access::of(&request)?;
             let request = request.into_inner();
-            let id = convert::message_id(&request.id)?;
+            convert::check_id(&request.id)?;
             let due = convert::due_spec(request.due.map(convert::WireDue::from))?;
-            let due = self.service.reschedule_for(&access, id, due).await?;
+            let due = self.service.reschedule(&access, &request.id, due).await?;
             Ok(proto::RescheduleResponse { deliver_at: Some(convert::timestamp(due)) })
         })
         .await
     }
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::GetResponse>, Status> {
-        let access = Access::of(&request);
         self.call("Get", async {
-            let id = convert::message_id(&request.into_inner().id)?;
-            Ok(self.service.get_for(&access, id).await?.into())
+            let access = Access::of(&request)?;
+            Ok(self.service.get(&access, &request.into_inner().id).await?.into())
         })
         .await
     }
@@ -204,16 +257,20 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
         self.call("List", async {
-            let page = self.service.list(request.into_inner().try_into()?).await?;
-            Ok(page.into())
+            let access = Access::of(&request)?;
+            Ok(self.service.list(&access, request.into_inner().try_into()?).await?.into())
         })
         .await
     }
 
     async fn stats(
         &self,
-        _request: Request<proto::StatsRequest>,
+        request: Request<proto::StatsRequest>,
     ) -> Result<Response<proto::StatsResponse>, Status> {
-        self.call("Stats", async { Ok(self.service.stats().await?.into()) }).await
+        self.call("Stats", async {
+            let access = Access::of(&request)?;
+            Ok(self.service.stats(&access).await?.into())
+        })
+        .await
     }
 }

@@ -8,8 +8,10 @@
 //! | reschedule of a delivered/cancelled message | FAILED_PRECONDITION |
 //! | disk full, backlog cap, server busy         | RESOURCE_EXHAUSTED  |
 //! | Kafka unreachable, shutting down, I/O error | UNAVAILABLE         |
+//! | a cancel or reschedule of a message whose produce is not yet confirmed | UNAVAILABLE |
 //! | store corruption                            | DATA_LOSS           |
 //! | the caller's token does not cover the topic | PERMISSION_DENIED   |
+//! | a token revoked while its stream was open   | UNAUTHENTICATED     |
 //!
 //! A missing or unknown token never gets this far: `auth` refuses it with
 //! UNAUTHENTICATED before the call is read.
@@ -32,6 +34,7 @@ impl From<Error> for Status {
             Error::KafkaUnavailable { .. } => Status::unavailable(message),
             Error::Store(e) => Status::new(store_code(&e), message),
             Error::Forbidden { .. } => Status::permission_denied(message),
+            Error::Unauthenticated(_) => Status::unauthenticated(message),
         }
     }
 }
@@ -53,8 +56,9 @@ fn store_code(e: &StoreError) -> Code {
         StoreError::IdConflict(_) => Code::AlreadyExists,
         StoreError::AlreadyDelivered(_) | StoreError::AlreadyCancelled(_) => Code::FailedPrecondition,
         StoreError::Full(_) | StoreError::AtCapacity { .. } => Code::ResourceExhausted,
-        StoreError::Closed | StoreError::Io(_) => Code::Unavailable,
+        StoreError::Closed | StoreError::Io(_) | StoreError::Dispatching(_) => Code::Unavailable,
         StoreError::Corrupt(_) => Code::DataLoss,
+        StoreError::Forbidden { .. } => Code::PermissionDenied,
     }
 }
 
@@ -77,8 +81,11 @@ mod tests {
             (StoreError::Full("no space".into()).into(), Code::ResourceExhausted),
             (StoreError::AtCapacity { pending: 9 }.into(), Code::ResourceExhausted),
             (StoreError::Closed.into(), Code::Unavailable),
+            (StoreError::Dispatching(id()).into(), Code::Unavailable),
             (StoreError::Corrupt("bad block".into()).into(), Code::DataLoss),
             (Error::Forbidden { token: "a".into(), topic: "t".into() }, Code::PermissionDenied),
+            (StoreError::Forbidden { token: "a".into(), topic: "t".into() }.into(), Code::PermissionDenied),
+            (Error::Unauthenticated("revoked".into()), Code::Unauthenticated),
         ];
         for (error, code) in cases {
             let text = error.to_string();

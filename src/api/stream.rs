@@ -6,10 +6,17 @@
 //! one commit per chunk rather than one per message, and an idle one is
 //! answered at once. Chunks are answered in the order they were read.
 //!
-//! Backpressure: the pump stops reading once `window` requests are
-//! unanswered, and it stops answering while the client does not read its
-//! answers; HTTP/2 flow control then holds the client back. Memory per
-//! stream is bounded by the window.
+//! Backpressure: the pump stops reading once `window` requests, or
+//! [`WINDOW_BYTES`] of them, are unanswered, and it stops answering while
+//! the client does not read its answers; HTTP/2 flow control then holds the
+//! client back. Memory per stream is bounded by the window, and taken from
+//! the server's budget of request bytes for as long as the stream is open.
+//!
+//! A stream is not a way around the tokens file: before each chunk it asks
+//! whether the caller's token still holds (a reload may have revoked or
+//! narrowed it) and ends with UNAUTHENTICATED if not. A stream with nothing
+//! unanswered that sends nothing for `idle` is ended with UNAVAILABLE, so
+//! idle clients do not hold the server's call slots.
 
 use std::{pin::Pin, sync::Arc, time::Instant};
 
@@ -27,62 +34,110 @@ pub type Answers = ReceiverStream<Result<proto::ScheduleResult, Status>>;
 /// Requests sent to the store together, at most.
 const CHUNK: usize = 1024;
 
+/// Encoded bytes of unanswered requests one stream may have, at most
+/// (beyond the one request that crosses it).
+pub const WINDOW_BYTES: usize = 1 << 20;
+
+/// How a stream is served.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamLimits {
+    /// Unanswered requests, at most.
+    pub window: usize,
+    /// How long a stream may send nothing while nothing is unanswered.
+    pub idle: std::time::Duration,
+}
+
 const METHOD: &str = "ScheduleStream";
 
-/// `permit` is the stream's place among the calls served at once; it is
-/// held until the stream ends. Items for topics outside `access` are
+/// `permits` are the stream's places among the calls served at once; they
+/// are held until the stream ends. Items for topics outside `access` are
 /// answered PERMISSION_DENIED.
-pub fn serve(
+pub fn serve<P: Send + 'static>(
     service: Arc<Service>,
     access: Access,
     inbound: Streaming<proto::ScheduleRequest>,
-    window: usize,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    limits: StreamLimits,
+    permits: P,
 ) -> Answers {
     let (tx, rx) = mpsc::channel(CHUNK);
     tokio::spawn(async move {
-        pump(service, access, inbound, window.max(1), tx).await;
-        drop(permit);
+        pump(service, access, inbound, limits, tx).await;
+        drop(permits);
     });
     ReceiverStream::new(rx)
 }
 
-type Chunk = Pin<Box<dyn Future<Output = Vec<proto::ScheduleResult>> + Send>>;
+/// The most a stream holds of requests read and not answered: its byte
+/// window, and one request that crosses it. It is taken from the server's
+/// budget when the stream opens.
+pub fn memory(limits: &crate::message::Limits) -> usize {
+    WINDOW_BYTES + limits.max_request_bytes()
+}
+
+/// A chunk's answers, and the encoded bytes of its requests.
+type Chunk = Pin<Box<dyn Future<Output = (Vec<proto::ScheduleResult>, usize)> + Send>>;
 
 async fn pump(
     service: Arc<Service>,
     access: Access,
     mut inbound: Streaming<proto::ScheduleRequest>,
-    window: usize,
+    limits: StreamLimits,
     tx: mpsc::Sender<Result<proto::ScheduleResult, Status>>,
 ) {
     let started = Instant::now();
+    let window = limits.window.max(1);
     let chunk_limit = CHUNK.min(service.limits().max_batch).max(1);
     let mut answers: FuturesOrdered<Chunk> = FuturesOrdered::new();
-    let mut unanswered = 0usize;
+    let (mut unanswered, mut unanswered_bytes) = (0usize, 0usize);
     let mut next_index = 0u64;
     let mut open = true;
+    let mut last_heard = tokio::time::Instant::now();
     // A broken inbound stream ends it, after the answers to what came before.
     let mut broken: Option<Status> = None;
     loop {
+        let idle_until = last_heard + limits.idle;
         tokio::select! {
             biased;
-            Some(results) = answers.next(), if !answers.is_empty() => {
+            Some((results, bytes)) = answers.next(), if !answers.is_empty() => {
                 unanswered -= results.len();
+                unanswered_bytes -= bytes;
                 for result in results {
                     if tx.send(Ok(result)).await.is_err() {
                         // The client went away; what was stored stays stored.
                         return finish(started, tonic::Code::Cancelled);
                     }
                 }
+                last_heard = tokio::time::Instant::now();
             }
-            first = inbound.next(), if open && unanswered < window => {
+            _ = tokio::time::sleep_until(idle_until), if open && unanswered == 0 => {
+                broken = Some(Status::unavailable(format!(
+                    "the stream sent nothing for {}, so the server ended it; open a new one to go on",
+                    humantime::format_duration(limits.idle)
+                )));
+                open = false;
+            }
+            first = inbound.next(), if open && unanswered < window && unanswered_bytes < WINDOW_BYTES => {
+                last_heard = tokio::time::Instant::now();
+                // The token may have been revoked or narrowed since the
+                // stream opened: nothing more is scheduled with a dead one.
+                let access = match access.current() {
+                    Ok(access) => access,
+                    Err(e) => {
+                        broken = Some(Status::from(e));
+                        open = false;
+                        continue;
+                    }
+                };
                 let mut chunk = Vec::new();
+                let mut chunk_bytes = 0;
                 let room = chunk_limit.min(window - unanswered);
                 let mut item = first;
                 loop {
                     match item {
-                        Some(Ok(request)) => chunk.push(request),
+                        Some(Ok(request)) => {
+                            chunk_bytes += prost::Message::encoded_len(&request);
+                            chunk.push(request);
+                        }
                         Some(Err(status)) => {
                             broken = Some(super::limit::too_large(status, super::limit::Limit::one_message(service.limits())));
                             open = false;
@@ -93,7 +148,7 @@ async fn pump(
                             break;
                         }
                     }
-                    if chunk.len() >= room {
+                    if chunk.len() >= room || unanswered_bytes + chunk_bytes >= WINDOW_BYTES {
                         break;
                     }
                     // Take what has already arrived, without waiting for more.
@@ -104,10 +159,12 @@ async fn pump(
                 }
                 if !chunk.is_empty() {
                     unanswered += chunk.len();
+                    unanswered_bytes += chunk_bytes;
                     let first_index = next_index;
                     next_index += chunk.len() as u64;
                     let service = Arc::clone(&service);
-                    answers.push_back(Box::pin(schedule_chunk(service, access.clone(), chunk, first_index)));
+                    let answered = schedule_chunk(service, access, chunk, first_index);
+                    answers.push_back(Box::pin(answered.map(move |results| (results, chunk_bytes))));
                 }
             }
             else => break,
@@ -132,8 +189,7 @@ async fn schedule_chunk(
 ) -> Vec<proto::ScheduleResult> {
     let n = chunk.len();
     let items = chunk.into_iter().map(TryInto::try_into).collect();
-    let results: Vec<Result<Scheduled, crate::Error>> = match service.schedule_batch_for(&access, items).await
-    {
+    let results: Vec<Result<Scheduled, crate::Error>> = match service.schedule_batch(&access, items).await {
         Ok(results) => results,
         // The write failed: nothing of the chunk was stored.
         Err(e) => vec![Err(e); n],

@@ -57,7 +57,7 @@ pub fn store_writes(
         let mut wb = WriteBatch::default();
         let end = (written + batch).min(messages);
         for i in written..end {
-            let id = MessageId::generate(&mut ids);
+            let id = MessageId::generate(&mut ids, None);
             let seq = meta.next_seq;
             meta.next_seq += 1;
             let record = MessageRecord::new(w.envelope(i), DueSpec::At(due), due, seq, now);
@@ -108,7 +108,7 @@ pub fn producer(kafka: &KafkaConfig, topic: &str, messages: usize, w: &Workload)
     let started = Instant::now();
     for i in 0..messages {
         let envelope = w.envelope(i);
-        let id = MessageId::generate(&mut ids);
+        let id = MessageId::generate(&mut ids, None);
         let headers = OwnedHeaders::new_with_capacity(2)
             .insert(Header { key: crate::message::ID_HEADER, value: Some(id.as_bytes()) })
             .insert(Header { key: crate::message::DUE_HEADER, value: Some(due.as_bytes()) });

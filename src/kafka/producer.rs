@@ -35,33 +35,34 @@ pub struct ProduceError {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// The cluster is unreachable or busy: try again later, for as long as
-    /// it takes.
+    /// The record was not sent (librdkafka's queue is full, say): try again
+    /// later, for as long as it takes.
     Outage,
-    /// The broker refused this message (topic gone, too large, not
-    /// authorised): try a bounded number of times, then give up.
-    Rejected,
+    /// The broker refuses the topic (deleted, not authorised): every record
+    /// for it would be refused alike. Often brief (an ACL being fixed, a
+    /// topic being re-created), so the dispatcher holds the topic and tries
+    /// it again rather than failing its messages.
+    TopicRefused,
+    /// The broker refused this record itself (too large, invalid): try a
+    /// bounded number of times, then give up.
+    MessageRefused,
 }
 
-/// Which errors mean "this message cannot be delivered" rather than "Kafka
-/// is not available right now".
+/// What a produce error says about the cluster, the topic or the record.
 pub fn classify(code: RDKafkaErrorCode) -> Fault {
     use RDKafkaErrorCode::*;
     match code {
-        MessageSizeTooLarge
-        | InvalidMessageSize
-        | InvalidMessage
-        | UnknownTopicOrPartition
+        // An unknown partition too: partitions are checked when a message is
+        // scheduled and a topic never loses any, so its topic was deleted
+        // (and perhaps re-created smaller).
+        UnknownTopicOrPartition
         | UnknownTopic
         | UnknownPartition
         | TopicAuthorizationFailed
         | ClusterAuthorizationFailed
-        | InvalidTopic
-        | MessageBatchTooLarge
-        | PolicyViolation
-        | InvalidRecord
-        | InvalidTimestamp
-        | InvalidPartitions => Fault::Rejected,
+        | InvalidTopic => Fault::TopicRefused,
+        MessageSizeTooLarge | InvalidMessageSize | InvalidMessage | MessageBatchTooLarge
+        | PolicyViolation | InvalidRecord | InvalidTimestamp | InvalidPartitions => Fault::MessageRefused,
         _ => Fault::Outage,
     }
 }
@@ -185,6 +186,12 @@ fn defaults() -> BTreeMap<&'static str, &'static str> {
         ("acks", "all"),
         // Precision first: a due record waits at most 1 ms for company.
         ("linger.ms", "1"),
+        // No local timeout: a record handed to librdkafka is retried by it,
+        // under its idempotent sequence, until the broker answers. A record
+        // timed out locally may still have been written; sending it again
+        // would be a duplicate. (The dispatcher holds a topic that stops
+        // answering, so one stuck topic does not hold the others.)
+        ("message.timeout.ms", "0"),
         // Keyed records land where the Java client would put them.
         ("partitioner", "murmur2_random"),
         ("queue.buffering.max.messages", "1000000"),
@@ -322,9 +329,10 @@ mod tests {
 
     #[test]
     fn message_faults_are_told_from_outages() {
-        assert_eq!(classify(RDKafkaErrorCode::MessageSizeTooLarge), Fault::Rejected);
-        assert_eq!(classify(RDKafkaErrorCode::UnknownTopicOrPartition), Fault::Rejected);
-        assert_eq!(classify(RDKafkaErrorCode::TopicAuthorizationFailed), Fault::Rejected);
+        assert_eq!(classify(RDKafkaErrorCode::MessageSizeTooLarge), Fault::MessageRefused);
+        assert_eq!(classify(RDKafkaErrorCode::UnknownPartition), Fault::TopicRefused);
+        assert_eq!(classify(RDKafkaErrorCode::UnknownTopicOrPartition), Fault::TopicRefused);
+        assert_eq!(classify(RDKafkaErrorCode::TopicAuthorizationFailed), Fault::TopicRefused);
         assert_eq!(classify(RDKafkaErrorCode::MessageTimedOut), Fault::Outage);
         assert_eq!(classify(RDKafkaErrorCode::AllBrokersDown), Fault::Outage);
         assert_eq!(classify(RDKafkaErrorCode::NotLeaderForPartition), Fault::Outage);
@@ -347,5 +355,6 @@ mod tests {
         assert_eq!(client.get("partitioner"), Some("murmur2_random"));
         assert_eq!(client.get("enable.idempotence"), Some("true"));
         assert_eq!(client.get("allow.auto.create.topics"), Some("false"), "never re-create a deleted topic");
+        assert_eq!(client.get("message.timeout.ms"), Some("0"), "a record is never timed out and sent again");
     }
 }

@@ -8,6 +8,13 @@
 //! and finishes the requests in flight (their writes commit); the dispatcher
 //! waits for in-flight produces and settles them; the store commits what is
 //! queued, syncs the WAL and closes; the metrics endpoint goes last.
+//!
+//! What a client can hold is bounded here and in `api`: connections
+//! ([`limits::LimitedIncoming`]), calls per connection, health watches
+//! ([`limits::BoundedWatch`]); HTTP/2 keepalive closes connections whose
+//! peer is gone.
+
+mod limits;
 
 use std::{sync::Arc, time::Duration};
 
@@ -17,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{service::interceptor::InterceptedService, transport::server::TcpIncoming};
 
 use crate::{
-    api::SchedulerApi,
+    api::{ApiConfig, Budget, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
     config::Config,
@@ -80,6 +87,7 @@ pub async fn run_with_clock(
     let service = Arc::new(Service::new(shard.store().clone(), Arc::clone(&catalog), config.limits(), clock));
 
     let (health, health_service) = tonic_health::server::health_reporter();
+    let health_service = limits::BoundedWatch::new(health_service, config.max_health_watches);
     // For liveness probes: SERVING for as long as the process answers gRPC,
     // whatever the store's state (readiness asks for "" instead).
     health.set_service_status(LIVENESS, tonic_health::ServingStatus::Serving).await;
@@ -107,27 +115,38 @@ pub async fn run_with_clock(
         "hourglass is serving"
     );
 
-    let mut server = tonic::transport::Server::builder().max_concurrent_streams(
-        (config.max_streams_per_connection > 0).then_some(config.max_streams_per_connection),
-    );
+    let mut server = tonic::transport::Server::builder()
+        .max_concurrent_streams(
+            (config.max_streams_per_connection > 0).then_some(config.max_streams_per_connection),
+        )
+        // A peer that stops answering pings (gone without closing) is
+        // dropped, with what it held.
+        .http2_keepalive_interval(Some(KEEPALIVE_EVERY))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
     if let Some(tls) = tls {
         server = server.tls_config(tls).context("setting up TLS (--tls-cert, --tls-key, --tls-client-ca)")?;
     }
     let stop_accepting = CancellationToken::new();
+    let api = ApiConfig {
+        max_concurrent: config.max_concurrent_requests,
+        stream: StreamLimits { window: config.stream_window, idle: config.stream_idle_timeout },
+        memory: Budget::new(config.max_request_memory),
+    };
     let grpc = tokio::spawn(
         server
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(InterceptedService::new(
-                SchedulerApi::new(service, config.stream_window, config.max_concurrent_requests)
-                    .into_server(),
-                auth.clone(),
-            ))
+            .add_service(InterceptedService::new(SchedulerApi::new(service, api).into_server(), auth.clone()))
             .serve_with_incoming_shutdown(
-                // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs
-                // hold back small answers for up to 40 ms.
-                TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+                limits::LimitedIncoming::new(
+                    // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs
+                    // hold back small answers for up to 40 ms.
+                    TcpIncoming::from(listeners.grpc)
+                        .with_nodelay(Some(true))
+                        .with_keepalive(Some(KEEPALIVE_EVERY)),
+                    config.max_connections,
+                ),
                 stop_accepting.clone().cancelled_owned(),
             ),
     );
@@ -209,6 +228,11 @@ async fn report_health(
 
 /// The gRPC health service name a liveness probe asks for.
 pub const LIVENESS: &str = "liveness";
+
+/// How often an idle connection is pinged, and how long a ping may go
+/// unanswered before the connection is closed.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The Scheduler service's name in gRPC health.
 const SCHEDULER: &str =

@@ -6,12 +6,15 @@
 //! cancels or moves it. Whoever comes second backs off: the dispatcher skips
 //! the message (the writer's commit decides its fate), the writer parks the
 //! request until the dispatcher's outcome is committed and then answers it
-//! from that outcome. The dispatcher acquires claims; only the writer
-//! releases them, so a parked request is always re-run.
+//! from that outcome. The writer releases a claim once the produce's
+//! outcome is committed; the dispatcher releases one it took and did not
+//! produce, and tells the writer, so a parked request is always re-run.
 //!
-//! The table also carries the wake-up from the writer to the dispatcher: the
-//! lowest due key a commit added, so a message due earlier than the
-//! dispatcher's next wake-up interrupts its sleep.
+//! [`Wake`] carries what the writer tells the dispatcher: a commit added a
+//! due entry (wake up, it may be due before your next look), and which added
+//! entries lie below where the dispatcher already read, so that it reads
+//! those few entries again instead of rescanning the due index over the
+//! tombstones of everything settled since.
 
 use std::{
     collections::{HashMap, hash_map::Entry},
@@ -29,6 +32,17 @@ enum Holder {
     Writer,
 }
 
+/// What a claim attempt by the dispatcher found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// Claimed now.
+    Taken,
+    /// The dispatcher already holds it: it is being produced.
+    Ours,
+    /// The writer is changing it; its commit decides what comes of it.
+    Writer,
+}
+
 #[derive(Default)]
 pub(crate) struct Claims {
     held: Mutex<HashMap<MessageId, Holder>>,
@@ -41,15 +55,15 @@ impl Claims {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The dispatcher takes each of `ids` for producing, under one lock;
-    /// false for those the writer has.
-    pub fn claim_for_dispatch_all<'a>(&self, ids: impl Iterator<Item = &'a MessageId>) -> Vec<bool> {
+    /// The dispatcher takes each of `ids` for producing, under one lock.
+    pub fn claim_for_dispatch_all<'a>(&self, ids: impl Iterator<Item = &'a MessageId>) -> Vec<Claim> {
         let mut held = self.held();
         ids.map(|id| match held.entry(id.clone()) {
-            Entry::Occupied(_) => false,
+            Entry::Occupied(o) if *o.get() == Holder::Dispatcher => Claim::Ours,
+            Entry::Occupied(_) => Claim::Writer,
             Entry::Vacant(v) => {
                 v.insert(Holder::Dispatcher);
-                true
+                Claim::Taken
             }
         })
         .collect()
@@ -70,6 +84,17 @@ impl Claims {
         self.held().remove(id);
     }
 
+    /// Gives back the dispatcher's claims on `ids`, and only those: one the
+    /// writer took meanwhile stays.
+    pub fn release_dispatched(&self, ids: &[MessageId]) {
+        let mut held = self.held();
+        for id in ids {
+            if held.get(id) == Some(&Holder::Dispatcher) {
+                held.remove(id);
+            }
+        }
+    }
+
     /// Releases many under one lock.
     pub fn release_all(&self, ids: &[MessageId]) {
         let mut held = self.held();
@@ -83,26 +108,93 @@ impl Claims {
     }
 }
 
-/// Wakes the dispatcher when a commit adds a due key below where it looks.
+/// Most entries [`Wake`] keeps for the dispatcher to read again; past it,
+/// it keeps only the lowest key and the dispatcher rescans from there.
+const LATE_CAP: usize = 65_536;
+
+/// What the writer tells the dispatcher, and what the dispatcher tells
+/// readers of the due index.
 #[derive(Default)]
 pub(crate) struct Wake {
-    lowest: Mutex<Option<DueKey>>,
+    state: Mutex<WakeState>,
     notify: Notify,
 }
 
+#[derive(Default)]
+struct WakeState {
+    /// The dispatcher has read (or is reading) everything below this.
+    position: DueKey,
+    /// Entries committed below `position` since the dispatcher last asked.
+    late: Vec<(DueKey, MessageId)>,
+    /// The lowest of those that did not fit in `late`.
+    overflow: Option<DueKey>,
+    /// Below this every due entry is settled: what reads of the due index
+    /// start from, to stay clear of the tombstones of settled messages.
+    low_water: DueKey,
+}
+
+/// What the writer handed over since the dispatcher last asked.
+#[derive(Debug, Default)]
+pub(crate) struct Late {
+    pub entries: Vec<(DueKey, MessageId)>,
+    /// Rescan from here: more came than fit.
+    pub rescan_from: Option<DueKey>,
+}
+
 impl Wake {
-    /// Called after a commit that added `key` (or after a failed commit that
-    /// left `key` in place).
-    pub fn lower(&self, key: DueKey) {
-        let mut lowest = self.lowest.lock().unwrap_or_else(|e| e.into_inner());
-        *lowest = Some(lowest.map_or(key, |l| l.min(key)));
-        drop(lowest);
+    fn state(&self) -> std::sync::MutexGuard<'_, WakeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The writer, after a commit that added `added`: those below the
+    /// dispatcher's position are handed to it, and it is woken.
+    pub fn added(&self, added: &[(DueKey, MessageId)]) {
+        if added.is_empty() {
+            return;
+        }
+        let mut state = self.state();
+        let position = state.position;
+        for (key, id) in added.iter().filter(|(key, _)| *key < position) {
+            if state.late.len() < LATE_CAP {
+                state.late.push((*key, id.clone()));
+            } else {
+                state.overflow = Some(state.overflow.map_or(*key, |o| o.min(*key)));
+            }
+        }
+        drop(state);
         self.notify.notify_one();
     }
 
-    /// The lowest key added since the last call.
-    pub fn take(&self) -> Option<DueKey> {
-        self.lowest.lock().unwrap_or_else(|e| e.into_inner()).take()
+    /// The dispatcher, before it reads the due index up to `upper`: entries
+    /// committed from now on below `upper` come to it through [`Wake::take`].
+    /// Set before the read starts, so that an entry committed while the
+    /// read runs is either seen by the read or handed over, never neither.
+    pub fn reading_up_to(&self, upper: DueKey) {
+        let mut state = self.state();
+        state.position = state.position.max(upper);
+    }
+
+    /// What the writer handed over since the last call.
+    pub fn take(&self) -> Late {
+        let mut state = self.state();
+        Late { entries: std::mem::take(&mut state.late), rescan_from: state.overflow.take() }
+    }
+
+    /// The dispatcher: nothing below `key` is pending any more.
+    pub fn set_low_water(&self, key: DueKey) {
+        self.state().low_water = key;
+    }
+
+    /// Where live entries start: the dispatcher's mark, or lower for an
+    /// entry handed over that it has not taken yet.
+    pub fn low_water(&self) -> DueKey {
+        let state = self.state();
+        state.late.iter().map(|(key, _)| *key).chain(state.overflow).fold(state.low_water, DueKey::min)
+    }
+
+    /// Wakes the dispatcher: entries it found held by the writer are free.
+    pub fn poke(&self) {
+        self.notify.notify_one();
     }
 
     pub async fn notified(&self) {
@@ -122,31 +214,39 @@ mod tests {
     #[test]
     fn dispatcher_and_writer_exclude_each_other() {
         let c = Claims::default();
-        assert_eq!(c.claim_for_dispatch_all([id("a"), id("b")].iter()), [true, true]);
+        assert_eq!(c.claim_for_dispatch_all([id("a"), id("b")].iter()), [Claim::Taken, Claim::Taken]);
         assert!(!c.reserve_for_writer(&id("a")), "writer must wait for the produce");
         assert_eq!(c.dispatching(), 2);
+        assert_eq!(c.claim_for_dispatch_all([id("a")].iter()), [Claim::Ours], "held already");
         c.release_all(&[id("a"), id("b")]);
         assert!(c.reserve_for_writer(&id("a")));
         assert!(c.reserve_for_writer(&id("a")), "the writer may reserve twice in one round");
         assert_eq!(
             c.claim_for_dispatch_all([id("a"), id("b")].iter()),
-            [false, true],
+            [Claim::Writer, Claim::Taken],
             "dispatcher skips what the writer is changing"
         );
         c.release(&id("a"));
-        assert_eq!(c.claim_for_dispatch_all([id("a")].iter()), [true]);
+        assert_eq!(c.claim_for_dispatch_all([id("a")].iter()), [Claim::Taken]);
         assert_eq!(c.dispatching(), 2);
     }
 
     #[test]
-    fn wake_keeps_the_lowest_key() {
+    fn entries_added_below_the_dispatchers_position_are_handed_over() {
         let w = Wake::default();
-        assert_eq!(w.take(), None);
         let k = |d| DueKey { due: UnixMillis(d), seq: 0 };
-        w.lower(k(5));
-        w.lower(k(3));
-        w.lower(k(9));
-        assert_eq!(w.take(), Some(k(3)));
-        assert_eq!(w.take(), None);
+        w.reading_up_to(k(100));
+        w.reading_up_to(k(50));
+        w.added(&[(k(5), id("a")), (k(150), id("later")), (k(99), id("b"))]);
+        let late = w.take();
+        assert_eq!(late.entries, [(k(5), id("a")), (k(99), id("b"))], "only those below the position");
+        assert_eq!(late.rescan_from, None);
+        assert!(w.take().entries.is_empty(), "each once");
+
+        let many: Vec<_> = (0..LATE_CAP as u64 + 2).map(|i| (k(i % 90), id("x"))).collect();
+        w.added(&many);
+        let late = w.take();
+        assert_eq!(late.entries.len(), LATE_CAP);
+        assert_eq!(late.rescan_from, Some(k((LATE_CAP as u64) % 90)), "the lowest that did not fit");
     }
 }

@@ -3,13 +3,16 @@
 //! [`schema`]).
 //!
 //! A narrow interface: the service calls `schedule`, `cancel`, `reschedule`
-//! and `get`, and `list_pending` and `stats` for operators; the dispatcher
-//! calls `take_due` and `settle`. Every change goes
-//! through the single [`writer`] thread as one atomic `WriteBatch`; reads go
-//! straight to RocksDB from a blocking thread. Nothing here knows about gRPC
-//! or Kafka.
+//! and `get`, and `list_pending` and `stats` for operators, each with the
+//! caller's [`Scope`]; the dispatcher calls `take_due`, `take_listed` and
+//! `settle` ([`scan`]). Every change goes through the single [`writer`]
+//! thread as one atomic `WriteBatch`; reads ([`read`]) go straight to
+//! RocksDB from a blocking thread. Nothing here knows about gRPC or Kafka.
 
 mod claims;
+mod health;
+mod read;
+mod scan;
 pub mod schema;
 mod writer;
 
@@ -19,10 +22,11 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRecoveryMode, Direction, IteratorMode, Options,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRecoveryMode, ErrorKind, IteratorMode, Options,
     ReadOptions,
 };
 use tokio::sync::{mpsc, oneshot, watch};
@@ -30,26 +34,37 @@ use tokio_util::sync::CancellationToken;
 
 use claims::Claims;
 pub(crate) use claims::Wake;
-use schema::{DueKey, MessageRecord, Meta, Settlement};
+use health::HealthBoard;
+pub use health::StoreHealth;
+pub use read::{ListFilter, StoreStats};
+pub(crate) use scan::{DueBatch, Ready};
+use schema::DueKey;
 pub use writer::NewMessage;
 pub(crate) use writer::cf;
-use writer::{Op, Writer};
+use writer::{Op, Shared, Writer, WriterConfig};
 pub(crate) use writer::{Outcome, Settle};
 
-use crate::message::{
-    CancelOutcome, MessageId, PendingMessage, PendingPage, Scheduled, ScheduledMessage, UnixMillis,
-};
+use crate::message::{CancelOutcome, MessageId, PendingPage, Scheduled, ScheduledMessage, Scope, UnixMillis};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("no message with id {0:?}")]
+    #[error("no message with id {0}")]
     NotFound(MessageId),
-    #[error("id {0:?} is already taken by a different message")]
+    #[error("id {0} is already taken by a different message")]
     IdConflict(MessageId),
-    #[error("message {0:?} was already delivered")]
+    #[error("message {0} was already delivered")]
     AlreadyDelivered(MessageId),
-    #[error("message {0:?} was cancelled")]
+    #[error("message {0} was cancelled")]
     AlreadyCancelled(MessageId),
+    #[error(
+        "message {0} is being produced to Kafka and Kafka has not confirmed it yet, so it is not known \
+         whether it is on its topic; retry: the answer then says so"
+    )]
+    Dispatching(MessageId),
+    #[error(
+        "the token {token:?} may not use topic {topic:?}; the tokens file (--auth-tokens) lists its topics"
+    )]
+    Forbidden { token: String, topic: String },
     #[error("the store's disk is full: {0}")]
     Full(String),
     #[error(
@@ -64,19 +79,13 @@ pub enum StoreError {
     Io(String),
 }
 
-impl StoreError {
-    fn corrupt(what: impl Into<String>) -> Self {
-        StoreError::Corrupt(what.into())
-    }
-}
-
 impl From<rocksdb::Error> for StoreError {
     fn from(e: rocksdb::Error) -> Self {
-        let text = e.into_string();
-        match () {
-            _ if text.contains("No space left") => StoreError::Full(text),
-            _ if text.starts_with("Corruption") => StoreError::Corrupt(text),
-            _ => StoreError::Io(text),
+        match e.kind() {
+            ErrorKind::Corruption => StoreError::Corrupt(e.into_string()),
+            // RocksDB reports a full disk as an I/O error whose text names it.
+            ErrorKind::IOError if e.as_ref().contains("No space left") => StoreError::Full(e.into_string()),
+            _ => StoreError::Io(e.into_string()),
         }
     }
 }
@@ -100,19 +109,6 @@ pub struct StoreConfig {
     pub verify_on_open: bool,
 }
 
-/// Whether the store takes new messages, as its last commit found. A
-/// process reports it as gRPC health, so a load balancer sends its traffic
-/// elsewhere while the store cannot take it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StoreHealth {
-    Ok,
-    /// The backlog cap is reached; it clears as messages are delivered.
-    AtCapacity,
-    /// The last write failed (disk full, I/O error). Nothing in it was
-    /// acknowledged; the store probes until a write succeeds again.
-    Failing(String),
-}
-
 impl StoreConfig {
     pub fn new(path: impl Into<PathBuf>) -> Self {
         StoreConfig {
@@ -126,52 +122,12 @@ impl StoreConfig {
     }
 }
 
-/// Which pending messages `list_pending` reads.
-#[derive(Clone, Debug)]
-pub struct ListFilter {
-    pub topic: Option<String>,
-    /// The first position to look at.
-    pub from: DueKey,
-    /// Dispatch time before this.
-    pub to: Option<UnixMillis>,
-    /// Messages in the page, at most.
-    pub limit: usize,
-    /// Due entries looked at, at most: what bounds one call when a topic
-    /// filter matches little of a large backlog.
-    pub examine: usize,
-}
+/// Due entries `stats` looks at for the oldest overdue message a caller
+/// sees, at most: one caller's messages may lie behind many of others'.
+const STATS_EXAMINE: usize = 10_000;
 
-/// What the store knows about itself for `Stats`.
-#[derive(Clone, Debug)]
-pub struct StoreStats {
-    /// The counters of the last commit.
-    pub meta: Meta,
-    pub oldest_overdue: Option<PendingMessage>,
-}
-
-/// A message the dispatcher claimed and may produce now.
-#[derive(Debug)]
-pub(crate) struct Ready {
-    pub id: MessageId,
-    pub key: DueKey,
-    pub record: MessageRecord,
-    /// Its tries so far (default when never tried).
-    pub prev: Settlement,
-}
-
-/// What one look at the due CF found.
-#[derive(Debug, Default)]
-pub(crate) struct DueBatch {
-    pub ready: Vec<Ready>,
-    /// Where the next look starts.
-    pub next_from: DueKey,
-    /// More is due now than `limit` allowed.
-    pub more: bool,
-    /// When nothing more is due now: when the next message is.
-    pub next_due: Option<UnixMillis>,
-    /// Claims taken on entries that turned out stale; give them back.
-    pub stale: Vec<MessageId>,
-}
+/// How often parked requests are checked for having waited too long.
+const TICK: Duration = Duration::from_millis(500);
 
 /// A handle on one store; cheap to clone.
 #[derive(Clone)]
@@ -185,7 +141,7 @@ struct Inner {
     claims: Arc<Claims>,
     wake: Arc<Wake>,
     pending: Arc<AtomicU64>,
-    health: watch::Receiver<StoreHealth>,
+    health: Arc<HealthBoard>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     path: PathBuf,
     /// Cancelled when damage is found; `damage` says what and where.
@@ -194,6 +150,9 @@ struct Inner {
     /// Cancelled by `close`: background reads stop.
     closing: CancellationToken,
     max_pending: Option<u64>,
+    /// Where the next purge reads the retention index from: past the
+    /// tombstones earlier purges left.
+    purge_from: Mutex<Vec<u8>>,
 }
 
 impl Store {
@@ -206,33 +165,46 @@ impl Store {
             other => other,
         })?;
         let db = Arc::new(db);
-        let meta = match db.get_pinned_cf(cf(&db, schema::CF_CHECKPOINT), schema::meta_key())? {
-            Some(bytes) => schema::decode::<Meta>(&bytes)
-                .map_err(|e| StoreError::corrupt(format!("checkpoint meta: {e}")))?,
-            None => Meta::default(),
-        };
-        let claims = Arc::new(Claims::default());
-        let wake = Arc::new(Wake::default());
-        let pending = Arc::new(AtomicU64::new(meta.pending));
-        crate::metrics::PENDING.set(meta.pending as i64);
         let (ops, rx) = mpsc::channel(16 * 1024);
-        let (health_tx, health) = watch::channel(StoreHealth::Ok);
-        let mut writer = Writer::new(
-            Arc::clone(&db),
-            Arc::clone(&claims),
-            Arc::clone(&wake),
-            Arc::clone(&pending),
-            meta,
-            config.sync_writes,
-            rx,
+        let shared = Shared {
+            db: Arc::clone(&db),
+            claims: Arc::new(Claims::default()),
+            wake: Arc::new(Wake::default()),
+            pending: Arc::new(AtomicU64::new(0)),
+            health: Arc::new(HealthBoard::new()),
+        };
+        let (claims, wake, pending, health) = (
+            Arc::clone(&shared.claims),
+            Arc::clone(&shared.wake),
+            Arc::clone(&shared.pending),
+            Arc::clone(&shared.health),
         );
-        writer.max_pending = config.max_pending;
-        writer.health = health_tx;
-        writer.report_capacity();
+        let writer_config =
+            WriterConfig { sync: config.sync_writes, max_pending: config.max_pending, max_round: 4096 };
+        let writer =
+            Writer::open(shared, writer_config, rx, crate::clock::Clock::now(&crate::clock::SystemClock))
+                .map_err(|e| match e {
+                    StoreError::Corrupt(detail) => StoreError::Corrupt(damage_report(&detail, &config.path)),
+                    other => other,
+                })?;
+        crate::metrics::PENDING.set(pending.load(Ordering::Relaxed) as i64);
         let handle = std::thread::Builder::new()
             .name("hourglass-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| StoreError::Io(format!("starting the writer thread: {e}")))?;
+        let ticks = ops.downgrade();
+        std::thread::Builder::new()
+            .name("hourglass-tick".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(TICK);
+                    match ticks.upgrade() {
+                        Some(ops) if ops.try_send(Op::Tick).is_ok() || !ops.is_closed() => {}
+                        _ => return,
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Io(format!("starting the writer's clock: {e}")))?;
         let store = Store {
             inner: Arc::new(Inner {
                 db,
@@ -247,6 +219,7 @@ impl Store {
                 damage: Mutex::new(None),
                 closing: CancellationToken::new(),
                 max_pending: config.max_pending,
+                purge_from: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
             }),
         };
         if config.verify_on_open {
@@ -293,6 +266,21 @@ impl Store {
         self.inner.damaged.cancel();
     }
 
+    /// Runs `read` on a blocking thread; damage it finds is reported.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&DB) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = Arc::clone(&self.inner.db);
+        let result = tokio::task::spawn_blocking(move || read(&db))
+            .await
+            .map_err(|e| StoreError::Io(format!("store read task: {e}")))?;
+        if let Err(StoreError::Corrupt(detail)) = &result {
+            self.report_damage(detail);
+        }
+        result
+    }
+
     async fn call<T>(&self, op: impl FnOnce(writer::Reply<T>) -> Op) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
         self.inner.ops.send(op(tx)).await.map_err(|_| StoreError::Closed)?;
@@ -322,47 +310,62 @@ impl Store {
         self.call(|reply| Op::ScheduleBatch { msgs, reply }).await
     }
 
-    pub async fn cancel(&self, id: MessageId, now: UnixMillis) -> Result<CancelOutcome, StoreError> {
-        self.call(|reply| Op::Cancel { id, now, reply }).await
+    /// Cancels the message `id` names for `scope`; the check and the change
+    /// are one step of the writer.
+    pub async fn cancel(
+        &self,
+        scope: Scope,
+        id: MessageId,
+        now: UnixMillis,
+    ) -> Result<CancelOutcome, StoreError> {
+        self.call(|reply| Op::Cancel { scope, id, now, reply }).await
     }
 
-    pub async fn reschedule(&self, id: MessageId, due: UnixMillis) -> Result<UnixMillis, StoreError> {
-        self.call(|reply| Op::Reschedule { id, due, reply }).await
+    pub async fn reschedule(
+        &self,
+        scope: Scope,
+        id: MessageId,
+        due: UnixMillis,
+    ) -> Result<UnixMillis, StoreError> {
+        self.call(|reply| Op::Reschedule { scope, id, due, reply }).await
     }
 
-    /// Forgets up to `limit` messages settled before `before`; returns how many.
+    /// Forgets up to `limit` messages settled before `before`; returns how
+    /// many entries of the retention index it looked at. The index is read
+    /// here, from where the last purge stopped; the writer only deletes.
     pub async fn purge(&self, before: UnixMillis, limit: usize) -> Result<usize, StoreError> {
-        self.call(|reply| Op::Purge { before, limit, reply }).await
+        let from = self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let candidates = self.read(move |db| read::purge_candidates(db, &from, before, limit)).await?;
+        let Some((last, _, _)) = candidates.last() else { return Ok(0) };
+        let next = schema::retention_successor(last);
+        let looked_at = candidates.len();
+        self.call(|reply| Op::Purge { candidates, reply }).await?;
+        *self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        Ok(looked_at)
     }
 
-    pub async fn get(&self, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
-        let db = Arc::clone(&self.inner.db);
-        let read = blocking(move || read_message(&db, id)).await;
-        if let Err(StoreError::Corrupt(detail)) = &read {
-            self.report_damage(detail);
-        }
-        read
+    /// The message `id` names for `scope`.
+    pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
+        self.read(move |db| read::message(db, &scope, id)).await
     }
 
-    /// A page of pending messages in dispatch order, read from one snapshot.
-    pub async fn list_pending(&self, filter: ListFilter) -> Result<PendingPage, StoreError> {
-        let db = Arc::clone(&self.inner.db);
-        let read = blocking(move || list_pending(&db, &filter)).await;
-        if let Err(StoreError::Corrupt(detail)) = &read {
-            self.report_damage(detail);
-        }
-        read
+    /// A page of the pending messages `scope` sees, in dispatch order, read
+    /// from one snapshot. It starts no lower than the first entry that may
+    /// still be pending.
+    pub async fn list_pending(
+        &self,
+        scope: Scope,
+        mut filter: ListFilter,
+    ) -> Result<PendingPage, StoreError> {
+        filter.from = filter.from.max(self.inner.wake.low_water());
+        self.read(move |db| read::list_pending(db, &scope, &filter)).await
     }
 
-    /// The counters and the oldest pending message due before `now`, from
-    /// one snapshot.
-    pub async fn stats(&self, now: UnixMillis) -> Result<StoreStats, StoreError> {
-        let db = Arc::clone(&self.inner.db);
-        let read = blocking(move || read_stats(&db, now)).await;
-        if let Err(StoreError::Corrupt(detail)) = &read {
-            self.report_damage(detail);
-        }
-        read
+    /// The counts `scope` sees and its oldest pending message due before
+    /// `now`, from one snapshot.
+    pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<StoreStats, StoreError> {
+        let from = self.inner.wake.low_water();
+        self.read(move |db| read::stats(db, &scope, now, from, STATS_EXAMINE)).await
     }
 
     /// The backlog cap, if one is set.
@@ -378,20 +381,44 @@ impl Store {
         self.send(Op::Settle(settles)).await
     }
 
+    /// The dispatcher gives back claims it took and did not produce (stale
+    /// entries, messages of held topics): at once, so that its next look
+    /// can claim them again; requests that waited on them then run.
     pub(crate) async fn release(&self, ids: Vec<MessageId>) -> Result<(), StoreError> {
         if ids.is_empty() {
             return Ok(());
         }
-        self.send(Op::Release(ids)).await
+        self.inner.claims.release_dispatched(&ids);
+        self.send(Op::Unpark(ids)).await
     }
 
-    /// Whether the store takes new messages; changes as commits succeed or fail.
+    /// Produces whose outcome will not be known: see [`Op::InDoubt`].
+    pub(crate) async fn in_doubt(&self, ids: Vec<MessageId>) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.send(Op::InDoubt(ids)).await
+    }
+
+    /// Whether the store takes new messages; changes as commits succeed or
+    /// fail and as due messages can or cannot be read.
     pub fn health(&self) -> watch::Receiver<StoreHealth> {
-        self.inner.health.clone()
+        self.inner.health.subscribe()
+    }
+
+    /// Whether the store's writes fail now.
+    pub(crate) fn writes_failing(&self) -> bool {
+        self.inner.health.writes_failing()
+    }
+
+    /// A due message could not be read (`Some`), or could again (`None`).
+    pub(crate) fn report_reads(&self, failure: Option<String>) {
+        self.inner.health.set_reads(failure);
     }
 
     /// Writes nothing but the store's own metadata, to learn whether writes
-    /// succeed again after a failure.
+    /// succeed again after a failure. Every change queued before it is
+    /// committed when it returns.
     pub async fn probe(&self) -> Result<(), StoreError> {
         self.call(|reply| Op::Probe { reply }).await
     }
@@ -415,108 +442,18 @@ impl Store {
     }
 
     /// Bytes on disk (SST files) plus memtables.
-    pub fn size_bytes(&self) -> u64 {
-        let db = &self.inner.db;
-        [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT]
-            .iter()
-            .flat_map(|name| {
-                let cf = cf(db, name);
-                ["rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"]
-                    .map(|p| db.property_int_value_cf(cf, p).ok().flatten().unwrap_or(0))
-            })
-            .sum()
-    }
-
-    /// Claims what is due at `now`, starting at `from`, at most `limit`
-    /// messages, reading each one's record. Blocking: call it off the runtime.
-    ///
-    /// Three steps, each batched: walk the due index, claim what it names
-    /// under one lock, then read the records and their settlements with two
-    /// MultiGets.
-    pub(crate) fn take_due(
-        &self,
-        from: DueKey,
-        now: UnixMillis,
-        limit: usize,
-    ) -> Result<DueBatch, StoreError> {
-        let db = &self.inner.db;
-        let due_cf = cf(db, schema::CF_DUE);
-        let upper = DueKey::after(now);
-        let mut opts = ReadOptions::default();
-        // Bounds keep the seek clear of the tombstones that settled messages
-        // leave behind the dispatcher's position.
-        opts.set_iterate_lower_bound(from.encode());
-        opts.set_iterate_upper_bound(upper.encode());
-        let mut batch = DueBatch { next_from: from, ..DueBatch::default() };
-        let mut entries: Vec<(DueKey, MessageId)> = Vec::new();
-        let start = from.encode();
-        for item in db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward)) {
-            if entries.len() >= limit {
-                batch.more = true;
-                break;
-            }
-            let (k, v) = item?;
-            let key = DueKey::decode(&k).ok_or_else(|| StoreError::corrupt(format!("due key {k:?}")))?;
-            let id = MessageId::from_stored(&v)
-                .ok_or_else(|| StoreError::corrupt(format!("due entry {key:?} names no id")))?;
-            batch.next_from = key.successor();
-            entries.push((key, id));
-        }
-        // What the writer holds is being cancelled or moved; its commit decides.
-        let claimed = self.inner.claims.claim_for_dispatch_all(entries.iter().map(|(_, id)| id));
-        let entries: Vec<(DueKey, MessageId)> =
-            entries.into_iter().zip(claimed).filter_map(|(e, claimed)| claimed.then_some(e)).collect();
-        let records = db.batched_multi_get_cf(
-            cf(db, schema::CF_MESSAGES),
-            entries.iter().map(|(_, id)| id.as_bytes()),
-            false,
-        );
-        let settlement_keys: Vec<Vec<u8>> =
-            entries.iter().map(|(_, id)| schema::settlement_key(id)).collect();
-        let settlements = db.batched_multi_get_cf(cf(db, schema::CF_CHECKPOINT), &settlement_keys, false);
-        let mut failed: Option<DueKey> = None;
-        for (((key, id), record), settlement) in entries.into_iter().zip(records).zip(settlements) {
-            if failed.is_some() {
-                batch.stale.push(id);
-                continue;
-            }
-            match ready(&id, key, record, settlement) {
-                Ok(Some(ready)) => batch.ready.push(ready),
-                Ok(None) => batch.stale.push(id),
-                Err(e) => {
-                    // Give the claims back and look here again in a while.
-                    tracing::error!(%id, error = %e, "reading a due message failed");
-                    if let StoreError::Corrupt(detail) = &e {
-                        self.report_damage(detail);
-                    }
-                    failed = Some(key);
-                    batch.stale.push(id);
-                }
-            }
-        }
-        if let Some(key) = failed {
-            batch.next_from = key;
-            batch.more = false;
-            batch.next_due = Some(UnixMillis(now.0 + 1000));
-            return Ok(batch);
-        }
-        if batch.more {
-            return Ok(batch);
-        }
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_lower_bound(upper.encode());
-        let next = db
-            .iterator_cf_opt(due_cf, opts, IteratorMode::From(&upper.encode(), Direction::Forward))
-            .next()
-            .transpose()?;
-        batch.next_due = next.and_then(|(k, _)| DueKey::decode(&k)).map(|k| k.due);
-        Ok(batch)
+    pub async fn size_bytes(&self) -> u64 {
+        self.read(|db| Ok(size_bytes(db))).await.unwrap_or(0)
     }
 
     /// Drops the tombstones settled messages left in the due CF below `below`.
-    pub fn compact_settled(&self, below: DueKey) {
-        let db = &self.inner.db;
-        db.compact_range_cf(cf(db, schema::CF_DUE), None::<&[u8]>, Some(&below.encode()[..]));
+    pub async fn compact_settled(&self, below: DueKey) {
+        let _ = self
+            .read(move |db| {
+                db.compact_range_cf(cf(db, schema::CF_DUE), None::<&[u8]>, Some(&below.encode()[..]));
+                Ok(())
+            })
+            .await;
     }
 
     /// Stops the writer after it has committed everything queued. Requests
@@ -531,154 +468,15 @@ impl Store {
     }
 }
 
-type Read<'a> = Result<Option<rocksdb::DBPinnableSlice<'a>>, rocksdb::Error>;
-
-/// The message under `key` from its read record and settlement, if it is
-/// still pending there.
-fn ready(
-    id: &MessageId,
-    key: DueKey,
-    record: Read<'_>,
-    settlement: Read<'_>,
-) -> Result<Option<Ready>, StoreError> {
-    let Some(bytes) = record? else {
-        return Ok(None);
-    };
-    let (record, settlement) = decode_stored(id, &bytes, settlement?.as_deref())?;
-    if settlement.as_ref().is_some_and(Settlement::is_settled)
-        || schema::dispatch_key(&record, settlement.as_ref()) != key
-    {
-        return Ok(None);
-    }
-    Ok(Some(Ready { id: id.clone(), key, record, prev: settlement.unwrap_or_default() }))
-}
-
-/// A message's record and settlement from their stored bytes.
-fn decode_stored(
-    id: &MessageId,
-    record: &[u8],
-    settlement: Option<&[u8]>,
-) -> Result<(MessageRecord, Option<Settlement>), StoreError> {
-    let record = schema::decode::<MessageRecord>(record)
-        .map_err(|e| StoreError::corrupt(format!("message {id}: {e}")))?;
-    let settlement = settlement
-        .map(schema::decode::<Settlement>)
-        .transpose()
-        .map_err(|e| StoreError::corrupt(format!("settlement of {id}: {e}")))?;
-    Ok((record, settlement))
-}
-
-pub(crate) fn read_record(
-    db: &DB,
-    id: &MessageId,
-    opts: &ReadOptions,
-) -> Result<Option<(MessageRecord, Option<Settlement>)>, StoreError> {
-    let Some(bytes) = db.get_pinned_cf_opt(cf(db, schema::CF_MESSAGES), id.as_bytes(), opts)? else {
-        return Ok(None);
-    };
-    let settlement = db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::settlement_key(id), opts)?;
-    decode_stored(id, &bytes, settlement.as_deref()).map(Some)
-}
-
-fn read_message(db: &DB, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
-    // One snapshot, so the record and its settlement agree.
-    let snapshot = db.snapshot();
-    let mut opts = ReadOptions::default();
-    opts.set_snapshot(&snapshot);
-    Ok(read_record(db, &id, &opts)?
-        .map(|(record, settlement)| schema::scheduled_message(id, &record, settlement.as_ref())))
-}
-
-/// Upper bound on the key bytes of one listing page, so that a page of
-/// large keys stays well below a client's default 4 MiB message limit.
-const LIST_KEY_BYTES: usize = 1 << 20;
-
-fn list_pending(db: &DB, filter: &ListFilter) -> Result<PendingPage, StoreError> {
-    let snapshot = db.snapshot();
-    let mut read = ReadOptions::default();
-    read.set_snapshot(&snapshot);
-    let mut opts = ReadOptions::default();
-    opts.set_snapshot(&snapshot);
-    opts.set_iterate_lower_bound(filter.from.encode());
-    if let Some(to) = filter.to {
-        opts.set_iterate_upper_bound(DueKey { due: to, seq: 0 }.encode());
-    }
-    let start = filter.from.encode();
-    let mut page = PendingPage::default();
-    let (mut examined, mut key_bytes) = (0, 0);
-    for item in
-        db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
-    {
-        let (k, v) = item?;
-        let key = DueKey::decode(&k).ok_or_else(|| StoreError::corrupt(format!("due key {k:?}")))?;
-        if page.messages.len() >= filter.limit || examined >= filter.examine || key_bytes >= LIST_KEY_BYTES {
-            page.next = Some(key.token());
-            break;
-        }
-        examined += 1;
-        let id = MessageId::from_stored(&v)
-            .ok_or_else(|| StoreError::corrupt(format!("due entry {key:?} names no id")))?;
-        if let Some(message) = pending_at(db, &read, id, key)?
-            && filter.topic.as_ref().is_none_or(|t| *t == message.topic)
-        {
-            key_bytes += message.key.as_ref().map_or(0, Vec::len);
-            page.messages.push(message);
-        }
-    }
-    Ok(page)
-}
-
-/// The message a due entry names, if it is still pending under that key.
-fn pending_at(
-    db: &DB,
-    opts: &ReadOptions,
-    id: MessageId,
-    key: DueKey,
-) -> Result<Option<PendingMessage>, StoreError> {
-    let Some((record, settlement)) = read_record(db, &id, opts)? else {
-        return Ok(None);
-    };
-    if settlement.as_ref().is_some_and(Settlement::is_settled)
-        || schema::dispatch_key(&record, settlement.as_ref()) != key
-    {
-        return Ok(None);
-    }
-    Ok(Some(schema::pending_message(id, key, record, settlement.as_ref())))
-}
-
-fn read_stats(db: &DB, now: UnixMillis) -> Result<StoreStats, StoreError> {
-    // Entries that name no pending message cannot outlive a commit; looking
-    // past a few is only a guard.
-    const LOOK_PAST: usize = 64;
-    let snapshot = db.snapshot();
-    let mut read = ReadOptions::default();
-    read.set_snapshot(&snapshot);
-    let meta = match db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::meta_key(), &read)? {
-        Some(bytes) => schema::decode::<Meta>(&bytes)
-            .map_err(|e| StoreError::corrupt(format!("checkpoint meta: {e}")))?,
-        None => Meta::default(),
-    };
-    let mut opts = ReadOptions::default();
-    opts.set_snapshot(&snapshot);
-    opts.set_iterate_upper_bound(DueKey { due: now, seq: 0 }.encode());
-    let mut oldest_overdue = None;
-    for item in db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::Start).take(LOOK_PAST) {
-        let (k, v) = item?;
-        let key = DueKey::decode(&k).ok_or_else(|| StoreError::corrupt(format!("due key {k:?}")))?;
-        let id = MessageId::from_stored(&v)
-            .ok_or_else(|| StoreError::corrupt(format!("due entry {key:?} names no id")))?;
-        if let Some(message) = pending_at(db, &read, id, key)? {
-            oldest_overdue = Some(message);
-            break;
-        }
-    }
-    Ok(StoreStats { meta, oldest_overdue })
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Io(format!("store read task: {e}")))?
+fn size_bytes(db: &DB) -> u64 {
+    [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT]
+        .iter()
+        .flat_map(|name| {
+            let cf = cf(db, name);
+            ["rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"]
+                .map(|p| db.property_int_value_cf(cf, p).ok().flatten().unwrap_or(0))
+        })
+        .sum()
 }
 
 /// Reads every entry of every column family with checksums on, until done
@@ -793,6 +591,7 @@ mod tests {
         };
         let msg = NewMessage {
             id: Some(MessageId::parse(id).unwrap()),
+            scope: Scope::everything(),
             envelope,
             requested: DueSpec::At(UnixMillis(due)),
             due: UnixMillis(due),
@@ -803,21 +602,23 @@ mod tests {
 
     /// Every op queued before this one has been committed when it returns.
     async fn barrier(store: &Store) {
-        store.purge(UnixMillis(0), 1).await.unwrap();
+        store.probe().await.unwrap();
     }
 
-    fn settle(ready: &Ready, outcome: Outcome) -> Settle {
+    fn settle(ready: &Ready, at: u64, outcome: Outcome) -> Settle {
         Settle {
             id: ready.id.clone(),
             key: ready.key,
             due: ready.record.due(),
+            topic: ready.record.topic.as_str().into(),
             prev: ready.prev.clone(),
+            at: UnixMillis(at),
             outcome,
         }
     }
 
     async fn state(store: &Store, id: &MessageId) -> State {
-        store.get(id.clone()).await.unwrap().unwrap().state
+        store.get(Scope::everything(), id.clone()).await.unwrap().unwrap().state
     }
 
     #[tokio::test]
@@ -848,7 +649,18 @@ mod tests {
         assert!(store.inner.claims.reserve_for_writer(&a));
         let batch = store.take_due(DueKey::MIN, UnixMillis(100), 10).unwrap();
         assert_eq!(batch.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(
+            batch.contended,
+            [(DueKey { due: UnixMillis(10), seq: 0 }, a.clone())],
+            "to look at again"
+        );
         store.inner.claims.release(&a);
+        let again = store.take_listed(batch.contended);
+        assert_eq!(
+            again.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["a"],
+            "once the writer let go"
+        );
         store.close().await;
     }
 
@@ -860,8 +672,8 @@ mod tests {
         let bad = park(&store, "bad", 10).await;
         let batch = store.take_due(DueKey::MIN, UnixMillis(10), 10).unwrap();
         let retry =
-            |at| Outcome::Retry { retry_at: UnixMillis(at), error: "broker down".into(), rejected: false };
-        let settles = batch.ready.iter().map(|r| settle(r, retry(50))).collect();
+            |at| Outcome::Retry { retry_at: UnixMillis(at), error: "broker down".into(), refused: false };
+        let settles = batch.ready.iter().map(|r| settle(r, 10, retry(50))).collect();
         store.settle(settles).await.unwrap();
         barrier(&store).await;
         assert_eq!(
@@ -882,9 +694,9 @@ mod tests {
             .iter()
             .map(|r| {
                 if r.id == ok {
-                    settle(r, Outcome::Delivered { partition: 3, offset: 42, at: UnixMillis(51) })
+                    settle(r, 51, Outcome::Delivered { partition: 3, offset: 42 })
                 } else {
-                    settle(r, Outcome::Failed { at: UnixMillis(51), error: "topic deleted".into() })
+                    settle(r, 51, Outcome::Failed { error: "topic deleted".into(), tried: true })
                 }
             })
             .collect();
@@ -920,24 +732,25 @@ mod tests {
             park(&store, id, due).await;
         }
         let ids = |page: &PendingPage| page.messages.iter().map(|m| m.id.to_string()).collect::<Vec<_>>();
-        let first = store.list_pending(filter(DueKey::MIN, 2, 100)).await.unwrap();
+        let list = |filter| store.list_pending(Scope::everything(), filter);
+        let first = list(filter(DueKey::MIN, 2, 100)).await.unwrap();
         assert_eq!(ids(&first), ["a", "b"]);
         let next = DueKey::from_token(first.next.expect("more to come"));
-        let second = store.list_pending(filter(next, 2, 100)).await.unwrap();
+        let second = list(filter(next, 2, 100)).await.unwrap();
         assert_eq!(ids(&second), ["c", "d"]);
         assert_eq!(second.next, None, "the end");
 
         let until_30 = ListFilter { to: Some(UnixMillis(30)), ..filter(DueKey::MIN, 10, 100) };
-        assert_eq!(ids(&store.list_pending(until_30).await.unwrap()), ["a", "b"], "due_to is exclusive");
+        assert_eq!(ids(&list(until_30).await.unwrap()), ["a", "b"], "due_to is exclusive");
 
         // A filter that matches nothing stops after `examine` entries and
         // says where to go on.
         let other_topic = ListFilter { topic: Some("other".into()), ..filter(DueKey::MIN, 10, 3) };
-        let page = store.list_pending(other_topic.clone()).await.unwrap();
+        let page = list(other_topic.clone()).await.unwrap();
         assert!(page.messages.is_empty());
         let next = DueKey::from_token(page.next.expect("not done"));
         assert_eq!(next.due, UnixMillis(40), "three looked at, the fourth is next");
-        let page = store.list_pending(ListFilter { from: next, ..other_topic }).await.unwrap();
+        let page = list(ListFilter { from: next, ..other_topic }).await.unwrap();
         assert_eq!((page.messages.len(), page.next), (0, None));
         store.close().await;
     }
@@ -957,34 +770,30 @@ mod tests {
             .filter_map(|r| match r.id.as_str() {
                 "retried" => Some(settle(
                     r,
-                    Outcome::Retry {
-                        retry_at: UnixMillis(500),
-                        error: "broker down".into(),
-                        rejected: false,
-                    },
+                    40,
+                    Outcome::Retry { retry_at: UnixMillis(500), error: "broker down".into(), refused: false },
                 )),
-                "delivered" => {
-                    Some(settle(r, Outcome::Delivered { partition: 0, offset: 1, at: UnixMillis(41) }))
-                }
-                "failed" => {
-                    Some(settle(r, Outcome::Failed { at: UnixMillis(41), error: "too large".into() }))
-                }
+                "delivered" => Some(settle(r, 41, Outcome::Delivered { partition: 0, offset: 1 })),
+                "failed" => Some(settle(r, 41, Outcome::Failed { error: "too large".into(), tried: true })),
                 _ => None,
             })
             .collect();
         store.release(vec![cancelled.clone()]).await.unwrap();
         store.settle(settles).await.unwrap();
         barrier(&store).await;
-        assert_eq!(store.cancel(cancelled, UnixMillis(42)).await.unwrap(), CancelOutcome::Cancelled);
+        assert_eq!(
+            store.cancel(Scope::everything(), cancelled, UnixMillis(42)).await.unwrap(),
+            CancelOutcome::Cancelled
+        );
 
-        let page = store.list_pending(filter(DueKey::MIN, 10, 100)).await.unwrap();
+        let page = store.list_pending(Scope::everything(), filter(DueKey::MIN, 10, 100)).await.unwrap();
         assert_eq!(page.messages.len(), 1, "only what is pending: {page:?}");
         let m = &page.messages[0];
         assert_eq!(m.id, retried);
         assert_eq!((m.due, m.dispatch_at, m.attempts), (UnixMillis(10), UnixMillis(500), 1));
         assert_eq!(m.last_error.as_deref(), Some("broker down"));
 
-        let stats = store.stats(UnixMillis(1_000)).await.unwrap();
+        let stats = store.stats(Scope::everything(), UnixMillis(1_000)).await.unwrap();
         let meta = &stats.meta;
         assert_eq!(
             (meta.pending, meta.delivered_total, meta.cancelled_total, meta.failed_total),
@@ -992,14 +801,148 @@ mod tests {
         );
         assert_eq!(stats.oldest_overdue.map(|m| m.id), Some(retried.clone()));
         assert!(
-            store.stats(UnixMillis(500)).await.unwrap().oldest_overdue.is_none(),
+            store.stats(Scope::everything(), UnixMillis(500)).await.unwrap().oldest_overdue.is_none(),
             "due at 500 is not overdue at 500"
         );
 
         let failed = MessageId::parse("failed").unwrap();
-        store.reschedule(failed, UnixMillis(2_000)).await.unwrap();
-        let meta = store.stats(UnixMillis(1_000)).await.unwrap().meta;
+        store.reschedule(Scope::everything(), failed, UnixMillis(2_000)).await.unwrap();
+        let meta = store.stats(Scope::everything(), UnixMillis(1_000)).await.unwrap().meta;
         assert_eq!((meta.pending, meta.failed_total), (2, 0), "a re-driven failure is pending again");
+        store.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tombstones {
+    //! Reads of the due index and the retention index at a scale where the
+    //! tombstones of settled messages matter: each counted with RocksDB's
+    //! perf counters (deleted entries an iterator stepped over), beside what
+    //! the same read from the start of the index costs.
+
+    use rocksdb::perf::{PerfContext, PerfMetric, PerfStatsLevel, set_perf_stats};
+
+    use super::*;
+    use crate::message::{DueSpec, Envelope};
+
+    const SETTLED: u64 = 20_000;
+
+    /// Tombstones stepped over by `read`, run on this thread.
+    fn skipped<T>(read: impl FnOnce() -> T) -> (T, u64) {
+        set_perf_stats(PerfStatsLevel::EnableCount);
+        let mut context = PerfContext::default();
+        context.reset();
+        let out = read();
+        (out, context.metric(PerfMetric::InternalDeleteSkippedCount))
+    }
+
+    fn message(id: &str, due: u64) -> NewMessage {
+        NewMessage {
+            id: Some(MessageId::parse(id).unwrap()),
+            scope: Scope::everything(),
+            envelope: Envelope {
+                topic: "t".into(),
+                key: None,
+                value: b"v".to_vec(),
+                headers: vec![],
+                partition: None,
+            },
+            requested: DueSpec::At(UnixMillis(due)),
+            due: UnixMillis(due),
+            now: UnixMillis(0),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_start_where_live_entries_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = StoreConfig::new(dir.path());
+        config.sync_writes = false;
+        let store = Store::open(&config).unwrap();
+        // SETTLED messages parked, produced and delivered: their due
+        // entries are tombstones now, and so will their retention entries
+        // be once purged.
+        for chunk in (1..=SETTLED).collect::<Vec<_>>().chunks(5_000) {
+            let msgs = chunk.iter().map(|i| message(&format!("m{i}"), *i)).collect();
+            store.schedule_batch(msgs).await.unwrap();
+        }
+        let mut from = DueKey::MIN;
+        loop {
+            let batch = store.take_due(from, UnixMillis(SETTLED), 4_096).unwrap();
+            from = batch.next_from;
+            let settles = batch
+                .ready
+                .iter()
+                .map(|r| Settle {
+                    id: r.id.clone(),
+                    key: r.key,
+                    due: r.record.due(),
+                    topic: "t".into(),
+                    prev: r.prev.clone(),
+                    at: UnixMillis(SETTLED + 1),
+                    outcome: Outcome::Delivered { partition: 0, offset: 0 },
+                })
+                .collect();
+            store.settle(settles).await.unwrap();
+            if !batch.more {
+                break;
+            }
+        }
+        store.probe().await.unwrap();
+        // What the dispatcher publishes once it has read past them.
+        store.wake().set_low_water(from);
+        let live = MessageId::parse("live").unwrap();
+        store.schedule(message("live", SETTLED + 100)).await.unwrap();
+        let db = Arc::clone(&store.inner.db);
+        let now = UnixMillis(SETTLED + 1_000);
+
+        // Stats: the oldest overdue message.
+        let ((stats, from_start), cost) = skipped(|| {
+            let low = store.wake().low_water();
+            let stats = read::stats(&db, &Scope::everything(), now, low, STATS_EXAMINE).unwrap();
+            (stats, read::stats(&db, &Scope::everything(), now, DueKey::MIN, STATS_EXAMINE).unwrap())
+        });
+        let (_, new_cost) =
+            skipped(|| read::stats(&db, &Scope::everything(), now, store.wake().low_water(), 64));
+        assert_eq!(stats.oldest_overdue.map(|m| m.id), Some(live.clone()));
+        assert_eq!(from_start.oldest_overdue.map(|m| m.id), Some(live.clone()), "the same answer");
+        assert!(cost >= SETTLED, "the scale matters: {cost} tombstones from the start");
+        assert!(new_cost < 100, "Stats stepped over {new_cost} tombstones");
+
+        // List: a client's first page starts at the live entries.
+        let filter = ListFilter { topic: None, from: DueKey::MIN, to: None, limit: 10, examine: 1_000 };
+        let start = filter.from.max(store.wake().low_water());
+        let (page, cost) =
+            skipped(|| read::list_pending(&db, &Scope::everything(), &ListFilter { from: start, ..filter }));
+        assert_eq!(page.unwrap().messages.len(), 1);
+        assert!(cost < 100, "List stepped over {cost} tombstones");
+
+        // A message scheduled behind the dispatcher's position (past due):
+        // handed over by the writer and read by itself, not by rescanning.
+        store.take_due(from, now, 10).unwrap();
+        store.inner.claims.release_dispatched(std::slice::from_ref(&live));
+        store.schedule(message("late", 5)).await.unwrap();
+        let late = store.wake().take();
+        assert_eq!(late.entries.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>(), ["late"]);
+        let (batch, cost) = skipped(|| store.take_listed(late.entries));
+        assert_eq!(batch.ready.len(), 1);
+        assert!(cost < 10, "reading the late message stepped over {cost} tombstones");
+        let (_, rescan) = skipped(|| store.take_due(DueKey { due: UnixMillis(5), seq: 0 }, now, 10).unwrap());
+        assert!(rescan >= SETTLED - 10, "rescanning from it would step over all of them: {rescan}");
+
+        // Purge: the second pass starts where the first stopped.
+        let purged = store.purge(UnixMillis(SETTLED + 2), SETTLED as usize + 10).await.unwrap();
+        assert_eq!(purged as u64, SETTLED);
+        let cursor = store.inner.purge_from.lock().unwrap().clone();
+        let ((), cost) = skipped(|| {
+            read::purge_candidates(&db, &cursor, UnixMillis(SETTLED + 2), 100).unwrap();
+        });
+        let (_, from_start) = skipped(|| {
+            let start = schema::retention_range_before(UnixMillis(0)).0;
+            read::purge_candidates(&db, &start, UnixMillis(SETTLED + 2), 100).unwrap()
+        });
+        assert!(from_start >= SETTLED, "from the start, a purge steps over every purged entry: {from_start}");
+        assert!(cost < 10, "the next purge stepped over {cost} tombstones");
         store.close().await;
     }
 }

@@ -7,7 +7,12 @@
 //! CF checkpoint  "m"                              → Meta (dispatcher progress, counters)
 //!                "s" ‖ message id                 → Settlement (tries, delivery, cancel, failure)
 //!                "r" ‖ settled_ms:u64be ‖ id      → ()   retention index, purged in order
+//!                "c" ‖ space ‖ topic              → Counts of one tenant's messages on one topic
 //! ```
+//!
+//! A message id is stored as [`MessageId::as_bytes`] gives it: the id alone
+//! in the shared space, `\0 tenant \0 id` in a tenant's. A space in a
+//! counts key is `\0` for the shared one and `\1 tenant \0` for a tenant's.
 //!
 //! Big-endian integers make byte order equal numeric order, so iterating the
 //! due CF walks messages in due order; `seq` breaks ties in acceptance order
@@ -27,6 +32,7 @@ pub const CF_CHECKPOINT: &str = "checkpoint";
 const META_KEY: &[u8] = b"m";
 const SETTLEMENT_PREFIX: u8 = b's';
 const RETENTION_PREFIX: u8 = b'r';
+const COUNTS_PREFIX: u8 = b'c';
 
 /// A position in the due CF: the due time, then the acceptance sequence.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -89,6 +95,11 @@ pub fn settlement_key(id: &MessageId) -> Vec<u8> {
     k
 }
 
+/// The key range holding every settlement.
+pub fn settlements_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![SETTLEMENT_PREFIX], vec![SETTLEMENT_PREFIX + 1])
+}
+
 pub fn retention_key(settled_at: UnixMillis, id: &MessageId) -> Vec<u8> {
     let mut k = Vec::with_capacity(9 + id.as_bytes().len());
     k.push(RETENTION_PREFIX);
@@ -104,6 +115,82 @@ pub fn retention_range_before(t: UnixMillis) -> (Vec<u8>, Vec<u8>) {
         k.extend_from_slice(&t.0.to_be_bytes());
         k
     })
+}
+
+/// Where a purge goes on from: the first retention key after `key`.
+pub fn retention_successor(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
+}
+
+/// Whose messages on which topic a [`Counts`] entry counts: a tenant's
+/// (none: the shared space) on one topic.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CountsKey {
+    pub tenant: Option<String>,
+    pub topic: String,
+}
+
+impl CountsKey {
+    pub fn of(id: &MessageId, topic: &str) -> CountsKey {
+        CountsKey { tenant: id.tenant().map(str::to_owned), topic: topic.to_owned() }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut k = vec![COUNTS_PREFIX];
+        match &self.tenant {
+            None => k.push(0),
+            Some(t) => {
+                k.push(1);
+                k.extend_from_slice(t.as_bytes());
+                k.push(0);
+            }
+        }
+        k.extend_from_slice(self.topic.as_bytes());
+        k
+    }
+
+    pub fn decode(key: &[u8]) -> Option<CountsKey> {
+        let rest = key.strip_prefix(&[COUNTS_PREFIX])?;
+        let (tenant, topic) = match rest.split_first()? {
+            (0, topic) => (None, topic),
+            (1, rest) => {
+                let end = rest.iter().position(|b| *b == 0)?;
+                (Some(std::str::from_utf8(&rest[..end]).ok()?.to_owned()), &rest[end + 1..])
+            }
+            _ => return None,
+        };
+        Some(CountsKey { tenant, topic: std::str::from_utf8(topic).ok()?.to_owned() })
+    }
+
+    /// The key range holding every counts entry.
+    pub fn range() -> (Vec<u8>, Vec<u8>) {
+        (vec![COUNTS_PREFIX], vec![COUNTS_PREFIX + 1])
+    }
+}
+
+/// One tenant's messages on one topic, by state. `delivered`, `cancelled`
+/// and `failed` count since the entry was made, purged messages included.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct Counts {
+    #[prost(uint64, tag = "1")]
+    pub pending: u64,
+    #[prost(uint64, tag = "2")]
+    pub delivered: u64,
+    #[prost(uint64, tag = "3")]
+    pub cancelled: u64,
+    #[prost(uint64, tag = "4")]
+    pub failed: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, other: &Counts) {
+        self.pending = self.pending.saturating_add(other.pending);
+        self.delivered = self.delivered.saturating_add(other.delivered);
+        self.cancelled = self.cancelled.saturating_add(other.cancelled);
+        self.failed = self.failed.saturating_add(other.failed);
+    }
 }
 
 pub fn decode_retention_key(key: &[u8]) -> Option<(UnixMillis, MessageId)> {
@@ -234,6 +321,11 @@ pub struct Settlement {
     pub partition: i32,
     #[prost(int64, tag = "8")]
     pub offset: i64,
+    /// When the broker first refused this message itself; 0 if it never
+    /// did. A message is failed only once refusals have gone on this long
+    /// enough, and numerous enough.
+    #[prost(uint64, tag = "9")]
+    pub first_refused_at_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
@@ -344,7 +436,20 @@ pub struct Meta {
     /// leaves this count.
     #[prost(uint64, tag = "6")]
     pub failed_total: u64,
+    /// Set when the store was closed with nothing in doubt: every produce
+    /// handed to Kafka was answered and recorded. Cleared at open. A store
+    /// opened without it (after a crash, or written by an older release)
+    /// treats what was due before the open as possibly produced.
+    #[prost(bool, tag = "7")]
+    pub closed_cleanly: bool,
+    /// Which layout of the counts entries ("c") the store holds: 0 (none,
+    /// an older release) or [`COUNTS_VERSION`].
+    #[prost(uint32, tag = "8")]
+    pub counts_version: u32,
 }
+
+/// The layout of the counts entries this release writes.
+pub const COUNTS_VERSION: u32 = 1;
 
 pub fn encode<M: prost::Message>(m: &M) -> Vec<u8> {
     m.encode_to_vec()
@@ -367,6 +472,28 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn counts_keys_round_trip_and_stay_in_their_range(
+            tenant in proptest::option::of("[A-Za-z0-9._-]{1,64}"), topic in "[A-Za-z0-9._-]{1,249}"
+        ) {
+            let key = CountsKey { tenant, topic };
+            let bytes = key.encode();
+            prop_assert_eq!(CountsKey::decode(&bytes), Some(key));
+            let (lo, hi) = CountsKey::range();
+            prop_assert!(bytes >= lo && bytes < hi);
+            prop_assert!(bytes.as_slice() != meta_key() && bytes[0] != SETTLEMENT_PREFIX && bytes[0] != RETENTION_PREFIX);
+        }
+
+        #[test]
+        fn retention_successor_is_the_next_key(at in any::<u64>(), id in "[!-~]{1,128}", other in "[!-~]{1,128}") {
+            let id = MessageId::parse(&id).unwrap();
+            let key = retention_key(UnixMillis(at), &id);
+            let next = retention_successor(&key);
+            prop_assert!(next > key);
+            let later = retention_key(UnixMillis(at), &MessageId::parse(&other).unwrap());
+            prop_assert!(later <= key || later >= next, "nothing lies between a key and its successor");
+        }
+
         #[test]
         fn due_key_round_trips(k in key()) {
             prop_assert_eq!(DueKey::decode(&k.encode()), Some(k));
@@ -489,6 +616,8 @@ mod tests {
             (meta.pending, meta.delivered_total, meta.cancelled_total, meta.failed_total),
             (3, 9, 0, 0)
         );
+        assert!(!meta.closed_cleanly, "an older store is not known to have closed cleanly");
+        assert_eq!(meta.counts_version, 0, "and holds no counts entries");
     }
 
     #[test]

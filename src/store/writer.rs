@@ -9,12 +9,16 @@
 //! the column families.
 //!
 //! Because one thread applies changes in order, checks such as "is this id
-//! taken" or "is this message still pending" cannot race with each other. The
-//! only other party that acts on messages is the dispatcher, and [`Claims`]
-//! keeps the two apart.
+//! taken", "is this message still pending" or "may this caller touch it"
+//! cannot race with each other or with the change they guard. The only other
+//! party that acts on messages is the dispatcher, and [`Claims`] keeps the
+//! two apart: a request for a message being produced waits (parked) for the
+//! produce's outcome, a bounded time, and is then answered from it, or told
+//! that the outcome is not known yet. A message whose produce may have
+//! reached Kafka is never answered `CANCELLED`.
 //!
 //! It must not block on anything but RocksDB and its own queue: no network,
-//! no async runtime.
+//! no async runtime, no scans (purge candidates are found by the caller).
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -22,19 +26,26 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use rocksdb::{DB, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
+use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    StoreError, StoreHealth,
+    StoreError,
     claims::{Claims, Wake},
-    schema::{self, DueKey, MessageRecord, Meta, Settlement, SettlementKind},
+    health::{HealthBoard, StoreHealth},
+    read,
+    schema::{
+        self, COUNTS_VERSION, Counts, CountsKey, DueKey, MessageRecord, Meta, Settlement, SettlementKind,
+    },
 };
 use crate::{
-    message::{CancelOutcome, DueSpec, Envelope, MessageId, RescheduleRefusal, Scheduled, UnixMillis},
+    message::{
+        CancelOutcome, DueSpec, Envelope, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis,
+        Visibility,
+    },
     metrics,
 };
 
@@ -43,7 +54,11 @@ pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 /// A message to park.
 #[derive(Debug)]
 pub struct NewMessage {
+    /// The client's id, in the caller's space; none to have one generated
+    /// there.
     pub id: Option<MessageId>,
+    /// Who asks: a retry is recognised in what the caller sees.
+    pub scope: Scope,
     pub envelope: Envelope,
     pub requested: DueSpec,
     pub due: UnixMillis,
@@ -59,9 +74,12 @@ pub(crate) struct Settle {
     pub key: DueKey,
     /// The message's due time, for its lateness.
     pub due: UnixMillis,
+    pub topic: Arc<str>,
     /// Its settlement as the dispatcher read it (tries so far), which its
     /// claim has kept unchanged since.
     pub prev: Settlement,
+    /// When the outcome was known.
+    pub at: UnixMillis,
     pub outcome: Outcome,
 }
 
@@ -70,18 +88,20 @@ pub(crate) enum Outcome {
     Delivered {
         partition: i32,
         offset: i64,
-        at: UnixMillis,
     },
-    /// Try again at `retry_at`. `rejected`: the broker refused the message
-    /// itself, which counts toward the attempt limit; outages do not.
+    /// Try again at `retry_at`. `refused`: the broker refused the message
+    /// itself (too large, say), which counts toward giving up; a refused
+    /// topic or an unreachable broker does not.
     Retry {
         retry_at: UnixMillis,
         error: String,
-        rejected: bool,
+        refused: bool,
     },
+    /// Given up. `tried`: this message was produced and refused this time
+    /// (else it was failed with its topic, without a try of its own).
     Failed {
-        at: UnixMillis,
         error: String,
+        tried: bool,
     },
 }
 
@@ -96,27 +116,38 @@ pub(crate) enum Op {
         reply: Reply<Vec<Result<Scheduled, StoreError>>>,
     },
     Cancel {
+        scope: Scope,
         id: MessageId,
         now: UnixMillis,
         reply: Reply<CancelOutcome>,
     },
     Reschedule {
+        scope: Scope,
         id: MessageId,
         due: UnixMillis,
         reply: Reply<UnixMillis>,
     },
     Settle(Vec<Settle>),
-    /// The dispatcher gives claims back without a change.
-    Release(Vec<MessageId>),
+    /// The dispatcher gave these claims back without a change: requests
+    /// waiting on them run again.
+    Unpark(Vec<MessageId>),
+    /// Produces whose outcome the dispatcher will not learn: it stopped
+    /// before Kafka answered. Requests waiting on them are told so; their
+    /// claims stay until the store closes, and the store does not count as
+    /// closed cleanly.
+    InDoubt(Vec<MessageId>),
+    /// Forgets these settled messages if they are still settled as the
+    /// retention index said: (retention key, settled at, id).
     Purge {
-        before: UnixMillis,
-        limit: usize,
+        candidates: Vec<(Vec<u8>, UnixMillis, MessageId)>,
         reply: Reply<usize>,
     },
     /// A write of the metadata alone: does the store take writes again?
     Probe {
         reply: Reply<()>,
     },
+    /// Time passes: requests parked too long are answered.
+    Tick,
     /// Finish what is queued, then stop.
     Close,
 }
@@ -128,23 +159,70 @@ struct Stored {
     settlement: Option<Settlement>,
 }
 
-pub(crate) struct Writer {
+/// How long a request waits for the produce of the message it touches
+/// before it is told the outcome is not known yet.
+const MAX_PARK: Duration = Duration::from_secs(5);
+/// Requests waiting so, at most; more are told at once.
+const MAX_PARKED: usize = 4096;
+/// How long a closing writer keeps trying to record deliveries a failing
+/// disk refuses, before it gives up on them (they are produced again after
+/// a restart).
+const CLOSE_RETRIES_FOR: Duration = Duration::from_secs(5);
+
+/// What the writer shares with the store's handle and the dispatcher.
+pub(crate) struct Shared {
     pub db: Arc<DB>,
     pub claims: Arc<Claims>,
     pub wake: Arc<Wake>,
     pub pending: Arc<AtomicU64>,
-    pub meta: Meta,
+    pub health: Arc<HealthBoard>,
+}
+
+/// How the writer commits.
+pub(crate) struct WriterConfig {
+    /// Sync the WAL before answering.
     pub sync: bool,
-    pub rx: mpsc::Receiver<Op>,
-    pub max_round: usize,
+    /// Most messages pending at once.
     pub max_pending: Option<u64>,
-    pub health: tokio::sync::watch::Sender<StoreHealth>,
+    /// Most ops (a batch counts per message) in one commit.
+    pub max_round: usize,
+}
+
+/// Messages that may have been produced before the store was last closed
+/// without a clean close (a crash): those pending from before this open
+/// and due by then. Until the dispatcher has produced (or retried) each of
+/// them, a cancel or reschedule cannot know whether a copy is on its topic.
+#[derive(Clone, Copy, Debug)]
+struct InDoubt {
+    /// Dispatch keys below this were due when the store opened.
+    below: DueKey,
+    /// Accepted before the open.
+    before_seq: u64,
+}
+
+struct Parked {
+    op: Op,
+    since: Instant,
+}
+
+pub(crate) struct Writer {
+    shared: Shared,
+    config: WriterConfig,
+    meta: Meta,
+    /// Every counts entry, as committed.
+    counts: HashMap<CountsKey, Counts>,
+    rx: mpsc::Receiver<Op>,
     ids: ulid::Generator,
+    in_doubt: Option<InDoubt>,
     /// Requests waiting for the dispatcher to settle a message they touch.
-    parked: HashMap<MessageId, Vec<Op>>,
+    parked: HashMap<MessageId, Vec<Parked>>,
+    parked_total: usize,
     /// Requests to run first in the next round.
     again: VecDeque<Op>,
     failed_commits: u32,
+    /// Produces reported in doubt at shutdown.
+    unresolved: usize,
+    closing_since: Option<Instant>,
 }
 
 /// Everything one round changes, committed together or not at all.
@@ -152,14 +230,16 @@ struct Round<'a> {
     db: &'a DB,
     batch: WriteBatch,
     meta: Meta,
+    /// Counts entries this round changes, with their new values.
+    counts: HashMap<CountsKey, Counts>,
     /// Messages changed earlier in this round, as they will be after commit.
     overlay: HashMap<MessageId, Option<Stored>>,
     reserved: HashSet<MessageId>,
     released: Vec<MessageId>,
     /// Settles to try again if the commit fails: their produce happened.
     settles: Vec<Settle>,
-    lowest_added: Option<DueKey>,
-    lowest_kept: Option<DueKey>,
+    /// Due entries this round adds.
+    added: Vec<(DueKey, MessageId)>,
     replies: Vec<DeferredReply>,
     effects: Effects,
     /// Commit even when nothing changed: a probe.
@@ -182,35 +262,71 @@ type DeferredReply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 enum Flow<T> {
     Done(Result<T, StoreError>),
     /// The dispatcher holds the message; run the op again once it settles.
-    Park,
+    Park(MessageId),
 }
 
 impl Writer {
-    pub fn new(
-        db: Arc<DB>,
-        claims: Arc<Claims>,
-        wake: Arc<Wake>,
-        pending: Arc<AtomicU64>,
-        meta: Meta,
-        sync: bool,
+    /// Reads the store's state and records that it is open (not closed
+    /// cleanly), in a synced write, before anything can be produced.
+    pub fn open(
+        shared: Shared,
+        config: WriterConfig,
         rx: mpsc::Receiver<Op>,
-    ) -> Self {
-        Writer {
-            db,
-            claims,
-            wake,
-            pending,
+        now: UnixMillis,
+    ) -> Result<Writer, StoreError> {
+        let db = &shared.db;
+        let mut meta = read::meta(db, &ReadOptions::default())?;
+        let counts = if meta.counts_version == COUNTS_VERSION {
+            read::counts(db, None)?
+        } else {
+            let started = Instant::now();
+            let counts = read::count_every_message(db)?;
+            tracing::info!(
+                entries = counts.len(),
+                elapsed = ?started.elapsed(),
+                "counted the store's messages by tenant and topic (first start of this release)"
+            );
+            counts
+        };
+        let in_doubt = (!meta.closed_cleanly)
+            .then_some(InDoubt { below: DueKey::after(now), before_seq: meta.next_seq });
+        if in_doubt.is_some() {
+            tracing::info!(
+                "the store was not closed cleanly: messages due before now may have been produced \
+                 already; until each is produced again, cancel and reschedule answer UNAVAILABLE for it"
+            );
+        }
+        let mut batch = WriteBatch::default();
+        let checkpoint = cf(db, schema::CF_CHECKPOINT);
+        if meta.counts_version != COUNTS_VERSION {
+            for (key, value) in &counts {
+                batch.put_cf(checkpoint, key.encode(), schema::encode(value));
+            }
+            meta.counts_version = COUNTS_VERSION;
+        }
+        meta.closed_cleanly = false;
+        batch.put_cf(checkpoint, schema::meta_key(), schema::encode(&meta));
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        db.write_opt(batch, &opts)?;
+        shared.pending.store(meta.pending, Ordering::Relaxed);
+        let writer = Writer {
+            shared,
+            config,
             meta,
-            sync,
+            counts,
             rx,
-            max_round: 4096,
-            max_pending: None,
-            health: tokio::sync::watch::channel(StoreHealth::Ok).0,
             ids: ulid::Generator::new(),
+            in_doubt,
             parked: HashMap::new(),
+            parked_total: 0,
             again: VecDeque::new(),
             failed_commits: 0,
-        }
+            unresolved: 0,
+            closing_since: None,
+        };
+        writer.report_capacity();
+        Ok(writer)
     }
 
     pub fn run(mut self) {
@@ -223,7 +339,7 @@ impl Writer {
                 }
             }
             let mut weight: usize = ops.iter().map(Op::weight).sum();
-            while weight < self.max_round {
+            while weight < self.config.max_round {
                 match self.rx.try_recv() {
                     Ok(op) => {
                         weight += op.weight();
@@ -233,7 +349,12 @@ impl Writer {
                 }
             }
             self.round(ops);
+            metrics::STORE_PARKED.set(self.parked_total as i64);
             if self.failed_commits > 0 {
+                if self.closing_since.is_some_and(|since| since.elapsed() > CLOSE_RETRIES_FOR) {
+                    self.give_up_on_retries();
+                    continue;
+                }
                 // The store refused a write (disk full, I/O error). Pace the
                 // retries of the settles we are keeping instead of spinning.
                 // At most ~1 s apart, so a store that has room again is
@@ -242,18 +363,61 @@ impl Writer {
                 std::thread::sleep(Duration::from_millis(backoff));
             }
         }
-        for (_, ops) in self.parked.drain() {
-            for op in ops {
-                refuse(op, StoreError::Closed);
+        for (id, parked) in std::mem::take(&mut self.parked) {
+            for p in parked {
+                refuse(p.op, StoreError::Dispatching(id.clone()));
             }
         }
-        if let Err(e) = self.db.flush_wal(true) {
+        self.close_cleanly();
+    }
+
+    /// Shutting down with writes that keep failing: what is kept for
+    /// retrying is dropped, and those deliveries are produced again after a
+    /// restart.
+    fn give_up_on_retries(&mut self) {
+        let mut dropped = 0;
+        for op in self.again.drain(..) {
+            match op {
+                Op::Settle(settles) => dropped += settles.len(),
+                other => refuse(other, StoreError::Closed),
+            }
+        }
+        tracing::error!(
+            dropped,
+            "the store still refuses writes at shutdown; these deliveries are not recorded and will \
+             be produced again after a restart"
+        );
+        self.unresolved += dropped;
+        self.failed_commits = 0;
+    }
+
+    /// Records a clean close when nothing was left in doubt, then syncs.
+    fn close_cleanly(&mut self) {
+        let db = Arc::clone(&self.shared.db);
+        if self.unresolved == 0 {
+            let mut meta = self.meta.clone();
+            meta.closed_cleanly = true;
+            let mut opts = WriteOptions::default();
+            opts.set_sync(true);
+            let mut batch = WriteBatch::default();
+            batch.put_cf(cf(&db, schema::CF_CHECKPOINT), schema::meta_key(), schema::encode(&meta));
+            if let Err(e) = db.write_opt(batch, &opts) {
+                tracing::error!(error = %e, "recording the clean close failed");
+            }
+        } else {
+            tracing::warn!(
+                in_doubt = self.unresolved,
+                "closed with produces in doubt: after the restart, messages due by then answer cancel \
+                 and reschedule with UNAVAILABLE until they are produced again"
+            );
+        }
+        if let Err(e) = db.flush_wal(true) {
             tracing::error!(error = %e, "flushing the WAL at close failed");
         }
     }
 
     fn round(&mut self, ops: Vec<Op>) {
-        let db = Arc::clone(&self.db);
+        let db = Arc::clone(&self.shared.db);
         let mut r = Round::new(&db, self.meta.clone());
         for op in ops {
             self.apply(&mut r, op);
@@ -280,58 +444,134 @@ impl Writer {
                     .collect();
                 r.reply(reply, Ok(results));
             }
-            Op::Cancel { id, now, reply } => match self.cancel(r, &id, now) {
+            Op::Cancel { scope, id, now, reply } => match self.cancel(r, &scope, &id, now) {
                 Flow::Done(result) => r.reply(reply, result),
-                Flow::Park => self.park(id.clone(), Op::Cancel { id, now, reply }),
+                Flow::Park(held) => self.park(held, Op::Cancel { scope, id, now, reply }),
             },
-            Op::Reschedule { id, due, reply } => match self.reschedule(r, &id, due) {
+            Op::Reschedule { scope, id, due, reply } => match self.reschedule(r, &scope, &id, due) {
                 Flow::Done(result) => r.reply(reply, result),
-                Flow::Park => self.park(id.clone(), Op::Reschedule { id, due, reply }),
+                Flow::Park(held) => self.park(held, Op::Reschedule { scope, id, due, reply }),
             },
             Op::Settle(settles) => {
                 for settle in settles {
                     self.settle(r, settle);
                 }
             }
-            Op::Release(ids) => r.released.extend(ids),
-            Op::Purge { before, limit, reply } => {
-                let result = self.purge(r, before, limit);
+            Op::Unpark(ids) => {
+                for id in ids {
+                    let parked = self.unpark(&id);
+                    self.again.extend(parked.into_iter().map(|p| p.op));
+                }
+            }
+            Op::InDoubt(ids) => {
+                self.unresolved += ids.len();
+                for id in ids {
+                    for p in self.unpark(&id) {
+                        refuse(p.op, StoreError::Dispatching(id.clone()));
+                    }
+                }
+            }
+            Op::Purge { candidates, reply } => {
+                let result = self.purge(r, candidates);
                 r.reply(reply, result);
             }
             Op::Probe { reply } => {
                 r.probe = true;
                 r.reply(reply, Ok(()));
             }
-            Op::Close => self.rx.close(),
+            Op::Tick => self.expire_parked(),
+            Op::Close => {
+                self.closing_since = Some(Instant::now());
+                self.rx.close();
+            }
         }
     }
 
     fn park(&mut self, id: MessageId, op: Op) {
-        self.parked.entry(id).or_default().push(op);
+        if self.parked_total >= MAX_PARKED {
+            refuse(op, StoreError::Dispatching(id));
+            return;
+        }
+        self.parked_total += 1;
+        self.parked.entry(id).or_default().push(Parked { op, since: Instant::now() });
+    }
+
+    fn unpark(&mut self, id: &MessageId) -> Vec<Parked> {
+        let parked = self.parked.remove(id).unwrap_or_default();
+        self.parked_total -= parked.len();
+        parked
+    }
+
+    /// Answers requests that waited too long for a produce's outcome, and
+    /// forgets those whose caller is gone.
+    fn expire_parked(&mut self) {
+        let mut expired = Vec::new();
+        self.parked.retain(|id, parked| {
+            parked.retain_mut(|p| {
+                if p.op.abandoned() {
+                    return false;
+                }
+                if p.since.elapsed() < MAX_PARK {
+                    return true;
+                }
+                expired.push((id.clone(), std::mem::replace(&mut p.op, Op::Tick)));
+                false
+            });
+            !parked.is_empty()
+        });
+        self.parked_total = self.parked.values().map(Vec::len).sum();
+        for (id, op) in expired {
+            refuse(op, StoreError::Dispatching(id));
+        }
     }
 
     fn load(&self, r: &Round, id: &MessageId) -> Result<Option<Stored>, StoreError> {
         if let Some(stored) = r.overlay.get(id) {
             return Ok(stored.clone());
         }
-        let read = super::read_record(&self.db, id, &ReadOptions::default())?;
+        let read = read::record(&self.shared.db, id, &ReadOptions::default())?;
         Ok(read.map(|(record, settlement)| Stored { record, settlement }))
+    }
+
+    /// The message `id` names for `scope`: in the caller's space, else in
+    /// the shared one if the caller sees it there. A message the caller
+    /// sees on a topic it does not cover is refused.
+    fn find(
+        &self,
+        r: &Round,
+        scope: &Scope,
+        id: &MessageId,
+    ) -> Result<Option<(MessageId, Stored)>, StoreError> {
+        for candidate in std::iter::once(id.clone()).chain(scope.fallback(id)) {
+            let Some(stored) = self.load(r, &candidate)? else { continue };
+            match scope.sees(&candidate, &stored.record.topic) {
+                Visibility::Visible => return Ok(Some((candidate, stored))),
+                Visibility::Forbidden => {
+                    return Err(StoreError::Forbidden {
+                        token: scope.name.to_string(),
+                        topic: stored.record.topic,
+                    });
+                }
+                Visibility::Hidden => {}
+            }
+        }
+        Ok(None)
     }
 
     fn schedule(&mut self, r: &mut Round, msg: NewMessage) -> Result<Scheduled, StoreError> {
         let client_id = msg.id.is_some();
         let id = match msg.id {
             Some(id) => {
-                if let Some(existing) = self.load(r, &id)? {
+                if let Some((found, existing)) = self.find(r, &msg.scope, &id)? {
                     return if existing.record.is_same_request(&msg.envelope, msg.requested) {
-                        Ok(Scheduled { id, due: existing.record.due(), duplicate: true })
+                        Ok(Scheduled { id: found, due: existing.record.due(), duplicate: true })
                     } else {
-                        Err(StoreError::IdConflict(id))
+                        Err(StoreError::IdConflict(found))
                     };
                 }
                 id
             }
-            None => MessageId::generate(&mut self.ids),
+            None => MessageId::generate(&mut self.ids, msg.scope.tenant.as_ref()),
         };
         if self.at_capacity(r.meta.pending) {
             return Err(StoreError::AtCapacity { pending: r.meta.pending });
@@ -343,6 +583,7 @@ impl Writer {
         r.put_message(&id, &record);
         r.put_due(key, &id);
         r.meta.pending += 1;
+        self.count(r, &id, &record.topic, |c| c.pending += 1);
         r.effects.scheduled += 1;
         if client_id {
             // Only a client-chosen id can come again in this round.
@@ -351,17 +592,35 @@ impl Writer {
         Ok(Scheduled { id, due: msg.due, duplicate: false })
     }
 
-    fn cancel(&mut self, r: &mut Round, id: &MessageId, now: UnixMillis) -> Flow<CancelOutcome> {
-        if !r.reserve(&self.claims, id) {
-            return Flow::Park;
-        }
-        let stored = match self.load(r, id) {
-            Ok(Some(s)) => s,
+    /// Whether a produce of this pending message may have reached Kafka
+    /// before an unclean close, with its outcome never recorded.
+    fn in_doubt(&self, stored: &Stored) -> bool {
+        self.in_doubt.is_some_and(|d| {
+            stored.record.seq < d.before_seq
+                && schema::dispatch_key(&stored.record, stored.settlement.as_ref()) < d.below
+        })
+    }
+
+    fn cancel(
+        &mut self,
+        r: &mut Round,
+        scope: &Scope,
+        id: &MessageId,
+        now: UnixMillis,
+    ) -> Flow<CancelOutcome> {
+        let (id, stored) = match self.find(r, scope, id) {
+            Ok(Some(found)) => found,
             Ok(None) => return Flow::Done(Ok(CancelOutcome::NotFound)),
             Err(e) => return Flow::Done(Err(e)),
         };
+        if !r.reserve(&self.shared.claims, &id) {
+            return Flow::Park(id);
+        }
         if let Err(outcome) = schema::state_of(stored.settlement.as_ref()).cancel() {
             return Flow::Done(Ok(outcome));
+        }
+        if self.in_doubt(&stored) {
+            return Flow::Done(Err(StoreError::Dispatching(id)));
         }
         let key = schema::dispatch_key(&stored.record, stored.settlement.as_ref());
         r.delete_due(key);
@@ -370,38 +629,51 @@ impl Writer {
             at_ms: now.0,
             ..stored.settlement.unwrap_or_default()
         };
-        r.settle(id, &settlement, now);
+        r.settle(&id, &settlement, now);
+        self.count(r, &id, &stored.record.topic, |c| {
+            c.pending = c.pending.saturating_sub(1);
+            c.cancelled = c.cancelled.saturating_add(1);
+        });
         r.overlay.insert(id.clone(), Some(Stored { record: stored.record, settlement: Some(settlement) }));
         r.effects.cancelled += 1;
         r.meta.cancelled_total += 1;
         Flow::Done(Ok(CancelOutcome::Cancelled))
     }
 
-    fn reschedule(&mut self, r: &mut Round, id: &MessageId, due: UnixMillis) -> Flow<UnixMillis> {
-        if !r.reserve(&self.claims, id) {
-            return Flow::Park;
-        }
-        let mut stored = match self.load(r, id) {
-            Ok(Some(s)) => s,
+    fn reschedule(
+        &mut self,
+        r: &mut Round,
+        scope: &Scope,
+        id: &MessageId,
+        due: UnixMillis,
+    ) -> Flow<UnixMillis> {
+        let (id, mut stored) = match self.find(r, scope, id) {
+            Ok(Some(found)) => found,
             Ok(None) => return Flow::Done(Err(StoreError::NotFound(id.clone()))),
             Err(e) => return Flow::Done(Err(e)),
         };
+        if !r.reserve(&self.shared.claims, &id) {
+            return Flow::Park(id);
+        }
         let state = schema::state_of(stored.settlement.as_ref());
         match state.reschedule() {
             Ok(()) => {}
             Err(RescheduleRefusal::AlreadyDelivered) => {
-                return Flow::Done(Err(StoreError::AlreadyDelivered(id.clone())));
+                return Flow::Done(Err(StoreError::AlreadyDelivered(id)));
             }
             Err(RescheduleRefusal::AlreadyCancelled) => {
-                return Flow::Done(Err(StoreError::AlreadyCancelled(id.clone())));
+                return Flow::Done(Err(StoreError::AlreadyCancelled(id)));
             }
         }
         if state.is_pending() {
+            if self.in_doubt(&stored) {
+                return Flow::Done(Err(StoreError::Dispatching(id)));
+            }
             r.delete_due(schema::dispatch_key(&stored.record, stored.settlement.as_ref()));
             if let Some(s) = stored.settlement.as_mut() {
                 // Keep the history of tries, drop the pending retry time.
                 s.retry_at_ms = 0;
-                r.put_settlement(id, s);
+                r.put_settlement(&id, s);
             }
         } else {
             // Failed: re-armed with a clean slate, if there is room.
@@ -409,18 +681,22 @@ impl Writer {
                 return Flow::Done(Err(StoreError::AtCapacity { pending: r.meta.pending }));
             }
             if let Some(at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
-                r.delete_retention(at, id);
+                r.delete_retention(at, &id);
             }
-            r.delete_settlement(id);
+            r.delete_settlement(&id);
             stored.settlement = None;
             r.meta.pending += 1;
             r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
+            self.count(r, &id, &stored.record.topic, |c| {
+                c.pending = c.pending.saturating_add(1);
+                c.failed = c.failed.saturating_sub(1);
+            });
         }
         stored.record.due_ms = due.0;
         let key = DueKey { due, seq: stored.record.seq };
-        r.put_message(id, &stored.record);
-        r.put_due(key, id);
-        r.overlay.insert(id.clone(), Some(stored));
+        r.put_message(&id, &stored.record);
+        r.put_due(key, &id);
+        r.overlay.insert(id, Some(stored));
         Flow::Done(Ok(due))
     }
 
@@ -431,9 +707,11 @@ impl Writer {
         r.released.push(id.clone());
         r.delete_due(settle.key);
         let prev = settle.prev.clone();
-        let attempts = prev.attempts.saturating_add(1);
+        let at = settle.at;
+        let tried = !matches!(settle.outcome, Outcome::Failed { tried: false, .. });
+        let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
         match &settle.outcome {
-            Outcome::Delivered { partition, offset, at } => {
+            Outcome::Delivered { partition, offset } => {
                 let settlement = Settlement {
                     kind: SettlementKind::Delivered as i32,
                     attempts,
@@ -445,57 +723,67 @@ impl Writer {
                 };
                 r.effects.delivered.push(at.since(settle.due));
                 r.meta.last_delivered_key = settle.key.encode().to_vec();
-                r.meta.delivered_total += 1;
-                r.settle(&id, &settlement, *at);
+                r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
+                r.settle(&id, &settlement, at);
+                self.count(r, &id, &settle.topic, |c| {
+                    c.pending = c.pending.saturating_sub(1);
+                    c.delivered = c.delivered.saturating_add(1);
+                });
             }
-            Outcome::Retry { retry_at, error, rejected } => {
+            Outcome::Retry { retry_at, error, refused } => {
+                let first_refused_at_ms = match (*refused, prev.first_refused_at_ms) {
+                    (true, 0) => at.0,
+                    (_, first) => first,
+                };
                 let settlement = Settlement {
                     kind: SettlementKind::Retrying as i32,
                     attempts,
-                    rejections: prev.rejections + u32::from(*rejected),
+                    rejections: prev.rejections.saturating_add(u32::from(*refused)),
                     last_error: error.clone(),
                     retry_at_ms: retry_at.0,
+                    first_refused_at_ms,
                     ..prev
                 };
                 r.put_due(DueKey { due: *retry_at, seq: settle.key.seq }, &id);
                 r.put_settlement(&id, &settlement);
             }
-            Outcome::Failed { at, error } => {
+            Outcome::Failed { error, tried } => {
                 let settlement = Settlement {
                     kind: SettlementKind::Failed as i32,
                     attempts,
-                    rejections: prev.rejections + 1,
+                    rejections: prev.rejections.saturating_add(u32::from(*tried)),
                     last_error: error.clone(),
                     at_ms: at.0,
                     retry_at_ms: 0,
                     ..prev
                 };
                 r.effects.failed += 1;
-                r.meta.failed_total += 1;
-                r.settle(&id, &settlement, *at);
+                r.meta.failed_total = r.meta.failed_total.saturating_add(1);
+                r.settle(&id, &settlement, at);
+                self.count(r, &id, &settle.topic, |c| {
+                    c.pending = c.pending.saturating_sub(1);
+                    c.failed = c.failed.saturating_add(1);
+                });
             }
         }
         r.settles.push(settle);
     }
 
-    /// Forgets settled messages whose retention ran out before `before`.
-    fn purge(&mut self, r: &mut Round, before: UnixMillis, limit: usize) -> Result<usize, StoreError> {
-        let (lower, upper) = schema::retention_range_before(before);
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(upper);
-        let checkpoint = cf(&self.db, schema::CF_CHECKPOINT);
-        let iter = self.db.iterator_cf_opt(checkpoint, opts, IteratorMode::From(&lower, Direction::Forward));
+    /// Forgets settled messages whose retention ran out, as found by the
+    /// caller in the retention index.
+    fn purge(
+        &mut self,
+        r: &mut Round,
+        candidates: Vec<(Vec<u8>, UnixMillis, MessageId)>,
+    ) -> Result<usize, StoreError> {
+        let checkpoint = cf(&self.shared.db, schema::CF_CHECKPOINT);
         let mut purged = 0;
-        for item in iter.take(limit) {
-            let (key, _) = item?;
-            let Some((at, id)) = schema::decode_retention_key(&key) else {
-                return Err(StoreError::corrupt(format!("retention index key {key:?}")));
-            };
+        for (key, at, id) in candidates {
             r.batch.delete_cf(checkpoint, &key);
             let still_settled_then =
                 self.load(r, &id)?.and_then(|s| s.settlement.and_then(|s| s.settled_at())) == Some(at);
             if still_settled_then {
-                r.batch.delete_cf(cf(&self.db, schema::CF_MESSAGES), id.as_bytes());
+                r.batch.delete_cf(cf(&self.shared.db, schema::CF_MESSAGES), id.as_bytes());
                 r.delete_settlement(&id);
                 r.overlay.insert(id, None);
                 purged += 1;
@@ -505,60 +793,76 @@ impl Writer {
         Ok(purged)
     }
 
+    /// Changes the counts entry of `id`'s space and `topic` in this round.
+    fn count(&self, r: &mut Round, id: &MessageId, topic: &str, change: impl FnOnce(&mut Counts)) {
+        let key = CountsKey::of(id, topic);
+        let counts =
+            r.counts.entry(key).or_insert_with_key(|k| self.counts.get(k).copied().unwrap_or_default());
+        change(counts);
+    }
+
     fn commit(&mut self, mut r: Round) {
         let writes = !r.batch.is_empty() || r.probe;
         let result = if !writes {
             Ok(())
         } else {
-            r.batch.put_cf(cf(&self.db, schema::CF_CHECKPOINT), schema::meta_key(), schema::encode(&r.meta));
+            let checkpoint = cf(&self.shared.db, schema::CF_CHECKPOINT);
+            for (key, counts) in &r.counts {
+                r.batch.put_cf(checkpoint, key.encode(), schema::encode(counts));
+            }
+            r.batch.put_cf(checkpoint, schema::meta_key(), schema::encode(&r.meta));
             let mut opts = WriteOptions::default();
-            opts.set_sync(self.sync);
+            opts.set_sync(self.config.sync);
             let batch = std::mem::take(&mut r.batch);
             let started = std::time::Instant::now();
-            let written = self.db.write_opt(batch, &opts);
+            let written = self.shared.db.write_opt(batch, &opts);
             metrics::STORE_COMMIT_SECONDS.observe(started.elapsed().as_secs_f64());
             written.map_err(StoreError::from)
         };
+        let claims = Arc::clone(&self.shared.claims);
         for id in &r.reserved {
-            self.claims.release(id);
+            claims.release(id);
         }
         let error = result.err();
         match &error {
             None => {
                 self.failed_commits = 0;
-                self.claims.release_all(&r.released);
-                for id in r.released.drain(..) {
-                    if let Some(ops) = self.parked.remove(&id) {
-                        self.again.extend(ops);
-                    }
-                }
-                if let Some(key) = r.lowest_added {
-                    self.wake.lower(key);
+                claims.release_all(&r.released);
+                for id in std::mem::take(&mut r.released) {
+                    let parked = self.unpark(&id);
+                    self.again.extend(parked.into_iter().map(|p| p.op));
                 }
                 r.effects.record();
-                self.pending.store(r.meta.pending, Ordering::Relaxed);
+                self.shared.pending.store(r.meta.pending, Ordering::Relaxed);
                 metrics::PENDING.set(r.meta.pending as i64);
                 self.meta = r.meta;
-                self.report_capacity();
+                self.counts.extend(r.counts.drain());
+                self.shared.wake.added(&r.added);
+                if !r.reserved.is_empty() {
+                    self.shared.wake.poke();
+                }
+                // Only a commit that wrote says whether writes work.
+                if writes {
+                    self.report_capacity();
+                }
             }
             Some(e) => {
                 self.failed_commits = self.failed_commits.saturating_add(1);
                 tracing::error!(error = %e, "store commit failed; nothing in it was acknowledged");
-                self.set_health(StoreHealth::Failing(e.to_string()));
+                self.shared.health.set_writes(StoreHealth::Failing(e.to_string()));
                 // Produces that happened must still be recorded: keep their
                 // claims and settle them again. Everything else stays as it
-                // was, so the dispatcher must look at what it skipped.
+                // was; the dispatcher looks again at what the writer held.
                 let retried: HashSet<MessageId> = r.settles.iter().map(|s| s.id.clone()).collect();
-                for id in r.released.drain(..).filter(|id| !retried.contains(id)) {
-                    self.claims.release(&id);
-                    if let Some(ops) = self.parked.remove(&id) {
-                        self.again.extend(ops);
-                    }
+                for id in std::mem::take(&mut r.released).into_iter().filter(|id| !retried.contains(id)) {
+                    claims.release(&id);
+                    let parked = self.unpark(&id);
+                    self.again.extend(parked.into_iter().map(|p| p.op));
                 }
-                self.again.push_back(Op::Settle(std::mem::take(&mut r.settles)));
-                if let Some(key) = r.lowest_kept {
-                    self.wake.lower(key);
+                if !r.settles.is_empty() {
+                    self.again.push_back(Op::Settle(std::mem::take(&mut r.settles)));
                 }
+                self.shared.wake.poke();
             }
         }
         // Answer last: whoever is answered sees everything the commit did,
@@ -574,18 +878,17 @@ impl Writer {
 
 impl Writer {
     fn at_capacity(&self, pending: u64) -> bool {
-        self.max_pending.is_some_and(|cap| pending >= cap)
+        self.config.max_pending.is_some_and(|cap| pending >= cap)
     }
 
     /// Reports whether the backlog cap is reached, after a commit succeeded.
-    pub fn report_capacity(&self) {
+    fn report_capacity(&self) {
         let pending = self.meta.pending;
-        self.set_health(if self.at_capacity(pending) { StoreHealth::AtCapacity } else { StoreHealth::Ok });
-    }
-
-    /// Tells the health watchers, only when it changes.
-    fn set_health(&self, now: StoreHealth) {
-        self.health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
+        self.shared.health.set_writes(if self.at_capacity(pending) {
+            StoreHealth::AtCapacity
+        } else {
+            StoreHealth::Ok
+        });
     }
 }
 
@@ -594,9 +897,19 @@ impl Op {
     fn weight(&self) -> usize {
         match self {
             Op::ScheduleBatch { msgs, .. } => msgs.len().max(1),
-            Op::Release(ids) => ids.len().max(1),
+            Op::Unpark(ids) | Op::InDoubt(ids) => ids.len().max(1),
             Op::Settle(settles) => settles.len().max(1),
+            Op::Purge { candidates, .. } => candidates.len().max(1),
             _ => 1,
+        }
+    }
+
+    /// The caller went away: nobody waits for the answer.
+    fn abandoned(&self) -> bool {
+        match self {
+            Op::Cancel { reply, .. } => reply.is_closed(),
+            Op::Reschedule { reply, .. } => reply.is_closed(),
+            _ => false,
         }
     }
 }
@@ -609,7 +922,7 @@ fn refuse(op: Op, error: StoreError) {
         Op::Reschedule { reply, .. } => drop(reply.send(Err(error))),
         Op::Purge { reply, .. } => drop(reply.send(Err(error))),
         Op::Probe { reply } => drop(reply.send(Err(error))),
-        Op::Settle(_) | Op::Release(_) | Op::Close => {}
+        Op::Settle(_) | Op::Unpark(_) | Op::InDoubt(_) | Op::Tick | Op::Close => {}
     }
 }
 
@@ -625,12 +938,12 @@ impl<'a> Round<'a> {
             db,
             batch: WriteBatch::default(),
             meta,
+            counts: HashMap::new(),
             overlay: HashMap::new(),
             reserved: HashSet::new(),
             released: Vec::new(),
             settles: Vec::new(),
-            lowest_added: None,
-            lowest_kept: None,
+            added: Vec::new(),
             replies: Vec::new(),
             effects: Effects::default(),
             probe: false,
@@ -661,12 +974,11 @@ impl<'a> Round<'a> {
 
     fn put_due(&mut self, key: DueKey, id: &MessageId) {
         self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), id.as_bytes());
-        self.lowest_added = Some(self.lowest_added.map_or(key, |l| l.min(key)));
+        self.added.push((key, id.clone()));
     }
 
     fn delete_due(&mut self, key: DueKey) {
         self.batch.delete_cf(cf(self.db, schema::CF_DUE), key.encode());
-        self.lowest_kept = Some(self.lowest_kept.map_or(key, |l| l.min(key)));
     }
 
     fn put_settlement(&mut self, id: &MessageId, s: &Settlement) {

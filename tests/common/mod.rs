@@ -3,6 +3,7 @@
 //! and a real Kafka consumer. Every test uses its own random topic names.
 #![allow(dead_code)]
 
+pub mod mock;
 pub mod serve;
 pub mod verify;
 
@@ -300,6 +301,17 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     s.read_to_string(&mut out).await.unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     out
+}
+
+/// A client that connects when first used and again by itself after the
+/// server comes back, each call held to `timeout`.
+pub fn reconnecting_client(grpc: &str, timeout: Duration) -> SchedulerClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(timeout)
+        .connect_lazy();
+    SchedulerClient::new(channel)
 }
 
 /// A client on a new connection of its own, for spreading calls over

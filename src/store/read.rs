@@ -1,0 +1,321 @@
+//! Reads that answer operators and clients: one message (`Get`), a page of
+//! pending ones (`List`), counts (`Stats`), and the store's own state at
+//! open. Each read is limited to what the caller's [`Scope`] sees, and
+//! starts the due index where live entries start, not at the tombstones of
+//! what was settled long ago.
+//!
+//! Nothing here writes; reads run on blocking threads, never on the writer.
+
+use std::collections::HashMap;
+
+use rocksdb::{DB, Direction, IteratorMode, ReadOptions};
+
+type Snapshot<'a> = rocksdb::SnapshotWithThreadMode<'a, DB>;
+
+use super::{
+    StoreError,
+    schema::{self, Counts, CountsKey, DueKey, MessageRecord, Meta, Settlement, SettlementKind},
+    writer::cf,
+};
+use crate::message::{
+    MessageId, PendingMessage, PendingPage, ScheduledMessage, Scope, UnixMillis, Visibility,
+};
+
+fn corrupt(what: impl Into<String>) -> StoreError {
+    StoreError::Corrupt(what.into())
+}
+
+/// The store's metadata.
+pub(crate) fn meta(db: &DB, opts: &ReadOptions) -> Result<Meta, StoreError> {
+    match db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::meta_key(), opts)? {
+        Some(bytes) => schema::decode::<Meta>(&bytes).map_err(|e| corrupt(format!("checkpoint meta: {e}"))),
+        None => Ok(Meta::default()),
+    }
+}
+
+/// Every counts entry, from `snapshot` if given.
+pub(crate) fn counts(
+    db: &DB,
+    snapshot: Option<&Snapshot<'_>>,
+) -> Result<HashMap<CountsKey, Counts>, StoreError> {
+    let (lower, upper) = CountsKey::range();
+    let mut bounded = ReadOptions::default();
+    bounded.set_iterate_upper_bound(upper);
+    if let Some(snapshot) = snapshot {
+        bounded.set_snapshot(snapshot);
+    }
+    let mut out = HashMap::new();
+    for item in db.iterator_cf_opt(
+        cf(db, schema::CF_CHECKPOINT),
+        bounded,
+        IteratorMode::From(&lower, Direction::Forward),
+    ) {
+        let (k, v) = item?;
+        let key = CountsKey::decode(&k).ok_or_else(|| corrupt(format!("counts key {k:?}")))?;
+        let value = schema::decode::<Counts>(&v).map_err(|e| corrupt(format!("counts of {key:?}: {e}")))?;
+        out.insert(key, value);
+    }
+    Ok(out)
+}
+
+/// Counts every message the store holds by space, topic and state: the
+/// counts entries of a store written before they existed. One pass over
+/// the messages and, in step with it, the settlements (both in id order).
+pub(crate) fn count_every_message(db: &DB) -> Result<HashMap<CountsKey, Counts>, StoreError> {
+    let mut out: HashMap<CountsKey, Counts> = HashMap::new();
+    let (lower, upper) = schema::settlements_range();
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_upper_bound(upper);
+    let mut settlements = db
+        .iterator_cf_opt(cf(db, schema::CF_CHECKPOINT), opts, IteratorMode::From(&lower, Direction::Forward))
+        .map(|item| item.map(|(k, v)| (k[1..].to_vec(), v)));
+    let mut next_settlement = settlements.next().transpose()?;
+    for item in db.iterator_cf(cf(db, schema::CF_MESSAGES), IteratorMode::Start) {
+        let (k, v) = item?;
+        let id = MessageId::from_stored(&k).ok_or_else(|| corrupt(format!("message key {k:?}")))?;
+        let record =
+            schema::decode::<MessageRecord>(&v).map_err(|e| corrupt(format!("message {id}: {e}")))?;
+        while next_settlement.as_ref().is_some_and(|(sid, _)| sid.as_slice() < &*k) {
+            next_settlement = settlements.next().transpose()?;
+        }
+        let settlement = match &next_settlement {
+            Some((sid, bytes)) if sid.as_slice() == &*k => Some(
+                schema::decode::<Settlement>(bytes)
+                    .map_err(|e| corrupt(format!("settlement of {id}: {e}")))?,
+            ),
+            _ => None,
+        };
+        let counts = out.entry(CountsKey::of(&id, &record.topic)).or_default();
+        match settlement.map(|s| s.kind()) {
+            None | Some(SettlementKind::Retrying) => counts.pending += 1,
+            Some(SettlementKind::Delivered) => counts.delivered += 1,
+            Some(SettlementKind::Cancelled) => counts.cancelled += 1,
+            Some(SettlementKind::Failed) => counts.failed += 1,
+        }
+    }
+    Ok(out)
+}
+
+/// A message's record and settlement from their stored bytes.
+pub(crate) fn decode_stored(
+    id: &MessageId,
+    record: &[u8],
+    settlement: Option<&[u8]>,
+) -> Result<(MessageRecord, Option<Settlement>), StoreError> {
+    let record = schema::decode::<MessageRecord>(record)
+        .map_err(|e| corrupt(format!("message {}: {e}", id.qualified())))?;
+    let settlement = settlement
+        .map(schema::decode::<Settlement>)
+        .transpose()
+        .map_err(|e| corrupt(format!("settlement of {}: {e}", id.qualified())))?;
+    Ok((record, settlement))
+}
+
+/// The record and settlement stored under `id`.
+pub(crate) fn record(
+    db: &DB,
+    id: &MessageId,
+    opts: &ReadOptions,
+) -> Result<Option<(MessageRecord, Option<Settlement>)>, StoreError> {
+    let Some(bytes) = db.get_pinned_cf_opt(cf(db, schema::CF_MESSAGES), id.as_bytes(), opts)? else {
+        return Ok(None);
+    };
+    let settlement = db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::settlement_key(id), opts)?;
+    decode_stored(id, &bytes, settlement.as_deref()).map(Some)
+}
+
+/// The message `id` names for `scope` (in the caller's space, else in the
+/// shared one), from one snapshot.
+pub(crate) fn message(db: &DB, scope: &Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
+    let snapshot = db.snapshot();
+    let mut opts = ReadOptions::default();
+    opts.set_snapshot(&snapshot);
+    for candidate in std::iter::once(id.clone()).chain(scope.fallback(&id)) {
+        let Some((record, settlement)) = record(db, &candidate, &opts)? else { continue };
+        match scope.sees(&candidate, &record.topic) {
+            Visibility::Visible => {
+                return Ok(Some(schema::scheduled_message(candidate, &record, settlement.as_ref())));
+            }
+            Visibility::Forbidden => {
+                return Err(StoreError::Forbidden { token: scope.name.to_string(), topic: record.topic });
+            }
+            Visibility::Hidden => {}
+        }
+    }
+    Ok(None)
+}
+
+/// Which pending messages `list_pending` reads.
+#[derive(Clone, Debug)]
+pub struct ListFilter {
+    pub topic: Option<String>,
+    /// The first position to look at.
+    pub from: DueKey,
+    /// Dispatch time before this.
+    pub to: Option<UnixMillis>,
+    /// Messages in the page, at most.
+    pub limit: usize,
+    /// Due entries looked at, at most: what bounds one call when a filter
+    /// matches little of a large backlog.
+    pub examine: usize,
+}
+
+/// Upper bound on the key bytes of one listing page, so that a page of
+/// large keys stays well below a client's default 4 MiB message limit.
+const LIST_KEY_BYTES: usize = 1 << 20;
+
+/// A page of the pending messages `scope` sees, in dispatch order, from one
+/// snapshot.
+pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Result<PendingPage, StoreError> {
+    let snapshot = db.snapshot();
+    let mut read = ReadOptions::default();
+    read.set_snapshot(&snapshot);
+    let mut opts = ReadOptions::default();
+    opts.set_snapshot(&snapshot);
+    opts.set_iterate_lower_bound(filter.from.encode());
+    if let Some(to) = filter.to {
+        opts.set_iterate_upper_bound(DueKey { due: to, seq: 0 }.encode());
+    }
+    let start = filter.from.encode();
+    let mut page = PendingPage::default();
+    let (mut examined, mut key_bytes) = (0, 0);
+    for item in
+        db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
+    {
+        let (k, v) = item?;
+        let (key, message) = visible_at(db, &read, scope, &k, &v)?;
+        if page.messages.len() >= filter.limit || examined >= filter.examine || key_bytes >= LIST_KEY_BYTES {
+            page.next = Some(key.token());
+            break;
+        }
+        examined += 1;
+        if let Some(message) = message
+            && filter.topic.as_ref().is_none_or(|t| *t == message.topic)
+        {
+            key_bytes += message.key.as_ref().map_or(0, Vec::len);
+            page.messages.push(message);
+        }
+    }
+    Ok(page)
+}
+
+/// A due entry's key, and the pending message it names if `scope` sees it.
+fn visible_at(
+    db: &DB,
+    read: &ReadOptions,
+    scope: &Scope,
+    k: &[u8],
+    v: &[u8],
+) -> Result<(DueKey, Option<PendingMessage>), StoreError> {
+    let key = DueKey::decode(k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
+    let id = MessageId::from_stored(v).ok_or_else(|| corrupt(format!("due entry {key:?} names no id")))?;
+    if !scope.sees_space(id.tenant()) {
+        return Ok((key, None));
+    }
+    let message =
+        pending_at(db, read, id, key)?.filter(|m| scope.sees(&m.id, &m.topic) == Visibility::Visible);
+    Ok((key, message))
+}
+
+/// The message a due entry names, if it is still pending under that key.
+fn pending_at(
+    db: &DB,
+    opts: &ReadOptions,
+    id: MessageId,
+    key: DueKey,
+) -> Result<Option<PendingMessage>, StoreError> {
+    let Some((record, settlement)) = record(db, &id, opts)? else {
+        return Ok(None);
+    };
+    if settlement.as_ref().is_some_and(Settlement::is_settled)
+        || schema::dispatch_key(&record, settlement.as_ref()) != key
+    {
+        return Ok(None);
+    }
+    Ok(Some(schema::pending_message(id, key, record, settlement.as_ref())))
+}
+
+/// Settled messages whose retention ran out before `before`, read from the
+/// retention index at `from` (where the last purge stopped, past the
+/// tombstones it left): (retention key, settled at, id), at most `limit`.
+pub(crate) fn purge_candidates(
+    db: &DB,
+    from: &[u8],
+    before: UnixMillis,
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, UnixMillis, MessageId)>, StoreError> {
+    let (_, upper) = schema::retention_range_before(before);
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_lower_bound(from.to_vec());
+    opts.set_iterate_upper_bound(upper);
+    let checkpoint = cf(db, schema::CF_CHECKPOINT);
+    let mut out = Vec::new();
+    for item in db.iterator_cf_opt(checkpoint, opts, IteratorMode::From(from, Direction::Forward)).take(limit)
+    {
+        let (key, _) = item?;
+        let (at, id) = schema::decode_retention_key(&key)
+            .ok_or_else(|| corrupt(format!("retention index key {key:?}")))?;
+        out.push((key.to_vec(), at, id));
+    }
+    Ok(out)
+}
+
+/// What the store knows about itself for `Stats`.
+#[derive(Clone, Debug)]
+pub struct StoreStats {
+    /// The whole store's counters, as of the last commit.
+    pub meta: Meta,
+    /// What the caller sees, by state: the whole store for a caller that
+    /// sees everything.
+    pub counts: Counts,
+    pub oldest_overdue: Option<PendingMessage>,
+}
+
+/// The counts `scope` sees and its oldest pending message due before
+/// `now`, looking at no more than `examine` due entries from `from`, from
+/// one snapshot.
+pub(crate) fn stats(
+    db: &DB,
+    scope: &Scope,
+    now: UnixMillis,
+    from: DueKey,
+    examine: usize,
+) -> Result<StoreStats, StoreError> {
+    let snapshot = db.snapshot();
+    let mut read = ReadOptions::default();
+    read.set_snapshot(&snapshot);
+    let meta = meta(db, &read)?;
+    let counts = if scope.is_everything() {
+        Counts {
+            pending: meta.pending,
+            delivered: meta.delivered_total,
+            cancelled: meta.cancelled_total,
+            failed: meta.failed_total,
+        }
+    } else {
+        let mut sum = Counts::default();
+        for (key, counts) in counts(db, Some(&snapshot))? {
+            if scope.sees_space(key.tenant.as_deref()) && scope.covers(&key.topic) {
+                sum.add(&counts);
+            }
+        }
+        sum
+    };
+    let upper = DueKey { due: now, seq: 0 };
+    let mut opts = ReadOptions::default();
+    opts.set_snapshot(&snapshot);
+    opts.set_iterate_lower_bound(from.encode());
+    opts.set_iterate_upper_bound(upper.encode());
+    let mut oldest_overdue = None;
+    let start = from.encode();
+    let entries =
+        db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward));
+    for item in entries.take(examine) {
+        let (k, v) = item?;
+        if let (_, Some(message)) = visible_at(db, &read, scope, &k, &v)? {
+            oldest_overdue = Some(message);
+            break;
+        }
+    }
+    Ok(StoreStats { meta, counts, oldest_overdue })
+}

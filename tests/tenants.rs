@@ -1,0 +1,379 @@
+//! Tenants, against a real server, broker and store: what one tenant's token
+//! can learn of, block or touch of another's messages. Nothing: each tenant
+//! has its own id space, List and Stats show only what the caller sees, a
+//! check and the change it guards are one step, a revoked token stops
+//! working on streams it opened, and a token that covers nothing gets
+//! nothing from any RPC of the proto.
+
+mod common;
+
+use std::{path::PathBuf, time::Duration};
+
+use common::*;
+use hourglass::{
+    auth::Bearer,
+    proto::{self, CancelOutcome, State, scheduler_client::SchedulerClient},
+};
+use tonic::{Code, service::interceptor::InterceptedService, transport::Channel};
+
+type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
+
+/// A server with three tokens: `orders` and `billing`, each covering its
+/// own topics, and `nobody`, covering a topic that does not exist.
+struct Tenants {
+    broker: Broker,
+    dir: tempfile::TempDir,
+    tokens: PathBuf,
+    server: Hourglass,
+    /// The orders tenant's topic, and the billing tenant's.
+    orders: String,
+    billing: String,
+}
+
+fn tokens_file(orders_prefix: &str, billing_prefix: &str, with_orders: bool) -> String {
+    let mut text = String::new();
+    if with_orders {
+        text += &format!(
+            "[[token]]\nname = \"orders\"\ntoken = \"orders-token\"\ntopics = [\"{orders_prefix}.*\"]\n\n"
+        );
+    }
+    text += &format!(
+        "[[token]]\nname = \"billing\"\ntoken = \"billing-token\"\ntopics = [\"{billing_prefix}.*\"]\n\n\
+         [[token]]\nname = \"nobody\"\ntoken = \"nobody-token\"\ntopics = [\"no-such-topic-anywhere\"]\n"
+    );
+    text
+}
+
+impl Tenants {
+    async fn start() -> Tenants {
+        Self::start_with(|_| {}).await
+    }
+
+    async fn start_with(tweak: impl FnOnce(&mut hourglass::config::Config)) -> Tenants {
+        let broker = Broker::start();
+        let (orders_prefix, billing_prefix) = (random_name("orders"), random_name("billing"));
+        let (orders, billing) = (format!("{orders_prefix}.events"), format!("{billing_prefix}.events"));
+        broker.create_topic(&orders, 1).await;
+        broker.create_topic(&billing, 1).await;
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, tokens_file(&orders_prefix, &billing_prefix, true)).unwrap();
+        let mut config = config(&broker, &dir.path().join("data"));
+        config.auth_tokens = Some(tokens.clone());
+        tweak(&mut config);
+        let server = Hourglass::start(config).await;
+        Tenants { broker, dir, tokens, server, orders, billing }
+    }
+
+    async fn client(&self, token: &str) -> Client {
+        let channel = Channel::from_shared(format!("http://{}", self.server.addr)).unwrap();
+        let mut last = None;
+        for _ in 0..100 {
+            match channel.clone().connect().await {
+                Ok(channel) => {
+                    return SchedulerClient::with_interceptor(channel, Bearer::new(Some(token)).unwrap());
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("cannot connect: {last:?}");
+    }
+}
+
+fn with_id(mut request: proto::ScheduleRequest, id: &str) -> proto::ScheduleRequest {
+    request.id = Some(id.into());
+    request
+}
+
+fn later() -> Duration {
+    Duration::from_secs(3600)
+}
+
+fn in_an_hour() -> Option<proto::reschedule_request::Due> {
+    Some(proto::reschedule_request::Due::Delay(prost_types::Duration { seconds: 3600, nanos: 0 }))
+}
+
+fn now_due() -> Option<proto::reschedule_request::Due> {
+    Some(proto::reschedule_request::Due::Delay(prost_types::Duration { seconds: 0, nanos: 0 }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_stats_show_only_what_the_token_covers() {
+    let t = Tenants::start().await;
+    let (mut orders, mut billing, mut nobody) =
+        (t.client("orders-token").await, t.client("billing-token").await, t.client("nobody-token").await);
+    for i in 0..3 {
+        orders.schedule(with_id(request(&t.orders, "o", later()), &format!("o-{i}"))).await.unwrap();
+    }
+    for i in 0..2 {
+        billing.schedule(with_id(request(&t.billing, "b", later()), &format!("b-{i}"))).await.unwrap();
+    }
+    let list = |topic: &str| proto::ListRequest { topic: topic.into(), ..Default::default() };
+
+    let page = orders.list(list("")).await.unwrap().into_inner();
+    let ids: Vec<_> = page.messages.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["o-0", "o-1", "o-2"], "only its own: {page:?}");
+    assert!(page.messages.iter().all(|m| m.topic == t.orders && m.tenant == "orders"));
+    let status = orders.list(list(&t.billing)).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "a filter outside the grant: {status:?}");
+    assert_eq!(billing.list(list("")).await.unwrap().into_inner().messages.len(), 2);
+    assert!(nobody.list(list("")).await.unwrap().into_inner().messages.is_empty());
+
+    let stats = |s: proto::StatsResponse| (s.pending, s.delivered, s.cancelled, s.failed);
+    assert_eq!(stats(orders.stats(proto::StatsRequest {}).await.unwrap().into_inner()), (3, 0, 0, 0));
+    assert_eq!(stats(billing.stats(proto::StatsRequest {}).await.unwrap().into_inner()), (2, 0, 0, 0));
+    let empty = nobody.stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats(empty.clone()), (0, 0, 0, 0));
+    assert_eq!((empty.store_bytes, empty.dispatching), (0, 0), "no figures of the whole server");
+
+    orders.cancel(proto::CancelRequest { id: "o-0".into() }).await.unwrap();
+    assert_eq!(stats(orders.stats(proto::StatsRequest {}).await.unwrap().into_inner()), (2, 0, 1, 0));
+    assert_eq!(stats(billing.stats(proto::StatsRequest {}).await.unwrap().into_inner()), (2, 0, 0, 0));
+    t.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenant_has_its_own_ids_and_cannot_probe_anothers() {
+    let t = Tenants::start().await;
+    let (mut orders, mut billing) = (t.client("orders-token").await, t.client("billing-token").await);
+
+    // The same id, chosen by both: two messages, each delivered to its own
+    // topic with its tenant named.
+    let now = Duration::ZERO;
+    let first = orders.schedule(with_id(request(&t.orders, "from-orders", now), "shared-1")).await.unwrap();
+    let second = billing.schedule(with_id(request(&t.billing, "from-billing", now), "shared-1")).await;
+    let second = second.expect("the other tenant's id does not block this one").into_inner();
+    assert!(!first.into_inner().duplicate && !second.duplicate);
+    for (topic, value, tenant) in
+        [(&t.orders, "from-orders", "orders"), (&t.billing, "from-billing", "billing")]
+    {
+        let got = consume_async(&t.broker, topic, 1, Duration::from_secs(30), Duration::from_secs(1)).await;
+        assert_eq!(got.len(), 1, "{topic}: {got:?}");
+        assert_eq!((got[0].id(), got[0].value.as_slice()), ("shared-1", value.as_bytes()));
+        assert_eq!(got[0].header("hourglass-tenant"), Some(tenant));
+    }
+    let mine = billing.get(proto::GetRequest { id: "shared-1".into() }).await.unwrap().into_inner();
+    assert_eq!(mine.message.unwrap().value, b"from-billing");
+
+    // An id only the other tenant has: as if it did not exist, and nothing
+    // in the answer names the other tenant's topic.
+    orders.schedule(with_id(request(&t.orders, "secret", later()), "only-orders")).await.unwrap();
+    let probe = billing.get(proto::GetRequest { id: "only-orders".into() }).await.unwrap_err();
+    assert_eq!(probe.code(), Code::NotFound, "{probe:?}");
+    let outcome =
+        billing.cancel(proto::CancelRequest { id: "only-orders".into() }).await.unwrap().into_inner();
+    assert_eq!(outcome.outcome(), CancelOutcome::NotFound);
+    let moved =
+        billing.reschedule(proto::RescheduleRequest { id: "only-orders".into(), due: now_due() }).await;
+    let moved = moved.unwrap_err();
+    assert_eq!(moved.code(), Code::NotFound, "{moved:?}");
+    for status in [&probe, &moved] {
+        assert!(!status.message().contains(&t.orders), "a topic leaked: {}", status.message());
+    }
+    // The billing tenant may now take that id for itself.
+    billing.schedule(with_id(request(&t.billing, "b", later()), "only-orders")).await.unwrap();
+    let untouched = orders.get(proto::GetRequest { id: "only-orders".into() }).await.unwrap().into_inner();
+    assert_eq!((untouched.state(), untouched.message.unwrap().value), (State::Pending, b"secret".to_vec()));
+    t.server.stop().await;
+}
+
+/// The attacker cancels and reschedules ids while the victim schedules
+/// them: the check of the caller's rights and the change it guards are one
+/// step of the writer, so not one of the victim's messages is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_racing_another_tenants_schedule_never_touches_it() {
+    let t = Tenants::start().await;
+    let ids: Vec<String> = (0..300).map(|i| format!("race-{i}")).collect();
+    let mut attackers = Vec::new();
+    for chunk in ids.chunks(75) {
+        let (mut billing, chunk) = (t.client("billing-token").await, chunk.to_vec());
+        attackers.push(tokio::spawn(async move {
+            for _round in 0..20 {
+                for id in &chunk {
+                    let _ = billing.cancel(proto::CancelRequest { id: id.clone() }).await;
+                    let _ =
+                        billing.reschedule(proto::RescheduleRequest { id: id.clone(), due: now_due() }).await;
+                }
+            }
+        }));
+    }
+    let mut orders = t.client("orders-token").await;
+    let mut dues = Vec::new();
+    for id in &ids {
+        let s = orders.schedule(with_id(request(&t.orders, "v", later()), id)).await.unwrap().into_inner();
+        dues.push(s.deliver_at.unwrap());
+    }
+    for attacker in attackers {
+        attacker.await.unwrap();
+    }
+    for (id, due) in ids.iter().zip(dues) {
+        let got = orders.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        assert_eq!(got.state(), State::Pending, "{id} was touched by another tenant: {got:?}");
+        assert_eq!(got.deliver_at, Some(due), "{id} was moved by another tenant");
+    }
+    t.server.stop().await;
+}
+
+/// A token revoked by a reload of the tokens file (SIGHUP) schedules
+/// nothing more on a stream it opened before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_cannot_go_on_scheduling_on_its_open_stream() {
+    let t = Tenants::start().await;
+    let mut orders = t.client("orders-token").await;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut answers =
+        orders.schedule_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    tx.send(with_id(request(&t.orders, "before", later()), "before-revoke")).await.unwrap();
+    assert!(answers.message().await.unwrap().is_some(), "scheduled while the token was valid");
+
+    // Revoke it: the file without the orders token, and SIGHUP to this
+    // process, whose server reloads it.
+    let (orders_prefix, billing_prefix) = (
+        t.orders.strip_suffix(".events").unwrap().to_owned(),
+        t.billing.strip_suffix(".events").unwrap().to_owned(),
+    );
+    std::fs::write(&t.tokens, tokens_file(&orders_prefix, &billing_prefix, false)).unwrap();
+    // SAFETY: sends a signal to this process; its server handles SIGHUP.
+    assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGHUP) }, 0);
+    let mut revoked = false;
+    for _ in 0..100 {
+        let probe = orders.get(proto::GetRequest { id: "before-revoke".into() }).await;
+        if probe.is_err_and(|s| s.code() == Code::Unauthenticated) {
+            revoked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(revoked, "the reload did not revoke the token for new calls");
+
+    let _ = tx.send(with_id(request(&t.orders, "after", later()), "after-revoke")).await;
+    let end =
+        tokio::time::timeout(Duration::from_secs(10), answers.message()).await.expect("the stream ends");
+    let status = end.expect_err("the stream ends with an error, not an answer");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let mut billing = t.client("billing-token").await;
+    let stats = billing.stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.pending, 0, "billing sees none of it");
+    drop(tx);
+    t.server.stop().await;
+    // Stored: only what came before the revocation. Read back through a
+    // server without authentication over the same store.
+    let config = config(&t.broker, &t.dir.path().join("data"));
+    let open = Hourglass::start(config).await;
+    let mut admin = open.client().await;
+    let page = admin.list(proto::ListRequest::default()).await.unwrap().into_inner();
+    let ids: Vec<_> = page.messages.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["before-revoke"], "{page:?}");
+    open.stop().await;
+}
+
+/// Every RPC of the proto, called with a token that covers no topic
+/// anybody uses, while another tenant has messages: none answers with any
+/// of them. A new RPC fails this test until it is given a case here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_gives_a_token_that_covers_nothing_nothing() {
+    use prost::Message as _;
+    let t = Tenants::start().await;
+    let (mut orders, mut nobody) = (t.client("orders-token").await, t.client("nobody-token").await);
+    orders.schedule(with_id(request(&t.orders, "secret", later()), "victim")).await.unwrap();
+    orders.schedule(with_id(request(&t.orders, "secret", Duration::ZERO), "delivered")).await.unwrap();
+    consume_async(&t.broker, &t.orders, 1, Duration::from_secs(30), Duration::ZERO).await;
+
+    let set = prost_types::FileDescriptorSet::decode(hourglass::proto::FILE_DESCRIPTOR_SET).unwrap();
+    let service = set
+        .file
+        .iter()
+        .flat_map(|f| &f.service)
+        .find(|s| s.name() == "Scheduler")
+        .expect("the Scheduler service");
+    let mut checked = Vec::new();
+    for method in &service.method {
+        let name = method.name();
+        match name {
+            "Schedule" => {
+                let status = nobody.schedule(request(&t.orders, "x", later())).await.unwrap_err();
+                assert_eq!(status.code(), Code::PermissionDenied);
+            }
+            "ScheduleBatch" => {
+                let batch = proto::ScheduleBatchRequest { requests: vec![request(&t.orders, "x", later())] };
+                let results = nobody.schedule_batch(batch).await.unwrap().into_inner().results;
+                assert!(
+                    matches!(&results[0].result, Some(proto::schedule_result::Result::Error(e)) if e.code == Code::PermissionDenied as i32)
+                );
+            }
+            "ScheduleStream" => {
+                let requests = tokio_stream::iter(vec![request(&t.orders, "x", later())]);
+                let mut answers = nobody.schedule_stream(requests).await.unwrap().into_inner();
+                let answer = answers.message().await.unwrap().unwrap();
+                assert!(
+                    matches!(&answer.result, Some(proto::schedule_result::Result::Error(e)) if e.code == Code::PermissionDenied as i32)
+                );
+            }
+            "Cancel" => {
+                let outcome =
+                    nobody.cancel(proto::CancelRequest { id: "victim".into() }).await.unwrap().into_inner();
+                assert_eq!(outcome.outcome(), CancelOutcome::NotFound);
+            }
+            "Reschedule" => {
+                let request = proto::RescheduleRequest { id: "victim".into(), due: in_an_hour() };
+                assert_eq!(nobody.reschedule(request).await.unwrap_err().code(), Code::NotFound);
+            }
+            "Get" => {
+                for id in ["victim", "delivered"] {
+                    let status = nobody.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+                    assert_eq!(status.code(), Code::NotFound, "{id}");
+                }
+            }
+            "List" => {
+                let page = nobody.list(proto::ListRequest::default()).await.unwrap().into_inner();
+                assert!(page.messages.is_empty() && page.next_page_token.is_empty(), "{page:?}");
+            }
+            "Stats" => {
+                let stats = nobody.stats(proto::StatsRequest {}).await.unwrap().into_inner();
+                assert_eq!(
+                    (stats.pending, stats.delivered, stats.cancelled, stats.failed, stats.dispatching),
+                    (0, 0, 0, 0, 0)
+                );
+                assert!(stats.oldest_overdue.is_none() && stats.store_bytes == 0, "{stats:?}");
+            }
+            other => panic!("RPC {other} has no case in this test: give it one"),
+        }
+        checked.push(name.to_owned());
+    }
+    assert_eq!(checked.len(), 8, "{checked:?}");
+    let victim = orders.get(proto::GetRequest { id: "victim".into() }).await.unwrap().into_inner();
+    assert_eq!(victim.state(), State::Pending, "untouched");
+    t.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watches_are_bounded_and_freed_when_they_end() {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let t = Tenants::start_with(|c| c.max_health_watches = 3).await;
+    let channel = Channel::from_shared(format!("http://{}", t.server.addr)).unwrap().connect().await.unwrap();
+    let mut health = HealthClient::new(channel);
+    let watch = || HealthCheckRequest { service: String::new() };
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut stream = health.watch(watch()).await.expect("a watch within the bound").into_inner();
+        stream.message().await.unwrap().expect("the current status");
+        open.push(stream);
+    }
+    let refused = health.watch(watch()).await.map(|_| ()).unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(health.check(watch()).await.is_ok(), "Check is not bounded");
+    open.pop();
+    let mut again = None;
+    for _ in 0..50 {
+        match health.watch(watch()).await {
+            Ok(stream) => {
+                again = Some(stream);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(again.is_some(), "a place is free again once a watch ends");
+    t.server.stop().await;
+}
