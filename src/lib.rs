@@ -22,10 +22,13 @@
 //!   settles each delivery (partition, offset) in the checkpoint CF.
 //! - [`kafka`]: the idempotent producer and the cached topic metadata.
 //! - [`shard`]: one store plus its dispatcher, the unit a process owns.
-//! - [`auth`]: bearer tokens and the topics each may use; [`tls`]: the
-//!   gRPC port's certificates; [`secret`]: Kafka secrets from the
-//!   environment or files, kept out of logs.
-//! - [`server`]: wiring and ordered shutdown; [`config`] and [`cli`] feed it.
+//! - [`auth`]: bearer tokens, the tenant each belongs to and the topics each
+//!   may use, handed to every service method as the caller's
+//!   [`auth::Access`]; [`tls`]: the gRPC port's certificates; [`secret`]:
+//!   Kafka secrets from the environment or files, kept out of logs.
+//! - [`server`]: wiring, the bounds on what clients can hold (connections,
+//!   health watches; calls and request bytes are bounded in [`api`]), and
+//!   ordered shutdown; [`config`] and [`cli`] feed it.
 
 pub mod api;
 pub mod auth;

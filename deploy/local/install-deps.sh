@@ -8,6 +8,8 @@
 #   - grpcio for Python and Node.js with npm, for the example clients
 #   - promtool (from the prometheus package) and yamllint, which the tests
 #     use to check the alert rules, the dashboard and the deploy manifests
+#   - openssl, for deploy/secrets/make-secrets.sh (and its test), and a C
+#     compiler (build-essential), for the durability test's sync probe
 set -euo pipefail
 
 sudo=""
@@ -15,7 +17,7 @@ sudo=""
 
 missing=()
 for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip \
-  prometheus yamllint; do
+  prometheus yamllint openssl; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 # Node.js may come from elsewhere than Debian (with npm bundled): look for
