@@ -45,10 +45,21 @@ use tonic::{Request, Status, metadata::MetadataMap};
 
 use crate::{
     Error,
-    config::ConfigError,
     message::{Scope, Tenant, TopicPattern},
     metrics,
 };
+
+/// What is wrong with a tokens file, or a token a client would send. Names
+/// the file and the entry, never a token.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    #[error("--auth-tokens {}: cannot read it: {source}", path.display())]
+    Unreadable { path: PathBuf, source: std::io::Error },
+    #[error("--auth-tokens {}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    #[error("--token must be printable ASCII")]
+    NotAscii,
+}
 
 /// What one token may do: use the topics its patterns match, in its
 /// tenant's id space.
@@ -101,7 +112,7 @@ impl Access {
     pub fn of<T>(request: &Request<T>) -> Result<Access, Error> {
         request.extensions().get::<Access>().cloned().ok_or_else(|| {
             tracing::error!("a call reached the service without an access check; refused");
-            Error::Unauthenticated("the server checked no credentials for this call; it is refused".into())
+            Error::Unchecked
         })
     }
 
@@ -133,10 +144,7 @@ impl Access {
         match tokens.find_digest(&grant.digest) {
             Some(now) if Arc::ptr_eq(&now, grant) => Ok(self.clone()),
             Some(now) => Ok(Access::Granted { grant: now, live: Arc::clone(live) }),
-            None => Err(Error::Unauthenticated(format!(
-                "the token {:?} was revoked (the tokens file was reloaded); this call ends",
-                grant.name
-            ))),
+            None => Err(Error::Revoked { token: grant.name.clone() }),
         }
     }
 }
@@ -189,10 +197,10 @@ impl Tokens {
     /// Reads and checks a tokens file. Errors name the file and the entry,
     /// never a token (a TOML syntax error is reported by line only, as the
     /// line may hold one).
-    pub fn load(path: &Path) -> Result<Tokens, ConfigError> {
-        let fail = |m: String| ConfigError::Invalid(format!("--auth-tokens {}: {m}", path.display()));
-        let text = std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
-        Tokens::parse(&text).map_err(fail)
+    pub fn load(path: &Path) -> Result<Tokens, TokensError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| TokensError::Unreadable { path: path.to_owned(), source })?;
+        Tokens::parse(&text).map_err(|reason| TokensError::Invalid { path: path.to_owned(), reason })
     }
 
     fn parse(text: &str) -> Result<Tokens, String> {
@@ -289,7 +297,7 @@ impl Authenticator {
         Authenticator::default()
     }
 
-    pub fn load(path: &Path) -> Result<Authenticator, ConfigError> {
+    pub fn load(path: &Path) -> Result<Authenticator, TokensError> {
         let tokens = Tokens::load(path)?;
         Ok(Authenticator { tokens: Some((path.to_owned(), Arc::new(RwLock::new(Arc::new(tokens))))) })
     }
@@ -300,7 +308,7 @@ impl Authenticator {
 
     /// Reads the tokens file again; on an error the tokens in use stay.
     /// Returns how many tokens are in use now.
-    pub fn reload(&self) -> Result<usize, ConfigError> {
+    pub fn reload(&self) -> Result<usize, TokensError> {
         let Some((path, current)) = &self.tokens else { return Ok(0) };
         let tokens = Tokens::load(path)?;
         let count = tokens.len();
@@ -309,18 +317,18 @@ impl Authenticator {
     }
 
     /// The caller's access, from its `authorization: Bearer` header.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Access, Status> {
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Access, Error> {
         let Some((_, live)) = &self.tokens else { return Ok(Access::Open) };
         let token = bearer(metadata).ok_or_else(|| {
             metrics::AUTH_REFUSED.with_label_values(&["missing"]).inc();
-            Status::unauthenticated("no bearer token: send the header `authorization: Bearer <token>`")
+            Error::NoToken
         })?;
         let tokens = Arc::clone(&live.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
         match tokens.find(token) {
             Some(grant) => Ok(Access::Granted { grant, live: Arc::clone(live) }),
             None => {
                 metrics::AUTH_REFUSED.with_label_values(&["invalid"]).inc();
-                Err(Status::unauthenticated("the bearer token is not valid"))
+                Err(Error::BadToken)
             }
         }
     }
@@ -328,7 +336,7 @@ impl Authenticator {
 
 impl tonic::service::Interceptor for Authenticator {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let access = self.authenticate(request.metadata())?;
+        let access = self.authenticate(request.metadata()).map_err(Status::from)?;
         // Open too: the service refuses a call that carries no access.
         request.extensions_mut().insert(access);
         Ok(request)
@@ -348,13 +356,11 @@ pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
 
 impl Bearer {
     /// Without a token, calls go out without the header.
-    pub fn new(token: Option<&str>) -> Result<Bearer, ConfigError> {
+    pub fn new(token: Option<&str>) -> Result<Bearer, TokensError> {
         let value = token
             .map(|t| {
                 let mut value: tonic::metadata::AsciiMetadataValue =
-                    format!("Bearer {}", t.trim())
-                        .parse()
-                        .map_err(|_| ConfigError::Invalid("--token must be printable ASCII".into()))?;
+                    format!("Bearer {}", t.trim()).parse().map_err(|_| TokensError::NotAscii)?;
                 value.set_sensitive(true);
                 Ok(value)
             })
@@ -493,7 +499,7 @@ mod tests {
     fn bearer_tokens_are_checked() {
         let auth =
             Authenticator { tokens: Some((PathBuf::new(), Arc::new(RwLock::new(Arc::new(tokens()))))) };
-        let code = |m: &MetadataMap| auth.authenticate(m).unwrap_err().code();
+        let code = |m: &MetadataMap| Status::from(auth.authenticate(m).unwrap_err()).code();
         assert_eq!(code(&MetadataMap::new()), tonic::Code::Unauthenticated);
         assert_eq!(code(&metadata("Bearer wrong")), tonic::Code::Unauthenticated);
         assert_eq!(code(&metadata("Basic ops-secret")), tonic::Code::Unauthenticated);
@@ -541,7 +547,7 @@ mod tests {
     #[test]
     fn a_call_without_an_access_check_is_refused() {
         let unchecked = Request::new(());
-        assert!(matches!(Access::of(&unchecked), Err(Error::Unauthenticated(_))));
+        assert!(matches!(Access::of(&unchecked), Err(Error::Unchecked)));
         let mut checked = Request::new(());
         let mut auth = Authenticator::disabled();
         checked = tonic::service::Interceptor::call(&mut auth, checked).unwrap();
@@ -585,7 +591,7 @@ mod tests {
         std::fs::write(&path, "[[token]]\nname = \"b\"\ntoken = \"second\"\ntopics = [\"*\"]\n").unwrap();
         auth.reload().unwrap();
         let err = access.current().unwrap_err();
-        assert!(matches!(&err, Error::Unauthenticated(m) if m.contains("revoked")), "{err}");
+        assert!(matches!(&err, Error::Revoked { .. }) && err.to_string().contains("revoked"), "{err}");
         assert!(Access::Open.current().is_ok());
     }
 }

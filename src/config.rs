@@ -1,175 +1,270 @@
-//! Server configuration: defaults, the optional TOML file, validation, and
-//! the pieces each part of the server is built from.
+//! Server settings, each declared once: its name (the key in the config
+//! file, and the flag `--name-with-dashes`), its `HOURGLASS_*` environment
+//! variable, its default and its `--help` text come from one line of
+//! [`settings!`], so `--help`, the TOML file, the environment and the
+//! defaults cannot drift apart.
 //!
-//! Precedence, highest first: command-line flag, `HOURGLASS_*` environment
-//! variable, config file (`--config`), built-in default.
+//! Precedence, highest first: command-line flag, environment variable,
+//! config file (`--config`), default. [`Config::merge`] applies it, knowing
+//! from clap where each value came from.
+//!
+//! A leaf: every layer may read its settings here; this module reads no
+//! layer (the pieces each layer is built from are made where it is built).
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
-    dispatcher::DispatcherConfig,
-    kafka::KafkaConfig,
-    message::Limits,
-    secret::{self, Origin, Properties},
-    shard::ShardConfig,
-    store::StoreConfig,
+    secret::{self, Origin, Properties, SecretError},
+    store::Durability,
 };
 
-/// When an acknowledged change is safe.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
-    /// Acknowledge after the WAL is fsynced: survives a power loss or a
-    /// kernel crash. Concurrent requests share fsyncs (group commit).
-    #[default]
-    Sync,
-    /// Acknowledge after the WAL write reached the OS: survives a crash of
-    /// hourglass itself, but a power loss or kernel crash can lose the last
-    /// few hundred milliseconds of acknowledged changes.
-    Buffered,
+/// A length of time written as people write it: `200ms`, `30s`, `15m`,
+/// `7days`, in a flag, a variable or the config file alike.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+impl HumanDuration {
+    pub fn get(self) -> Duration {
+        self.0
+    }
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Config {
-    /// gRPC address. Default 127.0.0.1:50051.
-    pub listen: SocketAddr,
-    /// Prometheus `/metrics` address. Default 127.0.0.1:9464.
-    pub metrics_listen: SocketAddr,
-    /// Where the RocksDB store lives. Default ./hourglass-data.
-    pub data_dir: PathBuf,
-    /// Kafka bootstrap servers. Default 127.0.0.1:9092.
-    pub kafka_brokers: String,
-    /// librdkafka producer properties, passed through (SASL, SSL, ...).
-    /// A value may be `env:NAME` or `file:/path` (see `secret`). `Debug`
-    /// hides secret values.
-    pub kafka_properties: Properties,
-    /// Default sync.
-    pub durability: Durability,
-    /// How long settled messages stay queryable. Default 7d.
-    #[serde(with = "humantime_serde")]
-    pub retention: Duration,
-    /// Latest due time accepted, from now. Default 3 years.
-    #[serde(with = "humantime_serde")]
-    pub max_delay: Duration,
-    /// Key + value + headers of one message. Default 1 MiB.
-    pub max_message_bytes: usize,
-    /// Default 64.
-    pub max_headers: usize,
-    /// Default 64 KiB.
-    pub max_headers_bytes: usize,
-    /// Items in one `ScheduleBatch` call. Default 10000.
-    pub max_batch: usize,
-    /// Encoded size of one `ScheduleBatch` request. Default 16 MiB.
-    pub max_batch_bytes: usize,
-    /// Requests on one `ScheduleStream` read ahead of their answers.
-    /// Default 8192.
-    pub stream_window: usize,
-    /// gRPC calls served at once; more are refused with RESOURCE_EXHAUSTED.
-    /// Default 4096.
-    pub max_concurrent_requests: usize,
-    /// Messages pending at once; new ones are refused with
-    /// RESOURCE_EXHAUSTED beyond it. 0 (the default): no cap.
-    pub max_pending: u64,
-    /// Read the whole store with checksums in the background after
-    /// start-up. Default true.
-    pub verify_on_start: bool,
-    /// Messages produced and not yet acknowledged. Default 10000.
-    pub max_in_flight: usize,
-    /// Refusals by the broker before a message is failed. Default 5.
-    pub max_delivery_attempts: u32,
-    /// How long the broker must have refused a message (or its topic)
-    /// before it is failed, tries permitting. Default 10m.
-    #[serde(with = "humantime_serde")]
-    pub fail_after: Duration,
-    /// A produce Kafka has not answered for this long holds its topic's
-    /// other messages back (the rest go on). Default 10s.
-    #[serde(with = "humantime_serde")]
-    pub stall_after: Duration,
-    /// First retry delay after a failed produce, doubling. Default 200ms.
-    #[serde(with = "humantime_serde")]
-    pub retry_backoff: Duration,
-    /// Longest retry delay. Default 30s.
-    #[serde(with = "humantime_serde")]
-    pub retry_backoff_max: Duration,
-    /// How often topic metadata is refreshed. Default 30s.
-    #[serde(with = "humantime_serde")]
-    pub metadata_refresh: Duration,
-    /// How long shutdown waits for requests and produces in flight. Default 10s.
-    #[serde(with = "humantime_serde")]
-    pub shutdown_grace: Duration,
-    /// PEM certificate (chain) of the gRPC port; with `tls_key`, the port
-    /// speaks TLS only. Default: none, plaintext.
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of `tls_cert`.
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificate(s): clients must present a certificate signed by
-    /// one (mutual TLS). Default: none.
-    pub tls_client_ca: Option<PathBuf>,
-    /// Tokens file (see `auth`); with it, every call but health needs a
-    /// bearer token. Default: none, no authentication.
-    pub auth_tokens: Option<PathBuf>,
-    /// HTTP/2 streams (calls) one connection may have open at once; 0: no
-    /// limit. Default 128.
-    pub max_streams_per_connection: u32,
-    /// gRPC connections open at once; more wait to be accepted. Default 1024.
-    pub max_connections: usize,
-    /// Bytes of request bodies held at once, across all calls; a call that
-    /// would take more is refused with RESOURCE_EXHAUSTED. Default 256 MiB.
-    pub max_request_memory: usize,
-    /// A `ScheduleStream` with nothing unanswered that sends nothing for
-    /// this long is ended. Default 2m.
-    #[serde(with = "humantime_serde")]
-    pub stream_idle_timeout: Duration,
-    /// gRPC health `Watch` streams open at once (they need no token).
-    /// Default 64.
-    pub max_health_watches: usize,
+impl From<Duration> for HumanDuration {
+    fn from(d: Duration) -> Self {
+        HumanDuration(d)
+    }
 }
 
-/// The longest `shutdown_grace` accepted.
-const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(3600);
+impl std::ops::Deref for HumanDuration {
+    type Target = Duration;
 
-impl Default for Config {
-    fn default() -> Self {
-        let limits = Limits::default();
-        let dispatcher = DispatcherConfig::default();
-        Config {
-            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
-            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
-            data_dir: PathBuf::from("hourglass-data"),
-            kafka_brokers: "127.0.0.1:9092".into(),
-            kafka_properties: Properties::default(),
-            durability: Durability::Sync,
-            retention: Duration::from_secs(7 * 24 * 3600),
-            max_delay: limits.max_delay,
-            max_message_bytes: limits.max_message_bytes,
-            max_headers: limits.max_headers,
-            max_headers_bytes: limits.max_headers_bytes,
-            max_batch: limits.max_batch,
-            max_batch_bytes: limits.max_batch_bytes,
-            stream_window: 8192,
-            max_concurrent_requests: 4096,
-            max_pending: 0,
-            verify_on_start: true,
-            max_in_flight: dispatcher.max_in_flight,
-            max_delivery_attempts: dispatcher.max_attempts,
-            fail_after: dispatcher.fail_after,
-            stall_after: dispatcher.stall_after,
-            retry_backoff: dispatcher.backoff_initial,
-            retry_backoff_max: dispatcher.backoff_max,
-            metadata_refresh: Duration::from_secs(30),
-            shutdown_grace: dispatcher.shutdown_grace,
-            tls_cert: None,
-            tls_key: None,
-            tls_client_ca: None,
-            auth_tokens: None,
-            max_streams_per_connection: 128,
-            max_connections: 1024,
-            max_request_memory: 256 << 20,
-            stream_idle_timeout: Duration::from_secs(120),
-            max_health_watches: 64,
+    fn deref(&self) -> &Duration {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for HumanDuration {
+    type Err = humantime::DurationError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        humantime::parse_duration(s).map(HumanDuration)
+    }
+}
+
+impl std::fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        humantime::format_duration(self.0).fmt(f)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+/// One setting, as [`settings!`] declared it: for docs, `--help` and the
+/// tests that check the example config covers every one.
+#[derive(Clone, Copy, Debug)]
+pub struct Setting {
+    /// The key in the config file; the flag is `--` and this with dashes.
+    pub key: &'static str,
+    pub env: &'static str,
+    /// The default as written (none: unset unless given).
+    pub default: Option<&'static str>,
+}
+
+/// Declares the settings. Each line of `with_default` is
+/// `name: Type = "default", "HOURGLASS_NAME";`, each of `optional` is
+/// `name: Type, "HOURGLASS_NAME";` (unset unless given), both after their
+/// doc comment, which is the `--help` text. It makes the struct (clap
+/// arguments and serde fields at once), its `Default` (from the same
+/// default strings, parsed as a flag would be), [`Config::merge`], and
+/// [`Config::SETTINGS`].
+macro_rules! settings {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            with_default {
+                $( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:literal , $env:literal ; )*
+            }
+            optional {
+                $( $(#[doc = $odoc:literal])* $ofield:ident : $oty:ty , $oenv:literal ; )*
+            }
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, PartialEq, clap::Args, Deserialize, Serialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            $(
+                $(#[doc = $doc])*
+                #[arg(long, env = $env, default_value = $default, action = clap::ArgAction::Set)]
+                pub $field: $ty,
+            )*
+            $(
+                $(#[doc = $odoc])*
+                #[arg(long, env = $oenv, value_name = "FILE")]
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub $ofield: Option<$oty>,
+            )*
+            /// librdkafka producer properties, passed through (SASL, SSL,
+            /// ...); a value may be `env:NAME` or `file:/path`. On the command
+            /// line `--kafka-property KEY=VALUE`; `Debug` hides secret values.
+            #[arg(skip)]
+            pub kafka_properties: Properties,
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    $( $field: $default.parse().expect(concat!("the default of ", stringify!($field), " parses")), )*
+                    $( $ofield: None, )*
+                    kafka_properties: Properties::default(),
+                }
+            }
+        }
+
+        impl $name {
+            /// Every setting, in declaration order.
+            pub const SETTINGS: &[Setting] = &[
+                $( Setting { key: stringify!($field), env: $env, default: Some($default) }, )*
+                $( Setting { key: stringify!($ofield), env: $oenv, default: None }, )*
+            ];
+
+            /// The config file's settings, overridden by those the command
+            /// line or the environment gave (`matches` says which, for the
+            /// flags of `flags`). Kafka properties add up, the command
+            /// line's winning.
+            pub fn merge(file: Self, flags: Self, matches: &clap::ArgMatches) -> Self {
+                use clap::parser::ValueSource;
+                let given = |id: &str| {
+                    matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+                };
+                let mut kafka_properties = file.kafka_properties;
+                kafka_properties.extend(flags.kafka_properties.0);
+                $name {
+                    $( $field: if given(stringify!($field)) { flags.$field } else { file.$field }, )*
+                    $( $ofield: if given(stringify!($ofield)) { flags.$ofield } else { file.$ofield }, )*
+                    kafka_properties,
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    /// The settings of `hourglass serve`.
+    pub struct Config {
+        with_default {
+            /// gRPC listen address.
+            listen: SocketAddr = "127.0.0.1:50051", "HOURGLASS_LISTEN";
+            /// Prometheus /metrics listen address.
+            metrics_listen: SocketAddr = "127.0.0.1:9464", "HOURGLASS_METRICS_LISTEN";
+            /// Directory of the RocksDB store (of its shards, with more than
+            /// one).
+            data_dir: PathBuf = "hourglass-data", "HOURGLASS_DATA_DIR";
+            /// Stores this node keeps, each with its own dispatcher; ids are
+            /// spread over them by the hash Kafka's Java client uses for
+            /// keys. Fixed once a data dir holds messages.
+            shards: u32 = "1", "HOURGLASS_SHARDS";
+            /// Kafka bootstrap servers, host:port[,host:port].
+            kafka_brokers: String = "127.0.0.1:9092", "HOURGLASS_KAFKA_BROKERS";
+            /// When a change is acknowledged: after fsync (sync), or once the
+            /// OS has the write (buffered: loses the last moments on power
+            /// loss).
+            durability: Durability = "sync", "HOURGLASS_DURABILITY";
+            /// How long delivered, cancelled and failed messages stay
+            /// queryable (and their ids remembered).
+            retention: HumanDuration = "7days", "HOURGLASS_RETENTION";
+            /// Latest due time accepted, counted from now.
+            max_delay: HumanDuration = "1098days", "HOURGLASS_MAX_DELAY";
+            /// Largest message (key + value + headers) in bytes.
+            max_message_bytes: usize = "1048576", "HOURGLASS_MAX_MESSAGE_BYTES";
+            /// Most headers on one message.
+            max_headers: usize = "64", "HOURGLASS_MAX_HEADERS";
+            /// Most bytes of headers on one message.
+            max_headers_bytes: usize = "65536", "HOURGLASS_MAX_HEADERS_BYTES";
+            /// Most items in one ScheduleBatch call.
+            max_batch: usize = "10000", "HOURGLASS_MAX_BATCH";
+            /// Largest ScheduleBatch request in bytes.
+            max_batch_bytes: usize = "16777216", "HOURGLASS_MAX_BATCH_BYTES";
+            /// Requests one ScheduleStream may have unanswered before the
+            /// server stops reading it.
+            stream_window: usize = "8192", "HOURGLASS_STREAM_WINDOW";
+            /// gRPC calls served at once; more are refused at once with
+            /// RESOURCE_EXHAUSTED.
+            max_concurrent_requests: usize = "4096", "HOURGLASS_MAX_CONCURRENT_REQUESTS";
+            /// Messages pending at once; new ones are refused with
+            /// RESOURCE_EXHAUSTED and health turns NOT_SERVING until
+            /// deliveries make room. 0: no cap.
+            max_pending: u64 = "0", "HOURGLASS_MAX_PENDING";
+            /// Read every entry of the store with its checksum in the
+            /// background after start-up, so that damage stops hourglass with
+            /// a clear error at once; false leaves damage to be found when it
+            /// is read.
+            verify_on_start: bool = "true", "HOURGLASS_VERIFY_ON_START";
+            /// Messages produced and not yet acknowledged by Kafka.
+            max_in_flight: usize = "10000", "HOURGLASS_MAX_IN_FLIGHT";
+            /// Times the broker may refuse a message (or its topic) before it
+            /// is failed; --fail-after must have passed too.
+            max_delivery_attempts: u32 = "5", "HOURGLASS_MAX_DELIVERY_ATTEMPTS";
+            /// How long the broker must have refused a message (or its topic,
+            /// e.g. deleted or not authorised) before it is failed; a shorter
+            /// refusal only delays it.
+            fail_after: HumanDuration = "10m", "HOURGLASS_FAIL_AFTER";
+            /// A produce Kafka has not answered for this long holds the other
+            /// messages of its topic back, so that it cannot hold every
+            /// topic's.
+            stall_after: HumanDuration = "10s", "HOURGLASS_STALL_AFTER";
+            /// First retry delay after a failed produce; doubles each try.
+            retry_backoff: HumanDuration = "200ms", "HOURGLASS_RETRY_BACKOFF";
+            /// Longest retry delay.
+            retry_backoff_max: HumanDuration = "30s", "HOURGLASS_RETRY_BACKOFF_MAX";
+            /// How often topic metadata is refreshed.
+            metadata_refresh: HumanDuration = "30s", "HOURGLASS_METADATA_REFRESH";
+            /// How long shutdown waits for requests and produces in flight.
+            shutdown_grace: HumanDuration = "10s", "HOURGLASS_SHUTDOWN_GRACE";
+            /// HTTP/2 streams (calls) one connection may have open at once;
+            /// the client waits for a free one. 0: no limit.
+            max_streams_per_connection: u32 = "128", "HOURGLASS_MAX_STREAMS_PER_CONNECTION";
+            /// gRPC connections open at once; further ones wait to be
+            /// accepted.
+            max_connections: usize = "1024", "HOURGLASS_MAX_CONNECTIONS";
+            /// Bytes of request bodies the server holds at once, across all
+            /// calls; a call that would take more is refused with
+            /// RESOURCE_EXHAUSTED.
+            max_request_memory: usize = "268435456", "HOURGLASS_MAX_REQUEST_MEMORY";
+            /// A ScheduleStream with nothing unanswered that sends nothing
+            /// for this long is ended with UNAVAILABLE.
+            stream_idle_timeout: HumanDuration = "2m", "HOURGLASS_STREAM_IDLE_TIMEOUT";
+            /// gRPC health Watch streams open at once (they need no token);
+            /// more are refused with RESOURCE_EXHAUSTED.
+            max_health_watches: usize = "64", "HOURGLASS_MAX_HEALTH_WATCHES";
+        }
+        optional {
+            /// PEM certificate (chain) for TLS on the gRPC port; needs
+            /// --tls-key.
+            tls_cert: PathBuf, "HOURGLASS_TLS_CERT";
+            /// PEM private key of --tls-cert.
+            tls_key: PathBuf, "HOURGLASS_TLS_KEY";
+            /// PEM CA certificate(s): only clients with a certificate signed
+            /// by it get in (mutual TLS); needs --tls-cert and --tls-key.
+            tls_client_ca: PathBuf, "HOURGLASS_TLS_CLIENT_CA";
+            /// Tokens file (TOML): every call but health then needs
+            /// `authorization: Bearer <token>`, and each token may use its
+            /// listed topics only, in its tenant's id space. Reloaded on
+            /// SIGHUP [default: no authentication].
+            auth_tokens: PathBuf, "HOURGLASS_AUTH_TOKENS";
         }
     }
 }
@@ -181,8 +276,15 @@ pub enum ConfigError {
     /// Where and why, without the text of the line: it may hold a secret.
     #[error("config file {path}{at}: {reason}")]
     Parse { path: PathBuf, at: String, reason: String },
+    /// A setting outside what hourglass takes.
+    #[error("{setting} {why}")]
+    OutOfRange { setting: &'static str, why: String },
+    /// Two settings that cannot go together.
     #[error("{0}")]
-    Invalid(String),
+    Clash(String),
+    /// A Kafka property librdkafka does not take (its value never shown).
+    #[error(transparent)]
+    Property(#[from] SecretError),
 }
 
 impl ConfigError {
@@ -200,6 +302,10 @@ impl ConfigError {
             })
             .unwrap_or_default();
         ConfigError::Parse { path: path.to_owned(), at, reason: unquote(e.message()) }
+    }
+
+    fn out_of_range(setting: &'static str, why: impl Into<String>) -> ConfigError {
+        ConfigError::OutOfRange { setting, why: why.into() }
     }
 }
 
@@ -226,64 +332,99 @@ fn unquote(text: &str) -> String {
     out
 }
 
+/// The longest `shutdown_grace` accepted.
+const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(3600);
+
+/// The most shards a node keeps.
+pub const MAX_SHARDS: u32 = 256;
+
+/// Room a request of one message has beside the message itself.
+pub const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
+
 impl Config {
+    /// The settings of a config file; unset ones keep their defaults.
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         toml::from_str(&text).map_err(|e| ConfigError::parse(path, &text, &e))
     }
 
+    /// Checks what can be checked without the files and the broker the
+    /// settings name (`server::check` reads the files too).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let fail = |m: String| Err(ConfigError::Invalid(m));
+        let fail = |setting, why: &str| Err(ConfigError::out_of_range(setting, why));
         if self.kafka_brokers.trim().is_empty() {
-            return fail("kafka_brokers is empty; give host:port of at least one broker".into());
+            return fail("kafka_brokers", "is empty; give host:port of at least one broker");
         }
         if self.kafka_properties.contains_key("bootstrap.servers") {
-            return fail("set the brokers with --kafka-brokers, not the bootstrap.servers property".into());
-        }
-        if self.listen == self.metrics_listen && self.listen.port() != 0 {
-            return fail(format!("listen and metrics_listen are both {}", self.listen));
-        }
-        if self.max_in_flight == 0 {
-            return fail("max_in_flight must be at least 1".into());
-        }
-        if self.max_batch == 0 || self.stream_window == 0 || self.max_concurrent_requests == 0 {
-            return fail("max_batch, stream_window and max_concurrent_requests must be at least 1".into());
-        }
-        if self.max_batch_bytes > 256 << 20 {
-            return fail(format!("max_batch_bytes is {}; use at most 256 MiB", self.max_batch_bytes));
-        }
-        if self.max_delivery_attempts == 0 {
-            return fail("max_delivery_attempts must be at least 1".into());
-        }
-        if self.max_message_bytes == 0 || self.max_message_bytes > 64 << 20 {
-            return fail(format!("max_message_bytes is {}; use 1 to 64 MiB", self.max_message_bytes));
-        }
-        if self.retry_backoff.is_zero() || self.retry_backoff > self.retry_backoff_max {
-            return fail("retry_backoff must be positive and at most retry_backoff_max".into());
-        }
-        if self.metadata_refresh < Duration::from_secs(1) {
-            return fail("metadata_refresh must be at least 1s".into());
-        }
-        if self.shutdown_grace > MAX_SHUTDOWN_GRACE {
-            return fail(format!(
-                "shutdown_grace is {}; use at most {}",
-                humantime::format_duration(self.shutdown_grace),
-                humantime::format_duration(MAX_SHUTDOWN_GRACE)
+            return Err(ConfigError::Clash(
+                "set the brokers with --kafka-brokers, not the bootstrap.servers property".into(),
             ));
         }
-        if self.stall_after < Duration::from_secs(1) || self.stream_idle_timeout < Duration::from_secs(1) {
-            return fail("stall_after and stream_idle_timeout must be at least 1s".into());
+        if self.listen == self.metrics_listen && self.listen.port() != 0 {
+            return Err(ConfigError::Clash(format!("listen and metrics_listen are both {}", self.listen)));
         }
-        if self.max_connections == 0 || self.max_health_watches == 0 {
-            return fail("max_connections and max_health_watches must be at least 1".into());
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(ConfigError::out_of_range(
+                "shards",
+                format!("is {}; use 1 to {MAX_SHARDS}", self.shards),
+            ));
         }
-        let largest = self.limits().max_batch_request_bytes();
+        for (setting, value) in [
+            ("max_in_flight", self.max_in_flight),
+            ("max_batch", self.max_batch),
+            ("stream_window", self.stream_window),
+            ("max_concurrent_requests", self.max_concurrent_requests),
+            ("max_connections", self.max_connections),
+            ("max_health_watches", self.max_health_watches),
+        ] {
+            if value == 0 {
+                return fail(setting, "must be at least 1");
+            }
+        }
+        if self.max_batch_bytes > 256 << 20 {
+            return Err(ConfigError::out_of_range(
+                "max_batch_bytes",
+                format!("is {}; use at most 256 MiB", self.max_batch_bytes),
+            ));
+        }
+        if self.max_delivery_attempts == 0 {
+            return fail("max_delivery_attempts", "must be at least 1");
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes > 64 << 20 {
+            return Err(ConfigError::out_of_range(
+                "max_message_bytes",
+                format!("is {}; use 1 to 64 MiB", self.max_message_bytes),
+            ));
+        }
+        if self.retry_backoff.is_zero() || self.retry_backoff > self.retry_backoff_max {
+            return fail("retry_backoff", "must be positive and at most retry_backoff_max");
+        }
+        if *self.metadata_refresh < Duration::from_secs(1) {
+            return fail("metadata_refresh", "must be at least 1s");
+        }
+        if *self.shutdown_grace > MAX_SHUTDOWN_GRACE {
+            return Err(ConfigError::out_of_range(
+                "shutdown_grace",
+                format!("is {}; use at most {}", self.shutdown_grace, HumanDuration(MAX_SHUTDOWN_GRACE)),
+            ));
+        }
+        for (setting, value) in
+            [("stall_after", self.stall_after), ("stream_idle_timeout", self.stream_idle_timeout)]
+        {
+            if *value < Duration::from_secs(1) {
+                return fail(setting, "must be at least 1s");
+            }
+        }
+        let largest = self.max_batch_bytes.max(self.max_message_bytes + REQUEST_OVERHEAD_BYTES);
         if self.max_request_memory < largest {
-            return fail(format!(
-                "max_request_memory is {} bytes, less than one request may take ({largest} bytes, from \
-                 max_batch_bytes and max_message_bytes)",
-                self.max_request_memory
+            return Err(ConfigError::out_of_range(
+                "max_request_memory",
+                format!(
+                    "is {} bytes, less than one request may take ({largest} bytes, from max_batch_bytes and \
+                     max_message_bytes)",
+                    self.max_request_memory
+                ),
             ));
         }
         for (name, value) in self.kafka_properties.iter() {
@@ -291,119 +432,115 @@ impl Config {
             // A record timed out locally may still have been written:
             // producing it again could duplicate it.
             if matches!(name.as_str(), "message.timeout.ms" | "delivery.timeout.ms") && value.trim() != "0" {
-                return fail(format!(
+                return Err(ConfigError::Clash(format!(
                     "kafka property {name} must stay 0: hourglass never times a record out and sends it again, \
                      which could duplicate it (a topic that stops answering is held by --stall-after instead)"
-                ));
+                )));
             }
         }
-        self.check_security()
-    }
-
-    /// TLS files present and readable PEM, the tokens file well-formed.
-    fn check_security(&self) -> Result<(), ConfigError> {
-        if let Some(tls) = self.tls()? {
-            tls.load()?;
-        }
-        if let Some(path) = &self.auth_tokens {
-            crate::auth::Tokens::load(path)?;
-        }
         Ok(())
-    }
-
-    /// The TLS files of the gRPC port, or none for plaintext.
-    pub fn tls(&self) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
-        crate::tls::TlsFiles::from_parts(
-            self.tls_cert.as_deref(),
-            self.tls_key.as_deref(),
-            self.tls_client_ca.as_deref(),
-        )
-    }
-
-    pub fn limits(&self) -> Limits {
-        Limits {
-            max_message_bytes: self.max_message_bytes,
-            max_headers: self.max_headers,
-            max_headers_bytes: self.max_headers_bytes,
-            max_delay: self.max_delay,
-            max_batch: self.max_batch,
-            max_batch_bytes: self.max_batch_bytes,
-        }
-    }
-
-    pub fn kafka(&self) -> KafkaConfig {
-        let mut properties = self.kafka_properties.0.clone();
-        // librdkafka refuses records over its message.max.bytes (1000000 by
-        // default); let it take every message hourglass accepts, with room
-        // for the record's framing and hourglass's own headers.
-        properties
-            .entry("message.max.bytes".into())
-            .or_insert_with(|| (self.max_message_bytes + 64 * 1024).max(1_000_000).to_string());
-        KafkaConfig { brokers: self.kafka_brokers.clone(), properties }
-    }
-
-    pub fn shard(&self) -> ShardConfig {
-        let mut store = StoreConfig::new(&self.data_dir);
-        store.sync_writes = self.durability == Durability::Sync;
-        store.max_pending = (self.max_pending > 0).then_some(self.max_pending);
-        store.verify_on_open = self.verify_on_start;
-        ShardConfig {
-            store,
-            dispatcher: DispatcherConfig {
-                max_in_flight: self.max_in_flight,
-                max_attempts: self.max_delivery_attempts,
-                backoff_initial: self.retry_backoff,
-                backoff_max: self.retry_backoff_max,
-                shutdown_grace: self.shutdown_grace,
-                fail_after: self.fail_after,
-                stall_after: self.stall_after,
-                ..DispatcherConfig::default()
-            },
-            retention: self.retention,
-            upkeep_every: Duration::from_secs(10),
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+
     use super::*;
 
-    #[test]
-    fn defaults_are_valid() {
-        assert!(Config::default().validate().is_ok());
+    /// The settings as clap parses `args`, and the matches that say where
+    /// each came from.
+    fn flags(args: &[&str]) -> (Config, clap::ArgMatches) {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            config: Config,
+        }
+        let matches =
+            Cli::command().get_matches_from(std::iter::once("hourglass").chain(args.iter().copied()));
+        (Cli::from_arg_matches(&matches).unwrap().config, matches)
     }
 
     #[test]
-    fn a_file_sets_what_it_names_and_keeps_the_rest() {
-        let config: Config = toml::from_str(
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    /// The drift test: a default can be written in one place only, so the
+    /// defaults clap applies, those of an empty config file and
+    /// `Config::default()` are the same, and every setting has its flag and
+    /// variable named after its key.
+    #[test]
+    fn flags_file_and_defaults_agree() {
+        let (parsed, _) = flags(&[]);
+        let from_empty_file: Config = toml::from_str("").unwrap();
+        assert_eq!(parsed, Config::default(), "clap's defaults");
+        assert_eq!(from_empty_file, Config::default(), "an empty file's");
+        let command = {
+            #[derive(clap::Parser)]
+            struct Cli {
+                #[command(flatten)]
+                config: Config,
+            }
+            Cli::command()
+        };
+        for setting in Config::SETTINGS {
+            let flag = setting.key.replace('_', "-");
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(flag.as_str()))
+                .unwrap_or_else(|| panic!("no --{flag} for {}", setting.key));
+            assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(setting.env), "{}", setting.key);
+            assert_eq!(setting.env, format!("HOURGLASS_{}", setting.key.to_uppercase()), "{}", setting.key);
+            let shown: Vec<_> =
+                arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+            assert_eq!(
+                shown,
+                setting.default.map(str::to_owned).into_iter().collect::<Vec<_>>(),
+                "{}",
+                setting.key
+            );
+            // Every default round-trips through the file as written.
+            if let Some(default) = setting.default {
+                let file = format!("{} = {}", setting.key, toml_value(default));
+                let from_file: Config = toml::from_str(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
+                assert_eq!(from_file, Config::default(), "{file}");
+            }
+        }
+    }
+
+    /// A default string as a TOML value of its setting's type.
+    fn toml_value(default: &str) -> String {
+        if default.parse::<u64>().is_ok() || default == "true" || default == "false" {
+            default.to_owned()
+        } else {
+            format!("{default:?}")
+        }
+    }
+
+    #[test]
+    fn flags_beat_the_environment_the_file_and_the_defaults_in_turn() {
+        let file: Config = toml::from_str(
             r#"
             kafka_brokers = "k1:9092,k2:9092"
             durability = "buffered"
             retention = "2days"
             shutdown_grace = "500ms"
+            max_pending = 7
             [kafka_properties]
             "security.protocol" = "SASL_SSL"
-            "sasl.mechanism" = "SCRAM-SHA-512"
             "#,
         )
         .unwrap();
-        assert_eq!(config.kafka_brokers, "k1:9092,k2:9092");
-        assert_eq!(config.durability, Durability::Buffered);
-        assert_eq!(config.retention, Duration::from_secs(2 * 24 * 3600));
-        assert_eq!(config.shutdown_grace, Duration::from_millis(500));
-        assert_eq!(config.kafka_properties["sasl.mechanism"], "SCRAM-SHA-512");
-        assert_eq!(config.listen, Config::default().listen);
-        assert!(!config.shard().store.sync_writes);
-    }
-
-    #[test]
-    fn the_producer_takes_every_message_the_server_accepts() {
-        let config = Config { max_message_bytes: 4 << 20, ..Config::default() };
-        assert_eq!(config.kafka().properties["message.max.bytes"], ((4 << 20) + 64 * 1024).to_string());
-        let mut set = Config::default();
-        set.kafka_properties.insert("message.max.bytes".into(), "500000".into());
-        assert_eq!(set.kafka().properties["message.max.bytes"], "500000", "the operator's setting wins");
+        let (cli, matches) = flags(&["--retention", "1h", "--max-pending", "9"]);
+        let merged = Config::merge(file, cli, &matches);
+        assert_eq!(merged.kafka_brokers, "k1:9092,k2:9092", "the file's");
+        assert_eq!(merged.durability, Durability::Buffered);
+        assert_eq!(*merged.retention, Duration::from_secs(3600), "the flag's");
+        assert_eq!(merged.max_pending, 9);
+        assert_eq!(*merged.shutdown_grace, Duration::from_millis(500));
+        assert_eq!(merged.listen, Config::default().listen, "the default");
+        assert_eq!(merged.kafka_properties["security.protocol"], "SASL_SSL");
     }
 
     /// A password with every character that has tripped a parser.
@@ -439,7 +576,7 @@ mod tests {
         let mut config = Config::default();
         config.kafka_properties.insert("sasl.password".into(), PASSWORD.into());
         config.kafka_properties.insert("sasl.username".into(), "hourglass".into());
-        let shown = format!("{config:?} {:?}", config.kafka());
+        let shown = format!("{config:?}");
         assert!(!shown.contains("Pw1") && shown.contains("hourglass"), "{shown}");
     }
 
@@ -459,13 +596,14 @@ mod tests {
             Config { stream_window: 0, ..Config::default() },
             Config { max_concurrent_requests: 0, ..Config::default() },
             Config { max_message_bytes: 0, ..Config::default() },
-            Config { retry_backoff: Duration::from_secs(60), ..Config::default() },
+            Config { shards: 0, ..Config::default() },
+            Config { retry_backoff: Duration::from_secs(60).into(), ..Config::default() },
             Config { metrics_listen: Config::default().listen, ..Config::default() },
             Config {
                 kafka_properties: Properties::from([("bootstrap.servers".into(), "x:1".into())]),
                 ..Config::default()
             },
-            Config { shutdown_grace: Duration::MAX, ..Config::default() },
+            Config { shutdown_grace: Duration::MAX.into(), ..Config::default() },
             Config { max_request_memory: 1024, ..Config::default() },
             Config { max_connections: 0, ..Config::default() },
             Config {
@@ -479,48 +617,13 @@ mod tests {
         ];
         for config in bad {
             let err = config.validate().unwrap_err();
-            assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::OutOfRange { .. } | ConfigError::Clash(_) | ConfigError::Property(_)
+                ),
+                "{err}"
+            );
         }
-    }
-
-    #[test]
-    fn security_settings_are_checked_with_the_flag_and_file_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let cases = [
-            (
-                Config { tls_cert: Some("c.pem".into()), ..Config::default() },
-                "--tls-cert is given without --tls-key",
-            ),
-            (
-                Config { tls_key: Some("k.pem".into()), ..Config::default() },
-                "--tls-key is given without --tls-cert",
-            ),
-            (Config { tls_client_ca: Some("ca.pem".into()), ..Config::default() }, "--tls-client-ca needs"),
-            (
-                Config {
-                    tls_cert: Some(dir.path().join("none.pem")),
-                    tls_key: Some(dir.path().join("none.pem")),
-                    ..Config::default()
-                },
-                "--tls-cert",
-            ),
-            (
-                Config { auth_tokens: Some(dir.path().join("tokens.toml")), ..Config::default() },
-                "--auth-tokens",
-            ),
-        ];
-        for (config, expected) in cases {
-            let err = config.validate().unwrap_err().to_string();
-            assert!(err.contains(expected), "{err}");
-        }
-        let tokens = dir.path().join("tokens.toml");
-        std::fs::write(&tokens, "[[token]]\nname = \"a\"\ntoken = \"t\"\ntopics = [\"*\"]\n").unwrap();
-        let config: Config = toml::from_str(&format!(
-            "auth_tokens = {:?}\nmax_streams_per_connection = 100",
-            tokens.display().to_string()
-        ))
-        .unwrap();
-        assert_eq!(config.max_streams_per_connection, 100);
-        config.validate().unwrap();
     }
 }

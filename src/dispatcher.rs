@@ -58,10 +58,7 @@ use crate::{
     kafka::{DeliveryReport, Fault, Outgoing, ProduceError, Producer},
     message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis},
     metrics,
-    store::{
-        DueBatch, Outcome, Ready, Settle, Store, StoreError,
-        schema::{DueKey, Settlement},
-    },
+    store::{DueBatch, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey},
 };
 
 #[derive(Clone, Debug)]
@@ -115,11 +112,10 @@ impl DispatcherConfig {
     /// What a produce error means for a message with `prev` tries behind
     /// it, when the fault is the message's own or an outage. (A refused
     /// topic is handled for the whole topic.)
-    fn outcome_of_error(&self, error: ProduceError, prev: &Settlement, now: UnixMillis) -> Outcome {
+    fn outcome_of_error(&self, error: ProduceError, prev: &Tries, now: UnixMillis) -> Outcome {
         let refused = error.fault == Fault::MessageRefused;
         if refused {
-            let since =
-                if prev.first_refused_at_ms == 0 { now } else { UnixMillis(prev.first_refused_at_ms) };
+            let since = prev.first_refused_at.unwrap_or(now);
             if self.gives_up(since, prev.rejections.saturating_add(1), now) {
                 return Outcome::Failed { error: error.reason, tried: true };
             }
@@ -146,10 +142,10 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 /// A message handed to the producer, waiting for its report.
 struct InFlight {
     id: MessageId,
-    key: DueKey,
+    key: DispatchKey,
     due: UnixMillis,
     topic: Arc<str>,
-    prev: Settlement,
+    tries: Tries,
     stalled: bool,
     /// It tries a refused topic again.
     probe: bool,
@@ -163,7 +159,7 @@ struct TopicState {
     stalled: usize,
     refusal: Option<Refusal>,
     /// Due entries put off while the topic is held.
-    deferred: Vec<(DueKey, MessageId)>,
+    deferred: Vec<(DispatchKey, MessageId)>,
 }
 
 /// A topic the broker refuses.
@@ -209,15 +205,15 @@ pub struct Dispatcher {
     releasing: Vec<MessageId>,
     /// Entries to look at again: added behind the scan, held by the writer,
     /// or released by a topic that is no longer held.
-    recheck: Vec<(DueKey, MessageId)>,
+    recheck: Vec<(DispatchKey, MessageId)>,
     /// Entries that could not be read, and when to try again.
-    unreadable: Vec<(DueKey, MessageId)>,
+    unreadable: Vec<(DispatchKey, MessageId)>,
     unreadable_retry: UnixMillis,
     /// Rescan from here: more was handed over or put off than is kept.
-    rescan_from: Option<DueKey>,
+    rescan_from: Option<DispatchKey>,
     /// Everything in the due CF below this is settled, in flight, or in
     /// one of the lists above.
-    scan_from: DueKey,
+    scan_from: DispatchKey,
     /// When the low water mark was last published.
     published: tokio::time::Instant,
 }
@@ -269,7 +265,7 @@ impl Dispatcher {
             unreadable: Vec::new(),
             unreadable_retry: UnixMillis(0),
             rescan_from: None,
-            scan_from: DueKey::MIN,
+            scan_from: DispatchKey::MIN,
             published: tokio::time::Instant::now() - PUBLISH_EVERY,
         }
     }
@@ -341,11 +337,10 @@ impl Dispatcher {
         while !recheck.is_empty() && room > 0 {
             let take = recheck.len().min(room).min(READ_CHUNK);
             let entries: Vec<_> = recheck.drain(..take).collect();
-            let store = self.store.clone();
-            let batch = match tokio::task::spawn_blocking(move || store.take_listed(entries)).await {
+            let batch = match self.store.take_listed(entries).await {
                 Ok(batch) => batch,
                 Err(e) => {
-                    tracing::error!(error = %e, "the due-message reader panicked; retrying shortly");
+                    self.read_failed(&e);
                     return Next::At(now.saturating_add(self.config.max_sleep));
                 }
             };
@@ -378,14 +373,14 @@ impl Dispatcher {
             if batch.more && room > 0 {
                 reading = Some(self.read_due(batch.next_from, now, room.min(READ_CHUNK)));
             }
-            next = match (batch.more, batch.next_due) {
+            next = match (batch.more, batch.next_dispatch_at) {
                 (true, _) => Next::Now,
                 (false, Some(due)) => Next::At(due),
                 (false, None) => Next::Idle,
             };
             self.handle(batch, now).await;
         }
-        metrics::IN_FLIGHT.set(self.in_flight.len() as i64);
+        self.store.metrics().in_flight.set(self.in_flight.len() as i64);
         if matches!(next, Next::Now) && room == 0 {
             return Next::Full;
         }
@@ -412,12 +407,12 @@ impl Dispatcher {
     /// Starts reading (and claiming) up to `limit` messages due at `now`.
     fn read_due(
         &self,
-        from: DueKey,
+        from: DispatchKey,
         now: UnixMillis,
         limit: usize,
     ) -> tokio::task::JoinHandle<Result<DueBatch, StoreError>> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.take_due(from, now, limit))
+        tokio::spawn(async move { store.take_due(from, now, limit).await })
     }
 
     fn read_failed(&mut self, e: &StoreError) {
@@ -489,7 +484,7 @@ impl Dispatcher {
             key: ready.key,
             due: ready.record.due(),
             topic,
-            prev: ready.prev,
+            tries: ready.tries,
             at: now,
             outcome,
         });
@@ -497,7 +492,7 @@ impl Dispatcher {
 
     /// Remembers a due entry of a held topic, to look at again when the
     /// topic is no longer held.
-    fn defer(&mut self, topic: Arc<str>, key: DueKey, id: MessageId) {
+    fn defer(&mut self, topic: Arc<str>, key: DispatchKey, id: MessageId) {
         if self.deferred_total >= DEFER_CAP {
             self.rescan(Some(key));
             return;
@@ -506,7 +501,7 @@ impl Dispatcher {
         self.topics.entry(topic).or_default().deferred.push((key, id));
     }
 
-    fn rescan(&mut self, from: Option<DueKey>) {
+    fn rescan(&mut self, from: Option<DispatchKey>) {
         if let Some(from) = from {
             self.rescan_from = Some(self.rescan_from.map_or(from, |r| r.min(from)));
         }
@@ -553,7 +548,7 @@ impl Dispatcher {
         self.topics.entry(Arc::clone(&topic)).or_default().in_flight += 1;
         self.in_flight.insert(
             token,
-            InFlight { id: ready.id, key: ready.key, due, topic, prev: ready.prev, stalled: false, probe },
+            InFlight { id: ready.id, key: ready.key, due, topic, tries: ready.tries, stalled: false, probe },
         );
         self.sent_order.push_back((sent_at, token));
         if let Err(error) = queued {
@@ -613,7 +608,7 @@ impl Dispatcher {
             .chain(self.unreadable.iter().map(|(k, _)| *k))
             .chain(self.topics.values().flat_map(|t| t.deferred.iter().map(|(k, _)| *k)))
             .chain(self.rescan_from)
-            .fold(self.scan_from, DueKey::min);
+            .fold(self.scan_from, DispatchKey::min);
         self.store.wake().set_low_water(lowest);
     }
 
@@ -632,7 +627,7 @@ impl Dispatcher {
         let Some(sent) = self.in_flight.remove(&report.token) else {
             return;
         };
-        metrics::IN_FLIGHT.set(self.in_flight.len() as i64);
+        self.store.metrics().in_flight.set(self.in_flight.len() as i64);
         let now = self.clock.now();
         let state = self.topics.entry(Arc::clone(&sent.topic)).or_default();
         state.in_flight -= 1;
@@ -669,7 +664,7 @@ impl Dispatcher {
                     "produce failed"
                 );
                 if error.fault != Fault::TopicRefused {
-                    self.config.outcome_of_error(error, &sent.prev, now)
+                    self.config.outcome_of_error(error, &sent.tries, now)
                 } else if let Some(outcome) = topic_refused(&self.config, state, &sent, error, now) {
                     outcome
                 } else {
@@ -685,7 +680,7 @@ impl Dispatcher {
             key: sent.key,
             due: sent.due,
             topic: sent.topic,
-            prev: sent.prev,
+            tries: sent.tries,
             at: now,
             outcome,
         });
@@ -716,7 +711,7 @@ impl Dispatcher {
         if let Err(e) = self.store.in_doubt(ids).await {
             tracing::error!(error = %e, "reporting produces in doubt at shutdown failed");
         }
-        metrics::IN_FLIGHT.set(0);
+        self.store.metrics().in_flight.set(0);
     }
 }
 
@@ -779,8 +774,9 @@ mod tests {
         assert_eq!(c.backoff(u32::MAX), Duration::from_secs(1));
     }
 
-    fn tried(attempts: u32, rejections: u32, first_refused_at_ms: u64) -> Settlement {
-        Settlement { attempts, rejections, first_refused_at_ms, ..Settlement::default() }
+    fn tried(attempts: u32, rejections: u32, first_refused_at_ms: u64) -> Tries {
+        let first_refused_at = (first_refused_at_ms > 0).then_some(UnixMillis(first_refused_at_ms));
+        Tries { attempts, rejections, first_refused_at }
     }
 
     #[test]

@@ -1,5 +1,8 @@
 //! The core's error: every situation a request can end in other than
-//! success. `api::status` maps each one to a gRPC status in one table.
+//! success, from a bad field to a full server. `api::status` maps each one
+//! to a gRPC status in one table; nothing else builds a status.
+
+use std::time::Duration;
 
 use crate::{kafka::CatalogError, message::Invalid, store::StoreError};
 
@@ -18,10 +21,44 @@ pub enum Error {
         "the token {token:?} may not use topic {topic:?}; the tokens file (--auth-tokens) lists its topics"
     )]
     Forbidden { token: String, topic: String },
-    /// The call's credentials no longer hold (a token revoked mid-stream),
-    /// or were never checked.
-    #[error("{0}")]
-    Unauthenticated(String),
+    #[error("no bearer token: send the header `authorization: Bearer <token>`")]
+    NoToken,
+    #[error("the bearer token is not valid")]
+    BadToken,
+    /// A token revoked by a reload while its stream was open.
+    #[error("the token {token:?} was revoked (the tokens file was reloaded); this call ends")]
+    Revoked { token: String },
+    /// A call that reached the service without passing the token check (a
+    /// wiring bug): refused, not let in.
+    #[error("the server checked no credentials for this call; it is refused")]
+    Unchecked,
+    /// A request larger than the server reads.
+    #[error(
+        "the request is larger than the server reads: at most {bytes} bytes, set by {set_by}; split it ({detail})"
+    )]
+    TooLarge { bytes: usize, set_by: &'static str, detail: String },
+    #[error("the message does not decode as this method's protobuf type: {0}")]
+    Undecodable(String),
+    #[error(
+        "the server is busy: it already serves {0} calls (--max-concurrent-requests); retry with backoff"
+    )]
+    TooManyCalls(usize),
+    #[error("the server already has {0} streams open, half of --max-concurrent-requests; retry with backoff")]
+    TooManyStreams(usize),
+    #[error(
+        "the server's memory for requests ({total} bytes, --max-request-memory) has no room for another \
+         stream's window ({window} bytes); retry with backoff"
+    )]
+    NoRoomForStream { total: usize, window: usize },
+    #[error("the server already holds {0} bytes of requests (--max-request-memory); retry with backoff")]
+    RequestMemory(usize),
+    #[error(
+        "{0} health Watch streams are open, the most this server keeps (--max-health-watches); use Check, \
+         or watch from fewer places"
+    )]
+    TooManyWatches(usize),
+    #[error("the stream sent nothing for {}, so the server ended it; open a new one to go on", humantime::format_duration(*.0))]
+    StreamIdle(Duration),
 }
 
 impl From<CatalogError> for Error {

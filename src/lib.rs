@@ -7,34 +7,44 @@
 //! The modules follow a message's journey:
 //!
 //! ```text
-//! client ─gRPC─► api ─► service ─► store (CFs: due, messages, checkpoint) ─► dispatcher ─► kafka ─► topic
-//!                                    ▲                                          │ delivery report
-//!                                    └──────────── checkpoint ◄─────────────────┘
+//! client ─gRPC─► api ─► service ─► node ─► store (CFs: due, messages, checkpoint) ─► dispatcher ─► kafka ─► topic
+//!                                   │        ▲                                          │ delivery report
+//!                          one shard per id  └──────────── checkpoint ◄─────────────────┘
 //! ```
 //!
-//! - [`api`]: the gRPC adapter; converts and calls, decides nothing.
+//! - [`api`]: the gRPC adapter; converts and calls, decides nothing. Every
+//!   error becomes a status in one table, `api::status`.
 //! - [`service`]: what a request means; validation against [`message::Limits`]
-//!   and the Kafka topic catalog, due times from the [`clock`].
-//! - [`message`]: the domain: ids, due times, envelopes, states.
-//! - [`store`]: RocksDB with three column families; one writer thread
-//!   commits every change as one atomic, group-committed `WriteBatch`.
-//! - [`dispatcher`]: sleeps until the earliest due time, produces, and
+//!   and the Kafka topic catalog, due times from the [`clock`], ids for
+//!   messages sent without one.
+//! - [`node`]: the shards a process owns; routes each id to its shard by
+//!   Kafka's murmur2 key hash, and merges what spans shards (batches, `List`,
+//!   `Stats`, health).
+//! - [`shard`]: one store, the dispatcher that drains it, and their upkeep.
+//! - [`store`]: RocksDB with three column families; one writer thread per
+//!   store commits every change as one atomic, group-committed `WriteBatch`.
+//! - [`dispatcher`]: sleeps until the earliest message is due, produces, and
 //!   settles each delivery (partition, offset) in the checkpoint CF.
 //! - [`kafka`]: the idempotent producer and the cached topic metadata.
-//! - [`shard`]: one store plus its dispatcher, the unit a process owns.
+//! - [`message`]: the domain: ids, due times, envelopes, states; no I/O.
 //! - [`auth`]: bearer tokens, the tenant each belongs to and the topics each
 //!   may use, handed to every service method as the caller's
 //!   [`auth::Access`]; [`tls`]: the gRPC port's certificates; [`secret`]:
 //!   Kafka secrets from the environment or files, kept out of logs.
-//! - [`server`]: wiring, the bounds on what clients can hold (connections,
-//!   health watches; calls and request bytes are bounded in [`api`]), and
-//!   ordered shutdown; [`config`] and [`cli`] feed it.
+//! - [`server`]: wiring (from [`config`], each setting declared once), the
+//!   bounds on what clients can hold (connections, health watches; calls and
+//!   request bytes are bounded in [`api`]), and ordered shutdown.
+//!
+//! Modules depend downward only, in this order from the top: `server`;
+//! `api`; `service`; `node`; `shard`; `dispatcher`; `kafka`, `store`,
+//! `auth`; `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
+//! other leaves. `tests/architecture.rs` fails on an import that would close
+//! a circle. The `hourglass` binary (`src/bin/hourglass`: the command line
+//! and the client subcommands) is built on this library; the bench and the
+//! test kit are crates of their own (`bench/`, `testkit/`).
 
 pub mod api;
 pub mod auth;
-pub mod bench;
-pub mod cli;
-pub mod client;
 pub mod clock;
 pub mod config;
 pub mod dispatcher;
@@ -44,6 +54,7 @@ pub mod kafka;
 pub mod memory;
 pub mod message;
 pub mod metrics;
+pub mod node;
 pub mod secret;
 pub mod server;
 pub mod service;

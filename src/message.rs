@@ -595,21 +595,34 @@ pub struct PendingMessage {
     pub last_error: Option<String>,
 }
 
-/// Where a listing goes on: the position in dispatch order of the first
-/// message not yet looked at. Opaque to clients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a listing goes on: the position of the first message not yet
+/// looked at, in the order listings follow (dispatch time, then shard, then
+/// acceptance). Opaque to clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PageToken {
     pub dispatch_at: UnixMillis,
+    /// Which of the node's shards; 0 on a node of one.
+    pub shard: u32,
     pub seq: u64,
 }
 
 impl PageToken {
-    const VERSION: u8 = 1;
+    /// Hex of version 1, the time and the sequence (big-endian): what a
+    /// node of one shard issues, as every earlier release did.
+    const V1: u8 = 1;
+    /// Hex of version 2, the time, the shard and the sequence.
+    const V2: u8 = 2;
 
-    /// Hex of a version byte, the time and the sequence (big-endian).
     pub fn encode(self) -> String {
-        let mut bytes = vec![Self::VERSION];
-        bytes.extend_from_slice(&self.dispatch_at.0.to_be_bytes());
+        let mut bytes = Vec::with_capacity(21);
+        if self.shard == 0 {
+            bytes.push(Self::V1);
+            bytes.extend_from_slice(&self.dispatch_at.0.to_be_bytes());
+        } else {
+            bytes.push(Self::V2);
+            bytes.extend_from_slice(&self.dispatch_at.0.to_be_bytes());
+            bytes.extend_from_slice(&self.shard.to_be_bytes());
+        }
         bytes.extend_from_slice(&self.seq.to_be_bytes());
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -622,8 +635,9 @@ impl PageToken {
                  the first page",
             )
         };
-        // Only what `encode` writes: 34 lowercase hex digits.
-        if token.len() != 34 || !token.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        // Only what `encode` writes: 34 (version 1) or 42 (version 2)
+        // lowercase hex digits.
+        if !matches!(token.len(), 34 | 42) || !token.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
             return Err(bad());
         }
         let bytes = (0..token.len())
@@ -631,14 +645,21 @@ impl PageToken {
             .map(|i| u8::from_str_radix(&token[i..i + 2], 16))
             .collect::<Result<Vec<u8>, _>>()
             .map_err(|_| bad())?;
-        let (version, rest) = bytes.split_first().ok_or_else(bad)?;
-        if *version != Self::VERSION {
-            return Err(bad());
-        }
-        let (at, seq) = rest.split_at(8);
+        let u64_at =
+            |at: usize| bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+        let (shard, seq_at) = match (bytes[0], bytes.len()) {
+            (Self::V1, 17) => (0, 9),
+            (Self::V2, 21) => {
+                let shard = bytes[9..13].try_into().map(u32::from_be_bytes).map_err(|_| bad())?;
+                // Shard 0 is written as version 1.
+                (if shard == 0 { return Err(bad()) } else { shard }, 13)
+            }
+            _ => return Err(bad()),
+        };
         Ok(PageToken {
-            dispatch_at: UnixMillis(u64::from_be_bytes(at.try_into().map_err(|_| bad())?)),
-            seq: u64::from_be_bytes(seq.try_into().map_err(|_| bad())?),
+            dispatch_at: UnixMillis(u64_at(1).ok_or_else(bad)?),
+            shard,
+            seq: u64_at(seq_at).ok_or_else(bad)?,
         })
     }
 }
@@ -669,8 +690,8 @@ impl ListQuery {
             && to <= from
         {
             return Err(Invalid::new(
-                "due_to",
-                format!("{} is not after due_from {}", to.to_rfc3339(), from.to_rfc3339()),
+                "dispatch_to",
+                format!("{} is not after dispatch_from {}", to.to_rfc3339(), from.to_rfc3339()),
             ));
         }
         match self.page_size as usize {
@@ -918,21 +939,53 @@ mod tests {
     #[test]
     fn page_tokens_round_trip() {
         for (at, seq) in [(0, 0), (1_700_000_000_123, 42), (u64::MAX, u64::MAX)] {
-            let token = PageToken { dispatch_at: UnixMillis(at), seq };
-            assert_eq!(PageToken::decode(&token.encode()), Ok(token));
+            for shard in [0, 1, 255, u32::MAX] {
+                let token = PageToken { dispatch_at: UnixMillis(at), shard, seq };
+                assert_eq!(PageToken::decode(&token.encode()), Ok(token));
+            }
+        }
+        let one_shard = PageToken { dispatch_at: UnixMillis(0xfeed), shard: 0, seq: 0xbeef };
+        assert_eq!(
+            one_shard.encode(),
+            "01000000000000feed000000000000beef",
+            "as every earlier release wrote it"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn page_tokens_round_trip_through_text(at: u64, shard: u32, seq: u64) {
+            let token = PageToken { dispatch_at: UnixMillis(at), shard, seq };
+            proptest::prop_assert_eq!(PageToken::decode(&token.encode()), Ok(token));
+        }
+
+        #[test]
+        fn page_tokens_refuse_any_other_text(text in "0[12][0-9a-f]{32,40}|[0-9a-f]{0,44}|.{0,44}") {
+            let ok = PageToken::decode(&text);
+            proptest::prop_assert!(ok.is_err() || ok.map(|t| t.encode()) == Ok(text.clone()));
         }
     }
 
     #[test]
     fn bad_page_tokens_are_refused_by_name() {
-        let good = PageToken { dispatch_at: UnixMillis(0xfeed), seq: 0xbeef }.encode();
+        let good = PageToken { dispatch_at: UnixMillis(0xfeed), shard: 0, seq: 0xbeef }.encode();
+        let v2 = PageToken { dispatch_at: UnixMillis(0xfeed), shard: 3, seq: 0xbeef }.encode();
+        let v2_as_v1 = format!("01{}", &v2[2..]);
         let wrong_version = format!("02{}", &good[2..]);
         let non_hex = format!("zz{}", &good[2..]);
         let multibyte = format!("é{}", &good[2..]);
         let upper = good.to_uppercase();
-        for token in
-            ["", "abc", &good[..32], &wrong_version, &non_hex, &multibyte, &upper, &format!("{good}00")]
-        {
+        for token in [
+            "",
+            "abc",
+            &good[..32],
+            &wrong_version,
+            &non_hex,
+            &multibyte,
+            &upper,
+            &format!("{good}00"),
+            &v2_as_v1,
+        ] {
             assert_eq!(PageToken::decode(token).unwrap_err().field, "page_token", "{token:?}");
         }
     }
@@ -948,8 +1001,8 @@ mod tests {
         assert_eq!(q(None, None, 0).validate(), Ok(ListQuery::DEFAULT_PAGE_SIZE));
         assert_eq!(q(Some(1), Some(2), 1000).validate(), Ok(1000));
         assert_eq!(q(None, None, 1001).validate().unwrap_err().field, "page_size");
-        assert_eq!(q(Some(2), Some(2), 10).validate().unwrap_err().field, "due_to");
-        assert_eq!(q(Some(3), Some(2), 10).validate().unwrap_err().field, "due_to");
+        assert_eq!(q(Some(2), Some(2), 10).validate().unwrap_err().field, "dispatch_to");
+        assert_eq!(q(Some(3), Some(2), 10).validate().unwrap_err().field, "dispatch_to");
         let bad_topic = ListQuery { topic: Some("no spaces".into()), ..ListQuery::default() };
         assert_eq!(bad_topic.validate().unwrap_err().field, "topic");
     }

@@ -1,7 +1,8 @@
 //! Prometheus metrics: every series hourglass exports, in one place.
 //!
 //! Names follow `hourglass_<subsystem>_<what>_<unit>`; histograms are in
-//! seconds; labels are small fixed sets (method, code, kind), never an id or
+//! seconds; labels are small fixed sets (method, code, kind, and the shard a
+//! per-store series belongs to: at most `--shards` values), never an id or
 //! a topic a client chose.
 
 use std::sync::LazyLock;
@@ -27,6 +28,38 @@ fn gauge(name: &str, help: &str) -> IntGauge {
     register(IntGauge::new(name, help).expect("valid metric"))
 }
 
+/// A gauge each shard of the node sets for itself.
+fn shard_gauge(name: &str, help: &str) -> IntGaugeVec {
+    register(IntGaugeVec::new(Opts::new(name, help), &["shard"]).expect("valid metric"))
+}
+
+/// The series of one shard: its store and its dispatcher.
+#[derive(Clone)]
+pub struct ShardMetrics {
+    pub pending: IntGauge,
+    pub in_flight: IntGauge,
+    pub size: IntGauge,
+    pub writable: IntGauge,
+    pub max_pending: IntGauge,
+    pub parked: IntGauge,
+}
+
+impl ShardMetrics {
+    /// The series labelled `shard="<shard>"`.
+    pub fn of(shard: u32) -> ShardMetrics {
+        let label = shard.to_string();
+        let of = |vec: &IntGaugeVec| vec.with_label_values(&[&label]);
+        ShardMetrics {
+            pending: of(&PENDING),
+            in_flight: of(&IN_FLIGHT),
+            size: of(&STORE_SIZE),
+            writable: of(&STORE_WRITABLE),
+            max_pending: of(&STORE_MAX_PENDING),
+            parked: of(&STORE_PARKED),
+        }
+    }
+}
+
 pub static SCHEDULED: LazyLock<IntCounter> =
     LazyLock::new(|| counter("hourglass_messages_scheduled_total", "Messages durably parked."));
 pub static CANCELLED: LazyLock<IntCounter> =
@@ -39,8 +72,8 @@ pub static FAILED: LazyLock<IntCounter> =
 pub static PURGED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter("hourglass_messages_purged_total", "Settled messages forgotten after retention.")
 });
-pub static PENDING: LazyLock<IntGauge> =
-    LazyLock::new(|| gauge("hourglass_messages_pending", "Messages parked and waiting for delivery."));
+pub static PENDING: LazyLock<IntGaugeVec> =
+    LazyLock::new(|| shard_gauge("hourglass_messages_pending", "Messages parked and waiting for delivery."));
 pub static LATENESS: LazyLock<Histogram> = LazyLock::new(|| {
     register(
         Histogram::with_opts(
@@ -56,8 +89,8 @@ pub static LATENESS: LazyLock<Histogram> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
-pub static IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
-    gauge("hourglass_dispatch_in_flight", "Messages handed to the producer and not yet acknowledged.")
+pub static IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    shard_gauge("hourglass_dispatch_in_flight", "Messages handed to the producer and not yet acknowledged.")
 });
 pub static DISPATCH_WAKEUPS: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
@@ -141,19 +174,22 @@ pub static AUTH_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
-pub static STORE_SIZE: LazyLock<IntGauge> =
-    LazyLock::new(|| gauge("hourglass_store_size_bytes", "RocksDB SST files plus memtables."));
-pub static STORE_WRITABLE: LazyLock<IntGauge> = LazyLock::new(|| {
-    gauge(
+pub static STORE_SIZE: LazyLock<IntGaugeVec> =
+    LazyLock::new(|| shard_gauge("hourglass_store_size_bytes", "RocksDB SST files plus memtables."));
+pub static STORE_WRITABLE: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    shard_gauge(
         "hourglass_store_writable",
         "1 while the store takes new messages; 0 while its writes fail or the backlog cap is reached.",
     )
 });
-pub static STORE_MAX_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
-    gauge("hourglass_store_max_pending", "The backlog cap (--max-pending); 0 when there is none.")
+pub static STORE_MAX_PENDING: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    shard_gauge(
+        "hourglass_store_max_pending",
+        "The backlog cap of the shard (its part of --max-pending); 0 when there is none.",
+    )
 });
-pub static STORE_PARKED: LazyLock<IntGauge> = LazyLock::new(|| {
-    gauge(
+pub static STORE_PARKED: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    shard_gauge(
         "hourglass_store_parked_requests",
         "Cancels and reschedules waiting for the produce of the message they touch; each waits 5 s at most.",
     )
@@ -172,7 +208,7 @@ pub static STORE_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
 });
 
 /// Touches every metric so that each series is exported from the start,
-/// even before its first event.
+/// even before its first event (a shard's series, once it opens).
 pub fn init() {
     LazyLock::force(&SCHEDULED);
     LazyLock::force(&CANCELLED);

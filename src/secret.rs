@@ -22,7 +22,22 @@ use std::{collections::BTreeMap, fmt};
 
 use rdkafka::{ClientConfig, error::KafkaError, types::RDKafkaConfRes};
 
-use crate::config::ConfigError;
+/// What is wrong with a Kafka property or a reference to a secret. Never
+/// holds a value; for an item of `HOURGLASS_KAFKA_PROPERTIES`, not even
+/// its name (it may be a piece of a value split at a comma).
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("{what} is not a librdkafka property{hint}")]
+    UnknownProperty { what: String, hint: &'static str },
+    #[error("{what}: librdkafka refuses its value: {reason}")]
+    RefusedValue { what: String, reason: String },
+    #[error("item {0} of HOURGLASS_KAFKA_PROPERTIES is not KEY=VALUE (write a comma inside a value as \\,)")]
+    NotKeyValue(usize),
+    #[error("--kafka-property number {0} is not KEY=VALUE")]
+    FlagNotKeyValue(usize),
+    #[error("kafka property {property}: {reason}")]
+    Unresolved { property: String, reason: String },
+}
 
 /// A value that must not be seen: `Debug` and `Display` show
 /// `[redacted]`; [`Secret::expose`] gives the value to whoever uses it.
@@ -64,6 +79,18 @@ impl std::str::FromStr for Secret {
 #[serde(transparent)]
 pub struct Properties(pub BTreeMap<String, String>);
 
+/// Shown (`hourglass serve --print-config`) with secret values hidden.
+impl serde::Serialize for Properties {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (name, value) in &self.0 {
+            map.serialize_entry(name, if is_sensitive(name) { "[redacted]" } else { value })?;
+        }
+        map.end()
+    }
+}
+
 impl std::ops::Deref for Properties {
     type Target = BTreeMap<String, String>;
 
@@ -103,7 +130,7 @@ pub enum Origin {
 /// Whether librdkafka knows the property `name`, and takes `value` for it
 /// (unless `value` is an `env:`/`file:` reference, resolved only at start).
 /// The error never holds the value; for a list item, not the name either.
-pub fn check_property(name: &str, value: &str, origin: Origin) -> Result<(), ConfigError> {
+pub fn check_property(name: &str, value: &str, origin: Origin) -> Result<(), SecretError> {
     let what = match origin {
         Origin::Named if looks_like_a_name(name) => format!("kafka property {name}"),
         // A value given where a name belongs, perhaps: not repeated.
@@ -120,11 +147,11 @@ pub fn check_property(name: &str, value: &str, origin: Origin) -> Result<(), Con
                 Origin::Named => "",
                 Origin::ListItem(_) => " (write a comma inside a value as \\,)",
             };
-            Err(ConfigError::Invalid(format!("{what} is not a librdkafka property{hint}")))
+            Err(SecretError::UnknownProperty { what, hint })
         }
         Err(KafkaError::ClientConfig(_, desc, _, _)) if !reference => {
             let desc = if value.is_empty() { desc } else { desc.replace(value, "[redacted]") };
-            Err(ConfigError::Invalid(format!("{what}: librdkafka refuses its value: {desc}")))
+            Err(SecretError::RefusedValue { what, reason: desc })
         }
         _ => Ok(()),
     }
@@ -144,7 +171,7 @@ fn is_reference(value: &str) -> bool {
 /// `HOURGLASS_KAFKA_PROPERTIES` holds them: `\,` is a comma inside a value,
 /// `\\` a backslash; empty items are skipped. Errors name an item by its
 /// position, never its text.
-pub fn parse_list(list: &str) -> Result<Vec<(usize, String, String)>, ConfigError> {
+pub fn parse_list(list: &str) -> Result<Vec<(usize, String, String)>, SecretError> {
     let mut items = vec![String::new()];
     let mut chars = list.chars();
     while let Some(c) = chars.next() {
@@ -168,9 +195,7 @@ pub fn parse_list(list: &str) -> Result<Vec<(usize, String, String)>, ConfigErro
             continue;
         }
         let Some((key, value)) = item.split_once('=') else {
-            return Err(ConfigError::Invalid(format!(
-                "item {n} of HOURGLASS_KAFKA_PROPERTIES is not KEY=VALUE (write a comma inside a value as \\,)"
-            )));
+            return Err(SecretError::NotKeyValue(n));
         };
         out.push((n, key.trim().to_owned(), value.trim().to_owned()));
     }
@@ -198,9 +223,9 @@ pub fn is_sensitive(name: &str) -> bool {
 
 /// Replaces every `env:`, `file:` and `raw:` value by what it refers to.
 /// Errors name the property and the variable or file, never a value.
-pub fn resolve(properties: &mut BTreeMap<String, String>) -> Result<(), ConfigError> {
+pub fn resolve(properties: &mut BTreeMap<String, String>) -> Result<(), SecretError> {
     for (name, value) in properties.iter_mut() {
-        let fail = |m: String| ConfigError::Invalid(format!("kafka property {name}: {m}"));
+        let fail = |reason: String| SecretError::Unresolved { property: name.clone(), reason };
         let resolved = if let Some(var) = value.strip_prefix("env:") {
             std::env::var(var).map_err(|e| fail(format!("environment variable {var}: {e}")))?
         } else if let Some(path) = value.strip_prefix("file:") {

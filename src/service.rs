@@ -17,7 +17,7 @@
 //! | `list` | filter: PERMISSION_DENIED; else not listed | not listed |
 //! | `stats` | not counted | not counted |
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::{
     Error,
@@ -25,10 +25,11 @@ use crate::{
     clock::Clock,
     kafka::TopicCatalog,
     message::{
-        CancelOutcome, DueSpec, Envelope, Invalid, Limits, ListQuery, PendingPage, Scheduled,
+        CancelOutcome, DueSpec, Envelope, Invalid, Limits, ListQuery, MessageId, PendingPage, Scheduled,
         ScheduledMessage, Scope, Stats, UnixMillis,
     },
-    store::{ListFilter, NewMessage, Store, StoreError, schema::DueKey},
+    node::Node,
+    store::{NewId, NewMessage, StoreError},
 };
 
 /// Due entries one `List` call looks at, at most, matching or not.
@@ -44,15 +45,18 @@ pub struct ScheduleCommand {
 }
 
 pub struct Service {
-    store: Store,
+    node: Arc<Node>,
     catalog: Arc<TopicCatalog>,
     limits: Limits,
     clock: Arc<dyn Clock>,
+    /// Ids for messages scheduled without one: ULIDs, increasing within a
+    /// millisecond.
+    ids: Mutex<ulid::Generator>,
 }
 
 impl Service {
-    pub fn new(store: Store, catalog: Arc<TopicCatalog>, limits: Limits, clock: Arc<dyn Clock>) -> Self {
-        Service { store, catalog, limits, clock }
+    pub fn new(node: Arc<Node>, catalog: Arc<TopicCatalog>, limits: Limits, clock: Arc<dyn Clock>) -> Self {
+        Service { node, catalog, limits, clock, ids: Mutex::new(ulid::Generator::new()) }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -73,7 +77,13 @@ impl Service {
         scope: &Scope,
         cmd: ScheduleCommand,
     ) -> Result<NewMessage, Error> {
-        let id = cmd.id.as_deref().map(|id| scope.id(id)).transpose()?;
+        let id = match cmd.id.as_deref() {
+            Some(id) => NewId::Client(scope.id(id)?),
+            None => {
+                let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+                NewId::Generated(MessageId::generate(&mut ids, scope.tenant.as_ref()))
+            }
+        };
         cmd.envelope.validate(&self.limits)?;
         access.check(&cmd.envelope.topic)?;
         let (due, now) = self.resolve(cmd.due)?;
@@ -95,7 +105,7 @@ impl Service {
 
     pub async fn schedule(&self, access: &Access, cmd: ScheduleCommand) -> Result<Scheduled, Error> {
         let msg = self.prepare(access, &access.scope(), cmd).await?;
-        Ok(self.store.schedule(msg).await?)
+        Ok(self.node.schedule(msg).await?)
     }
 
     /// Schedules many requests in one durable write. Items that fail to
@@ -136,7 +146,7 @@ impl Service {
                 Err(e) => results.push(Some(Err(e))),
             }
         }
-        let stored = self.store.schedule_batch(msgs).await?;
+        let stored = self.node.schedule_batch(msgs).await?;
         for (slot, result) in slots.into_iter().zip(stored) {
             results[slot] = Some(result.map_err(Error::from));
         }
@@ -146,20 +156,20 @@ impl Service {
     pub async fn cancel(&self, access: &Access, id: &str) -> Result<CancelOutcome, Error> {
         let scope = access.scope();
         let id = scope.id(id)?;
-        Ok(self.store.cancel(scope, id, self.clock.now()).await?)
+        Ok(self.node.cancel(scope, id, self.clock.now()).await?)
     }
 
     pub async fn reschedule(&self, access: &Access, id: &str, due: DueSpec) -> Result<UnixMillis, Error> {
         let scope = access.scope();
         let id = scope.id(id)?;
         let (due, _) = self.resolve(due)?;
-        Ok(self.store.reschedule(scope, id, due).await?)
+        Ok(self.node.reschedule(scope, id, due).await?)
     }
 
     pub async fn get(&self, access: &Access, id: &str) -> Result<ScheduledMessage, Error> {
         let scope = access.scope();
         let id = scope.id(id)?;
-        match self.store.get(scope, id.clone()).await? {
+        match self.node.get(scope, id.clone()).await? {
             Some(m) => Ok(m),
             None => Err(StoreError::NotFound(id).into()),
         }
@@ -173,10 +183,7 @@ impl Service {
         if let Some(topic) = &query.topic {
             access.check(topic)?;
         }
-        let start = DueKey { due: query.from.unwrap_or_default(), seq: 0 };
-        let from = query.page_token.map(DueKey::from_token).map_or(start, |token| token.max(start));
-        let filter = ListFilter { topic: query.topic, from, to: query.to, limit, examine: LIST_EXAMINE };
-        Ok(self.store.list_pending(access.scope(), filter).await?)
+        Ok(self.node.list_pending(access.scope(), query, limit, LIST_EXAMINE).await?)
     }
 
     /// Counts by state and the oldest overdue message, of what the caller
@@ -186,9 +193,9 @@ impl Service {
         let now = self.clock.now();
         let scope = access.scope();
         let whole_server = scope.is_everything();
-        let stats = self.store.stats(scope, now).await?;
+        let stats = self.node.stats(scope, now).await?;
         let (dispatching, store_bytes) = if whole_server {
-            (self.store.dispatching() as u64, self.store.size_bytes().await)
+            (self.node.dispatching() as u64, self.node.size_bytes().await?)
         } else {
             (0, 0)
         };
@@ -201,7 +208,7 @@ impl Service {
             dispatching,
             oldest_overdue: stats.oldest_overdue,
             store_bytes,
-            max_pending: self.store.max_pending(),
+            max_pending: self.node.max_pending(),
         })
     }
 }

@@ -1,6 +1,6 @@
 //! A shard: one store and the dispatcher that drains it, plus the upkeep
-//! they need (retention purge, compaction, gauges). It is the unit of work a
-//! process owns; today a process owns one, and nothing in it assumes so.
+//! they need (retention purge, compaction, gauges). A node owns several;
+//! nothing here knows of the others.
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,8 +10,7 @@ use crate::{
     clock::Clock,
     dispatcher::{Dispatcher, DispatcherConfig},
     kafka::Producer,
-    metrics,
-    store::{Store, StoreConfig, StoreError, StoreHealth, schema::DueKey},
+    store::{Store, StoreConfig, StoreHealth, schema::DispatchKey},
 };
 
 #[derive(Clone, Debug)]
@@ -31,13 +30,13 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// Opens the store and starts the dispatcher and upkeep.
+    /// Starts the dispatcher and upkeep of an opened store.
     pub fn start(
+        store: Store,
         config: &ShardConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
-    ) -> Result<Shard, StoreError> {
-        let store = Store::open(&config.store)?;
+    ) -> Shard {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         let dispatcher =
@@ -46,7 +45,7 @@ impl Shard {
         tasks.spawn(upkeep(store.clone(), clock, config.retention, config.upkeep_every, stop.clone()));
         tasks.spawn(probe_while_failing(store.clone(), stop.clone()));
         tasks.close();
-        Ok(Shard { store, stop, tasks })
+        Shard { store, stop, tasks }
     }
 
     pub fn store(&self) -> &Store {
@@ -55,7 +54,7 @@ impl Shard {
 
     /// Stops the dispatcher (after it settles what is in flight) and upkeep,
     /// then closes the store once every queued change is committed.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(&self) {
         self.stop.cancel();
         self.tasks.wait().await;
         self.store.close().await;
@@ -116,10 +115,15 @@ async fn upkeep(
         if rounds % COMPACT_EVERY == 0 {
             // Below this lie mostly the tombstones of settled messages.
             // Compaction drops those and keeps anything still live.
-            let below = DueKey::after(crate::message::UnixMillis(now.0.saturating_sub(60_000)));
-            store.compact_settled(below).await;
+            let below = DispatchKey::after(crate::message::UnixMillis(now.0.saturating_sub(60_000)));
+            if let Err(e) = store.compact_settled(below).await {
+                tracing::warn!(error = %e, "compacting the settled head of the due index failed");
+            }
         }
-        metrics::STORE_SIZE.set(store.size_bytes().await as i64);
+        match store.size_bytes().await {
+            Ok(bytes) => store.metrics().size.set(i64::try_from(bytes).unwrap_or(i64::MAX)),
+            Err(e) => tracing::warn!(error = %e, "reading the store's size failed"),
+        }
         // Bursts leave freed heap behind; hand it back while idle-ish.
         tokio::task::spawn_blocking(crate::memory::trim);
         tokio::select! {

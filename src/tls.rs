@@ -5,13 +5,27 @@
 //! naming the flag and the file rather than at the first handshake.
 //!
 //! This module only loads and checks; the handshake is tonic's (rustls).
+//! It takes plain paths, from the server's settings or a client's flags.
 
 use std::path::{Path, PathBuf};
 
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
-use crate::{cli::ClientArgs, config::ConfigError};
+/// What is wrong with TLS settings or their files; names the flag and the
+/// file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// Settings given without the ones they need.
+    #[error("{0}")]
+    Incomplete(&'static str),
+    #[error("{flag} {}: cannot read it: {source}", path.display())]
+    Unreadable { flag: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("{flag} {}: {what}", path.display())]
+    BadPem { flag: &'static str, path: PathBuf, what: String },
+    #[error("--ca-cert and --client-cert need an https:// --server, not {0}")]
+    PlaintextServer(String),
+}
 
 /// Where the server's TLS material lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,8 +43,8 @@ impl TlsFiles {
         cert: Option<&Path>,
         key: Option<&Path>,
         client_ca: Option<&Path>,
-    ) -> Result<Option<TlsFiles>, ConfigError> {
-        let invalid = |m: &str| Err(ConfigError::Invalid(m.into()));
+    ) -> Result<Option<TlsFiles>, TlsError> {
+        let invalid = |m: &'static str| Err(TlsError::Incomplete(m));
         match (cert, key) {
             (None, None) if client_ca.is_some() => {
                 invalid("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first")
@@ -48,7 +62,7 @@ impl TlsFiles {
 
     /// Reads the files, checks that each holds what it should, and builds
     /// tonic's server TLS settings.
-    pub fn load(&self) -> Result<ServerTlsConfig, ConfigError> {
+    pub fn load(&self) -> Result<ServerTlsConfig, TlsError> {
         let cert = read_certificates("--tls-cert", &self.cert)?;
         let key = read("--tls-key", &self.key)?;
         if let Err(e) = PrivateKeyDer::from_pem_slice(&key) {
@@ -62,27 +76,27 @@ impl TlsFiles {
     }
 }
 
-/// The client subcommands' TLS: none for an http:// server; for https://,
-/// the server checked against `--ca-cert` (or the system's roots) and
-/// `--client-cert`/`--client-key` presented when given.
-pub fn client_config(server: &ClientArgs) -> Result<Option<ClientTlsConfig>, ConfigError> {
-    let https = server.server.starts_with("https://");
-    let wants_tls = server.ca_cert.is_some() || server.client_cert.is_some();
-    if !https && wants_tls {
-        return Err(ConfigError::Invalid(format!(
-            "--ca-cert and --client-cert need an https:// --server, not {}",
-            server.server
-        )));
+/// A client's TLS: none for an http:// `server`; for https://, the server
+/// checked against `ca_cert` (or the system's roots), and `identity` (a
+/// certificate and its key) presented when given.
+pub fn client_config(
+    server: &str,
+    ca_cert: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Option<ClientTlsConfig>, TlsError> {
+    let https = server.starts_with("https://");
+    if !https && (ca_cert.is_some() || identity.is_some()) {
+        return Err(TlsError::PlaintextServer(server.to_owned()));
     }
     if !https {
         return Ok(None);
     }
     let mut tls = ClientTlsConfig::new();
-    tls = match &server.ca_cert {
+    tls = match ca_cert {
         Some(ca) => tls.ca_certificate(Certificate::from_pem(read_certificates("--ca-cert", ca)?)),
         None => tls.with_native_roots(),
     };
-    if let (Some(cert), Some(key)) = (&server.client_cert, &server.client_key) {
+    if let Some((cert, key)) = identity {
         let cert = read_certificates("--client-cert", cert)?;
         let key_pem = read("--client-key", key)?;
         if let Err(e) = PrivateKeyDer::from_pem_slice(&key_pem) {
@@ -93,17 +107,16 @@ pub fn client_config(server: &ClientArgs) -> Result<Option<ClientTlsConfig>, Con
     Ok(Some(tls))
 }
 
-fn read(flag: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(path)
-        .map_err(|e| ConfigError::Invalid(format!("{flag} {}: cannot read it: {e}", path.display())))
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Unreadable { flag, path: path.to_owned(), source })
 }
 
-fn bad_pem(flag: &str, path: &Path, what: &str) -> ConfigError {
-    ConfigError::Invalid(format!("{flag} {}: {what}", path.display()))
+fn bad_pem(flag: &'static str, path: &Path, what: &str) -> TlsError {
+    TlsError::BadPem { flag, path: path.to_owned(), what: what.to_owned() }
 }
 
 /// A file of one or more PEM certificates.
-fn read_certificates(flag: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+fn read_certificates(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     let pem = read(flag, path)?;
     let mut found = 0;
     for cert in CertificateDer::pem_slice_iter(&pem) {

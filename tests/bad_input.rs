@@ -60,7 +60,7 @@ async fn bed(prefix: &str) -> TestBed {
         c.max_message_bytes = MAX_MESSAGE;
         c.max_headers = MAX_HEADERS;
         c.max_headers_bytes = MAX_HEADERS_BYTES;
-        c.max_delay = MAX_DELAY;
+        c.max_delay = MAX_DELAY.into();
         c.max_batch = MAX_BATCH;
         c.max_batch_bytes = MAX_BATCH_BYTES;
     })

@@ -12,12 +12,10 @@ use std::{
     time::Duration,
 };
 
-use clap::{CommandFactory as _, Parser as _};
-use hourglass::{
-    cli::{Cli, Command as Sub},
-    config::Config,
-};
+use hourglass::config::Config;
 use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -28,29 +26,33 @@ fn read(path: &str) -> String {
 }
 
 /// The flags of `hourglass serve`, as config keys (`max-pending` →
-/// `max_pending`), and the environment variables they read.
+/// `max_pending`), and the environment variables they read: from the real
+/// binary's `--help`.
 fn serve_options() -> (BTreeSet<String>, BTreeSet<String>) {
-    let cli = Cli::command();
-    let serve = cli.find_subcommand("serve").expect("a serve subcommand");
+    let out = Command::new(BIN).args(["serve", "--help"]).output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
     let mut keys = BTreeSet::new();
     let mut env = BTreeSet::new();
-    for arg in serve.get_arguments() {
-        if let Some(long) = arg.get_long() {
-            let key = match long {
-                "config" => continue,
-                "kafka-property" => "kafka_properties".to_owned(),
-                other => other.replace('-', "_"),
-            };
-            keys.insert(key);
+    for line in help.lines() {
+        if let Some(long) = line.trim_start().strip_prefix("--").and_then(|l| l.split([' ', '=']).next()) {
+            match long {
+                "config" | "print-config" | "help" => {}
+                "kafka-property" => drop(keys.insert("kafka_properties".to_owned())),
+                other => drop(keys.insert(other.replace('-', "_"))),
+            }
         }
-        if let Some(var) = arg.get_env() {
-            env.insert(var.to_string_lossy().into_owned());
+        let mut rest = line;
+        while let Some(at) = rest.find("[env: ") {
+            let var = &rest[at + 6..];
+            let end = var.find(['=', ']']).unwrap_or(var.len());
+            env.insert(var[..end].to_owned());
+            rest = &var[end..];
         }
     }
+    assert!(keys.contains("kafka_brokers") && env.contains("HOURGLASS_KAFKA_BROKERS"), "{help}");
     // Read by the binary itself rather than by a flag.
-    env.extend(
-        ["HOURGLASS_LOG", "HOURGLASS_SERVER", hourglass::cli::KAFKA_PROPERTIES_ENV].map(str::to_owned),
-    );
+    env.extend(["HOURGLASS_LOG", "HOURGLASS_SERVER", "HOURGLASS_KAFKA_PROPERTIES"].map(str::to_owned));
     (keys, env)
 }
 
@@ -78,22 +80,37 @@ fn mounted(path: Option<PathBuf>) -> Option<PathBuf> {
     })
 }
 
-/// Parses `hourglass ARGS...` as the binary would; fails the test with
-/// clap's own message if it would refuse them.
+/// The settings `hourglass ARGS...` runs with, as the binary prints them
+/// (`serve --print-config`, which checks them and the files they name);
+/// fails the test with the binary's own message if it would refuse them.
+/// The config file named is the example one, installed; the secrets are
+/// those make-secrets.sh made.
 fn parse_serve(args: &[String], what: &str) -> Config {
-    let cli = Cli::try_parse_from(std::iter::once("hourglass".to_owned()).chain(args.iter().cloned()))
-        .unwrap_or_else(|e| panic!("{what} runs `hourglass {}`, which does not parse:\n{e}", args.join(" ")));
-    let Sub::Serve(serve) = cli.command else { panic!("{what} does not run `hourglass serve`") };
-    let mut serve = *serve;
-    // The config file named is the example one, installed.
-    if serve.config.is_some() {
-        serve.config = Some(repo("deploy/hourglass.toml"));
+    assert_eq!(args.first().map(String::as_str), Some("serve"), "{what} does not run `hourglass serve`");
+    let mut local = Vec::new();
+    let mut after_config = false;
+    for arg in &args[1..] {
+        let arg = match arg.split_once('=') {
+            Some(("--config", _)) => format!("--config={}", repo("deploy/hourglass.toml").display()),
+            Some((flag, value)) if flag.starts_with("--") => {
+                format!("{flag}={}", mounted(Some(value.into())).unwrap().display())
+            }
+            _ if after_config => repo("deploy/hourglass.toml").display().to_string(),
+            _ => mounted(Some(arg.into())).unwrap().display().to_string(),
+        };
+        after_config = arg == "--config";
+        local.push(arg);
     }
-    serve.auth_tokens = mounted(serve.auth_tokens);
-    serve.tls_cert = mounted(serve.tls_cert);
-    serve.tls_key = mounted(serve.tls_key);
-    serve.tls_client_ca = mounted(serve.tls_client_ca);
-    serve.into_config_with(None).unwrap_or_else(|e| panic!("{what}: invalid configuration: {e}"))
+    let out = Command::new(BIN).args(["serve", "--print-config"]).args(&local).env_clear().output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what} runs `hourglass {}`, which the binary refuses:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+    toml::from_str(&printed)
+        .unwrap_or_else(|e| panic!("{what}: the printed settings do not parse: {e}\n{printed}"))
 }
 
 /// A server reachable beyond its own machine must ask for tokens.
@@ -184,7 +201,7 @@ fn the_systemd_unit_runs_a_valid_server_and_waits_for_its_shutdown() {
     assert_eq!(exec[0], "/usr/local/bin/hourglass");
     let config = parse_serve(&exec[1..], "the systemd unit");
     let stop: u64 = value("TimeoutStopSec").parse().unwrap();
-    assert!(Duration::from_secs(stop) > config.shutdown_grace, "TimeoutStopSec must exceed shutdown_grace");
+    assert!(Duration::from_secs(stop) > *config.shutdown_grace, "TimeoutStopSec must exceed shutdown_grace");
     assert_eq!(value("StateDirectory"), "hourglass");
     assert_eq!(config.data_dir, Path::new("/var/lib/hourglass"), "the store is in the StateDirectory");
 }
@@ -350,7 +367,7 @@ fn kubernetes_pods_run_a_valid_server_and_probe_its_grpc_health() {
                     "{what}: the store's volume is persistent"
                 );
                 let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
-                assert!(Duration::from_secs(grace) > config.shutdown_grace, "{what}: grace period");
+                assert!(Duration::from_secs(grace) > *config.shutdown_grace, "{what}: grace period");
                 checked += 1;
             }
         }
@@ -365,6 +382,7 @@ fn exported_metrics() -> BTreeSet<String> {
     GRPC_REQUESTS.with_label_values(&["Schedule", "Ok"]).inc();
     GRPC_SECONDS.with_label_values(&["Schedule"]).observe(0.001);
     SCHEDULE_ITEMS.with_label_values(&["ScheduleBatch", "Ok"]).inc();
+    ShardMetrics::of(0).pending.set(0);
     let text = render();
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -426,4 +444,27 @@ fn alert_rules_and_the_dashboard_are_valid_promql_over_real_metrics() {
     std::fs::write(&file, format!("groups:\n  - name: dashboard\n    rules:\n{rules}")).unwrap();
     tool("promtool", &["check", "rules", file.to_str().unwrap()]);
     assert_exported(&metric_names(&exprs.join("\n")), &exported, "the dashboard");
+}
+
+/// The README's table of settings: every one of them, each with the
+/// default it really has (from where it is declared).
+#[test]
+fn the_readme_lists_every_setting_with_its_default() {
+    let readme = read("README.md");
+    let rows: Vec<Vec<String>> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `--"))
+        .map(|l| l.trim_matches('|').split(" | ").map(|c| c.trim().to_owned()).collect())
+        .collect();
+    for setting in Config::SETTINGS {
+        let flag = format!("`--{}`", setting.key.replace('_', "-"));
+        let row = rows
+            .iter()
+            .find(|r| r[0].split(" / ").any(|f| f == flag))
+            .unwrap_or_else(|| panic!("the README's settings table has no row for {flag}"));
+        let at = row[0].split(" / ").position(|f| f == flag).unwrap();
+        let shown = row[1].split(" / ").nth(at).unwrap_or("");
+        let shown = shown.split('`').nth(1).unwrap_or("");
+        assert_eq!(shown, setting.default.unwrap_or(""), "the README's default of {flag}");
+    }
 }

@@ -21,7 +21,8 @@ use std::{
 };
 
 use common::*;
-use hourglass::{bench::ServerProcess, config::Durability, proto};
+use hourglass::{proto, store::Durability};
+use hourglass_testkit::ServerProcess;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 

@@ -35,10 +35,10 @@ use std::{
 
 use common::{verify::collect_async, *};
 use hourglass::{
-    bench::ServerProcess,
-    config::Durability,
     proto::{self, CancelOutcome, State, get_response::Settlement, scheduler_client::SchedulerClient},
+    store::Durability,
 };
+use hourglass_testkit::ServerProcess;
 use rand::Rng as _;
 use tonic::{Code, transport::Channel};
 

@@ -4,6 +4,8 @@
 //! delivered, cancelled, failed and re-driven, and names the oldest overdue
 //! one.
 
+#![allow(deprecated)] // It checks that the deprecated due_from/due_to still work.
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -190,7 +192,7 @@ async fn stats_count_each_state_and_follow_a_redriven_failure() {
     // own limit) is accepted and can never be produced: it fails.
     let tweak = |c: &mut hourglass::config::Config| {
         c.max_delivery_attempts = 2;
-        c.fail_after = Duration::ZERO;
+        c.fail_after = Duration::ZERO.into();
         c.max_pending = 1000;
         c.kafka_properties.insert("message.max.bytes".into(), "1000000".into());
     };

@@ -143,7 +143,7 @@ async fn a_slow_topic_neither_duplicates_nor_holds_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_at(&mock.bootstrap(), dir.path());
     config.max_in_flight = 8;
-    config.stall_after = Duration::from_secs(1);
+    config.stall_after = Duration::from_secs(1).into();
     let server = Hourglass::start(config).await;
     let mut client = server.client().await;
     // Warm both topics up so the producer knows their leaders.
@@ -190,7 +190,7 @@ async fn a_message_in_doubt_at_shutdown_is_never_cancelled() {
     mock.topic(&topic, 1);
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_at(&mock.bootstrap(), dir.path());
-    config.shutdown_grace = Duration::from_secs(1);
+    config.shutdown_grace = Duration::from_secs(1).into();
     let server = Hourglass::start(config.clone()).await;
     let mut client = server.client().await;
     client.schedule(request(&topic, "warm", Duration::ZERO)).await.unwrap();

@@ -30,7 +30,7 @@ const ATTEMPTS: u32 = 3;
 /// The tests' settings for giving up.
 fn give_up_soon(c: &mut hourglass::config::Config) {
     c.max_delivery_attempts = ATTEMPTS;
-    c.fail_after = Duration::ZERO;
+    c.fail_after = Duration::ZERO.into();
 }
 
 /// How many tries a failed message shows: a refused record its own, all

@@ -23,10 +23,10 @@ use std::{
 
 use common::{verify::*, *};
 use hourglass::{
-    bench::ServerProcess,
-    config::Durability,
     proto::{self, scheduler_client::SchedulerClient},
+    store::Durability,
 };
+use hourglass_testkit::ServerProcess;
 use tonic::{Code, transport::Channel};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -177,7 +177,7 @@ fn sample_rss(pid: u32, running: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64
     tokio::spawn(async move {
         let mut peak = 0;
         while running.load(Ordering::Relaxed) {
-            peak = peak.max(hourglass::bench::rss_of(pid).unwrap_or(0));
+            peak = peak.max(hourglass_testkit::rss_of(pid).unwrap_or(0));
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         peak

@@ -110,7 +110,7 @@ async fn request_bodies_are_held_to_a_byte_budget() {
 async fn idle_streams_neither_starve_other_calls_nor_live_for_ever() {
     let bed = TestBed::start_with("idle", 1, |c| {
         c.max_concurrent_requests = 16;
-        c.stream_idle_timeout = Duration::from_secs(2);
+        c.stream_idle_timeout = Duration::from_secs(2).into();
     })
     .await;
     let mut client = bed.server.client().await;

@@ -11,6 +11,8 @@ use tonic::{
 };
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
+use crate::Error;
+
 #[derive(Debug, Clone)]
 pub struct Codec<T, U>(ProstCodec<T, U>);
 
@@ -48,10 +50,7 @@ impl<U: Message + Default> tonic::codec::Decoder for Decoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         self.0.decode(buf).map_err(|status| match status.code() {
-            Code::Internal => Status::invalid_argument(format!(
-                "the message does not decode as this method's protobuf type: {}",
-                status.message()
-            )),
+            Code::Internal => Status::from(Error::Undecodable(status.message().to_owned())),
             _ => status,
         })
     }

@@ -182,14 +182,44 @@ impl From<ScheduledMessage> for proto::GetResponse {
 impl TryFrom<proto::ListRequest> for ListQuery {
     type Error = Invalid;
 
+    #[allow(deprecated)]
     fn try_from(r: proto::ListRequest) -> Result<Self, Invalid> {
+        let (from_field, from) = either("dispatch_from", r.dispatch_from, "due_from", r.due_from)?;
+        let (to_field, to) = either("dispatch_to", r.dispatch_to, "due_to", r.due_to)?;
+        // Checked here, where the names the caller used are known.
+        if let (Some(from), Some(to)) = (from, to)
+            && to <= from
+        {
+            return Err(Invalid::new(
+                to_field,
+                format!("{} is not after {from_field} {}", to.to_rfc3339(), from.to_rfc3339()),
+            ));
+        }
         Ok(ListQuery {
             topic: (!r.topic.is_empty()).then_some(r.topic),
-            from: r.due_from.map(|t| unix_millis("due_from", t)).transpose()?,
-            to: r.due_to.map(|t| unix_millis("due_to", t)).transpose()?,
+            from,
+            to,
             page_size: r.page_size,
             page_token: (!r.page_token.is_empty()).then(|| PageToken::decode(&r.page_token)).transpose()?,
         })
+    }
+}
+
+/// A time given under its name or under its deprecated one (not both), and
+/// the name it came under.
+fn either(
+    name: &'static str,
+    value: Option<prost_types::Timestamp>,
+    deprecated: &'static str,
+    old: Option<prost_types::Timestamp>,
+) -> Result<(&'static str, Option<UnixMillis>), Invalid> {
+    match (value, old) {
+        (Some(_), Some(_)) => {
+            Err(Invalid::new(deprecated, format!("is the deprecated name of {name}; set only {name}")))
+        }
+        (Some(t), None) => Ok((name, Some(unix_millis(name, t)?))),
+        (None, Some(t)) => Ok((deprecated, Some(unix_millis(deprecated, t)?))),
+        (None, None) => Ok((name, None)),
     }
 }
 
@@ -295,14 +325,16 @@ mod tests {
     }
 
     #[test]
+    #[allow(deprecated)]
     fn list_requests_convert_and_name_bad_fields() {
-        let token = PageToken { dispatch_at: UnixMillis(9), seq: 1 };
+        let token = PageToken { dispatch_at: UnixMillis(9), shard: 0, seq: 1 };
         let request = proto::ListRequest {
             topic: "orders".into(),
             due_from: Some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
             due_to: Some(prost_types::Timestamp { seconds: 2, nanos: 0 }),
             page_size: 10,
             page_token: token.encode(),
+            ..Default::default()
         };
         let query = ListQuery::try_from(request.clone()).unwrap();
         assert_eq!(query.topic.as_deref(), Some("orders"));
@@ -312,8 +344,26 @@ mod tests {
         assert_eq!(empty, ListQuery::default(), "empty fields are unset");
         let bad = proto::ListRequest { page_token: "nope".into(), ..request.clone() };
         assert_eq!(ListQuery::try_from(bad).unwrap_err().field, "page_token");
-        let bad =
-            proto::ListRequest { due_to: Some(prost_types::Timestamp { seconds: 1, nanos: -1 }), ..request };
+        let bad = proto::ListRequest {
+            due_to: Some(prost_types::Timestamp { seconds: 1, nanos: -1 }),
+            ..request.clone()
+        };
         assert_eq!(ListQuery::try_from(bad).unwrap_err().field, "due_to");
+
+        // The current names mean the same; errors name what was set.
+        let current = proto::ListRequest {
+            due_from: None,
+            due_to: None,
+            dispatch_from: request.due_from,
+            dispatch_to: request.due_to,
+            ..request.clone()
+        };
+        assert_eq!(ListQuery::try_from(current.clone()).unwrap(), query);
+        let backwards = proto::ListRequest { dispatch_to: current.dispatch_from, ..current.clone() };
+        assert_eq!(ListQuery::try_from(backwards).unwrap_err().field, "dispatch_to");
+        let backwards = proto::ListRequest { due_to: request.due_from, ..request.clone() };
+        assert_eq!(ListQuery::try_from(backwards).unwrap_err().field, "due_to");
+        let both = proto::ListRequest { due_from: request.due_from, ..current };
+        assert_eq!(ListQuery::try_from(both).unwrap_err().field, "due_from");
     }
 }

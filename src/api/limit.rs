@@ -34,7 +34,7 @@ use tonic::{
     server::NamedService,
 };
 
-use crate::{message::Limits, metrics};
+use crate::{Error, message::Limits, metrics};
 
 /// How large a request may be, and what sets that.
 #[derive(Clone, Copy, Debug)]
@@ -95,10 +95,7 @@ impl Ticket {
             .and_then(|n| Arc::clone(&self.budget.bytes).try_acquire_many_owned(n).ok())
             .ok_or_else(|| {
                 self.refused.store(true, std::sync::atomic::Ordering::Relaxed);
-                Status::resource_exhausted(format!(
-                    "the server already holds {} bytes of requests (--max-request-memory); retry with backoff",
-                    self.budget.total
-                ))
+                Status::from(Error::RequestMemory(self.budget.total))
             })?;
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         match held.as_mut() {
@@ -223,12 +220,11 @@ pub fn too_large(status: Status, limit: Limit) -> Status {
     if status.code() != Code::OutOfRange {
         return status;
     }
-    Status::invalid_argument(format!(
-        "the request is larger than the server reads: at most {} bytes, set by {}; split it ({})",
-        limit.bytes,
-        limit.set_by,
-        status.message()
-    ))
+    Status::from(Error::TooLarge {
+        bytes: limit.bytes,
+        set_by: limit.set_by,
+        detail: status.message().to_owned(),
+    })
 }
 
 #[cfg(test)]

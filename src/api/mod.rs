@@ -15,7 +15,7 @@ pub use stream::StreamLimits;
 use std::{future::Future, sync::Arc, time::Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
 use crate::{Error, auth::Access, metrics, proto, service::Service};
 
@@ -53,15 +53,9 @@ impl SchedulerApi {
     /// serves as many as it may: a quick refusal the client can retry
     /// elsewhere or later, instead of a queue that grows without bound.
     fn admit(&self, method: &'static str) -> Result<OwnedSemaphorePermit, Status> {
-        Arc::clone(&self.admission).try_acquire_owned().map_err(|_| {
-            busy(
-                method,
-                format!(
-                    "the server is busy: it already serves {} calls (--max-concurrent-requests); retry with backoff",
-                    self.config.max_concurrent
-                ),
-            )
-        })
+        Arc::clone(&self.admission)
+            .try_acquire_owned()
+            .map_err(|_| busy(method, Error::TooManyCalls(self.config.max_concurrent)))
     }
 
     /// Lets a stream in: a place among the calls and among the streams, and
@@ -69,25 +63,12 @@ impl SchedulerApi {
     fn admit_stream(&self) -> Result<impl Send + 'static, Status> {
         const METHOD: &str = "ScheduleStream";
         let call = self.admit(METHOD)?;
-        let stream = Arc::clone(&self.streams).try_acquire_owned().map_err(|_| {
-            busy(
-                METHOD,
-                format!(
-                    "the server already has {} streams open, half of --max-concurrent-requests; retry with backoff",
-                    (self.config.max_concurrent / 2).max(1)
-                ),
-            )
-        })?;
-        let bytes = stream::memory(self.service.limits());
-        let memory = self.config.memory.try_take(bytes).ok_or_else(|| {
-            busy(
-                METHOD,
-                format!(
-                    "the server's memory for requests ({} bytes, --max-request-memory) has no room for another \
-                     stream's window ({bytes} bytes); retry with backoff",
-                    self.config.memory.total()
-                ),
-            )
+        let stream = Arc::clone(&self.streams)
+            .try_acquire_owned()
+            .map_err(|_| busy(METHOD, Error::TooManyStreams((self.config.max_concurrent / 2).max(1))))?;
+        let window = stream::memory(self.service.limits());
+        let memory = self.config.memory.try_take(window).ok_or_else(|| {
+            busy(METHOD, Error::NoRoomForStream { total: self.config.memory.total(), window })
         })?;
         Ok((call, stream, memory))
     }
@@ -120,9 +101,10 @@ impl SchedulerApi {
 }
 
 /// A refusal for want of room, counted.
-fn busy(method: &'static str, message: String) -> Status {
-    metrics::GRPC_REQUESTS.with_label_values(&[method, &format!("{:?}", Code::ResourceExhausted)]).inc();
-    Status::resource_exhausted(message)
+fn busy(method: &'static str, refusal: Error) -> Status {
+    let status = Status::from(refusal);
+    metrics::GRPC_REQUESTS.with_label_values(&[method, &format!("{:?}", status.code())]).inc();
+    status
 }
 
 /// The answers to items of a batch or a stream, numbered from

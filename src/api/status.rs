@@ -1,20 +1,21 @@
 //! The one table from core errors to gRPC status codes.
 //!
-//! | situation                                   | code                |
-//! |---------------------------------------------|---------------------|
-//! | bad request field                           | INVALID_ARGUMENT    |
-//! | unknown topic, unknown id                   | NOT_FOUND           |
-//! | id taken by a different message             | ALREADY_EXISTS      |
-//! | reschedule of a delivered/cancelled message | FAILED_PRECONDITION |
-//! | disk full, backlog cap, server busy         | RESOURCE_EXHAUSTED  |
-//! | Kafka unreachable, shutting down, I/O error | UNAVAILABLE         |
+//! | situation                                                | code                |
+//! |----------------------------------------------------------|---------------------|
+//! | bad request field, undecodable or oversized request      | INVALID_ARGUMENT    |
+//! | unknown topic, unknown id                                | NOT_FOUND           |
+//! | id taken by a different message                          | ALREADY_EXISTS      |
+//! | reschedule of a delivered/cancelled message              | FAILED_PRECONDITION |
+//! | disk full, backlog cap                                   | RESOURCE_EXHAUSTED  |
+//! | server busy: calls, streams, request memory, health watches | RESOURCE_EXHAUSTED |
+//! | Kafka unreachable, shutting down, I/O error, idle stream | UNAVAILABLE         |
 //! | a cancel or reschedule of a message whose produce is not yet confirmed | UNAVAILABLE |
-//! | store corruption                            | DATA_LOSS           |
-//! | the caller's token does not cover the topic | PERMISSION_DENIED   |
-//! | a token revoked while its stream was open   | UNAUTHENTICATED     |
+//! | store corruption                                         | DATA_LOSS           |
+//! | the caller's token does not cover the topic              | PERMISSION_DENIED   |
+//! | no token, an unknown one, one revoked mid-stream, none checked | UNAUTHENTICATED |
 //!
-//! A missing or unknown token never gets this far: `auth` refuses it with
-//! UNAUTHENTICATED before the call is read.
+//! Nothing else in the crate builds a status: the token check, the request
+//! limits and the codec hand their refusals over as an [`Error`].
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -24,18 +25,29 @@ use crate::{Error, proto, store::StoreError};
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let message = e.to_string();
-        match e {
-            Error::Invalid(invalid) => Status::with_error_details(
-                Code::InvalidArgument,
-                message,
-                ErrorDetails::with_bad_request_violation(invalid.field, invalid.reason),
-            ),
-            Error::TopicUnknown(_) => Status::not_found(message),
-            Error::KafkaUnavailable { .. } => Status::unavailable(message),
-            Error::Store(e) => Status::new(store_code(&e), message),
-            Error::Forbidden { .. } => Status::permission_denied(message),
-            Error::Unauthenticated(_) => Status::unauthenticated(message),
-        }
+        let code = match e {
+            Error::Invalid(invalid) => {
+                return Status::with_error_details(
+                    Code::InvalidArgument,
+                    message,
+                    ErrorDetails::with_bad_request_violation(invalid.field, invalid.reason),
+                );
+            }
+            Error::TooLarge { .. } | Error::Undecodable(_) => Code::InvalidArgument,
+            Error::TopicUnknown(_) => Code::NotFound,
+            Error::KafkaUnavailable { .. } | Error::StreamIdle(_) => Code::Unavailable,
+            Error::Store(e) => store_code(&e),
+            Error::Forbidden { .. } => Code::PermissionDenied,
+            Error::NoToken | Error::BadToken | Error::Revoked { .. } | Error::Unchecked => {
+                Code::Unauthenticated
+            }
+            Error::TooManyCalls(_)
+            | Error::TooManyStreams(_)
+            | Error::NoRoomForStream { .. }
+            | Error::RequestMemory(_)
+            | Error::TooManyWatches(_) => Code::ResourceExhausted,
+        };
+        Status::new(code, message)
     }
 }
 
@@ -85,7 +97,21 @@ mod tests {
             (StoreError::Corrupt("bad block".into()).into(), Code::DataLoss),
             (Error::Forbidden { token: "a".into(), topic: "t".into() }, Code::PermissionDenied),
             (StoreError::Forbidden { token: "a".into(), topic: "t".into() }.into(), Code::PermissionDenied),
-            (Error::Unauthenticated("revoked".into()), Code::Unauthenticated),
+            (Error::Revoked { token: "a".into() }, Code::Unauthenticated),
+            (Error::NoToken, Code::Unauthenticated),
+            (Error::BadToken, Code::Unauthenticated),
+            (Error::Unchecked, Code::Unauthenticated),
+            (
+                Error::TooLarge { bytes: 8, set_by: "--max-batch-bytes", detail: "9 bytes".into() },
+                Code::InvalidArgument,
+            ),
+            (Error::Undecodable("bad wire type".into()), Code::InvalidArgument),
+            (Error::TooManyCalls(4), Code::ResourceExhausted),
+            (Error::TooManyStreams(2), Code::ResourceExhausted),
+            (Error::NoRoomForStream { total: 8, window: 9 }, Code::ResourceExhausted),
+            (Error::RequestMemory(8), Code::ResourceExhausted),
+            (Error::TooManyWatches(64), Code::ResourceExhausted),
+            (Error::StreamIdle(std::time::Duration::from_secs(120)), Code::Unavailable),
         ];
         for (error, code) in cases {
             let text = error.to_string();

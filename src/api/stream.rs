@@ -26,7 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::schedule_results;
-use crate::{auth::Access, message::Scheduled, metrics, proto, service::Service};
+use crate::{Error, auth::Access, message::Scheduled, metrics, proto, service::Service};
 
 /// The answers to a stream, in request order.
 pub type Answers = ReceiverStream<Result<proto::ScheduleResult, Status>>;
@@ -110,10 +110,7 @@ async fn pump(
                 last_heard = tokio::time::Instant::now();
             }
             _ = tokio::time::sleep_until(idle_until), if open && unanswered == 0 => {
-                broken = Some(Status::unavailable(format!(
-                    "the stream sent nothing for {}, so the server ended it; open a new one to go on",
-                    humantime::format_duration(limits.idle)
-                )));
+                broken = Some(Status::from(Error::StreamIdle(limits.idle)));
                 open = false;
             }
             first = inbound.next(), if open && unanswered < window && unanswered_bytes < WINDOW_BYTES => {

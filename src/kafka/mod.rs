@@ -6,7 +6,7 @@ mod catalog;
 mod producer;
 
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
-pub(crate) use producer::client_config;
+pub use producer::producer_config;
 pub use producer::{DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
 
 use std::collections::BTreeMap;

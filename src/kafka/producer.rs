@@ -212,7 +212,7 @@ fn defaults() -> BTreeMap<&'static str, &'static str> {
 
 /// The producer's librdkafka configuration: defaults, brokers, then the
 /// user's properties.
-pub(crate) fn client_config(config: &KafkaConfig) -> ClientConfig {
+pub fn producer_config(config: &KafkaConfig) -> ClientConfig {
     let mut client = ClientConfig::new();
     for (k, v) in defaults() {
         client.set(k, v);
@@ -226,7 +226,7 @@ pub(crate) fn client_config(config: &KafkaConfig) -> ClientConfig {
 
 impl Producer {
     pub fn new(config: &KafkaConfig) -> Result<Producer, KafkaError> {
-        let client = client_config(config);
+        let client = producer_config(config);
         if client.get("enable.idempotence") != Some("true") {
             tracing::warn!("enable.idempotence is off: Kafka retries may duplicate or reorder records");
         }
@@ -348,7 +348,7 @@ mod tests {
                 ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
             ]),
         };
-        let client = client_config(&config);
+        let client = producer_config(&config);
         assert_eq!(client.get("bootstrap.servers"), Some("b1:9092,b2:9092"));
         assert_eq!(client.get("linger.ms"), Some("20"));
         assert_eq!(client.get("security.protocol"), Some("SASL_SSL"));

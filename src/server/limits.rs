@@ -154,11 +154,7 @@ where
             return Box::pin(self.inner.call(request));
         }
         let Ok(place) = Arc::clone(&self.places).try_acquire_owned() else {
-            let status = Status::resource_exhausted(format!(
-                "{} health Watch streams are open, the most this server keeps (--max-health-watches); \
-                 use Check, or watch from fewer places",
-                self.max
-            ));
+            let status = Status::from(crate::Error::TooManyWatches(self.max));
             return Box::pin(async move { Ok(status.into_http()) });
         };
         let answer = self.inner.call(request);

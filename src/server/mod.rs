@@ -1,13 +1,15 @@
-//! Wiring: builds the producer, the topic catalog, the shard and the gRPC
-//! and metrics servers from a [`Config`], runs them until `shutdown`, then
-//! drains in order. TLS ([`crate::tls`]) and the token check
+//! Wiring: builds the producer, the topic catalog, the node (its shards)
+//! and the gRPC and metrics servers from a [`Config`] ([`settings`] turns it
+//! into what each is built from), runs them until `shutdown`, then drains in
+//! order. TLS ([`crate::tls`]) and the token check
 //! ([`crate::auth`]) are put in front of the gRPC services here; health
 //! stays outside the token check.
 //!
 //! Shutdown order: health turns NOT_SERVING; the gRPC server stops accepting
 //! and finishes the requests in flight (their writes commit); the dispatcher
-//! waits for in-flight produces and settles them; the store commits what is
-//! queued, syncs the WAL and closes; the metrics endpoint goes last.
+//! of each shard waits for in-flight produces and settles them; each store
+//! commits what is queued, syncs the WAL and closes; the metrics endpoint
+//! goes last.
 //!
 //! What a client can hold is bounded here and in `api`: connections
 //! ([`limits::LimitedIncoming`]), calls per connection, health watches
@@ -15,6 +17,7 @@
 //! peer is gone.
 
 mod limits;
+pub mod settings;
 
 use std::{sync::Arc, time::Duration};
 
@@ -29,9 +32,10 @@ use crate::{
     clock::{Clock, SystemClock},
     config::Config,
     kafka::{MetadataSource, Producer, TopicCatalog},
-    metrics, proto, secret,
+    metrics,
+    node::Node,
+    proto, secret,
     service::Service,
-    shard::Shard,
     store::StoreHealth,
 };
 
@@ -67,31 +71,32 @@ pub async fn run_with_clock(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     metrics::init();
-    metrics::STORE_MAX_PENDING.set(i64::try_from(config.max_pending).unwrap_or(i64::MAX));
-    let tls = config.tls()?.map(|tls| tls.load()).transpose()?;
+    settings::check(&config)?;
+    let tls = settings::tls(&config)?.map(|tls| tls.load()).transpose()?;
     let auth = match &config.auth_tokens {
         Some(path) => Authenticator::load(path)?,
         None => Authenticator::disabled(),
     };
-    let mut kafka = config.kafka();
+    let mut kafka = settings::kafka(&config);
     secret::resolve(&mut kafka.properties)?;
     let producer = Arc::new(Producer::new(&kafka).map_err(|e| {
         anyhow::anyhow!("creating the Kafka producer: {}", secret::redact(&e.to_string(), &kafka.properties))
     })?);
     let catalog = Arc::new(TopicCatalog::new(Arc::clone(&producer) as Arc<dyn MetadataSource>));
     let background = CancellationToken::new();
-    let catalog_task = tokio::spawn(Arc::clone(&catalog).run(config.metadata_refresh, background.clone()));
+    let catalog_task = tokio::spawn(Arc::clone(&catalog).run(*config.metadata_refresh, background.clone()));
 
-    let shard = Shard::start(&config.shard(), Arc::clone(&producer), Arc::clone(&clock))
-        .with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
-    let service = Arc::new(Service::new(shard.store().clone(), Arc::clone(&catalog), config.limits(), clock));
+    let node =
+        Arc::new(Node::start(&settings::node(&config), Arc::clone(&producer), Arc::clone(&clock)).await?);
+    let service =
+        Arc::new(Service::new(Arc::clone(&node), Arc::clone(&catalog), settings::limits(&config), clock));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     let health_service = limits::BoundedWatch::new(health_service, config.max_health_watches);
     // For liveness probes: SERVING for as long as the process answers gRPC,
     // whatever the store's state (readiness asks for "" instead).
     health.set_service_status(LIVENESS, tonic_health::ServingStatus::Serving).await;
-    let health_task = tokio::spawn(report_health(shard.store().health(), health.clone(), background.clone()));
+    let health_task = tokio::spawn(report_health(node.health(), health.clone(), background.clone()));
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
@@ -112,6 +117,7 @@ pub async fn run_with_clock(
         auth = auth.is_enabled(),
         brokers = %config.kafka_brokers,
         data_dir = %config.data_dir.display(),
+        shards = config.shards,
         "hourglass is serving"
     );
 
@@ -129,7 +135,7 @@ pub async fn run_with_clock(
     let stop_accepting = CancellationToken::new();
     let api = ApiConfig {
         max_concurrent: config.max_concurrent_requests,
-        stream: StreamLimits { window: config.stream_window, idle: config.stream_idle_timeout },
+        stream: StreamLimits { window: config.stream_window, idle: *config.stream_idle_timeout },
         memory: Budget::new(config.max_request_memory),
     };
     let grpc = tokio::spawn(
@@ -152,8 +158,7 @@ pub async fn run_with_clock(
     );
 
     let failed = producer.failed();
-    let store = shard.store().clone();
-    let damaged = store.damaged();
+    let damaged = node.damaged();
     tokio::select! {
         _ = shutdown.cancelled() => {}
         _ = failed.cancelled() => {}
@@ -166,14 +171,14 @@ pub async fn run_with_clock(
         health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
     }
     stop_accepting.cancel();
-    drain_within(config.shutdown_grace, "gRPC requests", grpc).await;
-    shard.shutdown().await;
+    drain_within(*config.shutdown_grace, "gRPC requests", grpc).await;
+    node.shutdown().await;
     background.cancel();
     let _ = catalog_task.await;
     let _ = hangup_task.await;
     let _ = metrics_task.await;
     producer.flush(Duration::from_secs(1)).ok();
-    if let Some(damage) = store.damage() {
+    if let Some(damage) = node.damage() {
         anyhow::bail!(damage);
     }
     if failed.is_cancelled() {
@@ -187,8 +192,8 @@ pub async fn run_with_clock(
     Ok(())
 }
 
-/// Mirrors the store's health in gRPC health, for the whole server and for
-/// the Scheduler service: NOT_SERVING while the store cannot take new
+/// Mirrors the node's health in gRPC health, for the whole server and for
+/// the Scheduler service: NOT_SERVING while a store cannot take new
 /// messages (disk full, backlog cap reached), so that load balancers and
 /// readiness probes send traffic elsewhere. Reads keep being answered.
 async fn report_health(
@@ -215,7 +220,6 @@ async fn report_health(
                 ServingStatus::NotServing
             }
         };
-        metrics::STORE_WRITABLE.set(i64::from(now == StoreHealth::Ok));
         for service in ["", SCHEDULER] {
             health.set_service_status(service, status).await;
         }

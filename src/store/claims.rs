@@ -23,7 +23,7 @@ use std::{
 
 use tokio::sync::Notify;
 
-use super::schema::DueKey;
+use super::schema::DispatchKey;
 use crate::message::MessageId;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,22 +123,22 @@ pub(crate) struct Wake {
 #[derive(Default)]
 struct WakeState {
     /// The dispatcher has read (or is reading) everything below this.
-    position: DueKey,
+    position: DispatchKey,
     /// Entries committed below `position` since the dispatcher last asked.
-    late: Vec<(DueKey, MessageId)>,
+    late: Vec<(DispatchKey, MessageId)>,
     /// The lowest of those that did not fit in `late`.
-    overflow: Option<DueKey>,
+    overflow: Option<DispatchKey>,
     /// Below this every due entry is settled: what reads of the due index
     /// start from, to stay clear of the tombstones of settled messages.
-    low_water: DueKey,
+    low_water: DispatchKey,
 }
 
 /// What the writer handed over since the dispatcher last asked.
 #[derive(Debug, Default)]
 pub(crate) struct Late {
-    pub entries: Vec<(DueKey, MessageId)>,
+    pub entries: Vec<(DispatchKey, MessageId)>,
     /// Rescan from here: more came than fit.
-    pub rescan_from: Option<DueKey>,
+    pub rescan_from: Option<DispatchKey>,
 }
 
 impl Wake {
@@ -148,7 +148,7 @@ impl Wake {
 
     /// The writer, after a commit that added `added`: those below the
     /// dispatcher's position are handed to it, and it is woken.
-    pub fn added(&self, added: &[(DueKey, MessageId)]) {
+    pub fn added(&self, added: &[(DispatchKey, MessageId)]) {
         if added.is_empty() {
             return;
         }
@@ -169,7 +169,7 @@ impl Wake {
     /// committed from now on below `upper` come to it through [`Wake::take`].
     /// Set before the read starts, so that an entry committed while the
     /// read runs is either seen by the read or handed over, never neither.
-    pub fn reading_up_to(&self, upper: DueKey) {
+    pub fn reading_up_to(&self, upper: DispatchKey) {
         let mut state = self.state();
         state.position = state.position.max(upper);
     }
@@ -181,15 +181,15 @@ impl Wake {
     }
 
     /// The dispatcher: nothing below `key` is pending any more.
-    pub fn set_low_water(&self, key: DueKey) {
+    pub fn set_low_water(&self, key: DispatchKey) {
         self.state().low_water = key;
     }
 
     /// Where live entries start: the dispatcher's mark, or lower for an
     /// entry handed over that it has not taken yet.
-    pub fn low_water(&self) -> DueKey {
+    pub fn low_water(&self) -> DispatchKey {
         let state = self.state();
-        state.late.iter().map(|(key, _)| *key).chain(state.overflow).fold(state.low_water, DueKey::min)
+        state.late.iter().map(|(key, _)| *key).chain(state.overflow).fold(state.low_water, DispatchKey::min)
     }
 
     /// Wakes the dispatcher: entries it found held by the writer are free.
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn entries_added_below_the_dispatchers_position_are_handed_over() {
         let w = Wake::default();
-        let k = |d| DueKey { due: UnixMillis(d), seq: 0 };
+        let k = |d| DispatchKey { at: UnixMillis(d), seq: 0 };
         w.reading_up_to(k(100));
         w.reading_up_to(k(50));
         w.added(&[(k(5), id("a")), (k(150), id("later")), (k(99), id("b"))]);

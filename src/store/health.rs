@@ -9,6 +9,7 @@
 
 use std::sync::Mutex;
 
+use prometheus::IntGauge;
 use tokio::sync::watch;
 
 /// What the store reports.
@@ -27,6 +28,8 @@ pub enum StoreHealth {
 pub(crate) struct HealthBoard {
     tx: watch::Sender<StoreHealth>,
     parts: Mutex<Parts>,
+    /// Set to 1 while the store takes new messages, 0 otherwise.
+    writable: IntGauge,
 }
 
 #[derive(Clone, Debug)]
@@ -36,10 +39,12 @@ struct Parts {
 }
 
 impl HealthBoard {
-    pub fn new() -> HealthBoard {
+    pub fn new(writable: IntGauge) -> HealthBoard {
+        writable.set(1);
         HealthBoard {
             tx: watch::channel(StoreHealth::Ok).0,
             parts: Mutex::new(Parts { writes: StoreHealth::Ok, reads: None }),
+            writable,
         }
     }
 
@@ -56,6 +61,7 @@ impl HealthBoard {
             }
             _ => parts.writes.clone(),
         };
+        self.writable.set(i64::from(now == StoreHealth::Ok));
         self.tx.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
     }
 
@@ -82,10 +88,12 @@ mod tests {
 
     #[test]
     fn reads_and_writes_combine_and_clear_on_their_own() {
-        let board = HealthBoard::new();
+        let writable = IntGauge::new("writable", "1 while writable").unwrap();
+        let board = HealthBoard::new(writable.clone());
         let health = board.subscribe();
         board.set_reads(Some("reading m1 failed".into()));
         assert_eq!(*health.borrow(), StoreHealth::Failing("reading m1 failed".into()));
+        assert_eq!(writable.get(), 0);
         board.set_writes(StoreHealth::Ok);
         assert!(
             matches!(*health.borrow(), StoreHealth::Failing(_)),
@@ -98,5 +106,7 @@ mod tests {
         board.set_writes(StoreHealth::AtCapacity);
         assert_eq!(*health.borrow(), StoreHealth::AtCapacity);
         assert!(!board.writes_failing());
+        board.set_writes(StoreHealth::Ok);
+        assert_eq!(writable.get(), 1);
     }
 }

@@ -13,13 +13,65 @@ use rocksdb::{DB, Direction, IteratorMode, ReadOptions};
 type Snapshot<'a> = rocksdb::SnapshotWithThreadMode<'a, DB>;
 
 use super::{
-    StoreError,
-    schema::{self, Counts, CountsKey, DueKey, MessageRecord, Meta, Settlement, SettlementKind},
-    writer::cf,
+    Store, StoreError,
+    options::cf,
+    schema::{self, Counts, CountsKey, DispatchKey, MessageRecord, Meta, Settlement, SettlementKind},
+    view,
 };
-use crate::message::{
-    MessageId, PendingMessage, PendingPage, ScheduledMessage, Scope, UnixMillis, Visibility,
-};
+use crate::message::{MessageId, PendingMessage, ScheduledMessage, Scope, UnixMillis, Visibility};
+
+/// Due entries `stats` looks at for the oldest overdue message a caller
+/// sees, at most: one caller's messages may lie behind many of others'.
+pub(super) const STATS_EXAMINE: usize = 10_000;
+
+/// The reads, each on a blocking thread; damage a read finds is reported.
+impl Store {
+    /// The message `id` names for `scope`.
+    pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
+        self.blocking(move |s| message(&s.inner.db, &scope, id)).await
+    }
+
+    /// A page of the pending messages `scope` sees, in dispatch order, read
+    /// from one snapshot. It starts no lower than the first entry that may
+    /// still be pending.
+    pub async fn list_pending(&self, scope: Scope, mut filter: ListFilter) -> Result<StorePage, StoreError> {
+        filter.from = filter.from.max(self.inner.wake.low_water());
+        self.blocking(move |s| list_pending(&s.inner.db, &scope, &filter)).await
+    }
+
+    /// The counts `scope` sees and its oldest pending message due before
+    /// `now`, from one snapshot.
+    pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<StoreStats, StoreError> {
+        let from = self.inner.wake.low_water();
+        self.blocking(move |s| stats(&s.inner.db, &scope, now, from, STATS_EXAMINE)).await
+    }
+
+    /// Bytes on disk (SST files) plus memtables.
+    pub async fn size_bytes(&self) -> Result<u64, StoreError> {
+        self.blocking(|s| Ok(size_bytes(&s.inner.db))).await
+    }
+
+    /// Drops the tombstones settled messages left in the due CF below `below`.
+    pub async fn compact_settled(&self, below: DispatchKey) -> Result<(), StoreError> {
+        self.blocking(move |s| {
+            let db = &s.inner.db;
+            db.compact_range_cf(cf(db, schema::CF_DUE), None::<&[u8]>, Some(&below.encode()[..]));
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn size_bytes(db: &DB) -> u64 {
+    [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT]
+        .iter()
+        .flat_map(|name| {
+            let cf = cf(db, name);
+            ["rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"]
+                .map(|p| db.property_int_value_cf(cf, p).ok().flatten().unwrap_or(0))
+        })
+        .sum()
+}
 
 fn corrupt(what: impl Into<String>) -> StoreError {
     StoreError::Corrupt(what.into())
@@ -134,7 +186,7 @@ pub(crate) fn message(db: &DB, scope: &Scope, id: MessageId) -> Result<Option<Sc
         let Some((record, settlement)) = record(db, &candidate, &opts)? else { continue };
         match scope.sees(&candidate, &record.topic) {
             Visibility::Visible => {
-                return Ok(Some(schema::scheduled_message(candidate, &record, settlement.as_ref())));
+                return Ok(Some(view::scheduled_message(candidate, &record, settlement.as_ref())));
             }
             Visibility::Forbidden => {
                 return Err(StoreError::Forbidden { token: scope.name.to_string(), topic: record.topic });
@@ -150,7 +202,7 @@ pub(crate) fn message(db: &DB, scope: &Scope, id: MessageId) -> Result<Option<Sc
 pub struct ListFilter {
     pub topic: Option<String>,
     /// The first position to look at.
-    pub from: DueKey,
+    pub from: DispatchKey,
     /// Dispatch time before this.
     pub to: Option<UnixMillis>,
     /// Messages in the page, at most.
@@ -162,11 +214,19 @@ pub struct ListFilter {
 
 /// Upper bound on the key bytes of one listing page, so that a page of
 /// large keys stays well below a client's default 4 MiB message limit.
-const LIST_KEY_BYTES: usize = 1 << 20;
+pub const LIST_KEY_BYTES: usize = 1 << 20;
+
+/// A page of pending messages, each with where it lies in the due index.
+#[derive(Clone, Debug, Default)]
+pub struct StorePage {
+    pub messages: Vec<(DispatchKey, PendingMessage)>,
+    /// Where the next page starts; none at the end.
+    pub next: Option<DispatchKey>,
+}
 
 /// A page of the pending messages `scope` sees, in dispatch order, from one
 /// snapshot.
-pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Result<PendingPage, StoreError> {
+pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Result<StorePage, StoreError> {
     let snapshot = db.snapshot();
     let mut read = ReadOptions::default();
     read.set_snapshot(&snapshot);
@@ -174,10 +234,10 @@ pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Resul
     opts.set_snapshot(&snapshot);
     opts.set_iterate_lower_bound(filter.from.encode());
     if let Some(to) = filter.to {
-        opts.set_iterate_upper_bound(DueKey { due: to, seq: 0 }.encode());
+        opts.set_iterate_upper_bound(DispatchKey { at: to, seq: 0 }.encode());
     }
     let start = filter.from.encode();
-    let mut page = PendingPage::default();
+    let mut page = StorePage::default();
     let (mut examined, mut key_bytes) = (0, 0);
     for item in
         db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
@@ -185,7 +245,7 @@ pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Resul
         let (k, v) = item?;
         let (key, message) = visible_at(db, &read, scope, &k, &v)?;
         if page.messages.len() >= filter.limit || examined >= filter.examine || key_bytes >= LIST_KEY_BYTES {
-            page.next = Some(key.token());
+            page.next = Some(key);
             break;
         }
         examined += 1;
@@ -193,7 +253,7 @@ pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Resul
             && filter.topic.as_ref().is_none_or(|t| *t == message.topic)
         {
             key_bytes += message.key.as_ref().map_or(0, Vec::len);
-            page.messages.push(message);
+            page.messages.push((key, message));
         }
     }
     Ok(page)
@@ -206,8 +266,8 @@ fn visible_at(
     scope: &Scope,
     k: &[u8],
     v: &[u8],
-) -> Result<(DueKey, Option<PendingMessage>), StoreError> {
-    let key = DueKey::decode(k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
+) -> Result<(DispatchKey, Option<PendingMessage>), StoreError> {
+    let key = DispatchKey::decode(k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
     let id = MessageId::from_stored(v).ok_or_else(|| corrupt(format!("due entry {key:?} names no id")))?;
     if !scope.sees_space(id.tenant()) {
         return Ok((key, None));
@@ -222,17 +282,17 @@ fn pending_at(
     db: &DB,
     opts: &ReadOptions,
     id: MessageId,
-    key: DueKey,
+    key: DispatchKey,
 ) -> Result<Option<PendingMessage>, StoreError> {
     let Some((record, settlement)) = record(db, &id, opts)? else {
         return Ok(None);
     };
     if settlement.as_ref().is_some_and(Settlement::is_settled)
-        || schema::dispatch_key(&record, settlement.as_ref()) != key
+        || view::dispatch_key(&record, settlement.as_ref()) != key
     {
         return Ok(None);
     }
-    Ok(Some(schema::pending_message(id, key, record, settlement.as_ref())))
+    Ok(Some(view::pending_message(id, key, record, settlement.as_ref())))
 }
 
 /// Settled messages whose retention ran out before `before`, read from the
@@ -278,7 +338,7 @@ pub(crate) fn stats(
     db: &DB,
     scope: &Scope,
     now: UnixMillis,
-    from: DueKey,
+    from: DispatchKey,
     examine: usize,
 ) -> Result<StoreStats, StoreError> {
     let snapshot = db.snapshot();
@@ -301,7 +361,7 @@ pub(crate) fn stats(
         }
         sum
     };
-    let upper = DueKey { due: now, seq: 0 };
+    let upper = DispatchKey { at: now, seq: 0 };
     let mut opts = ReadOptions::default();
     opts.set_snapshot(&snapshot);
     opts.set_iterate_lower_bound(from.encode());

@@ -2,7 +2,7 @@
 //! this file knows how a key or a value is laid out in bytes.
 //!
 //! ```text
-//! CF due         due_ms:u64be ‖ seq:u64be        → message id
+//! CF due         dispatch_ms:u64be ‖ seq:u64be   → message id   (the due index)
 //! CF messages    message id                       → MessageRecord
 //! CF checkpoint  "m"                              → Meta (dispatcher progress, counters)
 //!                "s" ‖ message id                 → Settlement (tries, delivery, cancel, failure)
@@ -15,15 +15,12 @@
 //! counts key is `\0` for the shared one and `\1 tenant \0` for a tenant's.
 //!
 //! Big-endian integers make byte order equal numeric order, so iterating the
-//! due CF walks messages in due order; `seq` breaks ties in acceptance order
+//! due CF walks messages in dispatch order; `seq` breaks ties in acceptance order
 //! and makes every key unique. Values are protobuf (prost derives, no .proto
 //! file): unknown fields are skipped, so a newer build can add fields and an
 //! older one still reads the store.
 
-use crate::message::{
-    Delivery, DueSpec, Envelope, Header, MessageId, PageToken, PendingMessage, ScheduledMessage, State,
-    UnixMillis,
-};
+use crate::message::{MessageId, UnixMillis};
 
 pub const CF_DUE: &str = "due";
 pub const CF_MESSAGES: &str = "messages";
@@ -34,51 +31,45 @@ const SETTLEMENT_PREFIX: u8 = b's';
 const RETENTION_PREFIX: u8 = b'r';
 const COUNTS_PREFIX: u8 = b'c';
 
-/// A position in the due CF: the due time, then the acceptance sequence.
+/// A position in the due CF: when the message is to be dispatched (its
+/// due time, or the time of its next try after a failed one), then its
+/// acceptance sequence.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DueKey {
-    pub due: UnixMillis,
+pub struct DispatchKey {
+    pub at: UnixMillis,
     pub seq: u64,
 }
 
-impl DueKey {
+impl DispatchKey {
     pub const LEN: usize = 16;
-    pub const MIN: DueKey = DueKey { due: UnixMillis(0), seq: 0 };
+    pub const MIN: DispatchKey = DispatchKey { at: UnixMillis(0), seq: 0 };
 
-    /// The first key due strictly after `t`: the exclusive upper bound of
-    /// everything due at or before `t`.
-    pub fn after(t: UnixMillis) -> DueKey {
-        DueKey { due: UnixMillis(t.0.saturating_add(1)), seq: 0 }
+    /// The first key to dispatch strictly after `t`: the exclusive upper
+    /// bound of everything to dispatch at or before `t`.
+    pub fn after(t: UnixMillis) -> DispatchKey {
+        DispatchKey { at: UnixMillis(t.0.saturating_add(1)), seq: 0 }
     }
 
     /// The smallest key greater than `self`.
-    pub fn successor(self) -> DueKey {
+    pub fn successor(self) -> DispatchKey {
         match self.seq.checked_add(1) {
-            Some(seq) => DueKey { due: self.due, seq },
-            None => DueKey { due: UnixMillis(self.due.0.saturating_add(1)), seq: 0 },
+            Some(seq) => DispatchKey { at: self.at, seq },
+            None => DispatchKey { at: UnixMillis(self.at.0.saturating_add(1)), seq: 0 },
         }
     }
 
     pub fn encode(self) -> [u8; Self::LEN] {
         let mut out = [0u8; Self::LEN];
-        out[..8].copy_from_slice(&self.due.0.to_be_bytes());
+        out[..8].copy_from_slice(&self.at.0.to_be_bytes());
         out[8..].copy_from_slice(&self.seq.to_be_bytes());
         out
     }
 
-    pub fn from_token(t: PageToken) -> DueKey {
-        DueKey { due: t.dispatch_at, seq: t.seq }
-    }
-
-    pub fn token(self) -> PageToken {
-        PageToken { dispatch_at: self.due, seq: self.seq }
-    }
-
-    pub fn decode(bytes: &[u8]) -> Option<DueKey> {
+    pub fn decode(bytes: &[u8]) -> Option<DispatchKey> {
         let bytes: &[u8; Self::LEN] = bytes.try_into().ok()?;
-        let (due, seq) = bytes.split_at(8);
-        Some(DueKey {
-            due: UnixMillis(u64::from_be_bytes(due.try_into().ok()?)),
+        let (at, seq) = bytes.split_at(8);
+        Some(DispatchKey {
+            at: UnixMillis(u64::from_be_bytes(at.try_into().ok()?)),
             seq: u64::from_be_bytes(seq.try_into().ok()?),
         })
     }
@@ -238,61 +229,9 @@ pub struct HeaderRecord {
 }
 
 impl MessageRecord {
-    pub fn new(envelope: Envelope, requested: DueSpec, due: UnixMillis, seq: u64, now: UnixMillis) -> Self {
-        let (requested_at_ms, requested_delay_ms) = requested_fields(requested);
-        MessageRecord {
-            topic: envelope.topic,
-            key: envelope.key,
-            value: envelope.value,
-            headers: envelope
-                .headers
-                .into_iter()
-                .map(|h| HeaderRecord { key: h.key, value: h.value })
-                .collect(),
-            partition: envelope.partition,
-            due_ms: due.0,
-            seq,
-            scheduled_at_ms: now.0,
-            requested_at_ms,
-            requested_delay_ms,
-        }
-    }
-
-    pub fn envelope(&self) -> Envelope {
-        Envelope {
-            topic: self.topic.clone(),
-            key: self.key.clone(),
-            value: self.value.clone(),
-            headers: self
-                .headers
-                .iter()
-                .map(|h| Header { key: h.key.clone(), value: h.value.clone() })
-                .collect(),
-            partition: self.partition,
-        }
-    }
-
+    /// The message's due time (moves on reschedule).
     pub fn due(&self) -> UnixMillis {
         UnixMillis(self.due_ms)
-    }
-
-    /// Whether `envelope` + `requested` is the request that created this
-    /// record (an idempotent retry) rather than a different one.
-    pub fn is_same_request(&self, envelope: &Envelope, requested: DueSpec) -> bool {
-        requested_fields(requested) == (self.requested_at_ms, self.requested_delay_ms)
-            && self.topic == envelope.topic
-            && self.key == envelope.key
-            && self.value == envelope.value
-            && self.partition == envelope.partition
-            && self.headers.len() == envelope.headers.len()
-            && self.headers.iter().zip(&envelope.headers).all(|(a, b)| a.key == b.key && a.value == b.value)
-    }
-}
-
-fn requested_fields(requested: DueSpec) -> (Option<u64>, Option<u64>) {
-    match requested {
-        DueSpec::At(t) => (Some(t.0), None),
-        DueSpec::After(d) => (None, Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
     }
 }
 
@@ -347,70 +286,6 @@ impl Settlement {
     }
 }
 
-/// A pending message as a listing shows it, from its due entry.
-pub fn pending_message(
-    id: MessageId,
-    key: DueKey,
-    record: MessageRecord,
-    settlement: Option<&Settlement>,
-) -> PendingMessage {
-    PendingMessage {
-        id,
-        value_bytes: record.value.len(),
-        due: record.due(),
-        dispatch_at: key.due,
-        scheduled_at: UnixMillis(record.scheduled_at_ms),
-        attempts: settlement.map_or(0, |s| s.attempts),
-        last_error: settlement.filter(|s| !s.last_error.is_empty()).map(|s| s.last_error.clone()),
-        topic: record.topic,
-        key: record.key,
-        partition: record.partition,
-    }
-}
-
-/// Where the message waits in the due CF now: its due time, or the time of
-/// its next try after a failed one.
-pub fn dispatch_key(record: &MessageRecord, settlement: Option<&Settlement>) -> DueKey {
-    let due = match settlement {
-        Some(s) if s.kind() == SettlementKind::Retrying && s.retry_at_ms > 0 => s.retry_at_ms,
-        _ => record.due_ms,
-    };
-    DueKey { due: UnixMillis(due), seq: record.seq }
-}
-
-pub fn state_of(settlement: Option<&Settlement>) -> State {
-    let Some(s) = settlement else {
-        return State::Pending { attempts: 0, last_error: None };
-    };
-    let last_error = (!s.last_error.is_empty()).then(|| s.last_error.clone());
-    match s.kind() {
-        SettlementKind::Retrying => State::Pending { attempts: s.attempts, last_error },
-        SettlementKind::Delivered => State::Delivered(Delivery {
-            partition: s.partition,
-            offset: s.offset,
-            delivered_at: UnixMillis(s.at_ms),
-        }),
-        SettlementKind::Cancelled => State::Cancelled { at: UnixMillis(s.at_ms) },
-        SettlementKind::Failed => {
-            State::Failed { reason: s.last_error.clone(), attempts: s.attempts, at: UnixMillis(s.at_ms) }
-        }
-    }
-}
-
-pub fn scheduled_message(
-    id: MessageId,
-    record: &MessageRecord,
-    settlement: Option<&Settlement>,
-) -> ScheduledMessage {
-    ScheduledMessage {
-        id,
-        envelope: record.envelope(),
-        due: record.due(),
-        scheduled_at: UnixMillis(record.scheduled_at_ms),
-        state: state_of(settlement),
-    }
-}
-
 /// The dispatcher's progress and the store's counters, rewritten by every
 /// commit that changes them.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -446,6 +321,13 @@ pub struct Meta {
     /// an older release) or [`COUNTS_VERSION`].
     #[prost(uint32, tag = "8")]
     pub counts_version: u32,
+    /// The node's shard count when this store was first opened, and which
+    /// of them it is; 0 shards: not recorded (an older release, which ran
+    /// one shard).
+    #[prost(uint32, tag = "9")]
+    pub shards: u32,
+    #[prost(uint32, tag = "10")]
+    pub shard: u32,
 }
 
 /// The layout of the counts entries this release writes.
@@ -466,9 +348,10 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::message::{DueSpec, Envelope, Header};
 
-    fn key() -> impl Strategy<Value = DueKey> {
-        (any::<u64>(), any::<u64>()).prop_map(|(d, s)| DueKey { due: UnixMillis(d), seq: s })
+    fn key() -> impl Strategy<Value = DispatchKey> {
+        (any::<u64>(), any::<u64>()).prop_map(|(d, s)| DispatchKey { at: UnixMillis(d), seq: s })
     }
 
     proptest! {
@@ -495,39 +378,27 @@ mod tests {
         }
 
         #[test]
-        fn due_key_round_trips(k in key()) {
-            prop_assert_eq!(DueKey::decode(&k.encode()), Some(k));
+        fn dispatch_key_round_trips(k in key()) {
+            prop_assert_eq!(DispatchKey::decode(&k.encode()), Some(k));
         }
 
         #[test]
-        fn due_key_bytes_sort_like_keys(a in key(), b in key()) {
+        fn dispatch_key_bytes_sort_like_keys(a in key(), b in key()) {
             prop_assert_eq!(a.encode().cmp(&b.encode()), a.cmp(&b));
-        }
-
-        #[test]
-        fn page_tokens_round_trip_through_text(k in key()) {
-            let token = k.token().encode();
-            prop_assert_eq!(PageToken::decode(&token).map(DueKey::from_token), Ok(k));
-        }
-
-        #[test]
-        fn page_tokens_refuse_any_other_text(text in "[0-9a-f]{0,40}|.{0,40}") {
-            let ok = PageToken::decode(&text);
-            prop_assert!(ok.is_err() || ok.map(|t| t.encode()) == Ok(text.clone()));
         }
 
         #[test]
         fn successor_is_next(k in key()) {
             let next = k.successor();
-            prop_assume!(k != DueKey { due: UnixMillis(u64::MAX), seq: u64::MAX });
+            prop_assume!(k != DispatchKey { at: UnixMillis(u64::MAX), seq: u64::MAX });
             prop_assert!(next > k);
             prop_assert!(next.encode() > k.encode());
         }
 
         #[test]
         fn after_bounds_everything_due_by_t(t in 0u64..u64::MAX - 1, seq in any::<u64>()) {
-            let bound = DueKey::after(UnixMillis(t));
-            let (at_t, after_t) = (DueKey { due: UnixMillis(t), seq }, DueKey { due: UnixMillis(t + 1), seq });
+            let bound = DispatchKey::after(UnixMillis(t));
+            let (at_t, after_t) = (DispatchKey { at: UnixMillis(t), seq }, DispatchKey { at: UnixMillis(t + 1), seq });
             prop_assert!(at_t < bound);
             prop_assert!(after_t >= bound);
         }
@@ -572,36 +443,6 @@ mod tests {
         }
     }
 
-    fn record() -> MessageRecord {
-        let envelope =
-            Envelope { topic: "t".into(), key: None, value: b"v".to_vec(), headers: vec![], partition: None };
-        MessageRecord::new(
-            envelope,
-            DueSpec::After(Duration::from_secs(30)),
-            UnixMillis(100),
-            3,
-            UnixMillis(70),
-        )
-    }
-
-    #[test]
-    fn a_different_request_is_not_the_same() {
-        let r = record();
-        let same = r.envelope();
-        assert!(r.is_same_request(&same, DueSpec::After(Duration::from_secs(30))));
-        assert!(!r.is_same_request(&same, DueSpec::After(Duration::from_secs(31))));
-        assert!(!r.is_same_request(&same, DueSpec::At(UnixMillis(30_000))));
-        let mut other = same.clone();
-        other.value = b"w".to_vec();
-        assert!(!r.is_same_request(&other, DueSpec::After(Duration::from_secs(30))));
-        let mut other = same;
-        other.key = Some(vec![]);
-        assert!(
-            !r.is_same_request(&other, DueSpec::After(Duration::from_secs(30))),
-            "empty key is not no key"
-        );
-    }
-
     #[test]
     fn meta_without_the_newer_counters_reads_as_zero() {
         #[derive(Clone, PartialEq, prost::Message)]
@@ -618,42 +459,5 @@ mod tests {
         );
         assert!(!meta.closed_cleanly, "an older store is not known to have closed cleanly");
         assert_eq!(meta.counts_version, 0, "and holds no counts entries");
-    }
-
-    #[test]
-    fn due_keys_and_page_tokens_convert_both_ways() {
-        let key = DueKey { due: UnixMillis(12), seq: 34 };
-        assert_eq!(DueKey::from_token(key.token()), key);
-        assert_eq!(PageToken::decode(&key.token().encode()).map(DueKey::from_token), Ok(key));
-    }
-
-    #[test]
-    fn dispatch_key_follows_retries() {
-        let r = record();
-        assert_eq!(dispatch_key(&r, None), DueKey { due: UnixMillis(100), seq: 3 });
-        let retrying = Settlement { retry_at_ms: 900, attempts: 1, ..Default::default() };
-        assert_eq!(dispatch_key(&r, Some(&retrying)), DueKey { due: UnixMillis(900), seq: 3 });
-    }
-
-    #[test]
-    fn state_follows_settlement() {
-        assert_eq!(state_of(None), State::Pending { attempts: 0, last_error: None });
-        let retrying = Settlement { attempts: 2, last_error: "timed out".into(), ..Default::default() };
-        assert_eq!(
-            state_of(Some(&retrying)),
-            State::Pending { attempts: 2, last_error: Some("timed out".into()) }
-        );
-        let delivered = Settlement {
-            kind: SettlementKind::Delivered as i32,
-            partition: 2,
-            offset: 9,
-            at_ms: 5,
-            ..Default::default()
-        };
-        assert_eq!(
-            state_of(Some(&delivered)),
-            State::Delivered(Delivery { partition: 2, offset: 9, delivered_at: UnixMillis(5) })
-        );
-        assert!(delivered.is_settled() && !retrying.is_settled());
     }
 }

@@ -33,30 +33,125 @@ use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    StoreError,
+    Store, StoreError,
     claims::{Claims, Wake},
     health::{HealthBoard, StoreHealth},
+    options::{ShardOf, cf},
     read,
+    scan::Tries,
     schema::{
-        self, COUNTS_VERSION, Counts, CountsKey, DueKey, MessageRecord, Meta, Settlement, SettlementKind,
+        self, COUNTS_VERSION, Counts, CountsKey, DispatchKey, MessageRecord, Meta, Settlement, SettlementKind,
     },
+    view,
 };
 use crate::{
     message::{
         CancelOutcome, DueSpec, Envelope, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis,
         Visibility,
     },
-    metrics,
+    metrics::{self, ShardMetrics},
 };
+
+/// The store's changes, as its callers ask for them: each becomes an
+/// [`Op`] for the writer thread and is answered once its commit is in.
+impl Store {
+    /// Parks a message; returns once it is durable.
+    pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
+        self.call(|reply| Op::Schedule { msg, reply }).await
+    }
+
+    /// Parks many messages in one atomic, durable write. Each message gets
+    /// its own answer (an id taken by a different message fails alone); the
+    /// call fails as a whole only if the write does, and then nothing of it
+    /// was stored.
+    pub async fn schedule_batch(
+        &self,
+        msgs: Vec<NewMessage>,
+    ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
+        if msgs.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(|reply| Op::ScheduleBatch { msgs, reply }).await
+    }
+
+    /// Cancels the message `id` names for `scope`; the check and the change
+    /// are one step of the writer.
+    pub async fn cancel(
+        &self,
+        scope: Scope,
+        id: MessageId,
+        now: UnixMillis,
+    ) -> Result<CancelOutcome, StoreError> {
+        self.call(|reply| Op::Cancel { scope, id, now, reply }).await
+    }
+
+    /// Moves the message `id` names for `scope` to a new due time.
+    pub async fn reschedule(
+        &self,
+        scope: Scope,
+        id: MessageId,
+        due: UnixMillis,
+    ) -> Result<UnixMillis, StoreError> {
+        self.call(|reply| Op::Reschedule { scope, id, due, reply }).await
+    }
+
+    /// Forgets up to `limit` messages settled before `before`; returns how
+    /// many entries of the retention index it looked at. The index is read
+    /// here, from where the last purge stopped; the writer only deletes.
+    pub async fn purge(&self, before: UnixMillis, limit: usize) -> Result<usize, StoreError> {
+        let from = self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let candidates =
+            self.blocking(move |s| read::purge_candidates(&s.inner.db, &from, before, limit)).await?;
+        let Some((last, _, _)) = candidates.last() else { return Ok(0) };
+        let next = schema::retention_successor(last);
+        let looked_at = candidates.len();
+        self.call(|reply| Op::Purge { candidates, reply }).await?;
+        *self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        Ok(looked_at)
+    }
+
+    /// Records what became of produces, in one commit.
+    pub(crate) async fn settle(&self, settles: Vec<Settle>) -> Result<(), StoreError> {
+        if settles.is_empty() {
+            return Ok(());
+        }
+        self.send(Op::Settle(settles)).await
+    }
+
+    /// The dispatcher gives back claims it took and did not produce (stale
+    /// entries, messages of held topics): at once, so that its next look
+    /// can claim them again; requests that waited on them then run.
+    pub(crate) async fn release(&self, ids: Vec<MessageId>) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.inner.claims.release_dispatched(&ids);
+        self.send(Op::Unpark(ids)).await
+    }
+
+    /// Produces whose outcome will not be known: see [`Op::InDoubt`].
+    pub(crate) async fn in_doubt(&self, ids: Vec<MessageId>) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.send(Op::InDoubt(ids)).await
+    }
+
+    /// Writes nothing but the store's own metadata, to learn whether writes
+    /// succeed again after a failure. Every change queued before it is
+    /// committed when it returns.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        self.call(|reply| Op::Probe { reply }).await
+    }
+}
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// A message to park.
 #[derive(Debug)]
 pub struct NewMessage {
-    /// The client's id, in the caller's space; none to have one generated
-    /// there.
-    pub id: Option<MessageId>,
+    /// Its id, in the caller's space.
+    pub id: NewId,
     /// Who asks: a retry is recognised in what the caller sees.
     pub scope: Scope,
     pub envelope: Envelope,
@@ -65,19 +160,37 @@ pub struct NewMessage {
     pub now: UnixMillis,
 }
 
+/// The id of a message to park, and who chose it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewId {
+    /// The client's: a retry of the same request finds the message it
+    /// parked.
+    Client(MessageId),
+    /// Made for this request: new by construction, nothing to look up.
+    Generated(MessageId),
+}
+
+impl NewId {
+    pub fn id(&self) -> &MessageId {
+        match self {
+            NewId::Client(id) | NewId::Generated(id) => id,
+        }
+    }
+}
+
 /// What became of one produce, reported by the dispatcher, which holds the
 /// message's claim until this is committed.
 #[derive(Debug)]
 pub(crate) struct Settle {
     pub id: MessageId,
     /// The due key the dispatcher took the message from.
-    pub key: DueKey,
+    pub key: DispatchKey,
     /// The message's due time, for its lateness.
     pub due: UnixMillis,
     pub topic: Arc<str>,
-    /// Its settlement as the dispatcher read it (tries so far), which its
-    /// claim has kept unchanged since.
-    pub prev: Settlement,
+    /// Its tries as the dispatcher read them, which its claim has kept
+    /// unchanged since.
+    pub tries: Tries,
     /// When the outcome was known.
     pub at: UnixMillis,
     pub outcome: Outcome,
@@ -176,6 +289,7 @@ pub(crate) struct Shared {
     pub wake: Arc<Wake>,
     pub pending: Arc<AtomicU64>,
     pub health: Arc<HealthBoard>,
+    pub metrics: ShardMetrics,
 }
 
 /// How the writer commits.
@@ -186,6 +300,8 @@ pub(crate) struct WriterConfig {
     pub max_pending: Option<u64>,
     /// Most ops (a batch counts per message) in one commit.
     pub max_round: usize,
+    /// Recorded in a store that has no shard recorded yet.
+    pub shard: ShardOf,
 }
 
 /// Messages that may have been produced before the store was last closed
@@ -195,7 +311,7 @@ pub(crate) struct WriterConfig {
 #[derive(Clone, Copy, Debug)]
 struct InDoubt {
     /// Dispatch keys below this were due when the store opened.
-    below: DueKey,
+    below: DispatchKey,
     /// Accepted before the open.
     before_seq: u64,
 }
@@ -212,7 +328,6 @@ pub(crate) struct Writer {
     /// Every counts entry, as committed.
     counts: HashMap<CountsKey, Counts>,
     rx: mpsc::Receiver<Op>,
-    ids: ulid::Generator,
     in_doubt: Option<InDoubt>,
     /// Requests waiting for the dispatcher to settle a message they touch.
     parked: HashMap<MessageId, Vec<Parked>>,
@@ -239,7 +354,7 @@ struct Round<'a> {
     /// Settles to try again if the commit fails: their produce happened.
     settles: Vec<Settle>,
     /// Due entries this round adds.
-    added: Vec<(DueKey, MessageId)>,
+    added: Vec<(DispatchKey, MessageId)>,
     replies: Vec<DeferredReply>,
     effects: Effects,
     /// Commit even when nothing changed: a probe.
@@ -289,7 +404,7 @@ impl Writer {
             counts
         };
         let in_doubt = (!meta.closed_cleanly)
-            .then_some(InDoubt { below: DueKey::after(now), before_seq: meta.next_seq });
+            .then_some(InDoubt { below: DispatchKey::after(now), before_seq: meta.next_seq });
         if in_doubt.is_some() {
             tracing::info!(
                 "the store was not closed cleanly: messages due before now may have been produced \
@@ -305,6 +420,9 @@ impl Writer {
             meta.counts_version = COUNTS_VERSION;
         }
         meta.closed_cleanly = false;
+        if meta.shards == 0 {
+            (meta.shard, meta.shards) = (config.shard.shard, config.shard.shards);
+        }
         batch.put_cf(checkpoint, schema::meta_key(), schema::encode(&meta));
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
@@ -316,7 +434,6 @@ impl Writer {
             meta,
             counts,
             rx,
-            ids: ulid::Generator::new(),
             in_doubt,
             parked: HashMap::new(),
             parked_total: 0,
@@ -327,6 +444,11 @@ impl Writer {
         };
         writer.report_capacity();
         Ok(writer)
+    }
+
+    /// Which shard of how many the store says it is.
+    pub fn recorded_shard(&self) -> ShardOf {
+        ShardOf { shard: self.meta.shard, shards: self.meta.shards }
     }
 
     pub fn run(mut self) {
@@ -349,7 +471,7 @@ impl Writer {
                 }
             }
             self.round(ops);
-            metrics::STORE_PARKED.set(self.parked_total as i64);
+            self.shared.metrics.parked.set(self.parked_total as i64);
             if self.failed_commits > 0 {
                 if self.closing_since.is_some_and(|since| since.elapsed() > CLOSE_RETRIES_FOR) {
                     self.give_up_on_retries();
@@ -559,9 +681,8 @@ impl Writer {
     }
 
     fn schedule(&mut self, r: &mut Round, msg: NewMessage) -> Result<Scheduled, StoreError> {
-        let client_id = msg.id.is_some();
-        let id = match msg.id {
-            Some(id) => {
+        let (id, client_id) = match msg.id {
+            NewId::Client(id) => {
                 if let Some((found, existing)) = self.find(r, &msg.scope, &id)? {
                     return if existing.record.is_same_request(&msg.envelope, msg.requested) {
                         Ok(Scheduled { id: found, due: existing.record.due(), duplicate: true })
@@ -569,9 +690,9 @@ impl Writer {
                         Err(StoreError::IdConflict(found))
                     };
                 }
-                id
+                (id, true)
             }
-            None => MessageId::generate(&mut self.ids, msg.scope.tenant.as_ref()),
+            NewId::Generated(id) => (id, false),
         };
         if self.at_capacity(r.meta.pending) {
             return Err(StoreError::AtCapacity { pending: r.meta.pending });
@@ -579,7 +700,7 @@ impl Writer {
         let seq = r.meta.next_seq;
         r.meta.next_seq += 1;
         let record = MessageRecord::new(msg.envelope, msg.requested, msg.due, seq, msg.now);
-        let key = DueKey { due: msg.due, seq };
+        let key = DispatchKey { at: msg.due, seq };
         r.put_message(&id, &record);
         r.put_due(key, &id);
         r.meta.pending += 1;
@@ -597,7 +718,7 @@ impl Writer {
     fn in_doubt(&self, stored: &Stored) -> bool {
         self.in_doubt.is_some_and(|d| {
             stored.record.seq < d.before_seq
-                && schema::dispatch_key(&stored.record, stored.settlement.as_ref()) < d.below
+                && view::dispatch_key(&stored.record, stored.settlement.as_ref()) < d.below
         })
     }
 
@@ -616,13 +737,13 @@ impl Writer {
         if !r.reserve(&self.shared.claims, &id) {
             return Flow::Park(id);
         }
-        if let Err(outcome) = schema::state_of(stored.settlement.as_ref()).cancel() {
+        if let Err(outcome) = view::state_of(stored.settlement.as_ref()).cancel() {
             return Flow::Done(Ok(outcome));
         }
         if self.in_doubt(&stored) {
             return Flow::Done(Err(StoreError::Dispatching(id)));
         }
-        let key = schema::dispatch_key(&stored.record, stored.settlement.as_ref());
+        let key = view::dispatch_key(&stored.record, stored.settlement.as_ref());
         r.delete_due(key);
         let settlement = Settlement {
             kind: SettlementKind::Cancelled as i32,
@@ -655,7 +776,7 @@ impl Writer {
         if !r.reserve(&self.shared.claims, &id) {
             return Flow::Park(id);
         }
-        let state = schema::state_of(stored.settlement.as_ref());
+        let state = view::state_of(stored.settlement.as_ref());
         match state.reschedule() {
             Ok(()) => {}
             Err(RescheduleRefusal::AlreadyDelivered) => {
@@ -669,7 +790,7 @@ impl Writer {
             if self.in_doubt(&stored) {
                 return Flow::Done(Err(StoreError::Dispatching(id)));
             }
-            r.delete_due(schema::dispatch_key(&stored.record, stored.settlement.as_ref()));
+            r.delete_due(view::dispatch_key(&stored.record, stored.settlement.as_ref()));
             if let Some(s) = stored.settlement.as_mut() {
                 // Keep the history of tries, drop the pending retry time.
                 s.retry_at_ms = 0;
@@ -693,7 +814,7 @@ impl Writer {
             });
         }
         stored.record.due_ms = due.0;
-        let key = DueKey { due, seq: stored.record.seq };
+        let key = DispatchKey { at: due, seq: stored.record.seq };
         r.put_message(&id, &stored.record);
         r.put_due(key, &id);
         r.overlay.insert(id, Some(stored));
@@ -706,20 +827,22 @@ impl Writer {
         let id = settle.id.clone();
         r.released.push(id.clone());
         r.delete_due(settle.key);
-        let prev = settle.prev.clone();
+        let prev = settle.tries;
         let at = settle.at;
         let tried = !matches!(settle.outcome, Outcome::Failed { tried: false, .. });
         let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
+        let first_refused_at_ms = prev.first_refused_at.map_or(0, |t| t.0);
         match &settle.outcome {
             Outcome::Delivered { partition, offset } => {
                 let settlement = Settlement {
                     kind: SettlementKind::Delivered as i32,
                     attempts,
+                    rejections: prev.rejections,
                     at_ms: at.0,
                     partition: *partition,
                     offset: *offset,
-                    retry_at_ms: 0,
-                    ..prev
+                    first_refused_at_ms,
+                    ..Settlement::default()
                 };
                 r.effects.delivered.push(at.since(settle.due));
                 r.meta.last_delivered_key = settle.key.encode().to_vec();
@@ -731,7 +854,7 @@ impl Writer {
                 });
             }
             Outcome::Retry { retry_at, error, refused } => {
-                let first_refused_at_ms = match (*refused, prev.first_refused_at_ms) {
+                let first_refused_at_ms = match (*refused, first_refused_at_ms) {
                     (true, 0) => at.0,
                     (_, first) => first,
                 };
@@ -742,9 +865,9 @@ impl Writer {
                     last_error: error.clone(),
                     retry_at_ms: retry_at.0,
                     first_refused_at_ms,
-                    ..prev
+                    ..Settlement::default()
                 };
-                r.put_due(DueKey { due: *retry_at, seq: settle.key.seq }, &id);
+                r.put_due(DispatchKey { at: *retry_at, seq: settle.key.seq }, &id);
                 r.put_settlement(&id, &settlement);
             }
             Outcome::Failed { error, tried } => {
@@ -754,8 +877,8 @@ impl Writer {
                     rejections: prev.rejections.saturating_add(u32::from(*tried)),
                     last_error: error.clone(),
                     at_ms: at.0,
-                    retry_at_ms: 0,
-                    ..prev
+                    first_refused_at_ms,
+                    ..Settlement::default()
                 };
                 r.effects.failed += 1;
                 r.meta.failed_total = r.meta.failed_total.saturating_add(1);
@@ -834,7 +957,7 @@ impl Writer {
                 }
                 r.effects.record();
                 self.shared.pending.store(r.meta.pending, Ordering::Relaxed);
-                metrics::PENDING.set(r.meta.pending as i64);
+                self.shared.metrics.pending.set(r.meta.pending as i64);
                 self.meta = r.meta;
                 self.counts.extend(r.counts.drain());
                 self.shared.wake.added(&r.added);
@@ -926,12 +1049,6 @@ fn refuse(op: Op, error: StoreError) {
     }
 }
 
-pub(crate) fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
-    // Every column family is created when the store opens; a missing one is a
-    // bug in this crate, not a condition to handle.
-    db.cf_handle(name).unwrap_or_else(|| panic!("column family {name} is not open"))
-}
-
 impl<'a> Round<'a> {
     fn new(db: &'a DB, meta: Meta) -> Self {
         Round {
@@ -972,12 +1089,12 @@ impl<'a> Round<'a> {
         self.batch.put_cf(cf(self.db, schema::CF_MESSAGES), id.as_bytes(), schema::encode(record));
     }
 
-    fn put_due(&mut self, key: DueKey, id: &MessageId) {
+    fn put_due(&mut self, key: DispatchKey, id: &MessageId) {
         self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), id.as_bytes());
         self.added.push((key, id.clone()));
     }
 
-    fn delete_due(&mut self, key: DueKey) {
+    fn delete_due(&mut self, key: DispatchKey) {
         self.batch.delete_cf(cf(self.db, schema::CF_DUE), key.encode());
     }
 

@@ -18,7 +18,6 @@ use std::{
 pub use serve::{BIN, Serve, spawn_serve};
 
 use hourglass::{
-    bench::LocalBroker,
     config::Config,
     proto::{self, scheduler_client::SchedulerClient},
 };
@@ -32,23 +31,26 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 pub fn free_port() -> u16 {
-    hourglass::bench::free_port().unwrap()
+    hourglass_testkit::free_port().unwrap()
 }
 
 pub fn random_name(prefix: &str) -> String {
     format!("{prefix}-{}", ulid::Ulid::new().to_string().to_lowercase())
 }
 
-/// A Tansu broker on a free port; see `hourglass::bench::LocalBroker`.
-pub struct Broker(pub LocalBroker);
+/// A Tansu broker on a free port; see `hourglass_testkit::LocalBroker`.
+pub struct Broker(pub hourglass_testkit::LocalBroker);
 
 impl Broker {
     pub fn start() -> Broker {
-        Broker(LocalBroker::start().expect("starting the test broker (install it with `bash .ci/test`)"))
+        Broker(
+            hourglass_testkit::LocalBroker::start()
+                .expect("starting the test broker (install it with `bash .ci/test`)"),
+        )
     }
 
     pub fn start_persistent() -> Broker {
-        Broker(LocalBroker::start_persistent().expect("starting the test broker"))
+        Broker(hourglass_testkit::LocalBroker::start_persistent().expect("starting the test broker"))
     }
 
     pub fn resume(&mut self) {
@@ -64,11 +66,11 @@ impl Broker {
     }
 
     pub async fn create_topic(&self, name: &str, partitions: i32) {
-        hourglass::bench::create_topic(&self.0.addr, name, partitions).await.unwrap();
+        hourglass_testkit::create_topic(&self.0.addr, name, partitions).await.unwrap();
     }
 
     pub async fn delete_topic(&self, name: &str) {
-        hourglass::bench::delete_topic(&self.0.addr, name).await.unwrap();
+        hourglass_testkit::delete_topic(&self.0.addr, name).await.unwrap();
     }
 }
 
@@ -79,9 +81,9 @@ pub fn config(broker: &Broker, data_dir: &Path) -> Config {
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: data_dir.to_owned(),
         kafka_brokers: broker.addr().to_owned(),
-        retry_backoff: Duration::from_millis(100),
-        retry_backoff_max: Duration::from_secs(1),
-        shutdown_grace: Duration::from_secs(5),
+        retry_backoff: Duration::from_millis(100).into(),
+        retry_backoff_max: Duration::from_secs(1).into(),
+        shutdown_grace: Duration::from_secs(5).into(),
         ..Config::default()
     }
 }
@@ -329,9 +331,9 @@ pub fn config_at(bootstrap: &str, data_dir: &Path) -> Config {
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: data_dir.to_owned(),
         kafka_brokers: bootstrap.to_owned(),
-        retry_backoff: Duration::from_millis(100),
-        retry_backoff_max: Duration::from_secs(1),
-        shutdown_grace: Duration::from_secs(5),
+        retry_backoff: Duration::from_millis(100).into(),
+        retry_backoff_max: Duration::from_secs(1).into(),
+        shutdown_grace: Duration::from_secs(5).into(),
         ..Config::default()
     }
 }
@@ -354,13 +356,12 @@ impl Hourglass {
 }
 
 /// The value of one series (name plus labels, as exported) from `/metrics`.
+/// The value of `series` in /metrics; for a name without labels, summed
+/// over the labels it has (the shards of a per-shard series).
 pub async fn metric(server: &Hourglass, series: &str) -> f64 {
     let body = http_get(server.metrics_addr, "/metrics").await;
-    body.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .find(|(k, _)| *k == series)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("{series} missing from /metrics"))
+    hourglass_testkit::series_value(&body, series)
+        .unwrap_or_else(|| panic!("{series} missing from /metrics:\n{body}"))
 }
 
 /// Whether to run the reliability tests at full scale

@@ -14,8 +14,30 @@ use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
-use super::free_port;
-use crate::{config::Durability, proto::scheduler_client::SchedulerClient};
+use hourglass::{proto::scheduler_client::SchedulerClient, store::Durability};
+
+use crate::free_port;
+
+/// The `hourglass` binary to run: `$HOURGLASS_BIN` if set, else the one
+/// beside the running executable (the bench, `target/*/hourglass-bench`) or
+/// one directory up from it (a test, `target/*/deps/…`).
+pub fn hourglass_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("HOURGLASS_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("locating the running executable")?;
+    let dir = exe.parent().context("the running executable has no directory")?;
+    for candidate in [dir.join("hourglass"), dir.join("../hourglass")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "no hourglass binary beside {}: build it first (cargo build --release --workspace), or name it \
+         with HOURGLASS_BIN",
+        exe.display()
+    )
+}
 
 pub struct ServerProcess {
     child: Option<Child>,
@@ -28,14 +50,13 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts this very executable (`hourglass bench`) as `hourglass serve`.
+    /// Starts [`hourglass_binary`] as `hourglass serve`.
     pub async fn start(
         data_dir: &Path,
         brokers: &str,
         durability: Durability,
     ) -> anyhow::Result<ServerProcess> {
-        let exe = std::env::current_exe().context("locating the hourglass binary")?;
-        ServerProcess::new(&exe, data_dir, brokers, durability)?.launch().await
+        ServerProcess::new(&hourglass_binary()?, data_dir, brokers, durability)?.launch().await
     }
 
     /// `exe serve` on free ports over `data_dir`, not started yet; add flags
@@ -159,16 +180,14 @@ impl ServerProcess {
     }
 
     /// One counter or gauge from the server's /metrics.
+    /// The value of the series `name` (summed over its labels, for a name
+    /// without: the shards of a per-shard series).
     pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
         let mut s = tokio::net::TcpStream::connect(&self.metrics).await?;
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
         let mut body = String::new();
         s.read_to_string(&mut body).await?;
-        body.lines()
-            .find_map(|l| {
-                l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())
-            })
-            .with_context(|| format!("{name} missing from /metrics"))
+        series_value(&body, name).with_context(|| format!("{name} missing from /metrics"))
     }
 
     /// Waits until `name` reaches `target`, polling every 5 ms (rendering
@@ -224,4 +243,19 @@ pub fn rss_of(pid: u32) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kb * 1024)
+}
+
+/// The value of `name` in a Prometheus text exposition; a name without
+/// labels sums every labelled series of that name.
+pub fn series_value(body: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = body
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            *series == name
+                || (!name.contains('{') && series.strip_prefix(name).is_some_and(|l| l.starts_with('{')))
+        })
+        .filter_map(|(_, v)| v.trim().parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }

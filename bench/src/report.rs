@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
-use super::machine::Machine;
+use crate::machine::Machine;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Measurement {

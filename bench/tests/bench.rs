@@ -1,24 +1,25 @@
-//! `hourglass bench` on a tiny workload: it runs against a real broker and
-//! a real store, prints its table, and writes JSON whose figures are sane.
-//! Timings are the bench's business; this checks only that it measures.
+//! `hourglass-bench` on a tiny workload: it runs the `hourglass` binary
+//! built beside it against a real broker and a real store, prints its
+//! table, and writes JSON whose figures are sane. Timings are the bench's
+//! business; this checks only that it measures.
 
 use std::process::Command;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
+const BIN: &str = env!("CARGO_BIN_EXE_hourglass-bench");
 
 #[test]
 fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("figures.json");
     let out = Command::new(BIN)
-        .args(["bench", "--scale", "0.002", "--clients", "8", "--json"])
+        .args(["--scale", "0.002", "--clients", "8", "--json"])
         .arg(&json)
         .arg("--dir")
         .arg(dir.path())
         .output()
-        .expect("running hourglass bench");
+        .expect("running hourglass-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {}\n{stdout}\n{stderr}", out.status);

@@ -1,6 +1,7 @@
-//! `hourglass bench`: throughput, precision and footprint against a real
+//! `hourglass-bench`: throughput, precision and footprint against a real
 //! broker and a real store, each figure beside the limit of the machine it
-//! ran on, measured in the same run.
+//! ran on, measured in the same run. A tool beside the product: it starts
+//! the real `hourglass serve` binary and drives it over gRPC.
 //!
 //! The server under test is the real binary in its own process (so its
 //! memory is its own and it restarts for real); the load generator and the
@@ -19,12 +20,10 @@
 //!    time from process start to dispatching again, after SIGTERM and after
 //!    SIGKILL.
 
-mod broker;
 mod limits;
 mod load;
 mod machine;
 mod report;
-mod server;
 mod workload;
 
 use std::{
@@ -38,14 +37,12 @@ use std::{
 };
 
 use anyhow::Context as _;
-pub use broker::{LocalBroker, create_topic, delete_topic, free_port};
+use hourglass::{kafka::KafkaConfig, proto, store::Durability};
+use hourglass_testkit::{LocalBroker, ServerProcess, create_topic, delete_topic, rss_of};
 use load::{DueOf, percentile};
 use machine::Machine;
 pub use report::{Measurement, Report, Target};
-pub use server::{ServerProcess, rss_of};
 use workload::{Workload, now_ms};
-
-use crate::{config::Durability, kafka::KafkaConfig, proto};
 
 /// How much of everything; `full` is the scale the targets are set for.
 #[derive(Clone, Debug)]
@@ -448,7 +445,7 @@ impl RssSampler {
             let (peak, done) = (Arc::clone(&peak), Arc::clone(&done));
             std::thread::spawn(move || {
                 while !done.load(Ordering::Relaxed) {
-                    if let Some(rss) = pid.and_then(server::rss_of) {
+                    if let Some(rss) = pid.and_then(rss_of) {
                         peak.fetch_max(rss, Ordering::Relaxed);
                     }
                     std::thread::sleep(Duration::from_millis(20));

@@ -15,8 +15,10 @@ use anyhow::{Context as _, bail};
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt as _;
 
-use super::{server::ServerProcess, workload::Workload};
-use crate::proto::{self, schedule_result::Result as Item};
+use hourglass::proto::{self, schedule_result::Result as Item};
+use hourglass_testkit::ServerProcess;
+
+use crate::workload::Workload;
 
 /// The due time, in Unix milliseconds, of message `i`.
 pub type DueOf = Arc<dyn Fn(usize) -> u64 + Send + Sync>;

@@ -20,15 +20,16 @@ use rdkafka::{
 };
 use rocksdb::{WriteBatch, WriteOptions};
 
-use super::workload::Workload;
-use crate::{
-    kafka::{KafkaConfig, client_config},
-    message::{DueSpec, MessageId, UnixMillis},
+use hourglass::{
+    kafka::{KafkaConfig, producer_config},
+    message::{DUE_HEADER, DueSpec, ID_HEADER, MessageId, UnixMillis},
     store::{
-        StoreConfig, cf, open_raw,
-        schema::{self, DueKey, MessageRecord, Meta},
+        Durability, StoreConfig, open_db,
+        schema::{self, DispatchKey, MessageRecord, Meta},
     },
 };
+
+use crate::workload::Workload;
 
 /// Messages per second RocksDB takes as atomic batches of `batch`
 /// messages, written the way the store writes them: the record, its due
@@ -41,10 +42,11 @@ pub fn store_writes(
     w: &Workload,
 ) -> anyhow::Result<f64> {
     let mut config = StoreConfig::new(dir);
-    config.sync_writes = sync;
-    let db = open_raw(&config).context("opening RocksDB for the store limit")?;
+    config.durability = if sync { Durability::Sync } else { Durability::Buffered };
+    let db = open_db(&config).context("opening RocksDB for the store limit")?;
+    let cf = |name| db.cf_handle(name).context("a column family of the store");
     let (messages_cf, due_cf, checkpoint_cf) =
-        (cf(&db, schema::CF_MESSAGES), cf(&db, schema::CF_DUE), cf(&db, schema::CF_CHECKPOINT));
+        (cf(schema::CF_MESSAGES)?, cf(schema::CF_DUE)?, cf(schema::CF_CHECKPOINT)?);
     let mut opts = WriteOptions::default();
     opts.set_sync(sync);
     let mut ids = ulid::Generator::new();
@@ -62,7 +64,7 @@ pub fn store_writes(
             meta.next_seq += 1;
             let record = MessageRecord::new(w.envelope(i), DueSpec::At(due), due, seq, now);
             wb.put_cf(messages_cf, id.as_bytes(), schema::encode(&record));
-            wb.put_cf(due_cf, DueKey { due, seq }.encode(), id.as_bytes());
+            wb.put_cf(due_cf, DispatchKey { at: due, seq }.encode(), id.as_bytes());
             meta.pending += 1;
         }
         wb.put_cf(checkpoint_cf, schema::meta_key(), schema::encode(&meta));
@@ -98,7 +100,7 @@ pub fn producer(kafka: &KafkaConfig, topic: &str, messages: usize, w: &Workload)
     let failed = Arc::new(AtomicU64::new(0));
     let context = Counting { acked: Arc::clone(&acked), failed: Arc::clone(&failed) };
     let producer: ThreadedProducer<Counting> =
-        client_config(kafka).create_with_context(context).context("creating the raw producer")?;
+        producer_config(kafka).create_with_context(context).context("creating the raw producer")?;
     let due = (chrono::Utc::now().timestamp_millis()).to_string();
     let mut ids = ulid::Generator::new();
     // Connect and get a producer id first: hourglass's producer is warm too.
@@ -110,8 +112,8 @@ pub fn producer(kafka: &KafkaConfig, topic: &str, messages: usize, w: &Workload)
         let envelope = w.envelope(i);
         let id = MessageId::generate(&mut ids, None);
         let headers = OwnedHeaders::new_with_capacity(2)
-            .insert(Header { key: crate::message::ID_HEADER, value: Some(id.as_bytes()) })
-            .insert(Header { key: crate::message::DUE_HEADER, value: Some(due.as_bytes()) });
+            .insert(Header { key: ID_HEADER, value: Some(id.as_bytes()) })
+            .insert(Header { key: DUE_HEADER, value: Some(due.as_bytes()) });
         let mut record = BaseRecord::to(topic).payload(&envelope.value).headers(headers);
         if let Some(key) = envelope.key.as_deref() {
             record = record.key(key);

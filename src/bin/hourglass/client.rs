@@ -10,12 +10,15 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
-use crate::{
+use hourglass::{
     auth::Bearer,
-    cli::{ClientArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs, When},
     message::UnixMillis,
     proto::{self, scheduler_client::SchedulerClient},
+    secret::Secret,
+    tls,
 };
+
+use crate::cli::{ClientArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs, When};
 
 pub const EXIT_NOT_APPLIED: u8 = 3;
 
@@ -25,15 +28,13 @@ type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
 async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
     let mut endpoint = Channel::from_shared(server.server.clone())
         .with_context(|| format!("--server {:?} is not a URL like http://127.0.0.1:50051", server.server))?;
-    if let Some(tls) = crate::tls::client_config(server)? {
+    let identity = server.client_cert.as_deref().zip(server.client_key.as_deref());
+    if let Some(tls) = tls::client_config(&server.server, server.ca_cert.as_deref(), identity)? {
         endpoint = endpoint.tls_config(tls).context("setting up TLS")?;
     }
     let channel =
         endpoint.connect().await.with_context(|| format!("cannot reach hourglass at {}", server.server))?;
-    Ok(SchedulerClient::with_interceptor(
-        channel,
-        Bearer::new(server.token.as_ref().map(crate::secret::Secret::expose))?,
-    ))
+    Ok(SchedulerClient::with_interceptor(channel, Bearer::new(server.token.as_ref().map(Secret::expose))?))
 }
 
 fn status_error(e: tonic::Status) -> anyhow::Error {
@@ -204,10 +205,11 @@ pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     let mut client = connect(&args.client).await?;
     let mut request = proto::ListRequest {
         topic: args.topic.unwrap_or_default(),
-        due_from: args.from.map(to_timestamp),
-        due_to: args.to.map(to_timestamp),
+        dispatch_from: args.from.map(to_timestamp),
+        dispatch_to: args.to.map(to_timestamp),
         page_size: args.page_size.unwrap_or(0),
         page_token: args.page_token.unwrap_or_default(),
+        ..Default::default()
     };
     let mut listed = 0usize;
     loop {
@@ -289,7 +291,7 @@ pub mod json {
     use serde::Serialize;
 
     use super::millis;
-    use crate::proto;
+    use hourglass::proto;
 
     pub fn time(t: Option<prost_types::Timestamp>) -> Option<String> {
         t.map(|t| millis(t).to_rfc3339())

@@ -1,7 +1,7 @@
 //! The records the bench sends: the same shape for hourglass and for the
 //! limits measured beside it.
 
-use crate::{message::Envelope, proto};
+use hourglass::{message::Envelope, proto};
 
 #[derive(Clone, Debug)]
 pub struct Workload {
@@ -36,8 +36,8 @@ impl Workload {
     pub fn at(&self, i: usize, due_ms: u64) -> proto::ScheduleRequest {
         proto::ScheduleRequest {
             message: Some(self.envelope(i).into()),
-            due: Some(proto::schedule_request::Due::DeliverAt(crate::api::convert::timestamp(
-                crate::message::UnixMillis(due_ms),
+            due: Some(proto::schedule_request::Due::DeliverAt(hourglass::api::convert::timestamp(
+                hourglass::message::UnixMillis(due_ms),
             ))),
             id: None,
         }

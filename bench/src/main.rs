@@ -1,0 +1,124 @@
+//! `hourglass-bench`: measures ingest, drain, precision and footprint of the
+//! real `hourglass serve` (the binary beside this one, or `$HOURGLASS_BIN`)
+//! against a real broker and store, beside the machine's own limits; prints
+//! one table. See docs/BENCHMARKS.md.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::Parser;
+use hourglass::store::Durability;
+use hourglass_bench::{Scale, Settings};
+
+/// Measure ingest, drain, precision and footprint of hourglass against a
+/// real broker and store, beside the machine's own limits; prints one table.
+#[derive(Debug, Parser)]
+#[command(name = "hourglass-bench", version)]
+struct Args {
+    /// Run at the scale the targets are set for (10M parked, 1M drained;
+    /// about seven minutes here) instead of the reduced default (a few minutes).
+    #[arg(long)]
+    full: bool,
+    /// Multiply every count by this, e.g. 0.01 for a smoke run.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Kafka bootstrap servers to run against; without it a local Tansu
+    /// broker is started on a free port.
+    #[arg(long)]
+    brokers: Option<String>,
+    /// Also write the figures as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Where the stores go (a temporary directory in it); it decides which
+    /// disk is measured [default: the system temp dir]
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Durability of the server and of the raw store limit.
+    #[arg(long, default_value = "sync")]
+    durability: Durability,
+    /// Partitions of the bench topic.
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
+    /// Record value size in bytes.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// Concurrent callers of unary Schedule.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// HTTP/2 connections those callers share [default: one each]
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Items per ScheduleBatch call.
+    #[arg(long, default_value_t = 1000)]
+    batch_size: usize,
+    /// Concurrent ScheduleBatch callers.
+    #[arg(long, default_value_t = 4)]
+    batch_callers: usize,
+    /// Concurrent ScheduleStream calls.
+    #[arg(long, default_value_t = 4)]
+    streams: usize,
+}
+
+impl Args {
+    fn settings(&self) -> Result<Settings, String> {
+        if !(self.scale > 0.0 && self.scale <= 100.0) {
+            return Err(format!("--scale {} must be above 0 and at most 100", self.scale));
+        }
+        if self.partitions < 1 || self.clients == 0 || self.batch_size == 0 || self.streams == 0 {
+            return Err("--partitions, --clients, --batch-size and --streams must be at least 1".into());
+        }
+        let scale = if self.full { Scale::full() } else { Scale::reduced() };
+        Ok(Settings {
+            scale: scale.times(self.scale),
+            brokers: self.brokers.clone(),
+            dir: self.dir.clone(),
+            durability: self.durability,
+            partitions: self.partitions,
+            value_bytes: self.value_bytes,
+            clients: self.clients,
+            connections: self.connections.unwrap_or(self.clients),
+            batch_size: self.batch_size,
+            batch_callers: self.batch_callers.max(1),
+            streams: self.streams,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let settings = match args.settings() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(hourglass_bench::main(settings, args.json)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arguments_are_consistent_and_checked() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let args = Args::try_parse_from(["hourglass-bench", "--scale", "0"]).unwrap();
+        assert!(args.settings().unwrap_err().contains("--scale"));
+        let args = Args::try_parse_from(["hourglass-bench", "--durability", "buffered"]).unwrap();
+        assert_eq!(args.settings().unwrap().durability, Durability::Buffered);
+    }
+}

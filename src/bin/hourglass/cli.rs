@@ -1,0 +1,401 @@
+//! The command line: `hourglass serve` and the client subcommands. Every
+//! flag can also come from an `HOURGLASS_*` environment variable; the doc
+//! comments are the `--help` text. The server's settings are declared once,
+//! in [`hourglass::config::Config`], and flattened in here.
+
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use clap::{ArgMatches, Args, Parser, Subcommand};
+use hourglass::{
+    config::{Config, ConfigError},
+    secret::{self, Origin, Secret, SecretError},
+    server::settings::{self, SettingsError},
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "hourglass", version, about = "Delayed delivery for Apache Kafka", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server: accept messages over gRPC, park them, produce them when due.
+    Serve(Box<ServeArgs>),
+    /// Schedule a message for later delivery.
+    Schedule(ScheduleArgs),
+    /// Cancel a pending message; says whether it was cancelled or already settled.
+    Cancel(IdArgs),
+    /// Move a pending (or failed) message to a new due time.
+    Reschedule(RescheduleArgs),
+    /// Show a message, its due time and its state.
+    Get(IdArgs),
+    /// List pending messages in the order they will be produced, a page at a
+    /// time; filter by topic and dispatch-time range.
+    List(ListArgs),
+    /// Counts by state, the oldest overdue message, the store's size.
+    Stats(StatsArgs),
+    /// Measure ingest, drain, precision and footprint against a real broker
+    /// and store: runs the hourglass-bench binary installed beside this one
+    /// with the arguments given (`hourglass bench --help` shows them).
+    #[command(disable_help_flag = true)]
+    Bench(BenchArgs),
+}
+
+fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+/// Flags of `hourglass serve`: the settings, then the config file, then
+/// the defaults shown.
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// TOML config file; flags and environment variables override it.
+    #[arg(long = "config", env = "HOURGLASS_CONFIG", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: Config,
+    /// librdkafka producer property KEY=VALUE, repeatable (e.g.
+    /// security.protocol=SASL_SSL). A VALUE of env:NAME or file:/path is read
+    /// from there at start-up. In the environment, HOURGLASS_KAFKA_PROPERTIES
+    /// takes them comma-separated, with \, for a comma inside a value.
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
+    pub kafka_properties: Vec<Secret>,
+    /// Check the settings (and the files they name), print them as a config
+    /// file (secret values hidden) and exit, without starting.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+/// The environment variable that holds Kafka properties, comma-separated.
+pub const KAFKA_PROPERTIES_ENV: &str = "HOURGLASS_KAFKA_PROPERTIES";
+
+impl ServeArgs {
+    /// The config file, overridden by the environment and these flags
+    /// (`matches` says which were given); checked.
+    pub fn into_config(self, matches: &ArgMatches) -> Result<Config, SettingsError> {
+        let listed = std::env::var(KAFKA_PROPERTIES_ENV).ok().map(Secret::new);
+        self.into_config_with(matches, listed)
+    }
+
+    /// As [`ServeArgs::into_config`], with `listed` as the value of
+    /// `HOURGLASS_KAFKA_PROPERTIES`.
+    pub fn into_config_with(
+        self,
+        matches: &ArgMatches,
+        listed: Option<Secret>,
+    ) -> Result<Config, SettingsError> {
+        let file = match &self.config_file {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        let mut c = Config::merge(file, self.settings, matches);
+        // The environment's list, then the flags; the list's items are
+        // checked here, where their positions are known, and named by them.
+        let listed =
+            listed.as_ref().map(|l| secret::parse_list(l.expose())).transpose().map_err(ConfigError::from)?;
+        for (n, key, value) in listed.unwrap_or_default() {
+            secret::check_property(&key, &value, Origin::ListItem(n)).map_err(ConfigError::from)?;
+            c.kafka_properties.insert(key, value);
+        }
+        for (n, property) in (1..).zip(&self.kafka_properties) {
+            let (k, v) = property
+                .expose()
+                .split_once('=')
+                .ok_or(ConfigError::Property(SecretError::FlagNotKeyValue(n)))?;
+            c.kafka_properties.insert(k.trim().to_owned(), v.trim().to_owned());
+        }
+        settings::check(&c)?;
+        Ok(c)
+    }
+}
+
+/// `hourglass bench`: everything after it goes to hourglass-bench.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+    pub args: Vec<OsString>,
+}
+
+/// Flags every client subcommand takes.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// Address of the hourglass server.
+    #[arg(long, env = "HOURGLASS_SERVER", default_value = "http://127.0.0.1:50051")]
+    pub server: String,
+    /// Bearer token, for a server with --auth-tokens.
+    #[arg(long, env = "HOURGLASS_TOKEN", hide_env_values = true)]
+    pub token: Option<Secret>,
+    /// PEM CA certificate to trust for an https:// server [default: the
+    /// system's trusted roots]
+    #[arg(long, env = "HOURGLASS_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// PEM client certificate, for a server that requires mutual TLS.
+    #[arg(long, env = "HOURGLASS_CLIENT_CERT", value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert.
+    #[arg(long, env = "HOURGLASS_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+    /// What to print: text for people, json for scripts (one object per
+    /// line; field names are documented in the README).
+    #[arg(long, env = "HOURGLASS_OUTPUT", value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+#[group(id = "when", required = true, multiple = false)]
+pub struct When {
+    /// Deliver after this long, e.g. 30s, 15m, 2h 30m.
+    #[arg(long, value_parser = duration, group = "when")]
+    pub delay: Option<Duration>,
+    /// Deliver at this time, RFC 3339, e.g. 2030-01-01T09:00:00Z.
+    #[arg(long, group = "when")]
+    pub at: Option<chrono::DateTime<chrono::FixedOffset>>,
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Kafka topic to deliver to.
+    #[arg(long)]
+    pub topic: String,
+    /// Record value (text).
+    #[arg(long)]
+    pub value: String,
+    /// Record key (text).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Record header KEY=VALUE, repeatable.
+    #[arg(long = "header", value_name = "KEY=VALUE")]
+    pub headers: Vec<String>,
+    /// Explicit partition (otherwise chosen from the key).
+    #[arg(long)]
+    pub partition: Option<i32>,
+    /// Idempotency key: retrying with the same id never schedules twice.
+    #[arg(long)]
+    pub id: Option<String>,
+    #[command(flatten)]
+    pub when: When,
+}
+
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Message id.
+    pub id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RescheduleArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Message id.
+    pub id: String,
+    #[command(flatten)]
+    pub when: When,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Only messages for this topic.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Only messages dispatched at or after this time, RFC 3339.
+    #[arg(long)]
+    pub from: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Only messages dispatched before this time, RFC 3339.
+    #[arg(long)]
+    pub to: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Messages per page, at most 1000 [default: 100]
+    #[arg(long)]
+    pub page_size: Option<u32>,
+    /// Start at this page (a previous page's next page token).
+    #[arg(long)]
+    pub page_token: Option<String>,
+    /// Follow the pages to the end instead of stopping after one.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("hourglass").chain(args.iter().copied()))
+    }
+
+    /// The settings `hourglass serve ARGS` runs with, `listed` standing for
+    /// HOURGLASS_KAFKA_PROPERTIES.
+    fn serve(args: &[&str], listed: Option<Secret>) -> Result<Config, SettingsError> {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let argv = ["hourglass", "serve"].into_iter().chain(args.iter().copied());
+        let matches = Cli::command().try_get_matches_from(argv).unwrap();
+        let serve = matches.subcommand_matches("serve").unwrap();
+        ServeArgs::from_arg_matches(serve).unwrap().into_config_with(serve, listed)
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_flags_override_defaults() {
+        let config = serve(
+            &["--listen", "0.0.0.0:7000", "--retention", "1h", "--kafka-property", "compression.type=zstd"],
+            None,
+        )
+        .unwrap();
+        assert_eq!(config.listen.port(), 7000);
+        assert_eq!(*config.retention, Duration::from_secs(3600));
+        assert_eq!(config.kafka_properties["compression.type"], "zstd");
+        assert_eq!(config.metrics_listen, Config::default().metrics_listen);
+    }
+
+    #[test]
+    fn a_config_file_fills_in_what_the_flags_leave() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hourglass.toml");
+        std::fs::write(
+            &file,
+            "retention = \"2days\"\nmax_pending = 5\n[kafka_properties]\n\"linger.ms\" = \"7\"\n",
+        )
+        .unwrap();
+        let file = file.to_str().unwrap();
+        let config =
+            serve(&["--config", file, "--max-pending", "9", "--kafka-property", "acks=all"], None).unwrap();
+        assert_eq!(*config.retention, Duration::from_secs(2 * 86_400), "the file's");
+        assert_eq!(config.max_pending, 9, "the flag's");
+        assert_eq!(config.kafka_properties["linger.ms"], "7");
+        assert_eq!(config.kafka_properties["acks"], "all");
+        assert_eq!(config.listen, Config::default().listen, "the default");
+    }
+
+    #[test]
+    fn a_malformed_property_is_refused() {
+        assert!(serve(&["--kafka-property", "novalue"], None).unwrap_err().to_string().contains("KEY=VALUE"));
+    }
+    /// A password with every character that has tripped a parser.
+    const PASSWORD: &str = "Pw1,Xq9=Zk\"Jj";
+
+    #[test]
+    fn kafka_properties_from_the_environment_keep_secrets_out_of_errors_and_debug() {
+        let escaped = PASSWORD.replace(',', "\\,");
+        let listed = Secret::new(format!("security.protocol=SASL_SSL,sasl.password={escaped}"));
+        let config = serve(&[], Some(listed)).unwrap();
+        assert_eq!(config.kafka_properties["sasl.password"], PASSWORD, "an escaped comma stays in the value");
+        // Unescaped, the password splits in two; neither piece may show,
+        // nor what parsed the arguments.
+        for listed in [format!("sasl.password={PASSWORD}"), "sasl.password=Pw1,Xq9".to_owned()] {
+            let err = serve(&[], Some(Secret::new(listed))).unwrap_err().to_string();
+            assert!(err.contains("HOURGLASS_KAFKA_PROPERTIES"), "{err}");
+            for piece in ["Pw1", "Xq9", "Zk", "Jj"] {
+                assert!(!err.contains(piece), "{err}");
+            }
+        }
+        let flag = format!("sasl.password={PASSWORD}");
+        let Command::Serve(args) = parse(&["serve", "--kafka-property", &flag]).unwrap().command else {
+            panic!("not serve");
+        };
+        assert!(!format!("{args:?}").contains("Pw1"), "{args:?}");
+        assert_eq!(
+            serve(&["--kafka-property", &flag], None).unwrap().kafka_properties["sasl.password"],
+            PASSWORD
+        );
+        let Command::Get(get) = parse(&["get", "x", "--token", PASSWORD]).unwrap().command else { panic!() };
+        assert!(!format!("{get:?}").contains("Pw1"), "{get:?}");
+    }
+
+    #[test]
+    fn schedule_needs_exactly_one_due_time() {
+        assert!(parse(&["schedule", "--topic", "t", "--value", "v"]).is_err());
+        assert!(
+            parse(&[
+                "schedule",
+                "--topic",
+                "t",
+                "--value",
+                "v",
+                "--delay",
+                "1s",
+                "--at",
+                "2030-01-01T00:00:00Z"
+            ])
+            .is_err()
+        );
+        assert!(parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "1m 30s"]).is_ok());
+        assert!(parse(&["reschedule", "id1", "--at", "2030-01-01T00:00:00+02:00"]).is_ok());
+    }
+
+    #[test]
+    fn security_flags_reach_the_config_and_the_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, "[[token]]\nname = \"a\"\ntoken = \"t\"\ntopics = [\"*\"]\n").unwrap();
+        let tokens = tokens.to_str().unwrap();
+        let config = serve(&["--auth-tokens", tokens, "--max-streams-per-connection", "64"], None).unwrap();
+        assert_eq!(config.auth_tokens.as_deref(), Some(std::path::Path::new(tokens)));
+        assert_eq!(config.max_streams_per_connection, 64);
+        assert!(
+            serve(&["--tls-cert", "c.pem"], None)
+                .unwrap_err()
+                .to_string()
+                .contains("--tls-cert is given without --tls-key")
+        );
+
+        assert!(parse(&["get", "id1", "--client-cert", "c.pem"]).is_err(), "a certificate needs its key");
+        let Command::Get(args) =
+            parse(&["get", "id1", "--token", "t", "--ca-cert", "ca.pem"]).unwrap().command
+        else {
+            panic!("not get");
+        };
+        assert_eq!(args.client.token.as_ref().map(Secret::expose), Some("t"));
+        assert_eq!(args.client.ca_cert, Some(PathBuf::from("ca.pem")));
+    }
+
+    #[test]
+    fn every_client_subcommand_takes_output() {
+        for args in [
+            &["schedule", "--topic", "t", "--value", "v", "--delay", "1s"][..],
+            &["cancel", "id1"],
+            &["reschedule", "id1", "--delay", "1s"],
+            &["get", "id1"],
+            &["list", "--topic", "t", "--from", "2030-01-01T00:00:00Z", "--page-size", "5", "--all"],
+            &["stats"],
+        ] {
+            let with = [args, &["--output", "json"]].concat();
+            assert!(parse(&with).is_ok(), "{with:?}");
+            let bad = [args, &["--output", "yaml"]].concat();
+            assert!(parse(&bad).is_err(), "{bad:?}");
+        }
+        assert!(parse(&["serve", "--output", "json"]).is_err(), "serve prints no answers");
+    }
+
+    #[test]
+    fn bench_takes_every_argument_as_it_is() {
+        let Command::Bench(bench) = parse(&["bench", "--scale", "0.01", "--help"]).unwrap().command else {
+            panic!("not bench");
+        };
+        assert_eq!(bench.args, ["--scale", "0.01", "--help"]);
+    }
+}

@@ -1,0 +1,608 @@
+//! A node: the shards one process owns, and the routing of each request to
+//! the shard of its message.
+//!
+//! Every id belongs to one shard, found without a lookup: the murmur2 hash
+//! of the id's text (as Kafka's Java client hashes a record key), made
+//! positive and taken modulo the shard count. The tenant is left out of the
+//! hash, so an id and the same id in the shared space (which a tenant still
+//! sees) live in one shard and are checked in one step there.
+//!
+//! What spans shards is assembled here: a batch is split by shard and
+//! written as one atomic write per shard; `List` merges the shards' pages
+//! in dispatch order; `Stats`, health and damage are summed over them.
+//!
+//! On disk, one shard is the data dir itself (as every earlier release laid
+//! it out); several are `shard-0`, `shard-1`, ... inside it. Each store
+//! records which shard of how many it is when first opened, and a start
+//! with another count is refused: ids would hash to other shards.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use futures_util::future;
+use tokio::sync::watch;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{
+    clock::Clock,
+    kafka::Producer,
+    message::{
+        CancelOutcome, ListQuery, MessageId, PageToken, PendingPage, Scheduled, ScheduledMessage, Scope,
+        UnixMillis,
+    },
+    shard::{Shard, ShardConfig},
+    store::{
+        LIST_KEY_BYTES, ListFilter, NewMessage, ShardOf, Store, StoreError, StoreHealth, StorePage,
+        schema::{Counts, DispatchKey},
+    },
+};
+
+/// What a node is built from.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub data_dir: PathBuf,
+    pub shards: u32,
+    /// What each shard is built from; its store's path, shard and backlog
+    /// cap are set per shard.
+    pub shard: ShardConfig,
+    /// The node's backlog cap, split evenly over its shards.
+    pub max_pending: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(
+        "the data dir {} holds {found} shard(s) but hourglass was started with --shards {asked}: \
+         each message id belongs to one shard by its hash, so the count is fixed once a data dir is \
+         used. Start with --shards {found}, or move the data dir aside to start empty",
+        dir.display()
+    )]
+    ShardCount { dir: PathBuf, found: u32, asked: u32 },
+    #[error("reading the data dir {}: {source}", dir.display())]
+    Unreadable { dir: PathBuf, source: std::io::Error },
+    #[error("opening the store in {}: {source}", path.display())]
+    Open { path: PathBuf, source: StoreError },
+}
+
+/// The shards of one process; requests reach each through [`Node`]'s
+/// methods, which route by id.
+pub struct Node {
+    shards: Vec<Shard>,
+    stores: Vec<Store>,
+    max_pending: Option<u64>,
+    health: watch::Receiver<StoreHealth>,
+    damaged: CancellationToken,
+    stop: CancellationToken,
+    watchers: TaskTracker,
+}
+
+/// Counts and the oldest overdue message, over every shard.
+#[derive(Clone, Debug, Default)]
+pub struct NodeStats {
+    pub counts: Counts,
+    pub oldest_overdue: Option<crate::message::PendingMessage>,
+}
+
+impl Node {
+    /// Opens every shard's store (refusing a data dir laid out for another
+    /// shard count) and starts their dispatchers.
+    pub async fn start(
+        config: &NodeConfig,
+        producer: Arc<Producer>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Node, NodeError> {
+        let paths = shard_paths(&config.data_dir, config.shards)?;
+        let per_shard = config.max_pending.map(|cap| cap.div_ceil(u64::from(config.shards)));
+        let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
+        for (shard, path) in (0..).zip(paths) {
+            let mut shard_config = config.shard.clone();
+            shard_config.store.path = path.clone();
+            shard_config.store.shard = ShardOf { shard, shards: config.shards };
+            shard_config.store.max_pending = per_shard;
+            let store = match Store::open(&shard_config.store) {
+                Ok(store) => store,
+                Err(source) => {
+                    future::join_all(shards.iter().map(Shard::shutdown)).await;
+                    return Err(NodeError::Open { path, source });
+                }
+            };
+            let recorded = store.recorded_shard();
+            if recorded != shard_config.store.shard {
+                store.close().await;
+                future::join_all(shards.iter().map(Shard::shutdown)).await;
+                return Err(NodeError::ShardCount {
+                    dir: config.data_dir.clone(),
+                    found: recorded.shards,
+                    asked: config.shards,
+                });
+            }
+            shards.push(Shard::start(store, &shard_config, Arc::clone(&producer), Arc::clone(&clock)));
+        }
+        let stores: Vec<Store> = shards.iter().map(|s| s.store().clone()).collect();
+        let (tx, health) = watch::channel(StoreHealth::Ok);
+        let (damaged, stop) = (CancellationToken::new(), CancellationToken::new());
+        let watchers = TaskTracker::new();
+        watchers.spawn(watch_health(stores.clone(), tx, stop.clone()));
+        watchers.spawn(watch_damage(stores.clone(), damaged.clone(), stop.clone()));
+        watchers.close();
+        Ok(Node { shards, stores, max_pending: config.max_pending, health, damaged, stop, watchers })
+    }
+
+    /// The shard `id` belongs to.
+    pub fn shard_of(&self, id: &MessageId) -> usize {
+        shard_of(id, self.stores.len() as u32) as usize
+    }
+
+    fn store_of(&self, id: &MessageId) -> &Store {
+        &self.stores[self.shard_of(id)]
+    }
+
+    pub fn stores(&self) -> &[Store] {
+        &self.stores
+    }
+
+    /// Parks a message in its shard; returns once it is durable.
+    pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
+        self.store_of(msg.id.id()).schedule(msg).await
+    }
+
+    /// Parks many messages: one atomic, durable write per shard, the shards
+    /// at once. Each message gets its own answer, in order. A shard whose
+    /// write fails answers its messages with the error; the call fails as a
+    /// whole when every write failed (then nothing of it was stored).
+    pub async fn schedule_batch(
+        &self,
+        msgs: Vec<NewMessage>,
+    ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
+        if let [store] = &self.stores[..] {
+            return store.schedule_batch(msgs).await;
+        }
+        let total = msgs.len();
+        let mut groups: Vec<(Vec<usize>, Vec<NewMessage>)> =
+            self.stores.iter().map(|_| Default::default()).collect();
+        for (slot, msg) in msgs.into_iter().enumerate() {
+            let group = &mut groups[self.shard_of(msg.id.id())];
+            group.0.push(slot);
+            group.1.push(msg);
+        }
+        let writes = groups
+            .into_iter()
+            .zip(&self.stores)
+            .filter(|((slots, _), _)| !slots.is_empty())
+            .map(|((slots, msgs), store)| async move { (slots, store.schedule_batch(msgs).await) });
+        let mut results: Vec<Option<Result<Scheduled, StoreError>>> = (0..total).map(|_| None).collect();
+        let mut failed = None;
+        let mut written = false;
+        for (slots, outcome) in future::join_all(writes).await {
+            match outcome {
+                Ok(answers) => {
+                    written = true;
+                    for (slot, answer) in slots.into_iter().zip(answers) {
+                        results[slot] = Some(answer);
+                    }
+                }
+                Err(e) => {
+                    for slot in slots {
+                        results[slot] = Some(Err(e.clone()));
+                    }
+                    failed = Some(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) if !written => Err(e),
+            _ => {
+                Ok(results.into_iter().map(|r| r.expect("every message is answered by its shard")).collect())
+            }
+        }
+    }
+
+    pub async fn cancel(
+        &self,
+        scope: Scope,
+        id: MessageId,
+        now: UnixMillis,
+    ) -> Result<CancelOutcome, StoreError> {
+        self.store_of(&id).cancel(scope, id, now).await
+    }
+
+    pub async fn reschedule(
+        &self,
+        scope: Scope,
+        id: MessageId,
+        due: UnixMillis,
+    ) -> Result<UnixMillis, StoreError> {
+        self.store_of(&id).reschedule(scope, id, due).await
+    }
+
+    pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
+        self.store_of(&id).get(scope, id).await
+    }
+
+    /// A page of the pending messages `scope` sees, in dispatch order
+    /// across shards (ties in dispatch time go by shard, then acceptance).
+    /// Each shard looks at no more than its part of `examine` entries.
+    pub async fn list_pending(
+        &self,
+        scope: Scope,
+        query: ListQuery,
+        limit: usize,
+        examine: usize,
+    ) -> Result<PendingPage, StoreError> {
+        let shards = self.stores.len() as u32;
+        let examine = (examine / self.stores.len()).max(1);
+        let from = DispatchKey { at: query.from.unwrap_or_default(), seq: 0 };
+        let reads = (0..shards).zip(&self.stores).map(|(shard, store)| {
+            let filter = ListFilter {
+                topic: query.topic.clone(),
+                from: query.page_token.map_or(from, |token| start_in(shard, token).max(from)),
+                to: query.to,
+                limit,
+                examine,
+            };
+            store.list_pending(scope.clone(), filter)
+        });
+        let pages = future::try_join_all(reads).await?;
+        Ok(merge_pages(pages, limit))
+    }
+
+    /// Counts `scope` sees and its oldest overdue message, over the shards.
+    pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<NodeStats, StoreError> {
+        let all = future::try_join_all(self.stores.iter().map(|s| s.stats(scope.clone(), now))).await?;
+        let mut stats = NodeStats::default();
+        for shard in all {
+            stats.counts.add(&shard.counts);
+            if let Some(m) = shard.oldest_overdue
+                && stats.oldest_overdue.as_ref().is_none_or(|o| m.dispatch_at < o.dispatch_at)
+            {
+                stats.oldest_overdue = Some(m);
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Messages the dispatchers hold for producing right now.
+    pub fn dispatching(&self) -> usize {
+        self.stores.iter().map(Store::dispatching).sum()
+    }
+
+    /// Bytes the stores take on disk and in memtables.
+    pub async fn size_bytes(&self) -> Result<u64, StoreError> {
+        Ok(future::try_join_all(self.stores.iter().map(Store::size_bytes)).await?.into_iter().sum())
+    }
+
+    /// The node's backlog cap, if one is set.
+    pub fn max_pending(&self) -> Option<u64> {
+        self.max_pending
+    }
+
+    /// Whether every shard takes new messages: the worst of their healths.
+    pub fn health(&self) -> watch::Receiver<StoreHealth> {
+        self.health.clone()
+    }
+
+    /// Cancelled once damage is found in any shard's store.
+    pub fn damaged(&self) -> CancellationToken {
+        self.damaged.clone()
+    }
+
+    /// What damage was found, and what to do about it.
+    pub fn damage(&self) -> Option<String> {
+        self.stores.iter().find_map(Store::damage)
+    }
+
+    /// Stops every shard: dispatchers settle what is in flight, stores
+    /// commit what is queued and close.
+    pub async fn shutdown(&self) {
+        future::join_all(self.shards.iter().map(Shard::shutdown)).await;
+        self.stop.cancel();
+        self.watchers.wait().await;
+    }
+}
+
+/// The shard an id belongs to among `shards`: Kafka's Java client's rule
+/// for keys, `toPositive(murmur2(key)) % n`, over the id's text.
+pub fn shard_of(id: &MessageId, shards: u32) -> u32 {
+    (murmur2(id.as_str().as_bytes()) as u32 & 0x7fff_ffff) % shards.max(1)
+}
+
+/// MurmurHash2 as Kafka's Java client computes it (seed `0x9747b28c`,
+/// little-endian words).
+pub fn murmur2(data: &[u8]) -> i32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h = SEED ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        for (i, byte) in tail.iter().enumerate().rev() {
+            h ^= u32::from(*byte) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// Where each shard's store lives, after checking the data dir holds no
+/// store of another layout.
+fn shard_paths(dir: &Path, shards: u32) -> Result<Vec<PathBuf>, NodeError> {
+    let is_store = |path: &Path| path.join("CURRENT").exists();
+    let mut found = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.map_err(|source| NodeError::Unreadable { dir: dir.to_owned(), source })?;
+                let name = entry.file_name();
+                if let Some(n) =
+                    name.to_str().and_then(|n| n.strip_prefix("shard-")).and_then(|n| n.parse::<u32>().ok())
+                    && is_store(&entry.path())
+                {
+                    found.push(n);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(NodeError::Unreadable { dir: dir.to_owned(), source }),
+    }
+    let refuse = |found| Err(NodeError::ShardCount { dir: dir.to_owned(), found, asked: shards });
+    let most = found.iter().max().map(|n| n + 1);
+    if shards == 1 {
+        return match most {
+            Some(n) => refuse(n),
+            None => Ok(vec![dir.to_owned()]),
+        };
+    }
+    if is_store(dir) {
+        return refuse(1);
+    }
+    if let Some(n) = most.filter(|n| *n > shards) {
+        return refuse(n);
+    }
+    Ok((0..shards).map(|i| dir.join(format!("shard-{i}"))).collect())
+}
+
+/// Where `shard` goes on after `token`, in the order (dispatch time, shard,
+/// acceptance) that pages follow.
+fn start_in(shard: u32, token: PageToken) -> DispatchKey {
+    match shard.cmp(&token.shard) {
+        std::cmp::Ordering::Equal => DispatchKey { at: token.dispatch_at, seq: token.seq },
+        std::cmp::Ordering::Greater => DispatchKey { at: token.dispatch_at, seq: 0 },
+        std::cmp::Ordering::Less => DispatchKey::after(token.dispatch_at),
+    }
+}
+
+/// The shards' pages as one, in (dispatch time, shard, acceptance) order:
+/// what every shard read (each up to where its own page stopped), at most
+/// `limit` messages and about [`LIST_KEY_BYTES`] of keys.
+fn merge_pages(pages: Vec<StorePage>, limit: usize) -> PendingPage {
+    let position = |shard: u32, key: DispatchKey| PageToken { dispatch_at: key.at, shard, seq: key.seq };
+    // Everything before the first place a shard stopped was read by all.
+    let read_to =
+        (0..).zip(&pages).filter_map(|(shard, page)| page.next.map(|key| position(shard, key))).min();
+    let mut all: Vec<(PageToken, _)> = (0..)
+        .zip(pages)
+        .flat_map(|(shard, page)| page.messages.into_iter().map(move |(key, m)| (position(shard, key), m)))
+        .filter(|(at, _)| read_to.is_none_or(|end| *at < end))
+        .collect();
+    all.sort_by_key(|(at, _)| *at);
+    let mut page = PendingPage::default();
+    let mut key_bytes = 0;
+    for (at, message) in all {
+        if page.messages.len() >= limit || key_bytes >= LIST_KEY_BYTES {
+            page.next = Some(at);
+            return page;
+        }
+        key_bytes += message.key.as_ref().map_or(0, Vec::len);
+        page.messages.push(message);
+    }
+    page.next = read_to;
+    page
+}
+
+/// The worst health of any shard, mirrored until `stop`.
+async fn watch_health(stores: Vec<Store>, health: watch::Sender<StoreHealth>, stop: CancellationToken) {
+    let mut shards: Vec<watch::Receiver<StoreHealth>> = stores.iter().map(Store::health).collect();
+    loop {
+        let now = worst(shards.iter_mut().map(|h| h.borrow_and_update().clone()));
+        health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
+        let changed = future::select_all(shards.iter_mut().map(|h| Box::pin(h.changed())));
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            (result, _, _) = changed => if result.is_err() { return },
+        }
+    }
+}
+
+/// Damage found in any shard, passed on to the node's token.
+async fn watch_damage(stores: Vec<Store>, damaged: CancellationToken, stop: CancellationToken) {
+    let shards: Vec<CancellationToken> = stores.iter().map(Store::damaged).collect();
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = future::select_all(shards.iter().map(|d| Box::pin(d.cancelled()))) => damaged.cancel(),
+    }
+}
+
+/// Failing before at capacity before ok; the first failing shard's reason.
+fn worst(healths: impl Iterator<Item = StoreHealth>) -> StoreHealth {
+    healths.fold(StoreHealth::Ok, |worst, h| match (&worst, &h) {
+        (StoreHealth::Failing(_), _) => worst,
+        (_, StoreHealth::Failing(_)) | (StoreHealth::Ok, StoreHealth::AtCapacity) => h,
+        _ => worst,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{PendingMessage, Tenant};
+
+    /// Kafka's `UtilsTest.testMurmur2`: the Java client's hash of a key.
+    #[test]
+    fn murmur2_is_the_java_clients() {
+        let cases: [(&[u8], i32); 7] = [
+            (b"21", -973_932_308),
+            (b"foobar", -790_332_482),
+            (b"a-little-bit-long-string", -985_981_536),
+            (b"a-little-bit-longer-string", -1_486_304_829),
+            (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58_897_971),
+            (b"abc", 479_470_107),
+            (b"", 275_646_681),
+        ];
+        for (key, hash) in cases {
+            assert_eq!(murmur2(key), hash, "{}", String::from_utf8_lossy(key));
+        }
+    }
+
+    #[test]
+    fn ids_route_by_their_text_whatever_their_tenant() {
+        let shared = MessageId::parse("order-42").unwrap();
+        let tenant = MessageId::parse_in(Some(&Tenant::parse("acme").unwrap()), "order-42").unwrap();
+        assert_ne!(shared, tenant);
+        for shards in [1, 2, 3, 8, 256] {
+            let expected = (murmur2(b"order-42") as u32 & 0x7fff_ffff) % shards;
+            assert_eq!(shard_of(&shared, shards), expected);
+            assert_eq!(shard_of(&tenant, shards), expected, "a tenant's id lives beside the shared one");
+        }
+        assert_eq!(shard_of(&shared, 1), 0);
+    }
+
+    #[test]
+    fn ids_spread_over_the_shards() {
+        let mut counts = [0u32; 4];
+        for i in 0..4_000 {
+            counts[shard_of(&MessageId::parse(&format!("m{i}")).unwrap(), 4) as usize] += 1;
+        }
+        assert!(counts.iter().all(|c| (800..1_200).contains(c)), "{counts:?}");
+    }
+
+    fn pending(id: &str, at: u64, key: Option<usize>) -> PendingMessage {
+        PendingMessage {
+            id: MessageId::parse(id).unwrap(),
+            topic: "t".into(),
+            key: key.map(|n| vec![b'k'; n]),
+            partition: None,
+            value_bytes: 1,
+            due: UnixMillis(at),
+            dispatch_at: UnixMillis(at),
+            scheduled_at: UnixMillis(0),
+            attempts: 0,
+            last_error: None,
+        }
+    }
+
+    fn page(entries: &[(&str, u64, u64)], next: Option<(u64, u64)>) -> StorePage {
+        StorePage {
+            messages: entries
+                .iter()
+                .map(|(id, at, seq)| (DispatchKey { at: UnixMillis(*at), seq: *seq }, pending(id, *at, None)))
+                .collect(),
+            next: next.map(|(at, seq)| DispatchKey { at: UnixMillis(at), seq }),
+        }
+    }
+
+    fn ids(page: &PendingPage) -> Vec<&str> {
+        page.messages.iter().map(|m| m.id.as_str()).collect()
+    }
+
+    #[test]
+    fn pages_merge_in_dispatch_order_then_shard() {
+        let merged = merge_pages(
+            vec![page(&[("a", 10, 0), ("c", 30, 1)], None), page(&[("b", 10, 5), ("d", 40, 0)], None)],
+            10,
+        );
+        assert_eq!(ids(&merged), ["a", "b", "c", "d"], "a tie in time goes by shard");
+        assert_eq!(merged.next, None, "every shard read to its end");
+
+        let merged = merge_pages(
+            vec![page(&[("a", 10, 0), ("c", 30, 1)], None), page(&[("b", 10, 5), ("d", 40, 0)], None)],
+            3,
+        );
+        assert_eq!(ids(&merged), ["a", "b", "c"]);
+        assert_eq!(merged.next, Some(PageToken { dispatch_at: UnixMillis(40), shard: 1, seq: 0 }), "at d");
+    }
+
+    #[test]
+    fn a_merged_page_stops_where_the_first_shard_stopped() {
+        // Shard 0 looked at its limit of entries and stopped before 25: what
+        // shard 1 has from 25 on may come after shard 0's next entries.
+        let merged = merge_pages(
+            vec![page(&[("a", 10, 0)], Some((25, 3))), page(&[("b", 20, 0), ("z", 90, 0)], None)],
+            10,
+        );
+        assert_eq!(ids(&merged), ["a", "b"]);
+        assert_eq!(merged.next, Some(PageToken { dispatch_at: UnixMillis(25), shard: 0, seq: 3 }));
+    }
+
+    #[test]
+    fn a_merged_page_holds_about_a_page_of_keys() {
+        let big = LIST_KEY_BYTES / 2 + 1;
+        let mut shard0 = page(&[], None);
+        let mut shard1 = page(&[], None);
+        for (i, (shard, at)) in [(&mut shard0, 10), (&mut shard1, 20)].into_iter().enumerate() {
+            shard
+                .messages
+                .push((DispatchKey { at: UnixMillis(at), seq: 0 }, pending(&format!("k{i}"), at, Some(big))));
+        }
+        shard1.messages.push((DispatchKey { at: UnixMillis(30), seq: 0 }, pending("k2", 30, Some(big))));
+        let merged = merge_pages(vec![shard0, shard1], 100);
+        assert_eq!(ids(&merged), ["k0", "k1"]);
+        assert_eq!(merged.next, Some(PageToken { dispatch_at: UnixMillis(30), shard: 1, seq: 0 }));
+    }
+
+    #[test]
+    fn each_shard_goes_on_after_the_token() {
+        let token = PageToken { dispatch_at: UnixMillis(50), shard: 1, seq: 7 };
+        assert_eq!(start_in(0, token), DispatchKey { at: UnixMillis(51), seq: 0 }, "shard 0 listed its 50s");
+        assert_eq!(start_in(1, token), DispatchKey { at: UnixMillis(50), seq: 7 });
+        assert_eq!(start_in(2, token), DispatchKey { at: UnixMillis(50), seq: 0 }, "shard 2 not yet at 50");
+    }
+
+    #[test]
+    fn the_node_is_as_healthy_as_its_worst_shard() {
+        use StoreHealth::*;
+        assert_eq!(worst([Ok, Ok].into_iter()), Ok);
+        assert_eq!(worst([Ok, AtCapacity].into_iter()), AtCapacity);
+        assert_eq!(
+            worst([AtCapacity, Failing("disk".into()), Failing("other".into())].into_iter()),
+            Failing("disk".into())
+        );
+    }
+
+    #[test]
+    fn a_data_dir_of_another_shard_count_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert_eq!(shard_paths(root, 1).unwrap(), [root.to_owned()], "one shard: the data dir itself");
+        assert_eq!(
+            shard_paths(&root.join("new"), 2).unwrap(),
+            [root.join("new/shard-0"), root.join("new/shard-1")]
+        );
+        // A single store, as every earlier release made it.
+        std::fs::write(root.join("CURRENT"), "MANIFEST-000001\n").unwrap();
+        let err = shard_paths(root, 4).unwrap_err();
+        assert!(matches!(err, NodeError::ShardCount { found: 1, asked: 4, .. }), "{err}");
+        assert!(err.to_string().contains("--shards 1"), "{err}");
+        // Four shards.
+        let four = root.join("four");
+        for i in 0..4 {
+            std::fs::create_dir_all(four.join(format!("shard-{i}"))).unwrap();
+            std::fs::write(four.join(format!("shard-{i}/CURRENT")), "MANIFEST-000001\n").unwrap();
+        }
+        assert!(matches!(shard_paths(&four, 1), Err(NodeError::ShardCount { found: 4, asked: 1, .. })));
+        assert!(matches!(shard_paths(&four, 2), Err(NodeError::ShardCount { found: 4, asked: 2, .. })));
+        assert_eq!(shard_paths(&four, 4).unwrap().len(), 4);
+    }
+}

@@ -1,0 +1,205 @@
+//! From the settings to what each layer is built from. [`Config`] is a
+//! leaf that knows no layer; the layers know nothing of it. They meet here,
+//! and here the settings are checked against the files they name.
+
+use std::time::Duration;
+
+use crate::{
+    auth::{Tokens, TokensError},
+    config::{Config, ConfigError, REQUEST_OVERHEAD_BYTES},
+    dispatcher::DispatcherConfig,
+    kafka::KafkaConfig,
+    message::Limits,
+    node::NodeConfig,
+    shard::ShardConfig,
+    store::StoreConfig,
+    tls::{TlsError, TlsFiles},
+};
+
+/// What is wrong with the settings, named by setting (and file).
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Tokens(#[from] TokensError),
+}
+
+/// Everything that can be checked before start: the settings themselves,
+/// the TLS files (present, PEM) and the tokens file (well-formed).
+pub fn check(config: &Config) -> Result<(), SettingsError> {
+    config.validate()?;
+    if let Some(files) = tls(config)? {
+        files.load()?;
+    }
+    if let Some(path) = &config.auth_tokens {
+        Tokens::load(path)?;
+    }
+    Ok(())
+}
+
+/// The TLS files of the gRPC port, or none for plaintext.
+pub fn tls(config: &Config) -> Result<Option<TlsFiles>, TlsError> {
+    TlsFiles::from_parts(
+        config.tls_cert.as_deref(),
+        config.tls_key.as_deref(),
+        config.tls_client_ca.as_deref(),
+    )
+}
+
+/// What a message and a request may hold.
+pub fn limits(config: &Config) -> Limits {
+    Limits {
+        max_message_bytes: config.max_message_bytes,
+        max_headers: config.max_headers,
+        max_headers_bytes: config.max_headers_bytes,
+        max_delay: *config.max_delay,
+        max_batch: config.max_batch,
+        max_batch_bytes: config.max_batch_bytes,
+    }
+}
+
+/// The producer's cluster and properties.
+pub fn kafka(config: &Config) -> KafkaConfig {
+    let mut properties = config.kafka_properties.0.clone();
+    // librdkafka refuses records over its message.max.bytes (1000000 by
+    // default); let it take every message hourglass accepts, with room for
+    // the record's framing and hourglass's own headers.
+    properties
+        .entry("message.max.bytes".into())
+        .or_insert_with(|| (config.max_message_bytes + REQUEST_OVERHEAD_BYTES).max(1_000_000).to_string());
+    KafkaConfig { brokers: config.kafka_brokers.clone(), properties }
+}
+
+/// The node: its shards, where they live, the backlog cap they share.
+pub fn node(config: &Config) -> NodeConfig {
+    NodeConfig {
+        data_dir: config.data_dir.clone(),
+        shards: config.shards,
+        shard: shard(config),
+        max_pending: (config.max_pending > 0).then_some(config.max_pending),
+    }
+}
+
+/// What each shard is built from (the node sets its path and its part of
+/// the backlog cap).
+pub fn shard(config: &Config) -> ShardConfig {
+    let mut store = StoreConfig::new(&config.data_dir);
+    store.durability = config.durability;
+    store.max_pending = (config.max_pending > 0).then_some(config.max_pending);
+    store.verify_on_open = config.verify_on_start;
+    ShardConfig {
+        store,
+        dispatcher: DispatcherConfig {
+            max_in_flight: config.max_in_flight,
+            max_attempts: config.max_delivery_attempts,
+            backoff_initial: *config.retry_backoff,
+            backoff_max: *config.retry_backoff_max,
+            shutdown_grace: *config.shutdown_grace,
+            fail_after: *config.fail_after,
+            stall_after: *config.stall_after,
+            ..DispatcherConfig::default()
+        },
+        retention: *config.retention,
+        upkeep_every: Duration::from_secs(10),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Durability;
+
+    #[test]
+    fn a_file_sets_what_it_names_and_keeps_the_rest() {
+        let config: Config = toml::from_str(
+            r#"
+            kafka_brokers = "k1:9092,k2:9092"
+            durability = "buffered"
+            retention = "2days"
+            shutdown_grace = "500ms"
+            [kafka_properties]
+            "security.protocol" = "SASL_SSL"
+            "sasl.mechanism" = "SCRAM-SHA-512"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.kafka_brokers, "k1:9092,k2:9092");
+        assert_eq!(config.durability, Durability::Buffered);
+        assert_eq!(*config.retention, Duration::from_secs(2 * 24 * 3600));
+        assert_eq!(*config.shutdown_grace, Duration::from_millis(500));
+        assert_eq!(config.kafka_properties["sasl.mechanism"], "SCRAM-SHA-512");
+        assert_eq!(config.listen, Config::default().listen);
+        assert_eq!(shard(&config).store.durability, Durability::Buffered);
+        assert_eq!(shard(&config).dispatcher.shutdown_grace, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn the_producer_takes_every_message_the_server_accepts() {
+        let config = Config { max_message_bytes: 4 << 20, ..Config::default() };
+        assert_eq!(kafka(&config).properties["message.max.bytes"], ((4 << 20) + 64 * 1024).to_string());
+        let mut set = Config::default();
+        set.kafka_properties.insert("message.max.bytes".into(), "500000".into());
+        assert_eq!(kafka(&set).properties["message.max.bytes"], "500000", "the operator's setting wins");
+    }
+
+    #[test]
+    fn debug_output_of_the_kafka_settings_hides_secrets() {
+        let mut config = Config::default();
+        config.kafka_properties.insert("sasl.password".into(), "Pw1,Xq9".into());
+        config.kafka_properties.insert("sasl.username".into(), "hourglass".into());
+        let shown = format!("{:?}", kafka(&config));
+        assert!(!shown.contains("Pw1") && shown.contains("hourglass"), "{shown}");
+    }
+
+    #[test]
+    fn the_backlog_cap_is_the_node_s() {
+        let config = Config { max_pending: 10, shards: 3, ..Config::default() };
+        let built = node(&config);
+        assert_eq!((built.max_pending, built.shards), (Some(10), 3));
+        assert_eq!(node(&Config::default()).max_pending, None, "0: no cap");
+    }
+
+    #[test]
+    fn security_settings_are_checked_with_the_flag_and_file_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            (
+                Config { tls_cert: Some("c.pem".into()), ..Config::default() },
+                "--tls-cert is given without --tls-key",
+            ),
+            (
+                Config { tls_key: Some("k.pem".into()), ..Config::default() },
+                "--tls-key is given without --tls-cert",
+            ),
+            (Config { tls_client_ca: Some("ca.pem".into()), ..Config::default() }, "--tls-client-ca needs"),
+            (
+                Config {
+                    tls_cert: Some(dir.path().join("none.pem")),
+                    tls_key: Some(dir.path().join("none.pem")),
+                    ..Config::default()
+                },
+                "--tls-cert",
+            ),
+            (
+                Config { auth_tokens: Some(dir.path().join("tokens.toml")), ..Config::default() },
+                "--auth-tokens",
+            ),
+        ];
+        for (config, expected) in cases {
+            let err = check(&config).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err}");
+        }
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, "[[token]]\nname = \"a\"\ntoken = \"t\"\ntopics = [\"*\"]\n").unwrap();
+        let config: Config = toml::from_str(&format!(
+            "auth_tokens = {:?}\nmax_streams_per_connection = 100",
+            tokens.display().to_string()
+        ))
+        .unwrap();
+        assert_eq!(config.max_streams_per_connection, 100);
+        check(&config).unwrap();
+    }
+}

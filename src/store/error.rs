@@ -1,0 +1,50 @@
+//! The store's errors: every way a read or a change can fail, named by
+//! situation. RocksDB's own errors are told apart by their kind.
+
+use rocksdb::ErrorKind;
+
+use crate::message::MessageId;
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no message with id {0}")]
+    NotFound(MessageId),
+    #[error("id {0} is already taken by a different message")]
+    IdConflict(MessageId),
+    #[error("message {0} was already delivered")]
+    AlreadyDelivered(MessageId),
+    #[error("message {0} was cancelled")]
+    AlreadyCancelled(MessageId),
+    #[error(
+        "message {0} is being produced to Kafka and Kafka has not confirmed it yet, so it is not known \
+         whether it is on its topic; retry: the answer then says so"
+    )]
+    Dispatching(MessageId),
+    #[error(
+        "the token {token:?} may not use topic {topic:?}; the tokens file (--auth-tokens) lists its topics"
+    )]
+    Forbidden { token: String, topic: String },
+    #[error("the store's disk is full: {0}")]
+    Full(String),
+    #[error(
+        "{pending} messages are pending, the most this server holds (--max-pending); try again once some are delivered"
+    )]
+    AtCapacity { pending: u64 },
+    #[error("the store is closed")]
+    Closed,
+    #[error("the store is corrupt: {0}")]
+    Corrupt(String),
+    #[error("store I/O failed: {0}")]
+    Io(String),
+}
+
+impl From<rocksdb::Error> for StoreError {
+    fn from(e: rocksdb::Error) -> Self {
+        match e.kind() {
+            ErrorKind::Corruption => StoreError::Corrupt(e.into_string()),
+            // RocksDB reports a full disk as an I/O error whose text names it.
+            ErrorKind::IOError if e.as_ref().contains("No space left") => StoreError::Full(e.into_string()),
+            _ => StoreError::Io(e.into_string()),
+        }
+    }
+}

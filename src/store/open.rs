@@ -1,0 +1,137 @@
+//! Opening a store and closing it: RocksDB with the store's options, the
+//! writer thread and the clock that wakes it, and the verifier that reads
+//! the whole store for damage in the background.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Durability, Inner, Store, StoreConfig, StoreError,
+    claims::{Claims, Wake},
+    health::HealthBoard,
+    open_db, schema, verify,
+    writer::{Op, Shared, Writer, WriterConfig},
+};
+use crate::{
+    clock::{Clock as _, SystemClock},
+    message::UnixMillis,
+    metrics::ShardMetrics,
+};
+
+/// How often parked requests are checked for having waited too long.
+const TICK: Duration = Duration::from_millis(500);
+
+impl Store {
+    /// Opens (or creates) the store at `config.path` and starts its writer.
+    pub fn open(config: &StoreConfig) -> Result<Store, StoreError> {
+        let with_report = |e| match e {
+            StoreError::Corrupt(detail) => StoreError::Corrupt(verify::damage_report(&detail, &config.path)),
+            other => other,
+        };
+        std::fs::create_dir_all(&config.path)
+            .map_err(|e| StoreError::Io(format!("creating {}: {e}", config.path.display())))?;
+        let db = Arc::new(open_db(config).map_err(with_report)?);
+        let metrics = ShardMetrics::of(config.shard.shard);
+        let (ops, rx) = mpsc::channel(16 * 1024);
+        let shared = Shared {
+            db: Arc::clone(&db),
+            claims: Arc::new(Claims::default()),
+            wake: Arc::new(Wake::default()),
+            pending: Arc::new(AtomicU64::new(0)),
+            health: Arc::new(HealthBoard::new(metrics.writable.clone())),
+            metrics: metrics.clone(),
+        };
+        let (claims, wake, pending, health) = (
+            Arc::clone(&shared.claims),
+            Arc::clone(&shared.wake),
+            Arc::clone(&shared.pending),
+            Arc::clone(&shared.health),
+        );
+        let writer_config = WriterConfig {
+            sync: config.durability == Durability::Sync,
+            max_pending: config.max_pending,
+            max_round: 4096,
+            shard: config.shard,
+        };
+        let writer = Writer::open(shared, writer_config, rx, SystemClock.now()).map_err(with_report)?;
+        let recorded_shard = writer.recorded_shard();
+        metrics.pending.set(pending.load(Ordering::Relaxed) as i64);
+        metrics.max_pending.set(config.max_pending.map_or(0, |cap| i64::try_from(cap).unwrap_or(i64::MAX)));
+        let handle = spawn("hourglass-writer", "the writer thread", move || writer.run())?;
+        let ticks = ops.downgrade();
+        spawn("hourglass-tick", "the writer's clock", move || {
+            loop {
+                std::thread::sleep(TICK);
+                match ticks.upgrade() {
+                    Some(ops) if ops.try_send(Op::Tick).is_ok() || !ops.is_closed() => {}
+                    _ => return,
+                }
+            }
+        })?;
+        let store = Store {
+            inner: Arc::new(Inner {
+                db,
+                ops,
+                claims,
+                wake,
+                pending,
+                health,
+                metrics,
+                writer: Mutex::new(Some(handle)),
+                path: config.path.clone(),
+                damaged: CancellationToken::new(),
+                damage: Mutex::new(None),
+                closing: CancellationToken::new(),
+                max_pending: config.max_pending,
+                recorded_shard,
+                purge_from: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
+            }),
+        };
+        if config.verify_on_open {
+            let verifying = store.clone();
+            spawn("hourglass-verify", "the verifier thread", move || verifying.verify())?;
+        }
+        Ok(store)
+    }
+
+    /// Reads the whole store with checksums, in the background of a
+    /// running server, and reports damage it finds.
+    fn verify(&self) {
+        match verify::verify(&self.inner.db, &self.inner.closing) {
+            Ok(()) => {}
+            Err(StoreError::Corrupt(detail)) => self.report_damage(&detail),
+            Err(e) => tracing::warn!(error = %e, "verifying the store's checksums failed"),
+        }
+    }
+
+    /// Stops the writer after it has committed everything queued. Requests
+    /// made after this fail with `Closed`.
+    pub async fn close(&self) {
+        self.inner.closing.cancel();
+        let _ = self.send(Op::Close).await;
+        let handle = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = handle {
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+    }
+}
+
+/// Starts a named thread of the store.
+fn spawn<T: Send + 'static>(
+    name: &str,
+    what: &str,
+    run: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<T>, StoreError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(run)
+        .map_err(|e| StoreError::Io(format!("starting {what}: {e}")))
+}

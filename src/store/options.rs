@@ -1,0 +1,151 @@
+//! How the store opens RocksDB: its settings ([`StoreConfig`]), when an
+//! acknowledged change is safe ([`Durability`]), and RocksDB's options for
+//! each column family.
+
+use std::path::PathBuf;
+
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRecoveryMode, Options};
+use serde::{Deserialize, Serialize};
+
+use super::{StoreError, schema};
+
+/// When an acknowledged change is safe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Acknowledge after the WAL is fsynced: survives a power loss or a
+    /// kernel crash. Concurrent requests share fsyncs (group commit).
+    #[default]
+    Sync,
+    /// Acknowledge after the WAL write reached the OS: survives a crash of
+    /// hourglass itself, but a power loss or kernel crash can lose the last
+    /// few hundred milliseconds of acknowledged changes.
+    Buffered,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "buffered" => Ok(Durability::Buffered),
+            other => Err(format!("{other:?} is not a durability; use sync or buffered")),
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Durability::Sync => "sync",
+            Durability::Buffered => "buffered",
+        })
+    }
+}
+
+/// How the store is opened.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    pub durability: Durability,
+    /// Block cache shared by the column families.
+    pub cache_bytes: usize,
+    /// Memtable budget across the column families.
+    pub write_buffer_bytes: usize,
+    /// Most messages pending at once; new ones are refused beyond it.
+    pub max_pending: Option<u64>,
+    /// Read every entry with its checksum, in the background after opening,
+    /// so that damage is reported at once instead of when the dispatcher
+    /// reaches it. Costs a full read of the store at each start.
+    pub verify_on_open: bool,
+    /// Which of its node's shards this store is (the `shard` label of its
+    /// metrics), and of how many: recorded at its first open.
+    pub shard: ShardOf,
+}
+
+/// Which shard of how many a store is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardOf {
+    pub shard: u32,
+    pub shards: u32,
+}
+
+impl ShardOf {
+    /// The only shard of a node.
+    pub const ALONE: ShardOf = ShardOf { shard: 0, shards: 1 };
+}
+
+impl std::fmt::Display for ShardOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "shard {} of {}", self.shard, self.shards)
+    }
+}
+
+impl StoreConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            path: path.into(),
+            durability: Durability::Sync,
+            cache_bytes: 32 << 20,
+            write_buffer_bytes: 64 << 20,
+            max_pending: None,
+            verify_on_open: true,
+            shard: ShardOf::ALONE,
+        }
+    }
+}
+
+/// Opens RocksDB the way the store does (its column families, caches and
+/// checks), with no writer: for the store itself, and for tools that
+/// measure what RocksDB does with hourglass's options.
+pub fn open_db(config: &StoreConfig) -> Result<DB, StoreError> {
+    let cache = Cache::new_lru_cache(config.cache_bytes);
+    let table = |bloom: bool| {
+        let mut t = BlockBasedOptions::default();
+        t.set_block_cache(&cache);
+        t.set_cache_index_and_filter_blocks(true);
+        if bloom {
+            t.set_bloom_filter(10.0, false);
+        }
+        t
+    };
+    let mut db_opts = Options::default();
+    db_opts.create_if_missing(true);
+    db_opts.create_missing_column_families(true);
+    // A torn record at the WAL's tail was never acknowledged (acks wait for
+    // the write); corruption anywhere else stops the open instead of
+    // silently dropping what follows it.
+    db_opts.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
+    db_opts.set_paranoid_checks(true);
+    db_opts.set_db_write_buffer_size(config.write_buffer_bytes);
+    db_opts.set_max_background_jobs(2);
+    db_opts.set_bytes_per_sync(1 << 20);
+    db_opts.set_keep_log_file_num(4);
+    db_opts.set_max_total_wal_size(256 << 20);
+
+    let mut due = Options::default();
+    due.set_block_based_table_factory(&table(false));
+    // The due CF is a queue: its head fills with tombstones. Compact files
+    // dense with deletions so later seeks do not wade through them.
+    due.add_compact_on_deletion_collector_factory(64 * 1024, 16 * 1024, 0.5);
+    let mut messages = Options::default();
+    messages.set_block_based_table_factory(&table(true));
+    messages.add_compact_on_deletion_collector_factory(64 * 1024, 16 * 1024, 0.5);
+    let mut checkpoint = Options::default();
+    checkpoint.set_block_based_table_factory(&table(true));
+
+    let cfs = vec![
+        ColumnFamilyDescriptor::new(schema::CF_DUE, due),
+        ColumnFamilyDescriptor::new(schema::CF_MESSAGES, messages),
+        ColumnFamilyDescriptor::new(schema::CF_CHECKPOINT, checkpoint),
+    ];
+    Ok(DB::open_cf_descriptors(&db_opts, &config.path, cfs)?)
+}
+
+/// The handle of a column family the store opened.
+pub(crate) fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
+    // Every column family is created when the store opens; a missing one is a
+    // bug in this crate, not a condition to handle.
+    db.cf_handle(name).unwrap_or_else(|| panic!("column family {name} is not open"))
+}

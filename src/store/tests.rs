@@ -1,0 +1,372 @@
+//! The store's dispatch cycle against a real RocksDB: take what is due,
+//! settle it, and what each outcome leaves behind.
+
+use super::{read::STATS_EXAMINE, schema::DispatchKey, *};
+use crate::message::{CancelOutcome, DueSpec, Envelope, MessageId, Scope, State, UnixMillis};
+
+fn open(dir: &Path) -> Store {
+    let mut config = StoreConfig::new(dir);
+    config.durability = Durability::Buffered;
+    Store::open(&config).unwrap()
+}
+
+async fn park(store: &Store, id: &str, due: u64) -> MessageId {
+    let envelope = Envelope {
+        topic: "t".into(),
+        key: None,
+        value: id.as_bytes().to_vec(),
+        headers: vec![],
+        partition: None,
+    };
+    let msg = NewMessage {
+        id: NewId::Client(MessageId::parse(id).unwrap()),
+        scope: Scope::everything(),
+        envelope,
+        requested: DueSpec::At(UnixMillis(due)),
+        due: UnixMillis(due),
+        now: UnixMillis(0),
+    };
+    store.schedule(msg).await.unwrap().id
+}
+
+/// Every op queued before this one has been committed when it returns.
+async fn barrier(store: &Store) {
+    store.probe().await.unwrap();
+}
+
+fn settle(ready: &Ready, at: u64, outcome: Outcome) -> Settle {
+    Settle {
+        id: ready.id.clone(),
+        key: ready.key,
+        due: ready.record.due(),
+        topic: ready.record.topic.as_str().into(),
+        tries: ready.tries,
+        at: UnixMillis(at),
+        outcome,
+    }
+}
+
+async fn state(store: &Store, id: &MessageId) -> State {
+    store.get(Scope::everything(), id.clone()).await.unwrap().unwrap().state
+}
+
+#[tokio::test]
+async fn take_due_takes_in_due_order_up_to_the_limit_and_only_what_is_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for (id, due) in [("c", 30), ("a", 10), ("b", 20), ("later", 1_000)] {
+        park(&store, id, due).await;
+    }
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 2).await.unwrap();
+    let ids: Vec<&str> = batch.ready.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert!(batch.more, "more is due than the limit allowed");
+    let rest = store.take_due(batch.next_from, UnixMillis(100), 10).await.unwrap();
+    assert_eq!(rest.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["c"]);
+    assert!(!rest.more);
+    assert_eq!(rest.next_dispatch_at, Some(UnixMillis(1_000)), "and when the next one is due");
+    assert_eq!(store.dispatching(), 3, "what was taken is claimed");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn take_due_skips_what_the_writer_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = park(&store, "a", 10).await;
+    park(&store, "b", 20).await;
+    assert!(store.inner.claims.reserve_for_writer(&a));
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    assert_eq!(batch.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["b"]);
+    assert_eq!(
+        batch.contended,
+        [(DispatchKey { at: UnixMillis(10), seq: 0 }, a.clone())],
+        "to look at again"
+    );
+    store.inner.claims.release(&a);
+    let again = store.take_listed(batch.contended).await.unwrap();
+    assert_eq!(
+        again.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["a"],
+        "once the writer let go"
+    );
+    store.close().await;
+}
+
+#[tokio::test]
+async fn retries_carry_their_tries_until_delivered_or_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let ok = park(&store, "ok", 10).await;
+    let bad = park(&store, "bad", 10).await;
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(10), 10).await.unwrap();
+    let retry = |at| Outcome::Retry { retry_at: UnixMillis(at), error: "broker down".into(), refused: false };
+    let settles = batch.ready.iter().map(|r| settle(r, 10, retry(50))).collect();
+    store.settle(settles).await.unwrap();
+    barrier(&store).await;
+    assert_eq!(
+        state(&store, &ok).await,
+        State::Pending { attempts: 1, last_error: Some("broker down".into()) }
+    );
+    assert_eq!(store.dispatching(), 0, "settling gives the claims back");
+    assert!(
+        store.take_due(DispatchKey::MIN, UnixMillis(49), 10).await.unwrap().ready.is_empty(),
+        "not before the retry time"
+    );
+
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(50), 10).await.unwrap();
+    assert_eq!(batch.ready.len(), 2, "both come back at their retry time");
+    assert!(batch.ready.iter().all(|r| r.tries.attempts == 1), "with the tries so far");
+    let settles = batch
+        .ready
+        .iter()
+        .map(|r| {
+            if r.id == ok {
+                settle(r, 51, Outcome::Delivered { partition: 3, offset: 42 })
+            } else {
+                settle(r, 51, Outcome::Failed { error: "topic deleted".into(), tried: true })
+            }
+        })
+        .collect();
+    store.settle(settles).await.unwrap();
+    barrier(&store).await;
+    match state(&store, &ok).await {
+        State::Delivered(d) => {
+            assert_eq!((d.partition, d.offset, d.delivered_at), (3, 42, UnixMillis(51)))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        state(&store, &bad).await,
+        State::Failed { reason: "topic deleted".into(), attempts: 2, at: UnixMillis(51) }
+    );
+    assert_eq!(store.pending(), 0);
+    assert!(
+        store.take_due(DispatchKey::MIN, UnixMillis(10_000), 10).await.unwrap().ready.is_empty(),
+        "nothing left to send"
+    );
+    store.close().await;
+}
+
+fn filter(from: DispatchKey, limit: usize, examine: usize) -> ListFilter {
+    ListFilter { topic: None, from, to: None, limit, examine }
+}
+
+#[tokio::test]
+async fn listing_pages_through_pending_messages_in_dispatch_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for (id, due) in [("c", 30), ("a", 10), ("b", 20), ("d", 40)] {
+        park(&store, id, due).await;
+    }
+    let ids = |page: &StorePage| page.messages.iter().map(|(_, m)| m.id.to_string()).collect::<Vec<_>>();
+    let list = |filter| store.list_pending(Scope::everything(), filter);
+    let first = list(filter(DispatchKey::MIN, 2, 100)).await.unwrap();
+    assert_eq!(ids(&first), ["a", "b"]);
+    let next = first.next.expect("more to come");
+    let second = list(filter(next, 2, 100)).await.unwrap();
+    assert_eq!(ids(&second), ["c", "d"]);
+    assert_eq!(second.next, None, "the end");
+
+    let until_30 = ListFilter { to: Some(UnixMillis(30)), ..filter(DispatchKey::MIN, 10, 100) };
+    assert_eq!(ids(&list(until_30).await.unwrap()), ["a", "b"], "due_to is exclusive");
+
+    // A filter that matches nothing stops after `examine` entries and
+    // says where to go on.
+    let other_topic = ListFilter { topic: Some("other".into()), ..filter(DispatchKey::MIN, 10, 3) };
+    let page = list(other_topic.clone()).await.unwrap();
+    assert!(page.messages.is_empty());
+    let next = page.next.expect("not done");
+    assert_eq!(next.at, UnixMillis(40), "three looked at, the fourth is next");
+    let page = list(ListFilter { from: next, ..other_topic }).await.unwrap();
+    assert_eq!((page.messages.len(), page.next), (0, None));
+    store.close().await;
+}
+
+#[tokio::test]
+async fn listing_and_stats_see_retries_and_settlements() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let retried = park(&store, "retried", 10).await;
+    park(&store, "delivered", 20).await;
+    let cancelled = park(&store, "cancelled", 30).await;
+    park(&store, "failed", 40).await;
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(40), 10).await.unwrap();
+    let settles = batch
+        .ready
+        .iter()
+        .filter_map(|r| match r.id.as_str() {
+            "retried" => Some(settle(
+                r,
+                40,
+                Outcome::Retry { retry_at: UnixMillis(500), error: "broker down".into(), refused: false },
+            )),
+            "delivered" => Some(settle(r, 41, Outcome::Delivered { partition: 0, offset: 1 })),
+            "failed" => Some(settle(r, 41, Outcome::Failed { error: "too large".into(), tried: true })),
+            _ => None,
+        })
+        .collect();
+    store.release(vec![cancelled.clone()]).await.unwrap();
+    store.settle(settles).await.unwrap();
+    barrier(&store).await;
+    assert_eq!(
+        store.cancel(Scope::everything(), cancelled, UnixMillis(42)).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+
+    let page = store.list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
+    assert_eq!(page.messages.len(), 1, "only what is pending: {page:?}");
+    let (key, m) = &page.messages[0];
+    assert_eq!(key.at, m.dispatch_at);
+    assert_eq!(m.id, retried);
+    assert_eq!((m.due, m.dispatch_at, m.attempts), (UnixMillis(10), UnixMillis(500), 1));
+    assert_eq!(m.last_error.as_deref(), Some("broker down"));
+
+    let stats = store.stats(Scope::everything(), UnixMillis(1_000)).await.unwrap();
+    let meta = &stats.meta;
+    assert_eq!((meta.pending, meta.delivered_total, meta.cancelled_total, meta.failed_total), (1, 1, 1, 1));
+    assert_eq!(stats.oldest_overdue.map(|m| m.id), Some(retried.clone()));
+    assert!(
+        store.stats(Scope::everything(), UnixMillis(500)).await.unwrap().oldest_overdue.is_none(),
+        "due at 500 is not overdue at 500"
+    );
+
+    let failed = MessageId::parse("failed").unwrap();
+    store.reschedule(Scope::everything(), failed, UnixMillis(2_000)).await.unwrap();
+    let meta = store.stats(Scope::everything(), UnixMillis(1_000)).await.unwrap().meta;
+    assert_eq!((meta.pending, meta.failed_total), (2, 0), "a re-driven failure is pending again");
+    store.close().await;
+}
+
+mod tombstones {
+    //! Reads of the due index and the retention index at a scale where the
+    //! tombstones of settled messages matter: each counted with RocksDB's
+    //! perf counters (deleted entries an iterator stepped over), beside what
+    //! the same read from the start of the index costs.
+
+    use rocksdb::perf::{PerfContext, PerfMetric, PerfStatsLevel, set_perf_stats};
+
+    use super::*;
+
+    const SETTLED: u64 = 20_000;
+
+    /// Tombstones stepped over by `read`, run on this thread.
+    fn skipped<T>(read: impl FnOnce() -> T) -> (T, u64) {
+        set_perf_stats(PerfStatsLevel::EnableCount);
+        let mut context = PerfContext::default();
+        context.reset();
+        let out = read();
+        (out, context.metric(PerfMetric::InternalDeleteSkippedCount))
+    }
+
+    fn message(id: &str, due: u64) -> NewMessage {
+        NewMessage {
+            id: NewId::Client(MessageId::parse(id).unwrap()),
+            scope: Scope::everything(),
+            envelope: Envelope {
+                topic: "t".into(),
+                key: None,
+                value: b"v".to_vec(),
+                headers: vec![],
+                partition: None,
+            },
+            requested: DueSpec::At(UnixMillis(due)),
+            due: UnixMillis(due),
+            now: UnixMillis(0),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_start_where_live_entries_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = StoreConfig::new(dir.path());
+        config.durability = Durability::Buffered;
+        let store = Store::open(&config).unwrap();
+        // SETTLED messages parked, produced and delivered: their due
+        // entries are tombstones now, and so will their retention entries
+        // be once purged.
+        for chunk in (1..=SETTLED).collect::<Vec<_>>().chunks(5_000) {
+            let msgs = chunk.iter().map(|i| message(&format!("m{i}"), *i)).collect();
+            store.schedule_batch(msgs).await.unwrap();
+        }
+        let mut from = DispatchKey::MIN;
+        loop {
+            let batch = store.take_due(from, UnixMillis(SETTLED), 4_096).await.unwrap();
+            from = batch.next_from;
+            let settles = batch
+                .ready
+                .iter()
+                .map(|r| Settle {
+                    id: r.id.clone(),
+                    key: r.key,
+                    due: r.record.due(),
+                    topic: "t".into(),
+                    tries: r.tries,
+                    at: UnixMillis(SETTLED + 1),
+                    outcome: Outcome::Delivered { partition: 0, offset: 0 },
+                })
+                .collect();
+            store.settle(settles).await.unwrap();
+            if !batch.more {
+                break;
+            }
+        }
+        store.probe().await.unwrap();
+        // What the dispatcher publishes once it has read past them.
+        store.wake().set_low_water(from);
+        let live = MessageId::parse("live").unwrap();
+        store.schedule(message("live", SETTLED + 100)).await.unwrap();
+        let db = Arc::clone(&store.inner.db);
+        let now = UnixMillis(SETTLED + 1_000);
+
+        // Stats: the oldest overdue message.
+        let ((stats, from_start), cost) = skipped(|| {
+            let low = store.wake().low_water();
+            let stats = read::stats(&db, &Scope::everything(), now, low, STATS_EXAMINE).unwrap();
+            (stats, read::stats(&db, &Scope::everything(), now, DispatchKey::MIN, STATS_EXAMINE).unwrap())
+        });
+        let (_, new_cost) =
+            skipped(|| read::stats(&db, &Scope::everything(), now, store.wake().low_water(), 64));
+        assert_eq!(stats.oldest_overdue.map(|m| m.id), Some(live.clone()));
+        assert_eq!(from_start.oldest_overdue.map(|m| m.id), Some(live.clone()), "the same answer");
+        assert!(cost >= SETTLED, "the scale matters: {cost} tombstones from the start");
+        assert!(new_cost < 100, "Stats stepped over {new_cost} tombstones");
+
+        // List: a client's first page starts at the live entries.
+        let filter = ListFilter { topic: None, from: DispatchKey::MIN, to: None, limit: 10, examine: 1_000 };
+        let start = filter.from.max(store.wake().low_water());
+        let (page, cost) =
+            skipped(|| read::list_pending(&db, &Scope::everything(), &ListFilter { from: start, ..filter }));
+        assert_eq!(page.unwrap().messages.len(), 1);
+        assert!(cost < 100, "List stepped over {cost} tombstones");
+
+        // A message scheduled behind the dispatcher's position (past due):
+        // handed over by the writer and read by itself, not by rescanning.
+        store.take_due(from, now, 10).await.unwrap();
+        store.inner.claims.release_dispatched(std::slice::from_ref(&live));
+        store.schedule(message("late", 5)).await.unwrap();
+        let late = store.wake().take();
+        assert_eq!(late.entries.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>(), ["late"]);
+        let (batch, cost) = skipped(|| store.claim_and_read(late.entries));
+        assert_eq!(batch.ready.len(), 1);
+        assert!(cost < 10, "reading the late message stepped over {cost} tombstones");
+        let (_, rescan) =
+            skipped(|| store.take_due_now(DispatchKey { at: UnixMillis(5), seq: 0 }, now, 10).unwrap());
+        assert!(rescan >= SETTLED - 10, "rescanning from it would step over all of them: {rescan}");
+
+        // Purge: the second pass starts where the first stopped.
+        let purged = store.purge(UnixMillis(SETTLED + 2), SETTLED as usize + 10).await.unwrap();
+        assert_eq!(purged as u64, SETTLED);
+        let cursor = store.inner.purge_from.lock().unwrap().clone();
+        let ((), cost) = skipped(|| {
+            read::purge_candidates(&db, &cursor, UnixMillis(SETTLED + 2), 100).unwrap();
+        });
+        let (_, from_start) = skipped(|| {
+            let start = schema::retention_range_before(UnixMillis(0)).0;
+            read::purge_candidates(&db, &start, UnixMillis(SETTLED + 2), 100).unwrap()
+        });
+        assert!(from_start >= SETTLED, "from the start, a purge steps over every purged entry: {from_start}");
+        assert!(cost < 10, "the next purge stepped over {cost} tombstones");
+        store.close().await;
+    }
+}

@@ -1,0 +1,197 @@
+//! What the stored records mean: a message's state, where it waits in the
+//! due index, the shapes `Get` and `List` answer with, and whether a
+//! retried request is the one a record came from. [`schema`] knows the
+//! bytes; this knows the domain.
+
+use super::schema::{DispatchKey, HeaderRecord, MessageRecord, Settlement, SettlementKind};
+use crate::message::{
+    Delivery, DueSpec, Envelope, Header, MessageId, PendingMessage, ScheduledMessage, State, UnixMillis,
+};
+
+impl MessageRecord {
+    /// The record of a message parked as `envelope`, due at `due`.
+    pub fn new(envelope: Envelope, requested: DueSpec, due: UnixMillis, seq: u64, now: UnixMillis) -> Self {
+        let (requested_at_ms, requested_delay_ms) = requested_fields(requested);
+        MessageRecord {
+            topic: envelope.topic,
+            key: envelope.key,
+            value: envelope.value,
+            headers: envelope
+                .headers
+                .into_iter()
+                .map(|h| HeaderRecord { key: h.key, value: h.value })
+                .collect(),
+            partition: envelope.partition,
+            due_ms: due.0,
+            seq,
+            scheduled_at_ms: now.0,
+            requested_at_ms,
+            requested_delay_ms,
+        }
+    }
+
+    /// The message as the client sent it.
+    pub fn envelope(&self) -> Envelope {
+        Envelope {
+            topic: self.topic.clone(),
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers: self
+                .headers
+                .iter()
+                .map(|h| Header { key: h.key.clone(), value: h.value.clone() })
+                .collect(),
+            partition: self.partition,
+        }
+    }
+
+    /// Whether `envelope` + `requested` is the request that created this
+    /// record (an idempotent retry) rather than a different one.
+    pub fn is_same_request(&self, envelope: &Envelope, requested: DueSpec) -> bool {
+        requested_fields(requested) == (self.requested_at_ms, self.requested_delay_ms)
+            && self.topic == envelope.topic
+            && self.key == envelope.key
+            && self.value == envelope.value
+            && self.partition == envelope.partition
+            && self.headers.len() == envelope.headers.len()
+            && self.headers.iter().zip(&envelope.headers).all(|(a, b)| a.key == b.key && a.value == b.value)
+    }
+}
+
+fn requested_fields(requested: DueSpec) -> (Option<u64>, Option<u64>) {
+    match requested {
+        DueSpec::At(t) => (Some(t.0), None),
+        DueSpec::After(d) => (None, Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+    }
+}
+
+/// A pending message as a listing shows it, from its due entry.
+pub fn pending_message(
+    id: MessageId,
+    key: DispatchKey,
+    record: MessageRecord,
+    settlement: Option<&Settlement>,
+) -> PendingMessage {
+    PendingMessage {
+        id,
+        value_bytes: record.value.len(),
+        due: record.due(),
+        dispatch_at: key.at,
+        scheduled_at: UnixMillis(record.scheduled_at_ms),
+        attempts: settlement.map_or(0, |s| s.attempts),
+        last_error: settlement.filter(|s| !s.last_error.is_empty()).map(|s| s.last_error.clone()),
+        topic: record.topic,
+        key: record.key,
+        partition: record.partition,
+    }
+}
+
+/// Where the message waits in the due CF now: its due time, or the time of
+/// its next try after a failed one.
+pub fn dispatch_key(record: &MessageRecord, settlement: Option<&Settlement>) -> DispatchKey {
+    let due = match settlement {
+        Some(s) if s.kind() == SettlementKind::Retrying && s.retry_at_ms > 0 => s.retry_at_ms,
+        _ => record.due_ms,
+    };
+    DispatchKey { at: UnixMillis(due), seq: record.seq }
+}
+
+pub fn state_of(settlement: Option<&Settlement>) -> State {
+    let Some(s) = settlement else {
+        return State::Pending { attempts: 0, last_error: None };
+    };
+    let last_error = (!s.last_error.is_empty()).then(|| s.last_error.clone());
+    match s.kind() {
+        SettlementKind::Retrying => State::Pending { attempts: s.attempts, last_error },
+        SettlementKind::Delivered => State::Delivered(Delivery {
+            partition: s.partition,
+            offset: s.offset,
+            delivered_at: UnixMillis(s.at_ms),
+        }),
+        SettlementKind::Cancelled => State::Cancelled { at: UnixMillis(s.at_ms) },
+        SettlementKind::Failed => {
+            State::Failed { reason: s.last_error.clone(), attempts: s.attempts, at: UnixMillis(s.at_ms) }
+        }
+    }
+}
+
+pub fn scheduled_message(
+    id: MessageId,
+    record: &MessageRecord,
+    settlement: Option<&Settlement>,
+) -> ScheduledMessage {
+    ScheduledMessage {
+        id,
+        envelope: record.envelope(),
+        due: record.due(),
+        scheduled_at: UnixMillis(record.scheduled_at_ms),
+        state: state_of(settlement),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn record() -> MessageRecord {
+        let envelope =
+            Envelope { topic: "t".into(), key: None, value: b"v".to_vec(), headers: vec![], partition: None };
+        MessageRecord::new(
+            envelope,
+            DueSpec::After(Duration::from_secs(30)),
+            UnixMillis(100),
+            3,
+            UnixMillis(70),
+        )
+    }
+
+    #[test]
+    fn a_different_request_is_not_the_same() {
+        let r = record();
+        let same = r.envelope();
+        assert!(r.is_same_request(&same, DueSpec::After(Duration::from_secs(30))));
+        assert!(!r.is_same_request(&same, DueSpec::After(Duration::from_secs(31))));
+        assert!(!r.is_same_request(&same, DueSpec::At(UnixMillis(30_000))));
+        let mut other = same.clone();
+        other.value = b"w".to_vec();
+        assert!(!r.is_same_request(&other, DueSpec::After(Duration::from_secs(30))));
+        let mut other = same;
+        other.key = Some(vec![]);
+        assert!(
+            !r.is_same_request(&other, DueSpec::After(Duration::from_secs(30))),
+            "empty key is not no key"
+        );
+    }
+
+    #[test]
+    fn dispatch_key_follows_retries() {
+        let r = record();
+        assert_eq!(dispatch_key(&r, None), DispatchKey { at: UnixMillis(100), seq: 3 });
+        let retrying = Settlement { retry_at_ms: 900, attempts: 1, ..Default::default() };
+        assert_eq!(dispatch_key(&r, Some(&retrying)), DispatchKey { at: UnixMillis(900), seq: 3 });
+    }
+
+    #[test]
+    fn state_follows_settlement() {
+        assert_eq!(state_of(None), State::Pending { attempts: 0, last_error: None });
+        let retrying = Settlement { attempts: 2, last_error: "timed out".into(), ..Default::default() };
+        assert_eq!(
+            state_of(Some(&retrying)),
+            State::Pending { attempts: 2, last_error: Some("timed out".into()) }
+        );
+        let delivered = Settlement {
+            kind: SettlementKind::Delivered as i32,
+            partition: 2,
+            offset: 9,
+            at_ms: 5,
+            ..Default::default()
+        };
+        assert_eq!(
+            state_of(Some(&delivered)),
+            State::Delivered(Delivery { partition: 2, offset: 9, delivered_at: UnixMillis(5) })
+        );
+        assert!(delivered.is_settled() && !retrying.is_settled());
+    }
+}

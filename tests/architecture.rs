@@ -1,0 +1,307 @@
+//! The shape of the library, read from its source: which module imports
+//! which (`crate::module` anywhere outside test code). The modules must
+//! form no circle, settings and errors must stay leaves, and the tools must
+//! stay out of the product.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file of the library (the binary's own files left out), by
+/// path relative to `src/`.
+fn library_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "bin") {
+                    walk(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path.strip_prefix(src()).unwrap().to_owned());
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&src(), &mut files);
+    files.sort();
+    files
+}
+
+/// The code of a file: without comments, and without its test code (a
+/// `#[cfg(test)]` item to its end: a `mod tests;` line, or the braces that
+/// follow).
+fn without_tests(text: &str) -> String {
+    let code: String =
+        text.lines().map(|l| l.split_once("//").map_or(l, |(code, _)| code)).collect::<Vec<_>>().join("\n");
+    let mut out = String::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let item = &rest[at..];
+        let end = match (item.find(';'), item.find('{')) {
+            (Some(semi), Some(brace)) if semi < brace => semi + 1,
+            (_, Some(brace)) => {
+                let mut depth = 0;
+                let mut end = item.len();
+                for (i, c) in item[brace..].char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = brace + i + 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                end
+            }
+            (Some(semi), None) => semi + 1,
+            (None, None) => item.len(),
+        };
+        rest = &item[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The names a file reaches through `crate::`: the first segment of every
+/// `crate::a::...` path and of every item of a `use crate::{a, b::c}`.
+fn crate_paths(text: &str) -> BTreeSet<String> {
+    paths_after(text, "crate::")
+}
+
+/// The first segments of the paths that follow `prefix` (`crate::`,
+/// `super::`), in a group or alone.
+fn paths_after(text: &str, prefix: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(prefix) {
+        let tail = &rest[at + prefix.len()..];
+        if let Some(group) = tail.strip_prefix('{') {
+            // Top-level items of the group: split at commas outside braces.
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        names.insert(first_segment(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 {
+                    item.push(c);
+                }
+            }
+            names.insert(first_segment(&item));
+        } else {
+            names.insert(first_segment(tail));
+        }
+        rest = tail;
+    }
+    names.remove("");
+    names
+}
+
+fn first_segment(path: &str) -> String {
+    path.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+}
+
+/// What a name at the crate root is: its module (the root re-exports a few
+/// items of theirs).
+fn module_of_root_name(name: &str) -> String {
+    match name {
+        "Error" => "error".into(),
+        "Listeners" | "run" | "run_with_clock" => "server".into(),
+        other => other.into(),
+    }
+}
+
+/// Module → the modules it imports, one level under the crate root.
+fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in library_files() {
+        let top = file
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_str()
+            .unwrap()
+            .trim_end_matches(".rs")
+            .to_owned();
+        if top == "lib" {
+            continue;
+        }
+        let text = std::fs::read_to_string(src().join(&file)).unwrap();
+        let deps = graph.entry(top.clone()).or_default();
+        for name in crate_paths(&without_tests(&text)) {
+            let module = module_of_root_name(&name);
+            if module != top {
+                deps.insert(module);
+            }
+        }
+    }
+    graph
+}
+
+/// A circle in `graph`, if there is one, as the modules along it.
+fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut circle = path[at..].to_vec();
+            circle.push(node.to_owned());
+            return Some(circle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(circle) = visit(next, graph, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph.keys().find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_modules_form_no_circle() {
+    let graph = module_graph();
+    for expected in ["api", "service", "node", "shard", "store", "dispatcher", "kafka", "config", "server"] {
+        assert!(graph.contains_key(expected), "no module {expected} in {:?}", graph.keys());
+    }
+    if let Some(circle) = find_circle(&graph) {
+        panic!("an import circle: {}\n{graph:#?}", circle.join(" → "));
+    }
+}
+
+#[test]
+fn the_circle_finder_finds_circles() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("config", &["shard"][..]),
+        ("shard", &["dispatcher"]),
+        ("dispatcher", &["kafka"]),
+        ("kafka", &["secret"]),
+        ("secret", &["config"]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.iter().map(|s| s.to_string()).collect()))
+    .collect();
+    let circle = find_circle(&graph).expect("the circle of the old layout");
+    assert_eq!(circle.first(), circle.last());
+    assert_eq!(circle.len(), 6, "{circle:?}");
+    assert_eq!(
+        crate_paths("use crate::{a, b::{C, D}, e::f};\nlet x = crate::g::h();"),
+        ["a", "b", "e", "g"].map(str::to_owned).into()
+    );
+    assert_eq!(without_tests("a\n#[cfg(test)]\nmod tests {\n fn x() { crate::z(); }\n}\nb"), "a\n\nb");
+    assert_eq!(without_tests("//! see [`crate::node`]\nuse x; // crate::y"), "\nuse x; ");
+}
+
+#[test]
+fn settings_secrets_and_the_domain_are_leaves() {
+    let graph = module_graph();
+    let allowed: [(&str, &[&str]); 7] = [
+        // The settings read two types: the secrets map and the store's
+        // durability; they build nothing.
+        ("config", &["secret", "store"]),
+        ("secret", &[]),
+        ("tls", &[]),
+        ("message", &[]),
+        ("clock", &["message"]),
+        ("metrics", &[]),
+        ("error", &["kafka", "message", "store"]),
+    ];
+    for (module, may) in allowed {
+        let deps = &graph[module];
+        let extra: Vec<_> = deps.iter().filter(|d| !may.contains(&d.as_str())).collect();
+        assert!(extra.is_empty(), "{module} imports {extra:?}; it may import only {may:?}");
+    }
+}
+
+#[test]
+fn the_core_does_not_know_its_callers() {
+    let graph = module_graph();
+    let depends_on = |module: &str, on: &str| {
+        // Transitively.
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![module.to_owned()];
+        while let Some(m) = todo.pop() {
+            for d in graph.get(&m).into_iter().flatten() {
+                if seen.insert(d.clone()) {
+                    todo.push(d.clone());
+                }
+            }
+        }
+        seen.contains(on)
+    };
+    for (lower, upper) in [
+        ("store", "dispatcher"),
+        ("store", "node"),
+        ("dispatcher", "node"),
+        ("node", "service"),
+        ("service", "api"),
+        ("api", "server"),
+        ("store", "kafka"),
+        ("kafka", "store"),
+        ("config", "server"),
+    ] {
+        assert!(!depends_on(lower, upper), "{lower} depends on {upper}");
+    }
+}
+
+#[test]
+fn the_tools_are_not_in_the_product() {
+    for gone in ["bench", "cli", "client"] {
+        assert!(
+            !src().join(format!("{gone}.rs")).exists() && !src().join(gone).exists(),
+            "src/{gone} belongs to its own crate or to the binary"
+        );
+    }
+    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    for module in ["bench", "cli", "client"] {
+        assert!(!lib.contains(&format!("mod {module};")), "lib.rs declares {module}");
+    }
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    let dependencies = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    assert!(!dependencies.contains("testkit"), "the test kit is a dev-dependency only");
+    assert!(!dependencies.contains("tempfile"), "the product makes no temp dirs");
+}
+
+#[test]
+fn store_files_below_the_handle_do_not_reach_back_into_it() {
+    // The handle (store/mod.rs) and the files that add its methods
+    // (writer, read, scan) may use each other; the codecs, options, errors
+    // and health below them may not use the handle or those files.
+    for file in ["schema", "view", "options", "error", "health", "claims", "verify"] {
+        let text = std::fs::read_to_string(src().join(format!("store/{file}.rs"))).unwrap();
+        let used = paths_after(&without_tests(&text), "super::");
+        for above in ["Store", "writer", "read", "scan"] {
+            assert!(!used.contains(above), "store/{file}.rs reaches back into the store ({above}): {used:?}");
+        }
+    }
+}
