@@ -70,7 +70,6 @@ pub enum NodeError {
 /// methods, which route by id.
 pub struct Node {
     shards: Vec<Shard>,
-    stores: Vec<Store>,
     max_pending: Option<u64>,
     health: watch::Receiver<StoreHealth>,
     damaged: CancellationToken,
@@ -125,22 +124,23 @@ impl Node {
         let (damaged, stop) = (CancellationToken::new(), CancellationToken::new());
         let watchers = TaskTracker::new();
         watchers.spawn(watch_health(stores.clone(), tx, stop.clone()));
-        watchers.spawn(watch_damage(stores.clone(), damaged.clone(), stop.clone()));
+        watchers.spawn(watch_damage(stores, damaged.clone(), stop.clone()));
         watchers.close();
-        Ok(Node { shards, stores, max_pending: config.max_pending, health, damaged, stop, watchers })
+        Ok(Node { shards, max_pending: config.max_pending, health, damaged, stop, watchers })
     }
 
     /// The shard `id` belongs to.
     pub fn shard_of(&self, id: &MessageId) -> usize {
-        shard_of(id, self.stores.len() as u32) as usize
+        shard_of(id, self.shards.len() as u32) as usize
     }
 
     fn store_of(&self, id: &MessageId) -> &Store {
-        &self.stores[self.shard_of(id)]
+        self.shards[self.shard_of(id)].store()
     }
 
-    pub fn stores(&self) -> &[Store] {
-        &self.stores
+    /// Every shard's store, in shard order.
+    fn stores(&self) -> impl ExactSizeIterator<Item = &Store> {
+        self.shards.iter().map(Shard::store)
     }
 
     /// Parks a message in its shard; returns once it is durable.
@@ -156,12 +156,12 @@ impl Node {
         &self,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
-        if let [store] = &self.stores[..] {
-            return store.schedule_batch(msgs).await;
+        if let [shard] = &self.shards[..] {
+            return shard.store().schedule_batch(msgs).await;
         }
         let total = msgs.len();
         let mut groups: Vec<(Vec<usize>, Vec<NewMessage>)> =
-            self.stores.iter().map(|_| Default::default()).collect();
+            self.shards.iter().map(|_| Default::default()).collect();
         for (slot, msg) in msgs.into_iter().enumerate() {
             let group = &mut groups[self.shard_of(msg.id.id())];
             group.0.push(slot);
@@ -169,7 +169,7 @@ impl Node {
         }
         let writes = groups
             .into_iter()
-            .zip(&self.stores)
+            .zip(self.stores())
             .filter(|((slots, _), _)| !slots.is_empty())
             .map(|((slots, msgs), store)| async move { (slots, store.schedule_batch(msgs).await) });
         let mut results: Vec<Option<Result<Scheduled, StoreError>>> = (0..total).map(|_| None).collect();
@@ -231,10 +231,10 @@ impl Node {
         limit: usize,
         examine: usize,
     ) -> Result<PendingPage, StoreError> {
-        let shards = self.stores.len() as u32;
-        let examine = (examine / self.stores.len()).max(1);
+        let shards = self.shards.len() as u32;
+        let examine = (examine / self.shards.len()).max(1);
         let from = DispatchKey { at: query.from.unwrap_or_default(), seq: 0 };
-        let reads = (0..shards).zip(&self.stores).map(|(shard, store)| {
+        let reads = (0..shards).zip(self.stores()).map(|(shard, store)| {
             let filter = ListFilter {
                 topic: query.topic.clone(),
                 from: query.page_token.map_or(from, |token| start_in(shard, token).max(from)),
@@ -250,7 +250,7 @@ impl Node {
 
     /// Counts `scope` sees and its oldest overdue message, over the shards.
     pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<NodeStats, StoreError> {
-        let all = future::try_join_all(self.stores.iter().map(|s| s.stats(scope.clone(), now))).await?;
+        let all = future::try_join_all(self.stores().map(|s| s.stats(scope.clone(), now))).await?;
         let mut stats = NodeStats::default();
         for shard in all {
             stats.counts.add(&shard.counts);
@@ -265,12 +265,12 @@ impl Node {
 
     /// Messages the dispatchers hold for producing right now.
     pub fn dispatching(&self) -> usize {
-        self.stores.iter().map(Store::dispatching).sum()
+        self.stores().map(Store::dispatching).sum()
     }
 
     /// Bytes the stores take on disk and in memtables.
     pub async fn size_bytes(&self) -> Result<u64, StoreError> {
-        Ok(future::try_join_all(self.stores.iter().map(Store::size_bytes)).await?.into_iter().sum())
+        Ok(future::try_join_all(self.stores().map(Store::size_bytes)).await?.into_iter().sum())
     }
 
     /// The node's backlog cap, if one is set.
@@ -290,7 +290,7 @@ impl Node {
 
     /// What damage was found, and what to do about it.
     pub fn damage(&self) -> Option<String> {
-        self.stores.iter().find_map(Store::damage)
+        self.stores().find_map(Store::damage)
     }
 
     /// Stops every shard: dispatchers settle what is in flight, stores
