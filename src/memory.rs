@@ -6,6 +6,10 @@
 //! the blocking pool, RocksDB, librdkafka) keeps that high-water mark as
 //! resident memory long after the burst. Two arenas and a periodic trim keep
 //! resident memory near the working set. Elsewhere these are no-ops.
+//!
+//! This concerns what RocksDB and librdkafka allocate: the `hourglass`
+//! binary allocates its own memory with jemalloc, which purges in the
+//! background.
 
 /// Caps malloc arenas. Call once, early, before threads start.
 pub fn limit_arenas() {

@@ -88,6 +88,8 @@ async fn probe_while_failing(store: Store, stop: CancellationToken) {
 
 /// Purges settled messages past retention, compacts the settled head of the
 /// due CF, updates the store gauges and returns freed heap to the kernel.
+/// A store that took no write for a whole round is at rest: its memtables
+/// are written out once, so that a quiet backlog costs no write buffers.
 async fn upkeep(
     store: Store,
     clock: Arc<dyn Clock>,
@@ -98,12 +100,13 @@ async fn upkeep(
     const PURGE_BATCH: usize = 10_000;
     const COMPACT_EVERY: u32 = 20;
     let mut rounds = 0u32;
+    let (mut last_write, mut at_rest) = (store.write_seq(), false);
     loop {
         let now = clock.now();
         let before = crate::message::UnixMillis(now.0.saturating_sub(retention.as_millis() as u64));
         loop {
             match store.purge(before, PURGE_BATCH).await {
-                Ok(n) if n == PURGE_BATCH && !stop.is_cancelled() => continue,
+                Ok(n) if n >= PURGE_BATCH && !stop.is_cancelled() => continue,
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "purging settled messages failed");
@@ -123,6 +126,15 @@ async fn upkeep(
         match store.size_bytes().await {
             Ok(bytes) => store.metrics().size.set(i64::try_from(bytes).unwrap_or(i64::MAX)),
             Err(e) => tracing::warn!(error = %e, "reading the store's size failed"),
+        }
+        let write = store.write_seq();
+        if write != last_write {
+            (last_write, at_rest) = (write, false);
+        } else if !at_rest {
+            at_rest = true;
+            if let Err(e) = store.flush_memtables().await {
+                tracing::warn!(error = %e, "writing out the memtables of a store at rest failed");
+            }
         }
         // Bursts leave freed heap behind; hand it back while idle-ish.
         tokio::task::spawn_blocking(crate::memory::trim);

@@ -7,7 +7,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser;
 use hourglass::store::Durability;
-use hourglass_bench::{Scale, Settings};
+use hourglass_bench::{Phase, Scale, Settings};
 
 /// Measure ingest, drain, precision and footprint of hourglass against a
 /// real broker and store, beside the machine's own limits; prints one table.
@@ -56,6 +56,10 @@ struct Args {
     /// Concurrent ScheduleStream calls.
     #[arg(long, default_value_t = 4)]
     streams: usize,
+    /// Run only these phases (the limits and the parked backlog always
+    /// run), e.g. `--only drain,burst` while working on one figure.
+    #[arg(long, value_delimiter = ',', value_name = "PHASE")]
+    only: Vec<Phase>,
 }
 
 impl Args {
@@ -79,6 +83,7 @@ impl Args {
             batch_size: self.batch_size,
             batch_callers: self.batch_callers.max(1),
             streams: self.streams,
+            phases: if self.only.is_empty() { Phase::ALL.to_vec() } else { self.only.clone() },
         })
     }
 }
@@ -120,5 +125,9 @@ mod tests {
         assert!(args.settings().unwrap_err().contains("--scale"));
         let args = Args::try_parse_from(["hourglass-bench", "--durability", "buffered"]).unwrap();
         assert_eq!(args.settings().unwrap().durability, Durability::Buffered);
+        assert_eq!(args.settings().unwrap().phases, Phase::ALL);
+        let args = Args::try_parse_from(["hourglass-bench", "--only", "drain,burst"]).unwrap();
+        assert_eq!(args.settings().unwrap().phases, [Phase::Drain, Phase::Burst]);
+        assert!(Args::try_parse_from(["hourglass-bench", "--only", "everything"]).is_err());
     }
 }

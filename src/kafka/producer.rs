@@ -184,8 +184,9 @@ fn defaults() -> BTreeMap<&'static str, &'static str> {
         // librdkafka retries internally.
         ("enable.idempotence", "true"),
         ("acks", "all"),
-        // Precision first: a due record waits at most 1 ms for company.
-        ("linger.ms", "1"),
+        // Precision first: a due record goes at once. Under load records
+        // still travel in batches: whatever queues while a request is out.
+        ("linger.ms", "0"),
         // No local timeout: a record handed to librdkafka is retried by it,
         // under its idempotent sequence, until the broker answers. A record
         // timed out locally may still have been written; sending it again
@@ -236,6 +237,29 @@ impl Producer {
         // produce traffic.
         let metadata = client.create_with_context(context.clone())?;
         Ok(Producer { inner, metadata, fatal: context.fatal })
+    }
+
+    /// Gets the idempotent producer its producer id now rather than in a
+    /// second. librdkafka asks for the id from a timer that fires every
+    /// 500 ms until a broker connection is up, so the first produce after a
+    /// start waits 0.5 to 1 s; it also asks after each metadata answer. A
+    /// few metadata requests in the first moments (on a thread of their
+    /// own; one is enough once a connection is up) bring the first delivery
+    /// after a restart within milliseconds.
+    pub fn warm_up(self: &std::sync::Arc<Self>) {
+        let producer = std::sync::Arc::clone(self);
+        let spawned = std::thread::Builder::new().name("producer warm-up".into()).spawn(move || {
+            for wait_ms in [0, 20, 50, 100, 200] {
+                std::thread::sleep(Duration::from_millis(wait_ms));
+                if producer.inner.client().fetch_metadata(None, Duration::from_secs(2)).is_err() {
+                    // Kafka is not there yet: librdkafka's own timer goes on.
+                    return;
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "no warm-up thread for the producer; its own timer gets its id");
+        }
     }
 
     /// Cancelled when the producer has failed fatally and cannot produce

@@ -82,6 +82,7 @@ pub async fn run_with_clock(
     let producer = Arc::new(Producer::new(&kafka).map_err(|e| {
         anyhow::anyhow!("creating the Kafka producer: {}", secret::redact(&e.to_string(), &kafka.properties))
     })?);
+    producer.warm_up();
     let catalog = Arc::new(TopicCatalog::new(Arc::clone(&producer) as Arc<dyn MetadataSource>));
     let background = CancellationToken::new();
     let catalog_task = tokio::spawn(Arc::clone(&catalog).run(*config.metadata_refresh, background.clone()));

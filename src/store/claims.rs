@@ -10,6 +10,14 @@
 //! outcome is committed; the dispatcher releases one it took and did not
 //! produce, and tells the writer, so a parked request is always re-run.
 //!
+//! A walk of the due index reads entries before it claims them. An entry it
+//! read may be gone by the time it is claimed (cancelled, or settled and
+//! its claim given back in between), so the walk is [watched](Claims::watch):
+//! anything that could remove an entry at or above the walk's start while
+//! it runs marks it disturbed, and only a disturbed walk checks again that
+//! what it claimed is still there. In a drain nothing is: settled entries
+//! lie behind the walk.
+//!
 //! [`Wake`] carries what the writer tells the dispatcher: a commit added a
 //! due entry (wake up, it may be due before your next look), and which added
 //! entries lie below where the dispatcher already read, so that it reads
@@ -45,66 +53,170 @@ pub(crate) enum Claim {
 
 #[derive(Default)]
 pub(crate) struct Claims {
-    held: Mutex<HashMap<MessageId, Holder>>,
+    state: Mutex<ClaimsState>,
+}
+
+#[derive(Default)]
+struct ClaimsState {
+    held: HashMap<MessageId, Holder>,
+    watch: Option<Watch>,
+}
+
+/// Walks of the due index under way (one, as a rule), and whether an entry
+/// they may have read could have been removed since they started.
+struct Watch {
+    walks: u32,
+    /// The lowest key they start at.
+    from: DispatchKey,
+    disturbed: bool,
+}
+
+impl ClaimsState {
+    /// An entry at `key` (anywhere, if none) may be removed: a walk that
+    /// could have read it must check what it claims.
+    fn disturb(&mut self, key: Option<DispatchKey>) {
+        if let Some(watch) = &mut self.watch
+            && key.is_none_or(|k| k >= watch.from)
+        {
+            watch.disturbed = true;
+        }
+    }
+}
+
+/// A walk of the due index from its start until its claims are taken: see
+/// [`Claims::watch`]. Ending it (dropping it) without claiming is fine.
+pub(crate) struct Watched<'a> {
+    claims: &'a Claims,
+    ended: bool,
+}
+
+impl Watched<'_> {
+    /// Takes the dispatcher's claims on `ids` and ends the walk; the second
+    /// value is true if nothing the walk read can have been removed.
+    pub fn claim_all<'b>(mut self, ids: impl Iterator<Item = &'b MessageId>) -> (Vec<Claim>, bool) {
+        let mut state = self.claims.state();
+        let claims = claim_all(&mut state.held, ids);
+        let undisturbed = end_watch(&mut state);
+        self.ended = true;
+        (claims, undisturbed)
+    }
+}
+
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            end_watch(&mut self.claims.state());
+        }
+    }
+}
+
+/// Ends one walk; whether it was undisturbed.
+fn end_watch(state: &mut ClaimsState) -> bool {
+    let Some(watch) = &mut state.watch else { return false };
+    let undisturbed = !watch.disturbed;
+    watch.walks -= 1;
+    if watch.walks == 0 {
+        state.watch = None;
+    }
+    undisturbed
+}
+
+fn claim_all<'a>(
+    held: &mut HashMap<MessageId, Holder>,
+    ids: impl Iterator<Item = &'a MessageId>,
+) -> Vec<Claim> {
+    ids.map(|id| match held.entry(id.clone()) {
+        Entry::Occupied(o) if *o.get() == Holder::Dispatcher => Claim::Ours,
+        Entry::Occupied(_) => Claim::Writer,
+        Entry::Vacant(v) => {
+            v.insert(Holder::Dispatcher);
+            Claim::Taken
+        }
+    })
+    .collect()
 }
 
 impl Claims {
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<MessageId, Holder>> {
-        // A panic elsewhere while holding this lock leaves the map consistent
-        // (every operation is a single insert or remove), so keep going.
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> std::sync::MutexGuard<'_, ClaimsState> {
+        // A panic elsewhere while holding this lock leaves the state
+        // consistent (every operation is a single insert or remove), so keep
+        // going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts watching a walk of the due index from `from`; call it before
+    /// the walk's iterator is made. Until its claims are taken, whatever
+    /// could remove an entry at or above `from` disturbs it: a writer's
+    /// reservation or its release, and the release of a settled message's
+    /// claim at or above `from`.
+    pub fn watch(&self, from: DispatchKey) -> Watched<'_> {
+        let mut state = self.state();
+        match &mut state.watch {
+            Some(watch) => {
+                // Walks that overlap share one watch: a disturbance of
+                // either counts for both.
+                watch.walks += 1;
+                watch.from = watch.from.min(from);
+            }
+            None => state.watch = Some(Watch { walks: 1, from, disturbed: false }),
+        }
+        Watched { claims: self, ended: false }
     }
 
     /// The dispatcher takes each of `ids` for producing, under one lock.
     pub fn claim_for_dispatch_all<'a>(&self, ids: impl Iterator<Item = &'a MessageId>) -> Vec<Claim> {
-        let mut held = self.held();
-        ids.map(|id| match held.entry(id.clone()) {
-            Entry::Occupied(o) if *o.get() == Holder::Dispatcher => Claim::Ours,
-            Entry::Occupied(_) => Claim::Writer,
-            Entry::Vacant(v) => {
-                v.insert(Holder::Dispatcher);
-                Claim::Taken
-            }
-        })
-        .collect()
+        claim_all(&mut self.state().held, ids)
     }
 
     /// The writer takes `id` for a change; false if the dispatcher has it.
     pub fn reserve_for_writer(&self, id: &MessageId) -> bool {
-        match self.held().entry(id.clone()) {
+        let mut state = self.state();
+        let reserved = match state.held.entry(id.clone()) {
             Entry::Occupied(o) => *o.get() == Holder::Writer,
             Entry::Vacant(v) => {
                 v.insert(Holder::Writer);
                 true
             }
+        };
+        if reserved {
+            state.disturb(None);
         }
+        reserved
     }
 
+    /// Gives back a claim, whoever holds it; its entry may be gone.
     pub fn release(&self, id: &MessageId) {
-        self.held().remove(id);
+        let mut state = self.state();
+        state.held.remove(id);
+        state.disturb(None);
     }
 
     /// Gives back the dispatcher's claims on `ids`, and only those: one the
-    /// writer took meanwhile stays.
+    /// writer took meanwhile stays. Their entries stay where they are.
     pub fn release_dispatched(&self, ids: &[MessageId]) {
-        let mut held = self.held();
+        let mut state = self.state();
         for id in ids {
-            if held.get(id) == Some(&Holder::Dispatcher) {
-                held.remove(id);
+            if state.held.get(id) == Some(&Holder::Dispatcher) {
+                state.held.remove(id);
             }
         }
     }
 
-    /// Releases many under one lock.
-    pub fn release_all(&self, ids: &[MessageId]) {
-        let mut held = self.held();
-        for id in ids {
-            held.remove(id);
+    /// Gives back the claims of settled messages, under one lock; the
+    /// lowest of the due keys they were settled from is `lowest`.
+    pub fn release_settled(&self, ids: &[MessageId], lowest: Option<DispatchKey>) {
+        if ids.is_empty() {
+            return;
         }
+        let mut state = self.state();
+        for id in ids {
+            state.held.remove(id);
+        }
+        state.disturb(lowest);
     }
 
     pub fn dispatching(&self) -> usize {
-        self.held().values().filter(|h| **h == Holder::Dispatcher).count()
+        self.state().held.values().filter(|h| **h == Holder::Dispatcher).count()
     }
 }
 
@@ -218,7 +330,7 @@ mod tests {
         assert!(!c.reserve_for_writer(&id("a")), "writer must wait for the produce");
         assert_eq!(c.dispatching(), 2);
         assert_eq!(c.claim_for_dispatch_all([id("a")].iter()), [Claim::Ours], "held already");
-        c.release_all(&[id("a"), id("b")]);
+        c.release_settled(&[id("a"), id("b")], None);
         assert!(c.reserve_for_writer(&id("a")));
         assert!(c.reserve_for_writer(&id("a")), "the writer may reserve twice in one round");
         assert_eq!(
@@ -229,6 +341,43 @@ mod tests {
         c.release(&id("a"));
         assert_eq!(c.claim_for_dispatch_all([id("a")].iter()), [Claim::Taken]);
         assert_eq!(c.dispatching(), 2);
+    }
+
+    #[test]
+    fn a_walk_is_disturbed_only_by_what_could_remove_an_entry_it_read() {
+        let c = Claims::default();
+        let k = |d| DispatchKey { at: UnixMillis(d), seq: 0 };
+        c.claim_for_dispatch_all([id("behind"), id("ahead"), id("held")].iter());
+
+        let walk = c.watch(k(100));
+        c.release_settled(&[id("behind")], Some(k(50)));
+        c.release_dispatched(&[id("held")]);
+        let (claims, undisturbed) = walk.claim_all([id("x")].iter());
+        assert_eq!(claims, [Claim::Taken]);
+        assert!(undisturbed, "settled behind the walk, or given back still parked: nothing it read is gone");
+
+        let walk = c.watch(k(100));
+        c.release_settled(&[id("ahead")], Some(k(100)));
+        assert!(!walk.claim_all([id("y")].iter()).1, "a settled entry the walk may have read");
+
+        let walk = c.watch(k(100));
+        assert!(c.reserve_for_writer(&id("z")));
+        assert!(!walk.claim_all(std::iter::empty()).1, "the writer may be removing it");
+
+        // Reserved before the walk, released during it.
+        let walk = c.watch(k(100));
+        c.release(&id("z"));
+        assert!(!walk.claim_all(std::iter::empty()).1);
+
+        // Walks that overlap share the disturbance; a walk dropped early
+        // ends cleanly.
+        let first = c.watch(k(10));
+        let second = c.watch(k(500));
+        c.release_settled(&[id("w")], Some(k(20)));
+        assert!(!second.claim_all(std::iter::empty()).1, "below the second's start, above the first's");
+        drop(first);
+        let walk = c.watch(k(100));
+        assert!(walk.claim_all(std::iter::empty()).1, "a new walk starts undisturbed");
     }
 
     #[test]

@@ -71,6 +71,8 @@ struct Inner {
     health: Arc<HealthBoard>,
     metrics: ShardMetrics,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The thread reading the store's checksums after it opened, if any.
+    verifier: Mutex<Option<std::thread::JoinHandle<()>>>,
     path: PathBuf,
     /// Cancelled when damage is found; `damage` says what and where.
     damaged: CancellationToken,
@@ -82,6 +84,8 @@ struct Inner {
     /// Where the next purge reads the retention index from: past the
     /// tombstones earlier purges left.
     purge_from: Mutex<Vec<u8>>,
+    /// Where the next purge of delivery logs starts.
+    purge_logs_from: Mutex<Vec<u8>>,
 }
 
 impl Store {

@@ -86,6 +86,7 @@ impl Store {
                 health,
                 metrics,
                 writer: Mutex::new(Some(handle)),
+                verifier: Mutex::new(None),
                 path: config.path.clone(),
                 damaged: CancellationToken::new(),
                 damage: Mutex::new(None),
@@ -93,11 +94,13 @@ impl Store {
                 max_pending: config.max_pending,
                 recorded_shard,
                 purge_from: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
+                purge_logs_from: Mutex::new(schema::delivery_logs_range().0),
             }),
         };
         if config.verify_on_open {
             let verifying = store.clone();
-            spawn("hourglass-verify", "the verifier thread", move || verifying.verify())?;
+            let handle = spawn("hourglass-verify", "the verifier thread", move || verifying.verify())?;
+            *store.inner.verifier.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
         }
         Ok(store)
     }
@@ -121,6 +124,19 @@ impl Store {
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
+        // Stop the verifier (it sees `closing` within 4096 entries) and
+        // RocksDB's flushes and compactions, and wait for them: the process
+        // may exit while the handle is still held, and RocksDB work still
+        // running then would lock mutexes that exit has destroyed.
+        let verifier = self.inner.verifier.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let store = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(verifier) = verifier {
+                let _ = verifier.join();
+            }
+            store.inner.db.cancel_all_background_work(true);
+        })
+        .await;
     }
 }
 

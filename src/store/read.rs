@@ -15,7 +15,10 @@ type Snapshot<'a> = rocksdb::SnapshotWithThreadMode<'a, DB>;
 use super::{
     Store, StoreError,
     options::cf,
-    schema::{self, Counts, CountsKey, DispatchKey, MessageRecord, Meta, Settlement, SettlementKind},
+    schema::{
+        self, Counts, CountsKey, DeliveryLog, DispatchKey, DueValue, MessageRecord, Meta, Settlement,
+        SettlementKind,
+    },
     view,
 };
 use crate::message::{MessageId, PendingMessage, ScheduledMessage, Scope, UnixMillis, Visibility};
@@ -49,6 +52,24 @@ impl Store {
     /// Bytes on disk (SST files) plus memtables.
     pub async fn size_bytes(&self) -> Result<u64, StoreError> {
         self.blocking(|s| Ok(size_bytes(&s.inner.db))).await
+    }
+
+    /// RocksDB's sequence number: it moves with every write.
+    pub fn write_seq(&self) -> u64 {
+        self.inner.db.latest_sequence_number()
+    }
+
+    /// Writes the memtables out, so that a store at rest holds no write
+    /// buffers in memory.
+    pub async fn flush_memtables(&self) -> Result<(), StoreError> {
+        self.blocking(|s| {
+            let db = &s.inner.db;
+            for name in [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT] {
+                db.flush_cf(cf(db, name))?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Drops the tombstones settled messages left in the due CF below `below`.
@@ -113,6 +134,8 @@ pub(crate) fn counts(
 /// Counts every message the store holds by space, topic and state: the
 /// counts entries of a store written before they existed. One pass over
 /// the messages and, in step with it, the settlements (both in id order).
+/// (Such a store predates delivery logs too: a message without a
+/// settlement is pending there.)
 pub(crate) fn count_every_message(db: &DB) -> Result<HashMap<CountsKey, Counts>, StoreError> {
     let mut out: HashMap<CountsKey, Counts> = HashMap::new();
     let (lower, upper) = schema::settlements_range();
@@ -163,27 +186,69 @@ pub(crate) fn decode_stored(
     Ok((record, settlement))
 }
 
-/// The record and settlement stored under `id`.
+/// Read options on `snapshot`, or on the latest state.
+fn at(snapshot: Option<&Snapshot<'_>>) -> ReadOptions {
+    let mut opts = ReadOptions::default();
+    if let Some(snapshot) = snapshot {
+        opts.set_snapshot(snapshot);
+    }
+    opts
+}
+
+/// The record and settlement stored under `id`. A message delivered at its
+/// first try has no settlement entry: its chunk's delivery log stands in.
 pub(crate) fn record(
     db: &DB,
     id: &MessageId,
-    opts: &ReadOptions,
+    snapshot: Option<&Snapshot<'_>>,
 ) -> Result<Option<(MessageRecord, Option<Settlement>)>, StoreError> {
-    let Some(bytes) = db.get_pinned_cf_opt(cf(db, schema::CF_MESSAGES), id.as_bytes(), opts)? else {
+    let opts = at(snapshot);
+    let Some(bytes) = db.get_pinned_cf_opt(cf(db, schema::CF_MESSAGES), id.as_bytes(), &opts)? else {
         return Ok(None);
     };
-    let settlement = db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::settlement_key(id), opts)?;
-    decode_stored(id, &bytes, settlement.as_deref()).map(Some)
+    let settlement =
+        db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::settlement_key(id), &opts)?;
+    let (record, settlement) = decode_stored(id, &bytes, settlement.as_deref())?;
+    let settlement = match settlement {
+        Some(s) => Some(s),
+        None => logged_delivery(db, view::dispatch_key(&record, None), snapshot)?,
+    };
+    Ok(Some((record, settlement)))
+}
+
+/// The delivery of the message dispatched from `key` at its first try, if
+/// a chunk's delivery log holds it. Chunk ranges do not overlap, so the
+/// only chunk that can is the last one starting at or before `key`.
+pub(crate) fn logged_delivery(
+    db: &DB,
+    key: DispatchKey,
+    snapshot: Option<&Snapshot<'_>>,
+) -> Result<Option<Settlement>, StoreError> {
+    let (lower, _) = schema::delivery_logs_range();
+    let mut opts = at(snapshot);
+    opts.set_iterate_lower_bound(lower);
+    let mut it = db.raw_iterator_cf_opt(cf(db, schema::CF_CHECKPOINT), opts);
+    it.seek_for_prev(schema::delivery_log_key(key));
+    let (Some(k), Some(v)) = (it.key(), it.value()) else {
+        it.status()?;
+        return Ok(None);
+    };
+    let first =
+        schema::decode_delivery_log_key(k).ok_or_else(|| corrupt(format!("delivery log key {k:?}")))?;
+    let log =
+        schema::decode::<DeliveryLog>(v).map_err(|e| corrupt(format!("delivery log at {first:?}: {e}")))?;
+    if log.last_key().is_none_or(|last| key > last) {
+        return Ok(None);
+    }
+    Ok(log.lines.iter().find(|l| l.seq == key.seq && l.at_ms == key.at.0).map(|l| l.settlement()))
 }
 
 /// The message `id` names for `scope` (in the caller's space, else in the
 /// shared one), from one snapshot.
 pub(crate) fn message(db: &DB, scope: &Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
     let snapshot = db.snapshot();
-    let mut opts = ReadOptions::default();
-    opts.set_snapshot(&snapshot);
     for candidate in std::iter::once(id.clone()).chain(scope.fallback(&id)) {
-        let Some((record, settlement)) = record(db, &candidate, &opts)? else { continue };
+        let Some((record, settlement)) = record(db, &candidate, Some(&snapshot))? else { continue };
         match scope.sees(&candidate, &record.topic) {
             Visibility::Visible => {
                 return Ok(Some(view::scheduled_message(candidate, &record, settlement.as_ref())));
@@ -228,8 +293,6 @@ pub struct StorePage {
 /// snapshot.
 pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Result<StorePage, StoreError> {
     let snapshot = db.snapshot();
-    let mut read = ReadOptions::default();
-    read.set_snapshot(&snapshot);
     let mut opts = ReadOptions::default();
     opts.set_snapshot(&snapshot);
     opts.set_iterate_lower_bound(filter.from.encode());
@@ -243,7 +306,7 @@ pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Resul
         db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
     {
         let (k, v) = item?;
-        let (key, message) = visible_at(db, &read, scope, &k, &v)?;
+        let (key, message) = visible_at(db, &snapshot, scope, &k, &v)?;
         if page.messages.len() >= filter.limit || examined >= filter.examine || key_bytes >= LIST_KEY_BYTES {
             page.next = Some(key);
             break;
@@ -259,32 +322,39 @@ pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Resul
     Ok(page)
 }
 
-/// A due entry's key, and the pending message it names if `scope` sees it.
+/// A due entry's key, and the pending message it holds if `scope` sees it.
 fn visible_at(
     db: &DB,
-    read: &ReadOptions,
+    snapshot: &Snapshot<'_>,
     scope: &Scope,
     k: &[u8],
     v: &[u8],
 ) -> Result<(DispatchKey, Option<PendingMessage>), StoreError> {
     let key = DispatchKey::decode(k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
-    let id = MessageId::from_stored(v).ok_or_else(|| corrupt(format!("due entry {key:?} names no id")))?;
-    if !scope.sees_space(id.tenant()) {
-        return Ok((key, None));
-    }
-    let message =
-        pending_at(db, read, id, key)?.filter(|m| scope.sees(&m.id, &m.topic) == Visibility::Visible);
-    Ok((key, message))
+    let message = match schema::decode_due_value(v) {
+        Some(DueValue::Entry(entry)) => {
+            let id = MessageId::from_stored(&entry.id)
+                .ok_or_else(|| corrupt(format!("due entry {key:?} names no id")))?;
+            let record = entry.record.ok_or_else(|| corrupt(format!("due entry {key:?} holds no record")))?;
+            scope
+                .sees_space(id.tenant())
+                .then(|| view::pending_message(id, key, record, entry.tries.as_ref()))
+        }
+        Some(DueValue::Legacy(id)) if scope.sees_space(id.tenant()) => pending_at(db, snapshot, id, key)?,
+        Some(DueValue::Legacy(_)) => None,
+        None => return Err(corrupt(format!("due entry {key:?} is unreadable"))),
+    };
+    Ok((key, message.filter(|m| scope.sees(&m.id, &m.topic) == Visibility::Visible)))
 }
 
-/// The message a due entry names, if it is still pending under that key.
+/// The message a legacy due entry names, if it is still pending under that key.
 fn pending_at(
     db: &DB,
-    opts: &ReadOptions,
+    snapshot: &Snapshot<'_>,
     id: MessageId,
     key: DispatchKey,
 ) -> Result<Option<PendingMessage>, StoreError> {
-    let Some((record, settlement)) = record(db, &id, opts)? else {
+    let Some((record, settlement)) = record(db, &id, Some(snapshot))? else {
         return Ok(None);
     };
     if settlement.as_ref().is_some_and(Settlement::is_settled)
@@ -292,7 +362,8 @@ fn pending_at(
     {
         return Ok(None);
     }
-    Ok(Some(view::pending_message(id, key, record, settlement.as_ref())))
+    let tries = settlement.as_ref().map(schema::TriesRecord::of);
+    Ok(Some(view::pending_message(id, key, record, tries.as_ref())))
 }
 
 /// Settled messages whose retention ran out before `before`, read from the
@@ -318,6 +389,74 @@ pub(crate) fn purge_candidates(
         out.push((key.to_vec(), at, id));
     }
     Ok(out)
+}
+
+/// A delivery log whose retention ran out: its key, and the id and
+/// acceptance sequence of each of its lines.
+#[derive(Debug)]
+pub(crate) struct ExpiredLog {
+    pub key: Vec<u8>,
+    pub lines: Vec<(MessageId, u64)>,
+}
+
+/// Delivery logs whose every line was delivered before `before`, read from
+/// `from` (where the last purge stopped), whole logs until `limit` lines;
+/// and where the next purge starts.
+/// Logs lie in dispatch order and each line was delivered after it was
+/// dispatched, so none from `before` on qualifies; one delivered late
+/// (after an outage) holds the cursor until it does.
+pub(crate) fn purge_logs(
+    db: &DB,
+    from: &[u8],
+    before: UnixMillis,
+    limit: usize,
+) -> Result<(Vec<ExpiredLog>, Vec<u8>), StoreError> {
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_lower_bound(from.to_vec());
+    opts.set_iterate_upper_bound(schema::delivery_log_key(DispatchKey { at: before, seq: 0 }));
+    let (mut out, mut next, mut lines) = (Vec::new(), from.to_vec(), 0);
+    for item in
+        db.iterator_cf_opt(cf(db, schema::CF_CHECKPOINT), opts, IteratorMode::From(from, Direction::Forward))
+    {
+        if lines >= limit {
+            break;
+        }
+        let (key, value) = item?;
+        let log = schema::decode::<DeliveryLog>(&value)
+            .map_err(|e| corrupt(format!("delivery log {key:?}: {e}")))?;
+        if log.delivered_until() >= before {
+            break;
+        }
+        let ids = log
+            .lines
+            .iter()
+            .map(|l| {
+                MessageId::from_stored(&l.id)
+                    .map(|id| (id, l.seq))
+                    .ok_or_else(|| corrupt(format!("delivery log {key:?} names no id")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        lines += ids.len();
+        next = schema::retention_successor(&key);
+        out.push(ExpiredLog { key: key.to_vec(), lines: ids });
+    }
+    Ok((out, next))
+}
+
+/// The last dispatch key of the newest chunk logged, if any.
+pub(crate) fn last_logged_key(db: &DB) -> Result<Option<DispatchKey>, StoreError> {
+    let (lower, upper) = schema::delivery_logs_range();
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_lower_bound(lower);
+    opts.set_iterate_upper_bound(upper);
+    let mut it = db.raw_iterator_cf_opt(cf(db, schema::CF_CHECKPOINT), opts);
+    it.seek_to_last();
+    let Some(v) = it.value() else {
+        it.status()?;
+        return Ok(None);
+    };
+    let log = schema::decode::<DeliveryLog>(v).map_err(|e| corrupt(format!("newest delivery log: {e}")))?;
+    log.last_key().map(Some).ok_or_else(|| corrupt("newest delivery log has no last key"))
 }
 
 /// What the store knows about itself for `Stats`.
@@ -372,7 +511,7 @@ pub(crate) fn stats(
         db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward));
     for item in entries.take(examine) {
         let (k, v) = item?;
-        if let (_, Some(message)) = visible_at(db, &read, scope, &k, &v)? {
+        if let (_, Some(message)) = visible_at(db, &snapshot, scope, &k, &v)? {
             oldest_overdue = Some(message);
             break;
         }

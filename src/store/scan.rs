@@ -8,14 +8,16 @@
 //! writer held it, it went stale, it could not be read. Nothing fallible
 //! runs between taking claims and handing them on, so no claim is lost.
 
-use rocksdb::{Direction, IteratorMode, ReadOptions};
+use std::collections::HashSet;
+
+use rocksdb::{DB, Direction, IteratorMode, ReadOptions};
 
 use super::{
     Store, StoreError,
-    claims::{Claim, Claims},
+    claims::{Claim, Claims, Watched},
     options::cf,
     read,
-    schema::{self, DispatchKey, MessageRecord, Settlement},
+    schema::{self, DispatchKey, DueEntry, DueValue, MessageRecord, Settlement, TriesRecord},
     view,
 };
 use crate::message::{MessageId, UnixMillis};
@@ -38,14 +40,22 @@ pub(crate) struct Tries {
     pub rejections: u32,
     /// When the broker first refused it; none if it never did.
     pub first_refused_at: Option<UnixMillis>,
+    /// The message has a settlement entry: its outcome is recorded there,
+    /// never in a chunk's delivery log.
+    pub recorded: bool,
 }
 
 impl Tries {
     fn of(settlement: Option<&Settlement>) -> Tries {
-        settlement.map_or_else(Tries::default, |s| Tries {
-            attempts: s.attempts,
-            rejections: s.rejections,
-            first_refused_at: (s.first_refused_at_ms > 0).then_some(UnixMillis(s.first_refused_at_ms)),
+        Tries::from_record(settlement.map(TriesRecord::of).as_ref())
+    }
+
+    fn from_record(tries: Option<&TriesRecord>) -> Tries {
+        tries.map_or_else(Tries::default, |t| Tries {
+            attempts: t.attempts,
+            rejections: t.rejections,
+            first_refused_at: (t.first_refused_at_ms > 0).then_some(UnixMillis(t.first_refused_at_ms)),
+            recorded: true,
         })
     }
 }
@@ -68,6 +78,23 @@ pub(crate) struct DueBatch {
     pub unreadable: Vec<(DispatchKey, MessageId, StoreError)>,
 }
 
+/// A due entry as found, before its claim.
+struct Found {
+    key: DispatchKey,
+    id: MessageId,
+    source: Source,
+}
+
+/// Where a found entry's message is read from once it is claimed.
+enum Source {
+    /// Read whole with the entry; claimed, it only needs to be still there.
+    Inline(Box<DueEntry>),
+    /// A legacy entry: its record and settlement, by id.
+    Legacy,
+    /// Not read yet: the entry itself, after the claim.
+    Unread,
+}
+
 impl Store {
     /// Claims what is due at `now`, starting at `from`, at most `limit`
     /// entries, reading each one's record.
@@ -85,10 +112,19 @@ impl Store {
         &self,
         entries: Vec<(DispatchKey, MessageId)>,
     ) -> Result<DueBatch, StoreError> {
-        self.blocking(move |s| Ok(s.claim_and_read(entries))).await
+        self.blocking(move |s| Ok(s.take_listed_now(entries))).await
     }
 
-    /// [`Store::take_due`] on this thread.
+    /// [`Store::take_listed`] on this thread: each entry is read after it is
+    /// claimed, so what is read stays as it is.
+    pub(super) fn take_listed_now(&self, entries: Vec<(DispatchKey, MessageId)>) -> DueBatch {
+        let found = entries.into_iter().map(|(key, id)| Found { key, id, source: Source::Unread });
+        self.claim_and_read(found.collect(), None)
+    }
+
+    /// [`Store::take_due`] on this thread. One pass over the due index reads
+    /// the entries whole; once they are claimed, a second pass over the same
+    /// keys (values untouched) drops any that a commit removed in between.
     pub(super) fn take_due_now(
         &self,
         from: DispatchKey,
@@ -101,25 +137,24 @@ impl Store {
         // Before the read: an entry committed below `upper` from here on is
         // handed over by the writer if this read misses it.
         self.inner.wake.reading_up_to(upper);
+        let walk = self.inner.claims.watch(from);
         let mut opts = ReadOptions::default();
         // Bounds keep the seek clear of the tombstones that settled messages
         // leave behind the dispatcher's position.
         opts.set_iterate_lower_bound(from.encode());
         opts.set_iterate_upper_bound(upper.encode());
-        let mut entries: Vec<(DispatchKey, MessageId)> = Vec::new();
+        let mut found: Vec<Found> = Vec::new();
         let (mut next_from, mut more) = (from, false);
         let start = from.encode();
         for item in db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward)) {
-            if entries.len() >= limit {
+            if found.len() >= limit {
                 more = true;
                 break;
             }
             let (k, v) = item?;
             let key = DispatchKey::decode(&k).ok_or_else(|| StoreError::Corrupt(format!("due key {k:?}")))?;
-            let id = MessageId::from_stored(&v)
-                .ok_or_else(|| StoreError::Corrupt(format!("due entry {key:?} names no id")))?;
             next_from = key.successor();
-            entries.push((key, id));
+            found.push(decode_found(key, &v)?);
         }
         let next_dispatch_at = if more {
             None
@@ -131,56 +166,171 @@ impl Store {
                 .next();
             next.transpose()?.and_then(|(k, _)| DispatchKey::decode(&k)).map(|k| k.at)
         };
-        let mut batch = self.claim_and_read(entries);
+        let mut batch = self.claim_and_read(found, Some(walk));
         batch.next_from = next_from;
         batch.more = more;
         batch.next_dispatch_at = next_dispatch_at;
         Ok(batch)
     }
 
-    pub(super) fn claim_and_read(&self, entries: Vec<(DispatchKey, MessageId)>) -> DueBatch {
+    /// Claims the found entries and reads the messages of those it got, in
+    /// the order found. Nothing fallible runs between taking the claims and
+    /// handing each one on (ready, stale or unreadable). Entries read whole
+    /// by a `walk` are checked again only if the walk was disturbed.
+    fn claim_and_read(&self, found: Vec<Found>, walk: Option<Watched<'_>>) -> DueBatch {
         let db = &self.inner.db;
         let mut batch = DueBatch::default();
-        let claims = self.inner.claims.claim_for_dispatch_all(entries.iter().map(|(_, id)| id));
-        let mut taken = Vec::with_capacity(entries.len());
-        for (entry, claim) in entries.into_iter().zip(claims) {
+        let ids = found.iter().map(|f| &f.id);
+        let (claims, undisturbed) = match walk {
+            Some(walk) => walk.claim_all(ids),
+            None => (self.inner.claims.claim_for_dispatch_all(ids), false),
+        };
+        let mut ids = Vec::with_capacity(found.len());
+        let mut keys = Vec::with_capacity(found.len());
+        let mut sources = Vec::with_capacity(found.len());
+        for (f, claim) in found.into_iter().zip(claims) {
             match claim {
-                Claim::Taken => taken.push(entry),
+                Claim::Taken => {
+                    ids.push(f.id);
+                    keys.push(f.key);
+                    sources.push(f.source);
+                }
                 // What the writer holds is being cancelled or moved; its
                 // commit decides, then the entry is looked at again.
-                Claim::Writer => batch.contended.push(entry),
+                Claim::Writer => batch.contended.push((f.key, f.id)),
                 // Being produced already.
                 Claim::Ours => {}
             }
         }
-        let guard = ClaimGuard { claims: &self.inner.claims, ids: taken.iter().map(|(_, id)| id).collect() };
-        let records = db.batched_multi_get_cf(
-            cf(db, schema::CF_MESSAGES),
-            taken.iter().map(|(_, id)| id.as_bytes()),
-            false,
-        );
-        let settlement_keys: Vec<Vec<u8>> = taken.iter().map(|(_, id)| schema::settlement_key(id)).collect();
-        let settlements = db.batched_multi_get_cf(cf(db, schema::CF_CHECKPOINT), &settlement_keys, false);
-        for (((key, id), record), settlement) in taken.iter().zip(records).zip(settlements) {
+        let guard = ClaimGuard { claims: &self.inner.claims, ids };
+        let present = if undisturbed {
+            Ok(None)
+        } else {
+            let inline: Vec<DispatchKey> = keys
+                .iter()
+                .zip(&sources)
+                .filter(|(_, source)| matches!(source, Source::Inline(_)))
+                .map(|(key, _)| *key)
+                .collect();
+            keys_present(db, &inline).map(Some)
+        };
+        let unread: Vec<[u8; DispatchKey::LEN]> = keys
+            .iter()
+            .zip(&sources)
+            .filter(|(_, source)| matches!(source, Source::Unread))
+            .map(|(key, _)| key.encode())
+            .collect();
+        let mut unread_values = db.batched_multi_get_cf(cf(db, schema::CF_DUE), &unread, false).into_iter();
+
+        // First what the entries themselves tell; legacy entries wait for
+        // one batched read of their records and settlements.
+        let mut reads: Vec<Option<Result<Option<Message>, StoreError>>> = Vec::with_capacity(keys.len());
+        let mut legacy = Vec::new();
+        for (i, (source, (key, id))) in sources.into_iter().zip(keys.iter().zip(&guard.ids)).enumerate() {
+            let read = match source {
+                Source::Inline(entry) => match &present {
+                    Ok(None) => Some(Ok(Some(inline_message(*entry)))),
+                    Ok(Some(present)) if present.contains(key) => Some(Ok(Some(inline_message(*entry)))),
+                    Ok(_) => Some(Ok(None)),
+                    Err(e) => Some(Err(StoreError::from(e.clone()))),
+                },
+                Source::Legacy => None,
+                Source::Unread => match unread_values.next().expect("one value per unread entry") {
+                    Err(e) => Some(Err(e.into())),
+                    Ok(None) => Some(Ok(None)),
+                    Ok(Some(bytes)) => match schema::decode_due_value(&bytes) {
+                        Some(DueValue::Entry(entry)) if entry.id == id.as_bytes() => {
+                            Some(Ok(Some(inline_message(entry))))
+                        }
+                        Some(DueValue::Legacy(found)) if found == *id => None,
+                        Some(_) => Some(Ok(None)),
+                        None => Some(Err(StoreError::Corrupt(format!("due entry {key:?} is unreadable")))),
+                    },
+                },
+            };
+            if read.is_none() {
+                legacy.push(i);
+            }
+            reads.push(read);
+        }
+        if !legacy.is_empty() {
+            let legacy_ids: Vec<&MessageId> = legacy.iter().map(|&i| &guard.ids[i]).collect();
+            let records = db.batched_multi_get_cf(
+                cf(db, schema::CF_MESSAGES),
+                legacy_ids.iter().map(|id| id.as_bytes()),
+                false,
+            );
+            let settlement_keys: Vec<Vec<u8>> =
+                legacy_ids.iter().map(|id| schema::settlement_key(id)).collect();
+            let settlements = db.batched_multi_get_cf(cf(db, schema::CF_CHECKPOINT), &settlement_keys, false);
+            for ((&i, record), settlement) in legacy.iter().zip(records).zip(settlements) {
+                reads[i] = Some(legacy_message(&guard.ids[i], keys[i], record, settlement));
+            }
+        }
+
+        for ((id, key), read) in guard.disarm().into_iter().zip(keys).zip(reads) {
             let read = if crate::failpoint::fires("store-read-io") {
                 Err(StoreError::Io(format!("fail point store-read-io on {}", id.qualified())))
             } else {
-                ready(id, *key, record, settlement)
+                read.expect("every entry read")
             };
             match read {
-                Ok(Some(ready)) => batch.ready.push(ready),
-                Ok(None) => batch.stale.push(id.clone()),
+                Ok(Some((record, tries))) => batch.ready.push(Ready { id, key, record, tries }),
+                Ok(None) => batch.stale.push(id),
                 Err(e) => {
                     if let StoreError::Corrupt(detail) = &e {
                         self.report_damage(detail);
                     }
-                    batch.unreadable.push((*key, id.clone(), e));
+                    batch.unreadable.push((key, id, e));
                 }
             }
         }
-        guard.disarm();
         batch
     }
+}
+
+/// A claimed message as read: its record and its tries so far.
+type Message = (MessageRecord, Tries);
+
+fn decode_found(key: DispatchKey, value: &[u8]) -> Result<Found, StoreError> {
+    match schema::decode_due_value(value) {
+        Some(DueValue::Entry(entry)) => {
+            let id = MessageId::from_stored(&entry.id)
+                .ok_or_else(|| StoreError::Corrupt(format!("due entry {key:?} names no id")))?;
+            Ok(Found { key, id, source: Source::Inline(Box::new(entry)) })
+        }
+        Some(DueValue::Legacy(id)) => Ok(Found { key, id, source: Source::Legacy }),
+        None => Err(StoreError::Corrupt(format!("due entry {key:?} is unreadable"))),
+    }
+}
+
+/// Which of `keys` (in ascending order) the due index holds now: one pass
+/// over their range, reading keys only.
+fn keys_present(db: &DB, keys: &[DispatchKey]) -> Result<HashSet<DispatchKey>, rocksdb::Error> {
+    let (Some(first), Some(last)) = (keys.first(), keys.last()) else {
+        return Ok(HashSet::new());
+    };
+    let wanted: HashSet<DispatchKey> = keys.iter().copied().collect();
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_lower_bound(first.encode());
+    opts.set_iterate_upper_bound(last.successor().encode());
+    let mut it = db.raw_iterator_cf_opt(cf(db, schema::CF_DUE), opts);
+    it.seek(first.encode());
+    let mut present = HashSet::with_capacity(keys.len());
+    while let Some(k) = it.key() {
+        if let Some(key) = DispatchKey::decode(k).filter(|key| wanted.contains(key)) {
+            present.insert(key);
+        }
+        it.next();
+    }
+    it.status()?;
+    Ok(present)
+}
+
+/// The message a due entry holds, moved out of it.
+fn inline_message(entry: DueEntry) -> Message {
+    let tries = Tries::from_record(entry.tries.as_ref());
+    (entry.record.expect("a decoded due entry holds its record"), tries)
 }
 
 /// Gives claims back if reading panics before they are handed on. Only a
@@ -188,12 +338,13 @@ impl Store {
 /// runs out.
 struct ClaimGuard<'a> {
     claims: &'a Claims,
-    ids: Vec<&'a MessageId>,
+    ids: Vec<MessageId>,
 }
 
 impl ClaimGuard<'_> {
-    fn disarm(mut self) {
-        self.ids.clear();
+    /// The claimed ids, handed on.
+    fn disarm(mut self) -> Vec<MessageId> {
+        std::mem::take(&mut self.ids)
     }
 }
 
@@ -207,14 +358,14 @@ impl Drop for ClaimGuard<'_> {
 
 type Read<'a> = Result<Option<rocksdb::DBPinnableSlice<'a>>, rocksdb::Error>;
 
-/// The message under `key` from its read record and settlement, if it is
-/// still pending there.
-fn ready(
+/// The message a legacy entry under `key` names, from its record and
+/// settlement, if it is still pending there.
+fn legacy_message(
     id: &MessageId,
     key: DispatchKey,
     record: Read<'_>,
     settlement: Read<'_>,
-) -> Result<Option<Ready>, StoreError> {
+) -> Result<Option<Message>, StoreError> {
     let Some(bytes) = record? else {
         return Ok(None);
     };
@@ -224,5 +375,5 @@ fn ready(
     {
         return Ok(None);
     }
-    Ok(Some(Ready { id: id.clone(), key, record, tries: Tries::of(settlement.as_ref()) }))
+    Ok(Some((record, Tries::of(settlement.as_ref()))))
 }

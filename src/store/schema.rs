@@ -2,13 +2,27 @@
 //! this file knows how a key or a value is laid out in bytes.
 //!
 //! ```text
-//! CF due         dispatch_ms:u64be ‖ seq:u64be   → message id   (the due index)
+//! CF due         dispatch_ms:u64be ‖ seq:u64be   → DueEntry: the message whole (the due index)
 //! CF messages    message id                       → MessageRecord
 //! CF checkpoint  "m"                              → Meta (dispatcher progress, counters)
 //!                "s" ‖ message id                 → Settlement (tries, delivery, cancel, failure)
 //!                "r" ‖ settled_ms:u64be ‖ id      → ()   retention index, purged in order
+//!                "d" ‖ first dispatch key         → DeliveryLog: a chunk delivered at first try
 //!                "c" ‖ space ‖ topic              → Counts of one tenant's messages on one topic
 //! ```
+//!
+//! A due entry holds the message whole, so the dispatcher reads what is due
+//! in one sequential pass. Stores written before 0.2 hold the id alone
+//! there; such an entry is read through the messages CF, as it was written
+//! ([`DueValue::Legacy`]), and drains away as it is dispatched.
+//!
+//! A message delivered at its first try gets no settlement and no retention
+//! entry of its own: its delivery is one line of the delivery log of the
+//! chunk it went out with. Chunks are logged in dispatch order and their
+//! key ranges never overlap, so the one chunk that may hold a message is
+//! found with one backward seek from its dispatch key. Everything else
+//! (retries, cancels, failures, and deliveries that come back out of
+//! order) is settled one message at a time, as before.
 //!
 //! A message id is stored as [`MessageId::as_bytes`] gives it: the id alone
 //! in the shared space, `\0 tenant \0 id` in a tenant's. A space in a
@@ -30,6 +44,10 @@ const META_KEY: &[u8] = b"m";
 const SETTLEMENT_PREFIX: u8 = b's';
 const RETENTION_PREFIX: u8 = b'r';
 const COUNTS_PREFIX: u8 = b'c';
+const DELIVERY_LOG_PREFIX: u8 = b'd';
+/// The first byte of a due entry in the current layout. A legacy entry is
+/// a bare id, whose first byte is printable or 0 (a tenant's space).
+const DUE_ENTRY_MARK: u8 = 1;
 
 /// A position in the due CF: when the message is to be dispatched (its
 /// due time, or the time of its next try after a failed one), then its
@@ -113,6 +131,25 @@ pub fn retention_successor(key: &[u8]) -> Vec<u8> {
     let mut next = key.to_vec();
     next.push(0);
     next
+}
+
+/// The key of the delivery log of a chunk whose first message was
+/// dispatched from `first`.
+pub fn delivery_log_key(first: DispatchKey) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + DispatchKey::LEN);
+    k.push(DELIVERY_LOG_PREFIX);
+    k.extend_from_slice(&first.encode());
+    k
+}
+
+/// The key range holding every delivery log.
+pub fn delivery_logs_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![DELIVERY_LOG_PREFIX], vec![DELIVERY_LOG_PREFIX + 1])
+}
+
+/// The first dispatch key of the chunk a delivery log key names.
+pub fn decode_delivery_log_key(key: &[u8]) -> Option<DispatchKey> {
+    DispatchKey::decode(key.strip_prefix(&[DELIVERY_LOG_PREFIX])?)
 }
 
 /// Whose messages on which topic a [`Counts`] entry counts: a tenant's
@@ -235,8 +272,128 @@ impl MessageRecord {
     }
 }
 
+/// A due entry: the message whole, with its tries so far.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DueEntry {
+    /// The message id, as [`MessageId::as_bytes`] stores it.
+    #[prost(bytes = "vec", tag = "1")]
+    pub id: Vec<u8>,
+    #[prost(message, optional, tag = "2")]
+    pub record: Option<MessageRecord>,
+    /// Present when the message has a settlement entry (it was tried, or
+    /// rescheduled after a try): what the retry policy and a listing need of it.
+    #[prost(message, optional, tag = "3")]
+    pub tries: Option<TriesRecord>,
+}
+
+/// A pending message's tries, as its settlement holds them.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TriesRecord {
+    #[prost(uint32, tag = "1")]
+    pub attempts: u32,
+    #[prost(uint32, tag = "2")]
+    pub rejections: u32,
+    #[prost(uint64, tag = "3")]
+    pub first_refused_at_ms: u64,
+    #[prost(string, tag = "4")]
+    pub last_error: String,
+}
+
+impl TriesRecord {
+    pub fn of(s: &Settlement) -> TriesRecord {
+        TriesRecord {
+            attempts: s.attempts,
+            rejections: s.rejections,
+            first_refused_at_ms: s.first_refused_at_ms,
+            last_error: s.last_error.clone(),
+        }
+    }
+}
+
+/// What a due entry holds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DueValue {
+    Entry(DueEntry),
+    /// Written before 0.2: the id alone; the record and the settlement are
+    /// read from their own entries.
+    Legacy(MessageId),
+}
+
+pub fn encode_due_entry(entry: &DueEntry) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + prost::Message::encoded_len(entry));
+    out.push(DUE_ENTRY_MARK);
+    prost::Message::encode(entry, &mut out).expect("a Vec grows to fit");
+    out
+}
+
+pub fn decode_due_value(bytes: &[u8]) -> Option<DueValue> {
+    match bytes.split_first() {
+        Some((&DUE_ENTRY_MARK, rest)) => {
+            let entry: DueEntry = decode(rest).ok()?;
+            MessageId::from_stored(&entry.id)?;
+            entry.record.as_ref()?;
+            Some(DueValue::Entry(entry))
+        }
+        _ => MessageId::from_stored(bytes).map(DueValue::Legacy),
+    }
+}
+
+/// What one chunk delivered at first try: one line per message, in
+/// dispatch order. `first` (in the key) and `last` bound the chunk: no
+/// other chunk's range overlaps it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeliveryLog {
+    /// The dispatch key of the last line, encoded.
+    #[prost(bytes = "vec", tag = "1")]
+    pub last: Vec<u8>,
+    #[prost(message, repeated, tag = "2")]
+    pub lines: Vec<DeliveryLine>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeliveryLine {
+    #[prost(bytes = "vec", tag = "1")]
+    pub id: Vec<u8>,
+    /// The dispatch key the message went out from.
+    #[prost(uint64, tag = "2")]
+    pub at_ms: u64,
+    #[prost(uint64, tag = "3")]
+    pub seq: u64,
+    #[prost(int32, tag = "4")]
+    pub partition: i32,
+    #[prost(int64, tag = "5")]
+    pub offset: i64,
+    #[prost(uint64, tag = "6")]
+    pub delivered_at_ms: u64,
+}
+
+impl DeliveryLog {
+    pub fn last_key(&self) -> Option<DispatchKey> {
+        DispatchKey::decode(&self.last)
+    }
+
+    /// When the latest of its lines was delivered.
+    pub fn delivered_until(&self) -> UnixMillis {
+        UnixMillis(self.lines.iter().map(|l| l.delivered_at_ms).max().unwrap_or(0))
+    }
+}
+
+impl DeliveryLine {
+    /// The settlement this line stands for.
+    pub fn settlement(&self) -> Settlement {
+        Settlement {
+            kind: SettlementKind::Delivered as i32,
+            attempts: 1,
+            at_ms: self.delivered_at_ms,
+            partition: self.partition,
+            offset: self.offset,
+            ..Settlement::default()
+        }
+    }
+}
+
 /// What has happened to a message since it was parked. Absent = pending and
-/// never tried.
+/// never tried, or delivered at first try (see [`DeliveryLog`]).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Settlement {
     #[prost(enumeration = "SettlementKind", tag = "1")]
@@ -364,7 +521,7 @@ mod tests {
             prop_assert_eq!(CountsKey::decode(&bytes), Some(key));
             let (lo, hi) = CountsKey::range();
             prop_assert!(bytes >= lo && bytes < hi);
-            prop_assert!(bytes.as_slice() != meta_key() && bytes[0] != SETTLEMENT_PREFIX && bytes[0] != RETENTION_PREFIX);
+            prop_assert!(bytes.as_slice() != meta_key() && ![SETTLEMENT_PREFIX, RETENTION_PREFIX, DELIVERY_LOG_PREFIX].contains(&bytes[0]));
         }
 
         #[test]
@@ -375,6 +532,32 @@ mod tests {
             prop_assert!(next > key);
             let later = retention_key(UnixMillis(at), &MessageId::parse(&other).unwrap());
             prop_assert!(later <= key || later >= next, "nothing lies between a key and its successor");
+        }
+
+        #[test]
+        fn due_values_of_both_layouts_read_back(
+            id in "[!-~]{1,128}", tenant in proptest::option::of("[a-z0-9-]{1,32}"), attempts in proptest::option::of(1u32..10)
+        ) {
+            let tenant = tenant.map(|t| crate::message::Tenant::parse(&t).unwrap());
+            let id = MessageId::parse_in(tenant.as_ref(), &id).unwrap();
+            prop_assert_eq!(decode_due_value(id.as_bytes()), Some(DueValue::Legacy(id.clone())));
+            let envelope = Envelope { topic: "t".into(), key: None, value: vec![1], headers: vec![], partition: None };
+            let record = MessageRecord::new(envelope, DueSpec::At(UnixMillis(5)), UnixMillis(5), 9, UnixMillis(1));
+            let entry = DueEntry {
+                id: id.as_bytes().to_vec(),
+                record: Some(record),
+                tries: attempts.map(|attempts| TriesRecord { attempts, ..TriesRecord::default() }),
+            };
+            prop_assert_eq!(decode_due_value(&encode_due_entry(&entry)), Some(DueValue::Entry(entry)));
+        }
+
+        #[test]
+        fn delivery_log_keys_sort_like_their_chunks(a in key(), b in key()) {
+            let (ka, kb) = (delivery_log_key(a), delivery_log_key(b));
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            prop_assert_eq!(decode_delivery_log_key(&ka), Some(a));
+            let (lo, hi) = delivery_logs_range();
+            prop_assert!(ka >= lo && ka < hi);
         }
 
         #[test]

@@ -148,6 +148,128 @@ async fn retries_carry_their_tries_until_delivered_or_failed() {
     store.close().await;
 }
 
+/// Keys in the checkpoint CF's range `range`.
+fn checkpoint_keys(store: &Store, (lower, upper): (Vec<u8>, Vec<u8>)) -> usize {
+    let db = &store.inner.db;
+    let mut opts = rocksdb::ReadOptions::default();
+    opts.set_iterate_upper_bound(upper);
+    db.iterator_cf_opt(
+        options::cf(db, schema::CF_CHECKPOINT),
+        opts,
+        rocksdb::IteratorMode::From(&lower, rocksdb::Direction::Forward),
+    )
+    .count()
+}
+
+#[tokio::test]
+async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = park(&store, "a", 10).await;
+    let b = park(&store, "b", 20).await;
+    let c = park(&store, "c", 30).await;
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    assert!(batch.ready.iter().all(|r| !r.tries.recorded), "never tried: nothing recorded yet");
+    let delivered =
+        |r: &Ready, offset| settle(r, 100 + offset as u64, Outcome::Delivered { partition: 2, offset });
+    let settles =
+        batch.ready.iter().filter(|r| r.id != b).map(|r| delivered(r, if r.id == a { 7 } else { 9 }));
+    store.settle(settles.collect()).await.unwrap();
+    barrier(&store).await;
+    assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 1, "a and c: one chunk");
+    assert_eq!(checkpoint_keys(&store, schema::settlements_range()), 0, "and no settlement of their own");
+    for (id, offset) in [(&a, 7), (&c, 9)] {
+        let want = State::Delivered(crate::message::Delivery {
+            partition: 2,
+            offset,
+            delivered_at: UnixMillis(100 + offset as u64),
+        });
+        assert_eq!(state(&store, id).await, want, "{id}");
+    }
+
+    // b comes back after the chunk above it was logged: settled on its own.
+    let late = batch.ready.iter().find(|r| r.id == b).unwrap();
+    store.settle(vec![delivered(late, 8)]).await.unwrap();
+    barrier(&store).await;
+    assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 1);
+    assert_eq!(checkpoint_keys(&store, schema::settlements_range()), 1);
+    assert!(matches!(state(&store, &b).await, State::Delivered(d) if d.offset == 8));
+    assert_eq!(store.pending(), 0);
+
+    // A delivery from a log is as final as one on its own.
+    assert_eq!(
+        store.cancel(Scope::everything(), a.clone(), UnixMillis(200)).await.unwrap(),
+        CancelOutcome::AlreadyDelivered
+    );
+    assert!(matches!(
+        store.reschedule(Scope::everything(), a.clone(), UnixMillis(900)).await,
+        Err(StoreError::AlreadyDelivered(_))
+    ));
+
+    // Retention: the logged ones go with their log.
+    assert_eq!(store.purge(UnixMillis(120), 100).await.unwrap(), 3);
+    barrier(&store).await;
+    for id in [&a, &b, &c] {
+        assert!(store.get(Scope::everything(), id.clone()).await.unwrap().is_none(), "{id} purged");
+    }
+    assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 0);
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_retried_message_is_settled_on_its_own_and_keeps_its_record_in_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let id = park(&store, "r", 10).await;
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(10), 10).await.unwrap();
+    let retry = Outcome::Retry { retry_at: UnixMillis(50), error: "too large".into(), refused: true };
+    store.settle(vec![settle(&batch.ready[0], 10, retry)]).await.unwrap();
+    barrier(&store).await;
+    let page = store.list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
+    let (_, listed) = &page.messages[0];
+    assert_eq!((listed.attempts, listed.last_error.as_deref()), (1, Some("too large")));
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(50), 10).await.unwrap();
+    let ready = &batch.ready[0];
+    assert_eq!(ready.record.value, b"r", "read whole from the due index");
+    assert_eq!(
+        ready.tries,
+        Tries { attempts: 1, rejections: 1, first_refused_at: Some(UnixMillis(10)), recorded: true }
+    );
+    store.settle(vec![settle(ready, 60, Outcome::Delivered { partition: 0, offset: 3 })]).await.unwrap();
+    barrier(&store).await;
+    assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 0, "not logged in a chunk");
+    match state(&store, &id).await {
+        State::Delivered(d) => assert_eq!((d.offset, d.delivered_at), (3, UnixMillis(60))),
+        other => panic!("{other:?}"),
+    }
+    store.close().await;
+}
+
+#[tokio::test]
+async fn legacy_due_entries_naming_only_an_id_are_listed_and_dispatched() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let old = park(&store, "old", 10).await;
+    park(&store, "new", 20).await;
+    // What a store written before 0.2 holds: the id alone.
+    let db = &store.inner.db;
+    let key = DispatchKey { at: UnixMillis(10), seq: 0 };
+    db.put_cf(options::cf(db, schema::CF_DUE), key.encode(), old.as_bytes()).unwrap();
+
+    let page = store.list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
+    let listed: Vec<&str> = page.messages.iter().map(|(_, m)| m.id.as_str()).collect();
+    assert_eq!(listed, ["old", "new"]);
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let read: Vec<(&str, &[u8])> = batch.ready.iter().map(|r| (r.id.as_str(), &r.record.value[..])).collect();
+    assert_eq!(read, [("old", &b"old"[..]), ("new", &b"new"[..])], "in dispatch order, each read whole");
+    let settles = batch.ready.iter().map(|r| settle(r, 100, Outcome::Delivered { partition: 1, offset: 5 }));
+    store.settle(settles.collect()).await.unwrap();
+    barrier(&store).await;
+    assert!(matches!(state(&store, &old).await, State::Delivered(d) if d.partition == 1));
+    assert_eq!(store.pending(), 0);
+    store.close().await;
+}
+
 fn filter(from: DispatchKey, limit: usize, examine: usize) -> ListFilter {
     ListFilter { topic: None, from, to: None, limit, examine }
 }
@@ -347,26 +469,30 @@ mod tombstones {
         store.schedule(message("late", 5)).await.unwrap();
         let late = store.wake().take();
         assert_eq!(late.entries.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>(), ["late"]);
-        let (batch, cost) = skipped(|| store.claim_and_read(late.entries));
+        let (batch, cost) = skipped(|| store.take_listed_now(late.entries));
         assert_eq!(batch.ready.len(), 1);
         assert!(cost < 10, "reading the late message stepped over {cost} tombstones");
         let (_, rescan) =
             skipped(|| store.take_due_now(DispatchKey { at: UnixMillis(5), seq: 0 }, now, 10).unwrap());
         assert!(rescan >= SETTLED - 10, "rescanning from it would step over all of them: {rescan}");
 
-        // Purge: the second pass starts where the first stopped.
+        // Purge: the second pass starts where the first stopped. The
+        // deliveries were logged by chunk; purging drops the logs.
         let purged = store.purge(UnixMillis(SETTLED + 2), SETTLED as usize + 10).await.unwrap();
         assert_eq!(purged as u64, SETTLED);
-        let cursor = store.inner.purge_from.lock().unwrap().clone();
+        let cursor = store.inner.purge_logs_from.lock().unwrap().clone();
         let ((), cost) = skipped(|| {
-            read::purge_candidates(&db, &cursor, UnixMillis(SETTLED + 2), 100).unwrap();
+            read::purge_logs(&db, &cursor, UnixMillis(SETTLED + 2), 100).unwrap();
         });
         let (_, from_start) = skipped(|| {
-            let start = schema::retention_range_before(UnixMillis(0)).0;
-            read::purge_candidates(&db, &start, UnixMillis(SETTLED + 2), 100).unwrap()
+            let start = schema::delivery_logs_range().0;
+            read::purge_logs(&db, &start, UnixMillis(SETTLED + 2), 100).unwrap()
         });
-        assert!(from_start >= SETTLED, "from the start, a purge steps over every purged entry: {from_start}");
-        assert!(cost < 10, "the next purge stepped over {cost} tombstones");
+        assert!(
+            from_start >= SETTLED / 4_096,
+            "from the start, a purge steps over every purged log: {from_start}"
+        );
+        assert!(cost < 2, "the next purge stepped over {cost} tombstones");
         store.close().await;
     }
 }

@@ -3,7 +3,7 @@
 //! retried request is the one a record came from. [`schema`] knows the
 //! bytes; this knows the domain.
 
-use super::schema::{DispatchKey, HeaderRecord, MessageRecord, Settlement, SettlementKind};
+use super::schema::{DispatchKey, HeaderRecord, MessageRecord, Settlement, SettlementKind, TriesRecord};
 use crate::message::{
     Delivery, DueSpec, Envelope, Header, MessageId, PendingMessage, ScheduledMessage, State, UnixMillis,
 };
@@ -70,7 +70,7 @@ pub fn pending_message(
     id: MessageId,
     key: DispatchKey,
     record: MessageRecord,
-    settlement: Option<&Settlement>,
+    tries: Option<&TriesRecord>,
 ) -> PendingMessage {
     PendingMessage {
         id,
@@ -78,8 +78,8 @@ pub fn pending_message(
         due: record.due(),
         dispatch_at: key.at,
         scheduled_at: UnixMillis(record.scheduled_at_ms),
-        attempts: settlement.map_or(0, |s| s.attempts),
-        last_error: settlement.filter(|s| !s.last_error.is_empty()).map(|s| s.last_error.clone()),
+        attempts: tries.map_or(0, |t| t.attempts),
+        last_error: tries.filter(|t| !t.last_error.is_empty()).map(|t| t.last_error.clone()),
         topic: record.topic,
         key: record.key,
         partition: record.partition,

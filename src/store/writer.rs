@@ -40,7 +40,8 @@ use super::{
     read,
     scan::Tries,
     schema::{
-        self, COUNTS_VERSION, Counts, CountsKey, DispatchKey, MessageRecord, Meta, Settlement, SettlementKind,
+        self, COUNTS_VERSION, Counts, CountsKey, DeliveryLine, DeliveryLog, DispatchKey, DueEntry,
+        MessageRecord, Meta, Settlement, SettlementKind, TriesRecord,
     },
     view,
 };
@@ -100,13 +101,25 @@ impl Store {
     /// here, from where the last purge stopped; the writer only deletes.
     pub async fn purge(&self, before: UnixMillis, limit: usize) -> Result<usize, StoreError> {
         let from = self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let candidates =
-            self.blocking(move |s| read::purge_candidates(&s.inner.db, &from, before, limit)).await?;
-        let Some((last, _, _)) = candidates.last() else { return Ok(0) };
-        let next = schema::retention_successor(last);
-        let looked_at = candidates.len();
-        self.call(|reply| Op::Purge { candidates, reply }).await?;
-        *self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        let logs_from = self.inner.purge_logs_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (candidates, logs, logs_next) = self
+            .blocking(move |s| {
+                let db = &s.inner.db;
+                let candidates = read::purge_candidates(db, &from, before, limit)?;
+                let (logs, logs_next) = read::purge_logs(db, &logs_from, before, limit)?;
+                Ok((candidates, logs, logs_next))
+            })
+            .await?;
+        let next = candidates.last().map(|(last, _, _)| schema::retention_successor(last));
+        let looked_at = candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>();
+        if looked_at == 0 {
+            return Ok(0);
+        }
+        self.call(|reply| Op::Purge { candidates, logs, reply }).await?;
+        if let Some(next) = next {
+            *self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        }
+        *self.inner.purge_logs_from.lock().unwrap_or_else(|e| e.into_inner()) = logs_next;
         Ok(looked_at)
     }
 
@@ -250,9 +263,11 @@ pub(crate) enum Op {
     /// closed cleanly.
     InDoubt(Vec<MessageId>),
     /// Forgets these settled messages if they are still settled as the
-    /// retention index said: (retention key, settled at, id).
+    /// retention index said: (retention key, settled at, id); and the
+    /// chunks of these delivery logs: (log key, (id, seq) of each line).
     Purge {
         candidates: Vec<(Vec<u8>, UnixMillis, MessageId)>,
+        logs: Vec<read::ExpiredLog>,
         reply: Reply<usize>,
     },
     /// A write of the metadata alone: does the store take writes again?
@@ -335,6 +350,10 @@ pub(crate) struct Writer {
     /// Requests to run first in the next round.
     again: VecDeque<Op>,
     failed_commits: u32,
+    /// The last dispatch key of the newest chunk logged: a first-try
+    /// delivery above it joins a chunk, one at or below it (it came back
+    /// out of order) is settled on its own, so chunks never overlap.
+    chunk_high: Option<DispatchKey>,
     /// Produces reported in doubt at shutdown.
     unresolved: usize,
     closing_since: Option<Instant>,
@@ -355,6 +374,8 @@ struct Round<'a> {
     settles: Vec<Settle>,
     /// Due entries this round adds.
     added: Vec<(DispatchKey, MessageId)>,
+    /// First-try deliveries this round logs as one chunk.
+    chunk: Vec<DeliveryLine>,
     replies: Vec<DeferredReply>,
     effects: Effects,
     /// Commit even when nothing changed: a probe.
@@ -428,6 +449,7 @@ impl Writer {
         opts.set_sync(true);
         db.write_opt(batch, &opts)?;
         shared.pending.store(meta.pending, Ordering::Relaxed);
+        let chunk_high = read::last_logged_key(db)?;
         let writer = Writer {
             shared,
             config,
@@ -439,6 +461,7 @@ impl Writer {
             parked_total: 0,
             again: VecDeque::new(),
             failed_commits: 0,
+            chunk_high,
             unresolved: 0,
             closing_since: None,
         };
@@ -593,8 +616,8 @@ impl Writer {
                     }
                 }
             }
-            Op::Purge { candidates, reply } => {
-                let result = self.purge(r, candidates);
+            Op::Purge { candidates, logs, reply } => {
+                let result = self.purge(r, candidates, logs);
                 r.reply(reply, result);
             }
             Op::Probe { reply } => {
@@ -651,8 +674,21 @@ impl Writer {
         if let Some(stored) = r.overlay.get(id) {
             return Ok(stored.clone());
         }
-        let read = read::record(&self.shared.db, id, &ReadOptions::default())?;
+        let read = read::record(&self.shared.db, id, None)?;
         Ok(read.map(|(record, settlement)| Stored { record, settlement }))
+    }
+
+    /// The acceptance sequence of the message stored under `id`, reading
+    /// its record alone.
+    fn seq_of(&self, r: &Round, id: &MessageId) -> Result<Option<u64>, StoreError> {
+        if let Some(stored) = r.overlay.get(id) {
+            return Ok(stored.as_ref().map(|s| s.record.seq));
+        }
+        let db = &self.shared.db;
+        let Some(bytes) = db.get_pinned_cf(cf(db, schema::CF_MESSAGES), id.as_bytes())? else {
+            return Ok(None);
+        };
+        Ok(Some(read::decode_stored(id, &bytes, None)?.0.seq))
     }
 
     /// The message `id` names for `scope`: in the caller's space, else in
@@ -702,7 +738,7 @@ impl Writer {
         let record = MessageRecord::new(msg.envelope, msg.requested, msg.due, seq, msg.now);
         let key = DispatchKey { at: msg.due, seq };
         r.put_message(&id, &record);
-        r.put_due(key, &id);
+        r.put_due(key, &id, &record, None);
         r.meta.pending += 1;
         self.count(r, &id, &record.topic, |c| c.pending += 1);
         r.effects.scheduled += 1;
@@ -816,7 +852,8 @@ impl Writer {
         stored.record.due_ms = due.0;
         let key = DispatchKey { at: due, seq: stored.record.seq };
         r.put_message(&id, &stored.record);
-        r.put_due(key, &id);
+        let tries = stored.settlement.as_ref().map(TriesRecord::of);
+        r.put_due(key, &id, &stored.record, tries.as_ref());
         r.overlay.insert(id, Some(stored));
         Flow::Done(Ok(due))
     }
@@ -833,6 +870,26 @@ impl Writer {
         let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
         let first_refused_at_ms = prev.first_refused_at.map_or(0, |t| t.0);
         match &settle.outcome {
+            Outcome::Delivered { partition, offset }
+                if !prev.recorded && self.chunk_high < Some(settle.key) =>
+            {
+                r.effects.delivered.push(at.since(settle.due));
+                r.meta.last_delivered_key = settle.key.encode().to_vec();
+                r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
+                r.meta.pending = r.meta.pending.saturating_sub(1);
+                r.chunk.push(DeliveryLine {
+                    id: id.as_bytes().to_vec(),
+                    at_ms: settle.key.at.0,
+                    seq: settle.key.seq,
+                    partition: *partition,
+                    offset: *offset,
+                    delivered_at_ms: at.0,
+                });
+                self.count(r, &id, &settle.topic, |c| {
+                    c.pending = c.pending.saturating_sub(1);
+                    c.delivered = c.delivered.saturating_add(1);
+                });
+            }
             Outcome::Delivered { partition, offset } => {
                 let settlement = Settlement {
                     kind: SettlementKind::Delivered as i32,
@@ -867,7 +924,14 @@ impl Writer {
                     first_refused_at_ms,
                     ..Settlement::default()
                 };
-                r.put_due(DispatchKey { at: *retry_at, seq: settle.key.seq }, &id);
+                let key = DispatchKey { at: *retry_at, seq: settle.key.seq };
+                match self.load(r, &id) {
+                    Ok(Some(stored)) => {
+                        r.put_due(key, &id, &stored.record, Some(&TriesRecord::of(&settlement)))
+                    }
+                    // Its record stays where it is; the legacy entry reads it from there.
+                    _ => r.put_legacy_due(key, &id),
+                }
                 r.put_settlement(&id, &settlement);
             }
             Outcome::Failed { error, tried } => {
@@ -898,9 +962,22 @@ impl Writer {
         &mut self,
         r: &mut Round,
         candidates: Vec<(Vec<u8>, UnixMillis, MessageId)>,
+        logs: Vec<read::ExpiredLog>,
     ) -> Result<usize, StoreError> {
         let checkpoint = cf(&self.shared.db, schema::CF_CHECKPOINT);
         let mut purged = 0;
+        for log in logs {
+            r.batch.delete_cf(checkpoint, &log.key);
+            for (id, seq) in log.lines {
+                // Delivered is final, but the id may have been purged and
+                // taken again by a newer message since: that one stays.
+                if self.seq_of(r, &id)? == Some(seq) {
+                    r.batch.delete_cf(cf(&self.shared.db, schema::CF_MESSAGES), id.as_bytes());
+                    r.overlay.insert(id, None);
+                    purged += 1;
+                }
+            }
+        }
         for (key, at, id) in candidates {
             r.batch.delete_cf(checkpoint, &key);
             let still_settled_then =
@@ -925,6 +1002,7 @@ impl Writer {
     }
 
     fn commit(&mut self, mut r: Round) {
+        let chunk_last = r.log_chunk();
         let writes = !r.batch.is_empty() || r.probe;
         let result = if !writes {
             Ok(())
@@ -950,7 +1028,11 @@ impl Writer {
         match &error {
             None => {
                 self.failed_commits = 0;
-                claims.release_all(&r.released);
+                if chunk_last.is_some() {
+                    self.chunk_high = chunk_last;
+                }
+                let lowest = r.settles.iter().map(|s| s.key).min();
+                claims.release_settled(&r.released, lowest);
                 for id in std::mem::take(&mut r.released) {
                     let parked = self.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
@@ -1022,7 +1104,9 @@ impl Op {
             Op::ScheduleBatch { msgs, .. } => msgs.len().max(1),
             Op::Unpark(ids) | Op::InDoubt(ids) => ids.len().max(1),
             Op::Settle(settles) => settles.len().max(1),
-            Op::Purge { candidates, .. } => candidates.len().max(1),
+            Op::Purge { candidates, logs, .. } => {
+                (candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>()).max(1)
+            }
             _ => 1,
         }
     }
@@ -1061,6 +1145,7 @@ impl<'a> Round<'a> {
             released: Vec::new(),
             settles: Vec::new(),
             added: Vec::new(),
+            chunk: Vec::new(),
             replies: Vec::new(),
             effects: Effects::default(),
             probe: false,
@@ -1089,9 +1174,43 @@ impl<'a> Round<'a> {
         self.batch.put_cf(cf(self.db, schema::CF_MESSAGES), id.as_bytes(), schema::encode(record));
     }
 
-    fn put_due(&mut self, key: DispatchKey, id: &MessageId) {
+    /// Puts a due entry holding the message whole.
+    fn put_due(
+        &mut self,
+        key: DispatchKey,
+        id: &MessageId,
+        record: &MessageRecord,
+        tries: Option<&TriesRecord>,
+    ) {
+        let entry =
+            DueEntry { id: id.as_bytes().to_vec(), record: Some(record.clone()), tries: tries.cloned() };
+        self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), schema::encode_due_entry(&entry));
+        self.added.push((key, id.clone()));
+    }
+
+    /// Puts a due entry naming the message only, as stores before 0.2 did.
+    fn put_legacy_due(&mut self, key: DispatchKey, id: &MessageId) {
         self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), id.as_bytes());
         self.added.push((key, id.clone()));
+    }
+
+    /// Writes this round's first-try deliveries as one chunk's delivery
+    /// log; returns its last dispatch key.
+    fn log_chunk(&mut self) -> Option<DispatchKey> {
+        if self.chunk.is_empty() {
+            return None;
+        }
+        let mut lines = std::mem::take(&mut self.chunk);
+        lines.sort_unstable_by_key(|l| (l.at_ms, l.seq));
+        let key = |l: &DeliveryLine| DispatchKey { at: UnixMillis(l.at_ms), seq: l.seq };
+        let (first, last) = (key(&lines[0]), key(&lines[lines.len() - 1]));
+        let log = DeliveryLog { last: last.encode().to_vec(), lines };
+        self.batch.put_cf(
+            cf(self.db, schema::CF_CHECKPOINT),
+            schema::delivery_log_key(first),
+            schema::encode(&log),
+        );
+        Some(last)
     }
 
     fn delete_due(&mut self, key: DispatchKey) {

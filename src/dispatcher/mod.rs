@@ -14,7 +14,18 @@
 //! [`Settle`] the writer commits atomically: delete from the due CF, record
 //! partition and offset in the checkpoint CF, advance the counters.
 //!
-//! Where it reads: it walks the due index forward from where it left off.
+//! Reports come back per partition, interleaved. First-try deliveries are
+//! handed to the store in the order sent (dispatch order), once everything
+//! sent before them is answered ([`sent`]), so that each commit logs them
+//! as one chunk whose range no later chunk overlaps (see
+//! [`crate::store::schema`]); what is held back for order is bounded in
+//! count and time, and a delivery that still comes back behind a logged
+//! chunk is settled on its own.
+//!
+//! Where it reads: it walks the due index forward from where it left off,
+//! one chunk ahead of what it produces: the next chunk is read and claimed
+//! while this one is produced and while reports are awaited, and waits
+//! (bounded in time) for in-flight room.
 //! What lands behind that position (a past-due schedule, a reschedule to
 //! now), what the writer held when it looked, what it could not read and
 //! what it put off are looked at again entry by entry, never by walking back
@@ -44,13 +55,12 @@
 //!
 //! While the store cannot record deliveries (disk full) it produces nothing.
 
-use std::{
-    collections::{HashMap, VecDeque},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio::sync::mpsc;
+
+mod sent;
+use sent::{InFlight, Sent};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -139,16 +149,14 @@ const DEFER_CAP: usize = 100_000;
 /// How often the dispatcher tells readers where live entries start.
 const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 
-/// A message handed to the producer, waiting for its report.
-struct InFlight {
-    id: MessageId,
-    key: DispatchKey,
-    due: UnixMillis,
-    topic: Arc<str>,
-    tries: Tries,
-    stalled: bool,
-    /// It tries a refused topic again.
-    probe: bool,
+/// Longest a first-try delivery is held back to be settled in dispatch
+/// order: a slow produce below it does not hold its claim longer.
+const HOLD_FOR: Duration = Duration::from_millis(100);
+
+/// A read of the due index under way, from `from`.
+struct Reading {
+    from: DispatchKey,
+    task: tokio::task::JoinHandle<Result<DueBatch, StoreError>>,
 }
 
 /// What the dispatcher knows of one topic it is holding back or producing to.
@@ -190,13 +198,10 @@ pub struct Dispatcher {
     producer: Arc<Producer>,
     clock: Arc<dyn Clock>,
     config: DispatcherConfig,
-    in_flight: HashMap<u64, InFlight>,
-    /// Tokens in the order they were sent, for finding stalls.
-    sent_order: VecDeque<(tokio::time::Instant, u64)>,
-    stalled: usize,
+    /// What the producer has, by token.
+    sent: Sent,
     topics: HashMap<Arc<str>, TopicState>,
     deferred_total: usize,
-    next_token: u64,
     reports_tx: mpsc::UnboundedSender<DeliveryReport>,
     reports: mpsc::UnboundedReceiver<DeliveryReport>,
     /// Outcomes not yet handed to the store; sent together.
@@ -211,9 +216,16 @@ pub struct Dispatcher {
     unreadable_retry: UnixMillis,
     /// Rescan from here: more was handed over or put off than is kept.
     rescan_from: Option<DispatchKey>,
-    /// Everything in the due CF below this is settled, in flight, or in
-    /// one of the lists above.
+    /// Everything in the due CF below this is settled, in flight, read
+    /// ahead, or in one of the lists above.
     scan_from: DispatchKey,
+    /// The next chunk, being read while this one is produced.
+    reading: Option<Reading>,
+    /// Read and claimed, in due order, waiting for in-flight room; since
+    /// when; and what the read it came from said of what follows it.
+    ahead: Vec<Ready>,
+    ahead_since: Option<tokio::time::Instant>,
+    after_ahead: Next,
     /// When the low water mark was last published.
     published: tokio::time::Instant,
 }
@@ -226,7 +238,7 @@ enum Decision {
 }
 
 /// What to do after a look at the store.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
     /// More is due right now.
     Now,
@@ -251,12 +263,9 @@ impl Dispatcher {
             producer,
             clock,
             config,
-            in_flight: HashMap::new(),
-            sent_order: VecDeque::new(),
-            stalled: 0,
+            sent: Sent::default(),
             topics: HashMap::new(),
             deferred_total: 0,
-            next_token: 0,
             reports_tx,
             reports,
             settling: Vec::new(),
@@ -266,6 +275,10 @@ impl Dispatcher {
             unreadable_retry: UnixMillis(0),
             rescan_from: None,
             scan_from: DispatchKey::MIN,
+            reading: None,
+            ahead: Vec::new(),
+            ahead_since: None,
+            after_ahead: Next::Now,
             published: tokio::time::Instant::now() - PUBLISH_EVERY,
         }
     }
@@ -274,7 +287,7 @@ impl Dispatcher {
         loop {
             metrics::DISPATCH_WAKEUPS.inc();
             // One commit for every outcome gathered since the last look.
-            self.flush_settles().await;
+            self.flush_settles(false).await;
             self.find_stalls();
             let next = self.dispatch_due().await;
             self.publish();
@@ -283,6 +296,8 @@ impl Dispatcher {
                 Next::Idle | Next::Full => self.config.max_sleep,
                 Next::Now => Duration::ZERO,
             };
+            // What waits to be settled in order waits no longer than this.
+            let sleep = if self.sent.has_answered() { sleep.min(HOLD_FOR) } else { sleep };
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
@@ -301,7 +316,7 @@ impl Dispatcher {
 
     /// In-flight slots taken: records Kafka is answering in time.
     fn active(&self) -> usize {
-        self.in_flight.len() - self.stalled
+        self.sent.waiting()
     }
 
     /// Claims and produces whatever is due now, as far as in-flight room
@@ -313,6 +328,7 @@ impl Dispatcher {
             // produce it again. Wait for the store.
             return Next::At(now.saturating_add(self.config.max_sleep));
         }
+        self.give_back_ahead().await;
         let late = self.store.wake().take();
         self.recheck.extend(late.entries);
         self.rescan(late.rescan_from);
@@ -326,7 +342,7 @@ impl Dispatcher {
         // Stalled records keep their claims but not their slots; twice the
         // limit in all bounds memory when everything stalls.
         let mut room = self.config.max_in_flight.saturating_sub(self.active());
-        room = room.min((2 * self.config.max_in_flight).saturating_sub(self.in_flight.len()));
+        room = room.min((2 * self.config.max_in_flight).saturating_sub(self.sent.len()));
         if room == 0 {
             return Next::Full;
         }
@@ -353,11 +369,32 @@ impl Dispatcher {
         }
 
         // Then the due index, in chunks, the next one read while this one
-        // is produced.
-        let mut reading = Some(self.read_due(self.scan_from, now, room.min(READ_CHUNK)));
-        let mut next = Next::Idle;
-        while let Some(read) = reading.take() {
-            let batch = match read.await {
+        // is produced and while reports are awaited.
+        let mut next = Next::Now;
+        loop {
+            if !self.ahead.is_empty() {
+                let take = room.min(self.ahead.len());
+                room -= take;
+                let ready: Vec<Ready> = self.ahead.drain(..take).collect();
+                self.handle(DueBatch { ready, ..DueBatch::default() }, now).await;
+                if !self.ahead.is_empty() {
+                    return Next::Full;
+                }
+                self.ahead_since = None;
+                next = self.after_ahead;
+            }
+            if next != Next::Now {
+                break;
+            }
+            if room == 0 {
+                return Next::Full;
+            }
+            let reading = match self.reading.take() {
+                Some(reading) => reading,
+                None => self.start_read(now),
+            };
+            let from = reading.from;
+            let mut batch = match reading.task.await {
                 Ok(Ok(batch)) => batch,
                 Ok(Err(e)) => {
                     self.read_failed(&e);
@@ -368,23 +405,42 @@ impl Dispatcher {
                     return Next::At(now.saturating_add(self.config.max_sleep));
                 }
             };
-            self.scan_from = batch.next_from;
-            room = room.saturating_sub(batch.ready.len());
-            if batch.more && room > 0 {
-                reading = Some(self.read_due(batch.next_from, now, room.min(READ_CHUNK)));
+            // A rescan asked for meanwhile starts lower than this read did.
+            if self.scan_from >= from {
+                self.scan_from = batch.next_from;
             }
-            next = match (batch.more, batch.next_dispatch_at) {
+            self.after_ahead = match (batch.more, batch.next_dispatch_at) {
                 (true, _) => Next::Now,
                 (false, Some(due)) => Next::At(due),
                 (false, None) => Next::Idle,
             };
+            next = self.after_ahead;
+            if batch.more {
+                self.reading = Some(self.start_read(now));
+            }
+            self.ahead = std::mem::take(&mut batch.ready);
+            self.ahead_since = Some(tokio::time::Instant::now());
+            // What it found and cannot produce is dealt with now.
             self.handle(batch, now).await;
         }
-        self.store.metrics().in_flight.set(self.in_flight.len() as i64);
-        if matches!(next, Next::Now) && room == 0 {
-            return Next::Full;
-        }
+        self.store.metrics().in_flight.set(self.sent.len() as i64);
         self.sooner(next)
+    }
+
+    /// Gives back what was read ahead and has waited for room too long
+    /// (everything in flight stalled): its claims would hold cancels.
+    async fn give_back_ahead(&mut self) {
+        if self.ahead_since.is_none_or(|since| since.elapsed() < HOLD_FOR) {
+            return;
+        }
+        self.ahead_since = None;
+        self.after_ahead = Next::Now;
+        let ahead = std::mem::take(&mut self.ahead);
+        self.rescan(ahead.first().map(|r| r.key));
+        let ids = ahead.into_iter().map(|r| r.id).collect();
+        if let Err(e) = self.store.release(ids).await {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
     }
 
     /// `next`, or earlier if a probe or a read is due to be tried again.
@@ -404,15 +460,12 @@ impl Dispatcher {
         }
     }
 
-    /// Starts reading (and claiming) up to `limit` messages due at `now`.
-    fn read_due(
-        &self,
-        from: DispatchKey,
-        now: UnixMillis,
-        limit: usize,
-    ) -> tokio::task::JoinHandle<Result<DueBatch, StoreError>> {
+    /// Starts reading (and claiming) the next chunk of messages due at
+    /// `now`, from where the scan stands.
+    fn start_read(&self, now: UnixMillis) -> Reading {
         let store = self.store.clone();
-        tokio::spawn(async move { store.take_due(from, now, limit).await })
+        let (from, limit) = (self.scan_from, READ_CHUNK.min(self.config.max_in_flight.max(1)));
+        Reading { from, task: tokio::spawn(async move { store.take_due(from, now, limit).await }) }
     }
 
     fn read_failed(&mut self, e: &StoreError) {
@@ -442,7 +495,11 @@ impl Dispatcher {
             self.unreadable_retry = now.saturating_add(self.config.max_sleep);
         }
         for ready in batch.ready {
-            let topic: Arc<str> = ready.record.topic.as_str().into();
+            // One allocation per topic, not per message.
+            let topic = match self.topics.get_key_value(ready.record.topic.as_str()) {
+                Some((known, _)) => Arc::clone(known),
+                None => ready.record.topic.as_str().into(),
+            };
             match self.decide(&topic, now) {
                 Decision::Produce { probe } => self.produce(ready, topic, probe),
                 Decision::Defer => {
@@ -524,8 +581,6 @@ impl Dispatcher {
     }
 
     fn produce(&mut self, ready: Ready, topic: Arc<str>, probe: bool) {
-        let token = self.next_token;
-        self.next_token += 1;
         let record = &ready.record;
         let due = record.due_ms.to_string();
         let mut headers: Vec<(&str, &[u8])> =
@@ -542,15 +597,19 @@ impl Dispatcher {
             headers,
             partition: record.partition,
         };
+        let token = self.sent.next_token();
         let queued = self.producer.send(outgoing, token, &self.reports_tx);
-        let due = ready.record.due();
-        let sent_at = tokio::time::Instant::now();
-        self.topics.entry(Arc::clone(&topic)).or_default().in_flight += 1;
-        self.in_flight.insert(
-            token,
-            InFlight { id: ready.id, key: ready.key, due, topic, tries: ready.tries, stalled: false, probe },
-        );
-        self.sent_order.push_back((sent_at, token));
+        let due = record.due();
+        self.sent.push(InFlight {
+            id: ready.id,
+            key: ready.key,
+            due,
+            topic: Arc::clone(&topic),
+            tries: ready.tries,
+            probe,
+            sent_at: tokio::time::Instant::now(),
+        });
+        self.topics.entry(topic).or_default().in_flight += 1;
         if let Err(error) = queued {
             // Refused before it was queued: the same as a failed report.
             self.on_report(DeliveryReport { token, result: Err(error) });
@@ -562,19 +621,7 @@ impl Dispatcher {
     /// dropped from the front of the send order as they are met, so it
     /// stays about as long as what is in flight.)
     fn find_stalls(&mut self) {
-        let now = tokio::time::Instant::now();
-        while let Some(&(sent_at, token)) = self.sent_order.front() {
-            if !self.in_flight.contains_key(&token) {
-                self.sent_order.pop_front();
-                continue;
-            }
-            if now.duration_since(sent_at) < self.config.stall_after {
-                break;
-            }
-            self.sent_order.pop_front();
-            let Some(sent) = self.in_flight.get_mut(&token) else { continue };
-            sent.stalled = true;
-            self.stalled += 1;
+        for sent in self.sent.find_stalls(self.config.stall_after) {
             let state = self.topics.entry(Arc::clone(&sent.topic)).or_default();
             state.stalled += 1;
             if state.stalled == 1 {
@@ -601,20 +648,25 @@ impl Dispatcher {
         }
         self.published = tokio::time::Instant::now();
         let lowest = self
-            .in_flight
-            .values()
+            .sent
+            .in_flight()
             .map(|f| f.key)
             .chain(self.recheck.iter().map(|(k, _)| *k))
             .chain(self.unreadable.iter().map(|(k, _)| *k))
             .chain(self.topics.values().flat_map(|t| t.deferred.iter().map(|(k, _)| *k)))
             .chain(self.rescan_from)
+            .chain(self.ahead.first().map(|r| r.key))
             .fold(self.scan_from, DispatchKey::min);
         self.store.wake().set_low_water(lowest);
     }
 
-    /// Hands the gathered outcomes to the store as one commit.
-    async fn flush_settles(&mut self) {
-        let settles = std::mem::take(&mut self.settling);
+    /// Hands the gathered outcomes to the store as one commit: first-try
+    /// deliveries once everything sent before them is answered (all of
+    /// them when `all`, or when they have waited long or are many).
+    async fn flush_settles(&mut self, all: bool) {
+        let in_order = self.sent.flush(all, HOLD_FOR, self.config.max_in_flight);
+        let mut settles = std::mem::take(&mut self.settling);
+        settles.extend(in_order);
         if let Err(e) = self.store.settle(settles).await {
             tracing::error!(error = %e, "settling deliveries failed; they will be produced again after restart");
         }
@@ -624,15 +676,14 @@ impl Dispatcher {
     }
 
     fn on_report(&mut self, report: DeliveryReport) {
-        let Some(sent) = self.in_flight.remove(&report.token) else {
+        let Some((sent, stalled)) = self.sent.take(report.token) else {
             return;
         };
-        self.store.metrics().in_flight.set(self.in_flight.len() as i64);
+        self.store.metrics().in_flight.set(self.sent.len() as i64);
         let now = self.clock.now();
         let state = self.topics.entry(Arc::clone(&sent.topic)).or_default();
         state.in_flight -= 1;
-        if sent.stalled {
-            self.stalled -= 1;
+        if stalled {
             state.stalled -= 1;
             if state.stalled == 0 {
                 tracing::info!(topic = %sent.topic, "Kafka answers produces to this topic again");
@@ -675,7 +726,7 @@ impl Dispatcher {
                 }
             }
         };
-        self.settling.push(Settle {
+        let settle = Settle {
             id: sent.id,
             key: sent.key,
             due: sent.due,
@@ -683,7 +734,14 @@ impl Dispatcher {
             tries: sent.tries,
             at: now,
             outcome,
-        });
+        };
+        if matches!(settle.outcome, Outcome::Delivered { .. }) && !settle.tries.recorded {
+            if let Some(settle) = self.sent.answer(report.token, settle) {
+                self.settling.push(settle);
+            }
+        } else {
+            self.settling.push(settle);
+        }
     }
 
     /// Shutdown: produce nothing new, wait (up to the grace period) for what
@@ -692,22 +750,35 @@ impl Dispatcher {
     /// answers requests about them UNAVAILABLE, never CANCELLED; after a
     /// restart they are produced again.
     async fn drain(mut self) {
+        // What was read and not produced goes back.
+        let mut unproduced: Vec<MessageId> =
+            std::mem::take(&mut self.ahead).into_iter().map(|r| r.id).collect();
+        if let Some(reading) = self.reading.take()
+            && let Ok(Ok(batch)) = reading.task.await
+        {
+            unproduced.extend(batch.ready.into_iter().map(|r| r.id));
+            unproduced.extend(batch.stale);
+            unproduced.extend(batch.unreadable.into_iter().map(|(_, id, _)| id));
+        }
+        if let Err(e) = self.store.release(unproduced).await {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
         let deadline = deadline_after(self.config.shutdown_grace);
-        while !self.in_flight.is_empty() {
+        while !self.sent.is_empty() {
             match tokio::time::timeout_at(deadline, self.reports.recv()).await {
                 Ok(Some(report)) => self.on_report(report),
                 Ok(None) | Err(_) => break,
             }
         }
-        self.flush_settles().await;
-        if !self.in_flight.is_empty() {
+        self.flush_settles(true).await;
+        if !self.sent.is_empty() {
             tracing::warn!(
-                unacknowledged = self.in_flight.len(),
+                unacknowledged = self.sent.len(),
                 "shutdown grace ran out; Kafka has not answered these produces: they stay pending, \
                  in doubt, and are produced again after restart"
             );
         }
-        let ids = self.in_flight.drain().map(|(_, f)| f.id).collect();
+        let ids = self.sent.take_all().into_iter().map(|f| f.id).collect();
         if let Err(e) = self.store.in_doubt(ids).await {
             tracing::error!(error = %e, "reporting produces in doubt at shutdown failed");
         }
@@ -776,7 +847,7 @@ mod tests {
 
     fn tried(attempts: u32, rejections: u32, first_refused_at_ms: u64) -> Tries {
         let first_refused_at = (first_refused_at_ms > 0).then_some(UnixMillis(first_refused_at_ms));
-        Tries { attempts, rejections, first_refused_at }
+        Tries { attempts, rejections, first_refused_at, recorded: attempts > 0 }
     }
 
     #[test]

@@ -1,0 +1,303 @@
+//! What the dispatcher handed to the producer, by token, in the order sent.
+//!
+//! Tokens are consecutive, so a record's slot is found by subtraction, not
+//! by hashing. A first-try delivery waits in its slot until every record
+//! sent before it is answered; then the answered front is handed to the
+//! store as one chunk, in the order sent (which is dispatch order, the order
+//! the due index was read in). What waits is bounded in time and count.
+//!
+//! A record unanswered for `stall_after` leaves its slot for a side table:
+//! it no longer holds back the chunks behind it, and when it is answered at
+//! last it is settled on its own.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use crate::{
+    message::{MessageId, UnixMillis},
+    store::{Settle, Tries, schema::DispatchKey},
+};
+
+/// A message handed to the producer, waiting for its report.
+pub(super) struct InFlight {
+    pub id: MessageId,
+    pub key: DispatchKey,
+    pub due: UnixMillis,
+    pub topic: Arc<str>,
+    pub tries: Tries,
+    /// It tries a refused topic again.
+    pub probe: bool,
+    pub sent_at: Instant,
+}
+
+enum Slot {
+    Waiting(InFlight),
+    /// A first-try delivery, waiting for the records sent before it.
+    Answered(Settle),
+    Done,
+}
+
+#[derive(Default)]
+pub(super) struct Sent {
+    /// The token of `slots[0]`.
+    base: u64,
+    slots: VecDeque<Slot>,
+    /// Records unanswered for `stall_after`, out of their slots.
+    stalled: HashMap<u64, InFlight>,
+    waiting: usize,
+    answered: usize,
+    /// Since when answered deliveries have waited to be handed on.
+    answered_since: Option<Instant>,
+    /// Tokens below this were looked at for stalls.
+    stall_cursor: u64,
+}
+
+impl Sent {
+    /// The token the next send gets.
+    pub fn next_token(&self) -> u64 {
+        self.base + self.slots.len() as u64
+    }
+
+    /// Records a send; returns its token.
+    pub fn push(&mut self, sent: InFlight) -> u64 {
+        let token = self.next_token();
+        self.slots.push_back(Slot::Waiting(sent));
+        self.waiting += 1;
+        token
+    }
+
+    /// The record `token` names, if it is still unanswered; and whether it
+    /// had stalled.
+    pub fn take(&mut self, token: u64) -> Option<(InFlight, bool)> {
+        if let Some(sent) = self.stalled.remove(&token) {
+            return Some((sent, true));
+        }
+        let slot = self.slots.get_mut(usize::try_from(token.checked_sub(self.base)?).ok()?)?;
+        match std::mem::replace(slot, Slot::Done) {
+            Slot::Waiting(sent) => {
+                self.waiting -= 1;
+                Some((sent, false))
+            }
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+
+    /// Keeps a first-try delivery of the record `token` named until the
+    /// records sent before it are answered; hands it back if it cannot
+    /// wait in order (it had stalled, and its place is gone).
+    #[must_use = "a delivery handed back must be settled on its own"]
+    pub fn answer(&mut self, token: u64, settle: Settle) -> Option<Settle> {
+        let slot = token
+            .checked_sub(self.base)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.slots.get_mut(i));
+        match slot {
+            Some(slot @ Slot::Done) => {
+                *slot = Slot::Answered(settle);
+                self.answered += 1;
+                self.answered_since.get_or_insert_with(Instant::now);
+                None
+            }
+            _ => Some(settle),
+        }
+    }
+
+    /// The deliveries to hand on now: those every record sent before has
+    /// been answered for; all of them when `all`, or when they have waited
+    /// `hold_for` or number `cap`.
+    pub fn flush(&mut self, all: bool, hold_for: Duration, cap: usize) -> Vec<Settle> {
+        let all = all
+            || self.answered >= cap
+            || self.answered_since.is_some_and(|since| since.elapsed() >= hold_for);
+        let mut out = Vec::new();
+        while let Some(front) = self.slots.front() {
+            if matches!(front, Slot::Waiting(_)) {
+                break;
+            }
+            if let Some(Slot::Answered(settle)) = self.slots.pop_front() {
+                out.push(settle);
+            }
+            self.base += 1;
+        }
+        if all && self.answered > out.len() {
+            for slot in self.slots.iter_mut().filter(|s| matches!(s, Slot::Answered(_))) {
+                if let Slot::Answered(settle) = std::mem::replace(slot, Slot::Done) {
+                    out.push(settle);
+                }
+            }
+        }
+        self.answered -= out.len();
+        if self.answered == 0 {
+            self.answered_since = None;
+        }
+        self.stall_cursor = self.stall_cursor.max(self.base);
+        out
+    }
+
+    /// Moves records unanswered for `stall_after` out of their slots;
+    /// returns them.
+    pub fn find_stalls(&mut self, stall_after: Duration) -> Vec<&InFlight> {
+        let now = Instant::now();
+        let mut found = Vec::new();
+        while let Some(slot) =
+            usize::try_from(self.stall_cursor - self.base).ok().and_then(|i| self.slots.get_mut(i))
+        {
+            if let Slot::Waiting(sent) = slot {
+                if now.duration_since(sent.sent_at) < stall_after {
+                    break;
+                }
+                if let Slot::Waiting(sent) = std::mem::replace(slot, Slot::Done) {
+                    self.waiting -= 1;
+                    found.push(self.stall_cursor);
+                    self.stalled.insert(self.stall_cursor, sent);
+                }
+            }
+            self.stall_cursor += 1;
+        }
+        found.iter().filter_map(|token| self.stalled.get(token)).collect()
+    }
+
+    /// Records in flight and answering in time.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Records in flight, stalled ones included.
+    pub fn len(&self) -> usize {
+        self.waiting + self.stalled.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn has_answered(&self) -> bool {
+        self.answered > 0
+    }
+
+    /// Every record in flight.
+    pub fn in_flight(&self) -> impl Iterator<Item = &InFlight> {
+        self.slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Waiting(sent) => Some(sent),
+                _ => None,
+            })
+            .chain(self.stalled.values())
+    }
+
+    /// Takes every record still in flight (at shutdown).
+    pub fn take_all(&mut self) -> Vec<InFlight> {
+        let mut all: Vec<InFlight> = self.stalled.drain().map(|(_, sent)| sent).collect();
+        for slot in self.slots.iter_mut() {
+            if let Slot::Waiting(sent) = std::mem::replace(slot, Slot::Done) {
+                all.push(sent);
+            }
+        }
+        self.waiting = 0;
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Outcome;
+
+    fn sent(n: u64) -> InFlight {
+        InFlight {
+            id: MessageId::parse(&format!("m{n}")).unwrap(),
+            key: DispatchKey { at: UnixMillis(n), seq: 0 },
+            due: UnixMillis(n),
+            topic: "t".into(),
+            tries: Tries::default(),
+            probe: false,
+            sent_at: Instant::now(),
+        }
+    }
+
+    fn delivered(f: InFlight) -> Settle {
+        Settle {
+            id: f.id,
+            key: f.key,
+            due: f.due,
+            topic: f.topic,
+            tries: f.tries,
+            at: UnixMillis(0),
+            outcome: Outcome::Delivered { partition: 0, offset: 0 },
+        }
+    }
+
+    fn keys(settles: &[Settle]) -> Vec<u64> {
+        settles.iter().map(|s| s.key.at.0).collect()
+    }
+
+    const HOLD: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn deliveries_are_handed_on_once_everything_sent_before_them_is_answered() {
+        let mut s = Sent::default();
+        let tokens: Vec<u64> = (0..4).map(|n| s.push(sent(n))).collect();
+        assert_eq!(s.waiting(), 4);
+        for &t in &tokens[1..] {
+            let (f, stalled) = s.take(t).unwrap();
+            assert!(!stalled);
+            assert!(s.answer(t, delivered(f)).is_none());
+        }
+        assert!(s.flush(false, HOLD, 100).is_empty(), "the first is still unanswered");
+        assert!(s.take(tokens[1]).is_none(), "answered once");
+        let (f, _) = s.take(tokens[0]).unwrap();
+        assert!(s.answer(tokens[0], delivered(f)).is_none());
+        assert_eq!(keys(&s.flush(false, HOLD, 100)), [0, 1, 2, 3], "in the order sent");
+        assert!(s.is_empty() && !s.has_answered());
+        let t = s.push(sent(9));
+        assert_eq!(t, 4, "tokens go on");
+        assert_eq!(s.take(t).unwrap().0.key.at.0, 9);
+    }
+
+    #[test]
+    fn what_waits_too_long_or_is_too_many_goes_anyway() {
+        let mut s = Sent::default();
+        let first = s.push(sent(0));
+        let second = s.push(sent(1));
+        let (f, _) = s.take(second).unwrap();
+        assert!(s.answer(second, delivered(f)).is_none());
+        assert!(s.flush(false, HOLD, 100).is_empty());
+        assert_eq!(keys(&s.flush(false, HOLD, 1)), [1], "at the cap");
+        assert_eq!(s.waiting(), 1);
+        let (f, _) = s.take(first).unwrap();
+        assert!(s.answer(first, delivered(f)).is_none());
+        assert_eq!(keys(&s.flush(false, Duration::ZERO, 100)), [0], "held long enough");
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_stalled_record_leaves_the_line_and_is_settled_on_its_own() {
+        let mut s = Sent::default();
+        let slow = s.push(sent(0));
+        let quick = s.push(sent(1));
+        let stalled: Vec<u64> = s.find_stalls(Duration::ZERO).iter().map(|f| f.key.at.0).collect();
+        assert_eq!(stalled, [0, 1]);
+        assert!(s.find_stalls(Duration::ZERO).is_empty(), "each once");
+        assert_eq!((s.waiting(), s.len()), (0, 2));
+        let (f, was_stalled) = s.take(quick).unwrap();
+        assert!(was_stalled);
+        let settle = delivered(f);
+        s.flush(false, HOLD, 100);
+        assert!(s.answer(quick, settle).is_some(), "its place is gone");
+        let third = s.push(sent(2));
+        assert!(s.find_stalls(Duration::from_secs(3600)).is_empty(), "not yet");
+        let all = s.take_all();
+        assert_eq!(all.len(), 2, "the stalled one and the third");
+        assert!(s.take(slow).is_none() && s.take(third).is_none());
+        assert!(s.is_empty());
+    }
+}
