@@ -58,9 +58,6 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio::sync::mpsc;
-
-mod sent;
-use sent::{InFlight, Sent};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -70,6 +67,9 @@ use crate::{
     metrics,
     store::{DueBatch, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey},
 };
+
+mod sent;
+use sent::{InFlight, Sent};
 
 #[derive(Clone, Debug)]
 pub struct DispatcherConfig {
@@ -323,12 +323,12 @@ impl Dispatcher {
     /// allows.
     async fn dispatch_due(&mut self) -> Next {
         let now = self.clock.now();
+        self.give_back_ahead(false).await;
         if self.store.writes_failing() {
             // What would be produced could not be recorded: a restart would
             // produce it again. Wait for the store.
             return Next::At(now.saturating_add(self.config.max_sleep));
         }
-        self.give_back_ahead().await;
         let late = self.store.wake().take();
         self.recheck.extend(late.entries);
         self.rescan(late.rescan_from);
@@ -428,9 +428,11 @@ impl Dispatcher {
     }
 
     /// Gives back what was read ahead and has waited for room too long
-    /// (everything in flight stalled): its claims would hold cancels.
-    async fn give_back_ahead(&mut self) {
-        if self.ahead_since.is_none_or(|since| since.elapsed() < HOLD_FOR) {
+    /// (everything in flight stalled, or the store failing): its claims
+    /// would hold cancels. At shutdown (`all`) it goes back at once.
+    async fn give_back_ahead(&mut self, all: bool) {
+        let waited = self.ahead_since.is_some_and(|since| since.elapsed() >= HOLD_FOR);
+        if self.ahead.is_empty() || !(all || waited) {
             return;
         }
         self.ahead_since = None;
@@ -751,18 +753,14 @@ impl Dispatcher {
     /// restart they are produced again.
     async fn drain(mut self) {
         // What was read and not produced goes back.
-        let mut unproduced: Vec<MessageId> =
-            std::mem::take(&mut self.ahead).into_iter().map(|r| r.id).collect();
         if let Some(reading) = self.reading.take()
             && let Ok(Ok(batch)) = reading.task.await
         {
-            unproduced.extend(batch.ready.into_iter().map(|r| r.id));
-            unproduced.extend(batch.stale);
-            unproduced.extend(batch.unreadable.into_iter().map(|(_, id, _)| id));
+            self.ahead.extend(batch.ready);
+            self.releasing.extend(batch.stale);
+            self.releasing.extend(batch.unreadable.into_iter().map(|(_, id, _)| id));
         }
-        if let Err(e) = self.store.release(unproduced).await {
-            tracing::warn!(error = %e, "returning claims failed");
-        }
+        self.give_back_ahead(true).await;
         let deadline = deadline_after(self.config.shutdown_grace);
         while !self.sent.is_empty() {
             match tokio::time::timeout_at(deadline, self.reports.recv()).await {
