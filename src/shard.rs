@@ -116,8 +116,10 @@ async fn upkeep(
         }
         rounds += 1;
         if rounds % COMPACT_EVERY == 0 {
-            // Below this lie mostly the tombstones of settled messages.
-            // Compaction drops those and keeps anything still live.
+            // Below this lie delivered entries kept until retention and
+            // the tombstones of what was cancelled, moved or purged.
+            // Compaction drops the tombstones; files already at the
+            // bottom level are not rewritten.
             let below = DispatchKey::after(crate::message::UnixMillis(now.0.saturating_sub(60_000)));
             if let Err(e) = store.compact_settled(below).await {
                 tracing::warn!(error = %e, "compacting the settled head of the due index failed");

@@ -228,6 +228,8 @@ pub struct Dispatcher {
     after_ahead: Next,
     /// When the low water mark was last published.
     published: tokio::time::Instant,
+    /// When a floor last went to the store without settles.
+    floor_sent: tokio::time::Instant,
 }
 
 /// What becomes of one due message.
@@ -258,6 +260,9 @@ impl Dispatcher {
         config: DispatcherConfig,
     ) -> Self {
         let (reports_tx, reports) = mpsc::unbounded_channel();
+        // Nothing below the store's floor is pending: what lies there is
+        // settled, or delivered and kept until retention.
+        let scan_from = store.wake().floor_recorded();
         Dispatcher {
             store,
             producer,
@@ -274,12 +279,13 @@ impl Dispatcher {
             unreadable: Vec::new(),
             unreadable_retry: UnixMillis(0),
             rescan_from: None,
-            scan_from: DispatchKey::MIN,
+            scan_from,
             reading: None,
             ahead: Vec::new(),
             ahead_since: None,
             after_ahead: Next::Now,
             published: tokio::time::Instant::now() - PUBLISH_EVERY,
+            floor_sent: tokio::time::Instant::now(),
         }
     }
 
@@ -649,17 +655,22 @@ impl Dispatcher {
             return;
         }
         self.published = tokio::time::Instant::now();
-        let lowest = self
-            .sent
-            .in_flight()
-            .map(|f| f.key)
+        let lowest = self.settling.iter().map(|s| s.key).fold(self.lowest_held(), DispatchKey::min);
+        self.store.wake().set_low_water(lowest);
+    }
+
+    /// The lowest due entry that may be pending: one not yet handed to the
+    /// store settled, one put off or to look at again, or where the scan
+    /// goes on. (Outcomes gathered in `settling` are not counted.)
+    fn lowest_held(&self) -> DispatchKey {
+        self.sent
+            .unsettled_keys()
             .chain(self.recheck.iter().map(|(k, _)| *k))
             .chain(self.unreadable.iter().map(|(k, _)| *k))
             .chain(self.topics.values().flat_map(|t| t.deferred.iter().map(|(k, _)| *k)))
             .chain(self.rescan_from)
-            .chain(self.ahead.first().map(|r| r.key))
-            .fold(self.scan_from, DispatchKey::min);
-        self.store.wake().set_low_water(lowest);
+            .chain(self.ahead.iter().map(|r| r.key))
+            .fold(self.scan_from, DispatchKey::min)
     }
 
     /// Hands the gathered outcomes to the store as one commit: first-try
@@ -669,7 +680,15 @@ impl Dispatcher {
         let in_order = self.sent.flush(all, HOLD_FOR, self.config.max_in_flight);
         let mut settles = std::mem::take(&mut self.settling);
         settles.extend(in_order);
-        if let Err(e) = self.store.settle(settles).await {
+        // Once these are recorded, nothing below the floor is pending; a
+        // floor that rose on its own goes at most every PUBLISH_EVERY.
+        let floor = (!settles.is_empty() || all || self.floor_sent.elapsed() >= PUBLISH_EVERY).then(|| {
+            if settles.is_empty() {
+                self.floor_sent = tokio::time::Instant::now();
+            }
+            self.store.wake().floor(self.lowest_held())
+        });
+        if let Err(e) = self.store.settle(settles, floor).await {
             tracing::error!(error = %e, "settling deliveries failed; they will be produced again after restart");
         }
         if let Err(e) = self.store.release(std::mem::take(&mut self.releasing)).await {

@@ -183,15 +183,17 @@ impl Sent {
         self.answered > 0
     }
 
-    /// Every record in flight.
-    pub fn in_flight(&self) -> impl Iterator<Item = &InFlight> {
+    /// The due keys of every record not yet handed to the store: in
+    /// flight, stalled, or answered and waiting for those sent before it.
+    pub fn unsettled_keys(&self) -> impl Iterator<Item = DispatchKey> + '_ {
         self.slots
             .iter()
             .filter_map(|s| match s {
-                Slot::Waiting(sent) => Some(sent),
-                _ => None,
+                Slot::Waiting(sent) => Some(sent.key),
+                Slot::Answered(settle) => Some(settle.key),
+                Slot::Done => None,
             })
-            .chain(self.stalled.values())
+            .chain(self.stalled.values().map(|sent| sent.key))
     }
 
     /// Takes every record still in flight (at shutdown).

@@ -203,8 +203,9 @@ impl Claims {
     }
 
     /// Gives back the claims of settled messages, under one lock; the
-    /// lowest of the due keys they were settled from is `lowest`.
-    pub fn release_settled(&self, ids: &[MessageId], lowest: Option<DispatchKey>) {
+    /// highest of the due keys they were settled from is `highest`. A walk
+    /// that started at or below it may have read one of them as pending.
+    pub fn release_settled(&self, ids: &[MessageId], highest: Option<DispatchKey>) {
         if ids.is_empty() {
             return;
         }
@@ -212,7 +213,7 @@ impl Claims {
         for id in ids {
             state.held.remove(id);
         }
-        state.disturb(lowest);
+        state.disturb(highest);
     }
 
     pub fn dispatching(&self) -> usize {
@@ -241,8 +242,22 @@ struct WakeState {
     /// The lowest of those that did not fit in `late`.
     overflow: Option<DispatchKey>,
     /// Below this every due entry is settled: what reads of the due index
-    /// start from, to stay clear of the tombstones of settled messages.
+    /// start from, to stay clear of what was settled.
     low_water: DispatchKey,
+    /// Entries handed over so far (those in `late`, and those only
+    /// `overflow` stands for, included).
+    handed: u64,
+    /// The floor the store has recorded.
+    recorded: DispatchKey,
+}
+
+/// What the dispatcher knows to be settled: no due entry below `key` is
+/// pending, save those handed to it from hand-over number `handed` on,
+/// which it had not taken when it looked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Floor {
+    pub key: DispatchKey,
+    pub handed: u64,
 }
 
 /// What the writer handed over since the dispatcher last asked.
@@ -259,22 +274,52 @@ impl Wake {
     }
 
     /// The writer, after a commit that added `added`: those below the
-    /// dispatcher's position are handed to it, and it is woken.
-    pub fn added(&self, added: &[(DispatchKey, MessageId)]) {
+    /// dispatcher's position are handed to it, and it is woken. Returns
+    /// what was handed over, by hand-over number.
+    pub fn added(&self, added: &[(DispatchKey, MessageId)]) -> Vec<(u64, DispatchKey)> {
         if added.is_empty() {
-            return;
+            return Vec::new();
         }
         let mut state = self.state();
         let position = state.position;
+        let mut handed = Vec::new();
         for (key, id) in added.iter().filter(|(key, _)| *key < position) {
             if state.late.len() < LATE_CAP {
                 state.late.push((*key, id.clone()));
             } else {
                 state.overflow = Some(state.overflow.map_or(*key, |o| o.min(*key)));
             }
+            handed.push((state.handed, *key));
+            state.handed += 1;
         }
         drop(state);
         self.notify.notify_one();
+        handed
+    }
+
+    /// Where the dispatcher reads up to: a new entry below it is handed over.
+    pub fn position(&self) -> DispatchKey {
+        self.state().position
+    }
+
+    /// The dispatcher's floor: `own` (the lowest entry it holds or has yet
+    /// to read), lowered to what was handed to it and not taken yet.
+    pub fn floor(&self, own: DispatchKey) -> Floor {
+        let state = self.state();
+        let key = state.late.iter().map(|(key, _)| *key).chain(state.overflow).fold(own, DispatchKey::min);
+        Floor { key, handed: state.handed }
+    }
+
+    /// The store recorded `floor`.
+    pub fn record_floor(&self, floor: DispatchKey) {
+        let mut state = self.state();
+        state.recorded = state.recorded.max(floor);
+        state.low_water = state.low_water.max(floor);
+    }
+
+    /// The floor the store has recorded.
+    pub fn floor_recorded(&self) -> DispatchKey {
+        self.state().recorded
     }
 
     /// The dispatcher, before it reads the due index up to `upper`: entries
@@ -397,5 +442,21 @@ mod tests {
         let late = w.take();
         assert_eq!(late.entries.len(), LATE_CAP);
         assert_eq!(late.rescan_from, Some(k((LATE_CAP as u64) % 90)), "the lowest that did not fit");
+    }
+
+    #[test]
+    fn a_floor_counts_what_was_handed_over_and_not_taken() {
+        let w = Wake::default();
+        let k = |d| DispatchKey { at: UnixMillis(d), seq: 0 };
+        w.reading_up_to(k(100));
+        assert_eq!(w.added(&[(k(40), id("a"))]), [(0, k(40))]);
+        let floor = w.floor(k(90));
+        assert_eq!(floor, Floor { key: k(40), handed: 1 }, "handed over, not taken yet: below the floor");
+        w.take();
+        assert_eq!(w.floor(k(90)), Floor { key: k(90), handed: 1 }, "taken: the dispatcher's own");
+        assert_eq!(w.added(&[(k(60), id("b"))]), [(1, k(60))], "numbered on: a floor taken before it sees 1");
+        w.record_floor(k(30));
+        w.record_floor(k(20));
+        assert_eq!(w.floor_recorded(), k(30), "the recorded floor only rises");
     }
 }

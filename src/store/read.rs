@@ -72,7 +72,8 @@ impl Store {
         .await
     }
 
-    /// Drops the tombstones settled messages left in the due CF below `below`.
+    /// Drops the tombstones that cancels, retries and purges left in the
+    /// due CF below `below`.
     pub async fn compact_settled(&self, below: DispatchKey) -> Result<(), StoreError> {
         self.blocking(move |s| {
             let db = &s.inner.db;
@@ -209,11 +210,104 @@ pub(crate) fn record(
     let settlement =
         db.get_pinned_cf_opt(cf(db, schema::CF_CHECKPOINT), schema::settlement_key(id), &opts)?;
     let (record, settlement) = decode_stored(id, &bytes, settlement.as_deref())?;
+    let record = if record.is_locator() { whole_record(db, id, &record, &opts)? } else { record };
     let settlement = match settlement {
         Some(s) => Some(s),
         None => logged_delivery(db, view::dispatch_key(&record, None), snapshot)?,
     };
     Ok(Some((record, settlement)))
+}
+
+/// The record a locator points at, read whole from its due entry.
+fn whole_record(
+    db: &DB,
+    id: &MessageId,
+    locator: &MessageRecord,
+    opts: &ReadOptions,
+) -> Result<MessageRecord, StoreError> {
+    let key = view::dispatch_key(locator, None);
+    let missing = || corrupt(format!("the due entry {key:?} of message {} is missing", id.qualified()));
+    let bytes = db.get_pinned_cf_opt(cf(db, schema::CF_DUE), key.encode(), opts)?.ok_or_else(missing)?;
+    match schema::decode_due_value(&bytes) {
+        Some(DueValue::Entry(entry)) if entry.id == id.as_bytes() => entry.record.ok_or_else(missing),
+        _ => Err(missing()),
+    }
+}
+
+/// The first-try deliveries the delivery logs list, asked about in
+/// ascending key order, as a walk of the due index meets them. A delivered
+/// due entry stays in the index until its retention ends, so every read of
+/// the index that wants pending messages skips these.
+pub(crate) struct Logged<'a> {
+    it: rocksdb::DBRawIteratorWithThreadMode<'a, DB>,
+    /// The range of the log the iterator is at; its lines once needed.
+    current: Option<(DispatchKey, DispatchKey)>,
+    lines: Option<Vec<DispatchKey>>,
+}
+
+impl<'a> Logged<'a> {
+    /// Ready to answer for keys from `from` on.
+    pub fn from(db: &'a DB, from: DispatchKey, snapshot: Option<&Snapshot<'_>>) -> Result<Self, StoreError> {
+        let (lower, upper) = schema::delivery_logs_range();
+        let mut opts = at(snapshot);
+        opts.set_iterate_lower_bound(lower);
+        opts.set_iterate_upper_bound(upper);
+        let mut it = db.raw_iterator_cf_opt(cf(db, schema::CF_CHECKPOINT), opts);
+        // The one log that may hold `from` starts at or before it.
+        it.seek_for_prev(schema::delivery_log_key(from));
+        if !it.valid() {
+            it.status()?;
+            it.seek(schema::delivery_log_key(from));
+        }
+        let mut logged = Logged { it, current: None, lines: None };
+        logged.load()?;
+        Ok(logged)
+    }
+
+    /// Reads the range of the log the iterator is at.
+    fn load(&mut self) -> Result<(), StoreError> {
+        self.lines = None;
+        self.current = match (self.it.key(), self.it.value()) {
+            (Some(k), Some(v)) => {
+                let first = schema::decode_delivery_log_key(k)
+                    .ok_or_else(|| corrupt(format!("delivery log key {k:?}")))?;
+                let last = schema::delivery_log_last(v)
+                    .ok_or_else(|| corrupt(format!("delivery log at {first:?} has no last key")))?;
+                Some((first, last))
+            }
+            _ => {
+                self.it.status()?;
+                None
+            }
+        };
+        Ok(())
+    }
+
+    /// Whether the entry at `key` was delivered at its first try. Each key
+    /// asked about is at least the one before.
+    pub fn contains(&mut self, key: DispatchKey) -> Result<bool, StoreError> {
+        loop {
+            let Some((first, last)) = self.current else { return Ok(false) };
+            if key < first {
+                return Ok(false);
+            }
+            if key > last {
+                self.it.next();
+                self.load()?;
+                continue;
+            }
+            if self.lines.is_none() {
+                let v = self.it.value().expect("the iterator is at the log it loaded");
+                let log = schema::decode::<DeliveryLog>(v)
+                    .map_err(|e| corrupt(format!("delivery log at {first:?}: {e}")))?;
+                let mut keys: Vec<DispatchKey> =
+                    log.lines.iter().map(|l| DispatchKey { at: UnixMillis(l.at_ms), seq: l.seq }).collect();
+                keys.sort_unstable();
+                self.lines = Some(keys);
+            }
+            return Ok(self.lines.as_ref().is_some_and(|lines| lines.binary_search(&key).is_ok()));
+        }
+    }
 }
 
 /// The delivery of the message dispatched from `key` at its first try, if
@@ -302,17 +396,21 @@ pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Resul
     let start = filter.from.encode();
     let mut page = StorePage::default();
     let (mut examined, mut key_bytes) = (0, 0);
+    let mut logged = Logged::from(db, filter.from, Some(&snapshot))?;
     for item in
         db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
     {
         let (k, v) = item?;
-        let (key, message) = visible_at(db, &snapshot, scope, &k, &v)?;
+        let key = DispatchKey::decode(&k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
         if page.messages.len() >= filter.limit || examined >= filter.examine || key_bytes >= LIST_KEY_BYTES {
             page.next = Some(key);
             break;
         }
         examined += 1;
-        if let Some(message) = message
+        if logged.contains(key)? {
+            continue;
+        }
+        if let (_, Some(message)) = visible_at(db, &snapshot, scope, &k, &v)?
             && filter.topic.as_ref().is_none_or(|t| *t == message.topic)
         {
             key_bytes += message.key.as_ref().map_or(0, Vec::len);
@@ -391,12 +489,14 @@ pub(crate) fn purge_candidates(
     Ok(out)
 }
 
-/// A delivery log whose retention ran out: its key, and the id and
-/// acceptance sequence of each of its lines.
+/// A delivery log whose retention ran out: its key, the range of due keys
+/// it spans, and the id and due key of each of its lines.
 #[derive(Debug)]
 pub(crate) struct ExpiredLog {
     pub key: Vec<u8>,
-    pub lines: Vec<(MessageId, u64)>,
+    pub first: DispatchKey,
+    pub last: DispatchKey,
+    pub lines: Vec<(MessageId, DispatchKey)>,
 }
 
 /// Delivery logs whose every line was delivered before `before`, read from
@@ -432,13 +532,16 @@ pub(crate) fn purge_logs(
             .iter()
             .map(|l| {
                 MessageId::from_stored(&l.id)
-                    .map(|id| (id, l.seq))
+                    .map(|id| (id, DispatchKey { at: UnixMillis(l.at_ms), seq: l.seq }))
                     .ok_or_else(|| corrupt(format!("delivery log {key:?} names no id")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let first = schema::decode_delivery_log_key(&key)
+            .ok_or_else(|| corrupt(format!("delivery log key {key:?}")))?;
+        let last = log.last_key().ok_or_else(|| corrupt(format!("delivery log {key:?} has no last key")))?;
         lines += ids.len();
         next = schema::retention_successor(&key);
-        out.push(ExpiredLog { key: key.to_vec(), lines: ids });
+        out.push(ExpiredLog { key: key.to_vec(), first, last, lines: ids });
     }
     Ok((out, next))
 }
@@ -509,8 +612,13 @@ pub(crate) fn stats(
     let start = from.encode();
     let entries =
         db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward));
+    let mut logged = Logged::from(db, from, Some(&snapshot))?;
     for item in entries.take(examine) {
         let (k, v) = item?;
+        let key = DispatchKey::decode(&k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
+        if logged.contains(key)? {
+            continue;
+        }
         if let (_, Some(message)) = visible_at(db, &snapshot, scope, &k, &v)? {
             oldest_overdue = Some(message);
             break;

@@ -146,6 +146,9 @@ impl Store {
         let mut found: Vec<Found> = Vec::new();
         let (mut next_from, mut more) = (from, false);
         let start = from.encode();
+        // What was delivered at its first try stays in the index as its
+        // message's record; the walk steps over it.
+        let mut logged = read::Logged::from(db, from, None)?;
         for item in db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward)) {
             if found.len() >= limit {
                 more = true;
@@ -154,6 +157,9 @@ impl Store {
             let (k, v) = item?;
             let key = DispatchKey::decode(&k).ok_or_else(|| StoreError::Corrupt(format!("due key {k:?}")))?;
             next_from = key.successor();
+            if logged.contains(key)? {
+                continue;
+            }
             found.push(decode_found(key, &v)?);
         }
         let next_dispatch_at = if more {
@@ -212,7 +218,29 @@ impl Store {
                 .filter(|(_, source)| matches!(source, Source::Inline(_)))
                 .map(|(key, _)| *key)
                 .collect();
-            keys_present(db, &inline).map(Some)
+            keys_present(db, &inline).map_err(StoreError::from).map(Some)
+        };
+        // An entry read before its claim was taken may have been delivered
+        // and its claim given back in between: its entry stays, and a
+        // delivery log lists it. Entries read whole by an undisturbed walk
+        // were checked by the walk itself.
+        let delivered = {
+            let mut checked: Vec<DispatchKey> = keys
+                .iter()
+                .zip(&sources)
+                .filter(|(_, source)| !undisturbed || !matches!(source, Source::Inline(_)))
+                .map(|(key, _)| *key)
+                .collect();
+            checked.sort_unstable();
+            logged_among(db, &checked)
+        };
+        let present = match (present, delivered) {
+            (Ok(Some(mut present)), Ok(delivered)) => {
+                present.retain(|key| !delivered.contains(key));
+                Ok((Some(present), delivered))
+            }
+            (Ok(None), Ok(delivered)) => Ok((None, delivered)),
+            (Err(e), _) | (_, Err(e)) => Err(e),
         };
         let unread: Vec<[u8; DispatchKey::LEN]> = keys
             .iter()
@@ -228,11 +256,17 @@ impl Store {
         let mut legacy = Vec::new();
         for (i, (source, (key, id))) in sources.into_iter().zip(keys.iter().zip(&guard.ids)).enumerate() {
             let read = match source {
+                _ if matches!(&present, Ok((_, delivered)) if delivered.contains(key)) => {
+                    if matches!(source, Source::Unread) {
+                        unread_values.next();
+                    }
+                    Some(Ok(None))
+                }
                 Source::Inline(entry) => match &present {
-                    Ok(None) => Some(Ok(Some(inline_message(*entry)))),
-                    Ok(Some(present)) if present.contains(key) => Some(Ok(Some(inline_message(*entry)))),
+                    Ok((None, _)) => Some(Ok(Some(inline_message(*entry)))),
+                    Ok((Some(present), _)) if present.contains(key) => Some(Ok(Some(inline_message(*entry)))),
                     Ok(_) => Some(Ok(None)),
-                    Err(e) => Some(Err(StoreError::from(e.clone()))),
+                    Err(e) => Some(Err(e.clone())),
                 },
                 Source::Legacy => None,
                 Source::Unread => match unread_values.next().expect("one value per unread entry") {
@@ -240,7 +274,7 @@ impl Store {
                     Ok(None) => Some(Ok(None)),
                     Ok(Some(bytes)) => match schema::decode_due_value(&bytes) {
                         Some(DueValue::Entry(entry)) if entry.id == id.as_bytes() => {
-                            Some(Ok(Some(inline_message(entry))))
+                            Some(Ok(Some(inline_message(*entry))))
                         }
                         Some(DueValue::Legacy(found)) if found == *id => None,
                         Some(_) => Some(Ok(None)),
@@ -297,7 +331,7 @@ fn decode_found(key: DispatchKey, value: &[u8]) -> Result<Found, StoreError> {
         Some(DueValue::Entry(entry)) => {
             let id = MessageId::from_stored(&entry.id)
                 .ok_or_else(|| StoreError::Corrupt(format!("due entry {key:?} names no id")))?;
-            Ok(Found { key, id, source: Source::Inline(Box::new(entry)) })
+            Ok(Found { key, id, source: Source::Inline(entry) })
         }
         Some(DueValue::Legacy(id)) => Ok(Found { key, id, source: Source::Legacy }),
         None => Err(StoreError::Corrupt(format!("due entry {key:?} is unreadable"))),
@@ -325,6 +359,21 @@ fn keys_present(db: &DB, keys: &[DispatchKey]) -> Result<HashSet<DispatchKey>, r
     }
     it.status()?;
     Ok(present)
+}
+
+/// Which of `keys` (in ascending order) a delivery log lists.
+fn logged_among(db: &DB, keys: &[DispatchKey]) -> Result<HashSet<DispatchKey>, StoreError> {
+    let Some(first) = keys.first() else {
+        return Ok(HashSet::new());
+    };
+    let mut logged = read::Logged::from(db, *first, None)?;
+    let mut out = HashSet::new();
+    for key in keys {
+        if logged.contains(*key)? {
+            out.insert(*key);
+        }
+    }
+    Ok(out)
 }
 
 /// The message a due entry holds, moved out of it.

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! CF due         dispatch_ms:u64be ‖ seq:u64be   → DueEntry: the message whole (the due index)
-//! CF messages    message id                       → MessageRecord
+//! CF messages    message id                       → MessageRecord: whole, or where its due entry is
 //! CF checkpoint  "m"                              → Meta (dispatcher progress, counters)
 //!                "s" ‖ message id                 → Settlement (tries, delivery, cancel, failure)
 //!                "r" ‖ settled_ms:u64be ‖ id      → ()   retention index, purged in order
@@ -12,9 +12,25 @@
 //! ```
 //!
 //! A due entry holds the message whole, so the dispatcher reads what is due
-//! in one sequential pass. Stores written before 0.2 hold the id alone
-//! there; such an entry is read through the messages CF, as it was written
-//! ([`DueValue::Legacy`]), and drains away as it is dispatched.
+//! in one sequential pass. The message is written once: while its due entry
+//! lives, its `messages` entry is a locator (the record without its key,
+//! value and headers, and [`MessageRecord::entry_at_ms`] saying where the
+//! due entry is). A message that leaves the due index other than by a
+//! first-try delivery (cancelled, failed, delivered after retries) gets its
+//! record back whole in `messages`. Stores written before 0.2 hold the id
+//! alone in a due entry; such an entry is read through the messages CF, as
+//! it was written ([`DueValue::Legacy`]), and drains away as it is
+//! dispatched.
+//!
+//! A due entry delivered at its first try stays where it is, as the record
+//! of its message, until retention ends: a delivery writes one line of its
+//! chunk's log and deletes nothing. Below [`Meta::floor`] no entry is
+//! pending (the dispatcher starts there); at and above it, an entry a
+//! delivery log lists is delivered, and every read of the due index skips
+//! it ([`super::read::Logged`]). A new entry is never put below the floor or
+//! below where the dispatcher reads, so the floor only rises. Retention
+//! deletes a chunk's entries with one range delete once its range lies
+//! below the floor.
 //!
 //! A message delivered at its first try gets no settlement and no retention
 //! entry of its own: its delivery is one line of the delivery log of the
@@ -255,6 +271,13 @@ pub struct MessageRecord {
     pub requested_at_ms: Option<u64>,
     #[prost(uint64, optional, tag = "10")]
     pub requested_delay_ms: Option<u64>,
+    /// Where the message's due entry is: at `(entry_at_ms, seq)`. Set in a
+    /// locator (the `messages` entry of a message whose due entry holds it
+    /// whole, without key, value and headers) and in the record that entry
+    /// holds. It can lie after the due time: a new entry is never put
+    /// behind where the dispatcher reads.
+    #[prost(uint64, optional, tag = "11")]
+    pub entry_at_ms: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -269,6 +292,17 @@ impl MessageRecord {
     /// The message's due time (moves on reschedule).
     pub fn due(&self) -> UnixMillis {
         UnixMillis(self.due_ms)
+    }
+
+    /// The locator of this record: what the messages CF holds while the
+    /// due entry at [`MessageRecord::entry_at_ms`] holds the message whole.
+    pub fn locator(&self) -> MessageRecord {
+        MessageRecord { key: None, value: Vec::new(), headers: Vec::new(), ..self.clone() }
+    }
+
+    /// Whether this is a locator: the message whole is in its due entry.
+    pub fn is_locator(&self) -> bool {
+        self.entry_at_ms.is_some()
     }
 }
 
@@ -313,7 +347,7 @@ impl TriesRecord {
 /// What a due entry holds.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DueValue {
-    Entry(DueEntry),
+    Entry(Box<DueEntry>),
     /// Written before 0.2: the id alone; the record and the settlement are
     /// read from their own entries.
     Legacy(MessageId),
@@ -332,7 +366,7 @@ pub fn decode_due_value(bytes: &[u8]) -> Option<DueValue> {
             let entry: DueEntry = decode(rest).ok()?;
             MessageId::from_stored(&entry.id)?;
             entry.record.as_ref()?;
-            Some(DueValue::Entry(entry))
+            Some(DueValue::Entry(Box::new(entry)))
         }
         _ => MessageId::from_stored(bytes).map(DueValue::Legacy),
     }
@@ -365,6 +399,16 @@ pub struct DeliveryLine {
     pub offset: i64,
     #[prost(uint64, tag = "6")]
     pub delivered_at_ms: u64,
+}
+
+/// The last dispatch key of an encoded [`DeliveryLog`], read without
+/// decoding its lines (prost writes field 1 first).
+pub fn delivery_log_last(bytes: &[u8]) -> Option<DispatchKey> {
+    const LAST_FIELD: [u8; 2] = [0x0a, DispatchKey::LEN as u8];
+    match bytes.strip_prefix(&LAST_FIELD[..]) {
+        Some(rest) if rest.len() >= DispatchKey::LEN => DispatchKey::decode(&rest[..DispatchKey::LEN]),
+        _ => decode::<DeliveryLog>(bytes).ok()?.last_key(),
+    }
 }
 
 impl DeliveryLog {
@@ -485,6 +529,18 @@ pub struct Meta {
     pub shards: u32,
     #[prost(uint32, tag = "10")]
     pub shard: u32,
+    /// No due entry below this key is pending, encoded; empty: none known
+    /// (a store written before 0.2, whose settled entries were deleted).
+    /// Raised with the deliveries the dispatcher settles.
+    #[prost(bytes = "vec", tag = "11")]
+    pub floor: Vec<u8>,
+}
+
+impl Meta {
+    /// Where the first pending due entry may be.
+    pub fn floor(&self) -> DispatchKey {
+        DispatchKey::decode(&self.floor).unwrap_or(DispatchKey::MIN)
+    }
 }
 
 /// The layout of the counts entries this release writes.
@@ -548,7 +604,7 @@ mod tests {
                 record: Some(record),
                 tries: attempts.map(|attempts| TriesRecord { attempts, ..TriesRecord::default() }),
             };
-            prop_assert_eq!(decode_due_value(&encode_due_entry(&entry)), Some(DueValue::Entry(entry)));
+            prop_assert_eq!(decode_due_value(&encode_due_entry(&entry)), Some(DueValue::Entry(Box::new(entry))));
         }
 
         #[test]

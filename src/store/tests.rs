@@ -102,7 +102,7 @@ async fn retries_carry_their_tries_until_delivered_or_failed() {
     let batch = store.take_due(DispatchKey::MIN, UnixMillis(10), 10).await.unwrap();
     let retry = |at| Outcome::Retry { retry_at: UnixMillis(at), error: "broker down".into(), refused: false };
     let settles = batch.ready.iter().map(|r| settle(r, 10, retry(50))).collect();
-    store.settle(settles).await.unwrap();
+    store.settle(settles, None).await.unwrap();
     barrier(&store).await;
     assert_eq!(
         state(&store, &ok).await,
@@ -128,7 +128,7 @@ async fn retries_carry_their_tries_until_delivered_or_failed() {
             }
         })
         .collect();
-    store.settle(settles).await.unwrap();
+    store.settle(settles, None).await.unwrap();
     barrier(&store).await;
     match state(&store, &ok).await {
         State::Delivered(d) => {
@@ -174,7 +174,7 @@ async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
         |r: &Ready, offset| settle(r, 100 + offset as u64, Outcome::Delivered { partition: 2, offset });
     let settles =
         batch.ready.iter().filter(|r| r.id != b).map(|r| delivered(r, if r.id == a { 7 } else { 9 }));
-    store.settle(settles.collect()).await.unwrap();
+    store.settle(settles.collect(), None).await.unwrap();
     barrier(&store).await;
     assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 1, "a and c: one chunk");
     assert_eq!(checkpoint_keys(&store, schema::settlements_range()), 0, "and no settlement of their own");
@@ -189,7 +189,7 @@ async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
 
     // b comes back after the chunk above it was logged: settled on its own.
     let late = batch.ready.iter().find(|r| r.id == b).unwrap();
-    store.settle(vec![delivered(late, 8)]).await.unwrap();
+    store.settle(vec![delivered(late, 8)], None).await.unwrap();
     barrier(&store).await;
     assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 1);
     assert_eq!(checkpoint_keys(&store, schema::settlements_range()), 1);
@@ -223,7 +223,7 @@ async fn a_retried_message_is_settled_on_its_own_and_keeps_its_record_in_the_ind
     let id = park(&store, "r", 10).await;
     let batch = store.take_due(DispatchKey::MIN, UnixMillis(10), 10).await.unwrap();
     let retry = Outcome::Retry { retry_at: UnixMillis(50), error: "too large".into(), refused: true };
-    store.settle(vec![settle(&batch.ready[0], 10, retry)]).await.unwrap();
+    store.settle(vec![settle(&batch.ready[0], 10, retry)], None).await.unwrap();
     barrier(&store).await;
     let page = store.list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
     let (_, listed) = &page.messages[0];
@@ -235,7 +235,10 @@ async fn a_retried_message_is_settled_on_its_own_and_keeps_its_record_in_the_ind
         ready.tries,
         Tries { attempts: 1, rejections: 1, first_refused_at: Some(UnixMillis(10)), recorded: true }
     );
-    store.settle(vec![settle(ready, 60, Outcome::Delivered { partition: 0, offset: 3 })]).await.unwrap();
+    store
+        .settle(vec![settle(ready, 60, Outcome::Delivered { partition: 0, offset: 3 })], None)
+        .await
+        .unwrap();
     barrier(&store).await;
     assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 0, "not logged in a chunk");
     match state(&store, &id).await {
@@ -251,9 +254,13 @@ async fn legacy_due_entries_naming_only_an_id_are_listed_and_dispatched() {
     let store = open(dir.path());
     let old = park(&store, "old", 10).await;
     park(&store, "new", 20).await;
-    // What a store written before 0.2 holds: the id alone.
+    // What a store written before 0.2 holds: the id alone in the due
+    // entry, the record whole in the messages CF.
     let db = &store.inner.db;
     let key = DispatchKey { at: UnixMillis(10), seq: 0 };
+    let (mut record, _) = read::record(db, &old, None).unwrap().unwrap();
+    record.entry_at_ms = None;
+    db.put_cf(options::cf(db, schema::CF_MESSAGES), old.as_bytes(), schema::encode(&record)).unwrap();
     db.put_cf(options::cf(db, schema::CF_DUE), key.encode(), old.as_bytes()).unwrap();
 
     let page = store.list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
@@ -263,7 +270,7 @@ async fn legacy_due_entries_naming_only_an_id_are_listed_and_dispatched() {
     let read: Vec<(&str, &[u8])> = batch.ready.iter().map(|r| (r.id.as_str(), &r.record.value[..])).collect();
     assert_eq!(read, [("old", &b"old"[..]), ("new", &b"new"[..])], "in dispatch order, each read whole");
     let settles = batch.ready.iter().map(|r| settle(r, 100, Outcome::Delivered { partition: 1, offset: 5 }));
-    store.settle(settles.collect()).await.unwrap();
+    store.settle(settles.collect(), None).await.unwrap();
     barrier(&store).await;
     assert!(matches!(state(&store, &old).await, State::Delivered(d) if d.partition == 1));
     assert_eq!(store.pending(), 0);
@@ -329,7 +336,7 @@ async fn listing_and_stats_see_retries_and_settlements() {
         })
         .collect();
     store.release(vec![cancelled.clone()]).await.unwrap();
-    store.settle(settles).await.unwrap();
+    store.settle(settles, None).await.unwrap();
     barrier(&store).await;
     assert_eq!(
         store.cancel(Scope::everything(), cancelled, UnixMillis(42)).await.unwrap(),
@@ -360,11 +367,11 @@ async fn listing_and_stats_see_retries_and_settlements() {
     store.close().await;
 }
 
-mod tombstones {
-    //! Reads of the due index and the retention index at a scale where the
-    //! tombstones of settled messages matter: each counted with RocksDB's
-    //! perf counters (deleted entries an iterator stepped over), beside what
-    //! the same read from the start of the index costs.
+mod scale {
+    //! Reads of the due index and the retention index at a scale where what
+    //! was delivered matters: delivered entries stay in the due index until
+    //! retention, behind the floor; reads start there, and purging removes
+    //! each chunk's entries with one range delete.
 
     use rocksdb::perf::{PerfContext, PerfMetric, PerfStatsLevel, set_perf_stats};
 
@@ -379,6 +386,24 @@ mod tombstones {
         context.reset();
         let out = read();
         (out, context.metric(PerfMetric::InternalDeleteSkippedCount))
+    }
+
+    /// The due entries from `from` up to the first one not delivered: what
+    /// a read starting at `from` steps over.
+    fn delivered_from(db: &rocksdb::DB, from: DispatchKey) -> u64 {
+        let mut logged = read::Logged::from(db, from, None).unwrap();
+        let mut n = 0;
+        for item in db.iterator_cf(
+            options::cf(db, schema::CF_DUE),
+            rocksdb::IteratorMode::From(&from.encode(), rocksdb::Direction::Forward),
+        ) {
+            let key = DispatchKey::decode(&item.unwrap().0).unwrap();
+            if !logged.contains(key).unwrap() {
+                break;
+            }
+            n += 1;
+        }
+        n
     }
 
     fn message(id: &str, due: u64) -> NewMessage {
@@ -399,14 +424,14 @@ mod tombstones {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reads_start_where_live_entries_start() {
+    async fn delivered_entries_stay_behind_the_floor_and_reads_start_there() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = StoreConfig::new(dir.path());
         config.durability = Durability::Buffered;
         let store = Store::open(&config).unwrap();
-        // SETTLED messages parked, produced and delivered: their due
-        // entries are tombstones now, and so will their retention entries
-        // be once purged.
+        // SETTLED messages parked, produced and delivered at their first
+        // try, chunk by chunk, each chunk with the floor the dispatcher
+        // would send.
         for chunk in (1..=SETTLED).collect::<Vec<_>>().chunks(5_000) {
             let msgs = chunk.iter().map(|i| message(&format!("m{i}"), *i)).collect();
             store.schedule_batch(msgs).await.unwrap();
@@ -428,58 +453,67 @@ mod tombstones {
                     outcome: Outcome::Delivered { partition: 0, offset: 0 },
                 })
                 .collect();
-            store.settle(settles).await.unwrap();
+            store.settle(settles, Some(store.wake().floor(from))).await.unwrap();
             if !batch.more {
                 break;
             }
         }
         store.probe().await.unwrap();
-        // What the dispatcher publishes once it has read past them.
-        store.wake().set_low_water(from);
+        let db = Arc::clone(&store.inner.db);
+        assert_eq!(delivered_from(&db, DispatchKey::MIN), SETTLED, "delivered entries stay, as records");
+        assert_eq!(store.wake().floor_recorded(), from, "the floor is where the walk stopped");
+        assert_eq!(delivered_from(&db, store.wake().low_water()), 0, "reads start past them");
+        let m1 = MessageId::parse("m1").unwrap();
+        let got = store.get(Scope::everything(), m1.clone()).await.unwrap().unwrap();
+        assert_eq!(got.envelope.value, b"v", "a delivered message is read whole from its entry");
+
+        // A message scheduled behind the dispatcher's position (past due)
+        // is placed at it, never behind a walk: the walk from where it
+        // stopped finds it, and nothing is handed over.
+        store.schedule(message("late", 5)).await.unwrap();
+        assert!(store.wake().take().entries.is_empty());
+        let late = store.get(Scope::everything(), MessageId::parse("late").unwrap()).await.unwrap().unwrap();
+        assert_eq!(late.due, UnixMillis(5), "its due time is as asked");
+        let now = UnixMillis(SETTLED + 1_000);
+        let batch = store.take_due(from, now, 10).await.unwrap();
+        assert_eq!(batch.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["late"]);
+        store.inner.claims.release_dispatched(&[batch.ready[0].id.clone()]);
+
+        // Stats and List from the start of the index give the same answers
+        // as from where live entries start: delivered entries are skipped.
         let live = MessageId::parse("live").unwrap();
         store.schedule(message("live", SETTLED + 100)).await.unwrap();
-        let db = Arc::clone(&store.inner.db);
-        let now = UnixMillis(SETTLED + 1_000);
+        let low = store.wake().low_water();
+        for start in [low, DispatchKey::MIN] {
+            let stats = read::stats(&db, &Scope::everything(), now, start, STATS_EXAMINE * 10).unwrap();
+            assert_eq!(stats.oldest_overdue.map(|m| m.id.as_str().to_owned()).as_deref(), Some("late"));
+            let page =
+                read::list_pending(&db, &Scope::everything(), &filter(start, 10, SETTLED as usize * 2))
+                    .unwrap();
+            let listed: Vec<&str> = page.messages.iter().map(|(_, m)| m.id.as_str()).collect();
+            assert_eq!(listed, ["late", live.as_str()]);
+        }
+        drop(db);
+        store.close().await;
+        drop(store);
 
-        // Stats: the oldest overdue message.
-        let ((stats, from_start), cost) = skipped(|| {
-            let low = store.wake().low_water();
-            let stats = read::stats(&db, &Scope::everything(), now, low, STATS_EXAMINE).unwrap();
-            (stats, read::stats(&db, &Scope::everything(), now, DispatchKey::MIN, STATS_EXAMINE).unwrap())
-        });
-        let (_, new_cost) =
-            skipped(|| read::stats(&db, &Scope::everything(), now, store.wake().low_water(), 64));
-        assert_eq!(stats.oldest_overdue.map(|m| m.id), Some(live.clone()));
-        assert_eq!(from_start.oldest_overdue.map(|m| m.id), Some(live.clone()), "the same answer");
-        assert!(cost >= SETTLED, "the scale matters: {cost} tombstones from the start");
-        assert!(new_cost < 100, "Stats stepped over {new_cost} tombstones");
+        // The floor outlives a restart: the dispatcher starts there.
+        let store = Store::open(&config).unwrap();
+        assert_eq!(store.wake().floor_recorded(), from);
+        let batch = store.take_due(store.wake().floor_recorded(), now, 10).await.unwrap();
+        assert_eq!(batch.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["late"]);
+        store.inner.claims.release_dispatched(&[batch.ready[0].id.clone()]);
 
-        // List: a client's first page starts at the live entries.
-        let filter = ListFilter { topic: None, from: DispatchKey::MIN, to: None, limit: 10, examine: 1_000 };
-        let start = filter.from.max(store.wake().low_water());
-        let (page, cost) =
-            skipped(|| read::list_pending(&db, &Scope::everything(), &ListFilter { from: start, ..filter }));
-        assert_eq!(page.unwrap().messages.len(), 1);
-        assert!(cost < 100, "List stepped over {cost} tombstones");
-
-        // A message scheduled behind the dispatcher's position (past due):
-        // handed over by the writer and read by itself, not by rescanning.
-        store.take_due(from, now, 10).await.unwrap();
-        store.inner.claims.release_dispatched(std::slice::from_ref(&live));
-        store.schedule(message("late", 5)).await.unwrap();
-        let late = store.wake().take();
-        assert_eq!(late.entries.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>(), ["late"]);
-        let (batch, cost) = skipped(|| store.take_listed_now(late.entries));
-        assert_eq!(batch.ready.len(), 1);
-        assert!(cost < 10, "reading the late message stepped over {cost} tombstones");
-        let (_, rescan) =
-            skipped(|| store.take_due_now(DispatchKey { at: UnixMillis(5), seq: 0 }, now, 10).unwrap());
-        assert!(rescan >= SETTLED - 10, "rescanning from it would step over all of them: {rescan}");
-
-        // Purge: the second pass starts where the first stopped. The
-        // deliveries were logged by chunk; purging drops the logs.
+        // Purge: each expired chunk goes with one range delete; the second
+        // pass starts where the first stopped.
         let purged = store.purge(UnixMillis(SETTLED + 2), SETTLED as usize + 10).await.unwrap();
         assert_eq!(purged as u64, SETTLED);
+        let db = Arc::clone(&store.inner.db);
+        assert_eq!(delivered_from(&db, DispatchKey::MIN), 0);
+        let due_entries =
+            db.iterator_cf(options::cf(&db, schema::CF_DUE), rocksdb::IteratorMode::Start).count();
+        assert_eq!(due_entries, 2, "late and live are left");
+        assert!(store.get(Scope::everything(), m1).await.unwrap().is_none());
         let cursor = store.inner.purge_logs_from.lock().unwrap().clone();
         let ((), cost) = skipped(|| {
             read::purge_logs(&db, &cursor, UnixMillis(SETTLED + 2), 100).unwrap();

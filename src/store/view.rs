@@ -27,6 +27,7 @@ impl MessageRecord {
             scheduled_at_ms: now.0,
             requested_at_ms,
             requested_delay_ms,
+            entry_at_ms: None,
         }
     }
 
@@ -86,9 +87,13 @@ pub fn pending_message(
     }
 }
 
-/// Where the message waits in the due CF now: its due time, or the time of
-/// its next try after a failed one.
+/// Where the message waits in the due CF now: where its record says its
+/// entry is; else (a record written before 0.2) its due time, or the time
+/// of its next try after a failed one.
 pub fn dispatch_key(record: &MessageRecord, settlement: Option<&Settlement>) -> DispatchKey {
+    if let Some(at) = record.entry_at_ms {
+        return DispatchKey { at: UnixMillis(at), seq: record.seq };
+    }
     let due = match settlement {
         Some(s) if s.kind() == SettlementKind::Retrying && s.retry_at_ms > 0 => s.retry_at_ms,
         _ => record.due_ms,

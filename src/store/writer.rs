@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     Store, StoreError,
-    claims::{Claims, Wake},
+    claims::{Claims, Floor, Wake},
     health::{HealthBoard, StoreHealth},
     options::{ShardOf, cf},
     read,
@@ -123,12 +123,13 @@ impl Store {
         Ok(looked_at)
     }
 
-    /// Records what became of produces, in one commit.
-    pub(crate) async fn settle(&self, settles: Vec<Settle>) -> Result<(), StoreError> {
-        if settles.is_empty() {
+    /// Records what became of produces, in one commit, and, with a
+    /// `floor`, that no due entry below it is pending once they are.
+    pub(crate) async fn settle(&self, settles: Vec<Settle>, floor: Option<Floor>) -> Result<(), StoreError> {
+        if settles.is_empty() && floor.is_none_or(|f| f.key <= self.inner.wake.floor_recorded()) {
             return Ok(());
         }
-        self.send(Op::Settle(settles)).await
+        self.send(Op::Settle { settles, floor }).await
     }
 
     /// The dispatcher gives back claims it took and did not produce (stale
@@ -253,7 +254,10 @@ pub(crate) enum Op {
         due: UnixMillis,
         reply: Reply<UnixMillis>,
     },
-    Settle(Vec<Settle>),
+    Settle {
+        settles: Vec<Settle>,
+        floor: Option<Floor>,
+    },
     /// The dispatcher gave these claims back without a change: requests
     /// waiting on them run again.
     Unpark(Vec<MessageId>),
@@ -354,6 +358,9 @@ pub(crate) struct Writer {
     /// delivery above it joins a chunk, one at or below it (it came back
     /// out of order) is settled on its own, so chunks never overlap.
     chunk_high: Option<DispatchKey>,
+    /// Entries handed to the dispatcher as added behind where it reads,
+    /// by hand-over number, until a floor it sent counts them.
+    handed: VecDeque<(u64, DispatchKey)>,
     /// Produces reported in doubt at shutdown.
     unresolved: usize,
     closing_since: Option<Instant>,
@@ -372,6 +379,8 @@ struct Round<'a> {
     released: Vec<MessageId>,
     /// Settles to try again if the commit fails: their produce happened.
     settles: Vec<Settle>,
+    /// The dispatcher's floor this round records, to send again with them.
+    floor: Option<Floor>,
     /// Due entries this round adds.
     added: Vec<(DispatchKey, MessageId)>,
     /// First-try deliveries this round logs as one chunk.
@@ -449,6 +458,7 @@ impl Writer {
         opts.set_sync(true);
         db.write_opt(batch, &opts)?;
         shared.pending.store(meta.pending, Ordering::Relaxed);
+        shared.wake.record_floor(meta.floor());
         let chunk_high = read::last_logged_key(db)?;
         let writer = Writer {
             shared,
@@ -462,6 +472,7 @@ impl Writer {
             again: VecDeque::new(),
             failed_commits: 0,
             chunk_high,
+            handed: VecDeque::new(),
             unresolved: 0,
             closing_since: None,
         };
@@ -523,7 +534,7 @@ impl Writer {
         let mut dropped = 0;
         for op in self.again.drain(..) {
             match op {
-                Op::Settle(settles) => dropped += settles.len(),
+                Op::Settle { settles, .. } => dropped += settles.len(),
                 other => refuse(other, StoreError::Closed),
             }
         }
@@ -597,9 +608,12 @@ impl Writer {
                 Flow::Done(result) => r.reply(reply, result),
                 Flow::Park(held) => self.park(held, Op::Reschedule { scope, id, due, reply }),
             },
-            Op::Settle(settles) => {
+            Op::Settle { settles, floor } => {
                 for settle in settles {
                     self.settle(r, settle);
+                }
+                if let Some(floor) = floor {
+                    self.raise_floor(r, floor);
                 }
             }
             Op::Unpark(ids) => {
@@ -735,9 +749,10 @@ impl Writer {
         }
         let seq = r.meta.next_seq;
         r.meta.next_seq += 1;
-        let record = MessageRecord::new(msg.envelope, msg.requested, msg.due, seq, msg.now);
-        let key = DispatchKey { at: msg.due, seq };
-        r.put_message(&id, &record);
+        let mut record = MessageRecord::new(msg.envelope, msg.requested, msg.due, seq, msg.now);
+        let key = self.placed(r, DispatchKey { at: msg.due, seq });
+        record.entry_at_ms = Some(key.at.0);
+        r.put_message(&id, &record.locator());
         r.put_due(key, &id, &record, None);
         r.meta.pending += 1;
         self.count(r, &id, &record.topic, |c| c.pending += 1);
@@ -780,18 +795,18 @@ impl Writer {
             return Flow::Done(Err(StoreError::Dispatching(id)));
         }
         let key = view::dispatch_key(&stored.record, stored.settlement.as_ref());
-        r.delete_due(key);
+        let record = r.take_out(&id, key, stored.record);
         let settlement = Settlement {
             kind: SettlementKind::Cancelled as i32,
             at_ms: now.0,
             ..stored.settlement.unwrap_or_default()
         };
         r.settle(&id, &settlement, now);
-        self.count(r, &id, &stored.record.topic, |c| {
+        self.count(r, &id, &record.topic, |c| {
             c.pending = c.pending.saturating_sub(1);
             c.cancelled = c.cancelled.saturating_add(1);
         });
-        r.overlay.insert(id.clone(), Some(Stored { record: stored.record, settlement: Some(settlement) }));
+        r.overlay.insert(id.clone(), Some(Stored { record, settlement: Some(settlement) }));
         r.effects.cancelled += 1;
         r.meta.cancelled_total += 1;
         Flow::Done(Ok(CancelOutcome::Cancelled))
@@ -850,8 +865,9 @@ impl Writer {
             });
         }
         stored.record.due_ms = due.0;
-        let key = DispatchKey { at: due, seq: stored.record.seq };
-        r.put_message(&id, &stored.record);
+        let key = self.placed(r, DispatchKey { at: due, seq: stored.record.seq });
+        stored.record.entry_at_ms = Some(key.at.0);
+        r.put_message(&id, &stored.record.locator());
         let tries = stored.settlement.as_ref().map(TriesRecord::of);
         r.put_due(key, &id, &stored.record, tries.as_ref());
         r.overlay.insert(id, Some(stored));
@@ -863,13 +879,13 @@ impl Writer {
     fn settle(&mut self, r: &mut Round, settle: Settle) {
         let id = settle.id.clone();
         r.released.push(id.clone());
-        r.delete_due(settle.key);
         let prev = settle.tries;
         let at = settle.at;
         let tried = !matches!(settle.outcome, Outcome::Failed { tried: false, .. });
         let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
         let first_refused_at_ms = prev.first_refused_at.map_or(0, |t| t.0);
         match &settle.outcome {
+            // Its due entry stays, as the record of the message.
             Outcome::Delivered { partition, offset }
                 if !prev.recorded && self.chunk_high < Some(settle.key) =>
             {
@@ -891,6 +907,7 @@ impl Writer {
                 });
             }
             Outcome::Delivered { partition, offset } => {
+                self.take_out_settled(r, &id, settle.key);
                 let settlement = Settlement {
                     kind: SettlementKind::Delivered as i32,
                     attempts,
@@ -915,19 +932,23 @@ impl Writer {
                     (true, 0) => at.0,
                     (_, first) => first,
                 };
+                let key = self.placed(r, DispatchKey { at: *retry_at, seq: settle.key.seq });
                 let settlement = Settlement {
                     kind: SettlementKind::Retrying as i32,
                     attempts,
                     rejections: prev.rejections.saturating_add(u32::from(*refused)),
                     last_error: error.clone(),
-                    retry_at_ms: retry_at.0,
+                    retry_at_ms: key.at.0,
                     first_refused_at_ms,
                     ..Settlement::default()
                 };
-                let key = DispatchKey { at: *retry_at, seq: settle.key.seq };
-                match self.load(r, &id) {
-                    Ok(Some(stored)) => {
-                        r.put_due(key, &id, &stored.record, Some(&TriesRecord::of(&settlement)))
+                let stored = self.load(r, &id);
+                r.delete_due(settle.key);
+                match stored {
+                    Ok(Some(Stored { mut record, .. })) => {
+                        record.entry_at_ms = Some(key.at.0);
+                        r.put_message(&id, &record.locator());
+                        r.put_due(key, &id, &record, Some(&TriesRecord::of(&settlement)));
                     }
                     // Its record stays where it is; the legacy entry reads it from there.
                     _ => r.put_legacy_due(key, &id),
@@ -935,6 +956,7 @@ impl Writer {
                 r.put_settlement(&id, &settlement);
             }
             Outcome::Failed { error, tried } => {
+                self.take_out_settled(r, &id, settle.key);
                 let settlement = Settlement {
                     kind: SettlementKind::Failed as i32,
                     attempts,
@@ -966,12 +988,22 @@ impl Writer {
     ) -> Result<usize, StoreError> {
         let checkpoint = cf(&self.shared.db, schema::CF_CHECKPOINT);
         let mut purged = 0;
+        let due = cf(&self.shared.db, schema::CF_DUE);
         for log in logs {
             r.batch.delete_cf(checkpoint, &log.key);
-            for (id, seq) in log.lines {
+            // Below the floor nothing is pending: the chunk's range holds
+            // its delivered entries and nothing else.
+            let whole_range = log.last < r.meta.floor();
+            if whole_range {
+                r.batch.delete_range_cf(due, log.first.encode(), log.last.successor().encode());
+            }
+            for (id, key) in log.lines {
+                if !whole_range {
+                    r.delete_due(key);
+                }
                 // Delivered is final, but the id may have been purged and
                 // taken again by a newer message since: that one stays.
-                if self.seq_of(r, &id)? == Some(seq) {
+                if self.seq_of(r, &id)? == Some(key.seq) {
                     r.batch.delete_cf(cf(&self.shared.db, schema::CF_MESSAGES), id.as_bytes());
                     r.overlay.insert(id, None);
                     purged += 1;
@@ -991,6 +1023,52 @@ impl Writer {
         }
         r.effects.purged += purged as u64;
         Ok(purged)
+    }
+
+    /// Where a new due entry asked for at `key` goes: there, unless that
+    /// lies below where the dispatcher reads or below the recorded floor;
+    /// then just above, so that it is never behind a walk, never below the
+    /// floor, and never early.
+    fn placed(&self, r: &Round, key: DispatchKey) -> DispatchKey {
+        let lowest = self.shared.wake.position().max(r.meta.floor());
+        if key >= lowest {
+            return key;
+        }
+        let at = DispatchKey { at: lowest.at, seq: key.seq };
+        if at >= lowest {
+            at
+        } else {
+            DispatchKey { at: UnixMillis(lowest.at.0.saturating_add(1)), seq: key.seq }
+        }
+    }
+
+    /// Records the dispatcher's floor, lowered to any entry handed to it
+    /// after it was taken, and never below the floor recorded before (which
+    /// held then, and nothing has been put below it since).
+    fn raise_floor(&mut self, r: &mut Round, floor: Floor) {
+        while self.handed.front().is_some_and(|(n, _)| *n < floor.handed) {
+            self.handed.pop_front();
+        }
+        let key = self.handed.iter().map(|(_, key)| *key).fold(floor.key, DispatchKey::min);
+        if key > r.meta.floor() {
+            r.meta.floor = key.encode().to_vec();
+        }
+        r.floor = Some(floor);
+    }
+
+    /// A settled message leaves the due index other than by a first-try
+    /// delivery: its due entry goes, and its record is kept whole.
+    fn take_out_settled(&self, r: &mut Round, id: &MessageId, key: DispatchKey) {
+        match self.load(r, id) {
+            Ok(Some(stored)) => {
+                r.take_out(id, key, stored.record);
+            }
+            Ok(None) => r.delete_due(key),
+            Err(e) => {
+                tracing::error!(error = %e, id = %id.qualified(), "reading a settled message's record failed");
+                r.delete_due(key);
+            }
+        }
     }
 
     /// Changes the counts entry of `id`'s space and `topic` in this round.
@@ -1031,8 +1109,9 @@ impl Writer {
                 if chunk_last.is_some() {
                     self.chunk_high = chunk_last;
                 }
-                let lowest = r.settles.iter().map(|s| s.key).min();
-                claims.release_settled(&r.released, lowest);
+                let highest = r.settles.iter().map(|s| s.key).max();
+                claims.release_settled(&r.released, highest);
+                self.shared.wake.record_floor(r.meta.floor());
                 for id in std::mem::take(&mut r.released) {
                     let parked = self.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
@@ -1042,7 +1121,7 @@ impl Writer {
                 self.shared.metrics.pending.set(r.meta.pending as i64);
                 self.meta = r.meta;
                 self.counts.extend(r.counts.drain());
-                self.shared.wake.added(&r.added);
+                self.handed.extend(self.shared.wake.added(&r.added));
                 if !r.reserved.is_empty() {
                     self.shared.wake.poke();
                 }
@@ -1064,8 +1143,9 @@ impl Writer {
                     let parked = self.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
-                if !r.settles.is_empty() {
-                    self.again.push_back(Op::Settle(std::mem::take(&mut r.settles)));
+                if !r.settles.is_empty() || r.floor.is_some() {
+                    self.again
+                        .push_back(Op::Settle { settles: std::mem::take(&mut r.settles), floor: r.floor });
                 }
                 self.shared.wake.poke();
             }
@@ -1103,7 +1183,7 @@ impl Op {
         match self {
             Op::ScheduleBatch { msgs, .. } => msgs.len().max(1),
             Op::Unpark(ids) | Op::InDoubt(ids) => ids.len().max(1),
-            Op::Settle(settles) => settles.len().max(1),
+            Op::Settle { settles, .. } => settles.len().max(1),
             Op::Purge { candidates, logs, .. } => {
                 (candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>()).max(1)
             }
@@ -1129,7 +1209,7 @@ fn refuse(op: Op, error: StoreError) {
         Op::Reschedule { reply, .. } => drop(reply.send(Err(error))),
         Op::Purge { reply, .. } => drop(reply.send(Err(error))),
         Op::Probe { reply } => drop(reply.send(Err(error))),
-        Op::Settle(_) | Op::Unpark(_) | Op::InDoubt(_) | Op::Tick | Op::Close => {}
+        Op::Settle { .. } | Op::Unpark(_) | Op::InDoubt(_) | Op::Tick | Op::Close => {}
     }
 }
 
@@ -1144,6 +1224,7 @@ impl<'a> Round<'a> {
             reserved: HashSet::new(),
             released: Vec::new(),
             settles: Vec::new(),
+            floor: None,
             added: Vec::new(),
             chunk: Vec::new(),
             replies: Vec::new(),
@@ -1211,6 +1292,18 @@ impl<'a> Round<'a> {
             schema::encode(&log),
         );
         Some(last)
+    }
+
+    /// Deletes the due entry at `key` of the message `record` is (read
+    /// whole); a locator in the messages CF becomes the whole record, which
+    /// is returned.
+    fn take_out(&mut self, id: &MessageId, key: DispatchKey, mut record: MessageRecord) -> MessageRecord {
+        self.delete_due(key);
+        if record.is_locator() {
+            record.entry_at_ms = None;
+            self.put_message(id, &record);
+        }
+        record
     }
 
     fn delete_due(&mut self, key: DispatchKey) {
