@@ -680,12 +680,12 @@ impl Dispatcher {
         let in_order = self.sent.flush(all, HOLD_FOR, self.config.max_in_flight);
         let mut settles = std::mem::take(&mut self.settling);
         settles.extend(in_order);
-        // Once these are recorded, nothing below the floor is pending; a
-        // floor that rose on its own goes at most every PUBLISH_EVERY.
-        let floor = (!settles.is_empty() || all || self.floor_sent.elapsed() >= PUBLISH_EVERY).then(|| {
-            if settles.is_empty() {
-                self.floor_sent = tokio::time::Instant::now();
-            }
+        // Once these are recorded, nothing below the floor is pending. It
+        // needs only be fresh enough for a restart to start near the end,
+        // and finding it looks at everything held: at most every
+        // PUBLISH_EVERY.
+        let floor = (all || self.floor_sent.elapsed() >= PUBLISH_EVERY).then(|| {
+            self.floor_sent = tokio::time::Instant::now();
             self.store.wake().floor(self.lowest_held())
         });
         if let Err(e) = self.store.settle(settles, floor).await {

@@ -218,6 +218,17 @@ pub(crate) fn record(
     Ok(Some((record, settlement)))
 }
 
+/// The record stored under `id`, whole (read from its due entry if the
+/// messages CF holds a locator), without what became of it.
+pub(crate) fn whole(db: &DB, id: &MessageId) -> Result<Option<MessageRecord>, StoreError> {
+    let opts = ReadOptions::default();
+    let Some(bytes) = db.get_pinned_cf_opt(cf(db, schema::CF_MESSAGES), id.as_bytes(), &opts)? else {
+        return Ok(None);
+    };
+    let (record, _) = decode_stored(id, &bytes, None)?;
+    if record.is_locator() { whole_record(db, id, &record, &opts).map(Some) } else { Ok(Some(record)) }
+}
+
 /// The record a locator points at, read whole from its due entry.
 fn whole_record(
     db: &DB,

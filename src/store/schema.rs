@@ -297,7 +297,19 @@ impl MessageRecord {
     /// The locator of this record: what the messages CF holds while the
     /// due entry at [`MessageRecord::entry_at_ms`] holds the message whole.
     pub fn locator(&self) -> MessageRecord {
-        MessageRecord { key: None, value: Vec::new(), headers: Vec::new(), ..self.clone() }
+        MessageRecord {
+            topic: self.topic.clone(),
+            key: None,
+            value: Vec::new(),
+            headers: Vec::new(),
+            partition: self.partition,
+            due_ms: self.due_ms,
+            seq: self.seq,
+            scheduled_at_ms: self.scheduled_at_ms,
+            requested_at_ms: self.requested_at_ms,
+            requested_delay_ms: self.requested_delay_ms,
+            entry_at_ms: self.entry_at_ms,
+        }
     }
 
     /// Whether this is a locator: the message whole is in its due entry.
@@ -357,6 +369,26 @@ pub fn encode_due_entry(entry: &DueEntry) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + prost::Message::encoded_len(entry));
     out.push(DUE_ENTRY_MARK);
     prost::Message::encode(entry, &mut out).expect("a Vec grows to fit");
+    out
+}
+
+/// [`encode_due_entry`] of the entry these make, without copying them into one.
+pub fn encode_due_parts(id: &[u8], record: &MessageRecord, tries: Option<&TriesRecord>) -> Vec<u8> {
+    use prost::encoding;
+    let len = encoding::key_len(1)
+        + encoding::encoded_len_varint(id.len() as u64)
+        + id.len()
+        + encoding::message::encoded_len(2, record)
+        + tries.map_or(0, |t| encoding::message::encoded_len(3, t));
+    let mut out = Vec::with_capacity(1 + len);
+    out.push(DUE_ENTRY_MARK);
+    encoding::encode_key(1, encoding::WireType::LengthDelimited, &mut out);
+    encoding::encode_varint(id.len() as u64, &mut out);
+    out.extend_from_slice(id);
+    encoding::message::encode(2, record, &mut out);
+    if let Some(tries) = tries {
+        encoding::message::encode(3, tries, &mut out);
+    }
     out
 }
 
@@ -604,6 +636,10 @@ mod tests {
                 record: Some(record),
                 tries: attempts.map(|attempts| TriesRecord { attempts, ..TriesRecord::default() }),
             };
+            prop_assert_eq!(
+                encode_due_parts(&entry.id, entry.record.as_ref().unwrap(), entry.tries.as_ref()),
+                encode_due_entry(&entry)
+            );
             prop_assert_eq!(decode_due_value(&encode_due_entry(&entry)), Some(DueValue::Entry(Box::new(entry))));
         }
 

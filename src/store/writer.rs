@@ -40,8 +40,8 @@ use super::{
     read,
     scan::Tries,
     schema::{
-        self, COUNTS_VERSION, Counts, CountsKey, DeliveryLine, DeliveryLog, DispatchKey, DueEntry,
-        MessageRecord, Meta, Settlement, SettlementKind, TriesRecord,
+        self, COUNTS_VERSION, Counts, CountsKey, DeliveryLine, DeliveryLog, DispatchKey, MessageRecord, Meta,
+        Settlement, SettlementKind, TriesRecord,
     },
     view,
 };
@@ -1059,9 +1059,13 @@ impl Writer {
     /// A settled message leaves the due index other than by a first-try
     /// delivery: its due entry goes, and its record is kept whole.
     fn take_out_settled(&self, r: &mut Round, id: &MessageId, key: DispatchKey) {
-        match self.load(r, id) {
-            Ok(Some(stored)) => {
-                r.take_out(id, key, stored.record);
+        let record = match r.overlay.get(id) {
+            Some(stored) => Ok(stored.as_ref().map(|s| s.record.clone())),
+            None => read::whole(&self.shared.db, id),
+        };
+        match record {
+            Ok(Some(record)) => {
+                r.take_out(id, key, record);
             }
             Ok(None) => r.delete_due(key),
             Err(e) => {
@@ -1263,9 +1267,8 @@ impl<'a> Round<'a> {
         record: &MessageRecord,
         tries: Option<&TriesRecord>,
     ) {
-        let entry =
-            DueEntry { id: id.as_bytes().to_vec(), record: Some(record.clone()), tries: tries.cloned() };
-        self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), schema::encode_due_entry(&entry));
+        let entry = schema::encode_due_parts(id.as_bytes(), record, tries);
+        self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), entry);
         self.added.push((key, id.clone()));
     }
 
