@@ -26,6 +26,9 @@
 //! - [`dispatcher`]: sleeps until the earliest message is due, produces, and
 //!   settles each delivery (partition, offset) in the checkpoint CF.
 //! - [`kafka`]: the idempotent producer and the cached topic metadata.
+//! - [`log`]: cluster mode's schedule log (a compacted Kafka topic, one
+//!   partition per shard): what each of its records means, Kafka-native
+//!   schedules included; no I/O.
 //! - [`message`]: the domain: ids, due times, envelopes, states; no I/O.
 //! - [`auth`]: bearer tokens, the tenant each belongs to and the topics each
 //!   may use, handed to every service method as the caller's
@@ -37,7 +40,7 @@
 //!
 //! Modules depend downward only, in this order from the top: `server`;
 //! `api`; `service`; `node`; `shard`; `dispatcher`; `kafka`, `store`,
-//! `auth`; `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
+//! `auth`; `log`, `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/architecture.rs` fails on an import that would close
 //! a circle. The `hourglass` binary (`src/bin/hourglass`: the command line
 //! and the client subcommands) is built on this library; the bench and the
@@ -51,6 +54,7 @@ pub mod dispatcher;
 mod error;
 pub mod failpoint;
 pub mod kafka;
+pub mod log;
 pub mod memory;
 pub mod message;
 pub mod metrics;
