@@ -1,10 +1,13 @@
-//! Kafka: the producer the dispatcher hands due messages to, and the topic
-//! catalog the service checks requests against. rdkafka's callbacks reach
+//! Kafka: the producer the dispatcher hands due messages to, the topic
+//! catalog the service checks requests against, and the cluster's own
+//! topics (admin). rdkafka's callbacks reach
 //! async code only through channels.
 
+mod admin;
 mod catalog;
 mod producer;
 
+pub use admin::{Ensured, LogTopic, TopicError, ensure_log_topic};
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
 pub use producer::producer_config;
 pub use producer::{DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
