@@ -251,6 +251,13 @@ struct WakeState {
     recorded: DispatchKey,
 }
 
+impl WakeState {
+    /// `key`, or lower for an entry handed over and not taken yet.
+    fn lowered_to_late(&self, key: DispatchKey) -> DispatchKey {
+        self.late.iter().map(|(key, _)| *key).chain(self.overflow).fold(key, DispatchKey::min)
+    }
+}
+
 /// What the dispatcher knows to be settled: no due entry below `key` is
 /// pending, save those handed to it from hand-over number `handed` on,
 /// which it had not taken when it looked.
@@ -306,8 +313,7 @@ impl Wake {
     /// to read), lowered to what was handed to it and not taken yet.
     pub fn floor(&self, own: DispatchKey) -> Floor {
         let state = self.state();
-        let key = state.late.iter().map(|(key, _)| *key).chain(state.overflow).fold(own, DispatchKey::min);
-        Floor { key, handed: state.handed }
+        Floor { key: state.lowered_to_late(own), handed: state.handed }
     }
 
     /// The store recorded `floor`.
@@ -346,7 +352,7 @@ impl Wake {
     /// entry handed over that it has not taken yet.
     pub fn low_water(&self) -> DispatchKey {
         let state = self.state();
-        state.late.iter().map(|(key, _)| *key).chain(state.overflow).fold(state.low_water, DispatchKey::min)
+        state.lowered_to_late(state.low_water)
     }
 
     /// Wakes the dispatcher: entries it found held by the writer are free.

@@ -209,39 +209,7 @@ impl Store {
             }
         }
         let guard = ClaimGuard { claims: &self.inner.claims, ids };
-        let present = if undisturbed {
-            Ok(None)
-        } else {
-            let inline: Vec<DispatchKey> = keys
-                .iter()
-                .zip(&sources)
-                .filter(|(_, source)| matches!(source, Source::Inline(_)))
-                .map(|(key, _)| *key)
-                .collect();
-            keys_present(db, &inline).map_err(StoreError::from).map(Some)
-        };
-        // An entry read before its claim was taken may have been delivered
-        // and its claim given back in between: its entry stays, and a
-        // delivery log lists it. Entries read whole by an undisturbed walk
-        // were checked by the walk itself.
-        let delivered = {
-            let mut checked: Vec<DispatchKey> = keys
-                .iter()
-                .zip(&sources)
-                .filter(|(_, source)| !undisturbed || !matches!(source, Source::Inline(_)))
-                .map(|(key, _)| *key)
-                .collect();
-            checked.sort_unstable();
-            logged_among(db, &checked)
-        };
-        let present = match (present, delivered) {
-            (Ok(Some(mut present)), Ok(delivered)) => {
-                present.retain(|key| !delivered.contains(key));
-                Ok((Some(present), delivered))
-            }
-            (Ok(None), Ok(delivered)) => Ok((None, delivered)),
-            (Err(e), _) | (_, Err(e)) => Err(e),
-        };
+        let gone = gone_since_read(db, &keys, &sources, undisturbed);
         let unread: Vec<[u8; DispatchKey::LEN]> = keys
             .iter()
             .zip(&sources)
@@ -255,21 +223,14 @@ impl Store {
         let mut reads: Vec<Option<Result<Option<Message>, StoreError>>> = Vec::with_capacity(keys.len());
         let mut legacy = Vec::new();
         for (i, (source, (key, id))) in sources.into_iter().zip(keys.iter().zip(&guard.ids)).enumerate() {
-            let read = match source {
-                _ if matches!(&present, Ok((_, delivered)) if delivered.contains(key)) => {
-                    if matches!(source, Source::Unread) {
-                        unread_values.next();
-                    }
-                    Some(Ok(None))
-                }
-                Source::Inline(entry) => match &present {
-                    Ok((None, _)) => Some(Ok(Some(inline_message(*entry)))),
-                    Ok((Some(present), _)) if present.contains(key) => Some(Ok(Some(inline_message(*entry)))),
-                    Ok(_) => Some(Ok(None)),
-                    Err(e) => Some(Err(e.clone())),
-                },
-                Source::Legacy => None,
-                Source::Unread => match unread_values.next().expect("one value per unread entry") {
+            let value = matches!(source, Source::Unread)
+                .then(|| unread_values.next().expect("one value per unread entry"));
+            let read = match (&gone, source) {
+                (Err(e), _) => Some(Err(e.clone())),
+                (Ok(gone), _) if gone.contains(key) => Some(Ok(None)),
+                (Ok(_), Source::Inline(entry)) => Some(Ok(Some(inline_message(*entry)))),
+                (Ok(_), Source::Legacy) => None,
+                (Ok(_), Source::Unread) => match value.expect("read above") {
                     Err(e) => Some(Err(e.into())),
                     Ok(None) => Some(Ok(None)),
                     Ok(Some(bytes)) => match schema::decode_due_value(&bytes) {
@@ -359,6 +320,32 @@ fn keys_present(db: &DB, keys: &[DispatchKey]) -> Result<HashSet<DispatchKey>, r
     }
     it.status()?;
     Ok(present)
+}
+
+/// Which claimed entries are no longer pending where they were read: gone
+/// from the index (cancelled, moved), or delivered and given back in
+/// between (their entries stay, and a delivery log lists them). Entries
+/// read whole by an undisturbed walk need no look: the walk skipped what
+/// was logged, and nothing could have removed them since.
+fn gone_since_read(
+    db: &DB,
+    keys: &[DispatchKey],
+    sources: &[Source],
+    undisturbed: bool,
+) -> Result<HashSet<DispatchKey>, StoreError> {
+    let inline = |source: &Source| matches!(source, Source::Inline(_));
+    let mut gone = HashSet::new();
+    if !undisturbed {
+        let read: Vec<DispatchKey> =
+            keys.iter().zip(sources).filter(|(_, s)| inline(s)).map(|(key, _)| *key).collect();
+        let present = keys_present(db, &read)?;
+        gone.extend(read.into_iter().filter(|key| !present.contains(key)));
+    }
+    let mut checked: Vec<DispatchKey> =
+        keys.iter().zip(sources).filter(|(_, s)| !undisturbed || !inline(s)).map(|(key, _)| *key).collect();
+    checked.sort_unstable();
+    gone.extend(logged_among(db, &checked)?);
+    Ok(gone)
 }
 
 /// Which of `keys` (in ascending order) a delivery log lists.

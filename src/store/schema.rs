@@ -365,14 +365,8 @@ pub enum DueValue {
     Legacy(MessageId),
 }
 
-pub fn encode_due_entry(entry: &DueEntry) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + prost::Message::encoded_len(entry));
-    out.push(DUE_ENTRY_MARK);
-    prost::Message::encode(entry, &mut out).expect("a Vec grows to fit");
-    out
-}
-
-/// [`encode_due_entry`] of the entry these make, without copying them into one.
+/// The due entry of `record` (with `id` and its tries), encoded from the
+/// parts without copying them into a [`DueEntry`] first.
 pub fn encode_due_parts(id: &[u8], record: &MessageRecord, tries: Option<&TriesRecord>) -> Vec<u8> {
     use prost::encoding;
     let len = encoding::key_len(1)
@@ -716,6 +710,13 @@ mod tests {
             prop_assert_eq!(back.envelope(), envelope.clone());
             prop_assert!(back.is_same_request(&envelope, requested));
         }
+    }
+
+    /// A due entry encoded whole: what [`encode_due_parts`] must equal.
+    fn encode_due_entry(entry: &DueEntry) -> Vec<u8> {
+        let mut out = vec![DUE_ENTRY_MARK];
+        prost::Message::encode(entry, &mut out).expect("a Vec grows to fit");
+        out
     }
 
     #[test]

@@ -942,18 +942,23 @@ impl Writer {
                     first_refused_at_ms,
                     ..Settlement::default()
                 };
-                let stored = self.load(r, &id);
-                r.delete_due(settle.key);
-                match stored {
-                    Ok(Some(Stored { mut record, .. })) => {
+                match self.whole(r, &id) {
+                    Ok(Some(mut record)) => {
+                        r.delete_due(settle.key);
                         record.entry_at_ms = Some(key.at.0);
                         r.put_message(&id, &record.locator());
                         r.put_due(key, &id, &record, Some(&TriesRecord::of(&settlement)));
+                        r.put_settlement(&id, &settlement);
                     }
-                    // Its record stays where it is; the legacy entry reads it from there.
-                    _ => r.put_legacy_due(key, &id),
+                    // Not readable now: it stays where it is, and the
+                    // dispatcher is told to look at it again.
+                    other => {
+                        if let Err(e) = other {
+                            tracing::error!(error = %e, id = %id.qualified(), "reading a message to retry failed");
+                        }
+                        r.added.push((settle.key, id.clone()));
+                    }
                 }
-                r.put_settlement(&id, &settlement);
             }
             Outcome::Failed { error, tried } => {
                 self.take_out_settled(r, &id, settle.key);
@@ -1056,14 +1061,19 @@ impl Writer {
         r.floor = Some(floor);
     }
 
+    /// The record of `id`, whole, as this round leaves it; without what
+    /// became of it (which would read its chunk's delivery log).
+    fn whole(&self, r: &Round, id: &MessageId) -> Result<Option<MessageRecord>, StoreError> {
+        match r.overlay.get(id) {
+            Some(stored) => Ok(stored.as_ref().map(|s| s.record.clone())),
+            None => read::whole(&self.shared.db, id),
+        }
+    }
+
     /// A settled message leaves the due index other than by a first-try
     /// delivery: its due entry goes, and its record is kept whole.
     fn take_out_settled(&self, r: &mut Round, id: &MessageId, key: DispatchKey) {
-        let record = match r.overlay.get(id) {
-            Some(stored) => Ok(stored.as_ref().map(|s| s.record.clone())),
-            None => read::whole(&self.shared.db, id),
-        };
-        match record {
+        match self.whole(r, id) {
             Ok(Some(record)) => {
                 r.take_out(id, key, record);
             }
@@ -1269,12 +1279,6 @@ impl<'a> Round<'a> {
     ) {
         let entry = schema::encode_due_parts(id.as_bytes(), record, tries);
         self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), entry);
-        self.added.push((key, id.clone()));
-    }
-
-    /// Puts a due entry naming the message only, as stores before 0.2 did.
-    fn put_legacy_due(&mut self, key: DispatchKey, id: &MessageId) {
-        self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), id.as_bytes());
         self.added.push((key, id.clone()));
     }
 
