@@ -250,6 +250,17 @@ settings! {
             /// gRPC health Watch streams open at once (they need no token);
             /// more are refused with RESOURCE_EXHAUSTED.
             max_health_watches: usize = "64", "HOURGLASS_MAX_HEALTH_WATCHES";
+            /// Cluster mode: every change goes to the schedule log (a
+            /// compacted Kafka topic) first, and each shard's store is a
+            /// view of one of its partitions.
+            cluster: bool = "false", "HOURGLASS_CLUSTER";
+            /// Cluster mode: the schedule log's topic, created (compacted)
+            /// if missing.
+            log_topic: String = "hourglass-log", "HOURGLASS_LOG_TOPIC";
+            /// Cluster mode: the schedule log's partitions, one shard each.
+            /// Fixed once the topic exists: each message id belongs to one
+            /// partition by its hash.
+            log_partitions: u32 = "12", "HOURGLASS_LOG_PARTITIONS";
         }
         optional {
             /// PEM certificate (chain) for TLS on the gRPC port; needs
@@ -265,6 +276,9 @@ settings! {
             /// listed topics only, in its tenant's id space. Reloaded on
             /// SIGHUP [default: no authentication].
             auth_tokens: PathBuf, "HOURGLASS_AUTH_TOKENS";
+            /// Cluster mode: replicas of each partition of the schedule log,
+            /// when hourglass creates it [default: the brokers' default].
+            log_replication: i32, "HOURGLASS_LOG_REPLICATION";
         }
     }
 }
@@ -363,6 +377,27 @@ impl Config {
         }
         if self.listen == self.metrics_listen && self.listen.port() != 0 {
             return Err(ConfigError::Clash(format!("listen and metrics_listen are both {}", self.listen)));
+        }
+        if self.cluster {
+            if self.log_partitions == 0 || self.log_partitions > MAX_SHARDS {
+                return Err(ConfigError::out_of_range(
+                    "log_partitions",
+                    format!("is {}; use 1 to {MAX_SHARDS}", self.log_partitions),
+                ));
+            }
+            if self.shards != 1 && self.shards != self.log_partitions {
+                return Err(ConfigError::Clash(format!(
+                    "in cluster mode the shards are the schedule log's partitions: drop --shards {} or set \
+                     --log-partitions {}",
+                    self.shards, self.shards
+                )));
+            }
+            if self.log_topic.trim().is_empty() {
+                return fail("log_topic", "is empty");
+            }
+            if self.log_replication.is_some_and(|r| r < 1) {
+                return fail("log_replication", "must be at least 1");
+            }
         }
         if self.shards == 0 || self.shards > MAX_SHARDS {
             return Err(ConfigError::out_of_range(

@@ -20,6 +20,10 @@
 //! - [`node`]: the shards a process owns; routes each id to its shard by
 //!   Kafka's murmur2 key hash, and merges what spans shards (batches, `List`,
 //!   `Stats`, health).
+//! - [`cluster`]: cluster mode (`--cluster`): each shard's store is a view
+//!   of one partition of the schedule log; a change is decided, appended
+//!   to the log, applied from it, and only then answered, and the
+//!   dispatcher's settles go the same way.
 //! - [`shard`]: one store, the dispatcher that drains it, and their upkeep.
 //! - [`store`]: RocksDB with three column families; one writer thread per
 //!   store commits every change as one atomic, group-committed `WriteBatch`.
@@ -39,7 +43,7 @@
 //!   request bytes are bounded in [`api`]), and ordered shutdown.
 //!
 //! Modules depend downward only, in this order from the top: `server`;
-//! `api`; `service`; `node`; `shard`; `dispatcher`; `kafka`, `store`,
+//! `api`; `service`; `node`; `cluster`; `shard`; `dispatcher`; `kafka`, `store`,
 //! `auth`; `log`, `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/architecture.rs` fails on an import that would close
 //! a circle. The `hourglass` binary (`src/bin/hourglass`: the command line
@@ -49,6 +53,7 @@
 pub mod api;
 pub mod auth;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod dispatcher;
 mod error;

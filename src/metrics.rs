@@ -72,6 +72,12 @@ pub static FAILED: LazyLock<IntCounter> =
 pub static PURGED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter("hourglass_messages_purged_total", "Settled messages forgotten after retention.")
 });
+pub static LOG_REJECTED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_log_records_refused_total",
+        "Kafka-native records of the schedule log that could not be scheduled (recorded as failed when they carry an id).",
+    )
+});
 pub static PENDING: LazyLock<IntGaugeVec> =
     LazyLock::new(|| shard_gauge("hourglass_messages_pending", "Messages parked and waiting for delivery."));
 pub static LATENESS: LazyLock<Histogram> = LazyLock::new(|| {

@@ -19,6 +19,7 @@
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
+    time::Duration,
 };
 
 use futures_util::future;
@@ -27,7 +28,9 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     clock::Clock,
-    kafka::Producer,
+    cluster::{ClusterConfig, applier::Applier, front::Front, recorder::LogRecorder, waiters::Waiters},
+    dispatcher::Recorder,
+    kafka::{Ensured, LogProducer, Producer, TopicError, ensure_log_topic},
     message::{
         CancelOutcome, ListQuery, MessageId, PageToken, PendingPage, Scheduled, ScheduledMessage, Scope,
         UnixMillis,
@@ -49,6 +52,8 @@ pub struct NodeConfig {
     pub shard: ShardConfig,
     /// The node's backlog cap, split evenly over its shards.
     pub max_pending: Option<u64>,
+    /// Cluster mode: the shards are the schedule log's partitions.
+    pub cluster: Option<ClusterConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,12 +69,18 @@ pub enum NodeError {
     Unreadable { dir: PathBuf, source: std::io::Error },
     #[error("opening the store in {}: {source}", path.display())]
     Open { path: PathBuf, source: StoreError },
+    #[error(transparent)]
+    LogTopic(#[from] TopicError),
+    #[error("the schedule log: {0}")]
+    Log(String),
 }
 
 /// The shards of one process; requests reach each through [`Node`]'s
 /// methods, which route by id.
 pub struct Node {
     shards: Vec<Shard>,
+    /// Cluster mode: how changes reach the log, and what applies it.
+    cluster: Option<Logged>,
     max_pending: Option<u64>,
     health: watch::Receiver<StoreHealth>,
     damaged: CancellationToken,
@@ -84,14 +95,52 @@ pub struct NodeStats {
     pub oldest_overdue: Option<crate::message::PendingMessage>,
 }
 
+/// The parts of a node in cluster mode.
+struct Logged {
+    /// One per shard, in shard order.
+    fronts: Vec<Front>,
+    waiters: Arc<Waiters>,
+    /// Stops the appliers and the recorders' retries.
+    stop: CancellationToken,
+    appliers: TaskTracker,
+}
+
 impl Node {
     /// Opens every shard's store (refusing a data dir laid out for another
-    /// shard count) and starts their dispatchers.
+    /// shard count) and starts their dispatchers. In cluster mode, the log
+    /// topic is created or checked first, and each shard applies its
+    /// partition to its end before its dispatcher starts.
     pub async fn start(
         config: &NodeConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
     ) -> Result<Node, NodeError> {
+        if let Some(cluster) = &config.cluster {
+            match ensure_log_topic(&cluster.kafka, &cluster.log, cluster.admin_timeout).await? {
+                Ensured::Created => {
+                    tracing::info!(topic = %cluster.log.name, partitions = cluster.log.partitions, "created the schedule log")
+                }
+                Ensured::Existed => {
+                    tracing::info!(topic = %cluster.log.name, partitions = cluster.log.partitions, "found the schedule log")
+                }
+            }
+        }
+        let mut logged = match &config.cluster {
+            Some(cluster) => {
+                let log = LogProducer::new(&cluster.kafka, &cluster.log.name)
+                    .map_err(|e| NodeError::Log(format!("creating its producer: {e}")))?;
+                Some((
+                    Arc::new(log),
+                    Logged {
+                        fronts: Vec::new(),
+                        waiters: Arc::new(Waiters::new()),
+                        stop: CancellationToken::new(),
+                        appliers: TaskTracker::new(),
+                    },
+                ))
+            }
+            None => None,
+        };
         let paths = shard_paths(&config.data_dir, config.shards)?;
         let per_shard = config.max_pending.map(|cap| cap.div_ceil(u64::from(config.shards)));
         let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
@@ -117,8 +166,45 @@ impl Node {
                     asked: config.shards,
                 });
             }
-            shards.push(Shard::start(store, &shard_config, Arc::clone(&producer), Arc::clone(&clock)));
+            let recorder = match (&config.cluster, &mut logged) {
+                (Some(cluster), Some((log, parts))) => {
+                    match start_applying(cluster, &store, shard as i32, parts).await {
+                        Ok(()) => {}
+                        Err(e) => {
+                            parts.stop.cancel();
+                            store.close().await;
+                            future::join_all(shards.iter().map(Shard::shutdown)).await;
+                            return Err(e);
+                        }
+                    }
+                    parts.fronts.push(Front::new(
+                        store.clone(),
+                        Arc::clone(log),
+                        shard as i32,
+                        Arc::clone(&parts.waiters),
+                    ));
+                    let recorder: Arc<dyn Recorder> = Arc::new(LogRecorder::new(
+                        Arc::clone(log),
+                        shard as i32,
+                        Arc::clone(&parts.waiters),
+                        parts.stop.clone(),
+                    ));
+                    Some(recorder)
+                }
+                _ => None,
+            };
+            shards.push(Shard::start_recording(
+                store,
+                &shard_config,
+                Arc::clone(&producer),
+                Arc::clone(&clock),
+                recorder,
+            ));
         }
+        let cluster = logged.map(|(_, parts)| {
+            parts.appliers.close();
+            parts
+        });
         let stores: Vec<Store> = shards.iter().map(|s| s.store().clone()).collect();
         let (tx, health) = watch::channel(StoreHealth::Ok);
         let (damaged, stop) = (CancellationToken::new(), CancellationToken::new());
@@ -126,7 +212,7 @@ impl Node {
         watchers.spawn(watch_health(stores.clone(), tx, stop.clone()));
         watchers.spawn(watch_damage(stores, damaged.clone(), stop.clone()));
         watchers.close();
-        Ok(Node { shards, max_pending: config.max_pending, health, damaged, stop, watchers })
+        Ok(Node { shards, cluster, max_pending: config.max_pending, health, damaged, stop, watchers })
     }
 
     /// The shard `id` belongs to.
@@ -145,6 +231,9 @@ impl Node {
 
     /// Parks a message in its shard; returns once it is durable.
     pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
+        if let Some(cluster) = &self.cluster {
+            return cluster.fronts[self.shard_of(msg.id.id())].schedule(msg).await;
+        }
         self.store_of(msg.id.id()).schedule(msg).await
     }
 
@@ -156,6 +245,12 @@ impl Node {
         &self,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
+        if let Some(cluster) = &self.cluster {
+            // Each message is a record of its own: answered one by one.
+            let fronts = &cluster.fronts;
+            let answers = msgs.into_iter().map(|msg| fronts[self.shard_of(msg.id.id())].schedule(msg));
+            return Ok(future::join_all(answers).await);
+        }
         if let [shard] = &self.shards[..] {
             return shard.store().schedule_batch(msgs).await;
         }
@@ -205,6 +300,9 @@ impl Node {
         id: MessageId,
         now: UnixMillis,
     ) -> Result<CancelOutcome, StoreError> {
+        if let Some(cluster) = &self.cluster {
+            return cluster.fronts[self.shard_of(&id)].cancel(scope, id, now).await;
+        }
         self.store_of(&id).cancel(scope, id, now).await
     }
 
@@ -214,6 +312,9 @@ impl Node {
         id: MessageId,
         due: UnixMillis,
     ) -> Result<UnixMillis, StoreError> {
+        if let Some(cluster) = &self.cluster {
+            return cluster.fronts[self.shard_of(&id)].reschedule(scope, id, due).await;
+        }
         self.store_of(&id).reschedule(scope, id, due).await
     }
 
@@ -296,10 +397,57 @@ impl Node {
     /// Stops every shard: dispatchers settle what is in flight, stores
     /// commit what is queued and close.
     pub async fn shutdown(&self) {
+        if let Some(cluster) = &self.cluster {
+            // The dispatchers' last settles go to the log; they are
+            // applied before the stores close, if the log takes them soon.
+            future::join_all(self.shards.iter().map(Shard::stop_tasks)).await;
+            let deadline = tokio::time::Instant::now() + SETTLE_GRACE;
+            while !cluster.waiters.is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            cluster.stop.cancel();
+            cluster.appliers.wait().await;
+        }
         future::join_all(self.shards.iter().map(Shard::shutdown)).await;
         self.stop.cancel();
         self.watchers.wait().await;
     }
+}
+
+/// How long a stopping node in cluster mode waits for its last records to
+/// be applied.
+const SETTLE_GRACE: Duration = Duration::from_secs(5);
+
+/// Starts applying `partition` to `store`, and returns once it has applied
+/// the partition up to the end it had now.
+async fn start_applying(
+    cluster: &ClusterConfig,
+    store: &Store,
+    partition: i32,
+    parts: &Logged,
+) -> Result<(), NodeError> {
+    let applier = Applier::new(
+        &cluster.kafka,
+        &cluster.log.name,
+        partition,
+        store.clone(),
+        Arc::clone(&parts.waiters),
+        cluster.limits.clone(),
+    )
+    .map_err(|e| NodeError::Log(e.to_string()))?;
+    let end = applier.end(&parts.stop).await.ok_or_else(|| NodeError::Log("stopped".into()))?;
+    let from = store.log_next();
+    let (tx, mut applied) = watch::channel(from);
+    parts.appliers.spawn(applier.run(parts.stop.clone(), tx));
+    if from < end {
+        let started = std::time::Instant::now();
+        applied
+            .wait_for(|next| *next >= end)
+            .await
+            .map_err(|_| NodeError::Log(format!("partition {partition} stopped before it was applied")))?;
+        tracing::info!(partition, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
+    }
+    Ok(())
 }
 
 /// The shard an id belongs to among `shards`: Kafka's Java client's rule

@@ -8,7 +8,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     clock::Clock,
-    dispatcher::{Dispatcher, DispatcherConfig},
+    dispatcher::{Dispatcher, DispatcherConfig, Recorder},
     kafka::Producer,
     store::{Store, StoreConfig, StoreHealth, schema::DispatchKey},
 };
@@ -37,10 +37,25 @@ impl Shard {
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
     ) -> Shard {
+        Shard::start_recording(store, config, producer, clock, None)
+    }
+
+    /// Starts a shard whose dispatcher records its settles through
+    /// `recorder` (cluster mode) rather than in the store.
+    pub(crate) fn start_recording(
+        store: Store,
+        config: &ShardConfig,
+        producer: Arc<Producer>,
+        clock: Arc<dyn Clock>,
+        recorder: Option<Arc<dyn Recorder>>,
+    ) -> Shard {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
-        let dispatcher =
+        let mut dispatcher =
             Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone());
+        if let Some(recorder) = recorder {
+            dispatcher = dispatcher.recording_to(recorder);
+        }
         tasks.spawn(dispatcher.run(stop.clone()));
         tasks.spawn(upkeep(store.clone(), clock, config.retention, config.upkeep_every, stop.clone()));
         tasks.spawn(probe_while_failing(store.clone(), stop.clone()));
@@ -55,9 +70,15 @@ impl Shard {
     /// Stops the dispatcher (after it settles what is in flight) and upkeep,
     /// then closes the store once every queued change is committed.
     pub async fn shutdown(&self) {
+        self.stop_tasks().await;
+        self.store.close().await;
+    }
+
+    /// Stops the dispatcher (after it settles what is in flight) and
+    /// upkeep; the store stays open.
+    pub async fn stop_tasks(&self) {
         self.stop.cancel();
         self.tasks.wait().await;
-        self.store.close().await;
     }
 }
 

@@ -68,7 +68,10 @@ fn store_code(e: &StoreError) -> Code {
         StoreError::IdConflict(_) => Code::AlreadyExists,
         StoreError::AlreadyDelivered(_) | StoreError::AlreadyCancelled(_) => Code::FailedPrecondition,
         StoreError::Full(_) | StoreError::AtCapacity { .. } => Code::ResourceExhausted,
-        StoreError::Closed | StoreError::Io(_) | StoreError::Dispatching(_) => Code::Unavailable,
+        StoreError::Closed
+        | StoreError::Io(_)
+        | StoreError::Dispatching(_)
+        | StoreError::LogUnavailable(_) => Code::Unavailable,
         StoreError::Corrupt(_) => Code::DataLoss,
         StoreError::Forbidden { .. } => Code::PermissionDenied,
     }
@@ -93,6 +96,7 @@ mod tests {
             (StoreError::Full("no space".into()).into(), Code::ResourceExhausted),
             (StoreError::AtCapacity { pending: 9 }.into(), Code::ResourceExhausted),
             (StoreError::Closed.into(), Code::Unavailable),
+            (StoreError::LogUnavailable("down".into()).into(), Code::Unavailable),
             (StoreError::Dispatching(id()).into(), Code::Unavailable),
             (StoreError::Corrupt("bad block".into()).into(), Code::DataLoss),
             (Error::Forbidden { token: "a".into(), topic: "t".into() }, Code::PermissionDenied),

@@ -65,7 +65,7 @@ use crate::{
     kafka::{DeliveryReport, Fault, Outgoing, ProduceError, Producer},
     message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis},
     metrics,
-    store::{DueBatch, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey},
+    store::{DueBatch, Floor, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey},
 };
 
 mod sent;
@@ -193,8 +193,20 @@ impl TopicState {
     }
 }
 
+/// Where a cluster shard's dispatcher records its settles instead of the
+/// store: the schedule log, applied to the store from there.
+pub(crate) trait Recorder: Send + Sync {
+    fn record(
+        &self,
+        settles: Vec<Settle>,
+        floor: Option<Floor>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
 pub struct Dispatcher {
     store: Store,
+    /// Cluster mode: where settles go.
+    recorder: Option<Arc<dyn Recorder>>,
     producer: Arc<Producer>,
     clock: Arc<dyn Clock>,
     config: DispatcherConfig,
@@ -265,6 +277,7 @@ impl Dispatcher {
         let scan_from = store.wake().floor_recorded();
         Dispatcher {
             store,
+            recorder: None,
             producer,
             clock,
             config,
@@ -287,6 +300,12 @@ impl Dispatcher {
             published: tokio::time::Instant::now() - PUBLISH_EVERY,
             floor_sent: tokio::time::Instant::now(),
         }
+    }
+
+    /// Records settles through `recorder` rather than in the store.
+    pub(crate) fn recording_to(mut self, recorder: Arc<dyn Recorder>) -> Self {
+        self.recorder = Some(recorder);
+        self
     }
 
     pub async fn run(mut self, stop: CancellationToken) {
@@ -688,7 +707,9 @@ impl Dispatcher {
             self.floor_sent = tokio::time::Instant::now();
             self.store.wake().floor(self.lowest_held())
         });
-        if let Err(e) = self.store.settle(settles, floor).await {
+        if let Some(recorder) = &self.recorder {
+            recorder.record(settles, floor).await;
+        } else if let Err(e) = self.store.settle(settles, floor).await {
             tracing::error!(error = %e, "settling deliveries failed; they will be produced again after restart");
         }
         if let Err(e) = self.store.release(std::mem::take(&mut self.releasing)).await {

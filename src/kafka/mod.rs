@@ -5,10 +5,12 @@
 
 mod admin;
 mod catalog;
+mod log;
 mod producer;
 
 pub use admin::{Ensured, LogTopic, TopicError, ensure_log_topic};
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
+pub use log::{LogProducer, LogReader, Read};
 pub use producer::producer_config;
 pub use producer::{DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
 

@@ -14,6 +14,7 @@
 //! Nothing here knows of the store or of Kafka clients.
 
 pub mod native;
+pub mod record;
 
 /// Marks a record hourglass wrote itself; its value is the version of the
 /// record format (decimal text). Records without it are Kafka-native

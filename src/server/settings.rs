@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use crate::{
     auth::{Tokens, TokensError},
+    cluster::ClusterConfig,
     config::{Config, ConfigError, REQUEST_OVERHEAD_BYTES},
     dispatcher::DispatcherConfig,
-    kafka::KafkaConfig,
+    kafka::{KafkaConfig, LogTopic},
     message::Limits,
     node::NodeConfig,
     shard::ShardConfig,
@@ -77,9 +78,19 @@ pub fn kafka(config: &Config) -> KafkaConfig {
 pub fn node(config: &Config) -> NodeConfig {
     NodeConfig {
         data_dir: config.data_dir.clone(),
-        shards: config.shards,
+        shards: if config.cluster { config.log_partitions } else { config.shards },
         shard: shard(config),
         max_pending: (config.max_pending > 0).then_some(config.max_pending),
+        cluster: config.cluster.then(|| ClusterConfig {
+            kafka: kafka(config),
+            log: LogTopic {
+                name: config.log_topic.clone(),
+                partitions: config.log_partitions as i32,
+                replication: config.log_replication,
+            },
+            limits: limits(config),
+            admin_timeout: Duration::from_secs(30),
+        }),
     }
 }
 

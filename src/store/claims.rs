@@ -216,6 +216,11 @@ impl Claims {
         state.disturb(highest);
     }
 
+    /// Whether the dispatcher holds `id`: it is being produced.
+    pub fn held_by_dispatcher(&self, id: &MessageId) -> bool {
+        self.state().held.get(id) == Some(&Holder::Dispatcher)
+    }
+
     pub fn dispatching(&self) -> usize {
         self.state().held.values().filter(|h| **h == Holder::Dispatcher).count()
     }

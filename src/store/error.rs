@@ -32,6 +32,9 @@ pub enum StoreError {
     AtCapacity { pending: u64 },
     #[error("the store is closed")]
     Closed,
+    /// Cluster mode: the schedule log could not take or apply a change.
+    #[error("{0}")]
+    LogUnavailable(String),
     #[error("the store is corrupt: {0}")]
     Corrupt(String),
     #[error("store I/O failed: {0}")]

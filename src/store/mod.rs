@@ -34,7 +34,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicI64, AtomicU64, Ordering},
     },
 };
 
@@ -43,7 +43,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use claims::Claims;
-pub(crate) use claims::Wake;
+pub(crate) use claims::{Floor, Wake};
 pub use error::StoreError;
 use health::HealthBoard;
 pub use health::StoreHealth;
@@ -51,8 +51,9 @@ pub use options::{Durability, ShardOf, StoreConfig, open_db};
 pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
 pub(crate) use scan::{DueBatch, Ready, Tries};
 use writer::Op;
-pub use writer::{NewId, NewMessage};
-pub(crate) use writer::{Outcome, Settle};
+pub use writer::{Answer, Decision, Intent, NewId, NewMessage};
+pub(crate) use writer::{Local, LogEntry};
+pub(crate) use writer::{Outcome, Settle, settled_line};
 
 use crate::metrics::ShardMetrics;
 
@@ -68,6 +69,7 @@ struct Inner {
     claims: Arc<Claims>,
     wake: Arc<Wake>,
     pending: Arc<AtomicU64>,
+    log_next: Arc<AtomicI64>,
     health: Arc<HealthBoard>,
     metrics: ShardMetrics,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -181,6 +183,12 @@ impl Store {
     /// Messages the dispatcher holds for producing right now.
     pub fn dispatching(&self) -> usize {
         self.inner.claims.dispatching()
+    }
+
+    /// Cluster mode: the offset of the log partition to apply next, as
+    /// committed.
+    pub fn log_next(&self) -> i64 {
+        self.inner.log_next.load(Ordering::Acquire)
     }
 
     /// Which shard of how many the store was first opened as.

@@ -5,7 +5,7 @@
 use std::{
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicI64, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -46,14 +46,16 @@ impl Store {
             claims: Arc::new(Claims::default()),
             wake: Arc::new(Wake::default()),
             pending: Arc::new(AtomicU64::new(0)),
+            log_next: Arc::new(AtomicI64::new(0)),
             health: Arc::new(HealthBoard::new(metrics.writable.clone())),
             metrics: metrics.clone(),
         };
-        let (claims, wake, pending, health) = (
+        let (claims, wake, pending, health, log_next) = (
             Arc::clone(&shared.claims),
             Arc::clone(&shared.wake),
             Arc::clone(&shared.pending),
             Arc::clone(&shared.health),
+            Arc::clone(&shared.log_next),
         );
         let writer_config = WriterConfig {
             sync: config.durability == Durability::Sync,
@@ -83,6 +85,7 @@ impl Store {
                 claims,
                 wake,
                 pending,
+                log_next,
                 health,
                 metrics,
                 writer: Mutex::new(Some(handle)),

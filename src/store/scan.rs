@@ -46,7 +46,7 @@ pub(crate) struct Tries {
 }
 
 impl Tries {
-    fn of(settlement: Option<&Settlement>) -> Tries {
+    pub(crate) fn of(settlement: Option<&Settlement>) -> Tries {
         Tries::from_record(settlement.map(TriesRecord::of).as_ref())
     }
 

@@ -560,6 +560,11 @@ pub struct Meta {
     /// Raised with the deliveries the dispatcher settles.
     #[prost(bytes = "vec", tag = "11")]
     pub floor: Vec<u8>,
+    /// Cluster mode: the offset of the shard's log partition to apply
+    /// next; everything before it is applied. Written in the batch that
+    /// applies the records before it.
+    #[prost(int64, tag = "12")]
+    pub log_next: i64,
 }
 
 impl Meta {

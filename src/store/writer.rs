@@ -24,12 +24,17 @@ use std::{
     collections::{HashMap, HashSet, VecDeque},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicI64, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
 
 use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
+
+mod apply;
+pub(crate) use apply::settled_line;
+pub use apply::{Answer, Decision, Intent};
+pub(crate) use apply::{Local, LogEntry};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
@@ -149,6 +154,30 @@ impl Store {
             return Ok(());
         }
         self.send(Op::InDoubt(ids)).await
+    }
+
+    /// Cluster mode: what the shard's owner does with a caller's change;
+    /// see [`Decision`]. Waits (bounded) while the dispatcher produces the
+    /// message, as `cancel` does.
+    pub async fn decide(&self, intent: Intent) -> Result<Decision, StoreError> {
+        self.call(|reply| Op::Decide { intent, reply }).await
+    }
+
+    /// Cluster mode: lets go of the hold of a decided change that was not
+    /// logged.
+    pub async fn unhold(&self, id: MessageId) -> Result<(), StoreError> {
+        self.send(Op::Unhold(id)).await
+    }
+
+    /// Cluster mode: applies records of the shard's log partition, in
+    /// offset order, with the offset after the last in the same commits.
+    /// Answers each; on an error, the records from the one that failed on
+    /// are not applied (the next offset says where to read again).
+    pub(crate) async fn apply(&self, entries: Vec<LogEntry>) -> Result<Vec<Answer>, StoreError> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(|reply| Op::Apply { entries, reply }).await
     }
 
     /// Writes nothing but the store's own metadata, to learn whether writes
@@ -274,6 +303,17 @@ pub(crate) enum Op {
         logs: Vec<read::ExpiredLog>,
         reply: Reply<usize>,
     },
+    /// Cluster mode: decide a caller's change before it is logged.
+    Decide {
+        intent: Intent,
+        reply: Reply<Decision>,
+    },
+    Unhold(MessageId),
+    /// Cluster mode: apply records of the log partition.
+    Apply {
+        entries: Vec<LogEntry>,
+        reply: Reply<Vec<Answer>>,
+    },
     /// A write of the metadata alone: does the store take writes again?
     Probe {
         reply: Reply<()>,
@@ -307,6 +347,7 @@ pub(crate) struct Shared {
     pub claims: Arc<Claims>,
     pub wake: Arc<Wake>,
     pub pending: Arc<AtomicU64>,
+    pub log_next: Arc<AtomicI64>,
     pub health: Arc<HealthBoard>,
     pub metrics: ShardMetrics,
 }
@@ -363,6 +404,12 @@ pub(crate) struct Writer {
     handed: VecDeque<(u64, DispatchKey)>,
     /// Produces reported in doubt at shutdown.
     unresolved: usize,
+    /// Cluster mode: messages held by a decided change until its record
+    /// is applied.
+    holds: HashSet<MessageId>,
+    /// Cluster mode: messages a record changed while the dispatcher held
+    /// them; their settles are checked against the store.
+    touched_while_claimed: HashSet<MessageId>,
     closing_since: Option<Instant>,
 }
 
@@ -389,6 +436,11 @@ struct Round<'a> {
     effects: Effects,
     /// Commit even when nothing changed: a probe.
     probe: bool,
+    /// Cluster mode: messages settled by records this round applies.
+    settled: HashSet<MessageId>,
+    /// Records of the log are applied: a failed commit is applied again
+    /// from the log, not retried here.
+    from_log: bool,
 }
 
 #[derive(Default)]
@@ -458,6 +510,7 @@ impl Writer {
         opts.set_sync(true);
         db.write_opt(batch, &opts)?;
         shared.pending.store(meta.pending, Ordering::Relaxed);
+        shared.log_next.store(meta.log_next, Ordering::Release);
         shared.wake.record_floor(meta.floor());
         let chunk_high = read::last_logged_key(db)?;
         let writer = Writer {
@@ -474,6 +527,8 @@ impl Writer {
             chunk_high,
             handed: VecDeque::new(),
             unresolved: 0,
+            holds: HashSet::new(),
+            touched_while_claimed: HashSet::new(),
             closing_since: None,
         };
         writer.report_capacity();
@@ -581,7 +636,48 @@ impl Writer {
         self.commit(r);
     }
 
-    fn apply(&mut self, r: &mut Round, op: Op) {
+    /// Applies records of the log into `r`. A record that touches a message
+    /// a settle in this round changed starts a new round: settles do not
+    /// leave the message in the round's overlay.
+    fn apply_log<'a>(
+        &mut self,
+        db: &'a DB,
+        mut r: Round<'a>,
+        entries: Vec<LogEntry>,
+        reply: Reply<Vec<Answer>>,
+    ) -> Round<'a> {
+        let mut answers = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let touches_settled = !r.settled.is_empty()
+                && apply::ids_of(&entry)
+                    .iter()
+                    .any(|id| MessageId::from_stored(id).is_some_and(|id| r.settled.contains(&id)));
+            if touches_settled {
+                let full = std::mem::replace(&mut r, Round::new(db, self.meta.clone()));
+                self.commit(full);
+                r = Round::new(db, self.meta.clone());
+                if self.failed_commits > 0 {
+                    r.reply(
+                        reply,
+                        Err(StoreError::Io("applying records of the log: a commit failed".into())),
+                    );
+                    return r;
+                }
+            }
+            r.from_log = true;
+            match self.apply_entry(&mut r, entry) {
+                Ok(answer) => answers.push(answer),
+                Err(e) => {
+                    r.reply(reply, Err(e));
+                    return r;
+                }
+            }
+        }
+        r.reply(reply, Ok(answers));
+        r
+    }
+
+    fn apply<'a>(&mut self, r: &mut Round<'a>, op: Op) {
         match op {
             Op::Schedule { msg, reply } => {
                 let result = self.schedule(r, msg);
@@ -637,6 +733,16 @@ impl Writer {
             Op::Probe { reply } => {
                 r.probe = true;
                 r.reply(reply, Ok(()));
+            }
+            Op::Decide { intent, reply } => match self.decide(r, &intent) {
+                Flow::Done(result) => r.reply(reply, result),
+                Flow::Park(held) => self.park(held, Op::Decide { intent, reply }),
+            },
+            Op::Unhold(id) => self.unhold(&id),
+            Op::Apply { entries, reply } => {
+                let db = r.db;
+                let round = std::mem::replace(r, Round::new(db, self.meta.clone()));
+                *r = self.apply_log(db, round, entries, reply);
             }
             Op::Tick => self.expire_parked(),
             Op::Close => {
@@ -747,21 +853,27 @@ impl Writer {
         if self.at_capacity(r.meta.pending) {
             return Err(StoreError::AtCapacity { pending: r.meta.pending });
         }
+        let record = MessageRecord::new(msg.envelope, msg.requested, msg.due, 0, msg.now);
+        self.park_new(r, &id, record, client_id);
+        Ok(Scheduled { id, due: msg.due, duplicate: false })
+    }
+
+    /// Parks a message not in the store yet; `seen`: its id may come again
+    /// in this round (a client's, or one read from the log).
+    fn park_new(&mut self, r: &mut Round, id: &MessageId, mut record: MessageRecord, seen: bool) {
         let seq = r.meta.next_seq;
         r.meta.next_seq += 1;
-        let mut record = MessageRecord::new(msg.envelope, msg.requested, msg.due, seq, msg.now);
-        let key = self.placed(r, DispatchKey { at: msg.due, seq });
+        record.seq = seq;
+        let key = self.placed(r, DispatchKey { at: record.due(), seq });
         record.entry_at_ms = Some(key.at.0);
-        r.put_message(&id, &record.locator());
-        r.put_due(key, &id, &record, None);
+        r.put_message(id, &record.locator());
+        r.put_due(key, id, &record, None);
         r.meta.pending += 1;
-        self.count(r, &id, &record.topic, |c| c.pending += 1);
+        self.count(r, id, &record.topic, |c| c.pending += 1);
         r.effects.scheduled += 1;
-        if client_id {
-            // Only a client-chosen id can come again in this round.
+        if seen {
             r.overlay.insert(id.clone(), Some(Stored { record, settlement: None }));
         }
-        Ok(Scheduled { id, due: msg.due, duplicate: false })
     }
 
     /// Whether a produce of this pending message may have reached Kafka
@@ -794,22 +906,28 @@ impl Writer {
         if self.in_doubt(&stored) {
             return Flow::Done(Err(StoreError::Dispatching(id)));
         }
+        self.cancel_pending(r, &id, stored, now);
+        Flow::Done(Ok(CancelOutcome::Cancelled))
+    }
+
+    /// Cancels a pending message: its due entry goes, its record is kept
+    /// whole and settled as cancelled.
+    fn cancel_pending(&mut self, r: &mut Round, id: &MessageId, stored: Stored, now: UnixMillis) {
         let key = view::dispatch_key(&stored.record, stored.settlement.as_ref());
-        let record = r.take_out(&id, key, stored.record);
+        let record = r.take_out(id, key, stored.record);
         let settlement = Settlement {
             kind: SettlementKind::Cancelled as i32,
             at_ms: now.0,
             ..stored.settlement.unwrap_or_default()
         };
-        r.settle(&id, &settlement, now);
-        self.count(r, &id, &record.topic, |c| {
+        r.settle(id, &settlement, now);
+        self.count(r, id, &record.topic, |c| {
             c.pending = c.pending.saturating_sub(1);
             c.cancelled = c.cancelled.saturating_add(1);
         });
         r.overlay.insert(id.clone(), Some(Stored { record, settlement: Some(settlement) }));
         r.effects.cancelled += 1;
         r.meta.cancelled_total += 1;
-        Flow::Done(Ok(CancelOutcome::Cancelled))
     }
 
     fn reschedule(
@@ -819,7 +937,7 @@ impl Writer {
         id: &MessageId,
         due: UnixMillis,
     ) -> Flow<UnixMillis> {
-        let (id, mut stored) = match self.find(r, scope, id) {
+        let (id, stored) = match self.find(r, scope, id) {
             Ok(Some(found)) => found,
             Ok(None) => return Flow::Done(Err(StoreError::NotFound(id.clone()))),
             Err(e) => return Flow::Done(Err(e)),
@@ -837,10 +955,19 @@ impl Writer {
                 return Flow::Done(Err(StoreError::AlreadyCancelled(id)));
             }
         }
-        if state.is_pending() {
-            if self.in_doubt(&stored) {
-                return Flow::Done(Err(StoreError::Dispatching(id)));
-            }
+        if state.is_pending() && self.in_doubt(&stored) {
+            return Flow::Done(Err(StoreError::Dispatching(id)));
+        }
+        if !state.is_pending() && self.at_capacity(r.meta.pending) {
+            return Flow::Done(Err(StoreError::AtCapacity { pending: r.meta.pending }));
+        }
+        self.move_to(r, id, stored, due);
+        Flow::Done(Ok(due))
+    }
+
+    /// Moves a pending message to `due`, or re-arms a failed one there.
+    fn move_to(&mut self, r: &mut Round, id: MessageId, mut stored: Stored, due: UnixMillis) {
+        if view::state_of(stored.settlement.as_ref()).is_pending() {
             r.delete_due(view::dispatch_key(&stored.record, stored.settlement.as_ref()));
             if let Some(s) = stored.settlement.as_mut() {
                 // Keep the history of tries, drop the pending retry time.
@@ -848,10 +975,7 @@ impl Writer {
                 r.put_settlement(&id, s);
             }
         } else {
-            // Failed: re-armed with a clean slate, if there is room.
-            if self.at_capacity(r.meta.pending) {
-                return Flow::Done(Err(StoreError::AtCapacity { pending: r.meta.pending }));
-            }
+            // Failed: re-armed with a clean slate.
             if let Some(at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
                 r.delete_retention(at, &id);
             }
@@ -871,7 +995,6 @@ impl Writer {
         let tries = stored.settlement.as_ref().map(TriesRecord::of);
         r.put_due(key, &id, &stored.record, tries.as_ref());
         r.overlay.insert(id, Some(stored));
-        Flow::Done(Ok(due))
     }
 
     /// Records what became of a produce. The dispatcher's claim has kept
@@ -1132,6 +1255,7 @@ impl Writer {
                 }
                 r.effects.record();
                 self.shared.pending.store(r.meta.pending, Ordering::Relaxed);
+                self.shared.log_next.store(r.meta.log_next, Ordering::Release);
                 self.shared.metrics.pending.set(r.meta.pending as i64);
                 self.meta = r.meta;
                 self.counts.extend(r.counts.drain());
@@ -1157,7 +1281,7 @@ impl Writer {
                     let parked = self.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
-                if !r.settles.is_empty() || r.floor.is_some() {
+                if !r.from_log && (!r.settles.is_empty() || r.floor.is_some()) {
                     self.again
                         .push_back(Op::Settle { settles: std::mem::take(&mut r.settles), floor: r.floor });
                 }
@@ -1198,6 +1322,7 @@ impl Op {
             Op::ScheduleBatch { msgs, .. } => msgs.len().max(1),
             Op::Unpark(ids) | Op::InDoubt(ids) => ids.len().max(1),
             Op::Settle { settles, .. } => settles.len().max(1),
+            Op::Apply { entries, .. } => entries.len().max(1),
             Op::Purge { candidates, logs, .. } => {
                 (candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>()).max(1)
             }
@@ -1210,6 +1335,7 @@ impl Op {
         match self {
             Op::Cancel { reply, .. } => reply.is_closed(),
             Op::Reschedule { reply, .. } => reply.is_closed(),
+            Op::Decide { reply, .. } => reply.is_closed(),
             _ => false,
         }
     }
@@ -1223,7 +1349,9 @@ fn refuse(op: Op, error: StoreError) {
         Op::Reschedule { reply, .. } => drop(reply.send(Err(error))),
         Op::Purge { reply, .. } => drop(reply.send(Err(error))),
         Op::Probe { reply } => drop(reply.send(Err(error))),
-        Op::Settle { .. } | Op::Unpark(_) | Op::InDoubt(_) | Op::Tick | Op::Close => {}
+        Op::Decide { reply, .. } => drop(reply.send(Err(error))),
+        Op::Apply { reply, .. } => drop(reply.send(Err(error))),
+        Op::Settle { .. } | Op::Unpark(_) | Op::InDoubt(_) | Op::Unhold(_) | Op::Tick | Op::Close => {}
     }
 }
 
@@ -1244,6 +1372,8 @@ impl<'a> Round<'a> {
             replies: Vec::new(),
             effects: Effects::default(),
             probe: false,
+            settled: HashSet::new(),
+            from_log: false,
         }
     }
 

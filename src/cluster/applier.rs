@@ -1,0 +1,127 @@
+//! The applier: follows one partition of the schedule log and applies it to
+//! the shard's store, in offset order, from where the store says it is.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::waiters::Waiters;
+use crate::{
+    kafka::{KafkaConfig, LogReader, Read},
+    log::record::Entry,
+    message::Limits,
+    store::{LogEntry, Store, StoreError},
+};
+
+/// Records applied in one call at most.
+const BATCH: usize = 2048;
+/// How long to wait before reading again after a failure.
+const BACKOFF: Duration = Duration::from_secs(1);
+
+pub struct Applier {
+    store: Store,
+    reader: Arc<LogReader>,
+    waiters: Arc<Waiters>,
+    limits: Limits,
+}
+
+impl Applier {
+    /// An applier of `partition` of `topic`, reading from where `store`
+    /// has applied to.
+    pub fn new(
+        kafka: &KafkaConfig,
+        topic: &str,
+        partition: i32,
+        store: Store,
+        waiters: Arc<Waiters>,
+        limits: Limits,
+    ) -> Result<Applier, StoreError> {
+        let reader = LogReader::new(kafka, topic, partition, store.log_next())
+            .map_err(|e| StoreError::LogUnavailable(format!("reading the schedule log {topic}: {e}")))?;
+        Ok(Applier { store, reader: Arc::new(reader), waiters, limits })
+    }
+
+    /// The partition's end now, the offset its next record gets; retried
+    /// until the broker answers or `stop`.
+    pub async fn end(&self, stop: &CancellationToken) -> Option<i64> {
+        loop {
+            let reader = Arc::clone(&self.reader);
+            match tokio::task::spawn_blocking(move || reader.end(Duration::from_secs(5))).await {
+                Ok(Ok(end)) => return Some(end),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "reading the end of the schedule log failed; trying again")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the end of the schedule log failed; trying again")
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = tokio::time::sleep(BACKOFF) => {}
+            }
+        }
+    }
+
+    /// Applies until `stop`. `applied` follows the next offset to apply.
+    pub async fn run(self, stop: CancellationToken, applied: watch::Sender<i64>) {
+        loop {
+            let read = tokio::select! {
+                _ = stop.cancelled() => return,
+                read = self.reader.next(BATCH, &self.limits) => read,
+            };
+            let reads = match read {
+                Ok(reads) => reads,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the schedule log failed; trying again");
+                    self.pause(&stop).await;
+                    continue;
+                }
+            };
+            // Records read again after a failure are already applied.
+            let next = self.store.log_next();
+            let reads: Vec<Read> = reads.into_iter().filter(|r| r.offset >= next).collect();
+            if reads.is_empty() {
+                continue;
+            }
+            let mut writers = Vec::with_capacity(reads.len());
+            let entries: Vec<LogEntry> = reads
+                .into_iter()
+                .map(|Read { offset, entry }| {
+                    let (local, writer) = match &entry {
+                        Entry::Logged { writer, request, .. } => {
+                            (self.waiters.take_local(*writer, *request), Some((*writer, *request)))
+                        }
+                        _ => (None, None),
+                    };
+                    writers.push(writer);
+                    LogEntry { offset, entry, local }
+                })
+                .collect();
+            match self.store.apply(entries).await {
+                Ok(answers) => {
+                    for (writer, answer) in writers.into_iter().zip(answers) {
+                        if let Some((writer, request)) = writer {
+                            self.waiters.answer(writer, request, answer);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "applying the schedule log failed; reading it again from the last record applied");
+                    self.pause(&stop).await;
+                    if let Err(e) = self.reader.seek_to(self.store.log_next()) {
+                        tracing::warn!(error = %e, "seeking in the schedule log failed");
+                    }
+                }
+            }
+            applied.send_replace(self.store.log_next());
+        }
+    }
+
+    async fn pause(&self, stop: &CancellationToken) {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(BACKOFF) => {}
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! Cluster mode: the shards' stores are views of a Kafka topic, the
+//! schedule log, one partition per shard.
+//!
+//! ```text
+//! caller ─► front: decide ─► append to the log partition ─┐
+//!                                                         ▼
+//!           store ◄── applier: apply in offset order ◄── log ◄── Kafka-native producers
+//!             │                          ▲
+//!             └─► dispatcher ─► topic    └── recorder: one Settled record per settle
+//! ```
+//!
+//! - [`front`]: a caller's change is decided against the store (answered
+//!   at once when nothing changes: a retried schedule, a cancel of what
+//!   was delivered), appended to the log, and answered once the applier
+//!   has applied it, with the store's answer.
+//! - [`applier`]: follows the partition from the offset the store has
+//!   applied to, and applies each record, the offset in the same commit.
+//! - [`recorder`]: the dispatcher's settles go to the log as one record
+//!   per settle, and are applied from there.
+//! - [`waiters`]: which request of this node wrote which record.
+//!
+//! Before a shard dispatches anything, its store has applied the partition
+//! to the end it had when the shard started, so that nothing recorded as
+//! delivered or cancelled goes out again.
+
+pub(crate) mod applier;
+pub(crate) mod front;
+pub(crate) mod recorder;
+pub(crate) mod waiters;
+
+use std::time::Duration;
+
+use crate::{
+    kafka::{KafkaConfig, LogTopic},
+    message::Limits,
+};
+
+/// What cluster mode is built from.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub kafka: KafkaConfig,
+    /// The schedule log: its name, partition count (the shard count) and
+    /// replication.
+    pub log: LogTopic,
+    /// What a Kafka-native record is checked against.
+    pub limits: Limits,
+    /// How long creating or checking the log topic may take.
+    pub admin_timeout: Duration,
+}

@@ -1,0 +1,112 @@
+//! Where a cluster shard's dispatcher records what became of its produces:
+//! one `Settled` record per settle in the log, applied from there like any
+//! other record. The dispatcher's claims hold until it is applied.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::waiters::Waiters;
+use crate::{
+    dispatcher::Recorder,
+    kafka::LogProducer,
+    log::record::{self, Change, LogRecord, Settled},
+    store::{Floor, Local, Settle, settled_line},
+};
+
+/// Settle records appended and not yet acknowledged, at most.
+const IN_FLIGHT: usize = 64;
+
+pub struct LogRecorder {
+    log: Arc<LogProducer>,
+    partition: i32,
+    waiters: Arc<Waiters>,
+    room: Arc<Semaphore>,
+    /// An append failed and was retried: records may have reached the log
+    /// out of order, so no floor goes with them until all are in.
+    reordered: Arc<AtomicBool>,
+    stop: CancellationToken,
+}
+
+impl LogRecorder {
+    pub fn new(
+        log: Arc<LogProducer>,
+        partition: i32,
+        waiters: Arc<Waiters>,
+        stop: CancellationToken,
+    ) -> Self {
+        LogRecorder {
+            log,
+            partition,
+            waiters,
+            room: Arc::new(Semaphore::new(IN_FLIGHT)),
+            reordered: Arc::new(AtomicBool::new(false)),
+            stop,
+        }
+    }
+
+    async fn append(&self, settles: Vec<Settle>, floor: Option<Floor>) {
+        if settles.is_empty() {
+            // A floor alone is an optimisation; it comes with the next settles.
+            return;
+        }
+        let Ok(permit) = Arc::clone(&self.room).acquire_owned().await else { return };
+        let all_in = self.room.available_permits() == IN_FLIGHT - 1;
+        if all_in {
+            self.reordered.store(false, Ordering::Relaxed);
+        }
+        let floor = floor.filter(|_| !self.reordered.load(Ordering::Relaxed));
+        let lines = settles.iter().map(settled_line).collect();
+        let (request, _) = self.waiters.register(Some(Local::Settles(settles, floor)), false);
+        let record = LogRecord {
+            writer: self.waiters.me(),
+            request,
+            change: Some(Change::Settled(Settled { lines })),
+        };
+        let key = record::chunk_key(self.waiters.me(), request);
+        let (log, partition, reordered, stop) =
+            (Arc::clone(&self.log), self.partition, Arc::clone(&self.reordered), self.stop.clone());
+        // Queued now, in order; retried until it is in or the shard stops.
+        let first = log.enqueue(partition, &key, &record);
+        tokio::spawn(async move {
+            let mut attempt = first;
+            loop {
+                match attempt.await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        reordered.store(true, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "recording deliveries in the schedule log failed; trying again");
+                        tokio::select! {
+                            _ = stop.cancelled() => {
+                                tracing::error!("stopped before deliveries were recorded in the schedule log; they will be produced again");
+                                break;
+                            }
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                        attempt = log.enqueue(partition, &key, &record);
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+impl Recorder for LogRecorder {
+    fn record(
+        &self,
+        settles: Vec<Settle>,
+        floor: Option<Floor>,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.append(settles, floor))
+    }
+}

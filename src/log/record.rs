@@ -1,0 +1,396 @@
+//! The records hourglass writes to the schedule log itself, and how any
+//! record read from a partition becomes an [`Entry`] to apply.
+//!
+//! A record hourglass writes carries the [`RECORD_HEADER`] with the format
+//! version; its value is a [`LogRecord`] (protobuf). Per message, the key is
+//! the message id as the store keeps it ([`MessageId::as_bytes`]), and the
+//! record carries the message whole, so that the latest record of an id is
+//! enough to restore it once compaction has dropped the earlier ones:
+//!
+//! ```text
+//! key                value (LogRecord.change)       applied
+//! id                 Scheduled(message)             parked, unless the id is taken (first one wins)
+//! id                 Rescheduled(message)           moved to the message's due time if pending;
+//!                                                   parked if unknown; re-armed if failed
+//! id                 Cancelled(message, at)         cancelled if pending; recorded if unknown
+//! id                 Failed(id, reason, message?)   recorded as failed if unknown or pending
+//! id                 none (tombstone)               forgotten, once settled (retention ended)
+//! 0x01 ‖ chunk       Settled(lines)                 what the dispatcher's produces became:
+//!                                                   delivered (partition, offset), retry, failed
+//! ```
+//!
+//! Deliveries are recorded by chunk, one record for what one settle of the
+//! dispatcher covers, as the store's own delivery logs do: a drain writes
+//! one log record per few hundred messages, not one per message.
+//!
+//! Every record names the node incarnation and the request that wrote it
+//! ([`LogRecord::writer`], [`LogRecord::request`]), so that the node waiting
+//! for it can answer its caller once it is applied.
+
+use crate::message::{DueSpec, Envelope, Header, Limits, MessageId, UnixMillis};
+
+use super::{
+    RECORD_HEADER,
+    native::{self, Native, Rejected},
+};
+
+/// The version of the record format this build writes and reads.
+pub const FORMAT: &str = "1";
+
+/// The first byte of the key of a chunk's [`Settled`] record: no message
+/// id starts with it (an id is printable, a tenant's starts with 0).
+pub const CHUNK_KEY_MARK: u8 = 1;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LogRecord {
+    /// The node incarnation that wrote the record (random per start).
+    #[prost(uint64, tag = "1")]
+    pub writer: u64,
+    /// Which of its requests: the node answers it once this is applied.
+    #[prost(uint64, tag = "2")]
+    pub request: u64,
+    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7")]
+    pub change: Option<Change>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum Change {
+    #[prost(message, tag = "3")]
+    Scheduled(LogMessage),
+    #[prost(message, tag = "4")]
+    Rescheduled(LogMessage),
+    #[prost(message, tag = "5")]
+    Cancelled(Cancelled),
+    #[prost(message, tag = "6")]
+    Settled(Settled),
+    #[prost(message, tag = "7")]
+    Failed(Failed),
+}
+
+/// A message whole: what to deliver, when, and as what it was asked for.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LogMessage {
+    /// The id as the store keeps it: the id alone in the shared space,
+    /// `\0 tenant \0 id` in a tenant's.
+    #[prost(bytes = "vec", tag = "1")]
+    pub id: Vec<u8>,
+    #[prost(string, tag = "2")]
+    pub topic: String,
+    #[prost(bytes = "vec", optional, tag = "3")]
+    pub key: Option<Vec<u8>>,
+    #[prost(bytes = "vec", tag = "4")]
+    pub value: Vec<u8>,
+    #[prost(message, repeated, tag = "5")]
+    pub headers: Vec<LogHeader>,
+    #[prost(int32, optional, tag = "6")]
+    pub partition: Option<i32>,
+    /// When it is due (moves on reschedule).
+    #[prost(uint64, tag = "7")]
+    pub due_ms: u64,
+    /// When it was first accepted.
+    #[prost(uint64, tag = "8")]
+    pub scheduled_at_ms: u64,
+    /// The due time as first asked for: an instant, or a delay.
+    #[prost(uint64, optional, tag = "9")]
+    pub requested_at_ms: Option<u64>,
+    #[prost(uint64, optional, tag = "10")]
+    pub requested_delay_ms: Option<u64>,
+    /// The id was made for this message: no earlier one can hold it.
+    #[prost(bool, tag = "11")]
+    pub fresh: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LogHeader {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Cancelled {
+    #[prost(message, optional, tag = "1")]
+    pub message: Option<LogMessage>,
+    #[prost(uint64, tag = "2")]
+    pub at_ms: u64,
+}
+
+/// A message that could not be scheduled (a Kafka-native record that does
+/// not parse): recorded as failed, so that `Get` says why.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Failed {
+    #[prost(bytes = "vec", tag = "1")]
+    pub id: Vec<u8>,
+    #[prost(string, tag = "2")]
+    pub reason: String,
+    #[prost(uint64, tag = "3")]
+    pub at_ms: u64,
+    #[prost(message, optional, tag = "4")]
+    pub message: Option<LogMessage>,
+}
+
+/// What became of the produces one settle of the dispatcher covers.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Settled {
+    #[prost(message, repeated, tag = "1")]
+    pub lines: Vec<SettledLine>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SettledLine {
+    #[prost(bytes = "vec", tag = "1")]
+    pub id: Vec<u8>,
+    /// When the outcome was known.
+    #[prost(uint64, tag = "2")]
+    pub at_ms: u64,
+    #[prost(oneof = "SettledOutcome", tags = "3, 4, 5")]
+    pub outcome: Option<SettledOutcome>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum SettledOutcome {
+    #[prost(message, tag = "3")]
+    Delivered(Delivered),
+    #[prost(message, tag = "4")]
+    Retry(Retry),
+    #[prost(message, tag = "5")]
+    Failed(SettledFailure),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Delivered {
+    #[prost(int32, tag = "1")]
+    pub partition: i32,
+    #[prost(int64, tag = "2")]
+    pub offset: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Retry {
+    #[prost(uint64, tag = "1")]
+    pub retry_at_ms: u64,
+    #[prost(string, tag = "2")]
+    pub error: String,
+    /// The broker refused the message itself (counts toward giving up).
+    #[prost(bool, tag = "3")]
+    pub refused: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SettledFailure {
+    #[prost(string, tag = "1")]
+    pub error: String,
+    /// The message was produced and refused this time.
+    #[prost(bool, tag = "2")]
+    pub tried: bool,
+}
+
+impl LogMessage {
+    pub fn new(
+        id: &MessageId,
+        envelope: &Envelope,
+        requested: DueSpec,
+        due: UnixMillis,
+        at: UnixMillis,
+    ) -> Self {
+        let (requested_at_ms, requested_delay_ms) = match requested {
+            DueSpec::At(t) => (Some(t.0), None),
+            DueSpec::After(d) => (None, Some(d.as_millis().try_into().unwrap_or(u64::MAX))),
+        };
+        LogMessage {
+            id: id.as_bytes().to_vec(),
+            topic: envelope.topic.clone(),
+            key: envelope.key.clone(),
+            value: envelope.value.clone(),
+            headers: envelope
+                .headers
+                .iter()
+                .map(|h| LogHeader { key: h.key.clone(), value: h.value.clone() })
+                .collect(),
+            partition: envelope.partition,
+            due_ms: due.0,
+            scheduled_at_ms: at.0,
+            requested_at_ms,
+            requested_delay_ms,
+            fresh: false,
+        }
+    }
+
+    /// The message's id; none if the bytes are not one.
+    pub fn message_id(&self) -> Option<MessageId> {
+        MessageId::from_stored(&self.id)
+    }
+
+    pub fn envelope(&self) -> Envelope {
+        Envelope {
+            topic: self.topic.clone(),
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers: self
+                .headers
+                .iter()
+                .map(|h| Header { key: h.key.clone(), value: h.value.clone() })
+                .collect(),
+            partition: self.partition,
+        }
+    }
+
+    pub fn requested(&self) -> DueSpec {
+        match (self.requested_at_ms, self.requested_delay_ms) {
+            (_, Some(ms)) => DueSpec::After(std::time::Duration::from_millis(ms)),
+            (Some(ms), None) => DueSpec::At(UnixMillis(ms)),
+            (None, None) => DueSpec::At(UnixMillis(self.due_ms)),
+        }
+    }
+}
+
+impl LogRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        prost::Message::encode_to_vec(self)
+    }
+}
+
+/// The key of the [`Settled`] record of a chunk: unique per writer and
+/// request, so compaction keeps every chunk until it is tombstoned.
+pub fn chunk_key(writer: u64, request: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(17);
+    key.push(CHUNK_KEY_MARK);
+    key.extend_from_slice(&writer.to_be_bytes());
+    key.extend_from_slice(&request.to_be_bytes());
+    key
+}
+
+/// What one record read from a log partition asks of the shard's store.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Entry {
+    /// A record hourglass wrote, with who wrote it.
+    Logged { writer: u64, request: u64, change: Change },
+    /// A Kafka-native schedule or cancel, and the record's timestamp: when
+    /// it was asked for, from which a delay counts.
+    Native { native: Native, at: UnixMillis },
+    /// A Kafka-native record that cannot be applied, and its timestamp.
+    /// With an id, it is recorded as failed; without one, only counted and
+    /// logged.
+    Rejected { rejected: Rejected, at: UnixMillis },
+    /// The end of an id's retention: forget it (once settled).
+    Forget(MessageId),
+    /// Nothing to apply: a chunk's tombstone, or a record this build does
+    /// not know (from a newer release), which is skipped with a warning.
+    Skip(String),
+}
+
+/// Reads one record of a log partition: its key, value (none for a
+/// tombstone) and headers; `timestamp` is the record's own, from which a
+/// native record's delay counts.
+pub fn read<'a>(
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)> + Clone,
+    timestamp: UnixMillis,
+    limits: &Limits,
+) -> Entry {
+    let format = headers.clone().into_iter().find(|(name, _)| *name == RECORD_HEADER).map(|(_, v)| v);
+    let Some(format) = format else {
+        return match native::parse(key, value, headers, limits) {
+            Ok(native) => Entry::Native { native, at: timestamp },
+            Err(rejected) => Entry::Rejected { rejected, at: timestamp },
+        };
+    };
+    if format != Some(FORMAT.as_bytes()) {
+        let shown = format.map(String::from_utf8_lossy).unwrap_or_default();
+        return Entry::Skip(format!("record format {shown:?} is not one this build reads ({FORMAT})"));
+    }
+    let Some(value) = value else {
+        return match key {
+            Some([CHUNK_KEY_MARK, ..]) => Entry::Skip("the tombstone of a chunk".to_owned()),
+            _ => match key.and_then(MessageId::from_stored) {
+                Some(id) => Entry::Forget(id),
+                None => Entry::Skip("a tombstone whose key is no message id".to_owned()),
+            },
+        };
+    };
+    match <LogRecord as prost::Message>::decode(value) {
+        Ok(LogRecord { writer, request, change: Some(change) }) => Entry::Logged { writer, request, change },
+        Ok(LogRecord { change: None, .. }) => {
+            Entry::Skip("a record of a change this build does not know".to_owned())
+        }
+        Err(e) => Entry::Skip(format!("undecodable record: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn message() -> LogMessage {
+        let envelope = Envelope {
+            topic: "orders".into(),
+            key: Some(b"k".to_vec()),
+            value: b"v".to_vec(),
+            headers: vec![Header { key: "trace".into(), value: b"1".to_vec() }],
+            partition: Some(2),
+        };
+        let id = MessageId::parse("order-1").unwrap();
+        LogMessage::new(
+            &id,
+            &envelope,
+            DueSpec::After(Duration::from_secs(30)),
+            UnixMillis(31_000),
+            UnixMillis(1_000),
+        )
+    }
+
+    fn read_internal(key: &[u8], value: Option<&[u8]>, format: &str) -> Entry {
+        read(Some(key), value, [(RECORD_HEADER, Some(format.as_bytes()))], UnixMillis(0), &Limits::default())
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let record = LogRecord { writer: 7, request: 9, change: Some(Change::Scheduled(message())) };
+        let entry = read_internal(b"order-1", Some(&record.encode()), FORMAT);
+        assert_eq!(entry, Entry::Logged { writer: 7, request: 9, change: Change::Scheduled(message()) });
+        let m = message();
+        assert_eq!(m.message_id().unwrap().as_str(), "order-1");
+        assert_eq!(m.requested(), DueSpec::After(Duration::from_secs(30)));
+        assert_eq!(m.envelope().headers[0].key, "trace");
+    }
+
+    #[test]
+    fn a_tombstone_forgets_an_id_and_skips_a_chunk() {
+        assert_eq!(
+            read_internal(b"order-1", None, FORMAT),
+            Entry::Forget(MessageId::parse("order-1").unwrap())
+        );
+        assert!(matches!(read_internal(&chunk_key(1, 2), None, FORMAT), Entry::Skip(_)));
+    }
+
+    #[test]
+    fn an_unknown_format_or_change_is_skipped_not_misread() {
+        assert!(matches!(read_internal(b"a", Some(b"\x08\x01"), "2"), Entry::Skip(r) if r.contains("\"2\"")));
+        let empty = LogRecord { writer: 1, request: 1, change: None };
+        assert!(matches!(read_internal(b"a", Some(&empty.encode()), FORMAT), Entry::Skip(_)));
+        assert!(
+            matches!(read_internal(b"a", Some(b"\xff\xff"), FORMAT), Entry::Skip(r) if r.contains("undecodable"))
+        );
+    }
+
+    #[test]
+    fn a_native_record_keeps_its_timestamp() {
+        let headers = [("hourglass-topic", Some(&b"orders"[..])), ("hourglass-delay", Some(&b"5s"[..]))];
+        let entry = read(Some(b"n-1"), Some(b"v"), headers, UnixMillis(10_000), &Limits::default());
+        let Entry::Native { native: Native::Schedule { requested, .. }, at } = entry else {
+            panic!("{entry:?}")
+        };
+        assert_eq!(requested.resolve(at), UnixMillis(15_000));
+    }
+
+    #[test]
+    fn a_bad_native_record_is_rejected_with_its_id() {
+        let entry = read(Some(b"n-2"), Some(b"v"), [], UnixMillis(0), &Limits::default());
+        let Entry::Rejected { rejected, .. } = entry else { panic!("{entry:?}") };
+        assert_eq!(rejected.id.unwrap().as_str(), "n-2");
+    }
+}

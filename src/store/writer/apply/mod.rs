@@ -1,0 +1,667 @@
+//! Cluster mode: the store as a view of its shard's log partition.
+//!
+//! Two steps, both on the writer thread:
+//!
+//! - **Decide** ([`Intent`] → [`Decision`]): the shard's owner checks a
+//!   caller's change against the store as it is, before anything is logged.
+//!   What needs no change (a retried schedule, a cancel of what was
+//!   delivered) is answered at once. A change to log holds its message:
+//!   until the record is applied, the dispatcher does not take it and
+//!   another change to it waits, so that applying the record does what was
+//!   decided.
+//! - **Apply** ([`LogEntry`] → [`Answer`]): a record read from the
+//!   partition, in offset order. What it does depends on the store alone,
+//!   never on claims or clocks, so every node that applies a partition
+//!   reaches the same state. The offset after the last record applied is
+//!   written in the same batch ([`Meta::log_next`]): after a crash, applying
+//!   resumes there, and no record is applied twice.
+
+use std::time::Duration;
+
+use super::{Flow, NewId, NewMessage, Outcome, Round, Settle, Stored, Writer};
+use crate::{
+    log::{
+        native::Native,
+        record::{self, Change, Entry, LogMessage, SettledLine, SettledOutcome},
+    },
+    message::{CancelOutcome, DueSpec, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
+    store::{
+        StoreError,
+        claims::Floor,
+        scan::Tries,
+        schema::{MessageRecord, Settlement, SettlementKind},
+        view,
+    },
+};
+
+/// One record of the shard's log partition, to apply.
+#[derive(Debug)]
+pub(crate) struct LogEntry {
+    pub offset: i64,
+    pub entry: Entry,
+    /// What this node knows of the record because it wrote it.
+    pub local: Option<Local>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Local {
+    /// A change this node decided: its hold on the message ends with it.
+    Held(MessageId),
+    /// The dispatcher's settles the record covers, as the dispatcher knows
+    /// them (no read needed), and the floor it sent with them.
+    Settles(Vec<Settle>, Option<Floor>),
+}
+
+/// A change a caller asks of the shard's owner.
+#[derive(Debug)]
+pub enum Intent {
+    Schedule(NewMessage),
+    Cancel { scope: Scope, id: MessageId, now: UnixMillis },
+    Reschedule { scope: Scope, id: MessageId, due: UnixMillis },
+}
+
+/// What a caller is answered.
+#[derive(Debug)]
+pub enum Answer {
+    Scheduled(Result<Scheduled, StoreError>),
+    Cancelled(Result<CancelOutcome, StoreError>),
+    Rescheduled(Result<UnixMillis, StoreError>),
+    /// Nobody waits on this record.
+    None,
+}
+
+/// What the owner does with an [`Intent`].
+#[derive(Debug)]
+pub enum Decision {
+    /// Answered from the store as it is: nothing to log.
+    Answer(Answer),
+    /// Log this change under `key`; `held`: the message it holds until the
+    /// record is applied (or [`Store::unhold`](crate::store::Store::unhold)
+    /// says it never will be).
+    Log { key: Vec<u8>, change: Box<Change>, held: Option<MessageId> },
+}
+
+impl Writer {
+    pub(super) fn decide(&mut self, r: &mut Round, intent: &Intent) -> Flow<Decision> {
+        match intent {
+            Intent::Schedule(msg) => self.decide_schedule(r, msg),
+            Intent::Cancel { scope, id, now } => self.decide_cancel(r, scope, id, *now),
+            Intent::Reschedule { scope, id, due } => self.decide_reschedule(r, scope, id, *due),
+        }
+    }
+
+    fn decide_schedule(&mut self, r: &mut Round, msg: &NewMessage) -> Flow<Decision> {
+        let answer = |result| Flow::Done(Ok(Decision::Answer(Answer::Scheduled(result))));
+        let id = match &msg.id {
+            NewId::Client(id) => {
+                if self.holds.contains(id) {
+                    return Flow::Park(id.clone());
+                }
+                match self.find(r, &msg.scope, id) {
+                    Ok(Some((found, existing))) => {
+                        return answer(if existing.record.is_same_request(&msg.envelope, msg.requested) {
+                            Ok(Scheduled { id: found, due: existing.record.due(), duplicate: true })
+                        } else {
+                            Err(StoreError::IdConflict(found))
+                        });
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Flow::Done(Err(e)),
+                }
+                Some(id)
+            }
+            NewId::Generated(_) => None,
+        };
+        if self.at_capacity(r.meta.pending) {
+            return answer(Err(StoreError::AtCapacity { pending: r.meta.pending }));
+        }
+        // A second schedule of this id waits for this one to be applied,
+        // and is then answered as a retry (or a conflict).
+        let held = id.map(|id| {
+            self.holds.insert(id.clone());
+            id.clone()
+        });
+        let mut message = LogMessage::new(msg.id.id(), &msg.envelope, msg.requested, msg.due, msg.now);
+        message.fresh = matches!(msg.id, NewId::Generated(_));
+        Flow::Done(Ok(Decision::Log {
+            key: msg.id.id().as_bytes().to_vec(),
+            change: Box::new(Change::Scheduled(message)),
+            held,
+        }))
+    }
+
+    /// The message `id` names for `scope`, held for a change: the
+    /// dispatcher's claim and other changes' holds are waited for.
+    fn find_and_hold(
+        &mut self,
+        r: &Round,
+        scope: &Scope,
+        id: &MessageId,
+    ) -> Flow<Option<(MessageId, Stored)>> {
+        let (id, stored) = match self.find(r, scope, id) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Flow::Done(Ok(None)),
+            Err(e) => return Flow::Done(Err(e)),
+        };
+        if self.holds.contains(&id) || !self.shared.claims.reserve_for_writer(&id) {
+            return Flow::Park(id);
+        }
+        self.holds.insert(id.clone());
+        Flow::Done(Ok(Some((id, stored))))
+    }
+
+    /// Lets go of a hold taken for a change that will not be logged.
+    pub(super) fn unhold(&mut self, id: &MessageId) {
+        if self.holds.remove(id) {
+            self.shared.claims.release(id);
+            let parked = self.unpark(id);
+            self.again.extend(parked.into_iter().map(|p| p.op));
+        }
+    }
+
+    fn decide_cancel(
+        &mut self,
+        r: &mut Round,
+        scope: &Scope,
+        id: &MessageId,
+        now: UnixMillis,
+    ) -> Flow<Decision> {
+        let answer = |result| Flow::Done(Ok(Decision::Answer(Answer::Cancelled(result))));
+        let (id, stored) = match self.find_and_hold(r, scope, id) {
+            Flow::Done(Ok(Some(found))) => found,
+            Flow::Done(Ok(None)) => return answer(Ok(CancelOutcome::NotFound)),
+            Flow::Done(Err(e)) => return Flow::Done(Err(e)),
+            Flow::Park(held) => return Flow::Park(held),
+        };
+        if let Err(outcome) = view::state_of(stored.settlement.as_ref()).cancel() {
+            self.unhold(&id);
+            return answer(Ok(outcome));
+        }
+        if self.in_doubt(&stored) {
+            self.unhold(&id);
+            return answer(Err(StoreError::Dispatching(id)));
+        }
+        match self.log_message(r, &id) {
+            Ok(message) => Flow::Done(Ok(Decision::Log {
+                key: id.as_bytes().to_vec(),
+                change: Box::new(Change::Cancelled(record::Cancelled {
+                    message: Some(message),
+                    at_ms: now.0,
+                })),
+                held: Some(id),
+            })),
+            Err(e) => {
+                self.unhold(&id);
+                Flow::Done(Err(e))
+            }
+        }
+    }
+
+    fn decide_reschedule(
+        &mut self,
+        r: &mut Round,
+        scope: &Scope,
+        id: &MessageId,
+        due: UnixMillis,
+    ) -> Flow<Decision> {
+        let answer = |result| Flow::Done(Ok(Decision::Answer(Answer::Rescheduled(result))));
+        let (id, stored) = match self.find_and_hold(r, scope, id) {
+            Flow::Done(Ok(Some(found))) => found,
+            Flow::Done(Ok(None)) => return answer(Err(StoreError::NotFound(id.clone()))),
+            Flow::Done(Err(e)) => return Flow::Done(Err(e)),
+            Flow::Park(held) => return Flow::Park(held),
+        };
+        let state = view::state_of(stored.settlement.as_ref());
+        let refusal = match state.reschedule() {
+            Err(RescheduleRefusal::AlreadyDelivered) => Some(StoreError::AlreadyDelivered(id.clone())),
+            Err(RescheduleRefusal::AlreadyCancelled) => Some(StoreError::AlreadyCancelled(id.clone())),
+            Ok(()) if state.is_pending() && self.in_doubt(&stored) => {
+                Some(StoreError::Dispatching(id.clone()))
+            }
+            Ok(()) if !state.is_pending() && self.at_capacity(r.meta.pending) => {
+                Some(StoreError::AtCapacity { pending: r.meta.pending })
+            }
+            Ok(()) => None,
+        };
+        if let Some(refusal) = refusal {
+            self.unhold(&id);
+            return answer(Err(refusal));
+        }
+        match self.log_message(r, &id) {
+            Ok(mut message) => {
+                message.due_ms = due.0;
+                Flow::Done(Ok(Decision::Log {
+                    key: id.as_bytes().to_vec(),
+                    change: Box::new(Change::Rescheduled(message)),
+                    held: Some(id),
+                }))
+            }
+            Err(e) => {
+                self.unhold(&id);
+                Flow::Done(Err(e))
+            }
+        }
+    }
+
+    /// The message `id` whole, as a log record carries it.
+    fn log_message(&self, r: &Round, id: &MessageId) -> Result<LogMessage, StoreError> {
+        let record = self.whole(r, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        Ok(log_message(id, &record))
+    }
+}
+
+/// The messages an entry changes, as stored.
+pub(super) fn ids_of(entry: &LogEntry) -> Vec<Vec<u8>> {
+    match &entry.entry {
+        Entry::Logged { change, .. } => match change {
+            Change::Scheduled(m) | Change::Rescheduled(m) => vec![m.id.clone()],
+            Change::Cancelled(c) => c.message.iter().map(|m| m.id.clone()).collect(),
+            Change::Failed(f) => vec![f.id.clone()],
+            Change::Settled(s) => match &entry.local {
+                Some(Local::Settles(settles, _)) => {
+                    settles.iter().map(|s| s.id.as_bytes().to_vec()).collect()
+                }
+                _ => s.lines.iter().map(|l| l.id.clone()).collect(),
+            },
+        },
+        Entry::Native { native: Native::Schedule { id, .. } | Native::Cancel(id), .. } => {
+            vec![id.as_bytes().to_vec()]
+        }
+        Entry::Rejected { rejected, .. } => rejected.id.iter().map(|id| id.as_bytes().to_vec()).collect(),
+        Entry::Forget(id) => vec![id.as_bytes().to_vec()],
+        Entry::Skip(_) => Vec::new(),
+    }
+}
+
+impl Writer {
+    /// Applies one record; the partition's next offset moves past it only
+    /// if it applied.
+    pub(super) fn apply_entry(&mut self, r: &mut Round, e: LogEntry) -> Result<Answer, StoreError> {
+        let answer = match (e.entry, e.local) {
+            (Entry::Logged { change, .. }, local) => {
+                if let Some(Local::Held(id)) = &local {
+                    // Released with this commit; changes waiting on it run then.
+                    self.holds.remove(id);
+                    r.released.push(id.clone());
+                }
+                self.apply_change(r, change, local)?
+            }
+            (Entry::Native { native: Native::Schedule { id, envelope, requested }, at }, _) => {
+                let record = MessageRecord::new(envelope, requested, requested.resolve(at), 0, at);
+                Answer::Scheduled(self.apply_schedule(r, id, record, false))
+            }
+            (Entry::Native { native: Native::Cancel(id), at }, _) => {
+                Answer::Cancelled(self.apply_cancel(r, &id, None, at))
+            }
+            (Entry::Rejected { rejected, at }, _) => {
+                match &rejected.id {
+                    Some(id) => {
+                        tracing::warn!(id = %id.qualified(), reason = %rejected.reason, "a Kafka-native schedule was refused; it is recorded as failed");
+                        self.apply_failed(r, id, &rejected.reason.to_string(), at, None)?;
+                    }
+                    None => {
+                        tracing::warn!(reason = %rejected.reason, "a Kafka-native schedule without an id was refused and skipped")
+                    }
+                }
+                crate::metrics::LOG_REJECTED.inc();
+                Answer::None
+            }
+            (Entry::Forget(id), _) => {
+                self.forget(r, &id)?;
+                Answer::None
+            }
+            (Entry::Skip(why), _) => {
+                tracing::warn!(offset = e.offset, "skipped a record of the schedule log: {why}");
+                Answer::None
+            }
+        };
+        r.meta.log_next = e.offset + 1;
+        Ok(answer)
+    }
+
+    fn apply_change(
+        &mut self,
+        r: &mut Round,
+        change: Change,
+        local: Option<Local>,
+    ) -> Result<Answer, StoreError> {
+        Ok(match change {
+            Change::Scheduled(m) => {
+                let Some(id) = m.message_id() else { return Ok(unreadable_id(&m.id)) };
+                let fresh = m.fresh;
+                Answer::Scheduled(self.apply_schedule(r, id, record_of(m), fresh))
+            }
+            Change::Rescheduled(m) => {
+                let Some(id) = m.message_id() else { return Ok(unreadable_id(&m.id)) };
+                Answer::Rescheduled(self.apply_reschedule(r, id, record_of(m)))
+            }
+            Change::Cancelled(c) => {
+                let Some(m) = c.message else { return Ok(Answer::None) };
+                let Some(id) = m.message_id() else { return Ok(unreadable_id(&m.id)) };
+                Answer::Cancelled(self.apply_cancel(r, &id, Some(record_of(m)), UnixMillis(c.at_ms)))
+            }
+            Change::Settled(settled) => {
+                match local {
+                    Some(Local::Settles(settles, floor)) => {
+                        for settle in settles {
+                            self.apply_own_settle(r, settle)?;
+                        }
+                        if let Some(floor) = floor {
+                            self.raise_floor(r, floor);
+                        }
+                    }
+                    _ => {
+                        for line in settled.lines {
+                            self.apply_settled_line(r, line)?;
+                        }
+                    }
+                }
+                Answer::None
+            }
+            Change::Failed(f) => {
+                let Some(id) = MessageId::from_stored(&f.id) else { return Ok(unreadable_id(&f.id)) };
+                self.apply_failed(r, &id, &f.reason, UnixMillis(f.at_ms), f.message.map(record_of))?;
+                Answer::None
+            }
+        })
+    }
+
+    /// The first schedule of an id parks it; a later one is a retry (the
+    /// same message) or a conflict, and changes nothing.
+    fn apply_schedule(
+        &mut self,
+        r: &mut Round,
+        id: MessageId,
+        record: MessageRecord,
+        fresh: bool,
+    ) -> Result<Scheduled, StoreError> {
+        let due = record.due();
+        if !fresh && let Some(existing) = self.load(r, &id)? {
+            return if existing.record.is_same_request(&record.envelope(), requested_of(&record)) {
+                Ok(Scheduled { id, due: existing.record.due(), duplicate: true })
+            } else {
+                Err(StoreError::IdConflict(id))
+            };
+        }
+        // Seen by what follows in this round (its settle, say), fresh or not.
+        self.park_new(r, &id, record, true);
+        Ok(Scheduled { id, due, duplicate: false })
+    }
+
+    fn apply_reschedule(
+        &mut self,
+        r: &mut Round,
+        id: MessageId,
+        record: MessageRecord,
+    ) -> Result<UnixMillis, StoreError> {
+        let due = record.due();
+        let Some(stored) = self.load(r, &id)? else {
+            // Its earlier records were compacted away: the latest says all.
+            self.park_new(r, &id, record, true);
+            return Ok(due);
+        };
+        match view::state_of(stored.settlement.as_ref()).reschedule() {
+            Err(RescheduleRefusal::AlreadyDelivered) => Err(StoreError::AlreadyDelivered(id)),
+            Err(RescheduleRefusal::AlreadyCancelled) => Err(StoreError::AlreadyCancelled(id)),
+            Ok(()) => {
+                self.touched(&id);
+                self.move_to(r, id, stored, due);
+                Ok(due)
+            }
+        }
+    }
+
+    fn apply_cancel(
+        &mut self,
+        r: &mut Round,
+        id: &MessageId,
+        record: Option<MessageRecord>,
+        at: UnixMillis,
+    ) -> Result<CancelOutcome, StoreError> {
+        let Some(stored) = self.load(r, id)? else {
+            let Some(record) = record else { return Ok(CancelOutcome::NotFound) };
+            self.record_settled(
+                r,
+                id,
+                record,
+                Settlement { kind: SettlementKind::Cancelled as i32, at_ms: at.0, ..Settlement::default() },
+            );
+            r.meta.cancelled_total += 1;
+            return Ok(CancelOutcome::Cancelled);
+        };
+        if let Err(outcome) = view::state_of(stored.settlement.as_ref()).cancel() {
+            return Ok(outcome);
+        }
+        self.touched(id);
+        self.cancel_pending(r, id, stored, at);
+        Ok(CancelOutcome::Cancelled)
+    }
+
+    fn apply_failed(
+        &mut self,
+        r: &mut Round,
+        id: &MessageId,
+        reason: &str,
+        at: UnixMillis,
+        record: Option<MessageRecord>,
+    ) -> Result<(), StoreError> {
+        let settlement = Settlement {
+            kind: SettlementKind::Failed as i32,
+            last_error: reason.to_owned(),
+            at_ms: at.0,
+            ..Settlement::default()
+        };
+        match self.load(r, id)? {
+            None => {
+                let record = record
+                    .unwrap_or_else(|| MessageRecord { scheduled_at_ms: at.0, ..MessageRecord::default() });
+                self.record_settled(r, id, record, settlement);
+                r.meta.failed_total = r.meta.failed_total.saturating_add(1);
+            }
+            Some(stored) if view::state_of(stored.settlement.as_ref()).is_pending() => {
+                self.touched(id);
+                let key = view::dispatch_key(&stored.record, stored.settlement.as_ref());
+                let topic = stored.record.topic.clone();
+                r.settled.insert(id.clone());
+                self.settle(
+                    r,
+                    Settle {
+                        id: id.clone(),
+                        key,
+                        due: stored.record.due(),
+                        topic: topic.into(),
+                        tries: Tries::of(stored.settlement.as_ref()),
+                        at,
+                        outcome: Outcome::Failed { error: reason.to_owned(), tried: false },
+                    },
+                );
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Records a message that arrives settled (its earlier records were
+    /// compacted away, or it never parsed): its record whole, what became
+    /// of it, and its retention clock.
+    fn record_settled(
+        &mut self,
+        r: &mut Round,
+        id: &MessageId,
+        mut record: MessageRecord,
+        settlement: Settlement,
+    ) {
+        let seq = r.meta.next_seq;
+        r.meta.next_seq += 1;
+        record.seq = seq;
+        record.entry_at_ms = None;
+        r.put_message(id, &record);
+        r.put_settlement(id, &settlement);
+        let at = UnixMillis(settlement.at_ms);
+        r.batch.put_cf(
+            super::cf(self.shared.db.as_ref(), super::schema::CF_CHECKPOINT),
+            super::schema::retention_key(at, id),
+            [],
+        );
+        let kind = settlement.kind();
+        self.count(r, id, &record.topic, |c| match kind {
+            SettlementKind::Cancelled => c.cancelled = c.cancelled.saturating_add(1),
+            SettlementKind::Failed => c.failed = c.failed.saturating_add(1),
+            _ => c.delivered = c.delivered.saturating_add(1),
+        });
+        r.overlay.insert(id.clone(), Some(Stored { record, settlement: Some(settlement) }));
+    }
+
+    /// A settle this node's dispatcher sent: as in a standalone store,
+    /// unless a record applied since it claimed the message changed it.
+    fn apply_own_settle(&mut self, r: &mut Round, settle: Settle) -> Result<(), StoreError> {
+        if !self.touched_while_claimed.remove(&settle.id) {
+            r.settled.insert(settle.id.clone());
+            self.settle(r, settle);
+            return Ok(());
+        }
+        r.released.push(settle.id.clone());
+        let line = settled_line(&settle);
+        self.apply_settled_line(r, line)
+    }
+
+    /// A settle read from the log: what the dispatcher read is read again,
+    /// here; a message no longer pending is left as it is, except that a
+    /// delivery is a fact and wins over a cancel.
+    fn apply_settled_line(&mut self, r: &mut Round, line: SettledLine) -> Result<(), StoreError> {
+        let Some(id) = MessageId::from_stored(&line.id) else { return Ok(()) };
+        let Some(outcome) = line.outcome else { return Ok(()) };
+        let Some(stored) = self.load(r, &id)? else { return Ok(()) };
+        let at = UnixMillis(line.at_ms);
+        let state = view::state_of(stored.settlement.as_ref());
+        if !state.is_pending() {
+            if let (SettledOutcome::Delivered(d), Some(s)) = (&outcome, &stored.settlement)
+                && s.kind() == SettlementKind::Cancelled
+            {
+                let delivered = Settlement {
+                    kind: SettlementKind::Delivered as i32,
+                    at_ms: at.0,
+                    partition: d.partition,
+                    offset: d.offset,
+                    ..s.clone()
+                };
+                r.put_settlement(&id, &delivered);
+                r.delete_retention(UnixMillis(s.at_ms), &id);
+                r.batch.put_cf(
+                    super::cf(self.shared.db.as_ref(), super::schema::CF_CHECKPOINT),
+                    super::schema::retention_key(at, &id),
+                    [],
+                );
+                r.meta.cancelled_total = r.meta.cancelled_total.saturating_sub(1);
+                r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
+                self.count(r, &id, &stored.record.topic, |c| {
+                    c.cancelled = c.cancelled.saturating_sub(1);
+                    c.delivered = c.delivered.saturating_add(1);
+                });
+                r.overlay.insert(id, Some(Stored { record: stored.record, settlement: Some(delivered) }));
+            }
+            return Ok(());
+        }
+        let outcome = match outcome {
+            SettledOutcome::Delivered(d) => Outcome::Delivered { partition: d.partition, offset: d.offset },
+            SettledOutcome::Retry(t) => {
+                Outcome::Retry { retry_at: UnixMillis(t.retry_at_ms), error: t.error, refused: t.refused }
+            }
+            SettledOutcome::Failed(f) => Outcome::Failed { error: f.error, tried: f.tried },
+        };
+        let settle = Settle {
+            id: id.clone(),
+            key: view::dispatch_key(&stored.record, stored.settlement.as_ref()),
+            due: stored.record.due(),
+            topic: stored.record.topic.as_str().into(),
+            tries: Tries::of(stored.settlement.as_ref()),
+            at,
+            outcome,
+        };
+        r.settled.insert(id);
+        self.settle(r, settle);
+        Ok(())
+    }
+
+    /// Retention ended for `id`: a settled message is forgotten.
+    fn forget(&mut self, r: &mut Round, id: &MessageId) -> Result<(), StoreError> {
+        let Some(stored) = self.load(r, id)? else { return Ok(()) };
+        let Some(settled_at) = stored.settlement.as_ref().and_then(Settlement::settled_at) else {
+            return Ok(());
+        };
+        if stored.record.is_locator() {
+            // Delivered at its first try: its entry goes; its chunk's log
+            // goes with retention.
+            r.delete_due(view::dispatch_key(&stored.record, None));
+        } else {
+            r.delete_retention(settled_at, id);
+        }
+        r.batch.delete_cf(super::cf(self.shared.db.as_ref(), super::schema::CF_MESSAGES), id.as_bytes());
+        r.delete_settlement(id);
+        r.overlay.insert(id.clone(), None);
+        r.effects.purged += 1;
+        Ok(())
+    }
+
+    /// A record applied changed `id`: if the dispatcher holds it, its
+    /// settle is checked against the store when it comes.
+    fn touched(&mut self, id: &MessageId) {
+        if self.shared.claims.held_by_dispatcher(id) {
+            self.touched_while_claimed.insert(id.clone());
+        }
+    }
+}
+
+fn unreadable_id(bytes: &[u8]) -> Answer {
+    tracing::warn!(id = ?String::from_utf8_lossy(bytes), "skipped a record of the schedule log whose key is no message id");
+    Answer::None
+}
+
+/// The record a log message restores.
+fn record_of(m: LogMessage) -> MessageRecord {
+    let requested = m.requested();
+    let (due, at) = (UnixMillis(m.due_ms), UnixMillis(m.scheduled_at_ms));
+    MessageRecord::new(m.envelope(), requested, due, 0, at)
+}
+
+fn requested_of(record: &MessageRecord) -> DueSpec {
+    match (record.requested_at_ms, record.requested_delay_ms) {
+        (_, Some(ms)) => DueSpec::After(Duration::from_millis(ms)),
+        (Some(ms), None) => DueSpec::At(UnixMillis(ms)),
+        (None, None) => DueSpec::At(record.due()),
+    }
+}
+
+/// A stored record, whole, as a log record carries it.
+pub(super) fn log_message(id: &MessageId, record: &MessageRecord) -> LogMessage {
+    let mut m = LogMessage::new(
+        id,
+        &record.envelope(),
+        requested_of(record),
+        record.due(),
+        UnixMillis(record.scheduled_at_ms),
+    );
+    m.due_ms = record.due_ms;
+    m
+}
+
+/// A settle as the log records it.
+pub fn settled_line(settle: &Settle) -> SettledLine {
+    let outcome = match &settle.outcome {
+        Outcome::Delivered { partition, offset } => {
+            SettledOutcome::Delivered(record::Delivered { partition: *partition, offset: *offset })
+        }
+        Outcome::Retry { retry_at, error, refused } => SettledOutcome::Retry(record::Retry {
+            retry_at_ms: retry_at.0,
+            error: error.clone(),
+            refused: *refused,
+        }),
+        Outcome::Failed { error, tried } => {
+            SettledOutcome::Failed(record::SettledFailure { error: error.clone(), tried: *tried })
+        }
+    };
+    SettledLine { id: settle.id.as_bytes().to_vec(), at_ms: settle.at.0, outcome: Some(outcome) }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+//! Applying the schedule log, and deciding before logging, against a real
+//! RocksDB.
+
+use std::path::Path;
+
+use crate::{
+    log::{
+        native::Native,
+        record::{self, Change, Entry, LogMessage, Settled, SettledLine, SettledOutcome},
+    },
+    message::{CancelOutcome, DueSpec, Envelope, MessageId, Scope, State, UnixMillis},
+    store::{
+        Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Store, StoreConfig,
+        StoreError, schema::DispatchKey,
+    },
+};
+
+fn open(dir: &Path) -> Store {
+    let mut config = StoreConfig::new(dir);
+    config.durability = Durability::Buffered;
+    Store::open(&config).unwrap()
+}
+
+fn envelope(value: &str) -> Envelope {
+    Envelope {
+        topic: "t".into(),
+        key: None,
+        value: value.as_bytes().to_vec(),
+        headers: vec![],
+        partition: None,
+    }
+}
+
+fn id(text: &str) -> MessageId {
+    MessageId::parse(text).unwrap()
+}
+
+fn message(text: &str, due: u64) -> LogMessage {
+    LogMessage::new(&id(text), &envelope(text), DueSpec::At(UnixMillis(due)), UnixMillis(due), UnixMillis(1))
+}
+
+fn logged(offset: i64, change: Change) -> LogEntry {
+    LogEntry { offset, entry: Entry::Logged { writer: 1, request: offset as u64, change }, local: None }
+}
+
+fn delivered(text: &str, offset: i64) -> SettledLine {
+    SettledLine {
+        id: id(text).as_bytes().to_vec(),
+        at_ms: 50,
+        outcome: Some(SettledOutcome::Delivered(record::Delivered { partition: 0, offset })),
+    }
+}
+
+fn settled(offset: i64, lines: Vec<SettledLine>) -> LogEntry {
+    logged(offset, Change::Settled(Settled { lines }))
+}
+
+async fn state(store: &Store, text: &str) -> Option<State> {
+    store.get(Scope::everything(), id(text)).await.unwrap().map(|m| m.state)
+}
+
+fn new_message(text: &str, value: &str, due: u64) -> NewMessage {
+    NewMessage {
+        id: NewId::Client(id(text)),
+        scope: Scope::everything(),
+        envelope: envelope(value),
+        requested: DueSpec::At(UnixMillis(due)),
+        due: UnixMillis(due),
+        now: UnixMillis(1),
+    }
+}
+
+#[tokio::test]
+async fn applying_parks_settles_and_keeps_the_next_offset_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let answers = store
+        .apply(vec![
+            logged(0, Change::Scheduled(message("a", 10))),
+            logged(1, Change::Scheduled(message("b", 20))),
+            // Delivered in the same call as it was parked.
+            settled(2, vec![delivered("a", 7)]),
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(&answers[0], Answer::Scheduled(Ok(s)) if !s.duplicate));
+    assert_eq!(store.log_next(), 3);
+    assert!(matches!(state(&store, "a").await, Some(State::Delivered(d)) if d.offset == 7));
+    assert!(matches!(state(&store, "b").await, Some(State::Pending { .. })));
+    assert_eq!(store.pending(), 1);
+    store.close().await;
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.log_next(), 3, "the next offset is committed with what it applied");
+    assert!(matches!(state(&store, "a").await, Some(State::Delivered(_))));
+    let due = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    assert_eq!(due.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["b"], "a is not due again");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn the_first_schedule_of_an_id_wins_and_later_ones_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut other = message("a", 10);
+    other.value = b"other".to_vec();
+    let answers = store
+        .apply(vec![
+            logged(0, Change::Scheduled(message("a", 10))),
+            logged(1, Change::Scheduled(message("a", 10))),
+            logged(2, Change::Scheduled(other)),
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(&answers[1], Answer::Scheduled(Ok(s)) if s.duplicate));
+    assert!(matches!(&answers[2], Answer::Scheduled(Err(StoreError::IdConflict(_)))));
+    let got = store.get(Scope::everything(), id("a")).await.unwrap().unwrap();
+    assert_eq!(got.envelope.value, b"a");
+    assert_eq!(store.pending(), 1);
+    store.close().await;
+}
+
+#[tokio::test]
+async fn the_latest_record_of_an_id_restores_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // What compaction leaves: the latest record of each id.
+    store
+        .apply(vec![
+            logged(5, Change::Cancelled(record::Cancelled { message: Some(message("c", 10)), at_ms: 9 })),
+            logged(6, Change::Rescheduled(message("r", 500))),
+            logged(
+                7,
+                Change::Failed(record::Failed {
+                    id: id("f").as_bytes().to_vec(),
+                    reason: "no topic".into(),
+                    at_ms: 3,
+                    message: None,
+                }),
+            ),
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(state(&store, "c").await, Some(State::Cancelled { at }) if at == UnixMillis(9)));
+    let r = store.get(Scope::everything(), id("r")).await.unwrap().unwrap();
+    assert!(matches!(r.state, State::Pending { .. }));
+    assert_eq!(r.due, UnixMillis(500));
+    assert!(matches!(state(&store, "f").await, Some(State::Failed { reason, .. }) if reason == "no topic"));
+    assert_eq!(store.pending(), 1);
+    assert_eq!(store.log_next(), 8);
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_delivery_wins_over_a_cancel_that_came_first_and_a_cancel_after_it_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let cancel = |offset, text: &str| {
+        logged(offset, Change::Cancelled(record::Cancelled { message: Some(message(text, 10)), at_ms: 20 }))
+    };
+    let answers = store
+        .apply(vec![
+            logged(0, Change::Scheduled(message("x", 10))),
+            logged(1, Change::Scheduled(message("y", 10))),
+            cancel(2, "x"),
+            settled(3, vec![delivered("x", 1), delivered("y", 2)]),
+            cancel(4, "y"),
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(&answers[2], Answer::Cancelled(Ok(CancelOutcome::Cancelled))));
+    assert!(matches!(&answers[4], Answer::Cancelled(Ok(CancelOutcome::AlreadyDelivered))));
+    assert!(matches!(state(&store, "x").await, Some(State::Delivered(d)) if d.offset == 1));
+    assert!(matches!(state(&store, "y").await, Some(State::Delivered(d)) if d.offset == 2));
+    assert_eq!(store.pending(), 0);
+    store.close().await;
+}
+
+#[tokio::test]
+async fn native_records_schedule_cancel_and_are_refused_by_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let native = |offset, native| LogEntry {
+        offset,
+        entry: Entry::Native { native, at: UnixMillis(100) },
+        local: None,
+    };
+    let schedule = |text: &str| Native::Schedule {
+        id: id(text),
+        envelope: envelope(text),
+        requested: DueSpec::After(std::time::Duration::from_secs(1)),
+    };
+    let refused = crate::log::native::Rejected {
+        id: Some(id("bad")),
+        reason: crate::message::Invalid::new("hourglass-topic", "is missing"),
+    };
+    store
+        .apply(vec![
+            native(0, schedule("n1")),
+            native(1, schedule("n2")),
+            native(2, Native::Cancel(id("n2"))),
+            LogEntry {
+                offset: 3,
+                entry: Entry::Rejected { rejected: refused, at: UnixMillis(100) },
+                local: None,
+            },
+            LogEntry { offset: 4, entry: Entry::Skip("newer".into()), local: None },
+        ])
+        .await
+        .unwrap();
+    let n1 = store.get(Scope::everything(), id("n1")).await.unwrap().unwrap();
+    assert_eq!(n1.due, UnixMillis(1_100), "a delay counts from the record's timestamp");
+    assert!(matches!(state(&store, "n2").await, Some(State::Cancelled { .. })));
+    assert!(
+        matches!(state(&store, "bad").await, Some(State::Failed { reason, .. }) if reason.contains("hourglass-topic"))
+    );
+    assert_eq!(store.log_next(), 5);
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.apply(vec![logged(0, Change::Scheduled(message("a", 10)))]).await.unwrap();
+    let Decision::Log { change, held: Some(held), .. } = store
+        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5) })
+        .await
+        .unwrap()
+    else {
+        panic!("a pending message's cancel is logged")
+    };
+    // The dispatcher cannot take it meanwhile.
+    let due = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    assert!(due.ready.is_empty(), "held: not taken");
+    // A second change waits for the first to be applied, then sees it.
+    let second = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store.decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(6) }).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!second.is_finished());
+    let answers = store
+        .apply(vec![LogEntry {
+            offset: 1,
+            entry: Entry::Logged { writer: 1, request: 1, change: *change },
+            local: Some(Local::Held(held)),
+        }])
+        .await
+        .unwrap();
+    assert!(matches!(&answers[0], Answer::Cancelled(Ok(CancelOutcome::Cancelled))));
+    let second = second.await.unwrap().unwrap();
+    assert!(matches!(second, Decision::Answer(Answer::Cancelled(Ok(CancelOutcome::AlreadyCancelled)))));
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let Decision::Log { change, held, .. } =
+        store.decide(Intent::Schedule(new_message("a", "v", 10))).await.unwrap()
+    else {
+        panic!("a new id is logged")
+    };
+    let retry = {
+        let store = store.clone();
+        tokio::spawn(async move { store.decide(Intent::Schedule(new_message("a", "v", 10))).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!retry.is_finished(), "the retry waits for the first to be applied");
+    store
+        .apply(vec![LogEntry {
+            offset: 0,
+            entry: Entry::Logged { writer: 1, request: 1, change: *change },
+            local: held.map(Local::Held),
+        }])
+        .await
+        .unwrap();
+    let retry = retry.await.unwrap().unwrap();
+    assert!(matches!(retry, Decision::Answer(Answer::Scheduled(Ok(s))) if s.duplicate));
+    let conflict = store.decide(Intent::Schedule(new_message("a", "other", 10))).await.unwrap();
+    assert!(matches!(conflict, Decision::Answer(Answer::Scheduled(Err(StoreError::IdConflict(_))))));
+    // A decided change that is never logged lets go of its hold.
+    let Decision::Log { held: Some(held), .. } = store
+        .decide(Intent::Reschedule { scope: Scope::everything(), id: id("a"), due: UnixMillis(50) })
+        .await
+        .unwrap()
+    else {
+        panic!("a pending message's reschedule is logged")
+    };
+    store.unhold(held).await.unwrap();
+    let again = store
+        .decide(Intent::Reschedule { scope: Scope::everything(), id: id("a"), due: UnixMillis(60) })
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, Decision::Log { change, .. } if matches!(&*change, Change::Rescheduled(m) if m.due_ms == 60))
+    );
+    store.close().await;
+}
+
+#[tokio::test]
+async fn two_stores_applying_one_log_agree() {
+    let log = || {
+        vec![
+            logged(0, Change::Scheduled(message("a", 10))),
+            logged(1, Change::Scheduled(message("b", 20))),
+            logged(2, Change::Scheduled(message("c", 30))),
+            settled(3, vec![delivered("a", 1)]),
+            logged(4, Change::Rescheduled(message("b", 40))),
+            logged(5, Change::Cancelled(record::Cancelled { message: Some(message("c", 30)), at_ms: 7 })),
+            settled(
+                6,
+                vec![SettledLine {
+                    id: id("b").as_bytes().to_vec(),
+                    at_ms: 41,
+                    outcome: Some(SettledOutcome::Retry(record::Retry {
+                        retry_at_ms: 90,
+                        error: "down".into(),
+                        refused: false,
+                    })),
+                }],
+            ),
+        ]
+    };
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (one, two) = (open(d1.path()), open(d2.path()));
+    // One store applies record by record; the other in one call.
+    for entry in log() {
+        one.apply(vec![entry]).await.unwrap();
+    }
+    two.apply(log()).await.unwrap();
+    for text in ["a", "b", "c"] {
+        let (x, y) = (state(&one, text).await, state(&two, text).await);
+        assert_eq!(format!("{x:?}"), format!("{y:?}"), "{text}");
+    }
+    assert!(matches!(state(&one, "b").await, Some(State::Pending { attempts: 1, .. })));
+    assert_eq!((one.pending(), two.pending()), (1, 1));
+    one.close().await;
+    two.close().await;
+}

@@ -1,0 +1,246 @@
+//! Cluster mode against a real broker: every change goes through the
+//! schedule log, the store is a view of it, and a node that restarts or
+//! loses its data dir neither loses nor re-sends what the log recorded.
+
+mod common;
+
+use std::{collections::HashMap, time::Duration};
+
+use common::*;
+use hourglass::{
+    config::Config,
+    proto::{self, CancelOutcome, State},
+};
+use rdkafka::{
+    ClientConfig,
+    message::{Header, OwnedHeaders},
+    producer::{FutureProducer, FutureRecord},
+};
+use tonic::Code;
+
+const LOG_PARTITIONS: u32 = 3;
+
+fn cluster_config(broker: &Broker, dir: &std::path::Path, log_topic: &str) -> Config {
+    Config {
+        cluster: true,
+        log_topic: log_topic.to_owned(),
+        log_partitions: LOG_PARTITIONS,
+        ..config(broker, dir)
+    }
+}
+
+fn with_id(topic: &str, id: &str, value: &str, delay: Duration) -> proto::ScheduleRequest {
+    proto::ScheduleRequest { id: Some(id.to_owned()), ..request(topic, value, delay) }
+}
+
+async fn state_of(
+    client: &mut proto::scheduler_client::SchedulerClient<tonic::transport::Channel>,
+    id: &str,
+) -> State {
+    client.get(proto::GetRequest { id: id.to_owned() }).await.unwrap().into_inner().state()
+}
+
+/// Records of the log topic hourglass wrote itself, counted.
+async fn logged_records(broker: &Broker, log_topic: &str) -> usize {
+    let got = consume_async(broker, log_topic, usize::MAX, Duration::from_secs(3), Duration::ZERO).await;
+    got.iter().filter(|r| r.headers.contains_key("hourglass-record")).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_node_cluster_answers_as_standalone_and_restores_from_the_log_alone() {
+    let broker = Broker::start();
+    let topic = random_name("orders");
+    let log_topic = random_name("hourglass-log");
+    broker.create_topic(&topic, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
+    let mut client = server.client().await;
+
+    let mut due = HashMap::new();
+    for i in 0..30 {
+        let id = format!("m-{i}");
+        let reply = client.schedule(with_id(&topic, &id, &id, Duration::from_millis(1500))).await.unwrap();
+        let reply = reply.into_inner();
+        assert!(!reply.duplicate);
+        due.insert(id, millis(&reply.deliver_at.unwrap()));
+    }
+    // A retry is recognised; the same id for another message is refused.
+    let again = client.schedule(with_id(&topic, "m-0", "m-0", Duration::from_millis(1500))).await.unwrap();
+    assert!(again.into_inner().duplicate);
+    let other =
+        client.schedule(with_id(&topic, "m-0", "other", Duration::from_millis(1500))).await.unwrap_err();
+    assert_eq!(other.code(), Code::AlreadyExists, "{other:?}");
+    // Cancel and reschedule, with their exact outcomes.
+    let cancel = |id: &str| proto::CancelRequest { id: id.to_owned() };
+    assert_eq!(client.cancel(cancel("m-1")).await.unwrap().into_inner().outcome(), CancelOutcome::Cancelled);
+    assert_eq!(
+        client.cancel(cancel("m-1")).await.unwrap().into_inner().outcome(),
+        CancelOutcome::AlreadyCancelled
+    );
+    assert_eq!(client.cancel(cancel("nope")).await.unwrap().into_inner().outcome(), CancelOutcome::NotFound);
+    let later = prost_types::Timestamp::from(std::time::SystemTime::now() + Duration::from_millis(2500));
+    let moved = client
+        .reschedule(proto::RescheduleRequest {
+            id: "m-2".into(),
+            due: Some(proto::reschedule_request::Due::DeliverAt(later)),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    due.insert("m-2".into(), millis(&moved.deliver_at.unwrap()));
+
+    let got = consume_async(&broker, &topic, 29, Duration::from_secs(20), Duration::from_millis(1500)).await;
+    assert_eq!(
+        got.len(),
+        29,
+        "all but the cancelled one, once each: {:?}",
+        got.iter().map(|r| r.id()).collect::<Vec<_>>()
+    );
+    for r in &got {
+        assert_ne!(r.id(), "m-1", "a cancelled message is never delivered");
+        assert!(r.timestamp_ms >= due[r.id()], "{} produced before it was due", r.id());
+    }
+    assert_eq!(state_of(&mut client, "m-0").await, State::Delivered);
+    assert_eq!(state_of(&mut client, "m-1").await, State::Cancelled);
+    assert_eq!(
+        client.cancel(cancel("m-3")).await.unwrap().into_inner().outcome(),
+        CancelOutcome::AlreadyDelivered
+    );
+    assert!(
+        logged_records(&broker, &log_topic).await >= 33,
+        "schedules, cancel, reschedule and settles are in the log"
+    );
+    server.stop().await;
+
+    // A restart resumes from where its store applied to: nothing again.
+    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
+    let mut client = server.client().await;
+    assert_eq!(state_of(&mut client, "m-5").await, State::Delivered);
+    client
+        .schedule(with_id(&topic, "after-restart", "after-restart", Duration::from_millis(200)))
+        .await
+        .unwrap();
+    let got = consume_async(&broker, &topic, 30, Duration::from_secs(20), Duration::from_millis(1500)).await;
+    assert_eq!(got.len(), 30, "only the new one is added");
+    server.stop().await;
+
+    // The data dir lost: every shard is rebuilt from the log, and what the
+    // log recorded as delivered or cancelled does not go out again.
+    drop(dir);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
+    let mut client = server.client().await;
+    assert_eq!(state_of(&mut client, "m-7").await, State::Delivered);
+    assert_eq!(state_of(&mut client, "m-1").await, State::Cancelled);
+    assert_eq!(state_of(&mut client, "after-restart").await, State::Delivered);
+    let again = client.schedule(with_id(&topic, "m-0", "m-0", Duration::from_millis(1500))).await.unwrap();
+    assert!(again.into_inner().duplicate, "ids are remembered across the rebuild");
+    let got = consume_async(&broker, &topic, 31, Duration::from_secs(5), Duration::from_millis(1500)).await;
+    assert_eq!(got.len(), 30, "nothing is delivered twice after the rebuild");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_native_records_are_scheduled_and_bad_ones_recorded_as_failed() {
+    let broker = Broker::start();
+    let topic = random_name("native");
+    let log_topic = random_name("hourglass-log");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
+    let mut client = server.client().await;
+
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.addr())
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    let send = |key: &'static str, value: Option<&'static str>, headers: Vec<(&'static str, String)>| {
+        let producer = producer.clone();
+        let log_topic = log_topic.clone();
+        async move {
+            let mut h = OwnedHeaders::new();
+            for (k, v) in &headers {
+                h = h.insert(Header { key: k, value: Some(v.as_bytes()) });
+            }
+            let mut record = FutureRecord::<str, str>::to(&log_topic).key(key).headers(h);
+            if let Some(value) = value {
+                record = record.payload(value);
+            }
+            producer.send(record, Duration::from_secs(10)).await.unwrap();
+        }
+    };
+    let target = topic.clone();
+    send(
+        "native-1",
+        Some("hello"),
+        vec![
+            ("hourglass-topic", target.clone()),
+            ("hourglass-delay", "500ms".into()),
+            ("hourglass-key", "k1".into()),
+            ("trace", "t-9".into()),
+        ],
+    )
+    .await;
+    send("native-bad", Some("x"), vec![("hourglass-topic", target.clone())]).await;
+    send(
+        "native-2",
+        Some("later"),
+        vec![("hourglass-topic", target.clone()), ("hourglass-delay", "1h".into())],
+    )
+    .await;
+    // Cancelling by tombstone.
+    send("native-2", None, vec![]).await;
+
+    let got = consume_async(&broker, &topic, 1, Duration::from_secs(20), Duration::from_millis(1500)).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].id(), "native-1");
+    assert_eq!(got[0].key.as_deref(), Some(&b"k1"[..]));
+    assert_eq!(got[0].header("trace"), Some("t-9"));
+    let bad = client.get(proto::GetRequest { id: "native-bad".into() }).await.unwrap().into_inner();
+    assert_eq!(bad.state(), State::Failed, "{bad:?}");
+    assert!(format!("{bad:?}").contains("hourglass-deliver-at"), "the reason names what is missing: {bad:?}");
+    assert_eq!(state_of(&mut client, "native-2").await, State::Cancelled);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_native_example_schedules_cancels_and_is_refused_as_documented() {
+    let broker = Broker::start();
+    let topic = random_name("reminders");
+    let log_topic = random_name("hourglass-log");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
+    let mut client = server.client().await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/python/native_schedule.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args([
+            "--brokers",
+            broker.addr(),
+            "--log-topic",
+            &log_topic,
+            "--topic",
+            &topic,
+            "--id",
+            "reminder-42",
+        ])
+        .args(["--delay-ms", "300"])
+        .output()
+        .expect("python3 with confluent-kafka (bash deploy/local/install-deps.sh)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.lines().count(), 4, "{stdout}");
+    assert!(!stdout.contains("\"error\": \""), "every record was taken: {stdout}");
+
+    let got = consume_async(&broker, &topic, 1, Duration::from_secs(20), Duration::from_millis(1500)).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].id(), "reminder-42");
+    assert_eq!(got[0].key.as_deref(), Some(&b"teacher-7"[..]));
+    assert_eq!(got[0].header("trace-id"), Some("abc123"));
+    assert_eq!(state_of(&mut client, "reminder-42").await, State::Delivered);
+    assert_eq!(state_of(&mut client, "reminder-42-later").await, State::Cancelled);
+    assert_eq!(state_of(&mut client, "reminder-42-bad").await, State::Failed);
+    server.stop().await;
+}
