@@ -30,7 +30,7 @@ use crate::{
     clock::Clock,
     cluster::{ClusterConfig, applier::Applier, front::Front, recorder::LogRecorder, waiters::Waiters},
     dispatcher::Recorder,
-    kafka::{Ensured, LogProducer, Producer, TopicError, ensure_log_topic},
+    kafka::{LogProducer, Producer, TopicError, ensure_log_topic},
     message::{
         CancelOutcome, ListQuery, MessageId, PageToken, PendingPage, Scheduled, ScheduledMessage, Scope,
         UnixMillis,
@@ -97,12 +97,77 @@ pub struct NodeStats {
 
 /// The parts of a node in cluster mode.
 struct Logged {
+    config: ClusterConfig,
+    log: Arc<LogProducer>,
     /// One per shard, in shard order.
     fronts: Vec<Front>,
     waiters: Arc<Waiters>,
     /// Stops the appliers and the recorders' retries.
     stop: CancellationToken,
     appliers: TaskTracker,
+}
+
+impl Logged {
+    /// Creates or checks the schedule log, and the producer appending to it.
+    async fn start(config: &ClusterConfig) -> Result<Logged, NodeError> {
+        let ensured = ensure_log_topic(&config.kafka, &config.log, config.admin_timeout).await?;
+        tracing::info!(topic = %config.log.name, partitions = config.log.partitions, ?ensured, "the schedule log");
+        let log = LogProducer::new(&config.kafka, &config.log.name)
+            .map_err(|e| NodeError::Log(format!("creating its producer: {e}")))?;
+        Ok(Logged {
+            config: config.clone(),
+            log: Arc::new(log),
+            fronts: Vec::new(),
+            waiters: Arc::new(Waiters::new()),
+            stop: CancellationToken::new(),
+            appliers: TaskTracker::new(),
+        })
+    }
+
+    /// Makes `store` the view of its partition: applies the partition to
+    /// its end, then keeps applying it; returns where the shard's
+    /// dispatcher records its settles.
+    async fn join(&mut self, store: &Store, partition: i32) -> Result<Arc<dyn Recorder>, NodeError> {
+        self.start_applying(store, partition).await?;
+        self.fronts.push(Front::new(
+            store.clone(),
+            Arc::clone(&self.log),
+            partition,
+            Arc::clone(&self.waiters),
+        ));
+        Ok(Arc::new(LogRecorder::new(
+            Arc::clone(&self.log),
+            partition,
+            Arc::clone(&self.waiters),
+            self.stop.clone(),
+        )))
+    }
+
+    /// Starts applying `partition` to `store`, and returns once it has applied
+    /// the partition up to the end it had now.
+    async fn start_applying(&self, store: &Store, partition: i32) -> Result<(), NodeError> {
+        let applier = Applier::new(
+            &self.config.kafka,
+            &self.config.log.name,
+            partition,
+            store.clone(),
+            Arc::clone(&self.waiters),
+            self.config.limits.clone(),
+        )
+        .map_err(|e| NodeError::Log(e.to_string()))?;
+        let end = applier.end(&self.stop).await.ok_or_else(|| NodeError::Log("stopped".into()))?;
+        let from = store.log_next();
+        let (tx, mut applied) = watch::channel(from);
+        self.appliers.spawn(applier.run(self.stop.clone(), tx));
+        if from < end {
+            let started = std::time::Instant::now();
+            applied.wait_for(|next| *next >= end).await.map_err(|_| {
+                NodeError::Log(format!("partition {partition} stopped before it was applied"))
+            })?;
+            tracing::info!(partition, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
+        }
+        Ok(())
+    }
 }
 
 impl Node {
@@ -115,30 +180,8 @@ impl Node {
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
     ) -> Result<Node, NodeError> {
-        if let Some(cluster) = &config.cluster {
-            match ensure_log_topic(&cluster.kafka, &cluster.log, cluster.admin_timeout).await? {
-                Ensured::Created => {
-                    tracing::info!(topic = %cluster.log.name, partitions = cluster.log.partitions, "created the schedule log")
-                }
-                Ensured::Existed => {
-                    tracing::info!(topic = %cluster.log.name, partitions = cluster.log.partitions, "found the schedule log")
-                }
-            }
-        }
         let mut logged = match &config.cluster {
-            Some(cluster) => {
-                let log = LogProducer::new(&cluster.kafka, &cluster.log.name)
-                    .map_err(|e| NodeError::Log(format!("creating its producer: {e}")))?;
-                Some((
-                    Arc::new(log),
-                    Logged {
-                        fronts: Vec::new(),
-                        waiters: Arc::new(Waiters::new()),
-                        stop: CancellationToken::new(),
-                        appliers: TaskTracker::new(),
-                    },
-                ))
-            }
+            Some(cluster) => Some(Logged::start(cluster).await?),
             None => None,
         };
         let paths = shard_paths(&config.data_dir, config.shards)?;
@@ -166,32 +209,17 @@ impl Node {
                     asked: config.shards,
                 });
             }
-            let recorder = match (&config.cluster, &mut logged) {
-                (Some(cluster), Some((log, parts))) => {
-                    match start_applying(cluster, &store, shard as i32, parts).await {
-                        Ok(()) => {}
-                        Err(e) => {
-                            parts.stop.cancel();
-                            store.close().await;
-                            future::join_all(shards.iter().map(Shard::shutdown)).await;
-                            return Err(e);
-                        }
+            let recorder = match &mut logged {
+                Some(parts) => match parts.join(&store, shard as i32).await {
+                    Ok(recorder) => Some(recorder),
+                    Err(e) => {
+                        parts.stop.cancel();
+                        store.close().await;
+                        future::join_all(shards.iter().map(Shard::shutdown)).await;
+                        return Err(e);
                     }
-                    parts.fronts.push(Front::new(
-                        store.clone(),
-                        Arc::clone(log),
-                        shard as i32,
-                        Arc::clone(&parts.waiters),
-                    ));
-                    let recorder: Arc<dyn Recorder> = Arc::new(LogRecorder::new(
-                        Arc::clone(log),
-                        shard as i32,
-                        Arc::clone(&parts.waiters),
-                        parts.stop.clone(),
-                    ));
-                    Some(recorder)
-                }
-                _ => None,
+                },
+                None => None,
             };
             shards.push(Shard::start_recording(
                 store,
@@ -201,9 +229,8 @@ impl Node {
                 recorder,
             ));
         }
-        let cluster = logged.map(|(_, parts)| {
+        let cluster = logged.inspect(|parts| {
             parts.appliers.close();
-            parts
         });
         let stores: Vec<Store> = shards.iter().map(|s| s.store().clone()).collect();
         let (tx, health) = watch::channel(StoreHealth::Ok);
@@ -417,38 +444,6 @@ impl Node {
 /// How long a stopping node in cluster mode waits for its last records to
 /// be applied.
 const SETTLE_GRACE: Duration = Duration::from_secs(5);
-
-/// Starts applying `partition` to `store`, and returns once it has applied
-/// the partition up to the end it had now.
-async fn start_applying(
-    cluster: &ClusterConfig,
-    store: &Store,
-    partition: i32,
-    parts: &Logged,
-) -> Result<(), NodeError> {
-    let applier = Applier::new(
-        &cluster.kafka,
-        &cluster.log.name,
-        partition,
-        store.clone(),
-        Arc::clone(&parts.waiters),
-        cluster.limits.clone(),
-    )
-    .map_err(|e| NodeError::Log(e.to_string()))?;
-    let end = applier.end(&parts.stop).await.ok_or_else(|| NodeError::Log("stopped".into()))?;
-    let from = store.log_next();
-    let (tx, mut applied) = watch::channel(from);
-    parts.appliers.spawn(applier.run(parts.stop.clone(), tx));
-    if from < end {
-        let started = std::time::Instant::now();
-        applied
-            .wait_for(|next| *next >= end)
-            .await
-            .map_err(|_| NodeError::Log(format!("partition {partition} stopped before it was applied")))?;
-        tracing::info!(partition, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
-    }
-    Ok(())
-}
 
 /// The shard an id belongs to among `shards`: Kafka's Java client's rule
 /// for keys, `toPositive(murmur2(key)) % n`, over the id's text.

@@ -76,7 +76,8 @@ impl LogRecorder {
         let (log, partition, reordered, stop) =
             (Arc::clone(&self.log), self.partition, Arc::clone(&self.reordered), self.stop.clone());
         // Queued now, in order; retried until it is in or the shard stops.
-        let first = log.enqueue(partition, &key, &record);
+        let value = record.encode();
+        let first = log.enqueue(partition, &key, Some(&value));
         tokio::spawn(async move {
             let mut attempt = first;
             loop {
@@ -92,7 +93,7 @@ impl LogRecorder {
                             }
                             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                         }
-                        attempt = log.enqueue(partition, &key, &record);
+                        attempt = log.enqueue(partition, &key, Some(&value));
                     }
                 }
             }

@@ -24,9 +24,6 @@ use crate::{
     message::{Limits, UnixMillis},
 };
 
-/// How long an append may take before its caller is told to retry.
-const APPEND_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Appends records to the schedule log.
 pub struct LogProducer {
     inner: FutureProducer,
@@ -57,27 +54,23 @@ impl LogProducer {
     /// Appends `record` under `key` to `partition`; returns its offset once
     /// every in-sync replica has it.
     pub async fn append(&self, partition: i32, key: &[u8], record: &LogRecord) -> Result<i64, KafkaError> {
-        let value = record.encode();
-        self.send(partition, key, Some(&value)).await
+        self.enqueue(partition, key, Some(&record.encode())).await
     }
 
-    /// Appends a tombstone of `key`: compaction drops what came before it.
-    pub async fn tombstone(&self, partition: i32, key: &[u8]) -> Result<i64, KafkaError> {
-        self.send(partition, key, None).await
-    }
-
-    /// Queues `record` now (so that records queued one after another reach
+    /// Queues a record now (so that records queued one after another reach
     /// the partition in that order) and returns the wait for its offset.
     pub fn enqueue(
         &self,
         partition: i32,
         key: &[u8],
-        record: &LogRecord,
+        value: Option<&[u8]>,
     ) -> impl std::future::Future<Output = Result<i64, KafkaError>> + Send + use<> {
-        let value = record.encode();
-        let out = FutureRecord::to(&self.topic).partition(partition).key(key).payload(&value).headers(
-            OwnedHeaders::new().insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) }),
-        );
+        let headers =
+            OwnedHeaders::new().insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) });
+        let mut out = FutureRecord::to(&self.topic).partition(partition).key(key).headers(headers);
+        if let Some(value) = value {
+            out = out.payload(value);
+        }
         let queued = self.inner.send_result(out).map_err(|(e, _)| e);
         async move {
             match queued?.await {
@@ -85,19 +78,6 @@ impl LogProducer {
                 Ok(Err((e, _))) => Err(e),
                 Err(_) => Err(KafkaError::Canceled),
             }
-        }
-    }
-
-    async fn send(&self, partition: i32, key: &[u8], value: Option<&[u8]>) -> Result<i64, KafkaError> {
-        let headers =
-            OwnedHeaders::new().insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) });
-        let mut out = FutureRecord::to(&self.topic).partition(partition).key(key).headers(headers);
-        if let Some(value) = value {
-            out = out.payload(value);
-        }
-        match self.inner.send(out, APPEND_TIMEOUT).await {
-            Ok(delivery) => Ok(delivery.offset),
-            Err((e, _)) => Err(e),
         }
     }
 }

@@ -31,6 +31,15 @@ impl MessageRecord {
         }
     }
 
+    /// The due time as first asked for.
+    pub fn requested(&self) -> DueSpec {
+        match (self.requested_at_ms, self.requested_delay_ms) {
+            (_, Some(ms)) => DueSpec::After(std::time::Duration::from_millis(ms)),
+            (Some(ms), None) => DueSpec::At(UnixMillis(ms)),
+            (None, None) => DueSpec::At(self.due()),
+        }
+    }
+
     /// The message as the client sent it.
     pub fn envelope(&self) -> Envelope {
         Envelope {

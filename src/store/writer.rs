@@ -648,10 +648,8 @@ impl Writer {
     ) -> Round<'a> {
         let mut answers = Vec::with_capacity(entries.len());
         for entry in entries {
-            let touches_settled = !r.settled.is_empty()
-                && apply::ids_of(&entry)
-                    .iter()
-                    .any(|id| MessageId::from_stored(id).is_some_and(|id| r.settled.contains(&id)));
+            let touches_settled =
+                !r.settled.is_empty() && apply::ids_of(&entry).iter().any(|id| r.settled.contains(id));
             if touches_settled {
                 let full = std::mem::replace(&mut r, Round::new(db, self.meta.clone()));
                 self.commit(full);
@@ -1463,8 +1461,13 @@ impl<'a> Round<'a> {
     /// retention clock.
     fn settle(&mut self, id: &MessageId, settlement: &Settlement, at: UnixMillis) {
         self.put_settlement(id, settlement);
-        self.batch.put_cf(cf(self.db, schema::CF_CHECKPOINT), schema::retention_key(at, id), []);
+        self.start_retention(at, id);
         self.meta.pending = self.meta.pending.saturating_sub(1);
+    }
+
+    /// Starts the retention clock of a message settled at `at`.
+    fn start_retention(&mut self, at: UnixMillis, id: &MessageId) {
+        self.batch.put_cf(cf(self.db, schema::CF_CHECKPOINT), schema::retention_key(at, id), []);
     }
 }
 

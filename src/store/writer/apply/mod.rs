@@ -16,15 +16,13 @@
 //!   written in the same batch ([`Meta::log_next`]): after a crash, applying
 //!   resumes there, and no record is applied twice.
 
-use std::time::Duration;
-
 use super::{Flow, NewId, NewMessage, Outcome, Round, Settle, Stored, Writer};
 use crate::{
     log::{
         native::Native,
         record::{self, Change, Entry, LogMessage, SettledLine, SettledOutcome},
     },
-    message::{CancelOutcome, DueSpec, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
+    message::{CancelOutcome, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
     store::{
         StoreError,
         claims::Floor,
@@ -250,25 +248,22 @@ impl Writer {
     }
 }
 
-/// The messages an entry changes, as stored.
-pub(super) fn ids_of(entry: &LogEntry) -> Vec<Vec<u8>> {
+/// The messages an entry changes.
+pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
+    let stored = |bytes: &[u8]| MessageId::from_stored(bytes);
     match &entry.entry {
         Entry::Logged { change, .. } => match change {
-            Change::Scheduled(m) | Change::Rescheduled(m) => vec![m.id.clone()],
-            Change::Cancelled(c) => c.message.iter().map(|m| m.id.clone()).collect(),
-            Change::Failed(f) => vec![f.id.clone()],
+            Change::Scheduled(m) | Change::Rescheduled(m) => stored(&m.id).into_iter().collect(),
+            Change::Cancelled(c) => c.message.iter().filter_map(|m| stored(&m.id)).collect(),
+            Change::Failed(f) => stored(&f.id).into_iter().collect(),
             Change::Settled(s) => match &entry.local {
-                Some(Local::Settles(settles, _)) => {
-                    settles.iter().map(|s| s.id.as_bytes().to_vec()).collect()
-                }
-                _ => s.lines.iter().map(|l| l.id.clone()).collect(),
+                Some(Local::Settles(settles, _)) => settles.iter().map(|s| s.id.clone()).collect(),
+                _ => s.lines.iter().filter_map(|l| stored(&l.id)).collect(),
             },
         },
-        Entry::Native { native: Native::Schedule { id, .. } | Native::Cancel(id), .. } => {
-            vec![id.as_bytes().to_vec()]
-        }
-        Entry::Rejected { rejected, .. } => rejected.id.iter().map(|id| id.as_bytes().to_vec()).collect(),
-        Entry::Forget(id) => vec![id.as_bytes().to_vec()],
+        Entry::Native { native: Native::Schedule { id, .. } | Native::Cancel(id), .. } => vec![id.clone()],
+        Entry::Rejected { rejected, .. } => rejected.id.iter().cloned().collect(),
+        Entry::Forget(id) => vec![id.clone()],
         Entry::Skip(_) => Vec::new(),
     }
 }
@@ -377,7 +372,7 @@ impl Writer {
     ) -> Result<Scheduled, StoreError> {
         let due = record.due();
         if !fresh && let Some(existing) = self.load(r, &id)? {
-            return if existing.record.is_same_request(&record.envelope(), requested_of(&record)) {
+            return if existing.record.is_same_request(&record.envelope(), record.requested()) {
                 Ok(Scheduled { id, due: existing.record.due(), duplicate: true })
             } else {
                 Err(StoreError::IdConflict(id))
@@ -497,12 +492,7 @@ impl Writer {
         record.entry_at_ms = None;
         r.put_message(id, &record);
         r.put_settlement(id, &settlement);
-        let at = UnixMillis(settlement.at_ms);
-        r.batch.put_cf(
-            super::cf(self.shared.db.as_ref(), super::schema::CF_CHECKPOINT),
-            super::schema::retention_key(at, id),
-            [],
-        );
+        r.start_retention(UnixMillis(settlement.at_ms), id);
         let kind = settlement.kind();
         self.count(r, id, &record.topic, |c| match kind {
             SettlementKind::Cancelled => c.cancelled = c.cancelled.saturating_add(1),
@@ -547,11 +537,7 @@ impl Writer {
                 };
                 r.put_settlement(&id, &delivered);
                 r.delete_retention(UnixMillis(s.at_ms), &id);
-                r.batch.put_cf(
-                    super::cf(self.shared.db.as_ref(), super::schema::CF_CHECKPOINT),
-                    super::schema::retention_key(at, &id),
-                    [],
-                );
+                r.start_retention(at, &id);
                 r.meta.cancelled_total = r.meta.cancelled_total.saturating_sub(1);
                 r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
                 self.count(r, &id, &stored.record.topic, |c| {
@@ -624,25 +610,15 @@ fn record_of(m: LogMessage) -> MessageRecord {
     MessageRecord::new(m.envelope(), requested, due, 0, at)
 }
 
-fn requested_of(record: &MessageRecord) -> DueSpec {
-    match (record.requested_at_ms, record.requested_delay_ms) {
-        (_, Some(ms)) => DueSpec::After(Duration::from_millis(ms)),
-        (Some(ms), None) => DueSpec::At(UnixMillis(ms)),
-        (None, None) => DueSpec::At(record.due()),
-    }
-}
-
 /// A stored record, whole, as a log record carries it.
 pub(super) fn log_message(id: &MessageId, record: &MessageRecord) -> LogMessage {
-    let mut m = LogMessage::new(
+    LogMessage::new(
         id,
         &record.envelope(),
-        requested_of(record),
+        record.requested(),
         record.due(),
         UnixMillis(record.scheduled_at_ms),
-    );
-    m.due_ms = record.due_ms;
-    m
+    )
 }
 
 /// A settle as the log records it.
