@@ -8,7 +8,9 @@
 //! is due by then, so it never delivers early, and a wall-clock step is
 //! noticed within `max_sleep`.
 //!
-//! At most `max_in_flight` messages are between "claimed" and "settled".
+//! At most `max_in_flight` messages are between "claimed" and "settled" at
+//! Kafka, and at most twice that are produced and not yet recorded in the
+//! store (a commit that fails keeps its settles counted until it succeeds).
 //! Messages go to the producer in due order, so each partition receives them
 //! in due order (the producer is idempotent). A delivery report becomes one
 //! [`Settle`] the writer commits atomically: delete from the due CF, record
@@ -262,6 +264,9 @@ enum Next {
     Idle,
     /// In-flight limit reached: wait for reports.
     Full,
+    /// Everything produced and not recorded fills the window: wait for
+    /// the writer's commits (or reports).
+    Commits,
 }
 
 impl Dispatcher {
@@ -318,7 +323,7 @@ impl Dispatcher {
             self.publish();
             let sleep = match next {
                 Next::At(due) => self.clock.until(due).min(self.config.max_sleep),
-                Next::Idle | Next::Full => self.config.max_sleep,
+                Next::Idle | Next::Full | Next::Commits => self.config.max_sleep,
                 Next::Now => Duration::ZERO,
             };
             // What waits to be settled in order waits no longer than this.
@@ -364,12 +369,22 @@ impl Dispatcher {
         if now >= self.unreadable_retry {
             self.recheck.append(&mut self.unreadable);
         }
-        // Stalled records keep their claims but not their slots; twice the
-        // limit in all bounds memory when everything stalls.
-        let mut room = self.config.max_in_flight.saturating_sub(self.active());
-        room = room.min((2 * self.config.max_in_flight).saturating_sub(self.sent.len()));
+        // Stalled records keep their claims but not their slots. Twice the
+        // limit bounds everything produced and not recorded yet: memory when
+        // everything stalls, and what a restart produces again when commits
+        // fail before the store reports it.
+        let slots = self.config.max_in_flight.saturating_sub(self.active());
+        let window = 2 * self.config.max_in_flight;
+        let committing = self.store.wake().unrecorded();
+        let unrecorded = self.sent.len() + self.settling.len() + committing;
+        let mut room = slots.min(window.saturating_sub(unrecorded));
         if room == 0 {
-            return Next::Full;
+            if slots == 0 || committing == 0 {
+                return Next::Full;
+            }
+            // Waiting on the writer rather than on Kafka: its next commit
+            // of settles wakes this loop (unless one just came).
+            return if self.store.wake().await_commits() < committing { Next::Now } else { Next::Commits };
         }
 
         // Entries to look at again first: they are due, and behind the scan.
@@ -480,7 +495,7 @@ impl Dispatcher {
             .min();
         let unreadable = (!self.unreadable.is_empty()).then_some(self.unreadable_retry);
         match (next, probe.into_iter().chain(unreadable).min()) {
-            (Next::Now, _) | (Next::Full, _) => next,
+            (Next::Now | Next::Full | Next::Commits, _) => next,
             (Next::At(t), Some(other)) => Next::At(t.min(other)),
             (Next::Idle, Some(other)) => Next::At(other),
             (next, None) => next,

@@ -26,7 +26,10 @@
 
 use std::{
     collections::{HashMap, hash_map::Entry},
-    sync::Mutex,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
 };
 
 use tokio::sync::Notify;
@@ -236,6 +239,11 @@ const LATE_CAP: usize = 65_536;
 pub(crate) struct Wake {
     state: Mutex<WakeState>,
     notify: Notify,
+    /// Settles handed to the writer and not committed yet: produced, and
+    /// not recorded.
+    unrecorded: AtomicUsize,
+    /// The dispatcher waits for commits to lower `unrecorded`.
+    awaiting_commits: AtomicBool,
 }
 
 #[derive(Default)]
@@ -283,6 +291,34 @@ pub(crate) struct Late {
 impl Wake {
     fn state(&self) -> std::sync::MutexGuard<'_, WakeState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The dispatcher hands `n` settles to the writer.
+    pub fn settling(&self, n: usize) {
+        self.unrecorded.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The writer committed `n` of the settles handed to it; wakes the
+    /// dispatcher if it waits for that.
+    pub fn recorded(&self, n: usize) {
+        self.unrecorded.fetch_sub(n, Ordering::AcqRel);
+        if n > 0 && self.awaiting_commits.swap(false, Ordering::AcqRel) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Settles handed to the writer and not committed yet (those of a
+    /// failed commit stay until it is retried and succeeds).
+    pub fn unrecorded(&self) -> usize {
+        self.unrecorded.load(Ordering::Acquire)
+    }
+
+    /// The dispatcher has no room until commits record what it produced:
+    /// the next commit of settles wakes it. Returns what is unrecorded now
+    /// (a commit may have come in between).
+    pub fn await_commits(&self) -> usize {
+        self.awaiting_commits.store(true, Ordering::Release);
+        self.unrecorded()
     }
 
     /// The writer, after a commit that added `added`: those below the

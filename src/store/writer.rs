@@ -134,6 +134,7 @@ impl Store {
         if settles.is_empty() && floor.is_none_or(|f| f.key <= self.inner.wake.floor_recorded()) {
             return Ok(());
         }
+        self.inner.wake.settling(settles.len());
         self.send(Op::Settle { settles, floor }).await
     }
 
@@ -1245,6 +1246,9 @@ impl Writer {
                     self.chunk_high = chunk_last;
                 }
                 let highest = r.settles.iter().map(|s| s.key).max();
+                if !r.from_log {
+                    self.shared.wake.recorded(r.settles.len());
+                }
                 claims.release_settled(&r.released, highest);
                 self.shared.wake.record_floor(r.meta.floor());
                 for id in std::mem::take(&mut r.released) {
