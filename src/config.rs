@@ -261,6 +261,13 @@ settings! {
             /// Fixed once the topic exists: each message id belongs to one
             /// partition by its hash.
             log_partitions: u32 = "12", "HOURGLASS_LOG_PARTITIONS";
+            /// Cluster mode: the Kafka consumer group whose members (the
+            /// nodes) own the schedule log's partitions.
+            group_id: String = "hourglass", "HOURGLASS_GROUP_ID";
+            /// Cluster mode: how long the group waits for a silent node
+            /// before its shards go to others; also how long a node cut off
+            /// from the group goes on dispatching, at most.
+            group_session_timeout: HumanDuration = "6s", "HOURGLASS_GROUP_SESSION_TIMEOUT";
         }
         optional {
             /// PEM certificate (chain) for TLS on the gRPC port; needs
@@ -394,6 +401,12 @@ impl Config {
             }
             if self.log_topic.trim().is_empty() {
                 return fail("log_topic", "is empty");
+            }
+            if self.group_id.trim().is_empty() {
+                return fail("group_id", "is empty");
+            }
+            if !(Duration::from_secs(1)..=Duration::from_secs(300)).contains(&*self.group_session_timeout) {
+                return fail("group_session_timeout", "use 1s to 5m (brokers allow 6s to 5m by default)");
             }
             if self.log_replication.is_some_and(|r| r < 1) {
                 return fail("log_replication", "must be at least 1");

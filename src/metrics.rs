@@ -78,6 +78,24 @@ pub static LOG_REJECTED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Kafka-native records of the schedule log that could not be scheduled (recorded as failed when they carry an id).",
     )
 });
+pub static SHARDS_OWNED: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "hourglass_cluster_shards_owned",
+        "Cluster mode: shards (partitions of the schedule log) this node owns and dispatches.",
+    )
+});
+pub static SHARD_MOVES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "hourglass_cluster_shard_moves_total",
+                "Cluster mode: shards taken and let go by this node.",
+            ),
+            &["move"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static PENDING: LazyLock<IntGaugeVec> =
     LazyLock::new(|| shard_gauge("hourglass_messages_pending", "Messages parked and waiting for delivery."));
 pub static LATENESS: LazyLock<Histogram> = LazyLock::new(|| {

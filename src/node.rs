@@ -19,7 +19,6 @@
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
-    time::Duration,
 };
 
 use futures_util::future;
@@ -28,9 +27,8 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     clock::Clock,
-    cluster::{ClusterConfig, applier::Applier, front::Front, recorder::LogRecorder, waiters::Waiters},
-    dispatcher::Recorder,
-    kafka::{LogProducer, Producer, TopicError, ensure_log_topic},
+    cluster::{Cluster, ClusterConfig, ClusterError, Shards},
+    kafka::Producer,
     message::{
         CancelOutcome, ListQuery, MessageId, PageToken, PendingPage, Scheduled, ScheduledMessage, Scope,
         UnixMillis,
@@ -70,17 +68,16 @@ pub enum NodeError {
     #[error("opening the store in {}: {source}", path.display())]
     Open { path: PathBuf, source: StoreError },
     #[error(transparent)]
-    LogTopic(#[from] TopicError),
-    #[error("the schedule log: {0}")]
-    Log(String),
+    Cluster(#[from] ClusterError),
 }
 
 /// The shards of one process; requests reach each through [`Node`]'s
 /// methods, which route by id.
 pub struct Node {
+    /// Standalone: every shard, in shard order.
     shards: Vec<Shard>,
-    /// Cluster mode: how changes reach the log, and what applies it.
-    cluster: Option<Logged>,
+    /// Cluster mode: the shards the consumer group gives this node.
+    cluster: Option<Cluster>,
     max_pending: Option<u64>,
     health: watch::Receiver<StoreHealth>,
     damaged: CancellationToken,
@@ -95,97 +92,36 @@ pub struct NodeStats {
     pub oldest_overdue: Option<crate::message::PendingMessage>,
 }
 
-/// The parts of a node in cluster mode.
-struct Logged {
-    config: ClusterConfig,
-    log: Arc<LogProducer>,
-    /// One per shard, in shard order.
-    fronts: Vec<Front>,
-    waiters: Arc<Waiters>,
-    /// Stops the appliers and the recorders' retries.
-    stop: CancellationToken,
-    appliers: TaskTracker,
-}
-
-impl Logged {
-    /// Creates or checks the schedule log, and the producer appending to it.
-    async fn start(config: &ClusterConfig) -> Result<Logged, NodeError> {
-        let ensured = ensure_log_topic(&config.kafka, &config.log, config.admin_timeout).await?;
-        tracing::info!(topic = %config.log.name, partitions = config.log.partitions, ?ensured, "the schedule log");
-        let log = LogProducer::new(&config.kafka, &config.log.name)
-            .map_err(|e| NodeError::Log(format!("creating its producer: {e}")))?;
-        Ok(Logged {
-            config: config.clone(),
-            log: Arc::new(log),
-            fronts: Vec::new(),
-            waiters: Arc::new(Waiters::new()),
-            stop: CancellationToken::new(),
-            appliers: TaskTracker::new(),
-        })
-    }
-
-    /// Makes `store` the view of its partition: applies the partition to
-    /// its end, then keeps applying it; returns where the shard's
-    /// dispatcher records its settles.
-    async fn join(&mut self, store: &Store, partition: i32) -> Result<Arc<dyn Recorder>, NodeError> {
-        self.start_applying(store, partition).await?;
-        self.fronts.push(Front::new(
-            store.clone(),
-            Arc::clone(&self.log),
-            partition,
-            Arc::clone(&self.waiters),
-        ));
-        Ok(Arc::new(LogRecorder::new(
-            Arc::clone(&self.log),
-            partition,
-            Arc::clone(&self.waiters),
-            self.stop.clone(),
-        )))
-    }
-
-    /// Starts applying `partition` to `store`, and returns once it has applied
-    /// the partition up to the end it had now.
-    async fn start_applying(&self, store: &Store, partition: i32) -> Result<(), NodeError> {
-        let applier = Applier::new(
-            &self.config.kafka,
-            &self.config.log.name,
-            partition,
-            store.clone(),
-            Arc::clone(&self.waiters),
-            self.config.limits.clone(),
-        )
-        .map_err(|e| NodeError::Log(e.to_string()))?;
-        let end = applier.end(&self.stop).await.ok_or_else(|| NodeError::Log("stopped".into()))?;
-        let from = store.log_next();
-        let (tx, mut applied) = watch::channel(from);
-        self.appliers.spawn(applier.run(self.stop.clone(), tx));
-        if from < end {
-            let started = std::time::Instant::now();
-            applied.wait_for(|next| *next >= end).await.map_err(|_| {
-                NodeError::Log(format!("partition {partition} stopped before it was applied"))
-            })?;
-            tracing::info!(partition, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
-        }
-        Ok(())
-    }
-}
-
 impl Node {
     /// Opens every shard's store (refusing a data dir laid out for another
     /// shard count) and starts their dispatchers. In cluster mode, the log
-    /// topic is created or checked first, and each shard applies its
+    /// topic is created or checked first, and the node joins the consumer
+    /// group: it takes the shards the group gives it, each applying its
     /// partition to its end before its dispatcher starts.
     pub async fn start(
         config: &NodeConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
     ) -> Result<Node, NodeError> {
-        let mut logged = match &config.cluster {
-            Some(cluster) => Some(Logged::start(cluster).await?),
-            None => None,
-        };
         let paths = shard_paths(&config.data_dir, config.shards)?;
         let per_shard = config.max_pending.map(|cap| cap.div_ceil(u64::from(config.shards)));
+        let (damaged, stop) = (CancellationToken::new(), CancellationToken::new());
+        let watchers = TaskTracker::new();
+        if let Some(cluster) = &config.cluster {
+            let shards =
+                Shards { config: config.shard.clone(), paths, max_pending: per_shard, producer, clock };
+            let cluster = Cluster::start(cluster, shards).await?;
+            watchers.close();
+            return Ok(Node {
+                shards: Vec::new(),
+                health: cluster.health(),
+                damaged: cluster.damaged(),
+                cluster: Some(cluster),
+                max_pending: config.max_pending,
+                stop,
+                watchers,
+            });
+        }
         let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
         for (shard, path) in (0..).zip(paths) {
             let mut shard_config = config.shard.clone();
@@ -209,59 +145,50 @@ impl Node {
                     asked: config.shards,
                 });
             }
-            let recorder = match &mut logged {
-                Some(parts) => match parts.join(&store, shard as i32).await {
-                    Ok(recorder) => Some(recorder),
-                    Err(e) => {
-                        parts.stop.cancel();
-                        store.close().await;
-                        future::join_all(shards.iter().map(Shard::shutdown)).await;
-                        return Err(e);
-                    }
-                },
-                None => None,
-            };
-            shards.push(Shard::start_recording(
-                store,
-                &shard_config,
-                Arc::clone(&producer),
-                Arc::clone(&clock),
-                recorder,
-            ));
+            shards.push(Shard::start(store, &shard_config, Arc::clone(&producer), Arc::clone(&clock)));
         }
-        let cluster = logged.inspect(|parts| {
-            parts.appliers.close();
-        });
         let stores: Vec<Store> = shards.iter().map(|s| s.store().clone()).collect();
         let (tx, health) = watch::channel(StoreHealth::Ok);
-        let (damaged, stop) = (CancellationToken::new(), CancellationToken::new());
-        let watchers = TaskTracker::new();
         watchers.spawn(watch_health(stores.clone(), tx, stop.clone()));
         watchers.spawn(watch_damage(stores, damaged.clone(), stop.clone()));
         watchers.close();
-        Ok(Node { shards, cluster, max_pending: config.max_pending, health, damaged, stop, watchers })
+        Ok(Node { shards, cluster: None, max_pending: config.max_pending, health, damaged, stop, watchers })
     }
 
     /// The shard `id` belongs to.
     pub fn shard_of(&self, id: &MessageId) -> usize {
-        shard_of(id, self.shards.len() as u32) as usize
+        let shards = match &self.cluster {
+            Some(cluster) => cluster.partitions(),
+            None => self.shards.len() as u32,
+        };
+        shard_of(id, shards) as usize
     }
 
-    fn store_of(&self, id: &MessageId) -> &Store {
-        self.shards[self.shard_of(id)].store()
+    /// The store of `id`'s shard: in cluster mode, once this node owns it.
+    async fn store_of(&self, id: &MessageId) -> Result<Store, StoreError> {
+        match &self.cluster {
+            Some(cluster) => Ok(cluster.owner_of(self.shard_of(id)).await?.store().clone()),
+            None => Ok(self.shards[self.shard_of(id)].store().clone()),
+        }
     }
 
-    /// Every shard's store, in shard order.
-    fn stores(&self) -> impl ExactSizeIterator<Item = &Store> {
-        self.shards.iter().map(Shard::store)
+    /// The stores of the shards on this node, with their shard numbers, in
+    /// shard order.
+    fn stores(&self) -> Vec<(u32, Store)> {
+        match &self.cluster {
+            Some(cluster) => {
+                cluster.owned().into_iter().map(|(n, owned)| (n, owned.store().clone())).collect()
+            }
+            None => (0..).zip(self.shards.iter().map(|s| s.store().clone())).collect(),
+        }
     }
 
     /// Parks a message in its shard; returns once it is durable.
     pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
         if let Some(cluster) = &self.cluster {
-            return cluster.fronts[self.shard_of(msg.id.id())].schedule(msg).await;
+            return cluster.owner_of(self.shard_of(msg.id.id())).await?.front().schedule(msg).await;
         }
-        self.store_of(msg.id.id()).schedule(msg).await
+        self.store_of(msg.id.id()).await?.schedule(msg).await
     }
 
     /// Parks many messages: one atomic, durable write per shard, the shards
@@ -272,11 +199,9 @@ impl Node {
         &self,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
-        if let Some(cluster) = &self.cluster {
+        if self.cluster.is_some() {
             // Each message is a record of its own: answered one by one.
-            let fronts = &cluster.fronts;
-            let answers = msgs.into_iter().map(|msg| fronts[self.shard_of(msg.id.id())].schedule(msg));
-            return Ok(future::join_all(answers).await);
+            return Ok(future::join_all(msgs.into_iter().map(|msg| self.schedule(msg))).await);
         }
         if let [shard] = &self.shards[..] {
             return shard.store().schedule_batch(msgs).await;
@@ -291,7 +216,7 @@ impl Node {
         }
         let writes = groups
             .into_iter()
-            .zip(self.stores())
+            .zip(self.shards.iter().map(Shard::store))
             .filter(|((slots, _), _)| !slots.is_empty())
             .map(|((slots, msgs), store)| async move { (slots, store.schedule_batch(msgs).await) });
         let mut results: Vec<Option<Result<Scheduled, StoreError>>> = (0..total).map(|_| None).collect();
@@ -328,9 +253,9 @@ impl Node {
         now: UnixMillis,
     ) -> Result<CancelOutcome, StoreError> {
         if let Some(cluster) = &self.cluster {
-            return cluster.fronts[self.shard_of(&id)].cancel(scope, id, now).await;
+            return cluster.owner_of(self.shard_of(&id)).await?.front().cancel(scope, id, now).await;
         }
-        self.store_of(&id).cancel(scope, id, now).await
+        self.store_of(&id).await?.cancel(scope, id, now).await
     }
 
     pub async fn reschedule(
@@ -340,13 +265,13 @@ impl Node {
         due: UnixMillis,
     ) -> Result<UnixMillis, StoreError> {
         if let Some(cluster) = &self.cluster {
-            return cluster.fronts[self.shard_of(&id)].reschedule(scope, id, due).await;
+            return cluster.owner_of(self.shard_of(&id)).await?.front().reschedule(scope, id, due).await;
         }
-        self.store_of(&id).reschedule(scope, id, due).await
+        self.store_of(&id).await?.reschedule(scope, id, due).await
     }
 
     pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
-        self.store_of(&id).get(scope, id).await
+        self.store_of(&id).await?.get(scope, id).await
     }
 
     /// A page of the pending messages `scope` sees, in dispatch order
@@ -359,13 +284,13 @@ impl Node {
         limit: usize,
         examine: usize,
     ) -> Result<PendingPage, StoreError> {
-        let shards = self.shards.len() as u32;
-        let examine = (examine / self.shards.len()).max(1);
+        let stores = self.stores();
+        let examine = (examine / stores.len().max(1)).max(1);
         let from = DispatchKey { at: query.from.unwrap_or_default(), seq: 0 };
-        let reads = (0..shards).zip(self.stores()).map(|(shard, store)| {
+        let reads = stores.iter().map(|(shard, store)| {
             let filter = ListFilter {
                 topic: query.topic.clone(),
-                from: query.page_token.map_or(from, |token| start_in(shard, token).max(from)),
+                from: query.page_token.map_or(from, |token| start_in(*shard, token).max(from)),
                 to: query.to,
                 limit,
                 examine,
@@ -373,12 +298,14 @@ impl Node {
             store.list_pending(scope.clone(), filter)
         });
         let pages = future::try_join_all(reads).await?;
-        Ok(merge_pages(pages, limit))
+        let shards = stores.iter().map(|(shard, _)| *shard);
+        Ok(merge_pages(shards.zip(pages).collect(), limit))
     }
 
     /// Counts `scope` sees and its oldest overdue message, over the shards.
     pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<NodeStats, StoreError> {
-        let all = future::try_join_all(self.stores().map(|s| s.stats(scope.clone(), now))).await?;
+        let stores = self.stores();
+        let all = future::try_join_all(stores.iter().map(|(_, s)| s.stats(scope.clone(), now))).await?;
         let mut stats = NodeStats::default();
         for shard in all {
             stats.counts.add(&shard.counts);
@@ -393,12 +320,13 @@ impl Node {
 
     /// Messages the dispatchers hold for producing right now.
     pub fn dispatching(&self) -> usize {
-        self.stores().map(Store::dispatching).sum()
+        self.stores().iter().map(|(_, s)| s.dispatching()).sum()
     }
 
     /// Bytes the stores take on disk and in memtables.
     pub async fn size_bytes(&self) -> Result<u64, StoreError> {
-        Ok(future::try_join_all(self.stores().map(Store::size_bytes)).await?.into_iter().sum())
+        let stores = self.stores();
+        Ok(future::try_join_all(stores.iter().map(|(_, s)| s.size_bytes())).await?.into_iter().sum())
     }
 
     /// The node's backlog cap, if one is set.
@@ -418,32 +346,22 @@ impl Node {
 
     /// What damage was found, and what to do about it.
     pub fn damage(&self) -> Option<String> {
-        self.stores().find_map(Store::damage)
+        self.stores().iter().find_map(|(_, s)| s.damage())
     }
 
     /// Stops every shard: dispatchers settle what is in flight, stores
     /// commit what is queued and close.
     pub async fn shutdown(&self) {
         if let Some(cluster) = &self.cluster {
-            // The dispatchers' last settles go to the log; they are
-            // applied before the stores close, if the log takes them soon.
-            future::join_all(self.shards.iter().map(Shard::stop_tasks)).await;
-            let deadline = tokio::time::Instant::now() + SETTLE_GRACE;
-            while !cluster.waiters.is_empty() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            cluster.stop.cancel();
-            cluster.appliers.wait().await;
+            // Each shard is let go as in a move: its last deliveries go to
+            // the log and are applied before its store closes.
+            cluster.shutdown().await;
         }
         future::join_all(self.shards.iter().map(Shard::shutdown)).await;
         self.stop.cancel();
         self.watchers.wait().await;
     }
 }
-
-/// How long a stopping node in cluster mode waits for its last records to
-/// be applied.
-const SETTLE_GRACE: Duration = Duration::from_secs(5);
 
 /// The shard an id belongs to among `shards`: Kafka's Java client's rule
 /// for keys, `toPositive(murmur2(key)) % n`, over the id's text.
@@ -530,13 +448,12 @@ fn start_in(shard: u32, token: PageToken) -> DispatchKey {
 /// The shards' pages as one, in (dispatch time, shard, acceptance) order:
 /// what every shard read (each up to where its own page stopped), at most
 /// `limit` messages and about [`LIST_KEY_BYTES`] of keys.
-fn merge_pages(pages: Vec<StorePage>, limit: usize) -> PendingPage {
+fn merge_pages(pages: Vec<(u32, StorePage)>, limit: usize) -> PendingPage {
     let position = |shard: u32, key: DispatchKey| PageToken { dispatch_at: key.at, shard, seq: key.seq };
     // Everything before the first place a shard stopped was read by all.
-    let read_to =
-        (0..).zip(&pages).filter_map(|(shard, page)| page.next.map(|key| position(shard, key))).min();
-    let mut all: Vec<(PageToken, _)> = (0..)
-        .zip(pages)
+    let read_to = pages.iter().filter_map(|(shard, page)| page.next.map(|key| position(*shard, key))).min();
+    let mut all: Vec<(PageToken, _)> = pages
+        .into_iter()
         .flat_map(|(shard, page)| page.messages.into_iter().map(move |(key, m)| (position(shard, key), m)))
         .filter(|(at, _)| read_to.is_none_or(|end| *at < end))
         .collect();
@@ -663,14 +580,20 @@ mod tests {
     #[test]
     fn pages_merge_in_dispatch_order_then_shard() {
         let merged = merge_pages(
-            vec![page(&[("a", 10, 0), ("c", 30, 1)], None), page(&[("b", 10, 5), ("d", 40, 0)], None)],
+            vec![
+                (0, page(&[("a", 10, 0), ("c", 30, 1)], None)),
+                (1, page(&[("b", 10, 5), ("d", 40, 0)], None)),
+            ],
             10,
         );
         assert_eq!(ids(&merged), ["a", "b", "c", "d"], "a tie in time goes by shard");
         assert_eq!(merged.next, None, "every shard read to its end");
 
         let merged = merge_pages(
-            vec![page(&[("a", 10, 0), ("c", 30, 1)], None), page(&[("b", 10, 5), ("d", 40, 0)], None)],
+            vec![
+                (0, page(&[("a", 10, 0), ("c", 30, 1)], None)),
+                (1, page(&[("b", 10, 5), ("d", 40, 0)], None)),
+            ],
             3,
         );
         assert_eq!(ids(&merged), ["a", "b", "c"]);
@@ -682,7 +605,7 @@ mod tests {
         // Shard 0 looked at its limit of entries and stopped before 25: what
         // shard 1 has from 25 on may come after shard 0's next entries.
         let merged = merge_pages(
-            vec![page(&[("a", 10, 0)], Some((25, 3))), page(&[("b", 20, 0), ("z", 90, 0)], None)],
+            vec![(0, page(&[("a", 10, 0)], Some((25, 3)))), (1, page(&[("b", 20, 0), ("z", 90, 0)], None))],
             10,
         );
         assert_eq!(ids(&merged), ["a", "b"]);
@@ -700,7 +623,7 @@ mod tests {
                 .push((DispatchKey { at: UnixMillis(at), seq: 0 }, pending(&format!("k{i}"), at, Some(big))));
         }
         shard1.messages.push((DispatchKey { at: UnixMillis(30), seq: 0 }, pending("k2", 30, Some(big))));
-        let merged = merge_pages(vec![shard0, shard1], 100);
+        let merged = merge_pages(vec![(0, shard0), (1, shard1)], 100);
         assert_eq!(ids(&merged), ["k0", "k1"]);
         assert_eq!(merged.next, Some(PageToken { dispatch_at: UnixMillis(30), shard: 1, seq: 0 }));
     }

@@ -8,7 +8,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     clock::Clock,
-    dispatcher::{Dispatcher, DispatcherConfig, Recorder},
+    dispatcher::{Dispatcher, DispatcherConfig, Lease, Recorder},
     kafka::Producer,
     store::{Store, StoreConfig, StoreHealth, schema::DispatchKey},
 };
@@ -37,25 +37,32 @@ impl Shard {
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
     ) -> Shard {
-        Shard::start_recording(store, config, producer, clock, None)
+        let dispatcher =
+            Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone());
+        Shard::launch(store, config, clock, dispatcher)
     }
 
-    /// Starts a shard whose dispatcher records its settles through
-    /// `recorder` (cluster mode) rather than in the store.
-    pub(crate) fn start_recording(
+    /// Cluster mode: starts a shard whose dispatcher records its settles
+    /// through `recorder` rather than in the store, and produces only while
+    /// `lease` holds.
+    pub(crate) fn start_in_cluster(
         store: Store,
         config: &ShardConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
-        recorder: Option<Arc<dyn Recorder>>,
+        recorder: Arc<dyn Recorder>,
+        lease: Arc<Lease>,
     ) -> Shard {
+        let dispatcher =
+            Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone())
+                .recording_to(recorder)
+                .leased(lease);
+        Shard::launch(store, config, clock, dispatcher)
+    }
+
+    fn launch(store: Store, config: &ShardConfig, clock: Arc<dyn Clock>, dispatcher: Dispatcher) -> Shard {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
-        let mut dispatcher =
-            Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone());
-        if let Some(recorder) = recorder {
-            dispatcher = dispatcher.recording_to(recorder);
-        }
         tasks.spawn(dispatcher.run(stop.clone()));
         tasks.spawn(upkeep(store.clone(), clock, config.retention, config.upkeep_every, stop.clone()));
         tasks.spawn(probe_while_failing(store.clone(), stop.clone()));

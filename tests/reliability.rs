@@ -53,23 +53,6 @@ fn client(grpc: &str) -> SchedulerClient<Channel> {
     reconnecting_client(grpc, Duration::from_secs(20))
 }
 
-fn message(topic: &str, id: &str, due_ms: i64) -> proto::ScheduleRequest {
-    proto::ScheduleRequest {
-        message: Some(proto::Message {
-            topic: topic.into(),
-            key: Some(id.as_bytes().to_vec()),
-            value: format!("payload of {id}").into_bytes(),
-            headers: vec![],
-            partition: None,
-        }),
-        due: Some(proto::schedule_request::Due::DeliverAt(prost_types::Timestamp {
-            seconds: due_ms.div_euclid(1000),
-            nanos: (due_ms.rem_euclid(1000) * 1_000_000) as i32,
-        })),
-        id: Some(id.into()),
-    }
-}
-
 /// Codes a client retries: the server is down, restarting, busy or full.
 fn retryable(code: Code) -> bool {
     !matches!(
@@ -156,7 +139,7 @@ async fn schedule_spread(spread: Spread, ledger: Arc<Ledger>) -> u64 {
                     .iter()
                     .map(|&i| {
                         let due = from_ms + spread_ms * i as i64 / count as i64;
-                        message(&topic, &format!("{run}-{i}"), due)
+                        due_message(&topic, &format!("{run}-{i}"), due)
                     })
                     .collect();
                 failed += schedule_until_acked(&mut client, requests, &ledger, give_up).await;
@@ -343,7 +326,7 @@ async fn a_batch_cut_by_a_crash_is_stored_whole_or_not_at_all() {
         let run = random_name("b");
         let ids: Vec<String> = (0..100).map(|i| format!("{run}-{i}")).collect();
         let due = now_ms() + 3_600_000;
-        let requests = ids.iter().map(|id| message(&topic, id, due)).collect();
+        let requests = ids.iter().map(|id| due_message(&topic, id, due)).collect();
         let reply = client(&server.grpc).schedule_batch(proto::ScheduleBatchRequest { requests }).await;
         assert!(reply.is_err(), "{point}: the batch was answered although the server crashed");
         assert!(server.wait_exit(Duration::from_secs(30)).await.is_some(), "{point}: no crash");
@@ -393,7 +376,9 @@ async fn a_broker_outage_loses_nothing_and_scheduling_goes_on() {
             let mut i = 0u64;
             while running.load(Ordering::Relaxed) {
                 let requests: Vec<_> = (i..i + 10)
-                    .map(|n| message(&topic, &format!("{run}-{n}"), now_ms() + 1_000 + (n % 2_000) as i64))
+                    .map(|n| {
+                        due_message(&topic, &format!("{run}-{n}"), now_ms() + 1_000 + (n % 2_000) as i64)
+                    })
                     .collect();
                 i += 10;
                 let give_up = Instant::now() + Duration::from_secs(300);
@@ -597,7 +582,7 @@ async fn overload_is_refused_quickly_and_what_is_accepted_is_kept() {
                 let id = format!("{run}-{c}-{n}");
                 n += 1;
                 let started = Instant::now();
-                let reply = client.schedule(message(&topic, &id, due)).await;
+                let reply = client.schedule(due_message(&topic, &id, due)).await;
                 out.push((id, reply.map(|r| r.into_inner()).map_err(|s| s.code()), started.elapsed()));
             }
             out
@@ -668,7 +653,7 @@ async fn a_backlog_cap_refuses_more_and_recovers_as_messages_leave() {
     let (mut refused, mut refused_ids) = (0, Vec::new());
     for i in 0..cap + 200 {
         let id = format!("{run}-{i}");
-        match client.schedule(message(&topic, &id, due)).await {
+        match client.schedule(due_message(&topic, &id, due)).await {
             Ok(r) => {
                 let s = r.into_inner();
                 ledger.ack(&s.id, millis(s.deliver_at.as_ref().unwrap()), &topic);
@@ -689,7 +674,7 @@ async fn a_backlog_cap_refuses_more_and_recovers_as_messages_leave() {
     eprintln!("backlog cap of {cap}: {refused} refused past it; {}", verdict.summary());
     verdict.assert_nothing_lost_or_early();
     wait_for_health(&server, ServingStatus::Serving, Duration::from_secs(30)).await;
-    let again = client.schedule(message(&topic, &format!("{run}-after"), now_ms() + 100)).await;
+    let again = client.schedule(due_message(&topic, &format!("{run}-after"), now_ms() + 100)).await;
     assert!(again.is_ok(), "room again after deliveries: {again:?}");
 }
 
@@ -726,7 +711,7 @@ async fn a_full_disk_refuses_writes_and_recovers_when_space_is_back() {
     let (mut refused, mut i) = (0, 0);
     let mut last_code = None;
     while refused < 20 && i < 20_000 {
-        let mut request = message(&topic, &format!("{run}-{i}"), due);
+        let mut request = due_message(&topic, &format!("{run}-{i}"), due);
         request.message.as_mut().unwrap().value = value.clone();
         match client.schedule(request).await {
             Ok(r) => {
@@ -833,7 +818,7 @@ async fn a_full_disk_stops_dispatching_and_sigterm_still_exits() {
         let requests = chunk
             .iter()
             .map(|i| {
-                let mut m = message(&topic, &format!("{run}-{i}"), due);
+                let mut m = due_message(&topic, &format!("{run}-{i}"), due);
                 m.message.as_mut().unwrap().value = vec![b'x'; 4096];
                 m
             })

@@ -42,25 +42,14 @@ impl Applier {
         Ok(Applier { store, reader: Arc::new(reader), waiters, limits })
     }
 
-    /// The partition's end now, the offset its next record gets; retried
-    /// until the broker answers or `stop`.
+    /// What it reads the partition with.
+    pub fn reader(&self) -> Arc<LogReader> {
+        Arc::clone(&self.reader)
+    }
+
+    /// The partition's end now; see [`end_of`].
     pub async fn end(&self, stop: &CancellationToken) -> Option<i64> {
-        loop {
-            let reader = Arc::clone(&self.reader);
-            match tokio::task::spawn_blocking(move || reader.end(Duration::from_secs(5))).await {
-                Ok(Ok(end)) => return Some(end),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "reading the end of the schedule log failed; trying again")
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the end of the schedule log failed; trying again")
-                }
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return None,
-                _ = tokio::time::sleep(BACKOFF) => {}
-            }
-        }
+        end_of(&self.reader, stop).await
     }
 
     /// Applies until `stop`. `applied` follows the next offset to apply.
@@ -121,6 +110,25 @@ impl Applier {
     async fn pause(&self, stop: &CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(BACKOFF) => {}
+        }
+    }
+}
+
+/// The end of the partition `reader` reads, the offset its next record
+/// gets; retried until the broker answers or `stop`.
+pub async fn end_of(reader: &Arc<LogReader>, stop: &CancellationToken) -> Option<i64> {
+    loop {
+        let reading = Arc::clone(reader);
+        match tokio::task::spawn_blocking(move || reading.end(Duration::from_secs(5))).await {
+            Ok(Ok(end)) => return Some(end),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "reading the end of the schedule log failed; trying again")
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the end of the schedule log failed; trying again"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return None,
             _ = tokio::time::sleep(BACKOFF) => {}
         }
     }

@@ -25,13 +25,16 @@
 
 pub(crate) mod applier;
 pub(crate) mod front;
+pub(crate) mod owner;
 pub(crate) mod recorder;
 pub(crate) mod waiters;
+
+pub use owner::{Cluster, Shards};
 
 use std::time::Duration;
 
 use crate::{
-    kafka::{KafkaConfig, LogTopic},
+    kafka::{GroupConfig, KafkaConfig, LogTopic, TopicError},
     message::Limits,
 };
 
@@ -42,8 +45,20 @@ pub struct ClusterConfig {
     /// The schedule log: its name, partition count (the shard count) and
     /// replication.
     pub log: LogTopic,
+    /// The consumer group whose members own the log's partitions.
+    pub group: GroupConfig,
     /// What a Kafka-native record is checked against.
     pub limits: Limits,
     /// How long creating or checking the log topic may take.
     pub admin_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    LogTopic(#[from] TopicError),
+    #[error("the schedule log: {0}")]
+    Log(String),
+    #[error("the consumer group: {0}")]
+    Group(String),
 }

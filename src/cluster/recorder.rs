@@ -54,6 +54,12 @@ impl LogRecorder {
         }
     }
 
+    /// Waits until every settle handed over so far is in the log (or was
+    /// given up at a stop).
+    pub async fn flushed(&self) {
+        let _ = self.room.acquire_many(IN_FLIGHT as u32).await;
+    }
+
     async fn append(&self, settles: Vec<Settle>, floor: Option<Floor>) {
         if settles.is_empty() {
             // A floor alone is an optimisation; it comes with the next settles.

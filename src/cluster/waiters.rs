@@ -41,7 +41,11 @@ impl Waiters {
 
     /// A new request number, with what the record will need when applied
     /// and, if `reply`, where its answer goes.
-    pub fn register(&self, local: Option<Local>, reply: bool) -> (u64, Option<oneshot::Receiver<Answer>>) {
+    pub(crate) fn register(
+        &self,
+        local: Option<Local>,
+        reply: bool,
+    ) -> (u64, Option<oneshot::Receiver<Answer>>) {
         let request = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = if reply {
             let (tx, rx) = oneshot::channel();
@@ -55,12 +59,12 @@ impl Waiters {
 
     /// The record of `request` was never written: what it held, if it was
     /// not applied meanwhile.
-    pub fn forget(&self, request: u64) -> Option<Option<Local>> {
+    pub(crate) fn forget(&self, request: u64) -> Option<Option<Local>> {
         self.waiting().remove(&request).map(|w| w.local)
     }
 
     /// What this node knows of a record read from the log, if it wrote it.
-    pub fn take_local(&self, writer: u64, request: u64) -> Option<Local> {
+    pub(crate) fn take_local(&self, writer: u64, request: u64) -> Option<Local> {
         if writer != self.me {
             return None;
         }

@@ -70,7 +70,10 @@ use crate::{
     store::{DueBatch, Floor, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey},
 };
 
+mod lease;
 mod sent;
+
+pub use lease::Lease;
 use sent::{InFlight, Sent};
 
 #[derive(Clone, Debug)]
@@ -155,6 +158,9 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 /// order: a slow produce below it does not hold its claim longer.
 const HOLD_FOR: Duration = Duration::from_millis(100);
 
+/// How often a dispatcher whose lease ran out looks whether it holds again.
+const LEASE_RECHECK: Duration = Duration::from_millis(50);
+
 /// A read of the due index under way, from `from`.
 struct Reading {
     from: DispatchKey,
@@ -209,6 +215,8 @@ pub struct Dispatcher {
     store: Store,
     /// Cluster mode: where settles go.
     recorder: Option<Arc<dyn Recorder>>,
+    /// Cluster mode: produces only while this holds.
+    lease: Option<Arc<Lease>>,
     producer: Arc<Producer>,
     clock: Arc<dyn Clock>,
     config: DispatcherConfig,
@@ -283,6 +291,7 @@ impl Dispatcher {
         Dispatcher {
             store,
             recorder: None,
+            lease: None,
             producer,
             clock,
             config,
@@ -311,6 +320,17 @@ impl Dispatcher {
     pub(crate) fn recording_to(mut self, recorder: Arc<dyn Recorder>) -> Self {
         self.recorder = Some(recorder);
         self
+    }
+
+    /// Produces only while `lease` holds.
+    pub(crate) fn leased(mut self, lease: Arc<Lease>) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Whether a lease forbids producing now.
+    fn unleased(&self) -> bool {
+        self.lease.as_ref().is_some_and(|lease| !lease.holds())
     }
 
     pub async fn run(mut self, stop: CancellationToken) {
@@ -358,6 +378,11 @@ impl Dispatcher {
             // What would be produced could not be recorded: a restart would
             // produce it again. Wait for the store.
             return Next::At(now.saturating_add(self.config.max_sleep));
+        }
+        if self.unleased() {
+            // Another node may own the shard by now: wait for the group to
+            // confirm this one.
+            return Next::At(now.saturating_add(LEASE_RECHECK));
         }
         let late = self.store.wake().take();
         self.recheck.extend(late.entries);
@@ -413,6 +438,9 @@ impl Dispatcher {
         let mut next = Next::Now;
         loop {
             if !self.ahead.is_empty() {
+                if self.unleased() {
+                    return Next::At(now.saturating_add(LEASE_RECHECK));
+                }
                 let take = room.min(self.ahead.len());
                 room -= take;
                 let ready: Vec<Ready> = self.ahead.drain(..take).collect();

@@ -15,7 +15,7 @@ use rdkafka::{
     producer::{FutureProducer, FutureRecord},
 };
 
-use super::{KafkaConfig, producer_config};
+use super::{KafkaConfig, is_producer_only, producer_config};
 use crate::{
     log::{
         RECORD_HEADER,
@@ -172,13 +172,4 @@ fn read(m: &rdkafka::message::BorrowedMessage<'_>, limits: &Limits) -> Read {
     let timestamp = m.timestamp().to_millis().and_then(|t| u64::try_from(t).ok()).unwrap_or(0);
     let entry = record::read(m.key(), m.payload(), pairs.iter().copied(), UnixMillis(timestamp), limits);
     Read { offset: m.offset(), entry }
-}
-
-fn is_producer_only(key: &str) -> bool {
-    key.starts_with("linger")
-        || key.starts_with("queue.buffering")
-        || key.starts_with("batch.")
-        || key.starts_with("message.timeout")
-        || key.starts_with("compression")
-        || matches!(key, "acks" | "enable.idempotence" | "partitioner" | "request.required.acks" | "retries")
 }

@@ -1,15 +1,17 @@
 //! Kafka: the producer the dispatcher hands due messages to, the topic
-//! catalog the service checks requests against, and the cluster's own
-//! topics (admin). rdkafka's callbacks reach
-//! async code only through channels.
+//! catalog the service checks requests against, and, in cluster mode, the
+//! schedule log (admin, log) and the consumer group that owns it (group).
+//! rdkafka's callbacks reach async code only through channels.
 
 mod admin;
 mod catalog;
+mod group;
 mod log;
 mod producer;
 
 pub use admin::{Ensured, LogTopic, TopicError, ensure_log_topic};
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
+pub use group::{GroupConfig, GroupMember, Moved, REVOKE_WAIT};
 pub use log::{LogProducer, LogReader, Read};
 pub use producer::producer_config;
 pub use producer::{DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
@@ -33,4 +35,14 @@ impl std::fmt::Debug for KafkaConfig {
             .field("properties", &crate::secret::Redacted(&self.properties))
             .finish()
     }
+}
+
+/// Settings that mean nothing to a consumer (librdkafka warns of them).
+fn is_producer_only(key: &str) -> bool {
+    key.starts_with("linger")
+        || key.starts_with("queue.buffering")
+        || key.starts_with("batch.")
+        || key.starts_with("message.timeout")
+        || key.starts_with("compression")
+        || matches!(key, "acks" | "enable.idempotence" | "partitioner" | "request.required.acks" | "retries")
 }

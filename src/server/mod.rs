@@ -220,6 +220,10 @@ async fn report_health(
                 tracing::error!(%reason, "the store refuses writes: not serving until a write succeeds again");
                 ServingStatus::NotServing
             }
+            StoreHealth::Joining(reason) => {
+                tracing::info!(%reason, "not serving until the node has taken its shards");
+                ServingStatus::NotServing
+            }
         };
         for service in ["", SCHEDULER] {
             health.set_service_status(service, status).await;

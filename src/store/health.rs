@@ -22,6 +22,9 @@ pub enum StoreHealth {
     /// Nothing that failed was acknowledged; the store probes until a write
     /// (or the read) succeeds again.
     Failing(String),
+    /// Cluster mode: the node has not taken its first shards yet (joining
+    /// the group, applying the schedule log).
+    Joining(String),
 }
 
 /// Both sources, combined into one [`StoreHealth`].

@@ -102,8 +102,20 @@ impl ServerProcess {
         Ok(self)
     }
 
-    /// Starts the process, without waiting for it to serve.
+    /// Starts the process, without waiting for it to serve. With
+    /// `HOURGLASS_TEST_LOG_DIR` set, its stderr goes to `<port>.log` there
+    /// (appended across restarts), so that the nodes of a cluster can be
+    /// told apart.
     pub fn spawn(&mut self) -> anyhow::Result<()> {
+        let stderr = match std::env::var_os("HOURGLASS_TEST_LOG_DIR") {
+            Some(dir) => {
+                let port = self.grpc.rsplit(':').next().unwrap_or("node");
+                let path = Path::new(&dir).join(format!("{port}.log"));
+                let file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+                Stdio::from(file)
+            }
+            None => Stdio::inherit(),
+        };
         let child = Command::new(&self.exe)
             .args(["serve", "--listen", &self.grpc, "--metrics-listen", &self.metrics])
             .args(&self.args)
@@ -112,6 +124,7 @@ impl ServerProcess {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .context("starting hourglass serve")?;
         self.child = Some(child);

@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use hourglass::proto;
 use rdkafka::{
     ClientConfig, Message as _, Offset, TopicPartitionList,
     consumer::{BaseConsumer, Consumer},
@@ -264,5 +265,23 @@ impl Verdict {
             show(&self.delivered_after_cancel)
         );
         assert!(self.wrong_topic.is_empty(), "on the wrong topic: {}", show(&self.wrong_topic));
+    }
+}
+
+/// A message for `topic` under `id` (its key too), due at `due_ms`.
+pub fn due_message(topic: &str, id: &str, due_ms: i64) -> proto::ScheduleRequest {
+    proto::ScheduleRequest {
+        message: Some(proto::Message {
+            topic: topic.into(),
+            key: Some(id.as_bytes().to_vec()),
+            value: format!("payload of {id}").into_bytes(),
+            headers: vec![],
+            partition: None,
+        }),
+        due: Some(proto::schedule_request::Due::DeliverAt(prost_types::Timestamp {
+            seconds: due_ms.div_euclid(1000),
+            nanos: (due_ms.rem_euclid(1000) * 1_000_000) as i32,
+        })),
+        id: Some(id.into()),
     }
 }

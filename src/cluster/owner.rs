@@ -1,0 +1,572 @@
+//! What a node owns in cluster mode: the shards the consumer group gives
+//! it, each taken and let go as the group says.
+//!
+//! - **Taking** a shard: open its store (or create it, empty), apply the
+//!   partition from the offset the store recorded to the end the partition
+//!   has now, and only then start its dispatcher and answer its requests.
+//!   A store that was lost is rebuilt from the start of the partition.
+//! - **Letting go** (the group holds the rebalance meanwhile): stop the
+//!   dispatcher, which hands its last settles to the log; wait until they
+//!   are in and applied; stop applying and close the store, kept on disk
+//!   for a later take.
+//! - **The lease.** Dispatchers produce only while the node's lease holds:
+//!   it is renewed every 100 ms by a thread that also notices when the
+//!   process did not run (SIGSTOP, a paused VM): then nothing is produced
+//!   until two heartbeat intervals have passed, long enough for the group
+//!   to tell the node it lost its shards if it did.
+//!
+//! Requests for a shard being taken or let go wait for it (bounded); those
+//! for a shard another node owns are refused with UNAVAILABLE.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use futures_util::future;
+use tokio::sync::{mpsc, watch};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use super::{
+    ClusterConfig, ClusterError,
+    applier::{Applier, end_of},
+    front::Front,
+    recorder::LogRecorder,
+    waiters::Waiters,
+};
+use crate::{
+    clock::Clock,
+    dispatcher::Lease,
+    kafka::{GroupMember, LogProducer, LogReader, Moved, Producer, ensure_log_topic},
+    metrics,
+    shard::{Shard, ShardConfig},
+    store::{ShardOf, Store, StoreError, StoreHealth},
+};
+
+/// Longest a request waits for its shard to be taken or let go.
+const MOVE_WAIT: Duration = Duration::from_secs(5);
+/// Longest each step of letting go waits: the last settles into the log,
+/// and the log applied to its end.
+const LET_GO_WAIT: Duration = Duration::from_secs(10);
+/// How long a failed take waits before it tries again.
+const RETAKE_AFTER: Duration = Duration::from_secs(5);
+/// How often the health of the owned shards is looked at.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// The node's shards in cluster mode.
+pub struct Cluster {
+    inner: Arc<Inner>,
+    member: Mutex<Option<GroupMember>>,
+    lease_keeper: Mutex<Option<std::thread::JoinHandle<()>>>,
+    health: watch::Receiver<StoreHealth>,
+    damaged: CancellationToken,
+    stop: CancellationToken,
+    /// Stops the lease thread.
+    stopping: Arc<AtomicBool>,
+    tasks: TaskTracker,
+}
+
+/// How each shard is built and where it lives.
+pub struct Shards {
+    /// What each shard is built from; path, shard and cap are set per
+    /// shard.
+    pub config: ShardConfig,
+    /// Where each partition's store lives, by partition.
+    pub paths: Vec<PathBuf>,
+    /// Each store's backlog cap.
+    pub max_pending: Option<u64>,
+    pub producer: Arc<Producer>,
+    pub clock: Arc<dyn Clock>,
+}
+
+struct Inner {
+    config: ClusterConfig,
+    shards: Shards,
+    log: Arc<LogProducer>,
+    waiters: Arc<Waiters>,
+    lease: Arc<Lease>,
+    slots: Vec<Slot>,
+    /// The group has answered since the node joined.
+    joined: AtomicBool,
+    /// Every shard of the first assignment was taken.
+    ready: AtomicBool,
+    /// Why a shard this node was given could not be taken, by partition.
+    failures: Mutex<BTreeMap<usize, String>>,
+}
+
+struct Slot {
+    state: watch::Sender<State>,
+    /// Taking and letting go, one at a time.
+    moving: tokio::sync::Mutex<()>,
+    /// Cancels a take under way.
+    taking: Mutex<CancellationToken>,
+}
+
+#[derive(Clone)]
+enum State {
+    /// The group has not said yet.
+    Unknown,
+    Elsewhere,
+    Taking,
+    Owned(Arc<Owned>),
+    LettingGo,
+}
+
+/// A shard this node owns.
+pub struct Owned {
+    partition: i32,
+    shard: Shard,
+    front: Front,
+    recorder: Arc<LogRecorder>,
+    reader: Arc<LogReader>,
+    applied: watch::Receiver<i64>,
+    /// Stops the applier and the recorder's retries.
+    stop: CancellationToken,
+    applier: TaskTracker,
+}
+
+impl Owned {
+    pub fn front(&self) -> &Front {
+        &self.front
+    }
+
+    pub fn store(&self) -> &Store {
+        self.shard.store()
+    }
+
+    /// Stops dispatching, records what was delivered, and closes the store.
+    async fn let_go(&self) {
+        let partition = self.partition;
+        self.shard.stop_tasks().await;
+        if tokio::time::timeout(LET_GO_WAIT, self.recorder.flushed()).await.is_err() {
+            tracing::error!(
+                partition,
+                "the last deliveries did not reach the schedule log in time; the next owner sends them again"
+            );
+        }
+        // Applied to the end, the store is as the log says when this node
+        // takes the shard again.
+        let ended = tokio::time::timeout(LET_GO_WAIT, async {
+            let end = end_of(&self.reader, &self.stop).await?;
+            let mut applied = self.applied.clone();
+            applied.wait_for(|next| *next >= end).await.ok().map(|_| ())
+        })
+        .await;
+        if !matches!(ended, Ok(Some(()))) {
+            tracing::warn!(partition, "the schedule log was not applied to its end before letting go");
+        }
+        self.stop.cancel();
+        self.applier.wait().await;
+        self.shard.store().close().await;
+    }
+}
+
+impl Cluster {
+    /// Creates or checks the schedule log, joins the group, and takes
+    /// whatever shards it gives this node (in the background; health says
+    /// NOT_SERVING until the first ones are taken).
+    pub async fn start(config: &ClusterConfig, shards: Shards) -> Result<Cluster, ClusterError> {
+        let ensured = ensure_log_topic(&config.kafka, &config.log, config.admin_timeout).await?;
+        tracing::info!(topic = %config.log.name, partitions = config.log.partitions, ?ensured, "the schedule log");
+        let log = LogProducer::new(&config.kafka, &config.log.name)
+            .map_err(|e| ClusterError::Log(format!("creating its producer: {e}")))?;
+        let slots = (0..config.log.partitions)
+            .map(|_| Slot {
+                state: watch::channel(State::Unknown).0,
+                moving: tokio::sync::Mutex::new(()),
+                taking: Mutex::new(CancellationToken::new()),
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            config: config.clone(),
+            shards,
+            log: Arc::new(log),
+            waiters: Arc::new(Waiters::new()),
+            lease: Arc::new(Lease::new()),
+            slots,
+            joined: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+            failures: Mutex::new(BTreeMap::new()),
+        });
+        let stopping = Arc::new(AtomicBool::new(false));
+        let lease_keeper = {
+            let (lease, heartbeat, stopping) =
+                (Arc::clone(&inner.lease), config.group.heartbeat_interval(), Arc::clone(&stopping));
+            std::thread::Builder::new()
+                .name("hourglass-lease".into())
+                .spawn(move || keep_lease(&lease, heartbeat, &stopping))
+                .map_err(|e| ClusterError::Group(format!("starting the lease thread: {e}")))?
+        };
+        let (stop, damaged, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
+        let (health_tx, health) = watch::channel(StoreHealth::Joining(format!(
+            "joining the consumer group {} to take shards of {}",
+            config.group.id, config.log.name
+        )));
+        let (moves_tx, moves) = mpsc::unbounded_channel();
+        tasks.spawn(follow(Arc::clone(&inner), moves, tasks.clone()));
+        tasks.spawn(watch_owned(Arc::clone(&inner), health_tx, damaged.clone(), stop.clone()));
+        let member = GroupMember::join(&config.kafka, &config.group, moves_tx).map_err(|e| {
+            ClusterError::Group(format!("joining the consumer group {}: {e}", config.group.id))
+        })?;
+        Ok(Cluster {
+            inner,
+            member: Mutex::new(Some(member)),
+            lease_keeper: Mutex::new(Some(lease_keeper)),
+            health,
+            damaged,
+            stop,
+            stopping,
+            tasks,
+        })
+    }
+
+    /// The schedule log's partitions: the shard count.
+    pub fn partitions(&self) -> u32 {
+        self.inner.slots.len() as u32
+    }
+
+    /// `shard`, once this node owns it (waiting a bounded time while it
+    /// moves).
+    pub async fn owner_of(&self, shard: usize) -> Result<Arc<Owned>, StoreError> {
+        let mut state = self.inner.slots[shard].state.subscribe();
+        let settled = tokio::time::timeout(
+            MOVE_WAIT,
+            state.wait_for(|s| matches!(s, State::Owned(_) | State::Elsewhere)),
+        )
+        .await;
+        match settled {
+            Ok(Ok(state)) => match &*state {
+                State::Owned(owned) => Ok(Arc::clone(owned)),
+                _ => Err(StoreError::LogUnavailable(format!(
+                    "shard {shard} (the schedule log's partition {shard}) is owned by another node of the \
+                     cluster; send the request there"
+                ))),
+            },
+            _ => Err(StoreError::LogUnavailable(format!(
+                "shard {shard} is moving between nodes and was not ready within {MOVE_WAIT:?}; retry with \
+                 the same id"
+            ))),
+        }
+    }
+
+    /// The shards this node owns now, with their numbers.
+    pub fn owned(&self) -> Vec<(u32, Arc<Owned>)> {
+        (0..)
+            .zip(&self.inner.slots)
+            .filter_map(|(shard, slot)| match &*slot.state.borrow() {
+                State::Owned(owned) => Some((shard, Arc::clone(owned))),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether every owned shard takes new messages, and whether the node
+    /// has taken its first shards.
+    pub fn health(&self) -> watch::Receiver<StoreHealth> {
+        self.health.clone()
+    }
+
+    /// Cancelled once damage is found in an owned shard's store.
+    pub fn damaged(&self) -> CancellationToken {
+        self.damaged.clone()
+    }
+
+    /// Leaves the group: every shard is let go as in a move (dispatching
+    /// stopped, deliveries recorded, stores closed), and the group gives
+    /// them to other nodes at once.
+    pub async fn shutdown(&self) {
+        let member = self.member.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut member) = member {
+            // Leaving revokes everything; `follow` lets go meanwhile.
+            let _ = tokio::task::spawn_blocking(move || member.leave()).await;
+        }
+        // What the group never took back (it did not answer) goes now.
+        let all = (0..self.inner.slots.len()).map(|shard| self.inner.let_go(shard));
+        future::join_all(all).await;
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.stopping.store(true, Ordering::Release);
+        let keeper = self.lease_keeper.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(keeper) = keeper {
+            let _ = tokio::task::spawn_blocking(move || keeper.join()).await;
+        }
+    }
+}
+
+impl Inner {
+    /// Takes `shard`: opens its store, applies the log to its end, starts
+    /// dispatching. Tried again while it fails, until cancelled.
+    async fn take(self: Arc<Self>, shard: usize, cancel: CancellationToken) {
+        let slot = &self.slots[shard];
+        let _moving = slot.moving.lock().await;
+        if cancel.is_cancelled() {
+            return;
+        }
+        slot.state.send_replace(State::Taking);
+        loop {
+            match self.open(shard, &cancel).await {
+                Ok(Some(owned)) => {
+                    self.failures().remove(&shard);
+                    slot.state.send_replace(State::Owned(Arc::new(owned)));
+                    metrics::SHARDS_OWNED.inc();
+                    metrics::SHARD_MOVES.with_label_values(&["taken"]).inc();
+                    return;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!(shard, error = %e, "taking a shard failed; trying again shortly");
+                    self.failures().insert(shard, format!("taking shard {shard} failed: {e}"));
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(RETAKE_AFTER) => {}
+            }
+        }
+        self.failures().remove(&shard);
+        slot.state.send_replace(State::Elsewhere);
+    }
+
+    /// The shard opened, applied to the log's end and dispatching; `None`
+    /// if cancelled first.
+    async fn open(&self, shard: usize, cancel: &CancellationToken) -> Result<Option<Owned>, StoreError> {
+        let partition = shard as i32;
+        let shards = self.slots.len() as u32;
+        let mut config = self.shards.config.clone();
+        config.store.path = self.shards.paths[shard].clone();
+        config.store.shard = ShardOf { shard: shard as u32, shards };
+        config.store.max_pending = self.shards.max_pending;
+        let store_config = config.store.clone();
+        let store = tokio::task::spawn_blocking(move || Store::open(&store_config))
+            .await
+            .map_err(|e| StoreError::Io(format!("opening the store: {e}")))??;
+        let recorded = store.recorded_shard();
+        if recorded != config.store.shard {
+            store.close().await;
+            return Err(StoreError::Corrupt(format!(
+                "the store in {} is shard {} of {}, not shard {shard} of {shards}: each partition of the \
+                 schedule log needs its own store",
+                config.store.path.display(),
+                recorded.shard,
+                recorded.shards
+            )));
+        }
+        let applier = Applier::new(
+            &self.config.kafka,
+            &self.config.log.name,
+            partition,
+            store.clone(),
+            Arc::clone(&self.waiters),
+            self.config.limits.clone(),
+        );
+        let applier = match applier {
+            Ok(applier) => applier,
+            Err(e) => {
+                store.close().await;
+                return Err(e);
+            }
+        };
+        let reader = applier.reader();
+        let stop = CancellationToken::new();
+        let from = store.log_next();
+        let Some(end) = applier.end(cancel).await else {
+            store.close().await;
+            return Ok(None);
+        };
+        let (tx, applied) = watch::channel(from);
+        let tracker = TaskTracker::new();
+        tracker.spawn(applier.run(stop.clone(), tx));
+        tracker.close();
+        if from < end {
+            let started = Instant::now();
+            let mut caught_up = applied.clone();
+            let done = tokio::select! {
+                _ = cancel.cancelled() => false,
+                reached = caught_up.wait_for(|next| *next >= end) => reached.is_ok(),
+            };
+            if !done {
+                stop.cancel();
+                tracker.wait().await;
+                store.close().await;
+                return Ok(None);
+            }
+            tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
+        }
+        let recorder = Arc::new(LogRecorder::new(
+            Arc::clone(&self.log),
+            partition,
+            Arc::clone(&self.waiters),
+            stop.clone(),
+        ));
+        let front = Front::new(store.clone(), Arc::clone(&self.log), partition, Arc::clone(&self.waiters));
+        let shard = Shard::start_in_cluster(
+            store,
+            &config,
+            Arc::clone(&self.shards.producer),
+            Arc::clone(&self.shards.clock),
+            Arc::clone(&recorder) as _,
+            Arc::clone(&self.lease),
+        );
+        tracing::info!(partition, "took the shard: dispatching");
+        Ok(Some(Owned { partition, shard, front, recorder, reader, applied, stop, applier: tracker }))
+    }
+
+    /// Lets go of `shard` if this node owns it, or stops taking it.
+    async fn let_go(&self, shard: usize) {
+        let slot = &self.slots[shard];
+        slot.taking.lock().unwrap_or_else(|e| e.into_inner()).cancel();
+        let _moving = slot.moving.lock().await;
+        if let State::Owned(owned) = slot.state.send_replace(State::LettingGo) {
+            owned.let_go().await;
+            metrics::SHARDS_OWNED.dec();
+            metrics::SHARD_MOVES.with_label_values(&["let go"]).inc();
+            tracing::info!(shard, "let go of the shard");
+        }
+        self.failures().remove(&shard);
+        slot.state.send_replace(State::Elsewhere);
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, String>> {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The node's health: not serving until the group has answered and the
+    /// first shards are taken; then the worst of the owned stores' and of
+    /// the takes that fail.
+    fn health(&self) -> StoreHealth {
+        if !self.joined.load(Ordering::Acquire) {
+            return StoreHealth::Joining(format!(
+                "joining the consumer group {} to take shards of {}",
+                self.config.group.id, self.config.log.name
+            ));
+        }
+        if let Some(reason) = self.failures().values().next() {
+            return StoreHealth::Failing(reason.clone());
+        }
+        let mut worst = StoreHealth::Ok;
+        let mut taking = Vec::new();
+        for (shard, slot) in self.slots.iter().enumerate() {
+            match &*slot.state.borrow() {
+                State::Owned(owned) => match owned.store().health().borrow().clone() {
+                    StoreHealth::Ok => {}
+                    StoreHealth::AtCapacity if worst == StoreHealth::Ok => worst = StoreHealth::AtCapacity,
+                    StoreHealth::AtCapacity => {}
+                    other => return other,
+                },
+                State::Taking => taking.push(shard),
+                _ => {}
+            }
+        }
+        if !self.ready.load(Ordering::Acquire) {
+            if !taking.is_empty() {
+                return StoreHealth::Joining(format!("restoring shards {taking:?} from the schedule log"));
+            }
+            self.ready.store(true, Ordering::Release);
+        }
+        worst
+    }
+}
+
+/// Follows the group's moves: takes what it gives (each shard on its own),
+/// lets go of what it takes back before the rebalance goes on.
+async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, tasks: TaskTracker) {
+    while let Some(moved) = moves.recv().await {
+        match moved {
+            Moved::Assigned(partitions) => {
+                let given: Vec<usize> = partitions.iter().filter_map(|p| usize::try_from(*p).ok()).collect();
+                for (shard, slot) in inner.slots.iter().enumerate() {
+                    if !given.contains(&shard) {
+                        slot.state.send_if_modified(|s| {
+                            let unknown = matches!(s, State::Unknown);
+                            if unknown {
+                                *s = State::Elsewhere;
+                            }
+                            unknown
+                        });
+                    }
+                }
+                for shard in given.into_iter().filter(|s| *s < inner.slots.len()) {
+                    let cancel = CancellationToken::new();
+                    *inner.slots[shard].taking.lock().unwrap_or_else(|e| e.into_inner()) = cancel.clone();
+                    tasks.spawn(Arc::clone(&inner).take(shard, cancel));
+                }
+                inner.joined.store(true, Ordering::Release);
+            }
+            Moved::Revoked { partitions, lost, done } => {
+                if lost {
+                    tracing::warn!(
+                        ?partitions,
+                        "the group gave this node's shards away (its session ran out); other nodes may \
+                         dispatch them already"
+                    );
+                }
+                let letting_go = partitions
+                    .iter()
+                    .filter_map(|p| usize::try_from(*p).ok())
+                    .filter(|s| *s < inner.slots.len())
+                    .map(|shard| inner.let_go(shard));
+                future::join_all(letting_go).await;
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// Mirrors the owned shards' health into `health`, and damage in any of
+/// them into `damaged`, until `stop`.
+async fn watch_owned(
+    inner: Arc<Inner>,
+    health: watch::Sender<StoreHealth>,
+    damaged: CancellationToken,
+    stop: CancellationToken,
+) {
+    loop {
+        let now = inner.health();
+        health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
+        let damage = inner.slots.iter().any(|slot| match &*slot.state.borrow() {
+            State::Owned(owned) => owned.store().damaged().is_cancelled(),
+            _ => false,
+        });
+        if damage {
+            damaged.cancel();
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(LOOK_EVERY) => {}
+        }
+    }
+}
+
+/// Keeps the lease: renewed for a second every 100 ms, unless the process
+/// did not run for a while (then not until two heartbeat intervals later,
+/// when the group will have said whether the node lost its shards).
+fn keep_lease(lease: &Lease, heartbeat: Duration, stopping: &AtomicBool) {
+    const TICK: Duration = Duration::from_millis(100);
+    const TERM: Duration = Duration::from_secs(1);
+    let mut last = Instant::now();
+    let mut confirm_at = last;
+    while !stopping.load(Ordering::Acquire) {
+        std::thread::sleep(TICK);
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(last);
+        if gap >= TERM {
+            lease.end();
+            confirm_at = now + 2 * heartbeat;
+            tracing::warn!(
+                stopped_for = ?gap,
+                "this process did not run for a while: not dispatching until the group confirms its shards"
+            );
+        }
+        last = now;
+        if now >= confirm_at {
+            lease.extend_to(now + TERM);
+        }
+    }
+    lease.end();
+}
