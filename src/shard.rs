@@ -44,7 +44,7 @@ impl Shard {
 
     /// Cluster mode: starts a shard whose dispatcher records its settles
     /// through `recorder` rather than in the store, and produces only while
-    /// `lease` holds.
+    /// `lease` holds and the log names `owner` the shard's owner.
     pub(crate) fn start_in_cluster(
         store: Store,
         config: &ShardConfig,
@@ -52,11 +52,12 @@ impl Shard {
         clock: Arc<dyn Clock>,
         recorder: Arc<dyn Recorder>,
         lease: Arc<Lease>,
+        owner: u64,
     ) -> Shard {
         let dispatcher =
             Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone())
                 .recording_to(recorder)
-                .leased(lease);
+                .leased(lease, owner);
         Shard::launch(store, config, clock, dispatcher)
     }
 

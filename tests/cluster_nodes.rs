@@ -199,9 +199,10 @@ async fn three_nodes_survive_kill_9_and_a_lost_data_dir() {
 /// 3 (short). Scale out from one node to three, and back to two by a
 /// graceful stop: the shards spread evenly, and a stopped node's shards go
 /// to the others at once (it leaves the group), with nothing lost.
-/// Duplicates are reported: Tansu 0.6 may complete a rebalance before every
-/// member rejoined, and then give a shard to a second node before the first
-/// let go of it.
+/// Tansu 0.6 may complete a rebalance before every member rejoined, and
+/// give a shard to a second node before the first let go of it; the claims
+/// in the log keep that from sending anything twice. Duplicates are
+/// reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shards_spread_as_nodes_join_and_move_when_one_leaves() {
     let broker = Broker::start();

@@ -20,6 +20,7 @@ const BATCH: usize = 2048;
 const BACKOFF: Duration = Duration::from_secs(1);
 
 pub struct Applier {
+    partition: i32,
     store: Store,
     reader: Arc<LogReader>,
     waiters: Arc<Waiters>,
@@ -39,7 +40,7 @@ impl Applier {
     ) -> Result<Applier, StoreError> {
         let reader = LogReader::new(kafka, topic, partition, store.log_next())
             .map_err(|e| StoreError::LogUnavailable(format!("reading the schedule log {topic}: {e}")))?;
-        Ok(Applier { store, reader: Arc::new(reader), waiters, limits })
+        Ok(Applier { partition, store, reader: Arc::new(reader), waiters, limits })
     }
 
     /// What it reads the partition with.
@@ -54,6 +55,7 @@ impl Applier {
 
     /// Applies until `stop`. `applied` follows the next offset to apply.
     pub async fn run(self, stop: CancellationToken, applied: watch::Sender<i64>) {
+        let mut last_owner = self.store.log_owner();
         loop {
             let read = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -104,6 +106,16 @@ impl Applier {
                 }
             }
             applied.send_replace(self.store.log_next());
+            let owner = self.store.log_owner();
+            if owner != last_owner {
+                if last_owner == self.waiters.me() && owner != 0 {
+                    tracing::warn!(
+                        partition = self.partition,
+                        "another node claimed the shard in the schedule log: this node no longer dispatches it"
+                    );
+                }
+                last_owner = owner;
+            }
         }
     }
 

@@ -58,6 +58,12 @@ impl Front {
     }
 
     async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
+        if self.store.log_owner() != self.waiters.me() {
+            return Err(StoreError::LogUnavailable(format!(
+                "shard {} has moved to another node; retry with the same id",
+                self.partition
+            )));
+        }
         let (key, change, held) = match self.store.decide(intent).await? {
             Decision::Answer(answer) => return Ok(answer),
             Decision::Log { key, change, held } => (key, change, held),

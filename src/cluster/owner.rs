@@ -43,6 +43,7 @@ use crate::{
     clock::Clock,
     dispatcher::Lease,
     kafka::{GroupMember, LogProducer, LogReader, Moved, Producer, ensure_log_topic},
+    log::record::{self, Change, LogRecord},
     metrics,
     shard::{Shard, ShardConfig},
     store::{ShardOf, Store, StoreError, StoreHealth},
@@ -53,6 +54,10 @@ const MOVE_WAIT: Duration = Duration::from_secs(5);
 /// Longest each step of letting go waits: the last settles into the log,
 /// and the log applied to its end.
 const LET_GO_WAIT: Duration = Duration::from_secs(10);
+/// How long a new owner waits, once its claim is applied, before it
+/// dispatches: what a previous owner produced before it read the claim
+/// reaches the log meanwhile, and is not produced again.
+const CLAIM_GRACE: Duration = Duration::from_millis(500);
 /// How long a failed take waits before it tries again.
 const RETAKE_AFTER: Duration = Duration::from_secs(5);
 /// How often the health of the owned shards is looked at.
@@ -120,6 +125,12 @@ enum State {
 /// A shard this node owns.
 pub struct Owned {
     partition: i32,
+    /// This node incarnation.
+    me: u64,
+    log: Arc<LogProducer>,
+    clock: Arc<dyn Clock>,
+    /// A claim of the shard is being appended.
+    claiming: AtomicBool,
     shard: Shard,
     front: Front,
     recorder: Arc<LogRecorder>,
@@ -139,6 +150,33 @@ impl Owned {
         self.shard.store()
     }
 
+    /// Claims the shard again, in the background: the group says this node
+    /// owns it, and the log says none (the previous owner let go after this
+    /// node's claim) or, after a rebalance, another node.
+    fn reclaim(self: &Arc<Self>) {
+        if self.claiming.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let owned = Arc::clone(self);
+        tokio::spawn(async move {
+            let claim = owner_record(owned.me, owned.clock.as_ref(), false);
+            match owned.log.append(owned.partition, &record::owner_key(), &claim).await {
+                Ok(_) => {
+                    tracing::info!(partition = owned.partition, "claimed the shard again in the schedule log")
+                }
+                Err(e) => {
+                    tracing::warn!(partition = owned.partition, error = %e, "claiming the shard again failed")
+                }
+            }
+            owned.claiming.store(false, Ordering::Release);
+        });
+    }
+
+    /// Whether the log names another owner (or none) of this shard.
+    fn fenced(&self) -> bool {
+        self.store().log_owner() != self.me
+    }
+
     /// Stops dispatching, records what was delivered, and closes the store.
     async fn let_go(&self) {
         let partition = self.partition;
@@ -147,6 +185,17 @@ impl Owned {
             tracing::error!(
                 partition,
                 "the last deliveries did not reach the schedule log in time; the next owner sends them again"
+            );
+        }
+        // After the last deliveries: the next owner's claim finds the
+        // shard released (a release by a node fenced meanwhile changes
+        // nothing).
+        let (release, key) = (owner_record(self.me, self.clock.as_ref(), true), record::owner_key());
+        let released = tokio::time::timeout(LET_GO_WAIT, self.log.append(partition, &key, &release)).await;
+        if !matches!(released, Ok(Ok(_))) {
+            tracing::warn!(
+                partition,
+                "releasing the shard in the schedule log failed; the next owner claims it anyway"
             );
         }
         // Applied to the end, the store is as the log says when this node
@@ -383,20 +432,42 @@ impl Inner {
         let tracker = TaskTracker::new();
         tracker.spawn(applier.run(stop.clone(), tx));
         tracker.close();
+        let abandon = async |outcome| {
+            stop.cancel();
+            tracker.wait().await;
+            store.close().await;
+            outcome
+        };
+        let started = Instant::now();
+        if !applied_to(&applied, end, cancel).await {
+            return abandon(Ok(None)).await;
+        }
         if from < end {
-            let started = Instant::now();
-            let mut caught_up = applied.clone();
-            let done = tokio::select! {
-                _ = cancel.cancelled() => false,
-                reached = caught_up.wait_for(|next| *next >= end) => reached.is_ok(),
-            };
-            if !done {
-                stop.cancel();
-                tracker.wait().await;
-                store.close().await;
-                return Ok(None);
-            }
             tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
+        }
+        // The claim: from this record on, only this node dispatches the
+        // shard; a node that still thinks it owns it stops when it applies
+        // it. The grace lets that node's last deliveries reach the log.
+        let me = self.waiters.me();
+        let claim = owner_record(me, self.shards.clock.as_ref(), false);
+        let key = record::owner_key();
+        let claimed = tokio::select! {
+            _ = cancel.cancelled() => return abandon(Ok(None)).await,
+            claimed = self.log.append(partition, &key, &claim) => claimed,
+        };
+        let offset = match claimed {
+            Ok(offset) => offset,
+            Err(e) => {
+                let e = StoreError::LogUnavailable(format!("claiming the shard in the schedule log: {e}"));
+                return abandon(Err(e)).await;
+            }
+        };
+        if !applied_to(&applied, offset + 1, cancel).await {
+            return abandon(Ok(None)).await;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return abandon(Ok(None)).await,
+            _ = tokio::time::sleep(CLAIM_GRACE) => {}
         }
         let recorder = Arc::new(LogRecorder::new(
             Arc::clone(&self.log),
@@ -412,9 +483,23 @@ impl Inner {
             Arc::clone(&self.shards.clock),
             Arc::clone(&recorder) as _,
             Arc::clone(&self.lease),
+            me,
         );
         tracing::info!(partition, "took the shard: dispatching");
-        Ok(Some(Owned { partition, shard, front, recorder, reader, applied, stop, applier: tracker }))
+        Ok(Some(Owned {
+            partition,
+            me,
+            log: Arc::clone(&self.log),
+            clock: Arc::clone(&self.shards.clock),
+            claiming: AtomicBool::new(false),
+            shard,
+            front,
+            recorder,
+            reader,
+            applied,
+            stop,
+            applier: tracker,
+        }))
     }
 
     /// Lets go of `shard` if this node owns it, or stops taking it.
@@ -473,6 +558,16 @@ impl Inner {
     }
 }
 
+/// Whether the store applied the log up to `end` (false: cancelled, or the
+/// applier stopped).
+async fn applied_to(applied: &watch::Receiver<i64>, end: i64, cancel: &CancellationToken) -> bool {
+    let mut applied = applied.clone();
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        reached = applied.wait_for(|next| *next >= end) => reached.is_ok(),
+    }
+}
+
 /// Follows the group's moves: takes what it gives (each shard on its own),
 /// lets go of what it takes back before the rebalance goes on.
 async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, tasks: TaskTracker) {
@@ -489,6 +584,16 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
                             }
                             unknown
                         });
+                    }
+                }
+                // A completed rebalance left these with this node: if the
+                // log names another owner (the group gave the shard to two
+                // nodes for a while), this node claims it again.
+                for slot in &inner.slots {
+                    if let State::Owned(owned) = &*slot.state.borrow()
+                        && owned.fenced()
+                    {
+                        owned.reclaim();
                     }
                 }
                 for shard in given.into_iter().filter(|s| *s < inner.slots.len()) {
@@ -529,10 +634,17 @@ async fn watch_owned(
     loop {
         let now = inner.health();
         health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
-        let damage = inner.slots.iter().any(|slot| match &*slot.state.borrow() {
-            State::Owned(owned) => owned.store().damaged().is_cancelled(),
-            _ => false,
-        });
+        let mut damage = false;
+        for slot in &inner.slots {
+            if let State::Owned(owned) = &*slot.state.borrow() {
+                damage |= owned.store().damaged().is_cancelled();
+                // Released by a node that claimed it after this one: the
+                // group still says it is this node's.
+                if owned.store().log_owner() == 0 {
+                    owned.reclaim();
+                }
+            }
+        }
         if damage {
             damaged.cancel();
         }
@@ -569,4 +681,13 @@ fn keep_lease(lease: &Lease, heartbeat: Duration, stopping: &AtomicBool) {
         }
     }
     lease.end();
+}
+
+/// A claim of a shard by `me`, or its release.
+fn owner_record(me: u64, clock: &dyn Clock, released: bool) -> LogRecord {
+    LogRecord {
+        writer: me,
+        request: 0,
+        change: Some(Change::Owner(record::Owner { at_ms: clock.now().0, released })),
+    }
 }

@@ -215,8 +215,9 @@ pub struct Dispatcher {
     store: Store,
     /// Cluster mode: where settles go.
     recorder: Option<Arc<dyn Recorder>>,
-    /// Cluster mode: produces only while this holds.
-    lease: Option<Arc<Lease>>,
+    /// Cluster mode: produces only while the node's lease holds and the
+    /// log says this node incarnation owns the shard.
+    lease: Option<(Arc<Lease>, u64)>,
     producer: Arc<Producer>,
     clock: Arc<dyn Clock>,
     config: DispatcherConfig,
@@ -322,15 +323,16 @@ impl Dispatcher {
         self
     }
 
-    /// Produces only while `lease` holds.
-    pub(crate) fn leased(mut self, lease: Arc<Lease>) -> Self {
-        self.lease = Some(lease);
+    /// Produces only while `lease` holds and the store's log owner is
+    /// `owner` (this node incarnation).
+    pub(crate) fn leased(mut self, lease: Arc<Lease>, owner: u64) -> Self {
+        self.lease = Some((lease, owner));
         self
     }
 
-    /// Whether a lease forbids producing now.
+    /// Whether the lease or another owner forbids producing now.
     fn unleased(&self) -> bool {
-        self.lease.as_ref().is_some_and(|lease| !lease.holds())
+        self.lease.as_ref().is_some_and(|(lease, owner)| !lease.holds() || self.store.log_owner() != *owner)
     }
 
     pub async fn run(mut self, stop: CancellationToken) {
@@ -381,7 +383,7 @@ impl Dispatcher {
         }
         if self.unleased() {
             // Another node may own the shard by now: wait for the group to
-            // confirm this one.
+            // confirm this one (or for good, if the log names another).
             return Next::At(now.saturating_add(LEASE_RECHECK));
         }
         let late = self.store.wake().take();

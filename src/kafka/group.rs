@@ -55,7 +55,7 @@ impl GroupConfig {
 /// What the group did to this node's partitions.
 #[derive(Debug)]
 pub enum Moved {
-    /// These are now this node's.
+    /// A rebalance completed; these (maybe none) are now this node's too.
     Assigned(Vec<i32>),
     /// These go to other nodes once `done` is sent (or dropped). `lost`:
     /// the group already gave them away (the session ran out), so other
@@ -180,14 +180,20 @@ impl ConsumerContext for Moves {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(list) => {
+                // Sent even when nothing is added: the node learns that a
+                // rebalance completed.
                 let partitions = self.partitions(list);
-                if partitions.is_empty() {
-                    return;
-                }
-                if let Err(e) = consumer.pause(list) {
+                if !partitions.is_empty()
+                    && let Err(e) = consumer.pause(list)
+                {
                     tracing::warn!(error = %e, "pausing the group consumer's partitions failed");
                 }
-                tracing::info!(?partitions, "the group gives partitions of the schedule log to this node");
+                if !partitions.is_empty() {
+                    tracing::info!(
+                        ?partitions,
+                        "the group gives partitions of the schedule log to this node"
+                    );
+                }
                 let _ = self.moves.send(Moved::Assigned(partitions));
             }
             Rebalance::Revoke(_) => {}

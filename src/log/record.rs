@@ -17,6 +17,9 @@
 //! id                 none (tombstone)               forgotten, once settled (retention ended)
 //! 0x01 ‖ chunk       Settled(lines)                 what the dispatcher's produces became:
 //!                                                   delivered (partition, offset), retry, failed
+//! 0x02 ‖ "owner"     Owner(at, released)            the writer owns the shard from here on: only
+//!                                                   it dispatches (and takes changes); released:
+//!                                                   the owner let go, none owns it
 //! ```
 //!
 //! Deliveries are recorded by chunk, one record for what one settle of the
@@ -41,6 +44,10 @@ pub const FORMAT: &str = "1";
 /// id starts with it (an id is printable, a tenant's starts with 0).
 pub const CHUNK_KEY_MARK: u8 = 1;
 
+/// The first byte of the key of [`Owner`] records (one key per partition:
+/// compaction keeps the latest claim).
+pub const OWNER_KEY_MARK: u8 = 2;
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LogRecord {
     /// The node incarnation that wrote the record (random per start).
@@ -49,7 +56,7 @@ pub struct LogRecord {
     /// Which of its requests: the node answers it once this is applied.
     #[prost(uint64, tag = "2")]
     pub request: u64,
-    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7")]
+    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8")]
     pub change: Option<Change>,
 }
 
@@ -65,6 +72,22 @@ pub enum Change {
     Settled(Settled),
     #[prost(message, tag = "7")]
     Failed(Failed),
+    #[prost(message, tag = "8")]
+    Owner(Owner),
+}
+
+/// The record's writer took the shard: from this record on, the shard's
+/// owner is its writer, and any other node that applies it stops
+/// dispatching the shard.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Owner {
+    /// When it was taken (wall clock, for people reading the log).
+    #[prost(uint64, tag = "1")]
+    pub at_ms: u64,
+    /// The writer let go of the shard: if it was the owner, the shard has
+    /// none until the next claim.
+    #[prost(bool, tag = "2")]
+    pub released: bool,
 }
 
 /// A message whole: what to deliver, when, and as what it was asked for.
@@ -253,6 +276,13 @@ impl LogRecord {
 
 /// The key of the [`Settled`] record of a chunk: unique per writer and
 /// request, so compaction keeps every chunk until it is tombstoned.
+/// The key of a partition's [`Owner`] records.
+pub fn owner_key() -> Vec<u8> {
+    let mut key = vec![OWNER_KEY_MARK];
+    key.extend_from_slice(b"owner");
+    key
+}
+
 pub fn chunk_key(writer: u64, request: u64) -> Vec<u8> {
     let mut key = Vec::with_capacity(17);
     key.push(CHUNK_KEY_MARK);
@@ -303,7 +333,9 @@ pub fn read<'a>(
     }
     let Some(value) = value else {
         return match key {
-            Some([CHUNK_KEY_MARK, ..]) => Entry::Skip("the tombstone of a chunk".to_owned()),
+            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK, ..]) => {
+                Entry::Skip("the tombstone of a chunk or an owner".to_owned())
+            }
             _ => match key.and_then(MessageId::from_stored) {
                 Some(id) => Entry::Forget(id),
                 None => Entry::Skip("a tombstone whose key is no message id".to_owned()),

@@ -70,6 +70,7 @@ struct Inner {
     wake: Arc<Wake>,
     pending: Arc<AtomicU64>,
     log_next: Arc<AtomicI64>,
+    log_owner: Arc<AtomicU64>,
     health: Arc<HealthBoard>,
     metrics: ShardMetrics,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -189,6 +190,12 @@ impl Store {
     /// committed.
     pub fn log_next(&self) -> i64 {
         self.inner.log_next.load(Ordering::Acquire)
+    }
+
+    /// Cluster mode: the node incarnation that owns the shard, as the log
+    /// applied so far says (0: none yet).
+    pub fn log_owner(&self) -> u64 {
+        self.inner.log_owner.load(Ordering::Acquire)
     }
 
     /// Which shard of how many the store was first opened as.

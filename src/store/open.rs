@@ -47,15 +47,17 @@ impl Store {
             wake: Arc::new(Wake::default()),
             pending: Arc::new(AtomicU64::new(0)),
             log_next: Arc::new(AtomicI64::new(0)),
+            log_owner: Arc::new(AtomicU64::new(0)),
             health: Arc::new(HealthBoard::new(metrics.writable.clone())),
             metrics: metrics.clone(),
         };
-        let (claims, wake, pending, health, log_next) = (
+        let (claims, wake, pending, health, log_next, log_owner) = (
             Arc::clone(&shared.claims),
             Arc::clone(&shared.wake),
             Arc::clone(&shared.pending),
             Arc::clone(&shared.health),
             Arc::clone(&shared.log_next),
+            Arc::clone(&shared.log_owner),
         );
         let writer_config = WriterConfig {
             sync: config.durability == Durability::Sync,
@@ -86,6 +88,7 @@ impl Store {
                 wake,
                 pending,
                 log_next,
+                log_owner,
                 health,
                 metrics,
                 writer: Mutex::new(Some(handle)),

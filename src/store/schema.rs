@@ -565,6 +565,10 @@ pub struct Meta {
     /// applies the records before it.
     #[prost(int64, tag = "12")]
     pub log_next: i64,
+    /// Cluster mode: the node incarnation whose `Owner` record was applied
+    /// last (0: none yet). Only it dispatches the shard.
+    #[prost(uint64, tag = "13")]
+    pub log_owner: u64,
 }
 
 impl Meta {

@@ -349,6 +349,7 @@ pub(crate) struct Shared {
     pub wake: Arc<Wake>,
     pub pending: Arc<AtomicU64>,
     pub log_next: Arc<AtomicI64>,
+    pub log_owner: Arc<AtomicU64>,
     pub health: Arc<HealthBoard>,
     pub metrics: ShardMetrics,
 }
@@ -512,6 +513,7 @@ impl Writer {
         db.write_opt(batch, &opts)?;
         shared.pending.store(meta.pending, Ordering::Relaxed);
         shared.log_next.store(meta.log_next, Ordering::Release);
+        shared.log_owner.store(meta.log_owner, Ordering::Release);
         shared.wake.record_floor(meta.floor());
         let chunk_high = read::last_logged_key(db)?;
         let writer = Writer {
@@ -1258,6 +1260,7 @@ impl Writer {
                 r.effects.record();
                 self.shared.pending.store(r.meta.pending, Ordering::Relaxed);
                 self.shared.log_next.store(r.meta.log_next, Ordering::Release);
+                self.shared.log_owner.store(r.meta.log_owner, Ordering::Release);
                 self.shared.metrics.pending.set(r.meta.pending as i64);
                 self.meta = r.meta;
                 self.counts.extend(r.counts.drain());

@@ -256,6 +256,7 @@ pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
             Change::Scheduled(m) | Change::Rescheduled(m) => stored(&m.id).into_iter().collect(),
             Change::Cancelled(c) => c.message.iter().filter_map(|m| stored(&m.id)).collect(),
             Change::Failed(f) => stored(&f.id).into_iter().collect(),
+            Change::Owner(_) => Vec::new(),
             Change::Settled(s) => match &entry.local {
                 Some(Local::Settles(settles, _)) => settles.iter().map(|s| s.id.clone()).collect(),
                 _ => s.lines.iter().filter_map(|l| stored(&l.id)).collect(),
@@ -273,6 +274,16 @@ impl Writer {
     /// if it applied.
     pub(super) fn apply_entry(&mut self, r: &mut Round, e: LogEntry) -> Result<Answer, StoreError> {
         let answer = match (e.entry, e.local) {
+            (Entry::Logged { writer, change: Change::Owner(owner), .. }, _) => {
+                // A release by a node that is not the owner (it was fenced
+                // by a later claim) changes nothing.
+                if !owner.released {
+                    r.meta.log_owner = writer;
+                } else if r.meta.log_owner == writer {
+                    r.meta.log_owner = 0;
+                }
+                Answer::None
+            }
             (Entry::Logged { change, .. }, local) => {
                 if let Some(Local::Held(id)) = &local {
                     // Released with this commit; changes waiting on it run then.
@@ -358,6 +369,8 @@ impl Writer {
                 self.apply_failed(r, &id, &f.reason, UnixMillis(f.at_ms), f.message.map(record_of))?;
                 Answer::None
             }
+            // Applied in `apply_entry`, which knows the writer.
+            Change::Owner(_) => Answer::None,
         })
     }
 

@@ -342,3 +342,36 @@ async fn two_stores_applying_one_log_agree() {
     one.close().await;
     two.close().await;
 }
+
+#[tokio::test]
+async fn the_last_owner_record_applied_names_the_owner_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    assert_eq!(store.log_owner(), 0, "no owner before any claim");
+    let owner = |offset: i64, writer: u64, released: bool| LogEntry {
+        offset,
+        entry: Entry::Logged {
+            writer,
+            request: 0,
+            change: Change::Owner(record::Owner { at_ms: 5, released }),
+        },
+        local: None,
+    };
+    let answers = store
+        .apply(vec![owner(0, 7, false), logged(1, Change::Scheduled(message("a", 10))), owner(2, 9, false)])
+        .await
+        .unwrap();
+    assert!(matches!(answers[0], Answer::None));
+    assert_eq!(store.log_owner(), 9, "the later claim wins");
+    store.apply(vec![owner(3, 7, true)]).await.unwrap();
+    assert_eq!(store.log_owner(), 9, "a release by a fenced node changes nothing");
+    store.apply(vec![owner(4, 9, true)]).await.unwrap();
+    assert_eq!(store.log_owner(), 0, "the owner's release leaves the shard without one");
+    store.apply(vec![owner(5, 9, false)]).await.unwrap();
+    assert_eq!(store.log_next(), 6);
+    store.close().await;
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.log_owner(), 9, "the owner is committed with the offset");
+    store.close().await;
+}
