@@ -82,11 +82,17 @@ fn report_duplicates(verdict: &Verdict) {
     }
 }
 
-/// Shards each node owns, by its metric (0 for a node that is down).
-async fn owned(nodes: &[ServerProcess]) -> Vec<f64> {
-    let mut owned = Vec::new();
-    for node in nodes {
-        owned.push(node.metric("hourglass_cluster_shards_owned").await.unwrap_or(0.0));
+/// Shards each live node owns, by its metric (0 for the others, which are
+/// not asked: a stopped process would not answer).
+async fn owned(nodes: &[ServerProcess], live: &[usize]) -> Vec<f64> {
+    let mut owned = vec![0.0; nodes.len()];
+    for i in live {
+        let asked = nodes[*i].metric("hourglass_cluster_shards_owned");
+        owned[*i] = tokio::time::timeout(Duration::from_secs(2), asked)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(0.0);
     }
     owned
 }
@@ -95,7 +101,7 @@ async fn owned(nodes: &[ServerProcess]) -> Vec<f64> {
 async fn wait_spread(nodes: &[ServerProcess], live: &[usize], within: Duration) -> Vec<f64> {
     let started = Instant::now();
     loop {
-        let owned = owned(nodes).await;
+        let owned = owned(nodes, live).await;
         let total: f64 = live.iter().map(|i| owned[*i]).sum();
         if total == f64::from(LOG_PARTITIONS) && live.iter().all(|i| owned[*i] > 0.0) {
             return owned;
@@ -124,6 +130,36 @@ async fn wait_even(nodes: &[ServerProcess], live: &[usize], within: Duration) ->
     }
 }
 
+/// One broker, a target topic of `partitions`, and three nodes sharing a
+/// fresh log topic and group, of which the first `running` are started
+/// and serving.
+struct Bed {
+    broker: Broker,
+    topic: String,
+    dirs: Vec<tempfile::TempDir>,
+    nodes: Vec<ServerProcess>,
+}
+
+impl Bed {
+    async fn start(partitions: i32, running: usize) -> Bed {
+        let broker = Broker::start();
+        let topic = random_name("orders");
+        let log_topic = random_name("hourglass-log");
+        let group = random_name("hourglass");
+        broker.create_topic(&topic, partitions).await;
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let mut nodes: Vec<ServerProcess> =
+            dirs.iter().map(|d| node(&broker, d.path(), &log_topic, &group)).collect();
+        for node in &mut nodes[..running] {
+            node.spawn().unwrap();
+        }
+        for node in &mut nodes[..running] {
+            node.wait_serving(Duration::from_secs(120)).await.unwrap();
+        }
+        Bed { broker, topic, dirs, nodes }
+    }
+}
+
 /// 1 (short) and 4. Three nodes, twelve shards: messages scheduled through
 /// every node while one node is killed with SIGKILL and later restarted,
 /// then another killed and restarted without its data dir. Nothing
@@ -131,20 +167,7 @@ async fn wait_even(nodes: &[ServerProcess], live: &[usize], within: Duration) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_survive_kill_9_and_a_lost_data_dir() {
     let (count, window_ms) = if full() { (20_000, 60_000) } else { (3_000, 20_000) };
-    let broker = Broker::start();
-    let topic = random_name("orders");
-    let log_topic = random_name("hourglass-log");
-    let group = random_name("hourglass");
-    broker.create_topic(&topic, 4).await;
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes: Vec<ServerProcess> =
-        dirs.iter().map(|d| node(&broker, d.path(), &log_topic, &group)).collect();
-    for node in &mut nodes {
-        node.spawn().unwrap();
-    }
-    for node in &mut nodes {
-        node.wait_serving(Duration::from_secs(120)).await.unwrap();
-    }
+    let Bed { broker, topic, dirs, mut nodes } = Bed::start(4, 3).await;
     let spread = wait_spread(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
     eprintln!("shards per node after start: {spread:?}");
 
@@ -205,16 +228,7 @@ async fn three_nodes_survive_kill_9_and_a_lost_data_dir() {
 /// reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shards_spread_as_nodes_join_and_move_when_one_leaves() {
-    let broker = Broker::start();
-    let topic = random_name("orders");
-    let log_topic = random_name("hourglass-log");
-    let group = random_name("hourglass");
-    broker.create_topic(&topic, 2).await;
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes: Vec<ServerProcess> =
-        dirs.iter().map(|d| node(&broker, d.path(), &log_topic, &group)).collect();
-    nodes[0].spawn().unwrap();
-    nodes[0].wait_serving(Duration::from_secs(120)).await.unwrap();
+    let Bed { broker, topic, dirs: _dirs, mut nodes } = Bed::start(2, 1).await;
     assert_eq!(wait_spread(&nodes, &[0], Duration::from_secs(60)).await[0], f64::from(LOG_PARTITIONS));
 
     let mut clients = vec![reconnecting_client(&nodes[0].grpc, Duration::from_secs(5))];
@@ -259,6 +273,58 @@ async fn shards_spread_as_nodes_join_and_move_when_one_leaves() {
     report_duplicates(&verdict);
     verdict.assert_nothing_lost_or_early();
     for node in &mut nodes[..2] {
+        node.stop().unwrap();
+    }
+}
+
+/// 5 (short). A node stopped with SIGSTOP for longer than the session
+/// timeout, then continued: the group gives its shards to the others
+/// meanwhile, and once it runs again it produces nothing until it knows
+/// what it still owns (its lease ran out while it was stopped, and the
+/// others' claims in the log fence it). Nothing is lost; duplicates are
+/// counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_paused_past_its_session_stops_dispatching_what_it_lost() {
+    let Bed { broker, topic, dirs: _dirs, mut nodes } = Bed::start(2, 3).await;
+    wait_even(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
+
+    // Due every 10 ms over 20 s, once all are scheduled: the pause falls in
+    // the middle.
+    let mut clients: Vec<_> =
+        nodes.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();
+    let ledger = Ledger::default();
+    let start = now_ms() + 15_000;
+    let count = 2_000;
+    for i in 0..count {
+        let id = format!("p-{i}");
+        schedule_anywhere(&mut clients, i % 3, due_message(&topic, &id, start + i as i64 * 10), &ledger)
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis((start + 5_000 - now_ms()).max(0) as u64)).await;
+    let pid = nodes[1].pid().unwrap().to_string();
+    let signal = |name: &str| {
+        let sent = std::process::Command::new("kill").args([name, &pid]).status().unwrap();
+        assert!(sent.success(), "kill {name} failed");
+    };
+    signal("-STOP");
+    let paused = Instant::now();
+    let spread = wait_spread(&nodes, &[0, 2], Duration::from_secs(30)).await;
+    eprintln!("node 1 paused: its shards moved to the others in {:?}: {spread:?}", paused.elapsed());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    signal("-CONT");
+    eprintln!("node 1 continued after {:?}", paused.elapsed());
+    nodes[1].wait_serving(Duration::from_secs(60)).await.unwrap();
+
+    let wait =
+        Duration::from_millis((start + count as i64 * 10 - now_ms()).max(0) as u64) + Duration::from_secs(30);
+    let deliveries =
+        collect_async(broker.addr(), &[topic.as_str()], ledger.expected(), wait, Duration::from_secs(3))
+            .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("a node paused past its session: {}", verdict.summary());
+    report_duplicates(&verdict);
+    verdict.assert_nothing_lost_or_early();
+    for node in &mut nodes {
         node.stop().unwrap();
     }
 }
