@@ -403,7 +403,7 @@ impl Dispatcher {
         let slots = self.config.max_in_flight.saturating_sub(self.active());
         let window = 2 * self.config.max_in_flight;
         let committing = self.store.wake().unrecorded();
-        let unrecorded = self.sent.len() + self.settling.len() + committing;
+        let unrecorded = self.sent.unhanded() + self.settling.len() + committing;
         let mut room = slots.min(window.saturating_sub(unrecorded));
         if room == 0 {
             if slots == 0 || committing == 0 {

@@ -183,6 +183,12 @@ impl Sent {
         self.answered > 0
     }
 
+    /// Records produced and not handed to the store yet: in flight,
+    /// stalled, or delivered and waiting for those sent before them.
+    pub fn unhanded(&self) -> usize {
+        self.len() + self.answered
+    }
+
     /// The due keys of every record not yet handed to the store: in
     /// flight, stalled, or answered and waiting for those sent before it.
     pub fn unsettled_keys(&self) -> impl Iterator<Item = DispatchKey> + '_ {
