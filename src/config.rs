@@ -268,6 +268,10 @@ settings! {
             /// before its shards go to others; also how long a node cut off
             /// from the group goes on dispatching, at most.
             group_session_timeout: HumanDuration = "6s", "HOURGLASS_GROUP_SESSION_TIMEOUT";
+            /// Cluster mode: how many nodes besides its owner keep each
+            /// shard's store up to date, so that a node taking it over
+            /// after a failure starts at once (0: none).
+            standby_replicas: u32 = "1", "HOURGLASS_STANDBY_REPLICAS";
         }
         optional {
             /// PEM certificate (chain) for TLS on the gRPC port; needs
@@ -286,6 +290,11 @@ settings! {
             /// Cluster mode: replicas of each partition of the schedule log,
             /// when hourglass creates it [default: the brokers' default].
             log_replication: i32, "HOURGLASS_LOG_REPLICATION";
+            /// Cluster mode: where the other nodes reach this one's gRPC
+            /// port, as a URL (http://host:port, https:// with TLS); a node
+            /// forwards requests for shards it does not own to their owner
+            /// [default: --listen, when it names one address].
+            advertise_addr: String, "HOURGLASS_ADVERTISE_ADDR";
         }
     }
 }
@@ -328,6 +337,31 @@ impl ConfigError {
     fn out_of_range(setting: &'static str, why: impl Into<String>) -> ConfigError {
         ConfigError::OutOfRange { setting, why: why.into() }
     }
+}
+
+/// An --advertise-addr: http:// or https://, a host and a port.
+fn check_advertised(addr: &str) -> Result<(), ConfigError> {
+    let bad = |why: &str| {
+        Err(ConfigError::out_of_range(
+            "advertise_addr",
+            format!(
+                "is {addr:?}: {why}; give the URL other nodes reach this one at, like http://10.0.0.7:50051"
+            ),
+        ))
+    };
+    let Ok(uri) = addr.parse::<tonic::codegen::http::Uri>() else {
+        return bad("not a URL");
+    };
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return bad("it must start with http:// or https://");
+    }
+    if uri.host().is_none_or(str::is_empty) || uri.port_u16().is_none() {
+        return bad("it needs a host and a port");
+    }
+    if uri.path() != "/" && !uri.path().is_empty() {
+        return bad("it must not have a path");
+    }
+    Ok(())
 }
 
 /// `text` with everything between double quotes replaced (quotes escaped
@@ -410,6 +444,19 @@ impl Config {
             }
             if self.log_replication.is_some_and(|r| r < 1) {
                 return fail("log_replication", "must be at least 1");
+            }
+            match &self.advertise_addr {
+                Some(addr) => check_advertised(addr)?,
+                None if self.listen.ip().is_unspecified() => {
+                    return Err(ConfigError::Clash(format!(
+                        "in cluster mode the other nodes forward requests to this one: --listen {} names no \
+                         one address, so set --advertise-addr to the URL they reach it at (for example \
+                         http://hourglass-0.hourglass:{})",
+                        self.listen,
+                        self.listen.port()
+                    )));
+                }
+                None => {}
             }
         }
         if self.shards == 0 || self.shards > MAX_SHARDS {
@@ -512,6 +559,9 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().unwrap();
+        let advertised = Some("https://hourglass-0.hourglass.ns.svc:50051".into());
+        let listen = "0.0.0.0:50051".parse().unwrap();
+        Config { cluster: true, listen, advertise_addr: advertised, ..Config::default() }.validate().unwrap();
     }
 
     /// The drift test: a default can be written in one place only, so the
@@ -662,6 +712,10 @@ mod tests {
                 kafka_properties: Properties::from([("message.timeout.ms".into(), "30000".into())]),
                 ..Config::default()
             },
+            Config { cluster: true, listen: "0.0.0.0:50051".parse().unwrap(), ..Config::default() },
+            Config { cluster: true, advertise_addr: Some("node-1:50051".into()), ..Config::default() },
+            Config { cluster: true, advertise_addr: Some("http://node-1".into()), ..Config::default() },
+            Config { cluster: true, advertise_addr: Some("ftp://node-1:50051".into()), ..Config::default() },
         ];
         for config in bad {
             let err = config.validate().unwrap_err();

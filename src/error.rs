@@ -57,6 +57,10 @@ pub enum Error {
          or watch from fewer places"
     )]
     TooManyWatches(usize),
+    /// Cluster mode: the answer of the node a request was forwarded to,
+    /// passed on as it came (its code, message and details).
+    #[error("{message}")]
+    Relayed { code: i32, message: String, details: Vec<u8> },
     #[error("the stream sent nothing for {}, so the server ended it; open a new one to go on", humantime::format_duration(*.0))]
     StreamIdle(Duration),
 }

@@ -708,8 +708,43 @@ impl ListQuery {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PendingPage {
     pub messages: Vec<PendingMessage>,
+    /// Where each message is in the listing's order (for merging pages of
+    /// several nodes).
+    pub positions: Vec<PageToken>,
     /// Where the next page starts; none when the listing is complete.
     pub next: Option<PageToken>,
+}
+
+/// Pages read from several places (shards, nodes) as one, in position
+/// order: what every place read (each up to where its own page stopped,
+/// its `next`), at most `limit` messages and about `max_key_bytes` of
+/// keys. Returns the messages with their positions, and where the next
+/// page starts.
+#[allow(clippy::type_complexity)]
+pub fn merge_pages<M>(
+    pages: Vec<(Vec<(PageToken, M)>, Option<PageToken>)>,
+    limit: usize,
+    max_key_bytes: usize,
+    key_bytes_of: impl Fn(&M) -> usize,
+) -> (Vec<(PageToken, M)>, Option<PageToken>) {
+    // Everything before the first place a page stopped was read by all.
+    let read_to = pages.iter().filter_map(|(_, next)| *next).min();
+    let mut all: Vec<(PageToken, M)> = pages
+        .into_iter()
+        .flat_map(|(messages, _)| messages)
+        .filter(|(at, _)| read_to.is_none_or(|end| *at < end))
+        .collect();
+    all.sort_by_key(|(at, _)| *at);
+    let mut key_bytes = 0;
+    let mut out = Vec::with_capacity(all.len().min(limit));
+    for (at, message) in all {
+        if out.len() >= limit || key_bytes >= max_key_bytes {
+            return (out, Some(at));
+        }
+        key_bytes += key_bytes_of(&message);
+        out.push((at, message));
+    }
+    (out, read_to)
 }
 
 /// What `Stats` reports.

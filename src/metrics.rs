@@ -96,6 +96,25 @@ pub static SHARD_MOVES: LazyLock<IntCounterVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static STANDBYS: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "hourglass_cluster_standbys",
+        "Cluster mode: shards another node owns whose store this node keeps up to date (standby copies).",
+    )
+});
+pub static FORWARDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "hourglass_cluster_forwarded_total",
+                "Cluster mode: calls (or parts of batches and streams) this node sent on to the node that \
+                 owns their shard, by method.",
+            ),
+            &["method"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static PENDING: LazyLock<IntGaugeVec> =
     LazyLock::new(|| shard_gauge("hourglass_messages_pending", "Messages parked and waiting for delivery."));
 pub static LATENESS: LazyLock<Histogram> = LazyLock::new(|| {

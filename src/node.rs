@@ -27,11 +27,11 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     clock::Clock,
-    cluster::{Cluster, ClusterConfig, ClusterError, Shards},
+    cluster::{Cluster, ClusterConfig, ClusterError, Place, Shards},
     kafka::Producer,
     message::{
-        CancelOutcome, ListQuery, MessageId, PageToken, PendingPage, Scheduled, ScheduledMessage, Scope,
-        UnixMillis,
+        CancelOutcome, ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled,
+        ScheduledMessage, Scope, UnixMillis, merge_pages,
     },
     shard::{Shard, ShardConfig},
     store::{
@@ -157,11 +157,50 @@ impl Node {
 
     /// The shard `id` belongs to.
     pub fn shard_of(&self, id: &MessageId) -> usize {
-        let shards = match &self.cluster {
-            Some(cluster) => cluster.partitions(),
-            None => self.shards.len() as u32,
-        };
-        shard_of(id, shards) as usize
+        shard_of(id, self.shard_count() as u32) as usize
+    }
+
+    /// How many shards the ids are spread over (in a cluster, over every
+    /// node).
+    pub fn shard_count(&self) -> usize {
+        match &self.cluster {
+            Some(cluster) => cluster.partitions() as usize,
+            None => self.shards.len(),
+        }
+    }
+
+    /// Whether the shards are shared with other nodes (cluster mode).
+    pub fn clustered(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    /// Where requests for `shard` are served: always here standalone; in
+    /// a cluster, here or by its owner (waiting a bounded time while it
+    /// moves).
+    pub async fn place(&self, shard: usize) -> Result<Place, StoreError> {
+        match &self.cluster {
+            Some(cluster) => cluster.place(shard).await,
+            None => Ok(Place::Here),
+        }
+    }
+
+    /// Where requests for `shard` go now that the node at `refused` did
+    /// not take one.
+    pub async fn moved(&self, shard: usize, refused: &str) -> Result<Place, StoreError> {
+        match &self.cluster {
+            Some(cluster) => cluster.moved(shard, refused).await,
+            None => Ok(Place::Here),
+        }
+    }
+
+    /// Whether this node serves `shard` now.
+    pub fn owns(&self, shard: usize) -> bool {
+        self.cluster.as_ref().is_none_or(|cluster| cluster.owns(shard))
+    }
+
+    /// The other nodes of the cluster that own shards now.
+    pub fn peers(&self) -> Vec<String> {
+        self.cluster.as_ref().map(Cluster::peers).unwrap_or_default()
     }
 
     /// The store of `id`'s shard: in cluster mode, once this node owns it.
@@ -299,7 +338,7 @@ impl Node {
         });
         let pages = future::try_join_all(reads).await?;
         let shards = stores.iter().map(|(shard, _)| *shard);
-        Ok(merge_pages(shards.zip(pages).collect(), limit))
+        Ok(merge_shard_pages(shards.zip(pages).collect(), limit))
     }
 
     /// Counts `scope` sees and its oldest overdue message, over the shards.
@@ -445,31 +484,22 @@ fn start_in(shard: u32, token: PageToken) -> DispatchKey {
     }
 }
 
-/// The shards' pages as one, in (dispatch time, shard, acceptance) order:
-/// what every shard read (each up to where its own page stopped), at most
-/// `limit` messages and about [`LIST_KEY_BYTES`] of keys.
-fn merge_pages(pages: Vec<(u32, StorePage)>, limit: usize) -> PendingPage {
+/// The shards' pages as one, in (dispatch time, shard, acceptance) order
+/// (see [`merge_pages`]): at most `limit` messages and about
+/// [`LIST_KEY_BYTES`] of keys.
+fn merge_shard_pages(pages: Vec<(u32, StorePage)>, limit: usize) -> PendingPage {
     let position = |shard: u32, key: DispatchKey| PageToken { dispatch_at: key.at, shard, seq: key.seq };
-    // Everything before the first place a shard stopped was read by all.
-    let read_to = pages.iter().filter_map(|(shard, page)| page.next.map(|key| position(*shard, key))).min();
-    let mut all: Vec<(PageToken, _)> = pages
+    let pages = pages
         .into_iter()
-        .flat_map(|(shard, page)| page.messages.into_iter().map(move |(key, m)| (position(shard, key), m)))
-        .filter(|(at, _)| read_to.is_none_or(|end| *at < end))
+        .map(|(shard, page)| {
+            let messages = page.messages.into_iter().map(|(key, m)| (position(shard, key), m)).collect();
+            (messages, page.next.map(|key| position(shard, key)))
+        })
         .collect();
-    all.sort_by_key(|(at, _)| *at);
-    let mut page = PendingPage::default();
-    let mut key_bytes = 0;
-    for (at, message) in all {
-        if page.messages.len() >= limit || key_bytes >= LIST_KEY_BYTES {
-            page.next = Some(at);
-            return page;
-        }
-        key_bytes += message.key.as_ref().map_or(0, Vec::len);
-        page.messages.push(message);
-    }
-    page.next = read_to;
-    page
+    let (messages, next) =
+        merge_pages(pages, limit, LIST_KEY_BYTES, |m: &PendingMessage| m.key.as_ref().map_or(0, Vec::len));
+    let (positions, messages) = messages.into_iter().unzip();
+    PendingPage { messages, positions, next }
 }
 
 /// The worst health of any shard, mirrored until `stop`.
@@ -579,7 +609,7 @@ mod tests {
 
     #[test]
     fn pages_merge_in_dispatch_order_then_shard() {
-        let merged = merge_pages(
+        let merged = merge_shard_pages(
             vec![
                 (0, page(&[("a", 10, 0), ("c", 30, 1)], None)),
                 (1, page(&[("b", 10, 5), ("d", 40, 0)], None)),
@@ -589,7 +619,7 @@ mod tests {
         assert_eq!(ids(&merged), ["a", "b", "c", "d"], "a tie in time goes by shard");
         assert_eq!(merged.next, None, "every shard read to its end");
 
-        let merged = merge_pages(
+        let merged = merge_shard_pages(
             vec![
                 (0, page(&[("a", 10, 0), ("c", 30, 1)], None)),
                 (1, page(&[("b", 10, 5), ("d", 40, 0)], None)),
@@ -604,7 +634,7 @@ mod tests {
     fn a_merged_page_stops_where_the_first_shard_stopped() {
         // Shard 0 looked at its limit of entries and stopped before 25: what
         // shard 1 has from 25 on may come after shard 0's next entries.
-        let merged = merge_pages(
+        let merged = merge_shard_pages(
             vec![(0, page(&[("a", 10, 0)], Some((25, 3)))), (1, page(&[("b", 20, 0), ("z", 90, 0)], None))],
             10,
         );
@@ -623,7 +653,7 @@ mod tests {
                 .push((DispatchKey { at: UnixMillis(at), seq: 0 }, pending(&format!("k{i}"), at, Some(big))));
         }
         shard1.messages.push((DispatchKey { at: UnixMillis(30), seq: 0 }, pending("k2", 30, Some(big))));
-        let merged = merge_pages(vec![(0, shard0), (1, shard1)], 100);
+        let merged = merge_shard_pages(vec![(0, shard0), (1, shard1)], 100);
         assert_eq!(ids(&merged), ["k0", "k1"]);
         assert_eq!(merged.next, Some(PageToken { dispatch_at: UnixMillis(30), shard: 1, seq: 0 }));
     }

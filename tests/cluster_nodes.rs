@@ -44,8 +44,8 @@ fn now_ms() -> i64 {
 }
 
 /// Schedules `request` through whichever node takes it, starting at
-/// `first`: a node that does not own the message's shard, or is down or
-/// moving it, refuses with UNAVAILABLE and the next one is tried.
+/// `first`: a node that is down, or whose request waited too long for a
+/// moving shard, answers UNAVAILABLE and the next one is tried.
 async fn schedule_anywhere(
     clients: &mut [SchedulerClient<Channel>],
     first: usize,
@@ -171,33 +171,47 @@ async fn three_nodes_survive_kill_9_and_a_lost_data_dir() {
     let spread = wait_spread(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
     eprintln!("shards per node after start: {spread:?}");
 
-    let mut clients: Vec<_> =
+    let clients: Vec<_> =
         nodes.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();
     let ledger = Arc::new(Ledger::default());
     let start = now_ms() + 3_000;
     let run = random_name("m");
     let mut killed_at = None;
     let mut wiped_at = None;
-    for i in 0..count {
-        let due = start + (i as i64 * window_ms) / count as i64;
-        let id = format!("{run}-{i}");
-        schedule_anywhere(&mut clients, i % 3, due_message(&topic, &id, due), &ledger).await;
-        if i == count / 3 {
+    // Fifty at a time, each about 2.5 s before it is due, as many clients
+    // would: a request waiting for a shard that moves holds back no other.
+    // The kills fall while messages are scheduled and delivered.
+    let mut scheduling = tokio::task::JoinSet::new();
+    for first in (0..count).step_by(50) {
+        let pace = start - 2_500 + (first as i64 * window_ms) / count as i64;
+        tokio::time::sleep(Duration::from_millis((pace - now_ms()).max(0) as u64)).await;
+        for i in first..(first + 50).min(count) {
+            let due = start + (i as i64 * window_ms) / count as i64;
+            let request = due_message(&topic, &format!("{run}-{i}"), due);
+            let (mut clients, ledger) = (clients.clone(), Arc::clone(&ledger));
+            scheduling.spawn(async move { schedule_anywhere(&mut clients, i % 3, request, &ledger).await });
+        }
+        let i = (first + 50).min(count);
+        let reached = |mark: usize| (first..i).contains(&mark);
+        if reached(count / 3) {
             nodes[1].kill();
             killed_at = Some(Instant::now());
-            eprintln!("killed node 1 after {i} acknowledged");
+            eprintln!("killed node 1 after {i} sent");
         }
-        if i == count / 2 {
+        if reached(count / 2) {
             nodes[1].spawn().unwrap();
-            eprintln!("restarted node 1 after {i} acknowledged");
+            eprintln!("restarted node 1 after {i} sent");
         }
-        if i == 2 * count / 3 {
+        if reached(2 * count / 3) {
             nodes[2].kill();
             std::fs::remove_dir_all(dirs[2].path()).unwrap();
             nodes[2].spawn().unwrap();
             wiped_at = Some(Instant::now());
-            eprintln!("node 2 killed and restarted without its data dir after {i} acknowledged");
+            eprintln!("node 2 killed and restarted without its data dir after {i} sent");
         }
+    }
+    while let Some(done) = scheduling.join_next().await {
+        done.unwrap();
     }
     eprintln!("acknowledged {} in {:?} since the first kill", ledger.len(), killed_at.unwrap().elapsed());
     for node in &mut nodes {
@@ -322,6 +336,245 @@ async fn a_node_paused_past_its_session_stops_dispatching_what_it_lost() {
             .await;
     let verdict = ledger.verdict(&deliveries);
     eprintln!("a node paused past its session: {}", verdict.summary());
+    report_duplicates(&verdict);
+    verdict.assert_nothing_lost_or_early();
+    for node in &mut nodes {
+        node.stop().unwrap();
+    }
+}
+
+/// Calls `op` on the nodes in turn from `first` until one answers other
+/// than UNAVAILABLE (a node stopped, a shard moving for too long): what a
+/// client retrying with the same id does.
+async fn on_any_node<T>(
+    clients: &[SchedulerClient<Channel>],
+    first: usize,
+    op: impl Fn(SchedulerClient<Channel>) -> Answer<T>,
+) -> Result<T, tonic::Status> {
+    let give_up = Instant::now() + Duration::from_secs(60);
+    for attempt in 0.. {
+        let client = clients[(first + attempt) % clients.len()].clone();
+        match op(client).await {
+            Err(status)
+                if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled)
+                    && Instant::now() < give_up =>
+            {
+                if attempt % clients.len() == clients.len() - 1 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            answer => return answer,
+        }
+    }
+    unreachable!()
+}
+
+type Answer<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, tonic::Status>> + Send>>;
+
+fn ts(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
+}
+
+/// 6. Any node answers for any shard: Schedule, Get, Cancel and Reschedule
+/// through every node (two in three reach a node that does not own the
+/// message's shard, which sends them on to the owner the routing topic
+/// names), a batch and a stream split by owner, List and Stats over every
+/// node. Then cancels and reschedules race shard moves (a node stopped,
+/// then started again): every answer is the truth, so nothing answered
+/// CANCELLED is delivered and a rescheduled message comes at its new time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
+    let Bed { broker, topic, dirs: _dirs, mut nodes } = Bed::start(2, 3).await;
+    wait_even(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
+    let clients: Vec<_> =
+        nodes.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();
+    let ledger = Ledger::default();
+
+    // Through a node that may not own the shard: every call is answered by
+    // the node asked, with the owner's answer.
+    let soon = now_ms() + 25_000;
+    let count = 120;
+    for i in 0..count {
+        let (id, due) = (format!("a-{i}"), if i % 2 == 0 { soon } else { soon + 600_000 });
+        let reply = clients[i % 3].clone().schedule(due_message(&topic, &id, due)).await;
+        let reply = reply.unwrap_or_else(|s| panic!("node {} did not take {id}: {s:?}", i % 3)).into_inner();
+        assert_eq!((reply.id.as_str(), millis(reply.deliver_at.as_ref().unwrap())), (id.as_str(), due));
+        ledger.ack(&id, due, &topic);
+    }
+    let again = clients[1].clone().schedule(due_message(&topic, "a-0", soon)).await.unwrap().into_inner();
+    assert!(again.duplicate, "a retry through another node is answered as the duplicate it is");
+    for i in 0..count {
+        let id = format!("a-{i}");
+        let got = clients[(i + 1) % 3].clone().get(proto::GetRequest { id: id.clone() }).await;
+        let got =
+            got.unwrap_or_else(|s| panic!("node {} did not find {id}: {s:?}", (i + 1) % 3)).into_inner();
+        assert_eq!((got.state(), got.message.unwrap().topic), (proto::State::Pending, topic.clone()), "{id}");
+        if i % 4 == 0 {
+            let cancelled =
+                clients[(i + 2) % 3].clone().cancel(proto::CancelRequest { id: id.clone() }).await;
+            assert_eq!(cancelled.unwrap().into_inner().outcome(), proto::CancelOutcome::Cancelled, "{id}");
+            ledger.cancelled(&id);
+        }
+        if i % 2 == 1 {
+            // Far off: brought forward to when the others come.
+            let due = soon + 2_000;
+            let moved = clients[(i + 2) % 3]
+                .clone()
+                .reschedule(proto::RescheduleRequest {
+                    id: id.clone(),
+                    due: Some(proto::reschedule_request::Due::DeliverAt(ts(due))),
+                })
+                .await;
+            assert_eq!(millis(&moved.unwrap().into_inner().deliver_at.unwrap()), due, "{id}");
+            ledger.rescheduled(&id, due);
+        }
+    }
+    let nothing = clients[2].clone().get(proto::GetRequest { id: "never-scheduled".into() }).await;
+    assert_eq!(nothing.unwrap_err().code(), Code::NotFound, "the owner's NOT_FOUND comes back as it was");
+
+    // A batch and a stream, split by owner.
+    let batch = (0..60).map(|i| due_message(&topic, &format!("b-{i}"), soon)).collect();
+    let answers = clients[0].clone().schedule_batch(proto::ScheduleBatchRequest { requests: batch }).await;
+    for (i, answer) in answers.unwrap().into_inner().results.into_iter().enumerate() {
+        assert_eq!(answer.index, i as u64);
+        match answer.result {
+            Some(proto::schedule_result::Result::Scheduled(s)) => assert_eq!(s.id, format!("b-{i}")),
+            other => panic!("batch item {i}: {other:?}"),
+        }
+        ledger.ack(&format!("b-{i}"), soon, &topic);
+    }
+    let items: Vec<_> = (0..60).map(|i| due_message(&topic, &format!("s-{i}"), soon)).collect();
+    let stream = tokio_stream::iter(items);
+    let mut answers = clients[1].clone().schedule_stream(stream).await.unwrap().into_inner();
+    let mut streamed = 0;
+    while let Some(answer) = answers.message().await.unwrap() {
+        match answer.result {
+            Some(proto::schedule_result::Result::Scheduled(s)) => {
+                assert_eq!(s.id, format!("s-{}", answer.index))
+            }
+            other => panic!("stream item {}: {other:?}", answer.index),
+        }
+        ledger.ack(&format!("s-{}", answer.index), soon, &topic);
+        streamed += 1;
+    }
+    assert_eq!(streamed, 60);
+
+    // List and Stats see every node's shards.
+    let expected = ledger.expected();
+    let stats = clients[2].clone().stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!((stats.pending, stats.cancelled), (expected.len() as u64, 30), "{stats:?}");
+    let mut listed = std::collections::HashSet::new();
+    let mut token = String::new();
+    loop {
+        let page = clients[1]
+            .clone()
+            .list(proto::ListRequest { page_size: 50, page_token: token, ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.messages.len() <= 50);
+        for m in page.messages {
+            assert!(listed.insert(m.id.clone()), "{} listed twice", m.id);
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(listed, expected, "List pages through every node's shards, each message once");
+    let mut forwarded = 0.0;
+    for node in &nodes {
+        forwarded += node.metric("hourglass_cluster_forwarded_total").await.unwrap_or(0.0);
+    }
+    assert!(forwarded > 0.0, "no call went to another node");
+    eprintln!("through any node: {forwarded} calls sent on to the owner; stats {stats:?}");
+
+    // Cancels and reschedules racing moves: node 2 stops (its shards go to
+    // the others) and starts again (some come back).
+    let start = now_ms() + 20_000;
+    let raced = 300;
+    for i in 0..raced {
+        let id = format!("m-{i}");
+        let due = start + i as i64 * 20;
+        schedule_anywhere(&mut clients.clone(), i % 3, due_message(&topic, &id, due), &ledger).await;
+    }
+    let racing = {
+        let (clients, ledger_ops) = (clients.clone(), Arc::new(std::sync::Mutex::new(Vec::new())));
+        let ops = Arc::clone(&ledger_ops);
+        let task = tokio::spawn(async move {
+            let mut counts = [0usize; 4];
+            for i in 0..raced {
+                let id = format!("m-{i}");
+                if i % 3 == 0 {
+                    let outcome = on_any_node(&clients, i % 3, |mut c| {
+                        let request = proto::CancelRequest { id: id.clone() };
+                        Box::pin(async move { c.cancel(request).await.map(|r| r.into_inner().outcome()) })
+                    })
+                    .await
+                    .unwrap_or_else(|s| panic!("cancel {id}: {s:?}"));
+                    counts[0] += 1;
+                    if matches!(
+                        outcome,
+                        proto::CancelOutcome::Cancelled | proto::CancelOutcome::AlreadyCancelled
+                    ) {
+                        ops.lock().unwrap().push((id, None));
+                        counts[1] += 1;
+                    }
+                } else if i % 3 == 1 {
+                    let due = start + i as i64 * 20 + 3_000;
+                    let moved = on_any_node(&clients, i % 3, |mut c| {
+                        let request = proto::RescheduleRequest {
+                            id: id.clone(),
+                            due: Some(proto::reschedule_request::Due::DeliverAt(ts(due))),
+                        };
+                        Box::pin(async move {
+                            c.reschedule(request).await.map(|r| millis(&r.into_inner().deliver_at.unwrap()))
+                        })
+                    })
+                    .await;
+                    counts[2] += 1;
+                    match moved {
+                        Ok(at) => {
+                            assert_eq!(at, due, "{id}");
+                            ops.lock().unwrap().push((id, Some(due)));
+                            counts[3] += 1;
+                        }
+                        Err(s) if s.code() == Code::FailedPrecondition => {}
+                        Err(s) => panic!("reschedule {id}: {s:?}"),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+            counts
+        });
+        (task, ledger_ops)
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    nodes[2].stop().unwrap();
+    eprintln!("node 2 stopped while cancels and reschedules go on");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    nodes[2].spawn().unwrap();
+    nodes[2].wait_serving(Duration::from_secs(60)).await.unwrap();
+    let counts = racing.0.await.unwrap();
+    for (id, due) in racing.1.lock().unwrap().drain(..) {
+        match due {
+            None => ledger.cancelled(&id),
+            Some(due) => ledger.rescheduled(&id, due),
+        }
+    }
+    eprintln!(
+        "while shards moved: {} cancels ({} answered cancelled), {} reschedules ({} moved)",
+        counts[0], counts[1], counts[2], counts[3]
+    );
+    wait_spread(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
+
+    let wait = Duration::from_millis((start + raced as i64 * 20 + 3_000 - now_ms()).max(0) as u64)
+        + Duration::from_secs(30);
+    let deliveries =
+        collect_async(broker.addr(), &[topic.as_str()], ledger.expected(), wait, Duration::from_secs(3))
+            .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("any node, and cancels while shards move: {}", verdict.summary());
     report_duplicates(&verdict);
     verdict.assert_nothing_lost_or_early();
     for node in &mut nodes {

@@ -6,10 +6,12 @@
 pub mod codec;
 pub mod convert;
 mod limit;
+mod route;
 mod status;
 mod stream;
 
 pub use limit::Budget;
+pub use route::FORWARDED;
 pub use stream::StreamLimits;
 
 use std::{future::Future, sync::Arc, time::Instant};
@@ -17,7 +19,8 @@ use std::{future::Future, sync::Arc, time::Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
-use crate::{Error, auth::Access, metrics, proto, service::Service};
+use crate::{Error, auth::Access, message::ListQuery, metrics, proto, service::Service};
+use route::{Caller, Router};
 
 /// How the API admits calls.
 #[derive(Clone, Debug)]
@@ -27,10 +30,14 @@ pub struct ApiConfig {
     pub stream: stream::StreamLimits,
     /// The bytes of requests held at once, across calls.
     pub memory: limit::Budget,
+    /// Cluster mode: how to reach other nodes advertised at https://
+    /// addresses (none: the system's roots, no client certificate).
+    pub peer_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 pub struct SchedulerApi {
     service: Arc<Service>,
+    router: Arc<Router>,
     config: ApiConfig,
     /// Calls being served at once, at most; one permit per call.
     admission: Arc<Semaphore>,
@@ -42,6 +49,7 @@ pub struct SchedulerApi {
 impl SchedulerApi {
     pub fn new(service: Arc<Service>, config: ApiConfig) -> Self {
         SchedulerApi {
+            router: Arc::new(Router::new(Arc::clone(&service), config.peer_tls.clone())),
             service,
             admission: Arc::new(Semaphore::new(config.max_concurrent)),
             streams: Arc::new(Semaphore::new((config.max_concurrent / 2).max(1))),
@@ -79,6 +87,15 @@ impl SchedulerApi {
         method: &'static str,
         call: impl Future<Output = Result<T, Error>>,
     ) -> Result<Response<T>, Status> {
+        self.call_for_response(method, async { call.await.map(Response::new) }).await
+    }
+
+    /// [`call`](Self::call), for a call that answers with metadata.
+    async fn call_for_response<T>(
+        &self,
+        method: &'static str,
+        call: impl Future<Output = Result<Response<T>, Error>>,
+    ) -> Result<Response<T>, Status> {
         let _permit = self.admit(method)?;
         observe(method, call).await
     }
@@ -105,6 +122,24 @@ fn busy(method: &'static str, refusal: Error) -> Status {
     let status = Status::from(refusal);
     metrics::GRPC_REQUESTS.with_label_values(&[method, &format!("{:?}", status.code())]).inc();
     status
+}
+
+/// Schedules items of a batch or a stream on this node's shards: answers
+/// numbered from 0, counted by status code.
+async fn schedule_here(
+    service: &Service,
+    access: &Access,
+    method: &'static str,
+    items: Vec<proto::ScheduleRequest>,
+) -> Vec<proto::ScheduleResult> {
+    let n = items.len();
+    let items = items.into_iter().map(TryInto::try_into).collect();
+    let results = match service.schedule_batch(access, items).await {
+        Ok(results) => results,
+        // The write failed: nothing of it was stored.
+        Err(e) => vec![Err(e); n],
+    };
+    schedule_results(method, 0, results)
 }
 
 /// The answers to items of a batch or a stream, numbered from
@@ -141,10 +176,10 @@ fn schedule_results(
 /// Runs one call, counting it by method and status code.
 async fn observe<T>(
     method: &'static str,
-    call: impl Future<Output = Result<T, Error>>,
+    call: impl Future<Output = Result<Response<T>, Error>>,
 ) -> Result<Response<T>, Status> {
     let started = Instant::now();
-    let result = call.await.map(Response::new).map_err(Status::from);
+    let result = call.await.map_err(Status::from);
     let code = match &result {
         Ok(_) => tonic::Code::Ok,
         Err(status) => status.code(),
@@ -161,7 +196,21 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::ScheduleRequest>,
     ) -> Result<Response<proto::ScheduleResponse>, Status> {
         self.call("Schedule", async {
-            let access = Access::of(&request)?;
+            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
+            let forwarded = self
+                .router
+                .one(
+                    "Schedule",
+                    &caller,
+                    &access,
+                    request.get_ref().id.as_deref().unwrap_or_default(),
+                    request.get_ref(),
+                    |mut c, r| Box::pin(async move { c.schedule(r).await }),
+                )
+                .await?;
+            if let Some(answer) = forwarded {
+                return Ok(answer);
+            }
             let scheduled = self.service.schedule(&access, request.into_inner().try_into()?).await?;
             Ok(scheduled.into())
         })
@@ -173,10 +222,11 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::ScheduleBatchRequest>,
     ) -> Result<Response<proto::ScheduleBatchResponse>, Status> {
         self.call("ScheduleBatch", async {
-            let access = Access::of(&request)?;
-            let items = request.into_inner().requests.into_iter().map(TryInto::try_into).collect();
-            let results = self.service.schedule_batch(&access, items).await?;
-            Ok(proto::ScheduleBatchResponse { results: schedule_results("ScheduleBatch", 0, results) })
+            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
+            let requests = request.into_inner().requests;
+            self.service.check_batch(requests.len())?;
+            let results = self.router.schedule(&caller, &access, "ScheduleBatch", requests).await;
+            Ok(proto::ScheduleBatchResponse { results })
         })
         .await
     }
@@ -188,9 +238,12 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<tonic::Streaming<proto::ScheduleRequest>>,
     ) -> Result<Response<Self::ScheduleStreamStream>, Status> {
         let access = Access::of(&request).map_err(Status::from)?;
+        let caller = Caller::of(&request);
         let permits = self.admit_stream()?;
         let answers = stream::serve(
             Arc::clone(&self.service),
+            Arc::clone(&self.router),
+            caller,
             access,
             request.into_inner(),
             self.config.stream,
@@ -204,7 +257,16 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::CancelRequest>,
     ) -> Result<Response<proto::CancelResponse>, Status> {
         self.call("Cancel", async {
-            let access = Access::of(&request)?;
+            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
+            let forwarded = self
+                .router
+                .one("Cancel", &caller, &access, &request.get_ref().id, request.get_ref(), |mut c, r| {
+                    Box::pin(async move { c.cancel(r).await })
+                })
+                .await?;
+            if let Some(answer) = forwarded {
+                return Ok(answer);
+            }
             let outcome = self.service.cancel(&access, &request.into_inner().id).await?;
             Ok(proto::CancelResponse { outcome: proto::CancelOutcome::from(outcome).into() })
         })
@@ -216,7 +278,16 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::RescheduleRequest>,
     ) -> Result<Response<proto::RescheduleResponse>, Status> {
         self.call("Reschedule", async {
-            let access = Access::of(&request)?;
+            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
+            let forwarded = self
+                .router
+                .one("Reschedule", &caller, &access, &request.get_ref().id, request.get_ref(), |mut c, r| {
+                    Box::pin(async move { c.reschedule(r).await })
+                })
+                .await?;
+            if let Some(answer) = forwarded {
+                return Ok(answer);
+            }
             let request = request.into_inner();
             convert::check_id(&request.id)?;
             let due = convert::due_spec(request.due.map(convert::WireDue::from))?;
@@ -228,7 +299,16 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::GetResponse>, Status> {
         self.call("Get", async {
-            let access = Access::of(&request)?;
+            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
+            let forwarded = self
+                .router
+                .one("Get", &caller, &access, &request.get_ref().id, request.get_ref(), |mut c, r| {
+                    Box::pin(async move { c.get(r).await })
+                })
+                .await?;
+            if let Some(answer) = forwarded {
+                return Ok(answer);
+            }
             Ok(self.service.get(&access, &request.into_inner().id).await?.into())
         })
         .await
@@ -238,9 +318,13 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
-        self.call("List", async {
-            let access = Access::of(&request)?;
-            Ok(self.service.list(&access, request.into_inner().try_into()?).await?.into())
+        self.call_for_response("List", async {
+            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
+            let request = request.into_inner();
+            let query: ListQuery = request.clone().try_into()?;
+            let limit = query.validate()?;
+            let page = self.service.list(&access, query).await?;
+            self.router.list(&caller, request, page, limit).await
         })
         .await
     }
@@ -250,8 +334,9 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::StatsRequest>,
     ) -> Result<Response<proto::StatsResponse>, Status> {
         self.call("Stats", async {
-            let access = Access::of(&request)?;
-            Ok(self.service.stats(&access).await?.into())
+            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
+            let here = self.service.stats(&access).await?.into();
+            self.router.stats(&caller, here).await
         })
         .await
     }

@@ -22,6 +22,10 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::{Error, proto, store::StoreError};
 
+/// Response metadata of a refusal by a node that does not own the shard:
+/// the shard's number.
+pub const NOT_OWNER: &str = "hourglass-not-owner";
+
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let message = e.to_string();
@@ -32,6 +36,16 @@ impl From<Error> for Status {
                     message,
                     ErrorDetails::with_bad_request_violation(invalid.field, invalid.reason),
                 );
+            }
+            Error::Relayed { code, details, .. } => {
+                return Status::with_details(Code::from_i32(code), message, details.into());
+            }
+            Error::Store(StoreError::NotOwner(shard)) => {
+                // Marked, so that a node that forwarded it knows nothing
+                // was done and sends it on to the owner.
+                let mut status = Status::new(Code::Unavailable, message);
+                status.metadata_mut().insert(NOT_OWNER, shard.into());
+                return status;
             }
             Error::TooLarge { .. } | Error::Undecodable(_) => Code::InvalidArgument,
             Error::TopicUnknown(_) => Code::NotFound,
@@ -71,7 +85,8 @@ fn store_code(e: &StoreError) -> Code {
         StoreError::Closed
         | StoreError::Io(_)
         | StoreError::Dispatching(_)
-        | StoreError::LogUnavailable(_) => Code::Unavailable,
+        | StoreError::LogUnavailable(_)
+        | StoreError::NotOwner(_) => Code::Unavailable,
         StoreError::Corrupt(_) => Code::DataLoss,
         StoreError::Forbidden { .. } => Code::PermissionDenied,
     }
@@ -97,6 +112,7 @@ mod tests {
             (StoreError::AtCapacity { pending: 9 }.into(), Code::ResourceExhausted),
             (StoreError::Closed.into(), Code::Unavailable),
             (StoreError::LogUnavailable("down".into()).into(), Code::Unavailable),
+            (StoreError::NotOwner(3).into(), Code::Unavailable),
             (StoreError::Dispatching(id()).into(), Code::Unavailable),
             (StoreError::Corrupt("bad block".into()).into(), Code::DataLoss),
             (Error::Forbidden { token: "a".into(), topic: "t".into() }, Code::PermissionDenied),
@@ -116,6 +132,10 @@ mod tests {
             (Error::RequestMemory(8), Code::ResourceExhausted),
             (Error::TooManyWatches(64), Code::ResourceExhausted),
             (Error::StreamIdle(std::time::Duration::from_secs(120)), Code::Unavailable),
+            (
+                Error::Relayed { code: Code::NotFound as i32, message: "m".into(), details: vec![] },
+                Code::NotFound,
+            ),
         ];
         for (error, code) in cases {
             let text = error.to_string();

@@ -25,8 +25,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::schedule_results;
-use crate::{Error, auth::Access, message::Scheduled, metrics, proto, service::Service};
+use super::route::{Caller, Router};
+use crate::{Error, auth::Access, metrics, proto, service::Service};
 
 /// The answers to a stream, in request order.
 pub type Answers = ReceiverStream<Result<proto::ScheduleResult, Status>>;
@@ -54,6 +54,8 @@ const METHOD: &str = "ScheduleStream";
 /// answered PERMISSION_DENIED.
 pub fn serve<P: Send + 'static>(
     service: Arc<Service>,
+    router: Arc<Router>,
+    caller: Caller,
     access: Access,
     inbound: Streaming<proto::ScheduleRequest>,
     limits: StreamLimits,
@@ -61,7 +63,7 @@ pub fn serve<P: Send + 'static>(
 ) -> Answers {
     let (tx, rx) = mpsc::channel(CHUNK);
     tokio::spawn(async move {
-        pump(service, access, inbound, limits, tx).await;
+        pump(service, router, caller, access, inbound, limits, tx).await;
         drop(permits);
     });
     ReceiverStream::new(rx)
@@ -79,6 +81,8 @@ type Chunk = Pin<Box<dyn Future<Output = (Vec<proto::ScheduleResult>, usize)> + 
 
 async fn pump(
     service: Arc<Service>,
+    router: Arc<Router>,
+    caller: Caller,
     access: Access,
     mut inbound: Streaming<proto::ScheduleRequest>,
     limits: StreamLimits,
@@ -159,8 +163,7 @@ async fn pump(
                     unanswered_bytes += chunk_bytes;
                     let first_index = next_index;
                     next_index += chunk.len() as u64;
-                    let service = Arc::clone(&service);
-                    let answered = schedule_chunk(service, access, chunk, first_index);
+                    let answered = schedule_chunk(Arc::clone(&router), caller.clone(), access, chunk, first_index);
                     answers.push_back(Box::pin(answered.map(move |results| (results, chunk_bytes))));
                 }
             }
@@ -179,19 +182,17 @@ async fn pump(
 }
 
 async fn schedule_chunk(
-    service: Arc<Service>,
+    router: Arc<Router>,
+    caller: Caller,
     access: Access,
     chunk: Vec<proto::ScheduleRequest>,
     first_index: u64,
 ) -> Vec<proto::ScheduleResult> {
-    let n = chunk.len();
-    let items = chunk.into_iter().map(TryInto::try_into).collect();
-    let results: Vec<Result<Scheduled, crate::Error>> = match service.schedule_batch(&access, items).await {
-        Ok(results) => results,
-        // The write failed: nothing of the chunk was stored.
-        Err(e) => vec![Err(e); n],
-    };
-    schedule_results(METHOD, first_index, results)
+    let mut answers = router.schedule(&caller, &access, METHOD, chunk).await;
+    for answer in &mut answers {
+        answer.index += first_index;
+    }
+    answers
 }
 
 fn finish(started: Instant, code: tonic::Code) {

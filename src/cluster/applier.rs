@@ -4,14 +4,14 @@
 use std::{sync::Arc, time::Duration};
 
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use super::waiters::Waiters;
+use super::{ClusterConfig, waiters::Waiters};
 use crate::{
     kafka::{KafkaConfig, LogReader, Read},
     log::record::Entry,
     message::Limits,
-    store::{LogEntry, Store, StoreError},
+    store::{LogEntry, Store, StoreConfig, StoreError},
 };
 
 /// Records applied in one call at most.
@@ -46,11 +46,6 @@ impl Applier {
     /// What it reads the partition with.
     pub fn reader(&self) -> Arc<LogReader> {
         Arc::clone(&self.reader)
-    }
-
-    /// The partition's end now; see [`end_of`].
-    pub async fn end(&self, stop: &CancellationToken) -> Option<i64> {
-        end_of(&self.reader, stop).await
     }
 
     /// Applies until `stop`. `applied` follows the next offset to apply.
@@ -143,5 +138,79 @@ pub async fn end_of(reader: &Arc<LogReader>, stop: &CancellationToken) -> Option
             _ = stop.cancelled() => return None,
             _ = tokio::time::sleep(BACKOFF) => {}
         }
+    }
+}
+
+/// A shard's store following its partition of the log: opened, and its
+/// applier running. An owner dispatches from it; a standby only keeps it
+/// up to date, ready to be taken over.
+pub struct View {
+    pub store: Store,
+    pub reader: Arc<LogReader>,
+    /// The next offset to apply, as applied.
+    pub applied: watch::Receiver<i64>,
+    /// Stops the applier.
+    pub stop: CancellationToken,
+    applier: TaskTracker,
+}
+
+impl View {
+    /// Opens the store `config` names (empty if there is none) and starts
+    /// applying its partition from the offset it recorded.
+    pub async fn open(
+        config: &StoreConfig,
+        cluster: &ClusterConfig,
+        waiters: Arc<Waiters>,
+    ) -> Result<View, StoreError> {
+        let opening = config.clone();
+        let store = tokio::task::spawn_blocking(move || Store::open(&opening))
+            .await
+            .map_err(|e| StoreError::Io(format!("opening the store: {e}")))??;
+        let recorded = store.recorded_shard();
+        if recorded != config.shard {
+            store.close().await;
+            return Err(StoreError::Corrupt(format!(
+                "the store in {} is shard {} of {}, not shard {} of {}: each partition of the schedule log \
+                 needs its own store",
+                config.path.display(),
+                recorded.shard,
+                recorded.shards,
+                config.shard.shard,
+                config.shard.shards,
+            )));
+        }
+        let partition = config.shard.shard as i32;
+        let applier = Applier::new(
+            &cluster.kafka,
+            &cluster.log.name,
+            partition,
+            store.clone(),
+            waiters,
+            cluster.limits.clone(),
+        );
+        let applier = match applier {
+            Ok(applier) => applier,
+            Err(e) => {
+                store.close().await;
+                return Err(e);
+            }
+        };
+        let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());
+        let (tx, applied) = watch::channel(store.log_next());
+        tracker.spawn(applier.run(stop.clone(), tx));
+        tracker.close();
+        Ok(View { store, reader, applied, stop, applier: tracker })
+    }
+
+    /// The partition's end now; see [`end_of`].
+    pub async fn end(&self, stop: &CancellationToken) -> Option<i64> {
+        end_of(&self.reader, stop).await
+    }
+
+    /// Stops applying and closes the store.
+    pub async fn close(&self) {
+        self.stop.cancel();
+        self.applier.wait().await;
+        self.store.close().await;
     }
 }

@@ -59,10 +59,7 @@ impl Front {
 
     async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
         if self.store.log_owner() != self.waiters.me() {
-            return Err(StoreError::LogUnavailable(format!(
-                "shard {} has moved to another node; retry with the same id",
-                self.partition
-            )));
+            return Err(StoreError::NotOwner(self.partition as u32));
         }
         let (key, change, held) = match self.store.decide(intent).await? {
             Decision::Answer(answer) => return Ok(answer),

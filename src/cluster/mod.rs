@@ -27,9 +27,10 @@ pub(crate) mod applier;
 pub(crate) mod front;
 pub(crate) mod owner;
 pub(crate) mod recorder;
+pub(crate) mod routes;
 pub(crate) mod waiters;
 
-pub use owner::{Cluster, Shards};
+pub use owner::{Cluster, Place, Shards};
 
 use std::time::Duration;
 
@@ -51,6 +52,10 @@ pub struct ClusterConfig {
     pub limits: Limits,
     /// How long creating or checking the log topic may take.
     pub admin_timeout: Duration,
+    /// Where the other nodes reach this one's gRPC port (a URL).
+    pub advertise: String,
+    /// How many nodes besides its owner keep each shard's store up to date.
+    pub standby_replicas: usize,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -33,16 +33,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
-    ClusterConfig, ClusterError,
-    applier::{Applier, end_of},
-    front::Front,
-    recorder::LogRecorder,
+    ClusterConfig, ClusterError, applier::View, front::Front, recorder::LogRecorder, routes::Routes,
     waiters::Waiters,
 };
 use crate::{
     clock::Clock,
     dispatcher::Lease,
-    kafka::{GroupMember, LogProducer, LogReader, Moved, Producer, ensure_log_topic},
+    kafka::{GroupMember, LogProducer, Moved, Producer, ensure_log_topic},
     log::record::{self, Change, LogRecord},
     metrics,
     shard::{Shard, ShardConfig},
@@ -93,6 +90,7 @@ struct Inner {
     config: ClusterConfig,
     shards: Shards,
     log: Arc<LogProducer>,
+    routes: Arc<Routes>,
     waiters: Arc<Waiters>,
     lease: Arc<Lease>,
     slots: Vec<Slot>,
@@ -106,8 +104,12 @@ struct Inner {
 
 struct Slot {
     state: watch::Sender<State>,
-    /// Taking and letting go, one at a time.
+    /// Taking, letting go, and starting or stopping a standby, one at a
+    /// time.
     moving: tokio::sync::Mutex<()>,
+    /// The store kept up to date while another node owns the shard, ready
+    /// to be taken over.
+    standby: Mutex<Option<View>>,
     /// Cancels a take under way.
     taking: Mutex<CancellationToken>,
 }
@@ -122,23 +124,30 @@ enum State {
     LettingGo,
 }
 
+/// Where a request for a shard is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    Here,
+    /// By the node answering at this address.
+    There(String),
+}
+
 /// A shard this node owns.
 pub struct Owned {
     partition: i32,
     /// This node incarnation.
     me: u64,
     log: Arc<LogProducer>,
+    routes: Arc<Routes>,
     clock: Arc<dyn Clock>,
     /// A claim of the shard is being appended.
     claiming: AtomicBool,
     shard: Shard,
     front: Front,
     recorder: Arc<LogRecorder>,
-    reader: Arc<LogReader>,
-    applied: watch::Receiver<i64>,
-    /// Stops the applier and the recorder's retries.
-    stop: CancellationToken,
-    applier: TaskTracker,
+    /// The store following the log; its stop token also stops the
+    /// recorder's retries.
+    view: View,
 }
 
 impl Owned {
@@ -162,6 +171,7 @@ impl Owned {
             let claim = owner_record(owned.me, owned.clock.as_ref(), false);
             match owned.log.append(owned.partition, &record::owner_key(), &claim).await {
                 Ok(_) => {
+                    owned.routes.publish(owned.partition as u32, false);
                     tracing::info!(partition = owned.partition, "claimed the shard again in the schedule log")
                 }
                 Err(e) => {
@@ -198,20 +208,18 @@ impl Owned {
                 "releasing the shard in the schedule log failed; the next owner claims it anyway"
             );
         }
+        self.routes.publish(partition as u32, true);
         // Applied to the end, the store is as the log says when this node
         // takes the shard again.
         let ended = tokio::time::timeout(LET_GO_WAIT, async {
-            let end = end_of(&self.reader, &self.stop).await?;
-            let mut applied = self.applied.clone();
-            applied.wait_for(|next| *next >= end).await.ok().map(|_| ())
+            let end = self.view.end(&self.view.stop).await?;
+            applied_to(&self.view.applied, end, &self.view.stop).await.then_some(())
         })
         .await;
         if !matches!(ended, Ok(Some(()))) {
             tracing::warn!(partition, "the schedule log was not applied to its end before letting go");
         }
-        self.stop.cancel();
-        self.applier.wait().await;
-        self.shard.store().close().await;
+        self.view.close().await;
     }
 }
 
@@ -224,10 +232,15 @@ impl Cluster {
         tracing::info!(topic = %config.log.name, partitions = config.log.partitions, ?ensured, "the schedule log");
         let log = LogProducer::new(&config.kafka, &config.log.name)
             .map_err(|e| ClusterError::Log(format!("creating its producer: {e}")))?;
+        let (stop, damaged, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
+        let waiters = Arc::new(Waiters::new());
+        let routes =
+            Routes::start(config, waiters.me(), Arc::clone(&shards.clock), &tasks, stop.clone()).await?;
         let slots = (0..config.log.partitions)
             .map(|_| Slot {
                 state: watch::channel(State::Unknown).0,
                 moving: tokio::sync::Mutex::new(()),
+                standby: Mutex::new(None),
                 taking: Mutex::new(CancellationToken::new()),
             })
             .collect();
@@ -235,7 +248,8 @@ impl Cluster {
             config: config.clone(),
             shards,
             log: Arc::new(log),
-            waiters: Arc::new(Waiters::new()),
+            routes,
+            waiters,
             lease: Arc::new(Lease::new()),
             slots,
             joined: AtomicBool::new(false),
@@ -251,7 +265,6 @@ impl Cluster {
                 .spawn(move || keep_lease(&lease, heartbeat, &stopping))
                 .map_err(|e| ClusterError::Group(format!("starting the lease thread: {e}")))?
         };
-        let (stop, damaged, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
         let (health_tx, health) = watch::channel(StoreHealth::Joining(format!(
             "joining the consumer group {} to take shards of {}",
             config.group.id, config.log.name
@@ -259,6 +272,7 @@ impl Cluster {
         let (moves_tx, moves) = mpsc::unbounded_channel();
         tasks.spawn(follow(Arc::clone(&inner), moves, tasks.clone()));
         tasks.spawn(watch_owned(Arc::clone(&inner), health_tx, damaged.clone(), stop.clone()));
+        tasks.spawn(keep_standbys(Arc::clone(&inner), stop.clone()));
         let member = GroupMember::join(&config.kafka, &config.group, moves_tx).map_err(|e| {
             ClusterError::Group(format!("joining the consumer group {}: {e}", config.group.id))
         })?;
@@ -291,16 +305,63 @@ impl Cluster {
         match settled {
             Ok(Ok(state)) => match &*state {
                 State::Owned(owned) => Ok(Arc::clone(owned)),
-                _ => Err(StoreError::LogUnavailable(format!(
-                    "shard {shard} (the schedule log's partition {shard}) is owned by another node of the \
-                     cluster; send the request there"
-                ))),
+                _ => Err(StoreError::NotOwner(shard as u32)),
             },
-            _ => Err(StoreError::LogUnavailable(format!(
-                "shard {shard} is moving between nodes and was not ready within {MOVE_WAIT:?}; retry with \
-                 the same id"
-            ))),
+            _ => Err(moving(shard)),
         }
+    }
+
+    /// Where requests for `shard` are served: here once this node owns it,
+    /// or by the node the routing topic names (waiting a bounded time while
+    /// the shard moves, or until the topic names its new owner).
+    pub async fn place(&self, shard: usize) -> Result<Place, StoreError> {
+        let deadline = tokio::time::Instant::now() + MOVE_WAIT;
+        let mut state = self.inner.slots[shard].state.subscribe();
+        let owned = match tokio::time::timeout_at(
+            deadline,
+            state.wait_for(|s| matches!(s, State::Owned(_) | State::Elsewhere)),
+        )
+        .await
+        {
+            Ok(Ok(state)) => matches!(&*state, State::Owned(_)),
+            _ => return Err(moving(shard)),
+        };
+        if owned {
+            return Ok(Place::Here);
+        }
+        let routes = &self.inner.routes;
+        let peer = match routes.peer_of(shard as u32) {
+            Some(peer) => Some(peer),
+            None => routes.await_peer(shard as u32, None, deadline).await,
+        };
+        peer.map(Place::There).ok_or_else(|| moving(shard))
+    }
+
+    /// Where requests for `shard` go now that the node at `refused` did not
+    /// take one (it no longer owns the shard, or cannot be reached): here
+    /// once this node takes it, or the next owner the routing topic names.
+    pub async fn moved(&self, shard: usize, refused: &str) -> Result<Place, StoreError> {
+        let deadline = tokio::time::Instant::now() + MOVE_WAIT;
+        let mut state = self.inner.slots[shard].state.subscribe();
+        tokio::select! {
+            owned = state.wait_for(|s| matches!(s, State::Owned(_))) => match owned {
+                Ok(_) => Ok(Place::Here),
+                Err(_) => Err(moving(shard)),
+            },
+            peer = self.inner.routes.await_peer(shard as u32, Some(refused), deadline) => {
+                peer.map(Place::There).ok_or_else(|| moving(shard))
+            }
+        }
+    }
+
+    /// Whether this node owns `shard` now.
+    pub fn owns(&self, shard: usize) -> bool {
+        matches!(&*self.inner.slots[shard].state.borrow(), State::Owned(_))
+    }
+
+    /// The other nodes that own shards, by the routing topic.
+    pub fn peers(&self) -> Vec<String> {
+        self.inner.routes.peers()
     }
 
     /// The shards this node owns now, with their numbers.
@@ -358,11 +419,16 @@ impl Inner {
             return;
         }
         slot.state.send_replace(State::Taking);
+        let mut standby = slot.standby.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if standby.is_some() {
+            metrics::STANDBYS.dec();
+        }
         loop {
-            match self.open(shard, &cancel).await {
+            match self.open(shard, standby.take(), &cancel).await {
                 Ok(Some(owned)) => {
                     self.failures().remove(&shard);
                     slot.state.send_replace(State::Owned(Arc::new(owned)));
+                    self.routes.publish(shard as u32, false);
                     metrics::SHARDS_OWNED.inc();
                     metrics::SHARD_MOVES.with_label_values(&["taken"]).inc();
                     return;
@@ -382,65 +448,46 @@ impl Inner {
         slot.state.send_replace(State::Elsewhere);
     }
 
-    /// The shard opened, applied to the log's end and dispatching; `None`
-    /// if cancelled first.
-    async fn open(&self, shard: usize, cancel: &CancellationToken) -> Result<Option<Owned>, StoreError> {
-        let partition = shard as i32;
-        let shards = self.slots.len() as u32;
+    /// The store of `shard`, opened (empty if there is none) and following
+    /// its partition of the log from where it applied to.
+    async fn view(&self, shard: usize) -> Result<View, StoreError> {
+        View::open(&self.shard_config(shard).store, &self.config, Arc::clone(&self.waiters)).await
+    }
+
+    /// What `shard` is built from: its store's path, number and cap.
+    fn shard_config(&self, shard: usize) -> ShardConfig {
         let mut config = self.shards.config.clone();
         config.store.path = self.shards.paths[shard].clone();
-        config.store.shard = ShardOf { shard: shard as u32, shards };
+        config.store.shard = ShardOf { shard: shard as u32, shards: self.slots.len() as u32 };
         config.store.max_pending = self.shards.max_pending;
-        let store_config = config.store.clone();
-        let store = tokio::task::spawn_blocking(move || Store::open(&store_config))
-            .await
-            .map_err(|e| StoreError::Io(format!("opening the store: {e}")))??;
-        let recorded = store.recorded_shard();
-        if recorded != config.store.shard {
-            store.close().await;
-            return Err(StoreError::Corrupt(format!(
-                "the store in {} is shard {} of {}, not shard {shard} of {shards}: each partition of the \
-                 schedule log needs its own store",
-                config.store.path.display(),
-                recorded.shard,
-                recorded.shards
-            )));
-        }
-        let applier = Applier::new(
-            &self.config.kafka,
-            &self.config.log.name,
-            partition,
-            store.clone(),
-            Arc::clone(&self.waiters),
-            self.config.limits.clone(),
-        );
-        let applier = match applier {
-            Ok(applier) => applier,
-            Err(e) => {
-                store.close().await;
-                return Err(e);
-            }
+        config
+    }
+
+    /// The shard, applied to the log's end and dispatching; `None` if
+    /// cancelled first. A standby's view of it is taken over as it is.
+    async fn open(
+        &self,
+        shard: usize,
+        standby: Option<View>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Owned>, StoreError> {
+        let partition = shard as i32;
+        let view = match standby {
+            Some(view) => view,
+            None => self.view(shard).await?,
         };
-        let reader = applier.reader();
-        let stop = CancellationToken::new();
-        let from = store.log_next();
-        let Some(end) = applier.end(cancel).await else {
-            store.close().await;
+        let from = view.store.log_next();
+        let Some(end) = view.end(cancel).await else {
+            view.close().await;
             return Ok(None);
         };
-        let (tx, applied) = watch::channel(from);
-        let tracker = TaskTracker::new();
-        tracker.spawn(applier.run(stop.clone(), tx));
-        tracker.close();
-        let abandon = async |outcome| {
-            stop.cancel();
-            tracker.wait().await;
-            store.close().await;
+        let abandon = async |view: View, outcome| {
+            view.close().await;
             outcome
         };
         let started = Instant::now();
-        if !applied_to(&applied, end, cancel).await {
-            return abandon(Ok(None)).await;
+        if !applied_to(&view.applied, end, cancel).await {
+            return abandon(view, Ok(None)).await;
         }
         if from < end {
             tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
@@ -452,33 +499,34 @@ impl Inner {
         let claim = owner_record(me, self.shards.clock.as_ref(), false);
         let key = record::owner_key();
         let claimed = tokio::select! {
-            _ = cancel.cancelled() => return abandon(Ok(None)).await,
+            _ = cancel.cancelled() => return abandon(view, Ok(None)).await,
             claimed = self.log.append(partition, &key, &claim) => claimed,
         };
         let offset = match claimed {
             Ok(offset) => offset,
             Err(e) => {
                 let e = StoreError::LogUnavailable(format!("claiming the shard in the schedule log: {e}"));
-                return abandon(Err(e)).await;
+                return abandon(view, Err(e)).await;
             }
         };
-        if !applied_to(&applied, offset + 1, cancel).await {
-            return abandon(Ok(None)).await;
+        if !applied_to(&view.applied, offset + 1, cancel).await {
+            return abandon(view, Ok(None)).await;
         }
         tokio::select! {
-            _ = cancel.cancelled() => return abandon(Ok(None)).await,
+            _ = cancel.cancelled() => return abandon(view, Ok(None)).await,
             _ = tokio::time::sleep(CLAIM_GRACE) => {}
         }
         let recorder = Arc::new(LogRecorder::new(
             Arc::clone(&self.log),
             partition,
             Arc::clone(&self.waiters),
-            stop.clone(),
+            view.stop.clone(),
         ));
+        let store = view.store.clone();
         let front = Front::new(store.clone(), Arc::clone(&self.log), partition, Arc::clone(&self.waiters));
         let shard = Shard::start_in_cluster(
             store,
-            &config,
+            &self.shard_config(shard),
             Arc::clone(&self.shards.producer),
             Arc::clone(&self.shards.clock),
             Arc::clone(&recorder) as _,
@@ -490,15 +538,13 @@ impl Inner {
             partition,
             me,
             log: Arc::clone(&self.log),
+            routes: Arc::clone(&self.routes),
             clock: Arc::clone(&self.shards.clock),
             claiming: AtomicBool::new(false),
             shard,
             front,
             recorder,
-            reader,
-            applied,
-            stop,
-            applier: tracker,
+            view,
         }))
     }
 
@@ -556,6 +602,13 @@ impl Inner {
         }
         worst
     }
+}
+
+/// A shard that did not settle with an owner in time.
+fn moving(shard: usize) -> StoreError {
+    StoreError::LogUnavailable(format!(
+        "shard {shard} is moving between nodes and no node took it within {MOVE_WAIT:?}; retry with the same id"
+    ))
 }
 
 /// Whether the store applied the log up to `end` (false: cancelled, or the
@@ -619,6 +672,55 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
                 future::join_all(letting_go).await;
                 let _ = done.send(());
             }
+        }
+    }
+}
+
+/// Keeps standby copies of the shards this node stands by for (by the
+/// routing topic, `--standby-replicas` nodes after each owner): opens and
+/// follows those it should keep, closes those it no longer should.
+/// Checked when the routing topic changes, and every few seconds.
+async fn keep_standbys(inner: Arc<Inner>, stop: CancellationToken) {
+    const EVERY: Duration = Duration::from_secs(5);
+    loop {
+        let wanted = inner.routes.standby_for(inner.config.standby_replicas);
+        for (shard, slot) in inner.slots.iter().enumerate() {
+            // A move under way decides; the next look sees its outcome.
+            let Ok(_moving) = slot.moving.try_lock() else {
+                continue;
+            };
+            let elsewhere = matches!(&*slot.state.borrow(), State::Elsewhere);
+            let keep = elsewhere && wanted.contains(&(shard as u32));
+            let kept = slot.standby.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+            if keep && !kept {
+                match inner.view(shard).await {
+                    Ok(view) => {
+                        *slot.standby.lock().unwrap_or_else(|e| e.into_inner()) = Some(view);
+                        metrics::STANDBYS.inc();
+                        tracing::info!(shard, "keeping a standby copy of the shard");
+                    }
+                    Err(e) => tracing::warn!(shard, error = %e, "opening a standby copy of the shard failed"),
+                }
+            } else if !keep && kept {
+                let view = slot.standby.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(view) = view {
+                    view.close().await;
+                    metrics::STANDBYS.dec();
+                    tracing::info!(shard, "no longer keeping a standby copy of the shard");
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = inner.routes.changed() => {}
+            _ = tokio::time::sleep(EVERY) => {}
+        }
+    }
+    for slot in &inner.slots {
+        let view = slot.standby.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(view) = view {
+            view.close().await;
+            metrics::STANDBYS.dec();
         }
     }
 }

@@ -147,15 +147,24 @@ impl LogReader {
     /// Waits for the next records, and takes up to `max` of those already
     /// fetched.
     pub async fn next(&self, max: usize, limits: &Limits) -> Result<Vec<Read>, KafkaError> {
+        self.next_with(max, |m| read(m, limits)).await
+    }
+
+    /// [`next`](Self::next), each record read with `read`.
+    pub async fn next_with<T>(
+        &self,
+        max: usize,
+        read: impl Fn(&rdkafka::message::BorrowedMessage<'_>) -> T,
+    ) -> Result<Vec<T>, KafkaError> {
         let mut out = Vec::new();
         let first = self.consumer.recv().await?;
-        out.push(read(&first, limits));
+        out.push(read(&first));
         drop(first);
         while out.len() < max {
             match futures_util::FutureExt::now_or_never(self.consumer.recv()) {
-                Some(Ok(m)) => out.push(read(&m, limits)),
+                Some(Ok(m)) => out.push(read(&m)),
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "reading the schedule log");
+                    tracing::warn!(error = %e, topic = %self.topic, "reading a log topic");
                     break;
                 }
                 None => break,

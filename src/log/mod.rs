@@ -15,6 +15,7 @@
 
 pub mod native;
 pub mod record;
+pub mod route;
 
 /// Marks a record hourglass wrote itself; its value is the version of the
 /// record format (decimal text). Records without it are Kafka-native

@@ -87,8 +87,9 @@ pub async fn run_with_clock(
     let background = CancellationToken::new();
     let catalog_task = tokio::spawn(Arc::clone(&catalog).run(*config.metadata_refresh, background.clone()));
 
-    let node =
-        Arc::new(Node::start(&settings::node(&config), Arc::clone(&producer), Arc::clone(&clock)).await?);
+    let grpc_addr = listeners.grpc.local_addr()?;
+    let node_config = settings::node(&config, grpc_addr, tls.is_some());
+    let node = Arc::new(Node::start(&node_config, Arc::clone(&producer), Arc::clone(&clock)).await?);
     let service =
         Arc::new(Service::new(Arc::clone(&node), Arc::clone(&catalog), settings::limits(&config), clock));
 
@@ -110,7 +111,6 @@ pub async fn run_with_clock(
     let hangup_task = tokio::spawn(auth::reload_on_hangup(auth.clone(), background.clone()));
 
     let metrics_task = tokio::spawn(serve_metrics(listeners.metrics, background.clone()));
-    let grpc_addr = listeners.grpc.local_addr()?;
     tracing::info!(
         %grpc_addr,
         tls = tls.is_some(),
@@ -138,6 +138,7 @@ pub async fn run_with_clock(
         max_concurrent: config.max_concurrent_requests,
         stream: StreamLimits { window: config.stream_window, idle: *config.stream_idle_timeout },
         memory: Budget::new(config.max_request_memory),
+        peer_tls: settings::peer_tls(&config, &node_config)?,
     };
     let grpc = tokio::spawn(
         server

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use tonic::transport::ClientTlsConfig;
+
 use crate::{
     auth::{Tokens, TokensError},
     cluster::ClusterConfig,
@@ -50,6 +52,24 @@ pub fn tls(config: &Config) -> Result<Option<TlsFiles>, TlsError> {
     )
 }
 
+/// Cluster mode: how a node reaches the others when it forwards requests
+/// over TLS: it checks them against --tls-client-ca (the CA of the
+/// cluster's certificates, when mutual TLS is on) or the system's roots,
+/// and presents its own certificate when mutual TLS is on.
+pub fn peer_tls(config: &Config, node: &NodeConfig) -> Result<Option<ClientTlsConfig>, TlsError> {
+    let Some(cluster) = &node.cluster else {
+        return Ok(None);
+    };
+    if !cluster.advertise.starts_with("https://") {
+        return Ok(None);
+    }
+    let identity = match (&config.tls_cert, &config.tls_key, &config.tls_client_ca) {
+        (Some(cert), Some(key), Some(_)) => Some((cert.as_path(), key.as_path())),
+        _ => None,
+    };
+    crate::tls::client_config(&cluster.advertise, config.tls_client_ca.as_deref(), identity)
+}
+
 /// What a message and a request may hold.
 pub fn limits(config: &Config) -> Limits {
     Limits {
@@ -75,7 +95,9 @@ pub fn kafka(config: &Config) -> KafkaConfig {
 }
 
 /// The node: its shards, where they live, the backlog cap they share.
-pub fn node(config: &Config) -> NodeConfig {
+/// `grpc` is where it listens, and `tls` whether with TLS: the address
+/// other nodes of a cluster reach it at, unless --advertise-addr says.
+pub fn node(config: &Config, grpc: std::net::SocketAddr, tls: bool) -> NodeConfig {
     NodeConfig {
         data_dir: config.data_dir.clone(),
         shards: if config.cluster { config.log_partitions } else { config.shards },
@@ -95,6 +117,11 @@ pub fn node(config: &Config) -> NodeConfig {
             },
             limits: limits(config),
             admin_timeout: Duration::from_secs(30),
+            standby_replicas: config.standby_replicas as usize,
+            advertise: config
+                .advertise_addr
+                .clone()
+                .unwrap_or_else(|| format!("{}://{grpc}", if tls { "https" } else { "http" })),
         }),
     }
 }
@@ -173,9 +200,21 @@ mod tests {
     #[test]
     fn the_backlog_cap_is_the_node_s() {
         let config = Config { max_pending: 10, shards: 3, ..Config::default() };
-        let built = node(&config);
+        let grpc = "127.0.0.1:50051".parse().unwrap();
+        let built = node(&config, grpc, false);
         assert_eq!((built.max_pending, built.shards), (Some(10), 3));
-        assert_eq!(node(&Config::default()).max_pending, None, "0: no cap");
+        assert_eq!(node(&Config::default(), grpc, false).max_pending, None, "0: no cap");
+    }
+
+    #[test]
+    fn a_node_is_advertised_where_it_listens_unless_told() {
+        let grpc = "10.1.2.3:7000".parse().unwrap();
+        let config = Config { cluster: true, ..Config::default() };
+        let advertised = |config: &Config, tls| node(config, grpc, tls).cluster.unwrap().advertise;
+        assert_eq!(advertised(&config, false), "http://10.1.2.3:7000");
+        assert_eq!(advertised(&config, true), "https://10.1.2.3:7000");
+        let told = Config { advertise_addr: Some("http://hourglass-0.hourglass:50051".into()), ..config };
+        assert_eq!(advertised(&told, false), "http://hourglass-0.hourglass:50051");
     }
 
     #[test]

@@ -35,6 +35,13 @@ pub enum StoreError {
     /// Cluster mode: the schedule log could not take or apply a change.
     #[error("{0}")]
     LogUnavailable(String),
+    /// Cluster mode: another node owns the shard; nothing was changed
+    /// here, and the request can go to the owner.
+    #[error(
+        "shard {0} (the schedule log's partition {0}) is owned by another node of the cluster; nothing was \
+         changed here: retry with the same id (any node forwards it to the owner)"
+    )]
+    NotOwner(u32),
     #[error("the store is corrupt: {0}")]
     Corrupt(String),
     #[error("store I/O failed: {0}")]

@@ -44,6 +44,13 @@ impl Ledger {
         }
     }
 
+    /// `id` was moved to `due_ms` by a reschedule.
+    pub fn rescheduled(&self, id: &str, due_ms: i64) {
+        let mut all = self.acked.lock().unwrap();
+        let acked = all.get_mut(id).unwrap_or_else(|| panic!("{id} was rescheduled but never acknowledged"));
+        acked.due_ms = due_ms;
+    }
+
     pub fn cancelled(&self, id: &str) {
         self.cancelled.lock().unwrap().insert(id.to_owned());
     }

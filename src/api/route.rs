@@ -1,0 +1,435 @@
+//! Cluster mode: any node answers any request. A request about a message
+//! whose shard another node owns goes to that node (found in the routing
+//! topic), with the caller's token, marked [`FORWARDED`] so that it is
+//! served there or refused, never sent on again. A batch is split by
+//! owner; `List` and `Stats` ask every node that owns shards and merge.
+//!
+//! A forwarded request the other node refuses without acting on it (it no
+//! longer owns the shard, or it cannot be reached at all) is sent again to
+//! the shard's next owner, a bounded number of times. Any other answer,
+//! errors included, is passed on as it came.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures_util::future::{self, BoxFuture};
+use tonic::{
+    Request, Response, Status,
+    metadata::{AsciiMetadataValue, MetadataMap},
+    transport::{Channel, ClientTlsConfig, Endpoint},
+};
+
+use super::status::NOT_OWNER;
+use crate::{
+    Error,
+    auth::Access,
+    message::{PageToken, PendingPage, merge_pages},
+    metrics, proto,
+    service::{Place, Service},
+    store::LIST_KEY_BYTES,
+};
+
+/// Request metadata of a request one node sends another.
+pub const FORWARDED: &str = "hourglass-forwarded";
+/// Response metadata of a forwarded `List`: each message's position in the
+/// listing's order, as page tokens, comma-separated.
+const POSITIONS: &str = "hourglass-positions";
+/// How long connecting to another node may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a forwarded call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many times a request refused unacted goes on to the next owner.
+const RESENDS: usize = 3;
+
+type Client = proto::scheduler_client::SchedulerClient<Channel>;
+
+/// What a forwarded request carries on from its caller.
+#[derive(Clone, Debug, Default)]
+pub struct Caller {
+    /// It came from another node: it is served here, or refused.
+    pub forwarded: bool,
+    authorization: Option<AsciiMetadataValue>,
+}
+
+impl Caller {
+    pub fn of<T>(request: &Request<T>) -> Caller {
+        let metadata = request.metadata();
+        Caller {
+            forwarded: metadata.contains_key(FORWARDED),
+            authorization: metadata.get("authorization").cloned(),
+        }
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(CALL_TIMEOUT);
+        let metadata = request.metadata_mut();
+        metadata.insert(FORWARDED, AsciiMetadataValue::from_static("1"));
+        if let Some(token) = &self.authorization {
+            metadata.insert("authorization", token.clone());
+        }
+        request
+    }
+}
+
+/// Sends requests on to the nodes that own their shards.
+pub struct Router {
+    service: Arc<Service>,
+    tls: Option<ClientTlsConfig>,
+    clients: Mutex<HashMap<String, Client>>,
+}
+
+impl Router {
+    /// `tls`: how to reach the other nodes when they are advertised at
+    /// https:// addresses.
+    pub fn new(service: Arc<Service>, tls: Option<ClientTlsConfig>) -> Router {
+        Router { service, tls, clients: Mutex::new(HashMap::new()) }
+    }
+
+    fn client(&self, addr: &str) -> Result<Client, Error> {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(client) = clients.get(addr) {
+            return Ok(client.clone());
+        }
+        let unreachable = |e: &dyn std::fmt::Display| Error::Relayed {
+            code: tonic::Code::Unavailable as i32,
+            message: format!("cannot reach the node at {addr} that owns the message's shard: {e}"),
+            details: Vec::new(),
+        };
+        let mut endpoint = Endpoint::from_shared(addr.to_owned())
+            .map_err(|e| unreachable(&e))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10));
+        if addr.starts_with("https://") {
+            endpoint =
+                endpoint.tls_config(self.tls.clone().unwrap_or_default()).map_err(|e| unreachable(&e))?;
+        }
+        // The node that serves a request checks its size.
+        let client = Client::new(endpoint.connect_lazy())
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        clients.insert(addr.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    /// A request about the message `id`: `None` when this node serves it,
+    /// else the answer of the node that did.
+    pub async fn one<Req: Clone, Resp>(
+        &self,
+        method: &'static str,
+        caller: &Caller,
+        access: &Access,
+        id: &str,
+        request: &Req,
+        send: impl Fn(Client, Request<Req>) -> BoxFuture<'static, Result<Response<Resp>, Status>>,
+    ) -> Result<Option<Resp>, Error> {
+        if caller.forwarded || !self.service.clustered() {
+            return Ok(None);
+        }
+        let shard = self.service.shard_of(access, id)?;
+        let mut place = self.service.place(shard).await?;
+        for resend in 0..=RESENDS {
+            let Place::There(addr) = place else {
+                return Ok(None);
+            };
+            metrics::FORWARDED.with_label_values(&[method]).inc();
+            match send(self.client(&addr)?, caller.request(request.clone())).await {
+                Ok(response) => return Ok(Some(response.into_inner())),
+                Err(status) if resend < RESENDS && not_taken(&status) => {
+                    tracing::debug!(%addr, ?shard, status = %status.message(), "sending the request to the shard's next owner");
+                    place = self.service.moved(shard, &addr).await?;
+                }
+                Err(status) => return Err(relayed(status)),
+            }
+        }
+        unreachable!("the last resend returns")
+    }
+
+    /// Schedules `items` where their shards are: those of this node's
+    /// shards here, the others on their owners, one batch per node, all
+    /// at once. Answers are numbered by the items' places in `items`.
+    pub async fn schedule(
+        &self,
+        caller: &Caller,
+        access: &Access,
+        method: &'static str,
+        items: Vec<proto::ScheduleRequest>,
+    ) -> Vec<proto::ScheduleResult> {
+        if caller.forwarded || !self.service.clustered() {
+            return super::schedule_here(&self.service, access, method, items).await;
+        }
+        let mut answers: Vec<Option<proto::ScheduleResult>> = vec![None; items.len()];
+        let mut places: HashMap<Option<usize>, Place> = HashMap::new();
+        // (index, shard, item, where it goes)
+        let mut todo = Vec::with_capacity(items.len());
+        for (index, item) in items.into_iter().enumerate() {
+            // An id that does not parse is answered here, as Schedule would.
+            let shard = self.service.shard_of(access, item.id.as_deref().unwrap_or_default()).ok().flatten();
+            let place = match places.get(&shard) {
+                Some(place) => place.clone(),
+                None => match self.service.place(shard).await {
+                    Ok(place) => places.entry(shard).or_insert(place).clone(),
+                    Err(e) => {
+                        answers[index] = Some(item_answer(index, super::status::item_error(e)));
+                        continue;
+                    }
+                },
+            };
+            todo.push((index, shard, item, place));
+        }
+        for resend in 0..=RESENDS {
+            let mut here = (Vec::new(), Vec::new());
+            let mut there: BTreeMap<String, Vec<(usize, Option<usize>, proto::ScheduleRequest)>> =
+                BTreeMap::new();
+            for (index, shard, item, place) in todo.drain(..) {
+                match place {
+                    Place::Here => {
+                        here.0.push(index);
+                        here.1.push(item);
+                    }
+                    Place::There(addr) => there.entry(addr).or_default().push((index, shard, item)),
+                }
+            }
+            let local = async {
+                let (indexes, items) = here;
+                if items.is_empty() {
+                    return Vec::new();
+                }
+                let answered = super::schedule_here(&self.service, access, method, items).await;
+                indexes.into_iter().zip(answered).collect::<Vec<_>>()
+            };
+            let remote = there.into_iter().map(|(addr, group)| async move {
+                let requests = group.iter().map(|(_, _, item)| item.clone()).collect();
+                metrics::FORWARDED.with_label_values(&[method]).inc_by(group.len() as u64);
+                let sent = match self.client(&addr) {
+                    Ok(mut client) => {
+                        client.schedule_batch(caller.request(proto::ScheduleBatchRequest { requests })).await
+                    }
+                    Err(e) => Err(Status::from(e)),
+                };
+                (addr, group, sent)
+            });
+            let (local, remote) = future::join(local, future::join_all(remote)).await;
+            for (index, mut answer) in local {
+                answer.index = index as u64;
+                answers[index] = Some(answer);
+            }
+            for (addr, group, sent) in remote {
+                match sent {
+                    Ok(response) => {
+                        for mut answer in response.into_inner().results {
+                            let Some((index, _, _)) = group.get(answer.index as usize) else {
+                                continue;
+                            };
+                            answer.index = *index as u64;
+                            answers[*index] = Some(answer);
+                        }
+                    }
+                    Err(status) if resend < RESENDS && not_taken(&status) => {
+                        for (index, shard, item) in group {
+                            match self.service.moved(shard, &addr).await {
+                                Ok(place) => todo.push((index, shard, item, place)),
+                                Err(e) => {
+                                    answers[index] = Some(item_answer(index, super::status::item_error(e)))
+                                }
+                            }
+                        }
+                    }
+                    Err(status) => {
+                        for (index, _, _) in group {
+                            let error = proto::ItemError {
+                                code: status.code() as i32,
+                                message: status.message().to_owned(),
+                                field: String::new(),
+                            };
+                            answers[index] = Some(item_answer(index, error));
+                        }
+                    }
+                }
+            }
+            if todo.is_empty() {
+                break;
+            }
+        }
+        (0..)
+            .zip(answers)
+            .map(|(index, answer)| {
+                answer.unwrap_or_else(|| {
+                    let error = proto::ItemError {
+                        code: tonic::Code::Unavailable as i32,
+                        message: "the owner of the message's shard did not answer; retry with the same id"
+                            .into(),
+                        field: String::new(),
+                    };
+                    item_answer(index, error)
+                })
+            })
+            .collect()
+    }
+
+    /// This node's page of a listing, merged with those of every other
+    /// node that owns shards; a forwarded `List` gets this node's page
+    /// alone, with the positions of its messages.
+    pub async fn list(
+        &self,
+        caller: &Caller,
+        request: proto::ListRequest,
+        page: PendingPage,
+        limit: usize,
+    ) -> Result<Response<proto::ListResponse>, Error> {
+        let positions = page.positions.iter().map(|p| p.encode()).collect::<Vec<_>>().join(",");
+        let next = page.next;
+        let here: Vec<(PageToken, proto::PendingMessage)> =
+            page.positions.into_iter().zip(page.messages.into_iter().map(Into::into)).collect();
+        if caller.forwarded || !self.service.clustered() {
+            let messages = here.into_iter().map(|(_, m)| m).collect();
+            let mut response = Response::new(proto::ListResponse {
+                messages,
+                next_page_token: next.map(PageToken::encode).unwrap_or_default(),
+            });
+            if caller.forwarded {
+                let value = positions.parse().map_err(|_| Error::Undecodable("page positions".into()))?;
+                response.metadata_mut().insert(POSITIONS, value);
+            }
+            return Ok(response);
+        }
+        let asked = self.service.peers().into_iter().map(|addr| {
+            let request = caller.request(request.clone());
+            async move {
+                metrics::FORWARDED.with_label_values(&["List"]).inc();
+                let mut client = self.client(&addr)?;
+                let response = client.list(request).await.map_err(|s| from_peer(&addr, "List", s))?;
+                let (metadata, page, _) = response.into_parts();
+                positioned(&addr, &metadata, page)
+            }
+        });
+        let mut pages = vec![(here, next)];
+        pages.extend(future::try_join_all(asked).await?);
+        let (messages, next) = merge_pages(pages, limit, LIST_KEY_BYTES, |m: &proto::PendingMessage| {
+            m.key.as_ref().map_or(0, Vec::len)
+        });
+        Ok(Response::new(proto::ListResponse {
+            messages: messages.into_iter().map(|(_, m)| m).collect(),
+            next_page_token: next.map(PageToken::encode).unwrap_or_default(),
+        }))
+    }
+
+    /// This node's figures, summed with those of every other node that
+    /// owns shards; a forwarded `Stats` gets this node's alone.
+    pub async fn stats(
+        &self,
+        caller: &Caller,
+        here: proto::StatsResponse,
+    ) -> Result<proto::StatsResponse, Error> {
+        if caller.forwarded || !self.service.clustered() {
+            return Ok(here);
+        }
+        let asked = self.service.peers().into_iter().map(|addr| {
+            let request = caller.request(proto::StatsRequest {});
+            async move {
+                metrics::FORWARDED.with_label_values(&["Stats"]).inc();
+                let mut client = self.client(&addr)?;
+                Ok::<_, Error>(
+                    client.stats(request).await.map_err(|s| from_peer(&addr, "Stats", s))?.into_inner(),
+                )
+            }
+        });
+        let mut total = here;
+        for other in future::try_join_all(asked).await? {
+            total.pending += other.pending;
+            total.delivered += other.delivered;
+            total.cancelled += other.cancelled;
+            total.failed += other.failed;
+            total.dispatching += other.dispatching;
+            total.store_bytes += other.store_bytes;
+            total.max_pending = match (total.max_pending, other.max_pending) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            let at = |m: &proto::PendingMessage| m.dispatch_at.map(|t| (t.seconds, t.nanos));
+            if let Some(oldest) = other.oldest_overdue
+                && total.oldest_overdue.as_ref().is_none_or(|o| at(&oldest) < at(o))
+            {
+                total.oldest_overdue = Some(oldest);
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// A forwarded listing's page with the positions of its messages.
+#[allow(clippy::type_complexity)]
+fn positioned(
+    addr: &str,
+    metadata: &MetadataMap,
+    page: proto::ListResponse,
+) -> Result<(Vec<(PageToken, proto::PendingMessage)>, Option<PageToken>), Error> {
+    let bad = || Error::Relayed {
+        code: tonic::Code::Internal as i32,
+        message: format!("the node at {addr} answered List without the positions of its messages"),
+        details: Vec::new(),
+    };
+    let text = metadata.get(POSITIONS).and_then(|v| v.to_str().ok()).ok_or_else(bad)?;
+    let positions: Vec<PageToken> = text
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .map(PageToken::decode)
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    if positions.len() != page.messages.len() {
+        return Err(bad());
+    }
+    let next = match page.next_page_token.as_str() {
+        "" => None,
+        token => Some(PageToken::decode(token).map_err(|_| bad())?),
+    };
+    Ok((positions.into_iter().zip(page.messages).collect(), next))
+}
+
+/// Whether another node refused a request without acting on it: it does
+/// not own the shard (any more), or it could not be reached at all.
+fn not_taken(status: &Status) -> bool {
+    if status.metadata().contains_key(NOT_OWNER) {
+        return true;
+    }
+    // Refused connections and connect timeouts: nothing was sent.
+    status.code() == tonic::Code::Unavailable && {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+        let mut connect = false;
+        while let Some(e) = source {
+            connect |= e.to_string().contains("connect");
+            source = e.source();
+        }
+        connect || status.message().contains("connect")
+    }
+}
+
+/// Another node's answer, passed on as it came.
+fn relayed(status: Status) -> Error {
+    Error::Relayed {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        details: status.details().to_vec(),
+    }
+}
+
+/// Another node's refusal of a part of a call that spans nodes.
+fn from_peer(addr: &str, method: &str, status: Status) -> Error {
+    Error::Relayed {
+        code: status.code() as i32,
+        message: format!(
+            "the node at {addr}, which owns shards, did not answer {method}: {}",
+            status.message()
+        ),
+        details: Vec::new(),
+    }
+}
+
+fn item_answer(index: usize, error: proto::ItemError) -> proto::ScheduleResult {
+    proto::ScheduleResult { index: index as u64, result: Some(proto::schedule_result::Result::Error(error)) }
+}
