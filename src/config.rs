@@ -282,6 +282,11 @@ settings! {
             /// PEM CA certificate(s): only clients with a certificate signed
             /// by it get in (mutual TLS); needs --tls-cert and --tls-key.
             tls_client_ca: PathBuf, "HOURGLASS_TLS_CLIENT_CA";
+            /// Cluster mode: PEM CA certificate(s) that sign the other
+            /// nodes' certificates, checked when a node forwards a request
+            /// to another over TLS [default: --tls-client-ca, else the
+            /// system's roots].
+            tls_peer_ca: PathBuf, "HOURGLASS_TLS_PEER_CA";
             /// Tokens file (TOML): every call but health then needs
             /// `authorization: Bearer <token>`, and each token may use its
             /// listed topics only, in its tenant's id space. Reloaded on

@@ -102,6 +102,13 @@ pub static STANDBYS: LazyLock<IntGauge> = LazyLock::new(|| {
         "Cluster mode: shards another node owns whose store this node keeps up to date (standby copies).",
     )
 });
+pub static LOG_APPLIED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_log_records_applied_total",
+        "Cluster mode: records of the schedule log applied to this node's stores (owned shards and standby \
+         copies).",
+    )
+});
 pub static FORWARDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -279,6 +286,7 @@ pub fn init() {
     LazyLock::force(&STORE_WRITABLE);
     LazyLock::force(&STORE_MAX_PENDING);
     LazyLock::force(&STORE_PARKED);
+    LazyLock::force(&LOG_APPLIED);
 }
 
 /// The Prometheus text exposition of every metric.

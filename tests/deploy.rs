@@ -86,6 +86,11 @@ fn mounted(path: Option<PathBuf>) -> Option<PathBuf> {
 /// The config file named is the example one, installed; the secrets are
 /// those make-secrets.sh made.
 fn parse_serve(args: &[String], what: &str) -> Config {
+    parse_serve_with(args, &[], what)
+}
+
+/// [`parse_serve`] with the `HOURGLASS_*` environment the example sets.
+fn parse_serve_with(args: &[String], env: &[(String, String)], what: &str) -> Config {
     assert_eq!(args.first().map(String::as_str), Some("serve"), "{what} does not run `hourglass serve`");
     let mut local = Vec::new();
     let mut after_config = false;
@@ -101,7 +106,13 @@ fn parse_serve(args: &[String], what: &str) -> Config {
         after_config = arg == "--config";
         local.push(arg);
     }
-    let out = Command::new(BIN).args(["serve", "--print-config"]).args(&local).env_clear().output().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--print-config"])
+        .args(&local)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{what} runs `hourglass {}`, which the binary refuses:\n{}",
@@ -256,36 +267,76 @@ fn the_dockerfile_copies_what_exists_and_runs_a_valid_server() {
 }
 
 #[test]
-fn compose_runs_a_valid_server_built_from_the_dockerfile() {
-    tool(
-        "yamllint",
-        &["-d", "relaxed", "--no-warnings", repo("deploy/docker-compose.yml").to_str().unwrap()],
-    );
-    let compose = &yaml("deploy/docker-compose.yml")[0];
-    let hourglass = &compose["services"]["hourglass"];
-    let dockerfile = hourglass["build"]["dockerfile"].as_str().unwrap();
-    assert!(repo(dockerfile).exists(), "compose builds {dockerfile}, which is not in the repo");
+fn compose_runs_valid_servers_built_from_the_dockerfile() {
     let (_, env) = serve_options();
-    for var in hourglass["environment"].as_object().unwrap().keys() {
-        assert!(env.contains(var), "compose sets {var}, which hourglass does not read");
-    }
-    let config = parse_serve(&strings(&hourglass["command"]), "docker-compose.yml");
-    // The image listens on every interface: compose asks for tokens and TLS,
-    // from secrets it mounts, and publishes the open metrics port locally.
-    assert!(config.auth_tokens.is_some() && config.tls_cert.is_some(), "compose runs with tokens and TLS");
-    let mounted_secrets: Vec<String> = strings(&hourglass["secrets"]);
-    for file in [&config.auth_tokens, &config.tls_cert, &config.tls_key] {
-        let name = file.as_ref().unwrap().file_name().unwrap().to_str().unwrap().to_owned();
-        assert!(mounted_secrets.contains(&name), "compose mounts {name}");
-        let source = compose["secrets"][&name]["file"].as_str().expect("a secret from a file");
-        assert!(source.starts_with("./secrets/"), "{name} comes from what make-secrets.sh makes: {source}");
-    }
-    for port in strings(&hourglass["ports"]) {
-        if port.ends_with(":9464") {
+    for file in ["deploy/docker-compose.yml", "deploy/docker-compose.cluster.yml"] {
+        tool("yamllint", &["-d", "relaxed", "--no-warnings", repo(file).to_str().unwrap()]);
+        let compose = &yaml(file)[0];
+        let mut advertised = BTreeSet::new();
+        let nodes: Vec<(&String, &Value)> = compose["services"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, service)| service["image"].as_str().is_some_and(|i| i.starts_with("hourglass:")))
+            .collect();
+        for (name, hourglass) in &nodes {
+            let what = format!("{file}, service {name}");
+            let dockerfile = hourglass["build"]["dockerfile"].as_str().unwrap();
+            assert!(repo(dockerfile).exists(), "{what} builds {dockerfile}, which is not in the repo");
+            let vars: Vec<(String, String)> = hourglass["environment"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect();
+            for (var, _) in &vars {
+                assert!(env.contains(var), "{what} sets {var}, which hourglass does not read");
+            }
+            let config = parse_serve_with(&strings(&hourglass["command"]), &vars, &what);
+            // The image listens on every interface: compose asks for tokens
+            // and TLS, from secrets it mounts, and publishes the open
+            // metrics port locally.
             assert!(
-                port.starts_with("127.0.0.1:"),
-                "the metrics port is published beyond this machine: {port}"
+                config.auth_tokens.is_some() && config.tls_cert.is_some(),
+                "{what} runs with tokens and TLS"
             );
+            let mounted_secrets: Vec<String> = strings(&hourglass["secrets"]);
+            for file in [&config.auth_tokens, &config.tls_cert, &config.tls_key, &config.tls_peer_ca] {
+                let Some(file) = file else { continue };
+                let name = file.file_name().unwrap().to_str().unwrap().to_owned();
+                assert!(mounted_secrets.contains(&name), "{what} mounts {name}");
+                let source = compose["secrets"][&name]["file"].as_str().expect("a secret from a file");
+                assert!(
+                    source.starts_with("./secrets/"),
+                    "{name} comes from what make-secrets.sh makes: {source}"
+                );
+            }
+            for port in strings(&hourglass["ports"]) {
+                if port.ends_with(":9464") {
+                    assert!(
+                        port.starts_with("127.0.0.1:"),
+                        "the metrics port is published beyond this machine: {port}"
+                    );
+                }
+            }
+            if config.cluster {
+                // Each node is reached at its own name, which its
+                // certificate holds (make-secrets.sh).
+                let addr = config.advertise_addr.clone().expect("a cluster node says where it is reached");
+                let host = addr.trim_start_matches("https://").split(':').next().unwrap().to_owned();
+                assert_eq!(host, **name, "{what} is reached at its service name");
+                let ext = std::fs::read_to_string(repo("deploy/secrets/make-secrets.sh")).unwrap();
+                assert!(ext.contains(&format!("DNS:{host},")), "the certificate names {host}");
+                advertised.insert(addr);
+            }
+        }
+        let cluster = advertised.len();
+        assert!(
+            cluster == 0 || cluster == nodes.len(),
+            "{file}: every node of a cluster is advertised apart"
+        );
+        if file.contains("cluster") {
+            assert_eq!(cluster, 3, "{file} runs a 3-node cluster");
         }
     }
 }
@@ -293,7 +344,11 @@ fn compose_runs_a_valid_server_built_from_the_dockerfile() {
 #[test]
 fn kubernetes_pods_run_a_valid_server_and_probe_its_grpc_health() {
     let (_, env) = serve_options();
-    for file in ["deploy/kubernetes/statefulset.yaml", "deploy/kubernetes/sidecar.yaml"] {
+    for file in [
+        "deploy/kubernetes/statefulset.yaml",
+        "deploy/kubernetes/sidecar.yaml",
+        "deploy/kubernetes/cluster.yaml",
+    ] {
         tool("yamllint", &["-d", "relaxed", "--no-warnings", repo(file).to_str().unwrap()]);
         let docs = yaml(file);
         let config_maps: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "ConfigMap").collect();
@@ -305,8 +360,38 @@ fn kubernetes_pods_run_a_valid_server_and_probe_its_grpc_health() {
                     continue;
                 }
                 let what = format!("{file}, container {}", c["name"]);
-                let args = strings(&c["args"]);
-                let config = parse_serve(&args, &what);
+                // Kubernetes expands $(VAR) in args from the container's
+                // env: a pod's name and namespace, say.
+                let args: Vec<String> = strings(&c["args"])
+                    .into_iter()
+                    .map(|a| {
+                        a.replace("$(POD_NAME)", "hourglass-cluster-0").replace("$(POD_NAMESPACE)", "default")
+                    })
+                    .collect();
+                let mut vars = Vec::new();
+                for source in c["envFrom"].as_array().into_iter().flatten() {
+                    let name = &source["configMapRef"]["name"];
+                    if let Some(map) = config_maps.iter().find(|m| &m["metadata"]["name"] == name) {
+                        for (k, v) in map["data"].as_object().unwrap() {
+                            vars.push((k.clone(), v.as_str().unwrap().to_owned()));
+                        }
+                    }
+                }
+                let config = parse_serve_with(&args, &vars, &what);
+                if config.cluster {
+                    let addr =
+                        config.advertise_addr.as_deref().expect("a cluster pod says where it is reached");
+                    let service = set["spec"]["serviceName"].as_str().unwrap();
+                    assert!(
+                        addr.contains(&format!("hourglass-cluster-0.{service}.default.svc")),
+                        "{what}: a pod is reached at its own name under the headless Service: {addr}"
+                    );
+                    let headless = docs
+                        .iter()
+                        .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == service)
+                        .expect("the StatefulSet's Service");
+                    assert_eq!(headless["spec"]["clusterIP"], "None", "{what}: its Service is headless");
+                }
                 assert_not_open(&config, &what);
                 let mounts = c["volumeMounts"].as_array().unwrap();
                 let tokens = flag(&args, "--auth-tokens").unwrap();
@@ -324,7 +409,12 @@ fn kubernetes_pods_run_a_valid_server_and_probe_its_grpc_health() {
                 );
                 for var in c["env"].as_array().into_iter().flatten() {
                     let name = var["name"].as_str().unwrap();
-                    assert!(env.contains(name), "{what} sets {name}, which hourglass does not read");
+                    // Or it is there for the args to name: $(POD_NAME).
+                    let expanded = strings(&c["args"]).iter().any(|a| a.contains(&format!("$({name})")));
+                    assert!(
+                        env.contains(name) || expanded,
+                        "{what} sets {name}, which hourglass does not read"
+                    );
                 }
                 for source in c["envFrom"].as_array().into_iter().flatten() {
                     let name = &source["configMapRef"]["name"];

@@ -20,6 +20,7 @@
 //!    time from process start to dispatching again, after SIGTERM and after
 //!    SIGKILL.
 
+pub mod cluster;
 mod limits;
 mod load;
 mod machine;
@@ -60,6 +61,8 @@ pub struct Scale {
     pub trickle_window: Duration,
     /// Parked when memory, disk and restart are measured.
     pub footprint: usize,
+    /// Cluster mode: how long the steady load of the failover phase lasts.
+    pub failover_window: Duration,
 }
 
 impl Scale {
@@ -76,6 +79,7 @@ impl Scale {
             trickle_rate: 1_000,
             trickle_window: Duration::from_secs(3),
             footprint: 1_000_000,
+            failover_window: Duration::from_secs(30),
         }
     }
 
@@ -92,6 +96,7 @@ impl Scale {
             trickle_rate: 1_000,
             trickle_window: Duration::from_secs(5),
             footprint: 10_000_000,
+            failover_window: Duration::from_secs(30),
         }
     }
 
@@ -112,6 +117,9 @@ impl Scale {
             trickle_rate: rate(self.trickle_rate),
             trickle_window: window(self.trickle_window),
             footprint: n(self.footprint),
+            failover_window: Duration::from_secs_f64(
+                (self.failover_window.as_secs_f64() * f.min(1.0)).max(6.0),
+            ),
         }
     }
 }
@@ -133,6 +141,8 @@ pub struct Settings {
     pub streams: usize,
     /// The phases to run (limits always run).
     pub phases: Vec<Phase>,
+    /// Measure a cluster of nodes instead of one standalone server.
+    pub cluster: Option<cluster::ClusterSettings>,
 }
 
 /// A phase of the bench that can be run on its own.
@@ -152,7 +162,10 @@ impl Phase {
 
 /// Runs the bench, prints the table, writes JSON if asked.
 pub async fn main(settings: Settings, json: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let report = run(settings).await?;
+    let report = match &settings.cluster {
+        Some(c) => cluster::run(&settings, c).await?,
+        None => run(settings).await?,
+    };
     println!("{}", report.table());
     if let Some(path) = json {
         let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
@@ -252,7 +265,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     if runs(Phase::Ingest) {
         phase("ingest: unary Schedule");
         let run = load::calls(
-            &server,
+            std::slice::from_ref(&server),
             &w,
             sc.unary,
             load::Call::Unary,
@@ -267,7 +280,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, &[Target::AtMost(5.0)]);
         phase("ingest: ScheduleBatch");
         let run = load::calls(
-            &server,
+            std::slice::from_ref(&server),
             &w,
             sc.batch,
             load::Call::Batch(s.batch_size),
@@ -284,7 +297,15 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
             "per call",
         );
         phase("ingest: ScheduleStream");
-        let run = load::stream(&server, &w, sc.stream, s.streams, next_parked(sc.stream), false).await?;
+        let run = load::stream(
+            std::slice::from_ref(&server),
+            &w,
+            sc.stream,
+            s.streams,
+            next_parked(sc.stream),
+            false,
+        )
+        .await?;
         add_volume(&mut report, &format!("ingest: ScheduleStream x {}", s.streams), &run, raw_b, "per msg");
         parked_now = sc.unary + sc.batch + sc.stream;
     }
@@ -292,7 +313,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     if sc.backlog > parked_now {
         phase("parking the backlog");
         let n = sc.backlog - parked_now;
-        load::stream(&server, &w, n, s.streams, next_parked(n), false).await?;
+        load::stream(std::slice::from_ref(&server), &w, n, s.streams, next_parked(n), false).await?;
     }
     let backlog = server.metric("hourglass_messages_pending").await?;
     report.note(format!("drain, precision and burst ran with {} messages parked for later", backlog as u64));
@@ -302,7 +323,8 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         phase("drain: all due in the same millisecond");
         let delivered = server.metric("hourglass_messages_delivered_total").await?;
         let t0 = now_ms() + lead_time(sc.drain);
-        load::stream(&server, &w, sc.drain, s.streams, Arc::new(move |_| t0), false).await?;
+        load::stream(std::slice::from_ref(&server), &w, sc.drain, s.streams, Arc::new(move |_| t0), false)
+            .await?;
         check_lead("drain", t0, &mut report);
         let (elapsed, peak) = drain(&server, t0, delivered + sc.drain as f64).await?;
         report.add(
@@ -322,12 +344,18 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         let t1 = now_ms() + lead_time(count);
         let rate = sc.precision_rate as u64;
         let delivered = server.metric("hourglass_messages_delivered_total").await?;
-        let run =
-            load::stream(&server, &w, count, s.streams, Arc::new(move |i| t1 + i as u64 * 1000 / rate), true)
-                .await?;
+        let run = load::stream(
+            std::slice::from_ref(&server),
+            &w,
+            count,
+            s.streams,
+            Arc::new(move |i| t1 + i as u64 * 1000 / rate),
+            true,
+        )
+        .await?;
         check_lead("precision", t1, &mut report);
         drain(&server, t1, delivered + count as f64).await?;
-        let late = load::lateness(&server, &run.scheduled, 32).await?;
+        let late = load::lateness(std::slice::from_ref(&server), &run.scheduled, 32).await?;
         let name = format!("precision at {}/s", sc.precision_rate);
         let targets = LatenessTargets { p99: Some(2.0), p999: Some(5.0), max: None };
         add_lateness(&mut report, &format!("{name}:"), &late, targets);
@@ -339,16 +367,23 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         let trickle = sc.trickle_rate * sc.trickle_window.as_secs().max(1) as usize;
         let t2 = now_ms() + lead_time(sc.burst + trickle);
         let delivered = server.metric("hourglass_messages_delivered_total").await?;
-        load::stream(&server, &w, sc.burst, s.streams, Arc::new(move |_| t2), false).await?;
+        load::stream(std::slice::from_ref(&server), &w, sc.burst, s.streams, Arc::new(move |_| t2), false)
+            .await?;
         let trate = sc.trickle_rate as u64;
-        let run =
-            load::stream(&server, &w, trickle, 1, Arc::new(move |i| t2 + 1 + i as u64 * 1000 / trate), true)
-                .await?;
+        let run = load::stream(
+            std::slice::from_ref(&server),
+            &w,
+            trickle,
+            1,
+            Arc::new(move |i| t2 + 1 + i as u64 * 1000 / trate),
+            true,
+        )
+        .await?;
         // Due order puts the burst first: the first `burst` deliveries are it.
         check_lead("burst", t2, &mut report);
         let (elapsed, peak) = drain(&server, t2, delivered + sc.burst as f64).await?;
         drain(&server, t2, delivered + (sc.burst + trickle) as f64).await?;
-        let late = load::lateness(&server, &run.scheduled, 32).await?;
+        let late = load::lateness(std::slice::from_ref(&server), &run.scheduled, 32).await?;
         let name = format!("burst of {}", sc.burst);
         report.add(
             format!("{name}: drain"),
@@ -380,7 +415,8 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
             phase("footprint: parking the large backlog");
             let n = sc.footprint - pending;
             let sampler = RssSampler::start(server.pid());
-            let run = load::stream(&server, &w, n, s.streams, next_parked(n), false).await?;
+            let run =
+                load::stream(std::slice::from_ref(&server), &w, n, s.streams, next_parked(n), false).await?;
             let peak = sampler.stop();
             report.add(
                 format!("sustained ingest: ScheduleStream, {n} more"),

@@ -76,9 +76,10 @@ pub enum Call {
 }
 
 /// `callers` callers, each making one call at a time, spread over
-/// `connections` HTTP/2 connections; latency is per call.
+/// `connections` HTTP/2 connections (and over the `servers`, the nodes of
+/// a cluster); latency is per call.
 pub async fn calls(
-    server: &ServerProcess,
+    servers: &[ServerProcess],
     w: &Workload,
     messages: usize,
     call: Call,
@@ -87,8 +88,8 @@ pub async fn calls(
     due: DueOf,
 ) -> anyhow::Result<Run> {
     let mut channels = Vec::new();
-    for _ in 0..connections.clamp(1, callers) {
-        channels.push(server.client().await?);
+    for c in 0..connections.clamp(1, callers) {
+        channels.push(servers[c % servers.len()].client().await?);
     }
     let size = match call {
         Call::Unary => 1,
@@ -136,10 +137,11 @@ pub async fn calls(
     Ok(run.finish(started))
 }
 
-/// `streams` `ScheduleStream` calls, each kept full; latency is from
-/// sending a request to its answer. With `keep`, returns every id.
+/// `streams` `ScheduleStream` calls (spread over the `servers`), each kept
+/// full; latency is from sending a request to its answer. With `keep`,
+/// returns every id.
 pub async fn stream(
-    server: &ServerProcess,
+    servers: &[ServerProcess],
     w: &Workload,
     messages: usize,
     streams: usize,
@@ -149,8 +151,8 @@ pub async fn stream(
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = JoinSet::new();
     let started = Instant::now();
-    for _ in 0..streams {
-        let mut client = server.client().await?;
+    for s in 0..streams {
+        let mut client = servers[s % servers.len()].client().await?;
         let (next, w, due) = (Arc::clone(&next), w.clone(), Arc::clone(&due));
         // (index, due, sent at) of each request awaiting its answer, in order.
         let sent: Arc<Mutex<VecDeque<(usize, u64, Instant)>>> = Arc::default();
@@ -204,30 +206,43 @@ pub async fn stream(
 }
 
 /// Lateness of each delivered message (delivered_at minus due, in whole
-/// milliseconds, negative if early), read back with `Get`.
+/// milliseconds, negative if early), read back with `Get`, sorted.
 pub async fn lateness(
-    server: &ServerProcess,
+    servers: &[ServerProcess],
+    messages: &[(String, u64)],
+    clients: usize,
+) -> anyhow::Result<Vec<i64>> {
+    let at = delivered_at(servers, messages, clients).await?;
+    let mut late: Vec<i64> = at.into_iter().zip(messages).map(|(at, (_, due))| at - *due as i64).collect();
+    late.sort_unstable();
+    Ok(late)
+}
+
+/// When each message was delivered (Unix milliseconds, as its delivery
+/// report came), read back with `Get` through the `servers` in turn, in
+/// the order of `messages`.
+pub async fn delivered_at(
+    servers: &[ServerProcess],
     messages: &[(String, u64)],
     clients: usize,
 ) -> anyhow::Result<Vec<i64>> {
     let next = Arc::new(AtomicUsize::new(0));
     let messages: Arc<Vec<(String, u64)>> = Arc::new(messages.to_vec());
     let mut tasks = JoinSet::new();
-    for _ in 0..clients {
-        let mut client = server.client().await?;
+    for c in 0..clients {
+        let mut client = servers[c % servers.len()].client().await?;
         let (next, messages) = (Arc::clone(&next), Arc::clone(&messages));
         tasks.spawn(async move {
             let mut out = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((id, due)) = messages.get(i) else { return Ok::<_, anyhow::Error>(out) };
+                let Some((id, _)) = messages.get(i) else { return Ok::<_, anyhow::Error>(out) };
                 let got = client.get(proto::GetRequest { id: id.clone() }).await.context("Get")?.into_inner();
                 let Some(proto::get_response::Settlement::Delivered(d)) = got.settlement else {
                     bail!("message {id} is {:?}, not delivered", got.state());
                 };
                 let at = d.delivered_at.context("delivered without a time")?;
-                let at_ms = at.seconds * 1000 + i64::from(at.nanos) / 1_000_000;
-                out.push(at_ms - *due as i64);
+                out.push((i, at.seconds * 1000 + i64::from(at.nanos) / 1_000_000));
             }
         });
     }
@@ -236,5 +251,5 @@ pub async fn lateness(
         all.extend(done??);
     }
     all.sort_unstable();
-    Ok(all)
+    Ok(all.into_iter().map(|(_, at)| at).collect())
 }

@@ -7,7 +7,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser;
 use hourglass::store::Durability;
-use hourglass_bench::{Phase, Scale, Settings};
+use hourglass_bench::{Phase, Scale, Settings, cluster::ClusterSettings};
 
 /// Measure ingest, drain, precision and footprint of hourglass against a
 /// real broker and store, beside the machine's own limits; prints one table.
@@ -60,6 +60,19 @@ struct Args {
     /// run), e.g. `--only drain,burst` while working on one figure.
     #[arg(long, value_delimiter = ',', value_name = "PHASE")]
     only: Vec<Phase>,
+    /// Measure a cluster of this many nodes (`hourglass serve --cluster`
+    /// processes on this machine sharing the broker) instead of one
+    /// standalone server: ingest, drain, failover after a SIGKILL, and
+    /// restore from the log. Phases: ingest, drain (failover and restore
+    /// always run).
+    #[arg(long, value_name = "NODES")]
+    cluster: Option<usize>,
+    /// Cluster mode: the schedule log's partitions.
+    #[arg(long, default_value_t = 12)]
+    log_partitions: u32,
+    /// Cluster mode: standby replicas of each shard.
+    #[arg(long, default_value_t = 1)]
+    standby_replicas: u32,
 }
 
 impl Args {
@@ -69,6 +82,12 @@ impl Args {
         }
         if self.partitions < 1 || self.clients == 0 || self.batch_size == 0 || self.streams == 0 {
             return Err("--partitions, --clients, --batch-size and --streams must be at least 1".into());
+        }
+        if self.cluster.is_some_and(|n| n < 2) {
+            return Err("--cluster needs at least 2 nodes: its failover phase kills one".into());
+        }
+        if self.log_partitions == 0 {
+            return Err("--log-partitions must be at least 1".into());
         }
         let scale = if self.full { Scale::full() } else { Scale::reduced() };
         Ok(Settings {
@@ -84,6 +103,11 @@ impl Args {
             batch_callers: self.batch_callers.max(1),
             streams: self.streams,
             phases: if self.only.is_empty() { Phase::ALL.to_vec() } else { self.only.clone() },
+            cluster: self.cluster.map(|nodes| ClusterSettings {
+                nodes,
+                log_partitions: self.log_partitions,
+                standby_replicas: self.standby_replicas,
+            }),
         })
     }
 }

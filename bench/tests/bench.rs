@@ -65,3 +65,44 @@ fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
     let restart = value(&["footprint", "SIGKILL to dispatching"]);
     assert!(restart > 0.0 && restart < 120_000.0, "restart took {restart} ms");
 }
+
+/// `--cluster 3` on a tiny workload: three real nodes sharing a schedule
+/// log, one killed with SIGKILL under load, one restored from the log; the
+/// figures are there and sane.
+#[test]
+fn the_cluster_bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("figures.json");
+    let out = Command::new(BIN)
+        .args(["--cluster", "3", "--scale", "0.002", "--clients", "8", "--json"])
+        .arg(&json)
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .expect("running hourglass-bench --cluster 3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("mode=cluster of 3 nodes"), "{stdout}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let measurements = report["measurements"].as_array().unwrap();
+    let value = |words: &[&str]| -> f64 {
+        let m = measurements
+            .iter()
+            .find(|m| words.iter().all(|w| m["name"].as_str().unwrap().contains(w)))
+            .unwrap_or_else(|| panic!("no measurement named with {words:?}:\n{stdout}"));
+        m["value"].as_f64().unwrap()
+    };
+    for rate in [
+        "log limit",
+        "cluster ingest: Schedule,",
+        "cluster ingest: ScheduleStream",
+        "cluster drain",
+        "restore rate",
+    ] {
+        assert!(value(&[rate]) > 0.0, "{rate} measured nothing");
+    }
+    let failover = value(&["failover", "first delivery of a lost shard"]);
+    assert!(failover > 0.0 && failover < 120_000.0, "failover took {failover} ms");
+    assert!(value(&["failover", "every lost shard"]) >= failover);
+}

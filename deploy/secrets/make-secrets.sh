@@ -4,7 +4,8 @@
 #
 #   ca.crt                  a CA of your own, for clients to trust
 #   tls.crt, tls.key        the gRPC port's certificate (localhost, 127.0.0.1,
-#                           hourglass, hourglass.<namespace>.svc...) and key
+#                           hourglass, hourglass.<namespace>.svc, the cluster
+#                           examples' node names...) and key
 #   tokens.toml             one token, "admin", for every topic, kept as its
 #                           SHA-256 only
 #   admin-token             that token, for clients (--token, HOURGLASS_TOKEN)
@@ -27,8 +28,11 @@ if [ ! -f ca.crt ]; then
 fi
 if [ ! -f tls.crt ]; then
   openssl req -newkey rsa:3072 -sha256 -nodes -subj "/CN=hourglass" -keyout tls.key -out tls.csr 2>/dev/null
-  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:hourglass,DNS:hourglass.%s.svc,DNS:hourglass.%s.svc.cluster.local\n' \
-    "$namespace" "$namespace" >tls.ext
+  # The nodes of a cluster reach each other by name too: hourglass-1..3 in
+  # docker-compose.cluster.yml, <pod>.hourglass-cluster.<namespace>.svc in
+  # kubernetes/cluster.yaml.
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:hourglass,DNS:hourglass.%s.svc,DNS:hourglass.%s.svc.cluster.local,DNS:hourglass-1,DNS:hourglass-2,DNS:hourglass-3,DNS:*.hourglass-cluster.%s.svc\n' \
+    "$namespace" "$namespace" "$namespace" >tls.ext
   openssl x509 -req -sha256 -days 825 -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
     -extfile tls.ext -out tls.crt 2>/dev/null
   rm -f tls.csr tls.ext ca.srl

@@ -11,6 +11,7 @@ use crate::{
     kafka::{KafkaConfig, LogReader, Read},
     log::record::Entry,
     message::Limits,
+    metrics,
     store::{LogEntry, Store, StoreConfig, StoreError},
 };
 
@@ -84,8 +85,10 @@ impl Applier {
                     LogEntry { offset, entry, local }
                 })
                 .collect();
+            let count = entries.len() as u64;
             match self.store.apply(entries).await {
                 Ok(answers) => {
+                    metrics::LOG_APPLIED.inc_by(count);
                     for (writer, answer) in writers.into_iter().zip(answers) {
                         if let Some((writer, request)) = writer {
                             self.waiters.answer(writer, request, answer);

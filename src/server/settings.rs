@@ -53,9 +53,9 @@ pub fn tls(config: &Config) -> Result<Option<TlsFiles>, TlsError> {
 }
 
 /// Cluster mode: how a node reaches the others when it forwards requests
-/// over TLS: it checks them against --tls-client-ca (the CA of the
-/// cluster's certificates, when mutual TLS is on) or the system's roots,
-/// and presents its own certificate when mutual TLS is on.
+/// over TLS: it checks them against --tls-peer-ca, else --tls-client-ca
+/// (the CA of the cluster's certificates, when mutual TLS is on), else the
+/// system's roots; and presents its own certificate when mutual TLS is on.
 pub fn peer_tls(config: &Config, node: &NodeConfig) -> Result<Option<ClientTlsConfig>, TlsError> {
     let Some(cluster) = &node.cluster else {
         return Ok(None);
@@ -67,7 +67,8 @@ pub fn peer_tls(config: &Config, node: &NodeConfig) -> Result<Option<ClientTlsCo
         (Some(cert), Some(key), Some(_)) => Some((cert.as_path(), key.as_path())),
         _ => None,
     };
-    crate::tls::client_config(&cluster.advertise, config.tls_client_ca.as_deref(), identity)
+    let ca = config.tls_peer_ca.as_deref().or(config.tls_client_ca.as_deref());
+    crate::tls::client_config(&cluster.advertise, ca, identity)
 }
 
 /// What a message and a request may hold.

@@ -1,0 +1,368 @@
+//! `--cluster N`: N `hourglass serve --cluster` processes of one cluster on
+//! this machine (sharing the broker), measured beside a bare producer
+//! writing the same records to a topic shaped like the schedule log (the
+//! physical limit of a design that logs every change to Kafka first):
+//! ingest, drain, failover after a SIGKILL with a backlog parked, and
+//! restore of every shard from the log into an empty data dir.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use rdkafka::{
+    ClientConfig, Message as _, Offset, TopicPartitionList,
+    consumer::{BaseConsumer, Consumer as _},
+};
+use tokio::time::Instant;
+
+use hourglass::{kafka::KafkaConfig, log::route, node::murmur2};
+use hourglass_testkit::{LocalBroker, ServerProcess, create_topic, delete_topic, hourglass_binary};
+
+use crate::{
+    Phase, Report, Settings, Target, lead_time, limits, load,
+    machine::Machine,
+    mib, ms, parked, phase,
+    workload::{Workload, now_ms},
+};
+
+/// How the cluster is laid out.
+#[derive(Clone, Debug)]
+pub struct ClusterSettings {
+    pub nodes: usize,
+    pub log_partitions: u32,
+    pub standby_replicas: u32,
+}
+
+/// Messages per second of the failover phase's steady load (it lasts the
+/// scale's `failover_window`; the node is killed a third of the way in).
+const FAILOVER_RATE: u64 = 1_000;
+
+pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
+    anyhow::ensure!(c.nodes >= 2, "--cluster needs at least 2 nodes: the failover phase kills one");
+    let dir = match &s.dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let mut report = Report { machine: Machine::describe(dir.path()), ..Report::default() };
+    let _local;
+    let brokers = match &s.brokers {
+        Some(b) => b.clone(),
+        None => {
+            phase("starting a local broker (tansu, in memory)");
+            let local = LocalBroker::start()?;
+            let addr = local.addr.clone();
+            _local = local;
+            addr
+        }
+    };
+    let settings = [
+        ("mode", format!("cluster of {} nodes on this machine", c.nodes)),
+        ("log partitions", c.log_partitions.to_string()),
+        ("standby replicas", c.standby_replicas.to_string()),
+        ("session timeout", "6s (the default)".into()),
+        ("durability", format!("{:?}", s.durability).to_lowercase()),
+        ("broker", if s.brokers.is_some() { brokers.clone() } else { "local tansu 0.6 (memory)".into() }),
+        ("partitions", s.partitions.to_string()),
+        ("record", format!("{} B value, 10 B key, 2 headers", s.value_bytes)),
+        ("unary", format!("{} clients over the nodes", s.clients)),
+        ("streams", format!("{} over the nodes", s.streams)),
+    ];
+    report.settings = settings.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+
+    let run_id = ulid::Ulid::new().to_string().to_lowercase();
+    let topic = format!("hourglass-bench-{run_id}");
+    let raw_log = format!("hourglass-bench-raw-log-{run_id}");
+    let log_topic = format!("hourglass-bench-log-{run_id}");
+    create_topic(&brokers, &topic, s.partitions).await?;
+    create_topic(&brokers, &raw_log, c.log_partitions as i32).await?;
+    let w = Workload { topic: topic.clone(), value_bytes: s.value_bytes, keys: 10_000 };
+    let sc = &s.scale;
+
+    // 1. The limit: a bare producer writing the same records to a topic of
+    // the log's partition count.
+    phase("log limit: bare rdkafka producer to a topic shaped like the schedule log");
+    let kafka = KafkaConfig { brokers: brokers.clone(), properties: Default::default() };
+    let mut log_limit = 0f64;
+    for _ in 0..2 {
+        let (kafka, raw_log, w, n) = (kafka.clone(), raw_log.clone(), w.clone(), sc.drain);
+        let rate = tokio::task::spawn_blocking(move || limits::producer(&kafka, &raw_log, n, &w)).await??;
+        log_limit = log_limit.max(rate);
+    }
+    report.add(
+        format!("log limit: bare producer, {} partitions", c.log_partitions),
+        log_limit,
+        "msg/s",
+        None,
+        &[],
+    );
+
+    // 2. The nodes.
+    phase(&format!("starting {} nodes", c.nodes));
+    let group = format!("hourglass-bench-{run_id}");
+    let bin = hourglass_binary()?;
+    let node = |i: usize, group: &str| -> anyhow::Result<ServerProcess> {
+        Ok(ServerProcess::new(&bin, &dir.path().join(format!("node-{i}")), &brokers, s.durability)?
+            .arg("--cluster", "true")
+            .arg("--log-topic", &log_topic)
+            .arg("--log-partitions", c.log_partitions)
+            .arg("--group-id", group)
+            .arg("--standby-replicas", c.standby_replicas))
+    };
+    let mut nodes = (0..c.nodes).map(|i| node(i, &group)).collect::<anyhow::Result<Vec<_>>>()?;
+    for n in &mut nodes {
+        n.spawn()?;
+    }
+    for n in &mut nodes {
+        n.wait_serving(Duration::from_secs(120)).await?;
+    }
+    let spread = spread(&nodes, c.log_partitions, Duration::from_secs(120)).await?;
+    report.note(format!("shards per node once started: {spread:?}"));
+
+    let runs = |p: Phase| s.phases.contains(&p);
+    let mut offset = 0u64;
+    let mut next_parked = |n: usize| {
+        let due = parked(offset);
+        offset += n as u64;
+        due
+    };
+    let mut parked_now = 0;
+    if runs(Phase::Ingest) {
+        phase("ingest: unary Schedule, callers spread over the nodes");
+        let run =
+            load::calls(&nodes, &w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary))
+                .await?;
+        let name = format!("cluster ingest: Schedule, {} clients", s.clients);
+        report.add(&name, run.rate(), "msg/s", Some(log_limit), &[]);
+        report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, &[]);
+        report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, &[]);
+        phase("ingest: ScheduleStream, streams spread over the nodes");
+        let run = load::stream(&nodes, &w, sc.stream, s.streams, next_parked(sc.stream), false).await?;
+        let name = format!("cluster ingest: ScheduleStream x {}", s.streams);
+        report.add(&name, run.rate(), "msg/s", Some(log_limit), &[Target::RatioAtLeast(0.5)]);
+        report.add(format!("{name}: p99 per msg"), ms(run.percentile(99.0)), "ms", None, &[]);
+        parked_now = sc.unary + sc.stream;
+    }
+    if sc.backlog > parked_now {
+        phase("parking the backlog");
+        let n = sc.backlog - parked_now;
+        load::stream(&nodes, &w, n, s.streams, next_parked(n), false).await?;
+    }
+    let backlog = sum(&nodes, "hourglass_messages_pending").await?;
+    report.note(format!("drain and failover ran with {} messages parked for later", backlog as u64));
+
+    if runs(Phase::Drain) {
+        phase("drain: all due in the same millisecond, over every node");
+        let delivered = sum(&nodes, "hourglass_messages_delivered_total").await?;
+        let t0 = now_ms() + lead_time(sc.drain);
+        load::stream(&nodes, &w, sc.drain, s.streams, Arc::new(move |_| t0), false).await?;
+        anyhow::ensure!(now_ms() < t0, "the drain's messages were not all parked before they came due");
+        let due_at = Instant::now() + Duration::from_millis(t0.saturating_sub(now_ms()));
+        let done =
+            wait_sum(&nodes, "hourglass_messages_delivered_total", delivered + sc.drain as f64).await?;
+        let rate = sc.drain as f64 / done.saturating_duration_since(due_at).as_secs_f64();
+        report.add("cluster drain", rate, "msg/s", Some(log_limit), &[]);
+    }
+
+    // 3. Failover: a steady load due over a window; the last node killed
+    // a third of the way in.
+    phase("failover: SIGKILL a node under a steady load");
+    let count = (FAILOVER_RATE * sc.failover_window.as_secs()) as usize;
+    let t1 = now_ms() + lead_time(count);
+    let steady = load::stream(
+        &nodes,
+        &w,
+        count,
+        s.streams,
+        Arc::new(move |i| t1 + i as u64 * 1000 / FAILOVER_RATE),
+        true,
+    )
+    .await?;
+    anyhow::ensure!(now_ms() < t1, "the failover load was not all parked before it came due");
+    let kill_at = t1 + sc.failover_window.as_millis() as u64 / 3;
+    tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
+    let victim = c.nodes - 1;
+    let lost = owned_by(&brokers, &log_topic, c.log_partitions, &format!("http://{}", nodes[victim].grpc))?;
+    // From when it is gone (kill waits for the process to end): whatever
+    // it delivered came before.
+    nodes[victim].kill();
+    let killed_ms = now_ms();
+    let end = t1 + sc.failover_window.as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(end.saturating_sub(now_ms()) + 10_000)).await;
+    let survivors = &nodes[..victim];
+    let give_up = Instant::now() + Duration::from_secs(120);
+    let at = loop {
+        match load::delivered_at(survivors, &steady.scheduled, 32).await {
+            Ok(at) => break at,
+            Err(e) if Instant::now() < give_up => {
+                phase(&format!("failover: not all delivered yet ({e:#}); looking again"));
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(e) => return Err(e.context("the steady load was not all delivered after the failover")),
+        }
+    };
+    // Per shard the victim owned: its first delivery after the kill.
+    let mut first: Vec<Option<i64>> = vec![None; c.log_partitions as usize];
+    for ((id, _), at) in steady.scheduled.iter().zip(&at) {
+        let shard = ((murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions) as usize;
+        if lost.contains(&(shard as u32)) && *at >= killed_ms as i64 {
+            first[shard] = Some(first[shard].map_or(*at, |f| f.min(*at)));
+        }
+    }
+    let firsts: Vec<i64> = first.iter().flatten().map(|at| at - killed_ms as i64).collect();
+    if firsts.is_empty() {
+        let on_lost: Vec<i64> = steady
+            .scheduled
+            .iter()
+            .zip(&at)
+            .filter(|((id, _), _)| {
+                lost.contains(&((murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions))
+            })
+            .map(|(_, at)| at - killed_ms as i64)
+            .collect();
+        anyhow::bail!(
+            "none of the killed node's shards {lost:?} delivered after the kill: {} of its messages, delivered \
+             from {:?} to {:?} ms after the kill",
+            on_lost.len(),
+            on_lost.iter().min(),
+            on_lost.iter().max()
+        );
+    }
+    let standbys = if c.standby_replicas > 0 { "with standbys" } else { "without standbys" };
+    let name = format!("failover {standbys}, {} parked", backlog as u64);
+    let goal = (c.standby_replicas > 0).then_some(Target::AtMost(10_000.0));
+    report.add(
+        format!("{name}: kill to first delivery of a lost shard"),
+        *firsts.iter().min().unwrap_or(&0) as f64,
+        "ms",
+        None,
+        &goal.into_iter().collect::<Vec<_>>(),
+    );
+    report.add(
+        format!("{name}: kill to every lost shard delivering"),
+        *firsts.iter().max().unwrap_or(&0) as f64,
+        "ms",
+        None,
+        &[],
+    );
+    report.note(format!("the killed node owned shards {lost:?}"));
+    let late = {
+        let mut late: Vec<i64> =
+            at.iter().zip(&steady.scheduled).map(|(at, (_, due))| at - *due as i64).collect();
+        late.sort_unstable();
+        late
+    };
+    report.add(
+        "failover: lateness p50 of the steady load",
+        load::percentile(&late, 50.0) as f64,
+        "ms",
+        None,
+        &[],
+    );
+    nodes[victim].spawn()?;
+    nodes[victim].wait_serving(Duration::from_secs(120)).await?;
+
+    // 4. Restore: every node stopped; a node with an empty data dir takes
+    // every shard, read from the log. It joins a group of its own: Tansu
+    // 0.6 lets no new member lead a group a SIGKILLed member was in once
+    // the others have left it.
+    phase("restore: one node alone, with an empty data dir, takes every shard from the log");
+    for n in &mut nodes {
+        n.stop()?;
+    }
+    std::fs::remove_dir_all(dir.path().join("node-0")).ok();
+    let mut restoring = node(0, &format!("{group}-restore"))?;
+    let started = Instant::now();
+    restoring.spawn()?;
+    // Applying starts once the group has given the node its shards.
+    let applying = loop {
+        let applied = restoring.metric("hourglass_cluster_log_records_applied_total").await.unwrap_or(0.0);
+        if applied > 0.0 {
+            break Instant::now();
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(120), "the restored node applied nothing");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    restoring.wait_serving(Duration::from_secs(600)).await?;
+    let (took, applied) = (applying.elapsed(), started.elapsed());
+    let restored = restoring.metric("hourglass_messages_pending").await?;
+    let records = restoring.metric("hourglass_cluster_log_records_applied_total").await?;
+    let name = format!("restore of {} pending ({} log records)", restored as u64, records as u64);
+    report.add(format!("{name}: start to serving"), ms(applied), "ms", None, &[]);
+    report.add(format!("{name}: first record applied to serving"), ms(took), "ms", None, &[]);
+    report.add("restore rate", restored / took.as_secs_f64(), "msg/s", None, &[Target::AtLeast(200_000.0)]);
+    report.add("restore: memory after", mib(restoring.rss_bytes()), "MiB", None, &[]);
+    restoring.stop()?;
+
+    delete_topic(&brokers, &topic).await.ok();
+    delete_topic(&brokers, &raw_log).await.ok();
+    Ok(report)
+}
+
+/// The sum of a metric over the nodes.
+async fn sum(nodes: &[ServerProcess], metric: &str) -> anyhow::Result<f64> {
+    let mut total = 0.0;
+    for n in nodes {
+        total += n.metric(metric).await.unwrap_or(0.0);
+    }
+    Ok(total)
+}
+
+/// Waits until the sum of a metric over the nodes reaches `target`;
+/// returns when it first read so.
+async fn wait_sum(nodes: &[ServerProcess], metric: &str, target: f64) -> anyhow::Result<Instant> {
+    let started = Instant::now();
+    loop {
+        if sum(nodes, metric).await? >= target {
+            return Ok(Instant::now());
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "{metric} did not reach {target}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until the nodes own every shard; returns how many each owns.
+async fn spread(nodes: &[ServerProcess], shards: u32, within: Duration) -> anyhow::Result<Vec<u64>> {
+    let started = Instant::now();
+    loop {
+        let mut owned = Vec::new();
+        for n in nodes {
+            owned.push(n.metric("hourglass_cluster_shards_owned").await.unwrap_or(0.0) as u64);
+        }
+        if owned.iter().sum::<u64>() == u64::from(shards) {
+            return Ok(owned);
+        }
+        anyhow::ensure!(
+            started.elapsed() < within,
+            "the shards were not spread within {within:?}: {owned:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The shards the routing topic says `addr` owns now.
+fn owned_by(brokers: &str, log_topic: &str, shards: u32, addr: &str) -> anyhow::Result<BTreeSet<u32>> {
+    let topic = route::topic_of(log_topic);
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "hourglass-bench-routes")
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("creating a reader of the routing topic")?;
+    let (_, end) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(10))?;
+    let mut assignment = TopicPartitionList::new();
+    assignment.add_partition_offset(&topic, 0, Offset::Beginning)?;
+    consumer.assign(&assignment)?;
+    let mut table = route::Table::new(shards);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut next = 0;
+    while next < end {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "reading the routing topic {topic} timed out");
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m?;
+            next = m.offset() + 1;
+            if let Some((shard, r)) = route::read(m.key(), m.payload()) {
+                table.apply(shard, r);
+            }
+        }
+    }
+    Ok((0..shards).filter(|s| table.addr_of(*s) == Some(addr)).collect())
+}
