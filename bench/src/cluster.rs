@@ -15,12 +15,10 @@ use rdkafka::{
 use tokio::time::Instant;
 
 use hourglass::{kafka::KafkaConfig, log::route, node::murmur2};
-use hourglass_testkit::{LocalBroker, ServerProcess, create_topic, delete_topic, hourglass_binary};
+use hourglass_testkit::{ServerProcess, create_topic, delete_topic, hourglass_binary};
 
 use crate::{
-    Phase, Report, Settings, Target, lead_time, limits, load,
-    machine::Machine,
-    mib, ms, parked, phase,
+    Bench, Phase, Report, Settings, Target, lead_time, limits, load, mib, ms, parked, phase,
     workload::{Workload, now_ms},
 };
 
@@ -38,29 +36,17 @@ const FAILOVER_RATE: u64 = 1_000;
 
 pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     anyhow::ensure!(c.nodes >= 2, "--cluster needs at least 2 nodes: the failover phase kills one");
-    let dir = match &s.dir {
-        Some(d) => tempfile::tempdir_in(d)?,
-        None => tempfile::tempdir()?,
-    };
-    let mut report = Report { machine: Machine::describe(dir.path()), ..Report::default() };
-    let _local;
-    let brokers = match &s.brokers {
-        Some(b) => b.clone(),
-        None => {
-            phase("starting a local broker (tansu, in memory)");
-            let local = LocalBroker::start()?;
-            let addr = local.addr.clone();
-            _local = local;
-            addr
-        }
-    };
+    let bench = Bench::start(s)?;
+    let (dir, brokers) = (&bench.dir, bench.brokers.clone());
+    let broker_setting = bench.broker_setting(s);
+    let mut report = bench.report;
     let settings = [
         ("mode", format!("cluster of {} nodes on this machine", c.nodes)),
         ("log partitions", c.log_partitions.to_string()),
         ("standby replicas", c.standby_replicas.to_string()),
         ("session timeout", "6s (the default)".into()),
         ("durability", format!("{:?}", s.durability).to_lowercase()),
-        ("broker", if s.brokers.is_some() { brokers.clone() } else { "local tansu 0.6 (memory)".into() }),
+        ("broker", broker_setting),
         ("partitions", s.partitions.to_string()),
         ("record", format!("{} B value, 10 B key, 2 headers", s.value_bytes)),
         ("unary", format!("{} clients over the nodes", s.clients)),
@@ -146,7 +132,9 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         let n = sc.backlog - parked_now;
         load::stream(&nodes, &w, n, s.streams, next_parked(n), false).await?;
     }
-    let backlog = sum(&nodes, "hourglass_messages_pending").await?;
+    // Asked of the cluster: the nodes' own gauges count standby copies too.
+    let stats = nodes[0].client().await?.stats(hourglass::proto::StatsRequest {}).await?.into_inner();
+    let backlog = stats.pending as f64;
     report.note(format!("drain and failover ran with {} messages parked for later", backlog as u64));
 
     if runs(Phase::Drain) {
@@ -166,7 +154,8 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     // a third of the way in.
     phase("failover: SIGKILL a node under a steady load");
     let count = (FAILOVER_RATE * sc.failover_window.as_secs()) as usize;
-    let t1 = now_ms() + lead_time(count);
+    // Room to park it while the cluster may still record the drain.
+    let t1 = now_ms() + 10_000 + lead_time(count);
     let steady = load::stream(
         &nodes,
         &w,

@@ -188,26 +188,48 @@ fn parked(from: u64) -> DueOf {
     Arc::new(move |i| base + from + i as u64)
 }
 
+/// Where a run works: its directory (under `--dir`), the report with the
+/// machine described, and the broker (`--brokers`, or a local one started
+/// for the run and stopped with it).
+struct Bench {
+    dir: tempfile::TempDir,
+    report: Report,
+    brokers: String,
+    _local: Option<LocalBroker>,
+}
+
+impl Bench {
+    fn start(s: &Settings) -> anyhow::Result<Bench> {
+        let dir = match &s.dir {
+            Some(d) => tempfile::tempdir_in(d)?,
+            None => tempfile::tempdir()?,
+        };
+        let report = Report { machine: Machine::describe(dir.path()), ..Report::default() };
+        let (brokers, local) = match &s.brokers {
+            Some(b) => (b.clone(), None),
+            None => {
+                phase("starting a local broker (tansu, in memory)");
+                let local = LocalBroker::start()?;
+                (local.addr.clone(), Some(local))
+            }
+        };
+        Ok(Bench { dir, report, brokers, _local: local })
+    }
+
+    /// How the broker is named in the settings line.
+    fn broker_setting(&self, s: &Settings) -> String {
+        if s.brokers.is_some() { self.brokers.clone() } else { "local tansu 0.6 (memory)".into() }
+    }
+}
+
 pub async fn run(s: Settings) -> anyhow::Result<Report> {
-    let dir = match &s.dir {
-        Some(d) => tempfile::tempdir_in(d)?,
-        None => tempfile::tempdir()?,
-    };
-    let mut report = Report { machine: Machine::describe(dir.path()), ..Report::default() };
-    let _local;
-    let brokers = match &s.brokers {
-        Some(b) => b.clone(),
-        None => {
-            phase("starting a local broker (tansu, in memory)");
-            let local = LocalBroker::start()?;
-            let addr = local.addr.clone();
-            _local = local;
-            addr
-        }
-    };
+    let bench = Bench::start(&s)?;
+    let (dir, brokers) = (&bench.dir, bench.brokers.clone());
+    let broker_setting = bench.broker_setting(&s);
+    let mut report = bench.report;
     let settings = [
         ("durability", format!("{:?}", s.durability).to_lowercase()),
-        ("broker", if s.brokers.is_some() { brokers.clone() } else { "local tansu 0.6 (memory)".into() }),
+        ("broker", broker_setting),
         ("partitions", s.partitions.to_string()),
         ("record", format!("{} B value, 10 B key, 2 headers", s.value_bytes)),
         ("unary", format!("{} clients on {} connections", s.clients, s.connections.clamp(1, s.clients))),

@@ -43,7 +43,7 @@ use crate::{
     log::record::{self, Change, LogRecord},
     metrics,
     shard::{Shard, ShardConfig},
-    store::{ShardOf, Store, StoreError, StoreHealth},
+    store::{Durability, ShardOf, Store, StoreError, StoreHealth},
 };
 
 /// Longest a request waits for its shard to be taken or let go.
@@ -454,12 +454,16 @@ impl Inner {
         View::open(&self.shard_config(shard).store, &self.config, Arc::clone(&self.waiters)).await
     }
 
-    /// What `shard` is built from: its store's path, number and cap.
+    /// What `shard` is built from: its store's path, number and cap. The
+    /// store is a view of the log, which holds every change with acks=all:
+    /// its writes are not synced (after a crash it applies again from the
+    /// offset it recorded, which is written with the data).
     fn shard_config(&self, shard: usize) -> ShardConfig {
         let mut config = self.shards.config.clone();
         config.store.path = self.shards.paths[shard].clone();
         config.store.shard = ShardOf { shard: shard as u32, shards: self.slots.len() as u32 };
         config.store.max_pending = self.shards.max_pending;
+        config.store.durability = Durability::Buffered;
         config
     }
 
