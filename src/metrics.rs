@@ -109,6 +109,13 @@ pub static LOG_APPLIED: LazyLock<IntCounter> = LazyLock::new(|| {
          copies).",
     )
 });
+pub static LOG_SKIPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_log_offsets_skipped_total",
+        "Cluster mode: offsets of the schedule log that reading skipped (records compaction removed, \
+         transaction markers).",
+    )
+});
 pub static FORWARDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -287,6 +294,7 @@ pub fn init() {
     LazyLock::force(&STORE_MAX_PENDING);
     LazyLock::force(&STORE_PARKED);
     LazyLock::force(&LOG_APPLIED);
+    LazyLock::force(&LOG_SKIPPED);
 }
 
 /// The Prometheus text exposition of every metric.

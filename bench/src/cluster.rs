@@ -185,7 +185,13 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
                 phase(&format!("failover: not all delivered yet ({e:#}); looking again"));
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
-            Err(e) => return Err(e.context("the steady load was not all delivered after the failover")),
+            Err(e) => {
+                let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
+                return Err(e.context(format!(
+                    "the steady load was not all delivered after the failover (the survivors skipped \
+                     {skipped} offsets of the schedule log while reading)"
+                )));
+            }
         }
     };
     // Per shard the victim owned: its first delivery after the kill.
@@ -246,6 +252,8 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         None,
         &[],
     );
+    let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
+    report.note(format!("offsets of the schedule log the survivors skipped while reading: {skipped}"));
     nodes[victim].spawn()?;
     nodes[victim].wait_serving(Duration::from_secs(120)).await?;
 

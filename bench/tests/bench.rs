@@ -9,35 +9,47 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hourglass-bench");
 
-#[test]
-fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
+/// Runs the bench with `args` on a tiny workload; returns its table and
+/// the report it wrote as JSON.
+fn run(args: &[&str]) -> (String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("figures.json");
     let out = Command::new(BIN)
+        .args(args)
         .args(["--scale", "0.002", "--clients", "8", "--json"])
         .arg(&json)
         .arg("--dir")
         .arg(dir.path())
         .output()
         .expect("running hourglass-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {}\n{stdout}\n{stderr}", out.status);
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (stdout, report)
+}
+
+/// The value of the measurement whose name has all of `words` (names
+/// carry the scale, "burst of 400: ...").
+fn value(report: &Value, table: &str, words: &[&str]) -> f64 {
+    let m = report["measurements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| words.iter().all(|w| m["name"].as_str().unwrap().contains(w)))
+        .unwrap_or_else(|| panic!("no measurement named with {words:?}:\n{table}"));
+    m["value"].as_f64().unwrap()
+}
+
+#[test]
+fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
+    let (stdout, report) = run(&[]);
     for line in ["machine:", "disk:", "settings:", "durability=sync", "measurement"] {
         assert!(stdout.contains(line), "the table lacks {line:?}:\n{stdout}");
     }
-
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(report["machine"]["cores"].as_u64().unwrap() >= 1);
     let measurements = report["measurements"].as_array().unwrap();
-    // Names carry the scale ("burst of 400: ..."): find them by their words.
-    let value = |words: &[&str]| -> f64 {
-        let m = measurements
-            .iter()
-            .find(|m| words.iter().all(|w| m["name"].as_str().unwrap().contains(w)))
-            .unwrap_or_else(|| panic!("no measurement named with {words:?}:\n{stdout}"));
-        m["value"].as_f64().unwrap()
-    };
+    let value = |words: &[&str]| value(&report, &stdout, words);
     for m in measurements {
         let (name, v) = (m["name"].as_str().unwrap(), m["value"].as_f64().unwrap());
         assert!(v.is_finite() && v >= 0.0, "{name} = {v}");
@@ -71,28 +83,9 @@ fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
 /// figures are there and sane.
 #[test]
 fn the_cluster_bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("figures.json");
-    let out = Command::new(BIN)
-        .args(["--cluster", "3", "--scale", "0.002", "--clients", "8", "--json"])
-        .arg(&json)
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .expect("running hourglass-bench --cluster 3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {}\n{stdout}\n{stderr}", out.status);
+    let (stdout, report) = run(&["--cluster", "3"]);
     assert!(stdout.contains("mode=cluster of 3 nodes"), "{stdout}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let measurements = report["measurements"].as_array().unwrap();
-    let value = |words: &[&str]| -> f64 {
-        let m = measurements
-            .iter()
-            .find(|m| words.iter().all(|w| m["name"].as_str().unwrap().contains(w)))
-            .unwrap_or_else(|| panic!("no measurement named with {words:?}:\n{stdout}"));
-        m["value"].as_f64().unwrap()
-    };
+    let value = |words: &[&str]| value(&report, &stdout, words);
     for rate in [
         "log limit",
         "cluster ingest: Schedule,",

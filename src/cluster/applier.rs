@@ -71,6 +71,7 @@ impl Applier {
             if reads.is_empty() {
                 continue;
             }
+            count_skipped(self.partition, next, &reads);
             let mut writers = Vec::with_capacity(reads.len());
             let entries: Vec<LogEntry> = reads
                 .into_iter()
@@ -122,6 +123,22 @@ impl Applier {
             _ = stop.cancelled() => {}
             _ = tokio::time::sleep(BACKOFF) => {}
         }
+    }
+}
+
+/// Counts offsets the reads skipped: compaction removes records (and
+/// transactions leave markers), so gaps are expected on a compacted log;
+/// the count tells how many records a restore did not see.
+fn count_skipped(partition: i32, next: i64, reads: &[Read]) {
+    let mut expected = next;
+    let mut skipped = 0;
+    for read in reads {
+        skipped += (read.offset - expected).max(0);
+        expected = read.offset + 1;
+    }
+    if skipped > 0 {
+        metrics::LOG_SKIPPED.inc_by(skipped as u64);
+        tracing::debug!(partition, from = next, skipped, "offsets of the schedule log skipped");
     }
 }
 
