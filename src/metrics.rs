@@ -109,6 +109,13 @@ pub static LOG_APPLIED: LazyLock<IntCounter> = LazyLock::new(|| {
          copies).",
     )
 });
+pub static STALE_COPIES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_stale_copies_rebuilt_total",
+        "Cluster mode: copies of a shard found further behind the schedule log than Kafka keeps \
+         tombstones, and rebuilt from the log instead of brought up to date.",
+    )
+});
 pub static LOG_SKIPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_cluster_log_offsets_skipped_total",
@@ -295,6 +302,7 @@ pub fn init() {
     LazyLock::force(&STORE_PARKED);
     LazyLock::force(&LOG_APPLIED);
     LazyLock::force(&LOG_SKIPPED);
+    LazyLock::force(&STALE_COPIES);
 }
 
 /// The Prometheus text exposition of every metric.

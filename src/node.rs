@@ -238,21 +238,34 @@ impl Node {
         &self,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
-        if self.cluster.is_some() {
-            // Each message is a record of its own: answered one by one.
-            return Ok(future::join_all(msgs.into_iter().map(|msg| self.schedule(msg))).await);
+        if let Some(cluster) = &self.cluster {
+            // Each message is a record of its own, answered on its own;
+            // each shard's part is decided and appended together.
+            let (groups, total) = self.by_shard(msgs);
+            let parts = groups.into_iter().enumerate().filter(|(_, (slots, _))| !slots.is_empty()).map(
+                |(shard, (slots, msgs))| async move {
+                    let answers = match cluster.owner_of(shard).await {
+                        Ok(owned) => owned.front().schedule_all(msgs).await,
+                        Err(e) => msgs.iter().map(|_| Err(e.clone())).collect(),
+                    };
+                    (slots, answers)
+                },
+            );
+            let mut results: Vec<Option<Result<Scheduled, StoreError>>> = (0..total).map(|_| None).collect();
+            for (slots, answers) in future::join_all(parts).await {
+                for (slot, answer) in slots.into_iter().zip(answers) {
+                    results[slot] = Some(answer);
+                }
+            }
+            return Ok(results
+                .into_iter()
+                .map(|r| r.expect("every message is answered by its shard"))
+                .collect());
         }
         if let [shard] = &self.shards[..] {
             return shard.store().schedule_batch(msgs).await;
         }
-        let total = msgs.len();
-        let mut groups: Vec<(Vec<usize>, Vec<NewMessage>)> =
-            self.shards.iter().map(|_| Default::default()).collect();
-        for (slot, msg) in msgs.into_iter().enumerate() {
-            let group = &mut groups[self.shard_of(msg.id.id())];
-            group.0.push(slot);
-            group.1.push(msg);
-        }
+        let (groups, total) = self.by_shard(msgs);
         let writes = groups
             .into_iter()
             .zip(self.shards.iter().map(Shard::store))
@@ -283,6 +296,20 @@ impl Node {
                 Ok(results.into_iter().map(|r| r.expect("every message is answered by its shard")).collect())
             }
         }
+    }
+
+    /// `msgs` by shard, each with its places in `msgs`; and how many.
+    #[allow(clippy::type_complexity)]
+    fn by_shard(&self, msgs: Vec<NewMessage>) -> (Vec<(Vec<usize>, Vec<NewMessage>)>, usize) {
+        let total = msgs.len();
+        let mut groups: Vec<(Vec<usize>, Vec<NewMessage>)> =
+            (0..self.shard_count()).map(|_| Default::default()).collect();
+        for (slot, msg) in msgs.into_iter().enumerate() {
+            let group = &mut groups[self.shard_of(msg.id.id())];
+            group.0.push(slot);
+            group.1.push(msg);
+        }
+        (groups, total)
     }
 
     pub async fn cancel(

@@ -10,6 +10,7 @@ use crate::{
     clock::Clock,
     dispatcher::{Dispatcher, DispatcherConfig, Lease, Recorder},
     kafka::Producer,
+    message::UnixMillis,
     store::{Store, StoreConfig, StoreHealth, schema::DispatchKey},
 };
 
@@ -39,7 +40,7 @@ impl Shard {
     ) -> Shard {
         let dispatcher =
             Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone());
-        Shard::launch(store, config, clock, dispatcher)
+        Shard::launch(store, config, clock, dispatcher, None)
     }
 
     /// Cluster mode: starts a shard whose dispatcher records its settles
@@ -56,16 +57,25 @@ impl Shard {
     ) -> Shard {
         let dispatcher =
             Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone())
-                .recording_to(recorder)
+                .recording_to(Arc::clone(&recorder))
                 .leased(lease, owner);
-        Shard::launch(store, config, clock, dispatcher)
+        Shard::launch(store, config, clock, dispatcher, Some((recorder, owner)))
     }
 
-    fn launch(store: Store, config: &ShardConfig, clock: Arc<dyn Clock>, dispatcher: Dispatcher) -> Shard {
+    /// `log`: cluster mode, where retention's tombstones go, and the
+    /// owner that appends them.
+    fn launch(
+        store: Store,
+        config: &ShardConfig,
+        clock: Arc<dyn Clock>,
+        dispatcher: Dispatcher,
+        log: Option<(Arc<dyn Recorder>, u64)>,
+    ) -> Shard {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(dispatcher.run(stop.clone()));
-        tasks.spawn(upkeep(store.clone(), clock, config.retention, config.upkeep_every, stop.clone()));
+        let purge = Purge { store: store.clone(), log, stop: stop.clone() };
+        tasks.spawn(upkeep(purge, clock, config.retention, config.upkeep_every));
         tasks.spawn(probe_while_failing(store.clone(), stop.clone()));
         tasks.close();
         Shard { store, stop, tasks }
@@ -119,29 +129,16 @@ async fn probe_while_failing(store: Store, stop: CancellationToken) {
 /// due CF, updates the store gauges and returns freed heap to the kernel.
 /// A store that took no write for a whole round is at rest: its memtables
 /// are written out once, so that a quiet backlog costs no write buffers.
-async fn upkeep(
-    store: Store,
-    clock: Arc<dyn Clock>,
-    retention: Duration,
-    every: Duration,
-    stop: CancellationToken,
-) {
-    const PURGE_BATCH: usize = 10_000;
+async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every: Duration) {
     const COMPACT_EVERY: u32 = 20;
+    let Purge { store, stop, .. } = &purge;
     let mut rounds = 0u32;
     let (mut last_write, mut at_rest) = (store.write_seq(), false);
     loop {
         let now = clock.now();
-        let before = crate::message::UnixMillis(now.0.saturating_sub(retention.as_millis() as u64));
-        loop {
-            match store.purge(before, PURGE_BATCH).await {
-                Ok(n) if n >= PURGE_BATCH && !stop.is_cancelled() => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "purging settled messages failed");
-                    break;
-                }
-            }
+        let before = UnixMillis(now.0.saturating_sub(retention.as_millis() as u64));
+        if let Err(e) = purge.run(before).await {
+            tracing::warn!(error = %e, "purging settled messages failed");
         }
         rounds += 1;
         if rounds % COMPACT_EVERY == 0 {
@@ -149,7 +146,7 @@ async fn upkeep(
             // the tombstones of what was cancelled, moved or purged.
             // Compaction drops the tombstones; files already at the
             // bottom level are not rewritten.
-            let below = DispatchKey::after(crate::message::UnixMillis(now.0.saturating_sub(60_000)));
+            let below = DispatchKey::after(UnixMillis(now.0.saturating_sub(60_000)));
             if let Err(e) = store.compact_settled(below).await {
                 tracing::warn!(error = %e, "compacting the settled head of the due index failed");
             }
@@ -173,5 +170,81 @@ async fn upkeep(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
+    }
+}
+
+/// Forgets what retention ended for: standalone, in the store; in cluster
+/// mode, through the schedule log, so that every copy of the shard forgets
+/// it and compaction drops it from the log.
+struct Purge {
+    store: Store,
+    /// Cluster mode: where the tombstones go, and the node incarnation
+    /// that appends them while the log names it the shard's owner.
+    log: Option<(Arc<dyn Recorder>, u64)>,
+    stop: CancellationToken,
+}
+
+/// Entries of the retention index (or log chunks) looked at in one step.
+const PURGE_BATCH: usize = 10_000;
+/// Longest a purge waits for its tombstones to be applied.
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+
+impl Purge {
+    async fn run(&self, before: UnixMillis) -> Result<(), String> {
+        let Some((log, owner)) = &self.log else {
+            while self.store.purge(before, PURGE_BATCH).await.map_err(|e| e.to_string())? >= PURGE_BATCH {
+                if self.stop.is_cancelled() {
+                    break;
+                }
+            }
+            return Ok(());
+        };
+        // Each message's tombstone first; a chunk that recorded deliveries
+        // only once its messages are forgotten (else a store rebuilt from
+        // the compacted log would find a message delivered long ago still
+        // pending). A node another one fenced appends nothing: the new
+        // owner's changes are not held here.
+        let fenced = || self.store.log_owner() != *owner;
+        loop {
+            if fenced() {
+                return Ok(());
+            }
+            let (looked_at, ids) =
+                self.store.purge_to_log(before, PURGE_BATCH).await.map_err(|e| e.to_string())?;
+            if ids.is_empty() {
+                break;
+            }
+            let keys = ids.iter().map(|id| id.as_bytes().to_vec()).collect();
+            match log.tombstone(keys).await {
+                Ok(last) => self.applied(last).await?,
+                Err(e) => {
+                    for id in ids {
+                        let _ = self.store.unhold(id).await;
+                    }
+                    return Err(e);
+                }
+            }
+            if looked_at < PURGE_BATCH || self.stop.is_cancelled() {
+                break;
+            }
+        }
+        let chunks = self.store.expired_chunks(before, PURGE_BATCH).await.map_err(|e| e.to_string())?;
+        if !chunks.is_empty() && !fenced() {
+            let last = log.tombstone(chunks).await?;
+            self.applied(last).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the store has applied the log past `offset`.
+    async fn applied(&self, offset: i64) -> Result<(), String> {
+        let started = tokio::time::Instant::now();
+        while self.store.log_next() <= offset {
+            if started.elapsed() > APPLY_WAIT || self.stop.is_cancelled() {
+                return Err(format!("the tombstones up to offset {offset} were not applied in time"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
     }
 }

@@ -244,3 +244,97 @@ async fn the_python_native_example_schedules_cancels_and_is_refused_as_documente
     assert_eq!(state_of(&mut client, "reminder-42-bad").await, State::Failed);
     server.stop().await;
 }
+
+/// Retention in cluster mode goes through the log: once it ends, the
+/// owner appends a tombstone for each message and then for each chunk of
+/// deliveries, so that every copy of the shard forgets them and Kafka's
+/// compaction drops them from the log; a store rebuilt from the log does
+/// not bring them back, and what is still pending stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_tombstones_messages_and_their_chunks_in_the_log() {
+    let broker = Broker::start();
+    let topic = random_name("orders");
+    let log_topic = random_name("hourglass-log");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let short = |dir: &std::path::Path| Config {
+        retention: Duration::from_secs(1).into(),
+        ..cluster_config(&broker, dir, &log_topic)
+    };
+    let server = Hourglass::start(short(dir.path())).await;
+    let mut client = server.client().await;
+    let ids: Vec<String> = (0..20).map(|i| format!("r-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        // The first is cancelled before it is due.
+        let delay = if i == 0 { Duration::from_secs(3600) } else { Duration::from_millis(200) };
+        client.schedule(with_id(&topic, id, id, delay)).await.unwrap();
+    }
+    client.schedule(with_id(&topic, "pending", "pending", Duration::from_secs(3600))).await.unwrap();
+    client.cancel(proto::CancelRequest { id: "r-0".into() }).await.unwrap();
+    let got = consume_async(&broker, &topic, 19, Duration::from_secs(20), Duration::ZERO).await;
+    assert_eq!(got.len(), 19);
+
+    // Upkeep runs every 10 s: forgotten within two rounds.
+    let started = std::time::Instant::now();
+    for id in &ids {
+        loop {
+            match client.get(proto::GetRequest { id: id.clone() }).await {
+                Err(status) if status.code() == Code::NotFound => break,
+                Ok(_) => {
+                    assert!(started.elapsed() < Duration::from_secs(40), "{id} not forgotten");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(status) => panic!("{id}: {status:?}"),
+            }
+        }
+    }
+    assert_eq!(state_of(&mut client, "pending").await, State::Pending);
+    let log = consume_async(&broker, &log_topic, usize::MAX, Duration::from_secs(3), Duration::ZERO).await;
+    let tombstones: Vec<&Received> =
+        log.iter().filter(|r| r.headers.contains_key("hourglass-record") && r.value.is_empty()).collect();
+    for id in &ids {
+        assert!(
+            tombstones.iter().any(|r| r.key.as_deref() == Some(id.as_bytes())),
+            "no tombstone for {id} in the log"
+        );
+    }
+    let chunk = |r: &&&Received| r.key.as_ref().is_some_and(|k| k.first() == Some(&1));
+    let chunks = log
+        .iter()
+        .filter(|r| {
+            r.headers.contains_key("hourglass-record")
+                && r.key.as_ref().is_some_and(|k| k.first() == Some(&1))
+                && !r.value.is_empty()
+        })
+        .count();
+    let chunk_tombstones = tombstones.iter().filter(chunk).count();
+    assert!(chunks > 0, "deliveries are recorded by chunk");
+    // A chunk goes once its messages are forgotten; the latest may still
+    // wait for the next round.
+    let wait_chunks = std::time::Instant::now();
+    let mut gone = chunk_tombstones;
+    while gone < chunks && wait_chunks.elapsed() < Duration::from_secs(25) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let log =
+            consume_async(&broker, &log_topic, usize::MAX, Duration::from_secs(3), Duration::ZERO).await;
+        gone = log
+            .iter()
+            .filter(|r| r.headers.contains_key("hourglass-record") && r.value.is_empty())
+            .filter(|r| r.key.as_ref().is_some_and(|k| k.first() == Some(&1)))
+            .count();
+    }
+    assert_eq!(gone, chunks, "every chunk of deliveries is tombstoned once its messages are forgotten");
+    server.stop().await;
+
+    // Rebuilt from the log: the forgotten stay forgotten, the pending stays.
+    drop(dir);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(short(dir.path())).await;
+    let mut client = server.client().await;
+    for id in &ids {
+        let status = client.get(proto::GetRequest { id: id.clone() }).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{id} came back in the rebuild");
+    }
+    assert_eq!(state_of(&mut client, "pending").await, State::Pending);
+    server.stop().await;
+}

@@ -8,6 +8,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{ClusterConfig, waiters::Waiters};
 use crate::{
+    clock::Clock as _,
     kafka::{KafkaConfig, LogReader, Read},
     log::record::Entry,
     message::Limits,
@@ -19,6 +20,11 @@ use crate::{
 const BATCH: usize = 2048;
 /// How long to wait before reading again after a failure.
 const BACKOFF: Duration = Duration::from_secs(1);
+/// How far before the next offset to apply a read starts: see [`Seek`].
+const REWIND: i64 = 512;
+/// How long a read after a seek may find nothing before the partition's
+/// end is looked at.
+const SEEK_WAIT: Duration = Duration::from_secs(3);
 
 pub struct Applier {
     partition: i32,
@@ -26,6 +32,43 @@ pub struct Applier {
     reader: Arc<LogReader>,
     waiters: Arc<Waiters>,
     limits: Limits,
+    /// Where the reader was put first.
+    first: Seek,
+}
+
+/// Where the reader was put to read the partition from `next` on: at
+/// `at`, somewhat before it, and the first records read are checked.
+///
+/// A broker answers a fetch from an offset inside a batch of records with
+/// the whole batch, and the client drops the records before the offset.
+/// One that answers from the next batch instead (Tansu 0.6 does) skips the
+/// rest of that batch without an error: a gap like the ones compaction
+/// leaves. Applying stops between any two records, so a store reopened
+/// there would miss records it never applied. So the reader starts a
+/// little before the offset (what it reads again is already applied and
+/// left out), and if its first record still lies past the offset, it
+/// starts twice as far back, until the first record is at or before the
+/// offset, or it reads from the partition's start: then the gap is real.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seek {
+    next: i64,
+    at: i64,
+}
+
+impl Seek {
+    fn to(next: i64) -> Seek {
+        Seek { next, at: (next - REWIND).max(0) }
+    }
+
+    /// What to do once the first record read from `at` is at `first`:
+    /// `None`, read on; else seek again.
+    fn check(self, first: i64) -> Option<Seek> {
+        if first <= self.next || self.at == 0 {
+            return None;
+        }
+        let back = (self.next - self.at).max(1).saturating_mul(2);
+        Some(Seek { next: self.next, at: (self.next - back).max(0) })
+    }
 }
 
 impl Applier {
@@ -39,9 +82,10 @@ impl Applier {
         waiters: Arc<Waiters>,
         limits: Limits,
     ) -> Result<Applier, StoreError> {
-        let reader = LogReader::new(kafka, topic, partition, store.log_next())
+        let first = Seek::to(store.log_next());
+        let reader = LogReader::new(kafka, topic, partition, first.at)
             .map_err(|e| StoreError::LogUnavailable(format!("reading the schedule log {topic}: {e}")))?;
-        Ok(Applier { partition, store, reader: Arc::new(reader), waiters, limits })
+        Ok(Applier { partition, store, reader: Arc::new(reader), waiters, limits, first })
     }
 
     /// What it reads the partition with.
@@ -52,10 +96,36 @@ impl Applier {
     /// Applies until `stop`. `applied` follows the next offset to apply.
     pub async fn run(self, stop: CancellationToken, applied: watch::Sender<i64>) {
         let mut last_owner = self.store.log_owner();
+        let mut seek = Some(self.first);
         loop {
             let read = tokio::select! {
                 _ = stop.cancelled() => return,
-                read = self.reader.next(BATCH, &self.limits) => read,
+                read = self.reader.next(BATCH, &self.limits) => Some(read),
+                // After a seek, a broker that skipped the rest of the last
+                // batch answers nothing at all.
+                _ = tokio::time::sleep(SEEK_WAIT), if seek.is_some() => None,
+            };
+            let read = match (read, seek) {
+                (Some(read), _) => read,
+                (None, Some(put)) => {
+                    let Some(end) = end_of(&self.reader, &stop).await else { return };
+                    // Nothing past the offset yet: the next record read is
+                    // the one appended next, at the offset.
+                    seek = put.check(i64::MAX).filter(|_| end > put.next);
+                    if let Some(again) = seek {
+                        tracing::debug!(
+                            partition = self.partition,
+                            ?put,
+                            end,
+                            "nothing read from a seek before the partition's end; reading from further back"
+                        );
+                        if let Err(e) = self.reader.seek_to(again.at) {
+                            tracing::warn!(error = %e, "seeking in the schedule log failed");
+                        }
+                    }
+                    continue;
+                }
+                (None, None) => continue,
             };
             let reads = match read {
                 Ok(reads) => reads,
@@ -65,7 +135,23 @@ impl Applier {
                     continue;
                 }
             };
-            // Records read again after a failure are already applied.
+            if let (Some(put), Some(first)) = (seek, reads.first()) {
+                seek = put.check(first.offset);
+                if let Some(again) = seek {
+                    tracing::debug!(
+                        partition = self.partition,
+                        ?put,
+                        first = first.offset,
+                        "the first record read lies past the offset to apply; reading from further back"
+                    );
+                    if let Err(e) = self.reader.seek_to(again.at) {
+                        tracing::warn!(error = %e, "seeking in the schedule log failed");
+                    }
+                    continue;
+                }
+            }
+            // Records read again (after a seek, or a failure) are already
+            // applied.
             let next = self.store.log_next();
             let reads: Vec<Read> = reads.into_iter().filter(|r| r.offset >= next).collect();
             if reads.is_empty() {
@@ -75,7 +161,7 @@ impl Applier {
             let mut writers = Vec::with_capacity(reads.len());
             let entries: Vec<LogEntry> = reads
                 .into_iter()
-                .map(|Read { offset, entry }| {
+                .map(|Read { offset, at, entry }| {
                     let (local, writer) = match &entry {
                         Entry::Logged { writer, request, .. } => {
                             (self.waiters.take_local(*writer, *request), Some((*writer, *request)))
@@ -83,7 +169,7 @@ impl Applier {
                         _ => (None, None),
                     };
                     writers.push(writer);
-                    LogEntry { offset, entry, local }
+                    LogEntry { offset, at, entry, local }
                 })
                 .collect();
             let count = entries.len() as u64;
@@ -99,8 +185,10 @@ impl Applier {
                 Err(e) => {
                     tracing::error!(error = %e, "applying the schedule log failed; reading it again from the last record applied");
                     self.pause(&stop).await;
-                    if let Err(e) = self.reader.seek_to(self.store.log_next()) {
-                        tracing::warn!(error = %e, "seeking in the schedule log failed");
+                    let again = Seek::to(self.store.log_next());
+                    match self.reader.seek_to(again.at) {
+                        Ok(()) => seek = Some(again),
+                        Err(e) => tracing::warn!(error = %e, "seeking in the schedule log failed"),
                     }
                 }
             }
@@ -161,6 +249,29 @@ pub async fn end_of(reader: &Arc<LogReader>, stop: &CancellationToken) -> Option
     }
 }
 
+/// How long ago a copy of a shard may have last applied the log and still
+/// be brought up to date from there. Kafka keeps a tombstone for
+/// `delete.retention.ms` once compaction reached it (hourglass creates the
+/// log with a day, Kafka's default), and then drops it along with the
+/// records it replaced: a copy that resumed later would miss that the
+/// message was delivered, and still hold it pending. Half of it leaves a
+/// margin for compaction's own pace.
+pub const STALE_AFTER: Duration = Duration::from_secs(12 * 3600);
+
+/// Whether `store` last applied its partition longer than [`STALE_AFTER`]
+/// ago and records were appended since. Unknown (the broker did not
+/// answer) counts as not.
+async fn stale(store: &Store, reader: &Arc<LogReader>) -> bool {
+    let next = store.log_next();
+    let behind = crate::clock::SystemClock.now().0.saturating_sub(store.log_time_at_open().0);
+    if next == 0 || Duration::from_millis(behind) < STALE_AFTER {
+        return false;
+    }
+    let reading = Arc::clone(reader);
+    let end = tokio::task::spawn_blocking(move || reading.end(Duration::from_secs(5))).await;
+    matches!(end, Ok(Ok(end)) if end > next)
+}
+
 /// A shard's store following its partition of the log: opened, and its
 /// applier running. An owner dispatches from it; a standby only keeps it
 /// up to date, ready to be taken over.
@@ -176,12 +287,46 @@ pub struct View {
 
 impl View {
     /// Opens the store `config` names (empty if there is none) and starts
-    /// applying its partition from the offset it recorded.
+    /// applying its partition from the offset it recorded. A copy too far
+    /// behind to be brought up to date (see [`STALE_AFTER`]) is dropped and
+    /// rebuilt from the start of the partition.
     pub async fn open(
         config: &StoreConfig,
         cluster: &ClusterConfig,
         waiters: Arc<Waiters>,
     ) -> Result<View, StoreError> {
+        let (store, applier) = Self::open_copy(config, cluster, &waiters).await?;
+        let (store, applier) = if !stale(&store, &applier.reader).await {
+            (store, applier)
+        } else {
+            metrics::STALE_COPIES.inc();
+            tracing::warn!(
+                path = %config.path.display(),
+                applied_to = store.log_next(),
+                last_applied_at = store.log_time_at_open().0,
+                "this copy of the shard fell further behind the schedule log than Kafka keeps tombstones: \
+                 rebuilding it from the log"
+            );
+            store.close().await;
+            // Every handle gone, RocksDB is closed before its files go.
+            drop((store, applier));
+            std::fs::remove_dir_all(&config.path)
+                .map_err(|e| StoreError::Io(format!("removing {}: {e}", config.path.display())))?;
+            Self::open_copy(config, cluster, &waiters).await?
+        };
+        let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());
+        let (tx, applied) = watch::channel(store.log_next());
+        tracker.spawn(applier.run(stop.clone(), tx));
+        tracker.close();
+        Ok(View { store, reader, applied, stop, applier: tracker })
+    }
+
+    /// The store and an applier of its partition, not started.
+    async fn open_copy(
+        config: &StoreConfig,
+        cluster: &ClusterConfig,
+        waiters: &Arc<Waiters>,
+    ) -> Result<(Store, Applier), StoreError> {
         let opening = config.clone();
         let store = tokio::task::spawn_blocking(move || Store::open(&opening))
             .await
@@ -205,21 +350,16 @@ impl View {
             &cluster.log.name,
             partition,
             store.clone(),
-            waiters,
+            Arc::clone(waiters),
             cluster.limits.clone(),
         );
-        let applier = match applier {
-            Ok(applier) => applier,
+        match applier {
+            Ok(applier) => Ok((store, applier)),
             Err(e) => {
                 store.close().await;
-                return Err(e);
+                Err(e)
             }
-        };
-        let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());
-        let (tx, applied) = watch::channel(store.log_next());
-        tracker.spawn(applier.run(stop.clone(), tx));
-        tracker.close();
-        Ok(View { store, reader, applied, stop, applier: tracker })
+        }
     }
 
     /// The partition's end now; see [`end_of`].
@@ -232,5 +372,25 @@ impl View {
         self.stop.cancel();
         self.applier.wait().await;
         self.store.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seek_starts_before_the_offset_and_goes_further_back_while_the_first_record_is_past_it() {
+        let put = Seek::to(10_000);
+        assert_eq!(put, Seek { next: 10_000, at: 10_000 - REWIND });
+        assert_eq!(put.check(9_600), None, "a batch from before the offset: read on");
+        assert_eq!(put.check(10_000), None, "from the offset itself");
+        let again = put.check(10_004).expect("a batch skipped: further back");
+        assert_eq!(again, Seek { next: 10_000, at: 10_000 - 2 * REWIND });
+        assert_eq!(again.check(10_004).unwrap().at, 10_000 - 4 * REWIND);
+        let start = Seek { next: 10_000, at: 0 };
+        assert_eq!(start.check(10_004), None, "from the start, the gap is real: compaction");
+        assert_eq!(Seek::to(100), Seek { next: 100, at: 0 });
+        assert_eq!(Seek { next: 5_000, at: 4_000 }.check(6_000).unwrap().at, 3_000);
     }
 }

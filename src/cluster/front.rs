@@ -1,14 +1,16 @@
 //! The front of a shard in cluster mode: a caller's change is decided
 //! against the store, appended to the log, and answered once applied.
 
-use std::{sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
+
+use futures_util::future;
 
 use super::waiters::Waiters;
 use crate::{
     kafka::LogProducer,
-    log::record::LogRecord,
+    log::record::{Change, LogRecord},
     message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
-    store::{Answer, Decision, Intent, Local, NewMessage, Store, StoreError},
+    store::{Answer, Decided, Decision, Intent, Local, NewMessage, Store, StoreError},
 };
 
 /// How long a caller waits for its record, once in the log, to be applied.
@@ -57,17 +59,75 @@ impl Front {
         }
     }
 
+    /// Parks many messages: decided in one step of the store, appended
+    /// together (each a record of its own), each answered once applied.
+    pub async fn schedule_all(&self, msgs: Vec<NewMessage>) -> Vec<Result<Scheduled, StoreError>> {
+        let count = msgs.len();
+        if self.store.log_owner() != self.waiters.me() {
+            return (0..count).map(|_| Err(StoreError::NotOwner(self.partition as u32))).collect();
+        }
+        let decided = match self.store.decide_all(msgs.into_iter().map(Intent::Schedule).collect()).await {
+            Ok(decided) => decided,
+            Err(e) => return (0..count).map(|_| Err(e.clone())).collect(),
+        };
+        // Queued in order now; each awaited on its own.
+        let changes = decided.into_iter().map(|decided| {
+            let logged = match decided {
+                Decided::Now(Ok(Decision::Log { key, change, held })) => {
+                    Ok(self.log_change(key, *change, held))
+                }
+                Decided::Now(Ok(Decision::Answer(answer))) => Err(Ok(answer)),
+                Decided::Now(Err(e)) => Err(Err(e)),
+                Decided::Wait(intent) => return future::Either::Right(self.change(intent)),
+            };
+            future::Either::Left(async move {
+                match logged {
+                    Ok(logged) => logged.await,
+                    Err(answered) => answered,
+                }
+            })
+        });
+        future::join_all(changes.collect::<Vec<_>>())
+            .await
+            .into_iter()
+            .map(|answer| match answer? {
+                Answer::Scheduled(result) => result,
+                other => Err(unexpected(&other)),
+            })
+            .collect()
+    }
+
     async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
         if self.store.log_owner() != self.waiters.me() {
             return Err(StoreError::NotOwner(self.partition as u32));
         }
-        let (key, change, held) = match self.store.decide(intent).await? {
-            Decision::Answer(answer) => return Ok(answer),
-            Decision::Log { key, change, held } => (key, change, held),
-        };
+        match self.store.decide(intent).await? {
+            Decision::Answer(answer) => Ok(answer),
+            Decision::Log { key, change, held } => self.log_change(key, *change, held).await,
+        }
+    }
+
+    /// Appends a decided change (queued at once) and waits for the store's
+    /// answer once it is applied.
+    fn log_change(
+        &self,
+        key: Vec<u8>,
+        change: Change,
+        held: Option<MessageId>,
+    ) -> impl Future<Output = Result<Answer, StoreError>> + '_ {
         let (request, reply) = self.waiters.register(held.map(Local::Held), true);
-        let record = LogRecord { writer: self.waiters.me(), request, change: Some(*change) };
-        if let Err(e) = self.log.append(self.partition, &key, &record).await {
+        let record = LogRecord { writer: self.waiters.me(), request, change: Some(change) };
+        let appended = self.log.enqueue(self.partition, &key, Some(&record.encode()));
+        async move { self.await_applied(request, reply, appended.await).await }
+    }
+
+    async fn await_applied(
+        &self,
+        request: u64,
+        reply: Option<tokio::sync::oneshot::Receiver<Answer>>,
+        appended: Result<i64, rdkafka::error::KafkaError>,
+    ) -> Result<Answer, StoreError> {
+        if let Err(e) = appended {
             // Not written (or not known to be): let go of what it held,
             // unless it was applied meanwhile.
             if let Some(Some(Local::Held(id))) = self.waiters.forget(request) {

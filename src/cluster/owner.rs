@@ -415,7 +415,7 @@ impl Inner {
     async fn take(self: Arc<Self>, shard: usize, cancel: CancellationToken) {
         let slot = &self.slots[shard];
         let _moving = slot.moving.lock().await;
-        if cancel.is_cancelled() {
+        if cancel.is_cancelled() || matches!(&*slot.state.borrow(), State::Owned(_)) {
             return;
         }
         slot.state.send_replace(State::Taking);
@@ -433,7 +433,10 @@ impl Inner {
                     metrics::SHARD_MOVES.with_label_values(&["taken"]).inc();
                     return;
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    tracing::info!(shard, "the take of the shard was called off: the group took it back");
+                    break;
+                }
                 Err(e) => {
                     tracing::error!(shard, error = %e, "taking a shard failed; trying again shortly");
                     self.failures().insert(shard, format!("taking shard {shard} failed: {e}"));
@@ -654,6 +657,11 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
                     }
                 }
                 for shard in given.into_iter().filter(|s| *s < inner.slots.len()) {
+                    // Given again without having been taken back (a broker
+                    // that repeats an assignment): kept as it is.
+                    if matches!(&*inner.slots[shard].state.borrow(), State::Owned(_) | State::Taking) {
+                        continue;
+                    }
                     let cancel = CancellationToken::new();
                     *inner.slots[shard].taking.lock().unwrap_or_else(|e| e.into_inner()) = cancel.clone();
                     tasks.spawn(Arc::clone(&inner).take(shard, cancel));

@@ -1,6 +1,7 @@
 //! Where a cluster shard's dispatcher records what became of its produces:
 //! one `Settled` record per settle in the log, applied from there like any
-//! other record. The dispatcher's claims hold until it is applied.
+//! other record. The dispatcher's claims hold until it is applied. The
+//! shard's upkeep appends its tombstones here too, when retention ends.
 
 use std::{
     future::Future,
@@ -72,13 +73,14 @@ impl LogRecorder {
         }
         let floor = floor.filter(|_| !self.reordered.load(Ordering::Relaxed));
         let lines = settles.iter().map(settled_line).collect();
+        let at = settles.iter().map(|s| s.at).max().unwrap_or_default();
         let (request, _) = self.waiters.register(Some(Local::Settles(settles, floor)), false);
         let record = LogRecord {
             writer: self.waiters.me(),
             request,
-            change: Some(Change::Settled(Settled { lines })),
+            change: Some(Change::Settled(Settled { lines, at_ms: at.0 })),
         };
-        let key = record::chunk_key(self.waiters.me(), request);
+        let key = record::chunk_key(at, self.waiters.me(), request);
         let (log, partition, reordered, stop) =
             (Arc::clone(&self.log), self.partition, Arc::clone(&self.reordered), self.stop.clone());
         // Queued now, in order; retried until it is in or the shard stops.
@@ -115,5 +117,24 @@ impl Recorder for LogRecorder {
         floor: Option<Floor>,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(self.append(settles, floor))
+    }
+
+    fn tombstone(
+        &self,
+        keys: Vec<Vec<u8>>,
+    ) -> Pin<Box<dyn Future<Output = Result<i64, String>> + Send + '_>> {
+        Box::pin(async move {
+            // Queued one after another: they reach the partition in order.
+            let appends: Vec<_> =
+                keys.iter().map(|key| self.log.enqueue(self.partition, key, None)).collect();
+            let mut last = -1;
+            for (key, outcome) in keys.iter().zip(futures_util::future::join_all(appends).await) {
+                match outcome {
+                    Ok(offset) => last = last.max(offset),
+                    Err(e) => return Err(format!("appending the tombstone of {key:?}: {e}")),
+                }
+            }
+            Ok(last)
+        })
     }
 }

@@ -209,6 +209,14 @@ pub(crate) trait Recorder: Send + Sync {
         settles: Vec<Settle>,
         floor: Option<Floor>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+
+    /// Appends a tombstone under each key, in order, once retention has
+    /// ended for what it names; returns once all are in the log, with the
+    /// offset of the last.
+    fn tombstone(
+        &self,
+        keys: Vec<Vec<u8>>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<i64, String>> + Send + '_>>;
 }
 
 pub struct Dispatcher {

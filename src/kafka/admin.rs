@@ -58,7 +58,13 @@ pub async fn ensure_log_topic(
         return check(topic, found).map(|()| Ensured::Existed);
     }
     let replication = TopicReplication::Fixed(topic.replication.unwrap_or(-1));
-    let new = NewTopic::new(&topic.name, topic.partitions, replication).set("cleanup.policy", "compact");
+    // Tombstones are kept a day (Kafka's default, set so that a broker
+    // default cannot shorten it): a copy of a shard behind by more than
+    // half of that is rebuilt, not brought up to date (see
+    // `cluster::applier::STALE_AFTER`).
+    let new = NewTopic::new(&topic.name, topic.partitions, replication)
+        .set("cleanup.policy", "compact")
+        .set("delete.retention.ms", "86400000");
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     let created = admin
         .create_topics([&new], &options)

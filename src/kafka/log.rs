@@ -92,6 +92,8 @@ pub struct LogReader {
 /// A record read, as the store applies it.
 pub struct Read {
     pub offset: i64,
+    /// The record's timestamp.
+    pub at: UnixMillis,
     pub entry: Entry,
 }
 
@@ -114,6 +116,9 @@ impl LogReader {
             // Wake as soon as a record is there.
             ("fetch.wait.max.ms", "20"),
             ("fetch.min.bytes", "1"),
+            // The log is the truth of every store: a record damaged on the
+            // way is fetched again, not applied.
+            ("check.crcs", "true"),
             ("reconnect.backoff.max.ms", "1000"),
         ]);
         for (k, v) in ours {
@@ -179,6 +184,7 @@ fn read(m: &rdkafka::message::BorrowedMessage<'_>, limits: &Limits) -> Read {
     let pairs: Vec<(&str, Option<&[u8]>)> =
         headers.map(|h| h.iter().map(|h| (h.key, h.value)).collect()).unwrap_or_default();
     let timestamp = m.timestamp().to_millis().and_then(|t| u64::try_from(t).ok()).unwrap_or(0);
-    let entry = record::read(m.key(), m.payload(), pairs.iter().copied(), UnixMillis(timestamp), limits);
-    Read { offset: m.offset(), entry }
+    let at = UnixMillis(timestamp);
+    let entry = record::read(m.key(), m.payload(), pairs.iter().copied(), at, limits);
+    Read { offset: m.offset(), at, entry }
 }

@@ -15,8 +15,9 @@
 //! id                 Cancelled(message, at)         cancelled if pending; recorded if unknown
 //! id                 Failed(id, reason, message?)   recorded as failed if unknown or pending
 //! id                 none (tombstone)               forgotten, once settled (retention ended)
-//! 0x01 ‖ chunk       Settled(lines)                 what the dispatcher's produces became:
+//! 0x01 ‖ at ‖ chunk  Settled(lines, at)             what the dispatcher's produces became:
 //!                                                   delivered (partition, offset), retry, failed
+//! 0x01 ‖ at ‖ chunk  none (tombstone)               the chunk's retention ended
 //! 0x02 ‖ "owner"     Owner(at, released)            the writer owns the shard from here on: only
 //!                                                   it dispatches (and takes changes); released:
 //!                                                   the owner let go, none owns it
@@ -158,6 +159,10 @@ pub struct Failed {
 pub struct Settled {
     #[prost(message, repeated, tag = "1")]
     pub lines: Vec<SettledLine>,
+    /// When the last of its outcomes was known: its retention counts from
+    /// here, and its key ([`chunk_key`]) begins with it.
+    #[prost(uint64, tag = "2")]
+    pub at_ms: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -274,8 +279,6 @@ impl LogRecord {
     }
 }
 
-/// The key of the [`Settled`] record of a chunk: unique per writer and
-/// request, so compaction keeps every chunk until it is tombstoned.
 /// The key of a partition's [`Owner`] records.
 pub fn owner_key() -> Vec<u8> {
     let mut key = vec![OWNER_KEY_MARK];
@@ -283,13 +286,20 @@ pub fn owner_key() -> Vec<u8> {
     key
 }
 
-pub fn chunk_key(writer: u64, request: u64) -> Vec<u8> {
-    let mut key = Vec::with_capacity(17);
+/// The key of the [`Settled`] record of a chunk: its time ([`Settled::at_ms`])
+/// then its writer and request, unique, so that compaction keeps every
+/// chunk until its retention ends and the shard's owner tombstones it.
+pub fn chunk_key(at: UnixMillis, writer: u64, request: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(CHUNK_KEY_LEN);
     key.push(CHUNK_KEY_MARK);
+    key.extend_from_slice(&at.0.to_be_bytes());
     key.extend_from_slice(&writer.to_be_bytes());
     key.extend_from_slice(&request.to_be_bytes());
     key
 }
+
+/// The length of a [`chunk_key`].
+pub const CHUNK_KEY_LEN: usize = 25;
 
 /// What one record read from a log partition asks of the shard's store.
 #[derive(Clone, Debug, PartialEq)]
@@ -305,7 +315,10 @@ pub enum Entry {
     Rejected { rejected: Rejected, at: UnixMillis },
     /// The end of an id's retention: forget it (once settled).
     Forget(MessageId),
-    /// Nothing to apply: a chunk's tombstone, or a record this build does
+    /// The end of a chunk's retention: its [`Settled`] record, under this
+    /// key, is gone once the log is compacted.
+    ForgetChunk(Vec<u8>),
+    /// Nothing to apply: an owner's tombstone, or a record this build does
     /// not know (from a newer release), which is skipped with a warning.
     Skip(String),
 }
@@ -333,8 +346,11 @@ pub fn read<'a>(
     }
     let Some(value) = value else {
         return match key {
+            Some(key @ [CHUNK_KEY_MARK, ..]) if key.len() == CHUNK_KEY_LEN => {
+                Entry::ForgetChunk(key.to_vec())
+            }
             Some([CHUNK_KEY_MARK | OWNER_KEY_MARK, ..]) => {
-                Entry::Skip("the tombstone of a chunk or an owner".to_owned())
+                Entry::Skip("the tombstone of an owner, or of no chunk".to_owned())
             }
             _ => match key.and_then(MessageId::from_stored) {
                 Some(id) => Entry::Forget(id),
@@ -391,12 +407,21 @@ mod tests {
     }
 
     #[test]
-    fn a_tombstone_forgets_an_id_and_skips_a_chunk() {
+    fn a_tombstone_forgets_an_id_or_a_chunk_and_skips_an_owner() {
         assert_eq!(
             read_internal(b"order-1", None, FORMAT),
             Entry::Forget(MessageId::parse("order-1").unwrap())
         );
-        assert!(matches!(read_internal(&chunk_key(1, 2), None, FORMAT), Entry::Skip(_)));
+        let chunk = chunk_key(UnixMillis(5), 1, 2);
+        assert_eq!(read_internal(&chunk, None, FORMAT), Entry::ForgetChunk(chunk));
+        assert!(matches!(read_internal(&owner_key(), None, FORMAT), Entry::Skip(_)));
+    }
+
+    #[test]
+    fn chunk_keys_sort_by_time_first() {
+        let (early, late) = (chunk_key(UnixMillis(1), u64::MAX, u64::MAX), chunk_key(UnixMillis(2), 0, 0));
+        assert!(early < late);
+        assert_eq!(early.len(), CHUNK_KEY_LEN);
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub use options::{Durability, ShardOf, StoreConfig, open_db};
 pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
 pub(crate) use scan::{DueBatch, Ready, Tries};
 use writer::Op;
-pub use writer::{Answer, Decision, Intent, NewId, NewMessage};
+pub use writer::{Answer, Decided, Decision, Intent, NewId, NewMessage};
 pub(crate) use writer::{Local, LogEntry};
 pub(crate) use writer::{Outcome, Settle, settled_line};
 
@@ -84,6 +84,8 @@ struct Inner {
     closing: CancellationToken,
     max_pending: Option<u64>,
     recorded_shard: ShardOf,
+    /// Cluster mode: the log's time of the last record applied, as opened.
+    log_time: crate::message::UnixMillis,
     /// Where the next purge reads the retention index from: past the
     /// tombstones earlier purges left.
     purge_from: Mutex<Vec<u8>>,
@@ -196,6 +198,12 @@ impl Store {
     /// applied so far says (0: none yet).
     pub fn log_owner(&self) -> u64 {
         self.inner.log_owner.load(Ordering::Acquire)
+    }
+
+    /// Cluster mode: the log's time (the record's timestamp) of the last
+    /// record applied when the store was opened.
+    pub fn log_time_at_open(&self) -> crate::message::UnixMillis {
+        self.inner.log_time
     }
 
     /// Which shard of how many the store was first opened as.

@@ -66,7 +66,7 @@ impl Store {
             shard: config.shard,
         };
         let writer = Writer::open(shared, writer_config, rx, SystemClock.now()).map_err(with_report)?;
-        let recorded_shard = writer.recorded_shard();
+        let (recorded_shard, log_time) = (writer.recorded_shard(), writer.log_time());
         metrics.pending.set(pending.load(Ordering::Relaxed) as i64);
         metrics.max_pending.set(config.max_pending.map_or(0, |cap| i64::try_from(cap).unwrap_or(i64::MAX)));
         let handle = spawn("hourglass-writer", "the writer thread", move || writer.run())?;
@@ -98,6 +98,7 @@ impl Store {
                 damage: Mutex::new(None),
                 closing: CancellationToken::new(),
                 max_pending: config.max_pending,
+                log_time,
                 recorded_shard,
                 purge_from: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
                 purge_logs_from: Mutex::new(schema::delivery_logs_range().0),

@@ -500,6 +500,46 @@ pub(crate) fn purge_candidates(
     Ok(out)
 }
 
+/// Cluster mode: the log keys of chunk records of the schedule log whose
+/// time is before `before` and whose messages are all forgotten, oldest
+/// first, from the first `limit` of that time. A chunk one of whose
+/// messages is still here (delivered late, or still retrying) waits: its
+/// record is what says the message was delivered.
+pub(crate) fn expired_log_chunks(
+    db: &DB,
+    before: UnixMillis,
+    limit: usize,
+) -> Result<Vec<Vec<u8>>, StoreError> {
+    let lower = schema::log_chunk_key(&[]);
+    let upper = schema::log_chunk_key(&crate::log::record::chunk_key(before, 0, 0));
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_lower_bound(lower.clone());
+    opts.set_iterate_upper_bound(upper);
+    let (checkpoint, messages) = (cf(db, schema::CF_CHECKPOINT), cf(db, schema::CF_MESSAGES));
+    let mut out = Vec::new();
+    for item in
+        db.iterator_cf_opt(checkpoint, opts, IteratorMode::From(&lower, Direction::Forward)).take(limit)
+    {
+        let (key, value) = item?;
+        let chunk = schema::decode_log_chunk_key(&key)
+            .ok_or_else(|| corrupt(format!("log chunk index key {key:?}")))?;
+        let ids = schema::decode::<schema::LogChunk>(&value)
+            .map_err(|e| corrupt(format!("log chunk index entry {key:?}: {e}")))?
+            .ids;
+        let mut forgotten = true;
+        for id in &ids {
+            if db.get_pinned_cf(messages, id)?.is_some() {
+                forgotten = false;
+                break;
+            }
+        }
+        if forgotten {
+            out.push(chunk.to_vec());
+        }
+    }
+    Ok(out)
+}
+
 /// A delivery log whose retention ran out: its key, the range of due keys
 /// it spans, and the id and due key of each of its lines.
 #[derive(Debug)]

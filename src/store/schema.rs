@@ -61,6 +61,7 @@ const SETTLEMENT_PREFIX: u8 = b's';
 const RETENTION_PREFIX: u8 = b'r';
 const COUNTS_PREFIX: u8 = b'c';
 const DELIVERY_LOG_PREFIX: u8 = b'd';
+const LOG_CHUNK_PREFIX: u8 = b'k';
 /// The first byte of a due entry in the current layout. A legacy entry is
 /// a bare id, whose first byte is printable or 0 (a tenant's space).
 const DUE_ENTRY_MARK: u8 = 1;
@@ -166,6 +167,30 @@ pub fn delivery_logs_range() -> (Vec<u8>, Vec<u8>) {
 /// The first dispatch key of the chunk a delivery log key names.
 pub fn decode_delivery_log_key(key: &[u8]) -> Option<DispatchKey> {
     DispatchKey::decode(key.strip_prefix(&[DELIVERY_LOG_PREFIX])?)
+}
+
+/// Cluster mode: the index entry of a chunk's record in the schedule log,
+/// by its key there (which begins with the chunk's time, so the index
+/// sorts by it): kept until the chunk's retention ends and its tombstone
+/// is applied.
+pub fn log_chunk_key(chunk: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + chunk.len());
+    k.push(LOG_CHUNK_PREFIX);
+    k.extend_from_slice(chunk);
+    k
+}
+
+/// Cluster mode: what a [`log_chunk_key`] entry keeps: the ids its chunk
+/// settled. Its tombstone waits until every one of them is forgotten.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LogChunk {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    pub ids: Vec<Vec<u8>>,
+}
+
+/// The chunk key a [`log_chunk_key`] names.
+pub fn decode_log_chunk_key(key: &[u8]) -> Option<&[u8]> {
+    key.strip_prefix(&[LOG_CHUNK_PREFIX])
 }
 
 /// Whose messages on which topic a [`Counts`] entry counts: a tenant's
@@ -569,6 +594,11 @@ pub struct Meta {
     /// last (0: none yet). Only it dispatches the shard.
     #[prost(uint64, tag = "13")]
     pub log_owner: u64,
+    /// Cluster mode: the timestamp of the last record applied, in the
+    /// log's time. A copy that fell further behind than Kafka keeps
+    /// tombstones may have missed some: see `cluster::applier::View`.
+    #[prost(uint64, tag = "14")]
+    pub log_time_ms: u64,
 }
 
 impl Meta {

@@ -33,7 +33,7 @@ use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
 
 mod apply;
 pub(crate) use apply::settled_line;
-pub use apply::{Answer, Decision, Intent};
+pub use apply::{Answer, Decided, Decision, Intent};
 pub(crate) use apply::{Local, LogEntry};
 use tokio::sync::{mpsc, oneshot};
 
@@ -105,6 +105,40 @@ impl Store {
     /// many entries of the retention index it looked at. The index is read
     /// here, from where the last purge stopped; the writer only deletes.
     pub async fn purge(&self, before: UnixMillis, limit: usize) -> Result<usize, StoreError> {
+        Ok(self.purge_with(before, limit, false).await?.0)
+    }
+
+    /// Cluster mode: [`purge`](Self::purge), and the ids it forgot, which
+    /// the shard's owner tombstones in the log. Each stays held (a schedule
+    /// of it waits) until its tombstone is applied, or
+    /// [`unhold`](Self::unhold) says it never will be: a new message under
+    /// the id is logged after the tombstone, which compaction would
+    /// otherwise let win.
+    pub(crate) async fn purge_to_log(
+        &self,
+        before: UnixMillis,
+        limit: usize,
+    ) -> Result<(usize, Vec<MessageId>), StoreError> {
+        self.purge_with(before, limit, true).await
+    }
+
+    /// Cluster mode: the keys, in the schedule log, of up to `limit` chunk
+    /// records whose retention ended before `before` (their messages were
+    /// forgotten before them), oldest first.
+    pub(crate) async fn expired_chunks(
+        &self,
+        before: UnixMillis,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.blocking(move |s| read::expired_log_chunks(&s.inner.db, before, limit)).await
+    }
+
+    async fn purge_with(
+        &self,
+        before: UnixMillis,
+        limit: usize,
+        hold: bool,
+    ) -> Result<(usize, Vec<MessageId>), StoreError> {
         let from = self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let logs_from = self.inner.purge_logs_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (candidates, logs, logs_next) = self
@@ -118,14 +152,19 @@ impl Store {
         let next = candidates.last().map(|(last, _, _)| schema::retention_successor(last));
         let looked_at = candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>();
         if looked_at == 0 {
-            return Ok(0);
+            return Ok((0, Vec::new()));
         }
-        self.call(|reply| Op::Purge { candidates, logs, reply }).await?;
+        let forgotten = self.call(|reply| Op::Purge { candidates, logs, hold, reply }).await?;
+        if hold {
+            // Nothing was deleted but stale entries: the next purge reads
+            // from the start again, once the tombstones are applied.
+            return Ok((looked_at, forgotten));
+        }
         if let Some(next) = next {
             *self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()) = next;
         }
         *self.inner.purge_logs_from.lock().unwrap_or_else(|e| e.into_inner()) = logs_next;
-        Ok(looked_at)
+        Ok((looked_at, forgotten))
     }
 
     /// Records what became of produces, in one commit, and, with a
@@ -162,6 +201,15 @@ impl Store {
     /// message, as `cancel` does.
     pub async fn decide(&self, intent: Intent) -> Result<Decision, StoreError> {
         self.call(|reply| Op::Decide { intent, reply }).await
+    }
+
+    /// Cluster mode: decides many changes in one step of the writer; one
+    /// whose message is held (it would wait) comes back undecided.
+    pub async fn decide_all(&self, intents: Vec<Intent>) -> Result<Vec<Decided>, StoreError> {
+        if intents.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(|reply| Op::DecideAll { intents, reply }).await
     }
 
     /// Cluster mode: lets go of the hold of a decided change that was not
@@ -299,15 +347,23 @@ pub(crate) enum Op {
     /// Forgets these settled messages if they are still settled as the
     /// retention index said: (retention key, settled at, id); and the
     /// chunks of these delivery logs: (log key, (id, seq) of each line).
+    /// Answered with the ids forgotten; `hold`: each stays held until its
+    /// tombstone is applied (cluster mode).
     Purge {
         candidates: Vec<(Vec<u8>, UnixMillis, MessageId)>,
         logs: Vec<read::ExpiredLog>,
-        reply: Reply<usize>,
+        hold: bool,
+        reply: Reply<Vec<MessageId>>,
     },
     /// Cluster mode: decide a caller's change before it is logged.
     Decide {
         intent: Intent,
         reply: Reply<Decision>,
+    },
+    /// Cluster mode: decide many changes; none waits.
+    DecideAll {
+        intents: Vec<Intent>,
+        reply: Reply<Vec<Decided>>,
     },
     Unhold(MessageId),
     /// Cluster mode: apply records of the log partition.
@@ -443,6 +499,9 @@ struct Round<'a> {
     /// Records of the log are applied: a failed commit is applied again
     /// from the log, not retried here.
     from_log: bool,
+    /// Cluster mode: ids this round forgets and holds until their
+    /// tombstones are applied; let go if the commit fails.
+    holding: Vec<MessageId>,
 }
 
 #[derive(Default)]
@@ -536,6 +595,11 @@ impl Writer {
         };
         writer.report_capacity();
         Ok(writer)
+    }
+
+    /// Cluster mode: the log's time of the last record applied.
+    pub fn log_time(&self) -> UnixMillis {
+        UnixMillis(self.meta.log_time_ms)
     }
 
     /// Which shard of how many the store says it is.
@@ -727,8 +791,12 @@ impl Writer {
                     }
                 }
             }
-            Op::Purge { candidates, logs, reply } => {
-                let result = self.purge(r, candidates, logs);
+            Op::Purge { candidates, logs, hold, reply } => {
+                let result = if hold {
+                    self.hold_expired(r, candidates, logs)
+                } else {
+                    self.purge(r, candidates, logs)
+                };
                 r.reply(reply, result);
             }
             Op::Probe { reply } => {
@@ -739,6 +807,16 @@ impl Writer {
                 Flow::Done(result) => r.reply(reply, result),
                 Flow::Park(held) => self.park(held, Op::Decide { intent, reply }),
             },
+            Op::DecideAll { intents, reply } => {
+                let decided = intents
+                    .into_iter()
+                    .map(|intent| match self.decide(r, &intent) {
+                        Flow::Done(result) => Decided::Now(result),
+                        Flow::Park(_) => Decided::Wait(intent),
+                    })
+                    .collect();
+                r.reply(reply, Ok(decided));
+            }
             Op::Unhold(id) => self.unhold(&id),
             Op::Apply { entries, reply } => {
                 let db = r.db;
@@ -1114,9 +1192,9 @@ impl Writer {
         r: &mut Round,
         candidates: Vec<(Vec<u8>, UnixMillis, MessageId)>,
         logs: Vec<read::ExpiredLog>,
-    ) -> Result<usize, StoreError> {
+    ) -> Result<Vec<MessageId>, StoreError> {
         let checkpoint = cf(&self.shared.db, schema::CF_CHECKPOINT);
-        let mut purged = 0;
+        let mut purged = Vec::new();
         let due = cf(&self.shared.db, schema::CF_DUE);
         for log in logs {
             r.batch.delete_cf(checkpoint, &log.key);
@@ -1134,24 +1212,67 @@ impl Writer {
                 // taken again by a newer message since: that one stays.
                 if self.seq_of(r, &id)? == Some(key.seq) {
                     r.batch.delete_cf(cf(&self.shared.db, schema::CF_MESSAGES), id.as_bytes());
-                    r.overlay.insert(id, None);
-                    purged += 1;
+                    r.overlay.insert(id.clone(), None);
+                    purged.push(id);
                 }
             }
         }
         for (key, at, id) in candidates {
             r.batch.delete_cf(checkpoint, &key);
-            let still_settled_then =
-                self.load(r, &id)?.and_then(|s| s.settlement.and_then(|s| s.settled_at())) == Some(at);
-            if still_settled_then {
+            if self.settled_at(r, &id)? == Some(at) {
                 r.batch.delete_cf(cf(&self.shared.db, schema::CF_MESSAGES), id.as_bytes());
                 r.delete_settlement(&id);
-                r.overlay.insert(id, None);
-                purged += 1;
+                r.overlay.insert(id.clone(), None);
+                purged.push(id);
             }
         }
-        r.effects.purged += purged as u64;
+        r.effects.purged += purged.len() as u64;
         Ok(purged)
+    }
+
+    /// When `id` was settled, if it is: a retention index entry of another
+    /// time is stale (the message was re-armed, or the id taken again).
+    fn settled_at(&self, r: &Round, id: &MessageId) -> Result<Option<UnixMillis>, StoreError> {
+        Ok(self.load(r, id)?.and_then(|s| s.settlement.and_then(|s| s.settled_at())))
+    }
+
+    /// Cluster mode: a purge forgets nothing itself. What it would forget
+    /// is forgotten by applying the tombstones the shard's owner appends
+    /// to the log, on every node that follows the shard, so that a store
+    /// rebuilt from the log never holds less than the log says. Here the
+    /// ids are chosen and held until then (a change to one waits); index
+    /// entries nothing is left of go now.
+    fn hold_expired(
+        &mut self,
+        r: &mut Round,
+        candidates: Vec<(Vec<u8>, UnixMillis, MessageId)>,
+        logs: Vec<read::ExpiredLog>,
+    ) -> Result<Vec<MessageId>, StoreError> {
+        let checkpoint = cf(&self.shared.db, schema::CF_CHECKPOINT);
+        let mut chosen = Vec::new();
+        for log in logs {
+            let mut live = false;
+            for (id, key) in log.lines {
+                if self.seq_of(r, &id)? == Some(key.seq) {
+                    live = true;
+                    if self.holds.insert(id.clone()) {
+                        chosen.push(id);
+                    }
+                }
+            }
+            if !live {
+                r.batch.delete_cf(checkpoint, &log.key);
+            }
+        }
+        for (key, at, id) in candidates {
+            if self.settled_at(r, &id)? != Some(at) {
+                r.batch.delete_cf(checkpoint, &key);
+            } else if self.holds.insert(id.clone()) {
+                chosen.push(id);
+            }
+        }
+        r.holding.extend(chosen.iter().cloned());
+        Ok(chosen)
     }
 
     /// Where a new due entry asked for at `key` goes: there, unless that
@@ -1280,6 +1401,9 @@ impl Writer {
                 // Produces that happened must still be recorded: keep their
                 // claims and settle them again. Everything else stays as it
                 // was; the dispatcher looks again at what the writer held.
+                for id in std::mem::take(&mut r.holding) {
+                    self.unhold(&id);
+                }
                 let retried: HashSet<MessageId> = r.settles.iter().map(|s| s.id.clone()).collect();
                 for id in std::mem::take(&mut r.released).into_iter().filter(|id| !retried.contains(id)) {
                     claims.release(&id);
@@ -1328,6 +1452,7 @@ impl Op {
             Op::Unpark(ids) | Op::InDoubt(ids) => ids.len().max(1),
             Op::Settle { settles, .. } => settles.len().max(1),
             Op::Apply { entries, .. } => entries.len().max(1),
+            Op::DecideAll { intents, .. } => intents.len().max(1),
             Op::Purge { candidates, logs, .. } => {
                 (candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>()).max(1)
             }
@@ -1355,6 +1480,7 @@ fn refuse(op: Op, error: StoreError) {
         Op::Purge { reply, .. } => drop(reply.send(Err(error))),
         Op::Probe { reply } => drop(reply.send(Err(error))),
         Op::Decide { reply, .. } => drop(reply.send(Err(error))),
+        Op::DecideAll { reply, .. } => drop(reply.send(Err(error))),
         Op::Apply { reply, .. } => drop(reply.send(Err(error))),
         Op::Settle { .. } | Op::Unpark(_) | Op::InDoubt(_) | Op::Unhold(_) | Op::Tick | Op::Close => {}
     }
@@ -1378,6 +1504,7 @@ impl<'a> Round<'a> {
             effects: Effects::default(),
             probe: false,
             settled: HashSet::new(),
+            holding: Vec::new(),
             from_log: false,
         }
     }

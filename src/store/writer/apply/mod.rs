@@ -27,7 +27,7 @@ use crate::{
         StoreError,
         claims::Floor,
         scan::Tries,
-        schema::{MessageRecord, Settlement, SettlementKind},
+        schema::{self, MessageRecord, Settlement, SettlementKind},
         view,
     },
 };
@@ -36,6 +36,8 @@ use crate::{
 #[derive(Debug)]
 pub(crate) struct LogEntry {
     pub offset: i64,
+    /// The record's timestamp: the log's time.
+    pub at: UnixMillis,
     pub entry: Entry,
     /// What this node knows of the record because it wrote it.
     pub local: Option<Local>,
@@ -66,6 +68,14 @@ pub enum Answer {
     Rescheduled(Result<UnixMillis, StoreError>),
     /// Nobody waits on this record.
     None,
+}
+
+/// An intent of a batch: decided, or handed back because its message is
+/// held by a change under way (decide it alone: it waits for that one).
+#[derive(Debug)]
+pub enum Decided {
+    Now(Result<Decision, StoreError>),
+    Wait(Intent),
 }
 
 /// What the owner does with an [`Intent`].
@@ -265,7 +275,7 @@ pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
         Entry::Native { native: Native::Schedule { id, .. } | Native::Cancel(id), .. } => vec![id.clone()],
         Entry::Rejected { rejected, .. } => rejected.id.iter().cloned().collect(),
         Entry::Forget(id) => vec![id.clone()],
-        Entry::Skip(_) => Vec::new(),
+        Entry::ForgetChunk(_) | Entry::Skip(_) => Vec::new(),
     }
 }
 
@@ -284,7 +294,14 @@ impl Writer {
                 }
                 Answer::None
             }
-            (Entry::Logged { change, .. }, local) => {
+            (Entry::Logged { writer, request, change }, local) => {
+                if let Change::Settled(settled) = &change {
+                    // Kept until the owner tombstones the chunk: once its
+                    // retention ended and its messages are forgotten.
+                    let chunk = record::chunk_key(UnixMillis(settled.at_ms), writer, request);
+                    let ids = schema::LogChunk { ids: settled.lines.iter().map(|l| l.id.clone()).collect() };
+                    r.batch.put_cf(self.checkpoint(), schema::log_chunk_key(&chunk), schema::encode(&ids));
+                }
                 if let Some(Local::Held(id)) = &local {
                     // Released with this commit; changes waiting on it run then.
                     self.holds.remove(id);
@@ -314,6 +331,14 @@ impl Writer {
             }
             (Entry::Forget(id), _) => {
                 self.forget(r, &id)?;
+                // The owner held the id from its purge to here.
+                if self.holds.remove(&id) {
+                    r.released.push(id);
+                }
+                Answer::None
+            }
+            (Entry::ForgetChunk(chunk), _) => {
+                r.batch.delete_cf(self.checkpoint(), schema::log_chunk_key(&chunk));
                 Answer::None
             }
             (Entry::Skip(why), _) => {
@@ -322,6 +347,7 @@ impl Writer {
             }
         };
         r.meta.log_next = e.offset + 1;
+        r.meta.log_time_ms = e.at.0;
         Ok(answer)
     }
 
@@ -595,11 +621,15 @@ impl Writer {
         } else {
             r.delete_retention(settled_at, id);
         }
-        r.batch.delete_cf(super::cf(self.shared.db.as_ref(), super::schema::CF_MESSAGES), id.as_bytes());
+        r.batch.delete_cf(super::cf(self.shared.db.as_ref(), schema::CF_MESSAGES), id.as_bytes());
         r.delete_settlement(id);
         r.overlay.insert(id.clone(), None);
         r.effects.purged += 1;
         Ok(())
+    }
+
+    fn checkpoint(&self) -> &rocksdb::ColumnFamily {
+        super::cf(self.shared.db.as_ref(), schema::CF_CHECKPOINT)
     }
 
     /// A record applied changed `id`: if the dispatcher holds it, its

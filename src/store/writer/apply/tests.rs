@@ -40,7 +40,12 @@ fn message(text: &str, due: u64) -> LogMessage {
 }
 
 fn logged(offset: i64, change: Change) -> LogEntry {
-    LogEntry { offset, entry: Entry::Logged { writer: 1, request: offset as u64, change }, local: None }
+    LogEntry {
+        at: UnixMillis(0),
+        offset,
+        entry: Entry::Logged { writer: 1, request: offset as u64, change },
+        local: None,
+    }
 }
 
 fn delivered(text: &str, offset: i64) -> SettledLine {
@@ -52,7 +57,7 @@ fn delivered(text: &str, offset: i64) -> SettledLine {
 }
 
 fn settled(offset: i64, lines: Vec<SettledLine>) -> LogEntry {
-    logged(offset, Change::Settled(Settled { lines }))
+    logged(offset, Change::Settled(Settled { lines, at_ms: 0 }))
 }
 
 async fn state(store: &Store, text: &str) -> Option<State> {
@@ -181,6 +186,7 @@ async fn native_records_schedule_cancel_and_are_refused_by_id() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let native = |offset, native| LogEntry {
+        at: UnixMillis(0),
         offset,
         entry: Entry::Native { native, at: UnixMillis(100) },
         local: None,
@@ -200,11 +206,12 @@ async fn native_records_schedule_cancel_and_are_refused_by_id() {
             native(1, schedule("n2")),
             native(2, Native::Cancel(id("n2"))),
             LogEntry {
+                at: UnixMillis(0),
                 offset: 3,
                 entry: Entry::Rejected { rejected: refused, at: UnixMillis(100) },
                 local: None,
             },
-            LogEntry { offset: 4, entry: Entry::Skip("newer".into()), local: None },
+            LogEntry { at: UnixMillis(0), offset: 4, entry: Entry::Skip("newer".into()), local: None },
         ])
         .await
         .unwrap();
@@ -244,6 +251,7 @@ async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
     assert!(!second.is_finished());
     let answers = store
         .apply(vec![LogEntry {
+            at: UnixMillis(0),
             offset: 1,
             entry: Entry::Logged { writer: 1, request: 1, change: *change },
             local: Some(Local::Held(held)),
@@ -273,6 +281,7 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
     assert!(!retry.is_finished(), "the retry waits for the first to be applied");
     store
         .apply(vec![LogEntry {
+            at: UnixMillis(0),
             offset: 0,
             entry: Entry::Logged { writer: 1, request: 1, change: *change },
             local: held.map(Local::Held),
@@ -349,6 +358,7 @@ async fn the_last_owner_record_applied_names_the_owner_across_a_reopen() {
     let store = open(dir.path());
     assert_eq!(store.log_owner(), 0, "no owner before any claim");
     let owner = |offset: i64, writer: u64, released: bool| LogEntry {
+        at: UnixMillis(0),
         offset,
         entry: Entry::Logged {
             writer,
@@ -373,5 +383,81 @@ async fn the_last_owner_record_applied_names_the_owner_across_a_reopen() {
     drop(store);
     let store = open(dir.path());
     assert_eq!(store.log_owner(), 9, "the owner is committed with the offset");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn retention_forgets_through_tombstones_messages_first_then_their_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let chunk = |offset: i64, at: u64, lines| {
+        let entry = logged(offset, Change::Settled(Settled { lines, at_ms: at }));
+        (entry, record::chunk_key(UnixMillis(at), 1, offset as u64))
+    };
+    let retry = SettledLine {
+        id: id("c").as_bytes().to_vec(),
+        at_ms: 50,
+        outcome: Some(SettledOutcome::Retry(record::Retry {
+            retry_at_ms: 55,
+            error: "down".into(),
+            refused: false,
+        })),
+    };
+    let (first, first_key) = chunk(3, 50, vec![delivered("a", 1), delivered("b", 2), retry]);
+    store
+        .apply(vec![
+            logged(0, Change::Scheduled(message("a", 10))),
+            logged(1, Change::Scheduled(message("b", 10))),
+            logged(2, Change::Scheduled(message("c", 10))),
+            first,
+        ])
+        .await
+        .unwrap();
+
+    // Retention ended for what was delivered: chosen and held, not yet
+    // forgotten; the chunk waits for c, still retrying.
+    let (_, mut chosen) = store.purge_to_log(UnixMillis(100), 100).await.unwrap();
+    chosen.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    assert_eq!(chosen, [id("a"), id("b")]);
+    assert!(matches!(state(&store, "a").await, Some(State::Delivered(_))), "forgotten only when applied");
+    assert!(store.purge_to_log(UnixMillis(100), 100).await.unwrap().1.is_empty(), "chosen once");
+    assert!(store.expired_chunks(UnixMillis(100), 100).await.unwrap().is_empty(), "c is still here");
+    let reuse = {
+        let store = store.clone();
+        tokio::spawn(async move { store.decide(Intent::Schedule(new_message("a", "new", 500))).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!reuse.is_finished(), "a new message under a held id waits for its tombstone");
+    let forget = |offset, text: &str| LogEntry {
+        at: UnixMillis(0),
+        offset,
+        entry: Entry::Forget(id(text)),
+        local: None,
+    };
+    store.apply(vec![forget(4, "a"), forget(5, "b")]).await.unwrap();
+    assert_eq!((state(&store, "a").await, state(&store, "b").await), (None, None));
+    assert!(matches!(reuse.await.unwrap().unwrap(), Decision::Log { .. }), "then it is logged, after it");
+
+    // c delivered on a retry, then forgotten: both chunks may go, oldest
+    // first; each once its tombstone is applied.
+    let (second, second_key) = chunk(6, 60, vec![delivered("c", 3)]);
+    store.apply(vec![second]).await.unwrap();
+    assert_eq!(store.purge_to_log(UnixMillis(100), 100).await.unwrap().1, [id("c")]);
+    assert!(store.expired_chunks(UnixMillis(100), 100).await.unwrap().is_empty());
+    store.apply(vec![forget(7, "c")]).await.unwrap();
+    assert_eq!(
+        store.expired_chunks(UnixMillis(55), 100).await.unwrap(),
+        std::slice::from_ref(&first_key),
+        "by time"
+    );
+    assert_eq!(
+        store.expired_chunks(UnixMillis(100), 100).await.unwrap(),
+        [first_key.clone(), second_key.clone()]
+    );
+    let gone = LogEntry { at: UnixMillis(0), offset: 8, entry: Entry::ForgetChunk(first_key), local: None };
+    store.apply(vec![gone]).await.unwrap();
+    assert_eq!(store.expired_chunks(UnixMillis(100), 100).await.unwrap(), [second_key]);
+    let (looked_at, chosen) = store.purge_to_log(UnixMillis(100), 100).await.unwrap();
+    assert!(chosen.is_empty(), "nothing left to forget ({looked_at} entries looked at)");
     store.close().await;
 }
