@@ -78,6 +78,11 @@ impl LocalBroker {
         wait_for_port(&self.addr, Duration::from_secs(30))
     }
 
+    /// Whether the broker process was started and not stopped since.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// Kills the broker process; `resume` starts it again.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

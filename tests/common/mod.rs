@@ -61,6 +61,10 @@ impl Broker {
         self.0.stop();
     }
 
+    pub fn is_running(&self) -> bool {
+        self.0.is_running()
+    }
+
     pub fn addr(&self) -> &str {
         &self.0.addr
     }
