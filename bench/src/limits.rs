@@ -1,6 +1,7 @@
 //! The physical limits each figure is measured against, on the same
 //! machine in the same run: RocksDB writing the same records with no gRPC
-//! in front, and a bare rdkafka producer sending the same records.
+//! in front, a bare rdkafka producer sending the same records, and a bare
+//! consumer reading a topic back.
 
 use std::{
     path::Path,
@@ -13,7 +14,8 @@ use std::{
 
 use anyhow::Context as _;
 use rdkafka::{
-    ClientContext,
+    ClientConfig, ClientContext, Message as _, Offset, TopicPartitionList,
+    consumer::{BaseConsumer, Consumer as _},
     error::{KafkaError, RDKafkaErrorCode},
     message::{DeliveryResult, Header, OwnedHeaders},
     producer::{BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
@@ -136,4 +138,39 @@ pub fn producer(kafka: &KafkaConfig, topic: &str, messages: usize, w: &Workload)
         anyhow::bail!("the raw producer had {failed} failed deliveries");
     }
     Ok(acked.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64())
+}
+
+/// Records per second a bare rdkafka consumer reads of `topic` (every
+/// partition, from its start to the end it has now): the limit of
+/// restoring a shard from the schedule log on this broker. Returns the
+/// rate and how many records it read.
+pub fn consumer(kafka: &KafkaConfig, topic: &str, partitions: i32) -> anyhow::Result<(f64, u64)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka.brokers)
+        .set("group.id", "hourglass-bench-consumer-limit")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .context("creating the raw consumer")?;
+    let mut ends = Vec::new();
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        ends.push(high);
+        assignment.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&assignment)?;
+    let mut read = vec![0i64; partitions as usize];
+    let (mut records, mut started) = (0u64, None);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while read.iter().zip(&ends).any(|(next, end)| next < end) {
+        anyhow::ensure!(Instant::now() < deadline, "the raw consumer did not reach the end of {topic}");
+        let Some(m) = consumer.poll(Duration::from_millis(500)) else { continue };
+        let m = m.context("raw consumer")?;
+        started.get_or_insert_with(Instant::now);
+        records += 1;
+        read[m.partition() as usize] = m.offset() + 1;
+    }
+    let elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
+    Ok((records as f64 / elapsed.as_secs_f64().max(1e-9), records))
 }
