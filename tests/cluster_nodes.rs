@@ -59,8 +59,13 @@ async fn schedule_anywhere(
 ) {
     let give_up = Instant::now() + Duration::from_secs(90);
     let topic = request.message.as_ref().unwrap().topic.clone();
+    let mut last = None;
     for attempt in 0.. {
-        assert!(Instant::now() < give_up, "{:?} was never acknowledged", request.id);
+        assert!(
+            Instant::now() < give_up,
+            "{:?} was never acknowledged; the last answer: {last:?}",
+            request.id
+        );
         let client = &mut clients[(first + attempt) % clients.len()];
         match client.schedule(request.clone()).await {
             Ok(reply) => {
@@ -69,6 +74,7 @@ async fn schedule_anywhere(
                 return;
             }
             Err(status) if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
+                last = Some(status);
                 if attempt % clients.len() == clients.len() - 1 {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

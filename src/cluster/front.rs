@@ -10,7 +10,7 @@ use crate::{
     kafka::LogProducer,
     log::record::{Change, LogRecord},
     message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
-    store::{Answer, Decided, Decision, Intent, Local, NewMessage, Store, StoreError},
+    store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Store, StoreError},
 };
 
 /// How long a caller waits for its record, once in the log, to be applied.
@@ -108,46 +108,51 @@ impl Front {
     }
 
     /// Appends a decided change (queued at once) and waits for the store's
-    /// answer once it is applied.
+    /// answer once it is applied. What follows the queueing runs on its
+    /// own: a caller that goes away (its deadline passed) leaves no hold
+    /// and no waiter behind.
     fn log_change(
         &self,
         key: Vec<u8>,
         change: Change,
-        held: Option<MessageId>,
-    ) -> impl Future<Output = Result<Answer, StoreError>> + '_ {
-        let (request, reply) = self.waiters.register(held.map(Local::Held), true);
+        held: Option<Hold>,
+    ) -> impl Future<Output = Result<Answer, StoreError>> + use<> {
+        let (request, reply) = self.waiters.register(held.map(|held| Local::Held(held.into_id())), true);
         let record = LogRecord { writer: self.waiters.me(), request, change: Some(change) };
         let appended = self.log.enqueue(self.partition, &key, Some(&record.encode()));
-        async move { self.await_applied(request, reply, appended.await).await }
-    }
-
-    async fn await_applied(
-        &self,
-        request: u64,
-        reply: Option<tokio::sync::oneshot::Receiver<Answer>>,
-        appended: Result<i64, rdkafka::error::KafkaError>,
-    ) -> Result<Answer, StoreError> {
-        if let Err(e) = appended {
-            // Not written (or not known to be): let go of what it held,
-            // unless it was applied meanwhile.
-            if let Some(Some(Local::Held(id))) = self.waiters.forget(request) {
-                let _ = self.store.unhold(id).await;
+        let (store, waiters, topic, partition) =
+            (self.store.clone(), Arc::clone(&self.waiters), self.log.topic().to_owned(), self.partition);
+        let applied = tokio::spawn(async move {
+            if let Err(e) = appended.await {
+                tracing::debug!(partition, error = %e, "the schedule log did not take a change");
+                // Not written (or not known to be): let go of what it held,
+                // unless it was applied meanwhile.
+                if let Some(Some(Local::Held(id))) = waiters.forget(request) {
+                    let _ = store.unhold(id).await;
+                }
+                return Err(StoreError::LogUnavailable(format!(
+                    "the schedule log {topic} did not take the change: {e}; retry with the same id"
+                )));
             }
-            return Err(StoreError::LogUnavailable(format!(
-                "the schedule log {} did not take the change: {e}; retry with the same id",
-                self.log.topic()
-            )));
-        }
-        let reply = reply.expect("registered with a reply");
-        match tokio::time::timeout(APPLY_WAIT, reply).await {
-            Ok(Ok(answer)) => Ok(answer),
-            _ => {
-                self.waiters.forget(request);
-                Err(StoreError::LogUnavailable(
-                    "the change is in the schedule log but was not applied in time; retry with the same id"
-                        .to_owned(),
-                ))
+            let reply = reply.expect("registered with a reply");
+            match tokio::time::timeout(APPLY_WAIT, reply).await {
+                Ok(Ok(answer)) => Ok(answer),
+                _ => {
+                    tracing::debug!(
+                        partition,
+                        request,
+                        "a change in the schedule log was not applied in time"
+                    );
+                    waiters.forget(request);
+                    Err(StoreError::LogUnavailable(
+                        "the change is in the schedule log but was not applied in time; retry with the same id"
+                            .to_owned(),
+                    ))
+                }
             }
+        });
+        async move {
+            applied.await.map_err(|e| StoreError::Io(format!("waiting for a change to be applied: {e}")))?
         }
     }
 }

@@ -51,7 +51,7 @@ pub use options::{Durability, ShardOf, StoreConfig, open_db};
 pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
 pub(crate) use scan::{DueBatch, Ready, Tries};
 use writer::Op;
-pub use writer::{Answer, Decided, Decision, Intent, NewId, NewMessage};
+pub use writer::{Answer, Decided, Decision, Hold, Intent, NewId, NewMessage};
 pub(crate) use writer::{Local, LogEntry};
 pub(crate) use writer::{Outcome, Settle, settled_line};
 

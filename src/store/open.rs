@@ -50,6 +50,7 @@ impl Store {
             log_owner: Arc::new(AtomicU64::new(0)),
             health: Arc::new(HealthBoard::new(metrics.writable.clone())),
             metrics: metrics.clone(),
+            dropped_holds: Arc::default(),
         };
         let (claims, wake, pending, health, log_next, log_owner) = (
             Arc::clone(&shared.claims),

@@ -33,7 +33,7 @@ use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
 
 mod apply;
 pub(crate) use apply::settled_line;
-pub use apply::{Answer, Decided, Decision, Intent};
+pub use apply::{Answer, Decided, Decision, Hold, Intent};
 pub(crate) use apply::{Local, LogEntry};
 use tokio::sync::{mpsc, oneshot};
 
@@ -408,6 +408,8 @@ pub(crate) struct Shared {
     pub log_owner: Arc<AtomicU64>,
     pub health: Arc<HealthBoard>,
     pub metrics: ShardMetrics,
+    /// Cluster mode: holds whose caller went away before logging.
+    pub dropped_holds: Arc<std::sync::Mutex<Vec<MessageId>>>,
 }
 
 /// How the writer commits.
@@ -625,6 +627,11 @@ impl Writer {
                     }
                     Err(_) => break,
                 }
+            }
+            let dropped =
+                std::mem::take(&mut *self.shared.dropped_holds.lock().unwrap_or_else(|e| e.into_inner()));
+            for id in dropped {
+                self.unhold(&id);
             }
             self.round(ops);
             self.shared.metrics.parked.set(self.parked_total as i64);

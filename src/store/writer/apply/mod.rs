@@ -16,6 +16,8 @@
 //!   written in the same batch ([`Meta::log_next`]): after a crash, applying
 //!   resumes there, and no record is applied twice.
 
+use std::sync::{Arc, Mutex};
+
 use super::{Flow, NewId, NewMessage, Outcome, Round, Settle, Stored, Writer};
 use crate::{
     log::{
@@ -86,7 +88,37 @@ pub enum Decision {
     /// Log this change under `key`; `held`: the message it holds until the
     /// record is applied (or [`Store::unhold`](crate::store::Store::unhold)
     /// says it never will be).
-    Log { key: Vec<u8>, change: Box<Change>, held: Option<MessageId> },
+    Log { key: Vec<u8>, change: Box<Change>, held: Option<Hold> },
+}
+
+/// A decided change's hold on its message, from the decision until its
+/// record is queued for the log ([`Hold::into_id`]: from then on, applying
+/// the record lets go of it). A hold dropped before that, because its
+/// caller went away, is let go of by the writer at its next round, so that
+/// the message does not stay held with no record to release it.
+#[derive(Debug)]
+pub struct Hold {
+    id: Option<MessageId>,
+    dropped: Arc<Mutex<Vec<MessageId>>>,
+}
+
+impl Hold {
+    /// The message held, now held until the record is applied.
+    pub fn into_id(mut self) -> MessageId {
+        self.id.take().expect("a hold names its message until taken")
+    }
+
+    pub fn id(&self) -> &MessageId {
+        self.id.as_ref().expect("a hold names its message until taken")
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.dropped.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        }
+    }
 }
 
 impl Writer {
@@ -127,7 +159,7 @@ impl Writer {
         // and is then answered as a retry (or a conflict).
         let held = id.map(|id| {
             self.holds.insert(id.clone());
-            id.clone()
+            self.hold(id.clone())
         });
         let mut message = LogMessage::new(msg.id.id(), &msg.envelope, msg.requested, msg.due, msg.now);
         message.fresh = matches!(msg.id, NewId::Generated(_));
@@ -196,13 +228,18 @@ impl Writer {
                     message: Some(message),
                     at_ms: now.0,
                 })),
-                held: Some(id),
+                held: Some(self.hold(id)),
             })),
             Err(e) => {
                 self.unhold(&id);
                 Flow::Done(Err(e))
             }
         }
+    }
+
+    /// The guard of a hold just taken on `id`.
+    fn hold(&self, id: MessageId) -> Hold {
+        Hold { id: Some(id), dropped: Arc::clone(&self.shared.dropped_holds) }
     }
 
     fn decide_reschedule(
@@ -241,7 +278,7 @@ impl Writer {
                 Flow::Done(Ok(Decision::Log {
                     key: id.as_bytes().to_vec(),
                     change: Box::new(Change::Rescheduled(message)),
-                    held: Some(id),
+                    held: Some(self.hold(id)),
                 }))
             }
             Err(e) => {

@@ -254,7 +254,7 @@ async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
             at: UnixMillis(0),
             offset: 1,
             entry: Entry::Logged { writer: 1, request: 1, change: *change },
-            local: Some(Local::Held(held)),
+            local: Some(Local::Held(held.into_id())),
         }])
         .await
         .unwrap();
@@ -284,7 +284,7 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
             at: UnixMillis(0),
             offset: 0,
             entry: Entry::Logged { writer: 1, request: 1, change: *change },
-            local: held.map(Local::Held),
+            local: held.map(|held| Local::Held(held.into_id())),
         }])
         .await
         .unwrap();
@@ -300,7 +300,7 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
     else {
         panic!("a pending message's reschedule is logged")
     };
-    store.unhold(held).await.unwrap();
+    store.unhold(held.into_id()).await.unwrap();
     let again = store
         .decide(Intent::Reschedule { scope: Scope::everything(), id: id("a"), due: UnixMillis(60) })
         .await
@@ -459,5 +459,30 @@ async fn retention_forgets_through_tombstones_messages_first_then_their_chunks()
     assert_eq!(store.expired_chunks(UnixMillis(100), 100).await.unwrap(), [second_key]);
     let (looked_at, chosen) = store.purge_to_log(UnixMillis(100), 100).await.unwrap();
     assert!(chosen.is_empty(), "nothing left to forget ({looked_at} entries looked at)");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_hold_whose_caller_went_away_before_logging_is_let_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.apply(vec![logged(0, Change::Scheduled(message("a", 10)))]).await.unwrap();
+    let Decision::Log { held: Some(held), .. } = store
+        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5) })
+        .await
+        .unwrap()
+    else {
+        panic!("a pending message's cancel is logged")
+    };
+    assert_eq!(held.id(), &id("a"));
+    // The caller's deadline passed before it logged the change.
+    drop(held);
+    let again = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        store.decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(6) }),
+    )
+    .await
+    .expect("a dropped hold does not keep the message held");
+    assert!(matches!(again.unwrap(), Decision::Log { .. }));
     store.close().await;
 }
