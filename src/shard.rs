@@ -215,7 +215,12 @@ impl Purge {
                 break;
             }
             let keys = ids.iter().map(|id| id.as_bytes().to_vec()).collect();
-            match log.tombstone(keys).await {
+            let appended = if fenced() {
+                Err("another node claimed the shard".to_owned())
+            } else {
+                log.tombstone(keys).await
+            };
+            match appended {
                 Ok(last) => self.applied(last).await?,
                 Err(e) => {
                     for id in ids {

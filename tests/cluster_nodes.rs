@@ -17,7 +17,15 @@ use std::{
 };
 
 use common::{verify::*, *};
-use hourglass::{proto, proto::scheduler_client::SchedulerClient, store::Durability};
+use hourglass::{
+    log::{
+        RECORD_HEADER,
+        record::{self, Change, LogRecord},
+    },
+    proto,
+    proto::scheduler_client::SchedulerClient,
+    store::Durability,
+};
 use hourglass_testkit::ServerProcess;
 use rdkafka::{
     ClientConfig,
@@ -471,11 +479,12 @@ async fn a_broker_restart_mid_run_loses_nothing() {
 }
 
 /// A copy of a shard that last applied the log longer ago than Kafka
-/// keeps tombstones (12 h here; the log's timestamps say when) is not
-/// brought up to date from where it stopped, which could miss deliveries
-/// compaction has since erased: it is rebuilt from the log. Here the last
-/// record a node applied before it was killed is dated two days back, and
-/// another record follows while it is down.
+/// keeps tombstones (12 h here; the timestamps of hourglass's own records
+/// say when) is not brought up to date from where it stopped, which could
+/// miss deliveries compaction has since erased: it is rebuilt from the
+/// log. Here the last record a node applied before it was killed is one
+/// of hourglass's, dated two days back, and a Kafka-native schedule
+/// follows while the node is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
     let broker = Broker::start();
@@ -487,51 +496,56 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
     one.spawn().unwrap();
     one.wait_serving(Duration::from_secs(120)).await.unwrap();
     let producer = native_producer(&broker);
-    let due = (now_ms() + 3_600_000).to_string();
-    let send = |id: String, timestamp: i64| {
-        let (producer, log_topic, topic, due) =
-            (producer.clone(), log_topic.clone(), topic.clone(), due.clone());
-        async move {
-            let headers = OwnedHeaders::new()
-                .insert(Header { key: "hourglass-topic", value: Some(topic.as_bytes()) })
-                .insert(Header { key: "hourglass-deliver-at", value: Some(due.as_bytes()) });
-            let record = FutureRecord::<str, str>::to(&log_topic)
-                .key(&id)
-                .payload("v")
-                .headers(headers)
-                .timestamp(timestamp);
-            producer.send(record, Duration::from_secs(10)).await.unwrap();
-        }
+
+    // A record as hourglass writes it (a message recorded as failed), two
+    // days old by its timestamp.
+    let (old, two_days_ago) = ("stale-a".to_owned(), now_ms() - 2 * 24 * 3_600_000);
+    let failed = LogRecord {
+        writer: 7,
+        request: 1,
+        change: Some(Change::Failed(record::Failed {
+            id: old.as_bytes().to_vec(),
+            reason: "made up".into(),
+            at_ms: two_days_ago as u64,
+            message: None,
+        })),
     };
-    let old = "stale-a".to_owned();
+    let headers =
+        OwnedHeaders::new().insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) });
+    let value = failed.encode();
+    let written = FutureRecord::<str, [u8]>::to(&log_topic)
+        .key(&old)
+        .payload(&value)
+        .headers(headers)
+        .timestamp(two_days_ago);
+    producer.send(written, Duration::from_secs(10)).await.unwrap();
+    let mut client = reconnecting_client(&one.grpc, Duration::from_secs(5));
+    let state = |client: &mut SchedulerClient<Channel>, id: &str| {
+        let (mut client, id) = (client.clone(), id.to_owned());
+        async move { client.get(proto::GetRequest { id }).await.map(|r| r.into_inner().state()) }
+    };
+    let started = Instant::now();
+    while state(&mut client, &old).await.ok() != Some(proto::State::Failed) {
+        assert!(started.elapsed() < Duration::from_secs(20), "the backdated record was not applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    one.kill();
     let shard = java_partition(old.as_bytes(), LOG_PARTITIONS as i32);
     let later = (0..)
         .map(|i| format!("stale-b-{i}"))
         .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
         .unwrap();
-    send(old.clone(), now_ms() - 2 * 24 * 3_600_000).await;
-    let mut client = reconnecting_client(&one.grpc, Duration::from_secs(5));
-    let pending = |client: &mut SchedulerClient<Channel>, id: &str| {
-        let (mut client, id) = (client.clone(), id.to_owned());
-        async move { client.get(proto::GetRequest { id }).await.map(|r| r.into_inner().state()) }
-    };
-    let started = Instant::now();
-    while pending(&mut client, &old).await.ok() != Some(proto::State::Pending) {
-        assert!(started.elapsed() < Duration::from_secs(20), "the backdated record was not applied");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    one.kill();
-    send(later.clone(), now_ms()).await;
+    let ledger = Ledger::default();
+    schedule_natively(&producer, &log_topic, &topic, &later, now_ms() + 3_600_000, &ledger).await;
     one.spawn().unwrap();
     one.wait_serving(Duration::from_secs(120)).await.unwrap();
     assert_eq!(
         one.metric("hourglass_cluster_stale_copies_rebuilt_total").await.unwrap(),
         1.0,
-        "only that shard"
+        "that shard alone: the others applied their last records just now"
     );
-    for id in [&old, &later] {
-        assert_eq!(pending(&mut client, id).await.unwrap(), proto::State::Pending, "{id}");
-    }
+    assert_eq!(state(&mut client, &old).await.unwrap(), proto::State::Failed, "rebuilt from the log");
+    assert_eq!(state(&mut client, &later).await.unwrap(), proto::State::Pending);
     one.stop().unwrap();
 }
 

@@ -119,8 +119,8 @@ impl Applier {
                             end,
                             "nothing read from a seek before the partition's end; reading from further back"
                         );
-                        if let Err(e) = self.reader.seek_to(again.at) {
-                            tracing::warn!(error = %e, "seeking in the schedule log failed");
+                        if !self.put(again, &stop).await {
+                            return;
                         }
                     }
                     continue;
@@ -144,8 +144,8 @@ impl Applier {
                         first = first.offset,
                         "the first record read lies past the offset to apply; reading from further back"
                     );
-                    if let Err(e) = self.reader.seek_to(again.at) {
-                        tracing::warn!(error = %e, "seeking in the schedule log failed");
+                    if !self.put(again, &stop).await {
+                        return;
                     }
                     continue;
                 }
@@ -186,10 +186,10 @@ impl Applier {
                     tracing::error!(error = %e, "applying the schedule log failed; reading it again from the last record applied");
                     self.pause(&stop).await;
                     let again = Seek::to(self.store.log_next());
-                    match self.reader.seek_to(again.at) {
-                        Ok(()) => seek = Some(again),
-                        Err(e) => tracing::warn!(error = %e, "seeking in the schedule log failed"),
+                    if !self.put(again, &stop).await {
+                        return;
                     }
+                    seek = Some(again);
                 }
             }
             applied.send_replace(self.store.log_next());
@@ -202,6 +202,21 @@ impl Applier {
                     );
                 }
                 last_owner = owner;
+            }
+        }
+    }
+
+    /// Puts the reader at `seek.at`, trying again until it is there;
+    /// false if stopped first.
+    async fn put(&self, seek: Seek, stop: &CancellationToken) -> bool {
+        loop {
+            match self.reader.seek_to(seek.at) {
+                Ok(()) => return true,
+                Err(e) => tracing::warn!(error = %e, "seeking in the schedule log failed; trying again"),
+            }
+            self.pause(stop).await;
+            if stop.is_cancelled() {
+                return false;
             }
         }
     }
@@ -259,17 +274,17 @@ pub async fn end_of(reader: &Arc<LogReader>, stop: &CancellationToken) -> Option
 pub const STALE_AFTER: Duration = Duration::from_secs(12 * 3600);
 
 /// Whether `store` last applied its partition longer than [`STALE_AFTER`]
-/// ago and records were appended since. Unknown (the broker did not
-/// answer) counts as not.
+/// ago (by the timestamps of hourglass's own records) and records were
+/// appended since. A partition's end the broker does not tell within 30 s
+/// counts as past: rebuilding is the safe side.
 async fn stale(store: &Store, reader: &Arc<LogReader>) -> bool {
-    let next = store.log_next();
-    let behind = crate::clock::SystemClock.now().0.saturating_sub(store.log_time_at_open().0);
-    if next == 0 || Duration::from_millis(behind) < STALE_AFTER {
+    let (next, last) = (store.log_next(), store.log_time_at_open().0);
+    let behind = crate::clock::SystemClock.now().0.saturating_sub(last);
+    if next == 0 || last == 0 || Duration::from_millis(behind) < STALE_AFTER {
         return false;
     }
-    let reading = Arc::clone(reader);
-    let end = tokio::task::spawn_blocking(move || reading.end(Duration::from_secs(5))).await;
-    matches!(end, Ok(Ok(end)) if end > next)
+    let end = tokio::time::timeout(Duration::from_secs(30), end_of(reader, &CancellationToken::new())).await;
+    !matches!(end, Ok(Some(end)) if end <= next)
 }
 
 /// A shard's store following its partition of the log: opened, and its
@@ -308,10 +323,18 @@ impl View {
                  rebuilding it from the log"
             );
             store.close().await;
-            // Every handle gone, RocksDB is closed before its files go.
+            // Every handle gone, RocksDB is closed before its files go;
+            // moved aside first, so that a crash midway leaves no half
+            // store where the shard's is opened.
             drop((store, applier));
-            std::fs::remove_dir_all(&config.path)
-                .map_err(|e| StoreError::Io(format!("removing {}: {e}", config.path.display())))?;
+            let aside = config.path.with_extension("stale");
+            let removed = std::fs::remove_dir_all(&aside)
+                .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+                .and_then(|()| std::fs::rename(&config.path, &aside))
+                .and_then(|()| std::fs::remove_dir_all(&aside));
+            removed.map_err(|e| {
+                StoreError::Io(format!("removing the stale copy {}: {e}", config.path.display()))
+            })?;
             Self::open_copy(config, cluster, &waiters).await?
         };
         let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());

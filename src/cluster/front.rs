@@ -143,7 +143,8 @@ impl Front {
                         request,
                         "a change in the schedule log was not applied in time"
                     );
-                    waiters.forget(request);
+                    // Its hold goes when the record is applied.
+                    waiters.stop_waiting(request);
                     Err(StoreError::LogUnavailable(
                         "the change is in the schedule log but was not applied in time; retry with the same id"
                             .to_owned(),

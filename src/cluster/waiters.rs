@@ -63,6 +63,19 @@ impl Waiters {
         self.waiting().remove(&request).map(|w| w.local)
     }
 
+    /// Nobody waits for the answer to `request` any more, but its record is
+    /// in the log: what it holds stays until the record is applied.
+    pub(crate) fn stop_waiting(&self, request: u64) {
+        let mut waiting = self.waiting();
+        let keep = waiting.get_mut(&request).is_some_and(|w| {
+            w.reply = None;
+            w.local.is_some()
+        });
+        if !keep {
+            waiting.remove(&request);
+        }
+    }
+
     /// What this node knows of a record read from the log, if it wrote it.
     pub(crate) fn take_local(&self, writer: u64, request: u64) -> Option<Local> {
         if writer != self.me {

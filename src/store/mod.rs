@@ -91,6 +91,9 @@ struct Inner {
     purge_from: Mutex<Vec<u8>>,
     /// Where the next purge of delivery logs starts.
     purge_logs_from: Mutex<Vec<u8>>,
+    /// Cluster mode: where the next look for expired log chunks starts
+    /// (empty: the first).
+    purge_chunks_from: Mutex<Vec<u8>>,
 }
 
 impl Store {

@@ -103,6 +103,7 @@ impl Store {
                 recorded_shard,
                 purge_from: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
                 purge_logs_from: Mutex::new(schema::delivery_logs_range().0),
+                purge_chunks_from: Mutex::default(),
             }),
         };
         if config.verify_on_open {

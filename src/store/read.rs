@@ -502,25 +502,33 @@ pub(crate) fn purge_candidates(
 
 /// Cluster mode: the log keys of chunk records of the schedule log whose
 /// time is before `before` and whose messages are all forgotten, oldest
-/// first, from the first `limit` of that time. A chunk one of whose
-/// messages is still here (delivered late, or still retrying) waits: its
-/// record is what says the message was delivered.
+/// first, among `limit` entries of that time read from `from` (empty: the
+/// first); and where the next look starts (past them, or the first again
+/// once it read to the end). A chunk one of whose messages is still here
+/// (delivered late, or still retrying) waits: its record is what says the
+/// message was delivered; the next look goes on past it.
 pub(crate) fn expired_log_chunks(
     db: &DB,
+    from: &[u8],
     before: UnixMillis,
     limit: usize,
-) -> Result<Vec<Vec<u8>>, StoreError> {
+) -> Result<(Vec<Vec<u8>>, Vec<u8>), StoreError> {
     let lower = schema::log_chunk_key(&[]);
+    let from = if from.is_empty() { lower.clone() } else { from.to_vec() };
     let upper = schema::log_chunk_key(&crate::log::record::chunk_key(before, 0, 0));
     let mut opts = ReadOptions::default();
-    opts.set_iterate_lower_bound(lower.clone());
+    opts.set_iterate_lower_bound(lower);
     opts.set_iterate_upper_bound(upper);
     let (checkpoint, messages) = (cf(db, schema::CF_CHECKPOINT), cf(db, schema::CF_MESSAGES));
-    let mut out = Vec::new();
+    let (mut out, mut looked_at, mut next) = (Vec::new(), 0, Vec::new());
     for item in
-        db.iterator_cf_opt(checkpoint, opts, IteratorMode::From(&lower, Direction::Forward)).take(limit)
+        db.iterator_cf_opt(checkpoint, opts, IteratorMode::From(&from, Direction::Forward)).take(limit)
     {
         let (key, value) = item?;
+        looked_at += 1;
+        if looked_at == limit {
+            next = schema::retention_successor(&key);
+        }
         let chunk = schema::decode_log_chunk_key(&key)
             .ok_or_else(|| corrupt(format!("log chunk index key {key:?}")))?;
         let ids = schema::decode::<schema::LogChunk>(&value)
@@ -537,7 +545,7 @@ pub(crate) fn expired_log_chunks(
             out.push(chunk.to_vec());
         }
     }
-    Ok(out)
+    Ok((out, next))
 }
 
 /// A delivery log whose retention ran out: its key, the range of due keys

@@ -594,9 +594,10 @@ pub struct Meta {
     /// last (0: none yet). Only it dispatches the shard.
     #[prost(uint64, tag = "13")]
     pub log_owner: u64,
-    /// Cluster mode: the timestamp of the last record applied, in the
-    /// log's time. A copy that fell further behind than Kafka keeps
-    /// tombstones may have missed some: see `cluster::applier::View`.
+    /// Cluster mode: the timestamp of the last record hourglass wrote that
+    /// was applied (0: none yet, or a store from before this field). A
+    /// copy that fell further behind than Kafka keeps tombstones may have
+    /// missed some: see `cluster::applier::STALE_AFTER`.
     #[prost(uint64, tag = "14")]
     pub log_time_ms: u64,
 }

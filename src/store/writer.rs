@@ -130,7 +130,11 @@ impl Store {
         before: UnixMillis,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.blocking(move |s| read::expired_log_chunks(&s.inner.db, before, limit)).await
+        let from = self.inner.purge_chunks_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (chunks, next) =
+            self.blocking(move |s| read::expired_log_chunks(&s.inner.db, &from, before, limit)).await?;
+        *self.inner.purge_chunks_from.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        Ok(chunks)
     }
 
     async fn purge_with(

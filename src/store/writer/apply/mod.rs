@@ -38,7 +38,7 @@ use crate::{
 #[derive(Debug)]
 pub(crate) struct LogEntry {
     pub offset: i64,
-    /// The record's timestamp: the log's time.
+    /// The record's timestamp.
     pub at: UnixMillis,
     pub entry: Entry,
     /// What this node knows of the record because it wrote it.
@@ -320,6 +320,9 @@ impl Writer {
     /// Applies one record; the partition's next offset moves past it only
     /// if it applied.
     pub(super) fn apply_entry(&mut self, r: &mut Round, e: LogEntry) -> Result<Answer, StoreError> {
+        // Only hourglass's own records tell the log's time: a Kafka-native
+        // record's timestamp is whatever its producer set.
+        let ours = matches!(e.entry, Entry::Logged { .. });
         let answer = match (e.entry, e.local) {
             (Entry::Logged { writer, change: Change::Owner(owner), .. }, _) => {
                 // A release by a node that is not the owner (it was fenced
@@ -384,7 +387,9 @@ impl Writer {
             }
         };
         r.meta.log_next = e.offset + 1;
-        r.meta.log_time_ms = e.at.0;
+        if ours {
+            r.meta.log_time_ms = e.at.0;
+        }
         Ok(answer)
     }
 
