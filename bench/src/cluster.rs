@@ -60,7 +60,7 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     let log_topic = format!("hourglass-bench-log-{run_id}");
     create_topic(&brokers, &topic, s.partitions).await?;
     create_topic(&brokers, &raw_log, c.log_partitions as i32).await?;
-    let w = Workload { topic: topic.clone(), value_bytes: s.value_bytes, keys: 10_000 };
+    let w = Workload { topic: topic.clone(), value_bytes: s.value_bytes, keys: 10_000, ids: None };
     let sc = &s.scale;
 
     // 1. The limit: a bare producer writing the same records to a topic of
@@ -156,9 +156,12 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     let count = (FAILOVER_RATE * sc.failover_window.as_secs()) as usize;
     // Room to park it while the cluster may still record the drain.
     let t1 = now_ms() + 10_000 + lead_time(count);
+    // Ids of the bench's own, so that every shard has messages of the
+    // steady load whichever node owns it when the kill comes.
+    let spread = Workload { ids: Some(format!("failover-{run_id}")), ..w.clone() };
     let steady = load::stream(
         &nodes,
-        &w,
+        &spread,
         count,
         s.streams,
         Arc::new(move |i| t1 + i as u64 * 1000 / FAILOVER_RATE),

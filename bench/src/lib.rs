@@ -243,7 +243,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let raw_topic = format!("hourglass-bench-raw-{run_id}");
     create_topic(&brokers, &topic, s.partitions).await?;
     create_topic(&brokers, &raw_topic, s.partitions).await?;
-    let w = Workload { topic: topic.clone(), value_bytes: s.value_bytes, keys: 10_000 };
+    let w = Workload { topic: topic.clone(), value_bytes: s.value_bytes, keys: 10_000, ids: None };
     let sync = s.durability == Durability::Sync;
     let sc = &s.scale;
 

@@ -9,6 +9,9 @@ pub struct Workload {
     pub value_bytes: usize,
     /// Distinct keys, spread over the partitions.
     pub keys: usize,
+    /// Ids `<prefix>-<i>` chosen by the client, spread over every shard;
+    /// none: each node makes ids of its own shards.
+    pub ids: Option<String>,
 }
 
 impl Workload {
@@ -39,7 +42,7 @@ impl Workload {
             due: Some(proto::schedule_request::Due::DeliverAt(hourglass::api::convert::timestamp(
                 hourglass::message::UnixMillis(due_ms),
             ))),
-            id: None,
+            id: self.ids.as_ref().map(|prefix| format!("{prefix}-{i}")),
         }
     }
 }
