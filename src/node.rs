@@ -251,16 +251,7 @@ impl Node {
                     (slots, answers)
                 },
             );
-            let mut results: Vec<Option<Result<Scheduled, StoreError>>> = (0..total).map(|_| None).collect();
-            for (slots, answers) in future::join_all(parts).await {
-                for (slot, answer) in slots.into_iter().zip(answers) {
-                    results[slot] = Some(answer);
-                }
-            }
-            return Ok(results
-                .into_iter()
-                .map(|r| r.expect("every message is answered by its shard"))
-                .collect());
+            return Ok(in_order(total, future::join_all(parts).await));
         }
         if let [shard] = &self.shards[..] {
             return shard.store().schedule_batch(msgs).await;
@@ -271,30 +262,25 @@ impl Node {
             .zip(self.shards.iter().map(Shard::store))
             .filter(|((slots, _), _)| !slots.is_empty())
             .map(|((slots, msgs), store)| async move { (slots, store.schedule_batch(msgs).await) });
-        let mut results: Vec<Option<Result<Scheduled, StoreError>>> = (0..total).map(|_| None).collect();
-        let mut failed = None;
-        let mut written = false;
+        let (mut failed, mut written) = (None, false);
+        let mut parts = Vec::new();
         for (slots, outcome) in future::join_all(writes).await {
-            match outcome {
+            let answers = match outcome {
                 Ok(answers) => {
                     written = true;
-                    for (slot, answer) in slots.into_iter().zip(answers) {
-                        results[slot] = Some(answer);
-                    }
+                    answers
                 }
                 Err(e) => {
-                    for slot in slots {
-                        results[slot] = Some(Err(e.clone()));
-                    }
+                    let answers = slots.iter().map(|_| Err(e.clone())).collect();
                     failed = Some(e);
+                    answers
                 }
-            }
+            };
+            parts.push((slots, answers));
         }
         match failed {
             Some(e) if !written => Err(e),
-            _ => {
-                Ok(results.into_iter().map(|r| r.expect("every message is answered by its shard")).collect())
-            }
+            _ => Ok(in_order(total, parts)),
         }
     }
 
@@ -559,6 +545,21 @@ fn worst(healths: impl Iterator<Item = StoreHealth>) -> StoreHealth {
         (_, StoreHealth::Failing(_)) | (StoreHealth::Ok, StoreHealth::AtCapacity) => h,
         _ => worst,
     })
+}
+
+/// The answers of each shard's part put back at their messages' places.
+#[allow(clippy::type_complexity)]
+fn in_order(
+    total: usize,
+    parts: Vec<(Vec<usize>, Vec<Result<Scheduled, StoreError>>)>,
+) -> Vec<Result<Scheduled, StoreError>> {
+    let mut results: Vec<Option<Result<Scheduled, StoreError>>> = (0..total).map(|_| None).collect();
+    for (slots, answers) in parts {
+        for (slot, answer) in slots.into_iter().zip(answers) {
+            results[slot] = Some(answer);
+        }
+    }
+    results.into_iter().map(|r| r.expect("every message is answered by its shard")).collect()
 }
 
 #[cfg(test)]
