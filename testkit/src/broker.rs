@@ -24,6 +24,13 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Two free ports that differ: both are held while the second is chosen
+/// (the kernel may hand a port just released out again at once).
+pub fn free_port_pair() -> std::io::Result<(u16, u16)> {
+    let (first, second) = (TcpListener::bind("127.0.0.1:0")?, TcpListener::bind("127.0.0.1:0")?);
+    Ok((first.local_addr()?.port(), second.local_addr()?.port()))
+}
+
 /// A Tansu broker process; stopped when dropped.
 pub struct LocalBroker {
     child: Option<Child>,

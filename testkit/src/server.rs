@@ -16,7 +16,7 @@ use tonic_health::pb::{
 
 use hourglass::{proto::scheduler_client::SchedulerClient, store::Durability};
 
-use crate::free_port;
+use crate::free_port_pair;
 
 /// The `hourglass` binary to run: `$HOURGLASS_BIN` if set, else the one
 /// beside the running executable (the bench, `target/*/hourglass-bench`) or
@@ -72,10 +72,11 @@ impl ServerProcess {
             Durability::Buffered => "buffered",
         };
         let log = std::env::var("HOURGLASS_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into());
+        let (grpc, metrics) = free_port_pair()?;
         Ok(ServerProcess {
             child: None,
-            grpc: format!("127.0.0.1:{}", free_port()?),
-            metrics: format!("127.0.0.1:{}", free_port()?),
+            grpc: format!("127.0.0.1:{grpc}"),
+            metrics: format!("127.0.0.1:{metrics}"),
             data_dir: data_dir.to_owned(),
             exe: exe.to_owned(),
             args: ["--kafka-brokers", brokers, "--durability", durability].map(str::to_owned).to_vec(),

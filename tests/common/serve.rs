@@ -9,16 +9,17 @@ use std::{
 
 use hourglass::proto::scheduler_client::SchedulerClient;
 
-use super::{Broker, free_port};
+use super::Broker;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 
 /// Starts `hourglass serve` over `data_dir` against `broker`; returns the
 /// child and its gRPC address. `stderr` says where its log goes.
 pub fn spawn_serve(broker: &Broker, data_dir: &Path, stderr: Stdio) -> (Child, String) {
-    let grpc = format!("127.0.0.1:{}", free_port());
+    let (grpc, metrics) = hourglass_testkit::free_port_pair().unwrap();
+    let grpc = format!("127.0.0.1:{grpc}");
     let child = Command::new(BIN)
-        .args(["serve", "--listen", &grpc, "--metrics-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["serve", "--listen", &grpc, "--metrics-listen", &format!("127.0.0.1:{metrics}")])
         .args(["--kafka-brokers", broker.addr(), "--data-dir"])
         .arg(data_dir)
         .env("HOURGLASS_LOG", "warn")
