@@ -203,6 +203,16 @@ pub(crate) fn record(
     id: &MessageId,
     snapshot: Option<&Snapshot<'_>>,
 ) -> Result<Option<(MessageRecord, Option<Settlement>)>, StoreError> {
+    record_with(db, id, snapshot, &mut DeliveryLogs::default())
+}
+
+/// [`record`], with the delivery logs it reads decoded once into `logs`.
+pub(crate) fn record_with(
+    db: &DB,
+    id: &MessageId,
+    snapshot: Option<&Snapshot<'_>>,
+    logs: &mut DeliveryLogs,
+) -> Result<Option<(MessageRecord, Option<Settlement>)>, StoreError> {
     let opts = at(snapshot);
     let Some(bytes) = db.get_pinned_cf_opt(cf(db, schema::CF_MESSAGES), id.as_bytes(), &opts)? else {
         return Ok(None);
@@ -213,7 +223,7 @@ pub(crate) fn record(
     let record = if record.is_locator() { whole_record(db, id, &record, &opts)? } else { record };
     let settlement = match settlement {
         Some(s) => Some(s),
-        None => logged_delivery(db, view::dispatch_key(&record, None), snapshot)?,
+        None => logged_delivery(db, view::dispatch_key(&record, None), snapshot, logs)?,
     };
     Ok(Some((record, settlement)))
 }
@@ -328,6 +338,7 @@ pub(crate) fn logged_delivery(
     db: &DB,
     key: DispatchKey,
     snapshot: Option<&Snapshot<'_>>,
+    logs: &mut DeliveryLogs,
 ) -> Result<Option<Settlement>, StoreError> {
     let (lower, _) = schema::delivery_logs_range();
     let mut opts = at(snapshot);
@@ -338,14 +349,36 @@ pub(crate) fn logged_delivery(
         it.status()?;
         return Ok(None);
     };
-    let first =
-        schema::decode_delivery_log_key(k).ok_or_else(|| corrupt(format!("delivery log key {k:?}")))?;
-    let log =
-        schema::decode::<DeliveryLog>(v).map_err(|e| corrupt(format!("delivery log at {first:?}: {e}")))?;
-    if log.last_key().is_none_or(|last| key > last) {
+    // Most keys asked about lie past the chunk before them (a message
+    // still pending, or one settled otherwise): its last key tells so
+    // without decoding its lines.
+    if schema::delivery_log_last(v).is_none_or(|last| key > last) {
         return Ok(None);
     }
-    Ok(log.lines.iter().find(|l| l.seq == key.seq && l.at_ms == key.at.0).map(|l| l.settlement()))
+    let lines = match logs.by_key.get(k) {
+        Some(lines) => lines,
+        None => {
+            let first = schema::decode_delivery_log_key(k)
+                .ok_or_else(|| corrupt(format!("delivery log key {k:?}")))?;
+            let log = schema::decode::<DeliveryLog>(v)
+                .map_err(|e| corrupt(format!("delivery log at {first:?}: {e}")))?;
+            let lines = log
+                .lines
+                .iter()
+                .map(|l| (DispatchKey { at: UnixMillis(l.at_ms), seq: l.seq }, l.settlement()))
+                .collect();
+            logs.by_key.entry(k.to_vec()).or_insert(lines)
+        }
+    };
+    Ok(lines.get(&key).cloned())
+}
+
+/// Delivery logs decoded by one reader (a round of the writer), by their
+/// key: a chunk's many messages read one after another decode it once. A
+/// reader keeps it only while the logs cannot change under it.
+#[derive(Default)]
+pub(crate) struct DeliveryLogs {
+    by_key: HashMap<Vec<u8>, HashMap<DispatchKey, Settlement>>,
 }
 
 /// The message `id` names for `scope` (in the caller's space, else in the

@@ -70,6 +70,44 @@ async fn take_due_takes_in_due_order_up_to_the_limit_and_only_what_is_due() {
 }
 
 #[tokio::test]
+async fn a_message_inside_a_delivered_chunks_range_but_not_in_it_is_still_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for (id, due) in [("a", 10), ("b", 20), ("c", 30), ("d", 40)] {
+        park(&store, id, due).await;
+    }
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    // a and c delivered in one chunk spanning b's key; b still in flight;
+    // d delivered later, in a chunk of its own.
+    let (a, b, c, d) = (&batch.ready[0], &batch.ready[1], &batch.ready[2], &batch.ready[3]);
+    let first = vec![
+        settle(a, 50, Outcome::Delivered { partition: 1, offset: 7 }),
+        settle(c, 50, Outcome::Delivered { partition: 2, offset: 8 }),
+    ];
+    store.settle(first, None).await.unwrap();
+    barrier(&store).await;
+    store.settle(vec![settle(d, 60, Outcome::Delivered { partition: 3, offset: 9 })], None).await.unwrap();
+    barrier(&store).await;
+
+    let db = &store.inner.db;
+    let mut logs = read::DeliveryLogs::default();
+    let fate = |id: &MessageId, logs: &mut read::DeliveryLogs| {
+        read::record_with(db, id, None, logs).unwrap().unwrap().1.map(|s| (s.partition, s.offset))
+    };
+    // Read through one set of decoded logs, and each on its own.
+    for shared in [true, false] {
+        let mut own = read::DeliveryLogs::default();
+        let logs = if shared { &mut logs } else { &mut own };
+        assert_eq!(fate(&a.id, logs), Some((1, 7)));
+        assert_eq!(fate(&b.id, logs), None, "inside the chunk's range, not in it: pending");
+        assert_eq!(fate(&c.id, logs), Some((2, 8)));
+        assert_eq!(fate(&d.id, logs), Some((3, 9)), "the next chunk");
+    }
+    assert!(state(&store, &b.id).await.is_pending());
+    store.close().await;
+}
+
+#[tokio::test]
 async fn take_due_skips_what_the_writer_holds() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());

@@ -21,6 +21,7 @@
 //! no async runtime, no scans (purge candidates are found by the caller).
 
 use std::{
+    cell::RefCell,
     collections::{HashMap, HashSet, VecDeque},
     sync::{
         Arc,
@@ -508,6 +509,9 @@ struct Round<'a> {
     /// Cluster mode: ids this round forgets and holds until their
     /// tombstones are applied; let go if the commit fails.
     holding: Vec<MessageId>,
+    /// Delivery logs this round read, decoded: none changes before the
+    /// round commits.
+    delivery_logs: RefCell<read::DeliveryLogs>,
 }
 
 #[derive(Default)]
@@ -552,7 +556,9 @@ impl Writer {
             );
             counts
         };
-        let in_doubt = (!meta.closed_cleanly)
+        // A store that never took a message (a new one) has nothing in
+        // doubt, however it was left.
+        let in_doubt = (!meta.closed_cleanly && meta.next_seq > 0)
             .then_some(InDoubt { below: DispatchKey::after(now), before_seq: meta.next_seq });
         if in_doubt.is_some() {
             tracing::info!(
@@ -884,7 +890,7 @@ impl Writer {
         if let Some(stored) = r.overlay.get(id) {
             return Ok(stored.clone());
         }
-        let read = read::record(&self.shared.db, id, None)?;
+        let read = read::record_with(&self.shared.db, id, None, &mut r.delivery_logs.borrow_mut())?;
         Ok(read.map(|(record, settlement)| Stored { record, settlement }))
     }
 
@@ -1517,6 +1523,7 @@ impl<'a> Round<'a> {
             settled: HashSet::new(),
             holding: Vec::new(),
             from_log: false,
+            delivery_logs: RefCell::default(),
         }
     }
 
