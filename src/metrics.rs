@@ -252,6 +252,34 @@ pub static STORE_MAX_PENDING: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         "The backlog cap of the shard (its part of --max-pending); 0 when there is none.",
     )
 });
+pub static LOG_APPEND_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    register(
+        Histogram::with_opts(
+            HistogramOpts::new(
+                "hourglass_cluster_log_append_seconds",
+                "Cluster mode: a change of a caller's from its record queued for the schedule log to the \
+                 broker's acknowledgement (acks=all).",
+            )
+            .buckets(LOG_BUCKETS.to_vec()),
+        )
+        .expect("valid metric"),
+    )
+});
+pub static LOG_APPLY_WAIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    register(
+        Histogram::with_opts(
+            HistogramOpts::new(
+                "hourglass_cluster_log_apply_wait_seconds",
+                "Cluster mode: a change of a caller's from the broker's acknowledgement of its record to the \
+                 owner's store having applied it (the owner's read of the log and the apply).",
+            )
+            .buckets(LOG_BUCKETS.to_vec()),
+        )
+        .expect("valid metric"),
+    )
+});
+/// Buckets of the schedule log's latencies.
+const LOG_BUCKETS: [f64; 12] = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0];
 pub static STORE_PARKED: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     shard_gauge(
         "hourglass_store_parked_requests",
@@ -302,6 +330,8 @@ pub fn init() {
     LazyLock::force(&STORE_PARKED);
     LazyLock::force(&LOG_APPLIED);
     LazyLock::force(&LOG_SKIPPED);
+    LazyLock::force(&LOG_APPEND_SECONDS);
+    LazyLock::force(&LOG_APPLY_WAIT_SECONDS);
     LazyLock::force(&STALE_COPIES);
 }
 

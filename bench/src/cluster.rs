@@ -150,166 +150,175 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         report.add("cluster drain", rate, "msg/s", Some(log_limit), &[]);
     }
 
-    // 3. Failover: a steady load due over a window; the last node killed
-    // a third of the way in.
-    phase("failover: SIGKILL a node under a steady load");
-    let count = (FAILOVER_RATE * sc.failover_window.as_secs()) as usize;
-    // Room to park it while the cluster may still record the drain.
-    let t1 = now_ms() + 10_000 + lead_time(count);
-    // Ids of the bench's own, so that every shard has messages of the
-    // steady load whichever node owns it when the kill comes.
-    let spread = Workload { ids: Some(format!("failover-{run_id}")), ..w.clone() };
-    let steady = load::stream(
-        &nodes,
-        &spread,
-        count,
-        s.streams,
-        Arc::new(move |i| t1 + i as u64 * 1000 / FAILOVER_RATE),
-        true,
-    )
-    .await?;
-    anyhow::ensure!(now_ms() < t1, "the failover load was not all parked before it came due");
-    let kill_at = t1 + sc.failover_window.as_millis() as u64 / 3;
-    tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
-    let victim = c.nodes - 1;
-    let lost = owned_by(&brokers, &log_topic, c.log_partitions, &format!("http://{}", nodes[victim].grpc))?;
-    // From when it is gone (kill waits for the process to end): whatever
-    // it delivered came before.
-    nodes[victim].kill();
-    let killed_ms = now_ms();
-    let end = t1 + sc.failover_window.as_millis() as u64;
-    tokio::time::sleep(Duration::from_millis(end.saturating_sub(now_ms()) + 10_000)).await;
-    let survivors = &nodes[..victim];
-    let give_up = Instant::now() + Duration::from_secs(120);
-    let at = loop {
-        match load::delivered_at(survivors, &steady.scheduled, 32).await {
-            Ok(at) => break at,
-            Err(e) if Instant::now() < give_up => {
-                phase(&format!("failover: not all delivered yet ({e:#}); looking again"));
-                tokio::time::sleep(Duration::from_secs(2)).await;
+    if runs(Phase::Failover) {
+        // 3. Failover: a steady load due over a window; the last node killed
+        // a third of the way in.
+        phase("failover: SIGKILL a node under a steady load");
+        let count = (FAILOVER_RATE * sc.failover_window.as_secs()) as usize;
+        // Room to park it while the cluster may still record the drain.
+        let t1 = now_ms() + 10_000 + lead_time(count);
+        // Ids of the bench's own, so that every shard has messages of the
+        // steady load whichever node owns it when the kill comes.
+        let spread = Workload { ids: Some(format!("failover-{run_id}")), ..w.clone() };
+        let steady = load::stream(
+            &nodes,
+            &spread,
+            count,
+            s.streams,
+            Arc::new(move |i| t1 + i as u64 * 1000 / FAILOVER_RATE),
+            true,
+        )
+        .await?;
+        anyhow::ensure!(now_ms() < t1, "the failover load was not all parked before it came due");
+        let kill_at = t1 + sc.failover_window.as_millis() as u64 / 3;
+        tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
+        let victim = c.nodes - 1;
+        let lost =
+            owned_by(&brokers, &log_topic, c.log_partitions, &format!("http://{}", nodes[victim].grpc))?;
+        // From when it is gone (kill waits for the process to end): whatever
+        // it delivered came before.
+        nodes[victim].kill();
+        let killed_ms = now_ms();
+        let end = t1 + sc.failover_window.as_millis() as u64;
+        tokio::time::sleep(Duration::from_millis(end.saturating_sub(now_ms()) + 10_000)).await;
+        let survivors = &nodes[..victim];
+        let give_up = Instant::now() + Duration::from_secs(120);
+        let at = loop {
+            match load::delivered_at(survivors, &steady.scheduled, 32).await {
+                Ok(at) => break at,
+                Err(e) if Instant::now() < give_up => {
+                    phase(&format!("failover: not all delivered yet ({e:#}); looking again"));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Err(e) => {
+                    let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
+                    return Err(e.context(format!(
+                        "the steady load was not all delivered after the failover (the survivors skipped \
+                         {skipped} offsets of the schedule log while reading)"
+                    )));
+                }
             }
-            Err(e) => {
-                let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
-                return Err(e.context(format!(
-                    "the steady load was not all delivered after the failover (the survivors skipped \
-                     {skipped} offsets of the schedule log while reading)"
-                )));
+        };
+        // Per shard the victim owned: its first delivery after the kill.
+        let mut first: Vec<Option<i64>> = vec![None; c.log_partitions as usize];
+        for ((id, _), at) in steady.scheduled.iter().zip(&at) {
+            let shard = ((murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions) as usize;
+            if lost.contains(&(shard as u32)) && *at >= killed_ms as i64 {
+                first[shard] = Some(first[shard].map_or(*at, |f| f.min(*at)));
             }
         }
-    };
-    // Per shard the victim owned: its first delivery after the kill.
-    let mut first: Vec<Option<i64>> = vec![None; c.log_partitions as usize];
-    for ((id, _), at) in steady.scheduled.iter().zip(&at) {
-        let shard = ((murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions) as usize;
-        if lost.contains(&(shard as u32)) && *at >= killed_ms as i64 {
-            first[shard] = Some(first[shard].map_or(*at, |f| f.min(*at)));
+        let firsts: Vec<i64> = first.iter().flatten().map(|at| at - killed_ms as i64).collect();
+        if firsts.is_empty() {
+            let on_lost: Vec<i64> = steady
+                .scheduled
+                .iter()
+                .zip(&at)
+                .filter(|((id, _), _)| {
+                    lost.contains(&((murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions))
+                })
+                .map(|(_, at)| at - killed_ms as i64)
+                .collect();
+            anyhow::bail!(
+                "none of the killed node's shards {lost:?} delivered after the kill: {} of its messages, delivered \
+                 from {:?} to {:?} ms after the kill",
+                on_lost.len(),
+                on_lost.iter().min(),
+                on_lost.iter().max()
+            );
         }
-    }
-    let firsts: Vec<i64> = first.iter().flatten().map(|at| at - killed_ms as i64).collect();
-    if firsts.is_empty() {
-        let on_lost: Vec<i64> = steady
-            .scheduled
-            .iter()
-            .zip(&at)
-            .filter(|((id, _), _)| {
-                lost.contains(&((murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions))
-            })
-            .map(|(_, at)| at - killed_ms as i64)
-            .collect();
-        anyhow::bail!(
-            "none of the killed node's shards {lost:?} delivered after the kill: {} of its messages, delivered \
-             from {:?} to {:?} ms after the kill",
-            on_lost.len(),
-            on_lost.iter().min(),
-            on_lost.iter().max()
+        let standbys = if c.standby_replicas > 0 { "with standbys" } else { "without standbys" };
+        let name = format!("failover {standbys}, {} parked", backlog as u64);
+        let goal = (c.standby_replicas > 0).then_some(Target::AtMost(10_000.0));
+        report.add(
+            format!("{name}: kill to first delivery of a lost shard"),
+            *firsts.iter().min().unwrap_or(&0) as f64,
+            "ms",
+            None,
+            &goal.into_iter().collect::<Vec<_>>(),
         );
+        report.add(
+            format!("{name}: kill to every lost shard delivering"),
+            *firsts.iter().max().unwrap_or(&0) as f64,
+            "ms",
+            None,
+            &[],
+        );
+        report.note(format!("the killed node owned shards {lost:?}"));
+        let late = {
+            let mut late: Vec<i64> =
+                at.iter().zip(&steady.scheduled).map(|(at, (_, due))| at - *due as i64).collect();
+            late.sort_unstable();
+            late
+        };
+        report.add(
+            "failover: lateness p50 of the steady load",
+            load::percentile(&late, 50.0) as f64,
+            "ms",
+            None,
+            &[],
+        );
+        let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
+        report.note(format!("offsets of the schedule log the survivors skipped while reading: {skipped}"));
+        nodes[victim].spawn()?;
+        nodes[victim].wait_serving(Duration::from_secs(120)).await?;
     }
-    let standbys = if c.standby_replicas > 0 { "with standbys" } else { "without standbys" };
-    let name = format!("failover {standbys}, {} parked", backlog as u64);
-    let goal = (c.standby_replicas > 0).then_some(Target::AtMost(10_000.0));
-    report.add(
-        format!("{name}: kill to first delivery of a lost shard"),
-        *firsts.iter().min().unwrap_or(&0) as f64,
-        "ms",
-        None,
-        &goal.into_iter().collect::<Vec<_>>(),
-    );
-    report.add(
-        format!("{name}: kill to every lost shard delivering"),
-        *firsts.iter().max().unwrap_or(&0) as f64,
-        "ms",
-        None,
-        &[],
-    );
-    report.note(format!("the killed node owned shards {lost:?}"));
-    let late = {
-        let mut late: Vec<i64> =
-            at.iter().zip(&steady.scheduled).map(|(at, (_, due))| at - *due as i64).collect();
-        late.sort_unstable();
-        late
-    };
-    report.add(
-        "failover: lateness p50 of the steady load",
-        load::percentile(&late, 50.0) as f64,
-        "ms",
-        None,
-        &[],
-    );
-    let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
-    report.note(format!("offsets of the schedule log the survivors skipped while reading: {skipped}"));
-    nodes[victim].spawn()?;
-    nodes[victim].wait_serving(Duration::from_secs(120)).await?;
 
-    // 4. Restore: every node stopped; a node with an empty data dir takes
-    // every shard, read from the log. It joins a group of its own: Tansu
-    // 0.6 lets no new member lead a group a SIGKILLed member was in once
-    // the others have left it.
-    phase("restore: one node alone, with an empty data dir, takes every shard from the log");
-    for n in &mut nodes {
-        n.stop()?;
-    }
-    phase("restore limit: a bare consumer reads the whole schedule log");
-    let (kafka, log, partitions) = (kafka.clone(), log_topic.clone(), c.log_partitions as i32);
-    let (read_limit, log_records) =
-        tokio::task::spawn_blocking(move || limits::consumer(&kafka, &log, partitions)).await??;
-    report.add(
-        format!("restore limit: bare consumer reading the log ({log_records} records)"),
-        read_limit,
-        "msg/s",
-        None,
-        &[],
-    );
-    std::fs::remove_dir_all(dir.path().join("node-0")).ok();
-    let mut restoring = node(0, &format!("{group}-restore"))?;
-    let started = Instant::now();
-    restoring.spawn()?;
-    // Applying starts once the group has given the node its shards.
-    let applying = loop {
-        let applied = restoring.metric("hourglass_cluster_log_records_applied_total").await.unwrap_or(0.0);
-        if applied > 0.0 {
-            break Instant::now();
+    if runs(Phase::Restore) {
+        // 4. Restore: every node stopped; a node with an empty data dir takes
+        // every shard, read from the log. It joins a group of its own: Tansu
+        // 0.6 lets no new member lead a group a SIGKILLed member was in once
+        // the others have left it.
+        phase("restore: one node alone, with an empty data dir, takes every shard from the log");
+        for n in &mut nodes {
+            n.stop()?;
         }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(120), "the restored node applied nothing");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    restoring.wait_serving(Duration::from_secs(600)).await?;
-    let (took, applied) = (applying.elapsed(), started.elapsed());
-    let restored = restoring.metric("hourglass_messages_pending").await?;
-    let records = restoring.metric("hourglass_cluster_log_records_applied_total").await?;
-    let name = format!("restore of {} pending ({} log records)", restored as u64, records as u64);
-    report.add(format!("{name}: start to serving"), ms(applied), "ms", None, &[]);
-    report.add(format!("{name}: first record applied to serving"), ms(took), "ms", None, &[]);
-    let rate = restored / took.as_secs_f64();
-    report.add("restore rate", rate, "msg/s", None, &[Target::AtLeast(200_000.0)]);
-    report.add(
-        "restore: log records applied per second",
-        records / took.as_secs_f64(),
-        "msg/s",
-        Some(read_limit),
-        &[],
-    );
-    report.add("restore: memory after", mib(restoring.rss_bytes()), "MiB", None, &[]);
-    restoring.stop()?;
+        phase("restore limit: a bare consumer reads the whole schedule log");
+        let (kafka, log, partitions) = (kafka.clone(), log_topic.clone(), c.log_partitions as i32);
+        let (read_limit, log_records) =
+            tokio::task::spawn_blocking(move || limits::consumer(&kafka, &log, partitions)).await??;
+        report.add(
+            format!("restore limit: bare consumer reading the log ({log_records} records)"),
+            read_limit,
+            "msg/s",
+            None,
+            &[],
+        );
+        std::fs::remove_dir_all(dir.path().join("node-0")).ok();
+        let mut restoring = node(0, &format!("{group}-restore"))?;
+        let started = Instant::now();
+        restoring.spawn()?;
+        // Applying starts once the group has given the node its shards.
+        let applying = loop {
+            let applied =
+                restoring.metric("hourglass_cluster_log_records_applied_total").await.unwrap_or(0.0);
+            if applied > 0.0 {
+                break Instant::now();
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(120),
+                "the restored node applied nothing"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        restoring.wait_serving(Duration::from_secs(600)).await?;
+        let (took, applied) = (applying.elapsed(), started.elapsed());
+        let restored = restoring.metric("hourglass_messages_pending").await?;
+        let records = restoring.metric("hourglass_cluster_log_records_applied_total").await?;
+        let name = format!("restore of {} pending ({} log records)", restored as u64, records as u64);
+        report.add(format!("{name}: start to serving"), ms(applied), "ms", None, &[]);
+        report.add(format!("{name}: first record applied to serving"), ms(took), "ms", None, &[]);
+        let rate = restored / took.as_secs_f64();
+        report.add("restore rate", rate, "msg/s", None, &[Target::AtLeast(200_000.0)]);
+        report.add(
+            "restore: log records applied per second",
+            records / took.as_secs_f64(),
+            "msg/s",
+            Some(read_limit),
+            &[],
+        );
+        report.add("restore: memory after", mib(restoring.rss_bytes()), "MiB", None, &[]);
+        restoring.stop()?;
+    }
 
     delete_topic(&brokers, &topic).await.ok();
     delete_topic(&brokers, &raw_log).await.ok();

@@ -153,11 +153,22 @@ pub enum Phase {
     Precision,
     Burst,
     Footprint,
+    /// Cluster mode only: a node killed under a steady load.
+    Failover,
+    /// Cluster mode only: every shard restored from the log.
+    Restore,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 5] =
-        [Phase::Ingest, Phase::Drain, Phase::Precision, Phase::Burst, Phase::Footprint];
+    pub const ALL: [Phase; 7] = [
+        Phase::Ingest,
+        Phase::Drain,
+        Phase::Precision,
+        Phase::Burst,
+        Phase::Footprint,
+        Phase::Failover,
+        Phase::Restore,
+    ];
 }
 
 /// Runs the bench, prints the table, writes JSON if asked.

@@ -63,8 +63,7 @@ struct Args {
     /// Measure a cluster of this many nodes (`hourglass serve --cluster`
     /// processes on this machine sharing the broker) instead of one
     /// standalone server: ingest, drain, failover after a SIGKILL, and
-    /// restore from the log. Phases: ingest, drain (failover and restore
-    /// always run).
+    /// restore from the log. Phases: ingest, drain, failover, restore.
     #[arg(long, value_name = "NODES")]
     cluster: Option<usize>,
     /// Cluster mode: the schedule log's partitions.

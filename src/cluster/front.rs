@@ -10,6 +10,7 @@ use crate::{
     kafka::LogProducer,
     log::record::{Change, LogRecord},
     message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
+    metrics,
     store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Store, StoreError},
 };
 
@@ -122,8 +123,12 @@ impl Front {
         let appended = self.log.enqueue(self.partition, &key, Some(&record.encode()));
         let (store, waiters, topic, partition) =
             (self.store.clone(), Arc::clone(&self.waiters), self.log.topic().to_owned(), self.partition);
+        let queued = std::time::Instant::now();
         let applied = tokio::spawn(async move {
-            if let Err(e) = appended.await {
+            let appended = appended.await;
+            let acked = std::time::Instant::now();
+            metrics::LOG_APPEND_SECONDS.observe((acked - queued).as_secs_f64());
+            if let Err(e) = appended {
                 tracing::debug!(partition, error = %e, "the schedule log did not take a change");
                 // Not written (or not known to be): let go of what it held,
                 // unless it was applied meanwhile.
@@ -136,7 +141,10 @@ impl Front {
             }
             let reply = reply.expect("registered with a reply");
             match tokio::time::timeout(APPLY_WAIT, reply).await {
-                Ok(Ok(answer)) => Ok(answer),
+                Ok(Ok(answer)) => {
+                    metrics::LOG_APPLY_WAIT_SECONDS.observe(acked.elapsed().as_secs_f64());
+                    Ok(answer)
+                }
                 _ => {
                     tracing::debug!(
                         partition,
