@@ -272,12 +272,12 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         for n in &mut nodes {
             n.stop()?;
         }
-        phase("restore limit: a bare consumer reads the whole schedule log");
+        phase("restore limit: bare consumers, one per partition, read the whole schedule log");
         let (kafka, log, partitions) = (kafka.clone(), log_topic.clone(), c.log_partitions as i32);
         let (read_limit, log_records) =
             tokio::task::spawn_blocking(move || limits::consumer(&kafka, &log, partitions)).await??;
         report.add(
-            format!("restore limit: bare consumer reading the log ({log_records} records)"),
+            format!("restore limit: bare consumers, one per partition ({log_records} records)"),
             read_limit,
             "msg/s",
             None,

@@ -140,37 +140,64 @@ pub fn producer(kafka: &KafkaConfig, topic: &str, messages: usize, w: &Workload)
     Ok(acked.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64())
 }
 
-/// Records per second a bare rdkafka consumer reads of `topic` (every
-/// partition, from its start to the end it has now): the limit of
-/// restoring a shard from the schedule log on this broker. Returns the
-/// rate and how many records it read.
+/// Records per second bare rdkafka consumers read of `topic`, one per
+/// partition, all at once, each from the partition's start to the end it
+/// has now: the limit of restoring every shard from the schedule log on
+/// this broker, read as a restoring node reads it. Timed from the moment
+/// every consumer is assigned its partition (librdkafka fetches ahead of
+/// what is polled) to the last record read. Returns the rate and how many
+/// records they read.
 pub fn consumer(kafka: &KafkaConfig, topic: &str, partitions: i32) -> anyhow::Result<(f64, u64)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &kafka.brokers)
-        .set("group.id", "hourglass-bench-consumer-limit")
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .context("creating the raw consumer")?;
-    let mut ends = Vec::new();
-    let mut assignment = TopicPartitionList::new();
-    for p in 0..partitions {
-        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        ends.push(high);
+    let ready = std::sync::Barrier::new(partitions as usize);
+    let read_one = |p: i32| -> anyhow::Result<(u64, Instant, Instant)> {
+        let consumer: anyhow::Result<(BaseConsumer, i64)> = (|| {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &kafka.brokers)
+                .set("group.id", "hourglass-bench-consumer-limit")
+                .set("enable.auto.commit", "false")
+                .set("auto.offset.reset", "earliest")
+                .create()
+                .context("creating the raw consumer")?;
+            let (_, end) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            Ok((consumer, end))
+        })();
+        // Every thread waits here, ready or not, so that none is left
+        // waiting for one that failed.
+        ready.wait();
+        let (consumer, end) = consumer?;
+        let started = Instant::now();
+        let mut assignment = TopicPartitionList::new();
         assignment.add_partition_offset(topic, p, Offset::Beginning)?;
+        consumer.assign(&assignment)?;
+        let (mut records, mut next, mut last) = (0u64, 0i64, started);
+        let deadline = started + Duration::from_secs(600);
+        while next < end {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the raw consumer did not reach the end of {topic}/{p}"
+            );
+            let Some(m) = consumer.poll(Duration::from_millis(500)) else { continue };
+            let m = m.context("raw consumer")?;
+            last = Instant::now();
+            records += 1;
+            next = m.offset() + 1;
+        }
+        Ok((records, started, last))
+    };
+    let read = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..partitions).map(|p| scope.spawn(move || read_one(p))).collect();
+        readers.into_iter().map(|r| r.join().expect("a consumer thread panicked")).collect::<Vec<_>>()
+    });
+    let (mut records, mut first, mut last) = (0u64, None::<Instant>, None::<Instant>);
+    for one in read {
+        let (n, started, ended) = one?;
+        records += n;
+        first = Some(first.map_or(started, |f| f.min(started)));
+        last = Some(last.map_or(ended, |l| l.max(ended)));
     }
-    consumer.assign(&assignment)?;
-    let mut read = vec![0i64; partitions as usize];
-    let (mut records, mut started) = (0u64, None);
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while read.iter().zip(&ends).any(|(next, end)| next < end) {
-        anyhow::ensure!(Instant::now() < deadline, "the raw consumer did not reach the end of {topic}");
-        let Some(m) = consumer.poll(Duration::from_millis(500)) else { continue };
-        let m = m.context("raw consumer")?;
-        started.get_or_insert_with(Instant::now);
-        records += 1;
-        read[m.partition() as usize] = m.offset() + 1;
-    }
-    let elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
+    let elapsed = match (first, last) {
+        (Some(first), Some(last)) => last - first,
+        _ => Duration::ZERO,
+    };
     Ok((records as f64 / elapsed.as_secs_f64().max(1e-9), records))
 }
