@@ -9,7 +9,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use super::{ClusterConfig, waiters::Waiters};
 use crate::{
     clock::Clock as _,
-    kafka::{KafkaConfig, LogReader, Read},
+    kafka::{LogConsumer, LogReader, Read},
     log::record::Entry,
     message::Limits,
     metrics,
@@ -72,19 +72,19 @@ impl Seek {
 }
 
 impl Applier {
-    /// An applier of `partition` of `topic`, reading from where `store`
-    /// has applied to.
+    /// An applier of `partition` of the log `log` reads, reading from
+    /// where `store` has applied to.
     pub fn new(
-        kafka: &KafkaConfig,
-        topic: &str,
+        log: &Arc<LogConsumer>,
         partition: i32,
         store: Store,
         waiters: Arc<Waiters>,
         limits: Limits,
     ) -> Result<Applier, StoreError> {
         let first = Seek::to(store.log_next());
-        let reader = LogReader::new(kafka, topic, partition, first.at)
-            .map_err(|e| StoreError::LogUnavailable(format!("reading the schedule log {topic}: {e}")))?;
+        let reader = log.reader(partition, first.at).map_err(|e| {
+            StoreError::LogUnavailable(format!("reading partition {partition} of the schedule log: {e}"))
+        })?;
         Ok(Applier { partition, store, reader: Arc::new(reader), waiters, limits, first })
     }
 
@@ -308,9 +308,10 @@ impl View {
     pub async fn open(
         config: &StoreConfig,
         cluster: &ClusterConfig,
+        log: &Arc<LogConsumer>,
         waiters: Arc<Waiters>,
     ) -> Result<View, StoreError> {
-        let (store, applier) = Self::open_copy(config, cluster, &waiters).await?;
+        let (store, applier) = Self::open_copy(config, cluster, log, &waiters).await?;
         let (store, applier) = if !stale(&store, &applier.reader).await {
             (store, applier)
         } else {
@@ -335,7 +336,7 @@ impl View {
             removed.map_err(|e| {
                 StoreError::Io(format!("removing the stale copy {}: {e}", config.path.display()))
             })?;
-            Self::open_copy(config, cluster, &waiters).await?
+            Self::open_copy(config, cluster, log, &waiters).await?
         };
         let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());
         let (tx, applied) = watch::channel(store.log_next());
@@ -348,6 +349,7 @@ impl View {
     async fn open_copy(
         config: &StoreConfig,
         cluster: &ClusterConfig,
+        log: &Arc<LogConsumer>,
         waiters: &Arc<Waiters>,
     ) -> Result<(Store, Applier), StoreError> {
         let opening = config.clone();
@@ -368,14 +370,8 @@ impl View {
             )));
         }
         let partition = config.shard.shard as i32;
-        let applier = Applier::new(
-            &cluster.kafka,
-            &cluster.log.name,
-            partition,
-            store.clone(),
-            Arc::clone(waiters),
-            cluster.limits.clone(),
-        );
+        let applier =
+            Applier::new(log, partition, store.clone(), Arc::clone(waiters), cluster.limits.clone());
         match applier {
             Ok(applier) => Ok((store, applier)),
             Err(e) => {

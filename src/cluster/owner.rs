@@ -39,7 +39,7 @@ use super::{
 use crate::{
     clock::Clock,
     dispatcher::Lease,
-    kafka::{GroupMember, LogProducer, Moved, Producer, ensure_log_topic},
+    kafka::{GroupMember, LogConsumer, LogProducer, Moved, Producer, ensure_log_topic},
     log::record::{self, Change, LogRecord},
     metrics,
     shard::{Shard, ShardConfig},
@@ -90,6 +90,8 @@ struct Inner {
     config: ClusterConfig,
     shards: Shards,
     log: Arc<LogProducer>,
+    /// What every shard and standby copy reads its partition with.
+    readers: Arc<LogConsumer>,
     routes: Arc<Routes>,
     waiters: Arc<Waiters>,
     lease: Arc<Lease>,
@@ -232,6 +234,8 @@ impl Cluster {
         tracing::info!(topic = %config.log.name, partitions = config.log.partitions, ?ensured, "the schedule log");
         let log = LogProducer::new(&config.kafka, &config.log.name)
             .map_err(|e| ClusterError::Log(format!("creating its producer: {e}")))?;
+        let readers = LogConsumer::new(&config.kafka, &config.log.name)
+            .map_err(|e| ClusterError::Log(format!("creating its consumer: {e}")))?;
         let (stop, damaged, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
         let waiters = Arc::new(Waiters::new());
         let routes =
@@ -248,6 +252,7 @@ impl Cluster {
             config: config.clone(),
             shards,
             log: Arc::new(log),
+            readers,
             routes,
             waiters,
             lease: Arc::new(Lease::new()),
@@ -454,7 +459,8 @@ impl Inner {
     /// The store of `shard`, opened (empty if there is none) and following
     /// its partition of the log from where it applied to.
     async fn view(&self, shard: usize) -> Result<View, StoreError> {
-        View::open(&self.shard_config(shard).store, &self.config, Arc::clone(&self.waiters)).await
+        View::open(&self.shard_config(shard).store, &self.config, &self.readers, Arc::clone(&self.waiters))
+            .await
     }
 
     /// What `shard` is built from: its store's path, number and cap. The

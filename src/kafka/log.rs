@@ -5,15 +5,26 @@
 //! time: a caller waiting for its change is told the log is unreachable
 //! (and retries with the same id) rather than waiting forever.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap, hash_map},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use rdkafka::{
     ClientConfig, Message as _, Offset, TopicPartitionList,
-    consumer::{Consumer as _, StreamConsumer},
+    consumer::{
+        Consumer as _, DefaultConsumerContext, StreamConsumer, stream_consumer::StreamPartitionQueue,
+    },
     error::KafkaError,
     message::{Header, Headers as _, OwnedHeaders},
     producer::{FutureProducer, FutureRecord},
 };
+
+use tokio_util::sync::CancellationToken;
 
 use super::{KafkaConfig, is_producer_only, producer_config};
 use crate::{
@@ -82,30 +93,31 @@ impl LogProducer {
     }
 }
 
-/// Follows one partition of the schedule log.
-pub struct LogReader {
-    consumer: StreamConsumer,
+/// The schedule log's consumer of one node: one client fetching every
+/// partition the node follows (its shards and its standby copies) in one
+/// request per broker, each partition delivered to a queue of its own,
+/// read by that shard's [`LogReader`]. It belongs to no consumer group and
+/// commits nothing: where each shard is lives in its store.
+pub struct LogConsumer {
+    consumer: Arc<StreamConsumer>,
     topic: String,
-    partition: i32,
+    partitions: Mutex<HashMap<i32, Partition>>,
+    /// Ends the task that serves the client's own queue.
+    stop: CancellationToken,
 }
 
-/// A record read, as the store applies it.
-pub struct Read {
-    pub offset: i64,
-    /// The record's timestamp.
-    pub at: UnixMillis,
-    pub entry: Entry,
+/// A partition of the log, once read: its queue lives as long as the
+/// consumer (librdkafka keeps delivering the partition there, assigned or
+/// not), and the reader it is assigned for now, if any.
+struct Partition {
+    queue: Arc<StreamPartitionQueue<DefaultConsumerContext>>,
+    reader: Option<u64>,
 }
 
-impl LogReader {
-    /// A reader of `partition` of `topic`, from `offset`. It belongs to no
-    /// consumer group and commits nothing: where it is lives in the store.
-    pub fn new(
-        config: &KafkaConfig,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-    ) -> Result<LogReader, KafkaError> {
+impl LogConsumer {
+    /// A consumer of `topic`. Must be called within the runtime: a task of
+    /// its own serves the client's events.
+    pub fn new(config: &KafkaConfig, topic: &str) -> Result<Arc<LogConsumer>, KafkaError> {
         let mut client = ClientConfig::new();
         let ours = BTreeMap::from([
             ("bootstrap.servers", config.brokers.as_str()),
@@ -130,23 +142,135 @@ impl LogReader {
                 client.set(k, v);
             }
         }
-        let consumer: StreamConsumer = client.create()?;
-        let reader = LogReader { consumer, topic: topic.to_owned(), partition };
-        reader.seek_to(offset)?;
-        Ok(reader)
+        let consumer: Arc<StreamConsumer> = Arc::new(client.create()?);
+        let stop = CancellationToken::new();
+        // Every partition has a queue of its own; what reaches the
+        // client's queue is its events (errors, mostly).
+        let (serving, stopped, name) = (Arc::clone(&consumer), stop.clone(), topic.to_owned());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    got = serving.recv() => match got {
+                        Ok(m) => tracing::error!(
+                            topic = %name,
+                            partition = m.partition(),
+                            offset = m.offset(),
+                            "a record of the schedule log reached the consumer's own queue, not its shard's, and was not \
+                             applied (a fault of the client): the shard's store lacks it until rebuilt from the log"
+                        ),
+                        Err(e) => tracing::warn!(topic = %name, error = %e, "reading the schedule log"),
+                    },
+                }
+            }
+        });
+        Ok(Arc::new(LogConsumer { consumer, topic: topic.to_owned(), partitions: Mutex::default(), stop }))
+    }
+
+    fn partitions(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Partition>> {
+        self.partitions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A reader of `partition` from `offset`. A reader of the partition
+    /// still open (its shard closing while it opens again) stops reading.
+    pub fn reader(self: &Arc<Self>, partition: i32, offset: i64) -> Result<LogReader, KafkaError> {
+        static READERS: AtomicU64 = AtomicU64::new(1);
+        let id = READERS.fetch_add(1, Ordering::Relaxed);
+        let mut partitions = self.partitions();
+        let entry = match partitions.entry(partition) {
+            hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            hash_map::Entry::Vacant(entry) => {
+                // Split before it is assigned, so that none of its records
+                // reach the client's own queue.
+                let queue = self.consumer.split_partition_queue(&self.topic, partition).ok_or_else(|| {
+                    KafkaError::Subscription(format!("no queue for partition {partition} of {}", self.topic))
+                })?;
+                entry.insert(Partition { queue: Arc::new(queue), reader: None })
+            }
+        };
+        self.assign(partition, offset, entry.reader.is_some())?;
+        entry.reader = Some(id);
+        Ok(LogReader { from: Arc::clone(self), queue: Arc::clone(&entry.queue), partition, id })
+    }
+
+    /// Fetches `partition` from `offset`, in place of where it was.
+    fn assign(&self, partition: i32, offset: i64, assigned: bool) -> Result<(), KafkaError> {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&self.topic, partition);
+        if assigned {
+            self.consumer.incremental_unassign(&list)?;
+        }
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(&self.topic, partition, Offset::Offset(offset))?;
+        self.consumer.incremental_assign(&list)
+    }
+
+    /// Reader `id` of `partition` is gone: the partition is no longer
+    /// fetched, unless another reader has it now.
+    fn release(&self, partition: i32, id: u64) {
+        let mut partitions = self.partitions();
+        let Some(entry) = partitions.get_mut(&partition).filter(|e| e.reader == Some(id)) else { return };
+        entry.reader = None;
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&self.topic, partition);
+        if let Err(e) = self.consumer.incremental_unassign(&list) {
+            tracing::warn!(topic = %self.topic, partition, error = %e, "no longer reading a partition of the schedule log");
+        }
+    }
+}
+
+impl Drop for LogConsumer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Follows one partition of the schedule log, from its node's
+/// [`LogConsumer`].
+pub struct LogReader {
+    from: Arc<LogConsumer>,
+    queue: Arc<StreamPartitionQueue<DefaultConsumerContext>>,
+    partition: i32,
+    id: u64,
+}
+
+/// A record read, as the store applies it.
+pub struct Read {
+    pub offset: i64,
+    /// The record's timestamp.
+    pub at: UnixMillis,
+    pub entry: Entry,
+}
+
+impl LogReader {
+    /// A reader of `partition` of `topic` from `offset`, with a consumer
+    /// of its own.
+    pub fn new(
+        config: &KafkaConfig,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<LogReader, KafkaError> {
+        LogConsumer::new(config, topic)?.reader(partition, offset)
     }
 
     /// Reads from `offset` on.
     pub fn seek_to(&self, offset: i64) -> Result<(), KafkaError> {
-        let mut assignment = TopicPartitionList::new();
-        assignment.add_partition_offset(&self.topic, self.partition, Offset::Offset(offset))?;
-        self.consumer.assign(&assignment)
+        let mut partitions = self.from.partitions();
+        let current = partitions.get_mut(&self.partition).is_some_and(|e| e.reader == Some(self.id));
+        if !current {
+            return Err(KafkaError::Seek(format!(
+                "partition {} of {} is read by another reader now",
+                self.partition, self.from.topic
+            )));
+        }
+        self.from.assign(self.partition, offset, true)
     }
 
     /// The partition's end: the offset the next record appended gets.
     /// Blocks for up to `timeout`.
     pub fn end(&self, timeout: Duration) -> Result<i64, KafkaError> {
-        self.consumer.fetch_watermarks(&self.topic, self.partition, timeout).map(|(_, high)| high)
+        self.from.consumer.fetch_watermarks(&self.from.topic, self.partition, timeout).map(|(_, high)| high)
     }
 
     /// Waits for the next records, and takes up to `max` of those already
@@ -162,20 +286,26 @@ impl LogReader {
         read: impl Fn(&rdkafka::message::BorrowedMessage<'_>) -> T,
     ) -> Result<Vec<T>, KafkaError> {
         let mut out = Vec::new();
-        let first = self.consumer.recv().await?;
+        let first = self.queue.recv().await?;
         out.push(read(&first));
         drop(first);
         while out.len() < max {
-            match futures_util::FutureExt::now_or_never(self.consumer.recv()) {
+            match futures_util::FutureExt::now_or_never(self.queue.recv()) {
                 Some(Ok(m)) => out.push(read(&m)),
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, topic = %self.topic, "reading a log topic");
+                    tracing::warn!(error = %e, topic = %self.from.topic, "reading a log topic");
                     break;
                 }
                 None => break,
             }
         }
         Ok(out)
+    }
+}
+
+impl Drop for LogReader {
+    fn drop(&mut self) {
+        self.from.release(self.partition, self.id);
     }
 }
 

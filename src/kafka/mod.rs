@@ -12,7 +12,7 @@ mod producer;
 pub use admin::{Ensured, LogTopic, TopicError, ensure_log_topic};
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
 pub use group::{GroupConfig, GroupMember, Moved, REVOKE_WAIT};
-pub use log::{LogProducer, LogReader, Read};
+pub use log::{LogConsumer, LogProducer, LogReader, Read};
 pub use producer::producer_config;
 pub use producer::{DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
 
