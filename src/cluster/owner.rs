@@ -12,8 +12,8 @@
 //! - **The lease.** Dispatchers produce only while the node's lease holds:
 //!   it is renewed every 100 ms by a thread that also notices when the
 //!   process did not run (SIGSTOP, a paused VM): then nothing is produced
-//!   until two heartbeat intervals have passed, long enough for the group
-//!   to tell the node it lost its shards if it did.
+//!   until two thirds of the session timeout have passed, long enough for
+//!   the group to tell the node it lost its shards if it did.
 //!
 //! Requests for a shard being taken or let go wait for it (bounded); those
 //! for a shard another node owns are refused with UNAVAILABLE.
@@ -263,11 +263,11 @@ impl Cluster {
         });
         let stopping = Arc::new(AtomicBool::new(false));
         let lease_keeper = {
-            let (lease, heartbeat, stopping) =
-                (Arc::clone(&inner.lease), config.group.heartbeat_interval(), Arc::clone(&stopping));
+            let (lease, confirm_after, stopping) =
+                (Arc::clone(&inner.lease), config.group.confirm_after(), Arc::clone(&stopping));
             std::thread::Builder::new()
                 .name("hourglass-lease".into())
-                .spawn(move || keep_lease(&lease, heartbeat, &stopping))
+                .spawn(move || keep_lease(&lease, confirm_after, &stopping))
                 .map_err(|e| ClusterError::Group(format!("starting the lease thread: {e}")))?
         };
         let (health_tx, health) = watch::channel(StoreHealth::Joining(format!(
@@ -776,9 +776,9 @@ async fn watch_owned(
 }
 
 /// Keeps the lease: renewed for a second every 100 ms, unless the process
-/// did not run for a while (then not until two heartbeat intervals later,
-/// when the group will have said whether the node lost its shards).
-fn keep_lease(lease: &Lease, heartbeat: Duration, stopping: &AtomicBool) {
+/// did not run for a while (then not until `confirm_after` later, when the
+/// group will have said whether the node lost its shards).
+fn keep_lease(lease: &Lease, confirm_after: Duration, stopping: &AtomicBool) {
     const TICK: Duration = Duration::from_millis(100);
     const TERM: Duration = Duration::from_secs(1);
     let mut last = Instant::now();
@@ -789,7 +789,7 @@ fn keep_lease(lease: &Lease, heartbeat: Duration, stopping: &AtomicBool) {
         let gap = now.saturating_duration_since(last);
         if gap >= TERM {
             lease.end();
-            confirm_at = now + 2 * heartbeat;
+            confirm_at = now + confirm_after;
             tracing::warn!(
                 stopped_for = ?gap,
                 "this process did not run for a while: not dispatching until the group confirms its shards"

@@ -46,9 +46,19 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
-    /// A third of the session timeout: two heartbeats can be lost.
+    /// A sixth of the session timeout: several heartbeats can be lost, and
+    /// a member learns of a rebalance (a dead member's shards to take)
+    /// within a second at the default session, not two.
     pub fn heartbeat_interval(&self) -> Duration {
-        self.session_timeout / 3
+        self.session_timeout / 6
+    }
+
+    /// How long a node that did not run for a while (SIGSTOP, a paused
+    /// VM) waits before it dispatches again: two thirds of the session,
+    /// long enough for the group to have told it whether it lost its
+    /// shards.
+    pub fn confirm_after(&self) -> Duration {
+        self.session_timeout * 2 / 3
     }
 }
 
