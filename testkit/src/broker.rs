@@ -3,8 +3,10 @@
 //! hourglass itself targets Apache Kafka.
 
 use std::{
+    collections::BTreeSet,
     net::{TcpListener, TcpStream},
     process::{Child, Command, Stdio},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -20,15 +22,38 @@ fn tansu() -> String {
     std::env::var("HOURGLASS_TANSU").unwrap_or_else(|_| "tansu".into())
 }
 
+/// A free port on 127.0.0.1, never one this process handed out before.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    free_ports::<1>().map(|[port]| port)
 }
 
-/// Two free ports that differ: both are held while the second is chosen
-/// (the kernel may hand a port just released out again at once).
+/// Two free ports that differ; see [`free_ports`].
 pub fn free_port_pair() -> std::io::Result<(u16, u16)> {
-    let (first, second) = (TcpListener::bind("127.0.0.1:0")?, TcpListener::bind("127.0.0.1:0")?);
-    Ok((first.local_addr()?.port(), second.local_addr()?.port()))
+    free_ports::<2>().map(|[first, second]| (first, second))
+}
+
+/// `N` free ports on 127.0.0.1, none of them handed out by this process
+/// before. Tests of one binary run at once, each starting servers and
+/// brokers: a port chosen by binding and then released can be handed out
+/// again at once, and two servers told to listen on it find each other
+/// (one fails to bind while its test talks to the other). Every port
+/// chosen is held while the others are, and remembered.
+pub fn free_ports<const N: usize>() -> std::io::Result<[u16; N]> {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut held, mut ports) = (Vec::new(), Vec::with_capacity(N));
+    while ports.len() < N {
+        if held.len() > 10_000 {
+            return Err(std::io::Error::other("no free port left that this process has not used"));
+        }
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        if handed_out.insert(port) {
+            ports.push(port);
+        }
+        held.push(listener);
+    }
+    Ok(ports.try_into().expect("N ports"))
 }
 
 /// A Tansu broker process; stopped when dropped.
