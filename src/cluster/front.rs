@@ -71,29 +71,43 @@ impl Front {
             Ok(decided) => decided,
             Err(e) => return (0..count).map(|_| Err(e.clone())).collect(),
         };
-        // Queued in order now; each awaited on its own.
-        let changes = decided.into_iter().map(|decided| {
-            let logged = match decided {
+        // What each message became: its place among the records appended
+        // together, its answer, or a change to make on its own once what
+        // it waits for is done.
+        enum Slot {
+            Logged,
+            Answered(Result<Answer, StoreError>),
+            Waiting(usize),
+        }
+        let (mut slots, mut part, mut waiting) = (Vec::with_capacity(count), Vec::new(), Vec::new());
+        for decided in decided {
+            slots.push(match decided {
                 Decided::Now(Ok(Decision::Log { key, change, held })) => {
-                    Ok(self.log_change(key, *change, held))
+                    part.push((key, *change, held));
+                    Slot::Logged
                 }
-                Decided::Now(Ok(Decision::Answer(answer))) => Err(Ok(answer)),
-                Decided::Now(Err(e)) => Err(Err(e)),
-                Decided::Wait(intent) => return future::Either::Right(self.change(intent)),
-            };
-            future::Either::Left(async move {
-                match logged {
-                    Ok(logged) => logged.await,
-                    Err(answered) => answered,
+                Decided::Now(Ok(Decision::Answer(answer))) => Slot::Answered(Ok(answer)),
+                Decided::Now(Err(e)) => Slot::Answered(Err(e)),
+                Decided::Wait(intent) => {
+                    waiting.push(self.change(intent));
+                    Slot::Waiting(waiting.len() - 1)
                 }
-            })
-        });
-        future::join_all(changes.collect::<Vec<_>>())
-            .await
+            });
+        }
+        let (logged, waited) = future::join(self.log_changes(part), future::join_all(waiting)).await;
+        let (mut logged, mut waited) = (logged.into_iter(), waited.into_iter().map(Some).collect::<Vec<_>>());
+        slots
             .into_iter()
-            .map(|answer| match answer? {
-                Answer::Scheduled(result) => result,
-                other => Err(unexpected(&other)),
+            .map(|slot| {
+                let answer = match slot {
+                    Slot::Logged => logged.next().unwrap_or_else(|| Err(lost())),
+                    Slot::Answered(answer) => answer,
+                    Slot::Waiting(i) => waited[i].take().unwrap_or_else(|| Err(lost())),
+                };
+                match answer? {
+                    Answer::Scheduled(result) => result,
+                    other => Err(unexpected(&other)),
+                }
             })
             .collect()
     }
@@ -104,66 +118,94 @@ impl Front {
         }
         match self.store.decide(intent).await? {
             Decision::Answer(answer) => Ok(answer),
-            Decision::Log { key, change, held } => self.log_change(key, *change, held).await,
+            Decision::Log { key, change, held } => {
+                self.log_changes(vec![(key, *change, held)]).await.pop().unwrap_or_else(|| Err(lost()))
+            }
         }
     }
 
-    /// Appends a decided change (queued at once) and waits for the store's
-    /// answer once it is applied. What follows the queueing runs on its
-    /// own: a caller that goes away (its deadline passed) leaves no hold
-    /// and no waiter behind.
-    fn log_change(
+    /// Appends decided changes (queued at once, in order) and waits for
+    /// the store's answer to each once it is applied. What follows the
+    /// queueing runs in one task of its own: a caller that goes away (its
+    /// deadline passed) leaves no hold and no waiter behind.
+    fn log_changes(
         &self,
-        key: Vec<u8>,
-        change: Change,
-        held: Option<Hold>,
-    ) -> impl Future<Output = Result<Answer, StoreError>> + use<> {
-        let (request, reply) = self.waiters.register(held.map(|held| Local::Held(held.into_id())), true);
-        let record = LogRecord { writer: self.waiters.me(), request, change: Some(change) };
-        let appended = self.log.enqueue(self.partition, &key, Some(&record.encode()));
+        changes: Vec<(Vec<u8>, Change, Option<Hold>)>,
+    ) -> impl Future<Output = Vec<Result<Answer, StoreError>>> + use<> {
+        let queued = std::time::Instant::now();
+        let count = changes.len();
+        let pending: Vec<_> = changes
+            .into_iter()
+            .map(|(key, change, held)| {
+                let (request, reply) =
+                    self.waiters.register(held.map(|held| Local::Held(held.into_id())), true);
+                let record = LogRecord { writer: self.waiters.me(), request, change: Some(change) };
+                let appended = self.log.enqueue(self.partition, &key, Some(&record.encode()));
+                (request, reply.expect("registered with a reply"), appended)
+            })
+            .collect();
         let (store, waiters, topic, partition) =
             (self.store.clone(), Arc::clone(&self.waiters), self.log.topic().to_owned(), self.partition);
-        let queued = std::time::Instant::now();
-        let applied = tokio::spawn(async move {
-            let appended = appended.await;
-            let acked = std::time::Instant::now();
-            metrics::LOG_APPEND_SECONDS.observe((acked - queued).as_secs_f64());
-            if let Err(e) = appended {
-                tracing::debug!(partition, error = %e, "the schedule log did not take a change");
-                // Not written (or not known to be): let go of what it held,
-                // unless it was applied meanwhile.
-                if let Some(Some(Local::Held(id))) = waiters.forget(request) {
-                    let _ = store.unhold(id).await;
+        let applied = (count > 0).then(|| {
+            tokio::spawn(async move {
+                let mut answers = Vec::with_capacity(pending.len());
+                for (request, reply, appended) in pending {
+                    let appended = appended.await;
+                    let acked = std::time::Instant::now();
+                    metrics::LOG_APPEND_SECONDS.observe((acked - queued).as_secs_f64());
+                    if let Err(e) = appended {
+                        tracing::debug!(partition, error = %e, "the schedule log did not take a change");
+                        // Not written (or not known to be): let go of what
+                        // it held, unless it was applied meanwhile.
+                        if let Some(Some(Local::Held(id))) = waiters.forget(request) {
+                            let _ = store.unhold(id).await;
+                        }
+                        answers.push(Err(StoreError::LogUnavailable(format!(
+                            "the schedule log {topic} did not take the change: {e}; retry with the same id"
+                        ))));
+                        continue;
+                    }
+                    let deadline = tokio::time::Instant::from_std(acked + APPLY_WAIT);
+                    answers.push(match tokio::time::timeout_at(deadline, reply).await {
+                        Ok(Ok(answer)) => {
+                            metrics::LOG_APPLY_WAIT_SECONDS.observe(acked.elapsed().as_secs_f64());
+                            Ok(answer)
+                        }
+                        _ => {
+                            tracing::debug!(
+                                partition,
+                                request,
+                                "a change in the schedule log was not applied in time"
+                            );
+                            // Its hold goes when the record is applied.
+                            waiters.stop_waiting(request);
+                            Err(StoreError::LogUnavailable(
+                                "the change is in the schedule log but was not applied in time; retry with the \
+                                 same id"
+                                    .to_owned(),
+                            ))
+                        }
+                    });
                 }
-                return Err(StoreError::LogUnavailable(format!(
-                    "the schedule log {topic} did not take the change: {e}; retry with the same id"
-                )));
-            }
-            let reply = reply.expect("registered with a reply");
-            match tokio::time::timeout(APPLY_WAIT, reply).await {
-                Ok(Ok(answer)) => {
-                    metrics::LOG_APPLY_WAIT_SECONDS.observe(acked.elapsed().as_secs_f64());
-                    Ok(answer)
-                }
-                _ => {
-                    tracing::debug!(
-                        partition,
-                        request,
-                        "a change in the schedule log was not applied in time"
-                    );
-                    // Its hold goes when the record is applied.
-                    waiters.stop_waiting(request);
-                    Err(StoreError::LogUnavailable(
-                        "the change is in the schedule log but was not applied in time; retry with the same id"
-                            .to_owned(),
-                    ))
-                }
-            }
+                answers
+            })
         });
         async move {
-            applied.await.map_err(|e| StoreError::Io(format!("waiting for a change to be applied: {e}")))?
+            let Some(applied) = applied else { return Vec::new() };
+            match applied.await {
+                Ok(answers) => answers,
+                Err(e) => {
+                    let e = StoreError::Io(format!("waiting for changes to be applied: {e}"));
+                    (0..count).map(|_| Err(e.clone())).collect()
+                }
+            }
         }
     }
+}
+
+/// An answer that went missing between the parts of a batch.
+fn lost() -> StoreError {
+    StoreError::Io("a change's answer went missing".to_owned())
 }
 
 fn unexpected(answer: &Answer) -> StoreError {
