@@ -158,29 +158,23 @@ impl Applier {
                 continue;
             }
             count_skipped(self.partition, next, &reads);
-            let mut writers = Vec::with_capacity(reads.len());
+            let writers: Vec<Option<(u64, u64)>> = reads
+                .iter()
+                .map(|r| match &r.entry {
+                    Entry::Logged { writer, request, .. } => Some((*writer, *request)),
+                    _ => None,
+                })
+                .collect();
             let entries: Vec<LogEntry> = reads
                 .into_iter()
-                .map(|Read { offset, at, entry }| {
-                    let (local, writer) = match &entry {
-                        Entry::Logged { writer, request, .. } => {
-                            (self.waiters.take_local(*writer, *request), Some((*writer, *request)))
-                        }
-                        _ => (None, None),
-                    };
-                    writers.push(writer);
-                    LogEntry { offset, at, entry, local }
-                })
+                .zip(self.waiters.take_locals(&writers))
+                .map(|(Read { offset, at, entry }, local)| LogEntry { offset, at, entry, local })
                 .collect();
             let count = entries.len() as u64;
             match self.store.apply(entries).await {
                 Ok(answers) => {
                     metrics::LOG_APPLIED.inc_by(count);
-                    for (writer, answer) in writers.into_iter().zip(answers) {
-                        if let Some((writer, request)) = writer {
-                            self.waiters.answer(writer, request, answer);
-                        }
-                    }
+                    self.waiters.answer_all(writers.into_iter().zip(answers));
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "applying the schedule log failed; reading it again from the last record applied");

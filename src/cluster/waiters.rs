@@ -4,6 +4,7 @@
 
 use std::{
     collections::HashMap,
+    hash::{BuildHasherDefault, Hasher},
     sync::{
         Mutex,
         atomic::{AtomicU64, Ordering},
@@ -18,7 +19,28 @@ pub struct Waiters {
     /// This node incarnation: records it wrote carry it.
     me: u64,
     next: AtomicU64,
-    waiting: Mutex<HashMap<u64, Waiter>>,
+    waiting: Mutex<HashMap<u64, Waiter, BuildHasherDefault<RequestHasher>>>,
+}
+
+/// Request numbers are drawn in sequence: a multiply spreads them over the
+/// table's buckets and tags, at a fraction of SipHash's cost.
+#[derive(Default)]
+struct RequestHasher(u64);
+
+impl Hasher for RequestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 struct Waiter {
@@ -28,14 +50,14 @@ struct Waiter {
 
 impl Waiters {
     pub fn new() -> Waiters {
-        Waiters { me: incarnation(), next: AtomicU64::new(1), waiting: Mutex::new(HashMap::new()) }
+        Waiters { me: incarnation(), next: AtomicU64::new(1), waiting: Mutex::default() }
     }
 
     pub fn me(&self) -> u64 {
         self.me
     }
 
-    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiter>> {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiter, BuildHasherDefault<RequestHasher>>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -76,26 +98,43 @@ impl Waiters {
         }
     }
 
-    /// What this node knows of a record read from the log, if it wrote it.
-    pub(crate) fn take_local(&self, writer: u64, request: u64) -> Option<Local> {
-        if writer != self.me {
-            return None;
-        }
+    /// What this node knows of each record read from the log (by the
+    /// writer and request it carries), where it wrote it.
+    pub(crate) fn take_locals(&self, records: &[Option<(u64, u64)>]) -> Vec<Option<Local>> {
         let mut waiting = self.waiting();
-        let waiter = waiting.get_mut(&request)?;
-        let local = waiter.local.take();
-        if waiter.reply.is_none() {
-            waiting.remove(&request);
-        }
-        local
+        records
+            .iter()
+            .map(|record| {
+                let (writer, request) = (*record)?;
+                if writer != self.me {
+                    return None;
+                }
+                let waiter = waiting.get_mut(&request)?;
+                let local = waiter.local.take();
+                if waiter.reply.is_none() {
+                    waiting.remove(&request);
+                }
+                local
+            })
+            .collect()
     }
 
-    /// Answers the request that wrote a record, once it is applied.
-    pub fn answer(&self, writer: u64, request: u64, answer: Answer) {
-        if writer != self.me {
-            return;
+    /// Answers the requests that wrote records, once they are applied.
+    pub fn answer_all(&self, answers: impl IntoIterator<Item = (Option<(u64, u64)>, Answer)>) {
+        let mut replies = Vec::new();
+        {
+            let mut waiting = self.waiting();
+            for (record, answer) in answers {
+                let Some((_, request)) = record.filter(|(writer, _)| *writer == self.me) else {
+                    continue;
+                };
+                if let Some(Waiter { reply: Some(reply), .. }) = waiting.remove(&request) {
+                    replies.push((reply, answer));
+                }
+            }
         }
-        if let Some(Waiter { reply: Some(reply), .. }) = self.waiting().remove(&request) {
+        // Sent once the map is let go: a woken caller may register again.
+        for (reply, answer) in replies {
             let _ = reply.send(answer);
         }
     }
@@ -121,4 +160,36 @@ fn incarnation() -> u64 {
     use std::hash::BuildHasher as _;
     let now = std::time::SystemTime::now();
     std::collections::hash_map::RandomState::new().hash_one((now, std::process::id())) | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::MessageId;
+
+    #[test]
+    fn a_record_read_back_gives_its_local_to_the_apply_and_its_answer_to_the_caller() {
+        let waiters = Waiters::new();
+        let me = waiters.me();
+        let id = MessageId::parse("held").unwrap();
+        let (asked, reply) = waiters.register(Some(Local::Held(id.clone())), true);
+        let (recorded, none) = waiters.register(Some(Local::Settles(Vec::new(), None)), false);
+        assert!(none.is_none());
+        let mut reply = reply.expect("a reply was asked for");
+
+        // Records of another node, or not hourglass's, take nothing.
+        let read = [Some((me, asked)), Some((me ^ 2, recorded)), None, Some((me, recorded))];
+        let locals = waiters.take_locals(&read);
+        assert!(matches!(&locals[0], Some(Local::Held(held)) if *held == id));
+        assert!(locals[1].is_none() && locals[2].is_none());
+        assert!(matches!(&locals[3], Some(Local::Settles(..))));
+        assert_eq!(waiters.len(), 1, "a record nobody waits for is forgotten once read");
+        assert!(waiters.take_locals(&read[..1])[0].is_none(), "a local is taken once");
+
+        waiters.answer_all([(Some((me ^ 2, asked)), Answer::None), (None, Answer::None)]);
+        assert!(reply.try_recv().is_err(), "not answered by another node's record");
+        waiters.answer_all([(Some((me, asked)), Answer::None)]);
+        assert!(matches!(reply.try_recv(), Ok(Answer::None)));
+        assert!(waiters.is_empty());
+    }
 }
