@@ -148,25 +148,38 @@ impl Front {
             (self.store.clone(), Arc::clone(&self.waiters), self.log.topic().to_owned(), self.partition);
         let applied = (count > 0).then(|| {
             tokio::spawn(async move {
-                let mut answers = Vec::with_capacity(pending.len());
+                // First every append: the acks of one partition come in
+                // order, so each is seen as it comes, and what a change
+                // that did not get in held is let go at once.
+                let mut answers: Vec<Option<Result<Answer, StoreError>>> = Vec::with_capacity(pending.len());
+                let mut in_log = Vec::with_capacity(pending.len());
                 for (request, reply, appended) in pending {
                     let appended = appended.await;
                     let acked = std::time::Instant::now();
                     metrics::LOG_APPEND_SECONDS.observe((acked - queued).as_secs_f64());
-                    if let Err(e) = appended {
-                        tracing::debug!(partition, error = %e, "the schedule log did not take a change");
-                        // Not written (or not known to be): let go of what
-                        // it held, unless it was applied meanwhile.
-                        if let Some(Some(Local::Held(id))) = waiters.forget(request) {
-                            let _ = store.unhold(id).await;
+                    match appended {
+                        Ok(_) => {
+                            in_log.push((answers.len(), request, reply, acked));
+                            answers.push(None);
                         }
-                        answers.push(Err(StoreError::LogUnavailable(format!(
-                            "the schedule log {topic} did not take the change: {e}; retry with the same id"
-                        ))));
-                        continue;
+                        Err(e) => {
+                            tracing::debug!(partition, error = %e, "the schedule log did not take a change");
+                            // Not written (or not known to be): let go of
+                            // what it held, unless it was applied meanwhile.
+                            if let Some(Some(Local::Held(id))) = waiters.forget(request) {
+                                let _ = store.unhold(id).await;
+                            }
+                            answers.push(Some(Err(StoreError::LogUnavailable(format!(
+                                "the schedule log {topic} did not take the change: {e}; retry with the same id"
+                            )))));
+                        }
                     }
+                }
+                // Then the answers, each waited for from its own ack: the
+                // waits overlap rather than add up.
+                for (slot, request, reply, acked) in in_log {
                     let deadline = tokio::time::Instant::from_std(acked + APPLY_WAIT);
-                    answers.push(match tokio::time::timeout_at(deadline, reply).await {
+                    answers[slot] = Some(match tokio::time::timeout_at(deadline, reply).await {
                         Ok(Ok(answer)) => {
                             metrics::LOG_APPLY_WAIT_SECONDS.observe(acked.elapsed().as_secs_f64());
                             Ok(answer)
@@ -187,7 +200,7 @@ impl Front {
                         }
                     });
                 }
-                answers
+                answers.into_iter().map(|answer| answer.unwrap_or_else(|| Err(lost()))).collect::<Vec<_>>()
             })
         });
         async move {
