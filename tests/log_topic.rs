@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use common::*;
 use hourglass::kafka::{Ensured, KafkaConfig, LogTopic, TopicError, ensure_log_topic};
@@ -51,4 +51,59 @@ async fn an_unreachable_broker_is_named() {
     let err = ensure_log_topic(&config, &topic, Duration::from_secs(2)).await.unwrap_err();
     assert!(matches!(err, TopicError::Metadata { .. }), "{err}");
     assert!(err.to_string().contains(&config.brokers), "{err}");
+}
+
+/// Offsets `reader` reads next, until `n` of them, within 20 s.
+async fn offsets(reader: &hourglass::kafka::LogReader, n: usize) -> Vec<i64> {
+    let mut out = Vec::new();
+    let reading = async {
+        while out.len() < n {
+            out.extend(reader.next_with(n - out.len(), |m| rdkafka::Message::offset(m)).await.unwrap());
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), reading).await.expect("the records within 20 s");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_consumer_reads_each_partition_on_its_own_and_moves_each_alone() {
+    use hourglass::kafka::{LogConsumer, LogProducer};
+    let broker = Broker::start();
+    let config = kafka(&broker);
+    let topic = random_name("log");
+    broker.create_topic(&topic, 2).await;
+    let producer = LogProducer::new(&config, &topic).unwrap();
+    // One record per batch: a fetch from inside a batch is not what is
+    // tested here.
+    for partition in [0, 1] {
+        for i in 0..10 {
+            producer.enqueue(partition, format!("k{i}").as_bytes(), Some(b"v")).await.unwrap();
+        }
+    }
+    let consumer = LogConsumer::new(&config, &topic).unwrap();
+    let first = consumer.reader(0, 0).unwrap();
+    let second = consumer.reader(1, 5).unwrap();
+    assert_eq!(offsets(&first, 10).await, (0..10).collect::<Vec<_>>());
+    assert_eq!(offsets(&second, 5).await, (5..10).collect::<Vec<_>>(), "from where it was put");
+
+    // Back, on one partition only.
+    let back = Arc::new(first);
+    let seeking = Arc::clone(&back);
+    tokio::task::spawn_blocking(move || seeking.seek_to(3)).await.unwrap().unwrap();
+    assert_eq!(offsets(&back, 7).await, (3..10).collect::<Vec<_>>());
+
+    // Let go, and read again from elsewhere.
+    drop(second);
+    let again = consumer.reader(1, 2).unwrap();
+    assert_eq!(offsets(&again, 8).await, (2..10).collect::<Vec<_>>());
+
+    // Taken over while still held: the new reader reads, and the old
+    // one's going changes nothing.
+    let taken = consumer.reader(0, 7).unwrap();
+    assert_eq!(offsets(&taken, 3).await, vec![7, 8, 9]);
+    drop(back);
+    producer.enqueue(0, b"k10", Some(b"v")).await.unwrap();
+    producer.enqueue(1, b"k10", Some(b"v")).await.unwrap();
+    assert_eq!(offsets(&taken, 1).await, vec![10], "still fetched after the old reader went");
+    assert_eq!(offsets(&again, 1).await, vec![10]);
 }

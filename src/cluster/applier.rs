@@ -204,8 +204,11 @@ impl Applier {
     /// false if stopped first.
     async fn put(&self, seek: Seek, stop: &CancellationToken) -> bool {
         loop {
-            match self.reader.seek_to(seek.at) {
-                Ok(()) => return true,
+            // The client answers a seek once it has moved: off the runtime.
+            let reader = Arc::clone(&self.reader);
+            match tokio::task::spawn_blocking(move || reader.seek_to(seek.at)).await {
+                Ok(Ok(())) => return true,
+                Ok(Err(e)) => tracing::warn!(error = %e, "seeking in the schedule log failed; trying again"),
                 Err(e) => tracing::warn!(error = %e, "seeking in the schedule log failed; trying again"),
             }
             self.pause(stop).await;

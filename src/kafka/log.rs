@@ -112,6 +112,9 @@ pub struct LogConsumer {
 struct Partition {
     queue: Arc<StreamPartitionQueue<DefaultConsumerContext>>,
     reader: Option<u64>,
+    /// In the client's assignment: set once assigning succeeded, cleared
+    /// once unassigning did.
+    assigned: bool,
 }
 
 impl LogConsumer {
@@ -177,32 +180,58 @@ impl LogConsumer {
         static READERS: AtomicU64 = AtomicU64::new(1);
         let id = READERS.fetch_add(1, Ordering::Relaxed);
         let mut partitions = self.partitions();
+        if partitions.get(&partition).is_some_and(|e| !e.assigned && Arc::strong_count(&e.queue) == 1) {
+            // Split again while nothing else holds the queue: had the
+            // client dropped the partition meanwhile (a topic gone from
+            // its metadata), the queue held would be one it no longer
+            // fills. The old handle goes first: dropping it turns off the
+            // wake-ups of the queue it wraps.
+            partitions.remove(&partition);
+        }
         let entry = match partitions.entry(partition) {
             hash_map::Entry::Occupied(entry) => entry.into_mut(),
             hash_map::Entry::Vacant(entry) => {
-                // Split before it is assigned, so that none of its records
-                // reach the client's own queue.
-                let queue = self.consumer.split_partition_queue(&self.topic, partition).ok_or_else(|| {
-                    KafkaError::Subscription(format!("no queue for partition {partition} of {}", self.topic))
-                })?;
-                entry.insert(Partition { queue: Arc::new(queue), reader: None })
+                entry.insert(Partition { queue: self.split(partition)?, reader: None, assigned: false })
             }
         };
-        self.assign(partition, offset, entry.reader.is_some())?;
+        if entry.assigned {
+            // Held by a reader closing, or left assigned by a release that
+            // failed: moved, not assigned again.
+            self.seek(partition, offset)?;
+        } else {
+            let mut list = TopicPartitionList::new();
+            list.add_partition_offset(&self.topic, partition, Offset::Offset(offset))?;
+            self.consumer.incremental_assign(&list)?;
+            entry.assigned = true;
+        }
         entry.reader = Some(id);
         Ok(LogReader { from: Arc::clone(self), queue: Arc::clone(&entry.queue), partition, id })
     }
 
-    /// Fetches `partition` from `offset`, in place of where it was.
-    fn assign(&self, partition: i32, offset: i64, assigned: bool) -> Result<(), KafkaError> {
-        let mut list = TopicPartitionList::new();
-        list.add_partition(&self.topic, partition);
-        if assigned {
-            self.consumer.incremental_unassign(&list)?;
-        }
+    /// `partition`'s own queue. Split before the partition is assigned: a
+    /// queue the application took is never forwarded to the client's own
+    /// queue, so none of its records reach it.
+    fn split(
+        self: &Arc<Self>,
+        partition: i32,
+    ) -> Result<Arc<StreamPartitionQueue<DefaultConsumerContext>>, KafkaError> {
+        let queue = self.consumer.split_partition_queue(&self.topic, partition).ok_or_else(|| {
+            KafkaError::Subscription(format!("no queue for partition {partition} of {}", self.topic))
+        })?;
+        Ok(Arc::new(queue))
+    }
+
+    /// Reads `partition`, assigned, from `offset` on. Blocks until the
+    /// client has moved (5 s at most); what it had fetched from before is
+    /// dropped when read.
+    fn seek(&self, partition: i32, offset: i64) -> Result<(), KafkaError> {
         let mut list = TopicPartitionList::new();
         list.add_partition_offset(&self.topic, partition, Offset::Offset(offset))?;
-        self.consumer.incremental_assign(&list)
+        let moved = self.consumer.seek_partitions(list, Duration::from_secs(5))?;
+        match moved.elements().first().map(|e| e.error()) {
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Reader `id` of `partition` is gone: the partition is no longer
@@ -213,8 +242,11 @@ impl LogConsumer {
         entry.reader = None;
         let mut list = TopicPartitionList::new();
         list.add_partition(&self.topic, partition);
-        if let Err(e) = self.consumer.incremental_unassign(&list) {
-            tracing::warn!(topic = %self.topic, partition, error = %e, "no longer reading a partition of the schedule log");
+        match self.consumer.incremental_unassign(&list) {
+            Ok(()) => entry.assigned = false,
+            Err(e) => {
+                tracing::warn!(topic = %self.topic, partition, error = %e, "no longer reading a partition of the schedule log")
+            }
         }
     }
 }
@@ -264,7 +296,7 @@ impl LogReader {
                 self.partition, self.from.topic
             )));
         }
-        self.from.assign(self.partition, offset, true)
+        self.from.seek(self.partition, offset)
     }
 
     /// The partition's end: the offset the next record appended gets.
