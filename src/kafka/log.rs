@@ -243,7 +243,13 @@ impl LogConsumer {
         let mut list = TopicPartitionList::new();
         list.add_partition(&self.topic, partition);
         match self.consumer.incremental_unassign(&list) {
-            Ok(()) => entry.assigned = false,
+            Ok(()) => {
+                entry.assigned = false;
+                // What the client had fetched ahead for it stays in its
+                // queue (up to queued.max.messages.kbytes) until read:
+                // read now, it is dropped as outdated.
+                let _ = futures_util::FutureExt::now_or_never(entry.queue.recv());
+            }
             Err(e) => {
                 tracing::warn!(topic = %self.topic, partition, error = %e, "no longer reading a partition of the schedule log")
             }
