@@ -3,7 +3,8 @@
 //! writing the same records to a topic shaped like the schedule log (the
 //! physical limit of a design that logs every change to Kafka first):
 //! ingest, drain, failover after a SIGKILL with a backlog parked, and
-//! restore of every shard from the log into an empty data dir.
+//! restore of every shard from the log into an empty data dir. One
+//! standalone node runs the same ingest and drain first, for comparison.
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
@@ -81,6 +82,11 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         &[],
     );
 
+    let mut standalone_stream = None;
+    if s.phases.iter().any(|p| matches!(p, Phase::Ingest | Phase::Drain)) {
+        standalone_stream = Some(standalone(s, dir.path(), &brokers, &w, log_limit, &mut report).await?);
+    }
+
     // 2. The nodes.
     phase(&format!("starting {} nodes", c.nodes));
     let group = format!("hourglass-bench-{run_id}");
@@ -124,6 +130,13 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         let run = load::stream(&nodes, &w, sc.stream, s.streams, next_parked(sc.stream), false).await?;
         let name = format!("cluster ingest: ScheduleStream x {}", s.streams);
         report.add(&name, run.rate(), "msg/s", Some(log_limit), &[Target::RatioAtLeast(0.5)]);
+        if let Some(alone) = standalone_stream {
+            report.note(format!(
+                "{name}: {:.0}% of one standalone node's {:.0} msg/s on the same machine",
+                100.0 * run.rate() / alone,
+                alone
+            ));
+        }
         report.add(format!("{name}: p99 per msg"), ms(run.percentile(99.0)), "ms", None, &[]);
         parked_now = sc.unary + sc.stream;
     }
@@ -393,4 +406,63 @@ fn owned_by(brokers: &str, log_topic: &str, shards: u32, addr: &str) -> anyhow::
         }
     }
     Ok((0..shards).filter(|s| table.addr_of(*s) == Some(addr)).collect())
+}
+
+/// The same ingest and drain on one standalone node, the cluster's nodes
+/// not yet started: what a node does per message without the log. A
+/// cluster node does all of it too (decide, write the store, answer), and
+/// then appends, reads back and applies again on each standby.
+async fn standalone(
+    s: &Settings,
+    dir: &std::path::Path,
+    brokers: &str,
+    w: &Workload,
+    log_limit: f64,
+    report: &mut Report,
+) -> anyhow::Result<f64> {
+    let sc = &s.scale;
+    let mut server = ServerProcess::start(&dir.join("standalone"), brokers, s.durability).await?;
+    let mut offset = 0u64;
+    let mut next_parked = |n: usize| {
+        let due = parked(offset);
+        offset += n as u64;
+        due
+    };
+    let one = std::slice::from_ref(&server);
+    phase("standalone ingest: unary Schedule");
+    let run =
+        load::calls(one, w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary)).await?;
+    report.add(
+        format!("standalone ingest: Schedule, {} clients", s.clients),
+        run.rate(),
+        "msg/s",
+        Some(log_limit),
+        &[],
+    );
+    phase("standalone ingest: ScheduleStream");
+    let stream = load::stream(one, w, sc.stream, s.streams, next_parked(sc.stream), false).await?.rate();
+    report.add(
+        format!("standalone ingest: ScheduleStream x {}", s.streams),
+        stream,
+        "msg/s",
+        Some(log_limit),
+        &[],
+    );
+    if s.phases.contains(&Phase::Drain) {
+        phase("standalone drain: all due in the same millisecond");
+        let delivered = server.metric("hourglass_messages_delivered_total").await?;
+        let t0 = now_ms() + lead_time(sc.drain);
+        load::stream(one, w, sc.drain, s.streams, Arc::new(move |_| t0), false).await?;
+        anyhow::ensure!(now_ms() < t0, "the drain's messages were not all parked before they came due");
+        let (elapsed, _) = crate::drain(&server, t0, delivered + sc.drain as f64).await?;
+        report.add(
+            "standalone drain",
+            sc.drain as f64 / elapsed.as_secs_f64(),
+            "msg/s",
+            Some(log_limit),
+            &[],
+        );
+    }
+    server.stop()?;
+    Ok(stream)
 }
