@@ -163,6 +163,27 @@ pub static DISPATCH_WAKEUPS: LazyLock<IntCounter> = LazyLock::new(|| {
          delivery report. Idle, it wakes about once per second; a fast climb while idle is a busy loop.",
     )
 });
+pub static RECONCILE_FOUND: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_reconcile_found_total",
+        "Messages in doubt after an unclean stop that were found on their topic, and recorded as \
+         delivered instead of being produced again.",
+    )
+});
+pub static RECONCILE_READ: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_reconcile_records_read_total",
+        "Records read back from target topics after an unclean stop, looking for messages in doubt \
+         (other producers' records included): the cost of reconciliation.",
+    )
+});
+pub static RECONCILE_MILLISECONDS: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "hourglass_reconcile_last_milliseconds",
+        "How long the last reconciliation after an unclean stop took, from reading the messages in \
+         doubt to knowing which reached their topic; nothing is produced meanwhile. 0 until one ran.",
+    )
+});
 pub static PRODUCE_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -318,6 +339,9 @@ pub fn init() {
         DISPATCH_HELD_TOPICS.with_label_values(&[reason]);
     }
     LazyLock::force(&METADATA_ERRORS);
+    LazyLock::force(&RECONCILE_FOUND);
+    LazyLock::force(&RECONCILE_READ);
+    LazyLock::force(&RECONCILE_MILLISECONDS);
     KAFKA_REACHABLE.set(1);
     LazyLock::force(&SCHEDULE_ITEMS);
     LazyLock::force(&GRPC_REQUESTS);

@@ -20,7 +20,7 @@ use super::waiters::Waiters;
 use crate::{
     dispatcher::Recorder,
     kafka::LogProducer,
-    log::record::{self, Change, LogRecord, Settled},
+    log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
     store::{Floor, Local, Settle, settled_line},
 };
 
@@ -61,7 +61,7 @@ impl LogRecorder {
         let _ = self.room.acquire_many(IN_FLIGHT as u32).await;
     }
 
-    async fn append(&self, settles: Vec<Settle>, floor: Option<Floor>) {
+    async fn append(&self, mut settles: Vec<Settle>, floor: Option<Floor>) {
         if settles.is_empty() {
             // A floor alone is an optimisation; it comes with the next settles.
             return;
@@ -71,7 +71,15 @@ impl LogRecorder {
         if all_in {
             self.reordered.store(false, Ordering::Relaxed);
         }
-        let floor = floor.filter(|_| !self.reordered.load(Ordering::Relaxed));
+        let reordered = self.reordered.load(Ordering::Relaxed);
+        let floor = floor.filter(|_| !reordered);
+        if reordered {
+            // Earlier deliveries may reach the log after these: none may
+            // raise a mark past them.
+            for settle in &mut settles {
+                settle.in_order = false;
+            }
+        }
         let lines = settles.iter().map(settled_line).collect();
         let at = settles.iter().map(|s| s.at).max().unwrap_or_default();
         let (request, _) = self.waiters.register(Some(Local::Settles(settles, floor)), false);
@@ -110,6 +118,25 @@ impl LogRecorder {
     }
 }
 
+impl LogRecorder {
+    async fn append_marks(&self, topic: Arc<str>, ends: Vec<(i32, i64)>) -> Result<(), String> {
+        let record = LogRecord {
+            writer: self.waiters.me(),
+            request: 0,
+            change: Some(Change::Marks(Marks {
+                topic: topic.to_string(),
+                ends: ends
+                    .into_iter()
+                    .map(|(partition, offset)| PartitionEnd { partition, offset })
+                    .collect(),
+            })),
+        };
+        let appended =
+            self.log.enqueue(self.partition, &record::marks_key(&topic), Some(&record.encode())).await;
+        appended.map(|_| ()).map_err(|e| format!("recording the marks of {topic} in the schedule log: {e}"))
+    }
+}
+
 impl Recorder for LogRecorder {
     fn record(
         &self,
@@ -136,5 +163,13 @@ impl Recorder for LogRecorder {
             }
             Ok(last)
         })
+    }
+
+    fn mark(
+        &self,
+        topic: Arc<str>,
+        ends: Vec<(i32, i64)>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(self.append_marks(topic, ends))
     }
 }

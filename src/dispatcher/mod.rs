@@ -55,9 +55,19 @@
 //! settles it; records still unanswered are *in doubt*: the store is told,
 //! so that no cancel of them is answered `CANCELLED`.
 //!
+//! After a stop that was not clean, it first reads the target topics back
+//! for what it may have produced without recording it ([`reconcile`]):
+//! what it finds there is recorded as delivered instead of produced again.
+//! Before its first produce to a topic, it marks where the topic's
+//! partitions end, which bounds that read.
+//!
 //! While the store cannot record deliveries (disk full) it produces nothing.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -67,10 +77,13 @@ use crate::{
     kafka::{DeliveryReport, Fault, Outgoing, ProduceError, Producer},
     message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis},
     metrics,
-    store::{DueBatch, Floor, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey},
+    store::{
+        DueBatch, Floor, InDoubt, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey,
+    },
 };
 
 mod lease;
+mod reconcile;
 mod sent;
 
 pub use lease::Lease;
@@ -217,6 +230,14 @@ pub(crate) trait Recorder: Send + Sync {
         &self,
         keys: Vec<Vec<u8>>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<i64, String>> + Send + '_>>;
+
+    /// Records where `topic`'s partitions end (see [`Store::mark`]);
+    /// returns once it is in the log.
+    fn mark(
+        &self,
+        topic: Arc<str>,
+        ends: Vec<(i32, i64)>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + '_>>;
 }
 
 pub struct Dispatcher {
@@ -261,6 +282,11 @@ pub struct Dispatcher {
     published: tokio::time::Instant,
     /// When a floor last went to the store without settles.
     floor_sent: tokio::time::Instant,
+    /// Messages in doubt after an unclean stop that Kafka has: recorded as
+    /// delivered (partition, offset) when claimed, not produced again.
+    landed: HashMap<MessageId, (i32, i64)>,
+    /// Topics whose partitions the store has marks for.
+    marked: HashSet<Arc<str>>,
 }
 
 /// What becomes of one due message.
@@ -322,6 +348,8 @@ impl Dispatcher {
             after_ahead: Next::Now,
             published: tokio::time::Instant::now() - PUBLISH_EVERY,
             floor_sent: tokio::time::Instant::now(),
+            landed: HashMap::new(),
+            marked: HashSet::new(),
         }
     }
 
@@ -344,6 +372,17 @@ impl Dispatcher {
     }
 
     pub async fn run(mut self, stop: CancellationToken) {
+        // What the last dispatcher of the shard may have produced without
+        // recording it: after an unclean stop, whatever was due; after a
+        // move, whatever was due before this one took over.
+        let window = match self.lease {
+            None => self.store.in_doubt_window(),
+            Some(_) => Some(InDoubt { below: DispatchKey::after(self.clock.now()), before_seq: u64::MAX }),
+        };
+        match reconcile::landed(&self.store, &self.producer, window, &stop).await {
+            Some(landed) => self.landed = landed,
+            None => return self.drain().await,
+        }
         loop {
             metrics::DISPATCH_WAKEUPS.inc();
             // One commit for every outcome gathered since the last look.
@@ -574,12 +613,22 @@ impl Dispatcher {
             }
             self.unreadable_retry = now.saturating_add(self.config.max_sleep);
         }
+        for ready in &batch.ready {
+            if !self.marked.contains(ready.record.topic.as_str()) {
+                self.mark(ready.record.topic.as_str().into()).await;
+            }
+        }
         for ready in batch.ready {
             // One allocation per topic, not per message.
             let topic = match self.topics.get_key_value(ready.record.topic.as_str()) {
                 Some((known, _)) => Arc::clone(known),
                 None => ready.record.topic.as_str().into(),
             };
+            if let Some((partition, offset)) = self.landed.remove(&ready.id) {
+                // It reached Kafka before the unclean stop.
+                self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
+                continue;
+            }
             match self.decide(&topic, now) {
                 Decision::Produce { probe } => self.produce(ready, topic, probe),
                 Decision::Defer => {
@@ -595,6 +644,42 @@ impl Dispatcher {
         }
         if let Err(e) = self.store.release(release).await {
             tracing::warn!(error = %e, "returning claims failed");
+        }
+    }
+
+    /// Before the first produce of this store to `topic`: marks where its
+    /// partitions end, unless they have marks, so that a search for what
+    /// an unclean stop left unrecorded starts there (see [`reconcile`]).
+    /// A topic the broker does not describe now is not marked; its
+    /// partitions are then searched from their start.
+    async fn mark(&mut self, topic: Arc<str>) {
+        self.marked.insert(Arc::clone(&topic));
+        match self.store.marks_of(&topic).await {
+            Ok(marks) if !marks.is_empty() => return,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(topic = %topic, error = %e, "reading a topic's marks failed");
+                return;
+            }
+        }
+        let producer = Arc::clone(&self.producer);
+        let asking = Arc::clone(&topic);
+        let ends = tokio::task::spawn_blocking(move || producer.ends(&asking, Duration::from_secs(5))).await;
+        let marked = match ends {
+            Ok(Ok(ends)) if !ends.is_empty() => match &self.recorder {
+                Some(recorder) => recorder.mark(Arc::clone(&topic), ends).await,
+                None => self.store.mark(Arc::clone(&topic), ends).await.map_err(|e| e.to_string()),
+            },
+            Ok(Ok(_)) => Err("the broker does not know the topic".to_owned()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = marked {
+            tracing::debug!(
+                topic = %topic,
+                error = %e,
+                "marking where a topic's partitions end failed: after an unclean stop, they are read back from their start"
+            );
         }
     }
 
@@ -624,6 +709,7 @@ impl Dispatcher {
             tries: ready.tries,
             at: now,
             outcome,
+            in_order: false,
         });
     }
 
@@ -829,6 +915,7 @@ impl Dispatcher {
             tries: sent.tries,
             at: now,
             outcome,
+            in_order: false,
         };
         if matches!(settle.outcome, Outcome::Delivered { .. }) && !settle.tries.recorded {
             if let Some(settle) = self.sent.answer(report.token, settle) {

@@ -112,7 +112,9 @@ impl Sent {
 
     /// The deliveries to hand on now: those every record sent before has
     /// been answered for; all of them when `all`, or when they have waited
-    /// `hold_for` or number `cap`.
+    /// `hold_for` or number `cap`. Each is marked `in_order`: every record
+    /// sent before it to its partition was answered before it and is
+    /// handed on with it or was before.
     pub fn flush(&mut self, all: bool, hold_for: Duration, cap: usize) -> Vec<Settle> {
         let all = all
             || self.answered >= cap
@@ -122,14 +124,18 @@ impl Sent {
             if matches!(front, Slot::Waiting(_)) {
                 break;
             }
-            if let Some(Slot::Answered(settle)) = self.slots.pop_front() {
+            if let Some(Slot::Answered(mut settle)) = self.slots.pop_front() {
+                settle.in_order = true;
                 out.push(settle);
             }
             self.base += 1;
         }
         if all && self.answered > out.len() {
             for slot in self.slots.iter_mut().filter(|s| matches!(s, Slot::Answered(_))) {
-                if let Slot::Answered(settle) = std::mem::replace(slot, Slot::Done) {
+                // Behind a record still unanswered, which went to another
+                // partition (one partition answers in the order sent).
+                if let Slot::Answered(mut settle) = std::mem::replace(slot, Slot::Done) {
+                    settle.in_order = true;
                     out.push(settle);
                 }
             }
@@ -241,6 +247,7 @@ mod tests {
             tries: f.tries,
             at: UnixMillis(0),
             outcome: Outcome::Delivered { partition: 0, offset: 0 },
+            in_order: false,
         }
     }
 

@@ -6,6 +6,7 @@
 mod admin;
 mod catalog;
 mod group;
+pub mod landed;
 mod log;
 mod producer;
 

@@ -175,6 +175,8 @@ pub struct Producer {
     inner: ThreadedProducer<Reports>,
     metadata: rdkafka::producer::BaseProducer<Reports>,
     fatal: CancellationToken,
+    /// How it reaches Kafka: a search of what landed reads with the same.
+    config: KafkaConfig,
 }
 
 /// hourglass's producer defaults; the user's properties override them.
@@ -236,7 +238,7 @@ impl Producer {
         // A separate client for metadata, so refreshes never queue behind
         // produce traffic.
         let metadata = client.create_with_context(context.clone())?;
-        Ok(Producer { inner, metadata, fatal: context.fatal })
+        Ok(Producer { inner, metadata, fatal: context.fatal, config: config.clone() })
     }
 
     /// Gets the idempotent producer its producer id now rather than in a
@@ -260,6 +262,29 @@ impl Producer {
         if let Err(e) = spawned {
             tracing::debug!(error = %e, "no warm-up thread for the producer; its own timer gets its id");
         }
+    }
+
+    /// How it reaches Kafka.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    /// Where each partition of `topic` ends now (the offset its next record
+    /// gets). Blocking.
+    pub fn ends(&self, topic: &str, timeout: Duration) -> Result<Vec<(i32, i64)>, KafkaError> {
+        let client = self.metadata.client();
+        let metadata = client.fetch_metadata(Some(topic), timeout)?;
+        let Some(described) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(Vec::new());
+        };
+        if let Some(e) = described.error() {
+            return Err(KafkaError::MetadataFetch(e.into()));
+        }
+        described
+            .partitions()
+            .iter()
+            .map(|p| client.fetch_watermarks(topic, p.id(), timeout).map(|(_, high)| (p.id(), high)))
+            .collect()
     }
 
     /// Cancelled when the producer has failed fatally and cannot produce

@@ -21,6 +21,10 @@
 //! 0x02 ‖ "owner"     Owner(at, released)            the writer owns the shard from here on: only
 //!                                                   it dispatches (and takes changes); released:
 //!                                                   the owner let go, none owns it
+//! 0x03 ‖ topic       Marks(topic, ends)             where the topic's partitions ended before the
+//!                                                   shard first produced to it: marks for those
+//!                                                   that have none (see `crate::dispatcher`'s
+//!                                                   reconciliation)
 //! ```
 //!
 //! Deliveries are recorded by chunk, one record for what one settle of the
@@ -49,6 +53,10 @@ pub const CHUNK_KEY_MARK: u8 = 1;
 /// compaction keeps the latest claim).
 pub const OWNER_KEY_MARK: u8 = 2;
 
+/// The first byte of the key of [`Marks`] records (one key per target
+/// topic).
+pub const MARKS_KEY_MARK: u8 = 3;
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LogRecord {
     /// The node incarnation that wrote the record (random per start).
@@ -57,7 +65,7 @@ pub struct LogRecord {
     /// Which of its requests: the node answers it once this is applied.
     #[prost(uint64, tag = "2")]
     pub request: u64,
-    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9")]
     pub change: Option<Change>,
 }
 
@@ -75,6 +83,27 @@ pub enum Change {
     Failed(Failed),
     #[prost(message, tag = "8")]
     Owner(Owner),
+    #[prost(message, tag = "9")]
+    Marks(Marks),
+}
+
+/// Where each partition of a target topic ended before the shard's first
+/// produce to it: no record of the shard lies before. Sets the marks of
+/// partitions that have none; deliveries raise them from there.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Marks {
+    #[prost(string, tag = "1")]
+    pub topic: String,
+    #[prost(message, repeated, tag = "2")]
+    pub ends: Vec<PartitionEnd>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PartitionEnd {
+    #[prost(int32, tag = "1")]
+    pub partition: i32,
+    #[prost(int64, tag = "2")]
+    pub offset: i64,
 }
 
 /// The record's writer took the shard: from this record on, the shard's
@@ -192,6 +221,9 @@ pub struct Delivered {
     pub partition: i32,
     #[prost(int64, tag = "2")]
     pub offset: i64,
+    /// Handed over in the order sent: it raises the partition's mark.
+    #[prost(bool, tag = "3")]
+    pub in_order: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -286,6 +318,13 @@ pub fn owner_key() -> Vec<u8> {
     key
 }
 
+/// The key of a target topic's [`Marks`] record.
+pub fn marks_key(topic: &str) -> Vec<u8> {
+    let mut key = vec![MARKS_KEY_MARK];
+    key.extend_from_slice(topic.as_bytes());
+    key
+}
+
 /// The key of the [`Settled`] record of a chunk: its time ([`Settled::at_ms`])
 /// then its writer and request, unique, so that compaction keeps every
 /// chunk until its retention ends and the shard's owner tombstones it.
@@ -349,8 +388,8 @@ pub fn read<'a>(
             Some(key @ [CHUNK_KEY_MARK, ..]) if key.len() == CHUNK_KEY_LEN => {
                 Entry::ForgetChunk(key.to_vec())
             }
-            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK, ..]) => {
-                Entry::Skip("the tombstone of an owner, or of no chunk".to_owned())
+            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK, ..]) => {
+                Entry::Skip("the tombstone of an owner, of marks, or of no chunk".to_owned())
             }
             _ => match key.and_then(MessageId::from_stored) {
                 Some(id) => Entry::Forget(id),

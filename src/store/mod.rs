@@ -52,7 +52,7 @@ pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
 pub(crate) use scan::{DueBatch, Ready, Tries};
 use writer::Op;
 pub use writer::{Answer, Decided, Decision, Hold, Intent, NewId, NewMessage};
-pub(crate) use writer::{Local, LogEntry};
+pub(crate) use writer::{InDoubt, Local, LogEntry};
 pub(crate) use writer::{Outcome, Settle, settled_line};
 
 use crate::metrics::ShardMetrics;
@@ -84,6 +84,11 @@ struct Inner {
     closing: CancellationToken,
     max_pending: Option<u64>,
     recorded_shard: ShardOf,
+    /// What may have been produced and not recorded before the store was
+    /// opened: none if it was closed cleanly.
+    in_doubt: Option<writer::InDoubt>,
+    /// When it was opened.
+    opened_at: std::time::Instant,
     /// Cluster mode: the log's time of the last record applied, as opened.
     log_time: crate::message::UnixMillis,
     /// Where the next purge reads the retention index from: past the
@@ -210,6 +215,11 @@ impl Store {
     }
 
     /// Which shard of how many the store was first opened as.
+    /// When it was opened: a stop before that was at least this long ago.
+    pub fn opened_at(&self) -> std::time::Instant {
+        self.inner.opened_at
+    }
+
     pub fn recorded_shard(&self) -> ShardOf {
         self.inner.recorded_shard
     }

@@ -654,6 +654,71 @@ pub(crate) fn last_logged_key(db: &DB) -> Result<Option<DispatchKey>, StoreError
     log.last_key().map(Some).ok_or_else(|| corrupt("newest delivery log has no last key"))
 }
 
+/// Every mark (see [`schema::mark_key`]): by topic and partition.
+pub(crate) fn marks(db: &DB) -> Result<HashMap<(std::sync::Arc<str>, i32), i64>, StoreError> {
+    let (lower, upper) = schema::marks_range();
+    let mut marks = HashMap::new();
+    for (topic, partition, offset) in marks_in(db, lower, upper)? {
+        marks.insert((topic.into(), partition), offset);
+    }
+    Ok(marks)
+}
+
+/// The marks of `topic`'s partitions.
+pub(crate) fn marks_of(db: &DB, topic: &str) -> Result<HashMap<i32, i64>, StoreError> {
+    let lower = schema::mark_prefix(topic);
+    let mut upper = lower.clone();
+    *upper.last_mut().expect("a prefix ends with its separator") += 1;
+    Ok(marks_in(db, lower, upper)?.into_iter().map(|(_, partition, offset)| (partition, offset)).collect())
+}
+
+/// Marks between two keys: (topic, partition, offset).
+fn marks_in(db: &DB, lower: Vec<u8>, upper: Vec<u8>) -> Result<Vec<(String, i32, i64)>, StoreError> {
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_lower_bound(lower.clone());
+    opts.set_iterate_upper_bound(upper);
+    let mut marks = Vec::new();
+    for item in db.iterator_cf_opt(
+        cf(db, schema::CF_CHECKPOINT),
+        opts,
+        IteratorMode::From(&lower, Direction::Forward),
+    ) {
+        let (k, v) = item?;
+        marks.push(schema::decode_mark(&k, &v).ok_or_else(|| corrupt(format!("mark {k:?}")))?);
+    }
+    Ok(marks)
+}
+
+/// The pending messages accepted before sequence `before_seq` and due to
+/// be dispatched before `below`: what a dispatcher stopped uncleanly may
+/// have produced without recording it.
+pub(crate) fn in_doubt(
+    db: &DB,
+    from: DispatchKey,
+    below: DispatchKey,
+    before_seq: u64,
+) -> Result<Vec<PendingMessage>, StoreError> {
+    let snapshot = db.snapshot();
+    let mut opts = at(Some(&snapshot));
+    opts.set_iterate_upper_bound(below.encode().to_vec());
+    let start = from.encode();
+    let mut logged = Logged::from(db, from, Some(&snapshot))?;
+    let mut found = Vec::new();
+    for item in
+        db.iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
+    {
+        let (k, v) = item?;
+        let key = DispatchKey::decode(&k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
+        if key.seq >= before_seq || logged.contains(key)? {
+            continue;
+        }
+        if let (_, Some(message)) = visible_at(db, &snapshot, &Scope::everything(), &k, &v)? {
+            found.push(message);
+        }
+    }
+    Ok(found)
+}
+
 /// What the store knows about itself for `Stats`.
 #[derive(Clone, Debug)]
 pub struct StoreStats {

@@ -9,6 +9,8 @@
 //!                "r" ‖ settled_ms:u64be ‖ id      → ()   retention index, purged in order
 //!                "d" ‖ first dispatch key         → DeliveryLog: a chunk delivered at first try
 //!                "c" ‖ space ‖ topic              → Counts of one tenant's messages on one topic
+//!                "o" ‖ topic ‖ 0 ‖ partition:i32be  → offset:i64be: none of this store's records
+//!                                                   on the target partition lies before it
 //! ```
 //!
 //! A due entry holds the message whole, so the dispatcher reads what is due
@@ -62,6 +64,7 @@ const RETENTION_PREFIX: u8 = b'r';
 const COUNTS_PREFIX: u8 = b'c';
 const DELIVERY_LOG_PREFIX: u8 = b'd';
 const LOG_CHUNK_PREFIX: u8 = b'k';
+const MARK_PREFIX: u8 = b'o';
 /// The first byte of a due entry in the current layout. A legacy entry is
 /// a bare id, whose first byte is printable or 0 (a tenant's space).
 const DUE_ENTRY_MARK: u8 = 1;
@@ -191,6 +194,38 @@ pub struct LogChunk {
 /// The chunk key a [`log_chunk_key`] names.
 pub fn decode_log_chunk_key(key: &[u8]) -> Option<&[u8]> {
     key.strip_prefix(&[LOG_CHUNK_PREFIX])
+}
+
+/// The key of a target partition's mark: where a search for this store's
+/// records on it may start (see `crate::dispatcher::reconcile`). Kafka's
+/// topic names never hold a 0 byte.
+pub fn mark_key(topic: &str, partition: i32) -> Vec<u8> {
+    let mut k = mark_prefix(topic);
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+/// The key prefix of every mark of `topic`.
+pub fn mark_prefix(topic: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + topic.len() + 4);
+    k.push(MARK_PREFIX);
+    k.extend_from_slice(topic.as_bytes());
+    k.push(0);
+    k
+}
+
+/// The key range holding every mark.
+pub fn marks_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![MARK_PREFIX], vec![MARK_PREFIX + 1])
+}
+
+/// The topic and partition a [`mark_key`] names, and the offset its value
+/// holds.
+pub fn decode_mark(key: &[u8], value: &[u8]) -> Option<(String, i32, i64)> {
+    let rest = key.strip_prefix(&[MARK_PREFIX])?;
+    let (partition, topic) = rest.split_last_chunk::<4>().map(|(t, p)| (i32::from_be_bytes(*p), t))?;
+    let topic = std::str::from_utf8(topic.strip_suffix(&[0])?).ok()?;
+    Some((topic.to_owned(), partition, i64::from_be_bytes(value.try_into().ok()?)))
 }
 
 /// Whose messages on which topic a [`Counts`] entry counts: a tenant's
@@ -634,6 +669,19 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn marks_round_trip_and_a_topic_s_marks_share_a_prefix_no_other_topic_has(
+            topic in "[A-Za-z0-9._-]{1,249}", other in "[A-Za-z0-9._-]{1,249}",
+            partition in 0..i32::MAX, offset in 0..i64::MAX
+        ) {
+            let key = mark_key(&topic, partition);
+            prop_assert_eq!(decode_mark(&key, &offset.to_be_bytes()), Some((topic.clone(), partition, offset)));
+            prop_assert!(key.starts_with(&mark_prefix(&topic)));
+            prop_assert_eq!(key.starts_with(&mark_prefix(&other)), topic == other);
+            let (lo, hi) = marks_range();
+            prop_assert!(key >= lo && key < hi);
+        }
+
         #[test]
         fn counts_keys_round_trip_and_stay_in_their_range(
             tenant in proptest::option::of("[A-Za-z0-9._-]{1,64}"), topic in "[A-Za-z0-9._-]{1,249}"

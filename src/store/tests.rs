@@ -1,6 +1,8 @@
 //! The store's dispatch cycle against a real RocksDB: take what is due,
 //! settle it, and what each outcome leaves behind.
 
+use std::collections::HashMap;
+
 use super::{read::STATS_EXAMINE, schema::DispatchKey, *};
 use crate::message::{CancelOutcome, DueSpec, Envelope, MessageId, Scope, State, UnixMillis};
 
@@ -43,6 +45,7 @@ fn settle(ready: &Ready, at: u64, outcome: Outcome) -> Settle {
         tries: ready.tries,
         at: UnixMillis(at),
         outcome,
+        in_order: false,
     }
 }
 
@@ -489,6 +492,7 @@ mod scale {
                     tries: r.tries,
                     at: UnixMillis(SETTLED + 1),
                     outcome: Outcome::Delivered { partition: 0, offset: 0 },
+                    in_order: false,
                 })
                 .collect();
             store.settle(settles, Some(store.wake().floor(from))).await.unwrap();
@@ -567,4 +571,36 @@ mod scale {
         assert!(cost < 2, "the next purge stepped over {cost} tombstones");
         store.close().await;
     }
+}
+
+#[tokio::test]
+async fn marks_rise_with_deliveries_in_order_and_an_unclean_close_leaves_the_unrecorded_in_doubt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for (id, due) in [("a", 10), ("b", 20), ("c", 30)] {
+        park(&store, id, due).await;
+    }
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let (a, b, c) = (&batch.ready[0], &batch.ready[1], &batch.ready[2]);
+    // Before the first produce to the topic: where its partitions end.
+    store.mark("t".into(), vec![(0, 4), (1, 3)]).await.unwrap();
+    let in_order = Settle { in_order: true, ..settle(a, 50, Outcome::Delivered { partition: 0, offset: 5 }) };
+    // Handed over out of order (it had stalled): it raises no mark.
+    let out_of_order = settle(b, 50, Outcome::Delivered { partition: 0, offset: 9 });
+    store.settle(vec![in_order, out_of_order], None).await.unwrap();
+    // A mark is set once; deliveries raise it.
+    store.mark("t".into(), vec![(0, 100), (1, 100), (2, 7)]).await.unwrap();
+    assert_eq!(store.marks_of("t").await.unwrap(), HashMap::from([(0, 6), (1, 3), (2, 7)]));
+    assert!(store.marks_of("other").await.unwrap().is_empty());
+    assert!(store.in_doubt_window().is_none(), "opened from nothing: nothing in doubt");
+
+    // c was produced and never answered: the close is not clean.
+    store.in_doubt(vec![c.id.clone()]).await.unwrap();
+    store.close().await;
+    drop(store);
+    let store = open(dir.path());
+    let doubt = store.in_doubt_messages(store.in_doubt_window().expect("not closed cleanly")).await.unwrap();
+    assert_eq!(doubt.iter().map(|m| (m.id.as_str(), m.due.0)).collect::<Vec<_>>(), [("c", 30)]);
+    assert_eq!(store.marks_of("t").await.unwrap(), HashMap::from([(0, 6), (1, 3), (2, 7)]), "kept");
+    store.close().await;
 }

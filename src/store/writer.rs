@@ -53,8 +53,8 @@ use super::{
 };
 use crate::{
     message::{
-        CancelOutcome, DueSpec, Envelope, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis,
-        Visibility,
+        CancelOutcome, DueSpec, Envelope, MessageId, PendingMessage, RescheduleRefusal, Scheduled, Scope,
+        UnixMillis, Visibility,
     },
     metrics::{self, ShardMetrics},
 };
@@ -193,6 +193,32 @@ impl Store {
         self.send(Op::Unpark(ids)).await
     }
 
+    /// What a dispatcher may have produced without recording it before
+    /// the store was last closed, if that was not cleanly.
+    pub(crate) fn in_doubt_window(&self) -> Option<InDoubt> {
+        self.inner.in_doubt
+    }
+
+    /// The pending messages in `window` (see [`InDoubt`]), in dispatch
+    /// order.
+    pub(crate) async fn in_doubt_messages(&self, window: InDoubt) -> Result<Vec<PendingMessage>, StoreError> {
+        let from = self.inner.wake.floor_recorded();
+        self.blocking(move |s| read::in_doubt(&s.inner.db, from, window.below, window.before_seq)).await
+    }
+
+    /// Where this store's records on each partition of `topic` start, as
+    /// far as it recorded (see [`schema::mark_key`]).
+    pub(crate) async fn marks_of(&self, topic: &str) -> Result<HashMap<i32, i64>, StoreError> {
+        let topic = topic.to_owned();
+        self.blocking(move |s| read::marks_of(&s.inner.db, &topic)).await
+    }
+
+    /// Marks the partitions of `topic` that have no mark yet at `ends`:
+    /// where each ended before the first produce to it.
+    pub(crate) async fn mark(&self, topic: Arc<str>, ends: Vec<(i32, i64)>) -> Result<(), StoreError> {
+        self.call(|reply| Op::Mark { topic, ends, reply }).await
+    }
+
     /// Produces whose outcome will not be known: see [`Op::InDoubt`].
     pub(crate) async fn in_doubt(&self, ids: Vec<MessageId>) -> Result<(), StoreError> {
         if ids.is_empty() {
@@ -291,6 +317,11 @@ pub(crate) struct Settle {
     /// When the outcome was known.
     pub at: UnixMillis,
     pub outcome: Outcome,
+    /// A delivery handed over after every record sent before it was
+    /// answered and handed over: each earlier record on its partition is
+    /// recorded with it or before it, so it may raise the partition's mark
+    /// (see [`schema::mark_key`]).
+    pub in_order: bool,
 }
 
 #[derive(Debug)]
@@ -344,6 +375,14 @@ pub(crate) enum Op {
     /// The dispatcher gave these claims back without a change: requests
     /// waiting on them run again.
     Unpark(Vec<MessageId>),
+    /// Marks of a target topic's partitions that have none yet: where
+    /// each ended before the first produce of this store to the topic.
+    /// Answered once committed.
+    Mark {
+        topic: Arc<str>,
+        ends: Vec<(i32, i64)>,
+        reply: Reply<()>,
+    },
     /// Produces whose outcome the dispatcher will not learn: it stopped
     /// before Kafka answered. Requests waiting on them are told so; their
     /// claims stay until the store closes, and the store does not count as
@@ -434,11 +473,11 @@ pub(crate) struct WriterConfig {
 /// and due by then. Until the dispatcher has produced (or retried) each of
 /// them, a cancel or reschedule cannot know whether a copy is on its topic.
 #[derive(Clone, Copy, Debug)]
-struct InDoubt {
+pub(crate) struct InDoubt {
     /// Dispatch keys below this were due when the store opened.
-    below: DispatchKey,
+    pub below: DispatchKey,
     /// Accepted before the open.
-    before_seq: u64,
+    pub before_seq: u64,
 }
 
 struct Parked {
@@ -469,6 +508,10 @@ pub(crate) struct Writer {
     handed: VecDeque<(u64, DispatchKey)>,
     /// Produces reported in doubt at shutdown.
     unresolved: usize,
+    /// Where no record of this store lies before, per target partition:
+    /// see [`schema::mark_key`]. Raised by each delivery, in the commit
+    /// that records it.
+    marks: HashMap<(Arc<str>, i32), i64>,
     /// Cluster mode: messages held by a decided change until its record
     /// is applied.
     holds: HashSet<MessageId>,
@@ -587,6 +630,7 @@ impl Writer {
         shared.log_owner.store(meta.log_owner, Ordering::Release);
         shared.wake.record_floor(meta.floor());
         let chunk_high = read::last_logged_key(db)?;
+        let marks = read::marks(db)?;
         let writer = Writer {
             shared,
             config,
@@ -601,6 +645,7 @@ impl Writer {
             chunk_high,
             handed: VecDeque::new(),
             unresolved: 0,
+            marks,
             holds: HashSet::new(),
             touched_while_claimed: HashSet::new(),
             closing_since: None,
@@ -612,6 +657,12 @@ impl Writer {
     /// Cluster mode: the log's time of the last record applied.
     pub fn log_time(&self) -> UnixMillis {
         UnixMillis(self.meta.log_time_ms)
+    }
+
+    /// What may have been produced and not recorded before the store was
+    /// last closed, if it was not closed cleanly.
+    pub fn in_doubt_window(&self) -> Option<InDoubt> {
+        self.in_doubt
     }
 
     /// Which shard of how many the store says it is.
@@ -799,6 +850,10 @@ impl Writer {
                     let parked = self.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
+            }
+            Op::Mark { topic, ends, reply } => {
+                self.set_marks(r, &topic, ends);
+                r.reply(reply, Ok(()));
             }
             Op::InDoubt(ids) => {
                 self.unresolved += ids.len();
@@ -1093,6 +1148,35 @@ impl Writer {
         r.overlay.insert(id, Some(stored));
     }
 
+    /// Marks the partitions of `topic` that have none at `ends`.
+    fn set_marks(&mut self, r: &mut Round, topic: &Arc<str>, ends: impl IntoIterator<Item = (i32, i64)>) {
+        for (partition, end) in ends {
+            if let std::collections::hash_map::Entry::Vacant(mark) =
+                self.marks.entry((Arc::clone(topic), partition))
+            {
+                mark.insert(end);
+                r.put_mark(topic, partition, end);
+            }
+        }
+    }
+
+    /// A record of this store is at `offset`, and its delivery was handed
+    /// over in order: nothing of this store that is not recorded lies at
+    /// or before it. Records reach a partition in the order they were sent
+    /// (the producer is idempotent), so each earlier one there was
+    /// answered before it, and is recorded in this commit or before it.
+    fn raise_mark(&mut self, r: &mut Round, topic: &Arc<str>, partition: i32, offset: i64) {
+        let next = offset.saturating_add(1);
+        match self.marks.get_mut(&(Arc::clone(topic), partition)) {
+            Some(mark) if *mark >= next => return,
+            Some(mark) => *mark = next,
+            None => {
+                self.marks.insert((Arc::clone(topic), partition), next);
+            }
+        }
+        r.put_mark(topic, partition, next);
+    }
+
     /// Records what became of a produce. The dispatcher's claim has kept
     /// the message as it read it, so nothing needs reading here.
     fn settle(&mut self, r: &mut Round, settle: Settle) {
@@ -1103,6 +1187,9 @@ impl Writer {
         let tried = !matches!(settle.outcome, Outcome::Failed { tried: false, .. });
         let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
         let first_refused_at_ms = prev.first_refused_at.map_or(0, |t| t.0);
+        if let (Outcome::Delivered { partition, offset }, true) = (&settle.outcome, settle.in_order) {
+            self.raise_mark(r, &settle.topic, *partition, *offset);
+        }
         match &settle.outcome {
             // Its due entry stays, as the record of the message.
             Outcome::Delivered { partition, offset }
@@ -1499,6 +1586,7 @@ fn refuse(op: Op, error: StoreError) {
         Op::Decide { reply, .. } => drop(reply.send(Err(error))),
         Op::DecideAll { reply, .. } => drop(reply.send(Err(error))),
         Op::Apply { reply, .. } => drop(reply.send(Err(error))),
+        Op::Mark { reply, .. } => drop(reply.send(Err(error))),
         Op::Settle { .. } | Op::Unpark(_) | Op::InDoubt(_) | Op::Unhold(_) | Op::Tick | Op::Close => {}
     }
 }
@@ -1595,6 +1683,14 @@ impl<'a> Round<'a> {
 
     fn delete_due(&mut self, key: DispatchKey) {
         self.batch.delete_cf(cf(self.db, schema::CF_DUE), key.encode());
+    }
+
+    fn put_mark(&mut self, topic: &str, partition: i32, offset: i64) {
+        self.batch.put_cf(
+            cf(self.db, schema::CF_CHECKPOINT),
+            schema::mark_key(topic, partition),
+            offset.to_be_bytes(),
+        );
     }
 
     fn put_settlement(&mut self, id: &MessageId, s: &Settlement) {

@@ -56,6 +56,14 @@ impl Mock {
         }
     }
 
+    /// A topic of `partitions` partitions, led by the cluster's brokers.
+    #[allow(dead_code)]
+    pub fn topic_with(&self, name: &str, partitions: i32) {
+        let c = CString::new(name).unwrap();
+        let created = unsafe { rd::rd_kafka_mock_topic_create(self.cluster, c.as_ptr(), partitions, 1) };
+        assert_eq!(created, RespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+    }
+
     /// From now on the cluster answers metadata requests for `topic` with
     /// `error` (NO_ERROR to stop).
     pub fn topic_error(&self, topic: &str, error: RespErr) {

@@ -167,11 +167,14 @@ pub fn collect(
                 continue;
             }
         };
-        let id = m
+        // Records of other producers on the same topic carry no id.
+        let Some(id) = m
             .headers()
             .and_then(|hs| hs.iter().find(|h| h.key == "hourglass-id").and_then(|h| h.value))
             .map(|v| String::from_utf8_lossy(v).into_owned())
-            .expect("every record carries hourglass-id");
+        else {
+            continue;
+        };
         missing.remove(&id);
         out.push(Delivery {
             id,

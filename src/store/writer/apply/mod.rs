@@ -303,7 +303,7 @@ pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
             Change::Scheduled(m) | Change::Rescheduled(m) => stored(&m.id).into_iter().collect(),
             Change::Cancelled(c) => c.message.iter().filter_map(|m| stored(&m.id)).collect(),
             Change::Failed(f) => stored(&f.id).into_iter().collect(),
-            Change::Owner(_) => Vec::new(),
+            Change::Owner(_) | Change::Marks(_) => Vec::new(),
             Change::Settled(s) => match &entry.local {
                 Some(Local::Settles(settles, _)) => settles.iter().map(|s| s.id.clone()).collect(),
                 _ => s.lines.iter().filter_map(|l| stored(&l.id)).collect(),
@@ -437,6 +437,11 @@ impl Writer {
                 self.apply_failed(r, &id, &f.reason, UnixMillis(f.at_ms), f.message.map(record_of))?;
                 Answer::None
             }
+            Change::Marks(marks) => {
+                let topic: Arc<str> = marks.topic.into();
+                self.set_marks(r, &topic, marks.ends.iter().map(|e| (e.partition, e.offset)));
+                Answer::None
+            }
             // Applied in `apply_entry`, which knows the writer.
             Change::Owner(_) => Answer::None,
         })
@@ -549,6 +554,7 @@ impl Writer {
                         tries: Tries::of(stored.settlement.as_ref()),
                         at,
                         outcome: Outcome::Failed { error: reason.to_owned(), tried: false },
+                        in_order: false,
                     },
                 );
             }
@@ -629,6 +635,7 @@ impl Writer {
             }
             return Ok(());
         }
+        let in_order = matches!(&outcome, SettledOutcome::Delivered(d) if d.in_order);
         let outcome = match outcome {
             SettledOutcome::Delivered(d) => Outcome::Delivered { partition: d.partition, offset: d.offset },
             SettledOutcome::Retry(t) => {
@@ -644,6 +651,7 @@ impl Writer {
             tries: Tries::of(stored.settlement.as_ref()),
             at,
             outcome,
+            in_order,
         };
         r.settled.insert(id);
         self.settle(r, settle);
@@ -709,9 +717,11 @@ pub(super) fn log_message(id: &MessageId, record: &MessageRecord) -> LogMessage 
 /// A settle as the log records it.
 pub fn settled_line(settle: &Settle) -> SettledLine {
     let outcome = match &settle.outcome {
-        Outcome::Delivered { partition, offset } => {
-            SettledOutcome::Delivered(record::Delivered { partition: *partition, offset: *offset })
-        }
+        Outcome::Delivered { partition, offset } => SettledOutcome::Delivered(record::Delivered {
+            partition: *partition,
+            offset: *offset,
+            in_order: settle.in_order,
+        }),
         Outcome::Retry { retry_at, error, refused } => SettledOutcome::Retry(record::Retry {
             retry_at_ms: retry_at.0,
             error: error.clone(),

@@ -52,7 +52,7 @@ fn delivered(text: &str, offset: i64) -> SettledLine {
     SettledLine {
         id: id(text).as_bytes().to_vec(),
         at_ms: 50,
-        outcome: Some(SettledOutcome::Delivered(record::Delivered { partition: 0, offset })),
+        outcome: Some(SettledOutcome::Delivered(record::Delivered { partition: 0, offset, in_order: true })),
     }
 }
 

@@ -1,0 +1,167 @@
+//! Which records of hourglass's own reached a target topic: read back from
+//! the partitions, between where the store's marks say its unrecorded
+//! records can start and where each partition ended when the search began.
+//! Used after an unclean stop, before anything is produced again, so that
+//! a message Kafka already has is recorded as delivered rather than sent a
+//! second time (see `crate::dispatcher::reconcile`).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use rdkafka::{
+    ClientConfig, Message as _, Offset, TopicPartitionList,
+    consumer::{BaseConsumer, Consumer as _},
+    error::{KafkaError, RDKafkaErrorCode},
+    message::Headers as _,
+};
+
+use super::{KafkaConfig, is_producer_only};
+use crate::message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis};
+
+/// How long the broker may take to answer metadata and offset requests.
+const ASK: Duration = Duration::from_secs(10);
+
+/// What a search found on one topic.
+#[derive(Debug, Default)]
+pub struct Landed {
+    /// The messages looked for that are there: the first copy of each.
+    pub found: HashMap<MessageId, (i32, i64)>,
+    /// Records read, ours and others'.
+    pub read: u64,
+    /// Partitions read (the others had nothing past their mark).
+    pub partitions: usize,
+}
+
+/// Reads `topic`'s partitions from their `marks` (from the start where
+/// there is none) to where each ends now, and finds the records carrying
+/// one of the `wanted` ids with the due time it was wanted with. A topic
+/// that does not exist has none of them. Gives up after `within`.
+pub fn search(
+    config: &KafkaConfig,
+    topic: &str,
+    marks: &HashMap<i32, i64>,
+    wanted: &HashMap<MessageId, UnixMillis>,
+    within: Duration,
+) -> Result<Landed, KafkaError> {
+    let deadline = Instant::now() + within;
+    let consumer = consumer(config)?;
+    let metadata = consumer.fetch_metadata(Some(topic), ASK)?;
+    let Some(described) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(Landed::default());
+    };
+    if described.error().is_some() {
+        // Unknown (deleted) or not ours to read: if it cannot be read, it
+        // cannot be produced to either.
+        tracing::warn!(topic, error = ?described.error(), "a target topic cannot be read back");
+        return Ok(Landed::default());
+    }
+    let mut ends = BTreeMap::new();
+    let mut assignment = TopicPartitionList::new();
+    for partition in described.partitions().iter().map(|p| p.id()) {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, ASK)?;
+        let from = marks.get(&partition).map_or(low, |&mark| mark.max(low));
+        tracing::debug!(
+            topic,
+            partition,
+            low,
+            high,
+            mark = marks.get(&partition),
+            from,
+            "reading a target partition back"
+        );
+        if from < high {
+            assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
+            ends.insert(partition, high);
+        }
+    }
+    let mut landed = Landed { partitions: ends.len(), ..Landed::default() };
+    if ends.is_empty() {
+        return Ok(landed);
+    }
+    consumer.assign(&assignment)?;
+    let mut idle_since = Instant::now();
+    while !ends.is_empty() {
+        if Instant::now() > deadline {
+            return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(record)) => {
+                idle_since = Instant::now();
+                let (partition, offset) = (record.partition(), record.offset());
+                let Some(&end) = ends.get(&partition) else { continue };
+                if offset >= end {
+                    ends.remove(&partition);
+                    continue;
+                }
+                landed.read += 1;
+                if let Some(id) = ours(&record, wanted) {
+                    tracing::debug!(topic, partition, offset, id = %id.qualified(), "found a message in doubt");
+                    landed.found.entry(id).or_insert((partition, offset));
+                }
+                if offset + 1 >= end {
+                    ends.remove(&partition);
+                }
+            }
+            Some(Err(e)) => return Err(e),
+            None if idle_since.elapsed() > Duration::from_secs(1) => {
+                // Offsets before the end that hold no record (transaction
+                // markers, compacted gaps) are never returned: the
+                // position says the partition was read past them.
+                let positions = consumer.position()?;
+                ends.retain(|&partition, &mut end| {
+                    !matches!(
+                        positions.find_partition(topic, partition).map(|p| p.offset()),
+                        Some(Offset::Offset(at)) if at >= end
+                    )
+                });
+                idle_since = Instant::now();
+            }
+            None => {}
+        }
+    }
+    Ok(landed)
+}
+
+/// The message a record is a delivery of, if it carries one of the wanted
+/// ids with the due time that message has.
+fn ours(record: &impl rdkafka::Message, wanted: &HashMap<MessageId, UnixMillis>) -> Option<MessageId> {
+    let headers = record.headers()?;
+    let (mut id, mut tenant, mut due) = (None, None, None);
+    for header in headers.iter() {
+        match header.key {
+            ID_HEADER => id = header.value,
+            TENANT_HEADER => tenant = header.value,
+            DUE_HEADER => due = header.value,
+            _ => {}
+        }
+    }
+    let stored = match tenant {
+        None => id?.to_vec(),
+        Some(tenant) => [&[0][..], tenant, &[0], id?].concat(),
+    };
+    let id = MessageId::from_stored(&stored)?;
+    let due: u64 = std::str::from_utf8(due?).ok()?.parse().ok()?;
+    (wanted.get(&id) == Some(&UnixMillis(due))).then_some(id)
+}
+
+fn consumer(config: &KafkaConfig) -> Result<BaseConsumer, KafkaError> {
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", &config.brokers)
+        .set("group.id", "hourglass-reconcile")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        // Every record a producer wrote, committed or not: a record of a
+        // transaction still open may be one of ours.
+        .set("isolation.level", "read_uncommitted")
+        .set("reconnect.backoff.max.ms", "1000");
+    for (k, v) in &config.properties {
+        if !is_producer_only(k) {
+            client.set(k, v);
+        }
+    }
+    client.create()
+}
