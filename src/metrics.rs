@@ -163,6 +163,20 @@ pub static DISPATCH_WAKEUPS: LazyLock<IntCounter> = LazyLock::new(|| {
          delivery report. Idle, it wakes about once per second; a fast climb while idle is a busy loop.",
     )
 });
+pub static RECONCILE_IN_DOUBT: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_reconcile_in_doubt_total",
+        "Messages that may have been produced without being recorded (an unclean stop, a shard \
+         taken over) and were looked for on their topics before anything was produced.",
+    )
+});
+pub static RECONCILE_UNSEARCHED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_reconcile_unsearched_total",
+        "Messages in doubt whose topic could not be read back: produced again, and those already on \
+         it delivered twice.",
+    )
+});
 pub static RECONCILE_FOUND: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_reconcile_found_total",
@@ -340,6 +354,8 @@ pub fn init() {
     }
     LazyLock::force(&METADATA_ERRORS);
     LazyLock::force(&RECONCILE_FOUND);
+    LazyLock::force(&RECONCILE_IN_DOUBT);
+    LazyLock::force(&RECONCILE_UNSEARCHED);
     LazyLock::force(&RECONCILE_READ);
     LazyLock::force(&RECONCILE_MILLISECONDS);
     KAFKA_REACHABLE.set(1);

@@ -19,11 +19,15 @@
 //! 6. footprint: memory and disk with the large backlog parked, and the
 //!    time from process start to dispatching again, after SIGTERM and after
 //!    SIGKILL.
+//! 7. reconcile: a drain cut by SIGKILL with the in-flight window full;
+//!    the restart's search of the topic for what was in doubt, with and
+//!    without another producer writing to the topic; duplicates.
 
 pub mod cluster;
 mod limits;
 mod load;
 mod machine;
+mod reconcile;
 mod report;
 mod workload;
 
@@ -157,15 +161,18 @@ pub enum Phase {
     Failover,
     /// Cluster mode only: every shard restored from the log.
     Restore,
+    /// A drain cut by SIGKILL, and the restart's reconciliation.
+    Reconcile,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; 8] = [
         Phase::Ingest,
         Phase::Drain,
         Phase::Precision,
         Phase::Burst,
         Phase::Footprint,
+        Phase::Reconcile,
         Phase::Failover,
         Phase::Restore,
     ];
@@ -191,6 +198,10 @@ fn phase(name: &str) {
 }
 
 const DAY: Duration = Duration::from_secs(86_400);
+
+/// Records a second another producer writes to the bench topic in the
+/// second run of the reconcile phase.
+const FOREIGN_RATE: u64 = 50_000;
 
 /// Due a day from now (parked for the whole run), each a millisecond apart
 /// so they spread over the due index as real traffic would.
@@ -492,6 +503,33 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
             None,
             &[Target::AtMost(256.0)],
         );
+    }
+
+    if runs(Phase::Reconcile) {
+        // 7. Reconciliation after a SIGKILL mid-drain.
+        for foreign in [0, FOREIGN_RATE] {
+            let label = if foreign == 0 {
+                "reconcile".to_owned()
+            } else {
+                format!("reconcile beside {foreign} foreign records/s")
+            };
+            phase(&format!("{label}: a drain of {} cut by SIGKILL", sc.drain));
+            let cut = reconcile::cut_drain(&mut server, &brokers, &w, sc.drain, s.streams, foreign).await?;
+            report.add(format!("{label}: in doubt at the restart"), cut.in_doubt, "msgs", None, &[]);
+            report.add(format!("{label}: found on the topic"), cut.found, "msgs", None, &[]);
+            report.add(format!("{label}: records read back"), cut.read, "records", None, &[]);
+            report.add(format!("{label}: time"), cut.millis, "ms", None, &[]);
+            report.add(
+                format!("{label}: duplicates"),
+                cut.duplicates as f64,
+                "msgs",
+                None,
+                &[Target::AtMost(0.0)],
+            );
+            if foreign > 0 {
+                report.note(format!("{label}: the other producer wrote {} records meanwhile", cut.foreign));
+            }
+        }
     }
 
     server.stop()?;

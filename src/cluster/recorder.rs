@@ -165,6 +165,10 @@ impl Recorder for LogRecorder {
         })
     }
 
+    fn flushed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(LogRecorder::flushed(self))
+    }
+
     fn mark(
         &self,
         topic: Arc<str>,

@@ -173,6 +173,10 @@ const HOLD_FOR: Duration = Duration::from_millis(100);
 
 /// How often a dispatcher whose lease ran out looks whether it holds again.
 const LEASE_RECHECK: Duration = Duration::from_millis(50);
+/// How far past what it is about to produce the dispatcher records its
+/// horizon: a commit per this much of due time at most, and what is in
+/// doubt after an unclean stop is what was due up to this much later.
+const HORIZON_AHEAD: Duration = Duration::from_secs(5);
 
 /// A read of the due index under way, from `from`.
 struct Reading {
@@ -231,6 +235,9 @@ pub(crate) trait Recorder: Send + Sync {
         keys: Vec<Vec<u8>>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<i64, String>> + Send + '_>>;
 
+    /// Waits until every settle recorded so far is in the log.
+    fn flushed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+
     /// Records where `topic`'s partitions end (see [`Store::mark`]);
     /// returns once it is in the log.
     fn mark(
@@ -282,11 +289,16 @@ pub struct Dispatcher {
     published: tokio::time::Instant,
     /// When a floor last went to the store without settles.
     floor_sent: tokio::time::Instant,
-    /// Messages in doubt after an unclean stop that Kafka has: recorded as
-    /// delivered (partition, offset) when claimed, not produced again.
-    landed: HashMap<MessageId, (i32, i64)>,
+    /// Messages found on their topic by the reconciliation that could not
+    /// be claimed then: recorded as delivered (partition, offset) when
+    /// claimed from the same due entry, not produced again.
+    landed: HashMap<MessageId, (DispatchKey, i32, i64)>,
     /// Topics whose partitions the store has marks for.
     marked: HashSet<Arc<str>>,
+    /// Standalone: nothing due after this is produced until the store has
+    /// recorded a later horizon, so that after an unclean stop only what
+    /// was due by then is in doubt.
+    horizon: UnixMillis,
 }
 
 /// What becomes of one due message.
@@ -323,6 +335,7 @@ impl Dispatcher {
         // Nothing below the store's floor is pending: what lies there is
         // settled, or delivered and kept until retention.
         let scan_from = store.wake().floor_recorded();
+        let horizon = store.horizon_at_open();
         Dispatcher {
             store,
             recorder: None,
@@ -350,6 +363,7 @@ impl Dispatcher {
             floor_sent: tokio::time::Instant::now(),
             landed: HashMap::new(),
             marked: HashSet::new(),
+            horizon,
         }
     }
 
@@ -380,7 +394,7 @@ impl Dispatcher {
             Some(_) => Some(InDoubt { below: DispatchKey::after(self.clock.now()), before_seq: u64::MAX }),
         };
         match reconcile::landed(&self.store, &self.producer, window, &stop).await {
-            Some(landed) => self.landed = landed,
+            Some(found) => self.settle_found(found).await,
             None => return self.drain().await,
         }
         loop {
@@ -389,6 +403,10 @@ impl Dispatcher {
             self.flush_settles(false).await;
             self.find_stalls();
             let next = self.dispatch_due().await;
+            if let Next::At(due) = next {
+                // Recorded while it sleeps, not when it wakes to produce.
+                self.extend_horizon(due).await;
+            }
             self.publish();
             let sleep = match next {
                 Next::At(due) => self.clock.until(due).min(self.config.max_sleep),
@@ -618,13 +636,18 @@ impl Dispatcher {
                 self.mark(ready.record.topic.as_str().into()).await;
             }
         }
+        if let Some(latest) = batch.ready.iter().map(|r| r.key.at).max() {
+            self.extend_horizon(latest).await;
+        }
         for ready in batch.ready {
             // One allocation per topic, not per message.
             let topic = match self.topics.get_key_value(ready.record.topic.as_str()) {
                 Some((known, _)) => Arc::clone(known),
                 None => ready.record.topic.as_str().into(),
             };
-            if let Some((partition, offset)) = self.landed.remove(&ready.id) {
+            if let Some((key, partition, offset)) = self.landed.remove(&ready.id)
+                && key == ready.key
+            {
                 // It reached Kafka before the unclean stop.
                 self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
                 continue;
@@ -644,6 +667,71 @@ impl Dispatcher {
         }
         if let Err(e) = self.store.release(release).await {
             tracing::warn!(error = %e, "returning claims failed");
+        }
+    }
+
+    /// Records the messages the reconciliation found on their topics as
+    /// delivered, and waits until that is durable, before anything is
+    /// produced: a later delivery may raise a mark past them. One held by
+    /// a change in progress is settled when it is next claimed, if its due
+    /// entry is still the one found.
+    async fn settle_found(&mut self, found: Vec<reconcile::Found>) {
+        if found.is_empty() {
+            return;
+        }
+        let mut at: HashMap<MessageId, (DispatchKey, i32, i64)> =
+            found.into_iter().map(|f| (f.id, (f.key, f.partition, f.offset))).collect();
+        let entries = at.iter().map(|(id, (key, _, _))| (*key, id.clone())).collect();
+        let batch = match self.store.take_listed(entries).await {
+            Ok(batch) => batch,
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming the messages found on their topics failed; they are settled when next claimed");
+                self.landed = at;
+                return;
+            }
+        };
+        let now = self.clock.now();
+        let mut release = batch.stale;
+        release.extend(batch.unreadable.into_iter().map(|(_, id, _)| id));
+        for ready in batch.ready {
+            match at.remove(&ready.id) {
+                Some((key, partition, offset)) if key == ready.key => {
+                    let topic: Arc<str> = ready.record.topic.as_str().into();
+                    self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
+                }
+                _ => release.push(ready.id),
+            }
+        }
+        if let Err(e) = self.store.release(release).await {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
+        self.landed = at;
+        self.flush_settles(false).await;
+        let recorded = match &self.recorder {
+            Some(recorder) => {
+                recorder.flushed().await;
+                Ok(())
+            }
+            None => self.store.probe().await,
+        };
+        if let Err(e) = recorded {
+            tracing::warn!(error = %e, "recording the messages found on their topics failed");
+        }
+    }
+
+    /// Standalone: records, before anything due after the horizon is
+    /// produced, a horizon [`HORIZON_AHEAD`] past `due`. One commit per
+    /// step, not per message.
+    async fn extend_horizon(&mut self, due: UnixMillis) {
+        if self.recorder.is_some() || due <= self.horizon {
+            return;
+        }
+        let until = due.saturating_add(HORIZON_AHEAD);
+        match self.store.extend_horizon(until).await {
+            Ok(()) => self.horizon = until,
+            // Produced anyway: after a crash, what went out past the
+            // recorded horizon is produced again, never lost.
+            Err(e) => tracing::warn!(error = %e, "recording the dispatch horizon failed"),
         }
     }
 

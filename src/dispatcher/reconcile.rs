@@ -1,14 +1,15 @@
-//! Reconciliation: after an unclean stop, which of the messages the last
-//! dispatcher may have produced without recording it did reach Kafka.
+//! Reconciliation: after an unclean stop, or when a node takes a shard
+//! over, which of the messages the last dispatcher may have produced
+//! without recording it did reach Kafka.
 //!
 //! A dispatcher that stops uncleanly (kill -9, a crash, a fatal producer
 //! error, power loss) may leave records Kafka has taken whose deliveries
 //! the store never recorded. Sending those again is a duplicate. So before
 //! the next dispatcher produces anything, it reads the target partitions
-//! back and settles as delivered, with their real partition and offset,
+//! back and records as delivered, with their real partition and offset,
 //! the in-doubt messages it finds there (by the `hourglass-id` and
-//! `hourglass-due-ms` headers every delivery carries). What it does not
-//! find was not written, and is produced as usual.
+//! `hourglass-due-ms` headers every delivery carries), in one commit. What
+//! it does not find was not written, and is produced as usual.
 //!
 //! The read is bounded by the store's *marks*: per target partition, an
 //! offset before which no unrecorded record of this store can lie. A
@@ -18,21 +19,28 @@
 //! dispatcher hands their deliveries to the store in that order). So the
 //! read covers what was produced since the last recorded delivery on each
 //! partition, plus what other producers wrote meanwhile; a partition with
-//! no mark (added to the topic later) is read from its start. The end of
-//! each partition is taken when the search begins, at least
-//! [`LATE_APPENDS`] after the store opened (a request the stopped process
-//! had sent may still be in the broker's hands); nothing of this store is
-//! produced while it runs.
+//! no mark (added to the topic later) is read from its start. Where the
+//! broker answers offset-for-time lookups, record timestamps bound it too:
+//! no record of the stopped dispatcher is older than the earliest dispatch
+//! time in doubt, or newer than the stop. The end of each partition is
+//! taken when the search begins, at least [`LATE_APPENDS`] after the store
+//! opened (a request the stopped process had sent may still be in the
+//! broker's hands); nothing of this store is produced while it runs.
+//!
+//! A topic that cannot be read back after [`ATTEMPTS`] tries is given up
+//! on: its messages in doubt are produced again (possibly a second time),
+//! counted in `hourglass_reconcile_unsearched_total`. Nothing is lost.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    clock::{Clock as _, SystemClock},
     kafka::{Producer, landed},
     message::{MessageId, UnixMillis},
     metrics,
-    store::{InDoubt, Store},
+    store::{InDoubt, Store, schema::DispatchKey},
 };
 
 /// How long after a stop a request the stopped process had already sent
@@ -40,34 +48,52 @@ use crate::{
 /// before it closed. The search reads the partitions' ends no sooner than
 /// this after the store opened (a restart usually takes longer anyway).
 const LATE_APPENDS: Duration = Duration::from_secs(1);
-/// How long one topic's search may take before it is tried again.
+/// How far record timestamps (set by the producing client's clock) may
+/// stray from this node's clock and still bound the search.
+const CLOCK_SLACK: Duration = Duration::from_secs(60);
+/// How long one search of a topic may take.
 const SEARCH_WITHIN: Duration = Duration::from_secs(300);
+/// Tries of a topic's search before its messages are produced unsearched.
+const ATTEMPTS: u32 = 3;
 /// Wait before trying again after a failure.
 const BACKOFF: Duration = Duration::from_secs(2);
 
-/// The in-doubt messages found on their topics, by id: their partition and
-/// offset. `None` if stopped first.
+/// An in-doubt message found on its topic.
+#[derive(Debug)]
+pub(super) struct Found {
+    pub id: MessageId,
+    /// Its due entry, as it was when it was found.
+    pub key: DispatchKey,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// The messages in `window` found on their topics. `None` if stopped
+/// first.
 pub(super) async fn landed(
     store: &Store,
     producer: &Arc<Producer>,
     window: Option<InDoubt>,
     stop: &CancellationToken,
-) -> Option<HashMap<MessageId, (i32, i64)>> {
-    let Some(window) = window else { return Some(HashMap::new()) };
+) -> Option<Vec<Found>> {
+    let Some(window) = window else { return Some(Vec::new()) };
     let started = std::time::Instant::now();
-    let in_doubt = retry(stop, "reading the messages in doubt", || store.in_doubt_messages(window)).await?;
+    let in_doubt = loop {
+        match store.in_doubt_messages(window).await {
+            Ok(in_doubt) => break in_doubt,
+            Err(e) => tracing::warn!(error = %e, "reading the messages in doubt failed; trying again"),
+        }
+        pause(stop).await?;
+    };
     if in_doubt.is_empty() {
-        return Some(HashMap::new());
+        return Some(Vec::new());
     }
     let count = in_doubt.len();
-    tokio::select! {
-        _ = stop.cancelled() => return None,
-        _ = tokio::time::sleep_until((store.opened_at() + LATE_APPENDS).into()) => {}
-    }
-    let mut by_topic: HashMap<String, HashMap<MessageId, UnixMillis>> = HashMap::new();
-    for message in in_doubt {
+    metrics::RECONCILE_IN_DOUBT.inc_by(count as u64);
+    let mut by_topic: HashMap<String, Vec<(DispatchKey, MessageId, UnixMillis)>> = HashMap::new();
+    for (key, message) in in_doubt {
         tracing::trace!(id = %message.id.qualified(), due = message.due.0, topic = %message.topic, "in doubt");
-        by_topic.entry(message.topic).or_default().insert(message.id, message.due);
+        by_topic.entry(message.topic).or_default().push((key, message.id, message.due));
     }
     tracing::info!(
         messages = count,
@@ -75,26 +101,48 @@ pub(super) async fn landed(
         "reading the target topics back for messages the last dispatcher of this shard may have \
          produced without recording it"
     );
-    let (mut found, mut read, mut partitions) = (HashMap::new(), 0, 0);
-    for (topic, wanted) in by_topic {
-        let marks = retry(stop, "reading the marks of a target topic", || store.marks_of(&topic)).await?;
-        let (wanted, marks) = (Arc::new(wanted), Arc::new(marks));
-        let landed = retry(stop, "reading a target topic back", || {
-            let (producer, topic, wanted, marks) =
-                (Arc::clone(producer), topic.clone(), Arc::clone(&wanted), Arc::clone(&marks));
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    landed::search(producer.config(), &topic, &marks, &wanted, SEARCH_WITHIN)
-                        .map_err(|e| format!("{topic}: {e}"))
-                })
-                .await
-                .map_err(|e| e.to_string())?
+    tokio::select! {
+        _ = stop.cancelled() => return None,
+        _ = tokio::time::sleep_until((store.opened_at() + LATE_APPENDS).into()) => {}
+    }
+    // Nothing of the stopped dispatcher is newer than now.
+    let newest = SystemClock.now().saturating_add(CLOCK_SLACK);
+    let (mut found, mut read, mut partitions) = (Vec::new(), 0, 0);
+    for (topic, messages) in by_topic {
+        let oldest = messages.iter().map(|(key, _, _)| key.at).min().unwrap_or_default();
+        let oldest = UnixMillis(oldest.0.saturating_sub(CLOCK_SLACK.as_millis() as u64));
+        let wanted: Arc<HashMap<MessageId, UnixMillis>> =
+            Arc::new(messages.iter().map(|(_, id, due)| (id.clone(), *due)).collect());
+        let mut attempt = 0;
+        let landed = loop {
+            attempt += 1;
+            match search(store, producer, &topic, &wanted, (oldest, newest)).await {
+                Ok(landed) => break Some(landed),
+                Err(e) if attempt < ATTEMPTS => {
+                    tracing::warn!(topic, error = %e, "reading a target topic back failed; trying again (nothing is produced until then)");
+                    pause(stop).await?;
+                }
+                Err(e) => {
+                    tracing::error!(
+                        topic,
+                        error = %e,
+                        messages = wanted.len(),
+                        "reading a target topic back failed {ATTEMPTS} times: its messages in doubt are \
+                         produced again, and those already on it go out twice"
+                    );
+                    metrics::RECONCILE_UNSEARCHED.inc_by(wanted.len() as u64);
+                    break None;
+                }
             }
-        })
-        .await?;
+        };
+        let Some(landed) = landed else { continue };
         read += landed.read;
         partitions += landed.partitions;
-        found.extend(landed.found);
+        let keys: HashMap<&MessageId, DispatchKey> = messages.iter().map(|(key, id, _)| (id, *key)).collect();
+        found.extend(landed.found.into_iter().filter_map(|(id, (partition, offset))| {
+            let key = *keys.get(&id)?;
+            Some(Found { id, key, partition, offset })
+        }));
     }
     metrics::RECONCILE_MILLISECONDS.set(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
     metrics::RECONCILE_FOUND.inc_by(found.len() as u64);
@@ -110,22 +158,28 @@ pub(super) async fn landed(
     Some(found)
 }
 
-/// Runs `attempt` until it succeeds or `stop`.
-async fn retry<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
-    stop: &CancellationToken,
-    what: &str,
-    mut attempt: impl FnMut() -> F,
-) -> Option<T> {
-    loop {
-        match attempt().await {
-            Ok(done) => return Some(done),
-            Err(e) => {
-                tracing::warn!(error = %e, "{what} failed; trying again (nothing is produced until then)")
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return None,
-            _ = tokio::time::sleep(BACKOFF) => {}
-        }
+/// One search of `topic`, off the runtime.
+async fn search(
+    store: &Store,
+    producer: &Arc<Producer>,
+    topic: &str,
+    wanted: &Arc<HashMap<MessageId, UnixMillis>>,
+    times: (UnixMillis, UnixMillis),
+) -> Result<landed::Landed, String> {
+    let marks = store.marks_of(topic).await.map_err(|e| format!("reading the marks of {topic}: {e}"))?;
+    let (producer, topic, wanted) = (Arc::clone(producer), topic.to_owned(), Arc::clone(wanted));
+    tokio::task::spawn_blocking(move || {
+        landed::search(producer.config(), &topic, &marks, &wanted, times, SEARCH_WITHIN)
+            .map_err(|e| format!("{topic}: {e}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Waits [`BACKOFF`]; `None` if stopped first.
+async fn pause(stop: &CancellationToken) -> Option<()> {
+    tokio::select! {
+        _ = stop.cancelled() => None,
+        _ = tokio::time::sleep(BACKOFF) => Some(()),
     }
 }

@@ -36,13 +36,16 @@ pub struct Landed {
 
 /// Reads `topic`'s partitions from their `marks` (from the start where
 /// there is none) to where each ends now, and finds the records carrying
-/// one of the `wanted` ids with the due time it was wanted with. A topic
-/// that does not exist has none of them. Gives up after `within`.
+/// one of the `wanted` ids with the due time it was wanted with. Where the
+/// broker looks offsets up by time, records older than `times.0` or newer
+/// than `times.1` are not read. A topic that does not exist has none of
+/// them. Gives up after `within`.
 pub fn search(
     config: &KafkaConfig,
     topic: &str,
     marks: &HashMap<i32, i64>,
     wanted: &HashMap<MessageId, UnixMillis>,
+    times: (UnixMillis, UnixMillis),
     within: Duration,
 ) -> Result<Landed, KafkaError> {
     let deadline = Instant::now() + within;
@@ -51,17 +54,42 @@ pub fn search(
     let Some(described) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(Landed::default());
     };
-    if described.error().is_some() {
-        // Unknown (deleted) or not ours to read: if it cannot be read, it
-        // cannot be produced to either.
-        tracing::warn!(topic, error = ?described.error(), "a target topic cannot be read back");
-        return Ok(Landed::default());
+    match described.error().map(RDKafkaErrorCode::from) {
+        None => {}
+        // Deleted: nothing of it can be produced to, or read.
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Landed::default()),
+        Some(code) => return Err(KafkaError::MetadataFetch(code)),
     }
+    let partitions: Vec<i32> = described.partitions().iter().map(|p| p.id()).collect();
+    let after = by_time(&consumer, topic, &partitions, times.0)?;
+    let before = by_time(&consumer, topic, &partitions, times.1)?;
     let mut ends = BTreeMap::new();
     let mut assignment = TopicPartitionList::new();
-    for partition in described.partitions().iter().map(|p| p.id()) {
+    for &partition in &partitions {
         let (low, high) = consumer.fetch_watermarks(topic, partition, ASK)?;
-        let from = marks.get(&partition).map_or(low, |&mark| mark.max(low));
+        let mut from = match marks.get(&partition) {
+            Some(&mark) if mark > high => {
+                tracing::warn!(
+                    topic,
+                    partition,
+                    mark,
+                    high,
+                    "a target partition ends before its mark (was the topic made again?): reading it whole"
+                );
+                low
+            }
+            Some(&mark) => mark.max(low),
+            None => low,
+        };
+        let mut end = high;
+        // Only an answer inside the range narrows it: a broker that does
+        // not look offsets up by time answers the start, or nothing.
+        if let Some(&at) = after.get(&partition).filter(|&&at| from < at && at <= end) {
+            from = at;
+        }
+        if let Some(&at) = before.get(&partition).filter(|&&at| from < at && at < end) {
+            end = at;
+        }
         tracing::debug!(
             topic,
             partition,
@@ -69,11 +97,12 @@ pub fn search(
             high,
             mark = marks.get(&partition),
             from,
+            end,
             "reading a target partition back"
         );
-        if from < high {
+        if from < end {
             assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
-            ends.insert(partition, high);
+            ends.insert(partition, end);
         }
     }
     let mut landed = Landed { partitions: ends.len(), ..Landed::default() };
@@ -81,14 +110,12 @@ pub fn search(
         return Ok(landed);
     }
     consumer.assign(&assignment)?;
-    let mut idle_since = Instant::now();
     while !ends.is_empty() {
         if Instant::now() > deadline {
             return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
         }
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(record)) => {
-                idle_since = Instant::now();
                 let (partition, offset) = (record.partition(), record.offset());
                 let Some(&end) = ends.get(&partition) else { continue };
                 if offset >= end {
@@ -104,24 +131,44 @@ pub fn search(
                     ends.remove(&partition);
                 }
             }
-            Some(Err(e)) => return Err(e),
-            None if idle_since.elapsed() > Duration::from_secs(1) => {
-                // Offsets before the end that hold no record (transaction
-                // markers, compacted gaps) are never returned: the
-                // position says the partition was read past them.
-                let positions = consumer.position()?;
-                ends.retain(|&partition, &mut end| {
-                    !matches!(
-                        positions.find_partition(topic, partition).map(|p| p.offset()),
-                        Some(Offset::Offset(at)) if at >= end
-                    )
-                });
-                idle_since = Instant::now();
+            // The partition's end as the broker has it now, past the one
+            // taken at the start: read through (offsets that hold no
+            // record, such as transaction markers, are never returned).
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                ends.remove(&partition);
             }
+            Some(Err(e)) => return Err(e),
             None => {}
         }
     }
     Ok(landed)
+}
+
+/// The first offset of each partition whose record is at `at` or later,
+/// where the broker says.
+fn by_time(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partitions: &[i32],
+    at: UnixMillis,
+) -> Result<HashMap<i32, i64>, KafkaError> {
+    let mut asked = TopicPartitionList::new();
+    for &partition in partitions {
+        asked.add_partition_offset(
+            topic,
+            partition,
+            Offset::Offset(i64::try_from(at.0).unwrap_or(i64::MAX)),
+        )?;
+    }
+    let answered = consumer.offsets_for_times(asked, ASK)?;
+    Ok(answered
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(offset) if e.error().is_ok() => Some((e.partition(), offset)),
+            _ => None,
+        })
+        .collect())
 }
 
 /// The message a record is a delivery of, if it carries one of the wanted
@@ -153,7 +200,8 @@ fn consumer(config: &KafkaConfig) -> Result<BaseConsumer, KafkaError> {
         .set("group.id", "hourglass-reconcile")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "false")
+        // Tells when a partition was read to its end.
+        .set("enable.partition.eof", "true")
         // Every record a producer wrote, committed or not: a record of a
         // transaction still open may be one of ours.
         .set("isolation.level", "read_uncommitted")

@@ -89,6 +89,8 @@ struct Inner {
     in_doubt: Option<writer::InDoubt>,
     /// When it was opened.
     opened_at: std::time::Instant,
+    /// The dispatch horizon recorded at the open.
+    horizon_at_open: crate::message::UnixMillis,
     /// Cluster mode: the log's time of the last record applied, as opened.
     log_time: crate::message::UnixMillis,
     /// Where the next purge reads the retention index from: past the

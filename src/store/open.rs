@@ -67,8 +67,8 @@ impl Store {
             shard: config.shard,
         };
         let writer = Writer::open(shared, writer_config, rx, SystemClock.now()).map_err(with_report)?;
-        let (recorded_shard, log_time, in_doubt) =
-            (writer.recorded_shard(), writer.log_time(), writer.in_doubt_window());
+        let (recorded_shard, log_time, in_doubt, horizon_at_open) =
+            (writer.recorded_shard(), writer.log_time(), writer.in_doubt_window(), writer.horizon());
         metrics.pending.set(pending.load(Ordering::Relaxed) as i64);
         metrics.max_pending.set(config.max_pending.map_or(0, |cap| i64::try_from(cap).unwrap_or(i64::MAX)));
         let handle = spawn("hourglass-writer", "the writer thread", move || writer.run())?;
@@ -104,6 +104,7 @@ impl Store {
                 recorded_shard,
                 in_doubt,
                 opened_at: std::time::Instant::now(),
+                horizon_at_open,
                 purge_from: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
                 purge_logs_from: Mutex::new(schema::delivery_logs_range().0),
                 purge_chunks_from: Mutex::default(),

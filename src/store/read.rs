@@ -697,7 +697,7 @@ pub(crate) fn in_doubt(
     from: DispatchKey,
     below: DispatchKey,
     before_seq: u64,
-) -> Result<Vec<PendingMessage>, StoreError> {
+) -> Result<Vec<(DispatchKey, PendingMessage)>, StoreError> {
     let snapshot = db.snapshot();
     let mut opts = at(Some(&snapshot));
     opts.set_iterate_upper_bound(below.encode().to_vec());
@@ -713,7 +713,7 @@ pub(crate) fn in_doubt(
             continue;
         }
         if let (_, Some(message)) = visible_at(db, &snapshot, &Scope::everything(), &k, &v)? {
-            found.push(message);
+            found.push((key, message));
         }
     }
     Ok(found)

@@ -635,6 +635,12 @@ pub struct Meta {
     /// missed some: see `cluster::applier::STALE_AFTER`.
     #[prost(uint64, tag = "14")]
     pub log_time_ms: u64,
+    /// The dispatcher produces nothing due after this time (Unix ms) until
+    /// a later value is recorded: after an unclean stop, only what was due
+    /// by then can have been produced. None: a store from before this
+    /// field, where whatever was due at the open may have been.
+    #[prost(uint64, optional, tag = "15")]
+    pub dispatch_horizon_ms: Option<u64>,
 }
 
 impl Meta {

@@ -600,7 +600,27 @@ async fn marks_rise_with_deliveries_in_order_and_an_unclean_close_leaves_the_unr
     drop(store);
     let store = open(dir.path());
     let doubt = store.in_doubt_messages(store.in_doubt_window().expect("not closed cleanly")).await.unwrap();
-    assert_eq!(doubt.iter().map(|m| (m.id.as_str(), m.due.0)).collect::<Vec<_>>(), [("c", 30)]);
+    assert_eq!(doubt.iter().map(|(_, m)| (m.id.as_str(), m.due.0)).collect::<Vec<_>>(), [("c", 30)]);
     assert_eq!(store.marks_of("t").await.unwrap(), HashMap::from([(0, 6), (1, 3), (2, 7)]), "kept");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn after_an_unclean_close_only_what_was_due_by_the_recorded_horizon_is_in_doubt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for (id, due) in [("a", 10), ("b", 20), ("c", 30)] {
+        park(&store, id, due).await;
+    }
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    store.extend_horizon(UnixMillis(20)).await.unwrap();
+    store.extend_horizon(UnixMillis(15)).await.unwrap();
+    store.in_doubt(vec![batch.ready[0].id.clone()]).await.unwrap();
+    store.close().await;
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.horizon_at_open(), UnixMillis(20), "a horizon only moves on");
+    let doubt = store.in_doubt_messages(store.in_doubt_window().unwrap()).await.unwrap();
+    assert_eq!(doubt.iter().map(|(_, m)| m.id.as_str()).collect::<Vec<_>>(), ["a", "b"], "c was due past it");
     store.close().await;
 }

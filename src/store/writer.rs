@@ -201,7 +201,10 @@ impl Store {
 
     /// The pending messages in `window` (see [`InDoubt`]), in dispatch
     /// order.
-    pub(crate) async fn in_doubt_messages(&self, window: InDoubt) -> Result<Vec<PendingMessage>, StoreError> {
+    pub(crate) async fn in_doubt_messages(
+        &self,
+        window: InDoubt,
+    ) -> Result<Vec<(DispatchKey, PendingMessage)>, StoreError> {
         let from = self.inner.wake.floor_recorded();
         self.blocking(move |s| read::in_doubt(&s.inner.db, from, window.below, window.before_seq)).await
     }
@@ -211,6 +214,18 @@ impl Store {
     pub(crate) async fn marks_of(&self, topic: &str) -> Result<HashMap<i32, i64>, StoreError> {
         let topic = topic.to_owned();
         self.blocking(move |s| read::marks_of(&s.inner.db, &topic)).await
+    }
+
+    /// Records that the dispatcher may produce what is due up to `until`;
+    /// returns once that is durable.
+    pub(crate) async fn extend_horizon(&self, until: UnixMillis) -> Result<(), StoreError> {
+        self.call(|reply| Op::Horizon { until, reply }).await
+    }
+
+    /// What the dispatcher may produce without recording more: what is due
+    /// up to this, as recorded at the open (0: nothing yet).
+    pub(crate) fn horizon_at_open(&self) -> UnixMillis {
+        self.inner.horizon_at_open
     }
 
     /// Marks the partitions of `topic` that have no mark yet at `ends`:
@@ -375,6 +390,12 @@ pub(crate) enum Op {
     /// The dispatcher gave these claims back without a change: requests
     /// waiting on them run again.
     Unpark(Vec<MessageId>),
+    /// The dispatcher will produce what is due up to `until`: recorded
+    /// before it does. Answered once committed.
+    Horizon {
+        until: UnixMillis,
+        reply: Reply<()>,
+    },
     /// Marks of a target topic's partitions that have none yet: where
     /// each ended before the first produce of this store to the topic.
     /// Answered once committed.
@@ -601,8 +622,9 @@ impl Writer {
         };
         // A store that never took a message (a new one) has nothing in
         // doubt, however it was left.
+        let due_by = meta.dispatch_horizon_ms.map_or(now, |horizon| now.min(UnixMillis(horizon)));
         let in_doubt = (!meta.closed_cleanly && meta.next_seq > 0)
-            .then_some(InDoubt { below: DispatchKey::after(now), before_seq: meta.next_seq });
+            .then_some(InDoubt { below: DispatchKey::after(due_by), before_seq: meta.next_seq });
         if in_doubt.is_some() {
             tracing::info!(
                 "the store was not closed cleanly: messages due before now may have been produced \
@@ -663,6 +685,11 @@ impl Writer {
     /// last closed, if it was not closed cleanly.
     pub fn in_doubt_window(&self) -> Option<InDoubt> {
         self.in_doubt
+    }
+
+    /// What the dispatcher may produce without recording more.
+    pub fn horizon(&self) -> UnixMillis {
+        UnixMillis(self.meta.dispatch_horizon_ms.unwrap_or(0))
     }
 
     /// Which shard of how many the store says it is.
@@ -850,6 +877,11 @@ impl Writer {
                     let parked = self.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
+            }
+            Op::Horizon { until, reply } => {
+                r.meta.dispatch_horizon_ms = Some(r.meta.dispatch_horizon_ms.unwrap_or(0).max(until.0));
+                r.probe = true;
+                r.reply(reply, Ok(()));
             }
             Op::Mark { topic, ends, reply } => {
                 self.set_marks(r, &topic, ends);
@@ -1587,6 +1619,7 @@ fn refuse(op: Op, error: StoreError) {
         Op::DecideAll { reply, .. } => drop(reply.send(Err(error))),
         Op::Apply { reply, .. } => drop(reply.send(Err(error))),
         Op::Mark { reply, .. } => drop(reply.send(Err(error))),
+        Op::Horizon { reply, .. } => drop(reply.send(Err(error))),
         Op::Settle { .. } | Op::Unpark(_) | Op::InDoubt(_) | Op::Unhold(_) | Op::Tick | Op::Close => {}
     }
 }

@@ -347,7 +347,11 @@ impl Writer {
                     self.holds.remove(id);
                     r.released.push(id.clone());
                 }
-                self.apply_change(r, change, local)?
+                // A delivery raises a mark only if the shard's owner sent
+                // it: one fenced by a later claim may have delivered
+                // after records of the new owner still unrecorded.
+                let from_owner = writer == r.meta.log_owner;
+                self.apply_change(r, change, local, from_owner)?
             }
             (Entry::Native { native: Native::Schedule { id, envelope, requested }, at }, _) => {
                 let record = MessageRecord::new(envelope, requested, requested.resolve(at), 0, at);
@@ -398,6 +402,7 @@ impl Writer {
         r: &mut Round,
         change: Change,
         local: Option<Local>,
+        from_owner: bool,
     ) -> Result<Answer, StoreError> {
         Ok(match change {
             Change::Scheduled(m) => {
@@ -417,7 +422,8 @@ impl Writer {
             Change::Settled(settled) => {
                 match local {
                     Some(Local::Settles(settles, floor)) => {
-                        for settle in settles {
+                        for mut settle in settles {
+                            settle.in_order &= from_owner;
                             self.apply_own_settle(r, settle)?;
                         }
                         if let Some(floor) = floor {
@@ -426,7 +432,7 @@ impl Writer {
                     }
                     _ => {
                         for line in settled.lines {
-                            self.apply_settled_line(r, line)?;
+                            self.apply_settled_line(r, line, from_owner)?;
                         }
                     }
                 }
@@ -598,14 +604,20 @@ impl Writer {
             return Ok(());
         }
         r.released.push(settle.id.clone());
+        let from_owner = settle.in_order;
         let line = settled_line(&settle);
-        self.apply_settled_line(r, line)
+        self.apply_settled_line(r, line, from_owner)
     }
 
     /// A settle read from the log: what the dispatcher read is read again,
     /// here; a message no longer pending is left as it is, except that a
     /// delivery is a fact and wins over a cancel.
-    fn apply_settled_line(&mut self, r: &mut Round, line: SettledLine) -> Result<(), StoreError> {
+    fn apply_settled_line(
+        &mut self,
+        r: &mut Round,
+        line: SettledLine,
+        from_owner: bool,
+    ) -> Result<(), StoreError> {
         let Some(id) = MessageId::from_stored(&line.id) else { return Ok(()) };
         let Some(outcome) = line.outcome else { return Ok(()) };
         let Some(stored) = self.load(r, &id)? else { return Ok(()) };
@@ -635,7 +647,7 @@ impl Writer {
             }
             return Ok(());
         }
-        let in_order = matches!(&outcome, SettledOutcome::Delivered(d) if d.in_order);
+        let in_order = from_owner && matches!(&outcome, SettledOutcome::Delivered(d) if d.in_order);
         let outcome = match outcome {
             SettledOutcome::Delivered(d) => Outcome::Delivered { partition: d.partition, offset: d.offset },
             SettledOutcome::Retry(t) => {
