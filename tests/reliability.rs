@@ -290,7 +290,9 @@ async fn a_crash_at_each_fail_point_loses_nothing() {
         let broker = Broker::start();
         let topic = random_name("crash");
         broker.create_topic(&topic, 2).await;
-        let (verdict, crashed_at) = crash_at(point, nth, broker.addr(), &topic).await;
+        let Crashed { verdict, at: crashed_at, mut server } =
+            crash_at(point, nth, broker.addr(), &topic, (500, 4_000)).await;
+        server.stop().unwrap();
         // Records Kafka took before the crash are found there after it, and
         // recorded rather than sent again. Tansu 0.6 can show a record its
         // producer died sending only once the partition's next record is
@@ -314,7 +316,9 @@ async fn a_crash_at_each_fail_point_sends_nothing_twice() {
         let mock = common::mock::Mock::start(1);
         let topic = random_name("crash");
         mock.topic_with(&topic, 2);
-        let (verdict, crashed_at) = crash_at(point, nth, &mock.bootstrap(), &topic).await;
+        let Crashed { verdict, at: crashed_at, mut server } =
+            crash_at(point, nth, &mock.bootstrap(), &topic, (500, 4_000)).await;
+        server.stop().unwrap();
         assert!(
             verdict.duplicates.is_empty(),
             "{point}: {} duplicates, crashed at {crashed_at}: {:?}",
@@ -335,11 +339,20 @@ const FAIL_POINTS: [(&str, u32); 4] = [
     ("kafka-fatal", 500),
 ];
 
-/// Schedules 3,000 messages to `topic` through a server that aborts at
-/// `point`, restarts it without, and judges what reached the topic; when
-/// it crashed.
+/// What [`crash_at`] saw: the verdict, when the server crashed, and the
+/// server, running again.
 #[cfg(feature = "failpoints")]
-async fn crash_at(point: &str, nth: u32, brokers: &str, topic: &str) -> (Verdict, i64) {
+struct Crashed {
+    verdict: Verdict,
+    at: i64,
+    server: ServerProcess,
+}
+
+/// Schedules 3,000 messages to `topic`, due from `due.0` ms from now over
+/// `due.1` ms, through a server that aborts at `point`, restarts it
+/// without, and judges what reached the topic.
+#[cfg(feature = "failpoints")]
+async fn crash_at(point: &str, nth: u32, brokers: &str, topic: &str, due: (i64, i64)) -> Crashed {
     let dir = tempfile::tempdir().unwrap();
     let mut server = ServerProcess::new(Path::new(BIN), dir.path(), brokers, Durability::Sync).unwrap();
     server.env("HOURGLASS_FAILPOINT", &format!("{point}@{nth}"));
@@ -352,8 +365,8 @@ async fn crash_at(point: &str, nth: u32, brokers: &str, topic: &str) -> (Verdict
             topic: topic.to_owned(),
             run: random_name("m"),
             count,
-            from_ms: now_ms() + 500,
-            over_ms: 4_000,
+            from_ms: now_ms() + due.0,
+            over_ms: due.1,
             clients: 2,
             batch: 20,
             ingest_ms: 3_000,
@@ -377,8 +390,7 @@ async fn crash_at(point: &str, nth: u32, brokers: &str, topic: &str) -> (Verdict
     eprintln!("crash at {point} ({brokers}): {}", verdict.summary());
     verdict.assert_nothing_lost_or_early();
     assert_eq!(verdict.acknowledged, count);
-    server.stop().unwrap();
-    (verdict, crashed_at)
+    Crashed { verdict, at: crashed_at, server }
 }
 
 /// Writes records without hourglass's headers to `topic`, about `per_second`
@@ -429,33 +441,9 @@ async fn a_crash_beside_foreign_traffic_reads_back_only_past_the_marks() {
     broker.create_topic(&topic, 4).await;
     let running = Arc::new(AtomicBool::new(true));
     let foreign = foreign_producer(broker.addr(), &topic, 20_000, running.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = server(dir.path(), &broker).await;
-    server.env("HOURGLASS_FAILPOINT", "dispatch-before-settle@1500");
-    let mut server = server.launch().await.unwrap();
-    let ledger = Arc::new(Ledger::default());
-    let count = 3_000;
     // The topic's traffic before the first message is due is never read.
-    let load = tokio::spawn(schedule_spread(
-        Spread {
-            grpc: server.grpc.clone(),
-            topic: topic.clone(),
-            run: random_name("m"),
-            count,
-            from_ms: now_ms() + 5_000,
-            over_ms: 6_000,
-            clients: 2,
-            batch: 20,
-            ingest_ms: 3_000,
-        },
-        ledger.clone(),
-    ));
-    assert!(server.wait_exit(Duration::from_secs(120)).await.is_some(), "the fail point was never reached");
-    server.env("HOURGLASS_FAILPOINT", "");
-    server.spawn().unwrap();
-    server.wait_serving(Duration::from_secs(60)).await.unwrap();
-    load.await.unwrap();
-    let verdict = judge(&broker, &topic, &ledger, Duration::from_secs(120)).await;
+    let Crashed { verdict, mut server, .. } =
+        crash_at("dispatch-before-settle", 1500, broker.addr(), &topic, (5_000, 6_000)).await;
     running.store(false, Ordering::Relaxed);
     let written = tokio::task::spawn_blocking(move || foreign.join().unwrap()).await.unwrap();
     let read = server.metric("hourglass_reconcile_records_read_total").await.unwrap();
@@ -466,8 +454,6 @@ async fn a_crash_beside_foreign_traffic_reads_back_only_past_the_marks() {
          found {found} in doubt, in {took} ms; {}",
         verdict.summary()
     );
-    verdict.assert_nothing_lost_or_early();
-    assert_eq!(verdict.acknowledged, count);
     assert!(
         verdict.duplicates.is_empty(),
         "duplicates: {:?}",

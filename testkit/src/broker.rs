@@ -130,9 +130,18 @@ impl Drop for LocalBroker {
     }
 }
 
+/// Whether something listens on `addr`. A connect to a port nothing
+/// listens on can still succeed: when the kernel picks that same port as
+/// the connection's own, it connects to itself (TCP simultaneous open), so
+/// such a connection does not count.
+pub fn listening(addr: &str) -> bool {
+    TcpStream::connect(addr)
+        .is_ok_and(|s| !matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p))
+}
+
 fn wait_for_port(addr: &str, within: Duration) -> anyhow::Result<()> {
     let started = Instant::now();
-    while TcpStream::connect(addr).is_err() {
+    while !listening(addr) {
         if started.elapsed() > within {
             bail!("nothing listens on {addr} after {within:?}");
         }

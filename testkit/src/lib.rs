@@ -7,5 +7,5 @@
 mod broker;
 mod server;
 
-pub use broker::{LocalBroker, create_topic, delete_topic, free_port, free_port_pair};
+pub use broker::{LocalBroker, create_topic, delete_topic, free_port, free_port_pair, listening};
 pub use server::{ServerProcess, hourglass_binary, rss_of, series_value};

@@ -40,7 +40,7 @@ impl Serve {
     pub fn start(broker: &Broker, data_dir: &Path) -> Serve {
         let (mut child, grpc) = spawn_serve(broker, data_dir, Stdio::inherit());
         let started = Instant::now();
-        while std::net::TcpStream::connect(&grpc).is_err() {
+        while !hourglass_testkit::listening(&grpc) {
             if let Some(status) = child.try_wait().unwrap() {
                 panic!("hourglass exited with {status} at start-up (its log is above)");
             }
