@@ -378,15 +378,27 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
-/// Reloads the tokens file on SIGHUP until `stop`; a bad file is logged and
-/// the tokens in use stay. Without a tokens file SIGHUP is only logged: its
-/// default action, ending the process, is never what the sender meant.
-pub async fn reload_on_hangup(auth: Authenticator, stop: tokio_util::sync::CancellationToken) {
+/// Takes SIGHUP from the process from now on, so that its default action,
+/// ending the process, never runs: call it first thing at start-up.
+pub fn hangups() -> Option<tokio::signal::unix::Signal> {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+    let hangups = signal(SignalKind::hangup()).ok();
+    if hangups.is_none() {
         tracing::warn!("cannot listen for SIGHUP; the tokens file is read at start-up only");
-        return;
-    };
+    }
+    hangups
+}
+
+/// Reloads the tokens file on each of `hangups` until `stop`; a bad file is
+/// logged and the tokens in use stay. Without a tokens file SIGHUP is only
+/// logged: its default action, ending the process, is never what the
+/// sender meant.
+pub async fn reload_on_hangup(
+    auth: Authenticator,
+    hangups: Option<tokio::signal::unix::Signal>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let Some(mut hangup) = hangups else { return };
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -70,6 +70,9 @@ pub async fn run_with_clock(
     clock: Arc<dyn Clock>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    // Before anything slow (opening the stores): a SIGHUP that comes
+    // while the node starts is taken, not fatal.
+    let hangups = auth::hangups();
     metrics::init();
     settings::check(&config)?;
     let tls = settings::tls(&config)?.map(|tls| tls.load()).transpose()?;
@@ -108,7 +111,7 @@ pub async fn run_with_clock(
     // when authentication is on.
     let reflection_v1 = InterceptedService::new(reflection().build_v1()?, auth.clone());
     let reflection_v1alpha = InterceptedService::new(reflection().build_v1alpha()?, auth.clone());
-    let hangup_task = tokio::spawn(auth::reload_on_hangup(auth.clone(), background.clone()));
+    let hangup_task = tokio::spawn(auth::reload_on_hangup(auth.clone(), hangups, background.clone()));
 
     let metrics_task = tokio::spawn(serve_metrics(listeners.metrics, background.clone()));
     tracing::info!(

@@ -80,6 +80,10 @@ async fn serve(args: ServeArgs, matches: &clap::ArgMatches) -> anyhow::Result<Ex
         print!("{}", toml::to_string(&config).context("writing the settings as TOML")?);
         return Ok(ExitCode::SUCCESS);
     }
+    // SIGHUP's default action ends the process; once a handler is
+    // registered it never runs again, so none that comes after the ports
+    // are bound can (the server reloads its tokens on it).
+    let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
     let listeners = hourglass::Listeners::bind(&config).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(on_signal(shutdown.clone()));
