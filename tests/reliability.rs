@@ -393,41 +393,6 @@ async fn crash_at(point: &str, nth: u32, brokers: &str, topic: &str, due: (i64, 
     Crashed { verdict, at: crashed_at, server }
 }
 
-/// Writes records without hourglass's headers to `topic`, about `per_second`
-/// of them, until `running` is cleared; returns how many it wrote.
-#[cfg(feature = "failpoints")]
-fn foreign_producer(
-    broker: &str,
-    topic: &str,
-    per_second: u64,
-    running: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<u64> {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", broker)
-        .set("linger.ms", "5")
-        .create()
-        .expect("creating the foreign producer");
-    let topic = topic.to_owned();
-    std::thread::spawn(move || {
-        let (started, mut written) = (Instant::now(), 0u64);
-        while running.load(Ordering::Relaxed) {
-            let due = started.elapsed().as_secs_f64() * per_second as f64;
-            while (written as f64) < due {
-                let key = written.to_string();
-                let record = BaseRecord::to(&topic).key(&key).payload("someone else's record");
-                match producer.send(record) {
-                    Ok(()) => written += 1,
-                    Err(_) => break,
-                }
-            }
-            producer.poll(Duration::from_millis(5));
-        }
-        producer.flush(Duration::from_secs(30)).expect("the foreign records are written");
-        written
-    })
-}
-
 /// 1 (continued). A crash while other producers write to the same topic at
 /// 20,000 records a second: after the restart, reconciliation reads back
 /// from the marks (the last deliveries recorded per partition), not the
@@ -440,7 +405,7 @@ async fn a_crash_beside_foreign_traffic_reads_back_only_past_the_marks() {
     let topic = random_name("busy");
     broker.create_topic(&topic, 4).await;
     let running = Arc::new(AtomicBool::new(true));
-    let foreign = foreign_producer(broker.addr(), &topic, 20_000, running.clone());
+    let foreign = hourglass_testkit::other_producer(broker.addr(), &topic, 20_000, running.clone()).unwrap();
     // The topic's traffic before the first message is due is never read.
     let Crashed { verdict, mut server, .. } =
         crash_at("dispatch-before-settle", 1500, broker.addr(), &topic, (5_000, 6_000)).await;

@@ -18,7 +18,6 @@ use rdkafka::{
     ClientConfig, Message as _, Offset, TopicPartitionList,
     consumer::{BaseConsumer, Consumer as _},
     message::Headers as _,
-    producer::{BaseProducer, BaseRecord, Producer as _},
 };
 
 use hourglass::message::ID_HEADER;
@@ -54,7 +53,9 @@ pub async fn cut_drain(
 ) -> anyhow::Result<Reconciled> {
     let from = ends(brokers, &w.topic)?;
     let running = Arc::new(AtomicBool::new(true));
-    let other = (foreign > 0).then(|| other_producer(brokers, &w.topic, foreign, Arc::clone(&running)));
+    let other = (foreign > 0)
+        .then(|| hourglass_testkit::other_producer(brokers, &w.topic, foreign, Arc::clone(&running)))
+        .transpose()?;
     let pending = server.metric("hourglass_messages_pending").await?;
     let delivered = server.metric("hourglass_messages_delivered_total").await?;
     let t0 = now_ms() + lead_time(messages);
@@ -142,39 +143,4 @@ fn ours(brokers: &str, topic: &str, from: &TopicPartitionList) -> anyhow::Result
         }
     }
     Ok((records, ids.len()))
-}
-
-/// Another producer writing `per_second` records without hourglass's
-/// headers to `topic` until `running` is cleared; how many it wrote.
-fn other_producer(
-    brokers: &str,
-    topic: &str,
-    per_second: u64,
-    running: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<u64> {
-    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
-    std::thread::spawn(move || {
-        let Ok(producer) = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("linger.ms", "5")
-            .create::<BaseProducer>()
-        else {
-            return 0;
-        };
-        let (started, mut written) = (Instant::now(), 0u64);
-        let payload = vec![b'x'; 100];
-        while running.load(Ordering::Relaxed) {
-            let due = (started.elapsed().as_secs_f64() * per_second as f64) as u64;
-            while written < due {
-                let key = written.to_string();
-                if producer.send(BaseRecord::to(&topic).key(&key).payload(&payload)).is_err() {
-                    break;
-                }
-                written += 1;
-            }
-            producer.poll(Duration::from_millis(5));
-        }
-        let _ = producer.flush(Duration::from_secs(30));
-        written
-    })
 }
