@@ -272,6 +272,13 @@ settings! {
             /// shard's store up to date, so that a node taking it over
             /// after a failure starts at once (0: none).
             standby_replicas: u32 = "1", "HOURGLASS_STANDBY_REPLICAS";
+            /// How due records reach their topics: idempotent (any broker;
+            /// after a crash, what reached Kafka unrecorded is found by
+            /// reading the topics back) or exactly-once (Kafka transactions,
+            /// a transactional id per shard: read_committed consumers see
+            /// each message once, and a node that lost its shard is fenced
+            /// at the broker; needs a broker with transactions).
+            delivery: DeliveryMode = "idempotent", "HOURGLASS_DELIVERY";
         }
         optional {
             /// PEM certificate (chain) for TLS on the gRPC port; needs
@@ -295,12 +302,47 @@ settings! {
             /// Cluster mode: replicas of each partition of the schedule log,
             /// when hourglass creates it [default: the brokers' default].
             log_replication: i32, "HOURGLASS_LOG_REPLICATION";
+            /// --delivery exactly-once: the transactional ids are
+            /// <this>-<shard>. Unique to this node standalone, shared by the
+            /// nodes of one cluster [default: standalone, an id of each
+            /// store's own; cluster mode, <group-id>-<log-topic>].
+            transactional_id: String, "HOURGLASS_TRANSACTIONAL_ID";
             /// Cluster mode: where the other nodes reach this one's gRPC
             /// port, as a URL (http://host:port, https:// with TLS); a node
             /// forwards requests for shards it does not own to their owner
             /// [default: --listen, when it names one address].
             advertise_addr: String, "HOURGLASS_ADVERTISE_ADDR";
         }
+    }
+}
+
+/// How due records reach their topics (see `--delivery`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeliveryMode {
+    #[default]
+    Idempotent,
+    ExactlyOnce,
+}
+
+impl std::str::FromStr for DeliveryMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "idempotent" => Ok(DeliveryMode::Idempotent),
+            "exactly-once" => Ok(DeliveryMode::ExactlyOnce),
+            other => Err(format!("{other:?} is not a delivery mode; use idempotent or exactly-once")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeliveryMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeliveryMode::Idempotent => "idempotent",
+            DeliveryMode::ExactlyOnce => "exactly-once",
+        })
     }
 }
 
@@ -463,6 +505,17 @@ impl Config {
                 }
                 None => {}
             }
+        }
+        match (&self.transactional_id, self.delivery) {
+            (Some(_), DeliveryMode::Idempotent) => {
+                return Err(ConfigError::Clash(
+                    "--transactional-id names the transactional producers of --delivery exactly-once; \
+                     set that too, or drop it"
+                        .into(),
+                ));
+            }
+            (Some(id), _) if id.trim().is_empty() => return fail("transactional_id", "is empty"),
+            _ => {}
         }
         if self.shards == 0 || self.shards > MAX_SHARDS {
             return Err(ConfigError::out_of_range(

@@ -163,6 +163,45 @@ pub static DISPATCH_WAKEUPS: LazyLock<IntCounter> = LazyLock::new(|| {
          delivery report. Idle, it wakes about once per second; a fast climb while idle is a busy loop.",
     )
 });
+pub static TRANSACTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "hourglass_transactions_total",
+                "Transactional delivery (--delivery exactly-once): transactions committed, aborted (their \
+                 records produced again in the next one, or failed on their own), and times a shard's \
+                 transactional producer was fenced (another process took its transactional id).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric"),
+    )
+});
+pub static TRANSACTION_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    register(
+        Histogram::with_opts(
+            HistogramOpts::new(
+                "hourglass_transaction_commit_seconds",
+                "Transactional delivery: how long a commit took, from asking to Kafka's answer; a \
+                 record's delivery is recorded only after it.",
+            )
+            .buckets(vec![0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
+        )
+        .expect("valid metric"),
+    )
+});
+pub static TRANSACTION_RECORDS: LazyLock<Histogram> = LazyLock::new(|| {
+    register(
+        Histogram::with_opts(
+            HistogramOpts::new(
+                "hourglass_transaction_records",
+                "Transactional delivery: records per committed transaction (they grow with the load).",
+            )
+            .buckets(vec![1.0, 10.0, 100.0, 1000.0, 5000.0, 10000.0]),
+        )
+        .expect("valid metric"),
+    )
+});
 pub static RECONCILE_IN_DOUBT: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_reconcile_in_doubt_total",
@@ -354,6 +393,11 @@ pub fn init() {
     }
     LazyLock::force(&METADATA_ERRORS);
     LazyLock::force(&RECONCILE_FOUND);
+    for outcome in ["committed", "aborted", "fenced"] {
+        TRANSACTIONS.with_label_values(&[outcome]);
+    }
+    LazyLock::force(&TRANSACTION_SECONDS);
+    LazyLock::force(&TRANSACTION_RECORDS);
     LazyLock::force(&RECONCILE_IN_DOUBT);
     LazyLock::force(&RECONCILE_UNSEARCHED);
     LazyLock::force(&RECONCILE_READ);

@@ -145,7 +145,14 @@ impl Node {
                     asked: config.shards,
                 });
             }
-            shards.push(Shard::start(store, &shard_config, Arc::clone(&producer), Arc::clone(&clock)));
+            match Shard::start(store.clone(), &shard_config, Arc::clone(&producer), Arc::clone(&clock)) {
+                Ok(shard) => shards.push(shard),
+                Err(source) => {
+                    store.close().await;
+                    future::join_all(shards.iter().map(Shard::shutdown)).await;
+                    return Err(NodeError::Open { path, source });
+                }
+            }
         }
         let stores: Vec<Store> = shards.iter().map(|s| s.store().clone()).collect();
         let (tx, health) = watch::channel(StoreHealth::Ok);

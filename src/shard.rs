@@ -9,9 +9,9 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use crate::{
     clock::Clock,
     dispatcher::{Dispatcher, DispatcherConfig, Lease, Recorder},
-    kafka::Producer,
+    kafka::{Delivery, Producer},
     message::UnixMillis,
-    store::{Store, StoreConfig, StoreHealth, schema::DispatchKey},
+    store::{Store, StoreConfig, StoreError, StoreHealth, schema::DispatchKey},
 };
 
 #[derive(Clone, Debug)]
@@ -37,10 +37,11 @@ impl Shard {
         config: &ShardConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
-    ) -> Shard {
+    ) -> Result<Shard, StoreError> {
+        let producer = producer_of(&store, &producer)?;
         let dispatcher =
             Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone());
-        Shard::launch(store, config, clock, dispatcher, None)
+        Ok(Shard::launch(store, config, clock, dispatcher, None))
     }
 
     /// Cluster mode: starts a shard whose dispatcher records its settles
@@ -54,12 +55,13 @@ impl Shard {
         recorder: Arc<dyn Recorder>,
         lease: Arc<Lease>,
         owner: u64,
-    ) -> Shard {
+    ) -> Result<Shard, StoreError> {
+        let producer = producer_of(&store, &producer)?;
         let dispatcher =
             Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone())
                 .recording_to(Arc::clone(&recorder))
                 .leased(lease, owner);
-        Shard::launch(store, config, clock, dispatcher, Some((recorder, owner)))
+        Ok(Shard::launch(store, config, clock, dispatcher, Some((recorder, owner))))
     }
 
     /// `log`: cluster mode, where retention's tombstones go, and the
@@ -98,6 +100,18 @@ impl Shard {
         self.stop.cancel();
         self.tasks.wait().await;
     }
+}
+
+/// What the shard's dispatcher produces with: the node's producer, or with
+/// transactional delivery a transactional producer of the shard's own.
+fn producer_of(store: &Store, producer: &Arc<Producer>) -> Result<Arc<Producer>, StoreError> {
+    let identity = match producer.delivery() {
+        Delivery::Idempotent => String::new(),
+        Delivery::Transactional { .. } => store.identity()?,
+    };
+    producer
+        .for_shard(store.recorded_shard().shard, &identity)
+        .map_err(|e| StoreError::Io(format!("starting the shard's transactional producer: {e}")))
 }
 
 /// While the store's writes fail (disk full, I/O error), tries a tiny write

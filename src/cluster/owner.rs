@@ -537,7 +537,7 @@ impl Inner {
         ));
         let store = view.store.clone();
         let front = Front::new(store.clone(), Arc::clone(&self.log), partition, Arc::clone(&self.waiters));
-        let shard = Shard::start_in_cluster(
+        let started = Shard::start_in_cluster(
             store,
             &self.shard_config(shard),
             Arc::clone(&self.shards.producer),
@@ -546,6 +546,10 @@ impl Inner {
             Arc::clone(&self.lease),
             me,
         );
+        let shard = match started {
+            Ok(shard) => shard,
+            Err(e) => return abandon(view, Err(e)).await,
+        };
         tracing::info!(partition, "took the shard: dispatching");
         Ok(Some(Owned {
             partition,

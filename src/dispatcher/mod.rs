@@ -386,6 +386,17 @@ impl Dispatcher {
     }
 
     pub async fn run(mut self, stop: CancellationToken) {
+        // Transactional delivery: the shard's earlier producers are fenced
+        // and their open transactions resolved before anything is read
+        // back or produced.
+        tokio::select! {
+            _ = stop.cancelled() => return self.drain().await,
+            ready = self.producer.ready() => if !ready {
+                tracing::error!("the shard's transactional producer stopped before it was ready; dispatching nothing");
+                stop.cancelled().await;
+                return self.drain().await;
+            },
+        }
         // What the last dispatcher of the shard may have produced without
         // recording it: after an unclean stop, whatever was due; after a
         // move, whatever was due before this one took over.
@@ -970,10 +981,21 @@ impl Dispatcher {
                 }
                 Outcome::Delivered { partition, offset }
             }
+            Err(error) if error.fault == Fault::Fenced => {
+                // Another producer took the shard's transactional id: the
+                // record was not delivered (its transaction is aborted),
+                // and the message is not this dispatcher's to settle. It
+                // goes back to the store untouched; if this node still
+                // owns the shard, it is produced again.
+                tracing::debug!(id = %sent.id.qualified(), error = %error.reason, "produce fenced");
+                self.rescan(Some(sent.key));
+                self.releasing.push(sent.id);
+                return;
+            }
             Err(error) => {
                 let kind = match error.fault {
                     Fault::Outage => "outage",
-                    Fault::TopicRefused | Fault::MessageRefused => "rejected",
+                    Fault::TopicRefused | Fault::MessageRefused | Fault::Fenced => "rejected",
                 };
                 metrics::PRODUCE_ERRORS.with_label_values(&[kind]).inc();
                 tracing::warn!(

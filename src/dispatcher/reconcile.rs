@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock::{Clock as _, SystemClock},
-    kafka::{Producer, landed},
+    kafka::{Delivery, Producer, landed},
     message::{MessageId, UnixMillis},
     metrics,
     store::{InDoubt, Store, schema::DispatchKey},
@@ -101,9 +101,16 @@ pub(super) async fn landed(
         "reading the target topics back for messages the last dispatcher of this shard may have \
          produced without recording it"
     );
+    // A transactional producer's earlier incarnation is fenced and its
+    // open transaction resolved already (see `Producer::ready`): nothing of
+    // it can still be appended.
+    let late_appends = match producer.delivery() {
+        Delivery::Idempotent => LATE_APPENDS,
+        Delivery::Transactional { .. } => Duration::ZERO,
+    };
     tokio::select! {
         _ = stop.cancelled() => return None,
-        _ = tokio::time::sleep_until((store.opened_at() + LATE_APPENDS).into()) => {}
+        _ = tokio::time::sleep_until((store.opened_at() + late_appends).into()) => {}
     }
     // Nothing of the stopped dispatcher is newer than now.
     let newest = SystemClock.now().saturating_add(CLOCK_SLACK);
@@ -168,8 +175,9 @@ async fn search(
 ) -> Result<landed::Landed, String> {
     let marks = store.marks_of(topic).await.map_err(|e| format!("reading the marks of {topic}: {e}"))?;
     let (producer, topic, wanted) = (Arc::clone(producer), topic.to_owned(), Arc::clone(wanted));
+    let committed = *producer.delivery() != Delivery::Idempotent;
     tokio::task::spawn_blocking(move || {
-        landed::search(producer.config(), &topic, &marks, &wanted, times, SEARCH_WITHIN)
+        landed::search(producer.config(), committed, &topic, &marks, &wanted, times, SEARCH_WITHIN)
             .map_err(|e| format!("{topic}: {e}"))
     })
     .await

@@ -39,9 +39,12 @@ pub struct Landed {
 /// one of the `wanted` ids with the due time it was wanted with. Where the
 /// broker looks offsets up by time, records older than `times.0` or newer
 /// than `times.1` are not read. A topic that does not exist has none of
-/// them. Gives up after `within`.
+/// them. Gives up after `within`. With `committed`, only records of
+/// committed transactions count (transactional delivery: a record of an
+/// aborted transaction was never delivered).
 pub fn search(
     config: &KafkaConfig,
+    committed: bool,
     topic: &str,
     marks: &HashMap<i32, i64>,
     wanted: &HashMap<MessageId, UnixMillis>,
@@ -49,7 +52,7 @@ pub fn search(
     within: Duration,
 ) -> Result<Landed, KafkaError> {
     let deadline = Instant::now() + within;
-    let consumer = consumer(config)?;
+    let consumer = consumer(config, committed)?;
     let metadata = consumer.fetch_metadata(Some(topic), ASK)?;
     let Some(described) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(Landed::default());
@@ -193,7 +196,7 @@ fn ours(record: &impl rdkafka::Message, wanted: &HashMap<MessageId, UnixMillis>)
     (wanted.get(&id) == Some(&UnixMillis(due))).then_some(id)
 }
 
-fn consumer(config: &KafkaConfig) -> Result<BaseConsumer, KafkaError> {
+fn consumer(config: &KafkaConfig, committed: bool) -> Result<BaseConsumer, KafkaError> {
     let mut client = ClientConfig::new();
     client
         .set("bootstrap.servers", &config.brokers)
@@ -202,9 +205,12 @@ fn consumer(config: &KafkaConfig) -> Result<BaseConsumer, KafkaError> {
         .set("enable.auto.offset.store", "false")
         // Tells when a partition was read to its end.
         .set("enable.partition.eof", "true")
-        // Every record a producer wrote, committed or not: a record of a
-        // transaction still open may be one of ours.
-        .set("isolation.level", "read_uncommitted")
+        // Idempotent delivery: every record a producer wrote, committed or
+        // not (another producer's open transaction must not hide ours).
+        // Transactional delivery: committed records only; the producer
+        // that wrote ours was fenced and its open transaction resolved
+        // before the search, so nothing of ours is left undecided.
+        .set("isolation.level", if committed { "read_committed" } else { "read_uncommitted" })
         .set("reconnect.backoff.max.ms", "1000");
     for (k, v) in &config.properties {
         if !is_producer_only(k) {

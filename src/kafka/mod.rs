@@ -1,5 +1,7 @@
-//! Kafka: the producer the dispatcher hands due messages to, the topic
-//! catalog the service checks requests against, and, in cluster mode, the
+//! Kafka: the producer the dispatcher hands due messages to (with
+//! transactional delivery, one transactional producer per shard:
+//! `transactions`), the topic catalog the service checks requests against,
+//! and, in cluster mode, the
 //! schedule log (admin, log) and the consumer group that owns it (group).
 //! rdkafka's callbacks reach async code only through channels.
 
@@ -9,13 +11,15 @@ mod group;
 pub mod landed;
 mod log;
 mod producer;
+mod transactions;
 
 pub use admin::{Ensured, LogTopic, TopicError, ensure_log_topic};
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
 pub use group::{GroupConfig, GroupMember, Moved, REVOKE_WAIT};
 pub use log::{LogConsumer, LogProducer, LogReader, Read};
 pub use producer::producer_config;
-pub use producer::{DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
+pub use producer::{Delivery, DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
+pub use transactions::OnFence;
 
 use std::collections::BTreeMap;
 

@@ -1,22 +1,29 @@
 //! The producer: one librdkafka producer with idempotence on, whose delivery
-//! reports come back to the dispatcher over a channel.
+//! reports come back to the dispatcher over a channel; or, with
+//! transactional delivery, one transactional producer per shard
+//! ([`super::transactions`]), whose reports come once their transaction is
+//! committed.
 //!
 //! It owns no retry policy and no state about messages: the dispatcher tags
 //! each record with a token and decides what a report means.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use rdkafka::{
     ClientConfig, ClientContext, Message as _,
     config::RDKafkaLogLevel,
     error::{KafkaError, RDKafkaErrorCode},
     message::{DeliveryResult, Header, OwnedHeaders},
-    producer::{BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
+    producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{KafkaConfig, catalog::MetadataSource};
+use super::{
+    KafkaConfig,
+    catalog::MetadataSource,
+    transactions::{OnFence, Queued, Txn},
+};
 use crate::metrics;
 
 /// The outcome of one produce, tagged with the dispatcher's token.
@@ -46,6 +53,11 @@ pub enum Fault {
     /// The broker refused this record itself (too large, invalid): try a
     /// bounded number of times, then give up.
     MessageRefused,
+    /// Transactional delivery: another producer took the shard's
+    /// transactional id (the shard moved) before this record's transaction
+    /// was committed. It was not delivered, and is not this node's to
+    /// deliver now: give it back to the store untouched.
+    Fenced,
 }
 
 /// What a produce error says about the cluster, the topic or the record.
@@ -67,7 +79,7 @@ pub fn classify(code: RDKafkaErrorCode) -> Fault {
     }
 }
 
-fn produce_error(e: &KafkaError) -> ProduceError {
+pub(super) fn produce_error(e: &KafkaError) -> ProduceError {
     let fault = e.rdkafka_error_code().map_or(Fault::Outage, classify);
     ProduceError { fault, reason: e.to_string() }
 }
@@ -171,12 +183,42 @@ pub struct Outgoing<'a> {
     pub partition: Option<i32>,
 }
 
+/// How the dispatcher's records reach their topics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Delivery {
+    /// The node's one idempotent producer: exactly one copy per produce;
+    /// after an unclean stop, what reached Kafka unrecorded is found by
+    /// reading the topics back. Any broker.
+    #[default]
+    Idempotent,
+    /// Kafka transactions, one transactional id per shard:
+    /// `read_committed` consumers see only committed deliveries, and a
+    /// producer that took a shard's id over fences the earlier one at the
+    /// broker. Needs a broker with transactions. The id is
+    /// `<prefix>-<shard>`, or without a prefix `hourglass-<the store's
+    /// identity>` (standalone: an id of the store's own, kept as long as
+    /// the store).
+    Transactional { prefix: Option<String>, on_fence: OnFence },
+}
+
 pub struct Producer {
-    inner: ThreadedProducer<Reports>,
-    metadata: rdkafka::producer::BaseProducer<Reports>,
+    send: Send,
+    /// A client for metadata, shared by the node's producers, so that
+    /// refreshes never queue behind produce traffic.
+    metadata: Arc<BaseProducer<Reports>>,
     fatal: CancellationToken,
+    /// Why a shard's transactional producer stopped the node.
+    stopped: Arc<std::sync::Mutex<Option<String>>>,
     /// How it reaches Kafka: a search of what landed reads with the same.
     config: KafkaConfig,
+    delivery: Delivery,
+}
+
+/// Where records go.
+enum Send {
+    Idempotent(ThreadedProducer<Reports>),
+    /// One shard's transaction thread.
+    Transactional(Txn),
 }
 
 /// hourglass's producer defaults; the user's properties override them.
@@ -228,17 +270,72 @@ pub fn producer_config(config: &KafkaConfig) -> ClientConfig {
 }
 
 impl Producer {
-    pub fn new(config: &KafkaConfig) -> Result<Producer, KafkaError> {
+    /// The node's producer. With transactional delivery it produces
+    /// nothing itself (it reads metadata); each shard gets its own from
+    /// [`Producer::for_shard`].
+    pub fn new(config: &KafkaConfig, delivery: Delivery) -> Result<Producer, KafkaError> {
         let client = producer_config(config);
         if client.get("enable.idempotence") != Some("true") {
             tracing::warn!("enable.idempotence is off: Kafka retries may duplicate or reorder records");
         }
         let context = Reports { fatal: CancellationToken::new() };
         let inner = client.create_with_context(context.clone())?;
-        // A separate client for metadata, so refreshes never queue behind
-        // produce traffic.
-        let metadata = client.create_with_context(context.clone())?;
-        Ok(Producer { inner, metadata, fatal: context.fatal, config: config.clone() })
+        let metadata = Arc::new(client.create_with_context(context.clone())?);
+        Ok(Producer {
+            send: Send::Idempotent(inner),
+            metadata,
+            fatal: context.fatal,
+            stopped: Arc::default(),
+            config: config.clone(),
+            delivery,
+        })
+    }
+
+    /// What shard `shard`'s dispatcher produces with: this producer, or
+    /// with transactional delivery one of the shard's own (its thread
+    /// starts now; see [`Producer::ready`]) under the transactional id
+    /// `<prefix>-<shard>`, or `hourglass-<store>` without a prefix.
+    pub fn for_shard(self: &Arc<Self>, shard: u32, store: &str) -> std::io::Result<Arc<Producer>> {
+        let Delivery::Transactional { prefix, on_fence } = &self.delivery else {
+            return Ok(Arc::clone(self));
+        };
+        let id = match prefix {
+            Some(prefix) => format!("{prefix}-{shard}"),
+            None => format!("hourglass-{store}"),
+        };
+        // Standalone, a fenced shard stops the node; in a cluster it only
+        // gives its records back.
+        let (fatal, stopped) = match on_fence {
+            OnFence::Stop => (self.fatal.clone(), Arc::clone(&self.stopped)),
+            OnFence::Yield => (CancellationToken::new(), Arc::default()),
+        };
+        let txn =
+            Txn::start(producer_config(&self.config), id, *on_fence, (fatal.clone(), Arc::clone(&stopped)))?;
+        Ok(Arc::new(Producer {
+            send: Send::Transactional(txn),
+            metadata: Arc::clone(&self.metadata),
+            fatal,
+            stopped,
+            config: self.config.clone(),
+            delivery: self.delivery.clone(),
+        }))
+    }
+
+    /// How records reach their topics.
+    pub fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    /// Waits until this producer may produce: with transactional delivery,
+    /// until every earlier producer of its transactional id is fenced and
+    /// its open transaction resolved, so that what it committed can be read
+    /// back and nothing it left open is seen later. Returns at once for
+    /// the idempotent producer; false if the producer stopped.
+    pub async fn ready(&self) -> bool {
+        match &self.send {
+            Send::Idempotent(_) => true,
+            Send::Transactional(txn) => txn.ready().await,
+        }
     }
 
     /// Gets the idempotent producer its producer id now rather than in a
@@ -253,7 +350,8 @@ impl Producer {
         let spawned = std::thread::Builder::new().name("producer warm-up".into()).spawn(move || {
             for wait_ms in [0, 20, 50, 100, 200] {
                 std::thread::sleep(Duration::from_millis(wait_ms));
-                if producer.inner.client().fetch_metadata(None, Duration::from_secs(2)).is_err() {
+                let Send::Idempotent(inner) = &producer.send else { return };
+                if inner.client().fetch_metadata(None, Duration::from_secs(2)).is_err() {
                     // Kafka is not there yet: librdkafka's own timer goes on.
                     return;
                 }
@@ -295,7 +393,15 @@ impl Producer {
 
     /// Why the producer failed fatally, if it did.
     pub fn fatal_error(&self) -> Option<String> {
-        self.inner.client().fatal_error().map(|(code, reason)| format!("{code}: {reason}"))
+        let stopped = || self.stopped.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match &self.send {
+            Send::Idempotent(inner) => inner
+                .client()
+                .fatal_error()
+                .map(|(code, reason)| format!("{code}: {reason}"))
+                .or_else(stopped),
+            Send::Transactional(txn) => txn.stopped().or_else(stopped),
+        }
     }
 
     /// Hands a record to librdkafka; its report arrives on `reports` with
@@ -310,8 +416,22 @@ impl Producer {
         for (key, value) in record.headers {
             headers = headers.insert(Header { key, value: Some(value) });
         }
+        let inner = match &self.send {
+            Send::Idempotent(inner) => inner,
+            Send::Transactional(txn) => {
+                return txn.send(Queued {
+                    topic: record.topic.to_owned(),
+                    key: record.key.map(<[u8]>::to_vec),
+                    value: record.value.to_vec(),
+                    headers,
+                    partition: record.partition,
+                    token,
+                    reports: reports.clone(),
+                });
+            }
+        };
         if crate::failpoint::fires("kafka-fatal") {
-            self.raise_fatal_for_test();
+            self.raise_fatal_for_test(inner);
         }
         let ticket = Box::new(Ticket { token, reports: reports.clone() });
         let mut base =
@@ -322,9 +442,9 @@ impl Producer {
         if let Some(partition) = record.partition {
             base = base.partition(partition);
         }
-        self.inner.send(base).map_err(|(e, _)| {
+        inner.send(base).map_err(|(e, _)| {
             if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-                self.inner.context().failed_fatally();
+                inner.context().failed_fatally();
             }
             produce_error(&e)
         })
@@ -333,13 +453,13 @@ impl Producer {
     /// What the `kafka-fatal` fail point does: librdkafka's own way of
     /// raising the fatal error an idempotent producer raises for real.
     #[cfg(feature = "failpoints")]
-    fn raise_fatal_for_test(&self) {
+    fn raise_fatal_for_test(&self, inner: &ThreadedProducer<Reports>) {
         let reason = c"fail point kafka-fatal";
         // SAFETY: the client handle is valid for as long as `self.inner`
         // lives, and the reason is a NUL-terminated string librdkafka copies.
         unsafe {
             rdkafka::bindings::rd_kafka_test_fatal_error(
-                self.inner.client().native_ptr(),
+                inner.client().native_ptr(),
                 rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
                 reason.as_ptr(),
             );
@@ -347,15 +467,16 @@ impl Producer {
     }
 
     #[cfg(not(feature = "failpoints"))]
-    fn raise_fatal_for_test(&self) {}
+    fn raise_fatal_for_test(&self, _: &ThreadedProducer<Reports>) {}
 
     /// Waits up to `timeout` for every queued record to be acknowledged.
+    /// (A shard's transactional producer commits what it holds when its
+    /// dispatcher lets go of it.)
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.inner.flush(timeout)
-    }
-
-    pub fn in_flight(&self) -> i32 {
-        self.inner.in_flight_count()
+        match &self.send {
+            Send::Idempotent(inner) => inner.flush(timeout),
+            Send::Transactional(_) => Ok(()),
+        }
     }
 }
 

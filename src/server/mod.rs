@@ -82,7 +82,7 @@ pub async fn run_with_clock(
     };
     let mut kafka = settings::kafka(&config);
     secret::resolve(&mut kafka.properties)?;
-    let producer = Arc::new(Producer::new(&kafka).map_err(|e| {
+    let producer = Arc::new(Producer::new(&kafka, settings::delivery(&config)).map_err(|e| {
         anyhow::anyhow!("creating the Kafka producer: {}", secret::redact(&e.to_string(), &kafka.properties))
     })?);
     producer.warm_up();
@@ -122,6 +122,7 @@ pub async fn run_with_clock(
         brokers = %config.kafka_brokers,
         data_dir = %config.data_dir.display(),
         shards = config.shards,
+        delivery = %config.delivery,
         "hourglass is serving"
     );
 

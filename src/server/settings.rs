@@ -9,9 +9,9 @@ use tonic::transport::ClientTlsConfig;
 use crate::{
     auth::{Tokens, TokensError},
     cluster::ClusterConfig,
-    config::{Config, ConfigError, REQUEST_OVERHEAD_BYTES},
+    config::{Config, ConfigError, DeliveryMode, REQUEST_OVERHEAD_BYTES},
     dispatcher::DispatcherConfig,
-    kafka::{GroupConfig, KafkaConfig, LogTopic},
+    kafka::{Delivery, GroupConfig, KafkaConfig, LogTopic, OnFence},
     message::Limits,
     node::NodeConfig,
     shard::ShardConfig,
@@ -93,6 +93,28 @@ pub fn kafka(config: &Config) -> KafkaConfig {
         .entry("message.max.bytes".into())
         .or_insert_with(|| (config.max_message_bytes + REQUEST_OVERHEAD_BYTES).max(1_000_000).to_string());
     KafkaConfig { brokers: config.kafka_brokers.clone(), properties }
+}
+
+/// How due records reach their topics: the node's idempotent producer, or
+/// one transactional producer per shard. Standalone, a fenced shard stops
+/// the node (its transactional ids are its own); in a cluster it means the
+/// shard moved.
+pub fn delivery(config: &Config) -> Delivery {
+    match config.delivery {
+        DeliveryMode::Idempotent => Delivery::Idempotent,
+        DeliveryMode::ExactlyOnce if config.cluster => Delivery::Transactional {
+            prefix: Some(
+                config
+                    .transactional_id
+                    .clone()
+                    .unwrap_or_else(|| format!("{}-{}", config.group_id, config.log_topic)),
+            ),
+            on_fence: OnFence::Yield,
+        },
+        DeliveryMode::ExactlyOnce => {
+            Delivery::Transactional { prefix: config.transactional_id.clone(), on_fence: OnFence::Stop }
+        }
+    }
 }
 
 /// The node: its shards, where they live, the backlog cap they share.

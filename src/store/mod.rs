@@ -216,18 +216,26 @@ impl Store {
         self.inner.log_time
     }
 
-    /// Which shard of how many the store was first opened as.
     /// When it was opened: a stop before that was at least this long ago.
     pub fn opened_at(&self) -> std::time::Instant {
         self.inner.opened_at
     }
 
+    /// Which shard of how many the store was first opened as.
     pub fn recorded_shard(&self) -> ShardOf {
         self.inner.recorded_shard
     }
 
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// RocksDB's identity of this store: made when the store was created,
+    /// kept as long as it lives. Names what belongs to this store alone
+    /// (its transactional id, standalone).
+    pub fn identity(&self) -> Result<String, StoreError> {
+        let identity = self.inner.db.get_db_identity()?;
+        Ok(String::from_utf8_lossy(&identity).trim().to_owned())
     }
 }
 

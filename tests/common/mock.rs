@@ -101,6 +101,20 @@ impl Mock {
         unsafe { rd::rd_kafka_mock_clear_request_errors(self.cluster, PRODUCE) };
     }
 
+    /// The next requests of kind `api` to any broker fail with `errors`,
+    /// one each, in order.
+    #[allow(dead_code)]
+    pub fn fail_next(&self, api: rdkafka::types::RDKafkaApiKey, errors: &[RespErr]) {
+        unsafe {
+            rd::rd_kafka_mock_push_request_errors_array(
+                self.cluster,
+                api as i16,
+                errors.len(),
+                errors.as_ptr(),
+            )
+        };
+    }
+
     /// Every request to `broker` is answered `rtt_ms` late (0 to stop);
     /// a Produce is written at once, only its answer waits.
     pub fn slow_broker(&self, broker: i32, rtt_ms: i32) {

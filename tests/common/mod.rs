@@ -117,6 +117,16 @@ impl Hourglass {
         panic!("cannot connect to hourglass at {url}");
     }
 
+    /// Waits for the server to stop by itself (a fatal error); what it
+    /// returned.
+    #[allow(dead_code)]
+    pub async fn stopped(self, within: Duration) -> anyhow::Result<()> {
+        tokio::time::timeout(within, self.task)
+            .await
+            .expect("the server did not stop")
+            .expect("server task panicked")
+    }
+
     /// Graceful shutdown, as on SIGTERM; fails the test if it errs.
     pub async fn stop(self) {
         self.shutdown.cancel();
