@@ -415,6 +415,10 @@ impl Thread {
             Err("a record was refused before it was sent".to_owned())
         } else {
             loop {
+                // Wait for the records' acknowledgements here, in steps of a
+                // millisecond: the client library's own flush serves events
+                // in steps of 100 ms, which a lone due record would wait.
+                wait_acknowledged(producer, CALL_TIMEOUT);
                 let committed = producer.commit_transaction(CALL_TIMEOUT);
                 gather(results, txn);
                 match committed {
@@ -481,11 +485,7 @@ impl Thread {
         producer.purge(PurgeConfig::default().queue().inflight());
         // Serve the delivery reports: each failed record's own error
         // decides whether it goes back to the dispatcher.
-        let deadline = Instant::now() + CALL_TIMEOUT;
-        producer.poll(Duration::ZERO);
-        while producer.in_flight_count() > 0 && Instant::now() < deadline {
-            producer.poll(Duration::from_millis(50));
-        }
+        wait_acknowledged(producer, CALL_TIMEOUT);
         gather(results, txn);
         loop {
             match producer.abort_transaction(CALL_TIMEOUT) {
@@ -536,6 +536,16 @@ fn send(producer: &BaseProducer<TxnContext>, record: &Queued, index: usize) -> R
             }
             Err((e, _)) => return Err(e),
         }
+    }
+}
+
+/// Serves delivery reports until librdkafka holds no record (every one
+/// acknowledged or failed, and its report served), or `within` passed.
+fn wait_acknowledged(producer: &BaseProducer<TxnContext>, within: Duration) {
+    let deadline = Instant::now() + within;
+    producer.poll(Duration::ZERO);
+    while producer.in_flight_count() > 0 && Instant::now() < deadline {
+        producer.poll(Duration::from_millis(1));
     }
 }
 
