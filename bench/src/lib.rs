@@ -46,6 +46,7 @@ use hourglass::{kafka::KafkaConfig, proto, store::Durability};
 use hourglass_testkit::{LocalBroker, ServerProcess, create_topic, delete_topic, rss_of};
 use load::{DueOf, percentile};
 use machine::Machine;
+use rdkafka::{mocking::MockCluster, producer::DefaultProducerContext};
 pub use report::{Measurement, Report, Target};
 use workload::{Workload, now_ms};
 
@@ -132,7 +133,10 @@ impl Scale {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub scale: Scale,
+    /// Bootstrap servers, or [`MOCK`]; none: a local Tansu.
     pub brokers: Option<String>,
+    /// `--delivery` of the server under test.
+    pub delivery: hourglass::config::DeliveryMode,
     pub dir: Option<PathBuf>,
     pub durability: Durability,
     pub partitions: i32,
@@ -218,7 +222,12 @@ struct Bench {
     report: Report,
     brokers: String,
     _local: Option<LocalBroker>,
+    /// `--brokers mock`: the mock cluster, which makes topics itself.
+    mock: Option<MockCluster<'static, DefaultProducerContext>>,
 }
+
+/// `--brokers mock`: librdkafka's mock cluster, in this process.
+pub const MOCK: &str = "mock";
 
 impl Bench {
     fn start(s: &Settings) -> anyhow::Result<Bench> {
@@ -227,30 +236,47 @@ impl Bench {
             None => tempfile::tempdir()?,
         };
         let report = Report { machine: Machine::describe(dir.path()), ..Report::default() };
-        let (brokers, local) = match &s.brokers {
-            Some(b) => (b.clone(), None),
+        let (brokers, local, mock) = match s.brokers.as_deref() {
+            Some(MOCK) => {
+                phase("starting librdkafka's mock cluster");
+                let mock = MockCluster::new(1).context("starting the mock cluster")?;
+                (mock.bootstrap_servers(), None, Some(mock))
+            }
+            Some(b) => (b.to_owned(), None, None),
             None => {
                 phase("starting a local broker (tansu, in memory)");
                 let local = LocalBroker::start()?;
-                (local.addr.clone(), Some(local))
+                (local.addr.clone(), Some(local), None)
             }
         };
-        Ok(Bench { dir, report, brokers, _local: local })
+        Ok(Bench { dir, report, brokers, _local: local, mock })
     }
 
     /// How the broker is named in the settings line.
     fn broker_setting(&self, s: &Settings) -> String {
-        if s.brokers.is_some() { self.brokers.clone() } else { "local tansu 0.6 (memory)".into() }
+        match s.brokers.as_deref() {
+            Some(MOCK) => "librdkafka 2.12 mock cluster (in the bench process)".into(),
+            Some(_) => self.brokers.clone(),
+            None => "local tansu 0.6 (memory)".into(),
+        }
+    }
+
+    async fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {
+        match &self.mock {
+            Some(mock) => Ok(mock.create_topic(name, partitions, 1)?),
+            None => create_topic(&self.brokers, name, partitions).await,
+        }
     }
 }
 
 pub async fn run(s: Settings) -> anyhow::Result<Report> {
-    let bench = Bench::start(&s)?;
-    let (dir, brokers) = (&bench.dir, bench.brokers.clone());
+    let mut bench = Bench::start(&s)?;
     let broker_setting = bench.broker_setting(&s);
-    let mut report = bench.report;
+    let mut report = std::mem::take(&mut bench.report);
+    let (dir, brokers) = (&bench.dir, bench.brokers.clone());
     let settings = [
         ("durability", format!("{:?}", s.durability).to_lowercase()),
+        ("delivery", s.delivery.to_string()),
         ("broker", broker_setting),
         ("partitions", s.partitions.to_string()),
         ("record", format!("{} B value, 10 B key, 2 headers", s.value_bytes)),
@@ -263,8 +289,8 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let run_id = ulid::Ulid::new().to_string().to_lowercase();
     let topic = format!("hourglass-bench-{run_id}");
     let raw_topic = format!("hourglass-bench-raw-{run_id}");
-    create_topic(&brokers, &topic, s.partitions).await?;
-    create_topic(&brokers, &raw_topic, s.partitions).await?;
+    bench.create_topic(&topic, s.partitions).await?;
+    bench.create_topic(&raw_topic, s.partitions).await?;
     let w = Workload { topic: topic.clone(), value_bytes: s.value_bytes, keys: 10_000, ids: None };
     let sync = s.durability == Durability::Sync;
     let sc = &s.scale;
@@ -296,7 +322,10 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
 
     // 2. Ingest.
     let data = dir.path().join("store");
-    let mut server = ServerProcess::start(&data, &brokers, s.durability).await?;
+    let mut server =
+        ServerProcess::new(&hourglass_testkit::hourglass_binary()?, &data, &brokers, s.durability)?;
+    server.env("HOURGLASS_DELIVERY", &s.delivery.to_string());
+    let mut server = server.launch().await?;
     report.add("memory: empty", mib(server.rss_bytes()), "MiB", None, &[]);
     let mut offset = 0u64;
     let mut next_parked = |n: usize| {
@@ -533,8 +562,10 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     }
 
     server.stop()?;
-    delete_topic(&brokers, &topic).await.ok();
-    delete_topic(&brokers, &raw_topic).await.ok();
+    if bench.mock.is_none() {
+        delete_topic(&brokers, &topic).await.ok();
+        delete_topic(&brokers, &raw_topic).await.ok();
+    }
     Ok(report)
 }
 

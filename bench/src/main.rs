@@ -7,7 +7,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser;
 use hourglass::store::Durability;
-use hourglass_bench::{Phase, Scale, Settings, cluster::ClusterSettings};
+use hourglass_bench::{MOCK, Phase, Scale, Settings, cluster::ClusterSettings};
 
 /// Measure ingest, drain, precision and footprint of hourglass against a
 /// real broker and store, beside the machine's own limits; prints one table.
@@ -21,10 +21,15 @@ struct Args {
     /// Multiply every count by this, e.g. 0.01 for a smoke run.
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Kafka bootstrap servers to run against; without it a local Tansu
-    /// broker is started on a free port.
+    /// Kafka bootstrap servers to run against, or `mock` for librdkafka's
+    /// mock cluster in this process (it has transactions, which Tansu 0.6
+    /// has not); without it a local Tansu broker is started on a free port.
     #[arg(long)]
     brokers: Option<String>,
+    /// How the server delivers: idempotent, or exactly-once (Kafka
+    /// transactions; needs a broker that has them, such as `--brokers mock`).
+    #[arg(long, default_value = "idempotent")]
+    delivery: hourglass::config::DeliveryMode,
     /// Also write the figures as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -85,6 +90,9 @@ impl Args {
         if self.cluster.is_some_and(|n| n < 2) {
             return Err("--cluster needs at least 2 nodes: its failover phase kills one".into());
         }
+        if self.cluster.is_some() && self.brokers.as_deref() == Some(MOCK) {
+            return Err("--cluster needs a broker that creates topics; the mock cluster does not".into());
+        }
         if self.log_partitions == 0 {
             return Err("--log-partitions must be at least 1".into());
         }
@@ -92,6 +100,7 @@ impl Args {
         Ok(Settings {
             scale: scale.times(self.scale),
             brokers: self.brokers.clone(),
+            delivery: self.delivery,
             dir: self.dir.clone(),
             durability: self.durability,
             partitions: self.partitions,
