@@ -774,6 +774,12 @@ mod tests {
             Config { cluster: true, advertise_addr: Some("node-1:50051".into()), ..Config::default() },
             Config { cluster: true, advertise_addr: Some("http://node-1".into()), ..Config::default() },
             Config { cluster: true, advertise_addr: Some("ftp://node-1:50051".into()), ..Config::default() },
+            Config { transactional_id: Some("orders".into()), ..Config::default() },
+            Config {
+                delivery: DeliveryMode::ExactlyOnce,
+                transactional_id: Some(" ".into()),
+                ..Config::default()
+            },
         ];
         for config in bad {
             let err = config.validate().unwrap_err();

@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, path::Path, time::Duration};
 
 use common::{
     mock::{Mock, RDKafkaRespErr as RespErr},
@@ -21,8 +21,12 @@ use common::{
 use hourglass::{
     config::{Config, DeliveryMode},
     proto::{self, GetRequest},
+    store::Durability,
 };
+use hourglass_testkit::ServerProcess;
 use rdkafka::types::RDKafkaApiKey;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 
 /// The in-process servers share one metrics registry: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -165,4 +169,121 @@ async fn a_fenced_node_stops_and_its_restart_delivers_each_message_once() {
     let twice: Vec<_> = copies.iter().filter(|&(_, &n)| n > 1).collect();
     assert!(twice.is_empty(), "sent twice: {twice:?}");
     server.stop().await;
+}
+
+/// Cluster mode with transactional delivery: two `hourglass serve
+/// --cluster --delivery exactly-once` processes on the mock cluster (the
+/// log and routing topics made beforehand: the mock does not create
+/// topics). One is killed with SIGKILL while messages come due, and the
+/// other takes its shards: each new owner's transactional producer (the
+/// shard's id, the same on both nodes) starts before it reads the target
+/// topic back or produces. Every message delivered, once, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_failover_with_transactions_delivers_each_message_once() {
+    let _serial = SERIAL.lock().await;
+    let mock = Mock::start(1);
+    let topic = random_name("txn-orders");
+    let log_topic = random_name("hourglass-log");
+    let partitions = 4;
+    mock.topic_with(&topic, 2);
+    mock.topic_with(&log_topic, partitions);
+    mock.topic_with(&format!("{log_topic}-owners"), 1);
+    let group = random_name("hourglass");
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes: Vec<ServerProcess> = dirs
+        .iter()
+        .map(|d| {
+            let mut node =
+                ServerProcess::new(Path::new(BIN), d.path(), &mock.bootstrap(), Durability::Buffered)
+                    .unwrap()
+                    .arg("--cluster", "true")
+                    .arg("--log-topic", &log_topic)
+                    .arg("--log-partitions", partitions)
+                    .arg("--group-id", &group)
+                    .arg("--delivery", "exactly-once");
+            node.env("HOURGLASS_LOG", "info,librdkafka=warn");
+            node
+        })
+        .collect();
+    for node in &mut nodes {
+        node.spawn().unwrap();
+    }
+    for node in &mut nodes {
+        node.wait_serving(Duration::from_secs(120)).await.unwrap();
+    }
+
+    let ledger = verify::Ledger::default();
+    let count = 1_500;
+    let (start, over) = (chrono::Utc::now().timestamp_millis() + 2_000, 10_000);
+    let mut client = reconnecting_client(&nodes[0].grpc, Duration::from_secs(20));
+    let run = random_name("m");
+    let ids: Vec<String> = (0..count).map(|i| format!("{run}-{i}")).collect();
+    for (n, chunk) in ids.chunks(50).enumerate() {
+        let requests: Vec<_> = chunk
+            .iter()
+            .map(|id| {
+                let i: i64 = id.rsplit('-').next().unwrap().parse().unwrap();
+                verify::due_message(&topic, id, start + over * i / count as i64)
+            })
+            .collect();
+        // Through node 0, which forwards what node 1 owns (until it is
+        // killed, a third of the way through; then it owns everything).
+        // Items of a shard on the move answer UNAVAILABLE: sent again.
+        let mut pending = requests;
+        while !pending.is_empty() {
+            let batch = proto::ScheduleBatchRequest { requests: pending.clone() };
+            let results = match client.schedule_batch(batch).await {
+                Ok(reply) => reply.into_inner().results,
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                Err(status) => panic!("scheduling failed: {status:?}"),
+            };
+            let mut again = Vec::new();
+            for item in results {
+                let request = &pending[item.index as usize];
+                match item.result {
+                    Some(proto::schedule_result::Result::Scheduled(done)) => {
+                        ledger.ack(&done.id, millis(done.deliver_at.as_ref().unwrap()), &topic)
+                    }
+                    Some(proto::schedule_result::Result::Error(e))
+                        if e.code == tonic::Code::Unavailable as i32 =>
+                    {
+                        again.push(request.clone())
+                    }
+                    other => panic!("an item was refused: {other:?}"),
+                }
+            }
+            if !again.is_empty() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            pending = again;
+        }
+        if n == ids.len() / 50 / 3 {
+            // Some are due and delivered by both nodes by now.
+            tokio::time::sleep(Duration::from_millis(4_000)).await;
+            nodes[1].kill();
+            eprintln!("killed node 1 after {} scheduled", (n + 1) * 50);
+        }
+    }
+    let deliveries = verify::collect_async(
+        &mock.bootstrap(),
+        &[&topic],
+        ledger.expected(),
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )
+    .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("cluster failover with transactions (mock cluster): {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert!(
+        verdict.duplicates.is_empty(),
+        "duplicates: {:?}",
+        verdict.duplicates.iter().take(5).collect::<Vec<_>>()
+    );
+    let committed = nodes[0].metric("hourglass_transactions_total{outcome=\"committed\"}").await.unwrap();
+    assert!(committed >= 1.0, "node 0 delivered in transactions");
+    nodes[0].stop().unwrap();
 }

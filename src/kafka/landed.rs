@@ -11,8 +11,8 @@ use std::{
 };
 
 use rdkafka::{
-    ClientConfig, Message as _, Offset, TopicPartitionList,
-    consumer::{BaseConsumer, Consumer as _},
+    ClientConfig, ClientContext, Message as _, Offset, TopicPartitionList,
+    consumer::{BaseConsumer, Consumer as _, ConsumerContext},
     error::{KafkaError, RDKafkaErrorCode},
     message::Headers as _,
 };
@@ -150,7 +150,7 @@ pub fn search(
 /// The first offset of each partition whose record is at `at` or later,
 /// where the broker says.
 fn by_time(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<Quiet>,
     topic: &str,
     partitions: &[i32],
     at: UnixMillis,
@@ -196,7 +196,23 @@ fn ours(record: &impl rdkafka::Message, wanted: &HashMap<MessageId, UnixMillis>)
     (wanted.get(&id) == Some(&UnixMillis(due))).then_some(id)
 }
 
-fn consumer(config: &KafkaConfig, committed: bool) -> Result<BaseConsumer, KafkaError> {
+/// The search's consumer context: reaching a partition's end is how the
+/// search knows it is done, not an error to log (librdkafka also raises
+/// it as a client-wide error).
+struct Quiet;
+
+impl ClientContext for Quiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::PartitionEOF) => {}
+            _ => tracing::warn!(%error, %reason, "librdkafka (reading a target topic back)"),
+        }
+    }
+}
+
+impl ConsumerContext for Quiet {}
+
+fn consumer(config: &KafkaConfig, committed: bool) -> Result<BaseConsumer<Quiet>, KafkaError> {
     let mut client = ClientConfig::new();
     client
         .set("bootstrap.servers", &config.brokers)
@@ -217,5 +233,5 @@ fn consumer(config: &KafkaConfig, committed: bool) -> Result<BaseConsumer, Kafka
             client.set(k, v);
         }
     }
-    client.create()
+    client.create_with_context(Quiet)
 }

@@ -203,6 +203,27 @@ mod tests {
     }
 
     #[test]
+    fn transactional_ids_are_a_nodes_own_standalone_and_shared_in_a_cluster() {
+        assert_eq!(delivery(&Config::default()), Delivery::Idempotent);
+        let standalone = Config { delivery: DeliveryMode::ExactlyOnce, ..Config::default() };
+        assert_eq!(delivery(&standalone), Delivery::Transactional { prefix: None, on_fence: OnFence::Stop });
+        let named = Config { transactional_id: Some("orders".into()), ..standalone.clone() };
+        assert_eq!(
+            delivery(&named),
+            Delivery::Transactional { prefix: Some("orders".into()), on_fence: OnFence::Stop }
+        );
+        let cluster = Config { cluster: true, ..standalone };
+        assert_eq!(
+            delivery(&cluster),
+            Delivery::Transactional {
+                prefix: Some("hourglass-hourglass-log".into()),
+                on_fence: OnFence::Yield
+            },
+            "every node of a cluster names a shard's producer alike, so a new owner fences the old"
+        );
+    }
+
+    #[test]
     fn the_producer_takes_every_message_the_server_accepts() {
         let config = Config { max_message_bytes: 4 << 20, ..Config::default() };
         assert_eq!(kafka(&config).properties["message.max.bytes"], ((4 << 20) + 64 * 1024).to_string());
