@@ -190,21 +190,8 @@ async fn a_cluster_failover_with_transactions_delivers_each_message_once() {
     mock.topic_with(&format!("{log_topic}-owners"), 1);
     let group = random_name("hourglass");
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut nodes: Vec<ServerProcess> = dirs
-        .iter()
-        .map(|d| {
-            let mut node =
-                ServerProcess::new(Path::new(BIN), d.path(), &mock.bootstrap(), Durability::Buffered)
-                    .unwrap()
-                    .arg("--cluster", "true")
-                    .arg("--log-topic", &log_topic)
-                    .arg("--log-partitions", partitions)
-                    .arg("--group-id", &group)
-                    .arg("--delivery", "exactly-once");
-            node.env("HOURGLASS_LOG", "info,librdkafka=warn");
-            node
-        })
-        .collect();
+    let mut nodes: Vec<ServerProcess> =
+        dirs.iter().map(|d| cluster_node(&mock, d.path(), &log_topic, &group, partitions)).collect();
     for node in &mut nodes {
         node.spawn().unwrap();
     }
@@ -286,4 +273,83 @@ async fn a_cluster_failover_with_transactions_delivers_each_message_once() {
     let committed = nodes[0].metric("hourglass_transactions_total{outcome=\"committed\"}").await.unwrap();
     assert!(committed >= 1.0, "node 0 delivered in transactions");
     nodes[0].stop().unwrap();
+}
+
+/// A `hourglass serve --cluster --delivery exactly-once` process on the
+/// mock cluster, not started yet.
+fn cluster_node(mock: &Mock, dir: &Path, log_topic: &str, group: &str, partitions: i32) -> ServerProcess {
+    let mut node = ServerProcess::new(Path::new(BIN), dir, &mock.bootstrap(), Durability::Buffered)
+        .unwrap()
+        .arg("--cluster", "true")
+        .arg("--log-topic", log_topic)
+        .arg("--log-partitions", partitions)
+        .arg("--group-id", group)
+        .arg("--delivery", "exactly-once");
+    node.env("HOURGLASS_LOG", "info,librdkafka=warn");
+    node
+}
+
+/// A cluster node whose shard producer is fenced while the log still
+/// names it the shard's owner (as after the group gave the shard to
+/// another node for a moment and back): the records of the fenced
+/// transaction go back to the store, and once the log has named the node
+/// for a moment, a new producer of the shard's id starts, the topic is
+/// read back for what was committed, and the rest is produced. Each
+/// message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fenced_cluster_shard_takes_its_producer_back_and_delivers_each_message_once() {
+    let _serial = SERIAL.lock().await;
+    let mock = Mock::start(1);
+    let topic = random_name("txn-retake");
+    let log_topic = random_name("hourglass-log");
+    mock.topic_with(&topic, 2);
+    mock.topic_with(&log_topic, 1);
+    mock.topic_with(&format!("{log_topic}-owners"), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = cluster_node(&mock, dir.path(), &log_topic, &random_name("hourglass"), 1);
+    node.spawn().unwrap();
+    node.wait_serving(Duration::from_secs(120)).await.unwrap();
+
+    let ledger = verify::Ledger::default();
+    let mut client = reconnecting_client(&node.grpc, Duration::from_secs(20));
+    let run = random_name("m");
+    let start = chrono::Utc::now().timestamp_millis() + 1_500;
+    // The first commit is answered: a newer producer of this id.
+    mock.fail_next(RDKafkaApiKey::EndTxn, &[RespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED]);
+    let requests: Vec<_> =
+        (0..400).map(|i| verify::due_message(&topic, &format!("{run}-{i}"), start + i * 5)).collect();
+    for chunk in requests.chunks(100) {
+        let reply = client
+            .schedule_batch(proto::ScheduleBatchRequest { requests: chunk.to_vec() })
+            .await
+            .unwrap()
+            .into_inner();
+        for item in reply.results {
+            let Some(proto::schedule_result::Result::Scheduled(done)) = item.result else {
+                panic!("an item was refused: {item:?}");
+            };
+            ledger.ack(&done.id, millis(done.deliver_at.as_ref().unwrap()), &topic);
+        }
+    }
+    let deliveries = verify::collect_async(
+        &mock.bootstrap(),
+        &[&topic],
+        ledger.expected(),
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+    )
+    .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("a fenced cluster shard taking its producer back (mock cluster): {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert!(
+        verdict.duplicates.is_empty(),
+        "duplicates: {:?}",
+        verdict.duplicates.iter().take(5).collect::<Vec<_>>()
+    );
+    let fenced = node.metric("hourglass_transactions_total{outcome=\"fenced\"}").await.unwrap();
+    assert_eq!(fenced, 1.0, "the shard's producer was fenced once");
+    let found = node.metric("hourglass_reconcile_found_total").await.unwrap();
+    eprintln!("{found} messages of the fenced transaction found on the topic and recorded");
+    node.stop().unwrap();
 }

@@ -173,6 +173,11 @@ const HOLD_FOR: Duration = Duration::from_millis(100);
 
 /// How often a dispatcher whose lease ran out looks whether it holds again.
 const LEASE_RECHECK: Duration = Duration::from_millis(50);
+/// How long the log must have named this node the shard's owner again,
+/// after another node's producer fenced this one's, before it takes the
+/// transactional id back: what the other node produced meanwhile reaches
+/// the log first (as a node taking a shard waits after its claim).
+const RETAKE_GRACE: Duration = Duration::from_millis(500);
 /// How far past what it is about to produce the dispatcher records its
 /// horizon: a commit per this much of due time at most, and what is in
 /// doubt after an unclean stop is what was due up to this much later.
@@ -299,6 +304,9 @@ pub struct Dispatcher {
     /// recorded a later horizon, so that after an unclean stop only what
     /// was due by then is in doubt.
     horizon: UnixMillis,
+    /// Cluster mode, transactional delivery: another node's producer
+    /// fenced this shard's; nothing is produced until `take_back`.
+    fenced: bool,
 }
 
 /// What becomes of one due message.
@@ -364,6 +372,7 @@ impl Dispatcher {
             landed: HashMap::new(),
             marked: HashSet::new(),
             horizon,
+            fenced: false,
         }
     }
 
@@ -386,34 +395,18 @@ impl Dispatcher {
     }
 
     pub async fn run(mut self, stop: CancellationToken) {
-        // Transactional delivery: the shard's earlier producers are fenced
-        // and their open transactions resolved before anything is read
-        // back or produced.
-        tokio::select! {
-            _ = stop.cancelled() => return self.drain().await,
-            ready = self.producer.ready() => if !ready {
-                tracing::error!("the shard's transactional producer stopped before it was ready; dispatching nothing");
-                stop.cancelled().await;
-                return self.drain().await;
-            },
-        }
-        // What the last dispatcher of the shard may have produced without
-        // recording it: after an unclean stop, whatever was due; after a
-        // move, whatever was due before this one took over.
-        let window = match self.lease {
-            None => self.store.in_doubt_window(),
-            Some(_) => Some(InDoubt { below: DispatchKey::after(self.clock.now()), before_seq: u64::MAX }),
-        };
-        match reconcile::landed(&self.store, &self.producer, window, &stop).await {
-            Some(found) => self.settle_found(found).await,
-            None => return self.drain().await,
+        if !self.start_producing(&stop).await {
+            return self.drain().await;
         }
         loop {
+            if self.fenced && !self.take_back(&stop).await {
+                break;
+            }
             metrics::DISPATCH_WAKEUPS.inc();
             // One commit for every outcome gathered since the last look.
             self.flush_settles(false).await;
             self.find_stalls();
-            let next = self.dispatch_due().await;
+            let next = if self.fenced { Next::Idle } else { self.dispatch_due().await };
             if let Next::At(due) = next {
                 // Recorded while it sleeps, not when it wakes to produce.
                 self.extend_horizon(due).await;
@@ -440,6 +433,83 @@ impl Dispatcher {
             }
         }
         self.drain().await;
+    }
+
+    /// Before the first produce: with transactional delivery, waits until
+    /// the shard's earlier producers are fenced and their open transactions
+    /// resolved; then finds on their topics what the last dispatcher of
+    /// the shard may have produced without recording it (after an unclean
+    /// stop, whatever was due; after a move, whatever was due before this
+    /// one took over), and records it. False if stopped first.
+    async fn start_producing(&mut self, stop: &CancellationToken) -> bool {
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            ready = self.producer.ready() => if !ready {
+                tracing::error!("the shard's transactional producer stopped before it was ready; dispatching nothing");
+                stop.cancelled().await;
+                return false;
+            },
+        }
+        let window = match self.lease {
+            None => self.store.in_doubt_window(),
+            Some(_) => Some(InDoubt { below: DispatchKey::after(self.clock.now()), before_seq: u64::MAX }),
+        };
+        match reconcile::landed(&self.store, &self.producer, window, stop).await {
+            Some(found) => {
+                self.settle_found(found).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Cluster mode, transactional delivery: another node's producer took
+    /// this shard's transactional id (the group gave it the shard) and the
+    /// records this one held went back to the store. If the log names this
+    /// node the owner again (it claimed the shard back), it starts over as
+    /// a node taking the shard does: once the log has named it for
+    /// [`RETAKE_GRACE`], a new producer fences the other's, and the topics
+    /// are read back for what that one committed, before anything is
+    /// produced. False if stopped first.
+    async fn take_back(&mut self, stop: &CancellationToken) -> bool {
+        tracing::warn!(
+            "the shard's transactional producer was fenced by another node's; waiting to own the shard again"
+        );
+        self.flush_settles(true).await;
+        if let Some(recorder) = &self.recorder {
+            recorder.flushed().await;
+        }
+        let mut owned_since: Option<tokio::time::Instant> = None;
+        loop {
+            if self.unleased() {
+                owned_since = None;
+            } else if owned_since.get_or_insert_with(tokio::time::Instant::now).elapsed() >= RETAKE_GRACE
+                && self.sent.is_empty()
+            {
+                break;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                Some(report) = self.reports.recv() => self.on_report(report),
+                _ = tokio::time::sleep(LEASE_RECHECK) => {}
+            }
+            self.flush_settles(false).await;
+        }
+        match self.producer.renew() {
+            Ok(producer) => self.producer = producer,
+            Err(e) => {
+                tracing::error!(error = %e, "starting a new transactional producer for the shard failed; trying again");
+                return tokio::select! {
+                    _ = stop.cancelled() => false,
+                    _ = tokio::time::sleep(self.config.max_sleep) => true,
+                };
+            }
+        }
+        self.fenced = false;
+        tracing::info!(
+            "the log names this node the shard's owner again: dispatching with a new transactional producer"
+        );
+        self.start_producing(stop).await
     }
 
     /// In-flight slots taken: records Kafka is answering in time.
@@ -985,9 +1055,9 @@ impl Dispatcher {
                 // Another producer took the shard's transactional id: the
                 // record was not delivered (its transaction is aborted),
                 // and the message is not this dispatcher's to settle. It
-                // goes back to the store untouched; if this node still
-                // owns the shard, it is produced again.
+                // goes back to the store untouched; see `take_back`.
                 tracing::debug!(id = %sent.id.qualified(), error = %error.reason, "produce fenced");
+                self.fenced = true;
                 self.rescan(Some(sent.key));
                 self.releasing.push(sent.id);
                 return;

@@ -321,6 +321,31 @@ impl Producer {
         }))
     }
 
+    /// The same shard's producer anew: with transactional delivery, a new
+    /// transactional producer of the same id, which fences whatever
+    /// producer of it came last (see [`Producer::ready`]); else this one.
+    pub fn renew(self: &Arc<Self>) -> std::io::Result<Arc<Producer>> {
+        let (Send::Transactional(txn), Delivery::Transactional { on_fence, .. }) =
+            (&self.send, &self.delivery)
+        else {
+            return Ok(Arc::clone(self));
+        };
+        let txn = Txn::start(
+            producer_config(&self.config),
+            txn.id().to_owned(),
+            *on_fence,
+            (self.fatal.clone(), Arc::clone(&self.stopped)),
+        )?;
+        Ok(Arc::new(Producer {
+            send: Send::Transactional(txn),
+            metadata: Arc::clone(&self.metadata),
+            fatal: self.fatal.clone(),
+            stopped: Arc::clone(&self.stopped),
+            config: self.config.clone(),
+            delivery: self.delivery.clone(),
+        }))
+    }
+
     /// How records reach their topics.
     pub fn delivery(&self) -> &Delivery {
         &self.delivery

@@ -31,10 +31,10 @@
 //! Fenced itself (another producer took the transactional id), the thread
 //! either stops the node ([`OnFence::Stop`]: standalone, where the id is
 //! this node's alone and a second user of it is a mistake) or gives every
-//! record it holds back to the dispatcher untouched ([`OnFence::Yield`]:
-//! cluster mode, where the shard moved; the log's ownership records stop
-//! the dispatcher) and initialises again, fencing in turn, only if records
-//! still come after [`FENCED_PAUSE`].
+//! record it holds, and every one handed to it later, back to the
+//! dispatcher untouched ([`OnFence::Yield`]: cluster mode, where the shard
+//! moved). A dispatcher whose shard comes back starts a new producer of
+//! the id, which fences in turn, and reads the topics back first.
 //!
 //! It must not decide anything about messages: tokens in, reports out.
 
@@ -64,9 +64,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the thread waits for records before it serves librdkafka's
 /// events anyway.
 const IDLE_POLL: Duration = Duration::from_millis(100);
-/// After being fenced, how long before the thread takes the id back for
-/// records that still come (cluster mode).
-pub const FENCED_PAUSE: Duration = Duration::from_secs(1);
 /// How long a produce may go unanswered inside a transaction; it must not
 /// exceed `transaction.timeout.ms`. A record timed out is in an aborted
 /// transaction, so producing it again is no duplicate.
@@ -175,6 +172,11 @@ impl Txn {
         }
     }
 
+    /// The transactional id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
     /// Why it stopped, if it did.
     pub fn stopped(&self) -> Option<String> {
         match &*self.state.borrow() {
@@ -263,51 +265,40 @@ struct Thread {
 
 impl Thread {
     fn run(mut self) {
-        loop {
-            let stop = match self.producer() {
-                Ok((producer, results)) => self.serve(&producer, &results),
-                Err(stop) => stop,
-            };
-            let why = match stop {
-                Stop::Closed => return,
-                Stop::Fenced(why) => why,
-            };
-            metrics::TRANSACTIONS.with_label_values(&["fenced"]).inc();
-            match self.on_fence {
-                OnFence::Stop => {
-                    tracing::error!(
-                        transactional_id = %self.id,
-                        reason = %why,
-                        "the transactional producer was fenced or failed: another process uses this \
-                         transactional id, or the broker refuses it; stopping (each node needs its own \
-                         --transactional-id)"
-                    );
-                    self.why.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| {
-                        format!("the transactional producer {} was fenced or failed: {why}", self.id)
-                    });
-                    self.state.send_replace(TxnState::Stopped(why));
-                    self.fatal.cancel();
-                    return;
-                }
-                OnFence::Yield => {
-                    tracing::warn!(
-                        transactional_id = %self.id,
-                        reason = %why,
-                        "the shard's transactional producer was fenced: another node took the shard; \
-                         what this one held goes back to its store unproduced"
-                    );
-                    for record in self.waiting.drain(..) {
-                        record.report(Err(fenced(&why)));
-                    }
-                    self.state.send_replace(TxnState::Starting);
-                    // Take the id back only if records still come: the
-                    // dispatcher produces only while the log names this
-                    // node the shard's owner.
-                    std::thread::sleep(FENCED_PAUSE);
-                    match self.queued.recv() {
-                        Ok(record) => self.waiting.push_back(record),
-                        Err(_) => return,
-                    }
+        let stop = match self.producer() {
+            Ok((producer, results)) => self.serve(&producer, &results),
+            Err(stop) => stop,
+        };
+        let Stop::Fenced(why) = stop else { return };
+        metrics::TRANSACTIONS.with_label_values(&["fenced"]).inc();
+        match self.on_fence {
+            OnFence::Stop => {
+                tracing::error!(
+                    transactional_id = %self.id,
+                    reason = %why,
+                    "the transactional producer was fenced or failed: another process uses this \
+                     transactional id, or the broker refuses it; stopping (each node needs its own \
+                     --transactional-id)"
+                );
+                self.why.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| {
+                    format!("the transactional producer {} was fenced or failed: {why}", self.id)
+                });
+                self.state.send_replace(TxnState::Stopped(why));
+                self.fatal.cancel();
+            }
+            OnFence::Yield => {
+                tracing::warn!(
+                    transactional_id = %self.id,
+                    reason = %why,
+                    "the shard's transactional producer was fenced: another node took the shard; \
+                     what this one held goes back to its store unproduced"
+                );
+                self.state.send_replace(TxnState::Stopped(why.clone()));
+                // Everything handed over from now on goes back too, until
+                // the dispatcher lets go of this producer (it starts a new
+                // one if the shard comes back to this node).
+                for record in self.waiting.drain(..).chain(self.queued.iter()) {
+                    record.report(Err(fenced(&why)));
                 }
             }
         }
