@@ -442,13 +442,38 @@ impl Dispatcher {
     /// stop, whatever was due; after a move, whatever was due before this
     /// one took over), and records it. False if stopped first.
     async fn start_producing(&mut self, stop: &CancellationToken) -> bool {
-        tokio::select! {
-            _ = stop.cancelled() => return false,
-            ready = self.producer.ready() => if !ready {
-                tracing::error!("the shard's transactional producer stopped before it was ready; dispatching nothing");
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                ready = self.producer.ready() => if ready { break },
+            }
+            if self.lease.is_none() {
+                // Standalone: its failure stops the node.
+                tracing::error!(
+                    "the shard's transactional producer stopped before it was ready; dispatching nothing"
+                );
                 stop.cancelled().await;
                 return false;
-            },
+            }
+            // Cluster mode: fenced while starting (another node took the
+            // shard), or failed; try again while this node owns the shard.
+            tracing::warn!("the shard's transactional producer stopped before it was ready; trying again");
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                _ = tokio::time::sleep(self.config.max_sleep) => {}
+            }
+            while self.unleased() {
+                tokio::select! {
+                    _ = stop.cancelled() => return false,
+                    _ = tokio::time::sleep(LEASE_RECHECK) => {}
+                }
+            }
+            match self.producer.renew() {
+                Ok(producer) => self.producer = producer,
+                Err(e) => {
+                    tracing::error!(error = %e, "starting a new transactional producer for the shard failed")
+                }
+            }
         }
         let window = match self.lease {
             None => self.store.in_doubt_window(),

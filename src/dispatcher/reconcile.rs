@@ -101,16 +101,11 @@ pub(super) async fn landed(
         "reading the target topics back for messages the last dispatcher of this shard may have \
          produced without recording it"
     );
-    // A transactional producer's earlier incarnation is fenced and its
-    // open transaction resolved already (see `Producer::ready`): nothing of
-    // it can still be appended.
-    let late_appends = match producer.delivery() {
-        Delivery::Idempotent => LATE_APPENDS,
-        Delivery::Transactional { .. } => Duration::ZERO,
-    };
+    // Kept with transactional delivery too: the stopped process may have
+    // delivered without transactions (the setting changed across the stop).
     tokio::select! {
         _ = stop.cancelled() => return None,
-        _ = tokio::time::sleep_until((store.opened_at() + late_appends).into()) => {}
+        _ = tokio::time::sleep_until((store.opened_at() + LATE_APPENDS).into()) => {}
     }
     // Nothing of the stopped dispatcher is newer than now.
     let newest = SystemClock.now().saturating_add(CLOCK_SLACK);

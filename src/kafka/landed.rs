@@ -52,8 +52,14 @@ pub fn search(
     within: Duration,
 ) -> Result<Landed, KafkaError> {
     let deadline = Instant::now() + within;
-    let consumer = consumer(config, committed)?;
-    let metadata = consumer.fetch_metadata(Some(topic), ASK)?;
+    // Where partitions end, and offsets by time, as written: a
+    // read_committed client is told the last stable offset instead, which
+    // any open transaction (another application's, another shard's) holds
+    // back, and past which ours may lie.
+    let ask = consumer(config, false)?;
+    let committed_reader = committed.then(|| consumer(config, true)).transpose()?;
+    let reader = committed_reader.as_ref().unwrap_or(&ask);
+    let metadata = ask.fetch_metadata(Some(topic), ASK)?;
     let Some(described) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(Landed::default());
     };
@@ -64,12 +70,12 @@ pub fn search(
         Some(code) => return Err(KafkaError::MetadataFetch(code)),
     }
     let partitions: Vec<i32> = described.partitions().iter().map(|p| p.id()).collect();
-    let after = by_time(&consumer, topic, &partitions, times.0)?;
-    let before = by_time(&consumer, topic, &partitions, times.1)?;
+    let after = by_time(&ask, topic, &partitions, times.0)?;
+    let before = by_time(&ask, topic, &partitions, times.1)?;
     let mut ends = BTreeMap::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in &partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, ASK)?;
+        let (low, high) = ask.fetch_watermarks(topic, partition, ASK)?;
         let mut from = match marks.get(&partition) {
             Some(&mark) if mark > high => {
                 tracing::warn!(
@@ -112,12 +118,12 @@ pub fn search(
     if ends.is_empty() {
         return Ok(landed);
     }
-    consumer.assign(&assignment)?;
+    reader.assign(&assignment)?;
     while !ends.is_empty() {
         if Instant::now() > deadline {
             return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
         }
-        match consumer.poll(Duration::from_millis(100)) {
+        match reader.poll(Duration::from_millis(100)) {
             Some(Ok(record)) => {
                 let (partition, offset) = (record.partition(), record.offset());
                 let Some(&end) = ends.get(&partition) else { continue };
@@ -137,14 +143,29 @@ pub fn search(
             // The partition's end as the broker has it now, past the one
             // taken at the start: read through (offsets that hold no
             // record, such as transaction markers, are never returned).
+            // Reading committed records, the end is the last stable
+            // offset: done only once it has passed the end taken at the
+            // start; until then an open transaction holds it back.
             Some(Err(KafkaError::PartitionEOF(partition))) => {
-                ends.remove(&partition);
+                let Some(&end) = ends.get(&partition) else { continue };
+                if !committed || position(reader, topic, partition)?.is_some_and(|at| at >= end) {
+                    ends.remove(&partition);
+                }
             }
             Some(Err(e)) => return Err(e),
             None => {}
         }
     }
     Ok(landed)
+}
+
+/// The offset `reader` fetches `partition` from next, if it knows it.
+fn position(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Result<Option<i64>, KafkaError> {
+    let positions = reader.position()?;
+    Ok(positions.find_partition(topic, partition).and_then(|e| match e.offset() {
+        Offset::Offset(at) => Some(at),
+        _ => None,
+    }))
 }
 
 /// The first offset of each partition whose record is at `at` or later,

@@ -55,8 +55,12 @@ pub enum Fault {
     MessageRefused,
     /// Transactional delivery: another producer took the shard's
     /// transactional id (the shard moved) before this record's transaction
-    /// was committed. It was not delivered, and is not this node's to
-    /// deliver now: give it back to the store untouched.
+    /// was known to be committed. Most likely it was aborted; if the commit
+    /// reached the broker and only its answer was lost, the record is on
+    /// its topic, and whoever produces for the shard next finds it there
+    /// first (every new producer of the id reads the topics back before
+    /// producing). Either way it is not this node's to settle now: give it
+    /// back to the store untouched.
     Fenced,
 }
 

@@ -111,7 +111,9 @@ pub enum TxnState {
 }
 
 /// The handle of one shard's transaction thread; dropping it ends the
-/// thread once what it holds is committed (or given back).
+/// thread once what it holds is committed (or given back). While the
+/// broker is away the thread goes on trying; the next producer of the id
+/// fences it.
 pub struct Txn {
     queue: Mutex<Option<mpsc::Sender<Queued>>>,
     state: watch::Receiver<TxnState>,
@@ -373,8 +375,16 @@ impl Thread {
             if self.take_queued() {
                 return Stop::Closed;
             }
-            if let Err(KafkaError::Transaction(e)) = producer.begin_transaction() {
-                return self.give_back(&mut txn, Stop::Fenced(format!("beginning a transaction: {e}")));
+            match producer.begin_transaction() {
+                Ok(()) => {}
+                Err(KafkaError::Transaction(e)) if e.is_fatal() => {
+                    return self.give_back(&mut txn, Stop::Fenced(format!("beginning a transaction: {e}")));
+                }
+                Err(e) => {
+                    tracing::warn!(transactional_id = %self.id, error = %e, "beginning a transaction: trying again");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
             }
             while txn.len() < MAX_RECORDS {
                 let Some(record) = self.waiting.pop_front() else { break };
@@ -474,11 +484,12 @@ impl Thread {
         txn: &mut [InTxn],
     ) -> Result<(), Stop> {
         producer.purge(PurgeConfig::default().queue().inflight());
-        // Serve the delivery reports: each failed record's own error
-        // decides whether it goes back to the dispatcher.
-        wait_acknowledged(producer, CALL_TIMEOUT);
-        gather(results, txn);
         loop {
+            // Serve the delivery reports first (librdkafka's abort waits
+            // for them and does not serve them): each failed record's own
+            // error decides whether it goes back to the dispatcher.
+            wait_acknowledged(producer, CALL_TIMEOUT);
+            gather(results, txn);
             match producer.abort_transaction(CALL_TIMEOUT) {
                 Ok(()) => return Ok(()),
                 Err(KafkaError::Transaction(e)) if e.is_fatal() => {
@@ -549,17 +560,17 @@ fn gather(results: &Results, txn: &mut [InTxn]) {
     }
 }
 
-/// A record librdkafka dropped because its transaction was aborted, not
-/// one the broker refused.
+/// A record librdkafka dropped because its transaction was aborted (or
+/// refused because the transaction was to be aborted), not one Kafka
+/// failed: it goes into the next transaction. Every other error goes back
+/// to the dispatcher, whose retry, refusal and stall rules apply as
+/// without transactions (a record that timed out, say, is retried after a
+/// backoff, so one stuck partition does not hold every transaction).
 fn purged(e: &KafkaError) -> bool {
     matches!(
         e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::PurgeQueue
-                | RDKafkaErrorCode::PurgeInflight
-                | RDKafkaErrorCode::MessageTimedOut
-        )
-    ) || matches!(e.rdkafka_error_code().map(super::producer::classify), Some(Fault::Outage))
+        Some(RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight | RDKafkaErrorCode::State)
+    )
 }
 
 fn fenced(why: &str) -> ProduceError {
@@ -572,14 +583,15 @@ mod tests {
 
     #[test]
     fn an_aborted_transaction_gives_back_what_failed_for_others() {
-        // A record failing for its own sake (too large) keeps its error;
-        // those caught in the abort, or failing with an outage, are
-        // produced again in the next transaction.
+        // A record Kafka failed keeps its error, an outage's too (the
+        // dispatcher retries it after a backoff, and holds a stalled
+        // topic); those caught in the abort go into the next transaction.
         assert!(!purged(&KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)));
         assert!(!purged(&KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopicOrPartition)));
+        assert!(!purged(&KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)));
+        assert!(!purged(&KafkaError::MessageProduction(RDKafkaErrorCode::NotLeaderForPartition)));
         assert!(purged(&KafkaError::MessageProduction(RDKafkaErrorCode::PurgeInflight)));
         assert!(purged(&KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue)));
-        assert!(purged(&KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)));
-        assert!(purged(&KafkaError::MessageProduction(RDKafkaErrorCode::NotLeaderForPartition)));
+        assert!(purged(&KafkaError::MessageProduction(RDKafkaErrorCode::State)));
     }
 }
