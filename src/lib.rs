@@ -29,7 +29,8 @@
 //!   store commits every change as one atomic, group-committed `WriteBatch`.
 //! - [`dispatcher`]: sleeps until the earliest message is due, produces, and
 //!   settles each delivery (partition, offset) in the checkpoint CF.
-//! - [`kafka`]: the idempotent producer and the cached topic metadata.
+//! - [`kafka`]: the idempotent producer (or, with `--delivery exactly-once`,
+//!   one transactional producer per shard) and the cached topic metadata.
 //! - [`log`]: cluster mode's schedule log (a compacted Kafka topic, one
 //!   partition per shard): what each of its records means, Kafka-native
 //!   schedules included; no I/O.
