@@ -143,12 +143,14 @@ pub fn search(
             // The partition's end as the broker has it now, past the one
             // taken at the start: read through (offsets that hold no
             // record, such as transaction markers, are never returned).
-            // Reading committed records, the end is the last stable
-            // offset: done only once it has passed the end taken at the
-            // start; until then an open transaction holds it back.
+            // Reading committed records, the end reached is the last
+            // stable offset: done once it has reached the end taken at the
+            // start (every committed record before it was read; aborted
+            // ones and transaction markers are never returned). Until
+            // then an open transaction holds it back.
             Some(Err(KafkaError::PartitionEOF(partition))) => {
                 let Some(&end) = ends.get(&partition) else { continue };
-                if !committed || position(reader, topic, partition)?.is_some_and(|at| at >= end) {
+                if !committed || stable_end(reader, topic, partition)? >= end {
                     ends.remove(&partition);
                 }
             }
@@ -159,13 +161,10 @@ pub fn search(
     Ok(landed)
 }
 
-/// The offset `reader` fetches `partition` from next, if it knows it.
-fn position(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Result<Option<i64>, KafkaError> {
-    let positions = reader.position()?;
-    Ok(positions.find_partition(topic, partition).and_then(|e| match e.offset() {
-        Offset::Offset(at) => Some(at),
-        _ => None,
-    }))
+/// Where `partition` ends for a read_committed `reader`: its last stable
+/// offset, before which every transaction is decided.
+fn stable_end(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Result<i64, KafkaError> {
+    reader.fetch_watermarks(topic, partition, ASK).map(|(_, stable)| stable)
 }
 
 /// The first offset of each partition whose record is at `at` or later,
