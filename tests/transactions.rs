@@ -139,6 +139,41 @@ async fn a_refused_record_aborts_its_transaction_and_is_delivered_once_on_the_re
     server.stop().await;
 }
 
+/// Transactions the broker keeps refusing with no record to blame (here
+/// it refuses to add the topic's partition to them) are not retried in a
+/// tight loop: after a few aborts the records go back to the dispatcher
+/// with the broker's error, which holds the topic and probes it with
+/// backoff, as without transactions. Once the broker takes them, each is
+/// delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_refused_for_a_topic_hand_it_to_the_dispatchers_hold() {
+    let _serial = SERIAL.lock().await;
+    let mock = Mock::start(1);
+    let topic = random_name("txn-refused");
+    mock.topic_with(&topic, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(exactly_once(&mock, dir.path())).await;
+    let refused_before = metric(&server, "hourglass_kafka_produce_errors_total{kind=\"rejected\"}").await;
+    let aborted_before = metric(&server, "hourglass_transactions_total{outcome=\"aborted\"}").await;
+    mock.fail_next(
+        RDKafkaApiKey::AddPartitionsToTxn,
+        &[RespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 8],
+    );
+    let ids: Vec<String> = (0..20).map(|i| format!("{}-{i}", random_name("m"))).collect();
+    schedule_due_in(&server, &topic, &ids, Duration::from_millis(300)).await;
+    let got = records(&mock, &topic, ids.len(), Duration::from_secs(2)).await;
+    let copies = copies(&got);
+    assert_eq!(copies.len(), ids.len(), "every message delivered once the broker takes them");
+    assert!(copies.values().all(|&n| n == 1), "each once");
+    let aborted = metric(&server, "hourglass_transactions_total{outcome=\"aborted\"}").await - aborted_before;
+    let refused =
+        metric(&server, "hourglass_kafka_produce_errors_total{kind=\"rejected\"}").await - refused_before;
+    eprintln!("{aborted} transactions aborted, {refused} refusals reached the dispatcher");
+    assert!(aborted >= 3.0, "the refused transactions were aborted: {aborted}");
+    assert!(refused >= 1.0, "the topic's refusal reached the dispatcher, which held it");
+    server.stop().await;
+}
+
 /// A standalone node whose transactional producer is fenced (another
 /// process took its transactional id) stops with an error that says so,
 /// keeps every undelivered message, and delivers each once when started

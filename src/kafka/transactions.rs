@@ -48,7 +48,7 @@ use rdkafka::{
     ClientConfig, ClientContext, Message as _,
     error::{KafkaError, RDKafkaErrorCode},
     message::{DeliveryResult, OwnedHeaders},
-    producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext, PurgeConfig},
+    producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext},
 };
 use tokio::sync::{mpsc::UnboundedSender, watch};
 use tokio_util::sync::CancellationToken;
@@ -61,6 +61,11 @@ pub const MAX_RECORDS: usize = 10_000;
 /// How long one commit, abort or initialisation may take before it is
 /// tried again.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// One step of an abort (see `Thread::abort`).
+const ABORT_STEP: Duration = Duration::from_millis(200);
+/// Aborts in a row that no record's own error explains before the records
+/// go back to the dispatcher with the transaction's error.
+const FRUITLESS_ABORTS: u32 = 3;
 /// How long the thread waits for records before it serves librdkafka's
 /// events anyway.
 const IDLE_POLL: Duration = Duration::from_millis(100);
@@ -146,6 +151,7 @@ impl Txn {
             state: state_tx,
             waiting: VecDeque::new(),
             closed: false,
+            fruitless: 0,
         };
         std::thread::Builder::new().name(format!("txn {id}")).spawn(move || thread.run())?;
         Ok(Txn { queue: Mutex::new(Some(queue)), state, id })
@@ -263,6 +269,8 @@ struct Thread {
     waiting: VecDeque<Queued>,
     /// The handle was dropped.
     closed: bool,
+    /// Aborts in a row that no record's own error explained.
+    fruitless: u32,
 }
 
 impl Thread {
@@ -413,7 +421,7 @@ impl Thread {
         let started = Instant::now();
         let failed_early = txn.iter().any(|r| matches!(r.result, Some(Err(_))));
         let outcome = if failed_early {
-            Err("a record was refused before it was sent".to_owned())
+            Err(("a record was refused before it was sent".to_owned(), None))
         } else {
             loop {
                 // Wait for the records' acknowledgements here, in steps of a
@@ -427,7 +435,9 @@ impl Thread {
                     Err(KafkaError::Transaction(e)) if e.is_fatal() => {
                         return Err(Stop::Fenced(format!("committing: {e}")));
                     }
-                    Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => break Err(e.to_string()),
+                    Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
+                        break Err((e.to_string(), Some(e.code())));
+                    }
                     // Still flushing (a broker away), or a retriable
                     // coordinator error: the same commit again.
                     Err(e) => {
@@ -439,6 +449,7 @@ impl Thread {
         };
         match outcome {
             Ok(()) => {
+                self.fruitless = 0;
                 metrics::TRANSACTIONS.with_label_values(&["committed"]).inc();
                 metrics::TRANSACTION_SECONDS.observe(started.elapsed().as_secs_f64());
                 metrics::TRANSACTION_RECORDS.observe(txn.len() as f64);
@@ -458,46 +469,66 @@ impl Thread {
                 }
                 Ok(())
             }
-            Err(why) => {
+            Err((why, code)) => {
                 tracing::warn!(transactional_id = %self.id, reason = %why, records = txn.len(), "aborting a transaction");
                 self.abort(producer, results, txn)?;
                 metrics::TRANSACTIONS.with_label_values(&["aborted"]).inc();
                 // Each failed record goes back with its own error; the
-                // others go first into the next transaction.
+                // others go first into the next transaction. An abort
+                // that no record's own error explains (the broker refused
+                // the transaction a partition, say) is waited out with a
+                // growing pause; after a few in a row, the records go back
+                // to the dispatcher with the transaction's error, so that
+                // its retry and refusal rules hold them, not this loop.
+                let own = txn.iter().any(|r| matches!(&r.result, Some(Err(e)) if !purged(e)));
+                self.fruitless = if own { 0 } else { self.fruitless + 1 };
+                let give_up = self.fruitless >= FRUITLESS_ABORTS;
+                let why = ProduceError {
+                    fault: code.map_or(Fault::Outage, super::producer::classify),
+                    reason: why,
+                };
                 for aborted in txn.drain(..).rev() {
                     match aborted.result {
                         Some(Err(e)) if !purged(&e) => aborted.record.report(Err(produce_error(&e))),
+                        _ if give_up => aborted.record.report(Err(why.clone())),
                         _ => self.waiting.push_front(aborted.record),
                     }
+                }
+                if give_up {
+                    self.fruitless = 0;
+                } else if self.fruitless > 0 {
+                    std::thread::sleep(Duration::from_millis(100 << self.fruitless.min(5)));
                 }
                 Ok(())
             }
         }
     }
 
-    /// Aborts the open transaction: purges what librdkafka still holds,
-    /// waits for its reports, then ends the transaction.
+    /// Aborts the open transaction. librdkafka purges what it still holds
+    /// (adjusting its sequence numbers, which a purge of ours would not)
+    /// and waits for the reports of those records, which only this thread
+    /// serves: so the abort is asked in short steps, serving reports
+    /// between them.
     fn abort(
         &mut self,
         producer: &BaseProducer<TxnContext>,
         results: &Results,
         txn: &mut [InTxn],
     ) -> Result<(), Stop> {
-        producer.purge(PurgeConfig::default().queue().inflight());
+        let started = Instant::now();
         loop {
-            // Serve the delivery reports first (librdkafka's abort waits
-            // for them and does not serve them): each failed record's own
-            // error decides whether it goes back to the dispatcher.
-            wait_acknowledged(producer, CALL_TIMEOUT);
+            let aborted = producer.abort_transaction(ABORT_STEP);
+            wait_acknowledged(producer, ABORT_STEP);
             gather(results, txn);
-            match producer.abort_transaction(CALL_TIMEOUT) {
+            match aborted {
                 Ok(()) => return Ok(()),
                 Err(KafkaError::Transaction(e)) if e.is_fatal() => {
                     return Err(Stop::Fenced(format!("aborting: {e}")));
                 }
                 Err(e) => {
-                    tracing::warn!(transactional_id = %self.id, error = %e, "aborting a transaction: trying again");
-                    std::thread::sleep(Duration::from_millis(100));
+                    if started.elapsed() >= CALL_TIMEOUT {
+                        tracing::warn!(transactional_id = %self.id, error = %e, "aborting a transaction: trying again");
+                    }
                 }
             }
         }
