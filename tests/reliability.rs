@@ -210,17 +210,7 @@ async fn kill_9_sweep_loses_nothing() {
 /// a record as soon as it is appended: not one duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_sweep_sends_nothing_twice() {
-    let _serial = SERIAL.lock().await;
-    let mock = common::mock::Mock::start(1);
-    let topic = random_name("kill9");
-    mock.topic_with(&topic, 4);
-    let (verdict, kill_times) = kill_9_sweep(&mock.bootstrap(), &topic, "idempotent").await;
-    assert!(
-        verdict.duplicates.is_empty(),
-        "{} duplicates, kills at {kill_times:?}: {:?}",
-        verdict.duplicates.len(),
-        verdict.duplicates.iter().take(3).collect::<Vec<_>>()
-    );
+    kill_9_sweep_on_mock("idempotent").await;
 }
 
 /// 1 (continued). The sweep with transactional delivery
@@ -232,14 +222,20 @@ async fn kill_9_sweep_sends_nothing_twice() {
 /// read_committed consumer sees each message once either way.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_sweep_with_transactions_sends_nothing_twice() {
+    kill_9_sweep_on_mock("exactly-once").await;
+}
+
+/// The sweep with `--delivery` `delivery` against the mock cluster, which
+/// shows a record as soon as it is appended: not one duplicate.
+async fn kill_9_sweep_on_mock(delivery: &str) {
     let _serial = SERIAL.lock().await;
     let mock = common::mock::Mock::start(1);
-    let topic = random_name("kill9-txn");
+    let topic = random_name("kill9");
     mock.topic_with(&topic, 4);
-    let (verdict, kill_times) = kill_9_sweep(&mock.bootstrap(), &topic, "exactly-once").await;
+    let (verdict, kill_times) = kill_9_sweep(&mock.bootstrap(), &topic, delivery).await;
     assert!(
         verdict.duplicates.is_empty(),
-        "{} duplicates, kills at {kill_times:?}: {:?}",
+        "{delivery}: {} duplicates, kills at {kill_times:?}: {:?}",
         verdict.duplicates.len(),
         verdict.duplicates.iter().take(3).collect::<Vec<_>>()
     );

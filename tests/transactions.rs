@@ -51,6 +51,35 @@ fn copies(got: &[Received]) -> HashMap<String, usize> {
     copies
 }
 
+/// Every one of `ids` arrived, and each once.
+fn each_once(got: &[Received], ids: &[String]) {
+    let copies = copies(got);
+    let missing: Vec<_> = ids.iter().filter(|id| !copies.contains_key(*id)).take(5).collect();
+    assert!(missing.is_empty(), "not delivered: {missing:?}");
+    let twice: Vec<_> = copies.iter().filter(|&(_, &n)| n > 1).take(5).collect();
+    assert!(twice.is_empty(), "sent twice: {twice:?}");
+}
+
+/// The mock cluster with a fresh topic of `partitions`, and a standalone
+/// hourglass in this process delivering to it with transactions.
+struct Standalone {
+    mock: Mock,
+    topic: String,
+    dir: tempfile::TempDir,
+    server: Hourglass,
+}
+
+impl Standalone {
+    async fn start(prefix: &str, partitions: i32) -> Standalone {
+        let mock = Mock::start(1);
+        let topic = random_name(prefix);
+        mock.topic_with(&topic, partitions);
+        let dir = tempfile::tempdir().unwrap();
+        let server = Hourglass::start(exactly_once(&mock, dir.path())).await;
+        Standalone { mock, topic, dir, server }
+    }
+}
+
 async fn schedule_due_in(server: &Hourglass, topic: &str, ids: &[String], delay: Duration) {
     let mut client = server.client().await;
     let due = chrono::Utc::now().timestamp_millis() + delay.as_millis() as i64;
@@ -65,20 +94,14 @@ async fn schedule_due_in(server: &Hourglass, topic: &str, ids: &[String], delay:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deliveries_go_out_in_committed_transactions_and_are_recorded_where_they_landed() {
     let _serial = SERIAL.lock().await;
-    let mock = Mock::start(1);
-    let topic = random_name("txn");
-    mock.topic_with(&topic, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(exactly_once(&mock, dir.path())).await;
+    let Standalone { mock, topic, dir: _dir, server } = Standalone::start("txn", 3).await;
     let committed_before = metric(&server, "hourglass_transactions_total{outcome=\"committed\"}").await;
     let records_before = metric(&server, "hourglass_transaction_records_sum").await;
 
     let ids: Vec<String> = (0..2_000).map(|i| format!("{}-{i}", random_name("m"))).collect();
     schedule_due_in(&server, &topic, &ids, Duration::from_millis(800)).await;
     let got = records(&mock, &topic, ids.len(), Duration::from_secs(2)).await;
-    let copies = copies(&got);
-    assert_eq!(copies.len(), ids.len(), "every message delivered");
-    assert!(copies.values().all(|&n| n == 1), "each once");
+    each_once(&got, &ids);
 
     // Reports reach the store only once their transaction is committed:
     // every delivered record was in one, and the store says where it is.
@@ -112,11 +135,7 @@ async fn deliveries_go_out_in_committed_transactions_and_are_recorded_where_they
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_record_aborts_its_transaction_and_is_delivered_once_on_the_retry() {
     let _serial = SERIAL.lock().await;
-    let mock = Mock::start(1);
-    let topic = random_name("txn-abort");
-    mock.topic_with(&topic, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(exactly_once(&mock, dir.path())).await;
+    let Standalone { mock, topic, dir: _dir, server } = Standalone::start("txn-abort", 1).await;
     let aborted_before = metric(&server, "hourglass_transactions_total{outcome=\"aborted\"}").await;
     let refused_before = metric(&server, "hourglass_kafka_produce_errors_total{kind=\"rejected\"}").await;
 
@@ -148,11 +167,7 @@ async fn a_refused_record_aborts_its_transaction_and_is_delivered_once_on_the_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transactions_refused_for_a_topic_hand_it_to_the_dispatchers_hold() {
     let _serial = SERIAL.lock().await;
-    let mock = Mock::start(1);
-    let topic = random_name("txn-refused");
-    mock.topic_with(&topic, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(exactly_once(&mock, dir.path())).await;
+    let Standalone { mock, topic, dir: _dir, server } = Standalone::start("txn-refused", 1).await;
     let refused_before = metric(&server, "hourglass_kafka_produce_errors_total{kind=\"rejected\"}").await;
     let aborted_before = metric(&server, "hourglass_transactions_total{outcome=\"aborted\"}").await;
     mock.fail_next(
@@ -162,9 +177,7 @@ async fn transactions_refused_for_a_topic_hand_it_to_the_dispatchers_hold() {
     let ids: Vec<String> = (0..20).map(|i| format!("{}-{i}", random_name("m"))).collect();
     schedule_due_in(&server, &topic, &ids, Duration::from_millis(300)).await;
     let got = records(&mock, &topic, ids.len(), Duration::from_secs(2)).await;
-    let copies = copies(&got);
-    assert_eq!(copies.len(), ids.len(), "every message delivered once the broker takes them");
-    assert!(copies.values().all(|&n| n == 1), "each once");
+    each_once(&got, &ids);
     let aborted = metric(&server, "hourglass_transactions_total{outcome=\"aborted\"}").await - aborted_before;
     let refused =
         metric(&server, "hourglass_kafka_produce_errors_total{kind=\"rejected\"}").await - refused_before;
@@ -181,11 +194,7 @@ async fn transactions_refused_for_a_topic_hand_it_to_the_dispatchers_hold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fenced_node_stops_and_its_restart_delivers_each_message_once() {
     let _serial = SERIAL.lock().await;
-    let mock = Mock::start(1);
-    let topic = random_name("txn-fenced");
-    mock.topic_with(&topic, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(exactly_once(&mock, dir.path())).await;
+    let Standalone { mock, topic, dir, server } = Standalone::start("txn-fenced", 2).await;
     let ids: Vec<String> = (0..300).map(|i| format!("{}-{i}", random_name("m"))).collect();
     // The broker answers the first commit: a newer producer of this id.
     mock.fail_next(RDKafkaApiKey::EndTxn, &[RespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED]);
@@ -199,10 +208,7 @@ async fn a_fenced_node_stops_and_its_restart_delivers_each_message_once() {
     // produced again; the mock keeps it visible, and the restart finds it.
     let server = Hourglass::start(exactly_once(&mock, dir.path())).await;
     let got = records(&mock, &topic, ids.len(), Duration::from_secs(3)).await;
-    let copies = copies(&got);
-    assert_eq!(copies.len(), ids.len(), "nothing lost");
-    let twice: Vec<_> = copies.iter().filter(|&(_, &n)| n > 1).collect();
-    assert!(twice.is_empty(), "sent twice: {twice:?}");
+    each_once(&got, &ids);
     server.stop().await;
 }
 

@@ -57,7 +57,7 @@ use super::producer::{DeliveryReport, Fault, ProduceError, produce_error};
 use crate::metrics;
 
 /// Most records in one transaction.
-pub const MAX_RECORDS: usize = 10_000;
+const MAX_RECORDS: usize = 10_000;
 /// How long one commit, abort or initialisation may take before it is
 /// tried again.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -120,7 +120,7 @@ pub enum TxnState {
 /// broker is away the thread goes on trying; the next producer of the id
 /// fences it.
 pub struct Txn {
-    queue: Mutex<Option<mpsc::Sender<Queued>>>,
+    queue: mpsc::Sender<Queued>,
     state: watch::Receiver<TxnState>,
     id: String,
 }
@@ -154,20 +154,16 @@ impl Txn {
             fruitless: 0,
         };
         std::thread::Builder::new().name(format!("txn {id}")).spawn(move || thread.run())?;
-        Ok(Txn { queue: Mutex::new(Some(queue)), state, id })
+        Ok(Txn { queue, state, id })
     }
 
     /// Hands a record over; its report comes once its transaction is
     /// committed (or with its own error).
     pub(super) fn send(&self, record: Queued) -> Result<(), ProduceError> {
-        let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        match queue.as_ref().map(|q| q.send(record)) {
-            Some(Ok(())) => Ok(()),
-            _ => Err(ProduceError {
-                fault: Fault::Fenced,
-                reason: format!("the transactional producer {} has stopped", self.id),
-            }),
-        }
+        self.queue.send(record).map_err(|_| ProduceError {
+            fault: Fault::Fenced,
+            reason: format!("the transactional producer {} has stopped", self.id),
+        })
     }
 
     /// Waits until earlier producers of the id are fenced and their open
@@ -191,17 +187,6 @@ impl Txn {
             TxnState::Stopped(why) => Some(why.clone()),
             _ => None,
         }
-    }
-
-    /// Ends the thread once what it holds is committed.
-    pub fn close(&self) {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
-    }
-}
-
-impl Drop for Txn {
-    fn drop(&mut self) {
-        self.close();
     }
 }
 
