@@ -23,9 +23,11 @@
 //! broker answers offset-for-time lookups, record timestamps bound it too:
 //! no record of the stopped dispatcher is older than the earliest dispatch
 //! time in doubt, or newer than the stop. The end of each partition is
-//! taken when the search begins, at least [`LATE_APPENDS`] after the store
-//! opened (a request the stopped process had sent may still be in the
-//! broker's hands); nothing of this store is produced while it runs.
+//! taken when the search begins; a request the stopped process had sent may
+//! still be in the broker's hands, so the search reads on past the ends
+//! until [`LATE_APPENDS`] after the store opened and as long after the
+//! last record in doubt that appeared there. Nothing of this store is
+//! produced while it runs.
 //!
 //! A topic that cannot be read back after [`ATTEMPTS`] tries is given up
 //! on: its messages in doubt are produced again (possibly a second time),
@@ -45,8 +47,9 @@ use crate::{
 
 /// How long after a stop a request the stopped process had already sent
 /// may still be appended: the broker works through what a connection sent
-/// before it closed. The search reads the partitions' ends no sooner than
-/// this after the store opened (a restart usually takes longer anyway).
+/// before it closed, and under load that takes a while. The search reads
+/// on past the partitions' ends until this long after the store opened,
+/// and this long after the last record in doubt that appeared there.
 const LATE_APPENDS: Duration = Duration::from_secs(1);
 /// How far record timestamps (set by the producing client's clock) may
 /// stray from this node's clock and still bound the search.
@@ -101,12 +104,12 @@ pub(super) async fn landed(
         "reading the target topics back for messages the last dispatcher of this shard may have \
          produced without recording it"
     );
-    // Kept with transactional delivery too: the stopped process may have
-    // delivered without transactions (the setting changed across the stop).
-    tokio::select! {
-        _ = stop.cancelled() => return None,
-        _ = tokio::time::sleep_until((store.opened_at() + LATE_APPENDS).into()) => {}
-    }
+    // Read on until the stopped process's last requests are in: kept with
+    // transactional delivery too, as the stopped process may have
+    // delivered without transactions (the setting changed across the
+    // stop). A node taking a shard over from a live one opened its store
+    // long before.
+    let mut late = landed::Late { quiet: LATE_APPENDS, last: store.opened_at() };
     // Nothing of the stopped dispatcher is newer than now.
     let newest = SystemClock.now().saturating_add(CLOCK_SLACK);
     let (mut found, mut read, mut partitions) = (Vec::new(), 0, 0);
@@ -118,8 +121,11 @@ pub(super) async fn landed(
         let mut attempt = 0;
         let landed = loop {
             attempt += 1;
-            match search(store, producer, &topic, &wanted, (oldest, newest)).await {
-                Ok(landed) => break Some(landed),
+            match search(store, producer, &topic, &wanted, (oldest, newest), late).await {
+                Ok((landed, later)) => {
+                    late = later;
+                    break Some(landed);
+                }
                 Err(e) if attempt < ATTEMPTS => {
                     tracing::warn!(topic, error = %e, "reading a target topic back failed; trying again (nothing is produced until then)");
                     pause(stop).await?;
@@ -167,12 +173,15 @@ async fn search(
     topic: &str,
     wanted: &Arc<HashMap<MessageId, UnixMillis>>,
     times: (UnixMillis, UnixMillis),
-) -> Result<landed::Landed, String> {
+    mut late: landed::Late,
+) -> Result<(landed::Landed, landed::Late), String> {
     let marks = store.marks_of(topic).await.map_err(|e| format!("reading the marks of {topic}: {e}"))?;
     let (producer, topic, wanted) = (Arc::clone(producer), topic.to_owned(), Arc::clone(wanted));
     let committed = *producer.delivery() != Delivery::Idempotent;
     tokio::task::spawn_blocking(move || {
-        landed::search(producer.config(), committed, &topic, &marks, &wanted, times, SEARCH_WITHIN)
+        let wanted = landed::Wanted { ids: &wanted, times };
+        landed::search(producer.config(), committed, &topic, &marks, wanted, &mut late, SEARCH_WITHIN)
+            .map(|landed| (landed, late))
             .map_err(|e| format!("{topic}: {e}"))
     })
     .await

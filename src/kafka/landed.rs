@@ -6,7 +6,7 @@
 //! second time (see `crate::dispatcher::reconcile`).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{HashMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -22,6 +22,10 @@ use crate::message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis
 
 /// How long the broker may take to answer metadata and offset requests.
 const ASK: Duration = Duration::from_secs(10);
+/// How long the last check of a search waits for the reader to reach the
+/// ends taken for it. A partition whose last offsets hold no record (a
+/// transaction marker) is never shown reached but by this.
+const CHECK_WITHIN: Duration = Duration::from_secs(1);
 
 /// What a search found on one topic.
 #[derive(Debug, Default)]
@@ -34,21 +38,52 @@ pub struct Landed {
     pub partitions: usize,
 }
 
+/// When the records a stopped process had already sent stop arriving: a
+/// broker works through the requests a connection sent before it closed,
+/// and under load that can take more than a second. A search reads on past
+/// the partitions' ends until none of the wanted records has appeared
+/// there for `quiet`.
+#[derive(Clone, Copy, Debug)]
+pub struct Late {
+    /// How long no wanted record may appear before the search is done.
+    pub quiet: Duration,
+    /// When one last appeared past an end (at first: when the stopped
+    /// process's requests could last have been sent).
+    pub last: Instant,
+}
+
+impl Late {
+    fn settled(&self) -> bool {
+        self.last.elapsed() >= self.quiet
+    }
+}
+
+/// What a search looks for.
+#[derive(Clone, Copy, Debug)]
+pub struct Wanted<'a> {
+    /// The messages, with the due time each is wanted with.
+    pub ids: &'a HashMap<MessageId, UnixMillis>,
+    /// No record of them is older than the first or newer than the second.
+    pub times: (UnixMillis, UnixMillis),
+}
+
 /// Reads `topic`'s partitions from their `marks` (from the start where
-/// there is none) to where each ends now, and finds the records carrying
-/// one of the `wanted` ids with the due time it was wanted with. Where the
-/// broker looks offsets up by time, records older than `times.0` or newer
-/// than `times.1` are not read. A topic that does not exist has none of
-/// them. Gives up after `within`. With `committed`, only records of
-/// committed transactions count (transactional delivery: a record of an
-/// aborted transaction was never delivered).
+/// there is none) to where each ends now, and on past that while `late`
+/// records keep appearing, and finds the records carrying one of the
+/// `wanted` ids with the due time it was wanted with. Where the broker
+/// looks offsets up by time, records outside the wanted times are not
+/// read. A topic that does not exist has none of them.
+/// Gives up after `within`. With `committed`, only records of committed
+/// transactions count (transactional delivery: a record of an aborted
+/// transaction was never delivered). `late.last` moves to when a wanted
+/// record last appeared past an end.
 pub fn search(
     config: &KafkaConfig,
     committed: bool,
     topic: &str,
     marks: &HashMap<i32, i64>,
-    wanted: &HashMap<MessageId, UnixMillis>,
-    times: (UnixMillis, UnixMillis),
+    wanted: Wanted<'_>,
+    late: &mut Late,
     within: Duration,
 ) -> Result<Landed, KafkaError> {
     let deadline = Instant::now() + within;
@@ -70,9 +105,12 @@ pub fn search(
         Some(code) => return Err(KafkaError::MetadataFetch(code)),
     }
     let partitions: Vec<i32> = described.partitions().iter().map(|p| p.id()).collect();
-    let after = by_time(&ask, topic, &partitions, times.0)?;
-    let before = by_time(&ask, topic, &partitions, times.1)?;
-    let mut ends = BTreeMap::new();
+    let after = by_time(&ask, topic, &partitions, wanted.times.0)?;
+    let before = by_time(&ask, topic, &partitions, wanted.times.1)?;
+    // Every partition is read, from its mark: a late record can appear on
+    // one that had nothing past its mark when the search began.
+    let mut ends = HashMap::new();
+    let mut unread = HashSet::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in &partitions {
         let (low, high) = ask.fetch_watermarks(topic, partition, ASK)?;
@@ -109,35 +147,76 @@ pub fn search(
             end,
             "reading a target partition back"
         );
+        assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
+        ends.insert(partition, end);
         if from < end {
-            assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
-            ends.insert(partition, end);
+            unread.insert(partition);
         }
     }
-    let mut landed = Landed { partitions: ends.len(), ..Landed::default() };
+    let mut landed = Landed { partitions: unread.len(), ..Landed::default() };
     if ends.is_empty() {
         return Ok(landed);
     }
     reader.assign(&assignment)?;
-    while !ends.is_empty() {
+    // Past each partition's last record read, or where its read started.
+    let mut read_to: HashMap<i32, i64> = assignment
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(from) => Some((e.partition(), from)),
+            _ => None,
+        })
+        .collect();
+    // Taken once the ends were read and none of ours appeared past them
+    // for a quiet while: what the reader shows lags the broker by a fetch.
+    let mut check: Option<Check> = None;
+    loop {
         if Instant::now() > deadline {
             return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
+        }
+        if unread.is_empty() && late.settled() {
+            match &check {
+                None => {
+                    let at = Instant::now();
+                    let mut ends = HashMap::new();
+                    for &partition in &partitions {
+                        ends.insert(partition, ask.fetch_watermarks(topic, partition, ASK)?.1);
+                    }
+                    let behind = ends.iter().filter(|&(p, &end)| read_to[p] < end).map(|(&p, _)| p).collect();
+                    check = Some(Check { at, ends, behind });
+                }
+                Some(done) if done.behind.is_empty() || done.at.elapsed() > CHECK_WITHIN => {
+                    if late.last < done.at {
+                        break;
+                    }
+                    // One of ours appeared meanwhile: another quiet while.
+                    check = None;
+                }
+                Some(_) => {}
+            }
         }
         match reader.poll(Duration::from_millis(100)) {
             Some(Ok(record)) => {
                 let (partition, offset) = (record.partition(), record.offset());
                 let Some(&end) = ends.get(&partition) else { continue };
-                if offset >= end {
-                    ends.remove(&partition);
-                    continue;
-                }
                 landed.read += 1;
-                if let Some(id) = ours(&record, wanted) {
-                    tracing::debug!(topic, partition, offset, id = %id.qualified(), "found a message in doubt");
+                read_to.insert(partition, offset + 1);
+                if let Some(id) = ours(&record, wanted.ids) {
+                    if offset >= end {
+                        late.last = Instant::now();
+                        tracing::debug!(topic, partition, offset, end, id = %id.qualified(), "found a message in doubt appended after the search began");
+                    } else {
+                        tracing::debug!(topic, partition, offset, id = %id.qualified(), "found a message in doubt");
+                    }
                     landed.found.entry(id).or_insert((partition, offset));
                 }
                 if offset + 1 >= end {
-                    ends.remove(&partition);
+                    unread.remove(&partition);
+                }
+                if let Some(check) = &mut check
+                    && offset + 1 >= check.ends[&partition]
+                {
+                    check.behind.remove(&partition);
                 }
             }
             // The partition's end as the broker has it now, past the one
@@ -149,9 +228,14 @@ pub fn search(
             // ones and transaction markers are never returned). Until
             // then an open transaction holds it back.
             Some(Err(KafkaError::PartitionEOF(partition))) => {
-                let Some(&end) = ends.get(&partition) else { continue };
-                if !committed || stable_end(reader, topic, partition)? >= end {
-                    ends.remove(&partition);
+                if let Some(check) = &mut check {
+                    check.behind.remove(&partition);
+                }
+                if !unread.contains(&partition) {
+                    continue;
+                }
+                if !committed || stable_end(reader, topic, partition)? >= ends[&partition] {
+                    unread.remove(&partition);
                 }
             }
             Some(Err(e)) => return Err(e),
@@ -159,6 +243,16 @@ pub fn search(
         }
     }
     Ok(landed)
+}
+
+/// The search's last look: the partitions' ends as the broker gave them
+/// `at` a moment when none of the wanted records had appeared past the
+/// ends for a quiet while, and the partitions not yet read to them. Done
+/// once all are, unless one of ours appeared meanwhile.
+struct Check {
+    at: Instant,
+    ends: HashMap<i32, i64>,
+    behind: HashSet<i32>,
 }
 
 /// Where `partition` ends for a read_committed `reader`: its last stable
@@ -247,6 +341,8 @@ fn consumer(config: &KafkaConfig, committed: bool) -> Result<BaseConsumer<Quiet>
         // that wrote ours was fenced and its open transaction resolved
         // before the search, so nothing of ours is left undecided.
         .set("isolation.level", if committed { "read_committed" } else { "read_uncommitted" })
+        // Reading on past the ends: new records come within this.
+        .set("fetch.wait.max.ms", "100")
         .set("reconnect.backoff.max.ms", "1000");
     for (k, v) in &config.properties {
         if !is_producer_only(k) {
