@@ -85,7 +85,8 @@ pub struct Setting {
 
 /// Declares the settings. Each line of `with_default` is
 /// `name: Type = "default", "HOURGLASS_NAME";`, each of `optional` is
-/// `name: Type, "HOURGLASS_NAME";` (unset unless given), both after their
+/// `name: Type as "VALUE", "HOURGLASS_NAME";` (unset unless given; `VALUE`
+/// names the value in `--help`), both after their
 /// doc comment, which is the `--help` text. It makes the struct (clap
 /// arguments and serde fields at once), its `Default` (from the same
 /// default strings, parsed as a flag would be), [`Config::merge`], and
@@ -98,7 +99,7 @@ macro_rules! settings {
                 $( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:literal , $env:literal ; )*
             }
             optional {
-                $( $(#[doc = $odoc:literal])* $ofield:ident : $oty:ty , $oenv:literal ; )*
+                $( $(#[doc = $odoc:literal])* $ofield:ident : $oty:ty as $ovalue:literal , $oenv:literal ; )*
             }
         }
     ) => {
@@ -113,7 +114,7 @@ macro_rules! settings {
             )*
             $(
                 $(#[doc = $odoc])*
-                #[arg(long, env = $oenv, value_name = "FILE")]
+                #[arg(long, env = $oenv, value_name = $ovalue)]
                 #[serde(skip_serializing_if = "Option::is_none")]
                 pub $ofield: Option<$oty>,
             )*
@@ -283,35 +284,35 @@ settings! {
         optional {
             /// PEM certificate (chain) for TLS on the gRPC port; needs
             /// --tls-key.
-            tls_cert: PathBuf, "HOURGLASS_TLS_CERT";
+            tls_cert: PathBuf as "FILE", "HOURGLASS_TLS_CERT";
             /// PEM private key of --tls-cert.
-            tls_key: PathBuf, "HOURGLASS_TLS_KEY";
+            tls_key: PathBuf as "FILE", "HOURGLASS_TLS_KEY";
             /// PEM CA certificate(s): only clients with a certificate signed
             /// by it get in (mutual TLS); needs --tls-cert and --tls-key.
-            tls_client_ca: PathBuf, "HOURGLASS_TLS_CLIENT_CA";
+            tls_client_ca: PathBuf as "FILE", "HOURGLASS_TLS_CLIENT_CA";
             /// Cluster mode: PEM CA certificate(s) that sign the other
             /// nodes' certificates, checked when a node forwards a request
             /// to another over TLS [default: --tls-client-ca, else the
             /// system's roots].
-            tls_peer_ca: PathBuf, "HOURGLASS_TLS_PEER_CA";
+            tls_peer_ca: PathBuf as "FILE", "HOURGLASS_TLS_PEER_CA";
             /// Tokens file (TOML): every call but health then needs
             /// `authorization: Bearer <token>`, and each token may use its
             /// listed topics only, in its tenant's id space. Reloaded on
             /// SIGHUP [default: no authentication].
-            auth_tokens: PathBuf, "HOURGLASS_AUTH_TOKENS";
+            auth_tokens: PathBuf as "FILE", "HOURGLASS_AUTH_TOKENS";
             /// Cluster mode: replicas of each partition of the schedule log,
             /// when hourglass creates it [default: the brokers' default].
-            log_replication: i32, "HOURGLASS_LOG_REPLICATION";
+            log_replication: i32 as "REPLICAS", "HOURGLASS_LOG_REPLICATION";
             /// --delivery exactly-once: the transactional ids are
             /// <this>-<shard>. Unique to this node standalone, shared by the
             /// nodes of one cluster [default: standalone, an id of each
             /// store's own; cluster mode, <group-id>-<log-topic>].
-            transactional_id: String, "HOURGLASS_TRANSACTIONAL_ID";
+            transactional_id: String as "PREFIX", "HOURGLASS_TRANSACTIONAL_ID";
             /// Cluster mode: where the other nodes reach this one's gRPC
             /// port, as a URL (http://host:port, https:// with TLS); a node
             /// forwards requests for shards it does not own to their owner
             /// [default: --listen, when it names one address].
-            advertise_addr: String, "HOURGLASS_ADVERTISE_ADDR";
+            advertise_addr: String as "URL", "HOURGLASS_ADVERTISE_ADDR";
         }
     }
 }

@@ -178,6 +178,9 @@ const LEASE_RECHECK: Duration = Duration::from_millis(50);
 /// transactional id back: what the other node produced meanwhile reaches
 /// the log first (as a node taking a shard waits after its claim).
 const RETAKE_GRACE: Duration = Duration::from_millis(500);
+/// Longest pause between tries of a cluster shard's transactional producer
+/// that stopped before it was ready.
+const PRODUCER_RETRY_MAX: Duration = Duration::from_secs(30);
 /// How far past what it is about to produce the dispatcher records its
 /// horizon: a commit per this much of due time at most, and what is in
 /// doubt after an unclean stop is what was due up to this much later.
@@ -442,25 +445,43 @@ impl Dispatcher {
     /// stop, whatever was due; after a move, whatever was due before this
     /// one took over), and records it. False if stopped first.
     async fn start_producing(&mut self, stop: &CancellationToken) -> bool {
+        let mut failed: u32 = 0;
         loop {
-            tokio::select! {
+            let why = tokio::select! {
                 _ = stop.cancelled() => return false,
-                ready = self.producer.ready() => if ready { break },
-            }
+                ready = self.producer.ready() => match ready {
+                    Ok(()) => break,
+                    Err(why) => why,
+                },
+            };
             if self.lease.is_none() {
                 // Standalone: its failure stops the node.
                 tracing::error!(
+                    reason = %why,
                     "the shard's transactional producer stopped before it was ready; dispatching nothing"
                 );
                 stop.cancelled().await;
                 return false;
             }
             // Cluster mode: fenced while starting (another node took the
-            // shard), or failed; try again while this node owns the shard.
-            tracing::warn!("the shard's transactional producer stopped before it was ready; trying again");
+            // shard), or failed (the broker refuses the id, or has no
+            // transactions); try again while this node owns the shard, less
+            // often as the failures go on.
+            failed += 1;
+            let pause = self.config.max_sleep.saturating_mul(1 << (failed - 1).min(5)).min(PRODUCER_RETRY_MAX);
+            if failed < 3 {
+                tracing::warn!(reason = %why, ?pause, "the shard's transactional producer stopped before it was ready; trying again");
+            } else {
+                tracing::error!(
+                    reason = %why,
+                    failed,
+                    ?pause,
+                    "the shard's transactional producer keeps stopping before it is ready: the shard dispatches nothing; trying again"
+                );
+            }
             tokio::select! {
                 _ = stop.cancelled() => return false,
-                _ = tokio::time::sleep(self.config.max_sleep) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
             while self.unleased() {
                 tokio::select! {

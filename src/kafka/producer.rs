@@ -359,11 +359,14 @@ impl Producer {
     /// until every earlier producer of its transactional id is fenced and
     /// its open transaction resolved, so that what it committed can be read
     /// back and nothing it left open is seen later. Returns at once for
-    /// the idempotent producer; false if the producer stopped.
-    pub async fn ready(&self) -> bool {
+    /// the idempotent producer; why, if the producer stopped.
+    pub async fn ready(&self) -> Result<(), String> {
         match &self.send {
-            Send::Idempotent(_) => true,
-            Send::Transactional(txn) => txn.ready().await,
+            Send::Idempotent(_) => Ok(()),
+            Send::Transactional(txn) if txn.ready().await => Ok(()),
+            Send::Transactional(txn) => Err(txn
+                .stopped()
+                .unwrap_or_else(|| format!("the transactional producer {} has stopped", txn.id()))),
         }
     }
 
