@@ -468,7 +468,8 @@ impl Dispatcher {
             // transactions); try again while this node owns the shard, less
             // often as the failures go on.
             failed += 1;
-            let pause = self.config.max_sleep.saturating_mul(1 << (failed - 1).min(5)).min(PRODUCER_RETRY_MAX);
+            let pause =
+                self.config.max_sleep.saturating_mul(1 << (failed - 1).min(5)).min(PRODUCER_RETRY_MAX);
             if failed < 3 {
                 tracing::warn!(reason = %why, ?pause, "the shard's transactional producer stopped before it was ready; trying again");
             } else {
