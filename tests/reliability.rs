@@ -412,21 +412,7 @@ async fn a_crash_at_each_fail_point_loses_nothing() {
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crash_at_each_fail_point_sends_nothing_twice() {
-    let _serial = SERIAL.lock().await;
-    for (point, nth) in FAIL_POINTS {
-        let mock = common::mock::Mock::start(1);
-        let topic = random_name("crash");
-        mock.topic_with(&topic, 2);
-        let Crashed { verdict, at: crashed_at, mut server } =
-            crash_at(point, nth, &mock.bootstrap(), &topic, (500, 4_000)).await;
-        server.stop().unwrap();
-        assert!(
-            verdict.duplicates.is_empty(),
-            "{point}: {} duplicates, crashed at {crashed_at}: {:?}",
-            verdict.duplicates.len(),
-            verdict.duplicates.iter().take(3).collect::<Vec<_>>()
-        );
-    }
+    crash_points_on_mock("idempotent", FAIL_POINTS.to_vec()).await;
 }
 
 /// 1 (continued). The crash points with transactional delivery, against
@@ -436,17 +422,26 @@ async fn a_crash_at_each_fail_point_sends_nothing_twice() {
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crash_at_each_fail_point_with_transactions_sends_nothing_twice() {
+    let points = FAIL_POINTS.into_iter().filter(|(point, _)| *point != "kafka-fatal").collect();
+    crash_points_on_mock("exactly-once", points).await;
+}
+
+/// A crash at each of `points` with `--delivery` `delivery`, against the
+/// mock cluster, which shows a record as soon as it is appended: not one
+/// duplicate.
+#[cfg(feature = "failpoints")]
+async fn crash_points_on_mock(delivery: &str, points: Vec<(&str, u32)>) {
     let _serial = SERIAL.lock().await;
-    for (point, nth) in FAIL_POINTS.into_iter().filter(|(point, _)| *point != "kafka-fatal") {
+    for (point, nth) in points {
         let mock = common::mock::Mock::start(1);
-        let topic = random_name("crash-txn");
+        let topic = random_name("crash");
         mock.topic_with(&topic, 2);
         let Crashed { verdict, at: crashed_at, mut server } =
-            crash_with(point, nth, &mock.bootstrap(), &topic, (500, 4_000), "exactly-once").await;
+            crash_with(point, nth, &mock.bootstrap(), &topic, (500, 4_000), delivery).await;
         server.stop().unwrap();
         assert!(
             verdict.duplicates.is_empty(),
-            "{point}: {} duplicates, crashed at {crashed_at}: {:?}",
+            "{delivery}, {point}: {} duplicates, crashed at {crashed_at}: {:?}",
             verdict.duplicates.len(),
             verdict.duplicates.iter().take(3).collect::<Vec<_>>()
         );

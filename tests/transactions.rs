@@ -60,6 +60,22 @@ fn each_once(got: &[Received], ids: &[String]) {
     assert!(twice.is_empty(), "sent twice: {twice:?}");
 }
 
+/// Every message `ledger` acknowledged reached `topic` within `within`,
+/// none early, each once.
+async fn delivered_once(mock: &Mock, topic: &str, ledger: &verify::Ledger, within: Duration, what: &str) {
+    let deliveries =
+        verify::collect_async(&mock.bootstrap(), &[topic], ledger.expected(), within, Duration::from_secs(3))
+            .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("{what} (mock cluster): {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert!(
+        verdict.duplicates.is_empty(),
+        "duplicates: {:?}",
+        verdict.duplicates.iter().take(5).collect::<Vec<_>>()
+    );
+}
+
 /// The mock cluster with a fresh topic of `partitions`, and a standalone
 /// hourglass in this process delivering to it with transactions.
 struct Standalone {
@@ -295,22 +311,8 @@ async fn a_cluster_failover_with_transactions_delivers_each_message_once() {
             eprintln!("killed node 1 after {} scheduled", (n + 1) * 50);
         }
     }
-    let deliveries = verify::collect_async(
-        &mock.bootstrap(),
-        &[&topic],
-        ledger.expected(),
-        Duration::from_secs(120),
-        Duration::from_secs(3),
-    )
-    .await;
-    let verdict = ledger.verdict(&deliveries);
-    eprintln!("cluster failover with transactions (mock cluster): {}", verdict.summary());
-    verdict.assert_nothing_lost_or_early();
-    assert!(
-        verdict.duplicates.is_empty(),
-        "duplicates: {:?}",
-        verdict.duplicates.iter().take(5).collect::<Vec<_>>()
-    );
+    delivered_once(&mock, &topic, &ledger, Duration::from_secs(120), "cluster failover with transactions")
+        .await;
     let committed = nodes[0].metric("hourglass_transactions_total{outcome=\"committed\"}").await.unwrap();
     assert!(committed >= 1.0, "node 0 delivered in transactions");
     nodes[0].stop().unwrap();
@@ -372,22 +374,14 @@ async fn a_fenced_cluster_shard_takes_its_producer_back_and_delivers_each_messag
             ledger.ack(&done.id, millis(done.deliver_at.as_ref().unwrap()), &topic);
         }
     }
-    let deliveries = verify::collect_async(
-        &mock.bootstrap(),
-        &[&topic],
-        ledger.expected(),
+    delivered_once(
+        &mock,
+        &topic,
+        &ledger,
         Duration::from_secs(60),
-        Duration::from_secs(3),
+        "a fenced cluster shard taking its producer back",
     )
     .await;
-    let verdict = ledger.verdict(&deliveries);
-    eprintln!("a fenced cluster shard taking its producer back (mock cluster): {}", verdict.summary());
-    verdict.assert_nothing_lost_or_early();
-    assert!(
-        verdict.duplicates.is_empty(),
-        "duplicates: {:?}",
-        verdict.duplicates.iter().take(5).collect::<Vec<_>>()
-    );
     let fenced = node.metric("hourglass_transactions_total{outcome=\"fenced\"}").await.unwrap();
     assert_eq!(fenced, 1.0, "the shard's producer was fenced once");
     let found = node.metric("hourglass_reconcile_found_total").await.unwrap();

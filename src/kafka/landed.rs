@@ -111,6 +111,8 @@ pub fn search(
     // one that had nothing past its mark when the search began.
     let mut ends = HashMap::new();
     let mut unread = HashSet::new();
+    // Past each partition's last record read, or where its read started.
+    let mut read_to = HashMap::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in &partitions {
         let (low, high) = ask.fetch_watermarks(topic, partition, ASK)?;
@@ -149,6 +151,7 @@ pub fn search(
         );
         assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
         ends.insert(partition, end);
+        read_to.insert(partition, from);
         if from < end {
             unread.insert(partition);
         }
@@ -158,15 +161,6 @@ pub fn search(
         return Ok(landed);
     }
     reader.assign(&assignment)?;
-    // Past each partition's last record read, or where its read started.
-    let mut read_to: HashMap<i32, i64> = assignment
-        .elements()
-        .iter()
-        .filter_map(|e| match e.offset() {
-            Offset::Offset(from) => Some((e.partition(), from)),
-            _ => None,
-        })
-        .collect();
     // Taken once the ends were read and none of ours appeared past them
     // for a quiet while: what the reader shows lags the broker by a fetch.
     let mut check: Option<Check> = None;
