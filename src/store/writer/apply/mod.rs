@@ -623,7 +623,15 @@ impl Writer {
         let Some(stored) = self.load(r, &id)? else { return Ok(()) };
         let at = UnixMillis(line.at_ms);
         let state = view::state_of(stored.settlement.as_ref());
+        let in_order = from_owner && matches!(&outcome, SettledOutcome::Delivered(d) if d.in_order);
         if !state.is_pending() {
+            // Settled already (by a line of another node, or one read
+            // before the dispatcher's own): an in-order delivery still
+            // tells how far its partition is recorded.
+            if let (true, SettledOutcome::Delivered(d)) = (in_order, &outcome) {
+                let topic: Arc<str> = stored.record.topic.as_str().into();
+                self.raise_mark(r, &topic, d.partition, d.offset);
+            }
             if let (SettledOutcome::Delivered(d), Some(s)) = (&outcome, &stored.settlement)
                 && s.kind() == SettlementKind::Cancelled
             {
@@ -647,7 +655,9 @@ impl Writer {
             }
             return Ok(());
         }
-        let in_order = from_owner && matches!(&outcome, SettledOutcome::Delivered(d) if d.in_order);
+        // The dispatcher's own settle of it, if it holds it, then changes
+        // nothing more.
+        self.touched(&id);
         let outcome = match outcome {
             SettledOutcome::Delivered(d) => Outcome::Delivered { partition: d.partition, offset: d.offset },
             SettledOutcome::Retry(t) => {

@@ -10,8 +10,8 @@ use crate::{
     },
     message::{CancelOutcome, DueSpec, Envelope, MessageId, Scope, State, UnixMillis},
     store::{
-        Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Store, StoreConfig,
-        StoreError, schema::DispatchKey,
+        Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Outcome, Settle, Store,
+        StoreConfig, StoreError, schema::DispatchKey,
     },
 };
 
@@ -484,5 +484,52 @@ async fn a_hold_whose_caller_went_away_before_logging_is_let_go() {
     .await
     .expect("a dropped hold does not keep the message held");
     assert!(matches!(again.unwrap(), Decision::Log { .. }));
+    store.close().await;
+}
+
+/// A delivery the log records for a message this node's dispatcher still
+/// holds (sent by a node the shard was taken from, say) settles it; the
+/// dispatcher's own settle of the same message, applied later, finds it
+/// settled and counts nothing again.
+#[tokio::test]
+async fn a_delivery_read_from_the_log_while_the_dispatcher_holds_the_message_is_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let claim = Change::Owner(record::Owner { at_ms: 1, released: false });
+    store.apply(vec![logged(0, claim), logged(1, Change::Scheduled(message("a", 10)))]).await.unwrap();
+    let due = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let [ready] = &due.ready[..] else { panic!("a is due: {:?}", due.ready.len()) };
+    // From a node the shard was taken from: no mark.
+    let mut before = settled(2, vec![delivered("a", 7)]);
+    before.entry = Entry::Logged {
+        writer: 2,
+        request: 2,
+        change: Change::Settled(Settled { lines: vec![delivered("a", 7)], at_ms: 0 }),
+    };
+    store.apply(vec![before]).await.unwrap();
+    assert_eq!(store.marks_of("t").await.unwrap().get(&0), None);
+    assert!(matches!(state(&store, "a").await, Some(State::Delivered(d)) if d.offset == 7));
+    let own = Settle {
+        id: ready.id.clone(),
+        key: ready.key,
+        due: UnixMillis(10),
+        topic: "t".into(),
+        tries: ready.tries,
+        at: UnixMillis(60),
+        outcome: Outcome::Delivered { partition: 0, offset: 9 },
+        in_order: true,
+    };
+    let mut entry = settled(3, vec![delivered("a", 9)]);
+    entry.local = Some(Local::Settles(vec![own], None));
+    store.apply(vec![entry]).await.unwrap();
+    let stats = store.stats(Scope::everything(), UnixMillis(100)).await.unwrap();
+    assert_eq!((stats.counts.pending, stats.counts.delivered), (0, 1), "settled once");
+    assert!(
+        matches!(state(&store, "a").await, Some(State::Delivered(d)) if d.offset == 7),
+        "the first delivery recorded stays the message's"
+    );
+    assert_eq!(store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap().ready.len(), 0);
+    let marks = store.marks_of("t").await.unwrap();
+    assert_eq!(marks.get(&0), Some(&10), "the own in-order delivery still raises its partition's mark");
     store.close().await;
 }
