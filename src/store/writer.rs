@@ -809,6 +809,9 @@ impl Writer {
         reply: Reply<Vec<Answer>>,
     ) -> Round<'a> {
         let mut answers = Vec::with_capacity(entries.len());
+        // Most records park a message the round keeps in view: room for
+        // them at once rather than a copy of the map at each doubling.
+        r.overlay.reserve(entries.len());
         for entry in entries {
             let touches_settled =
                 !r.settled.is_empty() && apply::ids_of(&entry).iter().any(|id| r.settled.contains(id));
