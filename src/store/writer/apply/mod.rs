@@ -606,7 +606,11 @@ impl Writer {
         r.released.push(settle.id.clone());
         let from_owner = settle.in_order;
         let line = settled_line(&settle);
-        self.apply_settled_line(r, line, from_owner)
+        let applied = self.apply_settled_line(r, line, from_owner);
+        // Read as a line, it counts as touching the message while this very
+        // claim holds it; the claim ends with this commit, and so does that.
+        self.touched_while_claimed.remove(&settle.id);
+        applied
     }
 
     /// A settle read from the log: what the dispatcher read is read again,
