@@ -172,12 +172,13 @@ pub fn search(
             match &check {
                 None => {
                     let at = Instant::now();
-                    let mut ends = HashMap::new();
-                    for &partition in &partitions {
-                        ends.insert(partition, ask.fetch_watermarks(topic, partition, ASK)?.1);
-                    }
-                    let behind = ends.iter().filter(|&(p, &end)| read_to[p] < end).map(|(&p, _)| p).collect();
-                    check = Some(Check { at, ends, behind });
+                    let now_ends = partitions
+                        .iter()
+                        .map(|&p| Ok((p, ask.fetch_watermarks(topic, p, ASK)?.1)))
+                        .collect::<Result<HashMap<_, _>, KafkaError>>()?;
+                    let behind =
+                        now_ends.iter().filter(|&(p, &end)| read_to[p] < end).map(|(&p, _)| p).collect();
+                    check = Some(Check { at, ends: now_ends, behind });
                 }
                 Some(done) if done.behind.is_empty() || done.at.elapsed() > CHECK_WITHIN => {
                     if late.last < done.at {

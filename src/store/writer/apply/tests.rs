@@ -40,10 +40,14 @@ fn message(text: &str, due: u64) -> LogMessage {
 }
 
 fn logged(offset: i64, change: Change) -> LogEntry {
+    logged_by(1, offset, change)
+}
+
+fn logged_by(writer: u64, offset: i64, change: Change) -> LogEntry {
     LogEntry {
         at: UnixMillis(0),
         offset,
-        entry: Entry::Logged { writer: 1, request: offset as u64, change },
+        entry: Entry::Logged { writer, request: offset as u64, change },
         local: None,
     }
 }
@@ -500,13 +504,8 @@ async fn a_delivery_read_from_the_log_while_the_dispatcher_holds_the_message_is_
     let due = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
     let [ready] = &due.ready[..] else { panic!("a is due: {:?}", due.ready.len()) };
     // From a node the shard was taken from: no mark.
-    let mut before = settled(2, vec![delivered("a", 7)]);
-    before.entry = Entry::Logged {
-        writer: 2,
-        request: 2,
-        change: Change::Settled(Settled { lines: vec![delivered("a", 7)], at_ms: 0 }),
-    };
-    store.apply(vec![before]).await.unwrap();
+    let before = Change::Settled(Settled { lines: vec![delivered("a", 7)], at_ms: 0 });
+    store.apply(vec![logged_by(2, 2, before)]).await.unwrap();
     assert_eq!(store.marks_of("t").await.unwrap().get(&0), None);
     assert!(matches!(state(&store, "a").await, Some(State::Delivered(d)) if d.offset == 7));
     let own = Settle {
