@@ -38,7 +38,7 @@ use super::{
 };
 use crate::{
     clock::Clock,
-    dispatcher::Lease,
+    dispatcher::{CLAIM_GRACE, Lease},
     kafka::{GroupMember, LogConsumer, LogProducer, Moved, Producer, ensure_log_topic},
     log::record::{self, Change, LogRecord},
     metrics,
@@ -51,10 +51,6 @@ const MOVE_WAIT: Duration = Duration::from_secs(5);
 /// Longest each step of letting go waits: the last settles into the log,
 /// and the log applied to its end.
 const LET_GO_WAIT: Duration = Duration::from_secs(10);
-/// How long a new owner waits, once its claim is applied, before it
-/// dispatches: what a previous owner produced before it read the claim
-/// reaches the log meanwhile, and is not produced again.
-const CLAIM_GRACE: Duration = Duration::from_millis(500);
 /// How long a failed take waits before it tries again.
 const RETAKE_AFTER: Duration = Duration::from_secs(5);
 /// How often the health of the owned shards is looked at.
@@ -507,7 +503,9 @@ impl Inner {
         }
         // The claim: from this record on, only this node dispatches the
         // shard; a node that still thinks it owns it stops when it applies
-        // it. The grace lets that node's last deliveries reach the log.
+        // it. Until the grace after it is over, requests wait and the
+        // dispatcher reads the topics back: what that node produced before
+        // it applied the claim is found there, not produced again.
         let me = self.waiters.me();
         let claim = owner_record(me, self.shards.clock.as_ref(), false);
         let key = record::owner_key();
@@ -525,10 +523,7 @@ impl Inner {
         if !applied_to(&view.applied, offset + 1, cancel).await {
             return abandon(view, Ok(None)).await;
         }
-        tokio::select! {
-            _ = cancel.cancelled() => return abandon(view, Ok(None)).await,
-            _ = tokio::time::sleep(CLAIM_GRACE) => {}
-        }
+        let claimed_at = tokio::time::Instant::now();
         let recorder = Arc::new(LogRecorder::new(
             Arc::clone(&self.log),
             partition,
@@ -550,8 +545,7 @@ impl Inner {
             Ok(shard) => shard,
             Err(e) => return abandon(view, Err(e)).await,
         };
-        tracing::info!(partition, "took the shard: dispatching");
-        Ok(Some(Owned {
+        let owned = Owned {
             partition,
             me,
             log: Arc::clone(&self.log),
@@ -562,7 +556,18 @@ impl Inner {
             front,
             recorder,
             view,
-        }))
+        };
+        // The dispatcher's search runs meanwhile, and lasts the grace at
+        // least.
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                owned.let_go().await;
+                return Ok(None);
+            }
+            _ = tokio::time::sleep_until(claimed_at + CLAIM_GRACE) => {}
+        }
+        tracing::info!(partition, "took the shard: dispatching");
+        Ok(Some(owned))
     }
 
     /// Lets go of `shard` if this node owns it, or stops taking it.

@@ -77,9 +77,7 @@ use crate::{
     kafka::{DeliveryReport, Fault, Outgoing, ProduceError, Producer},
     message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis},
     metrics,
-    store::{
-        DueBatch, Floor, InDoubt, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey,
-    },
+    store::{DueBatch, Floor, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey},
 };
 
 mod lease;
@@ -87,6 +85,7 @@ mod reconcile;
 mod sent;
 
 pub use lease::Lease;
+pub(crate) use reconcile::CLAIM_GRACE;
 use sent::{InFlight, Sent};
 
 #[derive(Clone, Debug)]
@@ -497,11 +496,11 @@ impl Dispatcher {
                 }
             }
         }
-        let window = match self.lease {
-            None => self.store.in_doubt_window(),
-            Some(_) => Some(InDoubt { below: DispatchKey::after(self.clock.now()), before_seq: u64::MAX }),
+        let search = match self.lease {
+            None => reconcile::after_restart(&self.store),
+            Some(_) => reconcile::after_claim(self.clock.now()),
         };
-        match reconcile::landed(&self.store, &self.producer, window, stop).await {
+        match reconcile::landed(&self.store, &self.producer, search, stop).await {
             Some(found) => {
                 self.settle_found(found).await;
                 true

@@ -51,6 +51,12 @@ use crate::{
 /// on past the partitions' ends until this long after the store opened,
 /// and this long after the last record in doubt that appeared there.
 const LATE_APPENDS: Duration = Duration::from_secs(1);
+/// Cluster mode: how long a node that takes a shard over holds its
+/// requests after its claim, and reads the topics back at least, before it
+/// dispatches. A previous owner still running (paused, cut off from the
+/// group) stops when it applies the claim; what it produced before that
+/// reaches the topics meanwhile and is found there, not produced again.
+pub(crate) const CLAIM_GRACE: Duration = Duration::from_millis(500);
 /// How far record timestamps (set by the producing client's clock) may
 /// stray from this node's clock and still bound the search.
 const CLOCK_SLACK: Duration = Duration::from_secs(60);
@@ -71,12 +77,30 @@ pub(super) struct Found {
     pub offset: i64,
 }
 
-/// The messages in `window` found on their topics. `None` if stopped
-/// first.
+/// What is in doubt after an unclean stop, and how long the search reads
+/// on: until [`LATE_APPENDS`] after the store opened (the stopped process's
+/// last requests may still be in the broker's hands).
+pub(super) fn after_restart(store: &Store) -> (Option<InDoubt>, landed::Late) {
+    (store.in_doubt_window(), landed::Late { quiet: LATE_APPENDS, last: store.opened_at() })
+}
+
+/// Cluster mode, just after this node's claim of the shard: whatever was
+/// due by the end of the [`CLAIM_GRACE`] is in doubt (the previous owner
+/// may dispatch until it applies the claim), and the search reads on until
+/// the grace is over. A previous owner that stopped did so at least a
+/// session timeout ago, when the group took the shard from it.
+pub(super) fn after_claim(now: UnixMillis) -> (Option<InDoubt>, landed::Late) {
+    let below = DispatchKey::after(now.saturating_add(CLAIM_GRACE));
+    let late = landed::Late { quiet: CLAIM_GRACE, last: std::time::Instant::now() };
+    (Some(InDoubt { below, before_seq: u64::MAX }), late)
+}
+
+/// The messages in `window` found on their topics, read on past the ends
+/// as `late` says. `None` if stopped first.
 pub(super) async fn landed(
     store: &Store,
     producer: &Arc<Producer>,
-    window: Option<InDoubt>,
+    (window, mut late): (Option<InDoubt>, landed::Late),
     stop: &CancellationToken,
 ) -> Option<Vec<Found>> {
     let Some(window) = window else { return Some(Vec::new()) };
@@ -104,12 +128,9 @@ pub(super) async fn landed(
         "reading the target topics back for messages the last dispatcher of this shard may have \
          produced without recording it"
     );
-    // Read on until the stopped process's last requests are in: kept with
-    // transactional delivery too, as the stopped process may have
-    // delivered without transactions (the setting changed across the
-    // stop). A node taking a shard over from a live one opened its store
-    // long before.
-    let mut late = landed::Late { quiet: LATE_APPENDS, last: store.opened_at() };
+    // Reading on is kept with transactional delivery too: the stopped
+    // process may have delivered without transactions (the setting changed
+    // across the stop).
     // Nothing of the stopped dispatcher is newer than now.
     let newest = SystemClock.now().saturating_add(CLOCK_SLACK);
     let (mut found, mut read, mut partitions) = (Vec::new(), 0, 0);

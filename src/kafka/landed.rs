@@ -90,10 +90,12 @@ pub fn search(
     // Where partitions end, and offsets by time, as written: a
     // read_committed client is told the last stable offset instead, which
     // any open transaction (another application's, another shard's) holds
-    // back, and past which ours may lie.
+    // back, and past which ours may lie. A client apart from the reader:
+    // on a connection busy with the reader's fetches its requests would
+    // wait behind them (a broker answers a connection's requests in
+    // order, and may hold a fetch at the end for its whole wait).
     let ask = consumer(config, false)?;
-    let committed_reader = committed.then(|| consumer(config, true)).transpose()?;
-    let reader = committed_reader.as_ref().unwrap_or(&ask);
+    let reader = &consumer(config, committed)?;
     let metadata = ask.fetch_metadata(Some(topic), ASK)?;
     let Some(described) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(Landed::default());
@@ -107,6 +109,8 @@ pub fn search(
     let partitions: Vec<i32> = described.partitions().iter().map(|p| p.id()).collect();
     let after = by_time(&ask, topic, &partitions, wanted.times.0)?;
     let before = by_time(&ask, topic, &partitions, wanted.times.1)?;
+    let (lows, highs) =
+        (edges(&ask, topic, &partitions, Offset::Beginning)?, edges(&ask, topic, &partitions, Offset::End)?);
     // Every partition is read, from its mark: a late record can appear on
     // one that had nothing past its mark when the search began.
     let mut ends = HashMap::new();
@@ -115,7 +119,7 @@ pub fn search(
     let mut read_to = HashMap::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in &partitions {
-        let (low, high) = ask.fetch_watermarks(topic, partition, ASK)?;
+        let (low, high) = (lows[&partition], highs[&partition]);
         let mut from = match marks.get(&partition) {
             Some(&mark) if mark > high => {
                 tracing::warn!(
@@ -172,16 +176,15 @@ pub fn search(
             match &check {
                 None => {
                     let at = Instant::now();
-                    let now_ends = partitions
-                        .iter()
-                        .map(|&p| Ok((p, ask.fetch_watermarks(topic, p, ASK)?.1)))
-                        .collect::<Result<HashMap<_, _>, KafkaError>>()?;
+                    let now_ends = edges(&ask, topic, &partitions, Offset::End)?;
                     let behind =
                         now_ends.iter().filter(|&(p, &end)| read_to[p] < end).map(|(&p, _)| p).collect();
+                    tracing::debug!(topic, ?behind, ends = ?now_ends, "read to the ends: a last check");
                     check = Some(Check { at, ends: now_ends, behind });
                 }
                 Some(done) if done.behind.is_empty() || done.at.elapsed() > CHECK_WITHIN => {
                     if late.last < done.at {
+                        tracing::debug!(topic, behind = ?done.behind, took = ?done.at.elapsed(), "the search's last check is done");
                         break;
                     }
                     // One of ours appeared meanwhile: another quiet while.
@@ -254,6 +257,33 @@ struct Check {
 /// offset, before which every transaction is decided.
 fn stable_end(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Result<i64, KafkaError> {
     reader.fetch_watermarks(topic, partition, ASK).map(|(_, stable)| stable)
+}
+
+/// Where each of `partitions` starts (`Offset::Beginning`) or ends
+/// (`Offset::End`) now, asked of the broker in one request.
+fn edges(
+    consumer: &BaseConsumer<Quiet>,
+    topic: &str,
+    partitions: &[i32],
+    edge: Offset,
+) -> Result<HashMap<i32, i64>, KafkaError> {
+    let mut asked = TopicPartitionList::new();
+    for &partition in partitions {
+        asked.add_partition_offset(topic, partition, edge)?;
+    }
+    let answered = consumer.offsets_for_times(asked, ASK)?;
+    let mut edges = HashMap::with_capacity(partitions.len());
+    for element in answered.elements() {
+        element.error()?;
+        match element.offset() {
+            Offset::Offset(offset) => edges.insert(element.partition(), offset),
+            _ => return Err(KafkaError::OffsetFetch(RDKafkaErrorCode::OffsetOutOfRange)),
+        };
+    }
+    if !partitions.iter().all(|p| edges.contains_key(p)) {
+        return Err(KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition));
+    }
+    Ok(edges)
 }
 
 /// The first offset of each partition whose record is at `at` or later,
