@@ -23,10 +23,20 @@ use std::{
 
 use common::{verify::*, *};
 use hourglass::{
+    kafka::{
+        KafkaConfig,
+        landed::{self, Late, Wanted},
+    },
+    message::{MessageId, UnixMillis},
     proto::{self, scheduler_client::SchedulerClient},
     store::Durability,
 };
 use hourglass_testkit::ServerProcess;
+use rdkafka::{
+    ClientConfig,
+    message::{Header, OwnedHeaders},
+    producer::{BaseProducer, BaseRecord, Producer as _},
+};
 use tonic::{Code, transport::Channel};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -255,18 +265,6 @@ async fn kill_9_sweep_on_mock(delivery: &str) {
 /// there for a quiet second; what appears after that is not waited for.
 #[test]
 fn what_appears_after_the_search_began_is_found_until_a_quiet_second() {
-    use hourglass::{
-        kafka::{
-            KafkaConfig,
-            landed::{self, Late, Wanted},
-        },
-        message::{MessageId, UnixMillis},
-    };
-    use rdkafka::{
-        ClientConfig,
-        message::{Header, OwnedHeaders},
-        producer::{BaseProducer, BaseRecord, Producer as _},
-    };
     let mock = common::mock::Mock::start(1);
     let topic = random_name("late");
     mock.topic_with(&topic, 2);
@@ -274,13 +272,7 @@ fn what_appears_after_the_search_began_is_found_until_a_quiet_second() {
         ClientConfig::new().set("bootstrap.servers", mock.bootstrap()).create().unwrap();
     let due = UnixMillis(1_000);
     let send = |id: &str, partition: i32| {
-        let due = due.0.to_string();
-        let headers = OwnedHeaders::new()
-            .insert(Header { key: "hourglass-id", value: Some(id) })
-            .insert(Header { key: "hourglass-due-ms", value: Some(&due) });
-        producer
-            .send(BaseRecord::<(), str>::to(&topic).payload("x").partition(partition).headers(headers))
-            .unwrap();
+        producer.send(delivery(&topic, id, due, partition)).unwrap();
         producer.flush(Duration::from_secs(10)).unwrap();
     };
     let wanted: std::collections::HashMap<MessageId, UnixMillis> = ["before", "late", "later", "after"]
@@ -324,6 +316,60 @@ fn what_appears_after_the_search_began_is_found_until_a_quiet_second() {
         landed.partitions, 1,
         "only the partition with a record past its mark had any to read at the start"
     );
+}
+
+/// A record as hourglass delivers message `id` due at `due`.
+fn delivery<'a>(topic: &'a str, id: &str, due: UnixMillis, partition: i32) -> BaseRecord<'a, (), str> {
+    let due = due.0.to_string();
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "hourglass-id", value: Some(id) })
+        .insert(Header { key: "hourglass-due-ms", value: Some(&due) });
+    BaseRecord::to(topic).payload("x").partition(partition).headers(headers)
+}
+
+/// A search whose mark lies inside a batch of records finds the records of
+/// that batch past the mark. Tansu 0.6 answers a fetch from inside a batch
+/// with the next batch (none here: the batch is the partition's last),
+/// where Kafka answers with the whole batch; a mark lands inside a batch
+/// whenever a delivery recorded before a stop was not the last of its
+/// batch. Read from the mark, the rest of the batch would be sent again.
+#[tokio::test]
+async fn a_search_from_inside_a_batch_finds_the_rest_of_it() {
+    let broker = Broker::start();
+    let topic = random_name("batch");
+    broker.create_topic(&topic, 1).await;
+    let due = UnixMillis(1_000);
+    let ids: Vec<String> = (0..200).map(|i| format!("b-{i}")).collect();
+    {
+        // One batch: every record is queued before the first is sent.
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", broker.addr())
+            .set("linger.ms", "1000")
+            .create()
+            .unwrap();
+        for id in &ids {
+            producer.send(delivery(&topic, id, due, 0)).unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+    }
+    // The first 120 were recorded delivered; the rest are in doubt.
+    let wanted: std::collections::HashMap<MessageId, UnixMillis> =
+        ids[120..].iter().map(|id| (MessageId::parse(id).unwrap(), due)).collect();
+    let config = KafkaConfig { brokers: broker.addr().to_owned(), properties: Default::default() };
+    let marks = std::collections::HashMap::from([(0, 120)]);
+    let landed = tokio::task::spawn_blocking(move || {
+        let mut late = Late { quiet: Duration::ZERO, last: Instant::now() };
+        let wanted = Wanted { ids: &wanted, times: (UnixMillis(0), UnixMillis(u64::MAX)) };
+        landed::search(&config, false, &topic, &marks, wanted, &mut late, Duration::from_secs(60)).unwrap()
+    })
+    .await
+    .unwrap();
+    let mut found: Vec<(i64, String)> =
+        landed.found.iter().map(|(id, &(_, offset))| (offset, id.to_string())).collect();
+    found.sort();
+    assert_eq!(found.len(), 80, "every record past the mark is found: {found:?}");
+    assert_eq!(found.first(), Some(&(120, "b-120".to_owned())), "each at its offset");
+    assert_eq!(found.last(), Some(&(199, "b-199".to_owned())));
 }
 
 /// Messages spread over a window through a server killed with SIGKILL at

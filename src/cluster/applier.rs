@@ -9,7 +9,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use super::{ClusterConfig, waiters::Waiters};
 use crate::{
     clock::Clock as _,
-    kafka::{LogConsumer, LogReader, Read},
+    kafka::{LogConsumer, LogReader, Read, seek::Seek},
     log::record::Entry,
     message::Limits,
     metrics,
@@ -20,8 +20,6 @@ use crate::{
 const BATCH: usize = 2048;
 /// How long to wait before reading again after a failure.
 const BACKOFF: Duration = Duration::from_secs(1);
-/// How far before the next offset to apply a read starts: see [`Seek`].
-const REWIND: i64 = 512;
 /// How long a read after a seek may find nothing before the partition's
 /// end is looked at.
 const SEEK_WAIT: Duration = Duration::from_secs(3);
@@ -36,41 +34,6 @@ pub struct Applier {
     first: Seek,
 }
 
-/// Where the reader was put to read the partition from `next` on: at
-/// `at`, somewhat before it, and the first records read are checked.
-///
-/// A broker answers a fetch from an offset inside a batch of records with
-/// the whole batch, and the client drops the records before the offset.
-/// One that answers from the next batch instead (Tansu 0.6 does) skips the
-/// rest of that batch without an error: a gap like the ones compaction
-/// leaves. Applying stops between any two records, so a store reopened
-/// there would miss records it never applied. So the reader starts a
-/// little before the offset (what it reads again is already applied and
-/// left out), and if its first record still lies past the offset, it
-/// starts twice as far back, until the first record is at or before the
-/// offset, or it reads from the partition's start: then the gap is real.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Seek {
-    next: i64,
-    at: i64,
-}
-
-impl Seek {
-    fn to(next: i64) -> Seek {
-        Seek { next, at: (next - REWIND).max(0) }
-    }
-
-    /// What to do once the first record read from `at` is at `first`:
-    /// `None`, read on; else seek again.
-    fn check(self, first: i64) -> Option<Seek> {
-        if first <= self.next || self.at == 0 {
-            return None;
-        }
-        let back = (self.next - self.at).max(1).saturating_mul(2);
-        Some(Seek { next: self.next, at: (self.next - back).max(0) })
-    }
-}
-
 impl Applier {
     /// An applier of `partition` of the log `log` reads, reading from
     /// where `store` has applied to.
@@ -81,7 +44,7 @@ impl Applier {
         waiters: Arc<Waiters>,
         limits: Limits,
     ) -> Result<Applier, StoreError> {
-        let first = Seek::to(store.log_next());
+        let first = Seek::to(store.log_next(), 0);
         let reader = log.reader(partition, first.at).map_err(|e| {
             StoreError::LogUnavailable(format!("reading partition {partition} of the schedule log: {e}"))
         })?;
@@ -179,7 +142,7 @@ impl Applier {
                 Err(e) => {
                     tracing::error!(error = %e, "applying the schedule log failed; reading it again from the last record applied");
                     self.pause(&stop).await;
-                    let again = Seek::to(self.store.log_next());
+                    let again = Seek::to(self.store.log_next(), 0);
                     if !self.put(again, &stop).await {
                         return;
                     }
@@ -388,25 +351,5 @@ impl View {
         self.stop.cancel();
         self.applier.wait().await;
         self.store.close().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_seek_starts_before_the_offset_and_goes_further_back_while_the_first_record_is_past_it() {
-        let put = Seek::to(10_000);
-        assert_eq!(put, Seek { next: 10_000, at: 10_000 - REWIND });
-        assert_eq!(put.check(9_600), None, "a batch from before the offset: read on");
-        assert_eq!(put.check(10_000), None, "from the offset itself");
-        let again = put.check(10_004).expect("a batch skipped: further back");
-        assert_eq!(again, Seek { next: 10_000, at: 10_000 - 2 * REWIND });
-        assert_eq!(again.check(10_004).unwrap().at, 10_000 - 4 * REWIND);
-        let start = Seek { next: 10_000, at: 0 };
-        assert_eq!(start.check(10_004), None, "from the start, the gap is real: compaction");
-        assert_eq!(Seek::to(100), Seek { next: 100, at: 0 });
-        assert_eq!(Seek { next: 5_000, at: 4_000 }.check(6_000).unwrap().at, 3_000);
     }
 }

@@ -17,7 +17,7 @@ use rdkafka::{
     message::Headers as _,
 };
 
-use super::{KafkaConfig, is_producer_only};
+use super::{KafkaConfig, is_producer_only, seek::Seek};
 use crate::message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis};
 
 /// How long the broker may take to answer metadata and offset requests.
@@ -26,6 +26,9 @@ const ASK: Duration = Duration::from_secs(10);
 /// ends taken for it. A partition whose last offsets hold no record (a
 /// transaction marker) is never shown reached but by this.
 const CHECK_WITHIN: Duration = Duration::from_secs(1);
+/// How long a read put before its offset may find nothing before it is put
+/// further back.
+const SEEK_WAIT: Duration = Duration::from_secs(1);
 
 /// What a search found on one topic.
 #[derive(Debug, Default)]
@@ -114,6 +117,10 @@ pub fn search(
     // Every partition is read, from its mark: a late record can appear on
     // one that had nothing past its mark when the search began.
     let mut ends = HashMap::new();
+    let mut froms = HashMap::new();
+    // Reads put before their offset, as the broker may skip the rest of
+    // a batch (see `seek`), and when each was put there.
+    let mut seeks: HashMap<i32, (Seek, Instant)> = HashMap::new();
     let mut unread = HashSet::new();
     // Past each partition's last record read, or where its read started.
     let mut read_to = HashMap::new();
@@ -153,8 +160,17 @@ pub fn search(
             end,
             "reading a target partition back"
         );
-        assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
+        // Past the end, what comes is appended after the search began: a
+        // batch of its own.
+        let mut start = from;
+        if from < high {
+            let seek = Seek::to(from, low);
+            seeks.insert(partition, (seek, Instant::now()));
+            start = seek.at;
+        }
+        assignment.add_partition_offset(topic, partition, Offset::Offset(start))?;
         ends.insert(partition, end);
+        froms.insert(partition, from);
         read_to.insert(partition, from);
         if from < end {
             unread.insert(partition);
@@ -168,6 +184,10 @@ pub fn search(
     // Taken once the ends were read and none of ours appeared past them
     // for a quiet while: what the reader shows lags the broker by a fetch.
     let mut check: Option<Check> = None;
+    // Once the check is done, what the client fetched but was not read yet
+    // is read too (Tansu 0.6 gives a partition's end as it was before its
+    // last batch: records past that end come in the same fetches).
+    let (mut draining, mut drained) = (false, false);
     loop {
         if Instant::now() > deadline {
             return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
@@ -184,24 +204,43 @@ pub fn search(
                 }
                 Some(done) if done.behind.is_empty() || done.at.elapsed() > CHECK_WITHIN => {
                     if late.last < done.at {
-                        tracing::debug!(topic, behind = ?done.behind, took = ?done.at.elapsed(), "the search's last check is done");
-                        break;
+                        if drained {
+                            tracing::debug!(topic, behind = ?done.behind, took = ?done.at.elapsed(), "the search's last check is done");
+                            break;
+                        }
+                        draining = true;
+                    } else {
+                        // One of ours appeared meanwhile: another quiet while.
+                        (check, draining, drained) = (None, false, false);
                     }
-                    // One of ours appeared meanwhile: another quiet while.
-                    check = None;
                 }
                 Some(_) => {}
             }
         }
-        match reader.poll(Duration::from_millis(100)) {
+        // A read put before its offset that found nothing: the broker
+        // skipped the rest of the partition's last batch.
+        let stalled: Vec<i32> =
+            seeks.iter().filter(|(_, (_, at))| at.elapsed() > SEEK_WAIT).map(|(&p, _)| p).collect();
+        for partition in stalled {
+            reseek(reader, topic, partition, &mut seeks, i64::MAX)?;
+        }
+        let wait = if draining { Duration::ZERO } else { Duration::from_millis(100) };
+        match reader.poll(wait) {
             Some(Ok(record)) => {
                 let (partition, offset) = (record.partition(), record.offset());
                 let Some(&end) = ends.get(&partition) else { continue };
+                if seeks.contains_key(&partition) && reseek(reader, topic, partition, &mut seeks, offset)? {
+                    continue;
+                }
                 landed.read += 1;
+                if offset < froms[&partition] {
+                    continue;
+                }
                 read_to.insert(partition, offset + 1);
                 if let Some(id) = ours(&record, wanted.ids) {
                     if offset >= end {
                         late.last = Instant::now();
+                        (draining, drained) = (false, false);
                         tracing::debug!(topic, partition, offset, end, id = %id.qualified(), "found a message in doubt appended after the search began");
                     } else {
                         tracing::debug!(topic, partition, offset, id = %id.qualified(), "found a message in doubt");
@@ -226,6 +265,9 @@ pub fn search(
             // ones and transaction markers are never returned). Until
             // then an open transaction holds it back.
             Some(Err(KafkaError::PartitionEOF(partition))) => {
+                if seeks.contains_key(&partition) && reseek(reader, topic, partition, &mut seeks, i64::MAX)? {
+                    continue;
+                }
                 if let Some(check) = &mut check {
                     check.behind.remove(&partition);
                 }
@@ -237,7 +279,7 @@ pub fn search(
                 }
             }
             Some(Err(e)) => return Err(e),
-            None => {}
+            None => drained = draining,
         }
     }
     Ok(landed)
@@ -251,6 +293,37 @@ struct Check {
     at: Instant,
     ends: HashMap<i32, i64>,
     behind: HashSet<i32>,
+}
+
+/// Checks the first record (at `first`; `i64::MAX`: none came) read by
+/// the seek pending for `partition`: true if the reader was put further
+/// back, and the record is to be left; false if the read goes on.
+fn reseek(
+    reader: &BaseConsumer<Quiet>,
+    topic: &str,
+    partition: i32,
+    seeks: &mut HashMap<i32, (Seek, Instant)>,
+    first: i64,
+) -> Result<bool, KafkaError> {
+    let Some(again) = seeks.get(&partition).and_then(|(seek, _)| seek.check(first)) else {
+        seeks.remove(&partition);
+        return Ok(false);
+    };
+    tracing::debug!(
+        topic,
+        partition,
+        first,
+        ?again,
+        "the read skipped records before its offset: reading from further back"
+    );
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, partition, Offset::Offset(again.at))?;
+    let moved = reader.seek_partitions(list, ASK)?;
+    if let Some(Err(e)) = moved.elements().first().map(|e| e.error()) {
+        return Err(e);
+    }
+    seeks.insert(partition, (again, Instant::now()));
+    Ok(true)
 }
 
 /// Where `partition` ends for a read_committed `reader`: its last stable

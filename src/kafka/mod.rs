@@ -11,6 +11,7 @@ mod group;
 pub mod landed;
 mod log;
 mod producer;
+pub(crate) mod seek;
 mod transactions;
 
 pub use admin::{Ensured, LogTopic, TopicError, ensure_log_topic};
