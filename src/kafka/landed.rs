@@ -332,6 +332,21 @@ fn stable_end(reader: &BaseConsumer<Quiet>, topic: &str, partition: i32) -> Resu
     reader.fetch_watermarks(topic, partition, ASK).map(|(_, stable)| stable)
 }
 
+/// The broker's answer, for each of `partitions`, to `asked`: a time, or
+/// the start or end (one `ListOffsets` request).
+fn list_offsets(
+    consumer: &BaseConsumer<Quiet>,
+    topic: &str,
+    partitions: &[i32],
+    asked: Offset,
+) -> Result<TopicPartitionList, KafkaError> {
+    let mut list = TopicPartitionList::new();
+    for &partition in partitions {
+        list.add_partition_offset(topic, partition, asked)?;
+    }
+    consumer.offsets_for_times(list, ASK)
+}
+
 /// Where each of `partitions` starts (`Offset::Beginning`) or ends
 /// (`Offset::End`) now, asked of the broker in one request.
 fn edges(
@@ -340,11 +355,7 @@ fn edges(
     partitions: &[i32],
     edge: Offset,
 ) -> Result<HashMap<i32, i64>, KafkaError> {
-    let mut asked = TopicPartitionList::new();
-    for &partition in partitions {
-        asked.add_partition_offset(topic, partition, edge)?;
-    }
-    let answered = consumer.offsets_for_times(asked, ASK)?;
+    let answered = list_offsets(consumer, topic, partitions, edge)?;
     let mut edges = HashMap::with_capacity(partitions.len());
     for element in answered.elements() {
         element.error()?;
@@ -367,15 +378,8 @@ fn by_time(
     partitions: &[i32],
     at: UnixMillis,
 ) -> Result<HashMap<i32, i64>, KafkaError> {
-    let mut asked = TopicPartitionList::new();
-    for &partition in partitions {
-        asked.add_partition_offset(
-            topic,
-            partition,
-            Offset::Offset(i64::try_from(at.0).unwrap_or(i64::MAX)),
-        )?;
-    }
-    let answered = consumer.offsets_for_times(asked, ASK)?;
+    let at = Offset::Offset(i64::try_from(at.0).unwrap_or(i64::MAX));
+    let answered = list_offsets(consumer, topic, partitions, at)?;
     Ok(answered
         .elements()
         .iter()
