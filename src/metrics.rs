@@ -102,6 +102,23 @@ pub static STANDBYS: LazyLock<IntGauge> = LazyLock::new(|| {
         "Cluster mode: shards another node owns whose store this node keeps up to date (standby copies).",
     )
 });
+pub static LOG_APPLIED_ON_ACK: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_log_records_applied_on_ack_total",
+        "Cluster mode: records an owner appended to the schedule log and applied from their acks, every \
+         record before them applied, rather than once read back (also counted in \
+         hourglass_cluster_log_records_applied_total).",
+    )
+});
+
+pub static LOG_ACK_MISMATCHES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_log_ack_mismatches_total",
+        "Cluster mode: records applied from their acks whose offset, read back, held another record: the \
+         broker misreported where it appended. Should stay 0; the node's copy of the shard is suspect.",
+    )
+});
+
 pub static LOG_APPLIED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_cluster_log_records_applied_total",
@@ -413,6 +430,8 @@ pub fn init() {
     LazyLock::force(&STORE_MAX_PENDING);
     LazyLock::force(&STORE_PARKED);
     LazyLock::force(&LOG_APPLIED);
+    LazyLock::force(&LOG_APPLIED_ON_ACK);
+    LazyLock::force(&LOG_ACK_MISMATCHES);
     LazyLock::force(&LOG_SKIPPED);
     LazyLock::force(&LOG_APPEND_SECONDS);
     LazyLock::force(&LOG_APPLY_WAIT_SECONDS);

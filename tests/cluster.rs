@@ -110,6 +110,10 @@ async fn a_one_node_cluster_answers_as_standalone_and_restores_from_the_log_alon
         logged_records(&broker, &log_topic).await >= 33,
         "schedules, cancel, reschedule and settles are in the log"
     );
+    // The node applied its own records from their acks, and each read
+    // back since lay where its ack said, with the timestamp it said.
+    assert!(hourglass::metrics::LOG_APPLIED_ON_ACK.get() > 0);
+    assert_eq!(hourglass::metrics::LOG_ACK_MISMATCHES.get(), 0);
     server.stop().await;
 
     // A restart resumes from where its store applied to: nothing again.

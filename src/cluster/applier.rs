@@ -1,17 +1,21 @@
 //! The applier: follows one partition of the schedule log and applies it to
 //! the shard's store, in offset order, from where the store says it is.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{ClusterConfig, waiters::Waiters};
 use crate::{
     clock::Clock as _,
-    kafka::{LogConsumer, LogReader, Read, seek::Seek},
-    log::record::Entry,
-    message::Limits,
+    kafka::{Fetched, LogConsumer, LogReader, Read, seek::Seek},
+    log::record::{Change, Entry},
+    message::{Limits, UnixMillis},
     metrics,
     store::{LogEntry, Store, StoreConfig, StoreError},
 };
@@ -57,16 +61,43 @@ impl Applier {
     }
 
     /// Applies until `stop`. `applied` follows the next offset to apply.
-    pub async fn run(self, stop: CancellationToken, applied: watch::Sender<i64>) {
+    /// Records this node appended come on `acked` too, from their acks:
+    /// each is applied as soon as every record before it is, without
+    /// waiting to read it back.
+    pub async fn run(
+        self,
+        stop: CancellationToken,
+        applied: watch::Sender<i64>,
+        mut acked: mpsc::UnboundedReceiver<Vec<Acked>>,
+    ) {
         let mut last_owner = self.store.log_owner();
         let mut seek = Some(self.first);
+        let mut early = Early::default();
+        let (mut acks_open, mut woken_by_ack, mut seek_by) = (true, false, tokio::time::Instant::now());
         loop {
+            if !std::mem::take(&mut woken_by_ack) {
+                seek_by = tokio::time::Instant::now() + SEEK_WAIT;
+            }
             let read = tokio::select! {
                 _ = stop.cancelled() => return,
-                read = self.reader.next(BATCH, &self.limits) => Some(read),
+                got = acked.recv(), if acks_open => {
+                    match got {
+                        Some(got) => early.add(got),
+                        None => acks_open = false,
+                    }
+                    // Whatever else came meanwhile, applied together.
+                    while let Ok(got) = acked.try_recv() {
+                        early.add(got);
+                    }
+                    self.apply_early(&mut early).await;
+                    self.applied(&applied, &mut last_owner);
+                    woken_by_ack = true;
+                    continue;
+                }
+                read = self.reader.next_from(BATCH, &self.limits, self.store.log_next()) => Some(read),
                 // After a seek, a broker that skipped the rest of the last
                 // batch answers nothing at all.
-                _ = tokio::time::sleep(SEEK_WAIT), if seek.is_some() => None,
+                _ = tokio::time::sleep_until(seek_by), if seek.is_some() => None,
             };
             let read = match (read, seek) {
                 (Some(read), _) => read,
@@ -90,21 +121,21 @@ impl Applier {
                 }
                 (None, None) => continue,
             };
-            let reads = match read {
-                Ok(reads) => reads,
+            let fetched = match read {
+                Ok(fetched) => fetched,
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the schedule log failed; trying again");
                     self.pause(&stop).await;
                     continue;
                 }
             };
-            if let (Some(put), Some(first)) = (seek, reads.first()) {
-                seek = put.check(first.offset);
+            if let (Some(put), Some(first)) = (seek, fetched.first()) {
+                seek = put.check(first.offset());
                 if let Some(again) = seek {
                     tracing::debug!(
                         partition = self.partition,
                         ?put,
-                        first = first.offset,
+                        first = first.offset(),
                         "the first record read lies past the offset to apply; reading from further back"
                     );
                     if !self.put(again, &stop).await {
@@ -113,33 +144,22 @@ impl Applier {
                     continue;
                 }
             }
-            // Records read again (after a seek, or a failure) are already
-            // applied.
-            let next = self.store.log_next();
-            let reads: Vec<Read> = reads.into_iter().filter(|r| r.offset >= next).collect();
-            if reads.is_empty() {
-                continue;
-            }
-            count_skipped(self.partition, next, &reads);
-            let writers: Vec<Option<(u64, u64)>> = reads
-                .iter()
-                .map(|r| match &r.entry {
-                    Entry::Logged { writer, request, .. } => Some((*writer, *request)),
-                    _ => None,
-                })
-                .collect();
-            let entries: Vec<LogEntry> = reads
-                .into_iter()
-                .zip(self.waiters.take_locals(&writers))
-                .map(|(Read { offset, at, entry }, local)| LogEntry { offset, at, entry, local })
-                .collect();
-            let count = entries.len() as u64;
-            match self.store.apply(entries).await {
-                Ok(answers) => {
-                    metrics::LOG_APPLIED.inc_by(count);
-                    self.waiters.answer_all(writers.into_iter().zip(answers));
+            // Records read again (after a seek, or a failure), or applied
+            // from their acks, are already applied.
+            let mut reads = Vec::with_capacity(fetched.len());
+            for f in fetched {
+                match f {
+                    Fetched::Read(read) => reads.push(read),
+                    Fetched::Before { offset, key, at } => early.read_back(self.partition, offset, key, at),
                 }
-                Err(e) => {
+            }
+            let next = self.store.log_next();
+            reads.retain(|r| r.offset >= next);
+            if !reads.is_empty() {
+                count_skipped(self.partition, next, &reads);
+                let entries =
+                    reads.into_iter().map(|Read { offset, at, entry }| (offset, at, entry)).collect();
+                if let Err(e) = self.apply(entries).await {
                     tracing::error!(error = %e, "applying the schedule log failed; reading it again from the last record applied");
                     self.pause(&stop).await;
                     let again = Seek::to(self.store.log_next(), 0);
@@ -149,17 +169,71 @@ impl Applier {
                     seek = Some(again);
                 }
             }
-            applied.send_replace(self.store.log_next());
-            let owner = self.store.log_owner();
-            if owner != last_owner {
-                if last_owner == self.waiters.me() && owner != 0 {
-                    tracing::warn!(
-                        partition = self.partition,
-                        "another node claimed the shard in the schedule log: this node no longer dispatches it"
-                    );
-                }
-                last_owner = owner;
+            // What was acked past a record read only now may follow it.
+            self.apply_early(&mut early).await;
+            self.applied(&applied, &mut last_owner);
+        }
+    }
+
+    /// Applies `entries`, in offset order from the store's next offset,
+    /// and answers the requests of this node that wrote them.
+    async fn apply(&self, entries: Vec<(i64, UnixMillis, Entry)>) -> Result<(), StoreError> {
+        let writers: Vec<Option<(u64, u64)>> = entries
+            .iter()
+            .map(|(_, _, entry)| match entry {
+                Entry::Logged { writer, request, .. } => Some((*writer, *request)),
+                _ => None,
+            })
+            .collect();
+        let entries: Vec<LogEntry> = entries
+            .into_iter()
+            .zip(self.waiters.take_locals(&writers))
+            .map(|((offset, at, entry), local)| LogEntry { offset, at, entry, local })
+            .collect();
+        let count = entries.len() as u64;
+        let answers = self.store.apply(entries).await?;
+        metrics::LOG_APPLIED.inc_by(count);
+        self.waiters.answer_all(writers.into_iter().zip(answers));
+        Ok(())
+    }
+
+    /// Applies the records acked from the store's next offset on, without
+    /// a gap.
+    async fn apply_early(&self, early: &mut Early) {
+        let ready = early.ready(self.store.log_next());
+        if ready.is_empty() {
+            return;
+        }
+        let count = ready.len() as u64;
+        let entries = ready
+            .into_iter()
+            .map(|a| {
+                (a.offset, a.at, Entry::Logged { writer: a.writer, request: a.request, change: a.change })
+            })
+            .collect();
+        match self.apply(entries).await {
+            Ok(()) => metrics::LOG_APPLIED_ON_ACK.inc_by(count),
+            Err(e) => {
+                // Read back, they are applied from there.
+                tracing::warn!(partition = self.partition, error = %e, "applying records of the schedule log from their acks failed");
+                early.clear();
             }
+        }
+    }
+
+    /// Says how far the store has applied, and notes a claim by another
+    /// node.
+    fn applied(&self, applied: &watch::Sender<i64>, last_owner: &mut u64) {
+        applied.send_replace(self.store.log_next());
+        let owner = self.store.log_owner();
+        if owner != *last_owner {
+            if *last_owner == self.waiters.me() && owner != 0 {
+                tracing::warn!(
+                    partition = self.partition,
+                    "another node claimed the shard in the schedule log: this node no longer dispatches it"
+                );
+            }
+            *last_owner = owner;
         }
     }
 
@@ -185,6 +259,92 @@ impl Applier {
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = tokio::time::sleep(BACKOFF) => {}
+        }
+    }
+}
+
+/// A record this node appended to a shard's partition, as its ack tells.
+pub struct Acked {
+    pub offset: i64,
+    pub at: UnixMillis,
+    /// Its key's [`key_digest`](crate::kafka::key_digest): the record read back at the offset later
+    /// must have the same.
+    pub key: u64,
+    pub writer: u64,
+    pub request: u64,
+    pub change: Change,
+}
+
+/// Most records acked ahead of a gap kept waiting for it, and most records
+/// applied from their acks kept to check against what is read back.
+const EARLY_MAX: usize = 1 << 16;
+
+/// Records acked but not yet applied, by offset; and those applied from
+/// their acks, until read back.
+#[derive(Default)]
+struct Early {
+    ahead: BTreeMap<i64, Acked>,
+    applied: VecDeque<(i64, u64, UnixMillis)>,
+}
+
+impl Early {
+    fn add(&mut self, acked: Vec<Acked>) {
+        for a in acked {
+            if self.ahead.len() >= EARLY_MAX {
+                // Applied once read back.
+                break;
+            }
+            self.ahead.insert(a.offset, a);
+        }
+    }
+
+    /// The records from `next` on without a gap, taken; those before
+    /// `next` (applied as read) dropped.
+    fn ready(&mut self, next: i64) -> Vec<Acked> {
+        self.ahead = self.ahead.split_off(&next);
+        let mut ready = Vec::new();
+        while let Some(entry) = self.ahead.first_entry() {
+            if *entry.key() != next + ready.len() as i64 {
+                break;
+            }
+            ready.push(entry.remove());
+        }
+        for a in &ready {
+            if self.applied.len() >= EARLY_MAX {
+                self.applied.pop_front();
+            }
+            self.applied.push_back((a.offset, a.key, a.at));
+        }
+        ready
+    }
+
+    fn clear(&mut self) {
+        self.ahead.clear();
+    }
+
+    /// A record at `offset` with `key` and timestamp `at` was read back,
+    /// before the next to apply: if it was applied from its ack, the ack
+    /// must have said where it is and its timestamp.
+    fn read_back(&mut self, partition: i32, offset: i64, key: u64, at: Option<UnixMillis>) {
+        while self.applied.front().is_some_and(|(acked, ..)| *acked < offset) {
+            self.applied.pop_front();
+        }
+        if let Some((acked, acked_key, acked_at)) = self.applied.front().copied()
+            && acked == offset
+        {
+            self.applied.pop_front();
+            if acked_key != key || Some(acked_at) != at {
+                metrics::LOG_ACK_MISMATCHES.inc();
+                tracing::error!(
+                    partition,
+                    offset,
+                    ?at,
+                    ?acked_at,
+                    "the schedule log holds another record (or another timestamp) than the one its ack placed \
+                     at this offset, which was applied from the ack: the broker misreported where it appended; \
+                     rebuild this node's copy of the shard (remove its store) once the shard has moved"
+                );
+            }
         }
     }
 }
@@ -257,6 +417,8 @@ pub struct View {
     pub applied: watch::Receiver<i64>,
     /// Stops the applier.
     pub stop: CancellationToken,
+    /// Where this node's appends to the partition go once acked.
+    pub acked: mpsc::UnboundedSender<Vec<Acked>>,
     applier: TaskTracker,
 }
 
@@ -300,9 +462,10 @@ impl View {
         };
         let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());
         let (tx, applied) = watch::channel(store.log_next());
-        tracker.spawn(applier.run(stop.clone(), tx));
+        let (acked, acks) = mpsc::unbounded_channel();
+        tracker.spawn(applier.run(stop.clone(), tx, acks));
         tracker.close();
-        Ok(View { store, reader, applied, stop, applier: tracker })
+        Ok(View { store, reader, applied, stop, acked, applier: tracker })
     }
 
     /// The store and an applier of its partition, not started.
@@ -351,5 +514,86 @@ impl View {
         self.stop.cancel();
         self.applier.wait().await;
         self.store.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::record::Cancelled;
+
+    fn acked(offset: i64) -> Acked {
+        let change = Change::Cancelled(Cancelled::default());
+        Acked {
+            offset,
+            at: UnixMillis(1),
+            key: offset as u64 * 10,
+            writer: 1,
+            request: offset as u64,
+            change,
+        }
+    }
+
+    fn offsets(ready: &[Acked]) -> Vec<i64> {
+        ready.iter().map(|a| a.offset).collect()
+    }
+
+    #[test]
+    fn acked_records_are_applied_from_the_next_offset_without_a_gap() {
+        let mut early = Early::default();
+        // Acks of two appends that came out of order.
+        early.add(vec![acked(13), acked(14)]);
+        early.add(vec![acked(10), acked(11)]);
+        assert!(early.ready(9).is_empty(), "offset 9 is not applied yet");
+        assert_eq!(offsets(&early.ready(10)), [10, 11]);
+        assert!(early.ready(12).is_empty(), "12, another writer's, is read back first");
+        assert_eq!(offsets(&early.ready(13)), [13, 14]);
+        assert!(early.ahead.is_empty());
+    }
+
+    #[test]
+    fn acked_records_applied_as_read_back_are_dropped() {
+        let mut early = Early::default();
+        early.add(vec![acked(5), acked(6), acked(8)]);
+        // The reader applied up to 7 first.
+        assert!(early.ready(8).iter().map(|a| a.offset).eq([8]));
+        assert!(early.ahead.is_empty());
+        assert!(
+            early.applied.iter().eq([&(8, 80, UnixMillis(1))]),
+            "only what was applied from its ack is checked"
+        );
+    }
+
+    #[test]
+    fn a_record_read_back_is_checked_against_its_ack() {
+        let mut early = Early::default();
+        early.add(vec![acked(1), acked(2), acked(3)]);
+        assert_eq!(early.ready(1).len(), 3);
+        let before = metrics::LOG_ACK_MISMATCHES.get();
+        let at = Some(UnixMillis(1));
+        early.read_back(0, 0, 0, at);
+        early.read_back(0, 1, 10, at);
+        assert_eq!(metrics::LOG_ACK_MISMATCHES.get(), before, "the same record where its ack said");
+        // Offset 2 read back holds another key: counted. Offset 3 was not
+        // read back (gone by compaction, or skipped): nothing said.
+        early.read_back(0, 2, 99, at);
+        early.read_back(0, 4, 0, at);
+        let after = metrics::LOG_ACK_MISMATCHES.get();
+        assert!(after > before);
+        assert!(early.applied.is_empty());
+        // The same key with another timestamp is another record too.
+        early.add(vec![acked(7)]);
+        assert_eq!(early.ready(7).len(), 1);
+        early.read_back(0, 7, 70, Some(UnixMillis(2)));
+        assert!(metrics::LOG_ACK_MISMATCHES.get() > after);
+    }
+
+    #[test]
+    fn acks_past_a_gap_wait_in_a_bounded_map() {
+        let mut early = Early::default();
+        early.add((1..=EARLY_MAX as i64 + 10).map(acked).collect());
+        assert_eq!(early.ahead.len(), EARLY_MAX);
+        // Read back, those left out are applied from there.
+        assert_eq!(early.ready(1).len(), EARLY_MAX);
     }
 }

@@ -4,10 +4,11 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use futures_util::future;
+use tokio::sync::mpsc;
 
-use super::waiters::Waiters;
+use super::{applier::Acked, waiters::Waiters};
 use crate::{
-    kafka::LogProducer,
+    kafka::{Appended, LogProducer, key_digest},
     log::record::{Change, LogRecord},
     message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
     metrics,
@@ -22,11 +23,19 @@ pub struct Front {
     log: Arc<LogProducer>,
     partition: i32,
     waiters: Arc<Waiters>,
+    /// The shard's applier, told of each change once the log acked it.
+    acked: mpsc::UnboundedSender<Vec<Acked>>,
 }
 
 impl Front {
-    pub fn new(store: Store, log: Arc<LogProducer>, partition: i32, waiters: Arc<Waiters>) -> Front {
-        Front { store, log, partition, waiters }
+    pub fn new(
+        store: Store,
+        log: Arc<LogProducer>,
+        partition: i32,
+        waiters: Arc<Waiters>,
+        acked: mpsc::UnboundedSender<Vec<Acked>>,
+    ) -> Front {
+        Front { store, log, partition, waiters, acked }
     }
 
     pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
@@ -134,18 +143,25 @@ impl Front {
     ) -> impl Future<Output = Vec<Result<Answer, StoreError>>> + use<> {
         let queued = std::time::Instant::now();
         let count = changes.len();
+        let writer = self.waiters.me();
         let pending: Vec<_> = changes
             .into_iter()
             .map(|(key, change, held)| {
                 let (request, reply) =
                     self.waiters.register(held.map(|held| Local::Held(held.into_id())), true);
-                let record = LogRecord { writer: self.waiters.me(), request, change: Some(change) };
-                let appended = self.log.enqueue(self.partition, &key, Some(&record.encode()));
-                (request, reply.expect("registered with a reply"), appended)
+                let mut record = LogRecord { writer, request, change: Some(change) };
+                let appended = self.log.enqueue_appended(self.partition, &key, Some(&record.encode()));
+                let change = record.change.take().expect("set above");
+                (request, reply.expect("registered with a reply"), appended, (key_digest(Some(&key)), change))
             })
             .collect();
-        let (store, waiters, topic, partition) =
-            (self.store.clone(), Arc::clone(&self.waiters), self.log.topic().to_owned(), self.partition);
+        let (store, waiters, topic, partition, early) = (
+            self.store.clone(),
+            Arc::clone(&self.waiters),
+            self.log.topic().to_owned(),
+            self.partition,
+            self.acked.clone(),
+        );
         let applied = (count > 0).then(|| {
             tokio::spawn(async move {
                 // First every append: the acks of one partition come in
@@ -153,14 +169,18 @@ impl Front {
                 // that did not get in held is let go at once.
                 let mut answers: Vec<Option<Result<Answer, StoreError>>> = Vec::with_capacity(pending.len());
                 let mut in_log = Vec::with_capacity(pending.len());
-                for (request, reply, appended) in pending {
+                let mut applicable = Vec::with_capacity(pending.len());
+                for (request, reply, appended, (key, change)) in pending {
                     let appended = appended.await;
                     let acked = std::time::Instant::now();
                     metrics::LOG_APPEND_SECONDS.observe((acked - queued).as_secs_f64());
                     match appended {
-                        Ok(_) => {
+                        Ok(Appended { offset, at }) => {
                             in_log.push((answers.len(), request, reply, acked));
                             answers.push(None);
+                            if let Some(at) = at {
+                                applicable.push(Acked { offset, at, key, writer, request, change });
+                            }
                         }
                         Err(e) => {
                             tracing::debug!(partition, error = %e, "the schedule log did not take a change");
@@ -174,6 +194,11 @@ impl Front {
                             )))));
                         }
                     }
+                }
+                // Applied from here once the records before them are,
+                // unless read back first.
+                if !applicable.is_empty() {
+                    let _ = early.send(applicable);
                 }
                 // Then the answers, each waited for from its own ack: the
                 // waits overlap rather than add up.

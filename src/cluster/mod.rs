@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! caller ─► front: decide ─► append to the log partition ─┐
-//!                                                         ▼
+//!                  ┌─────── its ack (offset, record) ◄────┤
+//!                  ▼                                      ▼
 //!           store ◄── applier: apply in offset order ◄── log ◄── Kafka-native producers
 //!             │                          ▲
 //!             └─► dispatcher ─► topic    └── recorder: one Settled record per settle
@@ -15,6 +16,8 @@
 //!   has applied it, with the store's answer.
 //! - [`applier`]: follows the partition from the offset the store has
 //!   applied to, and applies each record, the offset in the same commit.
+//!   A change the front appended is applied from its ack as soon as every
+//!   record before it is, rather than once read back.
 //! - [`recorder`]: the dispatcher's settles go to the log as one record
 //!   per settle, and are applied from there.
 //! - [`waiters`]: which request of this node wrote which record.

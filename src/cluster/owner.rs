@@ -529,9 +529,16 @@ impl Inner {
             partition,
             Arc::clone(&self.waiters),
             view.stop.clone(),
+            view.acked.clone(),
         ));
         let store = view.store.clone();
-        let front = Front::new(store.clone(), Arc::clone(&self.log), partition, Arc::clone(&self.waiters));
+        let front = Front::new(
+            store.clone(),
+            Arc::clone(&self.log),
+            partition,
+            Arc::clone(&self.waiters),
+            view.acked.clone(),
+        );
         let started = Shard::start_in_cluster(
             store,
             &self.shard_config(shard),

@@ -1,6 +1,7 @@
 //! Where a cluster shard's dispatcher records what became of its produces:
-//! one `Settled` record per settle in the log, applied from there like any
-//! other record. The dispatcher's claims hold until it is applied. The
+//! one `Settled` record per settle in the log, applied like a front's
+//! change (from its ack once the records before it are). The dispatcher's
+//! claims hold until it is applied. The
 //! shard's upkeep appends its tombstones here too, when retention ends.
 
 use std::{
@@ -13,13 +14,13 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::waiters::Waiters;
+use super::{applier::Acked, waiters::Waiters};
 use crate::{
     dispatcher::Recorder,
-    kafka::LogProducer,
+    kafka::{Appended, LogProducer, key_digest},
     log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
     store::{Floor, Local, Settle, settled_line},
 };
@@ -36,6 +37,8 @@ pub struct LogRecorder {
     /// out of order, so no floor goes with them until all are in.
     reordered: Arc<AtomicBool>,
     stop: CancellationToken,
+    /// The shard's applier, told of each record once the log acked it.
+    acked: mpsc::UnboundedSender<Vec<Acked>>,
 }
 
 impl LogRecorder {
@@ -44,6 +47,7 @@ impl LogRecorder {
         partition: i32,
         waiters: Arc<Waiters>,
         stop: CancellationToken,
+        acked: mpsc::UnboundedSender<Vec<Acked>>,
     ) -> Self {
         LogRecorder {
             log,
@@ -52,6 +56,7 @@ impl LogRecorder {
             room: Arc::new(Semaphore::new(IN_FLIGHT)),
             reordered: Arc::new(AtomicBool::new(false)),
             stop,
+            acked,
         }
     }
 
@@ -82,23 +87,35 @@ impl LogRecorder {
         }
         let lines = settles.iter().map(settled_line).collect();
         let at = settles.iter().map(|s| s.at).max().unwrap_or_default();
-        let (request, _) = self.waiters.register(Some(Local::Settles(settles, floor)), false);
-        let record = LogRecord {
-            writer: self.waiters.me(),
-            request,
-            change: Some(Change::Settled(Settled { lines, at_ms: at.0 })),
-        };
-        let key = record::chunk_key(at, self.waiters.me(), request);
-        let (log, partition, reordered, stop) =
-            (Arc::clone(&self.log), self.partition, Arc::clone(&self.reordered), self.stop.clone());
+        let (writer, (request, _)) =
+            (self.waiters.me(), self.waiters.register(Some(Local::Settles(settles, floor)), false));
+        let mut record =
+            LogRecord { writer, request, change: Some(Change::Settled(Settled { lines, at_ms: at.0 })) };
+        let key = record::chunk_key(at, writer, request);
+        let (log, partition, reordered, stop, early) = (
+            Arc::clone(&self.log),
+            self.partition,
+            Arc::clone(&self.reordered),
+            self.stop.clone(),
+            self.acked.clone(),
+        );
         // Queued now, in order; retried until it is in or the shard stops.
         let value = record.encode();
-        let first = log.enqueue(partition, &key, Some(&value));
+        let mut change = record.change.take();
+        let first = log.enqueue_appended(partition, &key, Some(&value));
         tokio::spawn(async move {
             let mut attempt = first;
             loop {
                 match attempt.await {
-                    Ok(_) => break,
+                    Ok(Appended { offset, at }) => {
+                        // Applied from here once the records before it are,
+                        // unless read back first.
+                        if let (Some(at), Some(change)) = (at, change.take()) {
+                            let key = key_digest(Some(&key));
+                            let _ = early.send(vec![Acked { offset, at, key, writer, request, change }]);
+                        }
+                        break;
+                    }
                     Err(e) => {
                         reordered.store(true, Ordering::Relaxed);
                         tracing::warn!(error = %e, "recording deliveries in the schedule log failed; trying again");
@@ -109,7 +126,7 @@ impl LogRecorder {
                             }
                             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                         }
-                        attempt = log.enqueue(partition, &key, Some(&value));
+                        attempt = log.enqueue_appended(partition, &key, Some(&value));
                     }
                 }
             }

@@ -15,7 +15,7 @@ use std::{
 };
 
 use rdkafka::{
-    ClientConfig, Message as _, Offset, TopicPartitionList,
+    ClientConfig, Message as _, Offset, Timestamp, TopicPartitionList,
     consumer::{
         Consumer as _, DefaultConsumerContext, StreamConsumer, stream_consumer::StreamPartitionQueue,
     },
@@ -76,6 +76,18 @@ impl LogProducer {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> impl std::future::Future<Output = Result<i64, KafkaError>> + Send + use<> {
+        let appended = self.enqueue_appended(partition, key, value);
+        async move { appended.await.map(|a| a.offset) }
+    }
+
+    /// [`enqueue`](Self::enqueue), the wait giving where the record is, as
+    /// its ack says.
+    pub fn enqueue_appended(
+        &self,
+        partition: i32,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> impl std::future::Future<Output = Result<Appended, KafkaError>> + Send + use<> {
         let headers =
             OwnedHeaders::new().insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) });
         let mut out = FutureRecord::to(&self.topic).partition(partition).key(key).headers(headers);
@@ -85,12 +97,23 @@ impl LogProducer {
         let queued = self.inner.send_result(out).map_err(|(e, _)| e);
         async move {
             match queued?.await {
-                Ok(Ok(delivery)) => Ok(delivery.offset),
+                Ok(Ok(delivery)) => {
+                    Ok(Appended { offset: delivery.offset, at: timestamp(delivery.timestamp) })
+                }
                 Ok(Err((e, _))) => Err(e),
                 Err(_) => Err(KafkaError::Canceled),
             }
         }
     }
+}
+
+/// Where a record was appended, as its ack says.
+#[derive(Clone, Copy, Debug)]
+pub struct Appended {
+    pub offset: i64,
+    /// Its timestamp in the log (the producer's, or the broker's on a topic
+    /// of `LogAppendTime`), if the ack tells it.
+    pub at: Option<UnixMillis>,
 }
 
 /// The schedule log's consumer of one node: one client fetching every
@@ -280,6 +303,30 @@ pub struct Read {
     pub entry: Entry,
 }
 
+/// A record read by [`LogReader::next_from`].
+#[expect(
+    clippy::large_enum_variant,
+    reason = "read in batches into one Vec, as `Read`s were: boxing would allocate per record"
+)]
+pub enum Fetched {
+    Read(Read),
+    /// Before the offset asked from: already applied.
+    Before {
+        offset: i64,
+        key: u64,
+        at: Option<UnixMillis>,
+    },
+}
+
+impl Fetched {
+    pub fn offset(&self) -> i64 {
+        match self {
+            Fetched::Read(read) => read.offset,
+            Fetched::Before { offset, .. } => *offset,
+        }
+    }
+}
+
 impl LogReader {
     /// A reader of `partition` of `topic` from `offset`, with a consumer
     /// of its own.
@@ -317,6 +364,23 @@ impl LogReader {
         self.next_with(max, |m| read(m, limits)).await
     }
 
+    /// [`next`](Self::next), leaving records before `from` undecoded: of
+    /// those, only where they are and their key's digest.
+    pub async fn next_from(
+        &self,
+        max: usize,
+        limits: &Limits,
+        from: i64,
+    ) -> Result<Vec<Fetched>, KafkaError> {
+        self.next_with(max, |m| match m.offset() {
+            offset if offset < from => {
+                Fetched::Before { offset, key: key_digest(m.key()), at: timestamp(m.timestamp()) }
+            }
+            _ => Fetched::Read(read(m, limits)),
+        })
+        .await
+    }
+
     /// [`next`](Self::next), each record read with `read`.
     pub async fn next_with<T>(
         &self,
@@ -351,8 +415,18 @@ fn read(m: &rdkafka::message::BorrowedMessage<'_>, limits: &Limits) -> Read {
     let headers = m.headers();
     let pairs: Vec<(&str, Option<&[u8]>)> =
         headers.map(|h| h.iter().map(|h| (h.key, h.value)).collect()).unwrap_or_default();
-    let timestamp = m.timestamp().to_millis().and_then(|t| u64::try_from(t).ok()).unwrap_or(0);
-    let at = UnixMillis(timestamp);
+    let at = timestamp(m.timestamp()).unwrap_or_default();
     let entry = record::read(m.key(), m.payload(), pairs.iter().copied(), at, limits);
     Read { offset: m.offset(), at, entry }
+}
+
+fn timestamp(t: Timestamp) -> Option<UnixMillis> {
+    t.to_millis().and_then(|t| u64::try_from(t).ok()).map(UnixMillis)
+}
+
+/// A digest of a record's key: enough to tell, at the same offset, one
+/// record from another.
+pub fn key_digest(key: Option<&[u8]>) -> u64 {
+    let Some(key) = key else { return 0 };
+    key.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
 }

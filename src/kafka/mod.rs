@@ -17,7 +17,7 @@ mod transactions;
 pub use admin::{Ensured, LogTopic, TopicError, ensure_log_topic};
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
 pub use group::{GroupConfig, GroupMember, Moved, REVOKE_WAIT};
-pub use log::{LogConsumer, LogProducer, LogReader, Read};
+pub use log::{Appended, Fetched, LogConsumer, LogProducer, LogReader, Read, key_digest};
 pub use producer::producer_config;
 pub use producer::{Delivery, DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
 pub use transactions::OnFence;
