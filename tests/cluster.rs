@@ -342,3 +342,85 @@ async fn retention_tombstones_messages_and_their_chunks_in_the_log() {
     assert_eq!(state_of(&mut client, "pending").await, State::Pending);
     server.stop().await;
 }
+
+/// A node applies its own changes from their acks only behind every record
+/// before them: here Kafka-native records land between them in the same
+/// partitions, and each must still be applied, once, in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_interleaved_with_native_records_are_all_applied_in_their_place() {
+    const EACH: usize = 300;
+    let broker = Broker::start();
+    let topic = random_name("interleaved");
+    let log_topic = random_name("hourglass-log");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
+    let applied_on_ack = hourglass::metrics::LOG_APPLIED_ON_ACK.get();
+
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.addr())
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "0")
+        .create()
+        .unwrap();
+    let native = {
+        let (topic, log_topic) = (topic.clone(), log_topic.clone());
+        tokio::spawn(async move {
+            for i in 0..EACH {
+                let headers = OwnedHeaders::new()
+                    .insert(Header { key: "hourglass-topic", value: Some(topic.as_bytes()) })
+                    .insert(Header { key: "hourglass-delay", value: Some(&b"1h"[..]) });
+                let key = format!("n-{i}");
+                let record =
+                    FutureRecord::<str, str>::to(&log_topic).key(&key).payload("native").headers(headers);
+                producer.send(record, Duration::from_secs(10)).await.unwrap();
+            }
+        })
+    };
+    let mut callers = Vec::new();
+    for c in 0..4 {
+        let (mut client, topic) = (server.client().await, topic.clone());
+        callers.push(tokio::spawn(async move {
+            for i in (c..EACH).step_by(4) {
+                let id = format!("g-{i}");
+                let reply =
+                    client.schedule(with_id(&topic, &id, "grpc", Duration::from_secs(3600))).await.unwrap();
+                assert!(!reply.into_inner().duplicate, "{id} was new");
+            }
+        }));
+    }
+    native.await.unwrap();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+
+    let mut client = server.client().await;
+    let ids = (0..EACH).flat_map(|i| [format!("n-{i}"), format!("g-{i}")]);
+    for id in ids.clone() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match client.get(proto::GetRequest { id: id.clone() }).await {
+                Ok(got) => {
+                    assert_eq!(got.into_inner().state(), State::Pending, "{id}");
+                    break;
+                }
+                Err(e) if e.code() == Code::NotFound && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("{id}: {e:?}"),
+            }
+        }
+    }
+    // Changes to both kinds, each with its exact outcome.
+    for (i, id) in ids.enumerate().filter(|(i, _)| i % 3 == 0) {
+        let outcome = client.cancel(proto::CancelRequest { id: id.clone() }).await.unwrap().into_inner();
+        assert_eq!(outcome.outcome(), CancelOutcome::Cancelled, "{id} ({i})");
+        assert_eq!(state_of(&mut client, &id).await, State::Cancelled, "{id}");
+    }
+    assert!(
+        hourglass::metrics::LOG_APPLIED_ON_ACK.get() > applied_on_ack,
+        "its changes were applied from acks"
+    );
+    assert_eq!(hourglass::metrics::LOG_ACK_MISMATCHES.get(), 0);
+    server.stop().await;
+}
