@@ -3,7 +3,10 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -64,15 +67,10 @@ impl Applier {
     /// Records this node appended come on `acked` too, from their acks:
     /// each is applied as soon as every record before it is, without
     /// waiting to read it back.
-    pub async fn run(
-        self,
-        stop: CancellationToken,
-        applied: watch::Sender<i64>,
-        mut acked: mpsc::UnboundedReceiver<Vec<Acked>>,
-    ) {
+    pub async fn run(self, stop: CancellationToken, applied: watch::Sender<i64>, acks: AckReceiver) {
         let mut last_owner = self.store.log_owner();
         let mut seek = Some(self.first);
-        let mut early = Early::default();
+        let (mut acked, mut early) = (acks.rx, Early::new(acks.held));
         let (mut acks_open, mut woken_by_ack, mut seek_by) = (true, false, tokio::time::Instant::now());
         loop {
             if !std::mem::take(&mut woken_by_ack) {
@@ -150,7 +148,7 @@ impl Applier {
             for f in fetched {
                 match f {
                     Fetched::Read(read) => reads.push(read),
-                    Fetched::Before { offset, key, at } => early.read_back(self.partition, offset, key, at),
+                    Fetched::Before { offset, key } => early.read_back(self.partition, offset, key),
                 }
             }
             let next = self.store.log_next();
@@ -267,41 +265,97 @@ impl Applier {
 pub struct Acked {
     pub offset: i64,
     pub at: UnixMillis,
-    /// Its key's [`key_digest`](crate::kafka::key_digest): the record read back at the offset later
-    /// must have the same.
+    /// Its key's [`key_digest`](crate::kafka::key_digest): the record read
+    /// back at the offset later must have the same.
     pub key: u64,
     pub writer: u64,
     pub request: u64,
     pub change: Change,
+    /// About what it holds in memory: its encoded size.
+    pub bytes: usize,
 }
 
-/// Most records acked ahead of a gap kept waiting for it, and most records
-/// applied from their acks kept to check against what is read back.
-const EARLY_MAX: usize = 1 << 16;
+/// The most bytes of acked records a shard holds for its applier, on the
+/// way and waiting behind a gap together: what does not fit is applied
+/// once read back, as without acks.
+const EARLY_BYTES: usize = 16 << 20;
+/// What an acked record holds besides its encoded size, about.
+const ACKED_OVERHEAD: usize = 128;
+/// Most records applied from their acks kept to check against what is read
+/// back.
+const CHECKED_MAX: usize = 1 << 16;
+
+/// Where a shard's front and recorder hand its applier what the log acked.
+#[derive(Clone)]
+pub struct AckSender {
+    tx: mpsc::UnboundedSender<Vec<Acked>>,
+    held: Arc<AtomicUsize>,
+}
+
+/// The applier's end of an [`AckSender`].
+pub struct AckReceiver {
+    rx: mpsc::UnboundedReceiver<Vec<Acked>>,
+    held: Arc<AtomicUsize>,
+}
+
+pub fn ack_channel() -> (AckSender, AckReceiver) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let held = Arc::new(AtomicUsize::new(0));
+    (AckSender { tx, held: Arc::clone(&held) }, AckReceiver { rx, held })
+}
+
+impl AckSender {
+    /// Hands `acked` over, unless the shard holds too much already (or its
+    /// applier stopped): then they are applied once read back.
+    pub fn send(&self, acked: Vec<Acked>) {
+        let bytes: usize = acked.iter().map(|a| a.bytes + ACKED_OVERHEAD).sum();
+        if self.held.fetch_add(bytes, Ordering::Relaxed) + bytes > EARLY_BYTES || self.tx.send(acked).is_err()
+        {
+            self.held.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+}
 
 /// Records acked but not yet applied, by offset; and those applied from
 /// their acks, until read back.
-#[derive(Default)]
 struct Early {
     ahead: BTreeMap<i64, Acked>,
-    applied: VecDeque<(i64, u64, UnixMillis)>,
+    /// The bytes of what is on the way and in `ahead`.
+    held: Arc<AtomicUsize>,
+    applied: VecDeque<(i64, u64)>,
+    /// A record read back was not where its ack said: acks are not trusted
+    /// any more.
+    off: bool,
 }
 
 impl Early {
+    fn new(held: Arc<AtomicUsize>) -> Early {
+        Early { ahead: BTreeMap::new(), held, applied: VecDeque::new(), off: false }
+    }
+
     fn add(&mut self, acked: Vec<Acked>) {
         for a in acked {
-            if self.ahead.len() >= EARLY_MAX {
-                // Applied once read back.
-                break;
+            if self.off {
+                self.release(&a);
+                continue;
             }
-            self.ahead.insert(a.offset, a);
+            if let Some(replaced) = self.ahead.insert(a.offset, a) {
+                self.release(&replaced);
+            }
         }
+    }
+
+    fn release(&self, a: &Acked) {
+        self.held.fetch_sub(a.bytes + ACKED_OVERHEAD, Ordering::Relaxed);
     }
 
     /// The records from `next` on without a gap, taken; those before
     /// `next` (applied as read) dropped.
     fn ready(&mut self, next: i64) -> Vec<Acked> {
-        self.ahead = self.ahead.split_off(&next);
+        let after = self.ahead.split_off(&next);
+        for dropped in std::mem::replace(&mut self.ahead, after).values() {
+            self.release(dropped);
+        }
         let mut ready = Vec::new();
         while let Some(entry) = self.ahead.first_entry() {
             if *entry.key() != next + ready.len() as i64 {
@@ -310,39 +364,46 @@ impl Early {
             ready.push(entry.remove());
         }
         for a in &ready {
-            if self.applied.len() >= EARLY_MAX {
+            self.release(a);
+            if self.applied.len() >= CHECKED_MAX {
                 self.applied.pop_front();
             }
-            self.applied.push_back((a.offset, a.key, a.at));
+            self.applied.push_back((a.offset, a.key));
         }
         ready
     }
 
     fn clear(&mut self) {
-        self.ahead.clear();
+        for a in std::mem::take(&mut self.ahead).values() {
+            self.release(a);
+        }
     }
 
-    /// A record at `offset` with `key` and timestamp `at` was read back,
-    /// before the next to apply: if it was applied from its ack, the ack
-    /// must have said where it is and its timestamp.
-    fn read_back(&mut self, partition: i32, offset: i64, key: u64, at: Option<UnixMillis>) {
-        while self.applied.front().is_some_and(|(acked, ..)| *acked < offset) {
+    /// A record at `offset` with `key` was read back, before the next to
+    /// apply: if it was applied from its ack, the ack must have said where
+    /// it is. (Not its timestamp: the answer to a retried append the broker
+    /// found a duplicate gives the batch's, and a timestamp only dates the
+    /// store's last apply.)
+    fn read_back(&mut self, partition: i32, offset: i64, key: u64) {
+        while self.applied.front().is_some_and(|(acked, _)| *acked < offset) {
             self.applied.pop_front();
         }
-        if let Some((acked, acked_key, acked_at)) = self.applied.front().copied()
+        if let Some((acked, acked_key)) = self.applied.front().copied()
             && acked == offset
         {
             self.applied.pop_front();
-            if acked_key != key || Some(acked_at) != at {
+            if acked_key != key {
                 metrics::LOG_ACK_MISMATCHES.inc();
+                self.off = true;
+                self.clear();
                 tracing::error!(
                     partition,
                     offset,
-                    ?at,
-                    ?acked_at,
-                    "the schedule log holds another record (or another timestamp) than the one its ack placed \
-                     at this offset, which was applied from the ack: the broker misreported where it appended; \
-                     rebuild this node's copy of the shard (remove its store) once the shard has moved"
+                    "the schedule log holds another record than the one its ack placed at this offset, which \
+                     was applied from the ack: the broker misreported where it appended (or lost acknowledged \
+                     records: an unclean leader election); this node's copy of the shard may differ from the \
+                     log: stop the node, remove the shard's store and start it again to rebuild it from the log; \
+                     until then it applies only what it reads back"
                 );
             }
         }
@@ -418,7 +479,7 @@ pub struct View {
     /// Stops the applier.
     pub stop: CancellationToken,
     /// Where this node's appends to the partition go once acked.
-    pub acked: mpsc::UnboundedSender<Vec<Acked>>,
+    pub acked: AckSender,
     applier: TaskTracker,
 }
 
@@ -462,7 +523,7 @@ impl View {
         };
         let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());
         let (tx, applied) = watch::channel(store.log_next());
-        let (acked, acks) = mpsc::unbounded_channel();
+        let (acked, acks) = ack_channel();
         tracker.spawn(applier.run(stop.clone(), tx, acks));
         tracker.close();
         Ok(View { store, reader, applied, stop, acked, applier: tracker })
@@ -531,7 +592,13 @@ mod tests {
             writer: 1,
             request: offset as u64,
             change,
+            bytes: 10,
         }
+    }
+
+    /// Holding what it is handed, as a sender would count it.
+    fn early() -> Early {
+        Early::new(Arc::new(AtomicUsize::new(usize::MAX / 2)))
     }
 
     fn offsets(ready: &[Acked]) -> Vec<i64> {
@@ -540,7 +607,7 @@ mod tests {
 
     #[test]
     fn acked_records_are_applied_from_the_next_offset_without_a_gap() {
-        let mut early = Early::default();
+        let mut early = early();
         // Acks of two appends that came out of order.
         early.add(vec![acked(13), acked(14)]);
         early.add(vec![acked(10), acked(11)]);
@@ -553,47 +620,57 @@ mod tests {
 
     #[test]
     fn acked_records_applied_as_read_back_are_dropped() {
-        let mut early = Early::default();
+        let mut early = early();
         early.add(vec![acked(5), acked(6), acked(8)]);
         // The reader applied up to 7 first.
         assert!(early.ready(8).iter().map(|a| a.offset).eq([8]));
         assert!(early.ahead.is_empty());
-        assert!(
-            early.applied.iter().eq([&(8, 80, UnixMillis(1))]),
-            "only what was applied from its ack is checked"
-        );
+        assert!(early.applied.iter().eq([&(8, 80)]), "only what was applied from its ack is checked");
     }
 
     #[test]
     fn a_record_read_back_is_checked_against_its_ack() {
-        let mut early = Early::default();
+        let mut early = early();
         early.add(vec![acked(1), acked(2), acked(3)]);
         assert_eq!(early.ready(1).len(), 3);
         let before = metrics::LOG_ACK_MISMATCHES.get();
-        let at = Some(UnixMillis(1));
-        early.read_back(0, 0, 0, at);
-        early.read_back(0, 1, 10, at);
+        early.read_back(0, 0, 0);
+        early.read_back(0, 1, 10);
         assert_eq!(metrics::LOG_ACK_MISMATCHES.get(), before, "the same record where its ack said");
         // Offset 2 read back holds another key: counted. Offset 3 was not
         // read back (gone by compaction, or skipped): nothing said.
-        early.read_back(0, 2, 99, at);
-        early.read_back(0, 4, 0, at);
-        let after = metrics::LOG_ACK_MISMATCHES.get();
-        assert!(after > before);
+        early.read_back(0, 2, 99);
+        early.read_back(0, 4, 0);
+        assert!(metrics::LOG_ACK_MISMATCHES.get() > before);
         assert!(early.applied.is_empty());
-        // The same key with another timestamp is another record too.
-        early.add(vec![acked(7)]);
-        assert_eq!(early.ready(7).len(), 1);
-        early.read_back(0, 7, 70, Some(UnixMillis(2)));
-        assert!(metrics::LOG_ACK_MISMATCHES.get() > after);
+        // From then on, nothing is applied from an ack.
+        early.add(vec![acked(5)]);
+        assert!(early.ready(5).is_empty());
     }
 
     #[test]
-    fn acks_past_a_gap_wait_in_a_bounded_map() {
-        let mut early = Early::default();
-        early.add((1..=EARLY_MAX as i64 + 10).map(acked).collect());
-        assert_eq!(early.ahead.len(), EARLY_MAX);
-        // Read back, those left out are applied from there.
-        assert_eq!(early.ready(1).len(), EARLY_MAX);
+    fn acks_are_held_up_to_a_budget_of_bytes_on_the_way_and_behind_a_gap() {
+        let (sender, receiver) = ack_channel();
+        let AckReceiver { mut rx, held } = receiver;
+        let per = 10 + ACKED_OVERHEAD;
+        let fit = EARLY_BYTES / per;
+        sender.send((1..=fit as i64).map(acked).collect());
+        sender.send(vec![acked(fit as i64 + 1)]);
+        assert_eq!(held.load(Ordering::Relaxed), fit * per, "what does not fit is not handed over");
+        let mut early = Early::new(Arc::clone(&held));
+        while let Ok(got) = rx.try_recv() {
+            early.add(got);
+        }
+        assert_eq!(early.ahead.len(), fit);
+        // Offset 1 was read back first; the rest are applied from acks.
+        assert_eq!(early.ready(2).len(), fit - 1);
+        assert_eq!(held.load(Ordering::Relaxed), 0, "all of it let go");
+        sender.send(vec![acked(fit as i64 + 5)]);
+        early.add(rx.try_recv().unwrap());
+        early.clear();
+        assert_eq!(held.load(Ordering::Relaxed), 0);
+        drop(rx);
+        sender.send(vec![acked(fit as i64 + 6)]);
+        assert_eq!(held.load(Ordering::Relaxed), 0, "nothing held for an applier that stopped");
     }
 }

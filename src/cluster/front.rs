@@ -3,10 +3,10 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use futures_util::future;
-use tokio::sync::mpsc;
-
-use super::{applier::Acked, waiters::Waiters};
+use super::{
+    applier::{AckSender, Acked},
+    waiters::Waiters,
+};
 use crate::{
     kafka::{Appended, LogProducer, key_digest},
     log::record::{Change, LogRecord},
@@ -14,6 +14,7 @@ use crate::{
     metrics,
     store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Store, StoreError},
 };
+use futures_util::future;
 
 /// How long a caller waits for its record, once in the log, to be applied.
 const APPLY_WAIT: Duration = Duration::from_secs(10);
@@ -24,7 +25,7 @@ pub struct Front {
     partition: i32,
     waiters: Arc<Waiters>,
     /// The shard's applier, told of each change once the log acked it.
-    acked: mpsc::UnboundedSender<Vec<Acked>>,
+    acked: AckSender,
 }
 
 impl Front {
@@ -33,7 +34,7 @@ impl Front {
         log: Arc<LogProducer>,
         partition: i32,
         waiters: Arc<Waiters>,
-        acked: mpsc::UnboundedSender<Vec<Acked>>,
+        acked: AckSender,
     ) -> Front {
         Front { store, log, partition, waiters, acked }
     }
@@ -150,9 +151,11 @@ impl Front {
                 let (request, reply) =
                     self.waiters.register(held.map(|held| Local::Held(held.into_id())), true);
                 let mut record = LogRecord { writer, request, change: Some(change) };
-                let appended = self.log.enqueue_appended(self.partition, &key, Some(&record.encode()));
+                let value = record.encode();
+                let appended = self.log.enqueue_appended(self.partition, &key, Some(&value));
                 let change = record.change.take().expect("set above");
-                (request, reply.expect("registered with a reply"), appended, (key_digest(Some(&key)), change))
+                let early = (key_digest(Some(&key)), change, value.len() + key.len());
+                (request, reply.expect("registered with a reply"), appended, early)
             })
             .collect();
         let (store, waiters, topic, partition, early) = (
@@ -170,7 +173,7 @@ impl Front {
                 let mut answers: Vec<Option<Result<Answer, StoreError>>> = Vec::with_capacity(pending.len());
                 let mut in_log = Vec::with_capacity(pending.len());
                 let mut applicable = Vec::with_capacity(pending.len());
-                for (request, reply, appended, (key, change)) in pending {
+                for (request, reply, appended, (key, change, bytes)) in pending {
                     let appended = appended.await;
                     let acked = std::time::Instant::now();
                     metrics::LOG_APPEND_SECONDS.observe((acked - queued).as_secs_f64());
@@ -179,7 +182,7 @@ impl Front {
                             in_log.push((answers.len(), request, reply, acked));
                             answers.push(None);
                             if let Some(at) = at {
-                                applicable.push(Acked { offset, at, key, writer, request, change });
+                                applicable.push(Acked { offset, at, key, writer, request, change, bytes });
                             }
                         }
                         Err(e) => {
@@ -198,7 +201,7 @@ impl Front {
                 // Applied from here once the records before them are,
                 // unless read back first.
                 if !applicable.is_empty() {
-                    let _ = early.send(applicable);
+                    early.send(applicable);
                 }
                 // Then the answers, each waited for from its own ack: the
                 // waits overlap rather than add up.

@@ -14,10 +14,13 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::{applier::Acked, waiters::Waiters};
+use super::{
+    applier::{AckSender, Acked},
+    waiters::Waiters,
+};
 use crate::{
     dispatcher::Recorder,
     kafka::{Appended, LogProducer, key_digest},
@@ -38,7 +41,7 @@ pub struct LogRecorder {
     reordered: Arc<AtomicBool>,
     stop: CancellationToken,
     /// The shard's applier, told of each record once the log acked it.
-    acked: mpsc::UnboundedSender<Vec<Acked>>,
+    acked: AckSender,
 }
 
 impl LogRecorder {
@@ -47,7 +50,7 @@ impl LogRecorder {
         partition: i32,
         waiters: Arc<Waiters>,
         stop: CancellationToken,
-        acked: mpsc::UnboundedSender<Vec<Acked>>,
+        acked: AckSender,
     ) -> Self {
         LogRecorder {
             log,
@@ -111,8 +114,8 @@ impl LogRecorder {
                         // Applied from here once the records before it are,
                         // unless read back first.
                         if let (Some(at), Some(change)) = (at, change.take()) {
-                            let key = key_digest(Some(&key));
-                            let _ = early.send(vec![Acked { offset, at, key, writer, request, change }]);
+                            let (bytes, key) = (value.len() + key.len(), key_digest(Some(&key)));
+                            early.send(vec![Acked { offset, at, key, writer, request, change, bytes }]);
                         }
                         break;
                     }

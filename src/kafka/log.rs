@@ -43,25 +43,48 @@ pub struct LogProducer {
 
 impl LogProducer {
     pub fn new(config: &KafkaConfig, topic: &str) -> Result<LogProducer, KafkaError> {
-        let mut client = producer_config(config);
-        let ours = BTreeMap::from([
-            // Appends from many callers travel together.
-            ("linger.ms", "2"),
-            ("message.timeout.ms", "10000"),
-            ("compression.type", "lz4"),
-        ]);
-        for (k, v) in ours {
-            if !config.properties.contains_key(k) {
-                client.set(k, v);
-            }
-        }
-        Ok(LogProducer { inner: client.create()?, topic: topic.to_owned() })
+        Ok(LogProducer { inner: log_producer_config(config).create()?, topic: topic.to_owned() })
     }
 
     pub fn topic(&self) -> &str {
         &self.topic
     }
+}
 
+/// The log producer's librdkafka configuration: the delivery producer's,
+/// with the log's own defaults, and `acks=all` and idempotence whatever
+/// the user's properties say.
+fn log_producer_config(config: &KafkaConfig) -> ClientConfig {
+    let mut client = producer_config(config);
+    let ours = BTreeMap::from([
+        // Appends from many callers travel together.
+        ("linger.ms", "2"),
+        ("message.timeout.ms", "10000"),
+        ("compression.type", "lz4"),
+    ]);
+    for (k, v) in ours {
+        if !config.properties.contains_key(k) {
+            client.set(k, v);
+        }
+    }
+    // Not the user's to change for the log: an owner applies its own
+    // records from their acks, so an ack must mean the record is in
+    // the log for good, where the ack says.
+    for (k, must) in [("acks", "all"), ("request.required.acks", "all"), ("enable.idempotence", "true")] {
+        if let Some(set) = config.properties.get(k).filter(|v| !matches!(v.as_str(), "all" | "-1" | "true")) {
+            tracing::warn!(
+                property = k,
+                value = %set,
+                "ignored for the schedule log, whose appends are always {must} (it still applies to deliveries)"
+            );
+        }
+        client.remove(k);
+    }
+    client.set("acks", "all").set("enable.idempotence", "true");
+    client
+}
+
+impl LogProducer {
     /// Appends `record` under `key` to `partition`; returns its offset once
     /// every in-sync replica has it.
     pub async fn append(&self, partition: i32, key: &[u8], record: &LogRecord) -> Result<i64, KafkaError> {
@@ -314,7 +337,6 @@ pub enum Fetched {
     Before {
         offset: i64,
         key: u64,
-        at: Option<UnixMillis>,
     },
 }
 
@@ -373,9 +395,7 @@ impl LogReader {
         from: i64,
     ) -> Result<Vec<Fetched>, KafkaError> {
         self.next_with(max, |m| match m.offset() {
-            offset if offset < from => {
-                Fetched::Before { offset, key: key_digest(m.key()), at: timestamp(m.timestamp()) }
-            }
+            offset if offset < from => Fetched::Before { offset, key: key_digest(m.key()) },
             _ => Fetched::Read(read(m, limits)),
         })
         .await
@@ -429,4 +449,38 @@ fn timestamp(t: Timestamp) -> Option<UnixMillis> {
 pub fn key_digest(key: Option<&[u8]>) -> u64 {
     let Some(key) = key else { return 0 };
     key.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_is_always_appended_with_acks_all_by_an_idempotent_producer() {
+        let config = KafkaConfig {
+            brokers: "b1:9092".into(),
+            properties: BTreeMap::from(
+                [
+                    ("acks", "1"),
+                    ("request.required.acks", "0"),
+                    ("enable.idempotence", "false"),
+                    ("linger.ms", "7"),
+                ]
+                .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            ),
+        };
+        let client = log_producer_config(&config);
+        assert_eq!(client.get("acks"), Some("all"));
+        assert_eq!(client.get("request.required.acks"), None, "no alias left to contradict it");
+        assert_eq!(client.get("enable.idempotence"), Some("true"));
+        assert_eq!(client.get("linger.ms"), Some("7"), "the user's other settings still hold");
+        assert_eq!(client.get("compression.type"), Some("lz4"));
+    }
+
+    #[test]
+    fn a_key_digest_tells_keys_apart() {
+        assert_eq!(key_digest(Some(b"order-1")), key_digest(Some(b"order-1")));
+        assert_ne!(key_digest(Some(b"order-1")), key_digest(Some(b"order-2")));
+        assert_ne!(key_digest(Some(b"")), key_digest(None), "an empty key is not no key");
+    }
 }
