@@ -3,6 +3,8 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
+use futures_util::future;
+
 use super::{
     applier::{AckSender, Acked},
     waiters::Waiters,
@@ -14,7 +16,6 @@ use crate::{
     metrics,
     store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Store, StoreError},
 };
-use futures_util::future;
 
 /// How long a caller waits for its record, once in the log, to be applied.
 const APPLY_WAIT: Duration = Duration::from_secs(10);

@@ -1,8 +1,8 @@
 //! Where a cluster shard's dispatcher records what became of its produces:
 //! one `Settled` record per settle in the log, applied like a front's
 //! change (from its ack once the records before it are). The dispatcher's
-//! claims hold until it is applied. The
-//! shard's upkeep appends its tombstones here too, when retention ends.
+//! claims hold until it is applied. The shard's upkeep appends its
+//! tombstones here too, when retention ends.
 
 use std::{
     future::Future,
