@@ -16,8 +16,8 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use super::{ClusterConfig, waiters::Waiters};
 use crate::{
     clock::Clock as _,
-    kafka::{Fetched, LogConsumer, LogReader, Read, seek::Seek},
-    log::record::{Change, Entry},
+    kafka::{Appended, Fetched, LogConsumer, LogReader, Read, key_digest, seek::Seek},
+    log::record::{Change, Entry, LogRecord},
     message::{Limits, UnixMillis},
     metrics,
     store::{LogEntry, Store, StoreConfig, StoreError},
@@ -273,6 +273,23 @@ pub struct Acked {
     pub change: Change,
     /// About what it holds in memory: its encoded size.
     pub bytes: usize,
+}
+
+impl Acked {
+    /// `record`, `bytes` long encoded, appended under `key` where `appended`
+    /// says; `None` if the ack did not tell its timestamp.
+    pub fn new(appended: Appended, key: &[u8], bytes: usize, record: LogRecord) -> Option<Acked> {
+        let (at, change) = (appended.at?, record.change?);
+        Some(Acked {
+            offset: appended.offset,
+            at,
+            key: key_digest(Some(key)),
+            writer: record.writer,
+            request: record.request,
+            change,
+            bytes: bytes + key.len(),
+        })
+    }
 }
 
 /// The most bytes of acked records a shard holds for its applier, on the

@@ -10,7 +10,7 @@ use super::{
     waiters::Waiters,
 };
 use crate::{
-    kafka::{Appended, LogProducer, key_digest},
+    kafka::LogProducer,
     log::record::{Change, LogRecord},
     message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
     metrics,
@@ -151,12 +151,10 @@ impl Front {
             .map(|(key, change, held)| {
                 let (request, reply) =
                     self.waiters.register(held.map(|held| Local::Held(held.into_id())), true);
-                let mut record = LogRecord { writer, request, change: Some(change) };
+                let record = LogRecord { writer, request, change: Some(change) };
                 let value = record.encode();
                 let appended = self.log.enqueue_appended(self.partition, &key, Some(&value));
-                let change = record.change.take().expect("set above");
-                let early = (key_digest(Some(&key)), change, value.len() + key.len());
-                (request, reply.expect("registered with a reply"), appended, early)
+                (request, reply.expect("registered with a reply"), appended, (key, value.len(), record))
             })
             .collect();
         let (store, waiters, topic, partition, early) = (
@@ -174,17 +172,15 @@ impl Front {
                 let mut answers: Vec<Option<Result<Answer, StoreError>>> = Vec::with_capacity(pending.len());
                 let mut in_log = Vec::with_capacity(pending.len());
                 let mut applicable = Vec::with_capacity(pending.len());
-                for (request, reply, appended, (key, change, bytes)) in pending {
+                for (request, reply, appended, (key, bytes, record)) in pending {
                     let appended = appended.await;
                     let acked = std::time::Instant::now();
                     metrics::LOG_APPEND_SECONDS.observe((acked - queued).as_secs_f64());
                     match appended {
-                        Ok(Appended { offset, at }) => {
+                        Ok(appended) => {
                             in_log.push((answers.len(), request, reply, acked));
                             answers.push(None);
-                            if let Some(at) = at {
-                                applicable.push(Acked { offset, at, key, writer, request, change, bytes });
-                            }
+                            applicable.extend(Acked::new(appended, &key, bytes, record));
                         }
                         Err(e) => {
                             tracing::debug!(partition, error = %e, "the schedule log did not take a change");

@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     dispatcher::Recorder,
-    kafka::{Appended, LogProducer, key_digest},
+    kafka::LogProducer,
     log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
     store::{Floor, Local, Settle, settled_line},
 };
@@ -92,7 +92,7 @@ impl LogRecorder {
         let at = settles.iter().map(|s| s.at).max().unwrap_or_default();
         let (writer, (request, _)) =
             (self.waiters.me(), self.waiters.register(Some(Local::Settles(settles, floor)), false));
-        let mut record =
+        let record =
             LogRecord { writer, request, change: Some(Change::Settled(Settled { lines, at_ms: at.0 })) };
         let key = record::chunk_key(at, writer, request);
         let (log, partition, reordered, stop, early) = (
@@ -104,18 +104,19 @@ impl LogRecorder {
         );
         // Queued now, in order; retried until it is in or the shard stops.
         let value = record.encode();
-        let mut change = record.change.take();
+        let mut record = Some(record);
         let first = log.enqueue_appended(partition, &key, Some(&value));
         tokio::spawn(async move {
             let mut attempt = first;
             loop {
                 match attempt.await {
-                    Ok(Appended { offset, at }) => {
+                    Ok(appended) => {
                         // Applied from here once the records before it are,
                         // unless read back first.
-                        if let (Some(at), Some(change)) = (at, change.take()) {
-                            let (bytes, key) = (value.len() + key.len(), key_digest(Some(&key)));
-                            early.send(vec![Acked { offset, at, key, writer, request, change, bytes }]);
+                        if let Some(acked) =
+                            record.take().and_then(|r| Acked::new(appended, &key, value.len(), r))
+                        {
+                            early.send(vec![acked]);
                         }
                         break;
                     }
