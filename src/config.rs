@@ -55,7 +55,7 @@ impl std::str::FromStr for HumanDuration {
 
 impl std::fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        humantime::format_duration(self.0).fmt(f)
+        f.write_str(&crate::message::duration_text(self.0))
     }
 }
 
@@ -83,6 +83,27 @@ pub struct Setting {
     pub default: Option<&'static str>,
 }
 
+/// How many values a flag of this type takes: a `bool` is a switch
+/// (`--cluster` alone means true; `--cluster false` still works).
+macro_rules! value_count {
+    (bool) => {
+        0..=1
+    };
+    ($other:ident) => {
+        1
+    };
+}
+
+/// What a flag given without a value means: `true` for a switch.
+macro_rules! missing_value {
+    (bool) => {
+        Some("true")
+    };
+    ($other:ident) => {
+        None::<&'static str>
+    };
+}
+
 /// Declares the settings. Each line of `with_default` is
 /// `name: Type = "default", "HOURGLASS_NAME";`, each of `optional` is
 /// `name: Type as "VALUE", "HOURGLASS_NAME";` (unset unless given; `VALUE`
@@ -96,7 +117,7 @@ macro_rules! settings {
         $(#[$meta:meta])*
         pub struct $name:ident {
             with_default {
-                $( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:literal , $env:literal ; )*
+                $( $(#[doc = $doc:literal])* $field:ident : $ty:ident = $default:literal , $env:literal ; )*
             }
             optional {
                 $( $(#[doc = $odoc:literal])* $ofield:ident : $oty:ty as $ovalue:literal , $oenv:literal ; )*
@@ -109,7 +130,10 @@ macro_rules! settings {
         pub struct $name {
             $(
                 $(#[doc = $doc])*
-                #[arg(long, env = $env, default_value = $default, action = clap::ArgAction::Set)]
+                #[arg(
+                    long, env = $env, default_value = $default, action = clap::ArgAction::Set,
+                    num_args = value_count!($ty), default_missing_value = missing_value!($ty)
+                )]
                 pub $field: $ty,
             )*
             $(
@@ -663,6 +687,39 @@ mod tests {
                 let from_file: Config = toml::from_str(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
                 assert_eq!(from_file, Config::default(), "{file}");
             }
+        }
+    }
+
+    /// A boolean flag is a switch: alone it means true, and it still takes
+    /// a value after it or `=`, for scripts that write one.
+    #[test]
+    fn boolean_flags_are_switches_that_still_take_a_value() {
+        assert!(flags(&["--cluster"]).0.cluster);
+        assert!(flags(&["--cluster", "--log-topic", "l"]).0.cluster, "a flag after it is no value");
+        assert!(flags(&["--cluster", "true"]).0.cluster);
+        assert!(!flags(&["--cluster", "false"]).0.cluster);
+        assert!(!flags(&["--cluster=false"]).0.cluster);
+        assert!(!flags(&["--verify-on-start", "false"]).0.verify_on_start);
+        assert!(flags(&["--verify-on-start"]).0.verify_on_start);
+        assert!(!flags(&[]).0.cluster, "off unless given");
+    }
+
+    /// Settings print as they are written: `--print-config`'s file reads
+    /// back as the same values, in the units people wrote them in.
+    #[test]
+    fn durations_print_in_one_unit() {
+        let shown = |s: &str| s.parse::<HumanDuration>().unwrap().to_string();
+        assert_eq!(shown("1098days"), "1098days");
+        assert_eq!(shown("7days"), "7days");
+        assert_eq!(shown("10m"), "10m");
+        assert_eq!(shown("90s"), "90s");
+        assert_eq!(shown("1h 30m"), "90m");
+        assert_eq!(shown("200ms"), "200ms");
+        assert_eq!(shown("1500ms"), "1500ms");
+        assert_eq!(shown("0s"), "0s");
+        for text in ["1098days", "36h", "1s 1ns"] {
+            let d: HumanDuration = text.parse().unwrap();
+            assert_eq!(d.to_string().parse::<HumanDuration>().unwrap(), d, "{text} reads back");
         }
     }
 

@@ -35,6 +35,27 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A setting's length of time as a flag takes it, in the one unit that
+/// measures it exactly, the largest such: `1098days`, `10m`, `200ms`
+/// (never `3years 2days 6h`, which reads back as something else).
+pub fn duration_text(d: Duration) -> String {
+    const UNITS: [(&str, u128); 7] = [
+        ("days", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_owned();
+    }
+    let (unit, size) = UNITS.into_iter().find(|(_, size)| nanos % size == 0).unwrap_or(("ns", 1));
+    format!("{}{unit}", nanos / size)
+}
+
 /// A message's identity: the id a client chose (its idempotency key) or the
 /// server generated, in the id space it belongs to.
 ///
@@ -467,10 +488,11 @@ impl Limits {
             return Err(Invalid::new(
                 "due",
                 format!(
-                    "{} is more than {} from now; the server's --max-delay is {}",
+                    "{} is further ahead than the server's --max-delay of {} allows (the latest due time it \
+                     takes now is {}); pick an earlier time, or raise --max-delay",
                     due.to_rfc3339(),
-                    humantime::format_duration(due.since(now)),
-                    humantime::format_duration(self.max_delay)
+                    duration_text(self.max_delay),
+                    latest.to_rfc3339()
                 ),
             ));
         }

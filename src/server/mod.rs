@@ -106,6 +106,9 @@ pub async fn run_with_clock(
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // The error details errors carry (google.rpc.BadRequest), so that
+            // grpcurl and other reflection clients can show them.
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
     };
     // Health answers everyone; reflection and the Scheduler need a token
     // when authentication is on.

@@ -43,8 +43,41 @@ pub enum Command {
     Bench(BenchArgs),
 }
 
-fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
-    humantime::parse_duration(s)
+/// A length of time as people write it; the error shows how.
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e}; write a length of time like 30s, 15m or 2h 30m"))
+}
+
+/// A time as RFC 3339; the error shows the format with an example.
+fn time(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
+    chrono::DateTime::parse_from_rfc3339(s).map_err(|e| {
+        format!(
+            "{e}: write the date, the time and the offset, as RFC 3339 has it: 2030-01-01T09:00:00Z (UTC) \
+             or 2030-01-01T10:00:00+01:00"
+        )
+    })
+}
+
+/// A record header given as KEY=VALUE.
+fn header(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| "a header is KEY=VALUE, e.g. --header source=billing".to_owned())
+}
+
+/// The server to call: a URL (`http://host:port`, `https://host:port`), or
+/// `host:port` as grpcurl takes it, which means plaintext `http://`.
+fn server(s: &str) -> Result<String, String> {
+    let url = if s.contains("://") { s.to_owned() } else { format!("http://{s}") };
+    let hint = "give host:port (127.0.0.1:50051) or a URL (http://127.0.0.1:50051, https://hourglass:50051)";
+    let uri: tonic::codegen::http::Uri = url.parse().map_err(|e| format!("{e}; {hint}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(format!("the scheme must be http or https; {hint}"));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("there is no host; {hint}"));
+    }
+    Ok(url)
 }
 
 /// Flags of `hourglass serve`: the settings, then the config file, then
@@ -121,8 +154,9 @@ pub struct BenchArgs {
 /// Flags every client subcommand takes.
 #[derive(Debug, Args)]
 pub struct ClientArgs {
-    /// Address of the hourglass server.
-    #[arg(long, env = "HOURGLASS_SERVER", default_value = "http://127.0.0.1:50051")]
+    /// Address of the hourglass server: host:port (plaintext), or a URL,
+    /// http:// or https://.
+    #[arg(long, env = "HOURGLASS_SERVER", default_value = "127.0.0.1:50051", value_parser = server)]
     pub server: String,
     /// Bearer token, for a server with --auth-tokens.
     #[arg(long, env = "HOURGLASS_TOKEN", hide_env_values = true)]
@@ -138,7 +172,7 @@ pub struct ClientArgs {
     #[arg(long, env = "HOURGLASS_CLIENT_KEY", value_name = "FILE", requires = "client_cert")]
     pub client_key: Option<PathBuf>,
     /// What to print: text for people, json for scripts (one object per
-    /// line; field names are documented in the README).
+    /// line; docs/API.md lists the field names).
     #[arg(long, env = "HOURGLASS_OUTPUT", value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }
@@ -157,7 +191,7 @@ pub struct When {
     #[arg(long, value_parser = duration, group = "when")]
     pub delay: Option<Duration>,
     /// Deliver at this time, RFC 3339, e.g. 2030-01-01T09:00:00Z.
-    #[arg(long, group = "when")]
+    #[arg(long, value_parser = time, group = "when")]
     pub at: Option<chrono::DateTime<chrono::FixedOffset>>,
 }
 
@@ -175,8 +209,8 @@ pub struct ScheduleArgs {
     #[arg(long)]
     pub key: Option<String>,
     /// Record header KEY=VALUE, repeatable.
-    #[arg(long = "header", value_name = "KEY=VALUE")]
-    pub headers: Vec<String>,
+    #[arg(long = "header", value_name = "KEY=VALUE", value_parser = header)]
+    pub headers: Vec<(String, String)>,
     /// Explicit partition (otherwise chosen from the key).
     #[arg(long)]
     pub partition: Option<i32>,
@@ -213,10 +247,10 @@ pub struct ListArgs {
     #[arg(long)]
     pub topic: Option<String>,
     /// Only messages dispatched at or after this time, RFC 3339.
-    #[arg(long)]
+    #[arg(long, value_parser = time)]
     pub from: Option<chrono::DateTime<chrono::FixedOffset>>,
     /// Only messages dispatched before this time, RFC 3339.
-    #[arg(long)]
+    #[arg(long, value_parser = time)]
     pub to: Option<chrono::DateTime<chrono::FixedOffset>>,
     /// Messages per page, at most 1000 [default: 100]
     #[arg(long)]
@@ -345,6 +379,40 @@ mod tests {
         );
         assert!(parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "1m 30s"]).is_ok());
         assert!(parse(&["reschedule", "id1", "--at", "2030-01-01T00:00:00+02:00"]).is_ok());
+    }
+
+    /// Usage errors are clap's (exit 2) and say what to write instead.
+    #[test]
+    fn bad_values_say_what_to_write() {
+        let err = parse(&["schedule", "--topic", "t", "--value", "v", "--at", "2027-01-01"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("2030-01-01T09:00:00Z"), "{err}");
+        let err = parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "5"]).unwrap_err();
+        assert!(err.to_string().contains("30s, 15m"), "{err}");
+        let err =
+            parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "1s", "--header", "novalue"])
+                .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("KEY=VALUE"), "{err}");
+        assert!(parse(&["list", "--from", "tomorrow"]).unwrap_err().to_string().contains("RFC 3339"));
+    }
+
+    #[test]
+    fn the_server_is_host_port_or_a_url() {
+        let server = |s: &str| match parse(&["stats", "--server", s]).map(|c| c.command) {
+            Ok(Command::Stats(args)) => Ok(args.client.server),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e),
+        };
+        assert_eq!(server("127.0.0.1:50051").unwrap(), "http://127.0.0.1:50051");
+        assert_eq!(server("hourglass.internal:50051").unwrap(), "http://hourglass.internal:50051");
+        assert_eq!(server("https://hourglass:50051").unwrap(), "https://hourglass:50051");
+        assert_eq!(server("http://127.0.0.1:50051").unwrap(), "http://127.0.0.1:50051");
+        let err = server("ftp://x:1").unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("host:port"), "{err}");
+        let Command::Stats(args) = parse(&["stats"]).unwrap().command else { panic!() };
+        assert_eq!(args.client.server, "http://127.0.0.1:50051", "the default");
     }
 
     #[test]

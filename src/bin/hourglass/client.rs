@@ -26,6 +26,7 @@ pub const EXIT_NOT_APPLIED: u8 = 3;
 type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
 
 async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
+    // The command line checked the URL.
     let mut endpoint = Channel::from_shared(server.server.clone())
         .with_context(|| format!("--server {:?} is not a URL like http://127.0.0.1:50051", server.server))?;
     let identity = server.client_cert.as_deref().zip(server.client_key.as_deref());
@@ -74,13 +75,9 @@ fn schedule_due(when: When) -> proto::schedule_request::Due {
 pub async fn schedule(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
     let headers = args
         .headers
-        .iter()
-        .map(|h| {
-            h.split_once('=')
-                .map(|(k, v)| proto::Header { key: k.to_owned(), value: v.as_bytes().to_vec() })
-                .with_context(|| format!("--header {h:?} is not KEY=VALUE"))
-        })
-        .collect::<anyhow::Result<_>>()?;
+        .into_iter()
+        .map(|(key, value)| proto::Header { key, value: value.into_bytes() })
+        .collect();
     let request = proto::ScheduleRequest {
         message: Some(proto::Message {
             topic: args.topic,
@@ -283,7 +280,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The JSON the client subcommands print with `--output json`. These field
-/// names are an interface: scripts read them, the README lists them, and
+/// names are an interface: scripts read them, docs/API.md lists them, and
 /// they change only by adding fields. Times are RFC 3339 in UTC with
 /// milliseconds; bytes (keys, values) are base64, as in protobuf's JSON.
 pub mod json {

@@ -41,6 +41,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| EnvFilter::new("info,librdkafka=warn")),
         )
         .with_writer(std::io::stderr)
+        // Colours for a person at a terminal; none in a log file or a pipe.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
