@@ -42,6 +42,9 @@ pub struct ShardMetrics {
     pub writable: IntGauge,
     pub max_pending: IntGauge,
     pub parked: IntGauge,
+    /// Topics whose messages the shard's dispatcher holds back, by reason.
+    pub held_stalled: IntGauge,
+    pub held_refused: IntGauge,
 }
 
 impl ShardMetrics {
@@ -56,6 +59,8 @@ impl ShardMetrics {
             writable: of(&STORE_WRITABLE),
             max_pending: of(&STORE_MAX_PENDING),
             parked: of(&STORE_PARKED),
+            held_stalled: DISPATCH_HELD_TOPICS.with_label_values(&[&label, "stalled"]),
+            held_refused: DISPATCH_HELD_TOPICS.with_label_values(&[&label, "refused"]),
         }
     }
 }
@@ -272,10 +277,11 @@ pub static DISPATCH_HELD_TOPICS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         IntGaugeVec::new(
             Opts::new(
                 "hourglass_dispatch_held_topics",
-                "Topics whose due messages wait: reason=stalled (Kafka has not answered a produce for \
-                 --stall-after) or refused (the broker refuses the topic; probed with backoff).",
+                "Topics whose due messages a shard holds back: reason=stalled (Kafka has not answered a \
+                 produce for --stall-after) or refused (the broker refuses the topic, or it does not \
+                 exist; probed with backoff).",
             ),
-            &["reason"],
+            &["shard", "reason"],
         )
         .expect("valid metric"),
     )
@@ -404,9 +410,6 @@ pub fn init() {
     LazyLock::force(&DISPATCH_WAKEUPS);
     for kind in ["outage", "rejected"] {
         PRODUCE_ERRORS.with_label_values(&[kind]);
-    }
-    for reason in ["stalled", "refused"] {
-        DISPATCH_HELD_TOPICS.with_label_values(&[reason]);
     }
     LazyLock::force(&METADATA_ERRORS);
     LazyLock::force(&RECONCILE_FOUND);

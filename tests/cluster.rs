@@ -204,7 +204,36 @@ async fn kafka_native_records_are_scheduled_and_bad_ones_recorded_as_failed() {
     let bad = client.get(proto::GetRequest { id: "native-bad".into() }).await.unwrap().into_inner();
     assert_eq!(bad.state(), State::Failed, "{bad:?}");
     assert!(format!("{bad:?}").contains("hourglass-deliver-at"), "the reason names what is missing: {bad:?}");
+    // Shown as it arrived: its topic and value, and no due time, since it
+    // said none (not the epoch).
+    let arrived = bad.message.as_ref().unwrap();
+    assert_eq!((arrived.topic.as_str(), arrived.value.as_slice()), (topic.as_str(), &b"x"[..]), "{bad:?}");
+    assert_eq!(bad.deliver_at, None, "{bad:?}");
     assert_eq!(state_of(&mut client, "native-2").await, State::Cancelled);
+
+    // A topic that does not exist: the message waits, held with its topic,
+    // and says why (`Schedule` would have answered NOT_FOUND).
+    let missing = random_name("missing");
+    send(
+        "native-lost",
+        Some("v"),
+        vec![("hourglass-topic", missing.clone()), ("hourglass-delay", "0".into())],
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let lost = loop {
+        // Not found until the record is applied.
+        let got = client.get(proto::GetRequest { id: "native-lost".into() }).await.map(|r| r.into_inner());
+        if let Ok(got) = &got
+            && !got.last_error.is_empty()
+        {
+            break got.clone();
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no reason shown: {got:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(lost.state(), State::Pending, "{lost:?}");
+    assert!(lost.last_error.contains("refuses topic") && lost.last_error.contains(&missing), "{lost:?}");
     server.stop().await;
 }
 

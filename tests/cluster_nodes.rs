@@ -590,7 +590,7 @@ fn ts(ms: i64) -> prost_types::Timestamp {
 /// CANCELLED is delivered and a rescheduled message comes at its new time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
-    let Bed { broker, topic, dirs: _dirs, mut nodes, .. } = Bed::start(2, 3).await;
+    let Bed { broker, topic, log_topic, dirs: _dirs, mut nodes } = Bed::start(2, 3).await;
     wait_even(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
     let clients: Vec<_> =
         nodes.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();
@@ -694,6 +694,36 @@ async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
     }
     assert!(forwarded > 0.0, "no call went to another node");
     eprintln!("through any node: {forwarded} calls sent on to the owner; stats {stats:?}");
+
+    // Kafka-native records that cannot be scheduled (no due time): each is
+    // failed on every copy of its shard, and counted once, by its owner,
+    // though a standby applies it too.
+    let producer = native_producer(&broker);
+    let refused: Vec<String> = (0..6).map(|i| format!("refused-{i}")).collect();
+    for id in &refused {
+        let headers =
+            OwnedHeaders::new().insert(Header { key: "hourglass-topic", value: Some(topic.as_bytes()) });
+        let record = FutureRecord::<str, str>::to(&log_topic).key(id).payload("v").headers(headers);
+        producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    }
+    for id in &refused {
+        let started = Instant::now();
+        loop {
+            let got = clients[0].clone().get(proto::GetRequest { id: id.clone() }).await;
+            if got.is_ok_and(|g| g.into_inner().state() == proto::State::Failed) {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{id} was not failed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Time for every standby to apply them too.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut counted = 0.0;
+    for node in &nodes {
+        counted += node.metric("hourglass_log_records_refused_total").await.unwrap_or(0.0);
+    }
+    assert_eq!(counted, refused.len() as f64, "each refused record is counted once across the nodes");
 
     // Cancels and reschedules racing moves: node 2 stops (its shards go to
     // the others) and starts again (some come back).

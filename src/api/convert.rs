@@ -143,7 +143,8 @@ impl From<ScheduledMessage> for proto::GetResponse {
             tenant: m.id.tenant().unwrap_or_default().to_owned(),
             id: m.id.to_string(),
             message: Some(m.envelope.into()),
-            deliver_at: Some(timestamp(m.due)),
+            // 0: a refused Kafka-native record that said no due time.
+            deliver_at: (m.due != UnixMillis(0)).then(|| timestamp(m.due)),
             scheduled_at: Some(timestamp(m.scheduled_at)),
             ..Default::default()
         };

@@ -176,6 +176,7 @@ impl Applier {
     /// Applies `entries`, in offset order from the store's next offset,
     /// and answers the requests of this node that wrote them.
     async fn apply(&self, entries: Vec<(i64, UnixMillis, Entry)>) -> Result<(), StoreError> {
+        self.report(&entries);
         let writers: Vec<Option<(u64, u64)>> = entries
             .iter()
             .map(|(_, _, entry)| match entry {
@@ -193,6 +194,40 @@ impl Applier {
         metrics::LOG_APPLIED.inc_by(count);
         self.waiters.answer_all(writers.into_iter().zip(answers));
         Ok(())
+    }
+
+    /// Says what of `entries` cannot be applied as it asks: a refused
+    /// Kafka-native record is counted and logged by the shard's owner alone
+    /// (every copy of the shard applies it, and would count it again); a
+    /// record this build does not read is logged by each node that skips it.
+    fn report(&self, entries: &[(i64, UnixMillis, Entry)]) {
+        let partition = self.partition;
+        for (offset, _, entry) in entries {
+            match entry {
+                Entry::Rejected { rejected, .. } if self.store.log_owner() == self.waiters.me() => {
+                    metrics::LOG_REJECTED.inc();
+                    match &rejected.id {
+                        Some(id) => tracing::warn!(
+                            partition,
+                            offset,
+                            id = %id.qualified(),
+                            reason = %rejected.reason,
+                            "a Kafka-native schedule was refused; it is recorded as failed"
+                        ),
+                        None => tracing::warn!(
+                            partition,
+                            offset,
+                            reason = %rejected.reason,
+                            "a Kafka-native schedule without an id was refused and skipped"
+                        ),
+                    }
+                }
+                Entry::Skip(why) => {
+                    tracing::warn!(partition, offset, "skipped a record of the schedule log: {why}")
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Applies the records acked from the store's next offset on, without

@@ -213,6 +213,19 @@ struct Refusal {
     probing: bool,
 }
 
+impl Refusal {
+    /// What a pending message of the topic shows meanwhile.
+    fn explain(&self, topic: &str) -> String {
+        format!(
+            "waiting: the broker refuses topic {topic:?} (since {}, {} tries; it is tried again with backoff, \
+             and its messages fail after --fail-after): {}",
+            self.since.to_rfc3339(),
+            self.tries,
+            self.error
+        )
+    }
+}
+
 impl TopicState {
     /// Whether the topic's messages wait now: its records stalled, or it is
     /// refused and no probe is due.
@@ -1006,6 +1019,14 @@ impl Dispatcher {
             let state = self.topics.entry(Arc::clone(&sent.topic)).or_default();
             state.stalled += 1;
             if state.stalled == 1 {
+                if state.refusal.is_none() {
+                    let why = format!(
+                        "waiting: Kafka has not answered a produce to topic {:?} for {}",
+                        sent.topic,
+                        crate::message::duration_text(self.config.stall_after)
+                    );
+                    self.store.held().hold(&sent.topic, why);
+                }
                 tracing::warn!(
                     topic = %sent.topic,
                     waited = ?self.config.stall_after,
@@ -1013,12 +1034,9 @@ impl Dispatcher {
                 );
             }
         }
-        metrics::DISPATCH_HELD_TOPICS
-            .with_label_values(&["stalled"])
-            .set(self.topics.values().filter(|t| t.stalled > 0).count() as i64);
-        metrics::DISPATCH_HELD_TOPICS
-            .with_label_values(&["refused"])
-            .set(self.topics.values().filter(|t| t.refusal.is_some()).count() as i64);
+        let metrics = self.store.metrics();
+        metrics.held_stalled.set(self.topics.values().filter(|t| t.stalled > 0).count() as i64);
+        metrics.held_refused.set(self.topics.values().filter(|t| t.refusal.is_some()).count() as i64);
     }
 
     /// Tells readers of the due index where live entries start; at most
@@ -1082,6 +1100,9 @@ impl Dispatcher {
         if stalled {
             state.stalled -= 1;
             if state.stalled == 0 {
+                if state.refusal.is_none() {
+                    self.store.held().release(&sent.topic);
+                }
                 tracing::info!(topic = %sent.topic, "Kafka answers produces to this topic again");
             }
         }
@@ -1089,6 +1110,7 @@ impl Dispatcher {
             Ok((partition, offset)) => {
                 crate::failpoint::hit("dispatch-before-settle");
                 if let Some(refusal) = state.refusal.take() {
+                    self.store.held().release(&sent.topic);
                     tracing::info!(
                         topic = %sent.topic,
                         refused_for = ?now.since(refusal.since),
@@ -1123,7 +1145,13 @@ impl Dispatcher {
                 );
                 if error.fault != Fault::TopicRefused {
                     self.config.outcome_of_error(error, &sent.tries, now)
-                } else if let Some(outcome) = topic_refused(&self.config, state, &sent, error, now) {
+                } else if let Some(outcome) = {
+                    let outcome = topic_refused(&self.config, state, &sent, error, now);
+                    if let Some(refusal) = &state.refusal {
+                        self.store.held().hold(&sent.topic, refusal.explain(&sent.topic));
+                    }
+                    outcome
+                } {
                     outcome
                 } else {
                     // Not produced: it waits with its topic.
@@ -1187,6 +1215,9 @@ impl Dispatcher {
             tracing::error!(error = %e, "reporting produces in doubt at shutdown failed");
         }
         self.store.metrics().in_flight.set(0);
+        self.store.metrics().held_stalled.set(0);
+        self.store.metrics().held_refused.set(0);
+        self.store.held().clear();
     }
 }
 

@@ -22,7 +22,8 @@
 //!
 //! A record that breaks these rules is [`Rejected`], with the id when it
 //! has one (so that the rejection can be recorded against it and shown by
-//! `Get`) and a reason a person can act on.
+//! `Get`), what arrived as far as it reads, and a reason a person can act
+//! on.
 
 use std::time::Duration;
 
@@ -58,6 +59,48 @@ pub struct Rejected {
     /// The id, when the record's key is one.
     pub id: Option<MessageId>,
     pub reason: Invalid,
+    /// What the record asked for, as far as it reads.
+    pub arrived: Box<Arrived>,
+}
+
+/// What a refused record carried, read without judging it: `Get` shows the
+/// refused message as it arrived, not as an empty one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Arrived {
+    /// `hourglass-topic` as text (invalid UTF-8 replaced), empty if absent.
+    pub topic: String,
+    /// `hourglass-key`.
+    pub key: Option<Vec<u8>>,
+    /// The record's value; empty for none.
+    pub value: Vec<u8>,
+    /// Every header but the `hourglass-` ones read above, in order.
+    pub headers: Vec<Header>,
+    /// When it asked to be delivered, if that header reads.
+    pub due: Option<DueSpec>,
+}
+
+impl Arrived {
+    fn read<'a>(
+        value: Option<&[u8]>,
+        headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+    ) -> Self {
+        let mut arrived = Arrived { value: value.unwrap_or_default().to_vec(), ..Arrived::default() };
+        let text =
+            |bytes: Option<&[u8]>| String::from_utf8_lossy(bytes.unwrap_or_default()).trim().to_owned();
+        for (name, bytes) in headers {
+            match name {
+                TOPIC_HEADER if arrived.topic.is_empty() => arrived.topic = text(bytes),
+                KEY_HEADER if arrived.key.is_none() => arrived.key = Some(bytes.unwrap_or_default().to_vec()),
+                DELIVER_AT_HEADER => arrived.due = deliver_at(&text(bytes)).ok().map(DueSpec::At),
+                DELAY_HEADER => arrived.due = delay(&text(bytes)).ok().map(DueSpec::After),
+                TOPIC_HEADER | KEY_HEADER | PARTITION_HEADER => {}
+                _ => arrived
+                    .headers
+                    .push(Header { key: name.to_owned(), value: bytes.unwrap_or_default().to_vec() }),
+            }
+        }
+        arrived
+    }
 }
 
 /// Reads a native record: its key, its value (none for a tombstone) and its
@@ -66,17 +109,18 @@ pub struct Rejected {
 pub fn parse<'a>(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
-    headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+    headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)> + Clone,
     limits: &Limits,
 ) -> Result<Native, Rejected> {
-    let id = parse_id(key)?;
-    let reject = |reason: Invalid| Rejected { id: Some(id.clone()), reason };
+    let arrived = || Box::new(Arrived::read(value, headers.clone()));
+    let id = parse_id(key).map_err(|reason| Rejected { id: None, reason, arrived: arrived() })?;
+    let reject = |reason: Invalid| Rejected { id: Some(id.clone()), reason, arrived: arrived() };
     let Some(value) = value else {
         return Ok(Native::Cancel(id));
     };
     let mut fields = Fields::default();
     let mut passed = Vec::new();
-    for (name, bytes) in headers {
+    for (name, bytes) in headers.clone() {
         if name.starts_with(RESERVED_HEADER_PREFIX) {
             fields.set(name, bytes).map_err(reject)?;
         } else {
@@ -113,8 +157,8 @@ pub fn parse<'a>(
     Ok(Native::Schedule { id, envelope, requested })
 }
 
-fn parse_id(key: Option<&[u8]>) -> Result<MessageId, Rejected> {
-    let no_id = |reason: &str| Rejected { id: None, reason: Invalid::new("key", reason.to_owned()) };
+fn parse_id(key: Option<&[u8]>) -> Result<MessageId, Invalid> {
+    let no_id = |reason: &str| Invalid::new("key", reason.to_owned());
     let key = key.ok_or_else(|| no_id("is missing: the record's key is the message id"))?;
     let text = std::str::from_utf8(key).map_err(|_| no_id("is not UTF-8: the key is the message id"))?;
     MessageId::parse(text).map_err(|e| no_id(&format!("is not a message id: {}", e.reason)))
@@ -324,6 +368,32 @@ mod tests {
             assert_eq!((got_id, got_field), (id, field), "case {i}: {got_reason}");
             assert!(got_reason.contains(says), "case {i}: {got_reason:?} should say {says:?}");
         }
+    }
+
+    /// `Get` shows a refused message as it came: its topic, key, value,
+    /// headers and due time, as far as they read, whatever broke.
+    #[test]
+    fn a_rejection_keeps_what_arrived() {
+        let e = read(
+            Some("a"),
+            Some("payload"),
+            &[
+                (TOPIC_HEADER, "no spaces"),
+                (KEY_HEADER, "k"),
+                (DELIVER_AT_HEADER, "2026-11-23T09:00:00Z"),
+                ("trace", "abc"),
+                ("hourglass-dely", "1s"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(e.arrived.topic, "no spaces");
+        assert_eq!(e.arrived.key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(e.arrived.value, b"payload");
+        assert_eq!(e.arrived.due, Some(DueSpec::At(UnixMillis(1_795_424_400_000))));
+        let names: Vec<&str> = e.arrived.headers.iter().map(|h| h.key.as_str()).collect();
+        assert_eq!(names, ["trace", "hourglass-dely"], "what was not read as ours, as it came");
+        let e = read(None, Some("v"), &[(DELAY_HEADER, "soon")]).unwrap_err();
+        assert_eq!((e.arrived.topic.as_str(), e.arrived.due), ("", None), "nothing made up");
     }
 
     #[test]

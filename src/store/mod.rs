@@ -21,6 +21,7 @@
 mod claims;
 mod error;
 mod health;
+mod held;
 mod open;
 mod options;
 mod read;
@@ -47,6 +48,7 @@ pub(crate) use claims::{Floor, Wake};
 pub use error::StoreError;
 use health::HealthBoard;
 pub use health::StoreHealth;
+pub use held::HeldTopics;
 pub use options::{Durability, ShardOf, StoreConfig, open_db};
 pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
 pub(crate) use scan::{DueBatch, Ready, Tries};
@@ -68,6 +70,7 @@ struct Inner {
     ops: mpsc::Sender<Op>,
     claims: Arc<Claims>,
     wake: Arc<Wake>,
+    held: HeldTopics,
     pending: Arc<AtomicU64>,
     log_next: Arc<AtomicI64>,
     log_owner: Arc<AtomicU64>,
@@ -181,6 +184,12 @@ impl Store {
     /// shard.
     pub fn metrics(&self) -> &ShardMetrics {
         &self.inner.metrics
+    }
+
+    /// Where the dispatcher says which topics' messages wait and why, for
+    /// the reads to show.
+    pub fn held(&self) -> &HeldTopics {
+        &self.inner.held
     }
 
     /// The backlog cap, if one is set.

@@ -88,6 +88,7 @@ impl Store {
                 ops,
                 claims,
                 wake,
+                held: Default::default(),
                 pending,
                 log_next,
                 log_owner,

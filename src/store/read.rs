@@ -31,7 +31,11 @@ pub(super) const STATS_EXAMINE: usize = 10_000;
 impl Store {
     /// The message `id` names for `scope`.
     pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
-        self.blocking(move |s| message(&s.inner.db, &scope, id)).await
+        let mut found = self.blocking(move |s| message(&s.inner.db, &scope, id)).await?;
+        if let Some(m) = &mut found {
+            self.inner.held.explain(m);
+        }
+        Ok(found)
     }
 
     /// A page of the pending messages `scope` sees, in dispatch order, read
@@ -39,14 +43,20 @@ impl Store {
     /// still be pending.
     pub async fn list_pending(&self, scope: Scope, mut filter: ListFilter) -> Result<StorePage, StoreError> {
         filter.from = filter.from.max(self.inner.wake.low_water());
-        self.blocking(move |s| list_pending(&s.inner.db, &scope, &filter)).await
+        let mut page = self.blocking(move |s| list_pending(&s.inner.db, &scope, &filter)).await?;
+        page.messages.iter_mut().for_each(|(_, m)| self.inner.held.explain_listed(m));
+        Ok(page)
     }
 
     /// The counts `scope` sees and its oldest pending message due before
     /// `now`, from one snapshot.
     pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<StoreStats, StoreError> {
         let from = self.inner.wake.low_water();
-        self.blocking(move |s| stats(&s.inner.db, &scope, now, from, STATS_EXAMINE)).await
+        let mut stats = self.blocking(move |s| stats(&s.inner.db, &scope, now, from, STATS_EXAMINE)).await?;
+        if let Some(m) = &mut stats.oldest_overdue {
+            self.inner.held.explain_listed(m);
+        }
+        Ok(stats)
     }
 
     /// Bytes on disk (SST files) plus memtables.

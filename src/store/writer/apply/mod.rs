@@ -21,10 +21,10 @@ use std::sync::{Arc, Mutex};
 use super::{Flow, NewId, NewMessage, Outcome, Round, Settle, Stored, Writer};
 use crate::{
     log::{
-        native::Native,
+        native::{self, Native},
         record::{self, Change, Entry, LogMessage, SettledLine, SettledOutcome},
     },
-    message::{CancelOutcome, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
+    message::{CancelOutcome, DueSpec, Envelope, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
     store::{
         StoreError,
         claims::Floor,
@@ -295,6 +295,22 @@ impl Writer {
     }
 }
 
+/// The record of a refused Kafka-native message: what arrived, due when it
+/// asked (none: 0, which `Get` leaves out), scheduled at the record's time.
+fn arrived_record(arrived: native::Arrived, at: UnixMillis) -> MessageRecord {
+    let envelope = Envelope {
+        topic: arrived.topic,
+        key: arrived.key,
+        value: arrived.value,
+        headers: arrived.headers,
+        partition: None,
+    };
+    match arrived.due {
+        Some(requested) => MessageRecord::new(envelope, requested, requested.resolve(at), 0, at),
+        None => MessageRecord { due_ms: 0, ..MessageRecord::new(envelope, DueSpec::At(at), at, 0, at) },
+    }
+}
+
 /// The messages an entry changes.
 pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
     let stored = |bytes: &[u8]| MessageId::from_stored(bytes);
@@ -361,16 +377,12 @@ impl Writer {
                 Answer::Cancelled(self.apply_cancel(r, &id, None, at))
             }
             (Entry::Rejected { rejected, at }, _) => {
-                match &rejected.id {
-                    Some(id) => {
-                        tracing::warn!(id = %id.qualified(), reason = %rejected.reason, "a Kafka-native schedule was refused; it is recorded as failed");
-                        self.apply_failed(r, id, &rejected.reason.to_string(), at, None)?;
-                    }
-                    None => {
-                        tracing::warn!(reason = %rejected.reason, "a Kafka-native schedule without an id was refused and skipped")
-                    }
+                // Counted and logged by the shard's owner, where it is read
+                // (the cluster's applier); here it is only recorded.
+                if let Some(id) = &rejected.id {
+                    let record = arrived_record(*rejected.arrived, at);
+                    self.apply_failed(r, id, &rejected.reason.to_string(), at, Some(record))?;
                 }
-                crate::metrics::LOG_REJECTED.inc();
                 Answer::None
             }
             (Entry::Forget(id), _) => {
@@ -385,10 +397,8 @@ impl Writer {
                 r.batch.delete_cf(self.checkpoint(), schema::log_chunk_key(&chunk));
                 Answer::None
             }
-            (Entry::Skip(why), _) => {
-                tracing::warn!(offset = e.offset, "skipped a record of the schedule log: {why}");
-                Answer::None
-            }
+            // Logged where it is read, with its partition.
+            (Entry::Skip(_), _) => Answer::None,
         };
         r.meta.log_next = e.offset + 1;
         if ours {

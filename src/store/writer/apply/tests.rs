@@ -203,6 +203,11 @@ async fn native_records_schedule_cancel_and_are_refused_by_id() {
     let refused = crate::log::native::Rejected {
         id: Some(id("bad")),
         reason: crate::message::Invalid::new("hourglass-topic", "is missing"),
+        arrived: Box::new(crate::log::native::Arrived {
+            value: b"what came".to_vec(),
+            due: Some(DueSpec::After(std::time::Duration::from_secs(2))),
+            ..Default::default()
+        }),
     };
     store
         .apply(vec![
@@ -225,6 +230,9 @@ async fn native_records_schedule_cancel_and_are_refused_by_id() {
     assert!(
         matches!(state(&store, "bad").await, Some(State::Failed { reason, .. }) if reason.contains("hourglass-topic"))
     );
+    let bad = store.get(Scope::everything(), id("bad")).await.unwrap().unwrap();
+    assert_eq!(bad.envelope.value, b"what came", "shown as it arrived");
+    assert_eq!(bad.due, UnixMillis(2_100), "its delay from the record's timestamp");
     assert_eq!(store.log_next(), 5);
     store.close().await;
 }
