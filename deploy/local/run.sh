@@ -1,13 +1,68 @@
 #!/usr/bin/env bash
 # Runs hourglass in front of a local Kafka-protocol broker, for trying it out:
 #   - tansu (Apache-Kafka-compatible) on 127.0.0.1:9092, data in .local/
-#   - topic "reminders" with 3 partitions (HOURGLASS_LOCAL_TOPIC to change)
-#   - hourglass: gRPC on 127.0.0.1:50051, metrics on 127.0.0.1:9464
-# Installs what is missing first. Ctrl-C stops both.
+#   - topics "reminders" and "orders", 3 partitions each
+#   - hourglass: gRPC on 127.0.0.1:50051, metrics on 127.0.0.1:9464, store
+#     in .local/hourglass, pid in .local/hourglass.pid; the hourglass
+#     command linked into ~/.cargo/bin
+# Installs what is missing and builds first. Arguments go to `hourglass
+# serve`. Ctrl-C (or SIGTERM to this script) stops hourglass, then the
+# broker, and exits 0; if hourglass stops by itself, so does the script,
+# with its exit status. See broker.sh for the environment it reads.
 set -euo pipefail
-tansu_pid=
-trap '[ -z "$tansu_pid" ] || { kill "$tansu_pid" 2>/dev/null; wait "$tansu_pid" 2>/dev/null || true; }' EXIT
 source "$(dirname "$0")/broker.sh"
 
-echo "run.sh: hourglass on 127.0.0.1:50051 (metrics http://127.0.0.1:9464/metrics); Ctrl-C to stop"
-"$hourglass" serve --kafka-brokers "$broker" --data-dir "$state/hourglass" "$@"
+listen=127.0.0.1:50051
+metrics=127.0.0.1:9464
+args=("$@")
+for i in "${!args[@]}"; do
+  case "${args[$i]}" in
+    --listen) listen="${args[$((i + 1))]:-$listen}" ;;
+    --listen=*) listen="${args[$i]#--listen=}" ;;
+    --metrics-listen) metrics="${args[$((i + 1))]:-$metrics}" ;;
+    --metrics-listen=*) metrics="${args[$i]#--metrics-listen=}" ;;
+  esac
+done
+ports_free "$listen" "$metrics"
+
+server_pid=
+stopping=
+stop() {
+  stopping=1
+  trap '' INT TERM
+  local status=0
+  if [ -n "$server_pid" ] && alive "$server_pid"; then
+    say "stopping hourglass"
+    kill -TERM "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || status=$?
+  fi
+  stop_broker
+  [ "$status" -eq 0 ] && say "stopped" || say "hourglass exited with status $status while stopping"
+  exit "$status"
+}
+trap stop INT TERM
+trap 'stop_broker' EXIT
+
+start_broker
+# Its own session, so that Ctrl-C reaches this script, which stops it in order.
+HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" setsid "$hourglass" serve \
+  --kafka-brokers "$broker" --data-dir "$state/hourglass" "$@" </dev/null &
+server_pid=$!
+echo "$server_pid" >"$state/hourglass.pid"
+for _ in $(seq 300); do
+  listening "$listen" && break
+  alive "$server_pid" || break
+  sleep 0.1
+done
+if listening "$listen" && alive "$server_pid"; then
+  say "ready: hourglass on $listen (metrics http://$metrics/metrics), broker on $broker; Ctrl-C to stop"
+fi
+
+status=0
+wait "$server_pid" || status=$?
+# A signal to this script interrupts the wait and runs stop; here
+# hourglass stopped by itself.
+[ -n "$stopping" ] && exit 0
+server_pid=
+say "hourglass exited with status $status; see its log above"
+exit "$status"
