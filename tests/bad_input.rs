@@ -2,7 +2,7 @@
 //! every kind of fault (bad topic names, oversized values and headers, due
 //! times far past and beyond `--max-delay`, missing fields, oversized and
 //! overlong batches, invalid UTF-8 where a string is expected), each with the
-//! status code the README's rules give it; requests that claim to be larger
+//! status code the API reference (docs/API.md) gives it; requests that claim to be larger
 //! than the limit; and raw garbage on the gRPC port.
 //!
 //! Pass: no panic, the documented code every time, nothing stored for a
@@ -11,7 +11,7 @@
 //! body is sent.
 //!
 //! The expected code of each generated request comes from the category that
-//! generated it, written from the README and the proto, not from the code
+//! generated it, written from docs/API.md and the proto, not from the code
 //! under test. `cargo test --test bad_input -- --nocapture` shows the cases
 //! per category.
 
@@ -46,7 +46,7 @@ const MAX_HEADERS_BYTES: usize = 512;
 const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
 const MAX_BATCH: usize = 40;
 const MAX_BATCH_BYTES: usize = 128 * 1024;
-/// The largest requests the server reads, per the README: one message with
+/// The largest requests the server reads, per docs/API.md: one message with
 /// 64 KiB to spare, or a batch of `--max-batch-bytes` (never less).
 const MAX_ONE_REQUEST: usize = MAX_MESSAGE + 64 * 1024;
 const MAX_BATCH_REQUEST: usize =
@@ -116,7 +116,7 @@ struct WireBatch {
 /// Replaced, when the request is sent, by an id unique to this run.
 const FRESH_ID: &[u8] = b"\x00fresh";
 
-/// What the README says the server answers.
+/// What docs/API.md says the server answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Expect {
     /// OK. `now`: due at once (so it must reach the topic).

@@ -536,11 +536,11 @@ fn alert_rules_and_the_dashboard_are_valid_promql_over_real_metrics() {
     assert_exported(&metric_names(&exprs.join("\n")), &exported, "the dashboard");
 }
 
-/// The README's table of settings: every one of them, each with the
-/// default it really has (from where it is declared).
+/// The configuration reference's table of settings: every one of them,
+/// each with the default it really has (from where it is declared).
 #[test]
-fn the_readme_lists_every_setting_with_its_default() {
-    let readme = read("README.md");
+fn the_configuration_page_lists_every_setting_with_its_default() {
+    let readme = read("docs/CONFIGURATION.md");
     let rows: Vec<Vec<String>> = readme
         .lines()
         .filter(|l| l.starts_with("| `--"))
@@ -551,10 +551,10 @@ fn the_readme_lists_every_setting_with_its_default() {
         let row = rows
             .iter()
             .find(|r| r[0].split(" / ").any(|f| f == flag))
-            .unwrap_or_else(|| panic!("the README's settings table has no row for {flag}"));
+            .unwrap_or_else(|| panic!("docs/CONFIGURATION.md's settings table has no row for {flag}"));
         let at = row[0].split(" / ").position(|f| f == flag).unwrap();
         let shown = row[1].split(" / ").nth(at).unwrap_or("");
         let shown = shown.split('`').nth(1).unwrap_or("");
-        assert_eq!(shown, setting.default.unwrap_or(""), "the README's default of {flag}");
+        assert_eq!(shown, setting.default.unwrap_or(""), "docs/CONFIGURATION.md's default of {flag}");
     }
 }

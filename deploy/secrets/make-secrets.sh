@@ -42,7 +42,7 @@ if [ ! -f tokens.toml ]; then
   printf '%s\n' "$token" >admin-token
   digest="$(printf %s "$token" | openssl dgst -sha256 -r | cut -d' ' -f1)"
   cat >tokens.toml <<TOML
-# hourglass tokens (see the README's Security section). Only the token's
+# hourglass tokens (see docs/OPERATIONS.md, Security). Only the token's
 # SHA-256 is here; the token itself is in admin-token, for clients.
 [[token]]
 name = "admin"
