@@ -544,7 +544,7 @@ fn the_configuration_page_lists_every_setting_with_its_default() {
     let rows: Vec<Vec<String>> = readme
         .lines()
         .filter(|l| l.starts_with("| `--"))
-        .map(|l| l.trim_matches('|').split(" | ").map(|c| c.trim().to_owned()).collect())
+        .map(|l| l.trim().trim_matches('|').split('|').map(|c| c.trim().to_owned()).collect())
         .collect();
     for setting in Config::SETTINGS {
         let flag = format!("`--{}`", setting.key.replace('_', "-"));

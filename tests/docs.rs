@@ -99,43 +99,46 @@ fn parse_page(text: &str) -> Result<Page, String> {
         }
     };
     // Every fenced block: its first line's number, info string and body;
-    // and whether only blank lines stood between it and the one before.
+    // and whether only blank lines stood between it and the block before.
     let mut fenced: Vec<(usize, String, String, bool)> = Vec::new();
     let mut open: Option<(usize, String, String, bool)> = None;
-    let mut blank_since_close = true;
     let mut after_block = false;
     for (n, line) in text.lines().enumerate() {
         let trimmed = line.trim_start();
-        if let Some((start, info, body, adjacent)) = open.take() {
-            if trimmed.starts_with("```") && trimmed.trim() == "```" {
+        if let Some((start, info, mut body, adjacent)) = open.take() {
+            if trimmed.trim_end() == "```" {
                 fenced.push((start, info, body, adjacent));
                 after_block = true;
-                blank_since_close = true;
             } else {
-                let mut body = body;
                 body.push_str(line);
                 body.push('\n');
                 open = Some((start, info, body, adjacent));
             }
             continue;
         }
+        if trimmed.starts_with("~~~") || trimmed.starts_with("````") {
+            return Err(format!(
+                "line {}: fence blocks with three backticks, so that the test reads them",
+                n + 1
+            ));
+        }
         if let Some(info) = trimmed.strip_prefix("```") {
-            open = Some((n + 1, info.trim().to_owned(), String::new(), after_block && blank_since_close));
+            open = Some((n + 1, info.trim().to_owned(), String::new(), after_block));
         } else if !line.trim().is_empty() {
             after_block = false;
         }
-    }
-    if let Some((start, ..)) = open {
-        return Err(format!("line {start}: a code block is never closed"));
     }
     let mut blocks: Vec<Block> = Vec::new();
     let mut last_was_sh = false;
     for (line, info, body, adjacent) in fenced {
         let words: Vec<&str> = info.split_whitespace().collect();
         if words.get(1) == Some(&"output") {
-            let block = blocks.last_mut().filter(|_| last_was_sh && adjacent);
+            let block =
+                blocks.last_mut().filter(|b| last_was_sh && adjacent && matches!(b.kind, Kind::Run(_)));
             let Some(block) = block else {
-                return Err(format!("line {line}: an output block must follow its sh block"));
+                return Err(format!(
+                    "line {line}: an output block must follow the sh block it shows, one that is run"
+                ));
             };
             block.output = Some(body);
             last_was_sh = false;
@@ -143,7 +146,9 @@ fn parse_page(text: &str) -> Result<Page, String> {
         }
         last_was_sh = words.first() == Some(&"sh");
         if !last_was_sh {
-            if words.first().is_some_and(|w| matches!(*w, "bash" | "shell" | "console")) {
+            let shell_like =
+                |w: &&str| w.starts_with("sh") || matches!(*w, "bash" | "zsh" | "shell" | "console");
+            if words.first().is_some_and(shell_like) {
                 return Err(format!("line {line}: write shell blocks as ```sh, so that they are run"));
             }
             continue;
@@ -215,7 +220,7 @@ impl Running {
     fn start(dir: &Path, env: &[(String, String)], code: &str, log: PathBuf) -> Running {
         let out = std::fs::File::create(&log).unwrap();
         let child = Command::new("bash")
-            .arg("-ec")
+            .args(["-e", "-o", "pipefail", "-c"])
             .arg(format!("exec 2>&1\n{code}"))
             .current_dir(dir)
             .envs(env.iter().cloned())
@@ -338,14 +343,20 @@ fn workspace(dir: &Path) {
     std::fs::create_dir(dir.join("bin")).unwrap();
 }
 
-/// Runs a page's blocks; returns what went wrong, every block's.
-fn run_page(name: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(repo().join(name)).unwrap();
-    let page = parse_page(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+/// A temporary directory holding a page's directory, `hourglass/`.
+fn page_dir() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("hourglass");
     std::fs::create_dir(&dir).unwrap();
     workspace(&dir);
+    (tmp, dir)
+}
+
+/// Runs a page's blocks; returns what went wrong, every block's.
+fn run_page(name: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join(name)).unwrap();
+    let page = parse_page(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let (tmp, dir) = page_dir();
     let env = page_env(&dir);
     let mut failures = Vec::new();
     let mut background: Vec<Running> = Vec::new();
@@ -535,20 +546,22 @@ fn await_text(running: &Running, text: &str, limit: Duration) -> bool {
     false
 }
 
+/// A page's directory (in a temporary one that goes with it) with
+/// `script` started there and ready.
+fn ready(script: &str, limit: Duration) -> (tempfile::TempDir, PathBuf, Running) {
+    let (tmp, dir) = page_dir();
+    let mut running = Running::start(&dir, &page_env(&dir), script, tmp.path().join("script.log"));
+    running.await_ready(true, limit).unwrap();
+    (tmp, dir, running)
+}
+
 /// cluster.sh: a node killed is reported with its signal while the others
 /// go on; `restart N` brings it back; a second cluster.sh is refused while
 /// one runs; Ctrl-C stops the nodes and the broker and exits 0.
 #[test]
 fn the_cluster_script_reports_a_dead_node_and_restarts_it() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("hourglass");
-    std::fs::create_dir(&dir).unwrap();
-    workspace(&dir);
-    let env = page_env(&dir);
-    let mut cluster =
-        Running::start(&dir, &env, "bash deploy/local/cluster.sh", tmp.path().join("cluster.log"));
-    cluster.await_ready(true, Duration::from_secs(180)).unwrap();
+    let (_tmp, dir, cluster) = ready("bash deploy/local/cluster.sh", Duration::from_secs(180));
 
     let (code, out) = run_to_end(&dir, "bash deploy/local/cluster.sh");
     assert_eq!(code, Some(1), "a second cluster is refused: {out}");
@@ -581,13 +594,7 @@ fn the_cluster_script_reports_a_dead_node_and_restarts_it() {
 #[test]
 fn the_run_script_ends_when_hourglass_dies() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("hourglass");
-    std::fs::create_dir(&dir).unwrap();
-    workspace(&dir);
-    let env = page_env(&dir);
-    let mut run = Running::start(&dir, &env, "bash deploy/local/run.sh", tmp.path().join("run.log"));
-    run.await_ready(true, Duration::from_secs(120)).unwrap();
+    let (_tmp, dir, mut run) = ready("bash deploy/local/run.sh", Duration::from_secs(120));
     let (code, out) = run_to_end(&dir, "kill -9 $(cat .local/hourglass.pid)");
     assert_eq!(code, Some(0), "{out}");
     let start = Instant::now();
@@ -658,6 +665,13 @@ fn blocks_and_outputs_are_read_as_the_module_says() {
     assert!(parse_page("<!-- docs-test: none -->\n```json output\n{}\n```\n").is_err(), "output of nothing");
     assert!(parse_page("<!-- docs-test: none -->\n```sh\nx\n```\ntext\n```json output\n{}\n```\n").is_err());
     assert!(parse_page("<!-- docs-test: none -->\n```bash\nx\n```\n").is_err(), "bash is not run");
+    assert!(parse_page("<!-- docs-test: none -->\n```shell-session\nx\n```\n").is_err());
+    assert!(parse_page("<!-- docs-test: none -->\n~~~sh\nx\n~~~\n").is_err(), "~~~ is not read");
+    assert!(parse_page("<!-- docs-test: none -->\n````sh\nx\n````\n").is_err());
+    assert!(
+        parse_page("<!-- docs-test: none -->\n```sh skip\nx\n```\n```text output\ny\n```\n").is_err(),
+        "the output of a block that is not run is never compared"
+    );
 
     assert!(matches_output("a\nb\n", "a\nb  \n\n"));
     assert!(!matches_output("a\nb\n", "a\nc\n"));

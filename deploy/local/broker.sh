@@ -1,6 +1,7 @@
-# Sourced by run.sh and cluster.sh: builds hourglass and puts it on the PATH,
-# and defines how to start and stop a local tansu broker and wait for ports.
-# Sets $state, $topics, $broker and $hourglass.
+# Sourced by run.sh and cluster.sh: where their state goes, how to start and
+# stop a local tansu broker, wait for ports and stop processes, and (with
+# build_hourglass) how to build hourglass and put it on the PATH.
+# Sets $state, $topics and $broker; build_hourglass sets $hourglass.
 #
 # Environment:
 #   HOURGLASS_LOCAL_DIR     where the broker's and the nodes' data and logs go (.local)
@@ -10,7 +11,6 @@
 #   CARGO_TARGET_DIR        where cargo builds (~/.cache/hourglass/target)
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 script="$(basename "$0")"
-bash deploy/local/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hourglass/target}"
 
@@ -20,18 +20,21 @@ broker=127.0.0.1:9092
 broker_pid=
 mkdir -p "$state"
 
-say() { echo "$script: $*"; }
+say() { echo "$script: $*" || true; }
 fail() {
-  echo "$script: $*" >&2
+  echo "$script: $*" >&2 || true
   exit 1
 }
 
-# Whether process $1 runs (a child that exited and is not yet reaped does not).
+# Whether process $1 runs (a child that exited and is not yet reaped does
+# not), and, given $2, whether its command line holds $2: a pid from a file
+# may have gone to another process since.
 alive() {
   local stat
   stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
   stat="${stat##*) }"
-  [ "${stat%% *}" != Z ]
+  [ "${stat%% *}" != Z ] || return 1
+  [ -z "${2:-}" ] || tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$2"
 }
 
 # Whether something accepts connections on host:port $1.
@@ -45,30 +48,33 @@ ports_free() {
   return 0
 }
 
-# The binary: HOURGLASS_BIN, or a release build of this checkout. Linked into
-# HOURGLASS_LOCAL_BIN (default ~/.cargo/bin, which rustup puts on the PATH)
-# so that the client subcommands work from any terminal.
-if [ -n "${HOURGLASS_BIN:-}" ]; then
-  hourglass="$(realpath "$HOURGLASS_BIN")"
-  [ -x "$hourglass" ] || fail "HOURGLASS_BIN=$HOURGLASS_BIN is not an executable"
-else
-  cargo build --release --locked --bin hourglass
-  hourglass="$CARGO_TARGET_DIR/release/hourglass"
-fi
-bin_dir="${HOURGLASS_LOCAL_BIN:-$HOME/.cargo/bin}"
-mkdir -p "$bin_dir"
-if [ -e "$bin_dir/hourglass" ] && [ ! -L "$bin_dir/hourglass" ]; then
-  say "$bin_dir/hourglass is not a link this script made; leaving it (this build is $hourglass)"
-else
+# Installs what is missing, builds hourglass (or takes HOURGLASS_BIN) and
+# links it into HOURGLASS_LOCAL_BIN (default ~/.cargo/bin, which rustup puts
+# on the PATH) so that the client subcommands work from any terminal.
+build_hourglass() {
+  bash deploy/local/install-deps.sh
+  if [ -n "${HOURGLASS_BIN:-}" ]; then
+    hourglass="$(realpath "$HOURGLASS_BIN")"
+    [ -x "$hourglass" ] || fail "HOURGLASS_BIN=$HOURGLASS_BIN is not an executable"
+  else
+    cargo build --release --locked --bin hourglass
+    hourglass="$CARGO_TARGET_DIR/release/hourglass"
+  fi
+  local bin_dir="${HOURGLASS_LOCAL_BIN:-$HOME/.cargo/bin}"
+  mkdir -p "$bin_dir"
+  if [ -e "$bin_dir/hourglass" ] && [ ! -L "$bin_dir/hourglass" ]; then
+    say "$bin_dir/hourglass is not a link this script made; leaving it (this build is $hourglass)"
+    return 0
+  fi
   ln -sfn "$hourglass" "$bin_dir/hourglass"
   case ":$PATH:" in
     *":$bin_dir:"*) say "the hourglass command is $bin_dir/hourglass (-> $hourglass)" ;;
     *) say "linked $bin_dir/hourglass -> $hourglass; add $bin_dir to your PATH to run it as hourglass" ;;
   esac
-fi
+}
 
 # Starts tansu on $broker unless something listens there already, in a
-# session of its own: a Ctrl-C at the terminal reaches this script alone,
+# session of its own: a Ctrl-C at the terminal reaches the script alone,
 # which stops hourglass before the broker. Creates the topics.
 start_broker() {
   if listening "$broker"; then
@@ -102,24 +108,27 @@ start_broker() {
 # Stops the broker this script started, if it did.
 stop_broker() {
   [ -n "$broker_pid" ] || return 0
-  stop_pid "$broker_pid" tansu
+  stop_pid "$broker_pid" tansu || true
   broker_pid=
 }
 
 # Sends SIGTERM to pid $1 (named $2) and waits for it to exit, at most 30 s,
-# then SIGKILL. Prints nothing for a process already gone.
+# then SIGKILL. Returns its exit status when it is a child of this shell.
 stop_pid() {
-  local pid="$1" name="$2"
-  alive "$pid" || { wait "$pid" 2>/dev/null || true; return 0; }
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 300); do
-    alive "$pid" || break
-    sleep 0.1
-  done
+  local pid="$1" name="$2" status=0
   if alive "$pid"; then
-    say "$name (pid $pid) did not stop within 30 s of SIGTERM; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 300); do
+      alive "$pid" || break
+      sleep 0.1
+    done
+    if alive "$pid"; then
+      say "$name (pid $pid) did not stop within 30 s of SIGTERM; killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
   fi
-  # Reap it if it is our child, quietly: its status was reported elsewhere.
-  wait "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || status=$?
+  # 127: not a child of this shell, so its status is not ours to know.
+  [ "$status" -eq 127 ] && status=0
+  return "$status"
 }

@@ -7,33 +7,42 @@
 #     pids in .local/node-N.pid
 # Any node answers any request.
 #
-#   bash deploy/local/cluster.sh             start the broker and the nodes; Ctrl-C stops them
+#   bash deploy/local/cluster.sh [FLAGS]     start the broker and the nodes (FLAGS go to
+#                                            every node's hourglass serve); Ctrl-C stops them
 #   bash deploy/local/cluster.sh restart N   (from another terminal) start node N again
 #   bash deploy/local/cluster.sh stop        stop a cluster started elsewhere
 #
 # Kill a node (kill -9 $(cat .local/node-2.pid)) and its shards move to the
 # others; this script says so, keeps the rest running, and `restart 2` brings
-# it back. Ctrl-C or SIGTERM stops the nodes, then the broker, and exits 0.
-# HOURGLASS_LOCAL_NODES sets the count (default 3); further arguments go to
-# every node's `hourglass serve`. Installs what is missing and builds first.
+# it back with the binary and flags the cluster started with. Ctrl-C, SIGTERM
+# or SIGHUP stops the nodes, then the broker, and exits 0.
+# HOURGLASS_LOCAL_NODES sets the count (default 3). Installs what is missing
+# and builds first.
 set -euo pipefail
 command="${1:-start}"
 case "$command" in
   start | restart | stop) [ "$#" -eq 0 ] || shift ;;
   -*) command=start ;;
   *)
-    echo "usage: $0 [start [hourglass serve flags...] | restart N | stop]" >&2
+    echo "usage: $0 [start] [hourglass serve flags...] | restart N | stop" >&2
     exit 2
     ;;
 esac
 source "$(dirname "$0")/broker.sh"
 
-nodes="${HOURGLASS_LOCAL_NODES:-3}"
 supervisor="$state/cluster.pid"
+# What a running cluster was started with, for `restart`.
+started_with="$state/cluster.env"
 grpc_of() { echo "127.0.0.1:$((50050 + $1))"; }
 metrics_of() { echo "127.0.0.1:$((9463 + $1))"; }
 pid_of() { cat "$state/node-$1.pid" 2>/dev/null || true; }
-running() { [ -f "$supervisor" ] && alive "$(cat "$supervisor")"; }
+# Whether node $1's pid file names a live node.
+node_alive() {
+  local pid
+  pid="$(pid_of "$1")"
+  [ -n "$pid" ] && alive "$pid" "--data-dir $state/node-$1 "
+}
+running() { [ -f "$supervisor" ] && alive "$(cat "$supervisor")" cluster.sh; }
 
 # Whether node $1 owns shards (its metrics say so).
 owns_shards() {
@@ -44,25 +53,25 @@ owns_shards() {
 }
 
 # Starts node $1 in a session of its own (a Ctrl-C reaches this script
-# alone, which stops the nodes before the broker), with the extra flags. A
-# quiet subshell waits for it and writes how it ended to node-N.status, so
-# that whoever started it, its end is known, and no shell prints a job
-# notice of its own.
+# alone, which stops the nodes before the broker), with the flags of
+# $node_args. A quiet subshell waits for it and writes how it ended to
+# exit-PID, so that whoever started it, its end is known, and no shell
+# prints a job notice of its own.
 start_node() {
   local i="$1"
-  shift
   ports_free "$(grpc_of "$i")" "$(metrics_of "$i")"
-  rm -f "$state/node-$i.pid" "$state/node-$i.status"
+  rm -f "$state/node-$i.pid"
   (
     HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" setsid "$hourglass" serve \
       --kafka-brokers "$broker" --cluster --data-dir "$state/node-$i" \
-      --listen "$(grpc_of "$i")" --metrics-listen "$(metrics_of "$i")" "$@" \
+      --listen "$(grpc_of "$i")" --metrics-listen "$(metrics_of "$i")" "${node_args[@]}" \
       >>"$state/node-$i.log" 2>&1 </dev/null &
-    echo "$!" >"$state/node-$i.pid.new"
+    pid=$!
+    echo "$pid" >"$state/node-$i.pid.new"
     mv "$state/node-$i.pid.new" "$state/node-$i.pid"
     status=0
-    wait "$!" || status=$?
-    echo "$status" >"$state/node-$i.status"
+    wait "$pid" || status=$?
+    echo "$status" >"$state/exit-$pid"
   ) </dev/null >/dev/null 2>&1 &
   for _ in $(seq 100); do
     [ -s "$state/node-$i.pid" ] && break
@@ -71,11 +80,11 @@ start_node() {
   say "node $i on $(grpc_of "$i") (pid $(pid_of "$i"), log: $state/node-$i.log)"
 }
 
-# How node $1 ended, from its status file (waiting a moment for it).
+# How the node of pid $1 ended, from its exit file (waiting a moment for it).
 how_it_ended() {
   local status=""
   for _ in $(seq 20); do
-    status="$(cat "$state/node-$1.status" 2>/dev/null || true)"
+    status="$(cat "$state/exit-$1" 2>/dev/null || true)"
     [ -n "$status" ] && break
     sleep 0.05
   done
@@ -90,12 +99,11 @@ how_it_ended() {
 
 # Waits until node $1 owns shards; fails, with its log's tail, if it exits.
 await_node() {
-  local i="$1" pid
-  pid="$(pid_of "$i")"
+  local i="$1"
   for _ in $(seq 600); do
     owns_shards "$i" && return 0
-    if ! alive "$pid"; then
-      echo "$script: node $i (pid $pid) exited while starting; the end of $state/node-$i.log:" >&2
+    if ! node_alive "$i"; then
+      echo "$script: node $i (pid $(pid_of "$i")) exited while starting; the end of $state/node-$i.log:" >&2
       tail -5 "$state/node-$i.log" >&2
       return 1
     fi
@@ -115,14 +123,14 @@ case "$command" in
     exit 0
     ;;
   restart)
+    running || fail "no cluster is running; start one with: bash deploy/local/cluster.sh"
+    # The binary, node count and flags the cluster started with.
+    source "$started_with"
     i="${1:-}"
     [[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$nodes" ] ||
       fail "usage: $0 restart N, N a node from 1 to $nodes"
-    running || fail "no cluster is running; start one with: bash deploy/local/cluster.sh"
-    old="$(pid_of "$i")"
-    [ -n "$old" ] && alive "$old" && fail "node $i is running (pid $old); stop it first (kill $old)"
-    shift
-    start_node "$i" "$@"
+    node_alive "$i" && fail "node $i is running (pid $(pid_of "$i")); stop it first (kill $(pid_of "$i"))"
+    start_node "$i"
     await_node "$i" || exit 1
     say "node $i serves again"
     exit 0
@@ -131,31 +139,43 @@ esac
 
 # start
 running && fail "a cluster is already running (pid $(cat "$supervisor")); stop it with Ctrl-C in its terminal, or: bash deploy/local/cluster.sh stop"
+build_hourglass
+nodes="${HOURGLASS_LOCAL_NODES:-3}"
+node_args=("$@")
 for i in $(seq "$nodes"); do ports_free "$(grpc_of "$i")" "$(metrics_of "$i")"; done
+# Pid files of an earlier run name processes long gone, or others since.
+rm -f "$state"/node-*.pid "$state"/exit-*
+{
+  printf 'hourglass=%q\nnodes=%q\nnode_args=(' "$hourglass" "$nodes"
+  [ "${#node_args[@]}" -eq 0 ] || printf '%q ' "${node_args[@]}"
+  printf ')\n'
+} >"$started_with"
 
-# Stops the nodes, then the broker; exits with $1 (0 by default).
+# Stops the nodes, then the broker; exits with $1 (0 by default). Runs
+# once, whatever ends the script.
+stopped=
 stop() {
-  trap '' INT TERM
+  [ -z "$stopped" ] || return 0
+  stopped=1
+  trap '' INT TERM HUP
   say "stopping the nodes"
   for i in $(seq "$nodes"); do
-    pid="$(pid_of "$i")"
-    [ -z "$pid" ] || ! alive "$pid" || kill -TERM "$pid" 2>/dev/null || true
+    ! node_alive "$i" || kill -TERM "$(pid_of "$i")" 2>/dev/null || true
   done
   for i in $(seq "$nodes"); do
-    pid="$(pid_of "$i")"
-    [ -z "$pid" ] || stop_pid "$pid" "node $i"
+    ! node_alive "$i" || stop_pid "$(pid_of "$i")" "node $i" || true
   done
   stop_broker
   rm -f "$supervisor"
   say "stopped"
   exit "${1:-0}"
 }
-trap stop INT TERM
-trap 'stop_broker; rm -f "$supervisor"' EXIT
+trap stop INT TERM HUP
+trap 'stop 1' EXIT
 echo "$$" >"$supervisor"
 
 start_broker
-for i in $(seq "$nodes"); do start_node "$i" "$@"; done
+for i in $(seq "$nodes"); do start_node "$i"; done
 for i in $(seq "$nodes"); do
   await_node "$i" || stop 1
 done
@@ -173,8 +193,7 @@ while true; do
     [ -n "$pid" ] && [ -z "${reported[$pid]:-}" ] || continue
     alive "$pid" && continue
     reported[$pid]=1
-    how="$(how_it_ended "$i")"
-    echo "$script: NODE $i (pid $pid) $how; the others go on. Its log: $state/node-$i.log." >&2
+    echo "$script: NODE $i (pid $pid) $(how_it_ended "$pid"); the others go on. Its log: $state/node-$i.log." >&2
     echo "$script: start it again with: bash deploy/local/cluster.sh restart $i" >&2
   done
   sleep 1 &

@@ -6,8 +6,8 @@
 #     in .local/hourglass, pid in .local/hourglass.pid; the hourglass
 #     command linked into ~/.cargo/bin
 # Installs what is missing and builds first. Arguments go to `hourglass
-# serve`. Ctrl-C (or SIGTERM to this script) stops hourglass, then the
-# broker, and exits 0; if hourglass stops by itself, so does the script,
+# serve`. Ctrl-C (or SIGTERM or SIGHUP to this script) stops hourglass, then
+# the broker, and exits 0; if hourglass stops by itself, so does the script,
 # with its exit status. See broker.sh for the environment it reads.
 set -euo pipefail
 source "$(dirname "$0")/broker.sh"
@@ -23,26 +23,32 @@ for i in "${!args[@]}"; do
     --metrics-listen=*) metrics="${args[$i]#--metrics-listen=}" ;;
   esac
 done
-ports_free "$listen" "$metrics"
 
 server_pid=
-stopping=
+# Stops hourglass, then the broker; exits with hourglass's status (0 for a
+# clean stop). Runs once, whatever ends the script.
+stopped=
 stop() {
-  stopping=1
-  trap '' INT TERM
+  [ -z "$stopped" ] || return 0
+  stopped=1
+  trap '' INT TERM HUP
   local status=0
-  if [ -n "$server_pid" ] && alive "$server_pid"; then
+  if [ -n "$server_pid" ]; then
     say "stopping hourglass"
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || status=$?
+    stop_pid "$server_pid" hourglass || status=$?
+    # SIGTERM before hourglass took its signals in hand: it had not started.
+    [ "$status" -ne 143 ] || status=0
   fi
   stop_broker
-  [ "$status" -eq 0 ] && say "stopped" || say "hourglass exited with status $status while stopping"
+  if [ "$status" -eq 0 ]; then say "stopped"; else say "hourglass exited with status $status while stopping"; fi
   exit "$status"
 }
-trap stop INT TERM
-trap 'stop_broker' EXIT
+trap stop INT TERM HUP
+# Any other end (an error while starting) still stops what was started.
+trap 'status=$?; stop_pid "${server_pid:-0}" hourglass || true; stop_broker; exit $status' EXIT
 
+build_hourglass
+ports_free "$listen" "$metrics"
 start_broker
 # Its own session, so that Ctrl-C reaches this script, which stops it in order.
 HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" setsid "$hourglass" serve \
@@ -60,9 +66,10 @@ fi
 
 status=0
 wait "$server_pid" || status=$?
-# A signal to this script interrupts the wait and runs stop; here
-# hourglass stopped by itself.
-[ -n "$stopping" ] && exit 0
+# A signal to this script interrupts the wait and runs stop, which exits;
+# here hourglass stopped by itself.
 server_pid=
 say "hourglass exited with status $status; see its log above"
+trap - EXIT
+stop_broker
 exit "$status"

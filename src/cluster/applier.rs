@@ -176,7 +176,7 @@ impl Applier {
     /// Applies `entries`, in offset order from the store's next offset,
     /// and answers the requests of this node that wrote them.
     async fn apply(&self, entries: Vec<(i64, UnixMillis, Entry)>) -> Result<(), StoreError> {
-        self.report(&entries);
+        let unapplied = self.unapplied(&entries);
         let writers: Vec<Option<(u64, u64)>> = entries
             .iter()
             .map(|(_, _, entry)| match entry {
@@ -191,41 +191,70 @@ impl Applier {
             .collect();
         let count = entries.len() as u64;
         let answers = self.store.apply(entries).await?;
+        // Once: a batch that fails is read and applied again.
+        self.report(unapplied);
         metrics::LOG_APPLIED.inc_by(count);
         self.waiters.answer_all(writers.into_iter().zip(answers));
         Ok(())
     }
 
-    /// Says what of `entries` cannot be applied as it asks: a refused
-    /// Kafka-native record is counted and logged by the shard's owner alone
-    /// (every copy of the shard applies it, and would count it again); a
-    /// record this build does not read is logged by each node that skips it.
-    fn report(&self, entries: &[(i64, UnixMillis, Entry)]) {
-        let partition = self.partition;
+    /// What of `entries` cannot be applied as it asks, to say once they
+    /// are applied: a refused Kafka-native record is counted and logged by
+    /// the shard's owner when it is read (every copy of the shard applies
+    /// it, and would count it again), following the claims and releases
+    /// among `entries` as the store does; a record this build does not read
+    /// is logged by each node that skips it.
+    fn unapplied(&self, entries: &[(i64, UnixMillis, Entry)]) -> Vec<Unapplied> {
+        let me = self.waiters.me();
+        let mut owner = self.store.log_owner();
+        let mut found = Vec::new();
         for (offset, _, entry) in entries {
             match entry {
-                Entry::Rejected { rejected, .. } if self.store.log_owner() == self.waiters.me() => {
-                    metrics::LOG_REJECTED.inc();
-                    match &rejected.id {
-                        Some(id) => tracing::warn!(
-                            partition,
-                            offset,
-                            id = %id.qualified(),
-                            reason = %rejected.reason,
-                            "a Kafka-native schedule was refused; it is recorded as failed"
-                        ),
-                        None => tracing::warn!(
-                            partition,
-                            offset,
-                            reason = %rejected.reason,
-                            "a Kafka-native schedule without an id was refused and skipped"
-                        ),
+                Entry::Logged { writer, change: Change::Owner(claim), .. } => {
+                    if !claim.released {
+                        owner = *writer;
+                    } else if owner == *writer {
+                        owner = 0;
                     }
                 }
-                Entry::Skip(why) => {
+                Entry::Rejected { rejected, .. } if owner == me => found.push(Unapplied::Refused {
+                    offset: *offset,
+                    id: rejected.id.as_ref().map(|id| id.qualified().to_string()),
+                    reason: rejected.reason.to_string(),
+                }),
+                Entry::Skip(why) => found.push(Unapplied::Skipped { offset: *offset, why: why.clone() }),
+                _ => {}
+            }
+        }
+        found
+    }
+
+    fn report(&self, unapplied: Vec<Unapplied>) {
+        let partition = self.partition;
+        for u in unapplied {
+            match u {
+                Unapplied::Refused { offset, id: Some(id), reason } => {
+                    metrics::LOG_REJECTED.inc();
+                    tracing::warn!(
+                        partition,
+                        offset,
+                        id,
+                        reason,
+                        "a Kafka-native schedule was refused; it is recorded as failed"
+                    )
+                }
+                Unapplied::Refused { offset, id: None, reason } => {
+                    metrics::LOG_REJECTED.inc();
+                    tracing::warn!(
+                        partition,
+                        offset,
+                        reason,
+                        "a Kafka-native schedule without an id was refused and skipped"
+                    )
+                }
+                Unapplied::Skipped { offset, why } => {
                     tracing::warn!(partition, offset, "skipped a record of the schedule log: {why}")
                 }
-                _ => {}
             }
         }
     }
@@ -294,6 +323,14 @@ impl Applier {
             _ = tokio::time::sleep(BACKOFF) => {}
         }
     }
+}
+
+/// A record read from the log that is applied otherwise than it asks.
+enum Unapplied {
+    /// A Kafka-native record refused, with its id if it had one.
+    Refused { offset: i64, id: Option<String>, reason: String },
+    /// A record this build does not read.
+    Skipped { offset: i64, why: String },
 }
 
 /// A record this node appended to a shard's partition, as its ack tells.

@@ -218,7 +218,7 @@ impl Refusal {
     fn explain(&self, topic: &str) -> String {
         format!(
             "waiting: the broker refuses topic {topic:?} (since {}, {} tries; it is tried again with backoff, \
-             and its messages fail after --fail-after): {}",
+             and its messages fail once it has refused for --fail-after and --max-delivery-attempts tries): {}",
             self.since.to_rfc3339(),
             self.tries,
             self.error
@@ -971,6 +971,15 @@ impl Dispatcher {
             }
         }
         self.deferred_total -= released;
+        // A refused topic that gave up and has nothing left waits for
+        // nothing: a message that comes later gets a fresh try.
+        for (topic, state) in &mut self.topics {
+            let gave_up = state.refusal.as_ref().is_some_and(|r| self.config.gives_up(r.since, r.tries, now));
+            if gave_up && state.deferred.is_empty() && state.in_flight == 0 {
+                state.refusal = None;
+                self.store.held().release(topic);
+            }
+        }
         self.topics.retain(|_, t| !t.is_idle());
     }
 
@@ -1020,12 +1029,7 @@ impl Dispatcher {
             state.stalled += 1;
             if state.stalled == 1 {
                 if state.refusal.is_none() {
-                    let why = format!(
-                        "waiting: Kafka has not answered a produce to topic {:?} for {}",
-                        sent.topic,
-                        crate::message::duration_text(self.config.stall_after)
-                    );
-                    self.store.held().hold(&sent.topic, why);
+                    self.store.held().hold(&sent.topic, stall_reason(&sent.topic, self.config.stall_after));
                 }
                 tracing::warn!(
                     topic = %sent.topic,
@@ -1110,7 +1114,13 @@ impl Dispatcher {
             Ok((partition, offset)) => {
                 crate::failpoint::hit("dispatch-before-settle");
                 if let Some(refusal) = state.refusal.take() {
-                    self.store.held().release(&sent.topic);
+                    match state.stalled {
+                        0 => self.store.held().release(&sent.topic),
+                        _ => self
+                            .store
+                            .held()
+                            .hold(&sent.topic, stall_reason(&sent.topic, self.config.stall_after)),
+                    }
                     tracing::info!(
                         topic = %sent.topic,
                         refused_for = ?now.since(refusal.since),
@@ -1245,6 +1255,14 @@ fn topic_refused(
     config
         .gives_up(refusal.since, refusal.tries, now)
         .then(|| Outcome::Failed { error: refusal_reason(&refusal.error, refusal, now), tried: true })
+}
+
+/// What a pending message of a stalled topic shows meanwhile.
+fn stall_reason(topic: &str, stall_after: Duration) -> String {
+    format!(
+        "waiting: Kafka has not answered a produce to topic {topic:?} for {}",
+        crate::message::duration_text(stall_after)
+    )
 }
 
 /// Why the messages of a refused topic failed.

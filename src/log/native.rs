@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use crate::message::{
     DueSpec, Envelope, Header, Invalid, Limits, MessageId, RESERVED_HEADER_PREFIX, UnixMillis,
+    validate_topic_name,
 };
 
 pub const TOPIC_HEADER: &str = "hourglass-topic";
@@ -80,24 +81,49 @@ pub struct Arrived {
 }
 
 impl Arrived {
+    /// What a record carried, bounded by `limits` as a message is: a topic
+    /// that is no valid name is left out, and so are headers past the
+    /// limits, and the value and headers of a record too large to keep
+    /// (the reason says so).
     fn read<'a>(
         value: Option<&[u8]>,
         headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+        limits: &Limits,
     ) -> Self {
         let mut arrived = Arrived { value: value.unwrap_or_default().to_vec(), ..Arrived::default() };
         let text =
             |bytes: Option<&[u8]>| String::from_utf8_lossy(bytes.unwrap_or_default()).trim().to_owned();
+        let mut header_bytes = 0;
         for (name, bytes) in headers {
             match name {
-                TOPIC_HEADER if arrived.topic.is_empty() => arrived.topic = text(bytes),
+                TOPIC_HEADER if arrived.topic.is_empty() => {
+                    arrived.topic =
+                        Some(text(bytes)).filter(|t| validate_topic_name(t).is_ok()).unwrap_or_default()
+                }
                 KEY_HEADER if arrived.key.is_none() => arrived.key = Some(bytes.unwrap_or_default().to_vec()),
-                DELIVER_AT_HEADER => arrived.due = deliver_at(&text(bytes)).ok().map(DueSpec::At),
-                DELAY_HEADER => arrived.due = delay(&text(bytes)).ok().map(DueSpec::After),
-                TOPIC_HEADER | KEY_HEADER | PARTITION_HEADER => {}
-                _ => arrived
-                    .headers
-                    .push(Header { key: name.to_owned(), value: bytes.unwrap_or_default().to_vec() }),
+                DELIVER_AT_HEADER if arrived.due.is_none() => {
+                    arrived.due = deliver_at(&text(bytes)).ok().map(DueSpec::At)
+                }
+                DELAY_HEADER if arrived.due.is_none() => {
+                    arrived.due = delay(&text(bytes)).ok().map(DueSpec::After)
+                }
+                TOPIC_HEADER | KEY_HEADER | PARTITION_HEADER | DELIVER_AT_HEADER | DELAY_HEADER => {}
+                _ => {
+                    let value = bytes.unwrap_or_default();
+                    header_bytes += name.len() + value.len();
+                    if arrived.headers.len() < limits.max_headers && header_bytes <= limits.max_headers_bytes
+                    {
+                        arrived.headers.push(Header { key: name.to_owned(), value: value.to_vec() });
+                    }
+                }
             }
+        }
+        let key_bytes = arrived.key.as_ref().map_or(0, Vec::len);
+        let kept: usize = arrived.headers.iter().map(|h| h.key.len() + h.value.len()).sum();
+        if key_bytes + arrived.value.len() + kept > limits.max_message_bytes {
+            arrived.key = None;
+            arrived.value = Vec::new();
+            arrived.headers = Vec::new();
         }
         arrived
     }
@@ -112,7 +138,7 @@ pub fn parse<'a>(
     headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)> + Clone,
     limits: &Limits,
 ) -> Result<Native, Rejected> {
-    let arrived = || Box::new(Arrived::read(value, headers.clone()));
+    let arrived = || Box::new(Arrived::read(value, headers.clone(), limits));
     let id = parse_id(key).map_err(|reason| Rejected { id: None, reason, arrived: arrived() })?;
     let reject = |reason: Invalid| Rejected { id: Some(id.clone()), reason, arrived: arrived() };
     let Some(value) = value else {
@@ -386,7 +412,7 @@ mod tests {
             ],
         )
         .unwrap_err();
-        assert_eq!(e.arrived.topic, "no spaces");
+        assert_eq!(e.arrived.topic, "", "not a topic name: left out");
         assert_eq!(e.arrived.key.as_deref(), Some(&b"k"[..]));
         assert_eq!(e.arrived.value, b"payload");
         assert_eq!(e.arrived.due, Some(DueSpec::At(UnixMillis(1_795_424_400_000))));
@@ -394,6 +420,29 @@ mod tests {
         assert_eq!(names, ["trace", "hourglass-dely"], "what was not read as ours, as it came");
         let e = read(None, Some("v"), &[(DELAY_HEADER, "soon")]).unwrap_err();
         assert_eq!((e.arrived.topic.as_str(), e.arrived.due), ("", None), "nothing made up");
+        let e = read(Some("a"), Some("v"), &[(TOPIC_HEADER, "orders")]).unwrap_err();
+        assert_eq!(e.arrived.topic, "orders");
+    }
+
+    /// A refused record is kept no larger than a message may be.
+    #[test]
+    fn what_arrived_is_bounded_as_a_message_is() {
+        let limits =
+            Limits { max_message_bytes: 64, max_headers: 2, max_headers_bytes: 32, ..Limits::default() };
+        let big = "x".repeat(100);
+        let headers = [("a", "1"), ("b", "2"), ("c", "3"), (TOPIC_HEADER, "t")];
+        let e = parse(
+            Some(b"id"),
+            Some(big.as_bytes()),
+            headers.iter().map(|(k, v)| (*k, Some(v.as_bytes()))),
+            &limits,
+        )
+        .unwrap_err();
+        assert!(e.arrived.value.is_empty() && e.arrived.headers.is_empty(), "too large to keep: {e:?}");
+        let e =
+            parse(Some(b"id"), Some(b"v"), headers.iter().map(|(k, v)| (*k, Some(v.as_bytes()))), &limits)
+                .unwrap_err();
+        assert_eq!(e.arrived.headers.len(), 2, "no more headers than a message may have");
     }
 
     #[test]

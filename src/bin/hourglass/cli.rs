@@ -50,7 +50,9 @@ fn duration(s: &str) -> Result<Duration, String> {
 
 /// A time as RFC 3339; the error shows the format with an example.
 fn time(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
-    chrono::DateTime::parse_from_rfc3339(s).map_err(|e| {
+    // chrono's own parser: RFC 3339, and the forms near it that tools
+    // print (`date +%FT%T%z` writes +0100).
+    s.parse::<chrono::DateTime<chrono::FixedOffset>>().map_err(|e| {
         format!(
             "{e}: write the date, the time and the offset, as RFC 3339 has it: 2030-01-01T09:00:00Z (UTC) \
              or 2030-01-01T10:00:00+01:00"
@@ -395,6 +397,7 @@ mod tests {
         assert_eq!(err.exit_code(), 2);
         assert!(err.to_string().contains("KEY=VALUE"), "{err}");
         assert!(parse(&["list", "--from", "tomorrow"]).unwrap_err().to_string().contains("RFC 3339"));
+        assert!(parse(&["list", "--from", "2030-01-01T09:00:00+0100"]).is_ok(), "as date +%FT%T%z prints it");
     }
 
     #[test]
