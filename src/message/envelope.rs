@@ -1,0 +1,190 @@
+//! The record to produce when due, the headers hourglass adds, and the
+//! limits a message must meet at the door, with the error that says which.
+
+use super::{UnixMillis, duration_text};
+use std::time::Duration;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub key: String,
+    pub value: Vec<u8>,
+}
+
+/// The Kafka record to produce when due, exactly as the client gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: Vec<Header>,
+    pub partition: Option<i32>,
+}
+
+/// Prefix of the headers hourglass adds to every record it produces.
+pub const RESERVED_HEADER_PREFIX: &str = "hourglass-";
+/// Header carrying the message id, so consumers can deduplicate.
+pub const ID_HEADER: &str = "hourglass-id";
+/// Header carrying the due time in Unix milliseconds (decimal text).
+pub const DUE_HEADER: &str = "hourglass-due-ms";
+/// Header carrying the tenant whose id space the message is in; absent for
+/// the shared space. Two tenants may use the same id: deduplicate on both.
+pub const TENANT_HEADER: &str = "hourglass-tenant";
+
+impl Envelope {
+    /// Bytes the record carries: key, value and headers.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len) + self.value.len() + self.headers_size()
+    }
+
+    fn headers_size(&self) -> usize {
+        self.headers.iter().map(|h| h.key.len() + h.value.len()).sum()
+    }
+
+    /// Checks everything that can be checked without the broker.
+    pub fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
+        validate_topic_name(&self.topic)?;
+        if self.value.is_empty() {
+            return Err(Invalid::new("message.value", "must not be empty"));
+        }
+        if self.headers.len() > limits.max_headers {
+            return Err(Invalid::new(
+                "message.headers",
+                format!("has {} headers; the limit is {}", self.headers.len(), limits.max_headers),
+            ));
+        }
+        for h in &self.headers {
+            if h.key.is_empty() {
+                return Err(Invalid::new("message.headers", "a header key must not be empty"));
+            }
+            if h.key.starts_with(RESERVED_HEADER_PREFIX) {
+                return Err(Invalid::new(
+                    "message.headers",
+                    format!("header {:?} uses the reserved prefix {RESERVED_HEADER_PREFIX:?}", h.key),
+                ));
+            }
+        }
+        if self.headers_size() > limits.max_headers_bytes {
+            return Err(Invalid::new(
+                "message.headers",
+                format!(
+                    "headers take {} bytes; the limit is {}",
+                    self.headers_size(),
+                    limits.max_headers_bytes
+                ),
+            ));
+        }
+        if self.size() > limits.max_message_bytes {
+            return Err(Invalid::new(
+                "message",
+                format!(
+                    "key, value and headers take {} bytes; the limit is {}",
+                    self.size(),
+                    limits.max_message_bytes
+                ),
+            ));
+        }
+        if let Some(p) = self.partition
+            && p < 0
+        {
+            return Err(Invalid::new("message.partition", format!("{p} is negative")));
+        }
+        Ok(())
+    }
+}
+
+/// Kafka's own rule for topic names.
+pub fn validate_topic_name(topic: &str) -> Result<(), Invalid> {
+    const MAX: usize = 249;
+    if topic.is_empty() {
+        return Err(Invalid::new("message.topic", "must not be empty"));
+    }
+    if topic.len() > MAX {
+        return Err(Invalid::new("message.topic", format!("is longer than {MAX} characters")));
+    }
+    if topic == "." || topic == ".." {
+        return Err(Invalid::new("message.topic", "may not be \".\" or \"..\""));
+    }
+    if let Some(c) = topic.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(Invalid::new(
+            "message.topic",
+            format!("{topic:?} contains {c:?}; Kafka topics use letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a message must meet to be accepted.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Key, value and headers together.
+    pub max_message_bytes: usize,
+    pub max_headers: usize,
+    pub max_headers_bytes: usize,
+    /// How far in the future a due time may lie.
+    pub max_delay: Duration,
+    /// Items in one `ScheduleBatch` call.
+    pub max_batch: usize,
+    /// Encoded size of one `ScheduleBatch` request.
+    pub max_batch_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: 1024 * 1024,
+            max_headers: 64,
+            max_headers_bytes: 64 * 1024,
+            max_delay: Duration::from_secs(3 * 366 * 24 * 3600),
+            max_batch: 10_000,
+            max_batch_bytes: 16 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// The largest request of one message the server decodes (`Schedule`,
+    /// each request of a `ScheduleStream`, and the small ones): the message
+    /// with room for its envelope. Anything larger is refused unread.
+    pub fn max_request_bytes(&self) -> usize {
+        self.max_message_bytes + 64 * 1024
+    }
+
+    /// The largest `ScheduleBatch` request the server decodes; never less
+    /// than one message needs.
+    pub fn max_batch_request_bytes(&self) -> usize {
+        self.max_batch_bytes.max(self.max_request_bytes())
+    }
+
+    /// A due time in the past is fine (delivered at once); one beyond
+    /// `max_delay` is refused rather than silently clamped.
+    pub fn check_due(&self, due: UnixMillis, now: UnixMillis) -> Result<(), Invalid> {
+        let latest = now.saturating_add(self.max_delay);
+        if due > latest {
+            return Err(Invalid::new(
+                "due",
+                format!(
+                    "{} is further ahead than the server's --max-delay of {} allows (the latest due time it \
+                     takes now is {}); pick an earlier time, or raise --max-delay",
+                    due.to_rfc3339(),
+                    duration_text(self.max_delay),
+                    latest.to_rfc3339()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A request field that is wrong, and why, in words a person can act on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {reason}")]
+pub struct Invalid {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl Invalid {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Invalid { field, reason: reason.into() }
+    }
+}

@@ -1,0 +1,111 @@
+//! Message ids: what a client chose or the server generated, in the id
+//! space of a tenant or the shared one.
+
+use super::{Invalid, Tenant};
+use std::fmt;
+
+/// A message's identity: the id a client chose (its idempotency key) or the
+/// server generated, in the id space it belongs to.
+///
+/// Each tenant (see [`Tenant`]) has an id space of its own, so the same id
+/// chosen by two tenants names two messages. Messages scheduled without a
+/// tenant (authentication off, or by a release from before tenants) live in
+/// the shared space. The stored form is the id alone in the shared space,
+/// and `\0 tenant \0 id` in a tenant's: client ids are printable ASCII, so
+/// the two can never collide.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId {
+    key: String,
+    /// Where the client's id starts in `key`.
+    id_at: usize,
+}
+
+impl MessageId {
+    pub const MAX_LEN: usize = 128;
+
+    /// Accepts a client-chosen id in the shared space: 1 to 128 printable
+    /// ASCII characters, no spaces, so ids are safe in logs, terminals and
+    /// URLs.
+    pub fn parse(id: &str) -> Result<Self, Invalid> {
+        Self::parse_in(None, id)
+    }
+
+    /// A client-chosen id in `tenant`'s space (the shared one for none).
+    pub fn parse_in(tenant: Option<&Tenant>, id: &str) -> Result<Self, Invalid> {
+        if id.is_empty() {
+            return Err(Invalid::new("id", "must not be empty; omit it to let the server assign one"));
+        }
+        if id.len() > Self::MAX_LEN {
+            return Err(Invalid::new(
+                "id",
+                format!("is {} bytes long; the limit is {}", id.len(), Self::MAX_LEN),
+            ));
+        }
+        if let Some(c) = id.chars().find(|c| !c.is_ascii_graphic()) {
+            return Err(Invalid::new("id", format!("contains {c:?}; use printable ASCII without spaces")));
+        }
+        Ok(Self::in_space(tenant, id))
+    }
+
+    fn in_space(tenant: Option<&Tenant>, id: &str) -> Self {
+        match tenant {
+            None => MessageId { key: id.to_owned(), id_at: 0 },
+            Some(t) => {
+                let key = format!("\0{}\0{id}", t.as_str());
+                MessageId { id_at: t.as_str().len() + 2, key }
+            }
+        }
+    }
+
+    /// A new unique id that sorts by creation time (a ULID), in `tenant`'s
+    /// space.
+    pub fn generate(generator: &mut ulid::Generator, tenant: Option<&Tenant>) -> Self {
+        let ulid = generator.generate().unwrap_or_else(|_| ulid::Ulid::new());
+        Self::in_space(tenant, &ulid.to_string())
+    }
+
+    /// An id read back from the store, where it was validated on the way in.
+    pub(crate) fn from_stored(bytes: &[u8]) -> Option<Self> {
+        let key = std::str::from_utf8(bytes).ok()?;
+        let id_at = match key.strip_prefix('\0') {
+            None => 0,
+            Some(rest) => rest.find('\0')? + 2,
+        };
+        (id_at < key.len()).then(|| MessageId { key: key.to_owned(), id_at })
+    }
+
+    /// The id as the client knows it, without its space.
+    pub fn as_str(&self) -> &str {
+        &self.key[self.id_at..]
+    }
+
+    /// The tenant whose space the id is in; none for the shared space.
+    pub fn tenant(&self) -> Option<&str> {
+        (self.id_at > 0).then(|| &self.key[1..self.id_at - 1])
+    }
+
+    /// The same id in the shared space.
+    pub fn shared(&self) -> MessageId {
+        Self::in_space(None, self.as_str())
+    }
+
+    /// The stored form: what the store keys the message by.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.key.as_bytes()
+    }
+
+    /// `tenant/id` for logs; the bare id in the shared space.
+    pub fn qualified(&self) -> String {
+        match self.tenant() {
+            Some(t) => format!("{t}/{}", self.as_str()),
+            None => self.as_str().to_owned(),
+        }
+    }
+}
+
+/// The client's id; see [`MessageId::qualified`] for logs.
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

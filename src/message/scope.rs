@@ -1,0 +1,152 @@
+//! Tenants, topic grants and what one caller may see and change.
+
+use super::{Invalid, MessageId};
+
+/// A tenant: whoever owns an id space of their own (see [`MessageId`]).
+/// With authentication on, each token belongs to one (its name, unless the
+/// tokens file groups several tokens under one tenant).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(std::sync::Arc<str>);
+
+impl Tenant {
+    pub const MAX_LEN: usize = 64;
+
+    /// 1 to 64 letters, digits, `.`, `_` or `-`.
+    pub fn parse(name: &str) -> Result<Tenant, String> {
+        if name.is_empty() || name.len() > Self::MAX_LEN {
+            return Err(format!("a tenant name has 1 to {} characters", Self::MAX_LEN));
+        }
+        if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+            return Err(format!("tenant {name:?} contains {c:?}; use letters, digits, '.', '_' and '-'"));
+        }
+        Ok(Tenant(name.into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One topic pattern of a grant: an exact name, a prefix ending in `*`, or
+/// `*` for every topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopicPattern {
+    Any,
+    Prefix(String),
+    Exact(String),
+}
+
+impl TopicPattern {
+    pub fn parse(pattern: &str) -> Result<TopicPattern, String> {
+        let pattern = pattern.trim();
+        if pattern == "*" {
+            return Ok(TopicPattern::Any);
+        }
+        match pattern.strip_suffix('*') {
+            _ if pattern.is_empty() => Err("an empty topic pattern".into()),
+            Some(prefix) if !prefix.contains('*') => Ok(TopicPattern::Prefix(prefix.to_owned())),
+            None if !pattern.contains('*') => Ok(TopicPattern::Exact(pattern.to_owned())),
+            _ => Err(format!("topic pattern {pattern:?}: `*` may only end a pattern")),
+        }
+    }
+
+    pub fn matches(&self, topic: &str) -> bool {
+        match self {
+            TopicPattern::Any => true,
+            TopicPattern::Prefix(prefix) => topic.starts_with(prefix.as_str()),
+            TopicPattern::Exact(name) => topic == name,
+        }
+    }
+}
+
+/// What one caller may see and change: the id space it works in and the
+/// topics it may use. Every read and change of the store goes through one.
+///
+/// - No tenant (authentication off): every message, by its id in the
+///   shared space; new messages go to the shared space.
+/// - A tenant: the messages in its own space, plus those of the shared
+///   space on topics it covers (messages from before tenants, or scheduled
+///   while authentication was off). New messages go to its own space. The
+///   messages of other tenants do not exist for it.
+///
+/// Within what it sees, a message on a topic it does not cover is refused
+/// ([`Visibility::Forbidden`]); what it does not see is [`Visibility::Hidden`],
+/// answered as if there were no such message.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    /// Who, for errors: the token's name.
+    pub name: std::sync::Arc<str>,
+    pub tenant: Option<Tenant>,
+    /// Empty: every topic.
+    topics: std::sync::Arc<[TopicPattern]>,
+}
+
+/// Whether a caller may see a message, and act on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visibility {
+    Visible,
+    /// In the caller's space, on a topic it does not cover.
+    Forbidden,
+    /// Not the caller's to know of.
+    Hidden,
+}
+
+impl Scope {
+    /// Everything: authentication is off.
+    pub fn everything() -> Scope {
+        Scope { name: "".into(), tenant: None, topics: std::sync::Arc::new([]) }
+    }
+
+    /// A tenant's scope, limited to `topics` (every topic if they hold `*`).
+    pub fn tenant(name: &str, tenant: Tenant, topics: Vec<TopicPattern>) -> Scope {
+        let topics = if topics.contains(&TopicPattern::Any) { Vec::new() } else { topics };
+        Scope { name: name.into(), tenant: Some(tenant), topics: topics.into() }
+    }
+
+    /// No limit at all: no tenant and every topic.
+    pub fn is_everything(&self) -> bool {
+        self.tenant.is_none() && self.topics.is_empty()
+    }
+
+    pub fn covers(&self, topic: &str) -> bool {
+        self.topics.is_empty() || self.topics.iter().any(|p| p.matches(topic))
+    }
+
+    /// Where a client's id names a message for this caller.
+    pub fn id(&self, id: &str) -> Result<MessageId, Invalid> {
+        MessageId::parse_in(self.tenant.as_ref(), id)
+    }
+
+    /// Where else `id` may name a message this caller sees: the shared
+    /// space, for a tenant.
+    pub fn fallback(&self, id: &MessageId) -> Option<MessageId> {
+        (self.tenant.is_some() && id.tenant().is_some()).then(|| id.shared())
+    }
+
+    /// Whether the message `id` on `topic` is this caller's to see.
+    pub fn sees(&self, id: &MessageId, topic: &str) -> Visibility {
+        let Some(tenant) = &self.tenant else {
+            return if self.covers(topic) { Visibility::Visible } else { Visibility::Forbidden };
+        };
+        match id.tenant() {
+            Some(t) if t == tenant.as_str() => {
+                if self.covers(topic) {
+                    Visibility::Visible
+                } else {
+                    Visibility::Forbidden
+                }
+            }
+            None if self.covers(topic) => Visibility::Visible,
+            _ => Visibility::Hidden,
+        }
+    }
+
+    /// Whether messages of `space` (a tenant; none for the shared one) may
+    /// be visible to this caller at all.
+    pub fn sees_space(&self, space: Option<&str>) -> bool {
+        match (&self.tenant, space) {
+            (None, _) | (Some(_), None) => true,
+            (Some(mine), Some(theirs)) => mine.as_str() == theirs,
+        }
+    }
+}

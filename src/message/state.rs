@@ -1,0 +1,106 @@
+//! A message's states and what the API answers about one.
+
+use super::{Envelope, MessageId, UnixMillis};
+
+/// Where a delivered record landed, and when the broker acknowledged it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub partition: i32,
+    pub offset: i64,
+    pub delivered_at: UnixMillis,
+}
+
+/// A message's lifecycle:
+///
+/// ```text
+/// Pending ──produce acked──► Delivered
+///    │  ╰─tries exhausted──► Failed ──reschedule──► Pending
+///    ╰──────cancel────────► Cancelled
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    Pending { attempts: u32, last_error: Option<String> },
+    Delivered(Delivery),
+    Cancelled { at: UnixMillis },
+    Failed { reason: String, attempts: u32, at: UnixMillis },
+}
+
+/// What a cancel did, or why it did nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    Cancelled,
+    AlreadyDelivered,
+    AlreadyCancelled,
+    AlreadyFailed,
+    NotFound,
+}
+
+/// Why a reschedule was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RescheduleRefusal {
+    AlreadyDelivered,
+    AlreadyCancelled,
+}
+
+impl State {
+    pub fn is_pending(&self) -> bool {
+        matches!(self, State::Pending { .. })
+    }
+
+    /// Whether a cancel may take this message; the outcome to report if not.
+    pub fn cancel(&self) -> Result<(), CancelOutcome> {
+        match self {
+            State::Pending { .. } => Ok(()),
+            State::Delivered(_) => Err(CancelOutcome::AlreadyDelivered),
+            State::Cancelled { .. } => Err(CancelOutcome::AlreadyCancelled),
+            State::Failed { .. } => Err(CancelOutcome::AlreadyFailed),
+        }
+    }
+
+    /// Whether a reschedule may move this message. A failed message may be
+    /// rescheduled: that is how an operator re-drives it.
+    pub fn reschedule(&self) -> Result<(), RescheduleRefusal> {
+        match self {
+            State::Pending { .. } | State::Failed { .. } => Ok(()),
+            State::Delivered(_) => Err(RescheduleRefusal::AlreadyDelivered),
+            State::Cancelled { .. } => Err(RescheduleRefusal::AlreadyCancelled),
+        }
+    }
+}
+
+/// A message as `Get` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledMessage {
+    pub id: MessageId,
+    pub envelope: Envelope,
+    pub due: UnixMillis,
+    pub scheduled_at: UnixMillis,
+    pub state: State,
+}
+
+/// The answer to a schedule request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    pub id: MessageId,
+    pub due: UnixMillis,
+    /// The id was already scheduled by this same request.
+    pub duplicate: bool,
+}
+
+/// A pending message as a listing shows it: everything but the value and
+/// the headers, so a page of them stays small.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingMessage {
+    pub id: MessageId,
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub partition: Option<i32>,
+    pub value_bytes: usize,
+    /// The due time it was parked with (or rescheduled to).
+    pub due: UnixMillis,
+    /// When it is produced next: `due`, or its retry time after a failed try.
+    pub dispatch_at: UnixMillis,
+    pub scheduled_at: UnixMillis,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}

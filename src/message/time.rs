@@ -1,0 +1,71 @@
+//! Time: wall-clock milliseconds, lengths of time as people write them,
+//! and due times as a client asks for them.
+
+use std::time::Duration;
+
+/// Wall-clock milliseconds since the Unix epoch: the unit of every due time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnixMillis(pub u64);
+
+impl UnixMillis {
+    pub fn saturating_add(self, d: Duration) -> Self {
+        UnixMillis(self.0.saturating_add(duration_ms(d)))
+    }
+
+    /// How far `self` lies after `earlier`; zero when it does not.
+    pub fn since(self, earlier: UnixMillis) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+
+    /// RFC 3339 with milliseconds, for people reading logs and the CLI.
+    pub fn to_rfc3339(self) -> String {
+        let secs = (self.0 / 1000) as i64;
+        let nanos = (self.0 % 1000) as u32 * 1_000_000;
+        chrono::DateTime::from_timestamp(secs, nanos)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            .unwrap_or_else(|| format!("{}ms", self.0))
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A setting's length of time as a flag takes it, in the one unit that
+/// measures it exactly, the largest such: `1098days`, `10m`, `200ms`
+/// (never `3years 2days 6h`, which reads back as something else).
+pub fn duration_text(d: Duration) -> String {
+    const UNITS: [(&str, u128); 7] = [
+        ("days", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_owned();
+    }
+    let (unit, size) = UNITS.into_iter().find(|(_, size)| nanos % size == 0).unwrap_or(("ns", 1));
+    format!("{}{unit}", nanos / size)
+}
+
+/// When to deliver, as the client said it. Kept as given so that a retried
+/// request with a relative delay is recognised as the same request minutes
+/// later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DueSpec {
+    At(UnixMillis),
+    After(Duration),
+}
+
+impl DueSpec {
+    pub fn resolve(self, now: UnixMillis) -> UnixMillis {
+        match self {
+            DueSpec::At(t) => t,
+            DueSpec::After(d) => now.saturating_add(d),
+        }
+    }
+}
