@@ -1,6 +1,7 @@
 //! Kafka: the producer the dispatcher hands due messages to (with
 //! transactional delivery, one transactional producer per shard:
-//! `transactions`), the topic catalog the service checks requests against,
+//! `transactions`; what a produce came to, for both: `report`), the topic
+//! catalog the service checks requests against,
 //! and, in cluster mode, the
 //! schedule log (admin, log) and the consumer group that owns it (group).
 //! rdkafka's callbacks reach async code only through channels.
@@ -11,6 +12,7 @@ mod group;
 pub mod landed;
 mod log;
 mod producer;
+mod report;
 pub(crate) mod seek;
 mod transactions;
 
@@ -19,7 +21,8 @@ pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
 pub use group::{GroupConfig, GroupMember, Moved, REVOKE_WAIT};
 pub use log::{Appended, Fetched, LogConsumer, LogProducer, LogReader, Read, key_digest};
 pub use producer::producer_config;
-pub use producer::{Delivery, DeliveryReport, Fault, Outgoing, ProduceError, Producer, classify};
+pub use producer::{Delivery, Outgoing, Producer};
+pub use report::{DeliveryReport, Fault, ProduceError, classify};
 pub use transactions::OnFence;
 
 use std::collections::BTreeMap;

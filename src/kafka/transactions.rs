@@ -53,7 +53,7 @@ use rdkafka::{
 use tokio::sync::{mpsc::UnboundedSender, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::producer::{DeliveryReport, Fault, ProduceError, produce_error};
+use super::report::{DeliveryReport, Fault, ProduceError, produce_error};
 use crate::metrics;
 
 /// Most records in one transaction.
@@ -468,10 +468,8 @@ impl Thread {
                 let own = txn.iter().any(|r| matches!(&r.result, Some(Err(e)) if !purged(e)));
                 self.fruitless = if own { 0 } else { self.fruitless + 1 };
                 let give_up = self.fruitless >= FRUITLESS_ABORTS;
-                let why = ProduceError {
-                    fault: code.map_or(Fault::Outage, super::producer::classify),
-                    reason: why,
-                };
+                let why =
+                    ProduceError { fault: code.map_or(Fault::Outage, super::report::classify), reason: why };
                 for aborted in txn.drain(..).rev() {
                     match aborted.result {
                         Some(Err(e)) if !purged(&e) => aborted.record.report(Err(produce_error(&e))),
