@@ -211,6 +211,120 @@ fn the_modules_form_no_circle() {
     }
 }
 
+/// A file's module path: `kafka/producer.rs` is `kafka::producer`,
+/// `kafka/mod.rs` is `kafka`.
+fn module_path(file: &Path) -> Vec<String> {
+    let mut parts: Vec<String> =
+        file.with_extension("").components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+        parts.pop();
+    }
+    parts
+}
+
+/// Every `crate::`, `super::` and `self::` path in `text`, groups of `use`
+/// trees expanded, each as its segments.
+fn relative_paths(text: &str) -> Vec<Vec<String>> {
+    /// The paths of a use tree at the start of `s` (segments, then a group
+    /// or a name), each after `prefix`.
+    fn tree(s: &str, prefix: &[String], out: &mut Vec<Vec<String>>) {
+        let mut path = prefix.to_vec();
+        let mut rest = s;
+        loop {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            rest = &rest[name.len()..];
+            if !name.is_empty() {
+                path.push(name);
+            }
+            let Some(after) = rest.strip_prefix("::") else { break };
+            rest = after.trim_start();
+            if let Some(group) = rest.strip_prefix('{') {
+                let (mut depth, mut start) = (0, 0);
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            tree(group[start..i].trim(), &path, out);
+                            return;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            tree(group[start..i].trim(), &path, out);
+                            start = i + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                return;
+            }
+        }
+        if path.len() > prefix.len() {
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    for start in ["crate::", "super::", "self::"] {
+        let head = &start[..start.len() - 2];
+        let mut rest = text;
+        while let Some(at) = rest.find(start) {
+            let before = rest[..at].chars().next_back();
+            let tail = &rest[at + head.len()..];
+            rest = &rest[at + start.len()..];
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            tree(tail, &[head.to_owned()], &mut out);
+        }
+    }
+    out
+}
+
+/// Every library file and the files it imports, each by its module path.
+fn file_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let files: BTreeMap<Vec<String>, PathBuf> =
+        library_files().into_iter().map(|f| (module_path(&f), f)).collect();
+    let resolve = |module: &[String], path: &[String]| -> Option<Vec<String>> {
+        let (mut base, mut rest): (Vec<String>, &[String]) = match path.first()?.as_str() {
+            "crate" => (Vec::new(), &path[1..]),
+            "self" => (module.to_vec(), &path[1..]),
+            "super" => (module.to_vec(), path),
+            _ => return None,
+        };
+        while rest.first().is_some_and(|p| p == "super") {
+            base.pop();
+            rest = &rest[1..];
+        }
+        (0..=rest.len())
+            .rev()
+            .map(|n| [base.clone(), rest[..n].to_vec()].concat())
+            .find(|candidate| files.contains_key(candidate))
+    };
+    let mut graph = BTreeMap::new();
+    for (module, file) in &files {
+        let text = without_tests(&std::fs::read_to_string(src().join(file)).unwrap());
+        let deps: BTreeSet<String> = relative_paths(&text)
+            .iter()
+            .filter_map(|p| resolve(module, p))
+            .filter(|target| target != module)
+            .map(|target| target.join("::"))
+            .collect();
+        graph.insert(module.join("::"), deps);
+    }
+    graph
+}
+
+/// Within a module too, no file imports a file that imports it back: a
+/// circle of files is one room pretending to be two.
+#[test]
+fn the_files_form_no_circle() {
+    let graph = file_graph();
+    assert!(graph.contains_key("kafka::producer") && graph.contains_key(""), "{:?}", graph.keys());
+    assert!(graph["kafka::transactions"].contains("kafka::report"), "{:?}", graph["kafka::transactions"]);
+    if let Some(circle) = find_circle(&graph) {
+        panic!("an import circle between files: {}", circle.join(" → "));
+    }
+}
+
 #[test]
 fn the_circle_finder_finds_circles() {
     let graph: BTreeMap<String, BTreeSet<String>> = [
@@ -231,6 +345,9 @@ fn the_circle_finder_finds_circles() {
         ["a", "b", "e", "g"].map(str::to_owned).into()
     );
     assert_eq!(without_tests("a\n#[cfg(test)]\nmod tests {\n fn x() { crate::z(); }\n}\nb"), "a\n\nb");
+    let paths = relative_paths("use super::{a::{B, c}, d};\nlet x = crate::e::f(); use self::g as h;");
+    let shown: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
+    assert_eq!(shown, ["crate::e::f", "super::a::B", "super::a::c", "super::d", "self::g"]);
     assert_eq!(without_tests("//! see [`crate::node`]\nuse x; // crate::y"), "\nuse x; ");
 }
 
