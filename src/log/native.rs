@@ -66,16 +66,13 @@ pub struct Rejected {
 
 /// What a refused record carried, read without judging it: `Get` shows the
 /// refused message as it arrived, not as an empty one.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Arrived {
-    /// `hourglass-topic` as text (invalid UTF-8 replaced), empty if absent.
-    pub topic: String,
-    /// `hourglass-key`.
-    pub key: Option<Vec<u8>>,
-    /// The record's value; empty for none.
-    pub value: Vec<u8>,
-    /// Every header but the `hourglass-` ones read above, in order.
-    pub headers: Vec<Header>,
+    /// Its record: the topic from `hourglass-topic` (empty if absent or no
+    /// valid name), the key from `hourglass-key`, the value (empty for
+    /// none), and every header but the `hourglass-` ones read above, in
+    /// order. No partition: a refused record is never produced.
+    pub record: Envelope,
     /// When it asked to be delivered, if that header reads.
     pub due: Option<DueSpec>,
 }
@@ -90,42 +87,44 @@ impl Arrived {
         headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
         limits: &Limits,
     ) -> Self {
-        let mut arrived = Arrived { value: value.unwrap_or_default().to_vec(), ..Arrived::default() };
+        let mut record = Envelope {
+            topic: String::new(),
+            key: None,
+            value: value.unwrap_or_default().to_vec(),
+            headers: Vec::new(),
+            partition: None,
+        };
+        let mut due = None;
         let text =
             |bytes: Option<&[u8]>| String::from_utf8_lossy(bytes.unwrap_or_default()).trim().to_owned();
         let mut header_bytes = 0;
         for (name, bytes) in headers {
             match name {
-                TOPIC_HEADER if arrived.topic.is_empty() => {
-                    arrived.topic =
+                TOPIC_HEADER if record.topic.is_empty() => {
+                    record.topic =
                         Some(text(bytes)).filter(|t| validate_topic_name(t).is_ok()).unwrap_or_default()
                 }
-                KEY_HEADER if arrived.key.is_none() => arrived.key = Some(bytes.unwrap_or_default().to_vec()),
-                DELIVER_AT_HEADER if arrived.due.is_none() => {
-                    arrived.due = deliver_at(&text(bytes)).ok().map(DueSpec::At)
-                }
-                DELAY_HEADER if arrived.due.is_none() => {
-                    arrived.due = delay(&text(bytes)).ok().map(DueSpec::After)
-                }
+                KEY_HEADER if record.key.is_none() => record.key = Some(bytes.unwrap_or_default().to_vec()),
+                DELIVER_AT_HEADER if due.is_none() => due = deliver_at(&text(bytes)).ok().map(DueSpec::At),
+                DELAY_HEADER if due.is_none() => due = delay(&text(bytes)).ok().map(DueSpec::After),
                 TOPIC_HEADER | KEY_HEADER | PARTITION_HEADER | DELIVER_AT_HEADER | DELAY_HEADER => {}
                 _ => {
                     let value = bytes.unwrap_or_default();
                     header_bytes += name.len() + value.len();
-                    if arrived.headers.len() < limits.max_headers && header_bytes <= limits.max_headers_bytes
-                    {
-                        arrived.headers.push(Header { key: name.to_owned(), value: value.to_vec() });
+                    if record.headers.len() < limits.max_headers && header_bytes <= limits.max_headers_bytes {
+                        record.headers.push(Header { key: name.to_owned(), value: value.to_vec() });
                     }
                 }
             }
         }
-        let key_bytes = arrived.key.as_ref().map_or(0, Vec::len);
-        let kept: usize = arrived.headers.iter().map(|h| h.key.len() + h.value.len()).sum();
-        if key_bytes + arrived.value.len() + kept > limits.max_message_bytes {
-            arrived.key = None;
-            arrived.value = Vec::new();
-            arrived.headers = Vec::new();
+        let key_bytes = record.key.as_ref().map_or(0, Vec::len);
+        let kept: usize = record.headers.iter().map(|h| h.key.len() + h.value.len()).sum();
+        if key_bytes + record.value.len() + kept > limits.max_message_bytes {
+            record.key = None;
+            record.value = Vec::new();
+            record.headers = Vec::new();
         }
-        arrived
+        Arrived { record, due }
     }
 }
 
@@ -412,16 +411,16 @@ mod tests {
             ],
         )
         .unwrap_err();
-        assert_eq!(e.arrived.topic, "", "not a topic name: left out");
-        assert_eq!(e.arrived.key.as_deref(), Some(&b"k"[..]));
-        assert_eq!(e.arrived.value, b"payload");
+        assert_eq!(e.arrived.record.topic, "", "not a topic name: left out");
+        assert_eq!(e.arrived.record.key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(e.arrived.record.value, b"payload");
         assert_eq!(e.arrived.due, Some(DueSpec::At(UnixMillis(1_795_424_400_000))));
-        let names: Vec<&str> = e.arrived.headers.iter().map(|h| h.key.as_str()).collect();
+        let names: Vec<&str> = e.arrived.record.headers.iter().map(|h| h.key.as_str()).collect();
         assert_eq!(names, ["trace", "hourglass-dely"], "what was not read as ours, as it came");
         let e = read(None, Some("v"), &[(DELAY_HEADER, "soon")]).unwrap_err();
-        assert_eq!((e.arrived.topic.as_str(), e.arrived.due), ("", None), "nothing made up");
+        assert_eq!((e.arrived.record.topic.as_str(), e.arrived.due), ("", None), "nothing made up");
         let e = read(Some("a"), Some("v"), &[(TOPIC_HEADER, "orders")]).unwrap_err();
-        assert_eq!(e.arrived.topic, "orders");
+        assert_eq!(e.arrived.record.topic, "orders");
     }
 
     /// A refused record is kept no larger than a message may be.
@@ -438,11 +437,14 @@ mod tests {
             &limits,
         )
         .unwrap_err();
-        assert!(e.arrived.value.is_empty() && e.arrived.headers.is_empty(), "too large to keep: {e:?}");
+        assert!(
+            e.arrived.record.value.is_empty() && e.arrived.record.headers.is_empty(),
+            "too large to keep: {e:?}"
+        );
         let e =
             parse(Some(b"id"), Some(b"v"), headers.iter().map(|(k, v)| (*k, Some(v.as_bytes()))), &limits)
                 .unwrap_err();
-        assert_eq!(e.arrived.headers.len(), 2, "no more headers than a message may have");
+        assert_eq!(e.arrived.record.headers.len(), 2, "no more headers than a message may have");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::{
         native::{self, Native},
         record::{self, Change, Entry, LogMessage, SettledLine, SettledOutcome},
     },
-    message::{CancelOutcome, DueSpec, Envelope, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
+    message::{CancelOutcome, DueSpec, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
     store::{
         StoreError,
         claims::Floor,
@@ -298,16 +298,9 @@ impl Writer {
 /// The record of a refused Kafka-native message: what arrived, due when it
 /// asked (none: 0, which `Get` leaves out), scheduled at the record's time.
 fn arrived_record(arrived: native::Arrived, at: UnixMillis) -> MessageRecord {
-    let envelope = Envelope {
-        topic: arrived.topic,
-        key: arrived.key,
-        value: arrived.value,
-        headers: arrived.headers,
-        partition: None,
-    };
     match arrived.due {
-        Some(requested) => MessageRecord::new(envelope, requested, requested.resolve(at), 0, at),
-        None => MessageRecord { due_ms: 0, ..MessageRecord::new(envelope, DueSpec::At(at), at, 0, at) },
+        Some(requested) => MessageRecord::new(arrived.record, requested, requested.resolve(at), 0, at),
+        None => MessageRecord { due_ms: 0, ..MessageRecord::new(arrived.record, DueSpec::At(at), at, 0, at) },
     }
 }
 

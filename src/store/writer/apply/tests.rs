@@ -204,9 +204,14 @@ async fn native_records_schedule_cancel_and_are_refused_by_id() {
         id: Some(id("bad")),
         reason: crate::message::Invalid::new("hourglass-topic", "is missing"),
         arrived: Box::new(crate::log::native::Arrived {
-            value: b"what came".to_vec(),
+            record: crate::message::Envelope {
+                topic: String::new(),
+                key: None,
+                value: b"what came".to_vec(),
+                headers: Vec::new(),
+                partition: None,
+            },
             due: Some(DueSpec::After(std::time::Duration::from_secs(2))),
-            ..Default::default()
         }),
     };
     store
