@@ -77,7 +77,9 @@ use crate::{
     kafka::{DeliveryReport, Fault, Outgoing, ProduceError, Producer},
     message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis},
     metrics,
-    store::{DueBatch, Floor, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey},
+    store::{
+        DueBatch, Floor, HeldTopics, Outcome, Ready, Settle, Store, StoreError, Tries, schema::DispatchKey,
+    },
 };
 
 mod lease;
@@ -211,19 +213,6 @@ struct Refusal {
     /// When the next probe may go.
     probe_at: UnixMillis,
     probing: bool,
-}
-
-impl Refusal {
-    /// What a pending message of the topic shows meanwhile.
-    fn explain(&self, topic: &str) -> String {
-        format!(
-            "waiting: the broker refuses topic {topic:?} (since {}, {} tries; it is tried again with backoff, \
-             and its messages fail once it has refused for --fail-after and --max-delivery-attempts tries): {}",
-            self.since.to_rfc3339(),
-            self.tries,
-            self.error
-        )
-    }
 }
 
 impl TopicState {
@@ -977,7 +966,7 @@ impl Dispatcher {
             let gave_up = state.refusal.as_ref().is_some_and(|r| self.config.gives_up(r.since, r.tries, now));
             if gave_up && state.deferred.is_empty() && state.in_flight == 0 {
                 state.refusal = None;
-                self.store.held().release(topic);
+                note_held(self.store.held(), topic, state, self.config.stall_after);
             }
         }
         self.topics.retain(|_, t| !t.is_idle());
@@ -1028,9 +1017,7 @@ impl Dispatcher {
             let state = self.topics.entry(Arc::clone(&sent.topic)).or_default();
             state.stalled += 1;
             if state.stalled == 1 {
-                if state.refusal.is_none() {
-                    self.store.held().hold(&sent.topic, stall_reason(&sent.topic, self.config.stall_after));
-                }
+                note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
                 tracing::warn!(
                     topic = %sent.topic,
                     waited = ?self.config.stall_after,
@@ -1104,9 +1091,7 @@ impl Dispatcher {
         if stalled {
             state.stalled -= 1;
             if state.stalled == 0 {
-                if state.refusal.is_none() {
-                    self.store.held().release(&sent.topic);
-                }
+                note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
                 tracing::info!(topic = %sent.topic, "Kafka answers produces to this topic again");
             }
         }
@@ -1114,13 +1099,7 @@ impl Dispatcher {
             Ok((partition, offset)) => {
                 crate::failpoint::hit("dispatch-before-settle");
                 if let Some(refusal) = state.refusal.take() {
-                    match state.stalled {
-                        0 => self.store.held().release(&sent.topic),
-                        _ => self
-                            .store
-                            .held()
-                            .hold(&sent.topic, stall_reason(&sent.topic, self.config.stall_after)),
-                    }
+                    note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
                     tracing::info!(
                         topic = %sent.topic,
                         refused_for = ?now.since(refusal.since),
@@ -1157,9 +1136,7 @@ impl Dispatcher {
                     self.config.outcome_of_error(error, &sent.tries, now)
                 } else if let Some(outcome) = {
                     let outcome = topic_refused(&self.config, state, &sent, error, now);
-                    if let Some(refusal) = &state.refusal {
-                        self.store.held().hold(&sent.topic, refusal.explain(&sent.topic));
-                    }
+                    note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
                     outcome
                 } {
                     outcome
@@ -1257,12 +1234,31 @@ fn topic_refused(
         .then(|| Outcome::Failed { error: refusal_reason(&refusal.error, refusal, now), tried: true })
 }
 
-/// What a pending message of a stalled topic shows meanwhile.
-fn stall_reason(topic: &str, stall_after: Duration) -> String {
-    format!(
-        "waiting: Kafka has not answered a produce to topic {topic:?} for {}",
-        crate::message::duration_text(stall_after)
-    )
+/// Tells the store why `topic`'s messages wait, as `state` has it now (a
+/// refusal, else a stall), or that they do not: what `Get`, `List` and
+/// `Stats` show on its pending messages.
+fn note_held(held: &HeldTopics, topic: &Arc<str>, state: &TopicState, stall_after: Duration) {
+    match (&state.refusal, state.stalled) {
+        (Some(r), _) => held.hold(
+            topic,
+            format!(
+                "waiting: the broker refuses topic {topic:?} (since {}, {} tries; it is tried again with \
+                 backoff, and its messages fail once it has refused for --fail-after and \
+                 --max-delivery-attempts tries): {}",
+                r.since.to_rfc3339(),
+                r.tries,
+                r.error
+            ),
+        ),
+        (None, 0) => held.release(topic),
+        (None, _) => held.hold(
+            topic,
+            format!(
+                "waiting: Kafka has not answered a produce to topic {topic:?} for {}",
+                crate::message::duration_text(stall_after)
+            ),
+        ),
+    }
 }
 
 /// Why the messages of a refused topic failed.
