@@ -9,12 +9,21 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hourglass-bench");
 
+/// What the nodes log, kept in a file per node: how shards moved between
+/// them, and every warning.
+const NODE_LOG: &str = "warn,hourglass::cluster::owner=info,hourglass::kafka::group=info";
+
 /// Runs the bench with `args` on a tiny workload; returns its table and
-/// the report it wrote as JSON.
+/// the report it wrote as JSON. If it fails, what its servers logged is
+/// shown with its own output.
 fn run(args: &[&str]) -> (String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("figures.json");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
     let out = Command::new(BIN)
+        .env("HOURGLASS_TEST_LOG_DIR", &logs)
+        .env("HOURGLASS_BENCH_SERVER_LOG", NODE_LOG)
         .args(args)
         .args(["--scale", "0.002", "--clients", "8", "--json"])
         .arg(&json)
@@ -24,9 +33,25 @@ fn run(args: &[&str]) -> (String, Value) {
         .expect("running hourglass-bench");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {}\n{stdout}\n{stderr}", out.status);
+    assert!(out.status.success(), "bench failed: {}\n{stdout}\n{stderr}\n{}", out.status, server_logs(&logs));
     let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     (stdout, report)
+}
+
+/// Every line the servers logged, in time order, each with the port of the
+/// server that logged it.
+fn server_logs(dir: &std::path::Path) -> String {
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        let port = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            // Lines start with their RFC 3339 time: sorting orders them.
+            lines.push(format!("{line} [{port}]"));
+        }
+    }
+    lines.sort();
+    format!("what the servers logged:\n{}", lines.join("\n"))
 }
 
 /// The value of the measurement whose name has all of `words` (names

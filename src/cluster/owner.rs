@@ -53,6 +53,9 @@ const MOVE_WAIT: Duration = Duration::from_secs(5);
 const LET_GO_WAIT: Duration = Duration::from_secs(10);
 /// How long a failed take waits before it tries again.
 const RETAKE_AFTER: Duration = Duration::from_secs(5);
+/// How long a step of a take may last before the log says so (and again
+/// each time as long).
+const SLOW_TAKE: Duration = Duration::from_secs(10);
 /// How often the health of the owned shards is looked at.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 
@@ -495,7 +498,7 @@ impl Inner {
             outcome
         };
         let started = Instant::now();
-        if !applied_to(&view.applied, end, cancel).await {
+        if !taking_applied_to(shard, &view.applied, end, cancel).await {
             return abandon(view, Ok(None)).await;
         }
         if from < end {
@@ -520,7 +523,7 @@ impl Inner {
                 return abandon(view, Err(e)).await;
             }
         };
-        if !applied_to(&view.applied, offset + 1, cancel).await {
+        if !taking_applied_to(shard, &view.applied, offset + 1, cancel).await {
             return abandon(view, Ok(None)).await;
         }
         let claimed_at = tokio::time::Instant::now();
@@ -647,6 +650,31 @@ async fn applied_to(applied: &watch::Receiver<i64>, end: i64, cancel: &Cancellat
     tokio::select! {
         _ = cancel.cancelled() => false,
         reached = applied.wait_for(|next| *next >= end) => reached.is_ok(),
+    }
+}
+
+/// [`applied_to`] for a take of `shard`, saying every [`SLOW_TAKE`] how far
+/// the store is, so that a take that does not end is seen in the log.
+async fn taking_applied_to(
+    shard: usize,
+    applied: &watch::Receiver<i64>,
+    end: i64,
+    cancel: &CancellationToken,
+) -> bool {
+    let started = Instant::now();
+    let reached = applied_to(applied, end, cancel);
+    tokio::pin!(reached);
+    loop {
+        tokio::select! {
+            reached = &mut reached => return reached,
+            _ = tokio::time::sleep(SLOW_TAKE) => tracing::warn!(
+                shard,
+                applied_to = *applied.borrow(),
+                end,
+                waited = ?started.elapsed(),
+                "taking the shard: the schedule log is not applied to where the take needs it yet"
+            ),
+        }
     }
 }
 
