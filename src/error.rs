@@ -1,5 +1,5 @@
 //! The core's error: every situation a request can end in other than
-//! success, from a bad field to a full server. `api::status` maps each one
+//! success, from a bad field to a full server. `status` maps each one
 //! to a gRPC status in one table; nothing else builds a status.
 
 use std::time::Duration;

@@ -12,8 +12,11 @@
 //!                          one shard per id  └──────────── checkpoint ◄─────────────────┘
 //! ```
 //!
-//! - [`api`]: the gRPC adapter; converts and calls, decides nothing. Every
-//!   error becomes a status in one table, `api::status`.
+//! - [`api`]: the gRPC adapter over a [`scheduler::Scheduler`], the seam of
+//!   the calls hourglass serves; decides nothing. Standalone it serves
+//!   [`api::Local`] (this node's service); in cluster mode the cluster's
+//!   router, which serves each call here or on its shard's owner. Every
+//!   error becomes a status in one table, [`status`].
 //! - [`service`]: what a request means; validation against [`message::Limits`]
 //!   and the Kafka topic catalog, due times from the [`clock`], ids for
 //!   messages sent without one.
@@ -23,7 +26,8 @@
 //! - [`cluster`]: cluster mode (`--cluster`): each shard's store is a view
 //!   of one partition of the schedule log; a change is decided, appended
 //!   to the log, applied from it, and only then answered, and the
-//!   dispatcher's settles go the same way.
+//!   dispatcher's settles go the same way. Its router passes calls on to
+//!   the node that owns their shard.
 //! - [`shard`]: one store, the dispatcher that drains it, and their upkeep.
 //! - [`store`]: RocksDB with three column families; one writer thread per
 //!   store commits every change as one atomic, group-committed `WriteBatch`.
@@ -44,7 +48,7 @@
 //!   request bytes are bounded in [`api`]), and ordered shutdown.
 //!
 //! Modules depend downward only, in this order from the top: `server`;
-//! `api`; `service`; `node`; `cluster`; `shard`; `dispatcher`; `kafka`, `store`,
+//! `api`; `service`; `node`; `cluster`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
 //! `auth`; `log`, `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/architecture.rs` fails on an import that would close
 //! a circle. The `hourglass` binary (`src/bin/hourglass`: the command line
@@ -65,10 +69,12 @@ pub mod memory;
 pub mod message;
 pub mod metrics;
 pub mod node;
+pub mod scheduler;
 pub mod secret;
 pub mod server;
 pub mod service;
 pub mod shard;
+pub mod status;
 pub mod store;
 pub mod tls;
 

@@ -27,11 +27,11 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     clock::Clock,
-    cluster::{Cluster, ClusterConfig, ClusterError, Place, Shards},
+    cluster::{Cluster, ClusterConfig, ClusterError, Shards},
     kafka::Producer,
     message::{
         CancelOutcome, ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled,
-        ScheduledMessage, Scope, UnixMillis, merge_pages,
+        ScheduledMessage, Scope, UnixMillis, merge_pages, shard_of,
     },
     shard::{Shard, ShardConfig},
     store::{
@@ -77,7 +77,7 @@ pub struct Node {
     /// Standalone: every shard, in shard order.
     shards: Vec<Shard>,
     /// Cluster mode: the shards the consumer group gives this node.
-    cluster: Option<Cluster>,
+    cluster: Option<Arc<Cluster>>,
     max_pending: Option<u64>,
     health: watch::Receiver<StoreHealth>,
     damaged: CancellationToken,
@@ -116,7 +116,7 @@ impl Node {
                 shards: Vec::new(),
                 health: cluster.health(),
                 damaged: cluster.damaged(),
-                cluster: Some(cluster),
+                cluster: Some(Arc::new(cluster)),
                 max_pending: config.max_pending,
                 stop,
                 watchers,
@@ -176,38 +176,14 @@ impl Node {
         }
     }
 
-    /// Whether the shards are shared with other nodes (cluster mode).
-    pub fn clustered(&self) -> bool {
-        self.cluster.is_some()
-    }
-
-    /// Where requests for `shard` are served: always here standalone; in
-    /// a cluster, here or by its owner (waiting a bounded time while it
-    /// moves).
-    pub async fn place(&self, shard: usize) -> Result<Place, StoreError> {
-        match &self.cluster {
-            Some(cluster) => cluster.place(shard).await,
-            None => Ok(Place::Here),
-        }
-    }
-
-    /// Where requests for `shard` go now that the node at `refused` did
-    /// not take one.
-    pub async fn moved(&self, shard: usize, refused: &str) -> Result<Place, StoreError> {
-        match &self.cluster {
-            Some(cluster) => cluster.moved(shard, refused).await,
-            None => Ok(Place::Here),
-        }
+    /// Cluster mode: the shards this node shares with the others.
+    pub fn cluster(&self) -> Option<Arc<Cluster>> {
+        self.cluster.clone()
     }
 
     /// Whether this node serves `shard` now.
     pub fn owns(&self, shard: usize) -> bool {
         self.cluster.as_ref().is_none_or(|cluster| cluster.owns(shard))
-    }
-
-    /// The other nodes of the cluster that own shards now.
-    pub fn peers(&self) -> Vec<String> {
-        self.cluster.as_ref().map(Cluster::peers).unwrap_or_default()
     }
 
     /// The store of `id`'s shard: in cluster mode, once this node owns it.
@@ -422,40 +398,6 @@ impl Node {
     }
 }
 
-/// The shard an id belongs to among `shards`: Kafka's Java client's rule
-/// for keys, `toPositive(murmur2(key)) % n`, over the id's text.
-pub fn shard_of(id: &MessageId, shards: u32) -> u32 {
-    (murmur2(id.as_str().as_bytes()) as u32 & 0x7fff_ffff) % shards.max(1)
-}
-
-/// MurmurHash2 as Kafka's Java client computes it (seed `0x9747b28c`,
-/// little-endian words).
-pub fn murmur2(data: &[u8]) -> i32 {
-    const SEED: u32 = 0x9747_b28c;
-    const M: u32 = 0x5bd1_e995;
-    const R: u32 = 24;
-    let mut h = SEED ^ data.len() as u32;
-    let mut chunks = data.chunks_exact(4);
-    for chunk in &mut chunks {
-        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-        k = k.wrapping_mul(M);
-        k ^= k >> R;
-        k = k.wrapping_mul(M);
-        h = h.wrapping_mul(M) ^ k;
-    }
-    let tail = chunks.remainder();
-    if !tail.is_empty() {
-        for (i, byte) in tail.iter().enumerate().rev() {
-            h ^= u32::from(*byte) << (8 * i);
-        }
-        h = h.wrapping_mul(M);
-    }
-    h ^= h >> 13;
-    h = h.wrapping_mul(M);
-    h ^= h >> 15;
-    h as i32
-}
-
 /// Where each shard's store lives, after checking the data dir holds no
 /// store of another layout.
 fn shard_paths(dir: &Path, shards: u32) -> Result<Vec<PathBuf>, NodeError> {
@@ -572,7 +514,7 @@ fn in_order(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{PendingMessage, Tenant};
+    use crate::message::{PendingMessage, Tenant, murmur2};
 
     /// Kafka's `UtilsTest.testMurmur2`: the Java client's hash of a key.
     #[test]

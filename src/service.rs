@@ -32,8 +32,6 @@ use crate::{
     store::{NewId, NewMessage, StoreError},
 };
 
-pub use crate::cluster::Place;
-
 /// Due entries one `List` call looks at, at most, matching or not.
 pub const LIST_EXAMINE: usize = 10_000;
 
@@ -57,20 +55,11 @@ pub struct Service {
     /// Ids for messages scheduled without one: ULIDs, increasing within a
     /// millisecond.
     ids: Mutex<ulid::Generator>,
-    /// Which node a request without a shard goes to next.
-    turn: std::sync::atomic::AtomicUsize,
 }
 
 impl Service {
     pub fn new(node: Arc<Node>, catalog: Arc<TopicCatalog>, limits: Limits, clock: Arc<dyn Clock>) -> Self {
-        Service {
-            node,
-            catalog,
-            limits,
-            clock,
-            ids: Mutex::new(ulid::Generator::new()),
-            turn: std::sync::atomic::AtomicUsize::new(0),
-        }
+        Service { node, catalog, limits, clock, ids: Mutex::new(ulid::Generator::new()) }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -119,80 +108,18 @@ impl Service {
     fn new_id(&self, scope: &Scope) -> MessageId {
         let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
         let mut id = MessageId::generate(&mut ids, scope.tenant.as_ref());
-        if self.node.clustered() {
-            for _ in 0..ID_TRIES {
-                if self.node.owns(self.node.shard_of(&id)) {
-                    break;
-                }
-                id = MessageId::generate(&mut ids, scope.tenant.as_ref());
+        for _ in 0..ID_TRIES {
+            if self.node.owns(self.node.shard_of(&id)) {
+                break;
             }
+            id = MessageId::generate(&mut ids, scope.tenant.as_ref());
         }
         id
-    }
-
-    /// Whether requests may have to go to other nodes (cluster mode).
-    pub fn clustered(&self) -> bool {
-        self.node.clustered()
-    }
-
-    /// The shard of `id` (as the caller names it); none for a request
-    /// without an id (a schedule that gets one made where it is served).
-    pub fn shard_of(&self, access: &Access, id: &str) -> Result<Option<usize>, Error> {
-        if id.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(self.node.shard_of(&access.scope().id(id)?)))
-    }
-
-    /// Where a request for `shard` is served (waiting a bounded time while
-    /// it moves). One without a shard is served here when this node owns
-    /// a shard, else by one of the nodes that do, in turn.
-    pub async fn place(&self, shard: Option<usize>) -> Result<Place, Error> {
-        if let Some(shard) = shard {
-            return Ok(self.node.place(shard).await?);
-        }
-        if (0..self.node.shard_count()).any(|s| self.node.owns(s)) {
-            return Ok(Place::Here);
-        }
-        let peers = self.node.peers();
-        if peers.is_empty() {
-            return Ok(self.node.place(0).await?);
-        }
-        let turn = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Place::There(peers[turn % peers.len()].clone()))
-    }
-
-    /// Where a request for `shard` goes now that the node at `refused` did
-    /// not take it.
-    pub async fn moved(&self, shard: Option<usize>, refused: &str) -> Result<Place, Error> {
-        match shard {
-            Some(shard) => Ok(self.node.moved(shard, refused).await?),
-            None => self.place(None).await,
-        }
-    }
-
-    /// The other nodes that own shards, for calls that span them all.
-    pub fn peers(&self) -> Vec<String> {
-        self.node.peers()
     }
 
     pub async fn schedule(&self, access: &Access, cmd: ScheduleCommand) -> Result<Scheduled, Error> {
         let msg = self.prepare(access, &access.scope(), cmd).await?;
         Ok(self.node.schedule(msg).await?)
-    }
-
-    /// Refuses a batch of more than --max-batch items.
-    pub fn check_batch(&self, items: usize) -> Result<(), Invalid> {
-        if items > self.limits.max_batch {
-            return Err(Invalid::new(
-                "requests",
-                format!(
-                    "has {items} items; the server takes at most {} per batch (--max-batch)",
-                    self.limits.max_batch
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Schedules many requests in one durable write. Items that fail to
@@ -205,7 +132,7 @@ impl Service {
         access: &Access,
         items: Vec<Result<ScheduleCommand, Invalid>>,
     ) -> Result<Vec<Result<Scheduled, Error>>, Error> {
-        self.check_batch(items.len())?;
+        self.limits.check_batch(items.len())?;
         let scope = access.scope();
         let mut results: Vec<Option<Result<Scheduled, Error>>> = Vec::with_capacity(items.len());
         let (mut msgs, mut slots) = (Vec::new(), Vec::new());

@@ -403,6 +403,19 @@ fn the_core_does_not_know_its_callers() {
     }
 }
 
+/// The gRPC adapter serves a `Scheduler` and the service answers for this
+/// node: where a call is served in a cluster is the cluster's business.
+#[test]
+fn the_api_and_the_service_know_nothing_of_cluster_mode() {
+    let graph = module_graph();
+    for module in ["api", "scheduler", "service"] {
+        assert!(
+            !graph[module].contains("cluster"),
+            "{module} imports cluster; the cluster's router wraps the local Scheduler instead"
+        );
+    }
+}
+
 #[test]
 fn the_tools_are_not_in_the_product() {
     for gone in ["bench", "cli", "client"] {

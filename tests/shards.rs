@@ -11,8 +11,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use common::*;
 use hourglass::{
-    message::MessageId,
-    node::shard_of,
+    message::{MessageId, shard_of},
     proto::{self, CancelOutcome, State, scheduler_client::SchedulerClient},
 };
 use tonic::transport::Channel;

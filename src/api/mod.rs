@@ -1,17 +1,17 @@
-//! The gRPC adapter: the `hourglass.v1.Scheduler` service. Each method takes
-//! the request, converts it (`convert`), calls the [`Service`], and converts
-//! the answer back; errors become statuses through the one table in
-//! `status`. No decisions are made here.
+//! The gRPC adapter: the `hourglass.v1.Scheduler` service. Each method
+//! admits the call, reads who makes it, and hands it to the [`Scheduler`]
+//! it serves ([`Local`]: this node's service, converting with `convert`);
+//! errors become statuses through the one table in [`crate::status`]. No
+//! decisions are made here.
 
 pub mod codec;
 pub mod convert;
 mod limit;
-mod route;
-mod status;
+mod local;
 mod stream;
 
 pub use limit::Budget;
-pub use route::FORWARDED;
+pub use local::Local;
 pub use stream::StreamLimits;
 
 use std::{future::Future, sync::Arc, time::Instant};
@@ -19,8 +19,12 @@ use std::{future::Future, sync::Arc, time::Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
-use crate::{Error, auth::Access, message::ListQuery, metrics, proto, service::Service};
-use route::{Caller, Router};
+use crate::{
+    Error,
+    auth::Access,
+    metrics, proto,
+    scheduler::{Call, FORWARDED, Listing, POSITIONS, Scheduler},
+};
 
 /// How the API admits calls.
 #[derive(Clone, Debug)]
@@ -30,14 +34,10 @@ pub struct ApiConfig {
     pub stream: stream::StreamLimits,
     /// The bytes of requests held at once, across calls.
     pub memory: limit::Budget,
-    /// Cluster mode: how to reach other nodes advertised at https://
-    /// addresses (none: the system's roots, no client certificate).
-    pub peer_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 pub struct SchedulerApi {
-    service: Arc<Service>,
-    router: Arc<Router>,
+    scheduler: Arc<dyn Scheduler>,
     config: ApiConfig,
     /// Calls being served at once, at most; one permit per call.
     admission: Arc<Semaphore>,
@@ -47,10 +47,9 @@ pub struct SchedulerApi {
 }
 
 impl SchedulerApi {
-    pub fn new(service: Arc<Service>, config: ApiConfig) -> Self {
+    pub fn new(scheduler: Arc<dyn Scheduler>, config: ApiConfig) -> Self {
         SchedulerApi {
-            router: Arc::new(Router::new(Arc::clone(&service), config.peer_tls.clone())),
-            service,
+            scheduler,
             admission: Arc::new(Semaphore::new(config.max_concurrent)),
             streams: Arc::new(Semaphore::new((config.max_concurrent / 2).max(1))),
             config,
@@ -74,7 +73,7 @@ impl SchedulerApi {
         let stream = Arc::clone(&self.streams)
             .try_acquire_owned()
             .map_err(|_| busy(METHOD, Error::TooManyStreams((self.config.max_concurrent / 2).max(1))))?;
-        let window = stream::memory(self.service.limits());
+        let window = stream::memory(self.scheduler.limits());
         let memory = self.config.memory.try_take(window).ok_or_else(|| {
             busy(METHOD, Error::NoRoomForStream { total: self.config.memory.total(), window })
         })?;
@@ -102,7 +101,7 @@ impl SchedulerApi {
 
     /// The gRPC service, refusing requests over the size limit unread.
     pub fn into_server(self) -> limit::SizeLimit<proto::scheduler_server::SchedulerServer<Self>> {
-        let limits = self.service.limits().clone();
+        let limits = self.scheduler.limits().clone();
         let memory = self.config.memory.clone();
         let api = Arc::new(self);
         let serve = |limit: limit::Limit| {
@@ -122,55 +121,6 @@ fn busy(method: &'static str, refusal: Error) -> Status {
     let status = Status::from(refusal);
     metrics::GRPC_REQUESTS.with_label_values(&[method, &format!("{:?}", status.code())]).inc();
     status
-}
-
-/// Schedules items of a batch or a stream on this node's shards: answers
-/// numbered from 0, counted by status code.
-async fn schedule_here(
-    service: &Service,
-    access: &Access,
-    method: &'static str,
-    items: Vec<proto::ScheduleRequest>,
-) -> Vec<proto::ScheduleResult> {
-    let n = items.len();
-    let items = items.into_iter().map(TryInto::try_into).collect();
-    let results = match service.schedule_batch(access, items).await {
-        Ok(results) => results,
-        // The write failed: nothing of it was stored.
-        Err(e) => vec![Err(e); n],
-    };
-    schedule_results(method, 0, results)
-}
-
-/// The answers to items of a batch or a stream, numbered from
-/// `first_index`, counted by status code (the successes in one go).
-fn schedule_results(
-    method: &'static str,
-    first_index: u64,
-    results: Vec<Result<crate::message::Scheduled, Error>>,
-) -> Vec<proto::ScheduleResult> {
-    use proto::schedule_result::Result as R;
-    let mut scheduled = 0;
-    let answers = (first_index..)
-        .zip(results)
-        .map(|(index, result)| {
-            let result = match result {
-                Ok(s) => {
-                    scheduled += 1;
-                    R::Scheduled(s.into())
-                }
-                Err(e) => {
-                    let error = status::item_error(e);
-                    let code = format!("{:?}", tonic::Code::from_i32(error.code));
-                    metrics::SCHEDULE_ITEMS.with_label_values(&[method, &code]).inc();
-                    R::Error(error)
-                }
-            };
-            proto::ScheduleResult { index, result: Some(result) }
-        })
-        .collect();
-    metrics::SCHEDULE_ITEMS.with_label_values(&[method, "Ok"]).inc_by(scheduled);
-    answers
 }
 
 /// Runs one call, counting it by method and status code.
@@ -196,23 +146,8 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::ScheduleRequest>,
     ) -> Result<Response<proto::ScheduleResponse>, Status> {
         self.call("Schedule", async {
-            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
-            let forwarded = self
-                .router
-                .one(
-                    "Schedule",
-                    &caller,
-                    &access,
-                    request.get_ref().id.as_deref().unwrap_or_default(),
-                    request.get_ref(),
-                    |mut c, r| Box::pin(async move { c.schedule(r).await }),
-                )
-                .await?;
-            if let Some(answer) = forwarded {
-                return Ok(answer);
-            }
-            let scheduled = self.service.schedule(&access, request.into_inner().try_into()?).await?;
-            Ok(scheduled.into())
+            let call = call_of(&request)?;
+            self.scheduler.schedule(&call, request.into_inner()).await
         })
         .await
     }
@@ -222,10 +157,10 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::ScheduleBatchRequest>,
     ) -> Result<Response<proto::ScheduleBatchResponse>, Status> {
         self.call("ScheduleBatch", async {
-            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
+            let call = call_of(&request)?;
             let requests = request.into_inner().requests;
-            self.service.check_batch(requests.len())?;
-            let results = self.router.schedule(&caller, &access, "ScheduleBatch", requests).await;
+            self.scheduler.limits().check_batch(requests.len())?;
+            let results = self.scheduler.schedule_batch(&call, "ScheduleBatch", requests).await;
             Ok(proto::ScheduleBatchResponse { results })
         })
         .await
@@ -237,14 +172,11 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         &self,
         request: Request<tonic::Streaming<proto::ScheduleRequest>>,
     ) -> Result<Response<Self::ScheduleStreamStream>, Status> {
-        let access = Access::of(&request).map_err(Status::from)?;
-        let caller = Caller::of(&request);
+        let call = call_of(&request).map_err(Status::from)?;
         let permits = self.admit_stream()?;
         let answers = stream::serve(
-            Arc::clone(&self.service),
-            Arc::clone(&self.router),
-            caller,
-            access,
+            Arc::clone(&self.scheduler),
+            call,
             request.into_inner(),
             self.config.stream,
             permits,
@@ -257,18 +189,8 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::CancelRequest>,
     ) -> Result<Response<proto::CancelResponse>, Status> {
         self.call("Cancel", async {
-            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
-            let forwarded = self
-                .router
-                .one("Cancel", &caller, &access, &request.get_ref().id, request.get_ref(), |mut c, r| {
-                    Box::pin(async move { c.cancel(r).await })
-                })
-                .await?;
-            if let Some(answer) = forwarded {
-                return Ok(answer);
-            }
-            let outcome = self.service.cancel(&access, &request.into_inner().id).await?;
-            Ok(proto::CancelResponse { outcome: proto::CancelOutcome::from(outcome).into() })
+            let call = call_of(&request)?;
+            self.scheduler.cancel(&call, request.into_inner()).await
         })
         .await
     }
@@ -278,38 +200,16 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::RescheduleRequest>,
     ) -> Result<Response<proto::RescheduleResponse>, Status> {
         self.call("Reschedule", async {
-            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
-            let forwarded = self
-                .router
-                .one("Reschedule", &caller, &access, &request.get_ref().id, request.get_ref(), |mut c, r| {
-                    Box::pin(async move { c.reschedule(r).await })
-                })
-                .await?;
-            if let Some(answer) = forwarded {
-                return Ok(answer);
-            }
-            let request = request.into_inner();
-            convert::check_id(&request.id)?;
-            let due = convert::due_spec(request.due.map(convert::WireDue::from))?;
-            let due = self.service.reschedule(&access, &request.id, due).await?;
-            Ok(proto::RescheduleResponse { deliver_at: Some(convert::timestamp(due)) })
+            let call = call_of(&request)?;
+            self.scheduler.reschedule(&call, request.into_inner()).await
         })
         .await
     }
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::GetResponse>, Status> {
         self.call("Get", async {
-            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
-            let forwarded = self
-                .router
-                .one("Get", &caller, &access, &request.get_ref().id, request.get_ref(), |mut c, r| {
-                    Box::pin(async move { c.get(r).await })
-                })
-                .await?;
-            if let Some(answer) = forwarded {
-                return Ok(answer);
-            }
-            Ok(self.service.get(&access, &request.into_inner().id).await?.into())
+            let call = call_of(&request)?;
+            self.scheduler.get(&call, request.into_inner()).await
         })
         .await
     }
@@ -319,12 +219,16 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
         self.call_for_response("List", async {
-            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
-            let request = request.into_inner();
-            let query: ListQuery = request.clone().try_into()?;
-            let limit = query.validate()?;
-            let page = self.service.list(&access, query).await?;
-            self.router.list(&caller, request, page, limit).await
+            let call = call_of(&request)?;
+            let Listing { page, positions } = self.scheduler.list(&call, request.into_inner()).await?;
+            let mut response = Response::new(page);
+            // A node that merges pages orders them by these.
+            if call.forwarded {
+                let positions = positions.iter().map(|p| p.encode()).collect::<Vec<_>>().join(",");
+                let value = positions.parse().map_err(|_| Error::Undecodable("page positions".into()))?;
+                response.metadata_mut().insert(POSITIONS, value);
+            }
+            Ok(response)
         })
         .await
     }
@@ -334,10 +238,19 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         request: Request<proto::StatsRequest>,
     ) -> Result<Response<proto::StatsResponse>, Status> {
         self.call("Stats", async {
-            let (access, caller) = (Access::of(&request)?, Caller::of(&request));
-            let here = self.service.stats(&access).await?.into();
-            self.router.stats(&caller, here).await
+            let call = call_of(&request)?;
+            self.scheduler.stats(&call).await
         })
         .await
     }
+}
+
+/// Who makes `request`, and what it carries on if it is passed on.
+fn call_of<T>(request: &Request<T>) -> Result<Call, Error> {
+    let metadata = request.metadata();
+    Ok(Call {
+        access: Access::of(request)?,
+        forwarded: metadata.contains_key(FORWARDED),
+        authorization: metadata.get("authorization").cloned(),
+    })
 }

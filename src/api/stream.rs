@@ -25,8 +25,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::route::{Caller, Router};
-use crate::{Error, auth::Access, metrics, proto, service::Service};
+use crate::{
+    Error, metrics, proto,
+    scheduler::{Call, Scheduler},
+};
 
 /// The answers to a stream, in request order.
 pub type Answers = ReceiverStream<Result<proto::ScheduleResult, Status>>;
@@ -50,20 +52,18 @@ pub struct StreamLimits {
 const METHOD: &str = "ScheduleStream";
 
 /// `permits` are the stream's places among the calls served at once; they
-/// are held until the stream ends. Items for topics outside `access` are
-/// answered PERMISSION_DENIED.
+/// are held until the stream ends. Items for topics outside the call's
+/// access are answered PERMISSION_DENIED.
 pub fn serve<P: Send + 'static>(
-    service: Arc<Service>,
-    router: Arc<Router>,
-    caller: Caller,
-    access: Access,
+    scheduler: Arc<dyn Scheduler>,
+    call: Call,
     inbound: Streaming<proto::ScheduleRequest>,
     limits: StreamLimits,
     permits: P,
 ) -> Answers {
     let (tx, rx) = mpsc::channel(CHUNK);
     tokio::spawn(async move {
-        pump(service, router, caller, access, inbound, limits, tx).await;
+        pump(scheduler, call, inbound, limits, tx).await;
         drop(permits);
     });
     ReceiverStream::new(rx)
@@ -80,17 +80,15 @@ pub fn memory(limits: &crate::message::Limits) -> usize {
 type Chunk = Pin<Box<dyn Future<Output = (Vec<proto::ScheduleResult>, usize)> + Send>>;
 
 async fn pump(
-    service: Arc<Service>,
-    router: Arc<Router>,
-    caller: Caller,
-    access: Access,
+    scheduler: Arc<dyn Scheduler>,
+    call: Call,
     mut inbound: Streaming<proto::ScheduleRequest>,
     limits: StreamLimits,
     tx: mpsc::Sender<Result<proto::ScheduleResult, Status>>,
 ) {
     let started = Instant::now();
     let window = limits.window.max(1);
-    let chunk_limit = CHUNK.min(service.limits().max_batch).max(1);
+    let chunk_limit = CHUNK.min(scheduler.limits().max_batch).max(1);
     let mut answers: FuturesOrdered<Chunk> = FuturesOrdered::new();
     let (mut unanswered, mut unanswered_bytes) = (0usize, 0usize);
     let mut next_index = 0u64;
@@ -121,8 +119,8 @@ async fn pump(
                 last_heard = tokio::time::Instant::now();
                 // The token may have been revoked or narrowed since the
                 // stream opened: nothing more is scheduled with a dead one.
-                let access = match access.current() {
-                    Ok(access) => access,
+                let access = match call.access.current() {
+                    Ok(access) => Call { access, ..call.clone() },
                     Err(e) => {
                         broken = Some(Status::from(e));
                         open = false;
@@ -140,7 +138,7 @@ async fn pump(
                             chunk.push(request);
                         }
                         Some(Err(status)) => {
-                            broken = Some(super::limit::too_large(status, super::limit::Limit::one_message(service.limits())));
+                            broken = Some(super::limit::too_large(status, super::limit::Limit::one_message(scheduler.limits())));
                             open = false;
                             break;
                         }
@@ -163,7 +161,7 @@ async fn pump(
                     unanswered_bytes += chunk_bytes;
                     let first_index = next_index;
                     next_index += chunk.len() as u64;
-                    let answered = schedule_chunk(Arc::clone(&router), caller.clone(), access, chunk, first_index);
+                    let answered = schedule_chunk(Arc::clone(&scheduler), access, chunk, first_index);
                     answers.push_back(Box::pin(answered.map(move |results| (results, chunk_bytes))));
                 }
             }
@@ -182,13 +180,12 @@ async fn pump(
 }
 
 async fn schedule_chunk(
-    router: Arc<Router>,
-    caller: Caller,
-    access: Access,
+    scheduler: Arc<dyn Scheduler>,
+    call: Call,
     chunk: Vec<proto::ScheduleRequest>,
     first_index: u64,
 ) -> Vec<proto::ScheduleResult> {
-    let mut answers = router.schedule(&caller, &access, METHOD, chunk).await;
+    let mut answers = scheduler.schedule_batch(&call, METHOD, chunk).await;
     for answer in &mut answers {
         answer.index += first_index;
     }

@@ -27,12 +27,14 @@
 //! delivered or cancelled goes out again.
 
 pub(crate) mod applier;
+mod forward;
 pub(crate) mod front;
 pub(crate) mod owner;
 pub(crate) mod recorder;
 pub(crate) mod routes;
 pub(crate) mod waiters;
 
+pub use forward::Router;
 pub use owner::{Cluster, Place, Shards};
 
 use std::time::Duration;

@@ -142,6 +142,20 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// Refuses a batch of more than --max-batch items.
+    pub fn check_batch(&self, items: usize) -> Result<(), Invalid> {
+        if items > self.max_batch {
+            return Err(Invalid::new(
+                "requests",
+                format!(
+                    "has {items} items; the server takes at most {} per batch (--max-batch)",
+                    self.max_batch
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The largest request of one message the server decodes (`Schedule`,
     /// each request of a `ScheduleStream`, and the small ones): the message
     /// with room for its envelope. Anything larger is refused unread.

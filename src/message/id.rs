@@ -109,3 +109,37 @@ impl fmt::Display for MessageId {
         f.write_str(self.as_str())
     }
 }
+
+/// The shard an id belongs to among `shards`: Kafka's Java client's rule
+/// for keys, `toPositive(murmur2(key)) % n`, over the id's text.
+pub fn shard_of(id: &MessageId, shards: u32) -> u32 {
+    (murmur2(id.as_str().as_bytes()) as u32 & 0x7fff_ffff) % shards.max(1)
+}
+
+/// MurmurHash2 as Kafka's Java client computes it (seed `0x9747b28c`,
+/// little-endian words).
+pub fn murmur2(data: &[u8]) -> i32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h = SEED ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        for (i, byte) in tail.iter().enumerate().rev() {
+            h ^= u32::from(*byte) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}

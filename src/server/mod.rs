@@ -27,14 +27,17 @@ use tokio_util::sync::CancellationToken;
 use tonic::{service::interceptor::InterceptedService, transport::server::TcpIncoming};
 
 use crate::{
-    api::{ApiConfig, Budget, SchedulerApi, StreamLimits},
+    api::{ApiConfig, Budget, Local, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
+    cluster::Router,
     config::Config,
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
     node::Node,
-    proto, secret,
+    proto,
+    scheduler::Scheduler,
+    secret,
     service::Service,
     store::StoreHealth,
 };
@@ -145,14 +148,23 @@ pub async fn run_with_clock(
         max_concurrent: config.max_concurrent_requests,
         stream: StreamLimits { window: config.stream_window, idle: *config.stream_idle_timeout },
         memory: Budget::new(config.max_request_memory),
-        peer_tls: settings::peer_tls(&config, &node_config)?,
+    };
+    // Cluster mode: a call is served here or on the node that owns its
+    // shard.
+    let local: Arc<dyn Scheduler> = Arc::new(Local::new(service));
+    let scheduler: Arc<dyn Scheduler> = match node.cluster() {
+        Some(cluster) => Arc::new(Router::new(local, cluster, settings::peer_tls(&config, &node_config)?)),
+        None => local,
     };
     let grpc = tokio::spawn(
         server
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(InterceptedService::new(SchedulerApi::new(service, api).into_server(), auth.clone()))
+            .add_service(InterceptedService::new(
+                SchedulerApi::new(scheduler, api).into_server(),
+                auth.clone(),
+            ))
             .serve_with_incoming_shutdown(
                 limits::LimitedIncoming::new(
                     // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs

@@ -1,17 +1,23 @@
-//! Cluster mode: any node answers any request. A request about a message
-//! whose shard another node owns goes to that node (found in the routing
-//! topic), with the caller's token, marked [`FORWARDED`] so that it is
-//! served there or refused, never sent on again. A batch is split by
-//! owner; `List` and `Stats` ask every node that owns shards and merge.
+//! Cluster mode: any node answers any call. A call about a message whose
+//! shard another node owns goes to that node (found in the routing topic),
+//! with the caller's token, marked [`FORWARDED`] so that it is served there
+//! or refused, never sent on again. A batch is split by owner; `List` and
+//! `Stats` ask every node that owns shards and merge.
 //!
-//! A forwarded request the other node refuses without acting on it (it no
+//! A forwarded call the other node refuses without acting on it (it no
 //! longer owns the shard, or it cannot be reached at all) is sent again to
 //! the shard's next owner, a bounded number of times. Any other answer,
 //! errors included, is passed on as it came.
+//!
+//! [`Router`] is the [`Scheduler`] the gRPC adapter serves in cluster mode:
+//! what is served here goes to the scheduler it wraps, this node's own.
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -22,21 +28,16 @@ use tonic::{
     transport::{Channel, ClientTlsConfig, Endpoint},
 };
 
-use super::status::NOT_OWNER;
+use super::{Cluster, Place};
 use crate::{
     Error,
-    auth::Access,
-    message::{PageToken, PendingPage, merge_pages},
+    message::{Limits, ListQuery, PageToken, merge_pages, shard_of},
     metrics, proto,
-    service::{Place, Service},
+    scheduler::{Call, FORWARDED, Listing, POSITIONS, Scheduler},
+    status::{NOT_OWNER, item_error},
     store::LIST_KEY_BYTES,
 };
 
-/// Request metadata of a request one node sends another.
-pub const FORWARDED: &str = "hourglass-forwarded";
-/// Response metadata of a forwarded `List`: each message's position in the
-/// listing's order, as page tokens, comma-separated.
-const POSITIONS: &str = "hourglass-positions";
 /// How long connecting to another node may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a forwarded call may take.
@@ -46,47 +47,72 @@ const RESENDS: usize = 3;
 
 type Client = proto::scheduler_client::SchedulerClient<Channel>;
 
-/// What a forwarded request carries on from its caller.
-#[derive(Clone, Debug, Default)]
-pub struct Caller {
-    /// It came from another node: it is served here, or refused.
-    pub forwarded: bool,
-    authorization: Option<AsciiMetadataValue>,
-}
-
-impl Caller {
-    pub fn of<T>(request: &Request<T>) -> Caller {
-        let metadata = request.metadata();
-        Caller {
-            forwarded: metadata.contains_key(FORWARDED),
-            authorization: metadata.get("authorization").cloned(),
-        }
+/// `message` as `call` passes it on to another node.
+fn forwarded<T>(call: &Call, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(CALL_TIMEOUT);
+    let metadata = request.metadata_mut();
+    metadata.insert(FORWARDED, AsciiMetadataValue::from_static("1"));
+    if let Some(token) = &call.authorization {
+        metadata.insert("authorization", token.clone());
     }
-
-    fn request<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        request.set_timeout(CALL_TIMEOUT);
-        let metadata = request.metadata_mut();
-        metadata.insert(FORWARDED, AsciiMetadataValue::from_static("1"));
-        if let Some(token) = &self.authorization {
-            metadata.insert("authorization", token.clone());
-        }
-        request
-    }
+    request
 }
 
 /// Sends requests on to the nodes that own their shards.
 pub struct Router {
-    service: Arc<Service>,
+    /// This node's own scheduler: what is served here.
+    local: Arc<dyn Scheduler>,
+    cluster: Arc<Cluster>,
     tls: Option<ClientTlsConfig>,
     clients: Mutex<HashMap<String, Client>>,
+    /// Which node a call without a shard goes to next.
+    turn: AtomicUsize,
 }
 
 impl Router {
-    /// `tls`: how to reach the other nodes when they are advertised at
-    /// https:// addresses.
-    pub fn new(service: Arc<Service>, tls: Option<ClientTlsConfig>) -> Router {
-        Router { service, tls, clients: Mutex::new(HashMap::new()) }
+    /// Serves calls on `local` or on the node that owns their shard in
+    /// `cluster`. `tls`: how to reach the other nodes when they are
+    /// advertised at https:// addresses.
+    pub fn new(local: Arc<dyn Scheduler>, cluster: Arc<Cluster>, tls: Option<ClientTlsConfig>) -> Router {
+        Router { local, cluster, tls, clients: Mutex::new(HashMap::new()), turn: AtomicUsize::new(0) }
+    }
+
+    /// The shard of `id` (as the caller names it); none for a call without
+    /// an id (a schedule that gets one made where it is served).
+    fn shard_of(&self, call: &Call, id: &str) -> Result<Option<usize>, Error> {
+        if id.is_empty() {
+            return Ok(None);
+        }
+        let id = call.access.scope().id(id)?;
+        Ok(Some(shard_of(&id, self.cluster.partitions()) as usize))
+    }
+
+    /// Where a call for `shard` is served (waiting a bounded time while it
+    /// moves). One without a shard is served here when this node owns a
+    /// shard, else by one of the nodes that do, in turn.
+    async fn place(&self, shard: Option<usize>) -> Result<Place, Error> {
+        if let Some(shard) = shard {
+            return Ok(self.cluster.place(shard).await?);
+        }
+        if (0..self.cluster.partitions() as usize).any(|s| self.cluster.owns(s)) {
+            return Ok(Place::Here);
+        }
+        let peers = self.cluster.peers();
+        if peers.is_empty() {
+            return Ok(self.cluster.place(0).await?);
+        }
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        Ok(Place::There(peers[turn % peers.len()].clone()))
+    }
+
+    /// Where a call for `shard` goes now that the node at `refused` did
+    /// not take it.
+    async fn moved(&self, shard: Option<usize>, refused: &str) -> Result<Place, Error> {
+        match shard {
+            Some(shard) => Ok(self.cluster.moved(shard, refused).await?),
+            None => self.place(None).await,
+        }
     }
 
     fn client(&self, addr: &str) -> Result<Client, Error> {
@@ -119,30 +145,29 @@ impl Router {
 
     /// A request about the message `id`: `None` when this node serves it,
     /// else the answer of the node that did.
-    pub async fn one<Req: Clone, Resp>(
+    async fn one<Req: Clone, Resp>(
         &self,
         method: &'static str,
-        caller: &Caller,
-        access: &Access,
+        call: &Call,
         id: &str,
         request: &Req,
         send: impl Fn(Client, Request<Req>) -> BoxFuture<'static, Result<Response<Resp>, Status>>,
     ) -> Result<Option<Resp>, Error> {
-        if caller.forwarded || !self.service.clustered() {
+        if call.forwarded {
             return Ok(None);
         }
-        let shard = self.service.shard_of(access, id)?;
-        let mut place = self.service.place(shard).await?;
+        let shard = self.shard_of(call, id)?;
+        let mut place = self.place(shard).await?;
         for resend in 0..=RESENDS {
             let Place::There(addr) = place else {
                 return Ok(None);
             };
             metrics::FORWARDED.with_label_values(&[method]).inc();
-            match send(self.client(&addr)?, caller.request(request.clone())).await {
+            match send(self.client(&addr)?, forwarded(call, request.clone())).await {
                 Ok(response) => return Ok(Some(response.into_inner())),
                 Err(status) if resend < RESENDS && not_taken(&status) => {
                     tracing::debug!(%addr, ?shard, status = %status.message(), "sending the request to the shard's next owner");
-                    place = self.service.moved(shard, &addr).await?;
+                    place = self.moved(shard, &addr).await?;
                 }
                 Err(status) => return Err(relayed(status)),
             }
@@ -153,15 +178,14 @@ impl Router {
     /// Schedules `items` where their shards are: those of this node's
     /// shards here, the others on their owners, one batch per node, all
     /// at once. Answers are numbered by the items' places in `items`.
-    pub async fn schedule(
+    async fn schedule_spread(
         &self,
-        caller: &Caller,
-        access: &Access,
+        call: &Call,
         method: &'static str,
         items: Vec<proto::ScheduleRequest>,
     ) -> Vec<proto::ScheduleResult> {
-        if caller.forwarded || !self.service.clustered() {
-            return super::schedule_here(&self.service, access, method, items).await;
+        if call.forwarded {
+            return self.local.schedule_batch(call, method, items).await;
         }
         let mut answers: Vec<Option<proto::ScheduleResult>> = vec![None; items.len()];
         let mut places: HashMap<Option<usize>, Place> = HashMap::new();
@@ -169,13 +193,13 @@ impl Router {
         let mut todo = Vec::with_capacity(items.len());
         for (index, item) in items.into_iter().enumerate() {
             // An id that does not parse is answered here, as Schedule would.
-            let shard = self.service.shard_of(access, item.id.as_deref().unwrap_or_default()).ok().flatten();
+            let shard = self.shard_of(call, item.id.as_deref().unwrap_or_default()).ok().flatten();
             let place = match places.get(&shard) {
                 Some(place) => place.clone(),
-                None => match self.service.place(shard).await {
+                None => match self.place(shard).await {
                     Ok(place) => places.entry(shard).or_insert(place).clone(),
                     Err(e) => {
-                        answers[index] = Some(item_answer(index, super::status::item_error(e)));
+                        answers[index] = Some(item_answer(index, item_error(e)));
                         continue;
                     }
                 },
@@ -200,7 +224,7 @@ impl Router {
                 if items.is_empty() {
                     return Vec::new();
                 }
-                let answered = super::schedule_here(&self.service, access, method, items).await;
+                let answered = self.local.schedule_batch(call, method, items).await;
                 indexes.into_iter().zip(answered).collect::<Vec<_>>()
             };
             let remote = there.into_iter().map(|(addr, group)| async move {
@@ -208,7 +232,7 @@ impl Router {
                 metrics::FORWARDED.with_label_values(&[method]).inc_by(group.len() as u64);
                 let sent = match self.client(&addr) {
                     Ok(mut client) => {
-                        client.schedule_batch(caller.request(proto::ScheduleBatchRequest { requests })).await
+                        client.schedule_batch(forwarded(call, proto::ScheduleBatchRequest { requests })).await
                     }
                     Err(e) => Err(Status::from(e)),
                 };
@@ -232,11 +256,9 @@ impl Router {
                     }
                     Err(status) if resend < RESENDS && not_taken(&status) => {
                         for (index, shard, item) in group {
-                            match self.service.moved(shard, &addr).await {
+                            match self.moved(shard, &addr).await {
                                 Ok(place) => todo.push((index, shard, item, place)),
-                                Err(e) => {
-                                    answers[index] = Some(item_answer(index, super::status::item_error(e)))
-                                }
+                                Err(e) => answers[index] = Some(item_answer(index, item_error(e))),
                             }
                         }
                     }
@@ -275,31 +297,20 @@ impl Router {
     /// This node's page of a listing, merged with those of every other
     /// node that owns shards; a forwarded `List` gets this node's page
     /// alone, with the positions of its messages.
-    pub async fn list(
-        &self,
-        caller: &Caller,
-        request: proto::ListRequest,
-        page: PendingPage,
-        limit: usize,
-    ) -> Result<Response<proto::ListResponse>, Error> {
-        let positions = page.positions.iter().map(|p| p.encode()).collect::<Vec<_>>().join(",");
-        let next = page.next;
-        let here: Vec<(PageToken, proto::PendingMessage)> =
-            page.positions.into_iter().zip(page.messages.into_iter().map(Into::into)).collect();
-        if caller.forwarded || !self.service.clustered() {
-            let messages = here.into_iter().map(|(_, m)| m).collect();
-            let mut response = Response::new(proto::ListResponse {
-                messages,
-                next_page_token: next.map(PageToken::encode).unwrap_or_default(),
-            });
-            if caller.forwarded {
-                let value = positions.parse().map_err(|_| Error::Undecodable("page positions".into()))?;
-                response.metadata_mut().insert(POSITIONS, value);
-            }
-            return Ok(response);
+    async fn list_all(&self, call: &Call, request: proto::ListRequest) -> Result<Listing, Error> {
+        let limit = ListQuery::try_from(request.clone())?.validate()?;
+        let Listing { page, positions } = self.local.list(call, request.clone()).await?;
+        if call.forwarded {
+            return Ok(Listing { page, positions });
         }
-        let asked = self.service.peers().into_iter().map(|addr| {
-            let request = caller.request(request.clone());
+        let next = match page.next_page_token.as_str() {
+            "" => None,
+            token => Some(PageToken::decode(token).map_err(|_| Error::Undecodable("page token".into()))?),
+        };
+        let here: Vec<(PageToken, proto::PendingMessage)> =
+            positions.into_iter().zip(page.messages).collect();
+        let asked = self.cluster.peers().into_iter().map(|addr| {
+            let request = forwarded(call, request.clone());
             async move {
                 metrics::FORWARDED.with_label_values(&["List"]).inc();
                 let mut client = self.client(&addr)?;
@@ -313,24 +324,25 @@ impl Router {
         let (messages, next) = merge_pages(pages, limit, LIST_KEY_BYTES, |m: &proto::PendingMessage| {
             m.key.as_ref().map_or(0, Vec::len)
         });
-        Ok(Response::new(proto::ListResponse {
-            messages: messages.into_iter().map(|(_, m)| m).collect(),
-            next_page_token: next.map(PageToken::encode).unwrap_or_default(),
-        }))
+        let (positions, messages) = messages.into_iter().unzip();
+        Ok(Listing {
+            page: proto::ListResponse {
+                messages,
+                next_page_token: next.map(PageToken::encode).unwrap_or_default(),
+            },
+            positions,
+        })
     }
 
     /// This node's figures, summed with those of every other node that
     /// owns shards; a forwarded `Stats` gets this node's alone.
-    pub async fn stats(
-        &self,
-        caller: &Caller,
-        here: proto::StatsResponse,
-    ) -> Result<proto::StatsResponse, Error> {
-        if caller.forwarded || !self.service.clustered() {
+    async fn stats_all(&self, call: &Call) -> Result<proto::StatsResponse, Error> {
+        let here = self.local.stats(call).await?;
+        if call.forwarded {
             return Ok(here);
         }
-        let asked = self.service.peers().into_iter().map(|addr| {
-            let request = caller.request(proto::StatsRequest {});
+        let asked = self.cluster.peers().into_iter().map(|addr| {
+            let request = forwarded(call, proto::StatsRequest {});
             async move {
                 metrics::FORWARDED.with_label_values(&["Stats"]).inc();
                 let mut client = self.client(&addr)?;
@@ -359,6 +371,77 @@ impl Router {
             }
         }
         Ok(total)
+    }
+}
+
+#[tonic::async_trait]
+impl Scheduler for Router {
+    fn limits(&self) -> &Limits {
+        self.local.limits()
+    }
+
+    async fn schedule(
+        &self,
+        call: &Call,
+        request: proto::ScheduleRequest,
+    ) -> Result<proto::ScheduleResponse, Error> {
+        let id = request.id.clone().unwrap_or_default();
+        let send =
+            |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.schedule(r).await }) };
+        match self.one("Schedule", call, &id, &request, send).await? {
+            Some(answer) => Ok(answer),
+            None => self.local.schedule(call, request).await,
+        }
+    }
+
+    async fn schedule_batch(
+        &self,
+        call: &Call,
+        method: &'static str,
+        items: Vec<proto::ScheduleRequest>,
+    ) -> Vec<proto::ScheduleResult> {
+        self.schedule_spread(call, method, items).await
+    }
+
+    async fn cancel(
+        &self,
+        call: &Call,
+        request: proto::CancelRequest,
+    ) -> Result<proto::CancelResponse, Error> {
+        let send = |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.cancel(r).await }) };
+        match self.one("Cancel", call, &request.id, &request, send).await? {
+            Some(answer) => Ok(answer),
+            None => self.local.cancel(call, request).await,
+        }
+    }
+
+    async fn reschedule(
+        &self,
+        call: &Call,
+        request: proto::RescheduleRequest,
+    ) -> Result<proto::RescheduleResponse, Error> {
+        let send =
+            |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.reschedule(r).await }) };
+        match self.one("Reschedule", call, &request.id, &request, send).await? {
+            Some(answer) => Ok(answer),
+            None => self.local.reschedule(call, request).await,
+        }
+    }
+
+    async fn get(&self, call: &Call, request: proto::GetRequest) -> Result<proto::GetResponse, Error> {
+        let send = |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.get(r).await }) };
+        match self.one("Get", call, &request.id, &request, send).await? {
+            Some(answer) => Ok(answer),
+            None => self.local.get(call, request).await,
+        }
+    }
+
+    async fn list(&self, call: &Call, request: proto::ListRequest) -> Result<Listing, Error> {
+        self.list_all(call, request).await
+    }
+
+    async fn stats(&self, call: &Call) -> Result<proto::StatsResponse, Error> {
+        self.stats_all(call).await
     }
 }
 
