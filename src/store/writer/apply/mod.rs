@@ -18,7 +18,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{Flow, NewId, NewMessage, Outcome, Round, Settle, Stored, Writer};
+use super::{
+    change::Flow,
+    ops::{NewId, NewMessage, Outcome, Settle},
+    round::{Round, Stored},
+    state::Writer,
+};
 use crate::{
     log::{
         native::{self, Native},
@@ -28,6 +33,7 @@ use crate::{
     store::{
         StoreError,
         claims::Floor,
+        options::cf,
         scan::Tries,
         schema::{self, MessageRecord, Settlement, SettlementKind},
         view,
@@ -134,7 +140,7 @@ impl Writer {
         let answer = |result| Flow::Done(Ok(Decision::Answer(Answer::Scheduled(result))));
         let id = match &msg.id {
             NewId::Client(id) => {
-                if self.holds.contains(id) {
+                if self.cluster.holds.contains(id) {
                     return Flow::Park(id.clone());
                 }
                 match self.find(r, &msg.scope, id) {
@@ -158,7 +164,7 @@ impl Writer {
         // A second schedule of this id waits for this one to be applied,
         // and is then answered as a retry (or a conflict).
         let held = id.map(|id| {
-            self.holds.insert(id.clone());
+            self.cluster.holds.insert(id.clone());
             self.hold(id.clone())
         });
         let mut message = LogMessage::new(msg.id.id(), &msg.envelope, msg.requested, msg.due, msg.now);
@@ -183,18 +189,18 @@ impl Writer {
             Ok(None) => return Flow::Done(Ok(None)),
             Err(e) => return Flow::Done(Err(e)),
         };
-        if self.holds.contains(&id) || !self.shared.claims.reserve_for_writer(&id) {
+        if self.cluster.holds.contains(&id) || !self.shared.claims.reserve_for_writer(&id) {
             return Flow::Park(id);
         }
-        self.holds.insert(id.clone());
+        self.cluster.holds.insert(id.clone());
         Flow::Done(Ok(Some((id, stored))))
     }
 
     /// Lets go of a hold taken for a change that will not be logged.
     pub(super) fn unhold(&mut self, id: &MessageId) {
-        if self.holds.remove(id) {
+        if self.cluster.holds.remove(id) {
             self.shared.claims.release(id);
-            let parked = self.unpark(id);
+            let parked = self.parking.unpark(id);
             self.again.extend(parked.into_iter().map(|p| p.op));
         }
     }
@@ -353,8 +359,8 @@ impl Writer {
                 }
                 if let Some(Local::Held(id)) = &local {
                     // Released with this commit; changes waiting on it run then.
-                    self.holds.remove(id);
-                    r.released.push(id.clone());
+                    self.cluster.holds.remove(id);
+                    r.claims.released.push(id.clone());
                 }
                 // A delivery raises a mark only if the shard's owner sent
                 // it: one fenced by a later claim may have delivered
@@ -381,8 +387,8 @@ impl Writer {
             (Entry::Forget(id), _) => {
                 self.forget(r, &id)?;
                 // The owner held the id from its purge to here.
-                if self.holds.remove(&id) {
-                    r.released.push(id);
+                if self.cluster.holds.remove(&id) {
+                    r.claims.released.push(id);
                 }
                 Answer::None
             }
@@ -552,7 +558,7 @@ impl Writer {
                 self.touched(id);
                 let key = view::dispatch_key(&stored.record, stored.settlement.as_ref());
                 let topic = stored.record.topic.clone();
-                r.settled.insert(id.clone());
+                r.cluster.settled.insert(id.clone());
                 self.settle(
                     r,
                     Settle {
@@ -601,18 +607,18 @@ impl Writer {
     /// A settle this node's dispatcher sent: as in a standalone store,
     /// unless a record applied since it claimed the message changed it.
     fn apply_own_settle(&mut self, r: &mut Round, settle: Settle) -> Result<(), StoreError> {
-        if !self.touched_while_claimed.remove(&settle.id) {
-            r.settled.insert(settle.id.clone());
+        if !self.cluster.touched_while_claimed.remove(&settle.id) {
+            r.cluster.settled.insert(settle.id.clone());
             self.settle(r, settle);
             return Ok(());
         }
-        r.released.push(settle.id.clone());
+        r.claims.released.push(settle.id.clone());
         let from_owner = settle.in_order;
         let line = settled_line(&settle);
         let applied = self.apply_settled_line(r, line, from_owner);
         // Read as a line, it counts as touching the message while this very
         // claim holds it; the claim ends with this commit, and so does that.
-        self.touched_while_claimed.remove(&settle.id);
+        self.cluster.touched_while_claimed.remove(&settle.id);
         applied
     }
 
@@ -682,7 +688,7 @@ impl Writer {
             outcome,
             in_order,
         };
-        r.settled.insert(id);
+        r.cluster.settled.insert(id);
         self.settle(r, settle);
         Ok(())
     }
@@ -700,7 +706,7 @@ impl Writer {
         } else {
             r.delete_retention(settled_at, id);
         }
-        r.batch.delete_cf(super::cf(self.shared.db.as_ref(), schema::CF_MESSAGES), id.as_bytes());
+        r.batch.delete_cf(cf(self.shared.db.as_ref(), schema::CF_MESSAGES), id.as_bytes());
         r.delete_settlement(id);
         r.overlay.insert(id.clone(), None);
         r.effects.purged += 1;
@@ -708,14 +714,14 @@ impl Writer {
     }
 
     fn checkpoint(&self) -> &rocksdb::ColumnFamily {
-        super::cf(self.shared.db.as_ref(), schema::CF_CHECKPOINT)
+        cf(self.shared.db.as_ref(), schema::CF_CHECKPOINT)
     }
 
     /// A record applied changed `id`: if the dispatcher holds it, its
     /// settle is checked against the store when it comes.
     fn touched(&mut self, id: &MessageId) {
         if self.shared.claims.held_by_dispatcher(id) {
-            self.touched_while_claimed.insert(id.clone());
+            self.cluster.touched_while_claimed.insert(id.clone());
         }
     }
 }

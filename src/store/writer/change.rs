@@ -1,0 +1,186 @@
+//! A caller's change to a message: schedule, cancel and reschedule, each
+//! checked and made in one step of the writer, or waiting ([`Flow::Park`])
+//! while the dispatcher produces the message.
+
+use super::{
+    ops::{NewId, NewMessage},
+    round::{Round, Stored},
+    state::Writer,
+};
+use crate::{
+    message::{CancelOutcome, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
+    store::{
+        StoreError,
+        schema::{DispatchKey, MessageRecord, Settlement, SettlementKind, TriesRecord},
+        view,
+    },
+};
+
+pub(super) enum Flow<T> {
+    Done(Result<T, StoreError>),
+    /// The dispatcher holds the message; run the op again once it settles.
+    Park(MessageId),
+}
+
+impl Writer {
+    pub(super) fn schedule(&mut self, r: &mut Round, msg: NewMessage) -> Result<Scheduled, StoreError> {
+        let (id, client_id) = match msg.id {
+            NewId::Client(id) => {
+                if let Some((found, existing)) = self.find(r, &msg.scope, &id)? {
+                    return if existing.record.is_same_request(&msg.envelope, msg.requested) {
+                        Ok(Scheduled { id: found, due: existing.record.due(), duplicate: true })
+                    } else {
+                        Err(StoreError::IdConflict(found))
+                    };
+                }
+                (id, true)
+            }
+            NewId::Generated(id) => (id, false),
+        };
+        if self.at_capacity(r.meta.pending) {
+            return Err(StoreError::AtCapacity { pending: r.meta.pending });
+        }
+        let record = MessageRecord::new(msg.envelope, msg.requested, msg.due, 0, msg.now);
+        self.park_new(r, &id, record, client_id);
+        Ok(Scheduled { id, due: msg.due, duplicate: false })
+    }
+
+    /// Parks a message not in the store yet; `seen`: its id may come again
+    /// in this round (a client's, or one read from the log).
+    pub(super) fn park_new(&mut self, r: &mut Round, id: &MessageId, mut record: MessageRecord, seen: bool) {
+        let seq = r.meta.next_seq;
+        r.meta.next_seq += 1;
+        record.seq = seq;
+        let key = self.placed(r, DispatchKey { at: record.due(), seq });
+        record.entry_at_ms = Some(key.at.0);
+        r.put_message(id, &record.locator());
+        r.put_due(key, id, &record, None);
+        r.meta.pending += 1;
+        self.count(r, id, &record.topic, |c| c.pending += 1);
+        r.effects.scheduled += 1;
+        if seen {
+            r.overlay.insert(id.clone(), Some(Stored { record, settlement: None }));
+        }
+    }
+
+    /// Whether a produce of this pending message may have reached Kafka
+    /// before an unclean close, with its outcome never recorded.
+    pub(super) fn in_doubt(&self, stored: &Stored) -> bool {
+        self.in_doubt.is_some_and(|d| {
+            stored.record.seq < d.before_seq
+                && view::dispatch_key(&stored.record, stored.settlement.as_ref()) < d.below
+        })
+    }
+
+    pub(super) fn cancel(
+        &mut self,
+        r: &mut Round,
+        scope: &Scope,
+        id: &MessageId,
+        now: UnixMillis,
+    ) -> Flow<CancelOutcome> {
+        let (id, stored) = match self.find(r, scope, id) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Flow::Done(Ok(CancelOutcome::NotFound)),
+            Err(e) => return Flow::Done(Err(e)),
+        };
+        if !r.reserve(&self.shared.claims, &id) {
+            return Flow::Park(id);
+        }
+        if let Err(outcome) = view::state_of(stored.settlement.as_ref()).cancel() {
+            return Flow::Done(Ok(outcome));
+        }
+        if self.in_doubt(&stored) {
+            return Flow::Done(Err(StoreError::Dispatching(id)));
+        }
+        self.cancel_pending(r, &id, stored, now);
+        Flow::Done(Ok(CancelOutcome::Cancelled))
+    }
+
+    /// Cancels a pending message: its due entry goes, its record is kept
+    /// whole and settled as cancelled.
+    pub(super) fn cancel_pending(&mut self, r: &mut Round, id: &MessageId, stored: Stored, now: UnixMillis) {
+        let key = view::dispatch_key(&stored.record, stored.settlement.as_ref());
+        let record = r.take_out(id, key, stored.record);
+        let settlement = Settlement {
+            kind: SettlementKind::Cancelled as i32,
+            at_ms: now.0,
+            ..stored.settlement.unwrap_or_default()
+        };
+        r.settle(id, &settlement, now);
+        self.count(r, id, &record.topic, |c| {
+            c.pending = c.pending.saturating_sub(1);
+            c.cancelled = c.cancelled.saturating_add(1);
+        });
+        r.overlay.insert(id.clone(), Some(Stored { record, settlement: Some(settlement) }));
+        r.effects.cancelled += 1;
+        r.meta.cancelled_total += 1;
+    }
+
+    pub(super) fn reschedule(
+        &mut self,
+        r: &mut Round,
+        scope: &Scope,
+        id: &MessageId,
+        due: UnixMillis,
+    ) -> Flow<UnixMillis> {
+        let (id, stored) = match self.find(r, scope, id) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Flow::Done(Err(StoreError::NotFound(id.clone()))),
+            Err(e) => return Flow::Done(Err(e)),
+        };
+        if !r.reserve(&self.shared.claims, &id) {
+            return Flow::Park(id);
+        }
+        let state = view::state_of(stored.settlement.as_ref());
+        match state.reschedule() {
+            Ok(()) => {}
+            Err(RescheduleRefusal::AlreadyDelivered) => {
+                return Flow::Done(Err(StoreError::AlreadyDelivered(id)));
+            }
+            Err(RescheduleRefusal::AlreadyCancelled) => {
+                return Flow::Done(Err(StoreError::AlreadyCancelled(id)));
+            }
+        }
+        if state.is_pending() && self.in_doubt(&stored) {
+            return Flow::Done(Err(StoreError::Dispatching(id)));
+        }
+        if !state.is_pending() && self.at_capacity(r.meta.pending) {
+            return Flow::Done(Err(StoreError::AtCapacity { pending: r.meta.pending }));
+        }
+        self.move_to(r, id, stored, due);
+        Flow::Done(Ok(due))
+    }
+
+    /// Moves a pending message to `due`, or re-arms a failed one there.
+    pub(super) fn move_to(&mut self, r: &mut Round, id: MessageId, mut stored: Stored, due: UnixMillis) {
+        if view::state_of(stored.settlement.as_ref()).is_pending() {
+            r.delete_due(view::dispatch_key(&stored.record, stored.settlement.as_ref()));
+            if let Some(s) = stored.settlement.as_mut() {
+                // Keep the history of tries, drop the pending retry time.
+                s.retry_at_ms = 0;
+                r.put_settlement(&id, s);
+            }
+        } else {
+            // Failed: re-armed with a clean slate.
+            if let Some(at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
+                r.delete_retention(at, &id);
+            }
+            r.delete_settlement(&id);
+            stored.settlement = None;
+            r.meta.pending += 1;
+            r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
+            self.count(r, &id, &stored.record.topic, |c| {
+                c.pending = c.pending.saturating_add(1);
+                c.failed = c.failed.saturating_sub(1);
+            });
+        }
+        stored.record.due_ms = due.0;
+        let key = self.placed(r, DispatchKey { at: due, seq: stored.record.seq });
+        stored.record.entry_at_ms = Some(key.at.0);
+        r.put_message(&id, &stored.record.locator());
+        let tries = stored.settlement.as_ref().map(TriesRecord::of);
+        r.put_due(key, &id, &stored.record, tries.as_ref());
+        r.overlay.insert(id, Some(stored));
+    }
+}

@@ -1,0 +1,219 @@
+//! The requests the writer thread takes ([`Op`]), what they carry (a
+//! message to park, what became of a produce) and how one is refused.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::{Answer, Decided, Decision, Intent, LogEntry};
+use crate::{
+    message::{CancelOutcome, DueSpec, Envelope, MessageId, Scheduled, Scope, UnixMillis},
+    store::{StoreError, claims::Floor, read, scan::Tries, schema::DispatchKey},
+};
+
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// A message to park.
+#[derive(Debug)]
+pub struct NewMessage {
+    /// Its id, in the caller's space.
+    pub id: NewId,
+    /// Who asks: a retry is recognised in what the caller sees.
+    pub scope: Scope,
+    pub envelope: Envelope,
+    pub requested: DueSpec,
+    pub due: UnixMillis,
+    pub now: UnixMillis,
+}
+
+/// The id of a message to park, and who chose it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewId {
+    /// The client's: a retry of the same request finds the message it
+    /// parked.
+    Client(MessageId),
+    /// Made for this request: new by construction, nothing to look up.
+    Generated(MessageId),
+}
+
+impl NewId {
+    pub fn id(&self) -> &MessageId {
+        match self {
+            NewId::Client(id) | NewId::Generated(id) => id,
+        }
+    }
+}
+
+/// What became of one produce, reported by the dispatcher, which holds the
+/// message's claim until this is committed.
+#[derive(Debug)]
+pub(crate) struct Settle {
+    pub id: MessageId,
+    /// The due key the dispatcher took the message from.
+    pub key: DispatchKey,
+    /// The message's due time, for its lateness.
+    pub due: UnixMillis,
+    pub topic: Arc<str>,
+    /// Its tries as the dispatcher read them, which its claim has kept
+    /// unchanged since.
+    pub tries: Tries,
+    /// When the outcome was known.
+    pub at: UnixMillis,
+    pub outcome: Outcome,
+    /// A delivery handed over after every record sent before it was
+    /// answered and handed over: each earlier record on its partition is
+    /// recorded with it or before it, so it may raise the partition's mark
+    /// (see [`schema::mark_key`](crate::store::schema::mark_key)).
+    pub in_order: bool,
+}
+
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Delivered {
+        partition: i32,
+        offset: i64,
+    },
+    /// Try again at `retry_at`. `refused`: the broker refused the message
+    /// itself (too large, say), which counts toward giving up; a refused
+    /// topic or an unreachable broker does not.
+    Retry {
+        retry_at: UnixMillis,
+        error: String,
+        refused: bool,
+    },
+    /// Given up. `tried`: this message was produced and refused this time
+    /// (else it was failed with its topic, without a try of its own).
+    Failed {
+        error: String,
+        tried: bool,
+    },
+}
+
+pub(crate) enum Op {
+    Schedule {
+        msg: NewMessage,
+        reply: Reply<Scheduled>,
+    },
+    /// Many messages in one commit, answered one by one.
+    ScheduleBatch {
+        msgs: Vec<NewMessage>,
+        reply: Reply<Vec<Result<Scheduled, StoreError>>>,
+    },
+    Cancel {
+        scope: Scope,
+        id: MessageId,
+        now: UnixMillis,
+        reply: Reply<CancelOutcome>,
+    },
+    Reschedule {
+        scope: Scope,
+        id: MessageId,
+        due: UnixMillis,
+        reply: Reply<UnixMillis>,
+    },
+    Settle {
+        settles: Vec<Settle>,
+        floor: Option<Floor>,
+    },
+    /// The dispatcher gave these claims back without a change: requests
+    /// waiting on them run again.
+    Unpark(Vec<MessageId>),
+    /// The dispatcher will produce what is due up to `until`: recorded
+    /// before it does. Answered once committed.
+    Horizon {
+        until: UnixMillis,
+        reply: Reply<()>,
+    },
+    /// Marks of a target topic's partitions that have none yet: where
+    /// each ended before the first produce of this store to the topic.
+    /// Answered once committed.
+    Mark {
+        topic: Arc<str>,
+        ends: Vec<(i32, i64)>,
+        reply: Reply<()>,
+    },
+    /// Produces whose outcome the dispatcher will not learn: it stopped
+    /// before Kafka answered. Requests waiting on them are told so; their
+    /// claims stay until the store closes, and the store does not count as
+    /// closed cleanly.
+    InDoubt(Vec<MessageId>),
+    /// Forgets these settled messages if they are still settled as the
+    /// retention index said: (retention key, settled at, id); and the
+    /// chunks of these delivery logs: (log key, (id, seq) of each line).
+    /// Answered with the ids forgotten; `hold`: each stays held until its
+    /// tombstone is applied (cluster mode).
+    Purge {
+        candidates: Vec<(Vec<u8>, UnixMillis, MessageId)>,
+        logs: Vec<read::ExpiredLog>,
+        hold: bool,
+        reply: Reply<Vec<MessageId>>,
+    },
+    /// Cluster mode: decide a caller's change before it is logged.
+    Decide {
+        intent: Intent,
+        reply: Reply<Decision>,
+    },
+    /// Cluster mode: decide many changes; none waits.
+    DecideAll {
+        intents: Vec<Intent>,
+        reply: Reply<Vec<Decided>>,
+    },
+    Unhold(MessageId),
+    /// Cluster mode: apply records of the log partition.
+    Apply {
+        entries: Vec<LogEntry>,
+        reply: Reply<Vec<Answer>>,
+    },
+    /// A write of the metadata alone: does the store take writes again?
+    Probe {
+        reply: Reply<()>,
+    },
+    /// Time passes: requests parked too long are answered.
+    Tick,
+    /// Finish what is queued, then stop.
+    Close,
+}
+
+impl Op {
+    /// How much of a round this op takes: a batch counts per message.
+    pub(super) fn weight(&self) -> usize {
+        match self {
+            Op::ScheduleBatch { msgs, .. } => msgs.len().max(1),
+            Op::Unpark(ids) | Op::InDoubt(ids) => ids.len().max(1),
+            Op::Settle { settles, .. } => settles.len().max(1),
+            Op::Apply { entries, .. } => entries.len().max(1),
+            Op::DecideAll { intents, .. } => intents.len().max(1),
+            Op::Purge { candidates, logs, .. } => {
+                (candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>()).max(1)
+            }
+            _ => 1,
+        }
+    }
+
+    /// The caller went away: nobody waits for the answer.
+    pub(super) fn abandoned(&self) -> bool {
+        match self {
+            Op::Cancel { reply, .. } => reply.is_closed(),
+            Op::Reschedule { reply, .. } => reply.is_closed(),
+            Op::Decide { reply, .. } => reply.is_closed(),
+            _ => false,
+        }
+    }
+}
+
+pub(super) fn refuse(op: Op, error: StoreError) {
+    match op {
+        Op::Schedule { reply, .. } => drop(reply.send(Err(error))),
+        Op::ScheduleBatch { reply, .. } => drop(reply.send(Err(error))),
+        Op::Cancel { reply, .. } => drop(reply.send(Err(error))),
+        Op::Reschedule { reply, .. } => drop(reply.send(Err(error))),
+        Op::Purge { reply, .. } => drop(reply.send(Err(error))),
+        Op::Probe { reply } => drop(reply.send(Err(error))),
+        Op::Decide { reply, .. } => drop(reply.send(Err(error))),
+        Op::DecideAll { reply, .. } => drop(reply.send(Err(error))),
+        Op::Apply { reply, .. } => drop(reply.send(Err(error))),
+        Op::Mark { reply, .. } => drop(reply.send(Err(error))),
+        Op::Horizon { reply, .. } => drop(reply.send(Err(error))),
+        Op::Settle { .. } | Op::Unpark(_) | Op::InDoubt(_) | Op::Unhold(_) | Op::Tick | Op::Close => {}
+    }
+}

@@ -1,0 +1,239 @@
+//! A round: everything one commit of the writer changes ([`Round`]), the
+//! writes it batches, the answers it holds back until the commit, and what
+//! it did, for the metrics ([`Effects`]).
+
+use std::{
+    cell::RefCell,
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
+
+use rocksdb::{DB, WriteBatch};
+
+use super::ops::{Reply, Settle};
+use crate::{
+    message::{MessageId, UnixMillis},
+    metrics,
+    store::{
+        StoreError,
+        claims::{Claims, Floor},
+        options::cf,
+        read,
+        schema::{
+            self, Counts, CountsKey, DeliveryLine, DeliveryLog, DispatchKey, MessageRecord, Meta, Settlement,
+            TriesRecord,
+        },
+    },
+};
+
+/// A message as read for a change: its record and what happened to it.
+#[derive(Clone)]
+pub(super) struct Stored {
+    pub(super) record: MessageRecord,
+    pub(super) settlement: Option<Settlement>,
+}
+
+/// Everything one round changes, committed together or not at all.
+pub(super) struct Round<'a> {
+    pub(super) db: &'a DB,
+    pub(super) batch: WriteBatch,
+    pub(super) meta: Meta,
+    /// Counts entries this round changes, with their new values.
+    pub(super) counts: HashMap<CountsKey, Counts>,
+    /// Messages changed earlier in this round, as they will be after commit.
+    pub(super) overlay: HashMap<MessageId, Option<Stored>>,
+    /// Claims this round ends at its commit.
+    pub(super) claims: RoundClaims,
+    /// Settles to try again if the commit fails: their produce happened.
+    pub(super) settles: Vec<Settle>,
+    /// The dispatcher's floor this round records, to send again with them.
+    pub(super) floor: Option<Floor>,
+    /// Due entries this round adds.
+    pub(super) added: Vec<(DispatchKey, MessageId)>,
+    /// First-try deliveries this round logs as one chunk.
+    pub(super) chunk: Vec<DeliveryLine>,
+    pub(super) replies: Vec<DeferredReply>,
+    pub(super) effects: Effects,
+    /// Commit even when nothing changed: a probe.
+    pub(super) probe: bool,
+    /// Cluster mode: what applying the log in this round did.
+    pub(super) cluster: ClusterRound,
+    /// Delivery logs this round read, decoded: none changes before the
+    /// round commits.
+    pub(super) delivery_logs: RefCell<read::DeliveryLogs>,
+}
+
+/// The claims a round ends at its commit: those it reserved for its own
+/// changes, and those it releases once its commit is in.
+pub(super) struct RoundClaims {
+    pub(super) reserved: HashSet<MessageId>,
+    pub(super) released: Vec<MessageId>,
+}
+
+/// Cluster mode: what applying the log in a round did.
+pub(super) struct ClusterRound {
+    /// Cluster mode: messages settled by records this round applies.
+    pub(super) settled: HashSet<MessageId>,
+    /// Records of the log are applied: a failed commit is applied again
+    /// from the log, not retried here.
+    pub(super) from_log: bool,
+    /// Cluster mode: ids this round forgets and holds until their
+    /// tombstones are applied; let go if the commit fails.
+    pub(super) holding: Vec<MessageId>,
+}
+
+#[derive(Default)]
+pub(super) struct Effects {
+    pub(super) scheduled: u64,
+    pub(super) cancelled: u64,
+    pub(super) failed: u64,
+    pub(super) purged: u64,
+    /// Lateness (delivered-at minus due) of each delivery.
+    pub(super) delivered: Vec<Duration>,
+}
+
+/// An answer held back until its round commits; it receives the commit's error.
+pub(super) type DeferredReply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
+
+impl<'a> Round<'a> {
+    pub(super) fn new(db: &'a DB, meta: Meta) -> Self {
+        Round {
+            db,
+            batch: WriteBatch::default(),
+            meta,
+            counts: HashMap::new(),
+            overlay: HashMap::new(),
+            claims: RoundClaims { reserved: HashSet::new(), released: Vec::new() },
+            settles: Vec::new(),
+            floor: None,
+            added: Vec::new(),
+            chunk: Vec::new(),
+            replies: Vec::new(),
+            effects: Effects::default(),
+            probe: false,
+            cluster: ClusterRound { settled: HashSet::new(), from_log: false, holding: Vec::new() },
+            delivery_logs: RefCell::default(),
+        }
+    }
+
+    pub(super) fn reply<T: Send + 'static>(&mut self, tx: Reply<T>, result: Result<T, StoreError>) {
+        self.replies.push(Box::new(move |commit_error: Option<&StoreError>| {
+            let _ = tx.send(match commit_error {
+                Some(e) => Err(e.clone()),
+                None => result,
+            });
+        }));
+    }
+
+    pub(super) fn reserve(&mut self, claims: &Claims, id: &MessageId) -> bool {
+        if claims.reserve_for_writer(id) {
+            self.claims.reserved.insert(id.clone());
+            true
+        } else {
+            false
+        }
+    }
+
+    pub(super) fn put_message(&mut self, id: &MessageId, record: &MessageRecord) {
+        self.batch.put_cf(cf(self.db, schema::CF_MESSAGES), id.as_bytes(), schema::encode(record));
+    }
+
+    /// Puts a due entry holding the message whole.
+    pub(super) fn put_due(
+        &mut self,
+        key: DispatchKey,
+        id: &MessageId,
+        record: &MessageRecord,
+        tries: Option<&TriesRecord>,
+    ) {
+        let entry = schema::encode_due_parts(id.as_bytes(), record, tries);
+        self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), entry);
+        self.added.push((key, id.clone()));
+    }
+
+    /// Writes this round's first-try deliveries as one chunk's delivery
+    /// log; returns its last dispatch key.
+    pub(super) fn log_chunk(&mut self) -> Option<DispatchKey> {
+        if self.chunk.is_empty() {
+            return None;
+        }
+        let mut lines = std::mem::take(&mut self.chunk);
+        lines.sort_unstable_by_key(|l| (l.at_ms, l.seq));
+        let key = |l: &DeliveryLine| DispatchKey { at: UnixMillis(l.at_ms), seq: l.seq };
+        let (first, last) = (key(&lines[0]), key(&lines[lines.len() - 1]));
+        let log = DeliveryLog { last: last.encode().to_vec(), lines };
+        self.batch.put_cf(
+            cf(self.db, schema::CF_CHECKPOINT),
+            schema::delivery_log_key(first),
+            schema::encode(&log),
+        );
+        Some(last)
+    }
+
+    /// Deletes the due entry at `key` of the message `record` is (read
+    /// whole); a locator in the messages CF becomes the whole record, which
+    /// is returned.
+    pub(super) fn take_out(
+        &mut self,
+        id: &MessageId,
+        key: DispatchKey,
+        mut record: MessageRecord,
+    ) -> MessageRecord {
+        self.delete_due(key);
+        if record.is_locator() {
+            record.entry_at_ms = None;
+            self.put_message(id, &record);
+        }
+        record
+    }
+
+    pub(super) fn delete_due(&mut self, key: DispatchKey) {
+        self.batch.delete_cf(cf(self.db, schema::CF_DUE), key.encode());
+    }
+
+    pub(super) fn put_mark(&mut self, topic: &str, partition: i32, offset: i64) {
+        self.batch.put_cf(
+            cf(self.db, schema::CF_CHECKPOINT),
+            schema::mark_key(topic, partition),
+            offset.to_be_bytes(),
+        );
+    }
+
+    pub(super) fn put_settlement(&mut self, id: &MessageId, s: &Settlement) {
+        self.batch.put_cf(cf(self.db, schema::CF_CHECKPOINT), schema::settlement_key(id), schema::encode(s));
+    }
+
+    pub(super) fn delete_settlement(&mut self, id: &MessageId) {
+        self.batch.delete_cf(cf(self.db, schema::CF_CHECKPOINT), schema::settlement_key(id));
+    }
+
+    pub(super) fn delete_retention(&mut self, at: UnixMillis, id: &MessageId) {
+        self.batch.delete_cf(cf(self.db, schema::CF_CHECKPOINT), schema::retention_key(at, id));
+    }
+
+    /// Records a final state (delivered, cancelled, failed) and starts its
+    /// retention clock.
+    pub(super) fn settle(&mut self, id: &MessageId, settlement: &Settlement, at: UnixMillis) {
+        self.put_settlement(id, settlement);
+        self.start_retention(at, id);
+        self.meta.pending = self.meta.pending.saturating_sub(1);
+    }
+
+    /// Starts the retention clock of a message settled at `at`.
+    pub(super) fn start_retention(&mut self, at: UnixMillis, id: &MessageId) {
+        self.batch.put_cf(cf(self.db, schema::CF_CHECKPOINT), schema::retention_key(at, id), []);
+    }
+}
+
+impl Effects {
+    pub(super) fn record(&self) {
+        metrics::SCHEDULED.inc_by(self.scheduled);
+        metrics::CANCELLED.inc_by(self.cancelled);
+        metrics::FAILED.inc_by(self.failed);
+        metrics::PURGED.inc_by(self.purged);
+        metrics::DELIVERED.inc_by(self.delivered.len() as u64);
+        for lateness in &self.delivered {
+            metrics::LATENESS.observe(lateness.as_secs_f64());
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! The writer thread's loop: opening the store, taking ops in rounds,
+//! dispatching each op, committing a round and answering it, and closing.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
+use tokio::sync::mpsc;
+
+use super::{
+    apply::{self, Answer, Decided, LogEntry},
+    change::Flow,
+    ops::{Op, Reply, refuse},
+    park::Parking,
+    round::Round,
+    state::{ClusterHolds, InDoubt, Shared, Writer, WriterConfig},
+};
+use crate::{
+    message::{MessageId, UnixMillis},
+    metrics,
+    store::{
+        StoreError,
+        health::StoreHealth,
+        options::{ShardOf, cf},
+        read,
+        schema::{self, COUNTS_VERSION, DispatchKey},
+    },
+};
+
+/// How long a closing writer keeps trying to record deliveries a failing
+/// disk refuses, before it gives up on them (they are produced again after
+/// a restart).
+const CLOSE_RETRIES_FOR: Duration = Duration::from_secs(5);
+
+impl Writer {
+    /// Reads the store's state and records that it is open (not closed
+    /// cleanly), in a synced write, before anything can be produced.
+    pub fn open(
+        shared: Shared,
+        config: WriterConfig,
+        rx: mpsc::Receiver<Op>,
+        now: UnixMillis,
+    ) -> Result<Writer, StoreError> {
+        let db = &shared.db;
+        let mut meta = read::meta(db, &ReadOptions::default())?;
+        let counts = if meta.counts_version == COUNTS_VERSION {
+            read::counts(db, None)?
+        } else {
+            let started = Instant::now();
+            let counts = read::count_every_message(db)?;
+            tracing::info!(
+                entries = counts.len(),
+                elapsed = ?started.elapsed(),
+                "counted the store's messages by tenant and topic (first start of this release)"
+            );
+            counts
+        };
+        // A store that never took a message (a new one) has nothing in
+        // doubt, however it was left.
+        let due_by = meta.dispatch_horizon_ms.map_or(now, |horizon| now.min(UnixMillis(horizon)));
+        let in_doubt = (!meta.closed_cleanly && meta.next_seq > 0)
+            .then_some(InDoubt { below: DispatchKey::after(due_by), before_seq: meta.next_seq });
+        if in_doubt.is_some() {
+            tracing::info!(
+                "the store was not closed cleanly: messages due before now may have been produced \
+                 already; until each is produced again, cancel and reschedule answer UNAVAILABLE for it"
+            );
+        }
+        let mut batch = WriteBatch::default();
+        let checkpoint = cf(db, schema::CF_CHECKPOINT);
+        if meta.counts_version != COUNTS_VERSION {
+            for (key, value) in &counts {
+                batch.put_cf(checkpoint, key.encode(), schema::encode(value));
+            }
+            meta.counts_version = COUNTS_VERSION;
+        }
+        meta.closed_cleanly = false;
+        if meta.shards == 0 {
+            (meta.shard, meta.shards) = (config.shard.shard, config.shard.shards);
+        }
+        batch.put_cf(checkpoint, schema::meta_key(), schema::encode(&meta));
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        db.write_opt(batch, &opts)?;
+        shared.pending.store(meta.pending, Ordering::Relaxed);
+        shared.log_next.store(meta.log_next, Ordering::Release);
+        shared.log_owner.store(meta.log_owner, Ordering::Release);
+        shared.wake.record_floor(meta.floor());
+        let chunk_high = read::last_logged_key(db)?;
+        let marks = read::marks(db)?;
+        let writer = Writer {
+            shared,
+            config,
+            meta,
+            counts,
+            rx,
+            in_doubt,
+            parking: Parking::default(),
+            again: VecDeque::new(),
+            failed_commits: 0,
+            chunk_high,
+            handed: VecDeque::new(),
+            unresolved: 0,
+            marks,
+            cluster: ClusterHolds::default(),
+            closing_since: None,
+        };
+        writer.report_capacity();
+        Ok(writer)
+    }
+
+    /// Cluster mode: the log's time of the last record applied.
+    pub fn log_time(&self) -> UnixMillis {
+        UnixMillis(self.meta.log_time_ms)
+    }
+
+    /// What may have been produced and not recorded before the store was
+    /// last closed, if it was not closed cleanly.
+    pub fn in_doubt_window(&self) -> Option<InDoubt> {
+        self.in_doubt
+    }
+
+    /// What the dispatcher may produce without recording more.
+    pub fn horizon(&self) -> UnixMillis {
+        UnixMillis(self.meta.dispatch_horizon_ms.unwrap_or(0))
+    }
+
+    /// Which shard of how many the store says it is.
+    pub fn recorded_shard(&self) -> ShardOf {
+        ShardOf { shard: self.meta.shard, shards: self.meta.shards }
+    }
+
+    pub fn run(mut self) {
+        loop {
+            let mut ops: Vec<Op> = self.again.drain(..).collect();
+            if ops.is_empty() {
+                match self.rx.blocking_recv() {
+                    Some(op) => ops.push(op),
+                    None => break,
+                }
+            }
+            let mut weight: usize = ops.iter().map(Op::weight).sum();
+            while weight < self.config.max_round {
+                match self.rx.try_recv() {
+                    Ok(op) => {
+                        weight += op.weight();
+                        ops.push(op);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let dropped =
+                std::mem::take(&mut *self.shared.dropped_holds.lock().unwrap_or_else(|e| e.into_inner()));
+            for id in dropped {
+                self.unhold(&id);
+            }
+            self.round(ops);
+            self.shared.metrics.parked.set(self.parking.parked_total as i64);
+            if self.failed_commits > 0 {
+                if self.closing_since.is_some_and(|since| since.elapsed() > CLOSE_RETRIES_FOR) {
+                    self.give_up_on_retries();
+                    continue;
+                }
+                // The store refused a write (disk full, I/O error). Pace the
+                // retries of the settles we are keeping instead of spinning.
+                // At most ~1 s apart, so a store that has room again is
+                // noticed soon.
+                let backoff = 50u64 << self.failed_commits.min(4);
+                std::thread::sleep(Duration::from_millis(backoff));
+            }
+        }
+        for (id, parked) in std::mem::take(&mut self.parking.parked) {
+            for p in parked {
+                refuse(p.op, StoreError::Dispatching(id.clone()));
+            }
+        }
+        self.close_cleanly();
+    }
+
+    /// Shutting down with writes that keep failing: what is kept for
+    /// retrying is dropped, and those deliveries are produced again after a
+    /// restart.
+    fn give_up_on_retries(&mut self) {
+        let mut dropped = 0;
+        for op in self.again.drain(..) {
+            match op {
+                Op::Settle { settles, .. } => dropped += settles.len(),
+                other => refuse(other, StoreError::Closed),
+            }
+        }
+        tracing::error!(
+            dropped,
+            "the store still refuses writes at shutdown; these deliveries are not recorded and will \
+             be produced again after a restart"
+        );
+        self.unresolved += dropped;
+        self.failed_commits = 0;
+    }
+
+    /// Records a clean close when nothing was left in doubt, then syncs.
+    fn close_cleanly(&mut self) {
+        let db = Arc::clone(&self.shared.db);
+        if self.unresolved == 0 {
+            let mut meta = self.meta.clone();
+            meta.closed_cleanly = true;
+            let mut opts = WriteOptions::default();
+            opts.set_sync(true);
+            let mut batch = WriteBatch::default();
+            batch.put_cf(cf(&db, schema::CF_CHECKPOINT), schema::meta_key(), schema::encode(&meta));
+            if let Err(e) = db.write_opt(batch, &opts) {
+                tracing::error!(error = %e, "recording the clean close failed");
+            }
+        } else {
+            tracing::warn!(
+                in_doubt = self.unresolved,
+                "closed with produces in doubt: after the restart, messages due by then answer cancel \
+                 and reschedule with UNAVAILABLE until they are produced again"
+            );
+        }
+        if let Err(e) = db.flush_wal(true) {
+            tracing::error!(error = %e, "flushing the WAL at close failed");
+        }
+    }
+
+    fn round(&mut self, ops: Vec<Op>) {
+        let db = Arc::clone(&self.shared.db);
+        let mut r = Round::new(&db, self.meta.clone());
+        for op in ops {
+            self.apply(&mut r, op);
+        }
+        self.commit(r);
+    }
+
+    /// Applies records of the log into `r`. A record that touches a message
+    /// a settle in this round changed starts a new round: settles do not
+    /// leave the message in the round's overlay.
+    fn apply_log<'a>(
+        &mut self,
+        db: &'a DB,
+        mut r: Round<'a>,
+        entries: Vec<LogEntry>,
+        reply: Reply<Vec<Answer>>,
+    ) -> Round<'a> {
+        let mut answers = Vec::with_capacity(entries.len());
+        // Most records park a message the round keeps in view: room for
+        // them at once rather than a copy of the map at each doubling.
+        r.overlay.reserve(entries.len());
+        for entry in entries {
+            let touches_settled = !r.cluster.settled.is_empty()
+                && apply::ids_of(&entry).iter().any(|id| r.cluster.settled.contains(id));
+            if touches_settled {
+                let full = std::mem::replace(&mut r, Round::new(db, self.meta.clone()));
+                self.commit(full);
+                r = Round::new(db, self.meta.clone());
+                if self.failed_commits > 0 {
+                    r.reply(
+                        reply,
+                        Err(StoreError::Io("applying records of the log: a commit failed".into())),
+                    );
+                    return r;
+                }
+            }
+            r.cluster.from_log = true;
+            match self.apply_entry(&mut r, entry) {
+                Ok(answer) => answers.push(answer),
+                Err(e) => {
+                    r.reply(reply, Err(e));
+                    return r;
+                }
+            }
+        }
+        r.reply(reply, Ok(answers));
+        r
+    }
+
+    fn apply<'a>(&mut self, r: &mut Round<'a>, op: Op) {
+        match op {
+            Op::Schedule { msg, reply } => {
+                let result = self.schedule(r, msg);
+                r.reply(reply, result);
+            }
+            Op::ScheduleBatch { msgs, reply } => {
+                let half = msgs.len() / 2;
+                let results = (0..)
+                    .zip(msgs)
+                    .map(|(i, msg)| {
+                        if i == half && i > 0 {
+                            crate::failpoint::hit("store-mid-batch");
+                        }
+                        self.schedule(r, msg)
+                    })
+                    .collect();
+                r.reply(reply, Ok(results));
+            }
+            Op::Cancel { scope, id, now, reply } => match self.cancel(r, &scope, &id, now) {
+                Flow::Done(result) => r.reply(reply, result),
+                Flow::Park(held) => self.parking.park(held, Op::Cancel { scope, id, now, reply }),
+            },
+            Op::Reschedule { scope, id, due, reply } => match self.reschedule(r, &scope, &id, due) {
+                Flow::Done(result) => r.reply(reply, result),
+                Flow::Park(held) => self.parking.park(held, Op::Reschedule { scope, id, due, reply }),
+            },
+            Op::Settle { settles, floor } => {
+                for settle in settles {
+                    self.settle(r, settle);
+                }
+                if let Some(floor) = floor {
+                    self.raise_floor(r, floor);
+                }
+            }
+            Op::Unpark(ids) => {
+                for id in ids {
+                    let parked = self.parking.unpark(&id);
+                    self.again.extend(parked.into_iter().map(|p| p.op));
+                }
+            }
+            Op::Horizon { until, reply } => {
+                r.meta.dispatch_horizon_ms = Some(r.meta.dispatch_horizon_ms.unwrap_or(0).max(until.0));
+                r.probe = true;
+                r.reply(reply, Ok(()));
+            }
+            Op::Mark { topic, ends, reply } => {
+                self.set_marks(r, &topic, ends);
+                r.reply(reply, Ok(()));
+            }
+            Op::InDoubt(ids) => {
+                self.unresolved += ids.len();
+                for id in ids {
+                    for p in self.parking.unpark(&id) {
+                        refuse(p.op, StoreError::Dispatching(id.clone()));
+                    }
+                }
+            }
+            Op::Purge { candidates, logs, hold, reply } => {
+                let result = if hold {
+                    self.hold_expired(r, candidates, logs)
+                } else {
+                    self.purge(r, candidates, logs)
+                };
+                r.reply(reply, result);
+            }
+            Op::Probe { reply } => {
+                r.probe = true;
+                r.reply(reply, Ok(()));
+            }
+            Op::Decide { intent, reply } => match self.decide(r, &intent) {
+                Flow::Done(result) => r.reply(reply, result),
+                Flow::Park(held) => self.parking.park(held, Op::Decide { intent, reply }),
+            },
+            Op::DecideAll { intents, reply } => {
+                let decided = intents
+                    .into_iter()
+                    .map(|intent| match self.decide(r, &intent) {
+                        Flow::Done(result) => Decided::Now(result),
+                        Flow::Park(_) => Decided::Wait(intent),
+                    })
+                    .collect();
+                r.reply(reply, Ok(decided));
+            }
+            Op::Unhold(id) => self.unhold(&id),
+            Op::Apply { entries, reply } => {
+                let db = r.db;
+                let round = std::mem::replace(r, Round::new(db, self.meta.clone()));
+                *r = self.apply_log(db, round, entries, reply);
+            }
+            Op::Tick => self.parking.expire_parked(),
+            Op::Close => {
+                self.closing_since = Some(Instant::now());
+                self.rx.close();
+            }
+        }
+    }
+
+    fn commit(&mut self, mut r: Round) {
+        let chunk_last = r.log_chunk();
+        let writes = !r.batch.is_empty() || r.probe;
+        let result = if !writes {
+            Ok(())
+        } else {
+            let checkpoint = cf(&self.shared.db, schema::CF_CHECKPOINT);
+            for (key, counts) in &r.counts {
+                r.batch.put_cf(checkpoint, key.encode(), schema::encode(counts));
+            }
+            r.batch.put_cf(checkpoint, schema::meta_key(), schema::encode(&r.meta));
+            let mut opts = WriteOptions::default();
+            opts.set_sync(self.config.sync);
+            let batch = std::mem::take(&mut r.batch);
+            let started = std::time::Instant::now();
+            let written = self.shared.db.write_opt(batch, &opts);
+            metrics::STORE_COMMIT_SECONDS.observe(started.elapsed().as_secs_f64());
+            written.map_err(StoreError::from)
+        };
+        let claims = Arc::clone(&self.shared.claims);
+        for id in &r.claims.reserved {
+            claims.release(id);
+        }
+        let error = result.err();
+        match &error {
+            None => {
+                self.failed_commits = 0;
+                if chunk_last.is_some() {
+                    self.chunk_high = chunk_last;
+                }
+                let highest = r.settles.iter().map(|s| s.key).max();
+                if !r.cluster.from_log {
+                    self.shared.wake.recorded(r.settles.len());
+                }
+                claims.release_settled(&r.claims.released, highest);
+                self.shared.wake.record_floor(r.meta.floor());
+                for id in std::mem::take(&mut r.claims.released) {
+                    let parked = self.parking.unpark(&id);
+                    self.again.extend(parked.into_iter().map(|p| p.op));
+                }
+                r.effects.record();
+                self.shared.pending.store(r.meta.pending, Ordering::Relaxed);
+                self.shared.log_next.store(r.meta.log_next, Ordering::Release);
+                self.shared.log_owner.store(r.meta.log_owner, Ordering::Release);
+                self.shared.metrics.pending.set(r.meta.pending as i64);
+                self.meta = r.meta;
+                self.counts.extend(r.counts.drain());
+                self.handed.extend(self.shared.wake.added(&r.added));
+                if !r.claims.reserved.is_empty() {
+                    self.shared.wake.poke();
+                }
+                // Only a commit that wrote says whether writes work.
+                if writes {
+                    self.report_capacity();
+                }
+            }
+            Some(e) => {
+                self.failed_commits = self.failed_commits.saturating_add(1);
+                tracing::error!(error = %e, "store commit failed; nothing in it was acknowledged");
+                self.shared.health.set_writes(StoreHealth::Failing(e.to_string()));
+                // Produces that happened must still be recorded: keep their
+                // claims and settle them again. Everything else stays as it
+                // was; the dispatcher looks again at what the writer held.
+                for id in std::mem::take(&mut r.cluster.holding) {
+                    self.unhold(&id);
+                }
+                let retried: HashSet<MessageId> = r.settles.iter().map(|s| s.id.clone()).collect();
+                for id in
+                    std::mem::take(&mut r.claims.released).into_iter().filter(|id| !retried.contains(id))
+                {
+                    claims.release(&id);
+                    let parked = self.parking.unpark(&id);
+                    self.again.extend(parked.into_iter().map(|p| p.op));
+                }
+                if !r.cluster.from_log && (!r.settles.is_empty() || r.floor.is_some()) {
+                    self.again
+                        .push_back(Op::Settle { settles: std::mem::take(&mut r.settles), floor: r.floor });
+                }
+                self.shared.wake.poke();
+            }
+        }
+        // Answer last: whoever is answered sees everything the commit did,
+        // claims given back and counters included.
+        if writes && error.is_none() && !r.replies.is_empty() {
+            crate::failpoint::hit("store-before-ack");
+        }
+        for reply in r.replies.drain(..) {
+            reply(error.as_ref());
+        }
+    }
+}

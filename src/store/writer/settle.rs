@@ -1,0 +1,220 @@
+//! What became of produces, recorded: a settle, the marks of target
+//! partitions it raises and the floor the dispatcher sends with it; and,
+//! for every change, where a new due entry goes and the counts it keeps.
+
+use std::sync::Arc;
+
+use super::{
+    ops::{Outcome, Settle},
+    round::Round,
+    state::Writer,
+};
+use crate::{
+    message::{MessageId, UnixMillis},
+    store::{
+        claims::Floor,
+        schema::{Counts, CountsKey, DeliveryLine, DispatchKey, Settlement, SettlementKind, TriesRecord},
+    },
+};
+
+impl Writer {
+    /// Marks the partitions of `topic` that have none at `ends`.
+    pub(super) fn set_marks(
+        &mut self,
+        r: &mut Round,
+        topic: &Arc<str>,
+        ends: impl IntoIterator<Item = (i32, i64)>,
+    ) {
+        for (partition, end) in ends {
+            if let std::collections::hash_map::Entry::Vacant(mark) =
+                self.marks.entry((Arc::clone(topic), partition))
+            {
+                mark.insert(end);
+                r.put_mark(topic, partition, end);
+            }
+        }
+    }
+
+    /// A record of this store is at `offset`, and its delivery was handed
+    /// over in order: nothing of this store that is not recorded lies at
+    /// or before it. Records reach a partition in the order they were sent
+    /// (the producer is idempotent), so each earlier one there was
+    /// answered before it, and is recorded in this commit or before it.
+    pub(super) fn raise_mark(&mut self, r: &mut Round, topic: &Arc<str>, partition: i32, offset: i64) {
+        let next = offset.saturating_add(1);
+        match self.marks.get_mut(&(Arc::clone(topic), partition)) {
+            Some(mark) if *mark >= next => return,
+            Some(mark) => *mark = next,
+            None => {
+                self.marks.insert((Arc::clone(topic), partition), next);
+            }
+        }
+        r.put_mark(topic, partition, next);
+    }
+
+    /// Records what became of a produce. The dispatcher's claim has kept
+    /// the message as it read it, so nothing needs reading here.
+    pub(super) fn settle(&mut self, r: &mut Round, settle: Settle) {
+        let id = settle.id.clone();
+        r.claims.released.push(id.clone());
+        let prev = settle.tries;
+        let at = settle.at;
+        let tried = !matches!(settle.outcome, Outcome::Failed { tried: false, .. });
+        let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
+        let first_refused_at_ms = prev.first_refused_at.map_or(0, |t| t.0);
+        if let (Outcome::Delivered { partition, offset }, true) = (&settle.outcome, settle.in_order) {
+            self.raise_mark(r, &settle.topic, *partition, *offset);
+        }
+        match &settle.outcome {
+            // Its due entry stays, as the record of the message.
+            Outcome::Delivered { partition, offset }
+                if !prev.recorded && self.chunk_high < Some(settle.key) =>
+            {
+                r.effects.delivered.push(at.since(settle.due));
+                r.meta.last_delivered_key = settle.key.encode().to_vec();
+                r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
+                r.meta.pending = r.meta.pending.saturating_sub(1);
+                r.chunk.push(DeliveryLine {
+                    id: id.as_bytes().to_vec(),
+                    at_ms: settle.key.at.0,
+                    seq: settle.key.seq,
+                    partition: *partition,
+                    offset: *offset,
+                    delivered_at_ms: at.0,
+                });
+                self.count(r, &id, &settle.topic, |c| {
+                    c.pending = c.pending.saturating_sub(1);
+                    c.delivered = c.delivered.saturating_add(1);
+                });
+            }
+            Outcome::Delivered { partition, offset } => {
+                self.take_out_settled(r, &id, settle.key);
+                let settlement = Settlement {
+                    kind: SettlementKind::Delivered as i32,
+                    attempts,
+                    rejections: prev.rejections,
+                    at_ms: at.0,
+                    partition: *partition,
+                    offset: *offset,
+                    first_refused_at_ms,
+                    ..Settlement::default()
+                };
+                r.effects.delivered.push(at.since(settle.due));
+                r.meta.last_delivered_key = settle.key.encode().to_vec();
+                r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
+                r.settle(&id, &settlement, at);
+                self.count(r, &id, &settle.topic, |c| {
+                    c.pending = c.pending.saturating_sub(1);
+                    c.delivered = c.delivered.saturating_add(1);
+                });
+            }
+            Outcome::Retry { retry_at, error, refused } => {
+                let first_refused_at_ms = match (*refused, first_refused_at_ms) {
+                    (true, 0) => at.0,
+                    (_, first) => first,
+                };
+                let key = self.placed(r, DispatchKey { at: *retry_at, seq: settle.key.seq });
+                let settlement = Settlement {
+                    kind: SettlementKind::Retrying as i32,
+                    attempts,
+                    rejections: prev.rejections.saturating_add(u32::from(*refused)),
+                    last_error: error.clone(),
+                    retry_at_ms: key.at.0,
+                    first_refused_at_ms,
+                    ..Settlement::default()
+                };
+                match self.whole(r, &id) {
+                    Ok(Some(mut record)) => {
+                        r.delete_due(settle.key);
+                        record.entry_at_ms = Some(key.at.0);
+                        r.put_message(&id, &record.locator());
+                        r.put_due(key, &id, &record, Some(&TriesRecord::of(&settlement)));
+                        r.put_settlement(&id, &settlement);
+                    }
+                    // Not readable now: it stays where it is, and the
+                    // dispatcher is told to look at it again.
+                    other => {
+                        if let Err(e) = other {
+                            tracing::error!(error = %e, id = %id.qualified(), "reading a message to retry failed");
+                        }
+                        r.added.push((settle.key, id.clone()));
+                    }
+                }
+            }
+            Outcome::Failed { error, tried } => {
+                self.take_out_settled(r, &id, settle.key);
+                let settlement = Settlement {
+                    kind: SettlementKind::Failed as i32,
+                    attempts,
+                    rejections: prev.rejections.saturating_add(u32::from(*tried)),
+                    last_error: error.clone(),
+                    at_ms: at.0,
+                    first_refused_at_ms,
+                    ..Settlement::default()
+                };
+                r.effects.failed += 1;
+                r.meta.failed_total = r.meta.failed_total.saturating_add(1);
+                r.settle(&id, &settlement, at);
+                self.count(r, &id, &settle.topic, |c| {
+                    c.pending = c.pending.saturating_sub(1);
+                    c.failed = c.failed.saturating_add(1);
+                });
+            }
+        }
+        r.settles.push(settle);
+    }
+
+    /// Where a new due entry asked for at `key` goes: there, unless that
+    /// lies below where the dispatcher reads or below the recorded floor;
+    /// then just above, so that it is never behind a walk, never below the
+    /// floor, and never early.
+    pub(super) fn placed(&self, r: &Round, key: DispatchKey) -> DispatchKey {
+        let lowest = self.shared.wake.position().max(r.meta.floor());
+        if key >= lowest {
+            return key;
+        }
+        let at = DispatchKey { at: lowest.at, seq: key.seq };
+        if at >= lowest {
+            at
+        } else {
+            DispatchKey { at: UnixMillis(lowest.at.0.saturating_add(1)), seq: key.seq }
+        }
+    }
+
+    /// Records the dispatcher's floor, lowered to any entry handed to it
+    /// after it was taken, and never below the floor recorded before (which
+    /// held then, and nothing has been put below it since).
+    pub(super) fn raise_floor(&mut self, r: &mut Round, floor: Floor) {
+        while self.handed.front().is_some_and(|(n, _)| *n < floor.handed) {
+            self.handed.pop_front();
+        }
+        let key = self.handed.iter().map(|(_, key)| *key).fold(floor.key, DispatchKey::min);
+        if key > r.meta.floor() {
+            r.meta.floor = key.encode().to_vec();
+        }
+        r.floor = Some(floor);
+    }
+
+    /// A settled message leaves the due index other than by a first-try
+    /// delivery: its due entry goes, and its record is kept whole.
+    fn take_out_settled(&self, r: &mut Round, id: &MessageId, key: DispatchKey) {
+        match self.whole(r, id) {
+            Ok(Some(record)) => {
+                r.take_out(id, key, record);
+            }
+            Ok(None) => r.delete_due(key),
+            Err(e) => {
+                tracing::error!(error = %e, id = %id.qualified(), "reading a settled message's record failed");
+                r.delete_due(key);
+            }
+        }
+    }
+
+    /// Changes the counts entry of `id`'s space and `topic` in this round.
+    pub(super) fn count(&self, r: &mut Round, id: &MessageId, topic: &str, change: impl FnOnce(&mut Counts)) {
+        let key = CountsKey::of(id, topic);
+        let counts =
+            r.counts.entry(key).or_insert_with_key(|k| self.counts.get(k).copied().unwrap_or_default());
+        change(counts);
+    }
+}

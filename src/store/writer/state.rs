@@ -1,0 +1,124 @@
+//! The writer thread's state: the [`Writer`] and its parts, what it shares
+//! with the store's handle and the dispatcher, how it commits, and whether
+//! the backlog is at its cap.
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::{
+        Arc,
+        atomic::{AtomicI64, AtomicU64},
+    },
+    time::Instant,
+};
+
+use rocksdb::DB;
+use tokio::sync::mpsc;
+
+use super::{ops::Op, park::Parking};
+use crate::{
+    message::MessageId,
+    metrics::ShardMetrics,
+    store::{
+        claims::{Claims, Wake},
+        health::{HealthBoard, StoreHealth},
+        options::ShardOf,
+        schema::{Counts, CountsKey, DispatchKey, Meta},
+    },
+};
+
+/// What the writer shares with the store's handle and the dispatcher.
+pub(crate) struct Shared {
+    pub db: Arc<DB>,
+    pub claims: Arc<Claims>,
+    pub wake: Arc<Wake>,
+    pub pending: Arc<AtomicU64>,
+    pub log_next: Arc<AtomicI64>,
+    pub log_owner: Arc<AtomicU64>,
+    pub health: Arc<HealthBoard>,
+    pub metrics: ShardMetrics,
+    /// Cluster mode: holds whose caller went away before logging.
+    pub dropped_holds: Arc<std::sync::Mutex<Vec<MessageId>>>,
+}
+
+/// How the writer commits.
+pub(crate) struct WriterConfig {
+    /// Sync the WAL before answering.
+    pub sync: bool,
+    /// Most messages pending at once.
+    pub max_pending: Option<u64>,
+    /// Most ops (a batch counts per message) in one commit.
+    pub max_round: usize,
+    /// Recorded in a store that has no shard recorded yet.
+    pub shard: ShardOf,
+}
+
+/// Messages that may have been produced before the store was last closed
+/// without a clean close (a crash): those pending from before this open
+/// and due by then. Until the dispatcher has produced (or retried) each of
+/// them, a cancel or reschedule cannot know whether a copy is on its topic.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InDoubt {
+    /// Dispatch keys below this were due when the store opened.
+    pub below: DispatchKey,
+    /// Accepted before the open.
+    pub before_seq: u64,
+}
+
+pub(crate) struct Writer {
+    pub(super) shared: Shared,
+    pub(super) config: WriterConfig,
+    pub(super) meta: Meta,
+    /// Every counts entry, as committed.
+    pub(super) counts: HashMap<CountsKey, Counts>,
+    pub(super) rx: mpsc::Receiver<Op>,
+    pub(super) in_doubt: Option<InDoubt>,
+    /// Requests waiting for the dispatcher to settle a message they touch.
+    pub(super) parking: Parking,
+    /// Requests to run first in the next round.
+    pub(super) again: VecDeque<Op>,
+    pub(super) failed_commits: u32,
+    /// The last dispatch key of the newest chunk logged: a first-try
+    /// delivery above it joins a chunk, one at or below it (it came back
+    /// out of order) is settled on its own, so chunks never overlap.
+    pub(super) chunk_high: Option<DispatchKey>,
+    /// Entries handed to the dispatcher as added behind where it reads,
+    /// by hand-over number, until a floor it sent counts them.
+    pub(super) handed: VecDeque<(u64, DispatchKey)>,
+    /// Produces reported in doubt at shutdown.
+    pub(super) unresolved: usize,
+    /// Where no record of this store lies before, per target partition:
+    /// see [`schema::mark_key`](crate::store::schema::mark_key). Raised by
+    /// each delivery, in the commit that records it.
+    pub(super) marks: HashMap<(Arc<str>, i32), i64>,
+    /// Cluster mode: messages held for a change, or changed while the
+    /// dispatcher held them.
+    pub(super) cluster: ClusterHolds,
+    pub(super) closing_since: Option<Instant>,
+}
+
+/// Cluster mode: the messages changes wait on.
+#[derive(Default)]
+pub(super) struct ClusterHolds {
+    /// Cluster mode: messages held by a decided change until its record
+    /// is applied.
+    pub(super) holds: HashSet<MessageId>,
+    /// Cluster mode: messages a record changed while the dispatcher held
+    /// them; their settles are checked against the store.
+    pub(super) touched_while_claimed: HashSet<MessageId>,
+}
+
+impl Writer {
+    pub(super) fn at_capacity(&self, pending: u64) -> bool {
+        self.config.max_pending.is_some_and(|cap| pending >= cap)
+    }
+
+    /// Reports whether the backlog cap is reached, after a commit succeeded.
+    pub(super) fn report_capacity(&self) {
+        let pending = self.meta.pending;
+        self.shared.health.set_writes(if self.at_capacity(pending) {
+            StoreHealth::AtCapacity
+        } else {
+            StoreHealth::Ok
+        });
+    }
+}
