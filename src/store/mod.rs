@@ -71,39 +71,71 @@ struct Inner {
     claims: Arc<Claims>,
     wake: Arc<Wake>,
     held: HeldTopics,
-    pending: Arc<AtomicU64>,
-    log_next: Arc<AtomicI64>,
-    log_owner: Arc<AtomicU64>,
+    backlog: Backlog,
+    /// Cluster mode: how far the store has applied the schedule log.
+    log: LogPosition,
     health: Arc<HealthBoard>,
     metrics: ShardMetrics,
+    threads: Threads,
+    path: PathBuf,
+    lifecycle: Lifecycle,
+    opened: Opened,
+    purge: PurgeCursors,
+}
+
+/// How many messages are pending, and how many may be.
+struct Backlog {
+    pending: Arc<AtomicU64>,
+    cap: Option<u64>,
+}
+
+/// Cluster mode: the next offset of the schedule log to apply, and the
+/// node incarnation the log names the shard's owner (0: none).
+struct LogPosition {
+    next: Arc<AtomicI64>,
+    owner: Arc<AtomicU64>,
+}
+
+/// The store's own threads, joined at `close`.
+struct Threads {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The thread reading the store's checksums after it opened, if any.
     verifier: Mutex<Option<std::thread::JoinHandle<()>>>,
-    path: PathBuf,
+}
+
+/// Damage found, and the store's closing.
+struct Lifecycle {
     /// Cancelled when damage is found; `damage` says what and where.
     damaged: CancellationToken,
     damage: Mutex<Option<String>>,
     /// Cancelled by `close`: background reads stop.
     closing: CancellationToken,
-    max_pending: Option<u64>,
+}
+
+/// What the store was found to hold when it was opened.
+struct Opened {
     recorded_shard: ShardOf,
     /// What may have been produced and not recorded before the store was
     /// opened: none if it was closed cleanly.
     in_doubt: Option<writer::InDoubt>,
     /// When it was opened.
-    opened_at: std::time::Instant,
+    at: std::time::Instant,
     /// The dispatch horizon recorded at the open.
-    horizon_at_open: crate::message::UnixMillis,
+    horizon: crate::message::UnixMillis,
     /// Cluster mode: the log's time of the last record applied, as opened.
     log_time: crate::message::UnixMillis,
+}
+
+/// Where the next purges start.
+struct PurgeCursors {
     /// Where the next purge reads the retention index from: past the
     /// tombstones earlier purges left.
-    purge_from: Mutex<Vec<u8>>,
+    retention: Mutex<Vec<u8>>,
     /// Where the next purge of delivery logs starts.
-    purge_logs_from: Mutex<Vec<u8>>,
+    logs: Mutex<Vec<u8>>,
     /// Cluster mode: where the next look for expired log chunks starts
     /// (empty: the first).
-    purge_chunks_from: Mutex<Vec<u8>>,
+    chunks: Mutex<Vec<u8>>,
 }
 
 impl Store {
@@ -111,16 +143,16 @@ impl Store {
     /// verifier, or by any read since): the server stops rather than go on
     /// without the records past the damage.
     pub fn damaged(&self) -> CancellationToken {
-        self.inner.damaged.clone()
+        self.inner.lifecycle.damaged.clone()
     }
 
     /// What damage was found, and what to do about it.
     pub fn damage(&self) -> Option<String> {
-        self.inner.damage.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.inner.lifecycle.damage.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub(crate) fn report_damage(&self, detail: &str) {
-        let mut damage = self.inner.damage.lock().unwrap_or_else(|e| e.into_inner());
+        let mut damage = self.inner.lifecycle.damage.lock().unwrap_or_else(|e| e.into_inner());
         if damage.is_none() {
             let path = self.inner.path.display();
             let report = format!(
@@ -130,7 +162,7 @@ impl Store {
             tracing::error!("{report}");
             *damage = Some(report);
         }
-        self.inner.damaged.cancel();
+        self.inner.lifecycle.damaged.cancel();
     }
 
     /// Runs `read` on a blocking thread; damage it finds is reported.
@@ -194,12 +226,12 @@ impl Store {
 
     /// The backlog cap, if one is set.
     pub fn max_pending(&self) -> Option<u64> {
-        self.inner.max_pending
+        self.inner.backlog.cap
     }
 
     /// Messages waiting for delivery.
     pub fn pending(&self) -> u64 {
-        self.inner.pending.load(Ordering::Relaxed)
+        self.inner.backlog.pending.load(Ordering::Relaxed)
     }
 
     /// Messages the dispatcher holds for producing right now.
@@ -210,29 +242,29 @@ impl Store {
     /// Cluster mode: the offset of the log partition to apply next, as
     /// committed.
     pub fn log_next(&self) -> i64 {
-        self.inner.log_next.load(Ordering::Acquire)
+        self.inner.log.next.load(Ordering::Acquire)
     }
 
     /// Cluster mode: the node incarnation that owns the shard, as the log
     /// applied so far says (0: none yet).
     pub fn log_owner(&self) -> u64 {
-        self.inner.log_owner.load(Ordering::Acquire)
+        self.inner.log.owner.load(Ordering::Acquire)
     }
 
     /// Cluster mode: the log's time (the record's timestamp) of the last
     /// record applied when the store was opened.
     pub fn log_time_at_open(&self) -> crate::message::UnixMillis {
-        self.inner.log_time
+        self.inner.opened.log_time
     }
 
     /// When it was opened: a stop before that was at least this long ago.
     pub fn opened_at(&self) -> std::time::Instant {
-        self.inner.opened_at
+        self.inner.opened.at
     }
 
     /// Which shard of how many the store was first opened as.
     pub fn recorded_shard(&self) -> ShardOf {
-        self.inner.recorded_shard
+        self.inner.opened.recorded_shard
     }
 
     pub fn path(&self) -> &Path {

@@ -14,7 +14,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Durability, Inner, Store, StoreConfig, StoreError,
+    Backlog, Durability, Inner, Lifecycle, LogPosition, Opened, PurgeCursors, Store, StoreConfig, StoreError,
+    Threads,
     claims::{Claims, Wake},
     health::HealthBoard,
     open_db, schema, verify,
@@ -89,32 +90,35 @@ impl Store {
                 claims,
                 wake,
                 held: Default::default(),
-                pending,
-                log_next,
-                log_owner,
+                backlog: Backlog { pending, cap: config.max_pending },
+                log: LogPosition { next: log_next, owner: log_owner },
                 health,
                 metrics,
-                writer: Mutex::new(Some(handle)),
-                verifier: Mutex::new(None),
+                threads: Threads { writer: Mutex::new(Some(handle)), verifier: Mutex::new(None) },
                 path: config.path.clone(),
-                damaged: CancellationToken::new(),
-                damage: Mutex::new(None),
-                closing: CancellationToken::new(),
-                max_pending: config.max_pending,
-                log_time,
-                recorded_shard,
-                in_doubt,
-                opened_at: std::time::Instant::now(),
-                horizon_at_open,
-                purge_from: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
-                purge_logs_from: Mutex::new(schema::delivery_logs_range().0),
-                purge_chunks_from: Mutex::default(),
+                lifecycle: Lifecycle {
+                    damaged: CancellationToken::new(),
+                    damage: Mutex::new(None),
+                    closing: CancellationToken::new(),
+                },
+                opened: Opened {
+                    recorded_shard,
+                    in_doubt,
+                    at: std::time::Instant::now(),
+                    horizon: horizon_at_open,
+                    log_time,
+                },
+                purge: PurgeCursors {
+                    retention: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
+                    logs: Mutex::new(schema::delivery_logs_range().0),
+                    chunks: Mutex::default(),
+                },
             }),
         };
         if config.verify_on_open {
             let verifying = store.clone();
             let handle = spawn("hourglass-verify", "the verifier thread", move || verifying.verify())?;
-            *store.inner.verifier.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+            *store.inner.threads.verifier.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
         }
         Ok(store)
     }
@@ -122,7 +126,7 @@ impl Store {
     /// Reads the whole store with checksums, in the background of a
     /// running server, and reports damage it finds.
     fn verify(&self) {
-        match verify::verify(&self.inner.db, &self.inner.closing) {
+        match verify::verify(&self.inner.db, &self.inner.lifecycle.closing) {
             Ok(()) => {}
             Err(StoreError::Corrupt(detail)) => self.report_damage(&detail),
             Err(e) => tracing::warn!(error = %e, "verifying the store's checksums failed"),
@@ -132,9 +136,9 @@ impl Store {
     /// Stops the writer after it has committed everything queued. Requests
     /// made after this fail with `Closed`.
     pub async fn close(&self) {
-        self.inner.closing.cancel();
+        self.inner.lifecycle.closing.cancel();
         let _ = self.send(Op::Close).await;
-        let handle = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let handle = self.inner.threads.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
@@ -142,7 +146,7 @@ impl Store {
         // RocksDB's flushes and compactions, and wait for them: the process
         // may exit while the handle is still held, and RocksDB work still
         // running then would lock mutexes that exit has destroyed.
-        let verifier = self.inner.verifier.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let verifier = self.inner.threads.verifier.lock().unwrap_or_else(|e| e.into_inner()).take();
         let store = self.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(verifier) = verifier {

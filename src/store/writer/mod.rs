@@ -129,10 +129,10 @@ impl Store {
         before: UnixMillis,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let from = self.inner.purge_chunks_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let from = self.inner.purge.chunks.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (chunks, next) =
             self.blocking(move |s| read::expired_log_chunks(&s.inner.db, &from, before, limit)).await?;
-        *self.inner.purge_chunks_from.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        *self.inner.purge.chunks.lock().unwrap_or_else(|e| e.into_inner()) = next;
         Ok(chunks)
     }
 
@@ -142,8 +142,8 @@ impl Store {
         limit: usize,
         hold: bool,
     ) -> Result<(usize, Vec<MessageId>), StoreError> {
-        let from = self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let logs_from = self.inner.purge_logs_from.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let from = self.inner.purge.retention.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let logs_from = self.inner.purge.logs.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (candidates, logs, logs_next) = self
             .blocking(move |s| {
                 let db = &s.inner.db;
@@ -164,9 +164,9 @@ impl Store {
             return Ok((looked_at, forgotten));
         }
         if let Some(next) = next {
-            *self.inner.purge_from.lock().unwrap_or_else(|e| e.into_inner()) = next;
+            *self.inner.purge.retention.lock().unwrap_or_else(|e| e.into_inner()) = next;
         }
-        *self.inner.purge_logs_from.lock().unwrap_or_else(|e| e.into_inner()) = logs_next;
+        *self.inner.purge.logs.lock().unwrap_or_else(|e| e.into_inner()) = logs_next;
         Ok((looked_at, forgotten))
     }
 
@@ -194,7 +194,7 @@ impl Store {
     /// What a dispatcher may have produced without recording it before
     /// the store was last closed, if that was not cleanly.
     pub(crate) fn in_doubt_window(&self) -> Option<InDoubt> {
-        self.inner.in_doubt
+        self.inner.opened.in_doubt
     }
 
     /// The pending messages in `window` (see [`InDoubt`]), in dispatch
@@ -223,7 +223,7 @@ impl Store {
     /// What the dispatcher may produce without recording more: what is due
     /// up to this, as recorded at the open (0: nothing yet).
     pub(crate) fn horizon_at_open(&self) -> UnixMillis {
-        self.inner.horizon_at_open
+        self.inner.opened.horizon
     }
 
     /// Marks the partitions of `topic` that have no mark yet at `ends`:
