@@ -2,13 +2,13 @@
 //! they need (retention purge, compaction, gauges). A node owns several;
 //! nothing here knows of the others.
 
-use std::{sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     clock::Clock,
-    dispatcher::{Dispatcher, DispatcherConfig, Lease, Recorder},
+    dispatcher::{AlwaysOpen, Dispatcher, DispatcherConfig, Gate, Recorder, StoreRecorder},
     kafka::{Delivery, Producer},
     message::UnixMillis,
     store::{Store, StoreConfig, StoreError, StoreHealth, schema::DispatchKey},
@@ -39,29 +39,41 @@ impl Shard {
         clock: Arc<dyn Clock>,
     ) -> Result<Shard, StoreError> {
         let producer = producer_of(&store, &producer)?;
-        let dispatcher =
-            Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone());
+        let dispatcher = Dispatcher::new(
+            store.clone(),
+            producer,
+            Arc::clone(&clock),
+            config.dispatcher.clone(),
+            Arc::new(StoreRecorder::new(store.clone())),
+            Box::new(AlwaysOpen),
+        );
         Ok(Shard::launch(store, config, clock, dispatcher, None))
     }
 
     /// Cluster mode: starts a shard whose dispatcher records its settles
     /// through `recorder` rather than in the store, and produces only while
-    /// `lease` holds and the log names `owner` the shard's owner.
+    /// `gate` is open (the node's lease holds and the log names this node
+    /// the shard's owner). `log`: where retention's tombstones go, and the
+    /// owner that appends them.
     pub(crate) fn start_in_cluster(
         store: Store,
         config: &ShardConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
         recorder: Arc<dyn Recorder>,
-        lease: Arc<Lease>,
-        owner: u64,
+        gate: Box<dyn Gate>,
+        log: (Arc<dyn Tombstones>, u64),
     ) -> Result<Shard, StoreError> {
         let producer = producer_of(&store, &producer)?;
-        let dispatcher =
-            Dispatcher::new(store.clone(), producer, Arc::clone(&clock), config.dispatcher.clone())
-                .recording_to(Arc::clone(&recorder))
-                .leased(lease, owner);
-        Ok(Shard::launch(store, config, clock, dispatcher, Some((recorder, owner))))
+        let dispatcher = Dispatcher::new(
+            store.clone(),
+            producer,
+            Arc::clone(&clock),
+            config.dispatcher.clone(),
+            recorder,
+            gate,
+        );
+        Ok(Shard::launch(store, config, clock, dispatcher, Some(log)))
     }
 
     /// `log`: cluster mode, where retention's tombstones go, and the
@@ -71,7 +83,7 @@ impl Shard {
         config: &ShardConfig,
         clock: Arc<dyn Clock>,
         dispatcher: Dispatcher,
-        log: Option<(Arc<dyn Recorder>, u64)>,
+        log: Option<(Arc<dyn Tombstones>, u64)>,
     ) -> Shard {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -194,8 +206,17 @@ struct Purge {
     store: Store,
     /// Cluster mode: where the tombstones go, and the node incarnation
     /// that appends them while the log names it the shard's owner.
-    log: Option<(Arc<dyn Recorder>, u64)>,
+    log: Option<(Arc<dyn Tombstones>, u64)>,
     stop: CancellationToken,
+}
+
+/// Cluster mode: where retention's tombstones go (the schedule log).
+pub(crate) trait Tombstones: Send + Sync {
+    /// Appends a tombstone under each key, in order, once retention has
+    /// ended for what it names; returns once all are in the log, with the
+    /// offset of the last.
+    fn tombstone(&self, keys: Vec<Vec<u8>>)
+    -> Pin<Box<dyn Future<Output = Result<i64, String>> + Send + '_>>;
 }
 
 /// Entries of the retention index (or log chunks) looked at in one step.

@@ -21,6 +21,8 @@
 //! - [`recorder`]: the dispatcher's settles go to the log as one record
 //!   per settle, and are applied from there.
 //! - [`waiters`]: which request of this node wrote which record.
+//! - [`gate`]: a shard's dispatcher produces only while the node's
+//!   [`lease`] holds and the log names this node the shard's owner.
 //!
 //! Before a shard dispatches anything, its store has applied the partition
 //! to the end it had when the shard started, so that nothing recorded as
@@ -29,6 +31,8 @@
 pub(crate) mod applier;
 mod forward;
 pub(crate) mod front;
+pub(crate) mod gate;
+pub(crate) mod lease;
 pub(crate) mod owner;
 pub(crate) mod recorder;
 pub(crate) mod routes;

@@ -33,12 +33,12 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
-    ClusterConfig, ClusterError, applier::View, front::Front, recorder::LogRecorder, routes::Routes,
-    waiters::Waiters,
+    ClusterConfig, ClusterError, applier::View, front::Front, gate::LeaseGate, lease::Lease,
+    recorder::LogRecorder, routes::Routes, waiters::Waiters,
 };
 use crate::{
     clock::Clock,
-    dispatcher::{CLAIM_GRACE, Lease},
+    dispatcher::CLAIM_GRACE,
     kafka::{GroupMember, LogConsumer, LogProducer, Moved, Producer, ensure_log_topic},
     log::record::{self, Change, LogRecord},
     metrics,
@@ -542,14 +542,15 @@ impl Inner {
             Arc::clone(&self.waiters),
             view.acked.clone(),
         );
+        let gate = LeaseGate::new(Arc::clone(&self.lease), store.clone(), me);
         let started = Shard::start_in_cluster(
             store,
             &self.shard_config(shard),
             Arc::clone(&self.shards.producer),
             Arc::clone(&self.shards.clock),
             Arc::clone(&recorder) as _,
-            Arc::clone(&self.lease),
-            me,
+            Box::new(gate),
+            (Arc::clone(&recorder) as _, me),
         );
         let shard = match started {
             Ok(shard) => shard,

@@ -25,6 +25,8 @@ use crate::{
     dispatcher::Recorder,
     kafka::LogProducer,
     log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
+    message::UnixMillis,
+    shard::Tombstones,
     store::{Floor, Local, Settle, settled_line},
 };
 
@@ -167,6 +169,32 @@ impl Recorder for LogRecorder {
         Box::pin(self.append(settles, floor))
     }
 
+    fn flushed(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(async move {
+            LogRecorder::flushed(self).await;
+            Ok(())
+        })
+    }
+
+    fn mark(
+        &self,
+        topic: Arc<str>,
+        ends: Vec<(i32, i64)>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(self.append_marks(topic, ends))
+    }
+
+    fn extend_horizon(
+        &self,
+        _until: UnixMillis,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        // Not needed: a node that takes the shard searches the topics for
+        // whatever was due by the end of its claim's grace.
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl Tombstones for LogRecorder {
     fn tombstone(
         &self,
         keys: Vec<Vec<u8>>,
@@ -184,17 +212,5 @@ impl Recorder for LogRecorder {
             }
             Ok(last)
         })
-    }
-
-    fn flushed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(LogRecorder::flushed(self))
-    }
-
-    fn mark(
-        &self,
-        topic: Arc<str>,
-        ends: Vec<(i32, i64)>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
-        Box::pin(self.append_marks(topic, ends))
     }
 }

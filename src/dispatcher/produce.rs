@@ -1,0 +1,163 @@
+//! What a look at the due index found: produced, put off with its topic,
+//! or settled without a produce; and what is recorded before a produce,
+//! so that an unclean stop leaves little in doubt (the topic's mark, the
+//! dispatch horizon).
+
+use std::{sync::Arc, time::Duration};
+
+use super::{Dispatcher, sent::InFlight, topics::Decision};
+use crate::{
+    kafka::{DeliveryReport, Outgoing},
+    message::{DUE_HEADER, ID_HEADER, TENANT_HEADER, UnixMillis},
+    store::{DueBatch, Outcome, Ready},
+};
+
+/// How far past what it is about to produce the dispatcher records its
+/// horizon: a commit per this much of due time at most, and what is in
+/// doubt after an unclean stop is what was due up to this much later.
+const HORIZON_AHEAD: Duration = Duration::from_secs(5);
+
+impl Dispatcher {
+    /// Produces what a look found ready, puts off what its topic's state
+    /// holds back, and keeps track of the rest.
+    pub(super) async fn handle(&mut self, batch: DueBatch, now: UnixMillis) {
+        let mut release = batch.stale;
+        self.scan.recheck.extend(batch.contended);
+        if batch.unreadable.is_empty() {
+            if self.scan.unreadable.is_empty() {
+                self.store.report_reads(None);
+            }
+        } else {
+            for (key, id, e) in batch.unreadable {
+                tracing::error!(id = %id.qualified(), error = %e, "reading a due message failed; trying it again shortly");
+                self.store.report_reads(Some(format!("reading message {} failed: {e}", id.qualified())));
+                release.push(id.clone());
+                self.scan.unreadable.push((key, id));
+            }
+            self.scan.unreadable_retry = now.saturating_add(self.config.max_sleep);
+        }
+        for ready in &batch.ready {
+            if !self.doubt.marked.contains(ready.record.topic.as_str()) {
+                self.mark(ready.record.topic.as_str().into()).await;
+            }
+        }
+        if let Some(latest) = batch.ready.iter().map(|r| r.key.at).max() {
+            self.extend_horizon(latest).await;
+        }
+        for ready in batch.ready {
+            // One allocation per topic, not per message.
+            let topic = match self.topics.states.get_key_value(ready.record.topic.as_str()) {
+                Some((known, _)) => Arc::clone(known),
+                None => ready.record.topic.as_str().into(),
+            };
+            if let Some((key, partition, offset)) = self.doubt.landed.remove(&ready.id)
+                && key == ready.key
+            {
+                // It reached Kafka before the unclean stop.
+                self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
+                continue;
+            }
+            match self.decide(&topic, now) {
+                Decision::Produce { probe } => self.produce(ready, topic, probe),
+                Decision::Defer => {
+                    self.defer(topic, ready.key, ready.id.clone());
+                    release.push(ready.id);
+                }
+                Decision::Fail(error) => {
+                    // The topic has refused long enough: its messages fail
+                    // with its reason, without a try of their own.
+                    self.settle_untried(ready, topic, now, Outcome::Failed { error, tried: false });
+                }
+            }
+        }
+        if let Err(e) = self.store.release(release).await {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
+    }
+
+    /// Records, before anything due after the horizon is produced, a
+    /// horizon [`HORIZON_AHEAD`] past `due` (in the store, standalone; the
+    /// log needs none). One commit per step, not per message.
+    pub(super) async fn extend_horizon(&mut self, due: UnixMillis) {
+        if due <= self.doubt.horizon {
+            return;
+        }
+        let until = due.saturating_add(HORIZON_AHEAD);
+        match self.recorder.extend_horizon(until).await {
+            Ok(()) => self.doubt.horizon = until,
+            // Produced anyway: after a crash, what went out past the
+            // recorded horizon is produced again, never lost.
+            Err(e) => tracing::warn!(error = %e, "recording the dispatch horizon failed"),
+        }
+    }
+
+    /// Before the first produce of this store to `topic`: marks where its
+    /// partitions end, unless they have marks, so that a search for what
+    /// an unclean stop left unrecorded starts there (see
+    /// [`reconcile`](super::reconcile)). A topic the broker does not
+    /// describe now is not marked; its partitions are then searched from
+    /// their start.
+    async fn mark(&mut self, topic: Arc<str>) {
+        self.doubt.marked.insert(Arc::clone(&topic));
+        match self.store.marks_of(&topic).await {
+            Ok(marks) if !marks.is_empty() => return,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(topic = %topic, error = %e, "reading a topic's marks failed");
+                return;
+            }
+        }
+        let producer = Arc::clone(&self.producer);
+        let asking = Arc::clone(&topic);
+        let ends = tokio::task::spawn_blocking(move || producer.ends(&asking, Duration::from_secs(5))).await;
+        let marked = match ends {
+            Ok(Ok(ends)) if !ends.is_empty() => self.recorder.mark(Arc::clone(&topic), ends).await,
+            Ok(Ok(_)) => Err("the broker does not know the topic".to_owned()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = marked {
+            tracing::debug!(
+                topic = %topic,
+                error = %e,
+                "marking where a topic's partitions end failed: after an unclean stop, they are read back from their start"
+            );
+        }
+    }
+
+    fn produce(&mut self, ready: Ready, topic: Arc<str>, probe: bool) {
+        let record = &ready.record;
+        let due = record.due_ms.to_string();
+        let mut headers: Vec<(&str, &[u8])> =
+            record.headers.iter().map(|h| (h.key.as_str(), h.value.as_slice())).collect();
+        headers.push((ID_HEADER, ready.id.as_str().as_bytes()));
+        headers.push((DUE_HEADER, due.as_bytes()));
+        if let Some(tenant) = ready.id.tenant() {
+            headers.push((TENANT_HEADER, tenant.as_bytes()));
+        }
+        let outgoing = Outgoing {
+            topic: &record.topic,
+            key: record.key.as_deref(),
+            value: &record.value,
+            headers,
+            partition: record.partition,
+        };
+        let token = self.sent.next_token();
+        let queued = self.producer.send(outgoing, token, &self.reports.tx);
+        let due = record.due();
+        self.sent.push(InFlight {
+            id: ready.id,
+            key: ready.key,
+            due,
+            topic: Arc::clone(&topic),
+            tries: ready.tries,
+            probe,
+            sent_at: tokio::time::Instant::now(),
+        });
+        self.topics.states.entry(topic).or_default().in_flight += 1;
+        if let Err(error) = queued {
+            // Refused before it was queued: the same as a failed report.
+            self.on_report(DeliveryReport { token, result: Err(error) });
+        }
+    }
+}

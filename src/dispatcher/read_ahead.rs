@@ -1,0 +1,204 @@
+//! Where the dispatcher reads: the due index walked forward one chunk
+//! ahead of what is produced, and the entries looked at again apart from
+//! the walk (handed over, held by the writer, unreadable, or put off).
+
+use super::{Dispatcher, GATE_RECHECK, HOLD_FOR, Next, Reading};
+use crate::{
+    message::UnixMillis,
+    store::{DueBatch, Ready, StoreError, schema::DispatchKey},
+};
+
+/// Messages read from the store in one go; the next chunk is read while
+/// this one is produced.
+const READ_CHUNK: usize = 2048;
+
+impl Dispatcher {
+    /// In-flight slots taken: records Kafka is answering in time.
+    fn active(&self) -> usize {
+        self.sent.waiting()
+    }
+
+    /// Claims and produces whatever is due now, as far as in-flight room
+    /// allows.
+    pub(super) async fn dispatch_due(&mut self) -> Next {
+        let now = self.clock.now();
+        self.give_back_ahead(false).await;
+        if self.store.writes_failing() {
+            // What would be produced could not be recorded: a restart would
+            // produce it again. Wait for the store.
+            return Next::At(now.saturating_add(self.config.max_sleep));
+        }
+        if !self.gate.open() {
+            // Another node may own the shard by now: wait for the group to
+            // confirm this one (or for good, if the log names another).
+            return Next::At(now.saturating_add(GATE_RECHECK));
+        }
+        let late = self.store.wake().take();
+        self.scan.recheck.extend(late.entries);
+        self.rescan(late.rescan_from);
+        if let Some(from) = self.scan.rescan_from.take() {
+            self.scan.from = self.scan.from.min(from);
+        }
+        self.release_unheld(now);
+        if now >= self.scan.unreadable_retry {
+            self.scan.recheck.append(&mut self.scan.unreadable);
+        }
+        // Stalled records keep their claims but not their slots. Twice the
+        // limit bounds everything produced and not recorded yet: memory when
+        // everything stalls, and what a restart produces again when commits
+        // fail before the store reports it.
+        let slots = self.config.max_in_flight.saturating_sub(self.active());
+        let window = 2 * self.config.max_in_flight;
+        let committing = self.store.wake().unrecorded();
+        let unrecorded = self.sent.unhanded() + self.settling.settles.len() + committing;
+        let mut room = slots.min(window.saturating_sub(unrecorded));
+        if room == 0 {
+            if slots == 0 || committing == 0 {
+                return Next::Full;
+            }
+            // Waiting on the writer rather than on Kafka: its next commit
+            // of settles wakes this loop (unless one just came).
+            return if self.store.wake().await_commits() < committing { Next::Now } else { Next::Commits };
+        }
+
+        // Entries to look at again first: they are due, and behind the scan.
+        // Those found held by the writer again wait for the next look.
+        let mut recheck = std::mem::take(&mut self.scan.recheck);
+        while !recheck.is_empty() && room > 0 {
+            let take = recheck.len().min(room).min(READ_CHUNK);
+            let entries: Vec<_> = recheck.drain(..take).collect();
+            let batch = match self.store.take_listed(entries).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    self.read_failed(&e);
+                    return Next::At(now.saturating_add(self.config.max_sleep));
+                }
+            };
+            room = room.saturating_sub(batch.ready.len());
+            self.handle(batch, now).await;
+        }
+        self.scan.recheck.append(&mut recheck);
+        if room == 0 {
+            return Next::Full;
+        }
+
+        // Then the due index, in chunks, the next one read while this one
+        // is produced and while reports are awaited.
+        let mut next = Next::Now;
+        loop {
+            if !self.ahead.ready.is_empty() {
+                if !self.gate.open() {
+                    return Next::At(now.saturating_add(GATE_RECHECK));
+                }
+                let take = room.min(self.ahead.ready.len());
+                room -= take;
+                let ready: Vec<Ready> = self.ahead.ready.drain(..take).collect();
+                self.handle(DueBatch { ready, ..DueBatch::default() }, now).await;
+                if !self.ahead.ready.is_empty() {
+                    return Next::Full;
+                }
+                self.ahead.since = None;
+                next = self.ahead.after;
+            }
+            if next != Next::Now {
+                break;
+            }
+            if room == 0 {
+                return Next::Full;
+            }
+            let reading = match self.ahead.reading.take() {
+                Some(reading) => reading,
+                None => self.start_read(now),
+            };
+            let from = reading.from;
+            let mut batch = match reading.task.await {
+                Ok(Ok(batch)) => batch,
+                Ok(Err(e)) => {
+                    self.read_failed(&e);
+                    return Next::At(now.saturating_add(self.config.max_sleep));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the due-message reader panicked; retrying shortly");
+                    return Next::At(now.saturating_add(self.config.max_sleep));
+                }
+            };
+            // A rescan asked for meanwhile starts lower than this read did.
+            if self.scan.from >= from {
+                self.scan.from = batch.next_from;
+            }
+            self.ahead.after = match (batch.more, batch.next_dispatch_at) {
+                (true, _) => Next::Now,
+                (false, Some(due)) => Next::At(due),
+                (false, None) => Next::Idle,
+            };
+            next = self.ahead.after;
+            if batch.more {
+                self.ahead.reading = Some(self.start_read(now));
+            }
+            self.ahead.ready = std::mem::take(&mut batch.ready);
+            self.ahead.since = Some(tokio::time::Instant::now());
+            // What it found and cannot produce is dealt with now.
+            self.handle(batch, now).await;
+        }
+        self.store.metrics().in_flight.set(self.sent.len() as i64);
+        self.sooner(next)
+    }
+
+    /// Gives back what was read ahead and has waited for room too long
+    /// (everything in flight stalled, or the store failing): its claims
+    /// would hold cancels. At shutdown (`all`) it goes back at once.
+    pub(super) async fn give_back_ahead(&mut self, all: bool) {
+        let waited = self.ahead.since.is_some_and(|since| since.elapsed() >= HOLD_FOR);
+        if self.ahead.ready.is_empty() || !(all || waited) {
+            return;
+        }
+        self.ahead.since = None;
+        self.ahead.after = Next::Now;
+        let ahead = std::mem::take(&mut self.ahead.ready);
+        self.rescan(ahead.first().map(|r| r.key));
+        let ids = ahead.into_iter().map(|r| r.id).collect();
+        if let Err(e) = self.store.release(ids).await {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
+    }
+
+    /// `next`, or earlier if a probe or a read is due to be tried again.
+    fn sooner(&self, next: Next) -> Next {
+        let probe = self
+            .topics
+            .states
+            .values()
+            .filter_map(|t| t.refusal.as_ref().filter(|r| !r.probing && !t.deferred.is_empty()))
+            .map(|r| r.probe_at)
+            .min();
+        let unreadable = (!self.scan.unreadable.is_empty()).then_some(self.scan.unreadable_retry);
+        match (next, probe.into_iter().chain(unreadable).min()) {
+            (Next::Now | Next::Full | Next::Commits, _) => next,
+            (Next::At(t), Some(other)) => Next::At(t.min(other)),
+            (Next::Idle, Some(other)) => Next::At(other),
+            (next, None) => next,
+        }
+    }
+
+    /// Starts reading (and claiming) the next chunk of messages due at
+    /// `now`, from where the scan stands.
+    fn start_read(&self, now: UnixMillis) -> Reading {
+        let store = self.store.clone();
+        let (from, limit) = (self.scan.from, READ_CHUNK.min(self.config.max_in_flight.max(1)));
+        Reading { from, task: tokio::spawn(async move { store.take_due(from, now, limit).await }) }
+    }
+
+    fn read_failed(&mut self, e: &StoreError) {
+        tracing::error!(error = %e, "reading due messages failed; retrying shortly");
+        if let StoreError::Corrupt(detail) = e {
+            self.store.report_damage(detail);
+        }
+        self.store.report_reads(Some(format!("reading due messages failed: {e}")));
+    }
+
+    pub(super) fn rescan(&mut self, from: Option<DispatchKey>) {
+        if let Some(from) = from {
+            self.scan.rescan_from = Some(self.scan.rescan_from.map_or(from, |r| r.min(from)));
+        }
+    }
+}

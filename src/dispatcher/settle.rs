@@ -1,0 +1,171 @@
+//! What became of each produce: the delivery reports read, the outcomes
+//! gathered and handed to the recorder in dispatch order, with a floor,
+//! and readers told where live entries start.
+
+use std::sync::Arc;
+
+use super::{
+    Dispatcher, HOLD_FOR, PUBLISH_EVERY,
+    topics::{note_held, topic_refused},
+};
+use crate::{
+    kafka::{DeliveryReport, Fault},
+    message::UnixMillis,
+    metrics,
+    store::{Outcome, Ready, Settle, schema::DispatchKey},
+};
+
+impl Dispatcher {
+    /// Settles a message that was not produced (its topic gave up).
+    pub(super) fn settle_untried(
+        &mut self,
+        ready: Ready,
+        topic: Arc<str>,
+        now: UnixMillis,
+        outcome: Outcome,
+    ) {
+        self.settling.settles.push(Settle {
+            id: ready.id,
+            key: ready.key,
+            due: ready.record.due(),
+            topic,
+            tries: ready.tries,
+            at: now,
+            outcome,
+            in_order: false,
+        });
+    }
+
+    /// Tells readers of the due index where live entries start; at most
+    /// every [`PUBLISH_EVERY`], as it looks at everything in flight.
+    pub(super) fn publish(&mut self) {
+        if self.settling.published.elapsed() < PUBLISH_EVERY {
+            return;
+        }
+        self.settling.published = tokio::time::Instant::now();
+        let lowest = self.settling.settles.iter().map(|s| s.key).fold(self.lowest_held(), DispatchKey::min);
+        self.store.wake().set_low_water(lowest);
+    }
+
+    /// The lowest due entry that may be pending: one not yet handed to the
+    /// store settled, one put off or to look at again, or where the scan
+    /// goes on. (Outcomes gathered in `settling` are not counted.)
+    fn lowest_held(&self) -> DispatchKey {
+        self.sent
+            .unsettled_keys()
+            .chain(self.scan.recheck.iter().map(|(k, _)| *k))
+            .chain(self.scan.unreadable.iter().map(|(k, _)| *k))
+            .chain(self.topics.states.values().flat_map(|t| t.deferred.iter().map(|(k, _)| *k)))
+            .chain(self.scan.rescan_from)
+            .chain(self.ahead.ready.iter().map(|r| r.key))
+            .fold(self.scan.from, DispatchKey::min)
+    }
+
+    /// Hands the gathered outcomes to the store as one commit: first-try
+    /// deliveries once everything sent before them is answered (all of
+    /// them when `all`, or when they have waited long or are many).
+    pub(super) async fn flush_settles(&mut self, all: bool) {
+        let in_order = self.sent.flush(all, HOLD_FOR, self.config.max_in_flight);
+        let mut settles = std::mem::take(&mut self.settling.settles);
+        settles.extend(in_order);
+        // Once these are recorded, nothing below the floor is pending. It
+        // needs only be fresh enough for a restart to start near the end,
+        // and finding it looks at everything held: at most every
+        // PUBLISH_EVERY.
+        let floor = (all || self.settling.floor_sent.elapsed() >= PUBLISH_EVERY).then(|| {
+            self.settling.floor_sent = tokio::time::Instant::now();
+            self.store.wake().floor(self.lowest_held())
+        });
+        self.recorder.record(settles, floor).await;
+        if let Err(e) = self.store.release(std::mem::take(&mut self.settling.releasing)).await {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
+    }
+
+    pub(super) fn on_report(&mut self, report: DeliveryReport) {
+        let Some((sent, stalled)) = self.sent.take(report.token) else {
+            return;
+        };
+        self.store.metrics().in_flight.set(self.sent.len() as i64);
+        let now = self.clock.now();
+        let state = self.topics.states.entry(Arc::clone(&sent.topic)).or_default();
+        state.in_flight -= 1;
+        if stalled {
+            state.stalled -= 1;
+            if state.stalled == 0 {
+                note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
+                tracing::info!(topic = %sent.topic, "Kafka answers produces to this topic again");
+            }
+        }
+        let outcome = match report.result {
+            Ok((partition, offset)) => {
+                crate::failpoint::hit("dispatch-before-settle");
+                if let Some(refusal) = state.refusal.take() {
+                    note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
+                    tracing::info!(
+                        topic = %sent.topic,
+                        refused_for = ?now.since(refusal.since),
+                        "the topic takes records again"
+                    );
+                }
+                Outcome::Delivered { partition, offset }
+            }
+            Err(error) if error.fault == Fault::Fenced => {
+                // Another producer took the shard's transactional id: the
+                // record was not delivered (its transaction is aborted),
+                // and the message is not this dispatcher's to settle. It
+                // goes back to the store untouched; see `take_back`.
+                tracing::debug!(id = %sent.id.qualified(), error = %error.reason, "produce fenced");
+                self.fenced = true;
+                self.rescan(Some(sent.key));
+                self.settling.releasing.push(sent.id);
+                return;
+            }
+            Err(error) => {
+                let kind = match error.fault {
+                    Fault::Outage => "outage",
+                    Fault::TopicRefused | Fault::MessageRefused | Fault::Fenced => "rejected",
+                };
+                metrics::PRODUCE_ERRORS.with_label_values(&[kind]).inc();
+                tracing::warn!(
+                    id = %sent.id.qualified(),
+                    topic = %sent.topic,
+                    kind,
+                    error = %error.reason,
+                    "produce failed"
+                );
+                if error.fault != Fault::TopicRefused {
+                    self.config.outcome_of_error(error, &sent.tries, now)
+                } else if let Some(outcome) = {
+                    let outcome = topic_refused(&self.config, state, &sent, error, now);
+                    note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
+                    outcome
+                } {
+                    outcome
+                } else {
+                    // Not produced: it waits with its topic.
+                    self.defer(Arc::clone(&sent.topic), sent.key, sent.id.clone());
+                    self.settling.releasing.push(sent.id);
+                    return;
+                }
+            }
+        };
+        let settle = Settle {
+            id: sent.id,
+            key: sent.key,
+            due: sent.due,
+            topic: sent.topic,
+            tries: sent.tries,
+            at: now,
+            outcome,
+            in_order: false,
+        };
+        if matches!(settle.outcome, Outcome::Delivered { .. }) && !settle.tries.recorded {
+            if let Some(settle) = self.sent.answer(report.token, settle) {
+                self.settling.settles.push(settle);
+            }
+        } else {
+            self.settling.settles.push(settle);
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Before the dispatcher produces: its producer made ready (and, once
+//! another node's fenced it, taken back), the topics read back for what
+//! the shard's last dispatcher produced unrecorded, and what was found
+//! recorded as delivered.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Dispatcher, GATE_RECHECK, reconcile};
+use crate::{
+    message::MessageId,
+    store::{Outcome, schema::DispatchKey},
+};
+
+/// How long the log must have named this node the shard's owner again,
+/// after another node's producer fenced this one's, before it takes the
+/// transactional id back: what the other node produced meanwhile reaches
+/// the log first (as a node taking a shard waits after its claim).
+const RETAKE_GRACE: Duration = Duration::from_millis(500);
+/// Longest pause between tries of a cluster shard's transactional producer
+/// that stopped before it was ready.
+const PRODUCER_RETRY_MAX: Duration = Duration::from_secs(30);
+
+impl Dispatcher {
+    /// Before the first produce: with transactional delivery, waits until
+    /// the shard's earlier producers are fenced and their open transactions
+    /// resolved; then finds on their topics what the last dispatcher of
+    /// the shard may have produced without recording it (after an unclean
+    /// stop, whatever was due; after a move, whatever was due before this
+    /// one took over), and records it. False if stopped first.
+    pub(super) async fn start_producing(&mut self, stop: &CancellationToken) -> bool {
+        let mut failed: u32 = 0;
+        loop {
+            let why = tokio::select! {
+                _ = stop.cancelled() => return false,
+                ready = self.producer.ready() => match ready {
+                    Ok(()) => break,
+                    Err(why) => why,
+                },
+            };
+            if !self.gate.claimed() {
+                // Standalone (the shard is this process's alone): its
+                // failure stops the node.
+                tracing::error!(
+                    reason = %why,
+                    "the shard's transactional producer stopped before it was ready; dispatching nothing"
+                );
+                stop.cancelled().await;
+                return false;
+            }
+            // Cluster mode: fenced while starting (another node took the
+            // shard), or failed (the broker refuses the id, or has no
+            // transactions); try again while this node owns the shard, less
+            // often as the failures go on.
+            failed += 1;
+            let pause =
+                self.config.max_sleep.saturating_mul(1 << (failed - 1).min(5)).min(PRODUCER_RETRY_MAX);
+            if failed < 3 {
+                tracing::warn!(reason = %why, ?pause, "the shard's transactional producer stopped before it was ready; trying again");
+            } else {
+                tracing::error!(
+                    reason = %why,
+                    failed,
+                    ?pause,
+                    "the shard's transactional producer keeps stopping before it is ready: the shard dispatches nothing; trying again"
+                );
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            while !self.gate.open() {
+                tokio::select! {
+                    _ = stop.cancelled() => return false,
+                    _ = tokio::time::sleep(GATE_RECHECK) => {}
+                }
+            }
+            match self.producer.renew() {
+                Ok(producer) => self.producer = producer,
+                Err(e) => {
+                    tracing::error!(error = %e, "starting a new transactional producer for the shard failed")
+                }
+            }
+        }
+        let search = if self.gate.claimed() {
+            reconcile::after_claim(self.clock.now())
+        } else {
+            reconcile::after_restart(&self.store)
+        };
+        match reconcile::landed(&self.store, &self.producer, search, stop).await {
+            Some(found) => {
+                self.settle_found(found).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Cluster mode, transactional delivery: another node's producer took
+    /// this shard's transactional id (the group gave it the shard) and the
+    /// records this one held went back to the store. If the log names this
+    /// node the owner again (it claimed the shard back), it starts over as
+    /// a node taking the shard does: once the log has named it for
+    /// [`RETAKE_GRACE`], a new producer fences the other's, and the topics
+    /// are read back for what that one committed, before anything is
+    /// produced. False if stopped first.
+    pub(super) async fn take_back(&mut self, stop: &CancellationToken) -> bool {
+        tracing::warn!(
+            "the shard's transactional producer was fenced by another node's; waiting to own the shard again"
+        );
+        self.flush_settles(true).await;
+        let _ = self.recorder.flushed().await;
+        let mut owned_since: Option<tokio::time::Instant> = None;
+        loop {
+            if !self.gate.open() {
+                owned_since = None;
+            } else if owned_since.get_or_insert_with(tokio::time::Instant::now).elapsed() >= RETAKE_GRACE
+                && self.sent.is_empty()
+            {
+                break;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                Some(report) = self.reports.rx.recv() => self.on_report(report),
+                _ = tokio::time::sleep(GATE_RECHECK) => {}
+            }
+            self.flush_settles(false).await;
+        }
+        match self.producer.renew() {
+            Ok(producer) => self.producer = producer,
+            Err(e) => {
+                tracing::error!(error = %e, "starting a new transactional producer for the shard failed; trying again");
+                return tokio::select! {
+                    _ = stop.cancelled() => false,
+                    _ = tokio::time::sleep(self.config.max_sleep) => true,
+                };
+            }
+        }
+        self.fenced = false;
+        tracing::info!(
+            "the log names this node the shard's owner again: dispatching with a new transactional producer"
+        );
+        self.start_producing(stop).await
+    }
+
+    /// Records the messages the reconciliation found on their topics as
+    /// delivered, and waits until that is durable, before anything is
+    /// produced: a later delivery may raise a mark past them. One held by
+    /// a change in progress is settled when it is next claimed, if its due
+    /// entry is still the one found.
+    async fn settle_found(&mut self, found: Vec<reconcile::Found>) {
+        if found.is_empty() {
+            return;
+        }
+        let mut at: HashMap<MessageId, (DispatchKey, i32, i64)> =
+            found.into_iter().map(|f| (f.id, (f.key, f.partition, f.offset))).collect();
+        let entries = at.iter().map(|(id, (key, _, _))| (*key, id.clone())).collect();
+        let batch = match self.store.take_listed(entries).await {
+            Ok(batch) => batch,
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming the messages found on their topics failed; they are settled when next claimed");
+                self.doubt.landed = at;
+                return;
+            }
+        };
+        let now = self.clock.now();
+        let mut release = batch.stale;
+        release.extend(batch.unreadable.into_iter().map(|(_, id, _)| id));
+        for ready in batch.ready {
+            match at.remove(&ready.id) {
+                Some((key, partition, offset)) if key == ready.key => {
+                    let topic: Arc<str> = ready.record.topic.as_str().into();
+                    self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
+                }
+                _ => release.push(ready.id),
+            }
+        }
+        if let Err(e) = self.store.release(release).await {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
+        self.doubt.landed = at;
+        self.flush_settles(false).await;
+        if let Err(e) = self.recorder.flushed().await {
+            tracing::warn!(error = %e, "recording the messages found on their topics failed");
+        }
+    }
+}
