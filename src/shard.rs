@@ -38,16 +38,8 @@ impl Shard {
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
     ) -> Result<Shard, StoreError> {
-        let producer = producer_of(&store, &producer)?;
-        let dispatcher = Dispatcher::new(
-            store.clone(),
-            producer,
-            Arc::clone(&clock),
-            config.dispatcher.clone(),
-            Arc::new(StoreRecorder::new(store.clone())),
-            Box::new(AlwaysOpen),
-        );
-        Ok(Shard::launch(store, config, clock, dispatcher, None))
+        let recorder = Arc::new(StoreRecorder::new(store.clone()));
+        Shard::launch(store, config, producer, clock, recorder, Box::new(AlwaysOpen), None)
     }
 
     /// Cluster mode: starts a shard whose dispatcher records its settles
@@ -64,6 +56,20 @@ impl Shard {
         gate: Box<dyn Gate>,
         log: (Arc<dyn Tombstones>, u64),
     ) -> Result<Shard, StoreError> {
+        Shard::launch(store, config, producer, clock, recorder, gate, Some(log))
+    }
+
+    /// `log`: cluster mode, where retention's tombstones go, and the
+    /// owner that appends them.
+    fn launch(
+        store: Store,
+        config: &ShardConfig,
+        producer: Arc<Producer>,
+        clock: Arc<dyn Clock>,
+        recorder: Arc<dyn Recorder>,
+        gate: Box<dyn Gate>,
+        log: Option<(Arc<dyn Tombstones>, u64)>,
+    ) -> Result<Shard, StoreError> {
         let producer = producer_of(&store, &producer)?;
         let dispatcher = Dispatcher::new(
             store.clone(),
@@ -73,18 +79,6 @@ impl Shard {
             recorder,
             gate,
         );
-        Ok(Shard::launch(store, config, clock, dispatcher, Some(log)))
-    }
-
-    /// `log`: cluster mode, where retention's tombstones go, and the
-    /// owner that appends them.
-    fn launch(
-        store: Store,
-        config: &ShardConfig,
-        clock: Arc<dyn Clock>,
-        dispatcher: Dispatcher,
-        log: Option<(Arc<dyn Tombstones>, u64)>,
-    ) -> Shard {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(dispatcher.run(stop.clone()));
@@ -92,7 +86,7 @@ impl Shard {
         tasks.spawn(upkeep(purge, clock, config.retention, config.upkeep_every));
         tasks.spawn(probe_while_failing(store.clone(), stop.clone()));
         tasks.close();
-        Shard { store, stop, tasks }
+        Ok(Shard { store, stop, tasks })
     }
 
     pub fn store(&self) -> &Store {

@@ -403,15 +403,17 @@ fn the_core_does_not_know_its_callers() {
     }
 }
 
-/// The gRPC adapter serves a `Scheduler` and the service answers for this
-/// node: where a call is served in a cluster is the cluster's business.
+/// Cluster mode is one wing: the gRPC adapter serves a `Scheduler` (the
+/// cluster's router wraps the local one), the dispatcher records and asks
+/// leave to produce through its seams, and the store and the shard serve
+/// either mode alike.
 #[test]
-fn the_api_and_the_service_know_nothing_of_cluster_mode() {
+fn cluster_mode_is_reached_only_through_seams() {
     let graph = module_graph();
-    for module in ["api", "scheduler", "service"] {
+    for module in ["api", "scheduler", "service", "dispatcher", "shard", "store"] {
         assert!(
             !graph[module].contains("cluster"),
-            "{module} imports cluster; the cluster's router wraps the local Scheduler instead"
+            "{module} imports cluster; cluster mode plugs in through a seam (Scheduler, Recorder, Gate) instead"
         );
     }
 }

@@ -175,10 +175,110 @@ impl Router {
         unreachable!("the last resend returns")
     }
 
+    /// This node's page of a listing, merged with those of every other
+    /// node that owns shards; a forwarded `List` gets this node's page
+    /// alone, with the positions of its messages.
+    async fn list_all(&self, call: &Call, request: proto::ListRequest) -> Result<Listing, Error> {
+        let limit = ListQuery::try_from(request.clone())?.validate()?;
+        let Listing { page, positions } = self.local.list(call, request.clone()).await?;
+        if call.forwarded {
+            return Ok(Listing { page, positions });
+        }
+        let next = match page.next_page_token.as_str() {
+            "" => None,
+            token => Some(PageToken::decode(token).map_err(|_| Error::Undecodable("page token".into()))?),
+        };
+        let here: Vec<(PageToken, proto::PendingMessage)> =
+            positions.into_iter().zip(page.messages).collect();
+        let asked = self.cluster.peers().into_iter().map(|addr| {
+            let request = forwarded(call, request.clone());
+            async move {
+                metrics::FORWARDED.with_label_values(&["List"]).inc();
+                let mut client = self.client(&addr)?;
+                let response = client.list(request).await.map_err(|s| from_peer(&addr, "List", s))?;
+                let (metadata, page, _) = response.into_parts();
+                positioned(&addr, &metadata, page)
+            }
+        });
+        let mut pages = vec![(here, next)];
+        pages.extend(future::try_join_all(asked).await?);
+        let (messages, next) = merge_pages(pages, limit, LIST_KEY_BYTES, |m: &proto::PendingMessage| {
+            m.key.as_ref().map_or(0, Vec::len)
+        });
+        let (positions, messages) = messages.into_iter().unzip();
+        Ok(Listing {
+            page: proto::ListResponse {
+                messages,
+                next_page_token: next.map(PageToken::encode).unwrap_or_default(),
+            },
+            positions,
+        })
+    }
+
+    /// This node's figures, summed with those of every other node that
+    /// owns shards; a forwarded `Stats` gets this node's alone.
+    async fn stats_all(&self, call: &Call) -> Result<proto::StatsResponse, Error> {
+        let here = self.local.stats(call).await?;
+        if call.forwarded {
+            return Ok(here);
+        }
+        let asked = self.cluster.peers().into_iter().map(|addr| {
+            let request = forwarded(call, proto::StatsRequest {});
+            async move {
+                metrics::FORWARDED.with_label_values(&["Stats"]).inc();
+                let mut client = self.client(&addr)?;
+                Ok::<_, Error>(
+                    client.stats(request).await.map_err(|s| from_peer(&addr, "Stats", s))?.into_inner(),
+                )
+            }
+        });
+        let mut total = here;
+        for other in future::try_join_all(asked).await? {
+            total.pending += other.pending;
+            total.delivered += other.delivered;
+            total.cancelled += other.cancelled;
+            total.failed += other.failed;
+            total.dispatching += other.dispatching;
+            total.store_bytes += other.store_bytes;
+            total.max_pending = match (total.max_pending, other.max_pending) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            let at = |m: &proto::PendingMessage| m.dispatch_at.map(|t| (t.seconds, t.nanos));
+            if let Some(oldest) = other.oldest_overdue
+                && total.oldest_overdue.as_ref().is_none_or(|o| at(&oldest) < at(o))
+            {
+                total.oldest_overdue = Some(oldest);
+            }
+        }
+        Ok(total)
+    }
+}
+
+#[tonic::async_trait]
+impl Scheduler for Router {
+    fn limits(&self) -> &Limits {
+        self.local.limits()
+    }
+
+    async fn schedule(
+        &self,
+        call: &Call,
+        request: proto::ScheduleRequest,
+    ) -> Result<proto::ScheduleResponse, Error> {
+        let id = request.id.clone().unwrap_or_default();
+        let send =
+            |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.schedule(r).await }) };
+        match self.one("Schedule", call, &id, &request, send).await? {
+            Some(answer) => Ok(answer),
+            None => self.local.schedule(call, request).await,
+        }
+    }
+
     /// Schedules `items` where their shards are: those of this node's
     /// shards here, the others on their owners, one batch per node, all
     /// at once. Answers are numbered by the items' places in `items`.
-    async fn schedule_spread(
+    async fn schedule_batch(
         &self,
         call: &Call,
         method: &'static str,
@@ -292,115 +392,6 @@ impl Router {
                 })
             })
             .collect()
-    }
-
-    /// This node's page of a listing, merged with those of every other
-    /// node that owns shards; a forwarded `List` gets this node's page
-    /// alone, with the positions of its messages.
-    async fn list_all(&self, call: &Call, request: proto::ListRequest) -> Result<Listing, Error> {
-        let limit = ListQuery::try_from(request.clone())?.validate()?;
-        let Listing { page, positions } = self.local.list(call, request.clone()).await?;
-        if call.forwarded {
-            return Ok(Listing { page, positions });
-        }
-        let next = match page.next_page_token.as_str() {
-            "" => None,
-            token => Some(PageToken::decode(token).map_err(|_| Error::Undecodable("page token".into()))?),
-        };
-        let here: Vec<(PageToken, proto::PendingMessage)> =
-            positions.into_iter().zip(page.messages).collect();
-        let asked = self.cluster.peers().into_iter().map(|addr| {
-            let request = forwarded(call, request.clone());
-            async move {
-                metrics::FORWARDED.with_label_values(&["List"]).inc();
-                let mut client = self.client(&addr)?;
-                let response = client.list(request).await.map_err(|s| from_peer(&addr, "List", s))?;
-                let (metadata, page, _) = response.into_parts();
-                positioned(&addr, &metadata, page)
-            }
-        });
-        let mut pages = vec![(here, next)];
-        pages.extend(future::try_join_all(asked).await?);
-        let (messages, next) = merge_pages(pages, limit, LIST_KEY_BYTES, |m: &proto::PendingMessage| {
-            m.key.as_ref().map_or(0, Vec::len)
-        });
-        let (positions, messages) = messages.into_iter().unzip();
-        Ok(Listing {
-            page: proto::ListResponse {
-                messages,
-                next_page_token: next.map(PageToken::encode).unwrap_or_default(),
-            },
-            positions,
-        })
-    }
-
-    /// This node's figures, summed with those of every other node that
-    /// owns shards; a forwarded `Stats` gets this node's alone.
-    async fn stats_all(&self, call: &Call) -> Result<proto::StatsResponse, Error> {
-        let here = self.local.stats(call).await?;
-        if call.forwarded {
-            return Ok(here);
-        }
-        let asked = self.cluster.peers().into_iter().map(|addr| {
-            let request = forwarded(call, proto::StatsRequest {});
-            async move {
-                metrics::FORWARDED.with_label_values(&["Stats"]).inc();
-                let mut client = self.client(&addr)?;
-                Ok::<_, Error>(
-                    client.stats(request).await.map_err(|s| from_peer(&addr, "Stats", s))?.into_inner(),
-                )
-            }
-        });
-        let mut total = here;
-        for other in future::try_join_all(asked).await? {
-            total.pending += other.pending;
-            total.delivered += other.delivered;
-            total.cancelled += other.cancelled;
-            total.failed += other.failed;
-            total.dispatching += other.dispatching;
-            total.store_bytes += other.store_bytes;
-            total.max_pending = match (total.max_pending, other.max_pending) {
-                (Some(a), Some(b)) => Some(a + b),
-                (a, b) => a.or(b),
-            };
-            let at = |m: &proto::PendingMessage| m.dispatch_at.map(|t| (t.seconds, t.nanos));
-            if let Some(oldest) = other.oldest_overdue
-                && total.oldest_overdue.as_ref().is_none_or(|o| at(&oldest) < at(o))
-            {
-                total.oldest_overdue = Some(oldest);
-            }
-        }
-        Ok(total)
-    }
-}
-
-#[tonic::async_trait]
-impl Scheduler for Router {
-    fn limits(&self) -> &Limits {
-        self.local.limits()
-    }
-
-    async fn schedule(
-        &self,
-        call: &Call,
-        request: proto::ScheduleRequest,
-    ) -> Result<proto::ScheduleResponse, Error> {
-        let id = request.id.clone().unwrap_or_default();
-        let send =
-            |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.schedule(r).await }) };
-        match self.one("Schedule", call, &id, &request, send).await? {
-            Some(answer) => Ok(answer),
-            None => self.local.schedule(call, request).await,
-        }
-    }
-
-    async fn schedule_batch(
-        &self,
-        call: &Call,
-        method: &'static str,
-        items: Vec<proto::ScheduleRequest>,
-    ) -> Vec<proto::ScheduleResult> {
-        self.schedule_spread(call, method, items).await
     }
 
     async fn cancel(
