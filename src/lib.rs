@@ -20,14 +20,17 @@
 //! - [`service`]: what a request means; validation against [`message::Limits`]
 //!   and the Kafka topic catalog, due times from the [`clock`], ids for
 //!   messages sent without one.
-//! - [`node`]: the shards a process owns; routes each id to its shard by
-//!   Kafka's murmur2 key hash, and merges what spans shards (batches, `List`,
-//!   `Stats`, health).
+//! - [`node`]: the shards a process serves, reached through a seam,
+//!   [`node::ShardSet`] (standalone [`node::LocalShards`], every shard
+//!   opened here; in cluster mode the cluster); routes each id to its shard
+//!   by Kafka's murmur2 key hash, and merges what spans shards (batches,
+//!   `List`, `Stats`, health).
 //! - [`cluster`]: cluster mode (`--cluster`): each shard's store is a view
 //!   of one partition of the schedule log; a change is decided, appended
 //!   to the log, applied from it, and only then answered, and the
-//!   dispatcher's settles go the same way. Its router passes calls on to
-//!   the node that owns their shard.
+//!   dispatcher's settles go the same way. The cluster is then the node's
+//!   `ShardSet` (the shards this node owns now), and its router passes
+//!   calls on to the node that owns their shard.
 //! - [`shard`]: one store, the dispatcher that drains it, and their upkeep.
 //! - [`store`]: RocksDB with three column families; one writer thread per
 //!   store commits every change as one atomic, group-committed `WriteBatch`.
@@ -48,7 +51,7 @@
 //!   request bytes are bounded in [`api`]), and ordered shutdown.
 //!
 //! Modules depend downward only, in this order from the top: `server`;
-//! `api`; `service`; `node`; `cluster`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
+//! `api`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
 //! `auth`; `log`, `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/architecture.rs` fails on an import that would close
 //! a circle. The `hourglass` binary (`src/bin/hourglass`: the command line

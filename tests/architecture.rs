@@ -418,6 +418,18 @@ fn cluster_mode_is_reached_only_through_seams() {
     }
 }
 
+/// The node routes and merges over the shards it is given: whether they
+/// are its own or the cluster's is the wiring's choice, and the cluster
+/// implements the node's `ShardSet`, not the other way round.
+#[test]
+fn the_node_knows_nothing_of_cluster_mode() {
+    let graph = module_graph();
+    assert!(
+        !graph["node"].contains("cluster"),
+        "node imports cluster; the cluster serves the node as a ShardSet instead"
+    );
+}
+
 #[test]
 fn the_tools_are_not_in_the_product() {
     for gone in ["bench", "cli", "client"] {

@@ -23,6 +23,9 @@
 //! - [`waiters`]: which request of this node wrote which record.
 //! - [`gate`]: a shard's dispatcher produces only while the node's
 //!   [`lease`] holds and the log names this node the shard's owner.
+//! - `shards`: the [`Cluster`] as the node's
+//!   [`ShardSet`](crate::node::ShardSet): the shards this node owns now,
+//!   read from their stores, changed through their fronts.
 //!
 //! Before a shard dispatches anything, its store has applied the partition
 //! to the end it had when the shard started, so that nothing recorded as
@@ -36,6 +39,7 @@ pub(crate) mod lease;
 pub(crate) mod owner;
 pub(crate) mod recorder;
 pub(crate) mod routes;
+mod shards;
 pub(crate) mod waiters;
 
 pub use forward::Router;

@@ -1,7 +1,8 @@
-//! Wiring: builds the producer, the topic catalog, the node (its shards)
-//! and the gRPC and metrics servers from a [`Config`] ([`settings`] turns it
-//! into what each is built from), runs them until `shutdown`, then drains in
-//! order. TLS ([`crate::tls`]) and the token check
+//! Wiring: builds the producer, the topic catalog, the node (its shards:
+//! standalone opened here, in cluster mode the cluster's, which also routes
+//! the calls) and the gRPC and metrics servers from a [`Config`]
+//! ([`settings`] turns it into what each is built from), runs them until
+//! `shutdown`, then drains in order. TLS ([`crate::tls`]) and the token check
 //! ([`crate::auth`]) are put in front of the gRPC services here; health
 //! stays outside the token check.
 //!
@@ -30,11 +31,11 @@ use crate::{
     api::{ApiConfig, Budget, Local, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
-    cluster::Router,
+    cluster::{Cluster, ClusterConfig, Router, Shards},
     config::Config,
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
-    node::Node,
+    node::{LocalShards, Node, NodeConfig, ShardSet},
     proto,
     scheduler::Scheduler,
     secret,
@@ -94,8 +95,10 @@ pub async fn run_with_clock(
     let catalog_task = tokio::spawn(Arc::clone(&catalog).run(*config.metadata_refresh, background.clone()));
 
     let grpc_addr = listeners.grpc.local_addr()?;
-    let node_config = settings::node(&config, grpc_addr, tls.is_some());
-    let node = Arc::new(Node::start(&node_config, Arc::clone(&producer), Arc::clone(&clock)).await?);
+    let node_config = settings::node(&config);
+    let cluster_config = settings::cluster(&config, grpc_addr, tls.is_some());
+    let (shards, cluster) = open_shards(&node_config, cluster_config.as_ref(), &producer, &clock).await?;
+    let node = Arc::new(Node::new(shards, node_config.max_pending));
     let service =
         Arc::new(Service::new(Arc::clone(&node), Arc::clone(&catalog), settings::limits(&config), clock));
 
@@ -152,8 +155,10 @@ pub async fn run_with_clock(
     // Cluster mode: a call is served here or on the node that owns its
     // shard.
     let local: Arc<dyn Scheduler> = Arc::new(Local::new(service));
-    let scheduler: Arc<dyn Scheduler> = match node.cluster() {
-        Some(cluster) => Arc::new(Router::new(local, cluster, settings::peer_tls(&config, &node_config)?)),
+    let scheduler: Arc<dyn Scheduler> = match cluster.zip(cluster_config.as_ref()) {
+        Some((cluster, cluster_config)) => {
+            Arc::new(Router::new(local, cluster, settings::peer_tls(&config, cluster_config)?))
+        }
         None => local,
     };
     let grpc = tokio::spawn(
@@ -211,6 +216,32 @@ pub async fn run_with_clock(
     }
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// The shards this node serves. Standalone, every shard, opened here. In
+/// cluster mode, the cluster: the log topic is created or checked, the node
+/// joins the consumer group and takes (in the background) the shards the
+/// group gives it, each applying its partition to its end before its
+/// dispatcher starts; the cluster is handed back as well, for the router.
+async fn open_shards(
+    node: &NodeConfig,
+    cluster: Option<&ClusterConfig>,
+    producer: &Arc<Producer>,
+    clock: &Arc<dyn Clock>,
+) -> anyhow::Result<(Arc<dyn ShardSet>, Option<Arc<Cluster>>)> {
+    let Some(cluster) = cluster else {
+        let local = LocalShards::open(node, Arc::clone(producer), Arc::clone(clock)).await?;
+        return Ok((Arc::new(local), None));
+    };
+    let shards = Shards {
+        config: node.shard.clone(),
+        paths: node.shard_paths()?,
+        max_pending: node.max_pending_per_shard(),
+        producer: Arc::clone(producer),
+        clock: Arc::clone(clock),
+    };
+    let cluster = Arc::new(Cluster::start(cluster, shards).await?);
+    Ok((Arc::clone(&cluster) as Arc<dyn ShardSet>, Some(cluster)))
 }
 
 /// Mirrors the node's health in gRPC health, for the whole server and for

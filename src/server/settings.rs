@@ -56,10 +56,7 @@ pub fn tls(config: &Config) -> Result<Option<TlsFiles>, TlsError> {
 /// over TLS: it checks them against --tls-peer-ca, else --tls-client-ca
 /// (the CA of the cluster's certificates, when mutual TLS is on), else the
 /// system's roots; and presents its own certificate when mutual TLS is on.
-pub fn peer_tls(config: &Config, node: &NodeConfig) -> Result<Option<ClientTlsConfig>, TlsError> {
-    let Some(cluster) = &node.cluster else {
-        return Ok(None);
-    };
+pub fn peer_tls(config: &Config, cluster: &ClusterConfig) -> Result<Option<ClientTlsConfig>, TlsError> {
     if !cluster.advertise.starts_with("https://") {
         return Ok(None);
     }
@@ -117,36 +114,42 @@ pub fn delivery(config: &Config) -> Delivery {
     }
 }
 
-/// The node: its shards, where they live, the backlog cap they share.
-/// `grpc` is where it listens, and `tls` whether with TLS: the address
-/// other nodes of a cluster reach it at, unless --advertise-addr says.
-pub fn node(config: &Config, grpc: std::net::SocketAddr, tls: bool) -> NodeConfig {
+/// The node: its shards (in cluster mode, the schedule log's partitions),
+/// where they live, the backlog cap they share.
+pub fn node(config: &Config) -> NodeConfig {
     NodeConfig {
         data_dir: config.data_dir.clone(),
         shards: if config.cluster { config.log_partitions } else { config.shards },
         shard: shard(config),
         max_pending: (config.max_pending > 0).then_some(config.max_pending),
-        cluster: config.cluster.then(|| ClusterConfig {
-            kafka: kafka(config),
-            log: LogTopic {
-                name: config.log_topic.clone(),
-                partitions: config.log_partitions as i32,
-                replication: config.log_replication,
-            },
-            group: GroupConfig {
-                id: config.group_id.clone(),
-                topic: config.log_topic.clone(),
-                session_timeout: *config.group_session_timeout,
-            },
-            limits: limits(config),
-            admin_timeout: Duration::from_secs(30),
-            standby_replicas: config.standby_replicas as usize,
-            advertise: config
-                .advertise_addr
-                .clone()
-                .unwrap_or_else(|| format!("{}://{grpc}", if tls { "https" } else { "http" })),
-        }),
     }
+}
+
+/// Cluster mode (`--cluster`): the schedule log, the consumer group, and
+/// where the other nodes reach this one. `grpc` is where it listens, and
+/// `tls` whether with TLS: the address other nodes reach it at, unless
+/// --advertise-addr says.
+pub fn cluster(config: &Config, grpc: std::net::SocketAddr, tls: bool) -> Option<ClusterConfig> {
+    config.cluster.then(|| ClusterConfig {
+        kafka: kafka(config),
+        log: LogTopic {
+            name: config.log_topic.clone(),
+            partitions: config.log_partitions as i32,
+            replication: config.log_replication,
+        },
+        group: GroupConfig {
+            id: config.group_id.clone(),
+            topic: config.log_topic.clone(),
+            session_timeout: *config.group_session_timeout,
+        },
+        limits: limits(config),
+        admin_timeout: Duration::from_secs(30),
+        standby_replicas: config.standby_replicas as usize,
+        advertise: config
+            .advertise_addr
+            .clone()
+            .unwrap_or_else(|| format!("{}://{grpc}", if tls { "https" } else { "http" })),
+    })
 }
 
 /// What each shard is built from (the node sets its path and its part of
@@ -244,17 +247,16 @@ mod tests {
     #[test]
     fn the_backlog_cap_is_the_node_s() {
         let config = Config { max_pending: 10, shards: 3, ..Config::default() };
-        let grpc = "127.0.0.1:50051".parse().unwrap();
-        let built = node(&config, grpc, false);
+        let built = node(&config);
         assert_eq!((built.max_pending, built.shards), (Some(10), 3));
-        assert_eq!(node(&Config::default(), grpc, false).max_pending, None, "0: no cap");
+        assert_eq!(node(&Config::default()).max_pending, None, "0: no cap");
     }
 
     #[test]
     fn a_node_is_advertised_where_it_listens_unless_told() {
         let grpc = "10.1.2.3:7000".parse().unwrap();
         let config = Config { cluster: true, ..Config::default() };
-        let advertised = |config: &Config, tls| node(config, grpc, tls).cluster.unwrap().advertise;
+        let advertised = |config: &Config, tls| cluster(config, grpc, tls).unwrap().advertise;
         assert_eq!(advertised(&config, false), "http://10.1.2.3:7000");
         assert_eq!(advertised(&config, true), "https://10.1.2.3:7000");
         let told = Config { advertise_addr: Some("http://hourglass-0.hourglass:50051".into()), ..config };

@@ -1,5 +1,5 @@
-//! A node: the shards one process owns, and the routing of each request to
-//! the shard of its message.
+//! A node: the shards one process serves, and the routing of each request
+//! to the shard of its message.
 //!
 //! Every id belongs to one shard, found without a lookup: the murmur2 hash
 //! of the id's text (as Kafka's Java client hashes a record key), made
@@ -9,12 +9,27 @@
 //!
 //! What spans shards is assembled here: a batch is split by shard and
 //! written as one atomic write per shard; `List` merges the shards' pages
-//! in dispatch order; `Stats`, health and damage are summed over them.
+//! in dispatch order; `Stats` is summed over them.
+//!
+//! Where the shards are is not the node's business: it reaches them
+//! through a [`ShardSet`] (how many shards there are, which this process
+//! serves now, a shard's store to read, where a shard's changes go, health,
+//! damage, shutdown). Standalone that is [`LocalShards`]: every shard is
+//! opened at start and kept, its changes go to its store, and health and
+//! damage are the worst over the stores. In cluster mode the wiring gives
+//! the node the cluster's shards instead, which move between nodes as the
+//! consumer group says.
 //!
 //! On disk, one shard is the data dir itself (as every earlier release laid
 //! it out); several are `shard-0`, `shard-1`, ... inside it. Each store
 //! records which shard of how many it is when first opened, and a start
 //! with another count is refused: ids would hash to other shards.
+
+mod local;
+mod shard_set;
+
+pub use local::LocalShards;
+pub use shard_set::ShardSet;
 
 use std::{
     path::{Path, PathBuf},
@@ -23,19 +38,16 @@ use std::{
 
 use futures_util::future;
 use tokio::sync::watch;
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
-    clock::Clock,
-    cluster::{Cluster, ClusterConfig, ClusterError, Shards},
-    kafka::Producer,
     message::{
         CancelOutcome, ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled,
         ScheduledMessage, Scope, UnixMillis, merge_pages, shard_of,
     },
-    shard::{Shard, ShardConfig},
+    shard::ShardConfig,
     store::{
-        LIST_KEY_BYTES, ListFilter, NewMessage, ShardOf, Store, StoreError, StoreHealth, StorePage,
+        LIST_KEY_BYTES, ListFilter, NewMessage, Store, StoreError, StoreHealth, StorePage,
         schema::{Counts, DispatchKey},
     },
 };
@@ -44,14 +56,27 @@ use crate::{
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     pub data_dir: PathBuf,
+    /// How many shards the ids are spread over (in cluster mode, the
+    /// schedule log's partitions).
     pub shards: u32,
     /// What each shard is built from; its store's path, shard and backlog
     /// cap are set per shard.
     pub shard: ShardConfig,
     /// The node's backlog cap, split evenly over its shards.
     pub max_pending: Option<u64>,
-    /// Cluster mode: the shards are the schedule log's partitions.
-    pub cluster: Option<ClusterConfig>,
+}
+
+impl NodeConfig {
+    /// Where each shard's store lives, by shard, after checking that the
+    /// data dir holds no store of another layout.
+    pub fn shard_paths(&self) -> Result<Vec<PathBuf>, NodeError> {
+        shard_paths(&self.data_dir, self.shards)
+    }
+
+    /// Each shard's part of the backlog cap.
+    pub fn max_pending_per_shard(&self) -> Option<u64> {
+        self.max_pending.map(|cap| cap.div_ceil(u64::from(self.shards)))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,22 +92,14 @@ pub enum NodeError {
     Unreadable { dir: PathBuf, source: std::io::Error },
     #[error("opening the store in {}: {source}", path.display())]
     Open { path: PathBuf, source: StoreError },
-    #[error(transparent)]
-    Cluster(#[from] ClusterError),
 }
 
 /// The shards of one process; requests reach each through [`Node`]'s
 /// methods, which route by id.
 pub struct Node {
-    /// Standalone: every shard, in shard order.
-    shards: Vec<Shard>,
-    /// Cluster mode: the shards the consumer group gives this node.
-    cluster: Option<Arc<Cluster>>,
+    /// The shards this process serves.
+    shards: Arc<dyn ShardSet>,
     max_pending: Option<u64>,
-    health: watch::Receiver<StoreHealth>,
-    damaged: CancellationToken,
-    stop: CancellationToken,
-    watchers: TaskTracker,
 }
 
 /// Counts and the oldest overdue message, over every shard.
@@ -93,73 +110,10 @@ pub struct NodeStats {
 }
 
 impl Node {
-    /// Opens every shard's store (refusing a data dir laid out for another
-    /// shard count) and starts their dispatchers. In cluster mode, the log
-    /// topic is created or checked first, and the node joins the consumer
-    /// group: it takes the shards the group gives it, each applying its
-    /// partition to its end before its dispatcher starts.
-    pub async fn start(
-        config: &NodeConfig,
-        producer: Arc<Producer>,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Node, NodeError> {
-        let paths = shard_paths(&config.data_dir, config.shards)?;
-        let per_shard = config.max_pending.map(|cap| cap.div_ceil(u64::from(config.shards)));
-        let (damaged, stop) = (CancellationToken::new(), CancellationToken::new());
-        let watchers = TaskTracker::new();
-        if let Some(cluster) = &config.cluster {
-            let shards =
-                Shards { config: config.shard.clone(), paths, max_pending: per_shard, producer, clock };
-            let cluster = Cluster::start(cluster, shards).await?;
-            watchers.close();
-            return Ok(Node {
-                shards: Vec::new(),
-                health: cluster.health(),
-                damaged: cluster.damaged(),
-                cluster: Some(Arc::new(cluster)),
-                max_pending: config.max_pending,
-                stop,
-                watchers,
-            });
-        }
-        let mut shards: Vec<Shard> = Vec::with_capacity(paths.len());
-        for (shard, path) in (0..).zip(paths) {
-            let mut shard_config = config.shard.clone();
-            shard_config.store.path = path.clone();
-            shard_config.store.shard = ShardOf { shard, shards: config.shards };
-            shard_config.store.max_pending = per_shard;
-            let store = match Store::open(&shard_config.store) {
-                Ok(store) => store,
-                Err(source) => {
-                    future::join_all(shards.iter().map(Shard::shutdown)).await;
-                    return Err(NodeError::Open { path, source });
-                }
-            };
-            let recorded = store.recorded_shard();
-            if recorded != shard_config.store.shard {
-                store.close().await;
-                future::join_all(shards.iter().map(Shard::shutdown)).await;
-                return Err(NodeError::ShardCount {
-                    dir: config.data_dir.clone(),
-                    found: recorded.shards,
-                    asked: config.shards,
-                });
-            }
-            match Shard::start(store.clone(), &shard_config, Arc::clone(&producer), Arc::clone(&clock)) {
-                Ok(shard) => shards.push(shard),
-                Err(source) => {
-                    store.close().await;
-                    future::join_all(shards.iter().map(Shard::shutdown)).await;
-                    return Err(NodeError::Open { path, source });
-                }
-            }
-        }
-        let stores: Vec<Store> = shards.iter().map(|s| s.store().clone()).collect();
-        let (tx, health) = watch::channel(StoreHealth::Ok);
-        watchers.spawn(watch_health(stores.clone(), tx, stop.clone()));
-        watchers.spawn(watch_damage(stores, damaged.clone(), stop.clone()));
-        watchers.close();
-        Ok(Node { shards, cluster: None, max_pending: config.max_pending, health, damaged, stop, watchers })
+    /// The node over `shards` (standalone, [`LocalShards`]), which share
+    /// the backlog cap `max_pending`.
+    pub fn new(shards: Arc<dyn ShardSet>, max_pending: Option<u64>) -> Node {
+        Node { shards, max_pending }
     }
 
     /// The shard `id` belongs to.
@@ -170,81 +124,49 @@ impl Node {
     /// How many shards the ids are spread over (in a cluster, over every
     /// node).
     pub fn shard_count(&self) -> usize {
-        match &self.cluster {
-            Some(cluster) => cluster.partitions() as usize,
-            None => self.shards.len(),
-        }
-    }
-
-    /// Cluster mode: the shards this node shares with the others.
-    pub fn cluster(&self) -> Option<Arc<Cluster>> {
-        self.cluster.clone()
+        self.shards.count()
     }
 
     /// Whether this node serves `shard` now.
     pub fn owns(&self, shard: usize) -> bool {
-        self.cluster.as_ref().is_none_or(|cluster| cluster.owns(shard))
+        self.shards.serves(shard)
     }
 
-    /// The store of `id`'s shard: in cluster mode, once this node owns it.
+    /// The store of `id`'s shard, once this node serves it (waiting a
+    /// bounded time while it moves).
     async fn store_of(&self, id: &MessageId) -> Result<Store, StoreError> {
-        match &self.cluster {
-            Some(cluster) => Ok(cluster.owner_of(self.shard_of(id)).await?.store().clone()),
-            None => Ok(self.shards[self.shard_of(id)].store().clone()),
-        }
+        self.shards.store(self.shard_of(id)).await
     }
 
     /// The stores of the shards on this node, with their shard numbers, in
     /// shard order.
     fn stores(&self) -> Vec<(u32, Store)> {
-        match &self.cluster {
-            Some(cluster) => {
-                cluster.owned().into_iter().map(|(n, owned)| (n, owned.store().clone())).collect()
-            }
-            None => (0..).zip(self.shards.iter().map(|s| s.store().clone())).collect(),
-        }
+        self.shards.stores()
     }
 
     /// Parks a message in its shard; returns once it is durable.
     pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
-        if let Some(cluster) = &self.cluster {
-            return cluster.owner_of(self.shard_of(msg.id.id())).await?.front().schedule(msg).await;
-        }
-        self.store_of(msg.id.id()).await?.schedule(msg).await
+        self.shards.schedule(self.shard_of(msg.id.id()), msg).await
     }
 
-    /// Parks many messages: one atomic, durable write per shard, the shards
-    /// at once. Each message gets its own answer, in order. A shard whose
-    /// write fails answers its messages with the error; the call fails as a
-    /// whole when every write failed (then nothing of it was stored).
+    /// Parks many messages: each shard's part in one call to it
+    /// ([`ShardSet::schedule_batch`]; standalone one atomic, durable write),
+    /// the shards at once. Each message gets its own answer, in order. A
+    /// shard whose write fails answers its messages with the error; the call
+    /// fails as a whole when every write failed (then nothing of it was
+    /// stored).
     pub async fn schedule_batch(
         &self,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
-        if let Some(cluster) = &self.cluster {
-            // Each message is a record of its own, answered on its own;
-            // each shard's part is decided and appended together.
-            let (groups, total) = self.by_shard(msgs);
-            let parts = groups.into_iter().enumerate().filter(|(_, (slots, _))| !slots.is_empty()).map(
-                |(shard, (slots, msgs))| async move {
-                    let answers = match cluster.owner_of(shard).await {
-                        Ok(owned) => owned.front().schedule_all(msgs).await,
-                        Err(e) => msgs.iter().map(|_| Err(e.clone())).collect(),
-                    };
-                    (slots, answers)
-                },
-            );
-            return Ok(in_order(total, future::join_all(parts).await));
-        }
-        if let [shard] = &self.shards[..] {
-            return shard.store().schedule_batch(msgs).await;
+        // One shard: its answers are the batch's.
+        if self.shard_count() == 1 && !msgs.is_empty() {
+            return self.shards.schedule_batch(0, msgs).await;
         }
         let (groups, total) = self.by_shard(msgs);
-        let writes = groups
-            .into_iter()
-            .zip(self.shards.iter().map(Shard::store))
-            .filter(|((slots, _), _)| !slots.is_empty())
-            .map(|((slots, msgs), store)| async move { (slots, store.schedule_batch(msgs).await) });
+        let writes = groups.into_iter().enumerate().filter(|(_, (slots, _))| !slots.is_empty()).map(
+            |(shard, (slots, msgs))| async move { (slots, self.shards.schedule_batch(shard, msgs).await) },
+        );
         let (mut failed, mut written) = (None, false);
         let mut parts = Vec::new();
         for (slots, outcome) in future::join_all(writes).await {
@@ -287,10 +209,7 @@ impl Node {
         id: MessageId,
         now: UnixMillis,
     ) -> Result<CancelOutcome, StoreError> {
-        if let Some(cluster) = &self.cluster {
-            return cluster.owner_of(self.shard_of(&id)).await?.front().cancel(scope, id, now).await;
-        }
-        self.store_of(&id).await?.cancel(scope, id, now).await
+        self.shards.cancel(self.shard_of(&id), scope, id, now).await
     }
 
     pub async fn reschedule(
@@ -299,10 +218,7 @@ impl Node {
         id: MessageId,
         due: UnixMillis,
     ) -> Result<UnixMillis, StoreError> {
-        if let Some(cluster) = &self.cluster {
-            return cluster.owner_of(self.shard_of(&id)).await?.front().reschedule(scope, id, due).await;
-        }
-        self.store_of(&id).await?.reschedule(scope, id, due).await
+        self.shards.reschedule(self.shard_of(&id), scope, id, due).await
     }
 
     pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
@@ -371,12 +287,12 @@ impl Node {
 
     /// Whether every shard takes new messages: the worst of their healths.
     pub fn health(&self) -> watch::Receiver<StoreHealth> {
-        self.health.clone()
+        self.shards.health()
     }
 
     /// Cancelled once damage is found in any shard's store.
     pub fn damaged(&self) -> CancellationToken {
-        self.damaged.clone()
+        self.shards.damaged()
     }
 
     /// What damage was found, and what to do about it.
@@ -387,14 +303,7 @@ impl Node {
     /// Stops every shard: dispatchers settle what is in flight, stores
     /// commit what is queued and close.
     pub async fn shutdown(&self) {
-        if let Some(cluster) = &self.cluster {
-            // Each shard is let go as in a move: its last deliveries go to
-            // the log and are applied before its store closes.
-            cluster.shutdown().await;
-        }
-        future::join_all(self.shards.iter().map(Shard::shutdown)).await;
-        self.stop.cancel();
-        self.watchers.wait().await;
+        self.shards.shutdown().await;
     }
 }
 
@@ -462,38 +371,6 @@ fn merge_shard_pages(pages: Vec<(u32, StorePage)>, limit: usize) -> PendingPage 
         merge_pages(pages, limit, LIST_KEY_BYTES, |m: &PendingMessage| m.key.as_ref().map_or(0, Vec::len));
     let (positions, messages) = messages.into_iter().unzip();
     PendingPage { messages, positions, next }
-}
-
-/// The worst health of any shard, mirrored until `stop`.
-async fn watch_health(stores: Vec<Store>, health: watch::Sender<StoreHealth>, stop: CancellationToken) {
-    let mut shards: Vec<watch::Receiver<StoreHealth>> = stores.iter().map(Store::health).collect();
-    loop {
-        let now = worst(shards.iter_mut().map(|h| h.borrow_and_update().clone()));
-        health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
-        let changed = future::select_all(shards.iter_mut().map(|h| Box::pin(h.changed())));
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            (result, _, _) = changed => if result.is_err() { return },
-        }
-    }
-}
-
-/// Damage found in any shard, passed on to the node's token.
-async fn watch_damage(stores: Vec<Store>, damaged: CancellationToken, stop: CancellationToken) {
-    let shards: Vec<CancellationToken> = stores.iter().map(Store::damaged).collect();
-    tokio::select! {
-        _ = stop.cancelled() => {}
-        _ = future::select_all(shards.iter().map(|d| Box::pin(d.cancelled()))) => damaged.cancel(),
-    }
-}
-
-/// Failing before at capacity before ok; the first failing shard's reason.
-fn worst(healths: impl Iterator<Item = StoreHealth>) -> StoreHealth {
-    healths.fold(StoreHealth::Ok, |worst, h| match (&worst, &h) {
-        (StoreHealth::Failing(_), _) => worst,
-        (_, StoreHealth::Failing(_)) | (StoreHealth::Ok, StoreHealth::AtCapacity) => h,
-        _ => worst,
-    })
 }
 
 /// The answers of each shard's part put back at their messages' places.
@@ -641,17 +518,6 @@ mod tests {
         assert_eq!(start_in(0, token), DispatchKey { at: UnixMillis(51), seq: 0 }, "shard 0 listed its 50s");
         assert_eq!(start_in(1, token), DispatchKey { at: UnixMillis(50), seq: 7 });
         assert_eq!(start_in(2, token), DispatchKey { at: UnixMillis(50), seq: 0 }, "shard 2 not yet at 50");
-    }
-
-    #[test]
-    fn the_node_is_as_healthy_as_its_worst_shard() {
-        use StoreHealth::*;
-        assert_eq!(worst([Ok, Ok].into_iter()), Ok);
-        assert_eq!(worst([Ok, AtCapacity].into_iter()), AtCapacity);
-        assert_eq!(
-            worst([AtCapacity, Failing("disk".into()), Failing("other".into())].into_iter()),
-            Failing("disk".into())
-        );
     }
 
     #[test]

@@ -1,0 +1,85 @@
+//! The cluster as the node's shards: [`ShardSet`] for [`Cluster`]. The
+//! shards are the schedule log's partitions; this node serves those it
+//! owns now. A shard's reads go to its owned store, and its changes to its
+//! front, which appends them to the log and answers once they are applied.
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::Cluster;
+use crate::{
+    message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
+    node::ShardSet,
+    store::{NewMessage, Store, StoreError, StoreHealth},
+};
+
+#[tonic::async_trait]
+impl ShardSet for Cluster {
+    fn count(&self) -> usize {
+        self.partitions() as usize
+    }
+
+    fn serves(&self, shard: usize) -> bool {
+        self.owns(shard)
+    }
+
+    async fn store(&self, shard: usize) -> Result<Store, StoreError> {
+        Ok(self.owner_of(shard).await?.store().clone())
+    }
+
+    fn stores(&self) -> Vec<(u32, Store)> {
+        self.owned().into_iter().map(|(n, owned)| (n, owned.store().clone())).collect()
+    }
+
+    async fn schedule(&self, shard: usize, msg: NewMessage) -> Result<Scheduled, StoreError> {
+        self.owner_of(shard).await?.front().schedule(msg).await
+    }
+
+    /// Each message is a record of its own, answered on its own; the part
+    /// is decided and appended together. The call as a whole never fails:
+    /// a shard this node cannot serve answers each message with why.
+    async fn schedule_batch(
+        &self,
+        shard: usize,
+        msgs: Vec<NewMessage>,
+    ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
+        Ok(match self.owner_of(shard).await {
+            Ok(owned) => owned.front().schedule_all(msgs).await,
+            Err(e) => msgs.iter().map(|_| Err(e.clone())).collect(),
+        })
+    }
+
+    async fn cancel(
+        &self,
+        shard: usize,
+        scope: Scope,
+        id: MessageId,
+        now: UnixMillis,
+    ) -> Result<CancelOutcome, StoreError> {
+        self.owner_of(shard).await?.front().cancel(scope, id, now).await
+    }
+
+    async fn reschedule(
+        &self,
+        shard: usize,
+        scope: Scope,
+        id: MessageId,
+        due: UnixMillis,
+    ) -> Result<UnixMillis, StoreError> {
+        self.owner_of(shard).await?.front().reschedule(scope, id, due).await
+    }
+
+    fn health(&self) -> watch::Receiver<StoreHealth> {
+        Cluster::health(self)
+    }
+
+    fn damaged(&self) -> CancellationToken {
+        Cluster::damaged(self)
+    }
+
+    /// Each shard is let go as in a move: its last deliveries go to the
+    /// log and are applied before its store closes.
+    async fn shutdown(&self) {
+        Cluster::shutdown(self).await;
+    }
+}

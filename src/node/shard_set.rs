@@ -1,0 +1,77 @@
+//! What a node needs of the shards its process serves, as one seam:
+//! [`ShardSet`]. The node routes each id to its shard and merges what spans
+//! shards; a `ShardSet` says which shards are here and where a shard's
+//! reads and changes go. Standalone that is [`LocalShards`](super::LocalShards),
+//! every shard opened by this process; in cluster mode the cluster's, the
+//! shards the consumer group gives this node, which move between nodes.
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
+    store::{NewMessage, Store, StoreError, StoreHealth},
+};
+
+/// The shards one process serves, numbered from 0 to
+/// [`count`](Self::count) − 1. What reaches one shard waits a bounded time
+/// while the shard moves between nodes (in a cluster), and fails when
+/// another node serves it.
+#[tonic::async_trait]
+pub trait ShardSet: Send + Sync {
+    /// How many shards the ids are spread over (in a cluster, over every
+    /// node).
+    fn count(&self) -> usize;
+
+    /// Whether this process serves `shard` now.
+    fn serves(&self, shard: usize) -> bool;
+
+    /// The store of `shard`, to read, once this process serves it (waiting
+    /// a bounded time while it moves).
+    async fn store(&self, shard: usize) -> Result<Store, StoreError>;
+
+    /// The stores of the shards this process serves now, with their shard
+    /// numbers, in shard order.
+    fn stores(&self) -> Vec<(u32, Store)>;
+
+    /// Parks `msg` in `shard`; returns once it is durable.
+    async fn schedule(&self, shard: usize, msg: NewMessage) -> Result<Scheduled, StoreError>;
+
+    /// Parks `msgs`, all of `shard`, each answered in order. Fails as a
+    /// whole only when nothing of it was stored.
+    async fn schedule_batch(
+        &self,
+        shard: usize,
+        msgs: Vec<NewMessage>,
+    ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError>;
+
+    /// Cancels the message `id` (of `shard`) names for `scope`.
+    async fn cancel(
+        &self,
+        shard: usize,
+        scope: Scope,
+        id: MessageId,
+        now: UnixMillis,
+    ) -> Result<CancelOutcome, StoreError>;
+
+    /// Moves the message `id` (of `shard`) names for `scope` to a new due
+    /// time.
+    async fn reschedule(
+        &self,
+        shard: usize,
+        scope: Scope,
+        id: MessageId,
+        due: UnixMillis,
+    ) -> Result<UnixMillis, StoreError>;
+
+    /// Whether every shard served takes new messages (the worst of their
+    /// healths), and in a cluster whether the first shards are taken.
+    fn health(&self) -> watch::Receiver<StoreHealth>;
+
+    /// Cancelled once damage is found in a served shard's store.
+    fn damaged(&self) -> CancellationToken;
+
+    /// Stops every shard: dispatchers settle what is in flight, stores
+    /// commit what is queued and close.
+    async fn shutdown(&self);
+}
