@@ -54,7 +54,8 @@
 //! `api`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
 //! `auth`; `log`, `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/architecture.rs` fails on an import that would close
-//! a circle. The `hourglass` binary (`src/bin/hourglass`: the command line
+//! a circle, and on any module but the wiring (`server`) that imports
+//! `cluster`: cluster mode plugs in through seams. The `hourglass` binary (`src/bin/hourglass`: the command line
 //! and the client subcommands) is built on this library; the bench and the
 //! test kit are crates of their own (`bench/`, `testkit/`).
 

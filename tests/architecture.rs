@@ -404,30 +404,23 @@ fn the_core_does_not_know_its_callers() {
 }
 
 /// Cluster mode is one wing: the gRPC adapter serves a `Scheduler` (the
-/// cluster's router wraps the local one), the dispatcher records and asks
-/// leave to produce through its seams, and the store and the shard serve
-/// either mode alike.
+/// cluster's router wraps the local one), the node routes over a
+/// `ShardSet` (the cluster is one), the dispatcher records and asks leave
+/// to produce through its seams, and the store and the shard serve either
+/// mode alike. Only the wiring (`server`) chooses.
 #[test]
 fn cluster_mode_is_reached_only_through_seams() {
     let graph = module_graph();
-    for module in ["api", "scheduler", "service", "dispatcher", "shard", "store"] {
+    for (module, imports) in &graph {
+        if module == "cluster" || module == "server" {
+            continue;
+        }
         assert!(
-            !graph[module].contains("cluster"),
-            "{module} imports cluster; cluster mode plugs in through a seam (Scheduler, Recorder, Gate) instead"
+            !imports.contains("cluster"),
+            "{module} imports cluster; cluster mode plugs in through a seam (Scheduler, ShardSet, \
+             Recorder, Gate) instead"
         );
     }
-}
-
-/// The node routes and merges over the shards it is given: whether they
-/// are its own or the cluster's is the wiring's choice, and the cluster
-/// implements the node's `ShardSet`, not the other way round.
-#[test]
-fn the_node_knows_nothing_of_cluster_mode() {
-    let graph = module_graph();
-    assert!(
-        !graph["node"].contains("cluster"),
-        "node imports cluster; the cluster serves the node as a ShardSet instead"
-    );
 }
 
 #[test]
