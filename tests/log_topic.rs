@@ -8,7 +8,10 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use common::*;
-use hourglass::kafka::{Ensured, KafkaConfig, LogTopic, TopicError, ensure_log_topic};
+use hourglass::{
+    cluster::kafka::{Ensured, LogTopic, TopicError, ensure_log_topic},
+    kafka::KafkaConfig,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -54,7 +57,7 @@ async fn an_unreachable_broker_is_named() {
 }
 
 /// Offsets `reader` reads next, until `n` of them, within 20 s.
-async fn offsets(reader: &hourglass::kafka::LogReader, n: usize) -> Vec<i64> {
+async fn offsets(reader: &hourglass::cluster::kafka::LogReader, n: usize) -> Vec<i64> {
     let mut out = Vec::new();
     let reading = async {
         while out.len() < n {
@@ -67,7 +70,7 @@ async fn offsets(reader: &hourglass::kafka::LogReader, n: usize) -> Vec<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_consumer_reads_each_partition_on_its_own_and_moves_each_alone() {
-    use hourglass::kafka::{LogConsumer, LogProducer};
+    use hourglass::cluster::kafka::{LogConsumer, LogProducer};
     let broker = Broker::start();
     let config = kafka(&broker);
     let topic = random_name("log");

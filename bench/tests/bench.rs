@@ -11,7 +11,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_hourglass-bench");
 
 /// What the nodes log, kept in a file per node: how shards moved between
 /// them, and every warning.
-const NODE_LOG: &str = "warn,hourglass::cluster::owner=info,hourglass::kafka::group=info";
+const NODE_LOG: &str = "warn,hourglass::cluster::owner=info,hourglass::cluster::kafka::group=info";
 
 /// One bench at a time: two at once on a small machine measure each other,
 /// and starve the cluster's nodes of the CPU their group heartbeats need.

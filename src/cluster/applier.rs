@@ -13,10 +13,14 @@ use std::{
 use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use super::{ClusterConfig, waiters::Waiters};
+use super::{
+    ClusterConfig,
+    kafka::{Appended, Fetched, LogConsumer, LogReader, Read, key_digest},
+    waiters::Waiters,
+};
 use crate::{
     clock::Clock as _,
-    kafka::{Appended, Fetched, LogConsumer, LogReader, Read, key_digest, seek::Seek},
+    kafka::seek::Seek,
     log::record::{Change, Entry, LogRecord},
     message::{Limits, UnixMillis},
     metrics,
@@ -337,7 +341,7 @@ enum Unapplied {
 pub struct Acked {
     pub offset: i64,
     pub at: UnixMillis,
-    /// Its key's [`key_digest`](crate::kafka::key_digest): the record read
+    /// Its key's [`key_digest`]: the record read
     /// back at the offset later must have the same.
     pub key: u64,
     pub writer: u64,

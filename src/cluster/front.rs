@@ -7,10 +7,10 @@ use futures_util::future;
 
 use super::{
     applier::{AckSender, Acked},
+    kafka::LogProducer,
     waiters::Waiters,
 };
 use crate::{
-    kafka::LogProducer,
     log::record::{Change, LogRecord},
     message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
     metrics,

@@ -35,6 +35,7 @@ pub(crate) mod applier;
 mod forward;
 pub(crate) mod front;
 pub(crate) mod gate;
+pub mod kafka;
 pub(crate) mod lease;
 pub(crate) mod owner;
 pub(crate) mod recorder;
@@ -43,14 +44,12 @@ mod shards;
 pub(crate) mod waiters;
 
 pub use forward::Router;
+pub use kafka::{GroupConfig, LogTopic, TopicError};
 pub use owner::{Cluster, Place, Shards};
 
 use std::time::Duration;
 
-use crate::{
-    kafka::{GroupConfig, KafkaConfig, LogTopic, TopicError},
-    message::Limits,
-};
+use crate::{kafka::KafkaConfig, message::Limits};
 
 /// What cluster mode is built from.
 #[derive(Clone, Debug)]

@@ -33,13 +33,20 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
-    ClusterConfig, ClusterError, applier::View, front::Front, gate::LeaseGate, lease::Lease,
-    recorder::LogRecorder, routes::Routes, waiters::Waiters,
+    ClusterConfig, ClusterError,
+    applier::View,
+    front::Front,
+    gate::LeaseGate,
+    kafka::{GroupMember, LogConsumer, LogProducer, Moved, ensure_log_topic},
+    lease::Lease,
+    recorder::LogRecorder,
+    routes::Routes,
+    waiters::Waiters,
 };
 use crate::{
     clock::Clock,
     dispatcher::CLAIM_GRACE,
-    kafka::{GroupMember, LogConsumer, LogProducer, Moved, Producer, ensure_log_topic},
+    kafka::Producer,
     log::record::{self, Change, LogRecord},
     metrics,
     shard::{Shard, ShardConfig},

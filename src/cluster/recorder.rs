@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     applier::{AckSender, Acked},
+    kafka::LogProducer,
     waiters::Waiters,
 };
 use crate::{
     dispatcher::Recorder,
-    kafka::LogProducer,
     log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
     message::UnixMillis,
     shard::Tombstones,

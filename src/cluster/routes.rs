@@ -7,10 +7,12 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::watch;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use super::{ClusterConfig, ClusterError};
+use super::{
+    ClusterConfig, ClusterError,
+    kafka::{LogProducer, LogReader, LogTopic, ensure_log_topic},
+};
 use crate::{
     clock::Clock,
-    kafka::{LogProducer, LogReader, LogTopic, ensure_log_topic},
     log::route::{self, Route, Table},
 };
 

@@ -1,25 +1,19 @@
 //! Kafka: the producer the dispatcher hands due messages to (with
 //! transactional delivery, one transactional producer per shard:
 //! `transactions`; what a produce came to, for both: `report`), the topic
-//! catalog the service checks requests against,
-//! and, in cluster mode, the
-//! schedule log (admin, log) and the consumer group that owns it (group).
-//! rdkafka's callbacks reach async code only through channels.
+//! catalog the service checks requests against, and the settings every
+//! client shares. Cluster mode's clients (the schedule log, its consumer
+//! group) live in [`crate::cluster`]. rdkafka's callbacks reach async code
+//! only through channels.
 
-mod admin;
 mod catalog;
-mod group;
 pub mod landed;
-mod log;
 mod producer;
 mod report;
 pub(crate) mod seek;
 mod transactions;
 
-pub use admin::{Ensured, LogTopic, TopicError, ensure_log_topic};
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
-pub use group::{GroupConfig, GroupMember, Moved, REVOKE_WAIT};
-pub use log::{Appended, Fetched, LogConsumer, LogProducer, LogReader, Read, key_digest};
 pub use producer::producer_config;
 pub use producer::{Delivery, Outgoing, Producer};
 pub use report::{DeliveryReport, Fault, ProduceError, classify};
@@ -47,7 +41,7 @@ impl std::fmt::Debug for KafkaConfig {
 }
 
 /// Settings that mean nothing to a consumer (librdkafka warns of them).
-fn is_producer_only(key: &str) -> bool {
+pub(crate) fn is_producer_only(key: &str) -> bool {
     key.starts_with("linger")
         || key.starts_with("queue.buffering")
         || key.starts_with("batch.")

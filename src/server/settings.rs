@@ -8,10 +8,10 @@ use tonic::transport::ClientTlsConfig;
 
 use crate::{
     auth::{Tokens, TokensError},
-    cluster::ClusterConfig,
+    cluster::{ClusterConfig, GroupConfig, LogTopic},
     config::{Config, ConfigError, DeliveryMode, REQUEST_OVERHEAD_BYTES},
     dispatcher::DispatcherConfig,
-    kafka::{Delivery, GroupConfig, KafkaConfig, LogTopic, OnFence},
+    kafka::{Delivery, KafkaConfig, OnFence},
     message::Limits,
     node::NodeConfig,
     shard::ShardConfig,

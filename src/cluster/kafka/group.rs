@@ -26,7 +26,7 @@ use rdkafka::{
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::{KafkaConfig, is_producer_only};
+use crate::kafka::{KafkaConfig, is_producer_only};
 
 /// Longest a revocation waits for the node to let go of its partitions.
 /// Within it the node stops dispatching, records its last deliveries and

@@ -26,7 +26,7 @@ use rdkafka::{
 
 use tokio_util::sync::CancellationToken;
 
-use super::{KafkaConfig, is_producer_only, producer_config};
+use crate::kafka::{KafkaConfig, is_producer_only, producer_config};
 use crate::{
     log::{
         RECORD_HEADER,

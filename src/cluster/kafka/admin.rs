@@ -11,7 +11,7 @@ use rdkafka::{
     error::RDKafkaErrorCode,
 };
 
-use super::KafkaConfig;
+use crate::kafka::KafkaConfig;
 
 /// The schedule log topic as a node is configured for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
