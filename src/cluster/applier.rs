@@ -7,7 +7,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use tokio::sync::{mpsc, watch};
@@ -668,6 +668,44 @@ impl View {
         self.stop.cancel();
         self.applier.wait().await;
         self.store.close().await;
+    }
+}
+
+/// How long a step of a take may last before the log says so (and again
+/// each time as long).
+const SLOW_TAKE: Duration = Duration::from_secs(10);
+/// Whether the store applied the log up to `end` (false: cancelled, or the
+/// applier stopped).
+pub(super) async fn applied_to(applied: &watch::Receiver<i64>, end: i64, cancel: &CancellationToken) -> bool {
+    let mut applied = applied.clone();
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        reached = applied.wait_for(|next| *next >= end) => reached.is_ok(),
+    }
+}
+
+/// [`applied_to`] for a take of `shard`, saying every [`SLOW_TAKE`] how far
+/// the store is, so that a take that does not end is seen in the log.
+pub(super) async fn taking_applied_to(
+    shard: usize,
+    applied: &watch::Receiver<i64>,
+    end: i64,
+    cancel: &CancellationToken,
+) -> bool {
+    let started = Instant::now();
+    let reached = applied_to(applied, end, cancel);
+    tokio::pin!(reached);
+    loop {
+        tokio::select! {
+            reached = &mut reached => return reached,
+            _ = tokio::time::sleep(SLOW_TAKE) => tracing::warn!(
+                shard,
+                applied_to = *applied.borrow(),
+                end,
+                waited = ?started.elapsed(),
+                "taking the shard: the schedule log is not applied to where the take needs it yet"
+            ),
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! now.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
@@ -54,6 +54,34 @@ impl std::fmt::Debug for Lease {
         let left = self.until.load(Ordering::Acquire).saturating_sub(self.micros(Instant::now()));
         f.debug_struct("Lease").field("left", &Duration::from_micros(left)).finish()
     }
+}
+
+/// Keeps the lease: renewed for a second every 100 ms, unless the process
+/// did not run for a while (then not until `confirm_after` later, when the
+/// group will have said whether the node lost its shards).
+pub(super) fn keep(lease: &Lease, confirm_after: Duration, stopping: &AtomicBool) {
+    const TICK: Duration = Duration::from_millis(100);
+    const TERM: Duration = Duration::from_secs(1);
+    let mut last = Instant::now();
+    let mut confirm_at = last;
+    while !stopping.load(Ordering::Acquire) {
+        std::thread::sleep(TICK);
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(last);
+        if gap >= TERM {
+            lease.end();
+            confirm_at = now + confirm_after;
+            tracing::warn!(
+                stopped_for = ?gap,
+                "this process did not run for a while: not dispatching until the group confirms its shards"
+            );
+        }
+        last = now;
+        if now >= confirm_at {
+            lease.extend_to(now + TERM);
+        }
+    }
+    lease.end();
 }
 
 #[cfg(test)]

@@ -34,11 +34,11 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
     ClusterConfig, ClusterError,
-    applier::View,
+    applier::{self, View},
     front::Front,
     gate::LeaseGate,
     kafka::{GroupMember, LogConsumer, LogProducer, Moved, ensure_log_topic},
-    lease::Lease,
+    lease::{self, Lease},
     recorder::LogRecorder,
     routes::Routes,
     waiters::Waiters,
@@ -60,9 +60,6 @@ const MOVE_WAIT: Duration = Duration::from_secs(5);
 const LET_GO_WAIT: Duration = Duration::from_secs(10);
 /// How long a failed take waits before it tries again.
 const RETAKE_AFTER: Duration = Duration::from_secs(5);
-/// How long a step of a take may last before the log says so (and again
-/// each time as long).
-const SLOW_TAKE: Duration = Duration::from_secs(10);
 /// How often the health of the owned shards is looked at.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 
@@ -221,7 +218,7 @@ impl Owned {
         // takes the shard again.
         let ended = tokio::time::timeout(LET_GO_WAIT, async {
             let end = self.view.end(&self.view.stop).await?;
-            applied_to(&self.view.applied, end, &self.view.stop).await.then_some(())
+            applier::applied_to(&self.view.applied, end, &self.view.stop).await.then_some(())
         })
         .await;
         if !matches!(ended, Ok(Some(()))) {
@@ -273,7 +270,7 @@ impl Cluster {
                 (Arc::clone(&inner.lease), config.group.confirm_after(), Arc::clone(&stopping));
             std::thread::Builder::new()
                 .name("hourglass-lease".into())
-                .spawn(move || keep_lease(&lease, confirm_after, &stopping))
+                .spawn(move || lease::keep(&lease, confirm_after, &stopping))
                 .map_err(|e| ClusterError::Group(format!("starting the lease thread: {e}")))?
         };
         let (health_tx, health) = watch::channel(StoreHealth::Joining(format!(
@@ -505,7 +502,7 @@ impl Inner {
             outcome
         };
         let started = Instant::now();
-        if !taking_applied_to(shard, &view.applied, end, cancel).await {
+        if !applier::taking_applied_to(shard, &view.applied, end, cancel).await {
             return abandon(view, Ok(None)).await;
         }
         if from < end {
@@ -530,7 +527,7 @@ impl Inner {
                 return abandon(view, Err(e)).await;
             }
         };
-        if !taking_applied_to(shard, &view.applied, offset + 1, cancel).await {
+        if !applier::taking_applied_to(shard, &view.applied, offset + 1, cancel).await {
             return abandon(view, Ok(None)).await;
         }
         let claimed_at = tokio::time::Instant::now();
@@ -649,41 +646,6 @@ fn moving(shard: usize) -> StoreError {
     StoreError::LogUnavailable(format!(
         "shard {shard} is moving between nodes and no node took it within {MOVE_WAIT:?}; retry with the same id"
     ))
-}
-
-/// Whether the store applied the log up to `end` (false: cancelled, or the
-/// applier stopped).
-async fn applied_to(applied: &watch::Receiver<i64>, end: i64, cancel: &CancellationToken) -> bool {
-    let mut applied = applied.clone();
-    tokio::select! {
-        _ = cancel.cancelled() => false,
-        reached = applied.wait_for(|next| *next >= end) => reached.is_ok(),
-    }
-}
-
-/// [`applied_to`] for a take of `shard`, saying every [`SLOW_TAKE`] how far
-/// the store is, so that a take that does not end is seen in the log.
-async fn taking_applied_to(
-    shard: usize,
-    applied: &watch::Receiver<i64>,
-    end: i64,
-    cancel: &CancellationToken,
-) -> bool {
-    let started = Instant::now();
-    let reached = applied_to(applied, end, cancel);
-    tokio::pin!(reached);
-    loop {
-        tokio::select! {
-            reached = &mut reached => return reached,
-            _ = tokio::time::sleep(SLOW_TAKE) => tracing::warn!(
-                shard,
-                applied_to = *applied.borrow(),
-                end,
-                waited = ?started.elapsed(),
-                "taking the shard: the schedule log is not applied to where the take needs it yet"
-            ),
-        }
-    }
 }
 
 /// Follows the group's moves: takes what it gives (each shard on its own),
@@ -825,34 +787,6 @@ async fn watch_owned(
             _ = tokio::time::sleep(LOOK_EVERY) => {}
         }
     }
-}
-
-/// Keeps the lease: renewed for a second every 100 ms, unless the process
-/// did not run for a while (then not until `confirm_after` later, when the
-/// group will have said whether the node lost its shards).
-fn keep_lease(lease: &Lease, confirm_after: Duration, stopping: &AtomicBool) {
-    const TICK: Duration = Duration::from_millis(100);
-    const TERM: Duration = Duration::from_secs(1);
-    let mut last = Instant::now();
-    let mut confirm_at = last;
-    while !stopping.load(Ordering::Acquire) {
-        std::thread::sleep(TICK);
-        let now = Instant::now();
-        let gap = now.saturating_duration_since(last);
-        if gap >= TERM {
-            lease.end();
-            confirm_at = now + confirm_after;
-            tracing::warn!(
-                stopped_for = ?gap,
-                "this process did not run for a while: not dispatching until the group confirms its shards"
-            );
-        }
-        last = now;
-        if now >= confirm_at {
-            lease.extend_to(now + TERM);
-        }
-    }
-    lease.end();
 }
 
 /// A claim of a shard by `me`, or its release.
