@@ -142,7 +142,13 @@ pub async fn run_with_clock(
         // A peer that stops answering pings (gone without closing) is
         // dropped, with what it held.
         .http2_keepalive_interval(Some(KEEPALIVE_EVERY))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        // A client whose deadlines are short resets streams the server has
+        // not yet accepted; under load hundreds can queue on one busy
+        // connection. h2's default (20) then closes that connection with
+        // ENHANCE_YOUR_CALM, failing calls that were not abandoned. The
+        // bound still stops a rapid-reset flood (CVE-2023-44487).
+        .http2_max_pending_accept_reset_streams(Some(PENDING_RESETS_PER_CONNECTION));
     if let Some(tls) = tls {
         server = server.tls_config(tls).context("setting up TLS (--tls-cert, --tls-key, --tls-client-ca)")?;
     }
@@ -293,6 +299,9 @@ pub const LIVENESS: &str = "liveness";
 /// unanswered before the connection is closed.
 const KEEPALIVE_EVERY: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Streams a client may reset before the server accepted them, per
+/// connection, before the server closes it as a rapid-reset attack.
+const PENDING_RESETS_PER_CONNECTION: usize = 1024;
 
 /// The Scheduler service's name in gRPC health.
 const SCHEDULER: &str =
