@@ -29,7 +29,7 @@ use crate::{
         ScheduledMessage, Scope, Stats, UnixMillis,
     },
     node::Node,
-    store::{NewId, NewMessage, StoreError},
+    store::{Intent, NewId, NewMessage, StoreError},
 };
 
 /// Due entries one `List` call looks at, at most, matching or not.
@@ -119,7 +119,7 @@ impl Service {
 
     pub async fn schedule(&self, access: &Access, cmd: ScheduleCommand) -> Result<Scheduled, Error> {
         let msg = self.prepare(access, &access.scope(), cmd).await?;
-        Ok(self.node.schedule(msg).await?)
+        Ok(self.node.change(Intent::Schedule(msg)).await?.scheduled()?)
     }
 
     /// Schedules many requests in one durable write. Items that fail to
@@ -160,14 +160,14 @@ impl Service {
     pub async fn cancel(&self, access: &Access, id: &str) -> Result<CancelOutcome, Error> {
         let scope = access.scope();
         let id = scope.id(id)?;
-        Ok(self.node.cancel(scope, id, self.clock.now()).await?)
+        Ok(self.node.change(Intent::Cancel { scope, id, now: self.clock.now() }).await?.cancelled()?)
     }
 
     pub async fn reschedule(&self, access: &Access, id: &str, due: DueSpec) -> Result<UnixMillis, Error> {
         let scope = access.scope();
         let id = scope.id(id)?;
         let (due, _) = self.resolve(due)?;
-        Ok(self.node.reschedule(scope, id, due).await?)
+        Ok(self.node.change(Intent::Reschedule { scope, id, due }).await?.rescheduled()?)
     }
 
     pub async fn get(&self, access: &Access, id: &str) -> Result<ScheduledMessage, Error> {

@@ -30,46 +30,39 @@ pub struct Shard {
     tasks: TaskTracker,
 }
 
+/// What a shard is attached to besides its store: where its dispatcher
+/// records what became of each produce, whether it may produce now, and in
+/// cluster mode where retention's tombstones go.
+pub(crate) struct Seams {
+    pub recorder: Arc<dyn Recorder>,
+    pub gate: Box<dyn Gate>,
+    /// Cluster mode: where retention's tombstones go, and the owner that
+    /// appends them.
+    pub tombstones: Option<(Arc<dyn Tombstones>, u64)>,
+}
+
+impl Seams {
+    /// A node on its own: deliveries are recorded in the store, the
+    /// dispatcher may always produce, retention forgets in the store.
+    pub fn standalone(store: &Store) -> Seams {
+        Seams {
+            recorder: Arc::new(StoreRecorder::new(store.clone())),
+            gate: Box::new(AlwaysOpen),
+            tombstones: None,
+        }
+    }
+}
+
 impl Shard {
     /// Starts the dispatcher and upkeep of an opened store.
-    pub fn start(
+    pub(crate) fn start(
         store: Store,
         config: &ShardConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
+        seams: Seams,
     ) -> Result<Shard, StoreError> {
-        let recorder = Arc::new(StoreRecorder::new(store.clone()));
-        Shard::launch(store, config, producer, clock, recorder, Box::new(AlwaysOpen), None)
-    }
-
-    /// Cluster mode: starts a shard whose dispatcher records its settles
-    /// through `recorder` rather than in the store, and produces only while
-    /// `gate` is open (the node's lease holds and the log names this node
-    /// the shard's owner). `log`: where retention's tombstones go, and the
-    /// owner that appends them.
-    pub(crate) fn start_in_cluster(
-        store: Store,
-        config: &ShardConfig,
-        producer: Arc<Producer>,
-        clock: Arc<dyn Clock>,
-        recorder: Arc<dyn Recorder>,
-        gate: Box<dyn Gate>,
-        log: (Arc<dyn Tombstones>, u64),
-    ) -> Result<Shard, StoreError> {
-        Shard::launch(store, config, producer, clock, recorder, gate, Some(log))
-    }
-
-    /// `log`: cluster mode, where retention's tombstones go, and the
-    /// owner that appends them.
-    fn launch(
-        store: Store,
-        config: &ShardConfig,
-        producer: Arc<Producer>,
-        clock: Arc<dyn Clock>,
-        recorder: Arc<dyn Recorder>,
-        gate: Box<dyn Gate>,
-        log: Option<(Arc<dyn Tombstones>, u64)>,
-    ) -> Result<Shard, StoreError> {
+        let Seams { recorder, gate, tombstones: log } = seams;
         let producer = producer_of(&store, &producer)?;
         let dispatcher = Dispatcher::new(
             store.clone(),

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     log::record::{Change, LogRecord},
-    message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
+    message::Scheduled,
     metrics,
     store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Store, StoreError},
 };
@@ -38,37 +38,6 @@ impl Front {
         acked: AckSender,
     ) -> Front {
         Front { store, log, partition, waiters, acked }
-    }
-
-    pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
-        match self.change(Intent::Schedule(msg)).await? {
-            Answer::Scheduled(result) => result,
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    pub async fn cancel(
-        &self,
-        scope: Scope,
-        id: MessageId,
-        now: UnixMillis,
-    ) -> Result<CancelOutcome, StoreError> {
-        match self.change(Intent::Cancel { scope, id, now }).await? {
-            Answer::Cancelled(result) => result,
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    pub async fn reschedule(
-        &self,
-        scope: Scope,
-        id: MessageId,
-        due: UnixMillis,
-    ) -> Result<UnixMillis, StoreError> {
-        match self.change(Intent::Reschedule { scope, id, due }).await? {
-            Answer::Rescheduled(result) => result,
-            other => Err(unexpected(&other)),
-        }
     }
 
     /// Parks many messages: decided in one step of the store, appended
@@ -115,15 +84,14 @@ impl Front {
                     Slot::Answered(answer) => answer,
                     Slot::Waiting(i) => waited[i].take().unwrap_or_else(|| Err(lost())),
                 };
-                match answer? {
-                    Answer::Scheduled(result) => result,
-                    other => Err(unexpected(&other)),
-                }
+                answer?.scheduled()
             })
             .collect()
     }
 
-    async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
+    /// Decides `intent` against the store; a change to make is appended to
+    /// the log and answered once applied.
+    pub async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
         if self.store.log_owner() != self.waiters.me() {
             return Err(StoreError::NotOwner(self.partition as u32));
         }
@@ -244,8 +212,4 @@ impl Front {
 /// An answer that went missing between the parts of a batch.
 fn lost() -> StoreError {
     StoreError::Io("a change's answer went missing".to_owned())
-}
-
-fn unexpected(answer: &Answer) -> StoreError {
-    StoreError::Io(format!("the store answered a change with {answer:?}"))
 }

@@ -49,7 +49,7 @@ use crate::{
     kafka::Producer,
     log::record::{self, Change, LogRecord},
     metrics,
-    shard::{Shard, ShardConfig},
+    shard::{Seams, Shard, ShardConfig},
     store::{Durability, ShardOf, Store, StoreError, StoreHealth},
 };
 
@@ -547,14 +547,17 @@ impl Inner {
             view.acked.clone(),
         );
         let gate = LeaseGate::new(Arc::clone(&self.lease), store.clone(), me);
-        let started = Shard::start_in_cluster(
+        let seams = Seams {
+            recorder: Arc::clone(&recorder) as _,
+            gate: Box::new(gate),
+            tombstones: Some((Arc::clone(&recorder) as _, me)),
+        };
+        let started = Shard::start(
             store,
             &self.shard_config(shard),
             Arc::clone(&self.shards.producer),
             Arc::clone(&self.shards.clock),
-            Arc::clone(&recorder) as _,
-            Box::new(gate),
-            (Arc::clone(&recorder) as _, me),
+            seams,
         );
         let shard = match started {
             Ok(shard) => shard,

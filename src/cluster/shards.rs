@@ -8,9 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::Cluster;
 use crate::{
-    message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
+    message::Scheduled,
     node::ShardSet,
-    store::{NewMessage, Store, StoreError, StoreHealth},
+    store::{Answer, Intent, NewMessage, Store, StoreError, StoreHealth},
 };
 
 #[tonic::async_trait]
@@ -31,8 +31,8 @@ impl ShardSet for Cluster {
         self.owned().into_iter().map(|(n, owned)| (n, owned.store().clone())).collect()
     }
 
-    async fn schedule(&self, shard: usize, msg: NewMessage) -> Result<Scheduled, StoreError> {
-        self.owner_of(shard).await?.front().schedule(msg).await
+    async fn change(&self, shard: usize, intent: Intent) -> Result<Answer, StoreError> {
+        self.owner_of(shard).await?.front().change(intent).await
     }
 
     /// Each message is a record of its own, answered on its own; the part
@@ -47,26 +47,6 @@ impl ShardSet for Cluster {
             Ok(owned) => owned.front().schedule_all(msgs).await,
             Err(e) => msgs.iter().map(|_| Err(e.clone())).collect(),
         })
-    }
-
-    async fn cancel(
-        &self,
-        shard: usize,
-        scope: Scope,
-        id: MessageId,
-        now: UnixMillis,
-    ) -> Result<CancelOutcome, StoreError> {
-        self.owner_of(shard).await?.front().cancel(scope, id, now).await
-    }
-
-    async fn reschedule(
-        &self,
-        shard: usize,
-        scope: Scope,
-        id: MessageId,
-        due: UnixMillis,
-    ) -> Result<UnixMillis, StoreError> {
-        self.owner_of(shard).await?.front().reschedule(scope, id, due).await
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

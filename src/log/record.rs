@@ -35,7 +35,7 @@
 //! ([`LogRecord::writer`], [`LogRecord::request`]), so that the node waiting
 //! for it can answer its caller once it is applied.
 
-use crate::message::{DueSpec, Envelope, Header, Limits, MessageId, UnixMillis};
+use crate::message::{DueSpec, Envelope, Limits, MessageId, UnixMillis};
 
 use super::{
     RECORD_HEADER,
@@ -254,10 +254,7 @@ impl LogMessage {
         due: UnixMillis,
         at: UnixMillis,
     ) -> Self {
-        let (requested_at_ms, requested_delay_ms) = match requested {
-            DueSpec::At(t) => (Some(t.0), None),
-            DueSpec::After(d) => (None, Some(d.as_millis().try_into().unwrap_or(u64::MAX))),
-        };
+        let (requested_at_ms, requested_delay_ms) = requested.stored();
         LogMessage {
             id: id.as_bytes().to_vec(),
             topic: envelope.topic.clone(),
@@ -280,28 +277,6 @@ impl LogMessage {
     /// The message's id; none if the bytes are not one.
     pub fn message_id(&self) -> Option<MessageId> {
         MessageId::from_stored(&self.id)
-    }
-
-    pub fn envelope(&self) -> Envelope {
-        Envelope {
-            topic: self.topic.clone(),
-            key: self.key.clone(),
-            value: self.value.clone(),
-            headers: self
-                .headers
-                .iter()
-                .map(|h| Header { key: h.key.clone(), value: h.value.clone() })
-                .collect(),
-            partition: self.partition,
-        }
-    }
-
-    pub fn requested(&self) -> DueSpec {
-        match (self.requested_at_ms, self.requested_delay_ms) {
-            (_, Some(ms)) => DueSpec::After(std::time::Duration::from_millis(ms)),
-            (Some(ms), None) => DueSpec::At(UnixMillis(ms)),
-            (None, None) => DueSpec::At(UnixMillis(self.due_ms)),
-        }
     }
 }
 
@@ -411,6 +386,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::message::Header;
 
     fn message() -> LogMessage {
         let envelope = Envelope {
@@ -441,8 +417,8 @@ mod tests {
         assert_eq!(entry, Entry::Logged { writer: 7, request: 9, change: Change::Scheduled(message()) });
         let m = message();
         assert_eq!(m.message_id().unwrap().as_str(), "order-1");
-        assert_eq!(m.requested(), DueSpec::After(Duration::from_secs(30)));
-        assert_eq!(m.envelope().headers[0].key, "trace");
+        assert_eq!((m.requested_at_ms, m.requested_delay_ms), (None, Some(30_000)));
+        assert_eq!(m.headers[0].key, "trace");
     }
 
     #[test]

@@ -68,4 +68,22 @@ impl DueSpec {
             DueSpec::After(d) => now.saturating_add(d),
         }
     }
+
+    /// As the store and the log keep it: the instant or the delay, in ms.
+    pub fn stored(self) -> (Option<u64>, Option<u64>) {
+        match self {
+            DueSpec::At(t) => (Some(t.0), None),
+            DueSpec::After(d) => (None, Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+        }
+    }
+
+    /// From what [`stored`](Self::stored) keeps; with neither, the due
+    /// time `due` itself.
+    pub fn from_stored(at_ms: Option<u64>, delay_ms: Option<u64>, due: UnixMillis) -> DueSpec {
+        match (at_ms, delay_ms) {
+            (_, Some(ms)) => DueSpec::After(Duration::from_millis(ms)),
+            (Some(ms), None) => DueSpec::At(UnixMillis(ms)),
+            (None, None) => DueSpec::At(due),
+        }
+    }
 }

@@ -14,9 +14,9 @@ use super::{NodeConfig, NodeError, ShardSet};
 use crate::{
     clock::Clock,
     kafka::Producer,
-    message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
-    shard::Shard,
-    store::{NewMessage, ShardOf, Store, StoreError, StoreHealth},
+    message::Scheduled,
+    shard::{Seams, Shard},
+    store::{Answer, Intent, NewMessage, ShardOf, Store, StoreError, StoreHealth},
 };
 
 /// Every shard, opened by this process: the node's [`ShardSet`] when it
@@ -64,7 +64,9 @@ impl LocalShards {
                     asked: config.shards,
                 });
             }
-            match Shard::start(store.clone(), &shard_config, Arc::clone(&producer), Arc::clone(&clock)) {
+            let seams = Seams::standalone(&store);
+            match Shard::start(store.clone(), &shard_config, Arc::clone(&producer), Arc::clone(&clock), seams)
+            {
                 Ok(shard) => shards.push(shard),
                 Err(source) => {
                     store.close().await;
@@ -106,8 +108,8 @@ impl ShardSet for LocalShards {
         (0..).zip(self.shards.iter().map(|s| s.store().clone())).collect()
     }
 
-    async fn schedule(&self, shard: usize, msg: NewMessage) -> Result<Scheduled, StoreError> {
-        self.store_of(shard).schedule(msg).await
+    async fn change(&self, shard: usize, intent: Intent) -> Result<Answer, StoreError> {
+        self.store_of(shard).change(intent).await
     }
 
     async fn schedule_batch(
@@ -116,26 +118,6 @@ impl ShardSet for LocalShards {
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
         self.store_of(shard).schedule_batch(msgs).await
-    }
-
-    async fn cancel(
-        &self,
-        shard: usize,
-        scope: Scope,
-        id: MessageId,
-        now: UnixMillis,
-    ) -> Result<CancelOutcome, StoreError> {
-        self.store_of(shard).cancel(scope, id, now).await
-    }
-
-    async fn reschedule(
-        &self,
-        shard: usize,
-        scope: Scope,
-        id: MessageId,
-        due: UnixMillis,
-    ) -> Result<UnixMillis, StoreError> {
-        self.store_of(shard).reschedule(scope, id, due).await
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

@@ -42,12 +42,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     message::{
-        CancelOutcome, ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled,
-        ScheduledMessage, Scope, UnixMillis, merge_pages, shard_of,
+        ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled, ScheduledMessage, Scope,
+        UnixMillis, merge_pages, shard_of,
     },
     shard::ShardConfig,
     store::{
-        LIST_KEY_BYTES, ListFilter, NewMessage, Store, StoreError, StoreHealth, StorePage,
+        Answer, Intent, LIST_KEY_BYTES, ListFilter, NewMessage, Store, StoreError, StoreHealth, StorePage,
         schema::{Counts, DispatchKey},
     },
 };
@@ -144,9 +144,10 @@ impl Node {
         self.shards.stores()
     }
 
-    /// Parks a message in its shard; returns once it is durable.
-    pub async fn schedule(&self, msg: NewMessage) -> Result<Scheduled, StoreError> {
-        self.shards.schedule(self.shard_of(msg.id.id()), msg).await
+    /// Makes a change in the message's shard: parks it (once durable),
+    /// cancels or moves it.
+    pub async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
+        self.shards.change(self.shard_of(intent.id()), intent).await
     }
 
     /// Parks many messages: each shard's part in one call to it
@@ -201,24 +202,6 @@ impl Node {
             group.1.push(msg);
         }
         (groups, total)
-    }
-
-    pub async fn cancel(
-        &self,
-        scope: Scope,
-        id: MessageId,
-        now: UnixMillis,
-    ) -> Result<CancelOutcome, StoreError> {
-        self.shards.cancel(self.shard_of(&id), scope, id, now).await
-    }
-
-    pub async fn reschedule(
-        &self,
-        scope: Scope,
-        id: MessageId,
-        due: UnixMillis,
-    ) -> Result<UnixMillis, StoreError> {
-        self.shards.reschedule(self.shard_of(&id), scope, id, due).await
     }
 
     pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {

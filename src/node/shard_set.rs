@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
-    store::{NewMessage, Store, StoreError, StoreHealth},
+    message::Scheduled,
+    store::{Answer, Intent, NewMessage, Store, StoreError, StoreHealth},
 };
 
 /// The shards one process serves, numbered from 0 to
@@ -34,8 +34,9 @@ pub trait ShardSet: Send + Sync {
     /// numbers, in shard order.
     fn stores(&self) -> Vec<(u32, Store)>;
 
-    /// Parks `msg` in `shard`; returns once it is durable.
-    async fn schedule(&self, shard: usize, msg: NewMessage) -> Result<Scheduled, StoreError>;
+    /// Makes the change `intent` asks of `shard`: parks a message (once
+    /// durable), cancels or moves one.
+    async fn change(&self, shard: usize, intent: Intent) -> Result<Answer, StoreError>;
 
     /// Parks `msgs`, all of `shard`, each answered in order. Fails as a
     /// whole only when nothing of it was stored.
@@ -44,25 +45,6 @@ pub trait ShardSet: Send + Sync {
         shard: usize,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError>;
-
-    /// Cancels the message `id` (of `shard`) names for `scope`.
-    async fn cancel(
-        &self,
-        shard: usize,
-        scope: Scope,
-        id: MessageId,
-        now: UnixMillis,
-    ) -> Result<CancelOutcome, StoreError>;
-
-    /// Moves the message `id` (of `shard`) names for `scope` to a new due
-    /// time.
-    async fn reschedule(
-        &self,
-        shard: usize,
-        scope: Scope,
-        id: MessageId,
-        due: UnixMillis,
-    ) -> Result<UnixMillis, StoreError>;
 
     /// Whether every shard served takes new messages (the worst of their
     /// healths), and in a cluster whether the first shards are taken.

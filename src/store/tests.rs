@@ -239,11 +239,20 @@ async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
 
     // A delivery from a log is as final as one on its own.
     assert_eq!(
-        store.cancel(Scope::everything(), a.clone(), UnixMillis(200)).await.unwrap(),
+        store
+            .change(Intent::Cancel { scope: Scope::everything(), id: a.clone(), now: UnixMillis(200) })
+            .await
+            .unwrap()
+            .cancelled()
+            .unwrap(),
         CancelOutcome::AlreadyDelivered
     );
     assert!(matches!(
-        store.reschedule(Scope::everything(), a.clone(), UnixMillis(900)).await,
+        store
+            .change(Intent::Reschedule { scope: Scope::everything(), id: a.clone(), due: UnixMillis(900) })
+            .await
+            .unwrap()
+            .rescheduled(),
         Err(StoreError::AlreadyDelivered(_))
     ));
 
@@ -380,7 +389,12 @@ async fn listing_and_stats_see_retries_and_settlements() {
     store.settle(settles, None).await.unwrap();
     barrier(&store).await;
     assert_eq!(
-        store.cancel(Scope::everything(), cancelled, UnixMillis(42)).await.unwrap(),
+        store
+            .change(Intent::Cancel { scope: Scope::everything(), id: cancelled, now: UnixMillis(42) })
+            .await
+            .unwrap()
+            .cancelled()
+            .unwrap(),
         CancelOutcome::Cancelled
     );
 
@@ -402,7 +416,12 @@ async fn listing_and_stats_see_retries_and_settlements() {
     );
 
     let failed = MessageId::parse("failed").unwrap();
-    store.reschedule(Scope::everything(), failed, UnixMillis(2_000)).await.unwrap();
+    store
+        .change(Intent::Reschedule { scope: Scope::everything(), id: failed, due: UnixMillis(2_000) })
+        .await
+        .unwrap()
+        .rescheduled()
+        .unwrap();
     let meta = store.stats(Scope::everything(), UnixMillis(1_000)).await.unwrap().meta;
     assert_eq!((meta.pending, meta.failed_total), (2, 0), "a re-driven failure is pending again");
     store.close().await;

@@ -11,7 +11,7 @@ use crate::message::{
 impl MessageRecord {
     /// The record of a message parked as `envelope`, due at `due`.
     pub fn new(envelope: Envelope, requested: DueSpec, due: UnixMillis, seq: u64, now: UnixMillis) -> Self {
-        let (requested_at_ms, requested_delay_ms) = requested_fields(requested);
+        let (requested_at_ms, requested_delay_ms) = requested.stored();
         MessageRecord {
             topic: envelope.topic,
             key: envelope.key,
@@ -33,11 +33,7 @@ impl MessageRecord {
 
     /// The due time as first asked for.
     pub fn requested(&self) -> DueSpec {
-        match (self.requested_at_ms, self.requested_delay_ms) {
-            (_, Some(ms)) => DueSpec::After(std::time::Duration::from_millis(ms)),
-            (Some(ms), None) => DueSpec::At(UnixMillis(ms)),
-            (None, None) => DueSpec::At(self.due()),
-        }
+        DueSpec::from_stored(self.requested_at_ms, self.requested_delay_ms, self.due())
     }
 
     /// The message as the client sent it.
@@ -58,20 +54,13 @@ impl MessageRecord {
     /// Whether `envelope` + `requested` is the request that created this
     /// record (an idempotent retry) rather than a different one.
     pub fn is_same_request(&self, envelope: &Envelope, requested: DueSpec) -> bool {
-        requested_fields(requested) == (self.requested_at_ms, self.requested_delay_ms)
+        requested.stored() == (self.requested_at_ms, self.requested_delay_ms)
             && self.topic == envelope.topic
             && self.key == envelope.key
             && self.value == envelope.value
             && self.partition == envelope.partition
             && self.headers.len() == envelope.headers.len()
             && self.headers.iter().zip(&envelope.headers).all(|(a, b)| a.key == b.key && a.value == b.value)
-    }
-}
-
-fn requested_fields(requested: DueSpec) -> (Option<u64>, Option<u64>) {
-    match requested {
-        DueSpec::At(t) => (Some(t.0), None),
-        DueSpec::After(d) => (None, Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
     }
 }
 

@@ -33,6 +33,7 @@ use std::{collections::HashMap, sync::Arc};
 
 mod apply;
 mod change;
+mod intent;
 mod lookup;
 mod ops;
 mod park;
@@ -43,8 +44,9 @@ mod settle;
 mod state;
 
 pub(crate) use apply::settled_line;
-pub use apply::{Answer, Decided, Decision, Hold, Intent};
+pub use apply::{Decided, Decision, Hold};
 pub(crate) use apply::{Local, LogEntry};
+pub use intent::{Answer, Intent};
 pub use ops::{NewId, NewMessage};
 pub(crate) use ops::{Op, Outcome, Reply, Settle};
 pub(crate) use state::{InDoubt, Shared, Writer, WriterConfig};
@@ -55,7 +57,7 @@ use super::{
     read,
     schema::{self, DispatchKey},
 };
-use crate::message::{CancelOutcome, MessageId, PendingMessage, Scheduled, Scope, UnixMillis};
+use crate::message::{MessageId, PendingMessage, Scheduled, UnixMillis};
 
 /// The store's changes, as its callers ask for them: each becomes an
 /// [`Op`] for the writer thread and is answered once its commit is in.
@@ -79,25 +81,18 @@ impl Store {
         self.call(|reply| Op::ScheduleBatch { msgs, reply }).await
     }
 
-    /// Cancels the message `id` names for `scope`; the check and the change
+    /// Cancels or moves a message, or parks one: the check and the change
     /// are one step of the writer.
-    pub async fn cancel(
-        &self,
-        scope: Scope,
-        id: MessageId,
-        now: UnixMillis,
-    ) -> Result<CancelOutcome, StoreError> {
-        self.call(|reply| Op::Cancel { scope, id, now, reply }).await
-    }
-
-    /// Moves the message `id` names for `scope` to a new due time.
-    pub async fn reschedule(
-        &self,
-        scope: Scope,
-        id: MessageId,
-        due: UnixMillis,
-    ) -> Result<UnixMillis, StoreError> {
-        self.call(|reply| Op::Reschedule { scope, id, due, reply }).await
+    pub async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
+        Ok(match intent {
+            Intent::Schedule(msg) => Answer::Scheduled(self.schedule(msg).await),
+            Intent::Cancel { scope, id, now } => {
+                Answer::Cancelled(self.call(|reply| Op::Cancel { scope, id, now, reply }).await)
+            }
+            Intent::Reschedule { scope, id, due } => {
+                Answer::Rescheduled(self.call(|reply| Op::Reschedule { scope, id, due, reply }).await)
+            }
+        })
     }
 
     /// Forgets up to `limit` messages settled before `before`; returns how

@@ -11,7 +11,8 @@ use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
 use tokio::sync::mpsc;
 
 use super::{
-    apply::{self, Answer, Decided, LogEntry},
+    Answer,
+    apply::{self, Decided, LogEntry},
     change::Flow,
     ops::{Op, Reply, refuse},
     park::Parking,

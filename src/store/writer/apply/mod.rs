@@ -19,6 +19,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::{
+    Answer, Intent,
     change::Flow,
     ops::{NewId, NewMessage, Outcome, Settle},
     round::{Round, Stored},
@@ -35,7 +36,7 @@ use crate::{
         claims::Floor,
         options::cf,
         scan::Tries,
-        schema::{self, MessageRecord, Settlement, SettlementKind},
+        schema::{self, HeaderRecord, MessageRecord, Settlement, SettlementKind},
         view,
     },
 };
@@ -58,24 +59,6 @@ pub(crate) enum Local {
     /// The dispatcher's settles the record covers, as the dispatcher knows
     /// them (no read needed), and the floor it sent with them.
     Settles(Vec<Settle>, Option<Floor>),
-}
-
-/// A change a caller asks of the shard's owner.
-#[derive(Debug)]
-pub enum Intent {
-    Schedule(NewMessage),
-    Cancel { scope: Scope, id: MessageId, now: UnixMillis },
-    Reschedule { scope: Scope, id: MessageId, due: UnixMillis },
-}
-
-/// What a caller is answered.
-#[derive(Debug)]
-pub enum Answer {
-    Scheduled(Result<Scheduled, StoreError>),
-    Cancelled(Result<CancelOutcome, StoreError>),
-    Rescheduled(Result<UnixMillis, StoreError>),
-    /// Nobody waits on this record.
-    None,
 }
 
 /// An intent of a batch: decided, or handed back because its message is
@@ -733,9 +716,21 @@ fn unreadable_id(bytes: &[u8]) -> Answer {
 
 /// The record a log message restores.
 fn record_of(m: LogMessage) -> MessageRecord {
-    let requested = m.requested();
-    let (due, at) = (UnixMillis(m.due_ms), UnixMillis(m.scheduled_at_ms));
-    MessageRecord::new(m.envelope(), requested, due, 0, at)
+    let requested = DueSpec::from_stored(m.requested_at_ms, m.requested_delay_ms, UnixMillis(m.due_ms));
+    let (requested_at_ms, requested_delay_ms) = requested.stored();
+    MessageRecord {
+        headers: m.headers.into_iter().map(|h| HeaderRecord { key: h.key, value: h.value }).collect(),
+        topic: m.topic,
+        key: m.key,
+        value: m.value,
+        partition: m.partition,
+        due_ms: m.due_ms,
+        seq: 0,
+        scheduled_at_ms: m.scheduled_at_ms,
+        requested_at_ms,
+        requested_delay_ms,
+        entry_at_ms: None,
+    }
 }
 
 /// A stored record, whole, as a log record carries it.

@@ -1,0 +1,66 @@
+//! A change a caller asks of a shard ([`Intent`]) and what it is answered
+//! ([`Answer`]): the one vocabulary every way to a shard speaks, the store
+//! of a standalone node and the log's front in a cluster alike.
+
+use crate::{
+    message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
+    store::{NewMessage, StoreError},
+};
+
+/// A change a caller asks of the shard's owner.
+#[derive(Debug)]
+pub enum Intent {
+    Schedule(NewMessage),
+    Cancel { scope: Scope, id: MessageId, now: UnixMillis },
+    Reschedule { scope: Scope, id: MessageId, due: UnixMillis },
+}
+
+impl Intent {
+    /// The message the change is of.
+    pub fn id(&self) -> &MessageId {
+        match self {
+            Intent::Schedule(msg) => msg.id.id(),
+            Intent::Cancel { id, .. } | Intent::Reschedule { id, .. } => id,
+        }
+    }
+}
+
+/// What a caller is answered.
+#[derive(Debug)]
+pub enum Answer {
+    Scheduled(Result<Scheduled, StoreError>),
+    Cancelled(Result<CancelOutcome, StoreError>),
+    Rescheduled(Result<UnixMillis, StoreError>),
+    /// Nobody waits on this record.
+    None,
+}
+
+impl Answer {
+    /// The answer to an [`Intent::Schedule`].
+    pub fn scheduled(self) -> Result<Scheduled, StoreError> {
+        match self {
+            Answer::Scheduled(result) => result,
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// The answer to an [`Intent::Cancel`].
+    pub fn cancelled(self) -> Result<CancelOutcome, StoreError> {
+        match self {
+            Answer::Cancelled(result) => result,
+            other => Err(other.unexpected()),
+        }
+    }
+
+    /// The answer to an [`Intent::Reschedule`].
+    pub fn rescheduled(self) -> Result<UnixMillis, StoreError> {
+        match self {
+            Answer::Rescheduled(result) => result,
+            other => Err(other.unexpected()),
+        }
+    }
+
+    fn unexpected(&self) -> StoreError {
+        StoreError::Io(format!("the store answered a change with {self:?}"))
+    }
+}
