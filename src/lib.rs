@@ -38,9 +38,6 @@
 //!   settles each delivery (partition, offset) in the checkpoint CF.
 //! - [`kafka`]: the idempotent producer (or, with `--delivery exactly-once`,
 //!   one transactional producer per shard) and the cached topic metadata.
-//! - [`log`]: cluster mode's schedule log (a compacted Kafka topic, one
-//!   partition per shard): what each of its records means, Kafka-native
-//!   schedules included; no I/O.
 //! - [`message`]: the domain: ids, due times, envelopes, states; no I/O.
 //! - [`auth`]: bearer tokens, the tenant each belongs to and the topics each
 //!   may use, handed to every service method as the caller's
@@ -52,7 +49,7 @@
 //!
 //! Modules depend downward only, in this order from the top: `server`;
 //! `api`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
-//! `auth`; `log`, `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
+//! `auth`; `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/architecture.rs` fails on an import that would close
 //! a circle, and on any module but the wiring (`server`) that imports
 //! `cluster`: cluster mode plugs in through seams. The `hourglass` binary (`src/bin/hourglass`: the command line
@@ -68,7 +65,6 @@ pub mod dispatcher;
 mod error;
 pub mod failpoint;
 pub mod kafka;
-pub mod log;
 pub mod memory;
 pub mod message;
 pub mod metrics;

@@ -2,7 +2,7 @@
 //! they need (retention purge, compaction, gauges). A node owns several;
 //! nothing here knows of the others.
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
@@ -31,14 +31,12 @@ pub struct Shard {
 }
 
 /// What a shard is attached to besides its store: where its dispatcher
-/// records what became of each produce, whether it may produce now, and in
-/// cluster mode where retention's tombstones go.
+/// records what became of each produce, whether it may produce now, and
+/// how retention forgets.
 pub(crate) struct Seams {
     pub recorder: Arc<dyn Recorder>,
     pub gate: Box<dyn Gate>,
-    /// Cluster mode: where retention's tombstones go, and the owner that
-    /// appends them.
-    pub tombstones: Option<(Arc<dyn Tombstones>, u64)>,
+    pub retention: Arc<dyn Retention>,
 }
 
 impl Seams {
@@ -48,7 +46,7 @@ impl Seams {
         Seams {
             recorder: Arc::new(StoreRecorder::new(store.clone())),
             gate: Box::new(AlwaysOpen),
-            tombstones: None,
+            retention: Arc::new(InStore),
         }
     }
 }
@@ -62,7 +60,7 @@ impl Shard {
         clock: Arc<dyn Clock>,
         seams: Seams,
     ) -> Result<Shard, StoreError> {
-        let Seams { recorder, gate, tombstones: log } = seams;
+        let Seams { recorder, gate, retention } = seams;
         let producer = producer_of(&store, &producer)?;
         let dispatcher = Dispatcher::new(
             store.clone(),
@@ -75,7 +73,7 @@ impl Shard {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(dispatcher.run(stop.clone()));
-        let purge = Purge { store: store.clone(), log, stop: stop.clone() };
+        let purge = Purge { store: store.clone(), retention, stop: stop.clone() };
         tasks.spawn(upkeep(purge, clock, config.retention, config.upkeep_every));
         tasks.spawn(probe_while_failing(store.clone(), stop.clone()));
         tasks.close();
@@ -186,91 +184,42 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
     }
 }
 
-/// Forgets what retention ended for: standalone, in the store; in cluster
-/// mode, through the schedule log, so that every copy of the shard forgets
-/// it and compaction drops it from the log.
+/// The upkeep's retention: the store, what forgets, and the shard's stop.
 struct Purge {
     store: Store,
-    /// Cluster mode: where the tombstones go, and the node incarnation
-    /// that appends them while the log names it the shard's owner.
-    log: Option<(Arc<dyn Tombstones>, u64)>,
+    retention: Arc<dyn Retention>,
     stop: CancellationToken,
 }
 
-/// Cluster mode: where retention's tombstones go (the schedule log).
-pub(crate) trait Tombstones: Send + Sync {
-    /// Appends a tombstone under each key, in order, once retention has
-    /// ended for what it names; returns once all are in the log, with the
-    /// offset of the last.
-    fn tombstone(&self, keys: Vec<Vec<u8>>)
-    -> Pin<Box<dyn Future<Output = Result<i64, String>> + Send + '_>>;
+impl Purge {
+    async fn run(&self, before: UnixMillis) -> Result<(), String> {
+        self.retention.expire(&self.store, before, &self.stop).await
+    }
+}
+
+/// How a shard forgets what retention ended for: standalone, in the store
+/// ([`InStore`]); in cluster mode through the schedule log, so that every
+/// copy of the shard forgets it and compaction drops it from the log.
+#[tonic::async_trait]
+pub(crate) trait Retention: Send + Sync {
+    /// Forgets what was settled before `bound`, in steps of
+    /// [`PURGE_BATCH`] entries, until done or `stop`.
+    async fn expire(&self, store: &Store, bound: UnixMillis, stop: &CancellationToken) -> Result<(), String>;
 }
 
 /// Entries of the retention index (or log chunks) looked at in one step.
-const PURGE_BATCH: usize = 10_000;
-/// Longest a purge waits for its tombstones to be applied.
-const APPLY_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const PURGE_BATCH: usize = 10_000;
 
-impl Purge {
-    async fn run(&self, before: UnixMillis) -> Result<(), String> {
-        let Some((log, owner)) = &self.log else {
-            while self.store.purge(before, PURGE_BATCH).await.map_err(|e| e.to_string())? >= PURGE_BATCH {
-                if self.stop.is_cancelled() {
-                    break;
-                }
-            }
-            return Ok(());
-        };
-        // Each message's tombstone first; a chunk that recorded deliveries
-        // only once its messages are forgotten (else a store rebuilt from
-        // the compacted log would find a message delivered long ago still
-        // pending). A node another one fenced appends nothing: the new
-        // owner's changes are not held here.
-        let fenced = || self.store.log_owner() != *owner;
-        loop {
-            if fenced() {
-                return Ok(());
-            }
-            let (looked_at, ids) =
-                self.store.purge_to_log(before, PURGE_BATCH).await.map_err(|e| e.to_string())?;
-            if ids.is_empty() {
+/// Retention of a node on its own: the store forgets.
+pub(crate) struct InStore;
+
+#[tonic::async_trait]
+impl Retention for InStore {
+    async fn expire(&self, store: &Store, bound: UnixMillis, stop: &CancellationToken) -> Result<(), String> {
+        while store.purge(bound, PURGE_BATCH).await.map_err(|e| e.to_string())? >= PURGE_BATCH {
+            if stop.is_cancelled() {
                 break;
             }
-            let keys = ids.iter().map(|id| id.as_bytes().to_vec()).collect();
-            let appended = if fenced() {
-                Err("another node claimed the shard".to_owned())
-            } else {
-                log.tombstone(keys).await
-            };
-            match appended {
-                Ok(last) => self.applied(last).await?,
-                Err(e) => {
-                    for id in ids {
-                        let _ = self.store.unhold(id).await;
-                    }
-                    return Err(e);
-                }
-            }
-            if looked_at < PURGE_BATCH || self.stop.is_cancelled() {
-                break;
-            }
-        }
-        let chunks = self.store.expired_chunks(before, PURGE_BATCH).await.map_err(|e| e.to_string())?;
-        if !chunks.is_empty() && !fenced() {
-            let last = log.tombstone(chunks).await?;
-            self.applied(last).await?;
-        }
-        Ok(())
-    }
-
-    /// Waits until the store has applied the log past `offset`.
-    async fn applied(&self, offset: i64) -> Result<(), String> {
-        let started = tokio::time::Instant::now();
-        while self.store.log_next() <= offset {
-            if started.elapsed() > APPLY_WAIT || self.stop.is_cancelled() {
-                return Err(format!("the tombstones up to offset {offset} were not applied in time"));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
     }

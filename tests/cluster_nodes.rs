@@ -18,7 +18,7 @@ use std::{
 
 use common::{verify::*, *};
 use hourglass::{
-    log::{
+    cluster::log::{
         RECORD_HEADER,
         record::{self, Change, LogRecord},
     },

@@ -16,12 +16,13 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use super::{
     ClusterConfig,
     kafka::{Appended, Fetched, LogConsumer, LogReader, Read, key_digest},
+    replica,
     waiters::Waiters,
 };
 use crate::{
     clock::Clock as _,
+    cluster::log::record::{Change, Entry, LogRecord},
     kafka::seek::Seek,
-    log::record::{Change, Entry, LogRecord},
     message::{Limits, UnixMillis},
     metrics,
     store::{LogEntry, Store, StoreConfig, StoreError},
@@ -191,7 +192,7 @@ impl Applier {
         let entries: Vec<LogEntry> = entries
             .into_iter()
             .zip(self.waiters.take_locals(&writers))
-            .map(|((offset, at, entry), local)| LogEntry { offset, at, entry, local })
+            .map(|((offset, at, entry), local)| replica::entry(offset, at, entry, local))
             .collect();
         let count = entries.len() as u64;
         let answers = self.store.apply(entries).await?;
@@ -712,7 +713,7 @@ pub(super) async fn taking_applied_to(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::record::Cancelled;
+    use crate::cluster::log::record::Cancelled;
 
     fn acked(offset: i64) -> Acked {
         let change = Change::Cancelled(Cancelled::default());

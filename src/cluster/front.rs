@@ -8,10 +8,11 @@ use futures_util::future;
 use super::{
     applier::{AckSender, Acked},
     kafka::LogProducer,
+    replica,
     waiters::Waiters,
 };
 use crate::{
-    log::record::{Change, LogRecord},
+    cluster::log::record::{Change, LogRecord},
     message::Scheduled,
     metrics,
     store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Store, StoreError},
@@ -62,8 +63,9 @@ impl Front {
         let (mut slots, mut part, mut waiting) = (Vec::with_capacity(count), Vec::new(), Vec::new());
         for decided in decided {
             slots.push(match decided {
-                Decided::Now(Ok(Decision::Log { key, change, held })) => {
-                    part.push((key, *change, held));
+                Decided::Now(Ok(Decision::Log { id, change, held })) => {
+                    let (key, change) = replica::proposed(&id, *change);
+                    part.push((key, change, held));
                     Slot::Logged
                 }
                 Decided::Now(Ok(Decision::Answer(answer))) => Slot::Answered(Ok(answer)),
@@ -97,8 +99,9 @@ impl Front {
         }
         match self.store.decide(intent).await? {
             Decision::Answer(answer) => Ok(answer),
-            Decision::Log { key, change, held } => {
-                self.log_changes(vec![(key, *change, held)]).await.pop().unwrap_or_else(|| Err(lost()))
+            Decision::Log { id, change, held } => {
+                let (key, change) = replica::proposed(&id, *change);
+                self.log_changes(vec![(key, change, held)]).await.pop().unwrap_or_else(|| Err(lost()))
             }
         }
     }

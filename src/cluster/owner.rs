@@ -40,14 +40,15 @@ use super::{
     kafka::{GroupMember, LogConsumer, LogProducer, Moved, ensure_log_topic},
     lease::{self, Lease},
     recorder::LogRecorder,
+    retention::LogRetention,
     routes::Routes,
     waiters::Waiters,
 };
 use crate::{
     clock::Clock,
+    cluster::log::record::{self, Change, LogRecord},
     dispatcher::CLAIM_GRACE,
     kafka::Producer,
-    log::record::{self, Change, LogRecord},
     metrics,
     shard::{Seams, Shard, ShardConfig},
     store::{Durability, ShardOf, Store, StoreError, StoreHealth},
@@ -550,7 +551,7 @@ impl Inner {
         let seams = Seams {
             recorder: Arc::clone(&recorder) as _,
             gate: Box::new(gate),
-            tombstones: Some((Arc::clone(&recorder) as _, me)),
+            retention: Arc::new(LogRetention { recorder: Arc::clone(&recorder), owner: me }),
         };
         let started = Shard::start(
             store,

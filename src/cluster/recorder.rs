@@ -1,8 +1,8 @@
 //! Where a cluster shard's dispatcher records what became of its produces:
 //! one `Settled` record per settle in the log, applied like a front's
 //! change (from its ack once the records before it are). The dispatcher's
-//! claims hold until it is applied. The shard's upkeep appends its
-//! tombstones here too, when retention ends.
+//! claims hold until it is applied. Retention's tombstones go the same
+//! way ([`super::retention`]).
 
 use std::{
     future::Future,
@@ -20,22 +20,22 @@ use tokio_util::sync::CancellationToken;
 use super::{
     applier::{AckSender, Acked},
     kafka::LogProducer,
+    replica,
     waiters::Waiters,
 };
 use crate::{
+    cluster::log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
     dispatcher::Recorder,
-    log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
     message::UnixMillis,
-    shard::Tombstones,
-    store::{Floor, Local, Settle, settled_line},
+    store::{Floor, Local, Settle},
 };
 
 /// Settle records appended and not yet acknowledged, at most.
 const IN_FLIGHT: usize = 64;
 
 pub struct LogRecorder {
-    log: Arc<LogProducer>,
-    partition: i32,
+    pub(super) log: Arc<LogProducer>,
+    pub(super) partition: i32,
     waiters: Arc<Waiters>,
     room: Arc<Semaphore>,
     /// An append failed and was retried: records may have reached the log
@@ -90,7 +90,7 @@ impl LogRecorder {
                 settle.in_order = false;
             }
         }
-        let lines = settles.iter().map(settled_line).collect();
+        let lines = settles.iter().map(replica::settled_line).collect();
         let at = settles.iter().map(|s| s.at).max().unwrap_or_default();
         let (writer, (request, _)) =
             (self.waiters.me(), self.waiters.register(Some(Local::Settles(settles, floor)), false));
@@ -191,26 +191,5 @@ impl Recorder for LogRecorder {
         // Not needed: a node that takes the shard searches the topics for
         // whatever was due by the end of its claim's grace.
         Box::pin(async { Ok(()) })
-    }
-}
-
-impl Tombstones for LogRecorder {
-    fn tombstone(
-        &self,
-        keys: Vec<Vec<u8>>,
-    ) -> Pin<Box<dyn Future<Output = Result<i64, String>> + Send + '_>> {
-        Box::pin(async move {
-            // Queued one after another: they reach the partition in order.
-            let appends: Vec<_> =
-                keys.iter().map(|key| self.log.enqueue(self.partition, key, None)).collect();
-            let mut last = -1;
-            for (key, outcome) in keys.iter().zip(futures_util::future::join_all(appends).await) {
-                match outcome {
-                    Ok(offset) => last = last.max(offset),
-                    Err(e) => return Err(format!("appending the tombstone of {key:?}: {e}")),
-                }
-            }
-            Ok(last)
-        })
     }
 }

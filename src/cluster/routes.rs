@@ -1,5 +1,5 @@
 //! Where each shard's owner answers: the routing topic (see
-//! [`crate::log::route`]), followed by every node and written by each
+//! [`crate::cluster::log::route`]), followed by every node and written by each
 //! node for the shards it takes and lets go of.
 
 use std::{sync::Arc, time::Duration};
@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     clock::Clock,
-    log::route::{self, Route, Table},
+    cluster::log::route::{self, Route, Table},
 };
 
 /// How long to wait before reading the topic again after a failure.

@@ -53,9 +53,9 @@ pub use options::{Durability, ShardOf, StoreConfig, open_db};
 pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
 pub(crate) use scan::{DueBatch, Ready, Tries};
 use writer::Op;
-pub use writer::{Answer, Decided, Decision, Hold, Intent, NewId, NewMessage};
-pub(crate) use writer::{InDoubt, Local, LogEntry};
-pub(crate) use writer::{Outcome, Settle, settled_line};
+pub use writer::{Answer, Decided, Decision, Hold, Intent, NewId, NewMessage, Proposed};
+pub(crate) use writer::{InDoubt, Local, LogEntry, Replica, SettledLine};
+pub(crate) use writer::{Outcome, Settle};
 
 use crate::metrics::ShardMetrics;
 

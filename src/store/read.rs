@@ -543,8 +543,8 @@ pub(crate) fn purge_candidates(
     Ok(out)
 }
 
-/// Cluster mode: the log keys of chunk records of the schedule log whose
-/// time is before `before` and whose messages are all forgotten, oldest
+/// Cluster mode: the log keys of chunk records of the schedule log that
+/// sort below `before` and whose messages are all forgotten, oldest
 /// first, among `limit` entries of that time read from `from` (empty: the
 /// first); and where the next look starts (past them, or the first again
 /// once it read to the end). A chunk one of whose messages is still here
@@ -553,12 +553,12 @@ pub(crate) fn purge_candidates(
 pub(crate) fn expired_log_chunks(
     db: &DB,
     from: &[u8],
-    before: UnixMillis,
+    before: Vec<u8>,
     limit: usize,
 ) -> Result<(Vec<Vec<u8>>, Vec<u8>), StoreError> {
     let lower = schema::log_chunk_key(&[]);
     let from = if from.is_empty() { lower.clone() } else { from.to_vec() };
-    let upper = schema::log_chunk_key(&crate::log::record::chunk_key(before, 0, 0));
+    let upper = schema::log_chunk_key(&before);
     let mut opts = ReadOptions::default();
     opts.set_iterate_lower_bound(lower);
     opts.set_iterate_upper_bound(upper);

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kafka::{KafkaConfig, is_producer_only, producer_config};
 use crate::{
-    log::{
+    cluster::log::{
         RECORD_HEADER,
         record::{self, Entry, LogRecord},
     },

@@ -38,17 +38,18 @@ mod lookup;
 mod ops;
 mod park;
 mod purge;
+mod replica;
 mod round;
 mod run;
 mod settle;
 mod state;
 
-pub(crate) use apply::settled_line;
 pub use apply::{Decided, Decision, Hold};
-pub(crate) use apply::{Local, LogEntry};
 pub use intent::{Answer, Intent};
 pub use ops::{NewId, NewMessage};
 pub(crate) use ops::{Op, Outcome, Reply, Settle};
+pub use replica::Proposed;
+pub(crate) use replica::{Local, LogEntry, Replica, SettledLine};
 pub(crate) use state::{InDoubt, Shared, Writer, WriterConfig};
 
 use super::{
@@ -117,11 +118,13 @@ impl Store {
     }
 
     /// Cluster mode: the keys, in the schedule log, of up to `limit` chunk
-    /// records whose retention ended before `before` (their messages were
-    /// forgotten before them), oldest first.
+    /// records whose retention ended (their messages were forgotten before
+    /// them), oldest first. Chunk keys ([`Replica::Settled`]) sort by their
+    /// time: those below `before`, the first key of the time retention
+    /// ends at, ended.
     pub(crate) async fn expired_chunks(
         &self,
-        before: UnixMillis,
+        before: Vec<u8>,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, StoreError> {
         let from = self.inner.purge.chunks.lock().unwrap_or_else(|e| e.into_inner()).clone();

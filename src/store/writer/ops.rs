@@ -67,7 +67,7 @@ pub(crate) struct Settle {
     pub in_order: bool,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Outcome {
     Delivered {
         partition: i32,

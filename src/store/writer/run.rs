@@ -12,10 +12,11 @@ use tokio::sync::mpsc;
 
 use super::{
     Answer,
-    apply::{self, Decided, LogEntry},
+    apply::{self, Decided},
     change::Flow,
     ops::{Op, Reply, refuse},
     park::Parking,
+    replica::LogEntry,
     round::Round,
     state::{ClusterHolds, InDoubt, Shared, Writer, WriterConfig},
 };

@@ -22,44 +22,20 @@ use super::{
     Answer, Intent,
     change::Flow,
     ops::{NewId, NewMessage, Outcome, Settle},
+    replica::{Local, LogEntry, Proposed, Replica, SettledLine},
     round::{Round, Stored},
     state::Writer,
 };
 use crate::{
-    log::{
-        native::{self, Native},
-        record::{self, Change, Entry, LogMessage, SettledLine, SettledOutcome},
-    },
-    message::{CancelOutcome, DueSpec, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
+    message::{CancelOutcome, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
     store::{
         StoreError,
-        claims::Floor,
         options::cf,
         scan::Tries,
-        schema::{self, HeaderRecord, MessageRecord, Settlement, SettlementKind},
+        schema::{self, MessageRecord, Settlement, SettlementKind},
         view,
     },
 };
-
-/// One record of the shard's log partition, to apply.
-#[derive(Debug)]
-pub(crate) struct LogEntry {
-    pub offset: i64,
-    /// The record's timestamp.
-    pub at: UnixMillis,
-    pub entry: Entry,
-    /// What this node knows of the record because it wrote it.
-    pub local: Option<Local>,
-}
-
-#[derive(Debug)]
-pub(crate) enum Local {
-    /// A change this node decided: its hold on the message ends with it.
-    Held(MessageId),
-    /// The dispatcher's settles the record covers, as the dispatcher knows
-    /// them (no read needed), and the floor it sent with them.
-    Settles(Vec<Settle>, Option<Floor>),
-}
 
 /// An intent of a batch: decided, or handed back because its message is
 /// held by a change under way (decide it alone: it waits for that one).
@@ -74,10 +50,10 @@ pub enum Decided {
 pub enum Decision {
     /// Answered from the store as it is: nothing to log.
     Answer(Answer),
-    /// Log this change under `key`; `held`: the message it holds until the
-    /// record is applied (or [`Store::unhold`](crate::store::Store::unhold)
+    /// Log this change of message `id`; `held`: the message it holds until
+    /// the record is applied (or [`Store::unhold`](crate::store::Store::unhold)
     /// says it never will be).
-    Log { key: Vec<u8>, change: Box<Change>, held: Option<Hold> },
+    Log { id: MessageId, change: Box<Proposed>, held: Option<Hold> },
 }
 
 /// A decided change's hold on its message, from the decision until its
@@ -150,11 +126,11 @@ impl Writer {
             self.cluster.holds.insert(id.clone());
             self.hold(id.clone())
         });
-        let mut message = LogMessage::new(msg.id.id(), &msg.envelope, msg.requested, msg.due, msg.now);
-        message.fresh = matches!(msg.id, NewId::Generated(_));
+        let record = MessageRecord::new(msg.envelope.clone(), msg.requested, msg.due, 0, msg.now);
+        let fresh = matches!(msg.id, NewId::Generated(_));
         Flow::Done(Ok(Decision::Log {
-            key: msg.id.id().as_bytes().to_vec(),
-            change: Box::new(Change::Scheduled(message)),
+            id: msg.id.id().clone(),
+            change: Box::new(Proposed::Schedule { record, fresh }),
             held,
         }))
     }
@@ -210,13 +186,10 @@ impl Writer {
             self.unhold(&id);
             return answer(Err(StoreError::Dispatching(id)));
         }
-        match self.log_message(r, &id) {
-            Ok(message) => Flow::Done(Ok(Decision::Log {
-                key: id.as_bytes().to_vec(),
-                change: Box::new(Change::Cancelled(record::Cancelled {
-                    message: Some(message),
-                    at_ms: now.0,
-                })),
+        match self.whole_record(r, &id) {
+            Ok(record) => Flow::Done(Ok(Decision::Log {
+                id: id.clone(),
+                change: Box::new(Proposed::Cancel { record, at: now }),
                 held: Some(self.hold(id)),
             })),
             Err(e) => {
@@ -261,12 +234,12 @@ impl Writer {
             self.unhold(&id);
             return answer(Err(refusal));
         }
-        match self.log_message(r, &id) {
-            Ok(mut message) => {
-                message.due_ms = due.0;
+        match self.whole_record(r, &id) {
+            Ok(mut record) => {
+                record.due_ms = due.0;
                 Flow::Done(Ok(Decision::Log {
-                    key: id.as_bytes().to_vec(),
-                    change: Box::new(Change::Rescheduled(message)),
+                    id: id.clone(),
+                    change: Box::new(Proposed::Reschedule { record }),
                     held: Some(self.hold(id)),
                 }))
             }
@@ -278,39 +251,24 @@ impl Writer {
     }
 
     /// The message `id` whole, as a log record carries it.
-    fn log_message(&self, r: &Round, id: &MessageId) -> Result<LogMessage, StoreError> {
-        let record = self.whole(r, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
-        Ok(log_message(id, &record))
-    }
-}
-
-/// The record of a refused Kafka-native message: what arrived, due when it
-/// asked (none: 0, which `Get` leaves out), scheduled at the record's time.
-fn arrived_record(arrived: native::Arrived, at: UnixMillis) -> MessageRecord {
-    match arrived.due {
-        Some(requested) => MessageRecord::new(arrived.record, requested, requested.resolve(at), 0, at),
-        None => MessageRecord { due_ms: 0, ..MessageRecord::new(arrived.record, DueSpec::At(at), at, 0, at) },
+    fn whole_record(&self, r: &Round, id: &MessageId) -> Result<MessageRecord, StoreError> {
+        self.whole(r, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))
     }
 }
 
 /// The messages an entry changes.
 pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
-    let stored = |bytes: &[u8]| MessageId::from_stored(bytes);
-    match &entry.entry {
-        Entry::Logged { change, .. } => match change {
-            Change::Scheduled(m) | Change::Rescheduled(m) => stored(&m.id).into_iter().collect(),
-            Change::Cancelled(c) => c.message.iter().filter_map(|m| stored(&m.id)).collect(),
-            Change::Failed(f) => stored(&f.id).into_iter().collect(),
-            Change::Owner(_) | Change::Marks(_) => Vec::new(),
-            Change::Settled(s) => match &entry.local {
-                Some(Local::Settles(settles, _)) => settles.iter().map(|s| s.id.clone()).collect(),
-                _ => s.lines.iter().filter_map(|l| stored(&l.id)).collect(),
-            },
+    match &entry.change {
+        Replica::Schedule { id, .. }
+        | Replica::Reschedule { id, .. }
+        | Replica::Cancel { id, .. }
+        | Replica::Fail { id, .. }
+        | Replica::Forget(id) => vec![id.clone()],
+        Replica::Settled { ids, .. } => match &entry.local {
+            Some(Local::Settles(settles, _)) => settles.iter().map(|s| s.id.clone()).collect(),
+            _ => ids.iter().filter_map(|id| MessageId::from_stored(id)).collect(),
         },
-        Entry::Native { native: Native::Schedule { id, .. } | Native::Cancel(id), .. } => vec![id.clone()],
-        Entry::Rejected { rejected, .. } => rejected.id.iter().cloned().collect(),
-        Entry::Forget(id) => vec![id.clone()],
-        Entry::ForgetChunk(_) | Entry::Skip(_) => Vec::new(),
+        Replica::Owner { .. } | Replica::Marks { .. } | Replica::ForgetChunk(_) | Replica::Skip => Vec::new(),
     }
 }
 
@@ -318,73 +276,22 @@ impl Writer {
     /// Applies one record; the partition's next offset moves past it only
     /// if it applied.
     pub(super) fn apply_entry(&mut self, r: &mut Round, e: LogEntry) -> Result<Answer, StoreError> {
+        let LogEntry { offset, at, writer, change, local } = e;
+        if let Some(Local::Held(id)) = &local {
+            // Released with this commit; changes waiting on it run then.
+            self.cluster.holds.remove(id);
+            r.claims.released.push(id.clone());
+        }
+        // A delivery raises a mark only if the shard's owner sent it: one
+        // fenced by a later claim may have delivered after records of the
+        // new owner still unrecorded.
+        let from_owner = writer == Some(r.meta.log_owner);
+        let answer = self.apply_change(r, change, local, from_owner)?;
+        r.meta.log_next = offset + 1;
         // Only hourglass's own records tell the log's time: a Kafka-native
         // record's timestamp is whatever its producer set.
-        let ours = matches!(e.entry, Entry::Logged { .. });
-        let answer = match (e.entry, e.local) {
-            (Entry::Logged { writer, change: Change::Owner(owner), .. }, _) => {
-                // A release by a node that is not the owner (it was fenced
-                // by a later claim) changes nothing.
-                if !owner.released {
-                    r.meta.log_owner = writer;
-                } else if r.meta.log_owner == writer {
-                    r.meta.log_owner = 0;
-                }
-                Answer::None
-            }
-            (Entry::Logged { writer, request, change }, local) => {
-                if let Change::Settled(settled) = &change {
-                    // Kept until the owner tombstones the chunk: once its
-                    // retention ended and its messages are forgotten.
-                    let chunk = record::chunk_key(UnixMillis(settled.at_ms), writer, request);
-                    let ids = schema::LogChunk { ids: settled.lines.iter().map(|l| l.id.clone()).collect() };
-                    r.batch.put_cf(self.checkpoint(), schema::log_chunk_key(&chunk), schema::encode(&ids));
-                }
-                if let Some(Local::Held(id)) = &local {
-                    // Released with this commit; changes waiting on it run then.
-                    self.cluster.holds.remove(id);
-                    r.claims.released.push(id.clone());
-                }
-                // A delivery raises a mark only if the shard's owner sent
-                // it: one fenced by a later claim may have delivered
-                // after records of the new owner still unrecorded.
-                let from_owner = writer == r.meta.log_owner;
-                self.apply_change(r, change, local, from_owner)?
-            }
-            (Entry::Native { native: Native::Schedule { id, envelope, requested }, at }, _) => {
-                let record = MessageRecord::new(envelope, requested, requested.resolve(at), 0, at);
-                Answer::Scheduled(self.apply_schedule(r, id, record, false))
-            }
-            (Entry::Native { native: Native::Cancel(id), at }, _) => {
-                Answer::Cancelled(self.apply_cancel(r, &id, None, at))
-            }
-            (Entry::Rejected { rejected, at }, _) => {
-                // Counted and logged by the shard's owner, where it is read
-                // (the cluster's applier); here it is only recorded.
-                if let Some(id) = &rejected.id {
-                    let record = arrived_record(*rejected.arrived, at);
-                    self.apply_failed(r, id, &rejected.reason.to_string(), at, Some(record))?;
-                }
-                Answer::None
-            }
-            (Entry::Forget(id), _) => {
-                self.forget(r, &id)?;
-                // The owner held the id from its purge to here.
-                if self.cluster.holds.remove(&id) {
-                    r.claims.released.push(id);
-                }
-                Answer::None
-            }
-            (Entry::ForgetChunk(chunk), _) => {
-                r.batch.delete_cf(self.checkpoint(), schema::log_chunk_key(&chunk));
-                Answer::None
-            }
-            // Logged where it is read, with its partition.
-            (Entry::Skip(_), _) => Answer::None,
-        };
-        r.meta.log_next = e.offset + 1;
-        if ours {
-            r.meta.log_time_ms = e.at.0;
+        if writer.is_some() {
+            r.meta.log_time_ms = at.0;
         }
         Ok(answer)
     }
@@ -392,26 +299,31 @@ impl Writer {
     fn apply_change(
         &mut self,
         r: &mut Round,
-        change: Change,
+        change: Replica,
         local: Option<Local>,
         from_owner: bool,
     ) -> Result<Answer, StoreError> {
         Ok(match change {
-            Change::Scheduled(m) => {
-                let Some(id) = m.message_id() else { return Ok(unreadable_id(&m.id)) };
-                let fresh = m.fresh;
-                Answer::Scheduled(self.apply_schedule(r, id, record_of(m), fresh))
+            Replica::Owner { writer, released } => {
+                // A release by a node that is not the owner (it was fenced
+                // by a later claim) changes nothing.
+                if !released {
+                    r.meta.log_owner = writer;
+                } else if r.meta.log_owner == writer {
+                    r.meta.log_owner = 0;
+                }
+                Answer::None
             }
-            Change::Rescheduled(m) => {
-                let Some(id) = m.message_id() else { return Ok(unreadable_id(&m.id)) };
-                Answer::Rescheduled(self.apply_reschedule(r, id, record_of(m)))
+            Replica::Schedule { id, record, fresh } => {
+                Answer::Scheduled(self.apply_schedule(r, id, record, fresh))
             }
-            Change::Cancelled(c) => {
-                let Some(m) = c.message else { return Ok(Answer::None) };
-                let Some(id) = m.message_id() else { return Ok(unreadable_id(&m.id)) };
-                Answer::Cancelled(self.apply_cancel(r, &id, Some(record_of(m)), UnixMillis(c.at_ms)))
-            }
-            Change::Settled(settled) => {
+            Replica::Reschedule { id, record } => Answer::Rescheduled(self.apply_reschedule(r, id, record)),
+            Replica::Cancel { id, record, at } => Answer::Cancelled(self.apply_cancel(r, &id, record, at)),
+            Replica::Settled { chunk, ids, lines } => {
+                // Kept until the owner tombstones the chunk: once its
+                // retention ended and its messages are forgotten.
+                let ids = schema::LogChunk { ids };
+                r.batch.put_cf(self.checkpoint(), schema::log_chunk_key(&chunk), schema::encode(&ids));
                 match local {
                     Some(Local::Settles(settles, floor)) => {
                         for mut settle in settles {
@@ -423,25 +335,37 @@ impl Writer {
                         }
                     }
                     _ => {
-                        for line in settled.lines {
+                        for line in lines {
                             self.apply_settled_line(r, line, from_owner)?;
                         }
                     }
                 }
                 Answer::None
             }
-            Change::Failed(f) => {
-                let Some(id) = MessageId::from_stored(&f.id) else { return Ok(unreadable_id(&f.id)) };
-                self.apply_failed(r, &id, &f.reason, UnixMillis(f.at_ms), f.message.map(record_of))?;
+            Replica::Fail { id, reason, at, record } => {
+                // A refused Kafka-native record is counted and logged by the
+                // shard's owner, where it is read (the cluster's applier);
+                // here it is only recorded.
+                self.apply_failed(r, &id, &reason, at, record)?;
                 Answer::None
             }
-            Change::Marks(marks) => {
-                let topic: Arc<str> = marks.topic.into();
-                self.set_marks(r, &topic, marks.ends.iter().map(|e| (e.partition, e.offset)));
+            Replica::Marks { topic, ends } => {
+                self.set_marks(r, &topic, ends);
                 Answer::None
             }
-            // Applied in `apply_entry`, which knows the writer.
-            Change::Owner(_) => Answer::None,
+            Replica::Forget(id) => {
+                self.forget(r, &id)?;
+                // The owner held the id from its purge to here.
+                if self.cluster.holds.remove(&id) {
+                    r.claims.released.push(id);
+                }
+                Answer::None
+            }
+            Replica::ForgetChunk(chunk) => {
+                r.batch.delete_cf(self.checkpoint(), schema::log_chunk_key(&chunk));
+                Answer::None
+            }
+            Replica::Skip => Answer::None,
         })
     }
 
@@ -597,7 +521,7 @@ impl Writer {
         }
         r.claims.released.push(settle.id.clone());
         let from_owner = settle.in_order;
-        let line = settled_line(&settle);
+        let line = SettledLine::of(&settle);
         let applied = self.apply_settled_line(r, line, from_owner);
         // Read as a line, it counts as touching the message while this very
         // claim holds it; the claim ends with this commit, and so does that.
@@ -614,28 +538,26 @@ impl Writer {
         line: SettledLine,
         from_owner: bool,
     ) -> Result<(), StoreError> {
-        let Some(id) = MessageId::from_stored(&line.id) else { return Ok(()) };
-        let Some(outcome) = line.outcome else { return Ok(()) };
+        let SettledLine { id, at, outcome, in_order } = line;
         let Some(stored) = self.load(r, &id)? else { return Ok(()) };
-        let at = UnixMillis(line.at_ms);
         let state = view::state_of(stored.settlement.as_ref());
-        let in_order = from_owner && matches!(&outcome, SettledOutcome::Delivered(d) if d.in_order);
+        let in_order = from_owner && in_order && matches!(outcome, Outcome::Delivered { .. });
         if !state.is_pending() {
             // Settled already (by a line of another node, or one read
             // before the dispatcher's own): an in-order delivery still
             // tells how far its partition is recorded.
-            if let (true, SettledOutcome::Delivered(d)) = (in_order, &outcome) {
+            if let (true, Outcome::Delivered { partition, offset }) = (in_order, &outcome) {
                 let topic: Arc<str> = stored.record.topic.as_str().into();
-                self.raise_mark(r, &topic, d.partition, d.offset);
+                self.raise_mark(r, &topic, *partition, *offset);
             }
-            if let (SettledOutcome::Delivered(d), Some(s)) = (&outcome, &stored.settlement)
+            if let (Outcome::Delivered { partition, offset }, Some(s)) = (&outcome, &stored.settlement)
                 && s.kind() == SettlementKind::Cancelled
             {
                 let delivered = Settlement {
                     kind: SettlementKind::Delivered as i32,
                     at_ms: at.0,
-                    partition: d.partition,
-                    offset: d.offset,
+                    partition: *partition,
+                    offset: *offset,
                     ..s.clone()
                 };
                 r.put_settlement(&id, &delivered);
@@ -654,13 +576,6 @@ impl Writer {
         // The dispatcher's own settle of it, if it holds it, then changes
         // nothing more.
         self.touched(&id);
-        let outcome = match outcome {
-            SettledOutcome::Delivered(d) => Outcome::Delivered { partition: d.partition, offset: d.offset },
-            SettledOutcome::Retry(t) => {
-                Outcome::Retry { retry_at: UnixMillis(t.retry_at_ms), error: t.error, refused: t.refused }
-            }
-            SettledOutcome::Failed(f) => Outcome::Failed { error: f.error, tried: f.tried },
-        };
         let settle = Settle {
             id: id.clone(),
             key: view::dispatch_key(&stored.record, stored.settlement.as_ref()),
@@ -708,61 +623,3 @@ impl Writer {
         }
     }
 }
-
-fn unreadable_id(bytes: &[u8]) -> Answer {
-    tracing::warn!(id = ?String::from_utf8_lossy(bytes), "skipped a record of the schedule log whose key is no message id");
-    Answer::None
-}
-
-/// The record a log message restores.
-fn record_of(m: LogMessage) -> MessageRecord {
-    let requested = DueSpec::from_stored(m.requested_at_ms, m.requested_delay_ms, UnixMillis(m.due_ms));
-    let (requested_at_ms, requested_delay_ms) = requested.stored();
-    MessageRecord {
-        headers: m.headers.into_iter().map(|h| HeaderRecord { key: h.key, value: h.value }).collect(),
-        topic: m.topic,
-        key: m.key,
-        value: m.value,
-        partition: m.partition,
-        due_ms: m.due_ms,
-        seq: 0,
-        scheduled_at_ms: m.scheduled_at_ms,
-        requested_at_ms,
-        requested_delay_ms,
-        entry_at_ms: None,
-    }
-}
-
-/// A stored record, whole, as a log record carries it.
-pub(super) fn log_message(id: &MessageId, record: &MessageRecord) -> LogMessage {
-    LogMessage::new(
-        id,
-        &record.envelope(),
-        record.requested(),
-        record.due(),
-        UnixMillis(record.scheduled_at_ms),
-    )
-}
-
-/// A settle as the log records it.
-pub fn settled_line(settle: &Settle) -> SettledLine {
-    let outcome = match &settle.outcome {
-        Outcome::Delivered { partition, offset } => SettledOutcome::Delivered(record::Delivered {
-            partition: *partition,
-            offset: *offset,
-            in_order: settle.in_order,
-        }),
-        Outcome::Retry { retry_at, error, refused } => SettledOutcome::Retry(record::Retry {
-            retry_at_ms: retry_at.0,
-            error: error.clone(),
-            refused: *refused,
-        }),
-        Outcome::Failed { error, tried } => {
-            SettledOutcome::Failed(record::SettledFailure { error: error.clone(), tried: *tried })
-        }
-    };
-    SettledLine { id: settle.id.as_bytes().to_vec(), at_ms: settle.at.0, outcome: Some(outcome) }
-}
-
-#[cfg(test)]
-mod tests;

@@ -3,15 +3,16 @@
 
 use std::path::Path;
 
+use super::{entry, proposed};
 use crate::{
-    log::{
+    cluster::log::{
         native::Native,
         record::{self, Change, Entry, LogMessage, Settled, SettledLine, SettledOutcome},
     },
     message::{CancelOutcome, DueSpec, Envelope, MessageId, Scope, State, UnixMillis},
     store::{
-        Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Outcome, Settle, Store,
-        StoreConfig, StoreError, schema::DispatchKey,
+        Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Outcome, Proposed, Settle,
+        Store, StoreConfig, StoreError, schema::DispatchKey,
     },
 };
 
@@ -44,12 +45,7 @@ fn logged(offset: i64, change: Change) -> LogEntry {
 }
 
 fn logged_by(writer: u64, offset: i64, change: Change) -> LogEntry {
-    LogEntry {
-        at: UnixMillis(0),
-        offset,
-        entry: Entry::Logged { writer, request: offset as u64, change },
-        local: None,
-    }
+    entry(offset, UnixMillis(0), Entry::Logged { writer, request: offset as u64, change }, None)
 }
 
 fn delivered(text: &str, offset: i64) -> SettledLine {
@@ -189,21 +185,17 @@ async fn a_delivery_wins_over_a_cancel_that_came_first_and_a_cancel_after_it_cha
 async fn native_records_schedule_cancel_and_are_refused_by_id() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let native = |offset, native| LogEntry {
-        at: UnixMillis(0),
-        offset,
-        entry: Entry::Native { native, at: UnixMillis(100) },
-        local: None,
-    };
+    let native =
+        |offset, native| entry(offset, UnixMillis(0), Entry::Native { native, at: UnixMillis(100) }, None);
     let schedule = |text: &str| Native::Schedule {
         id: id(text),
         envelope: envelope(text),
         requested: DueSpec::After(std::time::Duration::from_secs(1)),
     };
-    let refused = crate::log::native::Rejected {
+    let refused = crate::cluster::log::native::Rejected {
         id: Some(id("bad")),
         reason: crate::message::Invalid::new("hourglass-topic", "is missing"),
-        arrived: Box::new(crate::log::native::Arrived {
+        arrived: Box::new(crate::cluster::log::native::Arrived {
             record: crate::message::Envelope {
                 topic: String::new(),
                 key: None,
@@ -219,13 +211,8 @@ async fn native_records_schedule_cancel_and_are_refused_by_id() {
             native(0, schedule("n1")),
             native(1, schedule("n2")),
             native(2, Native::Cancel(id("n2"))),
-            LogEntry {
-                at: UnixMillis(0),
-                offset: 3,
-                entry: Entry::Rejected { rejected: refused, at: UnixMillis(100) },
-                local: None,
-            },
-            LogEntry { at: UnixMillis(0), offset: 4, entry: Entry::Skip("newer".into()), local: None },
+            entry(3, UnixMillis(0), Entry::Rejected { rejected: refused, at: UnixMillis(100) }, None),
+            entry(4, UnixMillis(0), Entry::Skip("newer".into()), None),
         ])
         .await
         .unwrap();
@@ -267,12 +254,12 @@ async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(!second.is_finished());
     let answers = store
-        .apply(vec![LogEntry {
-            at: UnixMillis(0),
-            offset: 1,
-            entry: Entry::Logged { writer: 1, request: 1, change: *change },
-            local: Some(Local::Held(held.into_id())),
-        }])
+        .apply(vec![entry(
+            1,
+            UnixMillis(0),
+            Entry::Logged { writer: 1, request: 1, change: proposed(&id("a"), *change).1 },
+            Some(Local::Held(held.into_id())),
+        )])
         .await
         .unwrap();
     assert!(matches!(&answers[0], Answer::Cancelled(Ok(CancelOutcome::Cancelled))));
@@ -297,12 +284,12 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(!retry.is_finished(), "the retry waits for the first to be applied");
     store
-        .apply(vec![LogEntry {
-            at: UnixMillis(0),
-            offset: 0,
-            entry: Entry::Logged { writer: 1, request: 1, change: *change },
-            local: held.map(|held| Local::Held(held.into_id())),
-        }])
+        .apply(vec![entry(
+            0,
+            UnixMillis(0),
+            Entry::Logged { writer: 1, request: 1, change: proposed(&id("a"), *change).1 },
+            held.map(|held| Local::Held(held.into_id())),
+        )])
         .await
         .unwrap();
     let retry = retry.await.unwrap().unwrap();
@@ -323,7 +310,7 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
         .await
         .unwrap();
     assert!(
-        matches!(again, Decision::Log { change, .. } if matches!(&*change, Change::Rescheduled(m) if m.due_ms == 60))
+        matches!(again, Decision::Log { change, .. } if matches!(&*change, Proposed::Reschedule { record } if record.due_ms == 60))
     );
     store.close().await;
 }
@@ -374,15 +361,13 @@ async fn the_last_owner_record_applied_names_the_owner_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     assert_eq!(store.log_owner(), 0, "no owner before any claim");
-    let owner = |offset: i64, writer: u64, released: bool| LogEntry {
-        at: UnixMillis(0),
-        offset,
-        entry: Entry::Logged {
-            writer,
-            request: 0,
-            change: Change::Owner(record::Owner { at_ms: 5, released }),
-        },
-        local: None,
+    let owner = |offset: i64, writer: u64, released: bool| {
+        entry(
+            offset,
+            UnixMillis(0),
+            Entry::Logged { writer, request: 0, change: Change::Owner(record::Owner { at_ms: 5, released }) },
+            None,
+        )
     };
     let answers = store
         .apply(vec![owner(0, 7, false), logged(1, Change::Scheduled(message("a", 10))), owner(2, 9, false)])
@@ -438,19 +423,17 @@ async fn retention_forgets_through_tombstones_messages_first_then_their_chunks()
     assert_eq!(chosen, [id("a"), id("b")]);
     assert!(matches!(state(&store, "a").await, Some(State::Delivered(_))), "forgotten only when applied");
     assert!(store.purge_to_log(UnixMillis(100), 100).await.unwrap().1.is_empty(), "chosen once");
-    assert!(store.expired_chunks(UnixMillis(100), 100).await.unwrap().is_empty(), "c is still here");
+    assert!(
+        store.expired_chunks(record::chunk_key(UnixMillis(100), 0, 0), 100).await.unwrap().is_empty(),
+        "c is still here"
+    );
     let reuse = {
         let store = store.clone();
         tokio::spawn(async move { store.decide(Intent::Schedule(new_message("a", "new", 500))).await })
     };
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(!reuse.is_finished(), "a new message under a held id waits for its tombstone");
-    let forget = |offset, text: &str| LogEntry {
-        at: UnixMillis(0),
-        offset,
-        entry: Entry::Forget(id(text)),
-        local: None,
-    };
+    let forget = |offset, text: &str| entry(offset, UnixMillis(0), Entry::Forget(id(text)), None);
     store.apply(vec![forget(4, "a"), forget(5, "b")]).await.unwrap();
     assert_eq!((state(&store, "a").await, state(&store, "b").await), (None, None));
     assert!(matches!(reuse.await.unwrap().unwrap(), Decision::Log { .. }), "then it is logged, after it");
@@ -460,20 +443,23 @@ async fn retention_forgets_through_tombstones_messages_first_then_their_chunks()
     let (second, second_key) = chunk(6, 60, vec![delivered("c", 3)]);
     store.apply(vec![second]).await.unwrap();
     assert_eq!(store.purge_to_log(UnixMillis(100), 100).await.unwrap().1, [id("c")]);
-    assert!(store.expired_chunks(UnixMillis(100), 100).await.unwrap().is_empty());
+    assert!(store.expired_chunks(record::chunk_key(UnixMillis(100), 0, 0), 100).await.unwrap().is_empty());
     store.apply(vec![forget(7, "c")]).await.unwrap();
     assert_eq!(
-        store.expired_chunks(UnixMillis(55), 100).await.unwrap(),
+        store.expired_chunks(record::chunk_key(UnixMillis(55), 0, 0), 100).await.unwrap(),
         std::slice::from_ref(&first_key),
         "by time"
     );
     assert_eq!(
-        store.expired_chunks(UnixMillis(100), 100).await.unwrap(),
+        store.expired_chunks(record::chunk_key(UnixMillis(100), 0, 0), 100).await.unwrap(),
         [first_key.clone(), second_key.clone()]
     );
-    let gone = LogEntry { at: UnixMillis(0), offset: 8, entry: Entry::ForgetChunk(first_key), local: None };
+    let gone = entry(8, UnixMillis(0), Entry::ForgetChunk(first_key), None);
     store.apply(vec![gone]).await.unwrap();
-    assert_eq!(store.expired_chunks(UnixMillis(100), 100).await.unwrap(), [second_key]);
+    assert_eq!(
+        store.expired_chunks(record::chunk_key(UnixMillis(100), 0, 0), 100).await.unwrap(),
+        [second_key]
+    );
     let (looked_at, chosen) = store.purge_to_log(UnixMillis(100), 100).await.unwrap();
     assert!(chosen.is_empty(), "nothing left to forget ({looked_at} entries looked at)");
     store.close().await;

@@ -1,0 +1,192 @@
+//! The schedule log's records and the store's replica changes, each turned
+//! into the other here, once: a record read from a partition becomes the
+//! [`Replica`] change the store applies; a change the shard's owner
+//! decided ([`Proposed`]) and a settle of its dispatcher become the records
+//! it appends.
+
+use std::sync::Arc;
+
+use crate::{
+    cluster::log::{
+        native::{Arrived, Native},
+        record::{
+            self, Cancelled, Change, Entry, LogHeader, LogMessage, SettledLine as LogLine, SettledOutcome,
+        },
+    },
+    message::{DueSpec, MessageId, UnixMillis},
+    store::{
+        Local, LogEntry, Outcome, Proposed, Replica, Settle, SettledLine,
+        schema::{HeaderRecord, MessageRecord},
+    },
+};
+
+/// The entry the store applies for the record at `offset`.
+pub(crate) fn entry(offset: i64, at: UnixMillis, entry: Entry, local: Option<Local>) -> LogEntry {
+    let (writer, change) = match entry {
+        Entry::Logged { writer, request, change } => (Some(writer), logged(writer, request, change)),
+        Entry::Native { native: Native::Schedule { id, envelope, requested }, at } => {
+            let record = MessageRecord::new(envelope, requested, requested.resolve(at), 0, at);
+            (None, Replica::Schedule { id, record, fresh: false })
+        }
+        Entry::Native { native: Native::Cancel(id), at } => (None, Replica::Cancel { id, record: None, at }),
+        Entry::Rejected { rejected, at } => match rejected.id {
+            Some(id) => {
+                let record = Some(arrived_record(*rejected.arrived, at));
+                (None, Replica::Fail { id, reason: rejected.reason.to_string(), at, record })
+            }
+            None => (None, Replica::Skip),
+        },
+        Entry::Forget(id) => (None, Replica::Forget(id)),
+        Entry::ForgetChunk(chunk) => (None, Replica::ForgetChunk(chunk)),
+        // Logged where it is read, with its partition.
+        Entry::Skip(_) => (None, Replica::Skip),
+    };
+    LogEntry { offset, at, writer, change, local }
+}
+
+/// What a record hourglass wrote changes.
+fn logged(writer: u64, request: u64, change: Change) -> Replica {
+    match change {
+        Change::Owner(owner) => Replica::Owner { writer, released: owner.released },
+        Change::Scheduled(m) => match m.message_id() {
+            Some(id) => {
+                let fresh = m.fresh;
+                Replica::Schedule { id, record: record_of(m), fresh }
+            }
+            None => unreadable_id(&m.id),
+        },
+        Change::Rescheduled(m) => match m.message_id() {
+            Some(id) => Replica::Reschedule { id, record: record_of(m) },
+            None => unreadable_id(&m.id),
+        },
+        Change::Cancelled(Cancelled { message: Some(m), at_ms }) => match m.message_id() {
+            Some(id) => Replica::Cancel { id, record: Some(record_of(m)), at: UnixMillis(at_ms) },
+            None => unreadable_id(&m.id),
+        },
+        Change::Cancelled(Cancelled { message: None, .. }) => Replica::Skip,
+        Change::Failed(f) => match MessageId::from_stored(&f.id) {
+            Some(id) => Replica::Fail {
+                id,
+                reason: f.reason,
+                at: UnixMillis(f.at_ms),
+                record: f.message.map(record_of),
+            },
+            None => unreadable_id(&f.id),
+        },
+        Change::Settled(settled) => Replica::Settled {
+            chunk: record::chunk_key(UnixMillis(settled.at_ms), writer, request),
+            ids: settled.lines.iter().map(|l| l.id.clone()).collect(),
+            lines: settled.lines.into_iter().filter_map(settled_of).collect(),
+        },
+        Change::Marks(marks) => Replica::Marks {
+            topic: Arc::from(marks.topic),
+            ends: marks.ends.iter().map(|e| (e.partition, e.offset)).collect(),
+        },
+    }
+}
+
+fn unreadable_id(bytes: &[u8]) -> Replica {
+    tracing::warn!(id = ?String::from_utf8_lossy(bytes), "skipped a record of the schedule log whose key is no message id");
+    Replica::Skip
+}
+
+/// The record a log message restores.
+fn record_of(m: LogMessage) -> MessageRecord {
+    let requested = DueSpec::from_stored(m.requested_at_ms, m.requested_delay_ms, UnixMillis(m.due_ms));
+    let (requested_at_ms, requested_delay_ms) = requested.stored();
+    MessageRecord {
+        headers: m.headers.into_iter().map(|h| HeaderRecord { key: h.key, value: h.value }).collect(),
+        topic: m.topic,
+        key: m.key,
+        value: m.value,
+        partition: m.partition,
+        due_ms: m.due_ms,
+        seq: 0,
+        scheduled_at_ms: m.scheduled_at_ms,
+        requested_at_ms,
+        requested_delay_ms,
+        entry_at_ms: None,
+    }
+}
+
+/// The record of a refused Kafka-native message: what arrived, due when it
+/// asked (none: 0, which `Get` leaves out), scheduled at the record's time.
+fn arrived_record(arrived: Arrived, at: UnixMillis) -> MessageRecord {
+    match arrived.due {
+        Some(requested) => MessageRecord::new(arrived.record, requested, requested.resolve(at), 0, at),
+        None => MessageRecord { due_ms: 0, ..MessageRecord::new(arrived.record, DueSpec::At(at), at, 0, at) },
+    }
+}
+
+/// A line of a settle record, if its id and outcome read.
+fn settled_of(line: LogLine) -> Option<SettledLine> {
+    let id = MessageId::from_stored(&line.id)?;
+    let (outcome, in_order) = match line.outcome? {
+        SettledOutcome::Delivered(d) => {
+            (Outcome::Delivered { partition: d.partition, offset: d.offset }, d.in_order)
+        }
+        SettledOutcome::Retry(t) => (
+            Outcome::Retry { retry_at: UnixMillis(t.retry_at_ms), error: t.error, refused: t.refused },
+            false,
+        ),
+        SettledOutcome::Failed(f) => (Outcome::Failed { error: f.error, tried: f.tried }, false),
+    };
+    Some(SettledLine { id, at: UnixMillis(line.at_ms), outcome, in_order })
+}
+
+/// The key and the change of the record that logs what the owner decided
+/// for message `id`.
+pub(crate) fn proposed(id: &MessageId, proposed: Proposed) -> (Vec<u8>, Change) {
+    let change = match proposed {
+        Proposed::Schedule { record, fresh } => {
+            Change::Scheduled(LogMessage { fresh, ..message_of(id, record) })
+        }
+        Proposed::Reschedule { record } => Change::Rescheduled(message_of(id, record)),
+        Proposed::Cancel { record, at } => {
+            Change::Cancelled(Cancelled { message: Some(message_of(id, record)), at_ms: at.0 })
+        }
+    };
+    (id.as_bytes().to_vec(), change)
+}
+
+/// A stored record, whole, as a log record carries it.
+fn message_of(id: &MessageId, record: MessageRecord) -> LogMessage {
+    let requested = record.requested();
+    let (requested_at_ms, requested_delay_ms) = requested.stored();
+    LogMessage {
+        id: id.as_bytes().to_vec(),
+        headers: record.headers.into_iter().map(|h| LogHeader { key: h.key, value: h.value }).collect(),
+        topic: record.topic,
+        key: record.key,
+        value: record.value,
+        partition: record.partition,
+        due_ms: record.due_ms,
+        scheduled_at_ms: record.scheduled_at_ms,
+        requested_at_ms,
+        requested_delay_ms,
+        fresh: false,
+    }
+}
+
+/// A settle as the log records it.
+pub(crate) fn settled_line(settle: &Settle) -> LogLine {
+    let outcome = match &settle.outcome {
+        Outcome::Delivered { partition, offset } => SettledOutcome::Delivered(record::Delivered {
+            partition: *partition,
+            offset: *offset,
+            in_order: settle.in_order,
+        }),
+        Outcome::Retry { retry_at, error, refused } => SettledOutcome::Retry(record::Retry {
+            retry_at_ms: retry_at.0,
+            error: error.clone(),
+            refused: *refused,
+        }),
+        Outcome::Failed { error, tried } => {
+            SettledOutcome::Failed(record::SettledFailure { error: error.clone(), tried: *tried })
+        }
+    };
+    LogLine { id: settle.id.as_bytes().to_vec(), at_ms: settle.at.0, outcome: Some(outcome) }
+}
+
+#[cfg(test)]
+mod tests;
