@@ -50,7 +50,7 @@
 //! Modules depend downward only, in this order from the top: `server`;
 //! `api`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
 //! `auth`; `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
-//! other leaves. `tests/architecture.rs` fails on an import that would close
+//! other leaves. `tests/it/architecture.rs` fails on an import that would close
 //! a circle, and on any module but the wiring (`server`) that imports
 //! `cluster`: cluster mode plugs in through seams. The `hourglass` binary (`src/bin/hourglass`: the command line
 //! and the client subcommands) is built on this library; the bench and the

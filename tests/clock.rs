@@ -9,6 +9,9 @@
 //!
 //! One test function: it reads process-wide metrics.
 
+// Apart from `tests/it/`: it reads the Prometheus registry of the servers
+// it starts in this process, which every server in the process shares.
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::{

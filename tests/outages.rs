@@ -9,6 +9,9 @@
 //! `HOURGLASS_RELIABILITY_FULL=1` makes the glitches 60 s long instead of
 //! 20 s.
 
+// Apart from `tests/it/`: it reads the Prometheus registry of the servers
+// it starts in this process, which every server in the process shares.
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::{

@@ -5,6 +5,9 @@
 //! `Stats` counts them all; after a restart everything is where it was, and
 //! a restart with another shard count is refused.
 
+// Apart from `tests/it/`: it reads the Prometheus registry of the servers
+// it starts in this process, which every server in the process shares.
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::{collections::BTreeMap, time::Duration};

@@ -10,6 +10,9 @@
 //! broker's answer (PRODUCER_FENCED); the abort is made where no record of
 //! the aborted transaction was appended.
 
+// Apart from `tests/it/`: it reads the Prometheus registry of the servers
+// it starts in this process, which every server in the process shares.
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::{collections::HashMap, path::Path, time::Duration};

@@ -2,7 +2,7 @@
 //! with the real `grpcurl` through server reflection, kill it with SIGKILL
 //! and start it again.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::HashSet,

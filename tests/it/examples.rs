@@ -1,8 +1,8 @@
 //! What users outside Rust run: the Python and Node.js clients in
 //! examples/, each against a real server and broker. (The docs' grpcurl
-//! and CLI commands are run as written by tests/docs.rs.)
+//! and CLI commands are run as written by tests/it/docs.rs.)
 
-mod common;
+use crate::common;
 
 use std::{path::Path, process::Command, time::Duration};
 

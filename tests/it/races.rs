@@ -7,10 +7,10 @@
 //! ALREADY_DELIVERED (delivered exactly once), never both, nothing
 //! unaccounted for.
 //!
-//! `cargo test --test races -- --nocapture` shows the counts;
+//! `cargo test --test it races:: -- --nocapture` shows the counts;
 //! `HOURGLASS_RELIABILITY_FULL=1` runs the cancel race at full scale.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},

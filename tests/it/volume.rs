@@ -3,7 +3,7 @@
 //! answers every request in order, delivers each once, and stops reading a
 //! client that does not read its answers.
 
-mod common;
+use crate::common;
 
 use std::{collections::HashSet, time::Duration};
 

@@ -3,7 +3,7 @@
 //! count refused with what to do about it, and two nodes creating it at
 //! once both go on.
 
-mod common;
+use crate::common;
 
 use std::{sync::Arc, time::Duration};
 

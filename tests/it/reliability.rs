@@ -10,7 +10,7 @@
 //! them at the scale the guarantees are stated for; the default is a
 //! smaller scale that fits CI.
 
-mod common;
+use crate::common;
 
 use std::{
     path::Path,

@@ -2,7 +2,7 @@
 //! schedule log, the store is a view of it, and a node that restarts or
 //! loses its data dir neither loses nor re-sends what the log recorded.
 
-mod common;
+use crate::common;
 
 use std::{collections::HashMap, time::Duration};
 

@@ -8,7 +8,7 @@
 //! The short runs are part of `cargo test`; `HOURGLASS_CLUSTER_FULL=1`
 //! makes them long.
 
-mod common;
+use crate::common;
 
 use std::{
     path::Path,

@@ -621,7 +621,7 @@ fn every_page_is_run_and_every_link_resolves() {
         .collect();
     pages.push("README.md".into());
     for page in &pages {
-        assert!(PAGES.contains(&page.as_str()), "{page} is not run by a test of tests/docs.rs: add one");
+        assert!(PAGES.contains(&page.as_str()), "{page} is not run by a test of tests/it/docs.rs: add one");
     }
     let mut broken = Vec::new();
     for page in pages.iter().map(String::as_str).chain(["CHANGELOG.md"]) {

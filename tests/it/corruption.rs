@@ -9,7 +9,7 @@
 //!   and a non-zero exit instead of serving without the records, and the
 //!   files are left as they were.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::HashSet,

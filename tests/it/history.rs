@@ -24,7 +24,7 @@
 //! CI runs it for a short while; `HOURGLASS_RELIABILITY_FULL=1` runs it for
 //! two minutes with more clients and faults. Figures: docs/RELIABILITY.md.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -3,7 +3,7 @@
 //! nothing (they cannot take every call slot, and they end), and many
 //! connections at once (accepted no faster than they close past the limit).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@
 //!
 //! `HOURGLASS_RELIABILITY_FULL=1` checks more calls.
 
-mod common;
+use crate::common;
 
 use std::{
     path::{Path, PathBuf},

@@ -8,7 +8,7 @@
 //!
 //! One test function: the metrics are process-wide, so it owns them.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::HashMap,

@@ -2,7 +2,7 @@
 //! mutual TLS with certificates made here, bearer tokens and the topics
 //! each may use, and the client subcommands against a secured server.
 
-mod common;
+use crate::common;
 
 use std::{
     path::Path,

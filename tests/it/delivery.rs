@@ -2,7 +2,7 @@
 //! arrives on its topic, partition and key, with its headers, never before
 //! it is due; and the API's answers match what happened.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

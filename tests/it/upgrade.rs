@@ -5,7 +5,7 @@
 //! were, the pending one is delivered when due, and a start with more
 //! shards is refused instead of hashing its ids elsewhere.
 
-mod common;
+use crate::common;
 
 use std::{path::Path, sync::Arc, time::Duration};
 

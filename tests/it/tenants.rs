@@ -5,7 +5,7 @@
 //! working on streams it opened, and a token that covers nothing gets
 //! nothing from any RPC of the proto.
 
-mod common;
+use crate::common;
 
 use std::{path::PathBuf, time::Duration};
 

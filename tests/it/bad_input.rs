@@ -12,10 +12,10 @@
 //!
 //! The expected code of each generated request comes from the category that
 //! generated it, written from docs/API.md and the proto, not from the code
-//! under test. `cargo test --test bad_input -- --nocapture` shows the cases
+//! under test. `cargo test --test it bad_input:: -- --nocapture` shows the cases
 //! per category.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},

@@ -6,7 +6,7 @@
 
 #![allow(deprecated)] // It checks that the deprecated due_from/due_to still work.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

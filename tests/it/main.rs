@@ -1,0 +1,31 @@
+//! The integration tests, in one binary: one build and one link for all
+//! of them, and one executable on disk instead of one per file. Each file
+//! is a module named for what it tests: `cargo test --test it races::`
+//! runs one of them; `-- --list` lists every test. The few that read the
+//! metrics of servers they start in the test process (`tests/*.rs`) keep a
+//! process of their own: the Prometheus registry is one per process.
+
+mod common;
+
+mod architecture;
+mod bad_input;
+mod cli;
+mod cluster;
+mod cluster_nodes;
+mod corruption;
+mod delivery;
+mod deploy;
+mod docs;
+mod durability;
+mod examples;
+mod history;
+mod inspect;
+mod log_topic;
+mod poison;
+mod races;
+mod reliability;
+mod resources;
+mod security;
+mod tenants;
+mod upgrade;
+mod volume;
