@@ -15,7 +15,7 @@ use rdkafka::{
 };
 use tokio::time::Instant;
 
-use hourglass::{kafka::KafkaConfig, log::route, message::murmur2};
+use hourglass::{cluster::log::route, kafka::KafkaConfig, message::murmur2};
 use hourglass_testkit::{ServerProcess, create_topic, delete_topic, hourglass_binary};
 
 use crate::{

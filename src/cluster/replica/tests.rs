@@ -531,3 +531,25 @@ async fn a_delivery_read_from_the_log_while_the_dispatcher_holds_the_message_is_
     assert_eq!(marks.get(&0), Some(&10), "the own in-order delivery still raises its partition's mark");
     store.close().await;
 }
+
+#[tokio::test]
+async fn a_reschedule_keeps_the_due_time_first_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // A failure recorded without its message: its record says neither an
+    // instant nor a delay, so its due time (none: 0) is what was asked for.
+    let failed =
+        record::Failed { id: id("f").as_bytes().to_vec(), reason: "x".into(), at_ms: 40, message: None };
+    store.apply(vec![logged(0, Change::Failed(failed))]).await.unwrap();
+    let Decision::Log { change, .. } = store
+        .decide(Intent::Reschedule { scope: Scope::everything(), id: id("f"), due: UnixMillis(90) })
+        .await
+        .unwrap()
+    else {
+        panic!("a failed message's reschedule is logged")
+    };
+    let (key, Change::Rescheduled(m)) = proposed(&id("f"), *change) else { panic!("logged as a reschedule") };
+    assert_eq!(key, id("f").as_bytes());
+    assert_eq!((m.due_ms, m.requested_at_ms, m.requested_delay_ms), (90, Some(0), None));
+    store.close().await;
+}

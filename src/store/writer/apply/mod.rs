@@ -99,7 +99,7 @@ impl Writer {
         let answer = |result| Flow::Done(Ok(Decision::Answer(Answer::Scheduled(result))));
         let id = match &msg.id {
             NewId::Client(id) => {
-                if self.cluster.holds.contains(id) {
+                if self.replica.holds.contains(id) {
                     return Flow::Park(id.clone());
                 }
                 match self.find(r, &msg.scope, id) {
@@ -123,7 +123,7 @@ impl Writer {
         // A second schedule of this id waits for this one to be applied,
         // and is then answered as a retry (or a conflict).
         let held = id.map(|id| {
-            self.cluster.holds.insert(id.clone());
+            self.replica.holds.insert(id.clone());
             self.hold(id.clone())
         });
         let record = MessageRecord::new(msg.envelope.clone(), msg.requested, msg.due, 0, msg.now);
@@ -148,16 +148,16 @@ impl Writer {
             Ok(None) => return Flow::Done(Ok(None)),
             Err(e) => return Flow::Done(Err(e)),
         };
-        if self.cluster.holds.contains(&id) || !self.shared.claims.reserve_for_writer(&id) {
+        if self.replica.holds.contains(&id) || !self.shared.claims.reserve_for_writer(&id) {
             return Flow::Park(id);
         }
-        self.cluster.holds.insert(id.clone());
+        self.replica.holds.insert(id.clone());
         Flow::Done(Ok(Some((id, stored))))
     }
 
     /// Lets go of a hold taken for a change that will not be logged.
     pub(super) fn unhold(&mut self, id: &MessageId) {
-        if self.cluster.holds.remove(id) {
+        if self.replica.holds.remove(id) {
             self.shared.claims.release(id);
             let parked = self.parking.unpark(id);
             self.again.extend(parked.into_iter().map(|p| p.op));
@@ -236,6 +236,8 @@ impl Writer {
         }
         match self.whole_record(r, &id) {
             Ok(mut record) => {
+                // The due time as first asked for stays what it was.
+                (record.requested_at_ms, record.requested_delay_ms) = record.requested().stored();
                 record.due_ms = due.0;
                 Flow::Done(Ok(Decision::Log {
                     id: id.clone(),
@@ -279,7 +281,7 @@ impl Writer {
         let LogEntry { offset, at, writer, change, local } = e;
         if let Some(Local::Held(id)) = &local {
             // Released with this commit; changes waiting on it run then.
-            self.cluster.holds.remove(id);
+            self.replica.holds.remove(id);
             r.claims.released.push(id.clone());
         }
         // A delivery raises a mark only if the shard's owner sent it: one
@@ -356,7 +358,7 @@ impl Writer {
             Replica::Forget(id) => {
                 self.forget(r, &id)?;
                 // The owner held the id from its purge to here.
-                if self.cluster.holds.remove(&id) {
+                if self.replica.holds.remove(&id) {
                     r.claims.released.push(id);
                 }
                 Answer::None
@@ -465,7 +467,7 @@ impl Writer {
                 self.touched(id);
                 let key = view::dispatch_key(&stored.record, stored.settlement.as_ref());
                 let topic = stored.record.topic.clone();
-                r.cluster.settled.insert(id.clone());
+                r.replica.settled.insert(id.clone());
                 self.settle(
                     r,
                     Settle {
@@ -514,8 +516,8 @@ impl Writer {
     /// A settle this node's dispatcher sent: as in a standalone store,
     /// unless a record applied since it claimed the message changed it.
     fn apply_own_settle(&mut self, r: &mut Round, settle: Settle) -> Result<(), StoreError> {
-        if !self.cluster.touched_while_claimed.remove(&settle.id) {
-            r.cluster.settled.insert(settle.id.clone());
+        if !self.replica.touched_while_claimed.remove(&settle.id) {
+            r.replica.settled.insert(settle.id.clone());
             self.settle(r, settle);
             return Ok(());
         }
@@ -525,7 +527,7 @@ impl Writer {
         let applied = self.apply_settled_line(r, line, from_owner);
         // Read as a line, it counts as touching the message while this very
         // claim holds it; the claim ends with this commit, and so does that.
-        self.cluster.touched_while_claimed.remove(&settle.id);
+        self.replica.touched_while_claimed.remove(&settle.id);
         applied
     }
 
@@ -586,7 +588,7 @@ impl Writer {
             outcome,
             in_order,
         };
-        r.cluster.settled.insert(id);
+        r.replica.settled.insert(id);
         self.settle(r, settle);
         Ok(())
     }
@@ -619,7 +621,7 @@ impl Writer {
     /// settle is checked against the store when it comes.
     fn touched(&mut self, id: &MessageId) {
         if self.shared.claims.held_by_dispatcher(id) {
-            self.cluster.touched_while_claimed.insert(id.clone());
+            self.replica.touched_while_claimed.insert(id.clone());
         }
     }
 }
