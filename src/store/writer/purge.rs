@@ -78,7 +78,7 @@ impl Writer {
             for (id, key) in log.lines {
                 if self.seq_of(r, &id)? == Some(key.seq) {
                     live = true;
-                    if self.cluster.holds.insert(id.clone()) {
+                    if self.replica.holds.insert(id.clone()) {
                         chosen.push(id);
                     }
                 }
@@ -90,11 +90,11 @@ impl Writer {
         for (key, at, id) in candidates {
             if self.settled_at(r, &id)? != Some(at) {
                 r.batch.delete_cf(checkpoint, &key);
-            } else if self.cluster.holds.insert(id.clone()) {
+            } else if self.replica.holds.insert(id.clone()) {
                 chosen.push(id);
             }
         }
-        r.cluster.holding.extend(chosen.iter().cloned());
+        r.replica.holding.extend(chosen.iter().cloned());
         Ok(chosen)
     }
 }

@@ -56,8 +56,8 @@ pub(super) struct Round<'a> {
     pub(super) effects: Effects,
     /// Commit even when nothing changed: a probe.
     pub(super) probe: bool,
-    /// Cluster mode: what applying the log in this round did.
-    pub(super) cluster: ClusterRound,
+    /// A replica of a log (cluster mode): what applying it in this round did.
+    pub(super) replica: ReplicaRound,
     /// Delivery logs this round read, decoded: none changes before the
     /// round commits.
     pub(super) delivery_logs: RefCell<read::DeliveryLogs>,
@@ -70,8 +70,8 @@ pub(super) struct RoundClaims {
     pub(super) released: Vec<MessageId>,
 }
 
-/// Cluster mode: what applying the log in a round did.
-pub(super) struct ClusterRound {
+/// A replica of a log (cluster mode): what applying it in a round did.
+pub(super) struct ReplicaRound {
     /// Cluster mode: messages settled by records this round applies.
     pub(super) settled: HashSet<MessageId>,
     /// Records of the log are applied: a failed commit is applied again
@@ -111,7 +111,7 @@ impl<'a> Round<'a> {
             replies: Vec::new(),
             effects: Effects::default(),
             probe: false,
-            cluster: ClusterRound { settled: HashSet::new(), from_log: false, holding: Vec::new() },
+            replica: ReplicaRound { settled: HashSet::new(), from_log: false, holding: Vec::new() },
             delivery_logs: RefCell::default(),
         }
     }

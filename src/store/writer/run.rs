@@ -18,7 +18,7 @@ use super::{
     park::Parking,
     replica::LogEntry,
     round::Round,
-    state::{ClusterHolds, InDoubt, Shared, Writer, WriterConfig},
+    state::{InDoubt, ReplicaHolds, Shared, Writer, WriterConfig},
 };
 use crate::{
     message::{MessageId, UnixMillis},
@@ -107,7 +107,7 @@ impl Writer {
             handed: VecDeque::new(),
             unresolved: 0,
             marks,
-            cluster: ClusterHolds::default(),
+            replica: ReplicaHolds::default(),
             closing_since: None,
         };
         writer.report_capacity();
@@ -251,8 +251,8 @@ impl Writer {
         // them at once rather than a copy of the map at each doubling.
         r.overlay.reserve(entries.len());
         for entry in entries {
-            let touches_settled = !r.cluster.settled.is_empty()
-                && apply::ids_of(&entry).iter().any(|id| r.cluster.settled.contains(id));
+            let touches_settled = !r.replica.settled.is_empty()
+                && apply::ids_of(&entry).iter().any(|id| r.replica.settled.contains(id));
             if touches_settled {
                 let full = std::mem::replace(&mut r, Round::new(db, self.meta.clone()));
                 self.commit(full);
@@ -265,7 +265,7 @@ impl Writer {
                     return r;
                 }
             }
-            r.cluster.from_log = true;
+            r.replica.from_log = true;
             match self.apply_entry(&mut r, entry) {
                 Ok(answer) => answers.push(answer),
                 Err(e) => {
@@ -407,7 +407,7 @@ impl Writer {
                     self.chunk_high = chunk_last;
                 }
                 let highest = r.settles.iter().map(|s| s.key).max();
-                if !r.cluster.from_log {
+                if !r.replica.from_log {
                     self.shared.wake.recorded(r.settles.len());
                 }
                 claims.release_settled(&r.claims.released, highest);
@@ -439,7 +439,7 @@ impl Writer {
                 // Produces that happened must still be recorded: keep their
                 // claims and settle them again. Everything else stays as it
                 // was; the dispatcher looks again at what the writer held.
-                for id in std::mem::take(&mut r.cluster.holding) {
+                for id in std::mem::take(&mut r.replica.holding) {
                     self.unhold(&id);
                 }
                 let retried: HashSet<MessageId> = r.settles.iter().map(|s| s.id.clone()).collect();
@@ -450,7 +450,7 @@ impl Writer {
                     let parked = self.parking.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
-                if !r.cluster.from_log && (!r.settles.is_empty() || r.floor.is_some()) {
+                if !r.replica.from_log && (!r.settles.is_empty() || r.floor.is_some()) {
                     self.again
                         .push_back(Op::Settle { settles: std::mem::take(&mut r.settles), floor: r.floor });
                 }

@@ -92,13 +92,13 @@ pub(crate) struct Writer {
     pub(super) marks: HashMap<(Arc<str>, i32), i64>,
     /// Cluster mode: messages held for a change, or changed while the
     /// dispatcher held them.
-    pub(super) cluster: ClusterHolds,
+    pub(super) replica: ReplicaHolds,
     pub(super) closing_since: Option<Instant>,
 }
 
-/// Cluster mode: the messages changes wait on.
+/// A replica of a log (cluster mode): the messages changes wait on.
 #[derive(Default)]
-pub(super) struct ClusterHolds {
+pub(super) struct ReplicaHolds {
     /// Cluster mode: messages held by a decided change until its record
     /// is applied.
     pub(super) holds: HashSet<MessageId>,
