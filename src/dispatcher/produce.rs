@@ -7,8 +7,8 @@ use std::{sync::Arc, time::Duration};
 
 use super::{Dispatcher, sent::InFlight, topics::Decision};
 use crate::{
-    kafka::{DeliveryReport, Outgoing},
-    message::{DUE_HEADER, ID_HEADER, TENANT_HEADER, UnixMillis},
+    kafka::DeliveryReport,
+    message::{Outgoing, UnixMillis},
     store::{DueBatch, Outcome, Ready},
 };
 
@@ -37,8 +37,8 @@ impl Dispatcher {
             self.scan.unreadable_retry = now.saturating_add(self.config.max_sleep);
         }
         for ready in &batch.ready {
-            if !self.doubt.marked.contains(ready.record.topic.as_str()) {
-                self.mark(ready.record.topic.as_str().into()).await;
+            if !self.doubt.marked.contains(ready.envelope.topic.as_str()) {
+                self.mark(ready.envelope.topic.as_str().into()).await;
             }
         }
         if let Some(latest) = batch.ready.iter().map(|r| r.key.at).max() {
@@ -46,9 +46,9 @@ impl Dispatcher {
         }
         for ready in batch.ready {
             // One allocation per topic, not per message.
-            let topic = match self.topics.states.get_key_value(ready.record.topic.as_str()) {
+            let topic = match self.topics.states.get_key_value(ready.envelope.topic.as_str()) {
                 Some((known, _)) => Arc::clone(known),
-                None => ready.record.topic.as_str().into(),
+                None => ready.envelope.topic.as_str().into(),
             };
             if let Some((key, partition, offset)) = self.doubt.landed.remove(&ready.id)
                 && key == ready.key
@@ -126,25 +126,10 @@ impl Dispatcher {
     }
 
     fn produce(&mut self, ready: Ready, topic: Arc<str>, probe: bool) {
-        let record = &ready.record;
-        let due = record.due_ms.to_string();
-        let mut headers: Vec<(&str, &[u8])> =
-            record.headers.iter().map(|h| (h.key.as_str(), h.value.as_slice())).collect();
-        headers.push((ID_HEADER, ready.id.as_str().as_bytes()));
-        headers.push((DUE_HEADER, due.as_bytes()));
-        if let Some(tenant) = ready.id.tenant() {
-            headers.push((TENANT_HEADER, tenant.as_bytes()));
-        }
-        let outgoing = Outgoing {
-            topic: &record.topic,
-            key: record.key.as_deref(),
-            value: &record.value,
-            headers,
-            partition: record.partition,
-        };
         let token = self.sent.next_token();
+        let outgoing = Outgoing { id: &ready.id, due: ready.due, envelope: &ready.envelope };
         let queued = self.producer.send(outgoing, token, &self.reports.tx);
-        let due = record.due();
+        let due = ready.due;
         self.sent.push(InFlight {
             id: ready.id,
             key: ready.key,

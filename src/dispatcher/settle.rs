@@ -27,7 +27,7 @@ impl Dispatcher {
         self.settling.settles.push(Settle {
             id: ready.id,
             key: ready.key,
-            due: ready.record.due(),
+            due: ready.due,
             topic,
             tries: ready.tries,
             at: now,

@@ -170,7 +170,7 @@ impl Dispatcher {
         for ready in batch.ready {
             match at.remove(&ready.id) {
                 Some((key, partition, offset)) if key == ready.key => {
-                    let topic: Arc<str> = ready.record.topic.as_str().into();
+                    let topic: Arc<str> = ready.envelope.topic.as_str().into();
                     self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
                 }
                 _ => release.push(ready.id),

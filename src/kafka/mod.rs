@@ -15,7 +15,7 @@ mod transactions;
 
 pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
 pub use producer::producer_config;
-pub use producer::{Delivery, Outgoing, Producer};
+pub use producer::{Delivery, Producer};
 pub use report::{DeliveryReport, Fault, ProduceError, classify};
 pub use transactions::OnFence;
 

@@ -25,7 +25,7 @@ use super::{
     report::{DeliveryReport, ProduceError, produce_error},
     transactions::{OnFence, Queued, Txn},
 };
-use crate::metrics;
+use crate::{message::Outgoing, metrics};
 
 struct Ticket {
     token: u64,
@@ -115,15 +115,6 @@ impl ProducerContext for Reports {
         // period; the message stays pending and is produced after restart.
         let _ = ticket.reports.send(DeliveryReport { token: ticket.token, result });
     }
-}
-
-/// A record to produce, borrowed from the store's copy.
-pub struct Outgoing<'a> {
-    pub topic: &'a str,
-    pub key: Option<&'a [u8]>,
-    pub value: &'a [u8],
-    pub headers: Vec<(&'a str, &'a [u8])>,
-    pub partition: Option<i32>,
 }
 
 /// How the dispatcher's records reach their topics.
@@ -375,25 +366,28 @@ impl Producer {
         }
     }
 
-    /// Hands a record to librdkafka; its report arrives on `reports` with
-    /// `token`. An error here means it was not queued at all.
+    /// Hands a due message to librdkafka, with the headers hourglass adds;
+    /// its report arrives on `reports` with `token`. An error here means it
+    /// was not queued at all.
     pub fn send(
         &self,
-        record: Outgoing<'_>,
+        message: Outgoing<'_>,
         token: u64,
         reports: &mpsc::UnboundedSender<DeliveryReport>,
     ) -> Result<(), ProduceError> {
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
-        for (key, value) in record.headers {
+        let record = message.envelope;
+        let due = message.due.0.to_string();
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 3);
+        for (key, value) in message.headers(&due) {
             headers = headers.insert(Header { key, value: Some(value) });
         }
         let inner = match &self.send {
             Send::Idempotent(inner) => inner,
             Send::Transactional(txn) => {
                 return txn.send(Queued {
-                    topic: record.topic.to_owned(),
-                    key: record.key.map(<[u8]>::to_vec),
-                    value: record.value.to_vec(),
+                    topic: record.topic.clone(),
+                    key: record.key.clone(),
+                    value: record.value.clone(),
                     headers,
                     partition: record.partition,
                     token,
@@ -406,8 +400,8 @@ impl Producer {
         }
         let ticket = Box::new(Ticket { token, reports: reports.clone() });
         let mut base =
-            BaseRecord::with_opaque_to(record.topic, ticket).payload(record.value).headers(headers);
-        if let Some(key) = record.key {
+            BaseRecord::with_opaque_to(&record.topic, ticket).payload(&record.value).headers(headers);
+        if let Some(key) = &record.key {
             base = base.key(key);
         }
         if let Some(partition) = record.partition {

@@ -1,7 +1,7 @@
 //! The record to produce when due, the headers hourglass adds, and the
 //! limits a message must meet at the door, with the error that says which.
 
-use super::{UnixMillis, duration_text};
+use super::{MessageId, UnixMillis, duration_text};
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +29,30 @@ pub const DUE_HEADER: &str = "hourglass-due-ms";
 /// Header carrying the tenant whose id space the message is in; absent for
 /// the shared space. Two tenants may use the same id: deduplicate on both.
 pub const TENANT_HEADER: &str = "hourglass-tenant";
+
+/// A due message as delivery takes it: the client's record, whose it is
+/// and when it was due.
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing<'a> {
+    pub id: &'a MessageId,
+    pub due: UnixMillis,
+    pub envelope: &'a Envelope,
+}
+
+impl<'a> Outgoing<'a> {
+    /// The headers the record goes out with: the client's, then those
+    /// hourglass adds (its id, its due time, given as `due_text`, and its
+    /// tenant, if any).
+    pub fn headers(&self, due_text: &'a str) -> impl Iterator<Item = (&'a str, &'a [u8])> {
+        let client = self.envelope.headers.iter().map(|h| (h.key.as_str(), h.value.as_slice()));
+        let added = [
+            Some((ID_HEADER, self.id.as_str().as_bytes())),
+            Some((DUE_HEADER, due_text.as_bytes())),
+            self.id.tenant().map(|tenant| (TENANT_HEADER, tenant.as_bytes())),
+        ];
+        client.chain(added.into_iter().flatten())
+    }
+}
 
 impl Envelope {
     /// Bytes the record carries: key, value and headers.

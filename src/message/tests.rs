@@ -263,3 +263,23 @@ fn list_queries_are_checked() {
     let bad_topic = ListQuery { topic: Some("no spaces".into()), ..ListQuery::default() };
     assert_eq!(bad_topic.validate().unwrap_err().field, "topic");
 }
+
+#[test]
+fn a_due_record_carries_the_clients_headers_then_its_id_due_time_and_tenant() {
+    let envelope = envelope();
+    let shared = MessageId::parse("order-42").unwrap();
+    let out = Outgoing { id: &shared, due: UnixMillis(1_700_000_000_123), envelope: &envelope };
+    let headers: Vec<_> = out.headers("1700000000123").collect();
+    assert_eq!(
+        headers,
+        [("trace", &b"abc"[..]), (ID_HEADER, &b"order-42"[..]), (DUE_HEADER, &b"1700000000123"[..]),],
+        "the shared space has no tenant header"
+    );
+
+    let tenant = Tenant::parse("acme").unwrap();
+    let theirs = MessageId::parse_in(Some(&tenant), "order-42").unwrap();
+    let out = Outgoing { id: &theirs, ..out };
+    let headers: Vec<_> = out.headers("1700000000123").collect();
+    assert_eq!(headers[1], (ID_HEADER, &b"order-42"[..]), "the id without its tenant");
+    assert_eq!(headers[3], (TENANT_HEADER, &b"acme"[..]));
+}

@@ -20,14 +20,18 @@ use super::{
     schema::{self, DispatchKey, DueEntry, DueValue, MessageRecord, Settlement, TriesRecord},
     view,
 };
-use crate::message::{MessageId, UnixMillis};
+use crate::message::{Envelope, MessageId, UnixMillis};
 
 /// A message the dispatcher claimed and may produce now.
 #[derive(Debug)]
 pub(crate) struct Ready {
     pub id: MessageId,
     pub key: DispatchKey,
-    pub record: MessageRecord,
+    /// When it was due (its dispatch time, in `key`, is later after a
+    /// failed try).
+    pub due: UnixMillis,
+    /// What to produce.
+    pub envelope: Envelope,
     /// Its tries so far.
     pub tries: Tries,
 }
@@ -270,7 +274,13 @@ impl Store {
                 read.expect("every entry read")
             };
             match read {
-                Ok(Some((record, tries))) => batch.ready.push(Ready { id, key, record, tries }),
+                Ok(Some((record, tries))) => batch.ready.push(Ready {
+                    id,
+                    key,
+                    due: record.due(),
+                    envelope: record.into_envelope(),
+                    tries,
+                }),
                 Ok(None) => batch.stale.push(id),
                 Err(e) => {
                     if let StoreError::Corrupt(detail) = &e {

@@ -40,8 +40,8 @@ fn settle(ready: &Ready, at: u64, outcome: Outcome) -> Settle {
     Settle {
         id: ready.id.clone(),
         key: ready.key,
-        due: ready.record.due(),
-        topic: ready.record.topic.as_str().into(),
+        due: ready.due,
+        topic: ready.envelope.topic.as_str().into(),
         tries: ready.tries,
         at: UnixMillis(at),
         outcome,
@@ -280,7 +280,7 @@ async fn a_retried_message_is_settled_on_its_own_and_keeps_its_record_in_the_ind
     assert_eq!((listed.attempts, listed.last_error.as_deref()), (1, Some("too large")));
     let batch = store.take_due(DispatchKey::MIN, UnixMillis(50), 10).await.unwrap();
     let ready = &batch.ready[0];
-    assert_eq!(ready.record.value, b"r", "read whole from the due index");
+    assert_eq!(ready.envelope.value, b"r", "read whole from the due index");
     assert_eq!(
         ready.tries,
         Tries { attempts: 1, rejections: 1, first_refused_at: Some(UnixMillis(10)), recorded: true }
@@ -317,7 +317,8 @@ async fn legacy_due_entries_naming_only_an_id_are_listed_and_dispatched() {
     let listed: Vec<&str> = page.messages.iter().map(|(_, m)| m.id.as_str()).collect();
     assert_eq!(listed, ["old", "new"]);
     let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
-    let read: Vec<(&str, &[u8])> = batch.ready.iter().map(|r| (r.id.as_str(), &r.record.value[..])).collect();
+    let read: Vec<(&str, &[u8])> =
+        batch.ready.iter().map(|r| (r.id.as_str(), &r.envelope.value[..])).collect();
     assert_eq!(read, [("old", &b"old"[..]), ("new", &b"new"[..])], "in dispatch order, each read whole");
     let settles = batch.ready.iter().map(|r| settle(r, 100, Outcome::Delivered { partition: 1, offset: 5 }));
     store.settle(settles.collect(), None).await.unwrap();
@@ -506,7 +507,7 @@ mod scale {
                 .map(|r| Settle {
                     id: r.id.clone(),
                     key: r.key,
-                    due: r.record.due(),
+                    due: r.due,
                     topic: "t".into(),
                     tries: r.tries,
                     at: UnixMillis(SETTLED + 1),

@@ -38,15 +38,16 @@ impl MessageRecord {
 
     /// The message as the client sent it.
     pub fn envelope(&self) -> Envelope {
+        self.clone().into_envelope()
+    }
+
+    /// The message as the client sent it, taken out of its record.
+    pub fn into_envelope(self) -> Envelope {
         Envelope {
-            topic: self.topic.clone(),
-            key: self.key.clone(),
-            value: self.value.clone(),
-            headers: self
-                .headers
-                .iter()
-                .map(|h| Header { key: h.key.clone(), value: h.value.clone() })
-                .collect(),
+            topic: self.topic,
+            key: self.key,
+            value: self.value,
+            headers: self.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
             partition: self.partition,
         }
     }
