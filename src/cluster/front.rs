@@ -12,10 +12,10 @@ use super::{
     waiters::Waiters,
 };
 use crate::{
-    cluster::log::record::{Change, LogRecord},
-    message::Scheduled,
+    cluster::log::record::LogRecord,
+    message::{MessageId, Scheduled},
     metrics,
-    store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Store, StoreError},
+    store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Proposed, Store, StoreError},
 };
 
 /// How long a caller waits for its record, once in the log, to be applied.
@@ -64,8 +64,7 @@ impl Front {
         for decided in decided {
             slots.push(match decided {
                 Decided::Now(Ok(Decision::Log { id, change, held })) => {
-                    let (key, change) = replica::proposed(&id, *change);
-                    part.push((key, change, held));
+                    part.push((id, *change, held));
                     Slot::Logged
                 }
                 Decided::Now(Ok(Decision::Answer(answer))) => Slot::Answered(Ok(answer)),
@@ -100,8 +99,7 @@ impl Front {
         match self.store.decide(intent).await? {
             Decision::Answer(answer) => Ok(answer),
             Decision::Log { id, change, held } => {
-                let (key, change) = replica::proposed(&id, *change);
-                self.log_changes(vec![(key, change, held)]).await.pop().unwrap_or_else(|| Err(lost()))
+                self.log_changes(vec![(id, *change, held)]).await.pop().unwrap_or_else(|| Err(lost()))
             }
         }
     }
@@ -112,14 +110,15 @@ impl Front {
     /// deadline passed) leaves no hold and no waiter behind.
     fn log_changes(
         &self,
-        changes: Vec<(Vec<u8>, Change, Option<Hold>)>,
+        changes: Vec<(MessageId, Proposed, Option<Hold>)>,
     ) -> impl Future<Output = Vec<Result<Answer, StoreError>>> + use<> {
         let queued = std::time::Instant::now();
         let count = changes.len();
         let writer = self.waiters.me();
         let pending: Vec<_> = changes
             .into_iter()
-            .map(|(key, change, held)| {
+            .map(|(id, change, held)| {
+                let (key, change) = replica::proposed(&id, change);
                 let (request, reply) =
                     self.waiters.register(held.map(|held| Local::Held(held.into_id())), true);
                 let record = LogRecord { writer, request, change: Some(change) };
