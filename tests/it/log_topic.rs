@@ -1,7 +1,7 @@
 //! Cluster mode's schedule log topic against a real broker: created when
 //! absent with the asked partition count, found when present, a different
-//! count refused with what to do about it, and two nodes creating it at
-//! once both go on.
+//! count or a configuration that would lose messages refused with what to
+//! do about it, and two nodes creating it at once both go on.
 
 use crate::common;
 
@@ -32,6 +32,87 @@ async fn the_log_topic_is_created_once_and_its_partition_count_is_kept() {
     assert!(matches!(err, TopicError::PartitionCount { found: 6, asked: 12, .. }), "{err}");
     let said = err.to_string();
     assert!(said.contains("--log-partitions 6") && said.contains(&topic.name), "{said}");
+}
+
+/// A log topic made by hand with Kafka's defaults (deleted by age) would
+/// lose every message due after its retention: neither the library nor a
+/// node takes it, and both say how to fix it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_topic_that_deletes_by_age_is_refused_with_the_fix() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let broker = Broker::start();
+    let config = kafka(&broker);
+    let name = random_name("log");
+    let admin: AdminClient<_> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", broker.addr()).create().unwrap();
+    let by_age = NewTopic::new(&name, 3, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "delete")
+        .set("retention.ms", "3600000");
+    for created in admin.create_topics([&by_age], &AdminOptions::new()).await.unwrap() {
+        created.unwrap();
+    }
+    let topic = LogTopic { name: name.clone(), partitions: 3, replication: None };
+    let err = ensure_log_topic(&config, &topic, TIMEOUT).await.unwrap_err();
+    assert!(matches!(err, TopicError::Config { .. }), "{err}");
+    let said = err.to_string();
+    assert!(said.contains("cleanup.policy=delete") && said.contains("kafka-configs.sh"), "{said}");
+    assert!(said.contains("--add-config cleanup.policy=compact"), "{said}");
+
+    // A node started on it stops at once, saying the same.
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["serve", "--cluster", "--log-topic", &name, "--log-partitions", "3"])
+        .args([
+            "--kafka-brokers",
+            broker.addr(),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = std::time::Instant::now();
+    while node.try_wait().unwrap().is_none() {
+        if began.elapsed() > Duration::from_secs(60) {
+            node.kill().unwrap();
+            panic!("the node still runs on a topic that deletes by age");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = node.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("cleanup.policy=delete") && stderr.contains("kafka-configs.sh"), "{stderr}");
+}
+
+/// Compacted, but tombstones dropped after a minute: a copy of a shard
+/// rebuilt later would bring delivered messages back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_topic_that_drops_tombstones_early_is_refused() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let broker = Broker::start();
+    let name = random_name("log");
+    let admin: AdminClient<_> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", broker.addr()).create().unwrap();
+    let short = NewTopic::new(&name, 2, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact")
+        .set("delete.retention.ms", "60000");
+    for created in admin.create_topics([&short], &AdminOptions::new()).await.unwrap() {
+        created.unwrap();
+    }
+    let topic = LogTopic { name, partitions: 2, replication: None };
+    let err = ensure_log_topic(&kafka(&broker), &topic, TIMEOUT).await.unwrap_err();
+    let said = err.to_string();
+    assert!(
+        said.contains("delete.retention.ms=60000")
+            && said.contains("--add-config delete.retention.ms=86400000"),
+        "{said}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,17 +1,25 @@
-//! The topics hourglass keeps for itself in cluster mode: the schedule log,
-//! created when absent (compacted, with the asked partition count) and
-//! checked when present. Admin calls only; no records are read or written.
+//! The topics hourglass keeps for itself in cluster mode (the schedule log
+//! and its routing topic): created when absent (compacted, with the asked
+//! partition count), and when present checked for what the store's
+//! assumptions need: the partition count, compaction, and how long
+//! tombstones are kept. Admin calls only; no records are read or written.
 
 use std::{sync::Arc, time::Duration};
 
 use rdkafka::{
     ClientConfig,
-    admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},
+    admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication},
     client::DefaultClientContext,
     error::RDKafkaErrorCode,
 };
 
 use crate::kafka::KafkaConfig;
+
+/// How long Kafka must keep a tombstone once compaction reached it: a copy
+/// of a shard behind by more than half of this is rebuilt, not brought up
+/// to date (see `cluster::applier::STALE_AFTER`). A day, Kafka's default;
+/// set explicitly on creation so that a broker default cannot shorten it.
+const TOMBSTONES_KEPT_MS: i64 = 86_400_000;
 
 /// The schedule log topic as a node is configured for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +51,13 @@ pub enum TopicError {
     Create { topic: String, reason: String },
     #[error("reading the metadata of the log topic {topic} from {brokers}: {reason}")]
     Metadata { topic: String, brokers: String, reason: String },
+    #[error(
+        "the topic {topic} {problem}: hourglass keeps the schedule (and its routes) in such topics for \
+         good, and one that deletes records by age or drops tombstones early loses messages. Fix it with \
+         `kafka-configs.sh --bootstrap-server {brokers} --alter --entity-type topics --entity-name {topic} \
+         --add-config {fix}`, or name a new topic (hourglass creates it as it needs it)"
+    )]
+    Config { topic: String, problem: String, brokers: String, fix: String },
 }
 
 /// Makes sure the log topic exists with `topic.partitions` partitions:
@@ -55,16 +70,18 @@ pub async fn ensure_log_topic(
 ) -> Result<Ensured, TopicError> {
     let admin = Arc::new(admin(config).map_err(|e| metadata_error(config, topic, e.to_string()))?);
     if let Some(found) = partitions_of(&admin, config, topic, timeout).await? {
-        return check(topic, found).map(|()| Ensured::Existed);
+        check(topic, found)?;
+        return check_config(&admin, config, topic, timeout).await.map(|()| Ensured::Existed);
     }
     let replication = TopicReplication::Fixed(topic.replication.unwrap_or(-1));
     // Tombstones are kept a day (Kafka's default, set so that a broker
     // default cannot shorten it): a copy of a shard behind by more than
     // half of that is rebuilt, not brought up to date (see
     // `cluster::applier::STALE_AFTER`).
+    let tombstones_kept = TOMBSTONES_KEPT_MS.to_string();
     let new = NewTopic::new(&topic.name, topic.partitions, replication)
         .set("cleanup.policy", "compact")
-        .set("delete.retention.ms", "86400000");
+        .set("delete.retention.ms", &tombstones_kept);
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     let created = admin
         .create_topics([&new], &options)
@@ -76,7 +93,8 @@ pub async fn ensure_log_topic(
             // Another node won the race: check what it made.
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
                 let found = partitions_of(&admin, config, topic, timeout).await?.unwrap_or(0);
-                return check(topic, found).map(|()| Ensured::Existed);
+                check(topic, found)?;
+                return check_config(&admin, config, topic, timeout).await.map(|()| Ensured::Existed);
             }
             Err((_, code)) => {
                 return Err(TopicError::Create { topic: topic.name.clone(), reason: code.to_string() });
@@ -91,6 +109,89 @@ fn check(topic: &LogTopic, found: i32) -> Result<(), TopicError> {
         Ok(())
     } else {
         Err(TopicError::PartitionCount { topic: topic.name.clone(), found, asked: topic.partitions })
+    }
+}
+
+/// Refuses an existing topic whose configuration would lose messages:
+/// deleted by age or size (a message due in ten days on a topic kept
+/// seven), or tombstones dropped before a copy of a shard is rebuilt.
+/// A setting the broker does not report has Kafka's default (a broker that
+/// reports only what a topic was created with, as Tansu does).
+async fn check_config(
+    admin: &AdminClient<DefaultClientContext>,
+    config: &KafkaConfig,
+    topic: &LogTopic,
+    timeout: Duration,
+) -> Result<(), TopicError> {
+    let options = AdminOptions::new().request_timeout(Some(timeout));
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Topic(&topic.name)], &options)
+        .await
+        .map_err(|e| metadata_error(config, topic, format!("describing its configuration: {e}")))?;
+    let resource = match described.into_iter().next() {
+        Some(Ok(resource)) => resource,
+        Some(Err(code)) => {
+            return Err(metadata_error(config, topic, format!("describing its configuration: {code}")));
+        }
+        None => return Err(metadata_error(config, topic, "the broker described no configuration".into())),
+    };
+    let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
+    let problem = config_problem(
+        value("cleanup.policy").as_deref(),
+        value("retention.ms").as_deref(),
+        value("retention.bytes").as_deref(),
+        value("delete.retention.ms").as_deref(),
+    );
+    match problem {
+        None => Ok(()),
+        Some((problem, fix)) => Err(TopicError::Config {
+            topic: topic.name.clone(),
+            problem,
+            brokers: config.brokers.clone(),
+            fix,
+        }),
+    }
+}
+
+/// What is wrong with a topic so configured (Kafka's default for a setting
+/// not given), and the settings that fix it.
+fn config_problem(
+    cleanup: Option<&str>,
+    retention_ms: Option<&str>,
+    retention_bytes: Option<&str>,
+    tombstones_ms: Option<&str>,
+) -> Option<(String, String)> {
+    let cleanup = cleanup.unwrap_or("delete");
+    let policies: Vec<&str> = cleanup.split(',').map(str::trim).collect();
+    let unbounded = |v: Option<&str>| v.is_some_and(|v| v.trim() == "-1");
+    let kept = TOMBSTONES_KEPT_MS;
+    if !policies.contains(&"compact") {
+        return Some((
+            format!("has cleanup.policy={cleanup}, not compact"),
+            format!("cleanup.policy=compact,delete.retention.ms={kept}"),
+        ));
+    }
+    if policies.contains(&"delete") && !(unbounded(retention_ms) && unbounded(retention_bytes)) {
+        return Some((
+            format!(
+                "has cleanup.policy={cleanup} with retention.ms={} and retention.bytes={}: records are \
+                 deleted by age or size",
+                retention_ms.unwrap_or("604800000 (the default)"),
+                retention_bytes.unwrap_or("-1 (the default)")
+            ),
+            "cleanup.policy=compact".to_owned(),
+        ));
+    }
+    let tombstones = tombstones_ms.map_or(Ok(kept), |v| v.trim().parse::<i64>());
+    match tombstones {
+        Ok(ms) if ms >= kept => None,
+        _ => Some((
+            format!(
+                "keeps tombstones for delete.retention.ms={}, less than a day",
+                tombstones_ms.unwrap_or_default()
+            ),
+            format!("delete.retention.ms={kept}"),
+        )),
     }
 }
 
@@ -130,4 +231,38 @@ async fn partitions_of(
 
 fn metadata_error(config: &KafkaConfig, topic: &LogTopic, reason: String) -> TopicError {
     TopicError::Metadata { topic: topic.name.clone(), brokers: config.brokers.clone(), reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compacted_topic_that_keeps_tombstones_a_day_or_more_is_taken() {
+        assert_eq!(config_problem(Some("compact"), None, None, Some("86400000")), None);
+        assert_eq!(config_problem(Some("compact"), Some("604800000"), None, None), None, "retention is moot");
+        assert_eq!(config_problem(Some("compact"), None, None, Some("604800000")), None);
+        assert_eq!(
+            config_problem(Some("compact,delete"), Some("-1"), Some("-1"), None),
+            None,
+            "deletes nothing"
+        );
+    }
+
+    #[test]
+    fn a_topic_that_would_lose_messages_is_refused_with_the_fix() {
+        let (problem, fix) = config_problem(None, None, None, None).unwrap();
+        assert!(problem.contains("cleanup.policy=delete"), "Kafka's default: {problem}");
+        assert_eq!(fix, "cleanup.policy=compact,delete.retention.ms=86400000");
+        let (problem, fix) = config_problem(Some("delete"), Some("604800000"), None, None).unwrap();
+        assert!(problem.contains("not compact"), "{problem}");
+        assert!(fix.starts_with("cleanup.policy=compact"), "{fix}");
+        let (problem, fix) = config_problem(Some("compact,delete"), Some("604800000"), None, None).unwrap();
+        assert!(problem.contains("deleted by age or size"), "{problem}");
+        assert_eq!(fix, "cleanup.policy=compact");
+        let (problem, fix) = config_problem(Some("compact"), None, None, Some("60000")).unwrap();
+        assert!(problem.contains("delete.retention.ms=60000"), "{problem}");
+        assert_eq!(fix, "delete.retention.ms=86400000");
+        assert!(config_problem(Some("compact"), None, None, Some("a day")).is_some(), "unreadable");
+    }
 }
