@@ -466,21 +466,21 @@ fn positioned(
 }
 
 /// Whether another node refused a request without acting on it: it does
-/// not own the shard (any more), or it could not be reached at all.
+/// not own the shard (any more), or no connection to it could be made, so
+/// nothing was sent. A connection lost once made, or an answer that only
+/// speaks of one, may have followed a request the node acted on.
 fn not_taken(status: &Status) -> bool {
     if status.metadata().contains_key(NOT_OWNER) {
         return true;
     }
-    // Refused connections and connect timeouts: nothing was sent.
-    status.code() == tonic::Code::Unavailable && {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
-        let mut connect = false;
-        while let Some(e) = source {
-            connect |= e.to_string().contains("connect");
-            source = e.source();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::ConnectError>() {
+            return true;
         }
-        connect || status.message().contains("connect")
+        source = e.source();
     }
+    false
 }
 
 /// Another node's answer, passed on as it came.
@@ -506,4 +506,56 @@ fn from_peer(addr: &str, method: &str, status: Status) -> Error {
 
 fn item_answer(index: usize, error: proto::ItemError) -> proto::ScheduleResult {
     proto::ScheduleResult { index: index as u64, result: Some(proto::schedule_result::Result::Error(error)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    fn client_of(addr: std::net::SocketAddr) -> Client {
+        let endpoint =
+            Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_timeout(CONNECT_TIMEOUT);
+        Client::new(endpoint.connect_lazy())
+    }
+
+    fn get() -> proto::GetRequest {
+        proto::GetRequest { id: "m".into() }
+    }
+
+    #[tokio::test]
+    async fn a_node_that_cannot_be_reached_took_nothing() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let status = client_of(port).get(get()).await.unwrap_err();
+        assert!(not_taken(&status), "{status:?}");
+    }
+
+    #[test]
+    fn an_answer_that_speaks_of_a_connection_is_no_refusal() {
+        // As another node relays a failure of its own: the words, not the
+        // failure.
+        let relayed =
+            Status::unavailable("cannot reach the node at http://10.0.0.7:50051: tcp connect error");
+        assert!(!not_taken(&relayed));
+        assert!(!not_taken(&Status::unavailable("connection reset by peer")));
+        let mut refused = Status::unavailable("not the owner");
+        refused.metadata_mut().insert(NOT_OWNER, "1".parse().unwrap());
+        assert!(not_taken(&refused));
+    }
+
+    #[tokio::test]
+    async fn a_connection_lost_once_the_request_went_may_have_been_taken() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            // Reads what the client sends (its preface, its request) and
+            // closes the connection without an answer.
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0; 4096];
+            let _ = tokio::time::timeout(Duration::from_millis(300), socket.read(&mut buf)).await;
+            let _ = tokio::time::timeout(Duration::from_millis(300), socket.read(&mut buf)).await;
+        });
+        let status = client_of(addr).get(get()).await.unwrap_err();
+        assert!(!not_taken(&status), "{status:?}");
+    }
 }
