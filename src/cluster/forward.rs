@@ -120,10 +120,14 @@ impl Router {
         if let Some(client) = clients.get(addr) {
             return Ok(client.clone());
         }
-        let unreachable = |e: &dyn std::fmt::Display| Error::Relayed {
-            code: tonic::Code::Unavailable as i32,
-            message: format!("cannot reach the node at {addr} that owns the message's shard: {e}"),
-            details: Vec::new(),
+        // The caller learns nothing of the cluster's addresses; the log does.
+        let unreachable = |e: &dyn std::fmt::Display| {
+            tracing::warn!(node = %addr, error = %e, "no client for the node that owns a shard");
+            Error::Relayed {
+                code: tonic::Code::Unavailable as i32,
+                message: "cannot reach the node that owns the message's shard".to_owned(),
+                details: Vec::new(),
+            }
         };
         let mut endpoint = Endpoint::from_shared(addr.to_owned())
             .map_err(|e| unreachable(&e))?
@@ -443,10 +447,13 @@ fn positioned(
     metadata: &MetadataMap,
     page: proto::ListResponse,
 ) -> Result<(Vec<(PageToken, proto::PendingMessage)>, Option<PageToken>), Error> {
-    let bad = || Error::Relayed {
-        code: tonic::Code::Internal as i32,
-        message: format!("the node at {addr} answered List without the positions of its messages"),
-        details: Vec::new(),
+    let bad = || {
+        tracing::warn!(node = %addr, "a node answered List without the positions of its messages");
+        Error::Relayed {
+            code: tonic::Code::Internal as i32,
+            message: "a node answered List without the positions of its messages".to_owned(),
+            details: Vec::new(),
+        }
     };
     let text = metadata.get(POSITIONS).and_then(|v| v.to_str().ok()).ok_or_else(bad)?;
     let positions: Vec<PageToken> = text
@@ -492,14 +499,13 @@ fn relayed(status: Status) -> Error {
     }
 }
 
-/// Another node's refusal of a part of a call that spans nodes.
+/// Another node's refusal of a part of a call that spans nodes. Its
+/// address goes to the log, not to the caller.
 fn from_peer(addr: &str, method: &str, status: Status) -> Error {
+    tracing::warn!(node = %addr, method, error = %status.message(), "a node that owns shards did not answer its part of a call");
     Error::Relayed {
         code: status.code() as i32,
-        message: format!(
-            "the node at {addr}, which owns shards, did not answer {method}: {}",
-            status.message()
-        ),
+        message: format!("a node that owns shards did not answer {method}: {}", status.message()),
         details: Vec::new(),
     }
 }
@@ -528,6 +534,20 @@ mod tests {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let status = client_of(port).get(get()).await.unwrap_err();
         assert!(not_taken(&status), "{status:?}");
+    }
+
+    #[test]
+    fn a_caller_learns_no_node_address() {
+        let addr = "http://10.0.0.7:50051";
+        let Error::Relayed { message, .. } = from_peer(addr, "Stats", Status::unavailable("busy")) else {
+            panic!("relayed")
+        };
+        assert_eq!(message, "a node that owns shards did not answer Stats: busy");
+        let Err(Error::Relayed { message, .. }) = positioned(addr, &MetadataMap::new(), Default::default())
+        else {
+            panic!("refused")
+        };
+        assert!(!message.contains("10.0.0.7"), "{message}");
     }
 
     #[test]
