@@ -34,23 +34,28 @@ async fn the_log_topic_is_created_once_and_its_partition_count_is_kept() {
     assert!(said.contains("--log-partitions 6") && said.contains(&topic.name), "{said}");
 }
 
+/// Creates `name` as an operator would by hand, with `configs`.
+async fn made_by_hand(broker: &Broker, name: &str, partitions: i32, configs: &[(&str, &str)]) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<_> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", broker.addr()).create().unwrap();
+    let topic = configs
+        .iter()
+        .fold(NewTopic::new(name, partitions, TopicReplication::Fixed(1)), |topic, (k, v)| topic.set(k, v));
+    for created in admin.create_topics([&topic], &AdminOptions::new()).await.unwrap() {
+        created.unwrap();
+    }
+}
+
 /// A log topic made by hand with Kafka's defaults (deleted by age) would
 /// lose every message due after its retention: neither the library nor a
 /// node takes it, and both say how to fix it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_topic_that_deletes_by_age_is_refused_with_the_fix() {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let broker = Broker::start();
     let config = kafka(&broker);
     let name = random_name("log");
-    let admin: AdminClient<_> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", broker.addr()).create().unwrap();
-    let by_age = NewTopic::new(&name, 3, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "delete")
-        .set("retention.ms", "3600000");
-    for created in admin.create_topics([&by_age], &AdminOptions::new()).await.unwrap() {
-        created.unwrap();
-    }
+    made_by_hand(&broker, &name, 3, &[("cleanup.policy", "delete"), ("retention.ms", "3600000")]).await;
     let topic = LogTopic { name: name.clone(), partitions: 3, replication: None };
     let err = ensure_log_topic(&config, &topic, TIMEOUT).await.unwrap_err();
     assert!(matches!(err, TopicError::Config { .. }), "{err}");
@@ -94,17 +99,9 @@ async fn a_log_topic_that_deletes_by_age_is_refused_with_the_fix() {
 /// rebuilt later would bring delivered messages back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_topic_that_drops_tombstones_early_is_refused() {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let broker = Broker::start();
     let name = random_name("log");
-    let admin: AdminClient<_> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", broker.addr()).create().unwrap();
-    let short = NewTopic::new(&name, 2, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact")
-        .set("delete.retention.ms", "60000");
-    for created in admin.create_topics([&short], &AdminOptions::new()).await.unwrap() {
-        created.unwrap();
-    }
+    made_by_hand(&broker, &name, 2, &[("cleanup.policy", "compact"), ("delete.retention.ms", "60000")]).await;
     let topic = LogTopic { name, partitions: 2, replication: None };
     let err = ensure_log_topic(&kafka(&broker), &topic, TIMEOUT).await.unwrap_err();
     let said = err.to_string();
