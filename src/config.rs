@@ -324,6 +324,12 @@ settings! {
             /// listed topics only, in its tenant's id space. Reloaded on
             /// SIGHUP [default: no authentication].
             auth_tokens: PathBuf as "FILE", "HOURGLASS_AUTH_TOKENS";
+            /// Cluster mode (required): a file holding the cluster's secret
+            /// key, the same on every node (make one with `openssl rand -hex
+            /// 32`). Every record a node writes to the schedule log and the
+            /// routing topic is sealed with it; one that claims to be
+            /// hourglass's own without its seal is refused.
+            cluster_key_file: PathBuf as "FILE", "HOURGLASS_CLUSTER_KEY_FILE";
             /// Cluster mode: replicas of each partition of the schedule log,
             /// when hourglass creates it [default: the brokers' default].
             log_replication: i32 as "REPLICAS", "HOURGLASS_LOG_REPLICATION";
@@ -517,6 +523,14 @@ impl Config {
             if self.log_replication.is_some_and(|r| r < 1) {
                 return fail("log_replication", "must be at least 1");
             }
+            if self.cluster_key_file.is_none() {
+                return Err(ConfigError::Clash(
+                    "cluster mode needs --cluster-key-file: the nodes seal their records in the schedule log with \
+                     it, so that no one else can write them. Make one with `openssl rand -hex 32 > cluster.key` \
+                     and give every node of the cluster the same file"
+                        .into(),
+                ));
+            }
             match &self.advertise_addr {
                 Some(addr) => check_advertised(addr)?,
                 None if self.listen.ip().is_unspecified() => {
@@ -644,7 +658,16 @@ mod tests {
         Config::default().validate().unwrap();
         let advertised = Some("https://hourglass-0.hourglass.ns.svc:50051".into());
         let listen = "0.0.0.0:50051".parse().unwrap();
-        Config { cluster: true, listen, advertise_addr: advertised, ..Config::default() }.validate().unwrap();
+        let key = Some("cluster.key".into());
+        Config {
+            cluster: true,
+            listen,
+            advertise_addr: advertised,
+            cluster_key_file: key,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap();
     }
 
     /// The drift test: a default can be written in one place only, so the
@@ -828,10 +851,11 @@ mod tests {
                 kafka_properties: Properties::from([("message.timeout.ms".into(), "30000".into())]),
                 ..Config::default()
             },
-            Config { cluster: true, listen: "0.0.0.0:50051".parse().unwrap(), ..Config::default() },
-            Config { cluster: true, advertise_addr: Some("node-1:50051".into()), ..Config::default() },
-            Config { cluster: true, advertise_addr: Some("http://node-1".into()), ..Config::default() },
-            Config { cluster: true, advertise_addr: Some("ftp://node-1:50051".into()), ..Config::default() },
+            Config { cluster: true, listen: "0.0.0.0:50051".parse().unwrap(), ..clustered() },
+            Config { cluster: true, advertise_addr: Some("node-1:50051".into()), ..clustered() },
+            Config { cluster: true, advertise_addr: Some("http://node-1".into()), ..clustered() },
+            Config { cluster: true, advertise_addr: Some("ftp://node-1:50051".into()), ..clustered() },
+            Config { cluster_key_file: None, ..clustered() },
             Config { transactional_id: Some("orders".into()), ..Config::default() },
             Config {
                 delivery: DeliveryMode::ExactlyOnce,
@@ -839,6 +863,7 @@ mod tests {
                 ..Config::default()
             },
         ];
+        clustered().validate().unwrap();
         for config in bad {
             let err = config.validate().unwrap_err();
             assert!(
@@ -849,5 +874,10 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// A valid cluster node's settings.
+    fn clustered() -> Config {
+        Config { cluster: true, cluster_key_file: Some("cluster.key".into()), ..Config::default() }
     }
 }

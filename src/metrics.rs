@@ -145,6 +145,20 @@ pub static LOG_SKIPPED: LazyLock<IntCounter> = LazyLock::new(|| {
          transaction markers).",
     )
 });
+pub static FORGED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "hourglass_cluster_forged_records_total",
+                "Cluster mode: records of the schedule log (read by the shard's owner) or of the routing topic \
+                 (read by every node) that claim to be hourglass's own without the cluster key's seal, and \
+                 were refused, by topic (log, routing).",
+            ),
+            &["topic"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static FORWARDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(

@@ -326,7 +326,8 @@ async fn a_cluster_failover_with_transactions_delivers_each_message_once() {
 fn cluster_node(mock: &Mock, dir: &Path, log_topic: &str, group: &str, partitions: i32) -> ServerProcess {
     let mut node = ServerProcess::new(Path::new(BIN), dir, &mock.bootstrap(), Durability::Buffered)
         .unwrap()
-        .arg("--cluster", "true")
+        .clustered()
+        .unwrap()
         .arg("--log-topic", log_topic)
         .arg("--log-partitions", partitions)
         .arg("--group-id", group)

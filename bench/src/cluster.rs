@@ -12,11 +12,19 @@ use anyhow::Context as _;
 use rdkafka::{
     ClientConfig, Message as _, Offset, TopicPartitionList,
     consumer::{BaseConsumer, Consumer as _},
+    message::Headers as _,
 };
 use tokio::time::Instant;
 
-use hourglass::{cluster::log::route, kafka::KafkaConfig, message::murmur2};
-use hourglass_testkit::{ServerProcess, create_topic, delete_topic, hourglass_binary};
+use hourglass::{
+    cluster::log::{
+        route,
+        seal::{ClusterKey, SEAL_HEADER},
+    },
+    kafka::KafkaConfig,
+    message::murmur2,
+};
+use hourglass_testkit::{ServerProcess, cluster_key_file, create_topic, delete_topic, hourglass_binary};
 
 use crate::{
     Bench, Phase, Report, Settings, Target, lead_time, limits, load, mib, ms, parked, phase,
@@ -93,7 +101,7 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     let bin = hourglass_binary()?;
     let node = |i: usize, group: &str| -> anyhow::Result<ServerProcess> {
         Ok(ServerProcess::new(&bin, &dir.path().join(format!("node-{i}")), &brokers, s.durability)?
-            .arg("--cluster", "true")
+            .clustered()?
             .arg("--log-topic", &log_topic)
             .arg("--log-partitions", c.log_partitions)
             .arg("--group-id", group)
@@ -395,6 +403,7 @@ fn owned_by(brokers: &str, log_topic: &str, shards: u32, addr: &str) -> anyhow::
     let mut assignment = TopicPartitionList::new();
     assignment.add_partition_offset(&topic, 0, Offset::Beginning)?;
     consumer.assign(&assignment)?;
+    let key = ClusterKey::load(&cluster_key_file()?)?;
     let mut table = route::Table::new(shards);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut next = 0;
@@ -403,7 +412,10 @@ fn owned_by(brokers: &str, log_topic: &str, shards: u32, addr: &str) -> anyhow::
         if let Some(m) = consumer.poll(Duration::from_millis(200)) {
             let m = m?;
             next = m.offset() + 1;
-            if let Some((shard, r)) = route::read(m.key(), m.payload()) {
+            let seal =
+                m.headers().and_then(|h| h.iter().find(|h| h.key == SEAL_HEADER)).and_then(|h| h.value);
+            let sealed = key.verifies(&topic, m.partition(), m.key(), m.payload(), seal);
+            if let Ok(Some((shard, r))) = route::read(m.key(), m.payload(), sealed) {
                 table.apply(shard, r);
             }
         }

@@ -5,6 +5,8 @@
 #   - nodes 1, 2, 3: gRPC on 127.0.0.1:50051, :50052, :50053; metrics on
 #     :9464, :9465, :9466; data in .local/node-N; logs in .local/node-N.log;
 #     pids in .local/node-N.pid
+#   - the cluster key every node seals its records with: .local/cluster.key,
+#     made on the first start (openssl rand -hex 32)
 # Any node answers any request.
 #
 #   bash deploy/local/cluster.sh [FLAGS]     start the broker and the nodes (FLAGS go to
@@ -63,7 +65,7 @@ start_node() {
   rm -f "$state/node-$i.pid"
   (
     HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" setsid "$hourglass" serve \
-      --kafka-brokers "$broker" --cluster --data-dir "$state/node-$i" \
+      --kafka-brokers "$broker" --cluster --cluster-key-file "$state/cluster.key" --data-dir "$state/node-$i" \
       --listen "$(grpc_of "$i")" --metrics-listen "$(metrics_of "$i")" "${node_args[@]}" \
       >>"$state/node-$i.log" 2>&1 </dev/null &
     pid=$!
@@ -143,6 +145,11 @@ build_hourglass
 nodes="${HOURGLASS_LOCAL_NODES:-3}"
 node_args=("$@")
 for i in $(seq "$nodes"); do ports_free "$(grpc_of "$i")" "$(metrics_of "$i")"; done
+# The key the nodes share: made once, readable by this user alone.
+if [ ! -s "$state/cluster.key" ]; then
+  mkdir -p "$state"
+  (umask 077 && openssl rand -hex 32 >"$state/cluster.key")
+fi
 # Pid files of an earlier run name processes long gone, or others since.
 rm -f "$state"/node-*.pid "$state"/exit-*
 {

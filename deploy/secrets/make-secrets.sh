@@ -9,6 +9,8 @@
 #   tokens.toml             one token, "admin", for every topic, kept as its
 #                           SHA-256 only
 #   admin-token             that token, for clients (--token, HOURGLASS_TOKEN)
+#   cluster.key             the key a cluster's nodes seal their records with
+#                           (--cluster-key-file), the same for every node
 #
 #   bash deploy/secrets/make-secrets.sh [DIR] [NAMESPACE]
 #
@@ -50,10 +52,13 @@ sha256 = "$digest"
 topics = ["*"]
 TOML
 fi
+if [ ! -f cluster.key ]; then
+  openssl rand -hex 32 >cluster.key
+fi
 # The server runs as uid 10001 in the container, which mounts these files
 # one by one: it must be able to read them. The directory keeps other
 # users of this machine out.
 chmod 700 .
-chmod 644 ca.crt tls.crt tls.key tokens.toml
+chmod 644 ca.crt tls.crt tls.key tokens.toml cluster.key
 chmod 600 ca.key admin-token
-echo "secrets in $(pwd): ca.crt tls.crt tls.key tokens.toml admin-token"
+echo "secrets in $(pwd): ca.crt tls.crt tls.key tokens.toml admin-token cluster.key"

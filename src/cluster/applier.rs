@@ -204,8 +204,8 @@ impl Applier {
     }
 
     /// What of `entries` cannot be applied as it asks, to say once they
-    /// are applied: a refused Kafka-native record is counted and logged by
-    /// the shard's owner when it is read (every copy of the shard applies
+    /// are applied: a refused Kafka-native record, or a forged one, is
+    /// counted and logged by the shard's owner when it is read (every copy of the shard applies
     /// it, and would count it again), following the claims and releases
     /// among `entries` as the store does; a record this build does not read
     /// is logged by each node that skips it.
@@ -228,6 +228,7 @@ impl Applier {
                     reason: rejected.reason.to_string(),
                 }),
                 Entry::Skip(why) => found.push(Unapplied::Skipped { offset: *offset, why: why.clone() }),
+                Entry::Forged(why) if owner == me => found.push(Unapplied::Forged { offset: *offset, why }),
                 _ => {}
             }
         }
@@ -259,6 +260,15 @@ impl Applier {
                 }
                 Unapplied::Skipped { offset, why } => {
                     tracing::warn!(partition, offset, "skipped a record of the schedule log: {why}")
+                }
+                Unapplied::Forged { offset, why } => {
+                    metrics::FORGED.with_label_values(&["log"]).inc();
+                    tracing::warn!(
+                        partition,
+                        offset,
+                        "refused {why}: no node of this cluster wrote it (check who may write the schedule log, \
+                         and that every node has the same --cluster-key-file)"
+                    )
                 }
             }
         }
@@ -336,6 +346,8 @@ enum Unapplied {
     Refused { offset: i64, id: Option<String>, reason: String },
     /// A record this build does not read.
     Skipped { offset: i64, why: String },
+    /// A record marked as hourglass's own without the cluster's seal.
+    Forged { offset: i64, why: &'static str },
 }
 
 /// A record this node appended to a shard's partition, as its ack tells.

@@ -48,6 +48,7 @@ pub(crate) mod waiters;
 
 pub use forward::Router;
 pub use kafka::{GroupConfig, LogTopic, TopicError};
+pub use log::seal::{ClusterKey, KeyError};
 pub use owner::{Cluster, Place, Shards};
 
 use std::time::Duration;
@@ -71,6 +72,8 @@ pub struct ClusterConfig {
     pub advertise: String,
     /// How many nodes besides its owner keep each shard's store up to date.
     pub standby_replicas: usize,
+    /// What seals the records of this cluster (`--cluster-key-file`).
+    pub key: ClusterKey,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -236,9 +236,9 @@ impl Cluster {
     pub async fn start(config: &ClusterConfig, shards: Shards) -> Result<Cluster, ClusterError> {
         let ensured = ensure_log_topic(&config.kafka, &config.log, config.admin_timeout).await?;
         tracing::info!(topic = %config.log.name, partitions = config.log.partitions, ?ensured, "the schedule log");
-        let log = LogProducer::new(&config.kafka, &config.log.name)
+        let log = LogProducer::new(&config.kafka, &config.log.name, &config.key)
             .map_err(|e| ClusterError::Log(format!("creating its producer: {e}")))?;
-        let readers = LogConsumer::new(&config.kafka, &config.log.name)
+        let readers = LogConsumer::new(&config.kafka, &config.log.name, &config.key)
             .map_err(|e| ClusterError::Log(format!("creating its consumer: {e}")))?;
         let (stop, damaged, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
         let waiters = Arc::new(Waiters::new());

@@ -14,6 +14,7 @@ use super::{
 use crate::{
     clock::Clock,
     cluster::log::route::{self, Route, Table},
+    metrics,
 };
 
 /// How long to wait before reading the topic again after a failure.
@@ -43,9 +44,9 @@ impl Routes {
             replication: config.log.replication,
         };
         ensure_log_topic(&config.kafka, &topic, config.admin_timeout).await?;
-        let log = LogProducer::new(&config.kafka, &topic.name)
+        let log = LogProducer::new(&config.kafka, &topic.name, &config.key)
             .map_err(|e| ClusterError::Log(format!("creating the producer of {}: {e}", topic.name)))?;
-        let reader = LogReader::new(&config.kafka, &topic.name, 0, 0)
+        let reader = LogReader::new(&config.kafka, &topic.name, &config.key, 0, 0)
             .map_err(|e| ClusterError::Log(format!("reading {}: {e}", topic.name)))?;
         let routes = Arc::new(Routes {
             table: watch::channel(Table::new(config.log.partitions as u32)).0,
@@ -117,15 +118,27 @@ async fn follow(routes: Arc<Routes>, reader: LogReader, stop: CancellationToken)
     loop {
         let read = tokio::select! {
             _ = stop.cancelled() => return,
-            read = reader.next_with(256, |m| {
+            read = reader.next_with(256, |m, sealed| {
                 use rdkafka::Message as _;
-                route::read(m.key(), m.payload())
+                (m.offset(), route::read(m.key(), m.payload(), sealed))
             }) => read,
         };
         match read {
             Ok(records) => routes.table.send_modify(|table| {
-                for (shard, route) in records.into_iter().flatten() {
-                    table.apply(shard, route);
+                for (offset, record) in records {
+                    match record {
+                        Ok(Some((shard, route))) => table.apply(shard, route),
+                        Ok(None) => {}
+                        Err(route::Forged) => {
+                            metrics::FORGED.with_label_values(&["routing"]).inc();
+                            tracing::warn!(
+                                offset,
+                                "refused a record of the routing topic without the cluster's seal: no node of \
+                                 this cluster wrote it (check who may write the routing topic, and that every \
+                                 node has the same --cluster-key-file)"
+                            );
+                        }
+                    }
                 }
             }),
             Err(e) => {

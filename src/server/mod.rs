@@ -96,7 +96,7 @@ pub async fn run_with_clock(
 
     let grpc_addr = listeners.grpc.local_addr()?;
     let node_config = settings::node(&config);
-    let cluster_config = settings::cluster(&config, grpc_addr, tls.is_some());
+    let cluster_config = settings::cluster(&config, grpc_addr, tls.is_some())?;
     let (shards, cluster) = open_shards(&node_config, cluster_config.as_ref(), &producer, &clock).await?;
     let node = Arc::new(Node::new(shards, node_config.max_pending));
     let service =

@@ -8,7 +8,7 @@ use tonic::transport::ClientTlsConfig;
 
 use crate::{
     auth::{Tokens, TokensError},
-    cluster::{ClusterConfig, GroupConfig, LogTopic},
+    cluster::{ClusterConfig, ClusterKey, GroupConfig, KeyError, LogTopic},
     config::{Config, ConfigError, DeliveryMode, REQUEST_OVERHEAD_BYTES},
     dispatcher::DispatcherConfig,
     kafka::{Delivery, KafkaConfig, OnFence},
@@ -28,10 +28,13 @@ pub enum SettingsError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Tokens(#[from] TokensError),
+    #[error(transparent)]
+    ClusterKey(#[from] KeyError),
 }
 
 /// Everything that can be checked before start: the settings themselves,
-/// the TLS files (present, PEM) and the tokens file (well-formed).
+/// the TLS files (present, PEM), the tokens file (well-formed) and the
+/// cluster key.
 pub fn check(config: &Config) -> Result<(), SettingsError> {
     config.validate()?;
     if let Some(files) = tls(config)? {
@@ -40,7 +43,16 @@ pub fn check(config: &Config) -> Result<(), SettingsError> {
     if let Some(path) = &config.auth_tokens {
         Tokens::load(path)?;
     }
+    cluster_key(config)?;
     Ok(())
+}
+
+/// The cluster's key, in cluster mode.
+fn cluster_key(config: &Config) -> Result<Option<ClusterKey>, KeyError> {
+    match (&config.cluster_key_file, config.cluster) {
+        (Some(path), true) => ClusterKey::load(path).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// The TLS files of the gRPC port, or none for plaintext.
@@ -125,12 +137,19 @@ pub fn node(config: &Config) -> NodeConfig {
     }
 }
 
-/// Cluster mode (`--cluster`): the schedule log, the consumer group, and
-/// where the other nodes reach this one. `grpc` is where it listens, and
-/// `tls` whether with TLS: the address other nodes reach it at, unless
-/// --advertise-addr says.
-pub fn cluster(config: &Config, grpc: std::net::SocketAddr, tls: bool) -> Option<ClusterConfig> {
-    config.cluster.then(|| ClusterConfig {
+/// Cluster mode (`--cluster`): the schedule log, the consumer group, the
+/// cluster's key, and where the other nodes reach this one. `grpc` is where
+/// it listens, and `tls` whether with TLS: the address other nodes reach
+/// it at, unless --advertise-addr says. None standalone.
+pub fn cluster(
+    config: &Config,
+    grpc: std::net::SocketAddr,
+    tls: bool,
+) -> Result<Option<ClusterConfig>, SettingsError> {
+    // Valid settings name a key file in cluster mode.
+    config.validate()?;
+    let Some(key) = cluster_key(config)? else { return Ok(None) };
+    Ok(Some(ClusterConfig {
         kafka: kafka(config),
         log: LogTopic {
             name: config.log_topic.clone(),
@@ -149,7 +168,8 @@ pub fn cluster(config: &Config, grpc: std::net::SocketAddr, tls: bool) -> Option
             .advertise_addr
             .clone()
             .unwrap_or_else(|| format!("{}://{grpc}", if tls { "https" } else { "http" })),
-    })
+        key,
+    }))
 }
 
 /// What each shard is built from (the node sets its path and its part of
@@ -255,8 +275,11 @@ mod tests {
     #[test]
     fn a_node_is_advertised_where_it_listens_unless_told() {
         let grpc = "10.1.2.3:7000".parse().unwrap();
-        let config = Config { cluster: true, ..Config::default() };
-        let advertised = |config: &Config, tls| cluster(config, grpc, tls).unwrap().advertise;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("cluster.key");
+        std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let config = Config { cluster: true, cluster_key_file: Some(key), ..Config::default() };
+        let advertised = |config: &Config, tls| cluster(config, grpc, tls).unwrap().unwrap().advertise;
         assert_eq!(advertised(&config, false), "http://10.1.2.3:7000");
         assert_eq!(advertised(&config, true), "https://10.1.2.3:7000");
         let told = Config { advertise_addr: Some("http://hourglass-0.hourglass:50051".into()), ..config };
@@ -287,6 +310,15 @@ mod tests {
             (
                 Config { auth_tokens: Some(dir.path().join("tokens.toml")), ..Config::default() },
                 "--auth-tokens",
+            ),
+            (Config { cluster: true, ..Config::default() }, "cluster mode needs --cluster-key-file"),
+            (
+                Config {
+                    cluster: true,
+                    cluster_key_file: Some(dir.path().join("none.key")),
+                    ..Config::default()
+                },
+                "none.key: cannot be read",
             ),
         ];
         for (config, expected) in cases {

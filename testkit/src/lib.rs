@@ -9,5 +9,5 @@ mod server;
 mod traffic;
 
 pub use broker::{LocalBroker, create_topic, delete_topic, free_port, free_port_pair, listening};
-pub use server::{ServerProcess, hourglass_binary, rss_of, series_value};
+pub use server::{ServerProcess, cluster_key_file, hourglass_binary, rss_of, series_value};
 pub use traffic::other_producer;

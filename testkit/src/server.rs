@@ -39,6 +39,30 @@ pub fn hourglass_binary() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// A cluster key file for the nodes this process starts (each test
+/// process, each bench run, its own cluster): 64 random hex digits, as
+/// `openssl rand -hex 32` makes, in a directory that lasts as long as the
+/// process.
+pub fn cluster_key_file() -> anyhow::Result<PathBuf> {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    static KEY: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = match KEY.get() {
+        Some(dir) => dir,
+        None => {
+            let dir = tempfile::tempdir().context("a directory for the cluster key")?;
+            // Random per process: std seeds each RandomState from the OS.
+            let key: String = (0..4)
+                .map(|_| {
+                    format!("{:016x}", std::collections::hash_map::RandomState::new().build_hasher().finish())
+                })
+                .collect();
+            std::fs::write(dir.path().join("cluster.key"), key + "\n").context("writing the cluster key")?;
+            KEY.get_or_init(|| dir)
+        }
+    };
+    Ok(dir.path().join("cluster.key"))
+}
+
 pub struct ServerProcess {
     child: Option<Child>,
     pub grpc: String,
@@ -82,6 +106,11 @@ impl ServerProcess {
             args: ["--kafka-brokers", brokers, "--durability", durability].map(str::to_owned).to_vec(),
             env: vec![("HOURGLASS_LOG".into(), log)],
         })
+    }
+
+    /// A node of cluster mode, with this process's [`cluster_key_file`].
+    pub fn clustered(self) -> anyhow::Result<Self> {
+        Ok(self.arg("--cluster", "true").arg("--cluster-key-file", cluster_key_file()?.display()))
     }
 
     pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {

@@ -23,6 +23,7 @@ const LOG_PARTITIONS: u32 = 3;
 fn cluster_config(broker: &Broker, dir: &std::path::Path, log_topic: &str) -> Config {
     Config {
         cluster: true,
+        cluster_key_file: Some(hourglass_testkit::cluster_key_file().unwrap()),
         log_topic: log_topic.to_owned(),
         log_partitions: LOG_PARTITIONS,
         ..config(broker, dir)

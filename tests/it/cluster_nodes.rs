@@ -21,6 +21,7 @@ use hourglass::{
     cluster::log::{
         RECORD_HEADER,
         record::{self, Change, LogRecord},
+        seal::{ClusterKey, SEAL_HEADER},
     },
     proto,
     proto::scheduler_client::SchedulerClient,
@@ -36,7 +37,7 @@ use tonic::{Code, transport::Channel};
 
 const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 
-const LOG_PARTITIONS: u32 = 12;
+pub(crate) const LOG_PARTITIONS: u32 = 12;
 
 fn full() -> bool {
     std::env::var("HOURGLASS_CLUSTER_FULL").is_ok_and(|v| v == "1")
@@ -46,13 +47,14 @@ fn full() -> bool {
 fn node(broker: &Broker, data_dir: &Path, log_topic: &str, group: &str) -> ServerProcess {
     ServerProcess::new(Path::new(BIN), data_dir, broker.addr(), Durability::Buffered)
         .unwrap()
-        .arg("--cluster", "true")
+        .clustered()
+        .unwrap()
         .arg("--log-topic", log_topic)
         .arg("--log-partitions", LOG_PARTITIONS)
         .arg("--group-id", group)
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
@@ -117,7 +119,7 @@ async fn owned(nodes: &[ServerProcess], live: &[usize]) -> Vec<f64> {
 }
 
 /// Waits until the live nodes own every shard between them.
-async fn wait_spread(nodes: &[ServerProcess], live: &[usize], within: Duration) -> Vec<f64> {
+pub(crate) async fn wait_spread(nodes: &[ServerProcess], live: &[usize], within: Duration) -> Vec<f64> {
     let started = Instant::now();
     loop {
         let owned = owned(nodes, live).await;
@@ -152,16 +154,16 @@ async fn wait_even(nodes: &[ServerProcess], live: &[usize], within: Duration) ->
 /// One broker, a target topic of `partitions`, and three nodes sharing a
 /// fresh log topic and group, of which the first `running` are started
 /// and serving.
-struct Bed {
-    broker: Broker,
-    topic: String,
-    log_topic: String,
-    dirs: Vec<tempfile::TempDir>,
-    nodes: Vec<ServerProcess>,
+pub(crate) struct Bed {
+    pub broker: Broker,
+    pub topic: String,
+    pub log_topic: String,
+    pub dirs: Vec<tempfile::TempDir>,
+    pub nodes: Vec<ServerProcess>,
 }
 
 impl Bed {
-    async fn start(partitions: i32, running: usize) -> Bed {
+    pub async fn start(partitions: i32, running: usize) -> Bed {
         Bed::start_on(Broker::start(), partitions, running).await
     }
 
@@ -208,7 +210,7 @@ async fn schedule_natively(
 
 /// A producer of Kafka-native schedules: the Java client's partitioner, so
 /// that each id lands in its shard's partition.
-fn native_producer(broker: &Broker) -> FutureProducer {
+pub(crate) fn native_producer(broker: &Broker) -> FutureProducer {
     ClientConfig::new()
         .set("bootstrap.servers", broker.addr())
         .set("partitioner", "murmur2_random")
@@ -510,11 +512,17 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
             message: None,
         })),
     };
-    let headers =
-        OwnedHeaders::new().insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) });
+    // Sealed as a node seals it: the test holds the cluster's key.
     let value = failed.encode();
+    let partition = java_partition(old.as_bytes(), LOG_PARTITIONS as i32);
+    let key = ClusterKey::load(&hourglass_testkit::cluster_key_file().unwrap()).unwrap();
+    let seal = key.seal(&log_topic, partition, Some(old.as_bytes()), Some(&value));
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) })
+        .insert(Header { key: SEAL_HEADER, value: Some(&seal) });
     let written = FutureRecord::<str, [u8]>::to(&log_topic)
         .key(&old)
+        .partition(partition)
         .payload(&value)
         .headers(headers)
         .timestamp(two_days_ago);
@@ -530,7 +538,7 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     one.kill();
-    let shard = java_partition(old.as_bytes(), LOG_PARTITIONS as i32);
+    let shard = partition;
     let later = (0..)
         .map(|i| format!("stale-b-{i}"))
         .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
@@ -552,7 +560,7 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
 /// Calls `op` on the nodes in turn from `first` until one answers other
 /// than UNAVAILABLE (a node stopped, a shard moving for too long): what a
 /// client retrying with the same id does.
-async fn on_any_node<T>(
+pub(crate) async fn on_any_node<T>(
     clients: &[SchedulerClient<Channel>],
     first: usize,
     op: impl Fn(SchedulerClient<Channel>) -> Answer<T>,
@@ -575,7 +583,8 @@ async fn on_any_node<T>(
     unreachable!()
 }
 
-type Answer<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, tonic::Status>> + Send>>;
+pub(crate) type Answer<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, tonic::Status>> + Send>>;
 
 fn ts(ms: i64) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }

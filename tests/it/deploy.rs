@@ -75,7 +75,7 @@ fn secrets() -> &'static Path {
 /// script, whatever directory the example mounts it in.
 fn mounted(path: Option<PathBuf>) -> Option<PathBuf> {
     path.map(|p| {
-        let mounts = ["/run/secrets/", "/etc/hourglass/secrets/"];
+        let mounts = ["/run/secrets/", "/etc/hourglass/secrets/", "/etc/hourglass/cluster/"];
         if mounts.iter().any(|m| p.starts_with(m)) { secrets().join(p.file_name().unwrap()) } else { p }
     })
 }
@@ -473,6 +473,7 @@ fn exported_metrics() -> BTreeSet<String> {
     GRPC_SECONDS.with_label_values(&["Schedule"]).observe(0.001);
     SCHEDULE_ITEMS.with_label_values(&["ScheduleBatch", "Ok"]).inc();
     ShardMetrics::of(0).pending.set(0);
+    FORGED.with_label_values(&["log"]);
     let text = render();
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -67,6 +67,8 @@ async fn a_log_topic_that_deletes_by_age_is_refused_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let mut node = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .args(["serve", "--cluster", "--log-topic", &name, "--log-partitions", "3"])
+        .arg("--cluster-key-file")
+        .arg(hourglass_testkit::cluster_key_file().unwrap())
         .args([
             "--kafka-brokers",
             broker.addr(),
@@ -134,12 +136,17 @@ async fn an_unreachable_broker_is_named() {
     assert!(err.to_string().contains(&config.brokers), "{err}");
 }
 
-/// Offsets `reader` reads next, until `n` of them, within 20 s.
+/// Offsets `reader` reads next, until `n` of them, within 20 s; each
+/// record must carry the cluster's seal.
 async fn offsets(reader: &hourglass::cluster::kafka::LogReader, n: usize) -> Vec<i64> {
     let mut out = Vec::new();
     let reading = async {
         while out.len() < n {
-            out.extend(reader.next_with(n - out.len(), |m| rdkafka::Message::offset(m)).await.unwrap());
+            let read = reader.next_with(n - out.len(), |m, sealed| (rdkafka::Message::offset(m), sealed));
+            for (offset, sealed) in read.await.unwrap() {
+                assert!(sealed, "the record at {offset} carries the seal the producer put on it");
+                out.push(offset);
+            }
         }
     };
     tokio::time::timeout(Duration::from_secs(20), reading).await.expect("the records within 20 s");
@@ -148,12 +155,16 @@ async fn offsets(reader: &hourglass::cluster::kafka::LogReader, n: usize) -> Vec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_consumer_reads_each_partition_on_its_own_and_moves_each_alone() {
-    use hourglass::cluster::kafka::{LogConsumer, LogProducer};
+    use hourglass::cluster::{
+        ClusterKey,
+        kafka::{LogConsumer, LogProducer},
+    };
     let broker = Broker::start();
     let config = kafka(&broker);
     let topic = random_name("log");
     broker.create_topic(&topic, 2).await;
-    let producer = LogProducer::new(&config, &topic).unwrap();
+    let key = ClusterKey::load(&hourglass_testkit::cluster_key_file().unwrap()).unwrap();
+    let producer = LogProducer::new(&config, &topic, &key).unwrap();
     // One record per batch: a fetch from inside a batch is not what is
     // tested here.
     for partition in [0, 1] {
@@ -161,7 +172,7 @@ async fn one_consumer_reads_each_partition_on_its_own_and_moves_each_alone() {
             producer.enqueue(partition, format!("k{i}").as_bytes(), Some(b"v")).await.unwrap();
         }
     }
-    let consumer = LogConsumer::new(&config, &topic).unwrap();
+    let consumer = LogConsumer::new(&config, &topic, &key).unwrap();
     let first = consumer.reader(0, 0).unwrap();
     let second = consumer.reader(1, 5).unwrap();
     assert_eq!(offsets(&first, 10).await, (0..10).collect::<Vec<_>>());

@@ -18,6 +18,7 @@ mod deploy;
 mod docs;
 mod durability;
 mod examples;
+mod forged;
 mod history;
 mod inspect;
 mod log_topic;

@@ -1,5 +1,6 @@
 //! The schedule log's clients: the producer that appends hourglass's own
-//! records to it, and the reader that follows one partition.
+//! records to it, sealed with the cluster key, and the reader that follows
+//! one partition and tells which records carry a valid seal.
 //!
 //! Appends are `acks=all` and idempotent, like deliveries, but bounded in
 //! time: a caller waiting for its change is told the log is unreachable
@@ -31,6 +32,7 @@ use crate::{
     cluster::log::{
         RECORD_HEADER,
         record::{self, Entry, LogRecord},
+        seal::{ClusterKey, SEAL_HEADER},
     },
     message::{Limits, UnixMillis},
 };
@@ -39,11 +41,16 @@ use crate::{
 pub struct LogProducer {
     inner: FutureProducer,
     topic: String,
+    key: ClusterKey,
 }
 
 impl LogProducer {
-    pub fn new(config: &KafkaConfig, topic: &str) -> Result<LogProducer, KafkaError> {
-        Ok(LogProducer { inner: log_producer_config(config).create()?, topic: topic.to_owned() })
+    pub fn new(config: &KafkaConfig, topic: &str, key: &ClusterKey) -> Result<LogProducer, KafkaError> {
+        Ok(LogProducer {
+            inner: log_producer_config(config).create()?,
+            topic: topic.to_owned(),
+            key: key.clone(),
+        })
     }
 
     pub fn topic(&self) -> &str {
@@ -111,8 +118,10 @@ impl LogProducer {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> impl std::future::Future<Output = Result<Appended, KafkaError>> + Send + use<> {
-        let headers =
-            OwnedHeaders::new().insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) });
+        let seal = self.key.seal(&self.topic, partition, Some(key), value);
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) })
+            .insert(Header { key: SEAL_HEADER, value: Some(&seal) });
         let mut out = FutureRecord::to(&self.topic).partition(partition).key(key).headers(headers);
         if let Some(value) = value {
             out = out.payload(value);
@@ -147,6 +156,8 @@ pub struct Appended {
 pub struct LogConsumer {
     consumer: Arc<StreamConsumer>,
     topic: String,
+    /// What tells the cluster's records from others.
+    key: ClusterKey,
     partitions: Mutex<HashMap<i32, Partition>>,
     /// Ends the task that serves the client's own queue.
     stop: CancellationToken,
@@ -164,9 +175,10 @@ struct Partition {
 }
 
 impl LogConsumer {
-    /// A consumer of `topic`. Must be called within the runtime: a task of
-    /// its own serves the client's events.
-    pub fn new(config: &KafkaConfig, topic: &str) -> Result<Arc<LogConsumer>, KafkaError> {
+    /// A consumer of `topic`, whose records are sealed with `key`. Must be
+    /// called within the runtime: a task of its own serves the client's
+    /// events.
+    pub fn new(config: &KafkaConfig, topic: &str, key: &ClusterKey) -> Result<Arc<LogConsumer>, KafkaError> {
         let mut client = ClientConfig::new();
         let ours = BTreeMap::from([
             ("bootstrap.servers", config.brokers.as_str()),
@@ -213,7 +225,13 @@ impl LogConsumer {
                 }
             }
         });
-        Ok(Arc::new(LogConsumer { consumer, topic: topic.to_owned(), partitions: Mutex::default(), stop }))
+        Ok(Arc::new(LogConsumer {
+            consumer,
+            topic: topic.to_owned(),
+            key: key.clone(),
+            partitions: Mutex::default(),
+            stop,
+        }))
     }
 
     fn partitions(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Partition>> {
@@ -355,10 +373,11 @@ impl LogReader {
     pub fn new(
         config: &KafkaConfig,
         topic: &str,
+        key: &ClusterKey,
         partition: i32,
         offset: i64,
     ) -> Result<LogReader, KafkaError> {
-        LogConsumer::new(config, topic)?.reader(partition, offset)
+        LogConsumer::new(config, topic, key)?.reader(partition, offset)
     }
 
     /// Reads from `offset` on.
@@ -383,7 +402,7 @@ impl LogReader {
     /// Waits for the next records, and takes up to `max` of those already
     /// fetched.
     pub async fn next(&self, max: usize, limits: &Limits) -> Result<Vec<Read>, KafkaError> {
-        self.next_with(max, |m| read(m, limits)).await
+        self.next_with(max, |m, sealed| read(m, sealed, limits)).await
     }
 
     /// [`next`](Self::next), leaving records before `from` undecoded: of
@@ -394,19 +413,21 @@ impl LogReader {
         limits: &Limits,
         from: i64,
     ) -> Result<Vec<Fetched>, KafkaError> {
-        self.next_with(max, |m| match m.offset() {
+        self.next_with(max, |m, sealed| match m.offset() {
             offset if offset < from => Fetched::Before { offset, key: key_digest(m.key()) },
-            _ => Fetched::Read(read(m, limits)),
+            _ => Fetched::Read(read(m, sealed, limits)),
         })
         .await
     }
 
-    /// [`next`](Self::next), each record read with `read`.
+    /// [`next`](Self::next), each record read with `read`, which is told
+    /// whether the record carries a valid seal of the cluster.
     pub async fn next_with<T>(
         &self,
         max: usize,
-        read: impl Fn(&rdkafka::message::BorrowedMessage<'_>) -> T,
+        read: impl Fn(&rdkafka::message::BorrowedMessage<'_>, bool) -> T,
     ) -> Result<Vec<T>, KafkaError> {
+        let read = |m: &rdkafka::message::BorrowedMessage<'_>| read(m, self.sealed(m));
         let mut out = Vec::new();
         let first = self.queue.recv().await?;
         out.push(read(&first));
@@ -425,18 +446,27 @@ impl LogReader {
     }
 }
 
+impl LogReader {
+    /// Whether `m` carries the seal of the cluster (in its first
+    /// [`SEAL_HEADER`]).
+    fn sealed(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> bool {
+        let seal = m.headers().and_then(|h| h.iter().find(|h| h.key == SEAL_HEADER)).and_then(|h| h.value);
+        self.from.key.verifies(&self.from.topic, m.partition(), m.key(), m.payload(), seal)
+    }
+}
+
 impl Drop for LogReader {
     fn drop(&mut self) {
         self.from.release(self.partition, self.id);
     }
 }
 
-fn read(m: &rdkafka::message::BorrowedMessage<'_>, limits: &Limits) -> Read {
+fn read(m: &rdkafka::message::BorrowedMessage<'_>, sealed: bool, limits: &Limits) -> Read {
     let headers = m.headers();
     let pairs: Vec<(&str, Option<&[u8]>)> =
         headers.map(|h| h.iter().map(|h| (h.key, h.value)).collect()).unwrap_or_default();
     let at = timestamp(m.timestamp()).unwrap_or_default();
-    let entry = record::read(m.key(), m.payload(), pairs.iter().copied(), at, limits);
+    let entry = record::read(m.key(), m.payload(), pairs.iter().copied(), sealed, at, limits);
     Read { offset: m.offset(), at, entry }
 }
 

@@ -8,7 +8,9 @@
 //!   would rather write to Kafka than call gRPC: the key is the message id,
 //!   the value and the other headers are the record to deliver, and
 //!   `hourglass-` headers say where and when.
-//! - **Records hourglass writes itself**, marked with [`RECORD_HEADER`].
+//! - **Records hourglass writes itself**, marked with [`RECORD_HEADER`]
+//!   and sealed with the cluster key ([`seal`]): one that claims to be
+//!   hourglass's own without a valid seal is refused.
 //!
 //! This module only says what a record means; it reads and writes nothing.
 //! Nothing here knows of the store or of Kafka clients.
@@ -16,6 +18,7 @@
 pub mod native;
 pub mod record;
 pub mod route;
+pub mod seal;
 
 /// Marks a record hourglass wrote itself; its value is the version of the
 /// record format (decimal text). Records without it are Kafka-native

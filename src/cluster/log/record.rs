@@ -335,15 +335,21 @@ pub enum Entry {
     /// Nothing to apply: an owner's tombstone, or a record this build does
     /// not know (from a newer release), which is skipped with a warning.
     Skip(String),
+    /// A record that claims to be hourglass's own without the cluster's
+    /// seal ([`super::seal`]): not applied, and counted and logged as
+    /// forged, with why.
+    Forged(&'static str),
 }
 
 /// Reads one record of a log partition: its key, value (none for a
-/// tombstone) and headers; `timestamp` is the record's own, from which a
-/// native record's delay counts.
+/// tombstone) and headers, and whether it carries the cluster's seal;
+/// `timestamp` is the record's own, from which a native record's delay
+/// counts.
 pub fn read<'a>(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
     headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)> + Clone,
+    sealed: bool,
     timestamp: UnixMillis,
     limits: &Limits,
 ) -> Entry {
@@ -354,6 +360,13 @@ pub fn read<'a>(
             Err(rejected) => Entry::Rejected { rejected, at: timestamp },
         };
     };
+    if !sealed {
+        return Entry::Forged(if value.is_some() {
+            "a record marked as hourglass's own without the cluster's seal"
+        } else {
+            "a tombstone marked as hourglass's own without the cluster's seal"
+        });
+    }
     if format != Some(FORMAT.as_bytes()) {
         let shown = format.map(String::from_utf8_lossy).unwrap_or_default();
         return Entry::Skip(format!("record format {shown:?} is not one this build reads ({FORMAT})"));
@@ -407,7 +420,8 @@ mod tests {
     }
 
     fn read_internal(key: &[u8], value: Option<&[u8]>, format: &str) -> Entry {
-        read(Some(key), value, [(RECORD_HEADER, Some(format.as_bytes()))], UnixMillis(0), &Limits::default())
+        let headers = [(RECORD_HEADER, Some(format.as_bytes()))];
+        read(Some(key), value, headers, true, UnixMillis(0), &Limits::default())
     }
 
     #[test]
@@ -450,9 +464,23 @@ mod tests {
     }
 
     #[test]
+    fn a_record_marked_as_hourglass_s_without_the_seal_is_forged() {
+        let record = LogRecord { writer: 7, request: 9, change: Some(Change::Owner(Owner::default())) };
+        let headers = [(RECORD_HEADER, Some(FORMAT.as_bytes()))];
+        for value in [Some(record.encode()), None] {
+            let entry =
+                read(Some(&owner_key()), value.as_deref(), headers, false, UnixMillis(0), &Limits::default());
+            assert!(matches!(entry, Entry::Forged(_)), "{entry:?}");
+        }
+        let chunk = chunk_key(UnixMillis(5), 1, 2);
+        let entry = read(Some(&chunk), None, headers, false, UnixMillis(0), &Limits::default());
+        assert!(matches!(entry, Entry::Forged(_)), "a chunk's tombstone too: {entry:?}");
+    }
+
+    #[test]
     fn a_native_record_keeps_its_timestamp() {
         let headers = [("hourglass-topic", Some(&b"orders"[..])), ("hourglass-delay", Some(&b"5s"[..]))];
-        let entry = read(Some(b"n-1"), Some(b"v"), headers, UnixMillis(10_000), &Limits::default());
+        let entry = read(Some(b"n-1"), Some(b"v"), headers, false, UnixMillis(10_000), &Limits::default());
         let Entry::Native { native: Native::Schedule { requested, .. }, at } = entry else {
             panic!("{entry:?}")
         };
@@ -461,7 +489,7 @@ mod tests {
 
     #[test]
     fn a_bad_native_record_is_rejected_with_its_id() {
-        let entry = read(Some(b"n-2"), Some(b"v"), [], UnixMillis(0), &Limits::default());
+        let entry = read(Some(b"n-2"), Some(b"v"), [], false, UnixMillis(0), &Limits::default());
         let Entry::Rejected { rejected, .. } = entry else { panic!("{entry:?}") };
         assert_eq!(rejected.id.unwrap().as_str(), "n-2");
     }

@@ -11,6 +11,10 @@
 //!                                            longer was the owner by this topic)
 //! ```
 //!
+//! Every record is sealed with the cluster key ([`super::seal`]); one
+//! without a valid seal is refused, so that no one but a node of the
+//! cluster can send its requests (and its callers' grants) elsewhere.
+//!
 //! The routing topic only says where to send a request; who may change a
 //! shard is decided by the claims in the schedule log. A request sent to a
 //! node that no longer owns the shard is refused there, and sent again
@@ -42,12 +46,24 @@ pub fn key(shard: u32) -> Vec<u8> {
     shard.to_string().into_bytes()
 }
 
-/// A record of the routing topic: its shard and route, or `None` for one
-/// that is not (a stray record, a tombstone): it is skipped.
-pub fn read(key: Option<&[u8]>, value: Option<&[u8]>) -> Option<(u32, Route)> {
-    let shard = std::str::from_utf8(key?).ok()?.parse().ok()?;
-    let route = Route::decode(value?).ok()?;
-    Some((shard, route))
+/// A record of the routing topic that no node of the cluster wrote: it
+/// carries no valid seal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forged;
+
+/// A record of the routing topic, and whether it carries the cluster's
+/// seal: its shard and route, or `None` for a sealed record that is none
+/// (from a newer release): it is skipped.
+pub fn read(key: Option<&[u8]>, value: Option<&[u8]>, sealed: bool) -> Result<Option<(u32, Route)>, Forged> {
+    if !sealed {
+        return Err(Forged);
+    }
+    let read = || {
+        let shard = std::str::from_utf8(key?).ok()?.parse().ok()?;
+        let route = Route::decode(value?).ok()?;
+        Some((shard, route))
+    };
+    Ok(read())
 }
 
 /// Who owns each shard by the routing topic: a claim names its writer, a
@@ -149,8 +165,9 @@ mod tests {
     #[test]
     fn records_round_trip_and_strays_are_skipped() {
         let r = route(3, "http://c:2", false);
-        assert_eq!(read(Some(&key(11)), Some(&r.encode_to_vec())), Some((11, r)));
-        assert_eq!(read(Some(b"x"), Some(b"")), None);
-        assert_eq!(read(Some(&key(1)), None), None);
+        assert_eq!(read(Some(&key(11)), Some(&r.encode_to_vec()), true), Ok(Some((11, r.clone()))));
+        assert_eq!(read(Some(b"x"), Some(b""), true), Ok(None));
+        assert_eq!(read(Some(&key(1)), None, true), Ok(None));
+        assert_eq!(read(Some(&key(11)), Some(&r.encode_to_vec()), false), Err(Forged), "unsealed");
     }
 }

@@ -38,8 +38,9 @@ pub(crate) fn entry(offset: i64, at: UnixMillis, entry: Entry, local: Option<Loc
         },
         Entry::Forget(id) => (None, Replica::Forget(id)),
         Entry::ForgetChunk(chunk) => (None, Replica::ForgetChunk(chunk)),
-        // Logged where it is read, with its partition.
-        Entry::Skip(_) => (None, Replica::Skip),
+        // Logged (and a forgery counted) where it is read, with its
+        // partition.
+        Entry::Skip(_) | Entry::Forged(_) => (None, Replica::Skip),
     };
     LogEntry { offset, at, writer, change, local }
 }

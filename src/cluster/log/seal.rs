@@ -1,0 +1,184 @@
+//! Seals: how a node tells the records of its own cluster from any other
+//! record on the schedule log and the routing topic.
+//!
+//! Every node of a cluster reads the same secret, the cluster key
+//! (`--cluster-key-file`). Each record a node writes to either topic
+//! carries, in the [`SEAL_HEADER`], an HMAC-SHA256 with that key over the
+//! topic, the partition, the key and the value (a tombstone's absence of
+//! one included). A record that claims to be hourglass's own and carries
+//! no valid seal is refused, counted and logged, whoever could write it:
+//! a producer without a Kafka ACL against it, or on a broker that has no
+//! ACLs, cannot take a shard, settle a message or route requests.
+//!
+//! A seal says that a node of the cluster wrote the record, not when: a
+//! record the cluster wrote can be written again by whoever may write the
+//! topic, and a record under a key the cluster uses makes compaction drop
+//! the cluster's own. Only hourglass may write the two topics (the ACLs
+//! are in docs/CLUSTER.md); the seal is what holds where that is not so.
+
+use std::{fmt, path::Path};
+
+use ring::hmac;
+
+/// The header of a seal: 32 bytes.
+pub const SEAL_HEADER: &str = "hourglass-seal";
+
+/// The fewest bytes a cluster key may have: 32, as `openssl rand -hex 16`
+/// prints.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// The cluster's shared secret. `Debug` never shows it.
+#[derive(Clone)]
+pub struct ClusterKey(hmac::Key);
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error(
+        "cluster key file {path}: {reason}; make one with `openssl rand -hex 32 > {path}` and give every \
+         node of the cluster the same file"
+    )]
+    File { path: String, reason: String },
+}
+
+impl ClusterKey {
+    /// The key in the file at `path`: its contents, without the whitespace
+    /// around them, at least [`MIN_KEY_BYTES`] long.
+    pub fn load(path: &Path) -> Result<ClusterKey, KeyError> {
+        let fail = |reason: String| KeyError::File { path: path.display().to_string(), reason };
+        let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot be read: {e}")))?;
+        ClusterKey::new(bytes.trim_ascii()).map_err(fail)
+    }
+
+    /// A key from the secret itself.
+    pub fn new(secret: &[u8]) -> Result<ClusterKey, String> {
+        if secret.len() < MIN_KEY_BYTES {
+            return Err(format!("holds {} bytes; a cluster key has at least {MIN_KEY_BYTES}", secret.len()));
+        }
+        Ok(ClusterKey(hmac::Key::new(hmac::HMAC_SHA256, secret)))
+    }
+
+    /// The seal of a record of `topic`.
+    pub fn seal(&self, topic: &str, partition: i32, key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
+        let mut context = hmac::Context::with_key(&self.0);
+        for part in sealed_parts(topic, partition, key, value) {
+            context.update(&part);
+        }
+        context.sign().as_ref().to_vec()
+    }
+
+    /// Whether `seal` is the seal of the record (in constant time).
+    pub fn verifies(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        seal: Option<&[u8]>,
+    ) -> bool {
+        let Some(seal) = seal else { return false };
+        let made = self.seal(topic, partition, key, value);
+        // Every byte compared, whichever differs: how long it takes says
+        // nothing of how much of a forged seal was right.
+        let differ = made.iter().zip(seal).fold(0u8, |differ, (a, b)| differ | (a ^ b));
+        std::hint::black_box(differ) == 0 && made.len() == seal.len()
+    }
+}
+
+impl fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClusterKey([redacted])")
+    }
+}
+
+/// What a seal covers, each part framed so that no two records share a
+/// text: a version, the topic, the partition, then the key and the value,
+/// each absent or of a length.
+fn sealed_parts(topic: &str, partition: i32, key: Option<&[u8]>, value: Option<&[u8]>) -> [Vec<u8>; 5] {
+    let framed = |bytes: Option<&[u8]>| match bytes {
+        None => vec![0],
+        Some(bytes) => {
+            let mut out = Vec::with_capacity(9 + bytes.len());
+            out.push(1);
+            out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+            out.extend_from_slice(bytes);
+            out
+        }
+    };
+    [
+        b"hourglass-seal-1".to_vec(),
+        framed(Some(topic.as_bytes())),
+        partition.to_be_bytes().to_vec(),
+        framed(key),
+        framed(value),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(secret: &str) -> ClusterKey {
+        ClusterKey::new(secret.as_bytes()).unwrap()
+    }
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_seal_verifies_only_the_record_it_was_made_for() {
+        let k = key(SECRET);
+        let seal = k.seal("log", 3, Some(b"id-1"), Some(b"value"));
+        assert_eq!(seal.len(), 32);
+        assert!(k.verifies("log", 3, Some(b"id-1"), Some(b"value"), Some(&seal)));
+        for (topic, partition, id, value) in [
+            ("log-owners", 3, Some(&b"id-1"[..]), Some(&b"value"[..])),
+            ("log", 4, Some(b"id-1"), Some(b"value")),
+            ("log", 3, Some(b"id-2"), Some(b"value")),
+            ("log", 3, Some(b"id-1"), Some(b"valuf")),
+            ("log", 3, Some(b"id-1"), None),
+            ("log", 3, None, Some(b"value")),
+        ] {
+            assert!(
+                !k.verifies(topic, partition, id, value, Some(&seal)),
+                "{topic} {partition} {id:?} {value:?}"
+            );
+        }
+        assert!(!k.verifies("log", 3, Some(b"id-1"), Some(b"value"), None), "no seal");
+        assert!(!k.verifies("log", 3, Some(b"id-1"), Some(b"value"), Some(&seal[..31])), "a cut seal");
+    }
+
+    #[test]
+    fn a_tombstone_and_an_empty_value_are_sealed_apart() {
+        let k = key(SECRET);
+        let tombstone = k.seal("log", 0, Some(b"k"), None);
+        assert!(k.verifies("log", 0, Some(b"k"), None, Some(&tombstone)));
+        assert!(!k.verifies("log", 0, Some(b"k"), Some(b""), Some(&tombstone)));
+        let moved = k.seal("log", 0, Some(b"ab"), Some(b"c"));
+        assert!(
+            !k.verifies("log", 0, Some(b"a"), Some(b"bc"), Some(&moved)),
+            "bytes moved from key to value"
+        );
+    }
+
+    #[test]
+    fn another_cluster_s_key_does_not_verify() {
+        let seal = key(SECRET).seal("log", 0, Some(b"k"), Some(b"v"));
+        let other = key("fedcba9876543210fedcba9876543210");
+        assert!(!other.verifies("log", 0, Some(b"k"), Some(b"v"), Some(&seal)));
+    }
+
+    #[test]
+    fn a_short_or_missing_key_file_is_refused_with_how_to_make_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.key");
+        let missing = ClusterKey::load(&path).unwrap_err().to_string();
+        assert!(missing.contains("cannot be read") && missing.contains("openssl rand -hex 32"), "{missing}");
+        std::fs::write(&path, "short\n").unwrap();
+        let short = ClusterKey::load(&path).unwrap_err().to_string();
+        assert!(short.contains("holds 5 bytes"), "{short}");
+        std::fs::write(&path, format!("  {SECRET}\n")).unwrap();
+        let loaded = ClusterKey::load(&path).unwrap();
+        let seal = key(SECRET).seal("t", 0, None, None);
+        assert!(loaded.verifies("t", 0, None, None, Some(&seal)), "the whitespace around it is not the key");
+        assert!(!format!("{loaded:?}").contains(SECRET));
+    }
+}

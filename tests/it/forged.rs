@@ -1,0 +1,297 @@
+//! Records no node of the cluster wrote: a plain Kafka producer, with no
+//! ACL to keep it out (Tansu has none), writes records that claim to be
+//! hourglass's own to the schedule log and the routing topic. Without the
+//! cluster key's seal they are refused and counted, and the cluster goes
+//! on as if they were not there: no shard is taken from its owner, nothing
+//! is delivered that no one scheduled, no request goes where a forged
+//! route points.
+
+use crate::common;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use common::{verify::*, *};
+use hourglass::{
+    cluster::log::{
+        RECORD_HEADER,
+        record::{self, Change, LogRecord, Owner},
+        route::{self, Route},
+        seal::SEAL_HEADER,
+    },
+    proto::{self, scheduler_client::SchedulerClient},
+};
+use hourglass_testkit::ServerProcess;
+use prost::Message as _;
+use rdkafka::{
+    ClientConfig, Message as _, Offset, TopicPartitionList,
+    consumer::{BaseConsumer, Consumer as _},
+    message::{Header, Headers as _, OwnedHeaders},
+    producer::{FutureProducer, FutureRecord},
+};
+use tonic::{Code, transport::Channel};
+
+use crate::cluster_nodes::{Bed, LOG_PARTITIONS, native_producer, now_ms, on_any_node, wait_spread};
+
+/// A record as a producer writes it: where, under which key, what, and
+/// which headers.
+struct Forgery {
+    partition: i32,
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+impl Forgery {
+    /// A record marked as hourglass's own, with `seal` (none: no seal).
+    fn marked(partition: i32, key: &[u8], value: Option<Vec<u8>>, seal: Option<&[u8]>) -> Forgery {
+        let mut headers = vec![(RECORD_HEADER.to_owned(), record::FORMAT.as_bytes().to_vec())];
+        headers.extend(seal.map(|s| (SEAL_HEADER.to_owned(), s.to_vec())));
+        Forgery { partition, key: key.to_vec(), value, headers }
+    }
+
+    async fn write(&self, producer: &FutureProducer, topic: &str) {
+        let mut headers = OwnedHeaders::new();
+        for (name, value) in &self.headers {
+            headers = headers.insert(Header { key: name, value: Some(value) });
+        }
+        let mut record =
+            FutureRecord::<[u8], [u8]>::to(topic).partition(self.partition).key(&self.key).headers(headers);
+        if let Some(value) = &self.value {
+            record = record.payload(value);
+        }
+        producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    }
+}
+
+/// The first `Scheduled` record of the log, as it was written (sealed by
+/// the node that wrote it).
+async fn a_genuine_schedule(broker: &Broker, log_topic: &str) -> Forgery {
+    let (brokers, log_topic) = (broker.addr().to_owned(), log_topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", random_name("forger"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut partitions = TopicPartitionList::new();
+        for p in 0..LOG_PARTITIONS as i32 {
+            partitions.add_partition_offset(&log_topic, p, Offset::Beginning).unwrap();
+        }
+        consumer.assign(&partitions).unwrap();
+        let began = Instant::now();
+        loop {
+            assert!(began.elapsed() < Duration::from_secs(30), "no Scheduled record in the log");
+            let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
+            let decoded = m.payload().and_then(|v| LogRecord::decode(v).ok());
+            if let Some(LogRecord { change: Some(Change::Scheduled(_)), .. }) = decoded {
+                let headers = m.headers().unwrap();
+                return Forgery {
+                    partition: m.partition(),
+                    key: m.key().unwrap().to_vec(),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    headers: headers
+                        .iter()
+                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                        .collect(),
+                };
+            }
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Schedules `id` through any node, due at `due`, and notes it.
+async fn schedule(clients: &[SchedulerClient<Channel>], topic: &str, id: &str, due: i64, ledger: &Ledger) {
+    let request = due_message(topic, id, due);
+    on_any_node(clients, 0, move |mut c| {
+        let request = request.clone();
+        Box::pin(async move { c.schedule(request).await.map(|_| ()) })
+    })
+    .await
+    .unwrap();
+    ledger.ack(id, due, topic);
+}
+
+/// The sum over `nodes` of a series, 0 where a node has none yet.
+async fn total(nodes: &[ServerProcess], series: &str) -> f64 {
+    let mut sum = 0.0;
+    for node in nodes {
+        sum += node.metric(series).await.unwrap_or(0.0);
+    }
+    sum
+}
+
+/// The finding this answers: a plain producer wrote an `Owner` record to
+/// every partition, and every delivery stopped. Here it writes those (one
+/// without a seal, one with a made-up one), a real `Scheduled` record
+/// copied under another key and to another partition, garbage and a
+/// tombstone marked as hourglass's: every message scheduled before and
+/// after is delivered once, on time, nothing else is, and each forgery is
+/// counted once by its shard's owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn records_no_node_wrote_neither_stop_a_shard_nor_deliver_anything() {
+    let Bed { broker, topic, log_topic, dirs: _dirs, mut nodes } = Bed::start(2, 2).await;
+    let live = &nodes[..2];
+    wait_spread(live, &[0, 1], Duration::from_secs(60)).await;
+    let clients: Vec<_> = live.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();
+    let (ledger, run) = (Ledger::default(), random_name("f"));
+    let before = now_ms() + 8_000;
+    for i in 0..24 {
+        schedule(&clients, &topic, &format!("{run}-before-{i}"), before, &ledger).await;
+    }
+
+    let genuine = a_genuine_schedule(&broker, &log_topic).await;
+    let mut forgeries = Vec::new();
+    for p in 0..LOG_PARTITIONS as i32 {
+        let claim = LogRecord {
+            writer: 0x5eed_0000 + p as u64,
+            request: 1,
+            change: Some(Change::Owner(Owner { at_ms: now_ms() as u64, released: false })),
+        };
+        let made_up = [7u8; 32];
+        let seal = (p % 2 == 1).then_some(&made_up[..]);
+        forgeries.push(Forgery::marked(p, &record::owner_key(), Some(claim.encode()), seal));
+    }
+    let copied = format!("{run}-copied");
+    forgeries.push(Forgery { key: copied.clone().into_bytes(), ..genuine_copy(&genuine) });
+    let elsewhere = (genuine.partition + 1) % LOG_PARTITIONS as i32;
+    forgeries.push(Forgery { partition: elsewhere, ..genuine_copy(&genuine) });
+    forgeries.push(Forgery::marked(0, b"garbage", Some(b"\xff\xfe not a record".to_vec()), None));
+    forgeries.push(Forgery::marked(1, &record::owner_key(), None, None));
+    let producer = native_producer(&broker);
+    for forgery in &forgeries {
+        forgery.write(&producer, &log_topic).await;
+    }
+
+    let after = now_ms() + 3_000;
+    for i in 0..24 {
+        schedule(&clients, &topic, &format!("{run}-after-{i}"), after, &ledger).await;
+    }
+    let deliveries = collect_async(
+        broker.addr(),
+        &[topic.as_str()],
+        ledger.expected(),
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+    )
+    .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("forged records in the log: {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert_eq!(verdict.unacknowledged, 0, "delivered what no one scheduled");
+    assert!(verdict.duplicates.is_empty(), "duplicates: {:?}", verdict.duplicates);
+
+    let counted = "hourglass_cluster_forged_records_total{topic=\"log\"}";
+    let began = Instant::now();
+    while total(live, counted).await < forgeries.len() as f64 {
+        assert!(began.elapsed() < Duration::from_secs(30), "forgeries not all counted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(total(live, counted).await, forgeries.len() as f64, "each counted once, by its shard's owner");
+    assert_eq!(
+        total(live, "hourglass_cluster_shards_owned").await,
+        f64::from(LOG_PARTITIONS),
+        "no shard lost"
+    );
+    let mut client = clients[0].clone();
+    let copy = client.get(proto::GetRequest { id: copied }).await.unwrap_err();
+    assert_eq!(copy.code(), Code::NotFound, "the copied record parked nothing: {copy:?}");
+    for node in &mut nodes[..2] {
+        node.stop().unwrap();
+    }
+}
+
+/// A copy of `genuine`, seal and all.
+fn genuine_copy(genuine: &Forgery) -> Forgery {
+    Forgery {
+        partition: genuine.partition,
+        key: genuine.key.clone(),
+        value: genuine.value.clone(),
+        headers: genuine.headers.clone(),
+    }
+}
+
+/// The finding this answers: a plain producer wrote routes naming a
+/// listener of its own, and the nodes sent it requests (and would have sent
+/// callers' tokens). Here routes for every shard name a listener of the
+/// test's: it is never reached, and `Get`, `List` and `Stats` through
+/// either node still answer for every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_route_no_node_wrote_sends_no_request_anywhere() {
+    let Bed { broker, topic, log_topic, dirs: _dirs, mut nodes } = Bed::start(2, 2).await;
+    let live = &nodes[..2];
+    wait_spread(live, &[0, 1], Duration::from_secs(60)).await;
+    let clients: Vec<_> = live.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stranger = format!("http://{}", listener.local_addr().unwrap());
+    let reached = Arc::new(AtomicUsize::new(0));
+    let counting = Arc::clone(&reached);
+    let listening = tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counting.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+
+    // A message in every shard, far off.
+    let (ledger, run, due) = (Ledger::default(), random_name("r"), now_ms() + 3_600_000);
+    let ids: Vec<String> = (0..LOG_PARTITIONS as i32)
+        .map(|shard| {
+            (0..)
+                .map(|i| format!("{run}-{i}"))
+                .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
+                .unwrap()
+        })
+        .collect();
+    for id in &ids {
+        schedule(&clients, &topic, id, due, &ledger).await;
+    }
+
+    let producer = native_producer(&broker);
+    let routing = route::topic_of(&log_topic);
+    for shard in 0..LOG_PARTITIONS {
+        let route = Route { writer: 0x5eed, addr: stranger.clone(), at_ms: now_ms() as u64, released: false };
+        let made_up = [9u8; 32];
+        let headers = if shard % 2 == 0 { vec![] } else { vec![(SEAL_HEADER.to_owned(), made_up.to_vec())] };
+        let forgery =
+            Forgery { partition: 0, key: route::key(shard), value: Some(route.encode_to_vec()), headers };
+        forgery.write(&producer, &routing).await;
+    }
+    let counted = "hourglass_cluster_forged_records_total{topic=\"routing\"}";
+    for node in live {
+        let began = Instant::now();
+        while node.metric(counted).await.unwrap_or(0.0) < f64::from(LOG_PARTITIONS) {
+            assert!(began.elapsed() < Duration::from_secs(30), "forged routes not counted on {}", node.grpc);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    for client in &clients {
+        for id in &ids {
+            let got = client.clone().get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+            assert_eq!(got.state(), proto::State::Pending, "{id}");
+        }
+        let stats = client.clone().stats(proto::StatsRequest {}).await.unwrap().into_inner();
+        assert_eq!(stats.pending, ids.len() as u64);
+        let listed = client
+            .clone()
+            .list(proto::ListRequest { topic: topic.clone(), page_size: 100, ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.messages.len(), ids.len());
+    }
+    assert_eq!(reached.load(Ordering::SeqCst), 0, "a node connected to the forged route's listener");
+    listening.abort();
+    for node in &mut nodes[..2] {
+        node.stop().unwrap();
+    }
+}
