@@ -26,6 +26,10 @@
 //! kept in memory; a presented token is hashed and compared with every
 //! digest in constant time. Tokens are never logged.
 //!
+//! In cluster mode a call one node passes on to another carries no token:
+//! the node that took it vouches for it ([`Vouches`]), naming the grant it
+//! found, and the node that serves it uses its own grant of that name.
+//!
 //! This module decides who the caller is ([`Authenticator`], a tonic
 //! interceptor) and what a grant allows ([`Access`]). Every call but health
 //! carries an [`Access`], also when authentication is off; a call that
@@ -258,6 +262,11 @@ impl Tokens {
         Ok(Tokens { entries })
     }
 
+    /// The grant named `name`.
+    fn find_named(&self, name: &str) -> Option<Arc<Grant>> {
+        self.entries.iter().find(|(_, grant)| grant.name == name).map(|(_, grant)| Arc::clone(grant))
+    }
+
     /// The grant of `token`, comparing its digest with every entry.
     fn find(&self, token: &str) -> Option<Arc<Grant>> {
         self.find_digest(&digest(token.as_bytes()))
@@ -282,13 +291,35 @@ impl Tokens {
     }
 }
 
+/// What a call another node passes on says of its caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Vouch {
+    /// No node passed it on: the caller's own token decides.
+    None,
+    /// A node of the cluster passed it on, having found the caller's grant
+    /// of this name (none: it lets every call in).
+    For(Option<String>),
+    /// It says it was passed on, but no node of the cluster vouches for
+    /// it: why, for the caller.
+    Refused(String),
+}
+
+/// Tells whether another node of the cluster vouches for a call (cluster
+/// mode's forwarding; see `crate::cluster`).
+pub trait Vouches: Send + Sync {
+    fn vouch(&self, metadata: &MetadataMap) -> Vouch;
+}
+
 /// The token check in front of the Scheduler and reflection services: a
 /// tonic interceptor that refuses a call without a valid bearer token
 /// (UNAUTHENTICATED) and attaches the token's [`Access`] to the rest.
 /// Disabled (lets every call through) when no tokens file is configured.
+/// In cluster mode a call another node vouches for gets the grant it names
+/// instead.
 #[derive(Clone, Default)]
 pub struct Authenticator {
     tokens: Option<(PathBuf, Live)>,
+    vouches: Option<Arc<dyn Vouches>>,
 }
 
 impl Authenticator {
@@ -299,7 +330,15 @@ impl Authenticator {
 
     pub fn load(path: &Path) -> Result<Authenticator, TokensError> {
         let tokens = Tokens::load(path)?;
-        Ok(Authenticator { tokens: Some((path.to_owned(), Arc::new(RwLock::new(Arc::new(tokens))))) })
+        Ok(Authenticator {
+            tokens: Some((path.to_owned(), Arc::new(RwLock::new(Arc::new(tokens))))),
+            vouches: None,
+        })
+    }
+
+    /// Also lets in the calls other nodes vouch for, as `vouches` says.
+    pub fn vouched_by(self, vouches: Arc<dyn Vouches>) -> Authenticator {
+        Authenticator { vouches: Some(vouches), ..self }
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -316,8 +355,17 @@ impl Authenticator {
         Ok(count)
     }
 
-    /// The caller's access, from its `authorization: Bearer` header.
+    /// The caller's access, from its `authorization: Bearer` header, or
+    /// from the grant another node vouches for.
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Access, Error> {
+        match self.vouches.as_ref().map_or(Vouch::None, |v| v.vouch(metadata)) {
+            Vouch::None => {}
+            Vouch::For(name) => return self.vouched(name),
+            Vouch::Refused(why) => {
+                metrics::AUTH_REFUSED.with_label_values(&["unvouched"]).inc();
+                return Err(Error::Unvouched(why));
+            }
+        }
         let Some((_, live)) = &self.tokens else { return Ok(Access::Open) };
         let token = bearer(metadata).ok_or_else(|| {
             metrics::AUTH_REFUSED.with_label_values(&["missing"]).inc();
@@ -330,6 +378,33 @@ impl Authenticator {
                 metrics::AUTH_REFUSED.with_label_values(&["invalid"]).inc();
                 Err(Error::BadToken)
             }
+        }
+    }
+}
+
+impl Authenticator {
+    /// The access of a call another node vouches for, by the grant it
+    /// names: this node's grant of that name.
+    fn vouched(&self, name: Option<String>) -> Result<Access, Error> {
+        let Some((_, live)) = &self.tokens else { return Ok(Access::Open) };
+        let tokens = Arc::clone(&live.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        let unknown = |why: String| {
+            metrics::AUTH_REFUSED.with_label_values(&["unvouched"]).inc();
+            Err(Error::Unvouched(why))
+        };
+        match name {
+            Some(name) => match tokens.find_named(&name) {
+                Some(grant) => Ok(Access::Granted { grant, live: Arc::clone(live) }),
+                None => unknown(format!(
+                    "the node that passed the call on found the token {name:?}, which this node's tokens file \
+                     does not list: give every node the same --auth-tokens"
+                )),
+            },
+            None => unknown(
+                "the node that passed the call on lets every call in, and this one needs a token: give every \
+                 node the same --auth-tokens"
+                    .to_owned(),
+            ),
         }
     }
 }
@@ -507,10 +582,55 @@ mod tests {
         assert!(err.contains("--auth-tokens /nonexistent/tokens.toml: cannot read it"), "{err}");
     }
 
+    fn with_tokens() -> Authenticator {
+        Authenticator {
+            tokens: Some((PathBuf::new(), Arc::new(RwLock::new(Arc::new(tokens()))))),
+            vouches: None,
+        }
+    }
+
+    /// Vouches as its metadata says: `vouch: ops` for the grant ops,
+    /// `vouch: -` for open access, `vouch: no` refused.
+    struct Stub;
+
+    impl Vouches for Stub {
+        fn vouch(&self, metadata: &MetadataMap) -> Vouch {
+            match metadata.get("vouch").map(|v| v.to_str().unwrap()) {
+                None => Vouch::None,
+                Some("-") => Vouch::For(None),
+                Some("no") => Vouch::Refused("no vouch".into()),
+                Some(name) => Vouch::For(Some(name.to_owned())),
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_another_node_vouches_for_gets_this_node_s_grant_of_its_name() {
+        let auth = with_tokens().vouched_by(Arc::new(Stub));
+        let vouched = |name: &str| {
+            let mut m = MetadataMap::new();
+            m.insert("vouch", name.parse().unwrap());
+            auth.authenticate(&m)
+        };
+        let Ok(Access::Granted { grant, .. }) = vouched("ops") else { panic!("not granted") };
+        assert_eq!(grant.name, "ops", "no token needed");
+        for refused in ["no", "nobody", "-"] {
+            let err = vouched(refused).unwrap_err();
+            assert!(matches!(err, Error::Unvouched(_)), "{refused}: {err}");
+            assert_eq!(Status::from(err).code(), tonic::Code::Unauthenticated);
+        }
+        let unknown = vouched("nobody").unwrap_err().to_string();
+        assert!(unknown.contains("give every node the same --auth-tokens"), "{unknown}");
+        assert!(matches!(auth.authenticate(&metadata("Bearer ops-secret")), Ok(Access::Granted { .. })));
+        let open = Authenticator::disabled().vouched_by(Arc::new(Stub));
+        let mut m = MetadataMap::new();
+        m.insert("vouch", "ops".parse().unwrap());
+        assert!(matches!(open.authenticate(&m), Ok(Access::Open)), "authentication off here");
+    }
+
     #[test]
     fn bearer_tokens_are_checked() {
-        let auth =
-            Authenticator { tokens: Some((PathBuf::new(), Arc::new(RwLock::new(Arc::new(tokens()))))) };
+        let auth = with_tokens();
         let code = |m: &MetadataMap| Status::from(auth.authenticate(m).unwrap_err()).code();
         assert_eq!(code(&MetadataMap::new()), tonic::Code::Unauthenticated);
         assert_eq!(code(&metadata("Bearer wrong")), tonic::Code::Unauthenticated);

@@ -25,6 +25,10 @@ pub enum Error {
     NoToken,
     #[error("the bearer token is not valid")]
     BadToken,
+    /// Cluster mode: a call marked as passed on by another node that no
+    /// node vouches for as it should.
+    #[error("a call passed on by another node was refused: {0}")]
+    Unvouched(String),
     /// A token revoked by a reload while its stream was open.
     #[error("the token {token:?} was revoked (the tokens file was reloaded); this call ends")]
     Revoked { token: String },

@@ -343,7 +343,11 @@ pub static GRPC_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
 pub static AUTH_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
-            Opts::new("hourglass_grpc_unauthenticated_total", "Calls refused without a valid bearer token."),
+            Opts::new(
+                "hourglass_grpc_unauthenticated_total",
+                "Calls refused without a valid bearer token (missing, invalid), or, in cluster mode, passed on \
+                 by another node without its vouch (unvouched).",
+            ),
             &["reason"],
         )
         .expect("valid metric"),

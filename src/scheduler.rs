@@ -8,8 +8,6 @@
 //! The calls take and answer the API's messages, so that a router passes
 //! a call on to another node as it came.
 
-use tonic::metadata::AsciiMetadataValue;
-
 use crate::{
     Error,
     auth::Access,
@@ -24,15 +22,14 @@ pub const FORWARDED: &str = "hourglass-forwarded";
 /// listing's order, as page tokens, comma-separated.
 pub const POSITIONS: &str = "hourglass-positions";
 
-/// Who makes a call, and what a call passed on to another node carries.
+/// Who makes a call, and whether another node passed it on.
 #[derive(Clone, Debug)]
 pub struct Call {
-    /// What the caller may use and see.
+    /// What the caller may use and see (for a call passed on, the grant
+    /// the node that passed it on found for its caller).
     pub access: Access,
     /// Another node passed it on: it is served here, or refused.
     pub forwarded: bool,
-    /// The caller's token, passed on with the call.
-    pub authorization: Option<AsciiMetadataValue>,
 }
 
 /// A page of a listing, with each message's position in the listing's

@@ -52,9 +52,11 @@ impl From<Error> for Status {
             Error::KafkaUnavailable { .. } | Error::StreamIdle(_) => Code::Unavailable,
             Error::Store(e) => store_code(&e),
             Error::Forbidden { .. } => Code::PermissionDenied,
-            Error::NoToken | Error::BadToken | Error::Revoked { .. } | Error::Unchecked => {
-                Code::Unauthenticated
-            }
+            Error::NoToken
+            | Error::BadToken
+            | Error::Revoked { .. }
+            | Error::Unchecked
+            | Error::Unvouched(_) => Code::Unauthenticated,
             Error::TooManyCalls(_)
             | Error::TooManyStreams(_)
             | Error::NoRoomForStream { .. }
@@ -121,6 +123,7 @@ mod tests {
             (Error::NoToken, Code::Unauthenticated),
             (Error::BadToken, Code::Unauthenticated),
             (Error::Unchecked, Code::Unauthenticated),
+            (Error::Unvouched("no vouch".into()), Code::Unauthenticated),
             (
                 Error::TooLarge { bytes: 8, set_by: "--max-batch-bytes", detail: "9 bytes".into() },
                 Code::InvalidArgument,

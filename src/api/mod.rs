@@ -248,9 +248,5 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
 /// Who makes `request`, and what it carries on if it is passed on.
 fn call_of<T>(request: &Request<T>) -> Result<Call, Error> {
     let metadata = request.metadata();
-    Ok(Call {
-        access: Access::of(request)?,
-        forwarded: metadata.contains_key(FORWARDED),
-        authorization: metadata.get("authorization").cloned(),
-    })
+    Ok(Call { access: Access::of(request)?, forwarded: metadata.contains_key(FORWARDED) })
 }

@@ -1,7 +1,10 @@
 //! Cluster mode: any node answers any call. A call about a message whose
 //! shard another node owns goes to that node (found in the routing topic),
-//! with the caller's token, marked [`FORWARDED`] so that it is served there
-//! or refused, never sent on again. A batch is split by owner; `List` and
+//! vouched for with the cluster key and naming the caller's grant, not
+//! its token ([`super::vouch`]), marked [`FORWARDED`](crate::scheduler::FORWARDED) so that it is served
+//! there or refused, never sent on again. In a cluster whose nodes speak
+//! TLS, a call is never passed on in plaintext; answers are read up to a
+//! bound. A batch is split by owner; `List` and
 //! `Stats` ask every node that owns shards and merge.
 //!
 //! A forwarded call the other node refuses without acting on it (it no
@@ -24,16 +27,17 @@ use std::{
 use futures_util::future::{self, BoxFuture};
 use tonic::{
     Request, Response, Status,
-    metadata::{AsciiMetadataValue, MetadataMap},
+    metadata::MetadataMap,
     transport::{Channel, ClientTlsConfig, Endpoint},
 };
 
-use super::{Cluster, Place};
+use super::{Cluster, Place, Voucher};
 use crate::{
     Error,
+    auth::Access,
     message::{Limits, ListQuery, PageToken, merge_pages, shard_of},
     metrics, proto,
-    scheduler::{Call, FORWARDED, Listing, POSITIONS, Scheduler},
+    scheduler::{Call, Listing, POSITIONS, Scheduler},
     status::{NOT_OWNER, item_error},
     store::LIST_KEY_BYTES,
 };
@@ -44,20 +48,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How many times a request refused unacted goes on to the next owner.
 const RESENDS: usize = 3;
+/// Room in an answer from another node beyond a message or a page's keys.
+const ANSWER_OVERHEAD_BYTES: usize = 4 << 20;
 
 type Client = proto::scheduler_client::SchedulerClient<Channel>;
-
-/// `message` as `call` passes it on to another node.
-fn forwarded<T>(call: &Call, message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    request.set_timeout(CALL_TIMEOUT);
-    let metadata = request.metadata_mut();
-    metadata.insert(FORWARDED, AsciiMetadataValue::from_static("1"));
-    if let Some(token) = &call.authorization {
-        metadata.insert("authorization", token.clone());
-    }
-    request
-}
 
 /// Sends requests on to the nodes that own their shards.
 pub struct Router {
@@ -65,6 +59,9 @@ pub struct Router {
     local: Arc<dyn Scheduler>,
     cluster: Arc<Cluster>,
     tls: Option<ClientTlsConfig>,
+    voucher: Voucher,
+    /// The largest answer read from another node.
+    max_answer: usize,
     clients: Mutex<HashMap<String, Client>>,
     /// Which node a call without a shard goes to next.
     turn: AtomicUsize,
@@ -75,7 +72,32 @@ impl Router {
     /// `cluster`. `tls`: how to reach the other nodes when they are
     /// advertised at https:// addresses.
     pub fn new(local: Arc<dyn Scheduler>, cluster: Arc<Cluster>, tls: Option<ClientTlsConfig>) -> Router {
-        Router { local, cluster, tls, clients: Mutex::new(HashMap::new()), turn: AtomicUsize::new(0) }
+        let limits = local.limits();
+        // A message whole (Get), or a page of a listing, with room for the
+        // rest of the answer.
+        let max_answer = limits.max_message_bytes.max(LIST_KEY_BYTES) + ANSWER_OVERHEAD_BYTES;
+        Router {
+            voucher: Voucher::new(cluster.key().clone()),
+            local,
+            cluster,
+            tls,
+            max_answer,
+            clients: Mutex::new(HashMap::new()),
+            turn: AtomicUsize::new(0),
+        }
+    }
+
+    /// `message` as `call` passes it on to another node: vouched for, with
+    /// the caller's grant.
+    fn forwarded<T>(&self, call: &Call, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(CALL_TIMEOUT);
+        let grant = match &call.access {
+            Access::Open => None,
+            Access::Granted { grant, .. } => Some(grant.name.as_str()),
+        };
+        self.voucher.vouch_for(grant, request.metadata_mut());
+        request
     }
 
     /// The shard of `id` (as the caller names it); none for a call without
@@ -138,10 +160,15 @@ impl Router {
         if addr.starts_with("https://") {
             endpoint =
                 endpoint.tls_config(self.tls.clone().unwrap_or_default()).map_err(|e| unreachable(&e))?;
+        } else if self.tls.is_some() {
+            // This node speaks TLS, so the cluster does: an address
+            // without it is not one of its nodes', or a mistake.
+            return Err(unreachable(&"a plaintext address in a cluster whose nodes speak TLS"));
         }
-        // The node that serves a request checks its size.
+        // The node that serves a request checks its size; an answer is
+        // read up to a bound.
         let client = Client::new(endpoint.connect_lazy())
-            .max_decoding_message_size(usize::MAX)
+            .max_decoding_message_size(self.max_answer)
             .max_encoding_message_size(usize::MAX);
         clients.insert(addr.to_owned(), client.clone());
         Ok(client)
@@ -167,7 +194,7 @@ impl Router {
                 return Ok(None);
             };
             metrics::FORWARDED.with_label_values(&[method]).inc();
-            match send(self.client(&addr)?, forwarded(call, request.clone())).await {
+            match send(self.client(&addr)?, self.forwarded(call, request.clone())).await {
                 Ok(response) => return Ok(Some(response.into_inner())),
                 Err(status) if resend < RESENDS && not_taken(&status) => {
                     tracing::debug!(%addr, ?shard, status = %status.message(), "sending the request to the shard's next owner");
@@ -195,7 +222,7 @@ impl Router {
         let here: Vec<(PageToken, proto::PendingMessage)> =
             positions.into_iter().zip(page.messages).collect();
         let asked = self.cluster.peers().into_iter().map(|addr| {
-            let request = forwarded(call, request.clone());
+            let request = self.forwarded(call, request.clone());
             async move {
                 metrics::FORWARDED.with_label_values(&["List"]).inc();
                 let mut client = self.client(&addr)?;
@@ -227,7 +254,7 @@ impl Router {
             return Ok(here);
         }
         let asked = self.cluster.peers().into_iter().map(|addr| {
-            let request = forwarded(call, proto::StatsRequest {});
+            let request = self.forwarded(call, proto::StatsRequest {});
             async move {
                 metrics::FORWARDED.with_label_values(&["Stats"]).inc();
                 let mut client = self.client(&addr)?;
@@ -336,7 +363,9 @@ impl Scheduler for Router {
                 metrics::FORWARDED.with_label_values(&[method]).inc_by(group.len() as u64);
                 let sent = match self.client(&addr) {
                     Ok(mut client) => {
-                        client.schedule_batch(forwarded(call, proto::ScheduleBatchRequest { requests })).await
+                        client
+                            .schedule_batch(self.forwarded(call, proto::ScheduleBatchRequest { requests }))
+                            .await
                     }
                     Err(e) => Err(Status::from(e)),
                 };

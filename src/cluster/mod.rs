@@ -44,12 +44,14 @@ pub(crate) mod replica;
 mod retention;
 pub(crate) mod routes;
 mod shards;
+mod vouch;
 pub(crate) mod waiters;
 
 pub use forward::Router;
 pub use kafka::{GroupConfig, LogTopic, TopicError};
 pub use log::seal::{ClusterKey, KeyError};
 pub use owner::{Cluster, Place, Shards};
+pub use vouch::Voucher;
 
 use std::time::Duration;
 

@@ -297,6 +297,11 @@ impl Cluster {
         })
     }
 
+    /// The cluster's key (`--cluster-key-file`).
+    pub fn key(&self) -> &crate::cluster::ClusterKey {
+        &self.inner.config.key
+    }
+
     /// The schedule log's partitions: the shard count.
     pub fn partitions(&self) -> u32 {
         self.inner.slots.len() as u32

@@ -31,7 +31,7 @@ use crate::{
     api::{ApiConfig, Budget, Local, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
-    cluster::{Cluster, ClusterConfig, Router, Shards},
+    cluster::{Cluster, ClusterConfig, Router, Shards, Voucher},
     config::Config,
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
@@ -97,6 +97,11 @@ pub async fn run_with_clock(
     let grpc_addr = listeners.grpc.local_addr()?;
     let node_config = settings::node(&config);
     let cluster_config = settings::cluster(&config, grpc_addr, tls.is_some())?;
+    // Cluster mode: a call another node passes on is let in on its vouch.
+    let auth = match &cluster_config {
+        Some(cluster) => auth.vouched_by(Arc::new(Voucher::new(cluster.key.clone()))),
+        None => auth,
+    };
     let (shards, cluster) = open_shards(&node_config, cluster_config.as_ref(), &producer, &clock).await?;
     let node = Arc::new(Node::new(shards, node_config.max_pending));
     let service =

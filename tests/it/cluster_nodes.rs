@@ -44,7 +44,7 @@ fn full() -> bool {
 }
 
 /// A node of the cluster, not started yet.
-fn node(broker: &Broker, data_dir: &Path, log_topic: &str, group: &str) -> ServerProcess {
+pub(crate) fn node(broker: &Broker, data_dir: &Path, log_topic: &str, group: &str) -> ServerProcess {
     ServerProcess::new(Path::new(BIN), data_dir, broker.addr(), Durability::Buffered)
         .unwrap()
         .clustered()

@@ -1,10 +1,12 @@
-//! Records no node of the cluster wrote: a plain Kafka producer, with no
-//! ACL to keep it out (Tansu has none), writes records that claim to be
-//! hourglass's own to the schedule log and the routing topic. Without the
-//! cluster key's seal they are refused and counted, and the cluster goes
-//! on as if they were not there: no shard is taken from its owner, nothing
-//! is delivered that no one scheduled, no request goes where a forged
-//! route points.
+//! Records and calls no node of the cluster made. A plain Kafka producer,
+//! with no ACL to keep it out (Tansu has none), writes records that claim
+//! to be hourglass's own to the schedule log and the routing topic. Without
+//! the cluster key's seal they are refused and counted, and the cluster
+//! goes on as if they were not there: no shard is taken from its owner,
+//! nothing is delivered that no one scheduled, no request goes where a
+//! forged route points. A call passed between nodes carries the caller's
+//! grant, vouched for with the key, not its token; a client cannot pass a
+//! call off as another node's.
 
 use crate::common;
 
@@ -36,7 +38,7 @@ use rdkafka::{
 };
 use tonic::{Code, transport::Channel};
 
-use crate::cluster_nodes::{Bed, LOG_PARTITIONS, native_producer, now_ms, on_any_node, wait_spread};
+use crate::cluster_nodes::{Bed, LOG_PARTITIONS, native_producer, node, now_ms, on_any_node, wait_spread};
 
 /// A record as a producer writes it: where, under which key, what, and
 /// which headers.
@@ -293,5 +295,80 @@ async fn a_route_no_node_wrote_sends_no_request_anywhere() {
     listening.abort();
     for node in &mut nodes[..2] {
         node.stop().unwrap();
+    }
+}
+
+/// Tokens on, two nodes: a caller's calls through either node reach the
+/// shard's owner with the caller's grant (its tenant's ids, its topics),
+/// although no token is passed on; a call a client marks as passed on is
+/// refused, its valid token notwithstanding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_passed_on_keeps_its_caller_s_grant_and_no_client_can_pass_one_on() {
+    use hourglass::auth::Bearer;
+    let broker = Broker::start();
+    let topic = random_name("orders");
+    broker.create_topic(&topic, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let file = format!(
+        "[[token]]\nname = \"orders\"\ntoken = \"orders-secret\"\ntopics = [\"{topic}\"]\n\n\
+         [[token]]\nname = \"ops\"\ntoken = \"ops-secret\"\ntopics = [\"*\"]\n"
+    );
+    std::fs::write(&tokens, file).unwrap();
+    let (log_topic, group) = (random_name("hourglass-log"), random_name("hourglass"));
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes: Vec<ServerProcess> = dirs
+        .iter()
+        .map(|d| node(&broker, d.path(), &log_topic, &group).arg("--auth-tokens", tokens.display()))
+        .collect();
+    for n in &mut nodes {
+        n.spawn().unwrap();
+    }
+    for n in &mut nodes {
+        n.wait_serving(Duration::from_secs(120)).await.unwrap();
+    }
+    wait_spread(&nodes, &[0, 1], Duration::from_secs(60)).await;
+    let channel =
+        |n: &ServerProcess| Channel::from_shared(format!("http://{}", n.grpc)).unwrap().connect_lazy();
+    let client = |n: &ServerProcess, token: &str| {
+        SchedulerClient::with_interceptor(channel(n), Bearer::new(Some(token)).unwrap())
+    };
+
+    // An id in every shard: half of them owned by the other node.
+    let run = random_name("v");
+    let ids: Vec<String> = (0..LOG_PARTITIONS as i32)
+        .map(|shard| {
+            (0..)
+                .map(|i| format!("{run}-{i}"))
+                .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
+                .unwrap()
+        })
+        .collect();
+    let due = now_ms() + 3_600_000;
+    for id in &ids {
+        client(&nodes[0], "orders-secret").schedule(due_message(&topic, id, due)).await.unwrap();
+    }
+    for id in &ids {
+        let got = client(&nodes[1], "orders-secret").get(proto::GetRequest { id: id.clone() }).await.unwrap();
+        assert_eq!(got.into_inner().state(), proto::State::Pending, "{id}");
+        let other =
+            client(&nodes[1], "ops-secret").get(proto::GetRequest { id: id.clone() }).await.unwrap_err();
+        assert_eq!(other.code(), Code::NotFound, "{id}: the ops tenant's ids are its own, wherever served");
+    }
+    let stats = client(&nodes[1], "ops-secret").stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.pending, 0, "another tenant's figures, from every node");
+
+    // A client that marks its call as passed on, with a valid token.
+    let mut request = tonic::Request::new(proto::GetRequest { id: ids[0].clone() });
+    request.metadata_mut().insert("hourglass-forwarded", "1".parse().unwrap());
+    request.metadata_mut().insert("authorization", "Bearer orders-secret".parse().unwrap());
+    let refused = SchedulerClient::new(channel(&nodes[0])).get(request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("vouch"), "{refused:?}");
+    let counted =
+        nodes[0].metric("hourglass_grpc_unauthenticated_total{reason=\"unvouched\"}").await.unwrap();
+    assert_eq!(counted, 1.0);
+    for n in &mut nodes {
+        n.stop().unwrap();
     }
 }

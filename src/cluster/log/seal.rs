@@ -1,5 +1,6 @@
-//! Seals: how a node tells the records of its own cluster from any other
-//! record on the schedule log and the routing topic.
+//! The cluster key, and what it authenticates: the seal of each record a
+//! node writes to the schedule log or the routing topic, and the vouch on
+//! each call one node passes on to another.
 //!
 //! Every node of a cluster reads the same secret, the cluster key
 //! (`--cluster-key-file`). Each record a node writes to either topic
@@ -59,11 +60,8 @@ impl ClusterKey {
 
     /// The seal of a record of `topic`.
     pub fn seal(&self, topic: &str, partition: i32, key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
-        let mut context = hmac::Context::with_key(&self.0);
-        for part in sealed_parts(topic, partition, key, value) {
-            context.update(&part);
-        }
-        context.sign().as_ref().to_vec()
+        let partition = partition.to_be_bytes();
+        self.tag("record", &[Some(topic.as_bytes()), Some(&partition), key, value])
     }
 
     /// Whether `seal` is the seal of the record (in constant time).
@@ -75,42 +73,45 @@ impl ClusterKey {
         value: Option<&[u8]>,
         seal: Option<&[u8]>,
     ) -> bool {
-        let Some(seal) = seal else { return false };
-        let made = self.seal(topic, partition, key, value);
-        // Every byte compared, whichever differs: how long it takes says
-        // nothing of how much of a forged seal was right.
-        let differ = made.iter().zip(seal).fold(0u8, |differ, (a, b)| differ | (a ^ b));
-        std::hint::black_box(differ) == 0 && made.len() == seal.len()
+        seal.is_some_and(|seal| same(&self.seal(topic, partition, key, value), seal))
     }
+
+    /// The tag of `parts` for `purpose` (each part absent, or of a length,
+    /// so that no two lists of parts share a text; the purpose keeps a tag
+    /// made for one thing from passing for another).
+    pub fn tag(&self, purpose: &str, parts: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut context = hmac::Context::with_key(&self.0);
+        for part in std::iter::once(Some(purpose.as_bytes())).chain(parts.iter().copied()) {
+            match part {
+                None => context.update(&[0]),
+                Some(bytes) => {
+                    context.update(&[1]);
+                    context.update(&(bytes.len() as u64).to_be_bytes());
+                    context.update(bytes);
+                }
+            }
+        }
+        context.sign().as_ref().to_vec()
+    }
+
+    /// Whether `tag` is the tag of `parts` for `purpose` (in constant time).
+    pub fn verifies_tag(&self, purpose: &str, parts: &[Option<&[u8]>], tag: &[u8]) -> bool {
+        same(&self.tag(purpose, parts), tag)
+    }
+}
+
+/// Whether `made` and `given` are the same, every byte compared whichever
+/// differs: how long it takes says nothing of how much of a forged tag was
+/// right.
+fn same(made: &[u8], given: &[u8]) -> bool {
+    let differ = made.iter().zip(given).fold(0u8, |differ, (a, b)| differ | (a ^ b));
+    std::hint::black_box(differ) == 0 && made.len() == given.len()
 }
 
 impl fmt::Debug for ClusterKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ClusterKey([redacted])")
     }
-}
-
-/// What a seal covers, each part framed so that no two records share a
-/// text: a version, the topic, the partition, then the key and the value,
-/// each absent or of a length.
-fn sealed_parts(topic: &str, partition: i32, key: Option<&[u8]>, value: Option<&[u8]>) -> [Vec<u8>; 5] {
-    let framed = |bytes: Option<&[u8]>| match bytes {
-        None => vec![0],
-        Some(bytes) => {
-            let mut out = Vec::with_capacity(9 + bytes.len());
-            out.push(1);
-            out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
-            out.extend_from_slice(bytes);
-            out
-        }
-    };
-    [
-        b"hourglass-seal-1".to_vec(),
-        framed(Some(topic.as_bytes())),
-        partition.to_be_bytes().to_vec(),
-        framed(key),
-        framed(value),
-    ]
 }
 
 #[cfg(test)]
@@ -157,6 +158,16 @@ mod tests {
             !k.verifies("log", 0, Some(b"a"), Some(b"bc"), Some(&moved)),
             "bytes moved from key to value"
         );
+    }
+
+    #[test]
+    fn a_tag_is_bound_to_its_purpose_and_parts() {
+        let k = key(SECRET);
+        let tag = k.tag("vouch", &[Some(b"orders"), Some(b"17")]);
+        assert!(k.verifies_tag("vouch", &[Some(b"orders"), Some(b"17")], &tag));
+        assert!(!k.verifies_tag("record", &[Some(b"orders"), Some(b"17")], &tag), "another purpose");
+        assert!(!k.verifies_tag("vouch", &[Some(b"orders1"), Some(b"7")], &tag), "bytes moved between parts");
+        assert!(!k.verifies_tag("vouch", &[None, Some(b"17")], &tag));
     }
 
     #[test]
