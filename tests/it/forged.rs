@@ -245,14 +245,7 @@ async fn a_route_no_node_wrote_sends_no_request_anywhere() {
 
     // A message in every shard, far off.
     let (ledger, run, due) = (Ledger::default(), random_name("r"), now_ms() + 3_600_000);
-    let ids: Vec<String> = (0..LOG_PARTITIONS as i32)
-        .map(|shard| {
-            (0..)
-                .map(|i| format!("{run}-{i}"))
-                .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
-                .unwrap()
-        })
-        .collect();
+    let ids = one_id_per_shard(&run);
     for id in &ids {
         schedule(&clients, &topic, id, due, &ledger).await;
     }
@@ -336,14 +329,7 @@ async fn a_call_passed_on_keeps_its_caller_s_grant_and_no_client_can_pass_one_on
 
     // An id in every shard: half of them owned by the other node.
     let run = random_name("v");
-    let ids: Vec<String> = (0..LOG_PARTITIONS as i32)
-        .map(|shard| {
-            (0..)
-                .map(|i| format!("{run}-{i}"))
-                .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
-                .unwrap()
-        })
-        .collect();
+    let ids = one_id_per_shard(&run);
     let due = now_ms() + 3_600_000;
     for id in &ids {
         client(&nodes[0], "orders-secret").schedule(due_message(&topic, id, due)).await.unwrap();
@@ -371,4 +357,16 @@ async fn a_call_passed_on_keeps_its_caller_s_grant_and_no_client_can_pass_one_on
     for n in &mut nodes {
         n.stop().unwrap();
     }
+}
+
+/// An id beginning with `run` in each shard, in shard order.
+fn one_id_per_shard(run: &str) -> Vec<String> {
+    (0..LOG_PARTITIONS as i32)
+        .map(|shard| {
+            (0..)
+                .map(|i| format!("{run}-{i}"))
+                .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
+                .unwrap()
+        })
+        .collect()
 }
