@@ -388,10 +388,20 @@ impl Scheduler for Router {
                         }
                     }
                     Err(status) if resend < RESENDS && not_taken(&status) => {
+                        // Where each shard went, once per shard, all at once:
+                        // not once per item, one after another.
+                        let mut shards: Vec<Option<usize>> =
+                            group.iter().map(|(_, shard, _)| *shard).collect();
+                        shards.sort_unstable();
+                        shards.dedup();
+                        let moved =
+                            future::join_all(shards.iter().map(|shard| self.moved(*shard, &addr))).await;
+                        let moved: HashMap<Option<usize>, Result<Place, Error>> =
+                            shards.into_iter().zip(moved).collect();
                         for (index, shard, item) in group {
-                            match self.moved(shard, &addr).await {
-                                Ok(place) => todo.push((index, shard, item, place)),
-                                Err(e) => answers[index] = Some(item_answer(index, item_error(e))),
+                            match &moved[&shard] {
+                                Ok(place) => todo.push((index, shard, item, place.clone())),
+                                Err(e) => answers[index] = Some(item_answer(index, item_error(e.clone()))),
                             }
                         }
                     }

@@ -1,10 +1,22 @@
 //! Where each shard's owner answers: the routing topic (see
 //! [`crate::cluster::log::route`]), followed by every node and written by each
 //! node for the shards it takes and lets go of.
+//!
+//! What a node says of a shard is written until it is: a write that fails
+//! (the broker away longer than the producer waits) is tried again, unless
+//! the node has said something newer of the shard meanwhile, which is
+//! written instead. Otherwise a takeover during a producer hiccup would
+//! leave the topic naming the old owner, and every other node unable to
+//! reach the shard until it moved again.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
-use tokio::sync::watch;
+use futures_util::future::{self, BoxFuture};
+use tokio::sync::{Notify, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
@@ -22,11 +34,95 @@ const BACKOFF: Duration = Duration::from_secs(1);
 
 pub struct Routes {
     table: watch::Sender<Table>,
-    log: LogProducer,
+    /// What this node said of each shard and has not written yet.
+    unwritten: Arc<Unwritten>,
     /// This node incarnation, and where it answers.
     me: u64,
     addr: String,
     clock: Arc<dyn Clock>,
+}
+
+/// Routes said and not yet written, the latest per shard, each with the
+/// number of the saying (a later one replaces it).
+#[derive(Default)]
+struct Unwritten {
+    routes: Mutex<BTreeMap<u32, (u64, Route)>>,
+    said: Notify,
+}
+
+impl Unwritten {
+    fn say(&self, shard: u32, route: Route) {
+        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        let number = routes.values().map(|(n, _)| *n).max().unwrap_or(0) + 1;
+        routes.insert(shard, (number, route));
+        drop(routes);
+        self.said.notify_one();
+    }
+
+    fn pending(&self) -> Vec<(u32, u64, Route)> {
+        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        routes.iter().map(|(shard, (n, route))| (*shard, *n, route.clone())).collect()
+    }
+
+    /// `shard`'s route of saying `number` is written: done, unless a later
+    /// one was said meanwhile.
+    fn written(&self, shard: u32, number: u64) {
+        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        if routes.get(&shard).is_some_and(|(n, _)| *n == number) {
+            routes.remove(&shard);
+        }
+    }
+}
+
+/// Where routes are written: the routing topic, or a test's stand-in.
+trait RouteLog: Send + Sync + 'static {
+    fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), String>>;
+}
+
+impl RouteLog for LogProducer {
+    fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), String>> {
+        let written = self.enqueue(0, &route::key(shard), Some(&prost::Message::encode_to_vec(route)));
+        Box::pin(async move { written.await.map(|_| ()).map_err(|e| e.to_string()) })
+    }
+}
+
+/// Writes what `unwritten` holds until `stop`: each shard's latest route,
+/// all at once, the failed ones again after `backoff`.
+async fn keep_writing(
+    unwritten: Arc<Unwritten>,
+    log: impl RouteLog,
+    backoff: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        let pending = unwritten.pending();
+        if pending.is_empty() {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = unwritten.said.notified() => continue,
+            }
+        }
+        let writes = pending.iter().map(|(shard, number, route)| {
+            let written = log.write(*shard, route);
+            async move { (*shard, *number, route.released, written.await) }
+        });
+        let mut failed = false;
+        for (shard, number, released, written) in future::join_all(writes).await {
+            match written {
+                Ok(()) => unwritten.written(shard, number),
+                Err(e) => {
+                    failed = true;
+                    tracing::warn!(shard, released, error = %e, "writing the shard's owner to the routing topic failed; trying again");
+                }
+            }
+        }
+        if failed {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+        }
+    }
 }
 
 impl Routes {
@@ -50,26 +146,23 @@ impl Routes {
             .map_err(|e| ClusterError::Log(format!("reading {}: {e}", topic.name)))?;
         let routes = Arc::new(Routes {
             table: watch::channel(Table::new(config.log.partitions as u32)).0,
-            log,
+            unwritten: Arc::default(),
             me,
             addr: config.advertise.clone(),
             clock,
         });
+        tasks.spawn(keep_writing(Arc::clone(&routes.unwritten), log, BACKOFF, stop.clone()));
         tasks.spawn(follow(Arc::clone(&routes), reader, stop));
         Ok(routes)
     }
 
     /// Says that this node owns `shard` now, or (`released`) no longer.
-    /// In the background: a failed write is logged, and a request routed
-    /// by an old record is refused by the node it reaches and sent again.
-    pub fn publish(self: &Arc<Self>, shard: u32, released: bool) {
+    /// Written in the background, again until it is (or something newer
+    /// is said of the shard); meanwhile a request routed by an old record
+    /// is refused by the node it reaches and sent again.
+    pub fn publish(&self, shard: u32, released: bool) {
         let route = Route { writer: self.me, addr: self.addr.clone(), at_ms: self.clock.now().0, released };
-        let written = self.log.enqueue(0, &route::key(shard), Some(&prost::Message::encode_to_vec(&route)));
-        tokio::spawn(async move {
-            if let Err(e) = written.await {
-                tracing::warn!(shard, released, error = %e, "writing the shard's owner to the routing topic failed");
-            }
-        });
+        self.unwritten.say(shard, route);
     }
 
     /// Where the owner of `shard` answers, by the topic, if another node.
@@ -149,5 +242,72 @@ async fn follow(routes: Arc<Routes>, reader: LogReader, stop: CancellationToken)
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Fails the first `failures` writes, and keeps what it wrote.
+    #[derive(Clone, Default)]
+    struct Flaky {
+        failures: Arc<AtomicUsize>,
+        written: Arc<Mutex<Vec<(u32, bool)>>>,
+    }
+
+    impl RouteLog for Flaky {
+        fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), String>> {
+            let (failures, written, released) =
+                (Arc::clone(&self.failures), Arc::clone(&self.written), route.released);
+            Box::pin(async move {
+                if failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                    return Err("the broker is away".into());
+                }
+                written.lock().unwrap().push((shard, released));
+                Ok(())
+            })
+        }
+    }
+
+    const PAUSE: Duration = Duration::from_millis(10);
+
+    fn route(released: bool) -> Route {
+        Route { writer: 1, addr: "http://a:1".into(), at_ms: 0, released }
+    }
+
+    #[tokio::test]
+    async fn a_failed_route_write_is_tried_again_until_written() {
+        let (unwritten, log, stop) =
+            (Arc::new(Unwritten::default()), Flaky::default(), CancellationToken::new());
+        log.failures.store(3, Ordering::SeqCst);
+        let writing = tokio::spawn(keep_writing(Arc::clone(&unwritten), log.clone(), PAUSE, stop.clone()));
+        unwritten.say(7, route(false));
+        tokio::time::sleep(PAUSE * 20).await;
+        assert_eq!(*log.written.lock().unwrap(), [(7, false)], "written once, after three failures");
+        assert!(unwritten.pending().is_empty());
+        stop.cancel();
+        writing.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_route_said_later_replaces_one_not_yet_written() {
+        let (unwritten, log, stop) =
+            (Arc::new(Unwritten::default()), Flaky::default(), CancellationToken::new());
+        log.failures.store(1, Ordering::SeqCst);
+        let writing = tokio::spawn(keep_writing(Arc::clone(&unwritten), log.clone(), PAUSE, stop.clone()));
+        unwritten.say(2, route(false));
+        tokio::task::yield_now().await;
+        // The claim failed; before it is tried again, the node lets go.
+        unwritten.say(2, route(true));
+        unwritten.say(3, route(false));
+        tokio::time::sleep(PAUSE * 20).await;
+        let mut written = log.written.lock().unwrap().clone();
+        written.sort();
+        assert_eq!(written, [(2, true), (3, false)], "the release, never the old claim after it");
+        stop.cancel();
+        writing.await.unwrap();
     }
 }
