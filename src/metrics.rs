@@ -159,6 +159,13 @@ pub static FORGED: LazyLock<IntCounterVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static FORWARD_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_forward_refused_total",
+        "Cluster mode: calls not passed on to the node that owns their shard because as many calls to it as \
+         a node may have unanswered (half of --max-concurrent-requests) were; answered UNAVAILABLE.",
+    )
+});
 pub static FORWARDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
@@ -454,6 +461,7 @@ pub fn init() {
     LazyLock::force(&LOG_APPLIED_ON_ACK);
     LazyLock::force(&LOG_ACK_MISMATCHES);
     LazyLock::force(&LOG_SKIPPED);
+    LazyLock::force(&FORWARD_REFUSED);
     LazyLock::force(&LOG_APPEND_SECONDS);
     LazyLock::force(&LOG_APPLY_WAIT_SECONDS);
     LazyLock::force(&STALE_COPIES);

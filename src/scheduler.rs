@@ -30,6 +30,9 @@ pub struct Call {
     pub access: Access,
     /// Another node passed it on: it is served here, or refused.
     pub forwarded: bool,
+    /// When the caller stops waiting (its `grpc-timeout`), if it said: a
+    /// call passed on keeps it.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 /// A page of a listing, with each message's position in the listing's

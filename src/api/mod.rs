@@ -248,5 +248,45 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
 /// Who makes `request`, and what it carries on if it is passed on.
 fn call_of<T>(request: &Request<T>) -> Result<Call, Error> {
     let metadata = request.metadata();
-    Ok(Call { access: Access::of(request)?, forwarded: metadata.contains_key(FORWARDED) })
+    let deadline = metadata
+        .get("grpc-timeout")
+        .and_then(|t| t.to_str().ok())
+        .and_then(grpc_timeout)
+        .map(|within| tokio::time::Instant::now() + within);
+    Ok(Call { access: Access::of(request)?, forwarded: metadata.contains_key(FORWARDED), deadline })
+}
+
+/// A `grpc-timeout` header's time: up to 8 digits and a unit (hours,
+/// minutes, seconds, milli-, micro-, nanoseconds).
+fn grpc_timeout(text: &str) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_grpc_timeout_reads_in_its_unit() {
+        use std::time::Duration;
+        assert_eq!(super::grpc_timeout("1500m"), Some(Duration::from_millis(1500)));
+        assert_eq!(super::grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(super::grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(super::grpc_timeout("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        for bad in ["", "S", "123456789S", "5x", "-1S", "1.5S"] {
+            assert_eq!(super::grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
 }

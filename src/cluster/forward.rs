@@ -25,6 +25,7 @@ use std::{
 };
 
 use futures_util::future::{self, BoxFuture};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{
     Request, Response, Status,
     metadata::MetadataMap,
@@ -50,6 +51,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const RESENDS: usize = 3;
 /// Room in an answer from another node beyond a message or a page's keys.
 const ANSWER_OVERHEAD_BYTES: usize = 4 << 20;
+/// Clients of other nodes kept before those the routing topic no longer
+/// names are dropped.
+const KEPT_CLIENTS: usize = 64;
 
 type Client = proto::scheduler_client::SchedulerClient<Channel>;
 
@@ -59,10 +63,12 @@ pub struct Router {
     local: Arc<dyn Scheduler>,
     cluster: Arc<Cluster>,
     tls: Option<ClientTlsConfig>,
+    /// Calls to one other node at once, at most.
+    per_peer: usize,
     voucher: Voucher,
     /// The largest answer read from another node.
     max_answer: usize,
-    clients: Mutex<HashMap<String, Client>>,
+    clients: Mutex<HashMap<String, (Client, Arc<Semaphore>)>>,
     /// Which node a call without a shard goes to next.
     turn: AtomicUsize,
 }
@@ -71,7 +77,14 @@ impl Router {
     /// Serves calls on `local` or on the node that owns their shard in
     /// `cluster`. `tls`: how to reach the other nodes when they are
     /// advertised at https:// addresses.
-    pub fn new(local: Arc<dyn Scheduler>, cluster: Arc<Cluster>, tls: Option<ClientTlsConfig>) -> Router {
+    /// `per_peer`: how many calls one other node may have unanswered from
+    /// this one (more fail at once).
+    pub fn new(
+        local: Arc<dyn Scheduler>,
+        cluster: Arc<Cluster>,
+        tls: Option<ClientTlsConfig>,
+        per_peer: usize,
+    ) -> Router {
         let limits = local.limits();
         // A message whole (Get), or a page of a listing, with room for the
         // rest of the answer.
@@ -81,6 +94,7 @@ impl Router {
             local,
             cluster,
             tls,
+            per_peer: per_peer.max(1),
             max_answer,
             clients: Mutex::new(HashMap::new()),
             turn: AtomicUsize::new(0),
@@ -91,7 +105,8 @@ impl Router {
     /// the caller's grant.
     fn forwarded<T>(&self, call: &Call, message: T) -> Request<T> {
         let mut request = Request::new(message);
-        request.set_timeout(CALL_TIMEOUT);
+        let left = call.deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+        request.set_timeout(left.map_or(CALL_TIMEOUT, |left| left.min(CALL_TIMEOUT)));
         let grant = match &call.access {
             Access::Open => None,
             Access::Granted { grant, .. } => Some(grant.name.as_str()),
@@ -137,10 +152,38 @@ impl Router {
         }
     }
 
-    fn client(&self, addr: &str) -> Result<Client, Error> {
+    /// A client of the node at `addr`, and one of the slots for calls to
+    /// it: none free (that many calls to it unanswered, as when it hangs)
+    /// fails the call at once rather than holding the caller's admission
+    /// too, so that a node that does not answer costs only its own shards.
+    fn client(&self, addr: &str) -> Result<(Client, OwnedSemaphorePermit), Error> {
+        let (client, slots) = self.peer(addr)?;
+        let slot = slots.try_acquire_owned().map_err(|_| {
+            metrics::FORWARD_REFUSED.inc();
+            tracing::warn!(node = %addr, calls = self.per_peer, "every slot for calls to the node that owns a shard is taken");
+            Error::Relayed {
+                code: tonic::Code::Unavailable as i32,
+                message: format!(
+                    "the node that owns the message's shard has {} calls from this node unanswered; retry with \
+                     backoff",
+                    self.per_peer
+                ),
+                details: Vec::new(),
+            }
+        })?;
+        Ok((client, slot))
+    }
+
+    fn peer(&self, addr: &str) -> Result<(Client, Arc<Semaphore>), Error> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(client) = clients.get(addr) {
-            return Ok(client.clone());
+        if let Some((client, slots)) = clients.get(addr) {
+            return Ok((client.clone(), Arc::clone(slots)));
+        }
+        // Nodes come and go (a new address per restart in some setups):
+        // keep those the routing topic names.
+        if clients.len() >= KEPT_CLIENTS {
+            let named = self.cluster.peers();
+            clients.retain(|kept, _| named.contains(kept));
         }
         // The caller learns nothing of the cluster's addresses; the log does.
         let unreachable = |e: &dyn std::fmt::Display| {
@@ -170,8 +213,9 @@ impl Router {
         let client = Client::new(endpoint.connect_lazy())
             .max_decoding_message_size(self.max_answer)
             .max_encoding_message_size(usize::MAX);
-        clients.insert(addr.to_owned(), client.clone());
-        Ok(client)
+        let slots = Arc::new(Semaphore::new(self.per_peer));
+        clients.insert(addr.to_owned(), (client.clone(), Arc::clone(&slots)));
+        Ok((client, slots))
     }
 
     /// A request about the message `id`: `None` when this node serves it,
@@ -194,7 +238,8 @@ impl Router {
                 return Ok(None);
             };
             metrics::FORWARDED.with_label_values(&[method]).inc();
-            match send(self.client(&addr)?, self.forwarded(call, request.clone())).await {
+            let (client, _slot) = self.client(&addr)?;
+            match send(client, self.forwarded(call, request.clone())).await {
                 Ok(response) => return Ok(Some(response.into_inner())),
                 Err(status) if resend < RESENDS && not_taken(&status) => {
                     tracing::debug!(%addr, ?shard, status = %status.message(), "sending the request to the shard's next owner");
@@ -225,7 +270,7 @@ impl Router {
             let request = self.forwarded(call, request.clone());
             async move {
                 metrics::FORWARDED.with_label_values(&["List"]).inc();
-                let mut client = self.client(&addr)?;
+                let (mut client, _slot) = self.client(&addr)?;
                 let response = client.list(request).await.map_err(|s| from_peer(&addr, "List", s))?;
                 let (metadata, page, _) = response.into_parts();
                 positioned(&addr, &metadata, page)
@@ -257,7 +302,7 @@ impl Router {
             let request = self.forwarded(call, proto::StatsRequest {});
             async move {
                 metrics::FORWARDED.with_label_values(&["Stats"]).inc();
-                let mut client = self.client(&addr)?;
+                let (mut client, _slot) = self.client(&addr)?;
                 Ok::<_, Error>(
                     client.stats(request).await.map_err(|s| from_peer(&addr, "Stats", s))?.into_inner(),
                 )
@@ -362,7 +407,7 @@ impl Scheduler for Router {
                 let requests = group.iter().map(|(_, _, item)| item.clone()).collect();
                 metrics::FORWARDED.with_label_values(&[method]).inc_by(group.len() as u64);
                 let sent = match self.client(&addr) {
-                    Ok(mut client) => {
+                    Ok((mut client, _slot)) => {
                         client
                             .schedule_batch(self.forwarded(call, proto::ScheduleBatchRequest { requests }))
                             .await

@@ -168,7 +168,10 @@ pub async fn run_with_clock(
     let local: Arc<dyn Scheduler> = Arc::new(Local::new(service));
     let scheduler: Arc<dyn Scheduler> = match cluster.zip(cluster_config.as_ref()) {
         Some((cluster, cluster_config)) => {
-            Arc::new(Router::new(local, cluster, settings::peer_tls(&config, cluster_config)?))
+            // A node that does not answer holds at most half of this
+            // node's admission.
+            let per_peer = config.max_concurrent_requests / 2;
+            Arc::new(Router::new(local, cluster, settings::peer_tls(&config, cluster_config)?, per_peer))
         }
         None => local,
     };

@@ -20,6 +20,7 @@ mod durability;
 mod examples;
 mod forged;
 mod history;
+mod hung_peer;
 mod inspect;
 mod log_topic;
 mod poison;

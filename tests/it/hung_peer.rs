@@ -1,0 +1,176 @@
+//! A node that takes calls and never answers them (SIGSTOPped, or
+//! black-holed by the network) costs only its own shards: the calls a
+//! node passes on to it are bounded (half of `--max-concurrent-requests`)
+//! and the rest fail at once, so the node's calls for every other shard
+//! keep being served.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{verify::*, *};
+use hourglass::{
+    cluster::{
+        ClusterKey,
+        log::{
+            route::{self, Route},
+            seal::SEAL_HEADER,
+        },
+    },
+    proto,
+};
+use hourglass_testkit::ServerProcess;
+use prost::Message as _;
+use rdkafka::{
+    ClientConfig, Message as _, Offset, TopicPartitionList,
+    consumer::{BaseConsumer, Consumer as _},
+    message::{Header, Headers as _, OwnedHeaders},
+    producer::FutureRecord,
+};
+use tonic::Code;
+
+use crate::cluster_nodes::{LOG_PARTITIONS, native_producer, node, now_ms, wait_spread};
+
+/// The shards the routing topic says the node at `addr` owns, read as a
+/// node reads it (sealed records only).
+async fn owned_by(broker: &Broker, log_topic: &str, addr: &str, key: &ClusterKey) -> Vec<u32> {
+    let (brokers, topic, addr, key) =
+        (broker.addr().to_owned(), route::topic_of(log_topic), addr.to_owned(), key.clone());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", random_name("routes"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let (_, end) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(10)).unwrap();
+        let mut assignment = TopicPartitionList::new();
+        assignment.add_partition_offset(&topic, 0, Offset::Beginning).unwrap();
+        consumer.assign(&assignment).unwrap();
+        let mut table = route::Table::new(LOG_PARTITIONS);
+        let mut next = 0;
+        while next < end {
+            let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else { continue };
+            next = m.offset() + 1;
+            let seal =
+                m.headers().and_then(|h| h.iter().find(|h| h.key == SEAL_HEADER)).and_then(|h| h.value);
+            let sealed = key.verifies(&topic, m.partition(), m.key(), m.payload(), seal);
+            if let Ok(Some((shard, r))) = route::read(m.key(), m.payload(), sealed) {
+                table.apply(shard, r);
+            }
+        }
+        (0..LOG_PARTITIONS).filter(|s| table.addr_of(*s) == Some(addr.as_str())).collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// Two nodes, the first with `--max-concurrent-requests 8`. The routing
+/// topic is then told, as a node of the cluster would tell it, that the
+/// second node's shards are answered at a listener that accepts
+/// connections and never answers. Sixteen callers without a deadline ask
+/// the first node for messages of those shards; meanwhile its own shards'
+/// calls all succeed. Before the bound, the sixteen held all eight of its
+/// call slots for 30 s each, and every other call was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_never_answers_costs_only_its_own_shards() {
+    let broker = Broker::start();
+    let topic = random_name("orders");
+    broker.create_topic(&topic, 1).await;
+    let (log_topic, group) = (random_name("hourglass-log"), random_name("hourglass"));
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes: Vec<ServerProcess> = vec![
+        node(&broker, dirs[0].path(), &log_topic, &group).arg("--max-concurrent-requests", 8),
+        node(&broker, dirs[1].path(), &log_topic, &group),
+    ];
+    for n in &mut nodes {
+        n.spawn().unwrap();
+    }
+    for n in &mut nodes {
+        n.wait_serving(Duration::from_secs(120)).await.unwrap();
+    }
+    wait_spread(&nodes, &[0, 1], Duration::from_secs(60)).await;
+    let key = ClusterKey::load(&hourglass_testkit::cluster_key_file().unwrap()).unwrap();
+    let theirs = owned_by(&broker, &log_topic, &format!("http://{}", nodes[1].grpc), &key).await;
+    assert!(!theirs.is_empty() && theirs.len() < LOG_PARTITIONS as usize, "{theirs:?}");
+
+    // A message in every shard, scheduled while both answer.
+    let run = random_name("h");
+    let id_in = |shard: u32| {
+        (0..)
+            .map(|i| format!("{run}-{i}"))
+            .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) as u32 == shard)
+            .unwrap()
+    };
+    let mut client = reconnecting_client(&nodes[0].grpc, Duration::from_secs(5));
+    let due = now_ms() + 3_600_000;
+    for shard in 0..LOG_PARTITIONS {
+        client.schedule(due_message(&topic, &id_in(shard), due)).await.unwrap();
+    }
+    let (hung, mine): (Vec<u32>, Vec<u32>) = (0..LOG_PARTITIONS).partition(|s| theirs.contains(s));
+
+    // The listener that never answers, and the second node's shards
+    // routed to it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = format!("http://{}", listener.local_addr().unwrap());
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let routing = route::topic_of(&log_topic);
+    let producer = native_producer(&broker);
+    for shard in &hung {
+        let value =
+            Route { writer: 0x51_1e47, addr: silent.clone(), at_ms: now_ms() as u64, released: false }
+                .encode_to_vec();
+        let shard_key = route::key(*shard);
+        let seal = key.seal(&routing, 0, Some(&shard_key), Some(&value));
+        let headers = OwnedHeaders::new().insert(Header { key: SEAL_HEADER, value: Some(&seal) });
+        let record = FutureRecord::<[u8], [u8]>::to(&routing)
+            .partition(0)
+            .key(&shard_key)
+            .payload(&value)
+            .headers(headers);
+        producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    }
+    // Once the first node routes there, a call with a deadline runs out.
+    let began = Instant::now();
+    loop {
+        let mut request = tonic::Request::new(proto::GetRequest { id: id_in(hung[0]) });
+        request.set_timeout(Duration::from_millis(500));
+        let answer = client.get(request).await;
+        // The server's DEADLINE_EXCEEDED, or the client's own timeout.
+        if answer.as_ref().is_err_and(|s| matches!(s.code(), Code::DeadlineExceeded | Code::Cancelled)) {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the first node never routed to the silent listener: {answer:?}"
+        );
+    }
+
+    // Sixteen callers without a deadline for the silent node's shards.
+    let mut waiting = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let (mut client, id) = (client.clone(), id_in(hung[i % hung.len()]));
+        waiting.spawn(async move { client.get(proto::GetRequest { id }).await.map(|_| ()) });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Meanwhile every call for the first node's own shards is served.
+    for round in 0..5 {
+        for shard in &mine {
+            let got = client.get(proto::GetRequest { id: id_in(*shard) }).await;
+            let got = got.unwrap_or_else(|s| panic!("round {round}, shard {shard}: {s:?}"));
+            assert_eq!(got.into_inner().state(), proto::State::Pending);
+        }
+    }
+    let refused = nodes[0].metric("hourglass_cluster_forward_refused_total").await.unwrap();
+    assert!(refused >= 12.0, "all but the four a node may hold failed at once: {refused}");
+    waiting.abort_all();
+    holding.abort();
+    for n in &mut nodes {
+        n.stop().unwrap();
+    }
+}
