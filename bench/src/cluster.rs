@@ -6,25 +6,12 @@
 //! restore of every shard from the log into an empty data dir. One
 //! standalone node runs the same ingest and drain first, for comparison.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
-use anyhow::Context as _;
-use rdkafka::{
-    ClientConfig, Message as _, Offset, TopicPartitionList,
-    consumer::{BaseConsumer, Consumer as _},
-    message::Headers as _,
-};
 use tokio::time::Instant;
 
-use hourglass::{
-    cluster::log::{
-        route,
-        seal::{ClusterKey, SEAL_HEADER},
-    },
-    kafka::KafkaConfig,
-    message::murmur2,
-};
-use hourglass_testkit::{ServerProcess, cluster_key_file, create_topic, delete_topic, hourglass_binary};
+use hourglass::{kafka::KafkaConfig, message::murmur2};
+use hourglass_testkit::{ServerProcess, create_topic, delete_topic, hourglass_binary, shards_owned_by};
 
 use crate::{
     Bench, Phase, Report, Settings, Target, lead_time, limits, load, mib, ms, parked, phase,
@@ -197,8 +184,12 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         let kill_at = t1 + sc.failover_window.as_millis() as u64 / 3;
         tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
         let victim = c.nodes - 1;
-        let lost =
-            owned_by(&brokers, &log_topic, c.log_partitions, &format!("http://{}", nodes[victim].grpc))?;
+        let lost = shards_owned_by(
+            &brokers,
+            &log_topic,
+            c.log_partitions,
+            &format!("http://{}", nodes[victim].grpc),
+        )?;
         // From when it is gone (kill waits for the process to end): whatever
         // it delivered came before.
         nodes[victim].kill();
@@ -388,39 +379,6 @@ async fn spread(nodes: &[ServerProcess], shards: u32, within: Duration) -> anyho
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// The shards the routing topic says `addr` owns now.
-fn owned_by(brokers: &str, log_topic: &str, shards: u32, addr: &str) -> anyhow::Result<BTreeSet<u32>> {
-    let topic = route::topic_of(log_topic);
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "hourglass-bench-routes")
-        .set("enable.auto.commit", "false")
-        .create()
-        .context("creating a reader of the routing topic")?;
-    let (_, end) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(10))?;
-    let mut assignment = TopicPartitionList::new();
-    assignment.add_partition_offset(&topic, 0, Offset::Beginning)?;
-    consumer.assign(&assignment)?;
-    let key = ClusterKey::load(&cluster_key_file()?)?;
-    let mut table = route::Table::new(shards);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut next = 0;
-    while next < end {
-        anyhow::ensure!(std::time::Instant::now() < deadline, "reading the routing topic {topic} timed out");
-        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-            let m = m?;
-            next = m.offset() + 1;
-            let seal =
-                m.headers().and_then(|h| h.iter().find(|h| h.key == SEAL_HEADER)).and_then(|h| h.value);
-            let sealed = key.verifies(&topic, m.partition(), m.key(), m.payload(), seal);
-            if let Ok(Some((shard, r))) = route::read(m.key(), m.payload(), sealed) {
-                table.apply(shard, r);
-            }
-        }
-    }
-    Ok((0..shards).filter(|s| table.addr_of(*s) == Some(addr)).collect())
 }
 
 /// The same ingest and drain on one standalone node, the cluster's nodes

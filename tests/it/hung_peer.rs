@@ -19,51 +19,15 @@ use hourglass::{
     },
     proto,
 };
-use hourglass_testkit::ServerProcess;
+use hourglass_testkit::{ServerProcess, shards_owned_by};
 use prost::Message as _;
 use rdkafka::{
-    ClientConfig, Message as _, Offset, TopicPartitionList,
-    consumer::{BaseConsumer, Consumer as _},
-    message::{Header, Headers as _, OwnedHeaders},
+    message::{Header, OwnedHeaders},
     producer::FutureRecord,
 };
 use tonic::Code;
 
 use crate::cluster_nodes::{LOG_PARTITIONS, native_producer, node, now_ms, wait_spread};
-
-/// The shards the routing topic says the node at `addr` owns, read as a
-/// node reads it (sealed records only).
-async fn owned_by(broker: &Broker, log_topic: &str, addr: &str, key: &ClusterKey) -> Vec<u32> {
-    let (brokers, topic, addr, key) =
-        (broker.addr().to_owned(), route::topic_of(log_topic), addr.to_owned(), key.clone());
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("group.id", random_name("routes"))
-            .set("enable.auto.commit", "false")
-            .create()
-            .unwrap();
-        let (_, end) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(10)).unwrap();
-        let mut assignment = TopicPartitionList::new();
-        assignment.add_partition_offset(&topic, 0, Offset::Beginning).unwrap();
-        consumer.assign(&assignment).unwrap();
-        let mut table = route::Table::new(LOG_PARTITIONS);
-        let mut next = 0;
-        while next < end {
-            let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else { continue };
-            next = m.offset() + 1;
-            let seal =
-                m.headers().and_then(|h| h.iter().find(|h| h.key == SEAL_HEADER)).and_then(|h| h.value);
-            let sealed = key.verifies(&topic, m.partition(), m.key(), m.payload(), seal);
-            if let Ok(Some((shard, r))) = route::read(m.key(), m.payload(), sealed) {
-                table.apply(shard, r);
-            }
-        }
-        (0..LOG_PARTITIONS).filter(|s| table.addr_of(*s) == Some(addr.as_str())).collect()
-    })
-    .await
-    .unwrap()
-}
 
 /// Two nodes, the first with `--max-concurrent-requests 8`. The routing
 /// topic is then told, as a node of the cluster would tell it, that the
@@ -91,7 +55,14 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
     }
     wait_spread(&nodes, &[0, 1], Duration::from_secs(60)).await;
     let key = ClusterKey::load(&hourglass_testkit::cluster_key_file().unwrap()).unwrap();
-    let theirs = owned_by(&broker, &log_topic, &format!("http://{}", nodes[1].grpc), &key).await;
+    let (brokers, log, addr) =
+        (broker.addr().to_owned(), log_topic.clone(), format!("http://{}", nodes[1].grpc));
+    let theirs: Vec<u32> =
+        tokio::task::spawn_blocking(move || shards_owned_by(&brokers, &log, LOG_PARTITIONS, &addr).unwrap())
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
     assert!(!theirs.is_empty() && theirs.len() < LOG_PARTITIONS as usize, "{theirs:?}");
 
     // A message in every shard, scheduled while both answer.
