@@ -120,7 +120,7 @@ impl Front {
             .map(|(id, change, held)| {
                 let (key, change) = replica::proposed(&id, change);
                 let (request, reply) =
-                    self.waiters.register(held.map(|held| Local::Held(held.into_id())), true);
+                    self.waiters.register(self.partition, held.map(|held| Local::Held(held.into_id())), true);
                 let record = LogRecord { writer, request, change: Some(change) };
                 let value = record.encode();
                 let appended = self.log.enqueue_appended(self.partition, &key, Some(&value));

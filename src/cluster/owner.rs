@@ -145,6 +145,7 @@ pub struct Owned {
     me: u64,
     log: Arc<LogProducer>,
     routes: Arc<Routes>,
+    waiters: Arc<Waiters>,
     clock: Arc<dyn Clock>,
     /// A claim of the shard is being appended.
     claiming: AtomicBool,
@@ -226,6 +227,12 @@ impl Owned {
             tracing::warn!(partition, "the schedule log was not applied to its end before letting go");
         }
         self.view.close().await;
+        // What this node wrote to the partition and did not apply, it
+        // never will (a caller still waiting is told so).
+        let unapplied = self.waiters.let_go(partition);
+        if unapplied > 0 {
+            tracing::debug!(partition, unapplied, "forgot the requests whose records were not applied here");
+        }
     }
 }
 
@@ -574,6 +581,7 @@ impl Inner {
             me,
             log: Arc::clone(&self.log),
             routes: Arc::clone(&self.routes),
+            waiters: Arc::clone(&self.waiters),
             clock: Arc::clone(&self.shards.clock),
             claiming: AtomicBool::new(false),
             shard,

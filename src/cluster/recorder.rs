@@ -92,8 +92,10 @@ impl LogRecorder {
         }
         let lines = settles.iter().map(replica::settled_line).collect();
         let at = settles.iter().map(|s| s.at).max().unwrap_or_default();
-        let (writer, (request, _)) =
-            (self.waiters.me(), self.waiters.register(Some(Local::Settles(settles, floor)), false));
+        let (writer, (request, _)) = (
+            self.waiters.me(),
+            self.waiters.register(self.partition, Some(Local::Settles(settles, floor)), false),
+        );
         let record =
             LogRecord { writer, request, change: Some(Change::Settled(Settled { lines, at_ms: at.0 })) };
         let key = record::chunk_key(at, writer, request);

@@ -44,6 +44,8 @@ impl Hasher for RequestHasher {
 }
 
 struct Waiter {
+    /// The partition its record went to.
+    partition: i32,
     local: Option<Local>,
     reply: Option<oneshot::Sender<Answer>>,
 }
@@ -61,10 +63,12 @@ impl Waiters {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new request number, with what the record will need when applied
-    /// and, if `reply`, where its answer goes.
+    /// A new request number, for a record of `partition`, with what the
+    /// record will need when applied and, if `reply`, where its answer
+    /// goes.
     pub(crate) fn register(
         &self,
+        partition: i32,
         local: Option<Local>,
         reply: bool,
     ) -> (u64, Option<oneshot::Receiver<Answer>>) {
@@ -75,8 +79,18 @@ impl Waiters {
         } else {
             (None, None)
         };
-        self.waiting().insert(request, Waiter { local, reply: tx });
+        self.waiting().insert(request, Waiter { partition, local, reply: tx });
         (request, rx)
+    }
+
+    /// This node no longer applies `partition`: its requests whose records
+    /// were not applied are forgotten (a caller still waiting learns that
+    /// its answer will not come). How many.
+    pub(crate) fn let_go(&self, partition: i32) -> usize {
+        let mut waiting = self.waiting();
+        let before = waiting.len();
+        waiting.retain(|_, w| w.partition != partition);
+        before - waiting.len()
     }
 
     /// The record of `request` was never written: what it held, if it was
@@ -172,8 +186,8 @@ mod tests {
         let waiters = Waiters::new();
         let me = waiters.me();
         let id = MessageId::parse("held").unwrap();
-        let (asked, reply) = waiters.register(Some(Local::Held(id.clone())), true);
-        let (recorded, none) = waiters.register(Some(Local::Settles(Vec::new(), None)), false);
+        let (asked, reply) = waiters.register(0, Some(Local::Held(id.clone())), true);
+        let (recorded, none) = waiters.register(0, Some(Local::Settles(Vec::new(), None)), false);
         assert!(none.is_none());
         let mut reply = reply.expect("a reply was asked for");
 
@@ -191,5 +205,22 @@ mod tests {
         waiters.answer_all([(Some((me, asked)), Answer::None)]);
         assert!(matches!(reply.try_recv(), Ok(Answer::None)));
         assert!(waiters.is_empty());
+    }
+
+    #[test]
+    fn letting_go_of_a_partition_forgets_its_requests_only() {
+        let waiters = Waiters::new();
+        let (_, reply) = waiters.register(3, Some(Local::Held(MessageId::parse("a").unwrap())), true);
+        let mut reply = reply.unwrap();
+        waiters.register(3, Some(Local::Settles(Vec::new(), None)), false);
+        let (kept, _) = waiters.register(4, None, true);
+        assert_eq!(waiters.let_go(3), 2);
+        assert_eq!(waiters.len(), 1);
+        assert!(
+            matches!(reply.try_recv(), Err(oneshot::error::TryRecvError::Closed)),
+            "its caller learns no answer will come"
+        );
+        waiters.answer_all([(Some((waiters.me(), kept)), Answer::None)]);
+        assert!(waiters.is_empty(), "another partition's request is still answered");
     }
 }
