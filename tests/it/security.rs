@@ -43,7 +43,7 @@ fn leaf(ca: &Issuer<'_, KeyPair>, names: &[&str]) -> (String, String) {
 /// In a temp dir: `ca.pem`; `server.pem`/`server.key` for 127.0.0.1 and
 /// `client.pem`/`client.key`, both signed by that CA; `rogue.pem`/`rogue.key`,
 /// a client certificate signed by another CA.
-fn pki() -> tempfile::TempDir {
+pub(crate) fn pki() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
     let ca = new_ca("hourglass test CA");
@@ -65,7 +65,7 @@ fn read(dir: &Path, name: &str) -> Vec<u8> {
 
 /// A TLS channel trusting the test CA, presenting `identity` (a name in
 /// `pki()`) if given.
-async fn tls_channel(
+pub(crate) async fn tls_channel(
     addr: std::net::SocketAddr,
     pki: &Path,
     identity: Option<&str>,
