@@ -278,12 +278,18 @@ mod tests {
         Route { writer: 1, addr: "http://a:1".into(), at_ms: 0, released }
     }
 
-    #[tokio::test]
-    async fn a_failed_route_write_is_tried_again_until_written() {
+    /// A writer whose first `failures` writes fail, writing until `stop`.
+    fn writing(failures: usize) -> (Arc<Unwritten>, Flaky, CancellationToken, tokio::task::JoinHandle<()>) {
         let (unwritten, log, stop) =
             (Arc::new(Unwritten::default()), Flaky::default(), CancellationToken::new());
-        log.failures.store(3, Ordering::SeqCst);
-        let writing = tokio::spawn(keep_writing(Arc::clone(&unwritten), log.clone(), PAUSE, stop.clone()));
+        log.failures.store(failures, Ordering::SeqCst);
+        let task = tokio::spawn(keep_writing(Arc::clone(&unwritten), log.clone(), PAUSE, stop.clone()));
+        (unwritten, log, stop, task)
+    }
+
+    #[tokio::test]
+    async fn a_failed_route_write_is_tried_again_until_written() {
+        let (unwritten, log, stop, writing) = writing(3);
         unwritten.say(7, route(false));
         tokio::time::sleep(PAUSE * 20).await;
         assert_eq!(*log.written.lock().unwrap(), [(7, false)], "written once, after three failures");
@@ -294,10 +300,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_route_said_later_replaces_one_not_yet_written() {
-        let (unwritten, log, stop) =
-            (Arc::new(Unwritten::default()), Flaky::default(), CancellationToken::new());
-        log.failures.store(1, Ordering::SeqCst);
-        let writing = tokio::spawn(keep_writing(Arc::clone(&unwritten), log.clone(), PAUSE, stop.clone()));
+        let (unwritten, log, stop, writing) = writing(1);
         unwritten.say(2, route(false));
         tokio::task::yield_now().await;
         // The claim failed; before it is tried again, the node lets go.
