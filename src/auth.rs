@@ -383,6 +383,32 @@ impl Authenticator {
 }
 
 impl Authenticator {
+    /// The access of the grant named `name` in the tokens in use (none:
+    /// every topic, with authentication off): what a Kafka-native schedule
+    /// of an ingress topic mapped to it gets. Why not, for the log.
+    pub fn named(&self, name: Option<&str>) -> Result<Access, String> {
+        let Some((path, live)) = &self.tokens else {
+            return match name {
+                None => Ok(Access::Open),
+                Some(name) => Err(format!(
+                    "names the grant {name:?}, but there is no tokens file (--auth-tokens) to find it in"
+                )),
+            };
+        };
+        let Some(name) = name else {
+            return Err(format!(
+                "names no grant, and with --auth-tokens every caller needs one: map the topic to an entry of {} \
+                 (--ingress TOPIC=NAME)",
+                path.display()
+            ));
+        };
+        let tokens = Arc::clone(&live.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        match tokens.find_named(name) {
+            Some(grant) => Ok(Access::Granted { grant, live: Arc::clone(live) }),
+            None => Err(format!("names the grant {name:?}, which {} does not list", path.display())),
+        }
+    }
+
     /// The access of a call another node vouches for, by the grant it
     /// names: this node's grant of that name.
     fn vouched(&self, name: Option<String>) -> Result<Access, Error> {

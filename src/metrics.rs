@@ -77,10 +77,17 @@ pub static FAILED: LazyLock<IntCounter> =
 pub static PURGED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter("hourglass_messages_purged_total", "Settled messages forgotten after retention.")
 });
-pub static LOG_REJECTED: LazyLock<IntCounter> = LazyLock::new(|| {
-    counter(
-        "hourglass_log_records_refused_total",
-        "Kafka-native records of the schedule log that could not be scheduled (recorded as failed when they carry an id).",
+pub static INGRESS_RECORDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "hourglass_ingress_records_total",
+                "Cluster mode: records of the ingress topics (Kafka-native schedules) read by the shards' owners, \
+                 by topic and outcome (scheduled, duplicate, cancelled, refused).",
+            ),
+            &["topic", "outcome"],
+        )
+        .expect("valid metric"),
     )
 });
 pub static SHARDS_OWNED: LazyLock<IntGauge> = LazyLock::new(|| {
@@ -151,8 +158,7 @@ pub static FORGED: LazyLock<IntCounterVec> = LazyLock::new(|| {
             Opts::new(
                 "hourglass_cluster_forged_records_total",
                 "Cluster mode: records of the schedule log (read by the shard's owner) or of the routing topic \
-                 (read by every node) that claim to be hourglass's own without the cluster key's seal, and \
-                 were refused, by topic (log, routing).",
+                 (read by every node) without the cluster key's seal, refused, by topic (log, routing).",
             ),
             &["topic"],
         )

@@ -233,8 +233,8 @@ async fn a_fenced_node_stops_and_its_restart_delivers_each_message_once() {
 
 /// Cluster mode with transactional delivery: two `hourglass serve
 /// --cluster --delivery exactly-once` processes on the mock cluster (the
-/// log and routing topics made beforehand: the mock does not create
-/// topics). One is killed with SIGKILL while messages come due, and the
+/// log, routing and ingress topics made beforehand: the mock does not
+/// create topics). One is killed with SIGKILL while messages come due, and the
 /// other takes its shards: each new owner's transactional producer (the
 /// shard's id, the same on both nodes) starts before it reads the target
 /// topic back or produces. Every message delivered, once, none early.
@@ -248,6 +248,7 @@ async fn a_cluster_failover_with_transactions_delivers_each_message_once() {
     mock.topic_with(&topic, 2);
     mock.topic_with(&log_topic, partitions);
     mock.topic_with(&format!("{log_topic}-owners"), 1);
+    mock.topic_with(&format!("{log_topic}-ingress"), partitions);
     let group = random_name("hourglass");
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut nodes: Vec<ServerProcess> =
@@ -352,6 +353,7 @@ async fn a_fenced_cluster_shard_takes_its_producer_back_and_delivers_each_messag
     mock.topic_with(&topic, 2);
     mock.topic_with(&log_topic, 1);
     mock.topic_with(&format!("{log_topic}-owners"), 1);
+    mock.topic_with(&format!("{log_topic}-ingress"), 1);
     let dir = tempfile::tempdir().unwrap();
     let mut node = cluster_node(&mock, dir.path(), &log_topic, &random_name("hourglass"), 1);
     node.spawn().unwrap();

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Scheduling through Kafka alone: a record produced to hourglass's schedule
-log (cluster mode) instead of a gRPC call.
+"""Scheduling through Kafka alone: a record produced to hourglass's ingress
+topic (cluster mode) instead of a gRPC call.
 
   1. schedules a message due in --delay-ms, keyed by its id, with the
      target topic, key and due time in hourglass- headers,
   2. schedules a second one far in the future and cancels it with a
      tombstone,
-  3. produces a record that misses its due time: hourglass records it as
-     failed, and Get says why.
+  3. produces a record that misses its due time: hourglass refuses it
+     (counted in hourglass_ingress_records_total{outcome="refused"} and
+     logged with why), and it parks nothing.
 
-Each step prints one JSON line. Needs: pip install confluent-kafka
+Each step prints one JSON line once Kafka has the record. Needs:
+pip install confluent-kafka
 
   python3 examples/python/native_schedule.py --brokers 127.0.0.1:9092 \\
-      --log-topic hourglass-log --topic reminders --id reminder-42
+      --ingress-topic hourglass-log-ingress --topic reminders --id reminder-42
 """
 
 import argparse
@@ -24,14 +26,16 @@ from confluent_kafka import Producer
 def main():
     args = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     args.add_argument("--brokers", default="127.0.0.1:9092")
-    args.add_argument("--log-topic", default="hourglass-log")
+    args.add_argument("--ingress-topic", default="hourglass-log-ingress",
+                      help="the cluster's ingress topic (--ingress; <log-topic>-ingress by default)")
     args.add_argument("--topic", required=True, help="the topic to deliver to")
     args.add_argument("--id", required=True, help="the message id (the record's key)")
     args.add_argument("--delay-ms", type=int, default=1000)
     opts = args.parse_args()
 
     # murmur2_random places a key where the Java client (and hourglass) do:
-    # in the partition that is the id's shard.
+    # in the partition read by the owner of the id's shard, so that the
+    # record needs no second hop.
     producer = Producer({
         "bootstrap.servers": opts.brokers,
         "partitioner": "murmur2_random",
@@ -47,7 +51,7 @@ def main():
             if not err:
                 result["partition"], result["offset"] = msg.partition(), msg.offset()
 
-        producer.produce(opts.log_topic, key=key, value=value, headers=headers, on_delivery=done)
+        producer.produce(opts.ingress_topic, key=key, value=value, headers=headers, on_delivery=done)
         producer.flush(10)
         print(json.dumps({"step": step, "id": key, **result}), flush=True)
 

@@ -35,6 +35,7 @@ pub(crate) mod applier;
 mod forward;
 pub(crate) mod front;
 pub(crate) mod gate;
+pub mod ingress;
 pub mod kafka;
 pub(crate) mod lease;
 pub mod log;
@@ -48,6 +49,7 @@ mod vouch;
 pub(crate) mod waiters;
 
 pub use forward::Router;
+pub use ingress::{Ingress, IngressTopic};
 pub use kafka::{GroupConfig, LogTopic, TopicError};
 pub use log::seal::{ClusterKey, KeyError};
 pub use owner::{Cluster, Place, Shards};
@@ -66,7 +68,7 @@ pub struct ClusterConfig {
     pub log: LogTopic,
     /// The consumer group whose members own the log's partitions.
     pub group: GroupConfig,
-    /// What a Kafka-native record is checked against.
+    /// What a Kafka-native record is checked against before it is called.
     pub limits: Limits,
     /// How long creating or checking the log topic may take.
     pub admin_timeout: Duration,
@@ -76,6 +78,8 @@ pub struct ClusterConfig {
     pub standby_replicas: usize,
     /// What seals the records of this cluster (`--cluster-key-file`).
     pub key: ClusterKey,
+    /// Where Kafka-native schedules come from, each with its grant.
+    pub ingress: Vec<IngressTopic>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,4 +90,6 @@ pub enum ClusterError {
     Log(String),
     #[error("the consumer group: {0}")]
     Group(String),
+    #[error("Kafka-native schedules: {0}")]
+    Ingress(String),
 }

@@ -189,6 +189,21 @@ impl Owned {
         });
     }
 
+    /// Appends that the shard read `partition` of the ingress topic `topic`
+    /// up to `next`, while the log names this node the shard's owner.
+    pub async fn note_ingress(&self, topic: &str, partition: i32, next: i64) -> Result<(), String> {
+        if self.fenced() {
+            return Err("the shard is no longer this node's".to_owned());
+        }
+        let read = record::Ingress { topic: topic.to_owned(), partition, next };
+        let note = LogRecord { writer: self.me, request: 0, change: Some(Change::Ingress(read)) };
+        self.log
+            .append(self.partition, &record::ingress_key(topic, partition), &note)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
     /// Whether the log names another owner (or none) of this shard.
     fn fenced(&self) -> bool {
         self.store().log_owner() != self.me
@@ -375,6 +390,27 @@ impl Cluster {
         }
     }
 
+    /// `shard`, once this node owns it (however long that takes).
+    pub async fn until_owned(&self, shard: usize) -> Arc<Owned> {
+        let mut state = self.inner.slots[shard].state.subscribe();
+        let owned = match state.wait_for(|s| matches!(s, State::Owned(_))).await.as_deref() {
+            Ok(State::Owned(owned)) => Some(Arc::clone(owned)),
+            _ => None,
+        };
+        match owned {
+            Some(owned) => owned,
+            // The slots live as long as the cluster: never.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Returns once this node no longer owns `shard` as `owned` (it lets
+    /// go of it, or took it again since).
+    pub async fn until_gone(&self, shard: usize, owned: &Arc<Owned>) {
+        let mut state = self.inner.slots[shard].state.subscribe();
+        let _ = state.wait_for(|s| !matches!(s, State::Owned(now) if Arc::ptr_eq(now, owned))).await;
+    }
+
     /// Whether this node owns `shard` now.
     pub fn owns(&self, shard: usize) -> bool {
         matches!(&*self.inner.slots[shard].state.borrow(), State::Owned(_))
@@ -475,8 +511,7 @@ impl Inner {
     /// The store of `shard`, opened (empty if there is none) and following
     /// its partition of the log from where it applied to.
     async fn view(&self, shard: usize) -> Result<View, StoreError> {
-        View::open(&self.shard_config(shard).store, &self.config, &self.readers, Arc::clone(&self.waiters))
-            .await
+        View::open(&self.shard_config(shard).store, &self.readers, Arc::clone(&self.waiters)).await
     }
 
     /// What `shard` is built from: its store's path, number and cap. The

@@ -338,6 +338,13 @@ settings! {
             /// nodes of one cluster [default: standalone, an id of each
             /// store's own; cluster mode, <group-id>-<log-topic>].
             transactional_id: String as "PREFIX", "HOURGLASS_TRANSACTIONAL_ID";
+            /// Cluster mode: the ingress topics Kafka-native schedules are
+            /// produced to, comma-separated, each TOPIC or TOPIC=GRANT: GRANT
+            /// names an entry of --auth-tokens, whose topics and tenant the
+            /// records get (required with --auth-tokens); `none` reads none.
+            /// Created when missing [default: <log-topic>-ingress, and none
+            /// with --auth-tokens].
+            ingress: String as "TOPIC[=GRANT],...", "HOURGLASS_INGRESS";
             /// Cluster mode: where the other nodes reach this one's gRPC
             /// port, as a URL (http://host:port, https:// with TLS); a node
             /// forwards requests for shards it does not own to their owner
@@ -414,6 +421,56 @@ impl ConfigError {
 
     fn out_of_range(setting: &'static str, why: impl Into<String>) -> ConfigError {
         ConfigError::OutOfRange { setting, why: why.into() }
+    }
+}
+
+impl Config {
+    /// Cluster mode: the ingress topics and the grant each is mapped to,
+    /// as --ingress says (see its help), defaults applied.
+    pub fn ingress_topics(&self) -> Result<Vec<(String, Option<String>)>, ConfigError> {
+        let Some(list) = &self.ingress else {
+            return Ok(match self.auth_tokens {
+                Some(_) => Vec::new(),
+                None => vec![(format!("{}-ingress", self.log_topic.trim()), None)],
+            });
+        };
+        if list.trim() == "none" {
+            return Ok(Vec::new());
+        }
+        let mut topics: Vec<(String, Option<String>)> = Vec::new();
+        for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (topic, grant) = match entry.split_once('=') {
+                Some((topic, grant)) => (topic.trim(), Some(grant.trim())),
+                None => (entry, None),
+            };
+            let bad =
+                |reason: String| Err(ConfigError::out_of_range("ingress", format!("{entry:?} {reason}")));
+            if topic.is_empty() || !topic.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+                return bad("is no topic name (letters, digits, '.', '_' and '-')".into());
+            }
+            if topic == self.log_topic || topic == format!("{}-owners", self.log_topic) {
+                return bad("is a topic only the nodes write (the schedule log or its routing topic)".into());
+            }
+            match grant {
+                Some("") => return bad("names an empty grant".into()),
+                Some(_) if self.auth_tokens.is_none() => {
+                    return bad("names a grant, but there is no --auth-tokens to find it in".into());
+                }
+                None if self.auth_tokens.is_some() => {
+                    return bad(
+                        "names no grant: with --auth-tokens, give each ingress topic one (TOPIC=NAME, NAME an \
+                         entry of the tokens file)"
+                            .into(),
+                    );
+                }
+                _ => {}
+            }
+            if topics.iter().any(|(t, _)| t == topic) {
+                return bad("is listed twice".into());
+            }
+            topics.push((topic.to_owned(), grant.map(str::to_owned)));
+        }
+        Ok(topics)
     }
 }
 
@@ -531,6 +588,7 @@ impl Config {
                         .into(),
                 ));
             }
+            self.ingress_topics()?;
             match &self.advertise_addr {
                 Some(addr) => check_advertised(addr)?,
                 None if self.listen.ip().is_unspecified() => {

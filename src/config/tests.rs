@@ -232,3 +232,32 @@ fn validation_explains_what_is_wrong() {
 fn clustered() -> Config {
     Config { cluster: true, cluster_key_file: Some("cluster.key".into()), ..Config::default() }
 }
+
+#[test]
+fn ingress_topics_default_to_the_log_s_without_tokens_and_need_a_grant_with_them() {
+    let topics = |c: Config| c.ingress_topics().unwrap();
+    assert_eq!(topics(clustered()), [("hourglass-log-ingress".to_owned(), None)]);
+    let tokens = Config { auth_tokens: Some("tokens.toml".into()), ..clustered() };
+    assert!(topics(tokens.clone()).is_empty(), "with tokens, none unless named with a grant");
+    let mapped = Config { ingress: Some("orders-in=orders, billing-in = billing".into()), ..tokens.clone() };
+    assert_eq!(
+        topics(mapped),
+        [
+            ("orders-in".to_owned(), Some("orders".to_owned())),
+            ("billing-in".to_owned(), Some("billing".to_owned()))
+        ]
+    );
+    assert!(topics(Config { ingress: Some("none".into()), ..clustered() }).is_empty());
+    let refused = |ingress: &str, base: &Config, says: &str| {
+        let config = Config { ingress: Some(ingress.into()), ..base.clone() };
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(says), "--ingress {ingress}: {err:?} should say {says:?}");
+    };
+    refused("orders-in", &tokens, "names no grant");
+    refused("orders-in=", &tokens, "empty grant");
+    refused("orders-in=orders", &clustered(), "no --auth-tokens");
+    refused("hourglass-log", &clustered(), "only the nodes write");
+    refused("hourglass-log-owners", &clustered(), "only the nodes write");
+    refused("a,a", &clustered(), "twice");
+    refused("no spaces", &clustered(), "no topic name");
+}

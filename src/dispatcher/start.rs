@@ -30,6 +30,21 @@ impl Dispatcher {
     /// stop, whatever was due; after a move, whatever was due before this
     /// one took over), and records it. False if stopped first.
     pub(super) async fn start_producing(&mut self, stop: &CancellationToken) -> bool {
+        // What is in doubt is known now; until the search for it is over, a
+        // change to one of those messages is answered "dispatching" (retry),
+        // not with an outcome the search could still contradict. A node
+        // taking a shard says so before its grace ends and it answers
+        // requests; a store opened after an unclean stop knew it at open.
+        let search = if self.gate.claimed() {
+            reconcile::after_claim(self.clock.now())
+        } else {
+            reconcile::after_restart(&self.store)
+        };
+        if self.gate.claimed()
+            && let Err(e) = self.store.doubt(search.0).await
+        {
+            tracing::warn!(error = %e, "marking the messages in doubt failed");
+        }
         let mut failed: u32 = 0;
         loop {
             let why = tokio::select! {
@@ -83,14 +98,14 @@ impl Dispatcher {
                 }
             }
         }
-        let search = if self.gate.claimed() {
-            reconcile::after_claim(self.clock.now())
-        } else {
-            reconcile::after_restart(&self.store)
-        };
         match reconcile::landed(&self.store, &self.producer, search, stop).await {
             Some(found) => {
                 self.settle_found(found).await;
+                // Found and recorded, or not on its topic: the search can
+                // contradict no answer any more.
+                if let Err(e) = self.store.doubt(None).await {
+                    tracing::warn!(error = %e, "ending the doubt over the messages searched failed");
+                }
                 true
             }
             None => false,

@@ -31,7 +31,7 @@ use crate::{
     api::{ApiConfig, Budget, Local, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
-    cluster::{Cluster, ClusterConfig, Router, Shards, Voucher},
+    cluster::{Cluster, ClusterConfig, Ingress, Router, Shards, Voucher},
     config::Config,
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
@@ -102,6 +102,13 @@ pub async fn run_with_clock(
         Some(cluster) => auth.vouched_by(Arc::new(Voucher::new(cluster.key.clone()))),
         None => auth,
     };
+    // Before joining the group: an ingress topic whose grant the tokens
+    // file does not list is refused at once.
+    for ingress in cluster_config.iter().flat_map(|c| &c.ingress) {
+        if let Err(why) = auth.named(ingress.grant.as_deref()) {
+            anyhow::bail!("--ingress {}: {why}", ingress.topic);
+        }
+    }
     let (shards, cluster) = open_shards(&node_config, cluster_config.as_ref(), &producer, &clock).await?;
     let node = Arc::new(Node::new(shards, node_config.max_pending));
     let service =
@@ -166,14 +173,20 @@ pub async fn run_with_clock(
     // Cluster mode: a call is served here or on the node that owns its
     // shard.
     let local: Arc<dyn Scheduler> = Arc::new(Local::new(service));
-    let scheduler: Arc<dyn Scheduler> = match cluster.zip(cluster_config.as_ref()) {
+    let (scheduler, ingress): (Arc<dyn Scheduler>, _) = match cluster.zip(cluster_config.as_ref()) {
         Some((cluster, cluster_config)) => {
             // A node that does not answer holds at most half of this
             // node's admission.
             let per_peer = config.max_concurrent_requests / 2;
-            Arc::new(Router::new(local, cluster, settings::peer_tls(&config, cluster_config)?, per_peer))
+            let tls = settings::peer_tls(&config, cluster_config)?;
+            let router: Arc<dyn Scheduler> =
+                Arc::new(Router::new(local, Arc::clone(&cluster), tls, per_peer));
+            // Kafka-native schedules are calls of the router's, each with
+            // its topic's grant.
+            let ingress = Ingress::start(cluster_config, cluster, Arc::clone(&router), auth.clone()).await?;
+            (router, Some(ingress))
         }
-        None => local,
+        None => (local, None),
     };
     let grpc = tokio::spawn(
         server
@@ -211,6 +224,10 @@ pub async fn run_with_clock(
         health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
     }
     stop_accepting.cancel();
+    if let Some(ingress) = &ingress {
+        // Noted in the log while the shards are still this node's.
+        ingress.stop().await;
+    }
     drain_within(*config.shutdown_grace, "gRPC requests", grpc).await;
     node.shutdown().await;
     background.cancel();

@@ -8,7 +8,7 @@ use tonic::transport::ClientTlsConfig;
 
 use crate::{
     auth::{Tokens, TokensError},
-    cluster::{ClusterConfig, ClusterKey, GroupConfig, KeyError, LogTopic},
+    cluster::{ClusterConfig, ClusterKey, GroupConfig, IngressTopic, KeyError, LogTopic},
     config::{Config, ConfigError, DeliveryMode, REQUEST_OVERHEAD_BYTES},
     dispatcher::DispatcherConfig,
     kafka::{Delivery, KafkaConfig, OnFence},
@@ -169,6 +169,11 @@ pub fn cluster(
             .clone()
             .unwrap_or_else(|| format!("{}://{grpc}", if tls { "https" } else { "http" })),
         key,
+        ingress: config
+            .ingress_topics()?
+            .into_iter()
+            .map(|(topic, grant)| IngressTopic { topic, grant })
+            .collect(),
     }))
 }
 

@@ -644,3 +644,31 @@ async fn after_an_unclean_close_only_what_was_due_by_the_recorded_horizon_is_in_
     assert_eq!(doubt.iter().map(|(_, m)| m.id.as_str()).collect::<Vec<_>>(), ["a", "b"], "c was due past it");
     store.close().await;
 }
+
+/// While the search for what an earlier dispatcher produced unrecorded
+/// runs, a change to a message it may find is refused as dispatching (the
+/// caller retries); once it is over, the change is made.
+#[tokio::test]
+async fn a_message_in_doubt_is_not_changed_until_the_search_is_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let (due, later) = (park(&store, "due", 10).await, park(&store, "later", 1_000).await);
+    let window = InDoubt { below: DispatchKey::after(UnixMillis(500)), before_seq: u64::MAX };
+    store.doubt(Some(window)).await.unwrap();
+    let cancel =
+        |id: &MessageId| Intent::Cancel { scope: Scope::everything(), id: id.clone(), now: UnixMillis(5) };
+    let refused = store.change(cancel(&due)).await.unwrap().cancelled();
+    assert!(matches!(refused, Err(StoreError::Dispatching(_))), "{refused:?}");
+    let moved = store
+        .change(Intent::Reschedule { scope: Scope::everything(), id: due.clone(), due: UnixMillis(2_000) })
+        .await
+        .unwrap()
+        .rescheduled();
+    assert!(matches!(moved, Err(StoreError::Dispatching(_))), "{moved:?}");
+    let outside = store.change(cancel(&later)).await.unwrap().cancelled();
+    assert!(matches!(outside, Ok(CancelOutcome::Cancelled)), "due past the window: {outside:?}");
+    store.doubt(None).await.unwrap();
+    let done = store.change(cancel(&due)).await.unwrap().cancelled();
+    assert!(matches!(done, Ok(CancelOutcome::Cancelled)), "the search is over: {done:?}");
+    store.close().await;
+}

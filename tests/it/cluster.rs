@@ -12,9 +12,8 @@ use hourglass::{
     proto::{self, CancelOutcome, State},
 };
 use rdkafka::{
-    ClientConfig,
     message::{Header, OwnedHeaders},
-    producer::{FutureProducer, FutureRecord},
+    producer::FutureRecord,
 };
 use tonic::Code;
 
@@ -145,96 +144,91 @@ async fn a_one_node_cluster_answers_as_standalone_and_restores_from_the_log_alon
     server.stop().await;
 }
 
+/// How many records of `ingress` came to `outcome`.
+fn ingress_count(ingress: &str, outcome: &str) -> u64 {
+    hourglass::metrics::INGRESS_RECORDS.with_label_values(&[ingress, outcome]).get()
+}
+
+/// Kafka-native schedules come through the ingress topic, with the checks
+/// of a `Schedule` call: a record that breaks the format, or names a topic
+/// that does not exist, is refused and parks nothing; the node reads on
+/// after a restart from where it noted in the log, taking nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_native_records_are_scheduled_and_bad_ones_recorded_as_failed() {
+async fn kafka_native_records_on_the_ingress_topic_get_the_checks_of_a_call() {
     let broker = Broker::start();
     let topic = random_name("native");
     let log_topic = random_name("hourglass-log");
+    let ingress = format!("{log_topic}-ingress");
     broker.create_topic(&topic, 1).await;
     let dir = tempfile::tempdir().unwrap();
     let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
     let mut client = server.client().await;
-
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker.addr())
-        .set("partitioner", "murmur2_random")
-        .create()
-        .unwrap();
-    let send = |key: &'static str, value: Option<&'static str>, headers: Vec<(&'static str, String)>| {
-        let producer = producer.clone();
-        let log_topic = log_topic.clone();
-        async move {
-            let mut h = OwnedHeaders::new();
-            for (k, v) in &headers {
-                h = h.insert(Header { key: k, value: Some(v.as_bytes()) });
-            }
-            let mut record = FutureRecord::<str, str>::to(&log_topic).key(key).headers(h);
-            if let Some(value) = value {
-                record = record.payload(value);
-            }
-            producer.send(record, Duration::from_secs(10)).await.unwrap();
-        }
-    };
-    let target = topic.clone();
-    send(
+    let producer = native_producer(&broker);
+    let t = topic.as_str();
+    send_native(
+        &producer,
+        &ingress,
         "native-1",
         Some("hello"),
-        vec![
-            ("hourglass-topic", target.clone()),
-            ("hourglass-delay", "500ms".into()),
-            ("hourglass-key", "k1".into()),
-            ("trace", "t-9".into()),
-        ],
+        &[("hourglass-topic", t), ("hourglass-delay", "500ms"), ("hourglass-key", "k1"), ("trace", "t-9")],
     )
     .await;
-    send("native-bad", Some("x"), vec![("hourglass-topic", target.clone())]).await;
-    send(
+    send_native(&producer, &ingress, "native-bad", Some("x"), &[("hourglass-topic", t)]).await;
+    send_native(
+        &producer,
+        &ingress,
         "native-2",
         Some("later"),
-        vec![("hourglass-topic", target.clone()), ("hourglass-delay", "1h".into())],
+        &[("hourglass-topic", t), ("hourglass-delay", "1h")],
     )
     .await;
-    // Cancelling by tombstone.
-    send("native-2", None, vec![]).await;
+    // Cancelling by tombstone, after its schedule: in order per id.
+    send_native(&producer, &ingress, "native-2", None, &[]).await;
+    // A topic that does not exist: refused, as `Schedule` refuses it.
+    let missing = random_name("missing");
+    send_native(
+        &producer,
+        &ingress,
+        "native-lost",
+        Some("v"),
+        &[("hourglass-topic", &missing), ("hourglass-delay", "0")],
+    )
+    .await;
 
     let got = consume_async(&broker, &topic, 1, Duration::from_secs(20), Duration::from_millis(1500)).await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].id(), "native-1");
     assert_eq!(got[0].key.as_deref(), Some(&b"k1"[..]));
     assert_eq!(got[0].header("trace"), Some("t-9"));
-    let bad = client.get(proto::GetRequest { id: "native-bad".into() }).await.unwrap().into_inner();
-    assert_eq!(bad.state(), State::Failed, "{bad:?}");
-    assert!(format!("{bad:?}").contains("hourglass-deliver-at"), "the reason names what is missing: {bad:?}");
-    // Shown as it arrived: its topic and value, and no due time, since it
-    // said none (not the epoch).
-    let arrived = bad.message.as_ref().unwrap();
-    assert_eq!((arrived.topic.as_str(), arrived.value.as_slice()), (topic.as_str(), &b"x"[..]), "{bad:?}");
-    assert_eq!(bad.deliver_at, None, "{bad:?}");
     assert_eq!(state_of(&mut client, "native-2").await, State::Cancelled);
+    let started = std::time::Instant::now();
+    while ingress_count(&ingress, "refused") < 2 {
+        assert!(started.elapsed() < Duration::from_secs(20), "the bad records were not refused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in ["native-bad", "native-lost"] {
+        let status = client.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{id} parked nothing: {status:?}");
+    }
+    assert_eq!(ingress_count(&ingress, "scheduled"), 2);
+    assert_eq!(ingress_count(&ingress, "cancelled"), 1);
+    server.stop().await;
 
-    // A topic that does not exist: the message waits, held with its topic,
-    // and says why (`Schedule` would have answered NOT_FOUND).
-    let missing = random_name("missing");
-    send(
-        "native-lost",
-        Some("v"),
-        vec![("hourglass-topic", missing.clone()), ("hourglass-delay", "0".into())],
+    // A restart reads on from the offset noted in the log: nothing is
+    // taken again, and what came meanwhile is.
+    send_native(
+        &producer,
+        &ingress,
+        "native-3",
+        Some("after"),
+        &[("hourglass-topic", t), ("hourglass-delay", "0")],
     )
     .await;
-    let started = std::time::Instant::now();
-    let lost = loop {
-        // Not found until the record is applied.
-        let got = client.get(proto::GetRequest { id: "native-lost".into() }).await.map(|r| r.into_inner());
-        if let Ok(got) = &got
-            && !got.last_error.is_empty()
-        {
-            break got.clone();
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "no reason shown: {got:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(lost.state(), State::Pending, "{lost:?}");
-    assert!(lost.last_error.contains("refuses topic") && lost.last_error.contains(&missing), "{lost:?}");
+    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
+    let got = consume_async(&broker, &topic, 2, Duration::from_secs(20), Duration::from_millis(1500)).await;
+    assert_eq!(got.iter().map(|r| r.id()).collect::<Vec<_>>(), ["native-1", "native-3"]);
+    assert_eq!(ingress_count(&ingress, "scheduled"), 3, "only native-3 again");
+    assert_eq!(ingress_count(&ingress, "duplicate"), 0, "nothing read twice");
     server.stop().await;
 }
 
@@ -253,8 +247,8 @@ async fn the_python_native_example_schedules_cancels_and_is_refused_as_documente
         .args([
             "--brokers",
             broker.addr(),
-            "--log-topic",
-            &log_topic,
+            "--ingress-topic",
+            &format!("{log_topic}-ingress"),
             "--topic",
             &topic,
             "--id",
@@ -275,7 +269,8 @@ async fn the_python_native_example_schedules_cancels_and_is_refused_as_documente
     assert_eq!(got[0].header("trace-id"), Some("abc123"));
     assert_eq!(state_of(&mut client, "reminder-42").await, State::Delivered);
     assert_eq!(state_of(&mut client, "reminder-42-later").await, State::Cancelled);
-    assert_eq!(state_of(&mut client, "reminder-42-bad").await, State::Failed);
+    let bad = client.get(proto::GetRequest { id: "reminder-42-bad".into() }).await.unwrap_err();
+    assert_eq!(bad.code(), Code::NotFound, "refused, it parked nothing: {bad:?}");
     server.stop().await;
 }
 
@@ -374,8 +369,9 @@ async fn retention_tombstones_messages_and_their_chunks_in_the_log() {
 }
 
 /// A node applies its own changes from their acks only behind every record
-/// before them: here Kafka-native records land between them in the same
-/// partitions, and each must still be applied, once, in its place.
+/// before them: here Kafka-native records, taken from the ingress topic,
+/// are appended between them in the same partitions, and each must still
+/// be applied, once, in its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_interleaved_with_native_records_are_all_applied_in_their_place() {
     const EACH: usize = 300;
@@ -386,15 +382,9 @@ async fn changes_interleaved_with_native_records_are_all_applied_in_their_place(
     let dir = tempfile::tempdir().unwrap();
     let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
     let applied_on_ack = hourglass::metrics::LOG_APPLIED_ON_ACK.get();
-
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker.addr())
-        .set("partitioner", "murmur2_random")
-        .set("linger.ms", "0")
-        .create()
-        .unwrap();
+    let producer = native_producer(&broker);
     let native = {
-        let (topic, log_topic) = (topic.clone(), log_topic.clone());
+        let (topic, ingress) = (topic.clone(), format!("{log_topic}-ingress"));
         tokio::spawn(async move {
             for i in 0..EACH {
                 let headers = OwnedHeaders::new()
@@ -402,7 +392,7 @@ async fn changes_interleaved_with_native_records_are_all_applied_in_their_place(
                     .insert(Header { key: "hourglass-delay", value: Some(&b"1h"[..]) });
                 let key = format!("n-{i}");
                 let record =
-                    FutureRecord::<str, str>::to(&log_topic).key(&key).payload("native").headers(headers);
+                    FutureRecord::<str, str>::to(&ingress).key(&key).payload("native").headers(headers);
                 producer.send(record, Duration::from_secs(10)).await.unwrap();
             }
         })

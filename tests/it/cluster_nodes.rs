@@ -29,7 +29,6 @@ use hourglass::{
 };
 use hourglass_testkit::ServerProcess;
 use rdkafka::{
-    ClientConfig,
     message::{Header, OwnedHeaders},
     producer::{FutureProducer, FutureRecord},
 };
@@ -186,8 +185,8 @@ impl Bed {
     }
 }
 
-/// Schedules a message by producing it to the schedule log, as a Kafka
-/// application does (Kafka-native ingest): acknowledged once the log has
+/// Schedules a message by producing it to the ingress topic, as a Kafka
+/// application does (Kafka-native ingest): acknowledged once the topic has
 /// it with acks=all.
 async fn schedule_natively(
     producer: &FutureProducer,
@@ -201,27 +200,21 @@ async fn schedule_natively(
     let headers = OwnedHeaders::new()
         .insert(Header { key: "hourglass-topic", value: Some(topic.as_bytes()) })
         .insert(Header { key: "hourglass-deliver-at", value: Some(due.as_bytes()) });
-    let record = FutureRecord::<str, str>::to(log_topic).key(id).payload(id).headers(headers);
+    let ingress = ingress_of(log_topic);
+    let record = FutureRecord::<str, str>::to(&ingress).key(id).payload(id).headers(headers);
     match producer.send(record, Duration::from_secs(60)).await {
         Ok(_) => ledger.ack(id, due_ms, topic),
-        Err((e, _)) => panic!("producing {id} to the schedule log failed: {e}"),
+        Err((e, _)) => panic!("producing {id} to the ingress topic failed: {e}"),
     }
 }
 
-/// A producer of Kafka-native schedules: the Java client's partitioner, so
-/// that each id lands in its shard's partition.
-pub(crate) fn native_producer(broker: &Broker) -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", broker.addr())
-        .set("partitioner", "murmur2_random")
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap()
+/// The default ingress topic of a cluster whose log is `log_topic`.
+pub(crate) fn ingress_of(log_topic: &str) -> String {
+    format!("{log_topic}-ingress")
 }
 
 /// 1 (short) and 4. Three nodes, twelve shards: messages scheduled through
-/// every node (and one in five produced straight to the schedule log)
+/// every node (and one in five produced to the ingress topic)
 /// while one node is killed with SIGKILL and later restarted, then another
 /// killed and restarted without its data dir. Nothing acknowledged is lost
 /// or early; duplicates are counted and reported.
@@ -705,34 +698,38 @@ async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
     eprintln!("through any node: {forwarded} calls sent on to the owner; stats {stats:?}");
 
     // Kafka-native records that cannot be scheduled (no due time): each is
-    // failed on every copy of its shard, and counted once, by its owner,
-    // though a standby applies it too.
+    // refused once, by the owner of its ingress partition, and parks
+    // nothing; the good record after them in their partitions is taken.
     let producer = native_producer(&broker);
+    let ingress = ingress_of(&log_topic);
     let refused: Vec<String> = (0..6).map(|i| format!("refused-{i}")).collect();
     for id in &refused {
         let headers =
             OwnedHeaders::new().insert(Header { key: "hourglass-topic", value: Some(topic.as_bytes()) });
-        let record = FutureRecord::<str, str>::to(&log_topic).key(id).payload("v").headers(headers);
+        let record = FutureRecord::<str, str>::to(&ingress).key(id).payload("v").headers(headers);
         producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
     }
-    for id in &refused {
-        let started = Instant::now();
-        loop {
-            let got = clients[0].clone().get(proto::GetRequest { id: id.clone() }).await;
-            if got.is_ok_and(|g| g.into_inner().state() == proto::State::Failed) {
-                break;
-            }
-            assert!(started.elapsed() < Duration::from_secs(30), "{id} was not failed");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    let series = format!("hourglass_ingress_records_total{{outcome=\"refused\",topic=\"{ingress}\"}}");
+    let started = Instant::now();
+    let mut counted = 0.0;
+    while counted < refused.len() as f64 {
+        assert!(started.elapsed() < Duration::from_secs(30), "refused records not counted: {counted}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        counted = 0.0;
+        for node in &nodes {
+            counted += node.metric(&series).await.unwrap_or(0.0);
         }
     }
-    // Time for every standby to apply them too.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut counted = 0.0;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut again = 0.0;
     for node in &nodes {
-        counted += node.metric("hourglass_log_records_refused_total").await.unwrap_or(0.0);
+        again += node.metric(&series).await.unwrap_or(0.0);
     }
-    assert_eq!(counted, refused.len() as f64, "each refused record is counted once across the nodes");
+    assert_eq!(again, refused.len() as f64, "each refused record is counted once across the nodes");
+    for id in &refused {
+        let got = clients[0].clone().get(proto::GetRequest { id: id.clone() }).await.unwrap_err();
+        assert_eq!(got.code(), tonic::Code::NotFound, "{id} parked nothing");
+    }
 
     // Cancels and reschedules racing moves: node 2 stops (its shards go to
     // the others) and starts again (some come back).

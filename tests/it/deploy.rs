@@ -474,6 +474,7 @@ fn exported_metrics() -> BTreeSet<String> {
     SCHEDULE_ITEMS.with_label_values(&["ScheduleBatch", "Ok"]).inc();
     ShardMetrics::of(0).pending.set(0);
     FORGED.with_label_values(&["log"]);
+    INGRESS_RECORDS.with_label_values(&["hourglass-log-ingress", "refused"]);
     let text = render();
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -38,7 +38,7 @@ use rdkafka::{
 };
 use tonic::{Code, transport::Channel};
 
-use crate::cluster_nodes::{Bed, LOG_PARTITIONS, native_producer, node, now_ms, on_any_node, wait_spread};
+use crate::cluster_nodes::{Bed, LOG_PARTITIONS, node, now_ms, on_any_node, wait_spread};
 
 /// A record as a producer writes it: where, under which key, what, and
 /// which headers.
@@ -134,8 +134,8 @@ async fn total(nodes: &[ServerProcess], series: &str) -> f64 {
 /// The finding this answers: a plain producer wrote an `Owner` record to
 /// every partition, and every delivery stopped. Here it writes those (one
 /// without a seal, one with a made-up one), a real `Scheduled` record
-/// copied under another key and to another partition, garbage and a
-/// tombstone marked as hourglass's: every message scheduled before and
+/// copied under another key and to another partition, garbage, a
+/// tombstone marked as hourglass's and a Kafka-native schedule: every message scheduled before and
 /// after is delivered once, on time, nothing else is, and each forgery is
 /// counted once by its shard's owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -167,6 +167,18 @@ async fn records_no_node_wrote_neither_stop_a_shard_nor_deliver_anything() {
     let elsewhere = (genuine.partition + 1) % LOG_PARTITIONS as i32;
     forgeries.push(Forgery { partition: elsewhere, ..genuine_copy(&genuine) });
     forgeries.push(Forgery::marked(0, b"garbage", Some(b"\xff\xfe not a record".to_vec()), None));
+    // What a Kafka-native schedule looked like when the log took them:
+    // they go to the ingress topic now, and one on the log is forged too.
+    let native = format!("{run}-native");
+    forgeries.push(Forgery {
+        partition: 1,
+        key: native.clone().into_bytes(),
+        value: Some(b"native".to_vec()),
+        headers: vec![
+            ("hourglass-topic".to_owned(), topic.as_bytes().to_vec()),
+            ("hourglass-delay".to_owned(), b"0".to_vec()),
+        ],
+    });
     forgeries.push(Forgery::marked(1, &record::owner_key(), None, None));
     let producer = native_producer(&broker);
     for forgery in &forgeries {
@@ -206,6 +218,8 @@ async fn records_no_node_wrote_neither_stop_a_shard_nor_deliver_anything() {
     let mut client = clients[0].clone();
     let copy = client.get(proto::GetRequest { id: copied }).await.unwrap_err();
     assert_eq!(copy.code(), Code::NotFound, "the copied record parked nothing: {copy:?}");
+    let native = client.get(proto::GetRequest { id: native }).await.unwrap_err();
+    assert_eq!(native.code(), Code::NotFound, "a native record on the log parked nothing: {native:?}");
     for node in &mut nodes[..2] {
         node.stop().unwrap();
     }

@@ -27,7 +27,7 @@ use rdkafka::{
 };
 use tonic::Code;
 
-use crate::cluster_nodes::{LOG_PARTITIONS, native_producer, node, now_ms, wait_spread};
+use crate::cluster_nodes::{LOG_PARTITIONS, node, now_ms, wait_spread};
 
 /// Two nodes, the first with `--max-concurrent-requests 8`. The routing
 /// topic is then told, as a node of the cluster would tell it, that the

@@ -28,6 +28,9 @@ mod races;
 mod reliability;
 mod resources;
 mod security;
+// Its scenario crashes a node at a fail point.
+#[cfg(feature = "failpoints")]
+mod takeover;
 mod tenants;
 mod upgrade;
 mod volume;

@@ -377,3 +377,62 @@ async fn health_watches_are_bounded_and_freed_when_they_end() {
     assert!(again.is_some(), "a place is free again once a watch ends");
     t.server.stop().await;
 }
+
+/// Kafka-native schedules in cluster mode get the grant their ingress
+/// topic is mapped to, as a caller with that token would: they live in its
+/// tenant's id space, may use its topics only, and can neither see nor
+/// cancel another tenant's messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_topic_schedules_with_its_grant_and_reaches_no_other_tenant() {
+    let (ingress, log_topic) = (random_name("orders-ingress"), random_name("hourglass-log"));
+    let (mapped, log) = (format!("{ingress}=orders"), log_topic.clone());
+    let t = Tenants::start_with(move |c| {
+        c.cluster = true;
+        c.cluster_key_file = Some(hourglass_testkit::cluster_key_file().unwrap());
+        c.log_topic = log;
+        c.log_partitions = 2;
+        c.ingress = Some(mapped);
+    })
+    .await;
+    let (mut orders, mut billing) = (t.client("orders-token").await, t.client("billing-token").await);
+    billing.schedule(with_id(request(&t.billing, "theirs", later()), "shared")).await.unwrap();
+
+    let producer = native_producer(&t.broker);
+    let (o, b) = (t.orders.as_str(), t.billing.as_str());
+    send_native(&producer, &ingress, "mine", Some("v"), &[("hourglass-topic", o), ("hourglass-delay", "1h")])
+        .await;
+    // Another tenant's topic: refused, as the orders token is refused it.
+    send_native(
+        &producer,
+        &ingress,
+        "stolen",
+        Some("v"),
+        &[("hourglass-topic", b), ("hourglass-delay", "0")],
+    )
+    .await;
+    // A tombstone cancels the orders tenant's own "shared", which it has not.
+    send_native(&producer, &ingress, "shared", None, &[]).await;
+    send_native(&producer, &ingress, "last", Some("v"), &[("hourglass-topic", o), ("hourglass-delay", "1h")])
+        .await;
+
+    let started = std::time::Instant::now();
+    while orders.get(proto::GetRequest { id: "last".into() }).await.is_err() {
+        assert!(started.elapsed() < Duration::from_secs(30), "the ingress topic was not read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mine = orders.get(proto::GetRequest { id: "mine".into() }).await.unwrap().into_inner();
+    assert_eq!((mine.state(), mine.tenant.as_str()), (State::Pending, "orders"), "{mine:?}");
+    for id in ["mine", "stolen"] {
+        let status = billing.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{id} from billing's side: {status:?}");
+    }
+    let status = orders.get(proto::GetRequest { id: "stolen".into() }).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "refused, it parked nothing: {status:?}");
+    let shared = billing.get(proto::GetRequest { id: "shared".into() }).await.unwrap().into_inner();
+    assert_eq!(shared.state(), State::Pending, "another tenant's message is untouched: {shared:?}");
+    let refused = hourglass::metrics::INGRESS_RECORDS.with_label_values(&[&ingress, "refused"]).get();
+    assert_eq!(refused, 1, "the record for billing's topic");
+    let delivered = consume_async(&t.broker, &t.billing, 1, Duration::from_secs(2), Duration::ZERO).await;
+    assert!(delivered.is_empty(), "nothing reached billing's topic: {delivered:?}");
+    t.server.stop().await;
+}

@@ -14,7 +14,6 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
-    ClusterConfig,
     kafka::{Appended, Fetched, LogConsumer, LogReader, Read, key_digest},
     replica,
     waiters::Waiters,
@@ -23,7 +22,7 @@ use crate::{
     clock::Clock as _,
     cluster::log::record::{Change, Entry, LogRecord},
     kafka::seek::Seek,
-    message::{Limits, UnixMillis},
+    message::UnixMillis,
     metrics,
     store::{LogEntry, Store, StoreConfig, StoreError},
 };
@@ -41,7 +40,6 @@ pub struct Applier {
     store: Store,
     reader: Arc<LogReader>,
     waiters: Arc<Waiters>,
-    limits: Limits,
     /// Where the reader was put first.
     first: Seek,
 }
@@ -54,13 +52,12 @@ impl Applier {
         partition: i32,
         store: Store,
         waiters: Arc<Waiters>,
-        limits: Limits,
     ) -> Result<Applier, StoreError> {
         let first = Seek::to(store.log_next(), 0);
         let reader = log.reader(partition, first.at).map_err(|e| {
             StoreError::LogUnavailable(format!("reading partition {partition} of the schedule log: {e}"))
         })?;
-        Ok(Applier { partition, store, reader: Arc::new(reader), waiters, limits, first })
+        Ok(Applier { partition, store, reader: Arc::new(reader), waiters, first })
     }
 
     /// What it reads the partition with.
@@ -97,7 +94,7 @@ impl Applier {
                     woken_by_ack = true;
                     continue;
                 }
-                read = self.reader.next_from(BATCH, &self.limits, self.store.log_next()) => Some(read),
+                read = self.reader.next_from(BATCH, self.store.log_next()) => Some(read),
                 // After a seek, a broker that skipped the rest of the last
                 // batch answers nothing at all.
                 _ = tokio::time::sleep_until(seek_by), if seek.is_some() => None,
@@ -204,11 +201,11 @@ impl Applier {
     }
 
     /// What of `entries` cannot be applied as it asks, to say once they
-    /// are applied: a refused Kafka-native record, or a forged one, is
-    /// counted and logged by the shard's owner when it is read (every copy of the shard applies
-    /// it, and would count it again), following the claims and releases
-    /// among `entries` as the store does; a record this build does not read
-    /// is logged by each node that skips it.
+    /// are applied: a forged record is counted and logged by the shard's
+    /// owner when it is read (every copy of the shard reads it, and would
+    /// count it again), following the claims and releases among `entries`
+    /// as the store does; a record this build does not read is logged by
+    /// each node that skips it.
     fn unapplied(&self, entries: &[(i64, UnixMillis, Entry)]) -> Vec<Unapplied> {
         let me = self.waiters.me();
         let mut owner = self.store.log_owner();
@@ -222,11 +219,6 @@ impl Applier {
                         owner = 0;
                     }
                 }
-                Entry::Rejected { rejected, .. } if owner == me => found.push(Unapplied::Refused {
-                    offset: *offset,
-                    id: rejected.id.as_ref().map(|id| id.qualified().to_string()),
-                    reason: rejected.reason.to_string(),
-                }),
                 Entry::Skip(why) => found.push(Unapplied::Skipped { offset: *offset, why: why.clone() }),
                 Entry::Forged(why) if owner == me => found.push(Unapplied::Forged { offset: *offset, why }),
                 _ => {}
@@ -239,25 +231,6 @@ impl Applier {
         let partition = self.partition;
         for u in unapplied {
             match u {
-                Unapplied::Refused { offset, id: Some(id), reason } => {
-                    metrics::LOG_REJECTED.inc();
-                    tracing::warn!(
-                        partition,
-                        offset,
-                        id,
-                        reason,
-                        "a Kafka-native schedule was refused; it is recorded as failed"
-                    )
-                }
-                Unapplied::Refused { offset, id: None, reason } => {
-                    metrics::LOG_REJECTED.inc();
-                    tracing::warn!(
-                        partition,
-                        offset,
-                        reason,
-                        "a Kafka-native schedule without an id was refused and skipped"
-                    )
-                }
                 Unapplied::Skipped { offset, why } => {
                     tracing::warn!(partition, offset, "skipped a record of the schedule log: {why}")
                 }
@@ -267,7 +240,8 @@ impl Applier {
                         partition,
                         offset,
                         "refused {why}: no node of this cluster wrote it (check who may write the schedule log, \
-                         and that every node has the same --cluster-key-file)"
+                         and that every node has the same --cluster-key-file; Kafka-native schedules go to an \
+                         ingress topic, not the log)"
                     )
                 }
             }
@@ -342,11 +316,9 @@ impl Applier {
 
 /// A record read from the log that is applied otherwise than it asks.
 enum Unapplied {
-    /// A Kafka-native record refused, with its id if it had one.
-    Refused { offset: i64, id: Option<String>, reason: String },
     /// A record this build does not read.
     Skipped { offset: i64, why: String },
-    /// A record marked as hourglass's own without the cluster's seal.
+    /// A record without the cluster's seal.
     Forged { offset: i64, why: &'static str },
 }
 
@@ -596,11 +568,10 @@ impl View {
     /// rebuilt from the start of the partition.
     pub async fn open(
         config: &StoreConfig,
-        cluster: &ClusterConfig,
         log: &Arc<LogConsumer>,
         waiters: Arc<Waiters>,
     ) -> Result<View, StoreError> {
-        let (store, applier) = Self::open_copy(config, cluster, log, &waiters).await?;
+        let (store, applier) = Self::open_copy(config, log, &waiters).await?;
         let (store, applier) = if !stale(&store, &applier.reader).await {
             (store, applier)
         } else {
@@ -625,7 +596,7 @@ impl View {
             removed.map_err(|e| {
                 StoreError::Io(format!("removing the stale copy {}: {e}", config.path.display()))
             })?;
-            Self::open_copy(config, cluster, log, &waiters).await?
+            Self::open_copy(config, log, &waiters).await?
         };
         let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());
         let (tx, applied) = watch::channel(store.log_next());
@@ -638,7 +609,6 @@ impl View {
     /// The store and an applier of its partition, not started.
     async fn open_copy(
         config: &StoreConfig,
-        cluster: &ClusterConfig,
         log: &Arc<LogConsumer>,
         waiters: &Arc<Waiters>,
     ) -> Result<(Store, Applier), StoreError> {
@@ -660,8 +630,7 @@ impl View {
             )));
         }
         let partition = config.shard.shard as i32;
-        let applier =
-            Applier::new(log, partition, store.clone(), Arc::clone(waiters), cluster.limits.clone());
+        let applier = Applier::new(log, partition, store.clone(), Arc::clone(waiters));
         match applier {
             Ok(applier) => Ok((store, applier)),
             Err(e) => {

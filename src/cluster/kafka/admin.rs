@@ -50,9 +50,9 @@ pub enum TopicError {
          --log-partitions {found}, or name a new topic with --log-topic"
     )]
     PartitionCount { topic: String, found: i32, asked: i32 },
-    #[error("creating the log topic {topic}: {reason}")]
+    #[error("creating the topic {topic}: {reason}")]
     Create { topic: String, reason: String },
-    #[error("reading the metadata of the log topic {topic} from {brokers}: {reason}")]
+    #[error("reading the metadata of the topic {topic} from {brokers}: {reason}")]
     Metadata { topic: String, brokers: String, reason: String },
     #[error(
         "the topic {topic} {problem}: hourglass keeps the schedule (and its routes) in such topics for \
@@ -105,6 +105,40 @@ pub async fn ensure_log_topic(
         }
     }
     Ok(Ensured::Created)
+}
+
+/// Makes sure an ingress topic (Kafka-native schedules) exists: created
+/// when absent with the log's partition count and replication, and
+/// Kafka's default cleanup (its records are turned into the log's and
+/// need not be kept). Returns its partition count, whatever it is: each
+/// of its partitions is read by the owner of the shard of the same number
+/// modulo the shard count.
+pub async fn ensure_ingress_topic(
+    config: &KafkaConfig,
+    topic: &LogTopic,
+    timeout: Duration,
+) -> Result<i32, TopicError> {
+    let admin = Arc::new(admin(config).map_err(|e| metadata_error(config, topic, e.to_string()))?);
+    if let Some(found) = partitions_of(&admin, config, topic, timeout).await? {
+        return Ok(found);
+    }
+    let replication = TopicReplication::Fixed(topic.replication.unwrap_or(-1));
+    let new = NewTopic::new(&topic.name, topic.partitions, replication);
+    let options = AdminOptions::new().operation_timeout(Some(timeout));
+    let created = admin
+        .create_topics([&new], &options)
+        .await
+        .map_err(|e| TopicError::Create { topic: topic.name.clone(), reason: e.to_string() })?;
+    for result in created {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => {
+                return Err(TopicError::Create { topic: topic.name.clone(), reason: code.to_string() });
+            }
+        }
+    }
+    // Made here or by another node meanwhile: as the broker says now.
+    Ok(partitions_of(&admin, config, topic, timeout).await?.unwrap_or(topic.partitions))
 }
 
 fn check(topic: &LogTopic, found: i32) -> Result<(), TopicError> {

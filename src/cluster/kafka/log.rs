@@ -34,7 +34,7 @@ use crate::{
         record::{self, Entry, LogRecord},
         seal::{ClusterKey, SEAL_HEADER},
     },
-    message::{Limits, UnixMillis},
+    message::UnixMillis,
 };
 
 /// Appends records to the schedule log.
@@ -400,28 +400,19 @@ impl LogReader {
     }
 
     /// Waits for the next records, and takes up to `max` of those already
-    /// fetched.
-    pub async fn next(&self, max: usize, limits: &Limits) -> Result<Vec<Read>, KafkaError> {
-        self.next_with(max, |m, sealed| read(m, sealed, limits)).await
-    }
-
-    /// [`next`](Self::next), leaving records before `from` undecoded: of
-    /// those, only where they are and their key's digest.
-    pub async fn next_from(
-        &self,
-        max: usize,
-        limits: &Limits,
-        from: i64,
-    ) -> Result<Vec<Fetched>, KafkaError> {
+    /// fetched, leaving records before `from` undecoded: of those, only
+    /// where they are and their key's digest.
+    pub async fn next_from(&self, max: usize, from: i64) -> Result<Vec<Fetched>, KafkaError> {
         self.next_with(max, |m, sealed| match m.offset() {
             offset if offset < from => Fetched::Before { offset, key: key_digest(m.key()) },
-            _ => Fetched::Read(read(m, sealed, limits)),
+            _ => Fetched::Read(read(m, sealed)),
         })
         .await
     }
 
-    /// [`next`](Self::next), each record read with `read`, which is told
-    /// whether the record carries a valid seal of the cluster.
+    /// Waits for the next records, and takes up to `max` of those already
+    /// fetched, each read with `read`, which is told whether the record
+    /// carries a valid seal of the cluster.
     pub async fn next_with<T>(
         &self,
         max: usize,
@@ -461,16 +452,16 @@ impl Drop for LogReader {
     }
 }
 
-fn read(m: &rdkafka::message::BorrowedMessage<'_>, sealed: bool, limits: &Limits) -> Read {
+fn read(m: &rdkafka::message::BorrowedMessage<'_>, sealed: bool) -> Read {
     let headers = m.headers();
     let pairs: Vec<(&str, Option<&[u8]>)> =
         headers.map(|h| h.iter().map(|h| (h.key, h.value)).collect()).unwrap_or_default();
     let at = timestamp(m.timestamp()).unwrap_or_default();
-    let entry = record::read(m.key(), m.payload(), pairs.iter().copied(), sealed, at, limits);
+    let entry = record::read(m.key(), m.payload(), pairs.iter().copied(), sealed);
     Read { offset: m.offset(), at, entry }
 }
 
-fn timestamp(t: Timestamp) -> Option<UnixMillis> {
+pub(crate) fn timestamp(t: Timestamp) -> Option<UnixMillis> {
     t.to_millis().and_then(|t| u64::try_from(t).ok()).map(UnixMillis)
 }
 

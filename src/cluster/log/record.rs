@@ -25,6 +25,8 @@
 //!                                                   shard first produced to it: marks for those
 //!                                                   that have none (see `crate::dispatcher`'s
 //!                                                   reconciliation)
+//! 0x04 ‖ topic ‖ 0 ‖ p Ingress(topic, partition,   how far the shard read partition p of an
+//!                      next)                        ingress topic: the next offset to read
 //! ```
 //!
 //! Deliveries are recorded by chunk, one record for what one settle of the
@@ -35,12 +37,9 @@
 //! ([`LogRecord::writer`], [`LogRecord::request`]), so that the node waiting
 //! for it can answer its caller once it is applied.
 
-use crate::message::{DueSpec, Envelope, Limits, MessageId, UnixMillis};
+use crate::message::{DueSpec, Envelope, MessageId, UnixMillis};
 
-use super::{
-    RECORD_HEADER,
-    native::{self, Native, Rejected},
-};
+use super::RECORD_HEADER;
 
 /// The version of the record format this build writes and reads.
 pub const FORMAT: &str = "1";
@@ -57,6 +56,10 @@ pub const OWNER_KEY_MARK: u8 = 2;
 /// topic).
 pub const MARKS_KEY_MARK: u8 = 3;
 
+/// The first byte of the key of [`Ingress`] records (one key per
+/// partition of an ingress topic).
+pub const INGRESS_KEY_MARK: u8 = 4;
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LogRecord {
     /// The node incarnation that wrote the record (random per start).
@@ -65,7 +68,7 @@ pub struct LogRecord {
     /// Which of its requests: the node answers it once this is applied.
     #[prost(uint64, tag = "2")]
     pub request: u64,
-    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9, 10")]
     pub change: Option<Change>,
 }
 
@@ -85,6 +88,21 @@ pub enum Change {
     Owner(Owner),
     #[prost(message, tag = "9")]
     Marks(Marks),
+    #[prost(message, tag = "10")]
+    Ingress(Ingress),
+}
+
+/// How far the shard's owner has read a partition of an ingress topic
+/// (see `crate::cluster::ingress`): every record before `next` was turned
+/// into the log's records (or refused). The latest record of its key says.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Ingress {
+    #[prost(string, tag = "1")]
+    pub topic: String,
+    #[prost(int32, tag = "2")]
+    pub partition: i32,
+    #[prost(int64, tag = "3")]
+    pub next: i64,
 }
 
 /// Where each partition of a target topic ended before the shard's first
@@ -169,8 +187,9 @@ pub struct Cancelled {
     pub at_ms: u64,
 }
 
-/// A message that could not be scheduled (a Kafka-native record that does
-/// not parse): recorded as failed, so that `Get` says why.
+/// A message that could not be scheduled, recorded as failed so that `Get`
+/// says why: earlier builds wrote it for a Kafka-native record of the log
+/// that did not parse. Still applied, so that such a log reads the same.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Failed {
     #[prost(bytes = "vec", tag = "1")]
@@ -300,6 +319,17 @@ pub fn marks_key(topic: &str) -> Vec<u8> {
     key
 }
 
+/// The key of the [`Ingress`] records of `partition` of the ingress topic
+/// `topic`. Kafka's topic names never hold a 0 byte.
+pub fn ingress_key(topic: &str, partition: i32) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + topic.len() + 4);
+    key.push(INGRESS_KEY_MARK);
+    key.extend_from_slice(topic.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&partition.to_be_bytes());
+    key
+}
+
 /// The key of the [`Settled`] record of a chunk: its time ([`Settled::at_ms`])
 /// then its writer and request, unique, so that compaction keeps every
 /// chunk until its retention ends and the shard's owner tombstones it.
@@ -317,17 +347,14 @@ pub const CHUNK_KEY_LEN: usize = 25;
 
 /// What one record read from a log partition asks of the shard's store.
 #[derive(Clone, Debug, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "nearly every record is a change; boxing it would allocate once more per record read"
+)]
 pub enum Entry {
     /// A record hourglass wrote, with who wrote it.
     Logged { writer: u64, request: u64, change: Change },
-    /// A Kafka-native schedule or cancel, and the record's timestamp: when
-    /// it was asked for, from which a delay counts.
-    Native { native: Native, at: UnixMillis },
-    /// A Kafka-native record that cannot be applied, and its timestamp.
-    /// With an id, it is recorded as failed; without one, only counted and
-    /// logged.
-    Rejected { rejected: Rejected, at: UnixMillis },
-    /// The end of an id's retention: forget it (once settled).
+    /// The end of an id's retention: forget it.
     Forget(MessageId),
     /// The end of a chunk's retention: its [`Settled`] record, under this
     /// key, is gone once the log is compacted.
@@ -335,38 +362,34 @@ pub enum Entry {
     /// Nothing to apply: an owner's tombstone, or a record this build does
     /// not know (from a newer release), which is skipped with a warning.
     Skip(String),
-    /// A record that claims to be hourglass's own without the cluster's
-    /// seal ([`super::seal`]): not applied, and counted and logged as
+    /// A record without the cluster's seal ([`super::seal`]): no node of
+    /// this cluster wrote it. Not applied, and counted and logged as
     /// forged, with why.
     Forged(&'static str),
 }
 
 /// Reads one record of a log partition: its key, value (none for a
-/// tombstone) and headers, and whether it carries the cluster's seal;
-/// `timestamp` is the record's own, from which a native record's delay
-/// counts.
+/// tombstone) and headers, and whether it carries the cluster's seal. Only
+/// the nodes of the cluster write the log: a record without the seal is
+/// [`Entry::Forged`], whatever it says it is (Kafka-native schedules come
+/// through an ingress topic, `crate::cluster::ingress`).
 pub fn read<'a>(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
-    headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)> + Clone,
+    headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
     sealed: bool,
-    timestamp: UnixMillis,
-    limits: &Limits,
 ) -> Entry {
-    let format = headers.clone().into_iter().find(|(name, _)| *name == RECORD_HEADER).map(|(_, v)| v);
-    let Some(format) = format else {
-        return match native::parse(key, value, headers, limits) {
-            Ok(native) => Entry::Native { native, at: timestamp },
-            Err(rejected) => Entry::Rejected { rejected, at: timestamp },
-        };
-    };
     if !sealed {
         return Entry::Forged(if value.is_some() {
-            "a record marked as hourglass's own without the cluster's seal"
+            "a record without the cluster's seal"
         } else {
-            "a tombstone marked as hourglass's own without the cluster's seal"
+            "a tombstone without the cluster's seal"
         });
     }
+    let format = headers.into_iter().find(|(name, _)| *name == RECORD_HEADER).map(|(_, v)| v);
+    let Some(format) = format else {
+        return Entry::Skip(format!("a sealed record without the {RECORD_HEADER} header"));
+    };
     if format != Some(FORMAT.as_bytes()) {
         let shown = format.map(String::from_utf8_lossy).unwrap_or_default();
         return Entry::Skip(format!("record format {shown:?} is not one this build reads ({FORMAT})"));
@@ -376,9 +399,9 @@ pub fn read<'a>(
             Some(key @ [CHUNK_KEY_MARK, ..]) if key.len() == CHUNK_KEY_LEN => {
                 Entry::ForgetChunk(key.to_vec())
             }
-            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK, ..]) => {
-                Entry::Skip("the tombstone of an owner, of marks, or of no chunk".to_owned())
-            }
+            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK | INGRESS_KEY_MARK, ..]) => Entry::Skip(
+                "the tombstone of an owner, of marks, of an ingress offset, or of no chunk".to_owned(),
+            ),
             _ => match key.and_then(MessageId::from_stored) {
                 Some(id) => Entry::Forget(id),
                 None => Entry::Skip("a tombstone whose key is no message id".to_owned()),
@@ -421,7 +444,7 @@ mod tests {
 
     fn read_internal(key: &[u8], value: Option<&[u8]>, format: &str) -> Entry {
         let headers = [(RECORD_HEADER, Some(format.as_bytes()))];
-        read(Some(key), value, headers, true, UnixMillis(0), &Limits::default())
+        read(Some(key), value, headers, true)
     }
 
     #[test]
@@ -468,29 +491,30 @@ mod tests {
         let record = LogRecord { writer: 7, request: 9, change: Some(Change::Owner(Owner::default())) };
         let headers = [(RECORD_HEADER, Some(FORMAT.as_bytes()))];
         for value in [Some(record.encode()), None] {
-            let entry =
-                read(Some(&owner_key()), value.as_deref(), headers, false, UnixMillis(0), &Limits::default());
+            let entry = read(Some(&owner_key()), value.as_deref(), headers, false);
             assert!(matches!(entry, Entry::Forged(_)), "{entry:?}");
         }
         let chunk = chunk_key(UnixMillis(5), 1, 2);
-        let entry = read(Some(&chunk), None, headers, false, UnixMillis(0), &Limits::default());
+        let entry = read(Some(&chunk), None, headers, false);
         assert!(matches!(entry, Entry::Forged(_)), "a chunk's tombstone too: {entry:?}");
     }
 
+    /// Kafka-native schedules come through an ingress topic now: one
+    /// written to the log, headers and all, is as forged as any other
+    /// record the cluster did not write.
     #[test]
-    fn a_native_record_keeps_its_timestamp() {
-        let headers = [("hourglass-topic", Some(&b"orders"[..])), ("hourglass-delay", Some(&b"5s"[..]))];
-        let entry = read(Some(b"n-1"), Some(b"v"), headers, false, UnixMillis(10_000), &Limits::default());
-        let Entry::Native { native: Native::Schedule { requested, .. }, at } = entry else {
-            panic!("{entry:?}")
-        };
-        assert_eq!(requested.resolve(at), UnixMillis(15_000));
+    fn a_record_without_the_seal_is_forged_whatever_it_says() {
+        let native = [("hourglass-topic", Some(&b"orders"[..])), ("hourglass-delay", Some(&b"5s"[..]))];
+        assert!(matches!(read(Some(b"n-1"), Some(b"v"), native, false), Entry::Forged(_)));
+        assert!(matches!(read(Some(b"n-1"), None, [], false), Entry::Forged(_)), "a tombstone too");
+        assert!(matches!(read(Some(b"n-1"), Some(b"v"), [], true), Entry::Skip(_)), "sealed, no format");
     }
 
     #[test]
-    fn a_bad_native_record_is_rejected_with_its_id() {
-        let entry = read(Some(b"n-2"), Some(b"v"), [], false, UnixMillis(0), &Limits::default());
-        let Entry::Rejected { rejected, .. } = entry else { panic!("{entry:?}") };
-        assert_eq!(rejected.id.unwrap().as_str(), "n-2");
+    fn ingress_keys_name_the_topic_and_partition() {
+        assert_ne!(ingress_key("a", 1), ingress_key("a", 2));
+        assert_ne!(ingress_key("a", 0), ingress_key("a\u{0}", 0));
+        assert_eq!(ingress_key("in", 3)[0], INGRESS_KEY_MARK);
+        assert!(matches!(read_internal(&ingress_key("in", 3), None, FORMAT), Entry::Skip(_)));
     }
 }

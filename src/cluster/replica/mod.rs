@@ -7,11 +7,8 @@
 use std::sync::Arc;
 
 use crate::{
-    cluster::log::{
-        native::{Arrived, Native},
-        record::{
-            self, Cancelled, Change, Entry, LogHeader, LogMessage, SettledLine as LogLine, SettledOutcome,
-        },
+    cluster::log::record::{
+        self, Cancelled, Change, Entry, LogHeader, LogMessage, SettledLine as LogLine, SettledOutcome,
     },
     message::{DueSpec, MessageId, UnixMillis},
     store::{
@@ -24,18 +21,6 @@ use crate::{
 pub(crate) fn entry(offset: i64, at: UnixMillis, entry: Entry, local: Option<Local>) -> LogEntry {
     let (writer, change) = match entry {
         Entry::Logged { writer, request, change } => (Some(writer), logged(writer, request, change)),
-        Entry::Native { native: Native::Schedule { id, envelope, requested }, at } => {
-            let record = MessageRecord::new(envelope, requested, requested.resolve(at), 0, at);
-            (None, Replica::Schedule { id, record, fresh: false })
-        }
-        Entry::Native { native: Native::Cancel(id), at } => (None, Replica::Cancel { id, record: None, at }),
-        Entry::Rejected { rejected, at } => match rejected.id {
-            Some(id) => {
-                let record = Some(arrived_record(*rejected.arrived, at));
-                (None, Replica::Fail { id, reason: rejected.reason.to_string(), at, record })
-            }
-            None => (None, Replica::Skip),
-        },
         Entry::Forget(id) => (None, Replica::Forget(id)),
         Entry::ForgetChunk(chunk) => (None, Replica::ForgetChunk(chunk)),
         // Logged (and a forgery counted) where it is read, with its
@@ -83,6 +68,9 @@ fn logged(writer: u64, request: u64, change: Change) -> Replica {
             topic: Arc::from(marks.topic),
             ends: marks.ends.iter().map(|e| (e.partition, e.offset)).collect(),
         },
+        Change::Ingress(read) => {
+            Replica::Ingress { topic: read.topic, partition: read.partition, next: read.next }
+        }
     }
 }
 
@@ -107,15 +95,6 @@ fn record_of(m: LogMessage) -> MessageRecord {
         requested_at_ms,
         requested_delay_ms,
         entry_at_ms: None,
-    }
-}
-
-/// The record of a refused Kafka-native message: what arrived, due when it
-/// asked (none: 0, which `Get` leaves out), scheduled at the record's time.
-fn arrived_record(arrived: Arrived, at: UnixMillis) -> MessageRecord {
-    match arrived.due {
-        Some(requested) => MessageRecord::new(arrived.record, requested, requested.resolve(at), 0, at),
-        None => MessageRecord { due_ms: 0, ..MessageRecord::new(arrived.record, DueSpec::At(at), at, 0, at) },
     }
 }
 

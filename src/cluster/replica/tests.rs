@@ -5,10 +5,7 @@ use std::path::Path;
 
 use super::{entry, proposed};
 use crate::{
-    cluster::log::{
-        native::Native,
-        record::{self, Change, Entry, LogMessage, Settled, SettledLine, SettledOutcome},
-    },
+    cluster::log::record::{self, Change, Entry, LogMessage, Settled, SettledLine, SettledOutcome},
     message::{CancelOutcome, DueSpec, Envelope, MessageId, Scope, State, UnixMillis},
     store::{
         Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Outcome, Proposed, Settle,
@@ -46,6 +43,11 @@ fn logged(offset: i64, change: Change) -> LogEntry {
 
 fn logged_by(writer: u64, offset: i64, change: Change) -> LogEntry {
     entry(offset, UnixMillis(0), Entry::Logged { writer, request: offset as u64, change }, None)
+}
+
+/// `writer`'s claim of the shard, at `offset`.
+fn claim(offset: i64, writer: u64) -> LogEntry {
+    logged_by(writer, offset, Change::Owner(record::Owner { at_ms: 1, released: false }))
 }
 
 fn delivered(text: &str, offset: i64) -> SettledLine {
@@ -103,8 +105,14 @@ async fn applying_parks_settles_and_keeps_the_next_offset_across_a_reopen() {
     store.close().await;
 }
 
+/// The latest record of an id says what the shard holds of it, as a copy
+/// built once compaction kept only that record would: a retry of the same
+/// schedule changes nothing, another message under the id replaces it.
+/// (The owner logs neither: it answers them from its store. They reach the
+/// log only when two nodes own the shard at once, or a record is written
+/// again.)
 #[tokio::test]
-async fn the_first_schedule_of_an_id_wins_and_later_ones_change_nothing() {
+async fn the_latest_schedule_of_an_id_says_what_it_holds_and_a_retry_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let mut other = message("a", 10);
@@ -118,9 +126,9 @@ async fn the_first_schedule_of_an_id_wins_and_later_ones_change_nothing() {
         .await
         .unwrap();
     assert!(matches!(&answers[1], Answer::Scheduled(Ok(s)) if s.duplicate));
-    assert!(matches!(&answers[2], Answer::Scheduled(Err(StoreError::IdConflict(_)))));
+    assert!(matches!(&answers[2], Answer::Scheduled(Ok(s)) if !s.duplicate));
     let got = store.get(Scope::everything(), id("a")).await.unwrap().unwrap();
-    assert_eq!(got.envelope.value, b"a");
+    assert_eq!(got.envelope.value, b"other");
     assert_eq!(store.pending(), 1);
     store.close().await;
 }
@@ -156,8 +164,13 @@ async fn the_latest_record_of_an_id_restores_it_alone() {
     store.close().await;
 }
 
+/// A delivery is a fact: it wins over a cancel that came before it. A
+/// cancel after it is the id's latest record, and a copy built from the
+/// compacted log keeps only that: every copy records the message as
+/// cancelled then, and says so. (Only a node fenced by another's claim
+/// delivers a message whose cancel is logged after it.)
 #[tokio::test]
-async fn a_delivery_wins_over_a_cancel_that_came_first_and_a_cancel_after_it_changes_nothing() {
+async fn a_delivery_wins_over_a_cancel_that_came_first_and_a_cancel_after_it_is_the_latest_word() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let cancel = |offset, text: &str| {
@@ -174,59 +187,35 @@ async fn a_delivery_wins_over_a_cancel_that_came_first_and_a_cancel_after_it_cha
         .await
         .unwrap();
     assert!(matches!(&answers[2], Answer::Cancelled(Ok(CancelOutcome::Cancelled))));
-    assert!(matches!(&answers[4], Answer::Cancelled(Ok(CancelOutcome::AlreadyDelivered))));
+    assert!(matches!(&answers[4], Answer::Cancelled(Ok(CancelOutcome::Cancelled))));
     assert!(matches!(state(&store, "x").await, Some(State::Delivered(d)) if d.offset == 1));
-    assert!(matches!(state(&store, "y").await, Some(State::Delivered(d)) if d.offset == 2));
+    assert!(matches!(state(&store, "y").await, Some(State::Cancelled { .. })));
     assert_eq!(store.pending(), 0);
     store.close().await;
 }
 
 #[tokio::test]
-async fn native_records_schedule_cancel_and_are_refused_by_id() {
+async fn ingress_offsets_are_kept_the_latest_winning_and_skipped_records_passed_over() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let native =
-        |offset, native| entry(offset, UnixMillis(0), Entry::Native { native, at: UnixMillis(100) }, None);
-    let schedule = |text: &str| Native::Schedule {
-        id: id(text),
-        envelope: envelope(text),
-        requested: DueSpec::After(std::time::Duration::from_secs(1)),
-    };
-    let refused = crate::cluster::log::native::Rejected {
-        id: Some(id("bad")),
-        reason: crate::message::Invalid::new("hourglass-topic", "is missing"),
-        arrived: Box::new(crate::cluster::log::native::Arrived {
-            record: crate::message::Envelope {
-                topic: String::new(),
-                key: None,
-                value: b"what came".to_vec(),
-                headers: Vec::new(),
-                partition: None,
-            },
-            due: Some(DueSpec::After(std::time::Duration::from_secs(2))),
-        }),
+    let ingress = |topic: &str, partition, next| {
+        Change::Ingress(record::Ingress { topic: topic.into(), partition, next })
     };
     store
         .apply(vec![
-            native(0, schedule("n1")),
-            native(1, schedule("n2")),
-            native(2, Native::Cancel(id("n2"))),
-            entry(3, UnixMillis(0), Entry::Rejected { rejected: refused, at: UnixMillis(100) }, None),
-            entry(4, UnixMillis(0), Entry::Skip("newer".into()), None),
-            entry(5, UnixMillis(0), Entry::Forged("unsealed"), None),
+            logged(0, ingress("in", 0, 10)),
+            logged(1, ingress("in", 1, 4)),
+            logged(2, ingress("in", 0, 7)),
+            entry(3, UnixMillis(0), Entry::Skip("newer".into()), None),
+            entry(4, UnixMillis(0), Entry::Forged("unsealed"), None),
         ])
         .await
         .unwrap();
-    let n1 = store.get(Scope::everything(), id("n1")).await.unwrap().unwrap();
-    assert_eq!(n1.due, UnixMillis(1_100), "a delay counts from the record's timestamp");
-    assert!(matches!(state(&store, "n2").await, Some(State::Cancelled { .. })));
-    assert!(
-        matches!(state(&store, "bad").await, Some(State::Failed { reason, .. }) if reason.contains("hourglass-topic"))
-    );
-    let bad = store.get(Scope::everything(), id("bad")).await.unwrap().unwrap();
-    assert_eq!(bad.envelope.value, b"what came", "shown as it arrived");
-    assert_eq!(bad.due, UnixMillis(2_100), "its delay from the record's timestamp");
-    assert_eq!(store.log_next(), 6, "a skipped or forged record is passed over, not retried");
+    assert_eq!(store.ingress_next("in", 0).await.unwrap(), Some(7), "the latest record, as compaction keeps");
+    assert_eq!(store.ingress_next("in", 1).await.unwrap(), Some(4));
+    assert_eq!(store.ingress_next("in", 2).await.unwrap(), None);
+    assert_eq!(store.ingress_next("other", 0).await.unwrap(), None);
+    assert_eq!(store.log_next(), 5, "a skipped or forged record is passed over, not retried");
     store.close().await;
 }
 
@@ -234,7 +223,7 @@ async fn native_records_schedule_cancel_and_are_refused_by_id() {
 async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    store.apply(vec![logged(0, Change::Scheduled(message("a", 10)))]).await.unwrap();
+    store.apply(vec![claim(0, 1), logged(1, Change::Scheduled(message("a", 10)))]).await.unwrap();
     let Decision::Log { change, held: Some(held), .. } = store
         .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5) })
         .await
@@ -256,7 +245,7 @@ async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
     assert!(!second.is_finished());
     let answers = store
         .apply(vec![entry(
-            1,
+            2,
             UnixMillis(0),
             Entry::Logged { writer: 1, request: 1, change: proposed(&id("a"), *change).1 },
             Some(Local::Held(held.into_id())),
@@ -266,6 +255,36 @@ async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
     assert!(matches!(&answers[0], Answer::Cancelled(Ok(CancelOutcome::Cancelled))));
     let second = second.await.unwrap().unwrap();
     assert!(matches!(second, Decision::Answer(Answer::Cancelled(Ok(CancelOutcome::AlreadyCancelled)))));
+    store.close().await;
+}
+
+/// A change the front decided while its node owned the shard, applied
+/// after another node's claim: applied on every copy all the same, but not
+/// answered as done, since the new owner's dispatcher may have taken the
+/// message first.
+#[tokio::test]
+async fn a_change_applied_after_another_node_s_claim_is_not_answered_as_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.apply(vec![claim(0, 1), logged(1, Change::Scheduled(message("a", 10)))]).await.unwrap();
+    let Decision::Log { change, held: Some(held), .. } = store
+        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5) })
+        .await
+        .unwrap()
+    else {
+        panic!("a pending message's cancel is logged")
+    };
+    let cancel = Entry::Logged { writer: 1, request: 3, change: proposed(&id("a"), *change).1 };
+    let answers = store
+        .apply(vec![claim(2, 2), entry(3, UnixMillis(0), cancel, Some(Local::Held(held.into_id())))])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&answers[1], Answer::Cancelled(Err(StoreError::LogUnavailable(why))) if why.contains("moved")),
+        "{:?}",
+        answers[1]
+    );
+    assert!(matches!(state(&store, "a").await, Some(State::Cancelled { .. })), "applied all the same");
     store.close().await;
 }
 
@@ -553,4 +572,200 @@ async fn a_reschedule_keeps_the_due_time_first_asked_for() {
     assert_eq!(key, id("f").as_bytes());
     assert_eq!((m.due_ms, m.requested_at_ms, m.requested_delay_ms), (90, Some(0), None));
     store.close().await;
+}
+
+/// One record of a generated log, before it is given its offset.
+#[derive(Clone, Debug)]
+enum Step {
+    Schedule {
+        id: usize,
+        value: u8,
+        due: u64,
+        writer: u64,
+    },
+    Reschedule {
+        id: usize,
+        due: u64,
+        writer: u64,
+    },
+    Cancel {
+        id: usize,
+        at: u64,
+        writer: u64,
+    },
+    /// A settle's lines: (id, 0 delivered, 1 retry, 2 failed).
+    Settle {
+        lines: Vec<(usize, u8)>,
+        writer: u64,
+    },
+    Claim {
+        writer: u64,
+        released: bool,
+    },
+    /// An id's tombstone.
+    Forget {
+        id: usize,
+    },
+    /// The tombstone of the n-th chunk so far, where its owner would write
+    /// one: once every id it names was forgotten since.
+    ForgetChunk {
+        nth: usize,
+    },
+}
+
+const IDS: [&str; 3] = ["a", "b", "c"];
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let id = 0..IDS.len();
+    let writer = 1u64..3;
+    prop_oneof![
+        3 => (id.clone(), 0u8..2, 1u64..4, writer.clone())
+            .prop_map(|(id, value, due, writer)| Step::Schedule { id, value, due: due * 10, writer }),
+        1 => (id.clone(), 1u64..4, writer.clone()).prop_map(|(id, due, writer)| Step::Reschedule { id, due: due * 10 + 5, writer }),
+        2 => (id.clone(), 1u64..9, writer.clone()).prop_map(|(id, at, writer)| Step::Cancel { id, at, writer }),
+        3 => (proptest::collection::vec((id.clone(), 0u8..3), 1..3), writer.clone())
+            .prop_map(|(lines, writer)| Step::Settle { lines, writer }),
+        1 => (writer, any::<bool>()).prop_map(|(writer, released)| Step::Claim { writer, released }),
+        1 => id.prop_map(|id| Step::Forget { id }),
+        1 => (0usize..4).prop_map(|nth| Step::ForgetChunk { nth }),
+    ]
+}
+
+/// The log `steps` make: each record with its key, in offset order.
+fn log_of(steps: &[Step]) -> Vec<(Vec<u8>, Entry)> {
+    let mut log: Vec<(Vec<u8>, Entry)> = Vec::new();
+    let mut chunks: Vec<(Vec<u8>, Vec<usize>, usize)> = Vec::new();
+    // The offset of each id's latest record, and whether it was a tombstone.
+    let mut latest: [Option<(usize, bool)>; IDS.len()] = [None; IDS.len()];
+    let logged = |writer: u64, request: usize, change: Change| Entry::Logged {
+        writer,
+        request: request as u64,
+        change,
+    };
+    for step in steps {
+        let offset = log.len();
+        let (key, entry) = match step.clone() {
+            Step::Schedule { id, value, due, writer } => {
+                let mut m = message(IDS[id], due);
+                m.value = vec![b'v', value];
+                (IDS[id].as_bytes().to_vec(), logged(writer, offset, Change::Scheduled(m)))
+            }
+            Step::Reschedule { id, due, writer } => (
+                IDS[id].as_bytes().to_vec(),
+                logged(writer, offset, Change::Rescheduled(message(IDS[id], due))),
+            ),
+            Step::Cancel { id, at, writer } => {
+                let cancelled = record::Cancelled { message: Some(message(IDS[id], 10)), at_ms: at };
+                (IDS[id].as_bytes().to_vec(), logged(writer, offset, Change::Cancelled(cancelled)))
+            }
+            Step::Settle { lines, writer } => {
+                let at = 100 + offset as u64;
+                let key = record::chunk_key(UnixMillis(at), writer, offset as u64);
+                let lines: Vec<SettledLine> = lines
+                    .iter()
+                    .map(|(id, outcome)| {
+                        let outcome = match outcome {
+                            0 => SettledOutcome::Delivered(record::Delivered {
+                                partition: 0,
+                                offset: offset as i64,
+                                in_order: false,
+                            }),
+                            1 => SettledOutcome::Retry(record::Retry {
+                                retry_at_ms: at + 50,
+                                error: "later".into(),
+                                refused: false,
+                            }),
+                            _ => SettledOutcome::Failed(record::SettledFailure {
+                                error: "no".into(),
+                                tried: true,
+                            }),
+                        };
+                        SettledLine { id: id_bytes(*id), at_ms: at, outcome: Some(outcome) }
+                    })
+                    .collect();
+                chunks.push((key.clone(), lines_ids(&lines), offset));
+                (key.clone(), logged(writer, offset, Change::Settled(Settled { lines, at_ms: at })))
+            }
+            Step::Claim { writer, released } => (
+                record::owner_key(),
+                logged(writer, offset, Change::Owner(record::Owner { at_ms: 1, released })),
+            ),
+            Step::Forget { id } => {
+                (IDS[id].as_bytes().to_vec(), Entry::Forget(MessageId::parse(IDS[id]).unwrap()))
+            }
+            Step::ForgetChunk { nth } => {
+                let Some((key, ids, at)) = chunks.get(nth).cloned() else { continue };
+                let forgotten = ids.iter().all(|id| latest[*id].is_some_and(|(o, tomb)| tomb && o > at));
+                if !forgotten || log.iter().any(|(k, e)| *k == key && matches!(e, Entry::ForgetChunk(_))) {
+                    continue;
+                }
+                (key.clone(), Entry::ForgetChunk(key))
+            }
+        };
+        if let Some(id) = IDS.iter().position(|i| i.as_bytes() == key.as_slice()) {
+            latest[id] = Some((offset, matches!(entry, Entry::Forget(_))));
+        }
+        log.push((key, entry));
+    }
+    log
+}
+
+fn id_bytes(id: usize) -> Vec<u8> {
+    IDS[id].as_bytes().to_vec()
+}
+
+fn lines_ids(lines: &[SettledLine]) -> Vec<usize> {
+    lines.iter().filter_map(|l| IDS.iter().position(|i| i.as_bytes() == l.id.as_slice())).collect()
+}
+
+/// What Kafka's compaction leaves of `log`: the last record of each key,
+/// at its offset; with `tombstones` false, also without the tombstones
+/// (dropped once `delete.retention.ms` has passed).
+fn compacted(log: &[(Vec<u8>, Entry)], tombstones: bool) -> Vec<(i64, Entry)> {
+    log.iter()
+        .enumerate()
+        .filter(|(i, (key, _))| !log[i + 1..].iter().any(|(later, _)| later == key))
+        .filter(|(_, (_, entry))| tombstones || !matches!(entry, Entry::Forget(_) | Entry::ForgetChunk(_)))
+        .map(|(i, (_, entry))| (i as i64, entry.clone()))
+        .collect()
+}
+
+/// Every message a store built from `records` holds, as `Get` shows it.
+async fn applied(records: Vec<(i64, Entry)>) -> Vec<Option<crate::message::ScheduledMessage>> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let entries =
+        records.into_iter().map(|(offset, e)| entry(offset, UnixMillis(offset as u64), e, None)).collect();
+    store.apply(entries).await.unwrap();
+    let mut held = Vec::new();
+    for text in IDS {
+        held.push(store.get(Scope::everything(), id(text)).await.unwrap());
+    }
+    store.close().await;
+    held
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
+
+    /// Compaction cannot change what a shard holds: a copy built from the
+    /// whole log and one built from what compaction leaves of it (the last
+    /// record of each key, with its tombstones or after they are gone)
+    /// hold the same messages in the same states, whatever the records
+    /// say: conflicting schedules of one id, cancels, settles of any
+    /// outcome, claims by any writer, tombstones.
+    #[test]
+    fn a_copy_built_from_the_compacted_log_holds_what_the_whole_log_made(
+        steps in proptest::collection::vec(step(), 1..24)
+    ) {
+        let log = log_of(&steps);
+        let whole: Vec<(i64, Entry)> = log.iter().enumerate().map(|(i, (_, e))| (i as i64, e.clone())).collect();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (all, kept, gone) = runtime.block_on(async {
+            (applied(whole).await, applied(compacted(&log, true)).await, applied(compacted(&log, false)).await)
+        });
+        proptest::prop_assert_eq!(&all, &kept, "with tombstones kept");
+        proptest::prop_assert_eq!(&all, &gone, "with tombstones gone");
+    }
 }

@@ -60,6 +60,25 @@ impl Answer {
         }
     }
 
+    /// This answer, made unknown: the change was applied after another
+    /// node took the shard, whose dispatcher may have settled the message
+    /// first. A retry with the same id learns what came of it.
+    pub(crate) fn superseded(self) -> Answer {
+        let moved = || {
+            StoreError::LogUnavailable(
+                "the shard moved to another node while this change was made, and that node decides what came \
+                 of it: retry with the same id to learn the outcome"
+                    .to_owned(),
+            )
+        };
+        match self {
+            Answer::Scheduled(_) => Answer::Scheduled(Err(moved())),
+            Answer::Cancelled(_) => Answer::Cancelled(Err(moved())),
+            Answer::Rescheduled(_) => Answer::Rescheduled(Err(moved())),
+            Answer::None => Answer::None,
+        }
+    }
+
     fn unexpected(&self) -> StoreError {
         StoreError::Io(format!("the store answered a change with {self:?}"))
     }

@@ -212,6 +212,14 @@ impl Store {
         self.blocking(move |s| read::marks_of(&s.inner.db, &topic)).await
     }
 
+    /// Cluster mode: the offset of the next record of `partition` of the
+    /// ingress topic `topic` to read, as the log last said (none: never
+    /// read).
+    pub(crate) async fn ingress_next(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
+        let key = schema::ingress_key(topic, partition);
+        self.blocking(move |s| read::ingress_next(&s.inner.db, &key)).await
+    }
+
     /// Records that the dispatcher may produce what is due up to `until`;
     /// returns once that is durable.
     pub(crate) async fn extend_horizon(&self, until: UnixMillis) -> Result<(), StoreError> {
@@ -258,6 +266,15 @@ impl Store {
     /// logged.
     pub async fn unhold(&self, id: MessageId) -> Result<(), StoreError> {
         self.send(Op::Unhold(id)).await
+    }
+
+    /// Says which pending messages an earlier dispatcher may have produced
+    /// unrecorded, until the search for them is over (none: the search is
+    /// over). Meanwhile a cancel or reschedule of one of them is answered
+    /// [`StoreError::Dispatching`]: the search could still find it
+    /// delivered. Takes effect before any change queued after it.
+    pub(crate) async fn doubt(&self, window: Option<InDoubt>) -> Result<(), StoreError> {
+        self.send(Op::Doubt(window)).await
     }
 
     /// Cluster mode: applies records of the shard's log partition, in

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::{Answer, Decided, Decision, Intent, LogEntry};
+use super::{Answer, Decided, Decision, InDoubt, Intent, LogEntry};
 use crate::{
     message::{CancelOutcome, DueSpec, Envelope, MessageId, Scheduled, Scope, UnixMillis},
     store::{StoreError, claims::Floor, read, scan::Tries, schema::DispatchKey},
@@ -132,6 +132,10 @@ pub(crate) enum Op {
         ends: Vec<(i32, i64)>,
         reply: Reply<()>,
     },
+    /// Which pending messages a produce of an earlier dispatcher may have
+    /// reached Kafka unrecorded (none: no longer any): until the search for
+    /// them is over, a change to one of them is refused as dispatching.
+    Doubt(Option<InDoubt>),
     /// Produces whose outcome the dispatcher will not learn: it stopped
     /// before Kafka answered. Requests waiting on them are told so; their
     /// claims stay until the store closes, and the store does not count as
@@ -214,6 +218,12 @@ pub(super) fn refuse(op: Op, error: StoreError) {
         Op::Apply { reply, .. } => drop(reply.send(Err(error))),
         Op::Mark { reply, .. } => drop(reply.send(Err(error))),
         Op::Horizon { reply, .. } => drop(reply.send(Err(error))),
-        Op::Settle { .. } | Op::Unpark(_) | Op::InDoubt(_) | Op::Unhold(_) | Op::Tick | Op::Close => {}
+        Op::Settle { .. }
+        | Op::Unpark(_)
+        | Op::InDoubt(_)
+        | Op::Doubt(_)
+        | Op::Unhold(_)
+        | Op::Tick
+        | Op::Close => {}
     }
 }

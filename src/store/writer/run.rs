@@ -363,6 +363,7 @@ impl Writer {
                 r.reply(reply, Ok(decided));
             }
             Op::Unhold(id) => self.unhold(&id),
+            Op::Doubt(window) => self.in_doubt = window,
             Op::Apply { entries, reply } => {
                 let db = r.db;
                 let round = std::mem::replace(r, Round::new(db, self.meta.clone()));

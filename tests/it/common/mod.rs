@@ -30,6 +30,41 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
+/// A producer of Kafka-native schedules, as an application makes one: the
+/// Java client's partitioner (each id lands in its shard's partition),
+/// acks=all, idempotent.
+pub fn native_producer(broker: &Broker) -> rdkafka::producer::FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", broker.addr())
+        .set("partitioner", "murmur2_random")
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "0")
+        .create()
+        .unwrap()
+}
+
+/// Produces a Kafka-native record to `topic` (an ingress topic): a value
+/// (none: a tombstone) and headers; returns once the broker has it.
+pub async fn send_native(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    key: &str,
+    value: Option<&str>,
+    headers: &[(&str, &str)],
+) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let mut h = OwnedHeaders::new();
+    for (k, v) in headers {
+        h = h.insert(Header { key: k, value: Some(v.as_bytes()) });
+    }
+    let mut record = rdkafka::producer::FutureRecord::<str, str>::to(topic).key(key).headers(h);
+    if let Some(value) = value {
+        record = record.payload(value);
+    }
+    producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+}
+
 pub fn free_port() -> u16 {
     hourglass_testkit::free_port().unwrap()
 }

@@ -258,6 +258,19 @@ impl Writer {
     }
 }
 
+/// Whether `stored` is the message `record` carries, pending and untried:
+/// what parking `record` would make.
+fn untried_as(stored: &Stored, record: &MessageRecord) -> bool {
+    stored.settlement.is_none() && stored.record.due_ms == record.due_ms && same_message(stored, record)
+}
+
+/// Whether `stored` holds the message `record` carries (its due time
+/// aside).
+fn same_message(stored: &Stored, record: &MessageRecord) -> bool {
+    stored.record.scheduled_at_ms == record.scheduled_at_ms
+        && stored.record.is_same_request(&record.envelope(), record.requested())
+}
+
 /// The messages an entry changes.
 pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
     match &entry.change {
@@ -270,7 +283,11 @@ pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
             Some(Local::Settles(settles, _)) => settles.iter().map(|s| s.id.clone()).collect(),
             _ => ids.iter().filter_map(|id| MessageId::from_stored(id)).collect(),
         },
-        Replica::Owner { .. } | Replica::Marks { .. } | Replica::ForgetChunk(_) | Replica::Skip => Vec::new(),
+        Replica::Owner { .. }
+        | Replica::Marks { .. }
+        | Replica::Ingress { .. }
+        | Replica::ForgetChunk(_)
+        | Replica::Skip => Vec::new(),
     }
 }
 
@@ -288,7 +305,13 @@ impl Writer {
         // fenced by a later claim may have delivered after records of the
         // new owner still unrecorded.
         let from_owner = writer == Some(r.meta.log_owner);
+        let decided_here = matches!(local, Some(Local::Held(_)));
         let answer = self.apply_change(r, change, local, from_owner)?;
+        // A change this node decided, applied after another node claimed
+        // the shard (or this one let go): every copy applies it, but the
+        // new owner's dispatcher may have taken the message first, so what
+        // it came to is that node's to say, not an outcome to answer here.
+        let answer = if decided_here && !from_owner { answer.superseded() } else { answer };
         r.meta.log_next = offset + 1;
         // Only hourglass's own records tell the log's time: a Kafka-native
         // record's timestamp is whatever its producer set.
@@ -355,6 +378,11 @@ impl Writer {
                 self.set_marks(r, &topic, ends);
                 Answer::None
             }
+            Replica::Ingress { topic, partition, next } => {
+                // The latest record says, as compaction keeps it.
+                r.batch.put_cf(self.checkpoint(), schema::ingress_key(&topic, partition), next.to_be_bytes());
+                Answer::None
+            }
             Replica::Forget(id) => {
                 self.forget(r, &id)?;
                 // The owner held the id from its purge to here.
@@ -371,8 +399,13 @@ impl Writer {
         })
     }
 
-    /// The first schedule of an id parks it; a later one is a retry (the
-    /// same message) or a conflict, and changes nothing.
+    /// A message's latest record says all there is of it, as compaction
+    /// keeps only that one: a schedule parks the message it carries,
+    /// whatever the store held of the id. (Only when two nodes own the
+    /// shard at once, or a record is written again, does a schedule of a
+    /// taken id reach the log: the owner answers a retry or a conflict
+    /// without logging anything.) One that finds the very message already
+    /// pending, untried, changes nothing: a retry.
     fn apply_schedule(
         &mut self,
         r: &mut Round,
@@ -382,17 +415,20 @@ impl Writer {
     ) -> Result<Scheduled, StoreError> {
         let due = record.due();
         if !fresh && let Some(existing) = self.load(r, &id)? {
-            return if existing.record.is_same_request(&record.envelope(), record.requested()) {
-                Ok(Scheduled { id, due: existing.record.due(), duplicate: true })
-            } else {
-                Err(StoreError::IdConflict(id))
-            };
+            if untried_as(&existing, &record) {
+                return Ok(Scheduled { id, due, duplicate: true });
+            }
+            self.discard(r, &id, existing);
         }
         // Seen by what follows in this round (its settle, say), fresh or not.
         self.park_new(r, &id, record, true);
         Ok(Scheduled { id, due, duplicate: false })
     }
 
+    /// A reschedule carries its message whole: it is parked at the record's
+    /// due time, whatever the store held of the id (a pending message moves;
+    /// a failed one is armed again; one whose earlier records compaction
+    /// dropped is parked).
     fn apply_reschedule(
         &mut self,
         r: &mut Round,
@@ -400,22 +436,24 @@ impl Writer {
         record: MessageRecord,
     ) -> Result<UnixMillis, StoreError> {
         let due = record.due();
-        let Some(stored) = self.load(r, &id)? else {
-            // Its earlier records were compacted away: the latest says all.
-            self.park_new(r, &id, record, true);
-            return Ok(due);
-        };
-        match view::state_of(stored.settlement.as_ref()).reschedule() {
-            Err(RescheduleRefusal::AlreadyDelivered) => Err(StoreError::AlreadyDelivered(id)),
-            Err(RescheduleRefusal::AlreadyCancelled) => Err(StoreError::AlreadyCancelled(id)),
-            Ok(()) => {
+        match self.load(r, &id)? {
+            // The same message, untried: moving it is what parking it anew
+            // would make.
+            Some(stored) if stored.settlement.is_none() && same_message(&stored, &record) => {
                 self.touched(&id);
                 self.move_to(r, id, stored, due);
-                Ok(due)
+                return Ok(due);
             }
+            Some(stored) => self.discard(r, &id, stored),
+            None => {}
         }
+        self.park_new(r, &id, record, true);
+        Ok(due)
     }
 
+    /// A cancel carries its message whole: it is recorded as cancelled at
+    /// `at`, whatever the store held of the id, except that a delivery that
+    /// comes after it wins (see [`Self::apply_settled_line`]).
     fn apply_cancel(
         &mut self,
         r: &mut Round,
@@ -423,25 +461,54 @@ impl Writer {
         record: Option<MessageRecord>,
         at: UnixMillis,
     ) -> Result<CancelOutcome, StoreError> {
-        let Some(stored) = self.load(r, id)? else {
-            let Some(record) = record else { return Ok(CancelOutcome::NotFound) };
-            self.record_settled(
-                r,
-                id,
-                record,
-                Settlement { kind: SettlementKind::Cancelled as i32, at_ms: at.0, ..Settlement::default() },
-            );
-            r.meta.cancelled_total += 1;
-            return Ok(CancelOutcome::Cancelled);
+        let stored = self.load(r, id)?;
+        let Some(record) = record else {
+            // No message to record (none is written now): a pending one
+            // is cancelled as it is.
+            return Ok(match stored {
+                Some(stored) if view::state_of(stored.settlement.as_ref()).is_pending() => {
+                    self.touched(id);
+                    self.cancel_pending(r, id, stored, at);
+                    CancelOutcome::Cancelled
+                }
+                Some(stored) => view::state_of(stored.settlement.as_ref())
+                    .cancel()
+                    .err()
+                    .unwrap_or(CancelOutcome::Cancelled),
+                None => CancelOutcome::NotFound,
+            });
         };
-        if let Err(outcome) = view::state_of(stored.settlement.as_ref()).cancel() {
-            return Ok(outcome);
+        // What the store holds after it is what the answer says: a cancel
+        // that finds the message settled otherwise (two nodes owned the
+        // shard at once) records it as cancelled all the same, as a copy
+        // built from the compacted log, which keeps only this record of
+        // the id, would.
+        let outcome = match &stored {
+            Some(s)
+                if matches!(
+                    view::state_of(s.settlement.as_ref()).cancel(),
+                    Err(CancelOutcome::AlreadyCancelled)
+                ) =>
+            {
+                CancelOutcome::AlreadyCancelled
+            }
+            _ => CancelOutcome::Cancelled,
+        };
+        if let Some(stored) = stored {
+            self.discard(r, id, stored);
         }
-        self.touched(id);
-        self.cancel_pending(r, id, stored, at);
-        Ok(CancelOutcome::Cancelled)
+        let settlement =
+            Settlement { kind: SettlementKind::Cancelled as i32, at_ms: at.0, ..Settlement::default() };
+        self.record_settled(r, id, record, settlement);
+        r.meta.cancelled_total += 1;
+        if outcome == CancelOutcome::Cancelled {
+            r.effects.cancelled += 1;
+        }
+        Ok(outcome)
     }
 
+    /// A failure (written by earlier builds for a Kafka-native record that
+    /// did not parse) is recorded as it says, whatever the store held.
     fn apply_failed(
         &mut self,
         r: &mut Round,
@@ -450,41 +517,39 @@ impl Writer {
         at: UnixMillis,
         record: Option<MessageRecord>,
     ) -> Result<(), StoreError> {
+        if let Some(stored) = self.load(r, id)? {
+            self.discard(r, id, stored);
+        }
         let settlement = Settlement {
             kind: SettlementKind::Failed as i32,
             last_error: reason.to_owned(),
             at_ms: at.0,
             ..Settlement::default()
         };
-        match self.load(r, id)? {
-            None => {
-                let record = record
-                    .unwrap_or_else(|| MessageRecord { scheduled_at_ms: at.0, ..MessageRecord::default() });
-                self.record_settled(r, id, record, settlement);
-                r.meta.failed_total = r.meta.failed_total.saturating_add(1);
-            }
-            Some(stored) if view::state_of(stored.settlement.as_ref()).is_pending() => {
-                self.touched(id);
-                let key = view::dispatch_key(&stored.record, stored.settlement.as_ref());
-                let topic = stored.record.topic.clone();
-                r.replica.settled.insert(id.clone());
-                self.settle(
-                    r,
-                    Settle {
-                        id: id.clone(),
-                        key,
-                        due: stored.record.due(),
-                        topic: topic.into(),
-                        tries: Tries::of(stored.settlement.as_ref()),
-                        at,
-                        outcome: Outcome::Failed { error: reason.to_owned(), tried: false },
-                        in_order: false,
-                    },
-                );
-            }
-            Some(_) => {}
-        }
+        let record =
+            record.unwrap_or_else(|| MessageRecord { scheduled_at_ms: at.0, ..MessageRecord::default() });
+        self.record_settled(r, id, record, settlement);
+        r.meta.failed_total = r.meta.failed_total.saturating_add(1);
         Ok(())
+    }
+
+    /// Drops whatever the store holds of `id`, in whatever state: the
+    /// record about to be applied says all there is of its message. A
+    /// dispatcher holding it has its settle checked against the store.
+    fn discard(&mut self, r: &mut Round, id: &MessageId, stored: Stored) {
+        self.touched(id);
+        if view::state_of(stored.settlement.as_ref()).is_pending() {
+            r.delete_due(view::dispatch_key(&stored.record, stored.settlement.as_ref()));
+            r.meta.pending = r.meta.pending.saturating_sub(1);
+            self.count(r, id, &stored.record.topic, |c| c.pending = c.pending.saturating_sub(1));
+        } else if stored.record.is_locator() {
+            r.delete_due(view::dispatch_key(&stored.record, None));
+        } else if let Some(settled_at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
+            r.delete_retention(settled_at, id);
+        }
+        r.batch.delete_cf(cf(self.shared.db.as_ref(), schema::CF_MESSAGES), id.as_bytes());
+        r.delete_settlement(id);
+        r.overlay.insert(id.clone(), None);
     }
 
     /// Records a message that arrives settled (its earlier records were
@@ -593,22 +658,13 @@ impl Writer {
         Ok(())
     }
 
-    /// Retention ended for `id`: a settled message is forgotten.
+    /// Retention ended for `id`: the message is forgotten. (Its owner
+    /// writes the tombstone once the message is settled; one that finds it
+    /// pending forgets it all the same, as a copy built once compaction
+    /// kept only the tombstone would.)
     fn forget(&mut self, r: &mut Round, id: &MessageId) -> Result<(), StoreError> {
         let Some(stored) = self.load(r, id)? else { return Ok(()) };
-        let Some(settled_at) = stored.settlement.as_ref().and_then(Settlement::settled_at) else {
-            return Ok(());
-        };
-        if stored.record.is_locator() {
-            // Delivered at its first try: its entry goes; its chunk's log
-            // goes with retention.
-            r.delete_due(view::dispatch_key(&stored.record, None));
-        } else {
-            r.delete_retention(settled_at, id);
-        }
-        r.batch.delete_cf(cf(self.shared.db.as_ref(), schema::CF_MESSAGES), id.as_bytes());
-        r.delete_settlement(id);
-        r.overlay.insert(id.clone(), None);
+        self.discard(r, id, stored);
         r.effects.purged += 1;
         Ok(())
     }

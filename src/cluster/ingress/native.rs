@@ -1,4 +1,4 @@
-//! Kafka-native schedules: a record an application produces to the log
+//! Kafka-native schedules: a record an application produces to an ingress
 //! topic instead of calling `Schedule`.
 //!
 //! ```text
@@ -17,19 +17,16 @@
 //! Exactly one of `hourglass-deliver-at` and `hourglass-delay`. Any other
 //! `hourglass-` header is refused by name, so a misspelt one is not passed
 //! through unnoticed. A delay counts from the record's own timestamp, not
-//! from when a node reads it, so every replica of the shard reads the same
-//! due time.
+//! from when a node reads it, so a record read again (by the next owner
+//! of its shard) asks for the same due time, and is a retry.
 //!
 //! A record that breaks these rules is [`Rejected`], with the id when it
-//! has one (so that the rejection can be recorded against it and shown by
-//! `Get`), what arrived as far as it reads, and a reason a person can act
-//! on.
+//! has one and a reason a person can act on.
 
 use std::time::Duration;
 
 use crate::message::{
     DueSpec, Envelope, Header, Invalid, Limits, MessageId, RESERVED_HEADER_PREFIX, UnixMillis,
-    validate_topic_name,
 };
 
 pub const TOPIC_HEADER: &str = "hourglass-topic";
@@ -60,72 +57,6 @@ pub struct Rejected {
     /// The id, when the record's key is one.
     pub id: Option<MessageId>,
     pub reason: Invalid,
-    /// What the record asked for, as far as it reads.
-    pub arrived: Box<Arrived>,
-}
-
-/// What a refused record carried, read without judging it: `Get` shows the
-/// refused message as it arrived, not as an empty one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Arrived {
-    /// Its record: the topic from `hourglass-topic` (empty if absent or no
-    /// valid name), the key from `hourglass-key`, the value (empty for
-    /// none), and every header but the `hourglass-` ones read above, in
-    /// order. No partition: a refused record is never produced.
-    pub record: Envelope,
-    /// When it asked to be delivered, if that header reads.
-    pub due: Option<DueSpec>,
-}
-
-impl Arrived {
-    /// What a record carried, bounded by `limits` as a message is: a topic
-    /// that is no valid name is left out, and so are headers past the
-    /// limits, and the value and headers of a record too large to keep
-    /// (the reason says so).
-    fn read<'a>(
-        value: Option<&[u8]>,
-        headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
-        limits: &Limits,
-    ) -> Self {
-        let mut record = Envelope {
-            topic: String::new(),
-            key: None,
-            value: value.unwrap_or_default().to_vec(),
-            headers: Vec::new(),
-            partition: None,
-        };
-        let mut due = None;
-        let text =
-            |bytes: Option<&[u8]>| String::from_utf8_lossy(bytes.unwrap_or_default()).trim().to_owned();
-        let mut header_bytes = 0;
-        for (name, bytes) in headers {
-            match name {
-                TOPIC_HEADER if record.topic.is_empty() => {
-                    record.topic =
-                        Some(text(bytes)).filter(|t| validate_topic_name(t).is_ok()).unwrap_or_default()
-                }
-                KEY_HEADER if record.key.is_none() => record.key = Some(bytes.unwrap_or_default().to_vec()),
-                DELIVER_AT_HEADER if due.is_none() => due = deliver_at(&text(bytes)).ok().map(DueSpec::At),
-                DELAY_HEADER if due.is_none() => due = delay(&text(bytes)).ok().map(DueSpec::After),
-                TOPIC_HEADER | KEY_HEADER | PARTITION_HEADER | DELIVER_AT_HEADER | DELAY_HEADER => {}
-                _ => {
-                    let value = bytes.unwrap_or_default();
-                    header_bytes += name.len() + value.len();
-                    if record.headers.len() < limits.max_headers && header_bytes <= limits.max_headers_bytes {
-                        record.headers.push(Header { key: name.to_owned(), value: value.to_vec() });
-                    }
-                }
-            }
-        }
-        let key_bytes = record.key.as_ref().map_or(0, Vec::len);
-        let kept: usize = record.headers.iter().map(|h| h.key.len() + h.value.len()).sum();
-        if key_bytes + record.value.len() + kept > limits.max_message_bytes {
-            record.key = None;
-            record.value = Vec::new();
-            record.headers = Vec::new();
-        }
-        Arrived { record, due }
-    }
 }
 
 /// Reads a native record: its key, its value (none for a tombstone) and its
@@ -134,18 +65,17 @@ impl Arrived {
 pub fn parse<'a>(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
-    headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)> + Clone,
+    headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
     limits: &Limits,
 ) -> Result<Native, Rejected> {
-    let arrived = || Box::new(Arrived::read(value, headers.clone(), limits));
-    let id = parse_id(key).map_err(|reason| Rejected { id: None, reason, arrived: arrived() })?;
-    let reject = |reason: Invalid| Rejected { id: Some(id.clone()), reason, arrived: arrived() };
+    let id = parse_id(key).map_err(|reason| Rejected { id: None, reason })?;
+    let reject = |reason: Invalid| Rejected { id: Some(id.clone()), reason };
     let Some(value) = value else {
         return Ok(Native::Cancel(id));
     };
     let mut fields = Fields::default();
     let mut passed = Vec::new();
-    for (name, bytes) in headers.clone() {
+    for (name, bytes) in headers {
         if name.starts_with(RESERVED_HEADER_PREFIX) {
             fields.set(name, bytes).map_err(reject)?;
         } else {
@@ -393,58 +323,6 @@ mod tests {
             assert_eq!((got_id, got_field), (id, field), "case {i}: {got_reason}");
             assert!(got_reason.contains(says), "case {i}: {got_reason:?} should say {says:?}");
         }
-    }
-
-    /// `Get` shows a refused message as it came: its topic, key, value,
-    /// headers and due time, as far as they read, whatever broke.
-    #[test]
-    fn a_rejection_keeps_what_arrived() {
-        let e = read(
-            Some("a"),
-            Some("payload"),
-            &[
-                (TOPIC_HEADER, "no spaces"),
-                (KEY_HEADER, "k"),
-                (DELIVER_AT_HEADER, "2026-11-23T09:00:00Z"),
-                ("trace", "abc"),
-                ("hourglass-dely", "1s"),
-            ],
-        )
-        .unwrap_err();
-        assert_eq!(e.arrived.record.topic, "", "not a topic name: left out");
-        assert_eq!(e.arrived.record.key.as_deref(), Some(&b"k"[..]));
-        assert_eq!(e.arrived.record.value, b"payload");
-        assert_eq!(e.arrived.due, Some(DueSpec::At(UnixMillis(1_795_424_400_000))));
-        let names: Vec<&str> = e.arrived.record.headers.iter().map(|h| h.key.as_str()).collect();
-        assert_eq!(names, ["trace", "hourglass-dely"], "what was not read as ours, as it came");
-        let e = read(None, Some("v"), &[(DELAY_HEADER, "soon")]).unwrap_err();
-        assert_eq!((e.arrived.record.topic.as_str(), e.arrived.due), ("", None), "nothing made up");
-        let e = read(Some("a"), Some("v"), &[(TOPIC_HEADER, "orders")]).unwrap_err();
-        assert_eq!(e.arrived.record.topic, "orders");
-    }
-
-    /// A refused record is kept no larger than a message may be.
-    #[test]
-    fn what_arrived_is_bounded_as_a_message_is() {
-        let limits =
-            Limits { max_message_bytes: 64, max_headers: 2, max_headers_bytes: 32, ..Limits::default() };
-        let big = "x".repeat(100);
-        let headers = [("a", "1"), ("b", "2"), ("c", "3"), (TOPIC_HEADER, "t")];
-        let e = parse(
-            Some(b"id"),
-            Some(big.as_bytes()),
-            headers.iter().map(|(k, v)| (*k, Some(v.as_bytes()))),
-            &limits,
-        )
-        .unwrap_err();
-        assert!(
-            e.arrived.record.value.is_empty() && e.arrived.record.headers.is_empty(),
-            "too large to keep: {e:?}"
-        );
-        let e =
-            parse(Some(b"id"), Some(b"v"), headers.iter().map(|(k, v)| (*k, Some(v.as_bytes()))), &limits)
-                .unwrap_err();
-        assert_eq!(e.arrived.record.headers.len(), 2, "no more headers than a message may have");
     }
 
     #[test]
