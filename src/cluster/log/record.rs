@@ -9,12 +9,12 @@
 //!
 //! ```text
 //! key                value (LogRecord.change)       applied
-//! id                 Scheduled(message)             parked, unless the id is taken (first one wins)
-//! id                 Rescheduled(message)           moved to the message's due time if pending;
-//!                                                   parked if unknown; re-armed if failed
-//! id                 Cancelled(message, at)         cancelled if pending; recorded if unknown
-//! id                 Failed(id, reason, message?)   recorded as failed if unknown or pending
-//! id                 none (tombstone)               forgotten, once settled (retention ended)
+//! id                 Scheduled(message)             parked as it is (a retry of the pending
+//!                                                   message changes nothing)
+//! id                 Rescheduled(message)           parked at its due time (moved, re-armed)
+//! id                 Cancelled(message, at)         recorded as cancelled
+//! id                 Failed(id, reason, message?)   recorded as failed (earlier builds)
+//! id                 none (tombstone)               forgotten (retention ended)
 //! 0x01 ‖ at ‖ chunk  Settled(lines, at)             what the dispatcher's produces became:
 //!                                                   delivered (partition, offset), retry, failed
 //! 0x01 ‖ at ‖ chunk  none (tombstone)               the chunk's retention ended
@@ -28,6 +28,11 @@
 //! 0x04 ‖ topic ‖ 0 ‖ p Ingress(topic, partition,   how far the shard read partition p of an
 //!                      next)                        ingress topic: the next offset to read
 //! ```
+//!
+//! The latest record of an id says all there is of its message, whatever
+//! came before it, as compaction keeps only that record: a copy rebuilt
+//! from the compacted log holds what the copies that applied every record
+//! hold. A `Settled` record changes only a message the shard holds.
 //!
 //! Deliveries are recorded by chunk, one record for what one settle of the
 //! dispatcher covers, as the store's own delivery logs do: a drain writes
