@@ -394,3 +394,100 @@ async fn a_fenced_cluster_shard_takes_its_producer_back_and_delivers_each_messag
     eprintln!("{found} messages of the fenced transaction found on the topic and recorded");
     node.stop().unwrap();
 }
+
+/// A transactional producer on the mock cluster, its transactions begun
+/// and ready for records.
+fn transactional(mock: &Mock) -> rdkafka::producer::FutureProducer {
+    use rdkafka::producer::Producer as _;
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", mock.bootstrap())
+        .set("transactional.id", random_name("native"))
+        .create()
+        .unwrap();
+    producer.init_transactions(Duration::from_secs(10)).unwrap();
+    producer.begin_transaction().unwrap();
+    producer
+}
+
+/// Sends `value` under `key` to `partition` of `topic` with `headers`.
+async fn send_to(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    partition: i32,
+    key: &str,
+    headers: &[(&str, &str)],
+) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let mut h = OwnedHeaders::new();
+    for (k, v) in headers {
+        h = h.insert(Header { key: k, value: Some(v.as_bytes()) });
+    }
+    let record =
+        rdkafka::producer::FutureRecord::to(topic).partition(partition).key(key).payload("v").headers(h);
+    producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+}
+
+/// Transactions of other producers hold no shard. The schedule log may hold
+/// a transaction's records (a producer with WRITE on it wrote them; they
+/// are refused as forged), committed or still open: a node takes each
+/// shard all the same (the log is read uncommitted, and how far it is read
+/// counts what the client steps past). A Kafka-native schedule committed
+/// on the ingress topic is taken, and calls for every shard are served
+/// while another transaction on the ingress topic is still open.
+///
+/// What the mock does not show: it writes no commit markers into the
+/// partitions, and hands an open transaction's records to read-committed
+/// readers at once (so the open native schedule is taken here, where a
+/// Kafka broker holds it back until its transaction ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_on_the_log_and_the_ingress_topic_hold_no_shard() {
+    use rdkafka::producer::Producer as _;
+    let _serial = SERIAL.lock().await;
+    let mock = Mock::start(1);
+    let (topic, log_topic) = (random_name("txn-native"), random_name("hourglass-log"));
+    let ingress = format!("{log_topic}-ingress");
+    mock.topic_with(&topic, 1);
+    mock.topic_with(&log_topic, 2);
+    mock.topic_with(&format!("{log_topic}-owners"), 1);
+    mock.topic_with(&ingress, 2);
+    // What a producer with WRITE on the log left there before any node
+    // started: a committed transaction ending partition 0, and an open one
+    // on partition 1.
+    let committed = transactional(&mock);
+    send_to(&committed, &log_topic, 0, "forged", &[]).await;
+    committed.commit_transaction(Duration::from_secs(10)).unwrap();
+    let open = transactional(&mock);
+    send_to(&open, &log_topic, 1, "forged-too", &[]).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = cluster_node(&mock, dir.path(), &log_topic, &random_name("hourglass"), 2);
+    node.spawn().unwrap();
+    node.wait_serving(Duration::from_secs(30)).await.expect("the node took both shards within 30 s");
+    let mut client = reconnecting_client(&node.grpc, Duration::from_secs(10));
+
+    let native = [("hourglass-topic", topic.as_str()), ("hourglass-delay", "0")];
+    let taken = transactional(&mock);
+    send_to(&taken, &ingress, 0, "committed-native", &native).await;
+    taken.commit_transaction(Duration::from_secs(10)).unwrap();
+    send_to(&open, &ingress, 1, "open-native", &native).await;
+
+    // Every shard answers calls meanwhile: an id in each.
+    let ids: Vec<String> = (0..8).map(|i| format!("call-{i}")).collect();
+    for id in &ids {
+        client
+            .schedule(proto::ScheduleRequest {
+                id: Some(id.clone()),
+                ..request(&topic, id, Duration::from_millis(100))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{id}: {e:?}"));
+    }
+    let got = records(&mock, &topic, ids.len() + 2, Duration::from_secs(3)).await;
+    let delivered: std::collections::HashSet<&str> = got.iter().map(|r| r.id()).collect();
+    for id in ids.iter().map(String::as_str).chain(["committed-native"]) {
+        assert!(delivered.contains(id), "{id} was not delivered: {delivered:?}");
+    }
+    assert_eq!(delivered.len(), got.len(), "each once");
+    open.abort_transaction(Duration::from_secs(10)).unwrap();
+    node.stop().unwrap();
+}

@@ -537,7 +537,20 @@ impl Inner {
     ) -> Result<Option<Owned>, StoreError> {
         let partition = shard as i32;
         let view = match standby {
-            Some(view) => view,
+            Some(view) if !view.stale().await => view,
+            Some(view) => {
+                // Kept open, it stopped following the log long ago: opened
+                // again, it is rebuilt from the log (and counted there).
+                tracing::warn!(
+                    shard,
+                    applied_to = view.store.log_next(),
+                    last_applied_at = view.store.log_time().0,
+                    "the standby copy of the shard fell further behind the schedule log than Kafka keeps \
+                     tombstones: rebuilding it from the log rather than taking it over"
+                );
+                view.close().await;
+                self.view(shard).await?
+            }
             None => self.view(shard).await?,
         };
         let from = view.store.log_next();

@@ -94,6 +94,8 @@ struct Backlog {
 struct LogPosition {
     next: Arc<AtomicI64>,
     owner: Arc<AtomicU64>,
+    /// The log's time of the last record of the nodes applied.
+    time: Arc<AtomicU64>,
 }
 
 /// The store's own threads, joined at `close`.
@@ -255,6 +257,12 @@ impl Store {
     /// record applied when the store was opened.
     pub fn log_time_at_open(&self) -> crate::message::UnixMillis {
         self.inner.opened.log_time
+    }
+
+    /// Cluster mode: the log's time (the record's timestamp) of the last
+    /// record of the nodes applied, now.
+    pub fn log_time(&self) -> crate::message::UnixMillis {
+        crate::message::UnixMillis(self.inner.log.time.load(Ordering::Acquire))
     }
 
     /// When it was opened: a stop before that was at least this long ago.

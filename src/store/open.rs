@@ -49,6 +49,7 @@ impl Store {
             pending: Arc::new(AtomicU64::new(0)),
             log_next: Arc::new(AtomicI64::new(0)),
             log_owner: Arc::new(AtomicU64::new(0)),
+            log_time: Arc::new(AtomicU64::new(0)),
             health: Arc::new(HealthBoard::new(metrics.writable.clone())),
             metrics: metrics.clone(),
             dropped_holds: Arc::default(),
@@ -61,6 +62,7 @@ impl Store {
             Arc::clone(&shared.log_next),
             Arc::clone(&shared.log_owner),
         );
+        let log_time_now = Arc::clone(&shared.log_time);
         let writer_config = WriterConfig {
             sync: config.durability == Durability::Sync,
             max_pending: config.max_pending,
@@ -91,7 +93,7 @@ impl Store {
                 wake,
                 held: Default::default(),
                 backlog: Backlog { pending, cap: config.max_pending },
-                log: LogPosition { next: log_next, owner: log_owner },
+                log: LogPosition { next: log_next, owner: log_owner, time: log_time_now },
                 health,
                 metrics,
                 threads: Threads { writer: Mutex::new(Some(handle)), verifier: Mutex::new(None) },

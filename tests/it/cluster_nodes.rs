@@ -20,9 +20,10 @@ use common::{verify::*, *};
 use hourglass::{
     cluster::log::{
         RECORD_HEADER,
-        record::{self, Change, LogRecord},
+        record::{self, Change, LogMessage, LogRecord},
         seal::{ClusterKey, SEAL_HEADER},
     },
+    message::{DueSpec, Envelope, MessageId, UnixMillis},
     proto,
     proto::scheduler_client::SchedulerClient,
     store::Durability,
@@ -206,6 +207,32 @@ async fn schedule_natively(
         Ok(_) => ledger.ack(id, due_ms, topic),
         Err((e, _)) => panic!("producing {id} to the ingress topic failed: {e}"),
     }
+}
+
+/// Appends `record` under `key` to `partition` of the log, dated
+/// `timestamp`, sealed as a node seals it: the test holds the cluster's
+/// key.
+async fn append_sealed(
+    producer: &FutureProducer,
+    log_topic: &str,
+    partition: i32,
+    key: &str,
+    record: &LogRecord,
+    timestamp: i64,
+) {
+    let value = record.encode();
+    let cluster_key = ClusterKey::load(&hourglass_testkit::cluster_key_file().unwrap()).unwrap();
+    let seal = cluster_key.seal(log_topic, partition, Some(key.as_bytes()), Some(&value));
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) })
+        .insert(Header { key: SEAL_HEADER, value: Some(&seal) });
+    let written = FutureRecord::<str, [u8]>::to(log_topic)
+        .key(key)
+        .partition(partition)
+        .payload(&value)
+        .headers(headers)
+        .timestamp(timestamp);
+    producer.send(written, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
 }
 
 /// The default ingress topic of a cluster whose log is `log_topic`.
@@ -505,21 +532,8 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
             message: None,
         })),
     };
-    // Sealed as a node seals it: the test holds the cluster's key.
-    let value = failed.encode();
     let partition = java_partition(old.as_bytes(), LOG_PARTITIONS as i32);
-    let key = ClusterKey::load(&hourglass_testkit::cluster_key_file().unwrap()).unwrap();
-    let seal = key.seal(&log_topic, partition, Some(old.as_bytes()), Some(&value));
-    let headers = OwnedHeaders::new()
-        .insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) })
-        .insert(Header { key: SEAL_HEADER, value: Some(&seal) });
-    let written = FutureRecord::<str, [u8]>::to(&log_topic)
-        .key(&old)
-        .partition(partition)
-        .payload(&value)
-        .headers(headers)
-        .timestamp(two_days_ago);
-    producer.send(written, Duration::from_secs(10)).await.unwrap();
+    append_sealed(&producer, &log_topic, partition, &old, &failed, two_days_ago).await;
     let mut client = reconnecting_client(&one.grpc, Duration::from_secs(5));
     let state = |client: &mut SchedulerClient<Channel>, id: &str| {
         let (mut client, id) = (client.clone(), id.to_owned());
@@ -536,8 +550,20 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
         .map(|i| format!("stale-b-{i}"))
         .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
         .unwrap();
-    let ledger = Ledger::default();
-    schedule_natively(&producer, &log_topic, &topic, &later, now_ms() + 3_600_000, &ledger).await;
+    // The partition goes on while the node is down.
+    let envelope = Envelope {
+        topic: topic.clone(),
+        key: None,
+        value: b"later".to_vec(),
+        headers: Vec::new(),
+        partition: None,
+    };
+    let (now, due) = (now_ms() as u64, now_ms() as u64 + 3_600_000);
+    let id = MessageId::parse(&later).unwrap();
+    let message =
+        LogMessage::new(&id, &envelope, DueSpec::At(UnixMillis(due)), UnixMillis(due), UnixMillis(now));
+    let scheduled = LogRecord { writer: 7, request: 2, change: Some(Change::Scheduled(message)) };
+    append_sealed(&producer, &log_topic, partition, &later, &scheduled, now as i64).await;
     one.spawn().unwrap();
     one.wait_serving(Duration::from_secs(120)).await.unwrap();
     assert_eq!(

@@ -34,6 +34,9 @@ const BACKOFF: Duration = Duration::from_secs(1);
 /// How long a read after a seek may find nothing before the partition's
 /// end is looked at.
 const SEEK_WAIT: Duration = Duration::from_secs(3);
+/// How often, when nothing comes, how far the partition is read is looked
+/// at.
+const POSITION_EVERY: Duration = Duration::from_millis(250);
 
 pub struct Applier {
     partition: i32,
@@ -98,6 +101,14 @@ impl Applier {
                 // After a seek, a broker that skipped the rest of the last
                 // batch answers nothing at all.
                 _ = tokio::time::sleep_until(seek_by), if seek.is_some() => None,
+                // A partition that ends in what the client steps past (a
+                // transaction's marker) hands nothing out: how far it is
+                // read is looked at now and then.
+                _ = tokio::time::sleep(POSITION_EVERY), if seek.is_none() => {
+                    self.applied(&applied, &mut last_owner);
+                    woken_by_ack = true;
+                    continue;
+                }
             };
             let read = match (read, seek) {
                 (Some(read), _) => read,
@@ -272,10 +283,17 @@ impl Applier {
         }
     }
 
-    /// Says how far the store has applied, and notes a claim by another
-    /// node.
+    /// Says how far the partition is applied, and notes a claim by another
+    /// node: the store's next offset, or past it, where the client stepped
+    /// past records it never hands out (a transaction's markers, which take
+    /// offsets) after everything it handed out was applied.
     fn applied(&self, applied: &watch::Sender<i64>, last_owner: &mut u64) {
-        applied.send_replace(self.store.log_next());
+        let next = self.store.log_next();
+        let read = self.reader.position().unwrap_or(next);
+        applied.send_if_modified(|was| {
+            let now = next.max(read);
+            std::mem::replace(was, now) != now
+        });
         let owner = self.store.log_owner();
         if owner != *last_owner {
             if *last_owner == self.waiters.me() && owner != 0 {
@@ -534,10 +552,12 @@ pub const STALE_AFTER: Duration = Duration::from_secs(12 * 3600);
 
 /// Whether `store` last applied its partition longer than [`STALE_AFTER`]
 /// ago (by the timestamps of hourglass's own records) and records were
-/// appended since. A partition's end the broker does not tell within 30 s
-/// counts as past: rebuilding is the safe side.
+/// appended since: when its copy opens, and when a standby copy that kept
+/// running (its applier stuck, say) is taken over. A partition's end the
+/// broker does not tell within 30 s counts as past: rebuilding is the safe
+/// side.
 async fn stale(store: &Store, reader: &Arc<LogReader>) -> bool {
-    let (next, last) = (store.log_next(), store.log_time_at_open().0);
+    let (next, last) = (store.log_next(), store.log_time().0);
     let behind = crate::clock::SystemClock.now().0.saturating_sub(last);
     if next == 0 || last == 0 || Duration::from_millis(behind) < STALE_AFTER {
         return false;
@@ -638,6 +658,12 @@ impl View {
                 Err(e)
             }
         }
+    }
+
+    /// Whether this copy fell further behind the log than it may be
+    /// brought up to date from (see [`STALE_AFTER`]).
+    pub async fn stale(&self) -> bool {
+        stale(&self.store, &self.reader).await
     }
 
     /// The partition's end now; see [`end_of`].

@@ -123,9 +123,10 @@ impl Ingress {
                 replication: config.log.replication,
             };
             let partitions = ensure_ingress_topic(&config.kafka, &topic, config.admin_timeout).await?;
-            let consumer = LogConsumer::new(&config.kafka, &ingress.topic, &config.key).map_err(|e| {
-                ClusterError::Ingress(format!("creating the consumer of {}: {e}", ingress.topic))
-            })?;
+            let consumer =
+                LogConsumer::committed(&config.kafka, &ingress.topic, &config.key).map_err(|e| {
+                    ClusterError::Ingress(format!("creating the consumer of {}: {e}", ingress.topic))
+                })?;
             tracing::info!(topic = %ingress.topic, partitions, grant = ?ingress.grant, "reading Kafka-native schedules");
             // Every outcome exported from the start, at 0.
             for outcome in ["scheduled", "duplicate", "cancelled", "refused"] {

@@ -175,34 +175,28 @@ struct Partition {
 }
 
 impl LogConsumer {
-    /// A consumer of `topic`, whose records are sealed with `key`. Must be
-    /// called within the runtime: a task of its own serves the client's
-    /// events.
+    /// A consumer of `topic`, a topic only the nodes write (the schedule
+    /// log, the routing topic), whose records are sealed with `key`. It
+    /// reads uncommitted records: the nodes write no transactions, and a
+    /// transaction someone else left open there must not hold back what
+    /// follows it (what it wrote is refused as forged). Must be called
+    /// within the runtime: a task of its own serves the client's events.
     pub fn new(config: &KafkaConfig, topic: &str, key: &ClusterKey) -> Result<Arc<LogConsumer>, KafkaError> {
-        let mut client = ClientConfig::new();
-        let ours = BTreeMap::from([
-            ("bootstrap.servers", config.brokers.as_str()),
-            ("group.id", "hourglass-log-reader"),
-            ("enable.auto.commit", "false"),
-            ("enable.auto.offset.store", "false"),
-            ("auto.offset.reset", "earliest"),
-            // Wake as soon as a record is there.
-            ("fetch.wait.max.ms", "20"),
-            ("fetch.min.bytes", "1"),
-            // The log is the truth of every store: a record damaged on the
-            // way is fetched again, not applied.
-            ("check.crcs", "true"),
-            ("reconnect.backoff.max.ms", "1000"),
-        ]);
-        for (k, v) in ours {
-            client.set(k, v);
-        }
-        for (k, v) in &config.properties {
-            // Producer settings mean nothing to a consumer; librdkafka warns.
-            if !is_producer_only(k) {
-                client.set(k, v);
-            }
-        }
+        Self::create(consumer_config(config, Isolation::Uncommitted), topic, key)
+    }
+
+    /// A consumer of a topic applications write (an ingress topic): it
+    /// reads only committed records, so a transaction still open holds
+    /// back its own partition, and an aborted one is never read.
+    pub fn committed(
+        config: &KafkaConfig,
+        topic: &str,
+        key: &ClusterKey,
+    ) -> Result<Arc<LogConsumer>, KafkaError> {
+        Self::create(consumer_config(config, Isolation::Committed), topic, key)
+    }
+
+    fn create(client: ClientConfig, topic: &str, key: &ClusterKey) -> Result<Arc<LogConsumer>, KafkaError> {
         let consumer: Arc<StreamConsumer> = Arc::new(client.create()?);
         let stop = CancellationToken::new();
         // Every partition has a queue of its own; what reaches the
@@ -327,6 +321,51 @@ impl Drop for LogConsumer {
     }
 }
 
+/// Which records a [`LogConsumer`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isolation {
+    Committed,
+    Uncommitted,
+}
+
+/// A log consumer's librdkafka configuration: hourglass's own defaults,
+/// the user's properties (but the producer's) over them, and the isolation
+/// asked for over those: it is not the user's to change.
+fn consumer_config(config: &KafkaConfig, isolation: Isolation) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    let ours = BTreeMap::from([
+        ("bootstrap.servers", config.brokers.as_str()),
+        ("group.id", "hourglass-log-reader"),
+        ("enable.auto.commit", "false"),
+        ("enable.auto.offset.store", "false"),
+        ("auto.offset.reset", "earliest"),
+        // Wake as soon as a record is there.
+        ("fetch.wait.max.ms", "20"),
+        ("fetch.min.bytes", "1"),
+        // The log is the truth of every store: a record damaged on the
+        // way is fetched again, not applied.
+        ("check.crcs", "true"),
+        ("reconnect.backoff.max.ms", "1000"),
+    ]);
+    for (k, v) in ours {
+        client.set(k, v);
+    }
+    for (k, v) in &config.properties {
+        // Producer settings mean nothing to a consumer; librdkafka warns.
+        if !is_producer_only(k) {
+            client.set(k, v);
+        }
+    }
+    client.set(
+        "isolation.level",
+        match isolation {
+            Isolation::Committed => "read_committed",
+            Isolation::Uncommitted => "read_uncommitted",
+        },
+    );
+    client
+}
+
 /// Follows one partition of the schedule log, from its node's
 /// [`LogConsumer`].
 pub struct LogReader {
@@ -391,6 +430,17 @@ impl LogReader {
             )));
         }
         self.from.seek(self.partition, offset)
+    }
+
+    /// The offset after the last record this reader took or the client
+    /// stepped past (transaction markers are never handed out, and take
+    /// offsets): how far the partition is read. None before a record came.
+    pub fn position(&self) -> Option<i64> {
+        let positions = self.from.consumer.position().ok()?;
+        match positions.find_partition(&self.from.topic, self.partition)?.offset() {
+            Offset::Offset(offset) => Some(offset),
+            _ => None,
+        }
     }
 
     /// The partition's end: the offset the next record appended gets.
@@ -496,6 +546,23 @@ mod tests {
         assert_eq!(client.get("enable.idempotence"), Some("true"));
         assert_eq!(client.get("linger.ms"), Some("7"), "the user's other settings still hold");
         assert_eq!(client.get("compression.type"), Some("lz4"));
+    }
+
+    #[test]
+    fn the_log_is_read_uncommitted_and_an_ingress_topic_committed_whatever_the_user_says() {
+        let config = KafkaConfig {
+            brokers: "b1:9092".into(),
+            properties: BTreeMap::from(
+                [("isolation.level", "read_committed"), ("fetch.wait.max.ms", "50"), ("linger.ms", "5")]
+                    .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            ),
+        };
+        let log = consumer_config(&config, Isolation::Uncommitted);
+        assert_eq!(log.get("isolation.level"), Some("read_uncommitted"));
+        assert_eq!(log.get("fetch.wait.max.ms"), Some("50"), "the user's other settings still hold");
+        assert_eq!(log.get("linger.ms"), None, "a producer's setting is left out");
+        let ingress = consumer_config(&config, Isolation::Committed);
+        assert_eq!(ingress.get("isolation.level"), Some("read_committed"));
     }
 
     #[test]

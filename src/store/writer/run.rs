@@ -90,6 +90,7 @@ impl Writer {
         shared.pending.store(meta.pending, Ordering::Relaxed);
         shared.log_next.store(meta.log_next, Ordering::Release);
         shared.log_owner.store(meta.log_owner, Ordering::Release);
+        shared.log_time.store(meta.log_time_ms, Ordering::Release);
         shared.wake.record_floor(meta.floor());
         let chunk_high = read::last_logged_key(db)?;
         let marks = read::marks(db)?;
@@ -421,6 +422,7 @@ impl Writer {
                 self.shared.pending.store(r.meta.pending, Ordering::Relaxed);
                 self.shared.log_next.store(r.meta.log_next, Ordering::Release);
                 self.shared.log_owner.store(r.meta.log_owner, Ordering::Release);
+                self.shared.log_time.store(r.meta.log_time_ms, Ordering::Release);
                 self.shared.metrics.pending.set(r.meta.pending as i64);
                 self.meta = r.meta;
                 self.counts.extend(r.counts.drain());

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub pending: Arc<AtomicU64>,
     pub log_next: Arc<AtomicI64>,
     pub log_owner: Arc<AtomicU64>,
+    /// The log's time (Unix ms) of the last record of the nodes applied.
+    pub log_time: Arc<AtomicU64>,
     pub health: Arc<HealthBoard>,
     pub metrics: ShardMetrics,
     /// Cluster mode: holds whose caller went away before logging.
