@@ -27,6 +27,7 @@ mod poison;
 mod races;
 mod reliability;
 mod resources;
+mod secured;
 mod security;
 // Its scenario crashes a node at a fail point.
 #[cfg(feature = "failpoints")]

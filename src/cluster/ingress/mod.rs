@@ -394,22 +394,11 @@ async fn take(
         let ask = match parsed {
             Ok(Native::Schedule { id, envelope, requested }) => {
                 let due = requested.resolve(raw.at);
+                let due = std::time::UNIX_EPOCH + Duration::from_millis(due.0);
                 Ask::Schedule(proto::ScheduleRequest {
-                    message: Some(proto::Message {
-                        topic: envelope.topic,
-                        key: envelope.key,
-                        value: envelope.value,
-                        headers: envelope
-                            .headers
-                            .into_iter()
-                            .map(|h| proto::Header { key: h.key, value: h.value })
-                            .collect(),
-                        partition: envelope.partition,
-                    }),
-                    due: Some(proto::schedule_request::Due::DeliverAt(prost_types::Timestamp {
-                        seconds: (due.0 / 1000) as i64,
-                        nanos: ((due.0 % 1000) * 1_000_000) as i32,
-                    })),
+                    // As a client sends it (the API's own conversion).
+                    message: Some(proto::Message::from(envelope)),
+                    due: Some(proto::schedule_request::Due::DeliverAt(due.into())),
                     id: Some(id.as_str().to_owned()),
                 })
             }
