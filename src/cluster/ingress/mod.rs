@@ -89,10 +89,24 @@ pub struct Ingress {
 /// What every follower shares.
 struct Shared {
     cluster: Arc<Cluster>,
+    caller: Caller,
+    topics: Vec<Topic>,
+}
+
+/// What makes the calls: the node's scheduler, the grants, the limits a
+/// record is read against.
+struct Caller {
     scheduler: Arc<dyn Scheduler>,
     auth: Authenticator,
     limits: Limits,
-    topics: Vec<Topic>,
+}
+
+/// Where records come from: a partition of an ingress topic, and the
+/// grant they are called with.
+struct Source<'a> {
+    topic: &'a str,
+    grant: Option<&'a str>,
+    partition: i32,
 }
 
 /// An ingress topic as read.
@@ -141,7 +155,8 @@ impl Ingress {
         }
         let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
         if !topics.is_empty() {
-            let shared = Arc::new(Shared { cluster, scheduler, auth, limits: config.limits.clone(), topics });
+            let caller = Caller { scheduler, auth, limits: config.limits.clone() };
+            let shared = Arc::new(Shared { cluster, caller, topics });
             for shard in 0..shared.cluster.partitions() as usize {
                 tasks.spawn(follow_shard(Arc::clone(&shared), shard, stop.clone()));
             }
@@ -269,7 +284,8 @@ async fn follow(shared: &Shared, topic: &Topic, partition: i32, owned: &Arc<Owne
         }
         let records: Vec<Raw> = records.into_iter().filter(|r| r.offset >= next).collect();
         let Some(last) = records.last().map(|r| r.offset) else { continue };
-        if !take(shared, topic, partition, records, &lost).await {
+        let source = Source { topic: &topic.name, grant: topic.grant.as_deref(), partition };
+        if !take(&shared.caller, &source, records, &lost).await {
             break;
         }
         next = last + 1;
@@ -375,13 +391,7 @@ enum Ask {
 
 /// Turns `records` into calls, in order per id; true once every one is
 /// answered for good, false if `lost` first.
-async fn take(
-    shared: &Shared,
-    topic: &Topic,
-    partition: i32,
-    records: Vec<Raw>,
-    lost: &CancellationToken,
-) -> bool {
+async fn take(caller: &Caller, source: &Source<'_>, records: Vec<Raw>, lost: &CancellationToken) -> bool {
     let mut wave: Vec<(i64, Ask)> = Vec::new();
     let mut ids = HashSet::new();
     for raw in records {
@@ -389,7 +399,7 @@ async fn take(
             raw.key.as_deref(),
             raw.value.as_deref(),
             raw.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())),
-            &shared.limits,
+            &caller.limits,
         );
         let ask = match parsed {
             Ok(Native::Schedule { id, envelope, requested }) => {
@@ -405,8 +415,7 @@ async fn take(
             Ok(Native::Cancel(id)) => Ask::Cancel(proto::CancelRequest { id: id.as_str().to_owned() }),
             Err(rejected) => {
                 refused(
-                    topic,
-                    partition,
+                    source,
                     raw.offset,
                     rejected.id.as_ref().map(|id| id.as_str()),
                     &rejected.reason.to_string(),
@@ -419,22 +428,21 @@ async fn take(
             Ask::Cancel(c) => c.id.clone(),
         };
         if !ids.insert(id.clone()) {
-            if !call_all(shared, topic, partition, std::mem::take(&mut wave), lost).await {
+            if !call_all(caller, source, std::mem::take(&mut wave), lost).await {
                 return false;
             }
             ids = HashSet::from([id]);
         }
         wave.push((raw.offset, ask));
     }
-    call_all(shared, topic, partition, wave, lost).await
+    call_all(caller, source, wave, lost).await
 }
 
 /// Makes every call of `wave` (of distinct ids) until each is answered for
 /// good; false if `lost` first.
 async fn call_all(
-    shared: &Shared,
-    topic: &Topic,
-    partition: i32,
+    caller: &Caller,
+    source: &Source<'_>,
     mut wave: Vec<(i64, Ask)>,
     lost: &CancellationToken,
 ) -> bool {
@@ -443,17 +451,11 @@ async fn call_all(
             return false;
         }
         // The grant as the tokens file says now (it is reloaded on SIGHUP).
-        let access = match shared.auth.named(topic.grant.as_deref()) {
+        let access = match caller.auth.named(source.grant) {
             Ok(access) => access,
             Err(why) => {
                 for (offset, ask) in wave {
-                    refused(
-                        topic,
-                        partition,
-                        offset,
-                        Some(ask_id(&ask)),
-                        &format!("the topic's grant {why}"),
-                    );
+                    refused(source, offset, Some(ask_id(&ask)), &format!("the topic's grant {why}"));
                 }
                 return true;
             }
@@ -462,16 +464,16 @@ async fn call_all(
             // A call cut short is as a caller that went away: made or not,
             // the next owner makes it again.
             _ = lost.cancelled() => return false,
-            outcomes = call_once(shared, &access, &wave) => outcomes,
+            outcomes = call_once(caller, &access, &wave) => outcomes,
         };
         let mut again = Vec::new();
         let mut last_error = None;
         for ((offset, ask), outcome) in wave.into_iter().zip(outcomes) {
             match outcome {
                 Outcome::Done(how) => {
-                    metrics::INGRESS_RECORDS.with_label_values(&[&topic.name, how]).inc();
+                    metrics::INGRESS_RECORDS.with_label_values(&[source.topic, how]).inc();
                 }
-                Outcome::Refused(why) => refused(topic, partition, offset, Some(ask_id(&ask)), &why),
+                Outcome::Refused(why) => refused(source, offset, Some(ask_id(&ask)), &why),
                 Outcome::Again(why) => {
                     last_error = Some(why);
                     again.push((offset, ask));
@@ -479,7 +481,7 @@ async fn call_all(
             }
         }
         if let Some(why) = last_error {
-            tracing::debug!(topic = %topic.name, partition, waiting = again.len(), error = %why, "Kafka-native schedules wait for their shards; trying again");
+            tracing::debug!(topic = source.topic, partition = source.partition, waiting = again.len(), error = %why, "Kafka-native schedules wait for their shards; trying again");
             if !pause(lost).await {
                 return false;
             }
@@ -498,7 +500,7 @@ fn ask_id(ask: &Ask) -> &str {
 
 /// One try at every call of `wave`: the schedules as batches, the cancels
 /// each on its own, all at once.
-async fn call_once(shared: &Shared, access: &Access, wave: &[(i64, Ask)]) -> Vec<Outcome> {
+async fn call_once(caller: &Caller, access: &Access, wave: &[(i64, Ask)]) -> Vec<Outcome> {
     let call = Call {
         access: access.clone(),
         forwarded: false,
@@ -512,11 +514,11 @@ async fn call_once(shared: &Shared, access: &Access, wave: &[(i64, Ask)]) -> Vec
             Ask::Cancel(_) => None,
         })
         .collect();
-    let batches = schedules.chunks(shared.limits.max_batch.max(1)).map(|chunk| {
+    let batches = schedules.chunks(caller.limits.max_batch.max(1)).map(|chunk| {
         let (places, items): (Vec<usize>, Vec<proto::ScheduleRequest>) = chunk.iter().cloned().unzip();
         let call = &call;
         async move {
-            let results = shared.scheduler.schedule_batch(call, "Ingress", items).await;
+            let results = caller.scheduler.schedule_batch(call, "Ingress", items).await;
             places.into_iter().zip(results.into_iter().map(scheduled)).collect::<Vec<_>>()
         }
     });
@@ -527,7 +529,7 @@ async fn call_once(shared: &Shared, access: &Access, wave: &[(i64, Ask)]) -> Vec
     let cancels = cancels.map(|(i, request)| {
         let call = &call;
         async move {
-            let outcome = match shared.scheduler.cancel(call, request).await {
+            let outcome = match caller.scheduler.cancel(call, request).await {
                 Ok(_) => Outcome::Done("cancelled"),
                 Err(e) => by_status(tonic::Status::from(e)),
             };
@@ -567,14 +569,166 @@ fn by_status(status: tonic::Status) -> Outcome {
     }
 }
 
-fn refused(topic: &Topic, partition: i32, offset: i64, id: Option<&str>, why: &str) {
-    metrics::INGRESS_RECORDS.with_label_values(&[&topic.name, "refused"]).inc();
-    tracing::warn!(topic = %topic.name, partition, offset, id, reason = why, "a Kafka-native schedule was refused");
+fn refused(source: &Source<'_>, offset: i64, id: Option<&str>, why: &str) {
+    metrics::INGRESS_RECORDS.with_label_values(&[source.topic, "refused"]).inc();
+    let (topic, partition) = (source.topic, source.partition);
+    tracing::warn!(topic, partition, offset, id, reason = why, "a Kafka-native schedule was refused");
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
+    use crate::{Error, scheduler::Listing};
+
+    /// A scheduler that notes every call, answers `again` ids UNAVAILABLE
+    /// the first time, and refuses `refuse` ids as a bad request.
+    #[derive(Default)]
+    struct Noted {
+        limits: Limits,
+        calls: Mutex<Vec<String>>,
+        again: Mutex<HashSet<String>>,
+        refuse: HashSet<String>,
+    }
+
+    impl Noted {
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    #[tonic::async_trait]
+    impl Scheduler for Noted {
+        fn limits(&self) -> &Limits {
+            &self.limits
+        }
+
+        async fn schedule(
+            &self,
+            _: &Call,
+            _: proto::ScheduleRequest,
+        ) -> Result<proto::ScheduleResponse, Error> {
+            unreachable!("schedules go in batches")
+        }
+
+        async fn schedule_batch(
+            &self,
+            _: &Call,
+            method: &'static str,
+            items: Vec<proto::ScheduleRequest>,
+        ) -> Vec<proto::ScheduleResult> {
+            assert_eq!(method, "Ingress");
+            use proto::schedule_result::Result as R;
+            let error =
+                |code: tonic::Code| R::Error(proto::ItemError { code: code as i32, ..Default::default() });
+            (0..)
+                .zip(items)
+                .map(|(index, item)| {
+                    let id = item.id.unwrap_or_default();
+                    self.calls.lock().unwrap().push(format!("schedule {id}"));
+                    let result = if self.again.lock().unwrap().remove(&id) {
+                        error(tonic::Code::Unavailable)
+                    } else if self.refuse.contains(&id) {
+                        error(tonic::Code::InvalidArgument)
+                    } else {
+                        R::Scheduled(proto::ScheduleResponse { id, deliver_at: None, duplicate: false })
+                    };
+                    proto::ScheduleResult { index, result: Some(result) }
+                })
+                .collect()
+        }
+
+        async fn cancel(
+            &self,
+            _: &Call,
+            request: proto::CancelRequest,
+        ) -> Result<proto::CancelResponse, Error> {
+            self.calls.lock().unwrap().push(format!("cancel {}", request.id));
+            Ok(proto::CancelResponse { outcome: proto::CancelOutcome::Cancelled as i32 })
+        }
+
+        async fn reschedule(
+            &self,
+            _: &Call,
+            _: proto::RescheduleRequest,
+        ) -> Result<proto::RescheduleResponse, Error> {
+            unreachable!()
+        }
+
+        async fn get(&self, _: &Call, _: proto::GetRequest) -> Result<proto::GetResponse, Error> {
+            unreachable!()
+        }
+
+        async fn list(&self, _: &Call, _: proto::ListRequest) -> Result<Listing, Error> {
+            unreachable!()
+        }
+
+        async fn stats(&self, _: &Call) -> Result<proto::StatsResponse, Error> {
+            unreachable!()
+        }
+    }
+
+    fn record(offset: i64, id: &str, schedule: bool) -> Raw {
+        let headers = [("hourglass-topic", "orders"), ("hourglass-delay", "1s")];
+        Raw {
+            offset,
+            at: UnixMillis(1_000),
+            key: Some(id.as_bytes().to_vec()),
+            value: schedule.then(|| b"v".to_vec()),
+            headers: headers.iter().map(|(k, v)| ((*k).to_owned(), Some(v.as_bytes().to_vec()))).collect(),
+        }
+    }
+
+    /// A partition's records are called in order per id: those of distinct
+    /// ids together, one of an id already among them once those before it
+    /// are answered for good (a retry included); a refusal is counted, and
+    /// holds nothing back.
+    #[tokio::test]
+    async fn records_are_called_in_order_per_id_and_a_call_answered_try_again_is_made_again() {
+        let noted = Arc::new(Noted {
+            again: Mutex::new(HashSet::from(["b".to_owned()])),
+            refuse: HashSet::from(["bad".to_owned()]),
+            ..Noted::default()
+        });
+        let caller = Caller {
+            scheduler: Arc::clone(&noted) as Arc<dyn Scheduler>,
+            auth: Authenticator::disabled(),
+            limits: Limits::default(),
+        };
+        let topic = format!("ingress-{}", std::process::id());
+        let source = Source { topic: &topic, grant: None, partition: 0 };
+        let records = vec![
+            record(0, "a", true),
+            record(1, "b", true),
+            record(2, "bad", true),
+            record(3, "a", false),
+            record(4, "c", true),
+        ];
+        assert!(take(&caller, &source, records, &CancellationToken::new()).await);
+        let calls = noted.calls();
+        let at =
+            |call: &str| calls.iter().rposition(|c| c == call).unwrap_or_else(|| panic!("{call}: {calls:?}"));
+        assert_eq!(
+            calls.iter().filter(|c| *c == "schedule b").count(),
+            2,
+            "b again after UNAVAILABLE: {calls:?}"
+        );
+        assert!(at("cancel a") > at("schedule a"), "a's tombstone after its schedule: {calls:?}");
+        assert!(
+            at("cancel a") > at("schedule b"),
+            "the next wave after the first is answered for good: {calls:?}"
+        );
+        assert!(at("schedule c") > at("schedule b"), "{calls:?}");
+        let count =
+            |outcome: &str| metrics::INGRESS_RECORDS.with_label_values(&[topic.as_str(), outcome]).get();
+        assert_eq!((count("scheduled"), count("cancelled"), count("refused")), (3, 1, 1));
+        // The grant its topic names must be in the tokens file.
+        let mapped = Source { topic: &topic, grant: Some("orders"), partition: 0 };
+        assert!(take(&caller, &mapped, vec![record(5, "d", true)], &CancellationToken::new()).await);
+        assert_eq!(count("refused"), 2, "no tokens file to find the grant in");
+        assert!(!noted.calls().iter().any(|c| c == "schedule d"), "nothing called without its grant");
+    }
 
     #[test]
     fn a_refusal_for_what_a_record_says_is_final_and_anything_else_is_tried_again() {
