@@ -145,3 +145,131 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
         n.stop().unwrap();
     }
 }
+
+/// The same with a real hung node: three nodes, the first with
+/// `--max-concurrent-requests 64`; the third is stopped with SIGSTOP (its
+/// port still takes connections, and nothing answers), and 200 callers
+/// without a deadline ask the first for messages of the stopped node's
+/// shards. At most half of the first node's call slots wait on the stopped
+/// node, the rest of those calls fail at once, and every call for the
+/// live nodes' shards is served meanwhile, until the group moves the
+/// stopped node's shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopped_node_takes_at_most_half_of_another_s_call_slots() {
+    let broker = Broker::start();
+    let topic = random_name("orders");
+    broker.create_topic(&topic, 1).await;
+    let (log_topic, group) = (random_name("hourglass-log"), random_name("hourglass"));
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut nodes: Vec<ServerProcess> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let n = node(&broker, d.path(), &log_topic, &group);
+            if i == 0 { n.arg("--max-concurrent-requests", 64) } else { n }
+        })
+        .collect();
+    // One after another: the first leads the group on Tansu.
+    for n in &mut nodes {
+        n.spawn().unwrap();
+        n.wait_serving(Duration::from_secs(120)).await.unwrap();
+    }
+    wait_spread(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
+    // The third node's shards, once the routing topic says the same twice
+    // in a row (Tansu moves shards about for a few seconds after a join).
+    let owned_by_third = || {
+        let (brokers, log, addr) =
+            (broker.addr().to_owned(), log_topic.clone(), format!("http://{}", nodes[2].grpc));
+        tokio::task::spawn_blocking(move || shards_owned_by(&brokers, &log, LOG_PARTITIONS, &addr).unwrap())
+    };
+    let mut theirs = owned_by_third().await.unwrap();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let again = owned_by_third().await.unwrap();
+        if again == theirs {
+            break;
+        }
+        theirs = again;
+    }
+    let run = random_name("s");
+    let id_in = |shard: u32| {
+        (0..)
+            .map(|i| format!("{run}-{i}"))
+            .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) as u32 == shard)
+            .unwrap()
+    };
+    let mut client = reconnecting_client(&nodes[0].grpc, Duration::from_secs(5));
+    let due = now_ms() + 3_600_000;
+    for shard in 0..LOG_PARTITIONS {
+        // A shard still on the move answers UNAVAILABLE: asked again.
+        let started = Instant::now();
+        while let Err(status) = client.schedule(due_message(&topic, &id_in(shard), due)).await {
+            let again = matches!(status.code(), Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded);
+            assert!(again && started.elapsed() < Duration::from_secs(30), "{status:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // Still so once they are all scheduled.
+    loop {
+        let again = owned_by_third().await.unwrap();
+        if again == theirs {
+            break;
+        }
+        theirs = again;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let (hung, live): (Vec<u32>, Vec<u32>) = (0..LOG_PARTITIONS).partition(|s| theirs.contains(s));
+    assert!(!hung.is_empty() && !live.is_empty(), "{hung:?} {live:?}");
+
+    let pid = nodes[2].pid().unwrap().to_string();
+    let signal = |name: &str| {
+        let sent = std::process::Command::new("kill").args([name, &pid]).status().unwrap();
+        assert!(sent.success(), "kill {name} failed");
+    };
+    signal("-STOP");
+    let mut waiting = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let (mut client, id) = (client.clone(), id_in(hung[i % hung.len()]));
+        waiting.spawn(async move { client.get(proto::GetRequest { id }).await.map(|_| ()) });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // While the group still gives the stopped node its shards (its session
+    // is 6 s), calls for the live nodes' shards are served: none is turned
+    // away for want of a call slot. (Tansu may still move a live shard
+    // about meanwhile; a call for it then waits, as in any move.)
+    let began = Instant::now();
+    let (mut served, mut waited, mut rounds) = (0, 0, 0);
+    while began.elapsed() < Duration::from_secs(4) {
+        for shard in &live {
+            let mut request = tonic::Request::new(proto::GetRequest { id: id_in(*shard) });
+            request.set_timeout(Duration::from_secs(2));
+            match client.get(request).await {
+                Ok(got) => {
+                    assert_eq!(got.into_inner().state(), proto::State::Pending);
+                    served += 1;
+                }
+                Err(s) if s.code() == Code::ResourceExhausted => {
+                    panic!("shard {shard}, {:?} in: turned away: {s:?}", began.elapsed())
+                }
+                Err(s) if s.message().contains("calls from this node unanswered") => {
+                    panic!("shard {shard}, {:?} in: refused as the stopped node's: {s:?}", began.elapsed())
+                }
+                Err(_) => waited += 1,
+            }
+        }
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served >= 9 * (served + waited) / 10, "served {served}, waited {waited}");
+    let refused = nodes[0].metric("hourglass_cluster_forward_refused_total").await.unwrap();
+    assert!(refused >= 200.0 - 32.0, "all but the 32 a node may hold failed at once: {refused}");
+    eprintln!(
+        "{rounds} rounds: {served} calls for the live shards served, {waited} waited for a move; {refused} calls \
+         for the stopped node refused"
+    );
+    waiting.abort_all();
+    signal("-CONT");
+    for n in &mut nodes {
+        n.stop().unwrap();
+    }
+}
