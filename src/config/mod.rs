@@ -603,6 +603,13 @@ impl Config {
                 None => {}
             }
         }
+        if !self.cluster && self.ingress.is_some() {
+            return Err(ConfigError::Clash(
+                "--ingress names the topics Kafka-native schedules are read from in cluster mode; set --cluster \
+                 too, or drop it"
+                    .into(),
+            ));
+        }
         match (&self.transactional_id, self.delivery) {
             (Some(_), DeliveryMode::Idempotent) => {
                 return Err(ConfigError::Clash(

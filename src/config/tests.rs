@@ -260,4 +260,5 @@ fn ingress_topics_default_to_the_log_s_without_tokens_and_need_a_grant_with_them
     refused("hourglass-log-owners", &clustered(), "only the nodes write");
     refused("a,a", &clustered(), "twice");
     refused("no spaces", &clustered(), "no topic name");
+    refused("orders-in", &Config::default(), "cluster mode");
 }

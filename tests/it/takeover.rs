@@ -80,7 +80,10 @@ async fn no_message_a_takeover_finds_on_its_topic_is_answered_cancelled() {
                 Ok(reply) => {
                     answered.insert(id, reply.into_inner().outcome());
                 }
-                Err(status) if status.code() == Code::Unavailable => {
+                // A node that died, or a shard on the move: asked again.
+                Err(status)
+                    if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) =>
+                {
                     refused_while_searching += usize::from(status.message().contains("being produced"));
                     last = Some(status);
                 }

@@ -662,6 +662,11 @@ fn log_of(steps: &[Step]) -> Vec<(Vec<u8>, Entry)> {
             Step::Settle { lines, writer } => {
                 let at = 100 + offset as u64;
                 let key = record::chunk_key(UnixMillis(at), writer, offset as u64);
+                // A settle covers distinct produces: one line per message.
+                let mut lines = lines;
+                lines.dedup_by_key(|(id, _)| *id);
+                lines.sort_by_key(|(id, _)| *id);
+                lines.dedup_by_key(|(id, _)| *id);
                 let lines: Vec<SettledLine> = lines
                     .iter()
                     .map(|(id, outcome)| {
