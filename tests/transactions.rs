@@ -295,8 +295,11 @@ async fn a_cluster_failover_with_transactions_delivers_each_message_once() {
                     Some(proto::schedule_result::Result::Scheduled(done)) => {
                         ledger.ack(&done.id, millis(done.deliver_at.as_ref().unwrap()), &topic)
                     }
+                    // A shard on the move, or the node the call went on to
+                    // killed under it: safe to send again with the same id.
                     Some(proto::schedule_result::Result::Error(e))
-                        if e.code == tonic::Code::Unavailable as i32 =>
+                        if [tonic::Code::Unavailable, tonic::Code::Unknown, tonic::Code::Cancelled]
+                            .contains(&tonic::Code::from_i32(e.code)) =>
                     {
                         again.push(request.clone())
                     }

@@ -38,7 +38,7 @@ use rdkafka::{
 };
 use tonic::{Code, transport::Channel};
 
-use crate::cluster_nodes::{Bed, LOG_PARTITIONS, node, now_ms, on_any_node, wait_spread};
+use crate::cluster_nodes::{Bed, LOG_PARTITIONS, id_in_shard, node, now_ms, on_any_node, wait_spread};
 
 /// A record as a producer writes it: where, under which key, what, and
 /// which headers.
@@ -375,14 +375,7 @@ async fn a_call_passed_on_keeps_its_caller_s_grant_and_no_client_can_pass_one_on
 
 /// An id beginning with `run` in each shard, in shard order.
 fn one_id_per_shard(run: &str) -> Vec<String> {
-    (0..LOG_PARTITIONS as i32)
-        .map(|shard| {
-            (0..)
-                .map(|i| format!("{run}-{i}"))
-                .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) == shard)
-                .unwrap()
-        })
-        .collect()
+    (0..LOG_PARTITIONS).map(|shard| id_in_shard(run, shard)).collect()
 }
 
 /// The cluster as production runs it: TLS on the gRPC ports and tokens.

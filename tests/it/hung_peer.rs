@@ -27,7 +27,7 @@ use rdkafka::{
 };
 use tonic::Code;
 
-use crate::cluster_nodes::{LOG_PARTITIONS, node, now_ms, wait_spread};
+use crate::cluster_nodes::{LOG_PARTITIONS, THREE_NODES, id_in_shard, node, now_ms, wait_spread};
 
 /// Two nodes, the first with `--max-concurrent-requests 8`. The routing
 /// topic is then told, as a node of the cluster would tell it, that the
@@ -67,12 +67,7 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
 
     // A message in every shard, scheduled while both answer.
     let run = random_name("h");
-    let id_in = |shard: u32| {
-        (0..)
-            .map(|i| format!("{run}-{i}"))
-            .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) as u32 == shard)
-            .unwrap()
-    };
+    let id_in = |shard: u32| id_in_shard(&run, shard);
     let mut client = reconnecting_client(&nodes[0].grpc, Duration::from_secs(5));
     let due = now_ms() + 3_600_000;
     for shard in 0..LOG_PARTITIONS {
@@ -156,6 +151,7 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
 /// stopped node's shards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopped_node_takes_at_most_half_of_another_s_call_slots() {
+    let _turn = THREE_NODES.lock().await;
     let broker = Broker::start();
     let topic = random_name("orders");
     broker.create_topic(&topic, 1).await;
@@ -192,12 +188,7 @@ async fn a_stopped_node_takes_at_most_half_of_another_s_call_slots() {
         theirs = again;
     }
     let run = random_name("s");
-    let id_in = |shard: u32| {
-        (0..)
-            .map(|i| format!("{run}-{i}"))
-            .find(|id| java_partition(id.as_bytes(), LOG_PARTITIONS as i32) as u32 == shard)
-            .unwrap()
-    };
+    let id_in = |shard: u32| id_in_shard(&run, shard);
     let mut client = reconnecting_client(&nodes[0].grpc, Duration::from_secs(5));
     let due = now_ms() + 3_600_000;
     for shard in 0..LOG_PARTITIONS {

@@ -20,7 +20,7 @@ use hourglass::{
 use hourglass_testkit::ServerProcess;
 use tonic::{Code, service::interceptor::InterceptedService, transport::Channel};
 
-use crate::cluster_nodes::{node, now_ms, wait_spread};
+use crate::cluster_nodes::{THREE_NODES, node, now_ms, wait_spread};
 
 type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
 
@@ -47,6 +47,7 @@ async fn schedule(client: &Client, request: proto::ScheduleRequest, ledger: &Led
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_with_tls_and_tokens_survives_kill_9_and_a_lost_data_dir() {
+    let _turn = THREE_NODES.lock().await;
     let (count, window_ms) = (900, 15_000);
     let broker = Broker::start();
     let topic = random_name("orders");
