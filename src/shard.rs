@@ -61,7 +61,7 @@ impl Shard {
         seams: Seams,
     ) -> Result<Shard, StoreError> {
         let Seams { recorder, gate, retention } = seams;
-        let producer = producer_of(&store, &producer)?;
+        let producer = producer_of(&store, &producer, gate.claimed())?;
         let dispatcher = Dispatcher::new(
             store.clone(),
             producer,
@@ -99,16 +99,18 @@ impl Shard {
     }
 }
 
-/// What the shard's dispatcher produces with: the node's producer, or with
+/// What the shard's dispatcher produces with: the node's producer; one of
+/// the shard's own if the shard `moves` between nodes (cluster mode), so
+/// that a let-go leaves nothing behind in the node's; or with
 /// transactional delivery a transactional producer of the shard's own.
-fn producer_of(store: &Store, producer: &Arc<Producer>) -> Result<Arc<Producer>, StoreError> {
+fn producer_of(store: &Store, producer: &Arc<Producer>, moves: bool) -> Result<Arc<Producer>, StoreError> {
     let identity = match producer.delivery() {
         Delivery::Idempotent => String::new(),
         Delivery::Transactional { .. } => store.identity()?,
     };
     producer
-        .for_shard(store.recorded_shard().shard, &identity)
-        .map_err(|e| StoreError::Io(format!("starting the shard's transactional producer: {e}")))
+        .for_shard(store.recorded_shard().shard, &identity, moves)
+        .map_err(|e| StoreError::Io(format!("starting the shard's producer: {e}")))
 }
 
 /// While the store's writes fail (disk full, I/O error), tries a tiny write

@@ -182,19 +182,29 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         .await?;
         anyhow::ensure!(now_ms() < t1, "the failover load was not all parked before it came due");
         let kill_at = t1 + sc.failover_window.as_millis() as u64 / 3;
-        tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
         let victim = c.nodes - 1;
+        // Read before the wait, not at the kill: reading the routing topic
+        // can take seconds on a loaded machine, and every node is up and
+        // the drain is over, so the owners stand still until the kill.
         let lost = shards_owned_by(
             &brokers,
             &log_topic,
             c.log_partitions,
             &format!("http://{}", nodes[victim].grpc),
         )?;
+        anyhow::ensure!(!lost.is_empty(), "node {victim} owned no shard before the kill");
+        tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
         // From when it is gone (kill waits for the process to end): whatever
         // it delivered came before.
         nodes[victim].kill();
         let killed_ms = now_ms();
         let end = t1 + sc.failover_window.as_millis() as u64;
+        anyhow::ensure!(
+            killed_ms + 1_000 < end,
+            "the kill came {} ms late, less than a second before the steady load's last message was due: \
+             nothing is left to measure a takeover by (is the machine loaded?)",
+            killed_ms.saturating_sub(kill_at)
+        );
         tokio::time::sleep(Duration::from_millis(end.saturating_sub(now_ms()) + 10_000)).await;
         let survivors = &nodes[..victim];
         let give_up = Instant::now() + Duration::from_secs(120);

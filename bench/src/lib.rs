@@ -123,7 +123,7 @@ impl Scale {
             trickle_window: window(self.trickle_window),
             footprint: n(self.footprint),
             failover_window: Duration::from_secs_f64(
-                (self.failover_window.as_secs_f64() * f.min(1.0)).max(6.0),
+                (self.failover_window.as_secs_f64() * f.min(1.0)).max(9.0),
             ),
         }
     }

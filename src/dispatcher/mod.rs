@@ -53,7 +53,9 @@
 //!
 //! At shutdown it waits for what is in flight (up to the grace period) and
 //! settles it; records still unanswered are *in doubt*: the store is told,
-//! so that no cancel of them is answered `CANCELLED`.
+//! so that no cancel of them is answered `CANCELLED`. In cluster mode the
+//! shard's own producer then drops them, so that none is sent after the
+//! shard's next owner looked for it on its topic.
 //!
 //! After a stop that was not clean, it first reads the target topics back
 //! for what it may have produced without recording it ([`reconcile`]):
@@ -384,6 +386,9 @@ impl Dispatcher {
                 "shutdown grace ran out; Kafka has not answered these produces: they stay pending, \
                  in doubt, and are produced again after restart"
             );
+            // In cluster mode, none of them may be sent after the shard's
+            // next owner has searched its topics for them.
+            self.producer.let_go();
         }
         let ids = self.sent.take_all().into_iter().map(|f| f.id).collect();
         if let Err(e) = self.store.in_doubt(ids).await {
@@ -393,6 +398,9 @@ impl Dispatcher {
         self.store.metrics().held_stalled.set(0);
         self.store.metrics().held_refused.set(0);
         self.store.held().clear();
+        // A shard's own producer ends here, which waits for its thread.
+        let Dispatcher { producer, .. } = self;
+        let _ = tokio::task::spawn_blocking(move || drop(producer)).await;
     }
 }
 

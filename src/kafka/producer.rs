@@ -1,8 +1,9 @@
 //! The producer: one librdkafka producer with idempotence on, whose delivery
-//! reports come back to the dispatcher over a channel; or, with
-//! transactional delivery, one transactional producer per shard
-//! ([`super::transactions`]), whose reports come once their transaction is
-//! committed.
+//! reports come back to the dispatcher over a channel; in cluster mode, one
+//! per shard, so that a shard let go takes what it still holds away with it
+//! ([`Producer::let_go`]); or, with transactional delivery, one
+//! transactional producer per shard ([`super::transactions`]), whose
+//! reports come once their transaction is committed.
 //!
 //! It owns no retry policy and no state about messages: the dispatcher tags
 //! each record with a token and decides what a report means.
@@ -14,7 +15,7 @@ use rdkafka::{
     config::RDKafkaLogLevel,
     error::{KafkaError, RDKafkaErrorCode},
     message::{DeliveryResult, Header, OwnedHeaders},
-    producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
+    producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer},
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -150,7 +151,11 @@ pub struct Producer {
 
 /// Where records go.
 enum Send {
+    /// The node's producer, shared by its shards.
     Idempotent(ThreadedProducer<Reports>),
+    /// A movable shard's idempotent producer of its own: what it holds
+    /// when the shard is let go is purged with it.
+    Shard(ThreadedProducer<Reports>),
     /// One shard's transaction thread.
     Transactional(Txn),
 }
@@ -225,13 +230,37 @@ impl Producer {
         })
     }
 
-    /// What shard `shard`'s dispatcher produces with: this producer, or
-    /// with transactional delivery one of the shard's own (its thread
-    /// starts now; see [`Producer::ready`]) under the transactional id
-    /// `<prefix>-<shard>`, or `hourglass-<store>` without a prefix.
-    pub fn for_shard(self: &Arc<Self>, shard: u32, store: &str) -> std::io::Result<Arc<Producer>> {
+    /// What shard `shard`'s dispatcher produces with. With transactional
+    /// delivery, one of the shard's own (its thread starts now; see
+    /// [`Producer::ready`]) under the transactional id `<prefix>-<shard>`,
+    /// or `hourglass-<store>` without a prefix. Else, for a shard that
+    /// `moves` to other nodes (cluster mode), an idempotent producer of its
+    /// own, which [`Producer::let_go`] empties; for one that does not, this
+    /// producer.
+    pub fn for_shard(
+        self: &Arc<Self>,
+        shard: u32,
+        store: &str,
+        moves: bool,
+    ) -> std::io::Result<Arc<Producer>> {
         let Delivery::Transactional { prefix, on_fence } = &self.delivery else {
-            return Ok(Arc::clone(self));
+            if !moves {
+                return Ok(Arc::clone(self));
+            }
+            let context = Reports { fatal: self.fatal.clone() };
+            let inner = producer_config(&self.config)
+                .create_with_context(context)
+                .map_err(|e| std::io::Error::other(format!("starting shard {shard}'s producer: {e}")))?;
+            let producer = Arc::new(Producer {
+                send: Send::Shard(inner),
+                metadata: Arc::clone(&self.metadata),
+                fatal: self.fatal.clone(),
+                stopped: Arc::clone(&self.stopped),
+                config: self.config.clone(),
+                delivery: self.delivery.clone(),
+            });
+            producer.warm_up();
+            return Ok(producer);
         };
         let id = match prefix {
             Some(prefix) => format!("{prefix}-{shard}"),
@@ -292,7 +321,7 @@ impl Producer {
     /// the idempotent producer; why, if the producer stopped.
     pub async fn ready(&self) -> Result<(), String> {
         match &self.send {
-            Send::Idempotent(_) => Ok(()),
+            Send::Idempotent(_) | Send::Shard(_) => Ok(()),
             Send::Transactional(txn) if txn.ready().await => Ok(()),
             Send::Transactional(txn) => Err(txn
                 .stopped()
@@ -312,7 +341,7 @@ impl Producer {
         let spawned = std::thread::Builder::new().name("producer warm-up".into()).spawn(move || {
             for wait_ms in [0, 20, 50, 100, 200] {
                 std::thread::sleep(Duration::from_millis(wait_ms));
-                let Send::Idempotent(inner) = &producer.send else { return };
+                let (Send::Idempotent(inner) | Send::Shard(inner)) = &producer.send else { return };
                 if inner.client().fetch_metadata(None, Duration::from_secs(2)).is_err() {
                     // Kafka is not there yet: librdkafka's own timer goes on.
                     return;
@@ -357,7 +386,7 @@ impl Producer {
     pub fn fatal_error(&self) -> Option<String> {
         let stopped = || self.stopped.lock().unwrap_or_else(|e| e.into_inner()).clone();
         match &self.send {
-            Send::Idempotent(inner) => inner
+            Send::Idempotent(inner) | Send::Shard(inner) => inner
                 .client()
                 .fatal_error()
                 .map(|(code, reason)| format!("{code}: {reason}"))
@@ -382,7 +411,7 @@ impl Producer {
             headers = headers.insert(Header { key, value: Some(value) });
         }
         let inner = match &self.send {
-            Send::Idempotent(inner) => inner,
+            Send::Idempotent(inner) | Send::Shard(inner) => inner,
             Send::Transactional(txn) => {
                 return txn.send(Queued {
                     topic: record.topic.clone(),
@@ -439,8 +468,22 @@ impl Producer {
     /// dispatcher lets go of it.)
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         match &self.send {
-            Send::Idempotent(inner) => inner.flush(timeout),
+            Send::Idempotent(inner) | Send::Shard(inner) => inner.flush(timeout),
             Send::Transactional(_) => Ok(()),
+        }
+    }
+
+    /// A shard let go: a shard's own idempotent producer drops every record
+    /// it still holds, queued or awaiting the broker's answer, so that none
+    /// is sent after the shard's next owner has read its topics back. A
+    /// record whose request already reached the broker may still be
+    /// written, within the broker's time to append it; the next owner's
+    /// search, which starts after the release this is before, finds it.
+    /// The node's producer is left alone (its other shards' records are in
+    /// it); a transactional producer ends its transaction itself.
+    pub fn let_go(&self) {
+        if let Send::Shard(inner) = &self.send {
+            inner.purge(PurgeConfig::default().queue().inflight());
         }
     }
 }

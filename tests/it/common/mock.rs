@@ -56,6 +56,20 @@ impl Mock {
         }
     }
 
+    /// A topic of `partitions` partitions, every one led by `leader`.
+    #[allow(dead_code)]
+    pub fn topic_led(&self, name: &str, partitions: i32, leader: i32) {
+        let c = CString::new(name).unwrap();
+        unsafe {
+            let created = rd::rd_kafka_mock_topic_create(self.cluster, c.as_ptr(), partitions, 1);
+            assert_eq!(created, RespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+            for partition in 0..partitions {
+                let led = rd::rd_kafka_mock_partition_set_leader(self.cluster, c.as_ptr(), partition, leader);
+                assert_eq!(led, RespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+            }
+        }
+    }
+
     /// A topic of `partitions` partitions, led by the cluster's brokers.
     #[allow(dead_code)]
     pub fn topic_with(&self, name: &str, partitions: i32) {
@@ -86,6 +100,17 @@ impl Mock {
             };
             assert_eq!(pushed, RespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
         }
+    }
+
+    /// How many of the Produce errors [`Mock::fail_produce`] pushed for
+    /// `broker` no request took yet.
+    #[allow(dead_code)]
+    pub fn produce_errors_left(&self, broker: i32) -> usize {
+        let mut left = 0usize;
+        let asked =
+            unsafe { rd::rd_kafka_mock_broker_error_stack_cnt(self.cluster, broker, PRODUCE, &mut left) };
+        assert_eq!(asked, RespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+        left
     }
 
     /// The next `count` Produce requests to any broker fail with `error`,
