@@ -108,6 +108,13 @@ pub static SHARD_MOVES: LazyLock<IntCounterVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static CLUSTER_RECLAIMS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_reclaims_total",
+        "Cluster mode: shards this node claimed back after the schedule log named another owner for a \
+         session timeout while the group still gave them to this node (an old claim appended again).",
+    )
+});
 pub static STANDBYS: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge(
         "hourglass_cluster_standbys",

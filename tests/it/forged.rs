@@ -225,6 +225,93 @@ async fn records_no_node_wrote_neither_stop_a_shard_nor_deliver_anything() {
     }
 }
 
+/// The first claim of each partition of the log, as it was written
+/// (sealed by the node incarnation that wrote it).
+async fn first_claims(broker: &Broker, log_topic: &str) -> Vec<Forgery> {
+    let (brokers, log_topic) = (broker.addr().to_owned(), log_topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", random_name("replayer"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut partitions = TopicPartitionList::new();
+        for p in 0..LOG_PARTITIONS as i32 {
+            partitions.add_partition_offset(&log_topic, p, Offset::Beginning).unwrap();
+        }
+        consumer.assign(&partitions).unwrap();
+        let mut claims: Vec<Option<Forgery>> = (0..LOG_PARTITIONS).map(|_| None).collect();
+        let began = Instant::now();
+        while claims.iter().any(Option::is_none) {
+            assert!(began.elapsed() < Duration::from_secs(30), "not every partition has a claim");
+            let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
+            let decoded = m.payload().and_then(|v| LogRecord::decode(v).ok());
+            let Some(LogRecord { change: Some(Change::Owner(Owner { released: false, .. })), .. }) = decoded
+            else {
+                continue;
+            };
+            claims[m.partition() as usize].get_or_insert_with(|| Forgery {
+                partition: m.partition(),
+                key: m.key().unwrap().to_vec(),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers: m
+                    .headers()
+                    .unwrap()
+                    .iter()
+                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                    .collect(),
+            });
+        }
+        claims.into_iter().flatten().collect()
+    })
+    .await
+    .unwrap()
+}
+
+/// A seal proves who wrote a record, not when: a copy of a node's old
+/// claim, appended again by a producer with no key, still verifies. Here a
+/// node runs, stops and runs again (a new incarnation, whose claims name
+/// it); its first incarnation's claims, copied seal and all, are appended
+/// to every partition, and the log names an owner that no longer runs.
+/// The node, which the group still gives every shard, claims them back
+/// within a session timeout, and every message is delivered. Before, it
+/// took them back only at the next rebalance: nothing was delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_old_claim_appended_again_holds_a_shard_no_longer_than_a_session_timeout() {
+    let Bed { broker, topic, log_topic, dirs: _dirs, mut nodes } = Bed::start(2, 1).await;
+    let node = &mut nodes[0];
+    node.stop().unwrap();
+    node.spawn().unwrap();
+    node.wait_serving(Duration::from_secs(120)).await.unwrap();
+    let client = reconnecting_client(&node.grpc, Duration::from_secs(5));
+    let (ledger, run, due) = (Ledger::default(), random_name("replay"), now_ms() + 5_000);
+    for id in one_id_per_shard(&run) {
+        schedule(std::slice::from_ref(&client), &topic, &id, due, &ledger).await;
+    }
+    let replays = first_claims(&broker, &log_topic).await;
+    assert_eq!(replays.len(), LOG_PARTITIONS as usize);
+    let producer = native_producer(&broker);
+    for replay in &replays {
+        replay.write(&producer, &log_topic).await;
+    }
+    let deliveries = collect_async(
+        broker.addr(),
+        &[topic.as_str()],
+        ledger.expected(),
+        Duration::from_secs(45),
+        Duration::from_secs(2),
+    )
+    .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("old claims appended again: {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert!(verdict.duplicates.is_empty(), "duplicates: {:?}", verdict.duplicates);
+    let reclaimed = node.metric("hourglass_cluster_reclaims_total").await.unwrap_or(0.0);
+    assert_eq!(reclaimed, f64::from(LOG_PARTITIONS), "each shard claimed back once");
+    node.stop().unwrap();
+}
+
 /// A copy of `genuine`, seal and all.
 fn genuine_copy(genuine: &Forgery) -> Forgery {
     Forgery {

@@ -3,7 +3,10 @@
 //! shards' health and claims. Must not take or let go of a shard: that is
 //! the group's to say ([`super`]).
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -68,17 +71,46 @@ pub(super) async fn watch_owned(
     damaged: CancellationToken,
     stop: CancellationToken,
 ) {
+    // Per shard: since when the log has named another owner of a shard the
+    // group gives this node.
+    let mut fenced_since: Vec<Option<Instant>> = vec![None; inner.slots.len()];
     loop {
         let now = inner.health();
         health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
         let mut damage = false;
-        for slot in &inner.slots {
-            if let State::Owned(owned) = &*slot.state.borrow() {
-                damage |= owned.store().damaged().is_cancelled();
+        for (slot, since) in inner.slots.iter().zip(&mut fenced_since) {
+            let State::Owned(owned) = &*slot.state.borrow() else {
+                *since = None;
+                continue;
+            };
+            damage |= owned.store().damaged().is_cancelled();
+            match owned.store().log_owner() {
+                owner if owner == owned.me => *since = None,
                 // Released by a node that claimed it after this one: the
                 // group still says it is this node's.
-                if owned.store().log_owner() == 0 {
-                    owned.reclaim();
+                0 => owned.reclaim(),
+                owner => {
+                    // Another writer's claim of a shard the group has not
+                    // taken from this node, whose lease held all along: the
+                    // group gives a shard to one member at a time, so the
+                    // claim is a copy of an old one appended again (its
+                    // seal still verifies). Past a session timeout (the
+                    // longest the group takes to tell a member it lost a
+                    // shard), this node claims the shard back.
+                    let at = *since.get_or_insert_with(Instant::now);
+                    if !inner.lease.holds() {
+                        *since = None;
+                    } else if at.elapsed() >= inner.config.group.session_timeout {
+                        tracing::warn!(
+                            partition = owned.partition,
+                            claimed_by = owner,
+                            "the schedule log names another owner of a shard the group still gives this \
+                             node (an old claim appended again?): claiming it back"
+                        );
+                        metrics::CLUSTER_RECLAIMS.inc();
+                        owned.reclaim();
+                        *since = None;
+                    }
                 }
             }
         }
