@@ -71,9 +71,14 @@ impl Forgery {
     }
 }
 
-/// The first `Scheduled` record of the log, as it was written (sealed by
-/// the node that wrote it).
-async fn a_genuine_schedule(broker: &Broker, log_topic: &str) -> Forgery {
+/// Records of the log as they were written (sealed by the node that wrote
+/// them), from its start: those `wanted` picks, until `enough` of them.
+async fn as_written(
+    broker: &Broker,
+    log_topic: &str,
+    wanted: fn(&LogRecord) -> bool,
+    enough: fn(&[Forgery]) -> bool,
+) -> Vec<Forgery> {
     let (brokers, log_topic) = (broker.addr().to_owned(), log_topic.to_owned());
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
@@ -87,27 +92,35 @@ async fn a_genuine_schedule(broker: &Broker, log_topic: &str) -> Forgery {
             partitions.add_partition_offset(&log_topic, p, Offset::Beginning).unwrap();
         }
         consumer.assign(&partitions).unwrap();
-        let began = Instant::now();
-        loop {
-            assert!(began.elapsed() < Duration::from_secs(30), "no Scheduled record in the log");
+        let (began, mut found) = (Instant::now(), Vec::new());
+        while !enough(&found) {
+            assert!(began.elapsed() < Duration::from_secs(30), "the log has not the records wanted");
             let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
-            let decoded = m.payload().and_then(|v| LogRecord::decode(v).ok());
-            if let Some(LogRecord { change: Some(Change::Scheduled(_)), .. }) = decoded {
-                let headers = m.headers().unwrap();
-                return Forgery {
-                    partition: m.partition(),
-                    key: m.key().unwrap().to_vec(),
-                    value: m.payload().map(<[u8]>::to_vec),
-                    headers: headers
-                        .iter()
-                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                        .collect(),
-                };
+            if !m.payload().and_then(|v| LogRecord::decode(v).ok()).is_some_and(|r| wanted(&r)) {
+                continue;
             }
+            found.push(Forgery {
+                partition: m.partition(),
+                key: m.key().unwrap().to_vec(),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers: m
+                    .headers()
+                    .unwrap()
+                    .iter()
+                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                    .collect(),
+            });
         }
+        found
     })
     .await
     .unwrap()
+}
+
+/// The first `Scheduled` record of the log, as it was written.
+async fn a_genuine_schedule(broker: &Broker, log_topic: &str) -> Forgery {
+    let scheduled = |r: &LogRecord| matches!(r.change, Some(Change::Scheduled(_)));
+    as_written(broker, log_topic, scheduled, |found| !found.is_empty()).await.remove(0)
 }
 
 /// Schedules `id` through any node, due at `due`, and notes it.
@@ -225,48 +238,18 @@ async fn records_no_node_wrote_neither_stop_a_shard_nor_deliver_anything() {
     }
 }
 
-/// The first claim of each partition of the log, as it was written
-/// (sealed by the node incarnation that wrote it).
+/// The first claim of each partition of the log, as it was written (by
+/// the node incarnation that claimed it).
 async fn first_claims(broker: &Broker, log_topic: &str) -> Vec<Forgery> {
-    let (brokers, log_topic) = (broker.addr().to_owned(), log_topic.to_owned());
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("group.id", random_name("replayer"))
-            .set("enable.auto.commit", "false")
-            .create()
-            .unwrap();
-        let mut partitions = TopicPartitionList::new();
-        for p in 0..LOG_PARTITIONS as i32 {
-            partitions.add_partition_offset(&log_topic, p, Offset::Beginning).unwrap();
-        }
-        consumer.assign(&partitions).unwrap();
-        let mut claims: Vec<Option<Forgery>> = (0..LOG_PARTITIONS).map(|_| None).collect();
-        let began = Instant::now();
-        while claims.iter().any(Option::is_none) {
-            assert!(began.elapsed() < Duration::from_secs(30), "not every partition has a claim");
-            let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
-            let decoded = m.payload().and_then(|v| LogRecord::decode(v).ok());
-            let Some(LogRecord { change: Some(Change::Owner(Owner { released: false, .. })), .. }) = decoded
-            else {
-                continue;
-            };
-            claims[m.partition() as usize].get_or_insert_with(|| Forgery {
-                partition: m.partition(),
-                key: m.key().unwrap().to_vec(),
-                value: m.payload().map(<[u8]>::to_vec),
-                headers: m
-                    .headers()
-                    .unwrap()
-                    .iter()
-                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                    .collect(),
-            });
-        }
-        claims.into_iter().flatten().collect()
-    })
-    .await
-    .unwrap()
+    let claim = |r: &LogRecord| matches!(r.change, Some(Change::Owner(Owner { released: false, .. })));
+    let each = |found: &[Forgery]| {
+        found.iter().map(|f| f.partition).collect::<std::collections::BTreeSet<_>>().len()
+            == LOG_PARTITIONS as usize
+    };
+    let mut claims = as_written(broker, log_topic, claim, each).await;
+    claims.sort_by_key(|f| f.partition);
+    claims.dedup_by_key(|f| f.partition);
+    claims
 }
 
 /// A seal proves who wrote a record, not when: a copy of a node's old
