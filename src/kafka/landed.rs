@@ -124,10 +124,26 @@ pub fn search(
     let mut unread = HashSet::new();
     // Past each partition's last record read, or where its read started.
     let mut read_to = HashMap::new();
+    // A mark past the end the broker lists: the topic was made again, or
+    // the broker lists an end behind its last records (Tansu 0.6 lists the
+    // first offset of the last batch, plus one). Their records say which.
+    let past: Vec<(i32, i64)> = partitions
+        .iter()
+        .filter(|p| marks.get(p).is_some_and(|&m| m > highs[p]))
+        .map(|p| (*p, (highs[p] - 1).max(lows[p])))
+        .collect();
+    let read_ends = if past.is_empty() { HashMap::new() } else { ends_read(config, topic, &past)? };
     let mut assignment = TopicPartitionList::new();
     for &partition in &partitions {
-        let (low, high) = (lows[&partition], highs[&partition]);
+        let (low, mut high) = (lows[&partition], highs[&partition]);
         let mut from = match marks.get(&partition) {
+            Some(&mark)
+                if let Some(&read) =
+                    read_ends.get(&partition).filter(|&&read| mark > high && mark <= read) =>
+            {
+                high = read;
+                mark
+            }
             Some(&mark) if mark > high => {
                 tracing::warn!(
                     topic,
@@ -283,6 +299,37 @@ pub fn search(
         }
     }
     Ok(landed)
+}
+
+/// Where each of `partitions` ends, as read from the offset given to the
+/// end: past the last record read (the offset given, if none is), for
+/// those read to their end within [`CHECK_WITHIN`].
+fn ends_read(
+    config: &KafkaConfig,
+    topic: &str,
+    partitions: &[(i32, i64)],
+) -> Result<HashMap<i32, i64>, KafkaError> {
+    let probe = consumer(config, false)?;
+    let mut assignment = TopicPartitionList::new();
+    for &(partition, from) in partitions {
+        assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
+    }
+    probe.assign(&assignment)?;
+    let mut read: HashMap<i32, i64> = partitions.iter().copied().collect();
+    let (deadline, mut ended) = (Instant::now() + CHECK_WITHIN, HashSet::new());
+    while ended.len() < partitions.len() && Instant::now() < deadline {
+        match probe.poll(Duration::from_millis(50)) {
+            Some(Ok(record)) => {
+                let end = read.entry(record.partition()).or_default();
+                *end = (*end).max(record.offset() + 1);
+            }
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                ended.insert(partition);
+            }
+            Some(Err(_)) | None => {}
+        }
+    }
+    Ok(read.into_iter().filter(|(p, _)| ended.contains(p)).collect())
 }
 
 /// The search's last look: the partitions' ends as the broker gave them
