@@ -97,6 +97,7 @@ use crate::{
 mod config;
 mod gate;
 mod produce;
+mod pulse;
 mod read_ahead;
 mod reconcile;
 mod recorder;
@@ -107,6 +108,7 @@ mod topics;
 
 pub use config::DispatcherConfig;
 pub(crate) use gate::{AlwaysOpen, Gate};
+use pulse::Pulse;
 pub(crate) use reconcile::CLAIM_GRACE;
 pub(crate) use recorder::{Recorder, StoreRecorder};
 use sent::Sent;
@@ -253,6 +255,11 @@ struct Doubt {
     /// then is in doubt. (Standalone, the store records it; the log needs
     /// none, and its recorder answers at once.)
     horizon: UnixMillis,
+    /// When the process before this one last had produces unanswered, if
+    /// the store says.
+    in_flight_at: Option<UnixMillis>,
+    /// When this one last had.
+    pulse: Pulse,
 }
 
 /// What to do after a look at the store.
@@ -287,6 +294,7 @@ impl Dispatcher {
         // settled, or delivered and kept until retention.
         let scan_from = store.wake().floor_recorded();
         let horizon = store.horizon_at_open();
+        let (in_flight_at, pulse) = (Pulse::last(store.path()), Pulse::start(store.path()));
         Dispatcher {
             store,
             recorder,
@@ -311,7 +319,7 @@ impl Dispatcher {
                 published: tokio::time::Instant::now() - PUBLISH_EVERY,
                 floor_sent: tokio::time::Instant::now(),
             },
-            doubt: Doubt { landed: HashMap::new(), marked: HashSet::new(), horizon },
+            doubt: Doubt { landed: HashMap::new(), marked: HashSet::new(), horizon, in_flight_at, pulse },
             fenced: false,
         }
     }
@@ -334,11 +342,17 @@ impl Dispatcher {
                 self.extend_horizon(due).await;
             }
             self.publish();
-            let sleep = match next {
+            let mut sleep = match next {
                 Next::At(due) => self.clock.until(due).min(self.config.max_sleep),
                 Next::Idle | Next::Full | Next::Commits => self.config.max_sleep,
                 Next::Now => Duration::ZERO,
             };
+            if !self.sent.is_empty() {
+                // After a kill, the search for what went out unrecorded
+                // waits as long after this as requests may still land.
+                self.doubt.pulse.beat(crate::clock::SystemClock.now());
+                sleep = sleep.min(pulse::EVERY);
+            }
             // What waits to be settled in order waits no longer than this.
             let sleep = if self.sent.has_answered() { sleep.min(HOLD_FOR) } else { sleep };
             tokio::select! {

@@ -37,6 +37,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
+use super::pulse;
 use crate::{
     clock::{Clock as _, SystemClock},
     kafka::{Delivery, Producer, landed},
@@ -48,9 +49,11 @@ use crate::{
 /// How long after a stop a request the stopped process had already sent
 /// may still be appended: the broker works through what a connection sent
 /// before it closed, and under load that takes a while. The search reads
-/// on past the partitions' ends until this long after the store opened,
-/// and this long after the last record in doubt that appeared there.
-const LATE_APPENDS: Duration = Duration::from_secs(1);
+/// on past the partitions' ends until this long after the stopped process
+/// last had produces unanswered (see [`pulse`](super::pulse); not known:
+/// after the store opened), and this long after the last record in doubt
+/// that appeared there.
+pub(super) const LATE_APPENDS: Duration = Duration::from_secs(1);
 /// Cluster mode: how long a node that takes a shard over holds its
 /// requests after its claim, and reads the topics back at least, before it
 /// dispatches. A previous owner still running (paused, cut off from the
@@ -78,10 +81,31 @@ pub(super) struct Found {
 }
 
 /// What is in doubt after an unclean stop, and how long the search reads
-/// on: until [`LATE_APPENDS`] after the store opened (the stopped process's
-/// last requests may still be in the broker's hands).
-pub(super) fn after_restart(store: &Store) -> (Option<InDoubt>, landed::Late) {
-    (store.in_doubt_window(), landed::Late { quiet: LATE_APPENDS, last: store.opened_at() })
+/// on: until [`LATE_APPENDS`] after the stopped process last had produces
+/// unanswered (`in_flight_at`, by the wall clock, with the pulse's slack;
+/// none known: after the store opened), when its last requests may still
+/// have been in the broker's hands.
+pub(super) fn after_restart(
+    store: &Store,
+    in_flight_at: Option<UnixMillis>,
+) -> (Option<InDoubt>, landed::Late) {
+    let last = quiet_since(in_flight_at, SystemClock.now(), std::time::Instant::now(), store.opened_at());
+    (store.in_doubt_window(), landed::Late { quiet: LATE_APPENDS, last })
+}
+
+/// Since when (at `now`, by the wall clock `wall`) no request of the
+/// stopped process can have been sent: the pulse's time `in_flight_at`
+/// and its slack ago, counted up to [`LATE_APPENDS`]; not known, or later
+/// than the open (a clock set back): the open.
+fn quiet_since(
+    in_flight_at: Option<UnixMillis>,
+    wall: UnixMillis,
+    now: std::time::Instant,
+    opened_at: std::time::Instant,
+) -> std::time::Instant {
+    let Some(at) = in_flight_at else { return opened_at };
+    let ago = wall.0.saturating_sub(at.0.saturating_add(pulse::SLACK.as_millis() as u64));
+    now.checked_sub(Duration::from_millis(ago).min(LATE_APPENDS)).unwrap_or(now).min(opened_at)
 }
 
 /// Cluster mode, just after this node's claim of the shard: whatever was
@@ -214,5 +238,33 @@ async fn pause(stop: &CancellationToken) -> Option<()> {
     tokio::select! {
         _ = stop.cancelled() => None,
         _ = tokio::time::sleep(BACKOFF) => Some(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn the_search_reads_on_as_long_after_the_last_produce_as_requests_may_land() {
+        let (now, wall) = (Instant::now(), UnixMillis(1_000_000));
+        let opened = now - Duration::from_millis(20);
+        let quiet = |at: Option<u64>| now.duration_since(quiet_since(at.map(UnixMillis), wall, now, opened));
+        assert_eq!(quiet(None), Duration::from_millis(20), "not known: from the open");
+        assert_eq!(quiet(Some(900_000)), LATE_APPENDS, "long ago: quiet already");
+        let slack = pulse::SLACK.as_millis() as u64;
+        assert_eq!(
+            quiet(Some(1_000_000 - slack - 300)),
+            Duration::from_millis(300),
+            "a while ago: the rest of it"
+        );
+        assert_eq!(
+            quiet(Some(1_000_000)),
+            Duration::from_millis(20),
+            "just now: from the open at the latest"
+        );
+        assert_eq!(quiet(Some(2_000_000)), Duration::from_millis(20), "a clock set back: from the open");
     }
 }

@@ -1,0 +1,123 @@
+//! When the dispatcher last had produces unanswered: a file in the store's
+//! directory holding that wall-clock time (Unix milliseconds), rewritten at
+//! most every [`EVERY`] while it has, so that after an unclean stop the
+//! search for what the stopped process produced unrecorded knows how long
+//! ago its last requests could have been sent.
+//!
+//! A record handed to the Kafka client can reach the broker, and be
+//! appended, a little after the process that sent it died; the search
+//! reads on past the partitions' ends for [`LATE_APPENDS`] after that.
+//! Without the file it counts from the store's open, as if the process
+//! died just then, and every restart after a kill -9 waits that long
+//! before it produces anything, whenever the kill came.
+//!
+//! The file is not synced: a kill leaves the kernel's copy, which is what
+//! counts. A machine that lost power may come back with an older time, but
+//! comes back long after its last requests were appended. A wall clock
+//! set back across the restart makes the wait whole again; one set forward
+//! shortens it.
+//!
+//! [`LATE_APPENDS`]: super::reconcile::LATE_APPENDS
+
+use std::{
+    fs::File,
+    os::unix::fs::FileExt as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use crate::message::UnixMillis;
+
+/// The file, in the store's directory (RocksDB leaves files it does not
+/// know alone).
+const FILE: &str = "HOURGLASS-IN-FLIGHT";
+/// Most time between two writes while produces are unanswered.
+pub(super) const EVERY: Duration = Duration::from_millis(100);
+/// How far the time in the file may be behind the last moment the
+/// process had produces unanswered: a write skipped for [`EVERY`], the
+/// loop's pass that writes it held up by a slow commit.
+pub(super) const SLACK: Duration = Duration::from_millis(500);
+
+pub(super) struct Pulse {
+    path: PathBuf,
+    file: Option<File>,
+    written: Option<Instant>,
+}
+
+impl Pulse {
+    /// The time the file holds, as the last process left it: `None` if
+    /// there is none (a store of a release without it) or it cannot be
+    /// read.
+    pub fn last(store_dir: &Path) -> Option<UnixMillis> {
+        let bytes = std::fs::read(store_dir.join(FILE)).ok()?;
+        Some(UnixMillis(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)))
+    }
+
+    /// This process's pulse. The file keeps the last process's time until
+    /// this one has a produce unanswered: a process stopped before it
+    /// produced anything (during its search, say) leaves the time of the
+    /// one before it, whose requests may still be arriving.
+    pub fn start(store_dir: &Path) -> Pulse {
+        Pulse { path: store_dir.join(FILE), file: None, written: None }
+    }
+
+    /// Produces are unanswered at `now`: written unless written less than
+    /// [`EVERY`] ago.
+    pub fn beat(&mut self, now: UnixMillis) {
+        if self.written.is_some_and(|at| at.elapsed() < EVERY) {
+            return;
+        }
+        self.written = Some(Instant::now());
+        self.write(now);
+    }
+
+    fn write(&mut self, at: UnixMillis) {
+        if self.file.is_none() {
+            let opened = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&self.path);
+            match opened {
+                Ok(file) => self.file = Some(file),
+                Err(e) => {
+                    tracing::debug!(path = %self.path.display(), error = %e, "opening the in-flight file failed");
+                    return;
+                }
+            }
+        }
+        if let Some(file) = &self.file
+            && let Err(e) = file.write_all_at(&at.0.to_le_bytes(), 0)
+        {
+            // Without it, the next restart after a kill waits as long as
+            // it did before the file existed: nothing is lost.
+            tracing::debug!(path = %self.path.display(), error = %e, "writing the in-flight file failed");
+            self.file = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_written_while_produces_are_unanswered_is_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Pulse::last(dir.path()), None, "no file: nothing known");
+        std::fs::write(dir.path().join(FILE), 700u64.to_le_bytes()).unwrap();
+        let mut pulse = Pulse::start(dir.path());
+        assert_eq!(
+            Pulse::last(dir.path()),
+            Some(UnixMillis(700)),
+            "the last process's, until this one produces"
+        );
+        pulse.beat(UnixMillis(1_000));
+        pulse.beat(UnixMillis(1_050));
+        assert_eq!(Pulse::last(dir.path()), Some(UnixMillis(1_000)), "at most every {EVERY:?}");
+        std::thread::sleep(EVERY);
+        pulse.beat(UnixMillis(1_200));
+        assert_eq!(Pulse::last(dir.path()), Some(UnixMillis(1_200)));
+    }
+}
