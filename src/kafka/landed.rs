@@ -124,35 +124,22 @@ pub fn search(
     let mut unread = HashSet::new();
     // Past each partition's last record read, or where its read started.
     let mut read_to = HashMap::new();
-    // A mark past the end the broker lists: the topic was made again, or
-    // the broker lists an end behind its last records (Tansu 0.6 lists the
-    // first offset of the last batch, plus one). Their records say which.
-    let past: Vec<(i32, i64)> = partitions
-        .iter()
-        .filter(|p| marks.get(p).is_some_and(|&m| m > highs[p]))
-        .map(|p| (*p, (highs[p] - 1).max(lows[p])))
-        .collect();
-    let read_ends = if past.is_empty() { HashMap::new() } else { ends_read(config, topic, &past)? };
+    // Marks past the end the broker lists, not yet seen reached by the
+    // partition's records: the topic was made again since, or the broker
+    // lists an end behind its last records (Tansu 0.6 lists the first
+    // offset of the last batch, plus one). The read says which: a record
+    // at the mark or past it, or the partition's end before it.
+    let mut unconfirmed: HashMap<i32, i64> = HashMap::new();
+    // Past the last record of each read at all.
+    let mut seen_to: HashMap<i32, i64> = HashMap::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in &partitions {
         let (low, mut high) = (lows[&partition], highs[&partition]);
         let mut from = match marks.get(&partition) {
-            Some(&mark)
-                if let Some(&read) =
-                    read_ends.get(&partition).filter(|&&read| mark > high && mark <= read) =>
-            {
-                high = read;
-                mark
-            }
             Some(&mark) if mark > high => {
-                tracing::warn!(
-                    topic,
-                    partition,
-                    mark,
-                    high,
-                    "a target partition ends before its mark (was the topic made again?): reading it whole"
-                );
-                low
+                unconfirmed.insert(partition, mark);
+                high = mark;
+                mark
             }
             Some(&mark) => mark.max(low),
             None => low,
@@ -179,7 +166,7 @@ pub fn search(
         // Past the end, what comes is appended after the search began: a
         // batch of its own.
         let mut start = from;
-        if from < high {
+        if from < high || unconfirmed.contains_key(&partition) {
             let seek = Seek::to(from, low);
             seeks.insert(partition, (seek, Instant::now()));
             start = seek.at;
@@ -188,7 +175,7 @@ pub fn search(
         ends.insert(partition, end);
         froms.insert(partition, from);
         read_to.insert(partition, from);
-        if from < end {
+        if from < end || unconfirmed.contains_key(&partition) {
             unread.insert(partition);
         }
     }
@@ -249,6 +236,10 @@ pub fn search(
                     continue;
                 }
                 landed.read += 1;
+                seen_to.insert(partition, offset + 1);
+                if unconfirmed.get(&partition).is_some_and(|&mark| offset + 1 >= mark) {
+                    unconfirmed.remove(&partition);
+                }
                 if offset < froms[&partition] {
                     continue;
                 }
@@ -284,6 +275,25 @@ pub fn search(
                 if seeks.contains_key(&partition) && reseek(reader, topic, partition, &mut seeks, i64::MAX)? {
                     continue;
                 }
+                if let Some(mark) = unconfirmed.remove(&partition) {
+                    // Its records end before its mark.
+                    tracing::warn!(
+                        topic,
+                        partition,
+                        mark,
+                        listed = highs[&partition],
+                        records_end = seen_to.get(&partition),
+                        "a target partition ends before its mark (was the topic made again?): reading it whole"
+                    );
+                    let low = lows[&partition];
+                    let mut list = TopicPartitionList::new();
+                    list.add_partition_offset(topic, partition, Offset::Offset(low))?;
+                    reader.seek_partitions(list, ASK)?;
+                    froms.insert(partition, low);
+                    read_to.insert(partition, low);
+                    ends.insert(partition, highs[&partition]);
+                    continue;
+                }
                 if let Some(check) = &mut check {
                     check.behind.remove(&partition);
                 }
@@ -299,37 +309,6 @@ pub fn search(
         }
     }
     Ok(landed)
-}
-
-/// Where each of `partitions` ends, as read from the offset given to the
-/// end: past the last record read (the offset given, if none is), for
-/// those read to their end within [`CHECK_WITHIN`].
-fn ends_read(
-    config: &KafkaConfig,
-    topic: &str,
-    partitions: &[(i32, i64)],
-) -> Result<HashMap<i32, i64>, KafkaError> {
-    let probe = consumer(config, false)?;
-    let mut assignment = TopicPartitionList::new();
-    for &(partition, from) in partitions {
-        assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
-    }
-    probe.assign(&assignment)?;
-    let mut read: HashMap<i32, i64> = partitions.iter().copied().collect();
-    let (deadline, mut ended) = (Instant::now() + CHECK_WITHIN, HashSet::new());
-    while ended.len() < partitions.len() && Instant::now() < deadline {
-        match probe.poll(Duration::from_millis(50)) {
-            Some(Ok(record)) => {
-                let end = read.entry(record.partition()).or_default();
-                *end = (*end).max(record.offset() + 1);
-            }
-            Some(Err(KafkaError::PartitionEOF(partition))) => {
-                ended.insert(partition);
-            }
-            Some(Err(_)) | None => {}
-        }
-    }
-    Ok(read.into_iter().filter(|(p, _)| ended.contains(p)).collect())
 }
 
 /// The search's last look: the partitions' ends as the broker gave them
