@@ -165,6 +165,12 @@ impl Routes {
         self.unwritten.say(shard, route);
     }
 
+    /// Whether the topic names the node incarnation `writer` the owner of
+    /// `shard`.
+    pub fn names(&self, shard: u32, writer: u64) -> bool {
+        self.table.borrow().writer_of(shard) == Some(writer)
+    }
+
     /// Where the owner of `shard` answers, by the topic, if another node.
     pub fn peer_of(&self, shard: u32) -> Option<String> {
         self.table.borrow().addr_of(shard).filter(|addr| *addr != self.addr).map(str::to_owned)

@@ -89,6 +89,11 @@ impl Table {
         }
     }
 
+    /// The node incarnation the topic names the owner of `shard`, if any.
+    pub fn writer_of(&self, shard: u32) -> Option<u64> {
+        self.owners.get(shard as usize)?.as_ref().map(|r| r.writer)
+    }
+
     /// Where the owner of `shard` answers, if the topic names one.
     pub fn addr_of(&self, shard: u32) -> Option<&str> {
         self.owners.get(shard as usize)?.as_ref().map(|r| r.addr.as_str())

@@ -78,7 +78,7 @@ pub(super) async fn watch_owned(
         let now = inner.health();
         health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
         let mut damage = false;
-        for (slot, since) in inner.slots.iter().zip(&mut fenced_since) {
+        for (shard, (slot, since)) in inner.slots.iter().zip(&mut fenced_since).enumerate() {
             let State::Owned(owned) = &*slot.state.borrow() else {
                 *since = None;
                 continue;
@@ -91,14 +91,17 @@ pub(super) async fn watch_owned(
                 0 => owned.reclaim(),
                 owner => {
                     // Another writer's claim of a shard the group has not
-                    // taken from this node, whose lease held all along: the
-                    // group gives a shard to one member at a time, so the
-                    // claim is a copy of an old one appended again (its
-                    // seal still verifies). Past a session timeout (the
-                    // longest the group takes to tell a member it lost a
-                    // shard), this node claims the shard back.
+                    // taken from this node (not yet, or the group moved on
+                    // without it), and which the claimant has not
+                    // published as its own in the routing topic, as every
+                    // node taking a shard does: a copy of an old claim
+                    // appended again (its seal still verifies). Past a
+                    // session timeout (the longest the group takes to
+                    // tell a member it lost a shard) of that, with this
+                    // node's lease held all along, it claims the shard
+                    // back.
                     let at = *since.get_or_insert_with(Instant::now);
-                    if !inner.lease.holds() {
+                    if !inner.lease.holds() || inner.routes.names(shard as u32, owner) {
                         *since = None;
                     } else if at.elapsed() >= inner.config.group.session_timeout {
                         tracing::warn!(
