@@ -327,6 +327,41 @@ fn delivery<'a>(topic: &'a str, id: &str, due: UnixMillis, partition: i32) -> Ba
     BaseRecord::to(topic).payload("x").partition(partition).headers(headers)
 }
 
+/// Writes `ids` to partition 0 of `topic` as deliveries due at `due`, one
+/// batch of them (every record is queued before the first is sent).
+fn one_batch(broker: &Broker, topic: &str, ids: &[String], due: UnixMillis) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.addr())
+        .set("linger.ms", "1000")
+        .create()
+        .unwrap();
+    for id in ids {
+        producer.send(delivery(topic, id, due, 0)).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+/// Searches partition 0 of `topic` for `wanted`, due at `due`, from `mark`.
+async fn search_from(
+    broker: &Broker,
+    topic: &str,
+    mark: i64,
+    wanted: &[String],
+    due: UnixMillis,
+) -> landed::Landed {
+    let wanted: std::collections::HashMap<MessageId, UnixMillis> =
+        wanted.iter().map(|id| (MessageId::parse(id).unwrap(), due)).collect();
+    let config = KafkaConfig { brokers: broker.addr().to_owned(), properties: Default::default() };
+    let (marks, topic) = (std::collections::HashMap::from([(0, mark)]), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let mut late = Late { quiet: Duration::ZERO, last: Instant::now() };
+        let wanted = Wanted { ids: &wanted, times: (UnixMillis(0), UnixMillis(u64::MAX)) };
+        landed::search(&config, false, &topic, &marks, wanted, &mut late, Duration::from_secs(60)).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 /// A search whose mark lies inside a batch of records finds the records of
 /// that batch past the mark. Tansu 0.6 answers a fetch from inside a batch
 /// with the next batch (none here: the batch is the partition's last),
@@ -340,30 +375,9 @@ async fn a_search_from_inside_a_batch_finds_the_rest_of_it() {
     broker.create_topic(&topic, 1).await;
     let due = UnixMillis(1_000);
     let ids: Vec<String> = (0..200).map(|i| format!("b-{i}")).collect();
-    {
-        // One batch: every record is queued before the first is sent.
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", broker.addr())
-            .set("linger.ms", "1000")
-            .create()
-            .unwrap();
-        for id in &ids {
-            producer.send(delivery(&topic, id, due, 0)).unwrap();
-        }
-        producer.flush(Duration::from_secs(10)).unwrap();
-    }
+    one_batch(&broker, &topic, &ids, due);
     // The first 120 were recorded delivered; the rest are in doubt.
-    let wanted: std::collections::HashMap<MessageId, UnixMillis> =
-        ids[120..].iter().map(|id| (MessageId::parse(id).unwrap(), due)).collect();
-    let config = KafkaConfig { brokers: broker.addr().to_owned(), properties: Default::default() };
-    let marks = std::collections::HashMap::from([(0, 120)]);
-    let landed = tokio::task::spawn_blocking(move || {
-        let mut late = Late { quiet: Duration::ZERO, last: Instant::now() };
-        let wanted = Wanted { ids: &wanted, times: (UnixMillis(0), UnixMillis(u64::MAX)) };
-        landed::search(&config, false, &topic, &marks, wanted, &mut late, Duration::from_secs(60)).unwrap()
-    })
-    .await
-    .unwrap();
+    let landed = search_from(&broker, &topic, 120, &ids[120..], due).await;
     let mut found: Vec<(i64, String)> =
         landed.found.iter().map(|(id, &(_, offset))| (offset, id.to_string())).collect();
     found.sort();
@@ -386,33 +400,13 @@ async fn a_mark_inside_the_last_batch_is_read_from_not_taken_for_a_topic_made_ag
     let topic = random_name("listed");
     broker.create_topic(&topic, 1).await;
     let due = UnixMillis(1_000);
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker.addr())
-        .set("linger.ms", "1000")
-        .create()
-        .unwrap();
     // Others' records, then one batch of ours.
-    for i in 0..1_000 {
-        producer.send(delivery(&topic, &format!("other-{i}"), due, 0)).unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
+    let others: Vec<String> = (0..1_000).map(|i| format!("other-{i}")).collect();
+    one_batch(&broker, &topic, &others, due);
     let ids: Vec<String> = (0..200).map(|i| format!("ours-{i}")).collect();
-    for id in &ids {
-        producer.send(delivery(&topic, id, due, 0)).unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
+    one_batch(&broker, &topic, &ids, due);
     // The first 100 of ours were recorded delivered; the rest are in doubt.
-    let wanted: std::collections::HashMap<MessageId, UnixMillis> =
-        ids[100..].iter().map(|id| (MessageId::parse(id).unwrap(), due)).collect();
-    let config = KafkaConfig { brokers: broker.addr().to_owned(), properties: Default::default() };
-    let marks = std::collections::HashMap::from([(0, 1_100)]);
-    let landed = tokio::task::spawn_blocking(move || {
-        let mut late = Late { quiet: Duration::ZERO, last: Instant::now() };
-        let wanted = Wanted { ids: &wanted, times: (UnixMillis(0), UnixMillis(u64::MAX)) };
-        landed::search(&config, false, &topic, &marks, wanted, &mut late, Duration::from_secs(60)).unwrap()
-    })
-    .await
-    .unwrap();
+    let landed = search_from(&broker, &topic, 1_100, &ids[100..], due).await;
     eprintln!("found {} of 100, read {} of 1,200 records", landed.found.len(), landed.read);
     assert_eq!(landed.found.len(), 100, "every record past the mark is found");
     assert!(landed.read < 1_000, "read from the mark, not whole: {} records", landed.read);
@@ -426,24 +420,10 @@ async fn a_mark_past_every_record_reads_the_partition_whole() {
     let topic = random_name("again");
     broker.create_topic(&topic, 1).await;
     let due = UnixMillis(1_000);
-    let producer: BaseProducer =
-        ClientConfig::new().set("bootstrap.servers", broker.addr()).create().unwrap();
     let ids: Vec<String> = (0..300).map(|i| format!("again-{i}")).collect();
-    for id in &ids {
-        producer.send(delivery(&topic, id, due, 0)).unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
-    let wanted: std::collections::HashMap<MessageId, UnixMillis> =
-        ids.iter().step_by(3).map(|id| (MessageId::parse(id).unwrap(), due)).collect();
-    let config = KafkaConfig { brokers: broker.addr().to_owned(), properties: Default::default() };
-    let marks = std::collections::HashMap::from([(0, 5_000)]);
-    let landed = tokio::task::spawn_blocking(move || {
-        let mut late = Late { quiet: Duration::ZERO, last: Instant::now() };
-        let wanted = Wanted { ids: &wanted, times: (UnixMillis(0), UnixMillis(u64::MAX)) };
-        landed::search(&config, false, &topic, &marks, wanted, &mut late, Duration::from_secs(60)).unwrap()
-    })
-    .await
-    .unwrap();
+    one_batch(&broker, &topic, &ids, due);
+    let wanted: Vec<String> = ids.iter().step_by(3).cloned().collect();
+    let landed = search_from(&broker, &topic, 5_000, &wanted, due).await;
     assert_eq!(landed.found.len(), 100, "every wanted record is found");
 }
 
