@@ -251,14 +251,7 @@ impl Producer {
             let inner = producer_config(&self.config)
                 .create_with_context(context)
                 .map_err(|e| std::io::Error::other(format!("starting shard {shard}'s producer: {e}")))?;
-            let producer = Arc::new(Producer {
-                send: Send::Shard(inner),
-                metadata: Arc::clone(&self.metadata),
-                fatal: self.fatal.clone(),
-                stopped: Arc::clone(&self.stopped),
-                config: self.config.clone(),
-                delivery: self.delivery.clone(),
-            });
+            let producer = self.beside(Send::Shard(inner), self.fatal.clone(), Arc::clone(&self.stopped));
             producer.warm_up();
             return Ok(producer);
         };
@@ -274,14 +267,7 @@ impl Producer {
         };
         let txn =
             Txn::start(producer_config(&self.config), id, *on_fence, (fatal.clone(), Arc::clone(&stopped)))?;
-        Ok(Arc::new(Producer {
-            send: Send::Transactional(txn),
-            metadata: Arc::clone(&self.metadata),
-            fatal,
-            stopped,
-            config: self.config.clone(),
-            delivery: self.delivery.clone(),
-        }))
+        Ok(self.beside(Send::Transactional(txn), fatal, stopped))
     }
 
     /// The same shard's producer anew: with transactional delivery, a new
@@ -299,14 +285,26 @@ impl Producer {
             *on_fence,
             (self.fatal.clone(), Arc::clone(&self.stopped)),
         )?;
-        Ok(Arc::new(Producer {
-            send: Send::Transactional(txn),
+        Ok(self.beside(Send::Transactional(txn), self.fatal.clone(), Arc::clone(&self.stopped)))
+    }
+
+    /// A producer sending through `send`, sharing this one's metadata
+    /// client, settings and delivery, stopping the node through `fatal`
+    /// and `stopped`.
+    fn beside(
+        &self,
+        send: Send,
+        fatal: CancellationToken,
+        stopped: Arc<std::sync::Mutex<Option<String>>>,
+    ) -> Arc<Producer> {
+        Arc::new(Producer {
+            send,
             metadata: Arc::clone(&self.metadata),
-            fatal: self.fatal.clone(),
-            stopped: Arc::clone(&self.stopped),
+            fatal,
+            stopped,
             config: self.config.clone(),
             delivery: self.delivery.clone(),
-        }))
+        })
     }
 
     /// How records reach their topics.
