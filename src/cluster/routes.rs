@@ -1,6 +1,8 @@
 //! Where each shard's owner answers: the routing topic (see
 //! [`crate::cluster::log::route`]), followed by every node and written by each
-//! node for the shards it takes and lets go of.
+//! node for the shards it takes and lets go of, and again every third of a
+//! session timeout for those it owns: a claimant no longer heard from is
+//! gone (see [`Routes::names_lately`]).
 //!
 //! What a node says of a shard is written until it is: a write that fails
 //! (the broker away longer than the producer waits) is tried again, unless
@@ -12,7 +14,7 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use futures_util::future::{self, BoxFuture};
@@ -34,6 +36,11 @@ const BACKOFF: Duration = Duration::from_secs(1);
 
 pub struct Routes {
     table: watch::Sender<Table>,
+    /// Per shard, the last node incarnation that said it owns the shard,
+    /// and when this node read it: an owner says so again every so often
+    /// (see [`Routes::publish`]), so a claimant that stopped saying it is
+    /// gone.
+    said: Mutex<BTreeMap<u32, (u64, Instant)>>,
     /// What this node said of each shard and has not written yet.
     unwritten: Arc<Unwritten>,
     /// This node incarnation, and where it answers.
@@ -146,6 +153,7 @@ impl Routes {
             .map_err(|e| ClusterError::Log(format!("reading {}: {e}", topic.name)))?;
         let routes = Arc::new(Routes {
             table: watch::channel(Table::new(config.log.partitions as u32)).0,
+            said: Mutex::default(),
             unwritten: Arc::default(),
             me,
             addr: config.advertise.clone(),
@@ -166,9 +174,11 @@ impl Routes {
     }
 
     /// Whether the topic names the node incarnation `writer` the owner of
-    /// `shard`.
-    pub fn names(&self, shard: u32, writer: u64) -> bool {
+    /// `shard`, and this node read it say so within `within`.
+    pub fn names_lately(&self, shard: u32, writer: u64, within: Duration) -> bool {
+        let said = self.said.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied();
         self.table.borrow().writer_of(shard) == Some(writer)
+            && said.is_some_and(|(by, at)| by == writer && at.elapsed() < within)
     }
 
     /// Where the owner of `shard` answers, by the topic, if another node.
@@ -224,9 +234,15 @@ async fn follow(routes: Arc<Routes>, reader: LogReader, stop: CancellationToken)
         };
         match read {
             Ok(records) => routes.table.send_modify(|table| {
+                let mut said = routes.said.lock().unwrap_or_else(|e| e.into_inner());
                 for (offset, record) in records {
                     match record {
-                        Ok(Some((shard, route))) => table.apply(shard, route),
+                        Ok(Some((shard, route))) => {
+                            if !route.released {
+                                said.insert(shard, (route.writer, Instant::now()));
+                            }
+                            table.apply(shard, route)
+                        }
                         Ok(None) => {}
                         Err(route::Forged) => {
                             metrics::FORGED.with_label_values(&["routing"]).inc();

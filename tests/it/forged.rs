@@ -71,15 +71,17 @@ impl Forgery {
     }
 }
 
-/// Records of the log as they were written (sealed by the node that wrote
-/// them), from its start: those `wanted` picks, until `enough` of them.
+/// Records of `topic` (of `partitions`) as they were written (sealed by the
+/// node that wrote them), from its start: those whose value `wanted`
+/// picks, until `enough` of them.
 async fn as_written(
     broker: &Broker,
-    log_topic: &str,
-    wanted: fn(&LogRecord) -> bool,
+    topic: &str,
+    partitions: i32,
+    wanted: fn(&[u8]) -> bool,
     enough: fn(&[Forgery]) -> bool,
 ) -> Vec<Forgery> {
-    let (brokers, log_topic) = (broker.addr().to_owned(), log_topic.to_owned());
+    let (brokers, topic) = (broker.addr().to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &brokers)
@@ -87,16 +89,16 @@ async fn as_written(
             .set("enable.auto.commit", "false")
             .create()
             .unwrap();
-        let mut partitions = TopicPartitionList::new();
-        for p in 0..LOG_PARTITIONS as i32 {
-            partitions.add_partition_offset(&log_topic, p, Offset::Beginning).unwrap();
+        let mut assigned = TopicPartitionList::new();
+        for p in 0..partitions {
+            assigned.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
         }
-        consumer.assign(&partitions).unwrap();
+        consumer.assign(&assigned).unwrap();
         let (began, mut found) = (Instant::now(), Vec::new());
         while !enough(&found) {
-            assert!(began.elapsed() < Duration::from_secs(30), "the log has not the records wanted");
+            assert!(began.elapsed() < Duration::from_secs(30), "{topic} has not the records wanted");
             let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
-            if !m.payload().and_then(|v| LogRecord::decode(v).ok()).is_some_and(|r| wanted(&r)) {
+            if !m.payload().is_some_and(wanted) {
                 continue;
             }
             found.push(Forgery {
@@ -119,8 +121,9 @@ async fn as_written(
 
 /// The first `Scheduled` record of the log, as it was written.
 async fn a_genuine_schedule(broker: &Broker, log_topic: &str) -> Forgery {
-    let scheduled = |r: &LogRecord| matches!(r.change, Some(Change::Scheduled(_)));
-    as_written(broker, log_topic, scheduled, |found| !found.is_empty()).await.remove(0)
+    let scheduled =
+        |v: &[u8]| LogRecord::decode(v).is_ok_and(|r| matches!(r.change, Some(Change::Scheduled(_))));
+    as_written(broker, log_topic, LOG_PARTITIONS as i32, scheduled, |found| !found.is_empty()).await.remove(0)
 }
 
 /// Schedules `id` through any node, due at `due`, and notes it.
@@ -241,25 +244,51 @@ async fn records_no_node_wrote_neither_stop_a_shard_nor_deliver_anything() {
 /// The first claim of each partition of the log, as it was written (by
 /// the node incarnation that claimed it).
 async fn first_claims(broker: &Broker, log_topic: &str) -> Vec<Forgery> {
-    let claim = |r: &LogRecord| matches!(r.change, Some(Change::Owner(Owner { released: false, .. })));
-    let each = |found: &[Forgery]| {
-        found.iter().map(|f| f.partition).collect::<std::collections::BTreeSet<_>>().len()
+    let claim = |v: &[u8]| {
+        LogRecord::decode(v)
+            .is_ok_and(|r| matches!(r.change, Some(Change::Owner(Owner { released: false, .. }))))
+    };
+    first_of_each(as_written(broker, log_topic, LOG_PARTITIONS as i32, claim, every_partition).await, |f| {
+        f.partition.to_string().into_bytes()
+    })
+}
+
+/// The first route of each shard in the routing topic, as it was written
+/// (by the node incarnation that took the shard first).
+async fn first_routes(broker: &Broker, log_topic: &str) -> Vec<Forgery> {
+    let taken = |v: &[u8]| Route::decode(v).is_ok_and(|r| !r.released);
+    let every_shard = |found: &[Forgery]| {
+        found.iter().map(|f| f.key.clone()).collect::<std::collections::BTreeSet<_>>().len()
             == LOG_PARTITIONS as usize
     };
-    let mut claims = as_written(broker, log_topic, claim, each).await;
-    claims.sort_by_key(|f| f.partition);
-    claims.dedup_by_key(|f| f.partition);
-    claims
+    first_of_each(as_written(broker, &route::topic_of(log_topic), 1, taken, every_shard).await, |f| {
+        f.key.clone()
+    })
+}
+
+fn every_partition(found: &[Forgery]) -> bool {
+    found.iter().map(|f| f.partition).collect::<std::collections::BTreeSet<_>>().len()
+        == LOG_PARTITIONS as usize
+}
+
+/// The first of `found` for each value of `of`, in the order found.
+fn first_of_each(found: Vec<Forgery>, of: fn(&Forgery) -> Vec<u8>) -> Vec<Forgery> {
+    let mut seen = std::collections::BTreeSet::new();
+    found.into_iter().filter(|f| seen.insert(of(f))).collect()
 }
 
 /// A seal proves who wrote a record, not when: a copy of a node's old
 /// claim, appended again by a producer with no key, still verifies. Here a
 /// node runs, stops and runs again (a new incarnation, whose claims name
 /// it); its first incarnation's claims, copied seal and all, are appended
-/// to every partition, and the log names an owner that no longer runs.
-/// The node, which the group still gives every shard, claims them back
-/// within a session timeout, and every message is delivered. Before, it
-/// took them back only at the next rebalance: nothing was delivered.
+/// to every partition, and its routes to the routing topic: the log and
+/// the routing topic name an owner that no longer runs, as they do when a
+/// node dies right after it took a shard that the group (wrongly, as
+/// Tansu 0.6 may) still gives another. The node, which the group still
+/// gives every shard, claims them back within a session timeout of the
+/// last time the claimant said it owns them, and every message is
+/// delivered. Before, it took them back only at the next rebalance, and
+/// with the routes appended too, never: nothing was delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_old_claim_appended_again_holds_a_shard_no_longer_than_a_session_timeout() {
     let Bed { broker, topic, log_topic, dirs: _dirs, mut nodes } = Bed::start(2, 1).await;
@@ -277,6 +306,11 @@ async fn an_old_claim_appended_again_holds_a_shard_no_longer_than_a_session_time
     let producer = native_producer(&broker);
     for replay in &replays {
         replay.write(&producer, &log_topic).await;
+    }
+    let routes = first_routes(&broker, &log_topic).await;
+    assert_eq!(routes.len(), LOG_PARTITIONS as usize);
+    for route in &routes {
+        route.write(&producer, &route::topic_of(&log_topic)).await;
     }
     let deliveries = collect_async(
         broker.addr(),

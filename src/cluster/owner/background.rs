@@ -72,43 +72,58 @@ pub(super) async fn watch_owned(
     stop: CancellationToken,
 ) {
     // Per shard: since when the log has named another owner of a shard the
-    // group gives this node.
+    // group gives this node, and when this node last said in the routing
+    // topic that it owns one.
     let mut fenced_since: Vec<Option<Instant>> = vec![None; inner.slots.len()];
+    let mut said_at: Vec<Option<Instant>> = vec![None; inner.slots.len()];
+    let session = inner.config.group.session_timeout;
     loop {
         let now = inner.health();
         health.send_if_modified(|h| std::mem::replace(h, now.clone()) != now);
         let mut damage = false;
-        for (shard, (slot, since)) in inner.slots.iter().zip(&mut fenced_since).enumerate() {
+        for (shard, ((slot, since), said)) in
+            inner.slots.iter().zip(&mut fenced_since).zip(&mut said_at).enumerate()
+        {
             let State::Owned(owned) = &*slot.state.borrow() else {
-                *since = None;
+                (*since, *said) = (None, None);
                 continue;
             };
             damage |= owned.store().damaged().is_cancelled();
             match owned.store().log_owner() {
-                owner if owner == owned.me => *since = None,
+                owner if owner == owned.me => {
+                    *since = None;
+                    // Said again every third of a session timeout: a node
+                    // that stops saying it (it died) is known to be gone.
+                    if said.is_none_or(|at| at.elapsed() >= session / 3) {
+                        inner.routes.publish(shard as u32, false);
+                        *said = Some(Instant::now());
+                    }
+                }
                 // Released by a node that claimed it after this one: the
                 // group still says it is this node's.
                 0 => owned.reclaim(),
                 owner => {
                     // Another writer's claim of a shard the group has not
                     // taken from this node (not yet, or the group moved on
-                    // without it), and which the claimant has not
-                    // published as its own in the routing topic, as every
-                    // node taking a shard does: a copy of an old claim
-                    // appended again (its seal still verifies). Past a
-                    // session timeout (the longest the group takes to
-                    // tell a member it lost a shard) of that, with this
-                    // node's lease held all along, it claims the shard
-                    // back.
+                    // without it). A live claimant says it owns the shard
+                    // in the routing topic every third of a session
+                    // timeout; one that has not for a session timeout
+                    // died, or never took it (a copy of an old claim
+                    // appended again: its seal still verifies). Past a
+                    // session timeout of that (the longest the group takes
+                    // to tell a member it lost a shard), with this node's
+                    // lease held all along, it claims the shard back.
                     let at = *since.get_or_insert_with(Instant::now);
-                    if !inner.lease.holds() || inner.routes.names(shard as u32, owner) {
+                    if !inner.lease.holds() {
                         *since = None;
-                    } else if at.elapsed() >= inner.config.group.session_timeout {
+                    } else if at.elapsed() >= session
+                        && !inner.routes.names_lately(shard as u32, owner, session)
+                    {
                         tracing::warn!(
                             partition = owned.partition,
                             claimed_by = owner,
                             "the schedule log names another owner of a shard the group still gives this \
-                             node (an old claim appended again?): claiming it back"
+                             node, which has not said it owns it for a session timeout: claiming it back"
                         );
                         metrics::CLUSTER_RECLAIMS.inc();
                         owned.reclaim();
