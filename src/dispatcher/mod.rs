@@ -350,7 +350,7 @@ impl Dispatcher {
             if !self.sent.is_empty() {
                 // After a kill, the search for what went out unrecorded
                 // waits as long after this as requests may still land.
-                self.doubt.pulse.beat(crate::clock::SystemClock.now());
+                self.doubt.pulse.beat(self.clock.now());
                 sleep = sleep.min(pulse::EVERY);
             }
             // What waits to be settled in order waits no longer than this.

@@ -44,6 +44,13 @@ impl Dispatcher {
         if let Some(latest) = batch.ready.iter().map(|r| r.key.at).max() {
             self.extend_horizon(latest).await;
         }
+        if !batch.ready.is_empty() {
+            // Written before anything is handed to the producer, so that
+            // after a kill the time in it is at most the pulse's interval
+            // older than every produce (none awaited between here and
+            // them): what was due after it and its slack was not sent.
+            self.doubt.pulse.beat(self.clock.now());
+        }
         for ready in batch.ready {
             // One allocation per topic, not per message.
             let topic = match self.topics.states.get_key_value(ready.envelope.topic.as_str()) {

@@ -82,15 +82,28 @@ pub(super) struct Found {
 
 /// What is in doubt after an unclean stop, and how long the search reads
 /// on: until [`LATE_APPENDS`] after the stopped process last had produces
-/// unanswered (`in_flight_at`, by the wall clock, with the pulse's slack;
-/// none known: after the store opened), when its last requests may still
-/// have been in the broker's hands.
+/// unanswered (`in_flight_at`, with the pulse's slack; none known: after
+/// the store opened), when its last requests may still have been in the
+/// broker's hands. Nothing due after that time and its slack can have
+/// been produced (nothing is produced early): those messages are not in
+/// doubt, so a restart after a kill of a node with nothing in flight
+/// searches for nothing. `wall` is now by the dispatcher's clock, which
+/// also wrote the pulse.
 pub(super) fn after_restart(
     store: &Store,
     in_flight_at: Option<UnixMillis>,
+    wall: UnixMillis,
 ) -> (Option<InDoubt>, landed::Late) {
-    let last = quiet_since(in_flight_at, SystemClock.now(), std::time::Instant::now(), store.opened_at());
-    (store.in_doubt_window(), landed::Late { quiet: LATE_APPENDS, last })
+    let last = quiet_since(in_flight_at, wall, std::time::Instant::now(), store.opened_at());
+    (bounded(store.in_doubt_window(), in_flight_at), landed::Late { quiet: LATE_APPENDS, last })
+}
+
+/// The store's window of doubt, less what was due after the stopped
+/// process last had produces unanswered (and the pulse's slack).
+fn bounded(window: Option<InDoubt>, in_flight_at: Option<UnixMillis>) -> Option<InDoubt> {
+    let (Some(window), Some(at)) = (window, in_flight_at) else { return window };
+    let produced_by = DispatchKey::after(at.saturating_add(pulse::SLACK));
+    Some(InDoubt { below: window.below.min(produced_by), ..window })
 }
 
 /// Since when (at `now`, by the wall clock `wall`) no request of the
@@ -266,5 +279,21 @@ mod tests {
             "just now: from the open at the latest"
         );
         assert_eq!(quiet(Some(2_000_000)), Duration::from_millis(20), "a clock set back: from the open");
+    }
+
+    #[test]
+    fn what_was_due_after_the_last_produce_is_not_in_doubt() {
+        let window = InDoubt { below: DispatchKey::after(UnixMillis(10_000)), before_seq: 7 };
+        let below = |at: Option<u64>| bounded(Some(window), at.map(UnixMillis)).unwrap().below;
+        assert_eq!(below(None), window.below, "not known: the store's window");
+        let slack = pulse::SLACK.as_millis() as u64;
+        assert_eq!(
+            below(Some(2_000)),
+            DispatchKey::after(UnixMillis(2_000 + slack)),
+            "due by the last produce"
+        );
+        assert_eq!(below(Some(20_000)), window.below, "never past the store's window");
+        assert_eq!(bounded(Some(window), Some(UnixMillis(2_000))).unwrap().before_seq, 7);
+        assert!(bounded(None, Some(UnixMillis(2_000))).is_none(), "a clean stop: nothing in doubt");
     }
 }

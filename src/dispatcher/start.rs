@@ -38,7 +38,7 @@ impl Dispatcher {
         let search = if self.gate.claimed() {
             reconcile::after_claim(self.clock.now())
         } else {
-            reconcile::after_restart(&self.store, self.doubt.in_flight_at)
+            reconcile::after_restart(&self.store, self.doubt.in_flight_at, self.clock.now())
         };
         if self.gate.claimed()
             && let Err(e) = self.store.doubt(search.0).await
