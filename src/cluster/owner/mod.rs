@@ -33,8 +33,11 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 mod background;
+mod owned;
 
 use background::{keep_standbys, watch_owned};
+pub use owned::Owned;
+use owned::owner_record;
 
 use super::{
     ClusterConfig, ClusterError,
@@ -50,12 +53,12 @@ use super::{
 };
 use crate::{
     clock::Clock,
-    cluster::log::record::{self, Change, LogRecord},
+    cluster::log::record,
     dispatcher::CLAIM_GRACE,
     kafka::Producer,
     metrics,
     shard::{Seams, Shard, ShardConfig},
-    store::{Durability, ShardOf, Store, StoreError, StoreHealth},
+    store::{Durability, ShardOf, StoreError, StoreHealth},
 };
 
 /// Longest a request waits for its shard to be taken or let go.
@@ -140,119 +143,6 @@ pub enum Place {
     Here,
     /// By the node answering at this address.
     There(String),
-}
-
-/// A shard this node owns.
-pub struct Owned {
-    partition: i32,
-    /// This node incarnation.
-    me: u64,
-    log: Arc<LogProducer>,
-    routes: Arc<Routes>,
-    waiters: Arc<Waiters>,
-    clock: Arc<dyn Clock>,
-    /// A claim of the shard is being appended.
-    claiming: AtomicBool,
-    shard: Shard,
-    front: Front,
-    recorder: Arc<LogRecorder>,
-    /// The store following the log; its stop token also stops the
-    /// recorder's retries.
-    view: View,
-}
-
-impl Owned {
-    pub fn front(&self) -> &Front {
-        &self.front
-    }
-
-    pub fn store(&self) -> &Store {
-        self.shard.store()
-    }
-
-    /// Claims the shard again, in the background: the group says this node
-    /// owns it, and the log says none (the previous owner let go after this
-    /// node's claim) or, after a rebalance, another node.
-    fn reclaim(self: &Arc<Self>) {
-        if self.claiming.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let owned = Arc::clone(self);
-        tokio::spawn(async move {
-            let claim = owner_record(owned.me, owned.clock.as_ref(), false);
-            match owned.log.append(owned.partition, &record::owner_key(), &claim).await {
-                Ok(_) => {
-                    owned.routes.publish(owned.partition as u32, false);
-                    tracing::info!(partition = owned.partition, "claimed the shard again in the schedule log")
-                }
-                Err(e) => {
-                    tracing::warn!(partition = owned.partition, error = %e, "claiming the shard again failed")
-                }
-            }
-            owned.claiming.store(false, Ordering::Release);
-        });
-    }
-
-    /// Appends that the shard read `partition` of the ingress topic `topic`
-    /// up to `next`, while the log names this node the shard's owner.
-    pub async fn note_ingress(&self, topic: &str, partition: i32, next: i64) -> Result<(), String> {
-        if self.fenced() {
-            return Err("the shard is no longer this node's".to_owned());
-        }
-        let read = record::Ingress { topic: topic.to_owned(), partition, next };
-        let note = LogRecord { writer: self.me, request: 0, change: Some(Change::Ingress(read)) };
-        self.log
-            .append(self.partition, &record::ingress_key(topic, partition), &note)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
-    }
-
-    /// Whether the log names another owner (or none) of this shard.
-    fn fenced(&self) -> bool {
-        self.store().log_owner() != self.me
-    }
-
-    /// Stops dispatching, records what was delivered, and closes the store.
-    async fn let_go(&self) {
-        let partition = self.partition;
-        self.shard.stop_tasks().await;
-        if tokio::time::timeout(LET_GO_WAIT, self.recorder.flushed()).await.is_err() {
-            tracing::error!(
-                partition,
-                "the last deliveries did not reach the schedule log in time; the next owner sends them again"
-            );
-        }
-        // After the last deliveries: the next owner's claim finds the
-        // shard released (a release by a node fenced meanwhile changes
-        // nothing).
-        let (release, key) = (owner_record(self.me, self.clock.as_ref(), true), record::owner_key());
-        let released = tokio::time::timeout(LET_GO_WAIT, self.log.append(partition, &key, &release)).await;
-        if !matches!(released, Ok(Ok(_))) {
-            tracing::warn!(
-                partition,
-                "releasing the shard in the schedule log failed; the next owner claims it anyway"
-            );
-        }
-        self.routes.publish(partition as u32, true);
-        // Applied to the end, the store is as the log says when this node
-        // takes the shard again.
-        let ended = tokio::time::timeout(LET_GO_WAIT, async {
-            let end = self.view.end(&self.view.stop).await?;
-            applier::applied_to(&self.view.applied, end, &self.view.stop).await.then_some(())
-        })
-        .await;
-        if !matches!(ended, Ok(Some(()))) {
-            tracing::warn!(partition, "the schedule log was not applied to its end before letting go");
-        }
-        self.view.close().await;
-        // What this node wrote to the partition and did not apply, it
-        // never will (a caller still waiting is told so).
-        let unapplied = self.waiters.let_go(partition);
-        if unapplied > 0 {
-            tracing::debug!(partition, unapplied, "forgot the requests whose records were not applied here");
-        }
-    }
 }
 
 impl Cluster {
@@ -774,14 +664,5 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
                 let _ = done.send(());
             }
         }
-    }
-}
-
-/// A claim of a shard by `me`, or its release.
-fn owner_record(me: u64, clock: &dyn Clock, released: bool) -> LogRecord {
-    LogRecord {
-        writer: me,
-        request: 0,
-        change: Some(Change::Owner(record::Owner { at_ms: clock.now().0, released })),
     }
 }
