@@ -71,6 +71,7 @@ pub mod metrics;
 pub mod node;
 pub mod scheduler;
 pub mod secret;
+pub mod series;
 pub mod server;
 pub mod service;
 pub mod shard;

@@ -1,0 +1,191 @@
+//! When a series' occurrences fall: a cron expression read in an IANA time
+//! zone, or a fixed interval from an anchor; bounded by a start, an end
+//! and a count; each moved by a jitter of its own that the same series
+//! and occurrence always get.
+//!
+//! Cron expressions are parsed and walked by `croner`: five fields, or six
+//! with seconds first, the `@yearly` … `@hourly` names, and `L`, `W` and
+//! `#` in the day fields. Zones come from `chrono-tz`, which carries the
+//! IANA database inside the binary, so a slim container without
+//! `/usr/share/zoneinfo` computes the same times as a laptop. The wall
+//! clock of a zone skips and repeats times when daylight saving starts and
+//! ends; an expression of fixed times (`30 2 * * *`) then fires once a day
+//! still: a 02:30 that does not exist fires at the first instant after the
+//! gap (03:00 where the clock jumps from 02:00 to 03:00), and a 02:30 that
+//! happens twice fires at the first of them. An expression of wildcards
+//! and steps in its hour field (`*/15 * * * *`) fires on every instant
+//! that matches on the clock as it runs: none inside a gap, and each of
+//! the repeated quarter hours twice (they are different instants).
+//!
+//! An interval counts in absolute time from its anchor (the series' start,
+//! or when it was made): daylight saving does not move it.
+
+use std::{str::FromStr as _, time::Duration};
+
+use chrono::{DateTime, TimeZone as _, Utc};
+use chrono_tz::Tz;
+use croner::{Cron, errors::CronError};
+
+use crate::message::UnixMillis;
+
+/// The shortest interval a series may have: occurrences are ordinary
+/// messages, each written to the store (and, in a cluster, to the log).
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest a series looks ahead for its next occurrence: an
+/// expression that matches nothing within it (`0 0 30 2 *`) is refused.
+const HORIZON_YEARS: i32 = 10;
+
+/// Why a rule was refused, in words for the person who wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("cron expression {expr:?}: {reason}")]
+    Cron { expr: String, reason: String },
+    #[error("unknown time zone {0:?}: give an IANA name such as Europe/Berlin, America/New_York or UTC")]
+    Zone(String),
+    #[error("interval {0:?} is shorter than the shortest a series may have, {MIN_INTERVAL:?}")]
+    Interval(Duration),
+}
+
+/// How a series repeats.
+#[derive(Debug, Clone)]
+pub enum Every {
+    /// A cron expression, as written, read in `zone`.
+    Cron { expr: String, cron: Box<Cron>, zone: Tz },
+    /// A fixed interval, counted from `anchor`.
+    Interval { every: Duration, anchor: UnixMillis },
+}
+
+impl Every {
+    /// A cron expression read in the IANA zone `zone`.
+    pub fn cron(expr: &str, zone: &str) -> Result<Every, RuleError> {
+        let zone: Tz = zone.parse().map_err(|_| RuleError::Zone(zone.to_owned()))?;
+        let refused = |reason: String| RuleError::Cron { expr: expr.to_owned(), reason };
+        let cron = Cron::from_str(expr).map_err(|e| refused(cron_reason(&e)))?;
+        let every = Every::Cron { expr: expr.to_owned(), cron: Box::new(cron), zone };
+        // An expression that never matches (a 30th of February) is no
+        // series: say so now rather than park nothing.
+        let from = UnixMillis(Utc::now().timestamp_millis().max(0) as u64);
+        if every.next_after(from).is_none() {
+            return Err(refused(format!("matches no time in the next {HORIZON_YEARS} years")));
+        }
+        Ok(every)
+    }
+
+    /// Every `every`, from `anchor`.
+    pub fn interval(every: Duration, anchor: UnixMillis) -> Result<Every, RuleError> {
+        if every < MIN_INTERVAL {
+            return Err(RuleError::Interval(every));
+        }
+        Ok(Every::Interval { every, anchor })
+    }
+
+    /// The first occurrence strictly after `t`, if there is one within
+    /// the horizon.
+    pub fn next_after(&self, t: UnixMillis) -> Option<UnixMillis> {
+        match self {
+            Every::Interval { every, anchor } => {
+                let step = every.as_millis().max(1) as u64;
+                if t < *anchor {
+                    return Some(*anchor);
+                }
+                let k = (t.0 - anchor.0) / step + 1;
+                anchor.0.checked_add(k.checked_mul(step)?).map(UnixMillis)
+            }
+            Every::Cron { cron, zone, .. } => {
+                let at = zone.from_utc_datetime(&DateTime::from_timestamp_millis(t.0 as i64)?.naive_utc());
+                let next = cron.find_next_occurrence(&at, false).ok()?;
+                let limit =
+                    at.naive_utc().checked_add_months(chrono::Months::new(12 * HORIZON_YEARS as u32))?;
+                (next.naive_utc() <= limit).then(|| UnixMillis(next.timestamp_millis().max(0) as u64))
+            }
+        }
+    }
+}
+
+/// What bounds a series: no occurrence before `start` or after `end`, and
+/// no more than `count` of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bounds {
+    pub start: Option<UnixMillis>,
+    pub end: Option<UnixMillis>,
+    pub count: Option<u64>,
+}
+
+/// A series' rule: how it repeats, within what, with how much jitter.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub every: Every,
+    pub bounds: Bounds,
+    /// Each occurrence is moved later by up to this much, the same for the
+    /// same series and occurrence however often it is computed.
+    pub jitter: Duration,
+}
+
+impl Rule {
+    /// The first occurrence after `t` (its nominal time, before jitter),
+    /// when `fired` occurrences were made already; `None` once the series
+    /// is over.
+    pub fn next_after(&self, t: UnixMillis, fired: u64) -> Option<UnixMillis> {
+        if self.bounds.count.is_some_and(|count| fired >= count) {
+            return None;
+        }
+        // The start itself may be an occurrence.
+        let t = match self.bounds.start {
+            Some(start) if start.0 > t.0 => UnixMillis(start.0 - 1),
+            _ => t,
+        };
+        let next = self.every.next_after(t)?;
+        self.bounds.end.is_none_or(|end| next <= end).then_some(next)
+    }
+
+    /// The next `n` occurrences after `t`, `fired` made already.
+    pub fn upcoming(&self, t: UnixMillis, fired: u64, n: usize) -> Vec<UnixMillis> {
+        let mut out = Vec::with_capacity(n);
+        let mut at = t;
+        while out.len() < n {
+            let Some(next) = self.next_after(at, fired + out.len() as u64) else { break };
+            out.push(next);
+            at = next;
+        }
+        out
+    }
+
+    /// When the occurrence of nominal time `nominal` of series `series` is
+    /// due: `nominal` plus its share of the jitter.
+    pub fn due(&self, series: &str, nominal: UnixMillis) -> UnixMillis {
+        let span = self.jitter.as_millis() as u64;
+        if span == 0 {
+            return nominal;
+        }
+        UnixMillis(nominal.0.saturating_add(stable_hash(series, nominal) % (span + 1)))
+    }
+}
+
+/// FNV-1a over the series id and the occurrence's time: the same on every
+/// node and in every release (std's hasher promises neither).
+fn stable_hash(series: &str, nominal: UnixMillis) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in series.bytes().chain(nominal.0.to_le_bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+fn cron_reason(e: &CronError) -> String {
+    match e {
+        CronError::EmptyPattern => "it is empty".to_owned(),
+        CronError::InvalidPattern(why)
+        | CronError::IllegalCharacters(why)
+        | CronError::ComponentError(why) => {
+            format!(
+                "{why} (five fields, minute hour day-of-month month day-of-week, or six with seconds first; \
+                 or @yearly, @monthly, @weekly, @daily, @hourly)"
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,140 @@
+use super::*;
+
+/// Unix milliseconds of a UTC time written as RFC 3339.
+fn utc(text: &str) -> UnixMillis {
+    UnixMillis(DateTime::parse_from_rfc3339(text).unwrap().timestamp_millis() as u64)
+}
+
+fn cron(expr: &str, zone: &str) -> Rule {
+    Rule { every: Every::cron(expr, zone).unwrap(), bounds: Bounds::default(), jitter: Duration::ZERO }
+}
+
+fn texts(times: &[UnixMillis]) -> Vec<String> {
+    times.iter().map(|t| t.to_rfc3339()).collect()
+}
+
+#[test]
+fn a_daily_time_in_the_spring_gap_fires_once_right_after_it() {
+    // Berlin, 2026-03-29: 02:00 CET becomes 03:00 CEST.
+    let rule = cron("30 2 * * *", "Europe/Berlin");
+    assert_eq!(
+        texts(&rule.upcoming(utc("2026-03-27T12:00:00Z"), 0, 3)),
+        ["2026-03-28T01:30:00.000Z", "2026-03-29T01:00:00.000Z", "2026-03-30T00:30:00.000Z"],
+        "02:30 CET; then 03:00 CEST, the first instant after the gap; then 02:30 CEST"
+    );
+    // New York, 2026-03-08: 02:00 EST becomes 03:00 EDT.
+    let rule = cron("30 2 * * *", "America/New_York");
+    assert_eq!(
+        texts(&rule.upcoming(utc("2026-03-07T12:00:00Z"), 0, 3)),
+        ["2026-03-08T07:00:00.000Z", "2026-03-09T06:30:00.000Z", "2026-03-10T06:30:00.000Z"],
+    );
+}
+
+#[test]
+fn a_daily_time_the_autumn_repeats_fires_once_at_its_first() {
+    // Berlin, 2026-10-25: 03:00 CEST becomes 02:00 CET; 02:30 happens twice.
+    let rule = cron("30 2 * * *", "Europe/Berlin");
+    assert_eq!(
+        texts(&rule.upcoming(utc("2026-10-24T12:00:00Z"), 0, 2)),
+        ["2026-10-25T00:30:00.000Z", "2026-10-26T01:30:00.000Z"],
+        "02:30 CEST only, then 02:30 CET the next day"
+    );
+    // New York, 2026-11-01: 02:00 EDT becomes 01:00 EST; 01:30 happens twice.
+    let rule = cron("30 1 * * *", "America/New_York");
+    assert_eq!(
+        texts(&rule.upcoming(utc("2026-10-31T12:00:00Z"), 0, 2)),
+        ["2026-11-01T05:30:00.000Z", "2026-11-02T06:30:00.000Z"],
+    );
+}
+
+#[test]
+fn a_stepped_expression_fires_on_every_instant_the_clock_shows_it() {
+    // Berlin's repeated hour: 02:00 and 02:30 CEST, then again in CET.
+    let rule = cron("*/30 * * * *", "Europe/Berlin");
+    assert_eq!(
+        texts(&rule.upcoming(utc("2026-10-24T23:45:00Z"), 0, 5)),
+        [
+            "2026-10-25T00:00:00.000Z",
+            "2026-10-25T00:30:00.000Z",
+            "2026-10-25T01:00:00.000Z",
+            "2026-10-25T01:30:00.000Z",
+            "2026-10-25T02:00:00.000Z",
+        ],
+    );
+    // Berlin's skipped hour: nothing between 02:00 and 03:00.
+    assert_eq!(
+        texts(&rule.upcoming(utc("2026-03-29T00:15:00Z"), 0, 3)),
+        ["2026-03-29T00:30:00.000Z", "2026-03-29T01:00:00.000Z", "2026-03-29T01:30:00.000Z"],
+        "01:30 CET, then 03:00 and 03:30 CEST"
+    );
+}
+
+#[test]
+fn seconds_and_names_are_understood() {
+    let rule = cron("*/20 * * * * *", "UTC");
+    assert_eq!(
+        texts(&rule.upcoming(utc("2026-01-01T00:00:05Z"), 0, 3)),
+        ["2026-01-01T00:00:20.000Z", "2026-01-01T00:00:40.000Z", "2026-01-01T00:01:00.000Z"],
+    );
+    let rule = cron("@hourly", "Asia/Kolkata");
+    assert_eq!(
+        texts(&rule.upcoming(utc("2026-01-01T00:10:00Z"), 0, 2)),
+        ["2026-01-01T00:30:00.000Z", "2026-01-01T01:30:00.000Z"],
+        "on the hour in a zone half an hour off UTC"
+    );
+}
+
+#[test]
+fn an_interval_counts_in_absolute_time_from_its_anchor() {
+    let anchor = utc("2026-10-24T23:15:00Z");
+    let every = Every::interval(Duration::from_secs(3600), anchor).unwrap();
+    let rule = Rule { every, bounds: Bounds::default(), jitter: Duration::ZERO };
+    assert_eq!(rule.next_after(utc("2026-10-24T00:00:00Z"), 0), Some(anchor), "the anchor is the first");
+    assert_eq!(
+        texts(&rule.upcoming(anchor, 0, 3)),
+        ["2026-10-25T00:15:00.000Z", "2026-10-25T01:15:00.000Z", "2026-10-25T02:15:00.000Z"],
+        "an hour apart across Berlin's change too"
+    );
+}
+
+#[test]
+fn start_end_and_count_bound_the_series() {
+    let mut rule = cron("0 * * * *", "UTC");
+    rule.bounds.start = Some(utc("2026-05-01T10:00:00Z"));
+    assert_eq!(
+        rule.next_after(utc("2026-01-01T00:00:00Z"), 0),
+        Some(utc("2026-05-01T10:00:00Z")),
+        "from the start, on it"
+    );
+    rule.bounds.end = Some(utc("2026-05-01T12:00:00Z"));
+    assert_eq!(rule.upcoming(utc("2026-01-01T00:00:00Z"), 0, 10).len(), 3, "10:00, 11:00, 12:00");
+    rule.bounds.count = Some(5);
+    assert_eq!(rule.upcoming(utc("2026-01-01T00:00:00Z"), 3, 10).len(), 2, "two left of five");
+    assert_eq!(rule.next_after(utc("2026-01-01T00:00:00Z"), 5), None, "all five made");
+}
+
+#[test]
+fn jitter_is_bounded_and_the_same_every_time_it_is_computed() {
+    let mut rule = cron("0 9 * * *", "Europe/Berlin");
+    rule.jitter = Duration::from_secs(60);
+    let nominal = utc("2026-06-01T07:00:00Z");
+    let due = rule.due("digest-42", nominal);
+    assert!(due >= nominal && due.0 <= nominal.0 + 60_000, "{due:?}");
+    assert_eq!(rule.due("digest-42", nominal), due);
+    let spread: std::collections::BTreeSet<u64> =
+        (0..50).map(|i| rule.due(&format!("digest-{i}"), nominal).0).collect();
+    assert!(spread.len() > 40, "series spread over the minute: {}", spread.len());
+    rule.jitter = Duration::ZERO;
+    assert_eq!(rule.due("digest-42", nominal), nominal);
+}
+
+#[test]
+fn refusals_say_what_is_wrong() {
+    let refused = |expr: &str, zone: &str| Every::cron(expr, zone).unwrap_err().to_string();
+    assert!(refused("0 9 * * *", "Mars/Olympus").contains("unknown time zone \"Mars/Olympus\""));
+    assert!(refused("0 25 * * *", "UTC").contains("cron expression \"0 25 * * *\""));
+    assert!(refused("every day", "UTC").contains("five fields"));
+    assert!(refused("0 0 30 2 *", "UTC").contains("matches no time"));
+    let short = Every::interval(Duration::from_millis(500), UnixMillis(0)).unwrap_err();
+    assert!(short.to_string().contains("shorter than"), "{short}");
+}
