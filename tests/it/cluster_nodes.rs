@@ -225,7 +225,7 @@ async fn schedule_natively(
 /// Appends `record` under `key` to `partition` of the log, dated
 /// `timestamp`, sealed as a node seals it: the test holds the cluster's
 /// key.
-async fn append_sealed(
+pub(crate) async fn append_sealed(
     producer: &FutureProducer,
     log_topic: &str,
     partition: i32,

@@ -34,13 +34,14 @@ const LOG_BROKER: i32 = 1;
 /// Leads the target topic, and refuses its produces while the test says.
 const TARGET_BROKER: i32 = 2;
 
-fn node(mock: &Mock, dir: &Path, log_topic: &str, group: &str) -> ServerProcess {
+/// A node of a cluster on `mock` whose log has `partitions`.
+pub(crate) fn node(mock: &Mock, dir: &Path, log_topic: &str, group: &str, partitions: u32) -> ServerProcess {
     let mut node = ServerProcess::new(Path::new(BIN), dir, &mock.bootstrap(), Durability::Buffered)
         .unwrap()
         .clustered()
         .unwrap()
         .arg("--log-topic", log_topic)
-        .arg("--log-partitions", 2)
+        .arg("--log-partitions", partitions)
         .arg("--group-id", group)
         .arg("--shutdown-grace", "1s");
     node.env("HOURGLASS_LOG", "info,librdkafka=warn");
@@ -67,7 +68,7 @@ async fn a_shard_let_go_leaves_no_produce_behind_to_land_after_its_next_owner_se
     mock.topic_led(&format!("{log_topic}-owners"), 1, LOG_BROKER);
     mock.topic_led(&format!("{log_topic}-ingress"), 2, LOG_BROKER);
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let mut first = node(&mock, dirs[0].path(), &log_topic, &group);
+    let mut first = node(&mock, dirs[0].path(), &log_topic, &group, 2);
     first.spawn().unwrap();
     first.wait_serving(Duration::from_secs(60)).await.unwrap();
     let mut client = reconnecting_client(&first.grpc, Duration::from_secs(10));
@@ -88,7 +89,7 @@ async fn a_shard_let_go_leaves_no_produce_behind_to_land_after_its_next_owner_se
     }
     wait_metric(&first, "hourglass_dispatch_in_flight", ids.len() as f64, Duration::from_secs(30)).await;
 
-    let mut second = node(&mock, dirs[1].path(), &log_topic, &group);
+    let mut second = node(&mock, dirs[1].path(), &log_topic, &group, 2);
     second.spawn().unwrap();
     second.wait_serving(Duration::from_secs(60)).await.unwrap();
     wait_metric(&second, "hourglass_cluster_shards_owned", 1.0, Duration::from_secs(60)).await;
@@ -126,7 +127,7 @@ async fn a_shard_let_go_leaves_no_produce_behind_to_land_after_its_next_owner_se
     first.stop().unwrap();
 }
 
-async fn consume_async(mock: &Mock, topic: &str, count: usize, settle: Duration) -> Vec<Received> {
+pub(crate) async fn consume_async(mock: &Mock, topic: &str, count: usize, settle: Duration) -> Vec<Received> {
     let (bootstrap, topic) = (mock.bootstrap(), topic.to_owned());
     tokio::task::spawn_blocking(move || consume(&bootstrap, &topic, count, Duration::from_secs(60), settle))
         .await
@@ -134,7 +135,7 @@ async fn consume_async(mock: &Mock, topic: &str, count: usize, settle: Duration)
 }
 
 /// Waits until `node`'s metric `name` reaches `at_least`.
-async fn wait_metric(node: &ServerProcess, name: &str, at_least: f64, within: Duration) {
+pub(crate) async fn wait_metric(node: &ServerProcess, name: &str, at_least: f64, within: Duration) {
     let started = Instant::now();
     loop {
         let value = node.metric(name).await.unwrap_or(0.0);

@@ -30,6 +30,7 @@ mod reliability;
 mod resources;
 mod secured;
 mod security;
+mod standby;
 // Its scenario crashes a node at a fail point.
 #[cfg(feature = "failpoints")]
 mod takeover;

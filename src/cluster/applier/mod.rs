@@ -105,6 +105,13 @@ impl Applier {
                 // transaction's marker) hands nothing out: how far it is
                 // read is looked at now and then.
                 _ = tokio::time::sleep(POSITION_EVERY), if seek.is_none() => {
+                    if crate::failpoint::fires("log-reader-stalls") {
+                        // A copy that stops following the log for good (a
+                        // reader stuck longer than Kafka keeps tombstones).
+                        tracing::warn!(partition = self.partition, "fail point log-reader-stalls: this copy stops applying");
+                        stop.cancelled().await;
+                        return;
+                    }
                     self.applied(&applied, &mut last_owner);
                     woken_by_ack = true;
                     continue;
@@ -559,6 +566,12 @@ pub const STALE_AFTER: Duration = Duration::from_secs(12 * 3600);
 async fn stale(store: &Store, reader: &Arc<LogReader>) -> bool {
     let (next, last) = (store.log_next(), store.log_time().0);
     let behind = crate::clock::SystemClock.now().0.saturating_sub(last);
+    tracing::debug!(
+        next,
+        last_applied_at = last,
+        behind_ms = behind,
+        "is the copy further behind than tombstones are kept?"
+    );
     if next == 0 || last == 0 || Duration::from_millis(behind) < STALE_AFTER {
         return false;
     }
