@@ -79,6 +79,22 @@ impl Every {
         Ok(Every::Interval { every, anchor })
     }
 
+    /// The last occurrence at or before `t`, if there is one within the
+    /// horizon.
+    pub fn at_or_before(&self, t: UnixMillis) -> Option<UnixMillis> {
+        match self {
+            Every::Interval { every, anchor } => {
+                let step = every.as_millis().max(1) as u64;
+                (t >= *anchor).then(|| UnixMillis(t.0 - (t.0 - anchor.0) % step))
+            }
+            Every::Cron { cron, zone, .. } => {
+                let at = zone.from_utc_datetime(&DateTime::from_timestamp_millis(t.0 as i64)?.naive_utc());
+                let previous = cron.find_previous_occurrence(&at, true).ok()?;
+                Some(UnixMillis(previous.timestamp_millis().max(0) as u64))
+            }
+        }
+    }
+
     /// The first occurrence strictly after `t`, if there is one within
     /// the horizon.
     pub fn next_after(&self, t: UnixMillis) -> Option<UnixMillis> {
@@ -158,6 +174,85 @@ impl Rule {
             return nominal;
         }
         UnixMillis(nominal.0.saturating_add(stable_hash(series, nominal) % (span + 1)))
+    }
+}
+
+/// What a series does with the occurrences it missed while hourglass or
+/// Kafka was down (Quartz's misfire instructions, Temporal's catch-up):
+/// decided when an occurrence comes due later than the series allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missed {
+    /// Fire none of them; go on from the next occurrence after now.
+    Skip,
+    /// Fire the latest of them, once, now.
+    Latest,
+    /// Fire each of them now, in order, the latest `at_most` when there
+    /// are more.
+    Each { at_most: u32 },
+}
+
+/// The most missed occurrences a catch-up looks at: a series every second
+/// that was down for a week has 604,800, and each would cost a computation.
+pub const MISSED_LOOKED_AT: usize = 10_000;
+
+/// What a catch-up comes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatchUp {
+    /// The nominal times of the missed occurrences to fire now, in order.
+    pub fire: Vec<UnixMillis>,
+    /// How many missed occurrences were left out: at least, as no more
+    /// than [`MISSED_LOOKED_AT`] are counted (nor counted against the
+    /// series' count).
+    pub skipped: u64,
+    /// The first occurrence after now, `None` once the series is over.
+    pub next: Option<UnixMillis>,
+}
+
+impl Rule {
+    /// The occurrence of nominal time `nominal` comes due at `now`, too
+    /// late: it and every occurrence after it up to `now` were missed
+    /// (`fired` made before it). What fires now, by `policy`, and the
+    /// occurrence after.
+    pub fn catch_up(&self, nominal: UnixMillis, now: UnixMillis, fired: u64, policy: Missed) -> CatchUp {
+        let mut missed = vec![nominal];
+        while missed.len() < MISSED_LOOKED_AT {
+            let last = *missed.last().expect("one at least");
+            match self.next_after(last, fired + missed.len() as u64) {
+                Some(next) if next <= now => missed.push(next),
+                _ => break,
+            }
+        }
+        let keep = match policy {
+            Missed::Skip => 0,
+            Missed::Latest => 1,
+            Missed::Each { at_most } => at_most as usize,
+        };
+        let fire = if missed.len() < MISSED_LOOKED_AT {
+            missed.split_off(missed.len().saturating_sub(keep))
+        } else {
+            // More were missed than are looked at: the latest lie beyond
+            // them, found walking back from now (or the end).
+            let last = *missed.last().expect("one at least");
+            let mut latest = Vec::with_capacity(keep);
+            let mut at = self.bounds.end.map_or(now, |end| end.min(now));
+            while latest.len() < keep {
+                match self.every.at_or_before(at) {
+                    Some(t) if t > last => {
+                        latest.push(t);
+                        at = UnixMillis(t.0 - 1);
+                    }
+                    _ => break,
+                }
+            }
+            latest.reverse();
+            latest
+        };
+        let made = fired + (missed.len() + fire.len()) as u64;
+        CatchUp {
+            next: self.next_after(now.max(*fire.last().unwrap_or(&nominal)), made),
+            skipped: missed.len() as u64,
+            fire,
+        }
     }
 }
 

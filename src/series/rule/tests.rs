@@ -138,3 +138,58 @@ fn refusals_say_what_is_wrong() {
     let short = Every::interval(Duration::from_millis(500), UnixMillis(0)).unwrap_err();
     assert!(short.to_string().contains("shorter than"), "{short}");
 }
+
+#[test]
+fn missed_occurrences_fire_as_the_series_says() {
+    // Every minute; down from 10:00:30 to 10:05:10: 10:01 to 10:05 missed.
+    let rule = cron("* * * * *", "UTC");
+    let (first, now) = (utc("2026-05-01T10:01:00Z"), utc("2026-05-01T10:05:10Z"));
+    let after = Some(utc("2026-05-01T10:06:00Z"));
+    let skip = rule.catch_up(first, now, 0, Missed::Skip);
+    assert_eq!(skip, CatchUp { fire: vec![], skipped: 5, next: after });
+    let latest = rule.catch_up(first, now, 0, Missed::Latest);
+    assert_eq!(latest, CatchUp { fire: vec![utc("2026-05-01T10:05:00Z")], skipped: 4, next: after });
+    let each = rule.catch_up(first, now, 0, Missed::Each { at_most: 3 });
+    assert_eq!(
+        texts(&each.fire),
+        ["2026-05-01T10:03:00.000Z", "2026-05-01T10:04:00.000Z", "2026-05-01T10:05:00.000Z"]
+    );
+    assert_eq!((each.skipped, each.next), (2, after));
+    let all = rule.catch_up(first, now, 0, Missed::Each { at_most: 100 });
+    assert_eq!((all.fire.len(), all.skipped), (5, 0));
+}
+
+#[test]
+fn a_catch_up_keeps_to_the_count_and_the_end() {
+    let mut rule = cron("* * * * *", "UTC");
+    let (first, now) = (utc("2026-05-01T10:01:00Z"), utc("2026-05-01T10:05:10Z"));
+    rule.bounds.count = Some(3);
+    let each = rule.catch_up(first, now, 1, Missed::Each { at_most: 100 });
+    assert_eq!(
+        each,
+        CatchUp { fire: vec![first, utc("2026-05-01T10:02:00Z")], skipped: 0, next: None },
+        "two were left"
+    );
+    rule.bounds = Bounds { end: Some(utc("2026-05-01T10:07:00Z")), ..Bounds::default() };
+    let skip = rule.catch_up(first, utc("2026-05-01T10:09:00Z"), 0, Missed::Skip);
+    assert_eq!((skip.skipped, skip.next), (7, None), "10:01 to 10:07, and over");
+}
+
+#[test]
+fn a_long_outage_of_a_frequent_series_is_looked_at_up_to_a_bound() {
+    let rule = cron("* * * * * *", "UTC");
+    let (first, now) = (utc("2026-05-01T00:00:00Z"), utc("2026-05-08T00:00:00Z"));
+    let latest = rule.catch_up(first, now, 0, Missed::Latest);
+    assert_eq!(latest.fire, [now], "the latest, not the last looked at");
+    assert_eq!(latest.skipped, MISSED_LOOKED_AT as u64);
+    assert_eq!(latest.next, Some(utc("2026-05-08T00:00:01Z")), "goes on after now");
+    let each = rule.catch_up(first, now, 0, Missed::Each { at_most: 2 });
+    assert_eq!(texts(&each.fire), ["2026-05-07T23:59:59.000Z", "2026-05-08T00:00:00.000Z"]);
+    let every = Every::interval(Duration::from_secs(1), first).unwrap();
+    let rule = Rule { every, bounds: Bounds::default(), jitter: Duration::ZERO };
+    assert_eq!(
+        rule.catch_up(first, utc("2026-05-08T00:00:00.500Z"), 0, Missed::Latest).fire,
+        [now],
+        "an interval too"
+    );
+}
