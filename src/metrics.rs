@@ -67,6 +67,13 @@ impl ShardMetrics {
 
 pub static SCHEDULED: LazyLock<IntCounter> =
     LazyLock::new(|| counter("hourglass_messages_scheduled_total", "Messages durably parked."));
+pub static REPLACED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_messages_replaced_total",
+        "Messages parked in place of a pending or failed one under the same id (on_conflict REPLACE); \
+         counted in hourglass_messages_scheduled_total too.",
+    )
+});
 pub static CANCELLED: LazyLock<IntCounter> =
     LazyLock::new(|| counter("hourglass_messages_cancelled_total", "Messages cancelled before delivery."));
 pub static DELIVERED: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -83,7 +90,7 @@ pub static INGRESS_RECORDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
             Opts::new(
                 "hourglass_ingress_records_total",
                 "Cluster mode: records of the ingress topics (Kafka-native schedules) read by the shards' owners, \
-                 by topic and outcome (scheduled, duplicate, cancelled, refused).",
+                 by topic and outcome (scheduled, duplicate, replaced, cancelled, refused).",
             ),
             &["topic", "outcome"],
         )
@@ -438,6 +445,7 @@ pub static STORE_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
 /// even before its first event (a shard's series, once it opens).
 pub fn init() {
     LazyLock::force(&SCHEDULED);
+    LazyLock::force(&REPLACED);
     LazyLock::force(&CANCELLED);
     LazyLock::force(&DELIVERED);
     LazyLock::force(&FAILED);

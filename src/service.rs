@@ -25,8 +25,8 @@ use crate::{
     clock::Clock,
     kafka::TopicCatalog,
     message::{
-        CancelOutcome, DueSpec, Envelope, Invalid, Limits, ListQuery, MessageId, PendingPage, Scheduled,
-        ScheduledMessage, Scope, Stats, UnixMillis,
+        CancelOutcome, DueSpec, Envelope, Invalid, Limits, ListQuery, MessageId, OnConflict, PendingPage,
+        Scheduled, ScheduledMessage, Scope, Stats, UnixMillis,
     },
     node::Node,
     store::{Intent, NewId, NewMessage, StoreError},
@@ -45,6 +45,8 @@ pub struct ScheduleCommand {
     pub id: Option<String>,
     pub envelope: Envelope,
     pub due: DueSpec,
+    /// What to do when the id is taken by a different message.
+    pub on_conflict: OnConflict,
 }
 
 pub struct Service {
@@ -100,7 +102,15 @@ impl Service {
             )
             .into());
         }
-        Ok(NewMessage { id, scope: scope.clone(), envelope: cmd.envelope, requested: cmd.due, due, now })
+        Ok(NewMessage {
+            id,
+            scope: scope.clone(),
+            envelope: cmd.envelope,
+            requested: cmd.due,
+            due,
+            now,
+            on_conflict: cmd.on_conflict,
+        })
     }
 
     /// A new id; in a cluster, one of a shard this node owns (if it owns

@@ -43,6 +43,7 @@ impl Workload {
                 hourglass::message::UnixMillis(due_ms),
             ))),
             id: self.ids.as_ref().map(|prefix| format!("{prefix}-{i}")),
+            on_conflict: 0,
         }
     }
 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use crate::{
     message::{
-        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, ListQuery, MessageId, PageToken,
-        PendingMessage, PendingPage, Scheduled, ScheduledMessage, State, Stats, UnixMillis,
+        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, ListQuery, MessageId, OnConflict,
+        PageToken, PendingMessage, PendingPage, Placed, Scheduled, ScheduledMessage, State, Stats,
+        UnixMillis,
     },
     proto,
     service::ScheduleCommand,
@@ -110,7 +111,28 @@ impl TryFrom<proto::ScheduleRequest> for ScheduleCommand {
         if let Some(id) = &r.id {
             check_id(id)?;
         }
-        Ok(ScheduleCommand { id: r.id, envelope: message.into(), due: due_spec(r.due.map(WireDue::from))? })
+        let on_conflict = match proto::OnConflict::try_from(r.on_conflict) {
+            Ok(proto::OnConflict::Unspecified | proto::OnConflict::Reject) => OnConflict::Reject,
+            Ok(proto::OnConflict::Replace) if r.id.is_none() => {
+                return Err(Invalid::new(
+                    "on_conflict",
+                    "is REPLACE without an id: a replace names the message it replaces; set id",
+                ));
+            }
+            Ok(proto::OnConflict::Replace) => OnConflict::Replace,
+            Err(_) => {
+                return Err(Invalid::new(
+                    "on_conflict",
+                    format!("is {}, not one of REJECT (1) and REPLACE (2)", r.on_conflict),
+                ));
+            }
+        };
+        Ok(ScheduleCommand {
+            id: r.id,
+            envelope: message.into(),
+            due: due_spec(r.due.map(WireDue::from))?,
+            on_conflict,
+        })
     }
 }
 
@@ -119,7 +141,12 @@ impl From<Scheduled> for proto::ScheduleResponse {
         proto::ScheduleResponse {
             id: s.id.to_string(),
             deliver_at: Some(timestamp(s.due)),
-            duplicate: s.duplicate,
+            duplicate: s.duplicate(),
+            outcome: match s.placed {
+                Placed::Created => proto::ScheduleOutcome::Created,
+                Placed::Duplicate => proto::ScheduleOutcome::Duplicate,
+                Placed::Replaced => proto::ScheduleOutcome::Replaced,
+            } as i32,
         }
     }
 }
@@ -282,6 +309,7 @@ mod tests {
             }),
             id: Some("order-1".into()),
             due: Some(proto::schedule_request::Due::Delay(prost_types::Duration { seconds: 30, nanos: 0 })),
+            on_conflict: 0,
         }
     }
 

@@ -47,6 +47,10 @@ impl State {
         matches!(self, State::Pending { .. })
     }
 
+    pub fn is_failed(&self) -> bool {
+        matches!(self, State::Failed { .. })
+    }
+
     /// Whether a cancel may take this message; the outcome to report if not.
     pub fn cancel(&self) -> Result<(), CancelOutcome> {
         match self {
@@ -78,13 +82,44 @@ pub struct ScheduledMessage {
     pub state: State,
 }
 
+/// What a schedule with an id that is taken does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnConflict {
+    /// A different request under the id is refused (`ALREADY_EXISTS`);
+    /// the same request is a retry, answered as the first was.
+    #[default]
+    Reject,
+    /// A pending or failed message under the id is replaced, content and
+    /// due time, in one step; a delivered or cancelled one is final, and
+    /// the replace is refused: a retried or replayed older request could
+    /// otherwise deliver again what was delivered.
+    Replace,
+}
+
+/// What a schedule did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placed {
+    /// A new message was parked.
+    Created,
+    /// This same request had parked it already; nothing changed.
+    Duplicate,
+    /// A message under the id was replaced by this one.
+    Replaced,
+}
+
 /// The answer to a schedule request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scheduled {
     pub id: MessageId,
     pub due: UnixMillis,
+    pub placed: Placed,
+}
+
+impl Scheduled {
     /// The id was already scheduled by this same request.
-    pub duplicate: bool,
+    pub fn duplicate(&self) -> bool {
+        self.placed == Placed::Duplicate
+    }
 }
 
 /// A pending message as a listing shows it: everything but the value and

@@ -1,10 +1,14 @@
 //! The store's dispatch cycle against a real RocksDB: take what is due,
 //! settle it, and what each outcome leaves behind.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use super::{read::STATS_EXAMINE, schema::DispatchKey, *};
-use crate::message::{CancelOutcome, DueSpec, Envelope, MessageId, Scope, State, UnixMillis};
+use crate::message::{
+    CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scheduled, Scope, State, UnixMillis,
+};
+
+mod replace;
 
 fn open(dir: &Path) -> Store {
     let mut config = StoreConfig::new(dir);
@@ -27,6 +31,7 @@ async fn park(store: &Store, id: &str, due: u64) -> MessageId {
         requested: DueSpec::At(UnixMillis(due)),
         due: UnixMillis(due),
         now: UnixMillis(0),
+        on_conflict: OnConflict::Reject,
     };
     store.schedule(msg).await.unwrap().id
 }
@@ -481,6 +486,7 @@ mod scale {
             requested: DueSpec::At(UnixMillis(due)),
             due: UnixMillis(due),
             now: UnixMillis(0),
+            on_conflict: OnConflict::Reject,
         }
     }
 

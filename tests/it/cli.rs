@@ -97,6 +97,24 @@ async fn client_subcommands_speak_plainly() {
     assert!(text.contains("state:        pending") && text.contains("header:       a=\"b\""), "{text}");
     let out = hourglass(&["reschedule", "cli-1", "--delay", "2h"]);
     assert!(out.status.success());
+    let out = hourglass(&[
+        "schedule",
+        "--topic",
+        &topic,
+        "--value",
+        "hello",
+        "--key",
+        "k",
+        "--delay",
+        "3h",
+        "--id",
+        "cli-1",
+        "--replace",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("replaced cli-1 for "), "{out:?}");
+    let out = hourglass(&["get", "cli-1", "--output", "json"]);
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((got["value"].as_str(), got["headers"].as_array().map(Vec::len)), (Some("aGVsbG8="), Some(0)));
     let out = hourglass(&["cancel", "cli-1"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("cancelled"));

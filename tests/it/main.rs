@@ -36,4 +36,5 @@ mod standby;
 mod takeover;
 mod tenants;
 mod upgrade;
+mod upsert;
 mod volume;

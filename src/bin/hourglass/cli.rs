@@ -219,6 +219,11 @@ pub struct ScheduleArgs {
     /// Idempotency key: retrying with the same id never schedules twice.
     #[arg(long)]
     pub id: Option<String>,
+    /// Replace the pending (or failed) message under --id with this one,
+    /// content and due time, instead of refusing a different request. A
+    /// delivered or cancelled message is final: the replace is refused.
+    #[arg(long, requires = "id")]
+    pub replace: bool,
     #[command(flatten)]
     pub when: When,
 }
@@ -398,6 +403,14 @@ mod tests {
         assert!(err.to_string().contains("KEY=VALUE"), "{err}");
         assert!(parse(&["list", "--from", "tomorrow"]).unwrap_err().to_string().contains("RFC 3339"));
         assert!(parse(&["list", "--from", "2030-01-01T09:00:00+0100"]).is_ok(), "as date +%FT%T%z prints it");
+        let err =
+            parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "1s", "--replace"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--id"), "a replace names the message it replaces: {err}");
+        assert!(
+            parse(&["schedule", "--topic", "t", "--value", "v", "--delay", "1s", "--id", "a", "--replace"])
+                .is_ok()
+        );
     }
 
     #[test]

@@ -88,14 +88,19 @@ pub async fn schedule(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
         }),
         id: args.id,
         due: Some(schedule_due(args.when)),
+        on_conflict: if args.replace { proto::OnConflict::Replace } else { proto::OnConflict::Reject } as i32,
     };
     let reply = connect(&args.client).await?.schedule(request).await.map_err(status_error)?.into_inner();
     if args.client.output == Output::Json {
         print_json(&json::Scheduled::from(reply))?;
         return Ok(ExitCode::SUCCESS);
     }
+    let verb = match reply.outcome() {
+        proto::ScheduleOutcome::Replaced => "replaced",
+        _ => "scheduled",
+    };
     let again = if reply.duplicate { " (already scheduled by this same request)" } else { "" };
-    println!("scheduled {} for {}{again}", reply.id, time(reply.deliver_at));
+    println!("{verb} {} for {}{again}", reply.id, time(reply.deliver_at));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -315,11 +320,19 @@ pub mod json {
         pub id: String,
         pub deliver_at: Option<String>,
         pub duplicate: bool,
+        /// `created`, `duplicate` or `replaced`.
+        pub outcome: &'static str,
     }
 
     impl From<proto::ScheduleResponse> for Scheduled {
         fn from(r: proto::ScheduleResponse) -> Self {
-            Scheduled { id: r.id, deliver_at: time(r.deliver_at), duplicate: r.duplicate }
+            let outcome = match r.outcome() {
+                proto::ScheduleOutcome::Created => "created",
+                proto::ScheduleOutcome::Duplicate => "duplicate",
+                proto::ScheduleOutcome::Replaced => "replaced",
+                proto::ScheduleOutcome::Unspecified => "unknown",
+            };
+            Scheduled { id: r.id, deliver_at: time(r.deliver_at), duplicate: r.duplicate, outcome }
         }
     }
 

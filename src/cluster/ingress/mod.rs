@@ -54,7 +54,7 @@ use super::{
 use crate::{
     auth::{Access, Authenticator},
     kafka::seek::Seek,
-    message::{Limits, UnixMillis},
+    message::{Limits, OnConflict, UnixMillis},
     metrics, proto,
     scheduler::{Call, Scheduler},
 };
@@ -143,7 +143,7 @@ impl Ingress {
                 })?;
             tracing::info!(topic = %ingress.topic, partitions, grant = ?ingress.grant, "reading Kafka-native schedules");
             // Every outcome exported from the start, at 0.
-            for outcome in ["scheduled", "duplicate", "cancelled", "refused"] {
+            for outcome in ["scheduled", "duplicate", "replaced", "cancelled", "refused"] {
                 metrics::INGRESS_RECORDS.with_label_values(&[&ingress.topic, outcome]);
             }
             topics.push(Topic {
@@ -402,7 +402,7 @@ async fn take(caller: &Caller, source: &Source<'_>, records: Vec<Raw>, lost: &Ca
             &caller.limits,
         );
         let ask = match parsed {
-            Ok(Native::Schedule { id, envelope, requested }) => {
+            Ok(Native::Schedule { id, envelope, requested, on_conflict }) => {
                 let due = requested.resolve(raw.at);
                 let due = std::time::UNIX_EPOCH + Duration::from_millis(due.0);
                 Ask::Schedule(proto::ScheduleRequest {
@@ -410,6 +410,10 @@ async fn take(caller: &Caller, source: &Source<'_>, records: Vec<Raw>, lost: &Ca
                     message: Some(proto::Message::from(envelope)),
                     due: Some(proto::schedule_request::Due::DeliverAt(due.into())),
                     id: Some(id.as_str().to_owned()),
+                    on_conflict: match on_conflict {
+                        OnConflict::Reject => proto::OnConflict::Reject,
+                        OnConflict::Replace => proto::OnConflict::Replace,
+                    } as i32,
                 })
             }
             Ok(Native::Cancel(id)) => Ask::Cancel(proto::CancelRequest { id: id.as_str().to_owned() }),
@@ -548,6 +552,9 @@ fn scheduled(result: proto::ScheduleResult) -> Outcome {
     use proto::schedule_result::Result as R;
     match result.result {
         Some(R::Scheduled(s)) if s.duplicate => Outcome::Done("duplicate"),
+        Some(R::Scheduled(s)) if s.outcome == proto::ScheduleOutcome::Replaced as i32 => {
+            Outcome::Done("replaced")
+        }
         Some(R::Scheduled(_)) => Outcome::Done("scheduled"),
         Some(R::Error(e)) => by_status(tonic::Status::new(tonic::Code::from_i32(e.code), e.message)),
         None => Outcome::Again("an empty answer".to_owned()),
@@ -632,7 +639,7 @@ mod tests {
                     } else if self.refuse.contains(&id) {
                         error(tonic::Code::InvalidArgument)
                     } else {
-                        R::Scheduled(proto::ScheduleResponse { id, deliver_at: None, duplicate: false })
+                        R::Scheduled(proto::ScheduleResponse { id, ..Default::default() })
                     };
                     proto::ScheduleResult { index, result: Some(result) }
                 })
@@ -742,17 +749,19 @@ mod tests {
     }
 
     #[test]
-    fn a_retried_schedule_is_a_duplicate_and_an_empty_answer_is_asked_again() {
-        let ok = |duplicate| proto::ScheduleResult {
+    fn a_retried_schedule_is_a_duplicate_a_replace_is_told_and_an_empty_answer_is_asked_again() {
+        let ok = |outcome: proto::ScheduleOutcome| proto::ScheduleResult {
             index: 0,
             result: Some(proto::schedule_result::Result::Scheduled(proto::ScheduleResponse {
                 id: "a".into(),
                 deliver_at: None,
-                duplicate,
+                duplicate: outcome == proto::ScheduleOutcome::Duplicate,
+                outcome: outcome as i32,
             })),
         };
-        assert!(matches!(scheduled(ok(false)), Outcome::Done("scheduled")));
-        assert!(matches!(scheduled(ok(true)), Outcome::Done("duplicate")));
+        assert!(matches!(scheduled(ok(proto::ScheduleOutcome::Created)), Outcome::Done("scheduled")));
+        assert!(matches!(scheduled(ok(proto::ScheduleOutcome::Duplicate)), Outcome::Done("duplicate")));
+        assert!(matches!(scheduled(ok(proto::ScheduleOutcome::Replaced)), Outcome::Done("replaced")));
         assert!(matches!(scheduled(proto::ScheduleResult { index: 0, result: None }), Outcome::Again(_)));
     }
 }

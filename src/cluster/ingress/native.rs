@@ -11,6 +11,11 @@
 //!                            milliseconds, or a duration such as 90s or 30m
 //! hourglass-key              the key of the record to deliver (optional)
 //! hourglass-partition        its partition (optional; else by its key)
+//! hourglass-on-conflict      `reject` (the default) or `replace`: what a
+//!                            record does when its id is taken by a
+//!                            different message (as `Schedule`'s
+//!                            `on_conflict`); `replace` makes the latest
+//!                            record for an id win while it is pending
 //! any other header           passed through to the delivered record
 //! ```
 //!
@@ -26,7 +31,7 @@
 use std::time::Duration;
 
 use crate::message::{
-    DueSpec, Envelope, Header, Invalid, Limits, MessageId, RESERVED_HEADER_PREFIX, UnixMillis,
+    DueSpec, Envelope, Header, Invalid, Limits, MessageId, OnConflict, RESERVED_HEADER_PREFIX, UnixMillis,
 };
 
 pub const TOPIC_HEADER: &str = "hourglass-topic";
@@ -34,9 +39,11 @@ pub const DELIVER_AT_HEADER: &str = "hourglass-deliver-at";
 pub const DELAY_HEADER: &str = "hourglass-delay";
 pub const KEY_HEADER: &str = "hourglass-key";
 pub const PARTITION_HEADER: &str = "hourglass-partition";
+pub const ON_CONFLICT_HEADER: &str = "hourglass-on-conflict";
 
 /// Every `hourglass-` header a native record may carry.
-pub const HEADERS: [&str; 5] = [TOPIC_HEADER, DELIVER_AT_HEADER, DELAY_HEADER, KEY_HEADER, PARTITION_HEADER];
+pub const HEADERS: [&str; 6] =
+    [TOPIC_HEADER, DELIVER_AT_HEADER, DELAY_HEADER, KEY_HEADER, PARTITION_HEADER, ON_CONFLICT_HEADER];
 
 /// What a native record asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +52,7 @@ pub enum Native {
         id: MessageId,
         envelope: Envelope,
         requested: DueSpec,
+        on_conflict: OnConflict,
     },
     /// A tombstone: cancel the message, if it is still pending.
     Cancel(MessageId),
@@ -109,7 +117,7 @@ pub fn parse<'a>(
         partition: fields.partition,
     };
     envelope.validate(limits).map_err(reject)?;
-    Ok(Native::Schedule { id, envelope, requested })
+    Ok(Native::Schedule { id, envelope, requested, on_conflict: fields.on_conflict.unwrap_or_default() })
 }
 
 fn parse_id(key: Option<&[u8]>) -> Result<MessageId, Invalid> {
@@ -127,6 +135,7 @@ struct Fields {
     delay: Option<Duration>,
     key: Option<Vec<u8>>,
     partition: Option<i32>,
+    on_conflict: Option<OnConflict>,
 }
 
 impl Fields {
@@ -165,6 +174,13 @@ impl Fields {
                     Invalid::new(field, format!("{text:?} is not a partition number (0 or more)"))
                 })?;
                 self.partition = Some(p);
+            }
+            ON_CONFLICT_HEADER if self.on_conflict.is_none() => {
+                self.on_conflict = Some(match text.to_ascii_lowercase().as_str() {
+                    "reject" => OnConflict::Reject,
+                    "replace" => OnConflict::Replace,
+                    _ => return Err(Invalid::new(field, format!("{text:?} is neither reject nor replace"))),
+                });
             }
             _ => return Err(repeated()),
         }
@@ -239,7 +255,8 @@ mod tests {
             ],
         )
         .unwrap();
-        let Native::Schedule { id, envelope, requested } = got else { panic!("{got:?}") };
+        let Native::Schedule { id, envelope, requested, on_conflict } = got else { panic!("{got:?}") };
+        assert_eq!(on_conflict, OnConflict::Reject, "reject unless the record asks to replace");
         assert_eq!(id.as_str(), "order-1");
         assert_eq!(requested, DueSpec::After(Duration::from_secs(1800)));
         assert_eq!(envelope.topic, "orders");

@@ -6,12 +6,14 @@ use std::path::Path;
 use super::{entry, proposed};
 use crate::{
     cluster::log::record::{self, Change, Entry, LogMessage, Settled, SettledLine, SettledOutcome},
-    message::{CancelOutcome, DueSpec, Envelope, MessageId, Scope, State, UnixMillis},
+    message::{CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scope, State, UnixMillis},
     store::{
         Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Outcome, Proposed, Settle,
         Store, StoreConfig, StoreError, schema::DispatchKey,
     },
 };
+
+mod replace;
 
 fn open(dir: &Path) -> Store {
     let mut config = StoreConfig::new(dir);
@@ -74,6 +76,7 @@ fn new_message(text: &str, value: &str, due: u64) -> NewMessage {
         requested: DueSpec::At(UnixMillis(due)),
         due: UnixMillis(due),
         now: UnixMillis(1),
+        on_conflict: OnConflict::Reject,
     }
 }
 
@@ -90,7 +93,7 @@ async fn applying_parks_settles_and_keeps_the_next_offset_across_a_reopen() {
         ])
         .await
         .unwrap();
-    assert!(matches!(&answers[0], Answer::Scheduled(Ok(s)) if !s.duplicate));
+    assert!(matches!(&answers[0], Answer::Scheduled(Ok(s)) if !s.duplicate()));
     assert_eq!(store.log_next(), 3);
     assert!(matches!(state(&store, "a").await, Some(State::Delivered(d)) if d.offset == 7));
     assert!(matches!(state(&store, "b").await, Some(State::Pending { .. })));
@@ -125,8 +128,8 @@ async fn the_latest_schedule_of_an_id_says_what_it_holds_and_a_retry_changes_not
         ])
         .await
         .unwrap();
-    assert!(matches!(&answers[1], Answer::Scheduled(Ok(s)) if s.duplicate));
-    assert!(matches!(&answers[2], Answer::Scheduled(Ok(s)) if !s.duplicate));
+    assert!(matches!(&answers[1], Answer::Scheduled(Ok(s)) if s.duplicate()));
+    assert!(matches!(&answers[2], Answer::Scheduled(Ok(s)) if !s.duplicate()));
     let got = store.get(Scope::everything(), id("a")).await.unwrap().unwrap();
     assert_eq!(got.envelope.value, b"other");
     assert_eq!(store.pending(), 1);
@@ -313,7 +316,7 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
         .await
         .unwrap();
     let retry = retry.await.unwrap().unwrap();
-    assert!(matches!(retry, Decision::Answer(Answer::Scheduled(Ok(s))) if s.duplicate));
+    assert!(matches!(retry, Decision::Answer(Answer::Scheduled(Ok(s))) if s.duplicate()));
     let conflict = store.decide(Intent::Schedule(new_message("a", "other", 10))).await.unwrap();
     assert!(matches!(conflict, Decision::Answer(Answer::Scheduled(Err(StoreError::IdConflict(_))))));
     // A decided change that is never logged lets go of its hold.

@@ -1,4 +1,5 @@
-//! A caller's change to a message: schedule, cancel and reschedule, each
+//! A caller's change to a message: schedule (a new message, or one in place
+//! of a message under the same id), cancel and reschedule, each
 //! checked and made in one step of the writer, or waiting ([`Flow::Park`])
 //! while the dispatcher produces the message.
 
@@ -8,13 +9,23 @@ use super::{
     state::Writer,
 };
 use crate::{
-    message::{CancelOutcome, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
+    message::{
+        CancelOutcome, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope, UnixMillis,
+    },
     store::{
         StoreError,
-        schema::{DispatchKey, MessageRecord, Settlement, SettlementKind, TriesRecord},
+        options::cf,
+        schema::{self, DispatchKey, MessageRecord, Settlement, SettlementKind, TriesRecord},
         view,
     },
 };
+
+/// A schedule made, or waiting (with its message) while the dispatcher
+/// produces the message it would replace.
+pub(super) enum Placing {
+    Done(Result<Scheduled, StoreError>),
+    Wait(MessageId, Box<NewMessage>),
+}
 
 pub(super) enum Flow<T> {
     Done(Result<T, StoreError>),
@@ -23,26 +34,84 @@ pub(super) enum Flow<T> {
 }
 
 impl Writer {
-    pub(super) fn schedule(&mut self, r: &mut Round, msg: NewMessage) -> Result<Scheduled, StoreError> {
+    pub(super) fn schedule(&mut self, r: &mut Round, msg: NewMessage) -> Placing {
         let (id, client_id) = match msg.id {
-            NewId::Client(id) => {
-                if let Some((found, existing)) = self.find(r, &msg.scope, &id)? {
-                    return if existing.record.is_same_request(&msg.envelope, msg.requested) {
-                        Ok(Scheduled { id: found, due: existing.record.due(), duplicate: true })
-                    } else {
-                        Err(StoreError::IdConflict(found))
+            NewId::Client(ref id) => {
+                let found = match self.find(r, &msg.scope, id) {
+                    Ok(found) => found,
+                    Err(e) => return Placing::Done(Err(e)),
+                };
+                if let Some((found, existing)) = found {
+                    if existing.record.is_same_request(&msg.envelope, msg.requested) {
+                        let due = existing.record.due();
+                        return Placing::Done(Ok(Scheduled { id: found, due, placed: Placed::Duplicate }));
+                    }
+                    return match msg.on_conflict {
+                        OnConflict::Reject => Placing::Done(Err(StoreError::IdConflict(found))),
+                        OnConflict::Replace => self.replace(r, found, existing, msg),
                     };
                 }
-                (id, true)
+                (id.clone(), true)
             }
-            NewId::Generated(id) => (id, false),
+            NewId::Generated(ref id) => (id.clone(), false),
         };
         if self.at_capacity(r.meta.pending) {
-            return Err(StoreError::AtCapacity { pending: r.meta.pending });
+            return Placing::Done(Err(StoreError::AtCapacity { pending: r.meta.pending }));
         }
         let record = MessageRecord::new(msg.envelope, msg.requested, msg.due, 0, msg.now);
         self.park_new(r, &id, record, client_id);
-        Ok(Scheduled { id, due: msg.due, duplicate: false })
+        Placing::Done(Ok(Scheduled { id, due: msg.due, placed: Placed::Created }))
+    }
+
+    /// A schedule that replaces the message under its id: a pending one
+    /// (waiting while the dispatcher produces it) or a failed one; a
+    /// settled one is refused as final.
+    fn replace(&mut self, r: &mut Round, id: MessageId, existing: Stored, msg: NewMessage) -> Placing {
+        if !r.reserve(&self.shared.claims, &id) {
+            return Placing::Wait(id, Box::new(msg));
+        }
+        if let Err(refusal) = self.replaceable(r, &id, &existing) {
+            return Placing::Done(Err(refusal));
+        }
+        let record = MessageRecord::new(msg.envelope, msg.requested, msg.due, 0, msg.now);
+        self.put_in_place(r, &id, existing, record);
+        Placing::Done(Ok(Scheduled { id, due: msg.due, placed: Placed::Replaced }))
+    }
+
+    /// Whether the message `existing` of `id` may be replaced now.
+    pub(super) fn replaceable(&self, r: &Round, id: &MessageId, existing: &Stored) -> Result<(), StoreError> {
+        let state = view::state_of(existing.settlement.as_ref());
+        match state.reschedule() {
+            Err(RescheduleRefusal::AlreadyDelivered) => Err(StoreError::AlreadyDelivered(id.clone())),
+            Err(RescheduleRefusal::AlreadyCancelled) => Err(StoreError::AlreadyCancelled(id.clone())),
+            Ok(()) if state.is_pending() && self.in_doubt(existing) => {
+                Err(StoreError::Dispatching(id.clone()))
+            }
+            Ok(()) if !state.is_pending() && self.at_capacity(r.meta.pending) => {
+                Err(StoreError::AtCapacity { pending: r.meta.pending })
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Parks `record` under `id` in place of `existing`: what the store
+    /// held of the id goes, a failed message leaves the failed count.
+    pub(super) fn put_in_place(
+        &mut self,
+        r: &mut Round,
+        id: &MessageId,
+        existing: Stored,
+        record: MessageRecord,
+    ) {
+        let failed = view::state_of(existing.settlement.as_ref()).is_failed();
+        let topic = existing.record.topic.clone();
+        self.discard(r, id, existing);
+        if failed {
+            r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
+            self.count(r, id, &topic, |c| c.failed = c.failed.saturating_sub(1));
+        }
+        self.park_new(r, id, record, true);
+        r.effects.replaced += 1;
     }
 
     /// Parks a message not in the store yet; `seen`: its id may come again
@@ -182,5 +251,25 @@ impl Writer {
         let tries = stored.settlement.as_ref().map(TriesRecord::of);
         r.put_due(key, &id, &stored.record, tries.as_ref());
         r.overlay.insert(id, Some(stored));
+    }
+
+    /// Drops whatever the store holds of `id`, in whatever state: a
+    /// message replaced, or one a record of the log says all there is of.
+    /// Cluster mode: a dispatcher holding it has its settle checked
+    /// against the store.
+    pub(super) fn discard(&mut self, r: &mut Round, id: &MessageId, stored: Stored) {
+        self.touched(id);
+        if view::state_of(stored.settlement.as_ref()).is_pending() {
+            r.delete_due(view::dispatch_key(&stored.record, stored.settlement.as_ref()));
+            r.meta.pending = r.meta.pending.saturating_sub(1);
+            self.count(r, id, &stored.record.topic, |c| c.pending = c.pending.saturating_sub(1));
+        } else if stored.record.is_locator() {
+            r.delete_due(view::dispatch_key(&stored.record, None));
+        } else if let Some(settled_at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
+            r.delete_retention(settled_at, id);
+        }
+        r.batch.delete_cf(cf(self.shared.db.as_ref(), schema::CF_MESSAGES), id.as_bytes());
+        r.delete_settlement(id);
+        r.overlay.insert(id.clone(), None);
     }
 }

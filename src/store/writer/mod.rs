@@ -46,6 +46,7 @@ mod state;
 
 pub use apply::{Decided, Decision, Hold};
 pub use intent::{Answer, Intent};
+use ops::Batched;
 pub use ops::{NewId, NewMessage};
 pub(crate) use ops::{Op, Outcome, Reply, Settle};
 pub use replica::Proposed;
@@ -71,7 +72,8 @@ impl Store {
     /// Parks many messages in one atomic, durable write. Each message gets
     /// its own answer (an id taken by a different message fails alone); the
     /// call fails as a whole only if the write does, and then nothing of it
-    /// was stored.
+    /// was stored. A message that replaces one the dispatcher is producing
+    /// at that instant is parked alone, once the produce's outcome is known.
     pub async fn schedule_batch(
         &self,
         msgs: Vec<NewMessage>,
@@ -79,7 +81,16 @@ impl Store {
         if msgs.is_empty() {
             return Ok(Vec::new());
         }
-        self.call(|reply| Op::ScheduleBatch { msgs, reply }).await
+        let batched = self.call(|reply| Op::ScheduleBatch { msgs, reply }).await?;
+        // A replace of a message being produced waits for the produce's
+        // outcome, alone, so as not to hold the batch.
+        let answers = batched.into_iter().map(|item| async move {
+            match item {
+                Batched::Now(result) => result,
+                Batched::Alone(msg) => self.schedule(msg).await,
+            }
+        });
+        Ok(futures_util::future::join_all(answers).await)
     }
 
     /// Cancels or moves a message, or parks one: the check and the change

@@ -7,7 +7,7 @@ use tokio::sync::oneshot;
 
 use super::{Answer, Decided, Decision, InDoubt, Intent, LogEntry};
 use crate::{
-    message::{CancelOutcome, DueSpec, Envelope, MessageId, Scheduled, Scope, UnixMillis},
+    message::{CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Scheduled, Scope, UnixMillis},
     store::{StoreError, claims::Floor, read, scan::Tries, schema::DispatchKey},
 };
 
@@ -24,6 +24,8 @@ pub struct NewMessage {
     pub requested: DueSpec,
     pub due: UnixMillis,
     pub now: UnixMillis,
+    /// What to do when the id is taken by a different message.
+    pub on_conflict: OnConflict,
 }
 
 /// The id of a message to park, and who chose it.
@@ -89,15 +91,24 @@ pub(crate) enum Outcome {
     },
 }
 
+/// One message of a batch: answered, or handed back to be scheduled alone.
+#[derive(Debug)]
+pub(crate) enum Batched {
+    Now(Result<Scheduled, StoreError>),
+    Alone(NewMessage),
+}
+
 pub(crate) enum Op {
     Schedule {
         msg: NewMessage,
         reply: Reply<Scheduled>,
     },
-    /// Many messages in one commit, answered one by one.
+    /// Many messages in one commit, answered one by one; a replace of a
+    /// message the dispatcher holds comes back to be scheduled alone (it
+    /// waits for the produce's outcome).
     ScheduleBatch {
         msgs: Vec<NewMessage>,
-        reply: Reply<Vec<Result<Scheduled, StoreError>>>,
+        reply: Reply<Vec<Batched>>,
     },
     Cancel {
         scope: Scope,
@@ -197,6 +208,7 @@ impl Op {
     /// The caller went away: nobody waits for the answer.
     pub(super) fn abandoned(&self) -> bool {
         match self {
+            Op::Schedule { reply, .. } => reply.is_closed(),
             Op::Cancel { reply, .. } => reply.is_closed(),
             Op::Reschedule { reply, .. } => reply.is_closed(),
             Op::Decide { reply, .. } => reply.is_closed(),

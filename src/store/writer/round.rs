@@ -85,6 +85,8 @@ pub(super) struct ReplicaRound {
 #[derive(Default)]
 pub(super) struct Effects {
     pub(super) scheduled: u64,
+    /// Of those scheduled, the ones that replaced a message under their id.
+    pub(super) replaced: u64,
     pub(super) cancelled: u64,
     pub(super) failed: u64,
     pub(super) purged: u64,
@@ -228,6 +230,7 @@ impl<'a> Round<'a> {
 impl Effects {
     pub(super) fn record(&self) {
         metrics::SCHEDULED.inc_by(self.scheduled);
+        metrics::REPLACED.inc_by(self.replaced);
         metrics::CANCELLED.inc_by(self.cancelled);
         metrics::FAILED.inc_by(self.failed);
         metrics::PURGED.inc_by(self.purged);

@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use super::{
     Answer,
     apply::{self, Decided},
-    change::Flow,
-    ops::{Op, Reply, refuse},
+    change::{Flow, Placing},
+    ops::{Batched, Op, Reply, refuse},
     park::Parking,
     replica::LogEntry,
     round::Round,
@@ -281,10 +281,10 @@ impl Writer {
 
     fn apply<'a>(&mut self, r: &mut Round<'a>, op: Op) {
         match op {
-            Op::Schedule { msg, reply } => {
-                let result = self.schedule(r, msg);
-                r.reply(reply, result);
-            }
+            Op::Schedule { msg, reply } => match self.schedule(r, msg) {
+                Placing::Done(result) => r.reply(reply, result),
+                Placing::Wait(held, msg) => self.parking.park(held, Op::Schedule { msg: *msg, reply }),
+            },
             Op::ScheduleBatch { msgs, reply } => {
                 let half = msgs.len() / 2;
                 let results = (0..)
@@ -293,7 +293,10 @@ impl Writer {
                         if i == half && i > 0 {
                             crate::failpoint::hit("store-mid-batch");
                         }
-                        self.schedule(r, msg)
+                        match self.schedule(r, msg) {
+                            Placing::Done(result) => Batched::Now(result),
+                            Placing::Wait(_, msg) => Batched::Alone(*msg),
+                        }
                     })
                     .collect();
                 r.reply(reply, Ok(results));

@@ -215,6 +215,7 @@ pub fn request(topic: &str, value: &str, delay: Duration) -> proto::ScheduleRequ
             nanos: delay.subsec_nanos() as i32,
         })),
         id: None,
+        on_conflict: 0,
     }
 }
 

@@ -293,5 +293,6 @@ pub fn due_message(topic: &str, id: &str, due_ms: i64) -> proto::ScheduleRequest
             nanos: (due_ms.rem_euclid(1000) * 1_000_000) as i32,
         })),
         id: Some(id.into()),
+        on_conflict: 0,
     }
 }

@@ -27,7 +27,9 @@ use super::{
     state::Writer,
 };
 use crate::{
-    message::{CancelOutcome, MessageId, RescheduleRefusal, Scheduled, Scope, UnixMillis},
+    message::{
+        CancelOutcome, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope, UnixMillis,
+    },
     store::{
         StoreError,
         options::cf,
@@ -104,11 +106,14 @@ impl Writer {
                 }
                 match self.find(r, &msg.scope, id) {
                     Ok(Some((found, existing))) => {
-                        return answer(if existing.record.is_same_request(&msg.envelope, msg.requested) {
-                            Ok(Scheduled { id: found, due: existing.record.due(), duplicate: true })
-                        } else {
-                            Err(StoreError::IdConflict(found))
-                        });
+                        if existing.record.is_same_request(&msg.envelope, msg.requested) {
+                            let due = existing.record.due();
+                            return answer(Ok(Scheduled { id: found, due, placed: Placed::Duplicate }));
+                        }
+                        return match msg.on_conflict {
+                            OnConflict::Reject => answer(Err(StoreError::IdConflict(found))),
+                            OnConflict::Replace => self.decide_replace(r, found, &existing, msg),
+                        };
                     }
                     Ok(None) => {}
                     Err(e) => return Flow::Done(Err(e)),
@@ -132,6 +137,31 @@ impl Writer {
             id: msg.id.id().clone(),
             change: Box::new(Proposed::Schedule { record, fresh }),
             held,
+        }))
+    }
+
+    /// A schedule in place of the message `existing` of `id`: logged as a
+    /// schedule of the id, which every copy applies as a replace.
+    fn decide_replace(
+        &mut self,
+        r: &mut Round,
+        id: MessageId,
+        existing: &Stored,
+        msg: &NewMessage,
+    ) -> Flow<Decision> {
+        if !self.shared.claims.reserve_for_writer(&id) {
+            return Flow::Park(id);
+        }
+        self.replica.holds.insert(id.clone());
+        if let Err(refusal) = self.replaceable(r, &id, existing) {
+            self.unhold(&id);
+            return Flow::Done(Ok(Decision::Answer(Answer::Scheduled(Err(refusal)))));
+        }
+        let record = MessageRecord::new(msg.envelope.clone(), msg.requested, msg.due, 0, msg.now);
+        Flow::Done(Ok(Decision::Log {
+            id: id.clone(),
+            change: Box::new(Proposed::Schedule { record, fresh: false }),
+            held: Some(self.hold(id)),
         }))
     }
 
@@ -401,11 +431,12 @@ impl Writer {
 
     /// A message's latest record says all there is of it, as compaction
     /// keeps only that one: a schedule parks the message it carries,
-    /// whatever the store held of the id. (Only when two nodes own the
-    /// shard at once, or a record is written again, does a schedule of a
-    /// taken id reach the log: the owner answers a retry or a conflict
-    /// without logging anything.) One that finds the very message already
-    /// pending, untried, changes nothing: a retry.
+    /// whatever the store held of the id, in its place. (A schedule of a
+    /// taken id reaches the log as a replace the owner decided, or when two
+    /// nodes own the shard at once, or a record is written again: the owner
+    /// answers a retry or a conflict without logging anything.) One that
+    /// finds the very message already pending, untried, changes nothing: a
+    /// retry.
     fn apply_schedule(
         &mut self,
         r: &mut Round,
@@ -416,13 +447,14 @@ impl Writer {
         let due = record.due();
         if !fresh && let Some(existing) = self.load(r, &id)? {
             if untried_as(&existing, &record) {
-                return Ok(Scheduled { id, due, duplicate: true });
+                return Ok(Scheduled { id, due, placed: Placed::Duplicate });
             }
-            self.discard(r, &id, existing);
+            self.put_in_place(r, &id, existing, record);
+            return Ok(Scheduled { id, due, placed: Placed::Replaced });
         }
         // Seen by what follows in this round (its settle, say), fresh or not.
         self.park_new(r, &id, record, true);
-        Ok(Scheduled { id, due, duplicate: false })
+        Ok(Scheduled { id, due, placed: Placed::Created })
     }
 
     /// A reschedule carries its message whole: it is parked at the record's
@@ -531,25 +563,6 @@ impl Writer {
         self.record_settled(r, id, record, settlement);
         r.meta.failed_total = r.meta.failed_total.saturating_add(1);
         Ok(())
-    }
-
-    /// Drops whatever the store holds of `id`, in whatever state: the
-    /// record about to be applied says all there is of its message. A
-    /// dispatcher holding it has its settle checked against the store.
-    fn discard(&mut self, r: &mut Round, id: &MessageId, stored: Stored) {
-        self.touched(id);
-        if view::state_of(stored.settlement.as_ref()).is_pending() {
-            r.delete_due(view::dispatch_key(&stored.record, stored.settlement.as_ref()));
-            r.meta.pending = r.meta.pending.saturating_sub(1);
-            self.count(r, id, &stored.record.topic, |c| c.pending = c.pending.saturating_sub(1));
-        } else if stored.record.is_locator() {
-            r.delete_due(view::dispatch_key(&stored.record, None));
-        } else if let Some(settled_at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
-            r.delete_retention(settled_at, id);
-        }
-        r.batch.delete_cf(cf(self.shared.db.as_ref(), schema::CF_MESSAGES), id.as_bytes());
-        r.delete_settlement(id);
-        r.overlay.insert(id.clone(), None);
     }
 
     /// Records a message that arrives settled (its earlier records were
@@ -675,7 +688,7 @@ impl Writer {
 
     /// A record applied changed `id`: if the dispatcher holds it, its
     /// settle is checked against the store when it comes.
-    fn touched(&mut self, id: &MessageId) {
+    pub(super) fn touched(&mut self, id: &MessageId) {
         if self.shared.claims.held_by_dispatcher(id) {
             self.replica.touched_while_claimed.insert(id.clone());
         }
