@@ -17,6 +17,8 @@
 //!   [`api::Local`] (this node's service); in cluster mode the cluster's
 //!   router, which serves each call here or on its shard's owner. Every
 //!   error becomes a status in one table, [`status`].
+//! - [`bulk`]: calls on many messages (cancel by label selector), made of
+//!   the one-message calls of a [`scheduler::Scheduler`], page by page.
 //! - [`service`]: what a request means; validation against [`message::Limits`]
 //!   and the Kafka topic catalog, due times from the [`clock`], ids for
 //!   messages sent without one.
@@ -48,7 +50,7 @@
 //!   request bytes are bounded in [`api`]), and ordered shutdown.
 //!
 //! Modules depend downward only, in this order from the top: `server`;
-//! `api`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
+//! `api`; `bulk`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
 //! `auth`; `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/it/architecture.rs` fails on an import that would close
 //! a circle, and on any module but the wiring (`server`) that imports
@@ -58,6 +60,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod bulk;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -32,6 +32,7 @@ impl Workload {
             value: self.value(i),
             headers: vec![],
             partition: None,
+            labels: Default::default(),
         }
     }
 
@@ -44,6 +45,7 @@ impl Workload {
             ))),
             id: self.ids.as_ref().map(|prefix| format!("{prefix}-{i}")),
             on_conflict: 0,
+            labels: Default::default(),
         }
     }
 }

@@ -104,8 +104,11 @@ await_node() {
   local i="$1"
   for _ in $(seq 600); do
     owns_shards "$i" && return 0
-    if ! node_alive "$i"; then
-      echo "$script: node $i (pid $(pid_of "$i")) exited while starting; the end of $state/node-$i.log:" >&2
+    # Alive at all, not "alive as hourglass": between its fork and its
+    # exec the process still runs this script's command line.
+    pid="$(pid_of "$i")"
+    if [ -z "$pid" ] || ! alive "$pid"; then
+      echo "$script: node $i (pid $pid) $(how_it_ended "$pid") while starting; the end of $state/node-$i.log:" >&2
       tail -5 "$state/node-$i.log" >&2
       return 1
     fi

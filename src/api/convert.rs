@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use crate::{
     message::{
-        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, ListQuery, MessageId, OnConflict,
-        PageToken, PendingMessage, PendingPage, Placed, Scheduled, ScheduledMessage, State, Stats,
-        UnixMillis,
+        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, Labels, ListQuery, MessageId,
+        OnConflict, PageToken, PendingMessage, PendingPage, Placed, Scheduled, ScheduledMessage, Selector,
+        State, Stats, UnixMillis,
     },
     proto,
     service::ScheduleCommand,
@@ -87,6 +87,7 @@ impl From<proto::Message> for Envelope {
             value: m.value,
             headers: m.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
             partition: m.partition,
+            labels: Labels::default(),
         }
     }
 }
@@ -127,12 +128,9 @@ impl TryFrom<proto::ScheduleRequest> for ScheduleCommand {
                 ));
             }
         };
-        Ok(ScheduleCommand {
-            id: r.id,
-            envelope: message.into(),
-            due: due_spec(r.due.map(WireDue::from))?,
-            on_conflict,
-        })
+        let mut envelope = Envelope::from(message);
+        envelope.labels = Labels::new(r.labels)?;
+        Ok(ScheduleCommand { id: r.id, envelope, due: due_spec(r.due.map(WireDue::from))?, on_conflict })
     }
 }
 
@@ -169,6 +167,7 @@ impl From<ScheduledMessage> for proto::GetResponse {
         let mut out = proto::GetResponse {
             tenant: m.id.tenant().unwrap_or_default().to_owned(),
             id: m.id.to_string(),
+            labels: wire_labels(&m.envelope.labels),
             message: Some(m.envelope.into()),
             // 0: a refused Kafka-native record that said no due time.
             deliver_at: (m.due != UnixMillis(0)).then(|| timestamp(m.due)),
@@ -229,6 +228,7 @@ impl TryFrom<proto::ListRequest> for ListQuery {
             to,
             page_size: r.page_size,
             page_token: (!r.page_token.is_empty()).then(|| PageToken::decode(&r.page_token)).transpose()?,
+            selector: Selector::parse("selector", &r.selector)?,
         })
     }
 }
@@ -265,8 +265,13 @@ impl From<PendingMessage> for proto::PendingMessage {
             attempts: m.attempts,
             last_error: m.last_error.unwrap_or_default(),
             value_bytes: m.value_bytes as u64,
+            labels: wire_labels(&m.labels),
         }
     }
+}
+
+fn wire_labels(labels: &Labels) -> std::collections::HashMap<String, String> {
+    labels.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
 }
 
 impl From<PendingPage> for proto::ListResponse {
@@ -310,6 +315,7 @@ mod tests {
             id: Some("order-1".into()),
             due: Some(proto::schedule_request::Due::Delay(prost_types::Duration { seconds: 30, nanos: 0 })),
             on_conflict: 0,
+            labels: [("order".to_owned(), "1".to_owned())].into(),
         }
     }
 
@@ -320,6 +326,18 @@ mod tests {
         assert_eq!(cmd.due, DueSpec::After(Duration::from_secs(30)));
         assert_eq!(cmd.envelope.partition, Some(1));
         assert_eq!(cmd.envelope.headers, vec![Header { key: "h".into(), value: b"x".to_vec() }]);
+        assert_eq!(cmd.envelope.labels.get("order"), Some("1"));
+    }
+
+    #[test]
+    fn bad_labels_and_selectors_are_named() {
+        let mut r = request();
+        r.labels.insert("bad key".into(), "v".into());
+        assert_eq!(ScheduleCommand::try_from(r).unwrap_err().field, "labels");
+        let list = proto::ListRequest { selector: "order==".into(), ..Default::default() };
+        assert!(ListQuery::try_from(list).is_ok(), "order== is order equal to empty");
+        let list = proto::ListRequest { selector: "order=a b".into(), ..Default::default() };
+        assert_eq!(ListQuery::try_from(list).unwrap_err().field, "selector");
     }
 
     #[test]

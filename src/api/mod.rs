@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     Error,
     auth::Access,
-    metrics, proto,
+    bulk, metrics, proto,
     scheduler::{Call, FORWARDED, Listing, POSITIONS, Scheduler},
 };
 
@@ -240,6 +240,17 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         self.call("Stats", async {
             let call = call_of(&request)?;
             self.scheduler.stats(&call).await
+        })
+        .await
+    }
+
+    async fn cancel_matching(
+        &self,
+        request: Request<proto::CancelMatchingRequest>,
+    ) -> Result<Response<proto::CancelMatchingResponse>, Status> {
+        self.call("CancelMatching", async {
+            let call = call_of(&request)?;
+            bulk::cancel_matching(self.scheduler.as_ref(), &call, request.into_inner()).await
         })
         .await
     }

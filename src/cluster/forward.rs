@@ -574,8 +574,21 @@ fn not_taken(status: &Status) -> bool {
     false
 }
 
-/// Another node's answer, passed on as it came.
+/// Another node's answer, passed on as it came; a call the connection
+/// lost on the way (the node stopped mid-call) is UNAVAILABLE: whether it
+/// was made there is not known, and a retry with the same id says.
 fn relayed(status: Status) -> Error {
+    if lost_on_the_way(&status) {
+        return Error::Relayed {
+            code: tonic::Code::Unavailable as i32,
+            message: format!(
+                "the node that owns the message's shard stopped answering during the call ({}); retry with the \
+                 same id: the answer says what came of it",
+                status.message()
+            ),
+            details: Vec::new(),
+        };
+    }
     Error::Relayed {
         code: status.code() as i32,
         message: status.message().to_owned(),
@@ -583,12 +596,20 @@ fn relayed(status: Status) -> Error {
     }
 }
 
+/// Whether `status` is this node's client's own, for a call the transport
+/// lost (a reset connection, an HTTP/2 error), rather than the other
+/// node's answer: only a failure here carries its cause.
+fn lost_on_the_way(status: &Status) -> bool {
+    std::error::Error::source(status).is_some()
+}
+
 /// Another node's refusal of a part of a call that spans nodes. Its
 /// address goes to the log, not to the caller.
 fn from_peer(addr: &str, method: &str, status: Status) -> Error {
     tracing::warn!(node = %addr, method, error = %status.message(), "a node that owns shards did not answer its part of a call");
+    let code = if lost_on_the_way(&status) { tonic::Code::Unavailable } else { status.code() };
     Error::Relayed {
-        code: status.code() as i32,
+        code: code as i32,
         message: format!("a node that owns shards did not answer {method}: {}", status.message()),
         details: Vec::new(),
     }
@@ -661,5 +682,13 @@ mod tests {
         });
         let status = client_of(addr).get(get()).await.unwrap_err();
         assert!(!not_taken(&status), "{status:?}");
+        // The caller is told to retry, not that the server failed.
+        let Error::Relayed { code, message, .. } = relayed(status) else { panic!("relayed") };
+        assert_eq!(code, tonic::Code::Unavailable as i32, "{message}");
+        assert!(message.contains("retry with the same id"), "{message}");
+        let Error::Relayed { code, .. } = relayed(Status::internal("the other node's own answer")) else {
+            panic!("relayed")
+        };
+        assert_eq!(code, tonic::Code::Internal as i32, "an answer of the other node passes as it came");
     }
 }

@@ -1,7 +1,7 @@
 //! The record to produce when due, the headers hourglass adds, and the
 //! limits a message must meet at the door, with the error that says which.
 
-use super::{MessageId, UnixMillis, duration_text};
+use super::{Labels, MessageId, UnixMillis, duration_text};
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -10,14 +10,17 @@ pub struct Header {
     pub value: Vec<u8>,
 }
 
-/// The Kafka record to produce when due, exactly as the client gave it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The Kafka record to produce when due, exactly as the client gave it,
+/// and the labels it is found by.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Envelope {
     pub topic: String,
     pub key: Option<Vec<u8>>,
     pub value: Vec<u8>,
     pub headers: Vec<Header>,
     pub partition: Option<i32>,
+    /// The caller's labels: kept with the message, not produced.
+    pub labels: Labels,
 }
 
 /// Prefix of the headers hourglass adds to every record it produces.

@@ -7,6 +7,7 @@
 
 mod envelope;
 mod id;
+mod labels;
 mod page;
 mod scope;
 mod state;
@@ -14,6 +15,7 @@ mod time;
 
 pub use envelope::*;
 pub use id::*;
+pub use labels::*;
 pub use page::*;
 pub use scope::*;
 pub use state::*;

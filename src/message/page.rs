@@ -1,7 +1,7 @@
 //! Listings: where a page goes on, what to list, pages merged across
 //! shards, and the counts of `Stats`.
 
-use super::{Invalid, PendingMessage, UnixMillis, validate_topic_name};
+use super::{Invalid, PendingMessage, Selector, UnixMillis, validate_topic_name};
 
 /// Where a listing goes on: the position of the first message not yet
 /// looked at, in the order listings follow (dispatch time, then shard, then
@@ -83,6 +83,8 @@ pub struct ListQuery {
     /// 0: the default.
     pub page_size: u32,
     pub page_token: Option<PageToken>,
+    /// Only messages whose labels match (empty: all).
+    pub selector: Selector,
 }
 
 impl ListQuery {

@@ -1,6 +1,6 @@
 //! A message's states and what the API answers about one.
 
-use super::{Envelope, MessageId, UnixMillis};
+use super::{Envelope, Labels, MessageId, UnixMillis};
 
 /// Where a delivered record landed, and when the broker acknowledged it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,4 +138,6 @@ pub struct PendingMessage {
     pub scheduled_at: UnixMillis,
     pub attempts: u32,
     pub last_error: Option<String>,
+    /// The caller's labels.
+    pub labels: Labels,
 }

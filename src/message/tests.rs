@@ -9,6 +9,7 @@ fn envelope() -> Envelope {
         value: b"cancel".to_vec(),
         headers: vec![Header { key: "trace".into(), value: b"abc".to_vec() }],
         partition: None,
+        labels: Default::default(),
     }
 }
 

@@ -224,6 +224,7 @@ impl Node {
         let reads = stores.iter().map(|(shard, store)| {
             let filter = ListFilter {
                 topic: query.topic.clone(),
+                selector: query.selector.clone(),
                 from: query.page_token.map_or(from, |token| start_in(*shard, token).max(from)),
                 to: query.to,
                 limit,
@@ -427,6 +428,7 @@ mod tests {
             scheduled_at: UnixMillis(0),
             attempts: 0,
             last_error: None,
+            labels: Default::default(),
         }
     }
 

@@ -72,6 +72,7 @@ mod tests {
             scheduled_at: UnixMillis(0),
             attempts: 0,
             last_error: last_error.map(str::to_owned),
+            labels: Default::default(),
         }
     }
 

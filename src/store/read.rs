@@ -21,7 +21,7 @@ use super::{
     },
     view,
 };
-use crate::message::{MessageId, PendingMessage, ScheduledMessage, Scope, UnixMillis, Visibility};
+use crate::message::{MessageId, PendingMessage, ScheduledMessage, Scope, Selector, UnixMillis, Visibility};
 
 /// Due entries `stats` looks at for the oldest overdue message a caller
 /// sees, at most: one caller's messages may lie behind many of others'.
@@ -414,6 +414,8 @@ pub(crate) fn message(db: &DB, scope: &Scope, id: MessageId) -> Result<Option<Sc
 #[derive(Clone, Debug)]
 pub struct ListFilter {
     pub topic: Option<String>,
+    /// Only messages whose labels match.
+    pub selector: Selector,
     /// The first position to look at.
     pub from: DispatchKey,
     /// Dispatch time before this.
@@ -466,6 +468,7 @@ pub(crate) fn list_pending(db: &DB, scope: &Scope, filter: &ListFilter) -> Resul
         }
         if let (_, Some(message)) = visible_at(db, &snapshot, scope, &k, &v)?
             && filter.topic.as_ref().is_none_or(|t| *t == message.topic)
+            && filter.selector.matches(&message.labels)
         {
             key_bytes += message.key.as_ref().map_or(0, Vec::len);
             page.messages.push((key, message));

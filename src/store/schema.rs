@@ -351,6 +351,17 @@ pub struct MessageRecord {
     /// behind where the dispatcher reads.
     #[prost(uint64, optional, tag = "11")]
     pub entry_at_ms: Option<u64>,
+    /// The caller's labels, sorted by key (not in a locator).
+    #[prost(message, repeated, tag = "12")]
+    pub labels: Vec<LabelRecord>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LabelRecord {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(string, tag = "2")]
+    pub value: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -382,6 +393,7 @@ impl MessageRecord {
             requested_at_ms: self.requested_at_ms,
             requested_delay_ms: self.requested_delay_ms,
             entry_at_ms: self.entry_at_ms,
+            labels: Vec::new(),
         }
     }
 
@@ -730,7 +742,7 @@ mod tests {
             let tenant = tenant.map(|t| crate::message::Tenant::parse(&t).unwrap());
             let id = MessageId::parse_in(tenant.as_ref(), &id).unwrap();
             prop_assert_eq!(decode_due_value(id.as_bytes()), Some(DueValue::Legacy(id.clone())));
-            let envelope = Envelope { topic: "t".into(), key: None, value: vec![1], headers: vec![], partition: None };
+            let envelope = Envelope { topic: "t".into(), value: vec![1], ..Default::default() };
             let record = MessageRecord::new(envelope, DueSpec::At(UnixMillis(5)), UnixMillis(5), 9, UnixMillis(1));
             let entry = DueEntry {
                 id: id.as_bytes().to_vec(),
@@ -806,6 +818,7 @@ mod tests {
             let envelope = Envelope {
                 topic, key, value, partition,
                 headers: headers.into_iter().map(|(key, value)| Header { key, value }).collect(),
+                labels: Default::default(),
             };
             let requested = match delay {
                 Some(d) => DueSpec::After(Duration::from_millis(d)),

@@ -23,6 +23,7 @@ async fn park(store: &Store, id: &str, due: u64) -> MessageId {
         value: id.as_bytes().to_vec(),
         headers: vec![],
         partition: None,
+        labels: Default::default(),
     };
     let msg = NewMessage {
         id: NewId::Client(MessageId::parse(id).unwrap()),
@@ -334,7 +335,7 @@ async fn legacy_due_entries_naming_only_an_id_are_listed_and_dispatched() {
 }
 
 fn filter(from: DispatchKey, limit: usize, examine: usize) -> ListFilter {
-    ListFilter { topic: None, from, to: None, limit, examine }
+    ListFilter { topic: None, selector: Default::default(), from, to: None, limit, examine }
 }
 
 #[tokio::test]
@@ -482,6 +483,7 @@ mod scale {
                 value: b"v".to_vec(),
                 headers: vec![],
                 partition: None,
+                labels: Default::default(),
             },
             requested: DueSpec::At(UnixMillis(due)),
             due: UnixMillis(due),

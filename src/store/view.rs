@@ -3,9 +3,12 @@
 //! retried request is the one a record came from. [`schema`] knows the
 //! bytes; this knows the domain.
 
-use super::schema::{DispatchKey, HeaderRecord, MessageRecord, Settlement, SettlementKind, TriesRecord};
+use super::schema::{
+    DispatchKey, HeaderRecord, LabelRecord, MessageRecord, Settlement, SettlementKind, TriesRecord,
+};
 use crate::message::{
-    Delivery, DueSpec, Envelope, Header, MessageId, PendingMessage, ScheduledMessage, State, UnixMillis,
+    Delivery, DueSpec, Envelope, Header, Labels, MessageId, PendingMessage, ScheduledMessage, State,
+    UnixMillis,
 };
 
 impl MessageRecord {
@@ -22,6 +25,12 @@ impl MessageRecord {
                 .map(|h| HeaderRecord { key: h.key, value: h.value })
                 .collect(),
             partition: envelope.partition,
+            labels: envelope
+                .labels
+                .into_pairs()
+                .into_iter()
+                .map(|(key, value)| LabelRecord { key, value })
+                .collect(),
             due_ms: due.0,
             seq,
             scheduled_at_ms: now.0,
@@ -49,6 +58,7 @@ impl MessageRecord {
             value: self.value,
             headers: self.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
             partition: self.partition,
+            labels: labels_of(self.labels),
         }
     }
 
@@ -62,7 +72,14 @@ impl MessageRecord {
             && self.partition == envelope.partition
             && self.headers.len() == envelope.headers.len()
             && self.headers.iter().zip(&envelope.headers).all(|(a, b)| a.key == b.key && a.value == b.value)
+            && self.labels.len() == envelope.labels.iter().count()
+            && self.labels.iter().zip(envelope.labels.iter()).all(|(a, (k, v))| a.key == k && a.value == v)
     }
+}
+
+/// Labels as a record holds them.
+pub fn labels_of(records: Vec<LabelRecord>) -> Labels {
+    Labels::from_stored(records.into_iter().map(|l| (l.key, l.value)))
 }
 
 /// A pending message as a listing shows it, from its due entry.
@@ -83,6 +100,7 @@ pub fn pending_message(
         topic: record.topic,
         key: record.key,
         partition: record.partition,
+        labels: labels_of(record.labels),
     }
 }
 
@@ -140,8 +158,14 @@ mod tests {
     use super::*;
 
     fn record() -> MessageRecord {
-        let envelope =
-            Envelope { topic: "t".into(), key: None, value: b"v".to_vec(), headers: vec![], partition: None };
+        let envelope = Envelope {
+            topic: "t".into(),
+            key: None,
+            value: b"v".to_vec(),
+            headers: vec![],
+            partition: None,
+            labels: Default::default(),
+        };
         MessageRecord::new(
             envelope,
             DueSpec::After(Duration::from_secs(30)),

@@ -144,6 +144,7 @@ async fn run_client(
                 due: Some(proto::schedule_request::Due::DeliverAt(timestamp(due))),
                 id: Some(id.clone()),
                 on_conflict: 0,
+                labels: Default::default(),
             };
             let answer = match client.schedule(request).await {
                 Ok(r) => {

@@ -22,6 +22,7 @@ mod forged;
 mod history;
 mod hung_peer;
 mod inspect;
+mod labels;
 mod let_go;
 mod log_topic;
 mod poison;

@@ -253,17 +253,10 @@ async fn a_cancel_at_the_due_instant_is_either_cancelled_or_delivered() {
 
     // Each cancel is sent at its message's due instant, give or take up to
     // 4 ms (a fixed spread by index), so that many meet the dispatcher.
-    let (now_sys, now) = (SystemTime::now(), tokio::time::Instant::now());
     let cancels: Vec<_> = (0..n)
         .map(|i| {
-            let offset_ms = (i % 9) as i64 - 4;
             let due = SystemTime::UNIX_EPOCH + Duration::from_millis(due_ms[i] as u64);
-            let at = if offset_ms >= 0 {
-                due + Duration::from_millis(offset_ms as u64)
-            } else {
-                due - Duration::from_millis((-offset_ms) as u64)
-            };
-            let when = now + at.duration_since(now_sys).unwrap_or_default();
+            let (offset_ms, when) = around_due(i, due);
             let (mut c, id) = (clients[i % clients.len()].clone(), id(i));
             tokio::spawn(async move {
                 tokio::time::sleep_until(when).await;

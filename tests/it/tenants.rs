@@ -133,6 +133,48 @@ async fn list_and_stats_show_only_what_the_token_covers() {
     t.server.stop().await;
 }
 
+/// Two tenants label their messages alike (and use the same ids): a
+/// tenant's selector lists and cancels its own messages only, and a topic
+/// filter outside its grant is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_label_selector_never_reaches_another_tenants_messages() {
+    let t = Tenants::start().await;
+    let (mut orders, mut billing) = (t.client("orders-token").await, t.client("billing-token").await);
+    let labelled = |topic: &str, id: &str| {
+        let mut r = with_id(request(topic, "v", later()), id);
+        r.labels.insert("order".into(), "42".into());
+        r
+    };
+    for i in 0..5 {
+        orders.schedule(labelled(&t.orders, &format!("m-{i}"))).await.unwrap();
+        billing.schedule(labelled(&t.billing, &format!("m-{i}"))).await.unwrap();
+    }
+    let selected = proto::ListRequest { selector: "order=42".into(), ..Default::default() };
+    let page = orders.list(selected.clone()).await.unwrap().into_inner();
+    assert_eq!(page.messages.len(), 5);
+    assert!(page.messages.iter().all(|m| m.tenant == "orders" && m.labels["order"] == "42"), "{page:?}");
+
+    let cancel = |topic: &str| proto::CancelMatchingRequest {
+        selector: "order=42".into(),
+        topic: topic.into(),
+        ..Default::default()
+    };
+    let status = orders.cancel_matching(cancel(&t.billing)).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let done = orders.cancel_matching(cancel("")).await.unwrap().into_inner();
+    assert_eq!((done.cancelled, done.not_cancelled.len(), done.next_page_token.as_str()), (5, 0, ""));
+    assert!(orders.list(selected.clone()).await.unwrap().into_inner().messages.is_empty());
+    let theirs = billing.list(selected).await.unwrap().into_inner();
+    assert_eq!(theirs.messages.len(), 5, "the other tenant's messages are untouched");
+    for i in 0..5 {
+        let got = billing.get(proto::GetRequest { id: format!("m-{i}") }).await.unwrap().into_inner();
+        assert_eq!(got.state(), State::Pending);
+    }
+    let again = orders.cancel_matching(cancel("")).await.unwrap().into_inner();
+    assert_eq!((again.cancelled, again.not_cancelled.len()), (0, 0), "a repeat finds nothing pending");
+    t.server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_tenant_has_its_own_ids_and_cannot_probe_anothers() {
     let t = Tenants::start().await;
@@ -276,7 +318,9 @@ async fn every_rpc_gives_a_token_that_covers_nothing_nothing() {
     use prost::Message as _;
     let t = Tenants::start().await;
     let (mut orders, mut nobody) = (t.client("orders-token").await, t.client("nobody-token").await);
-    orders.schedule(with_id(request(&t.orders, "secret", later()), "victim")).await.unwrap();
+    let mut victim = with_id(request(&t.orders, "secret", later()), "victim");
+    victim.labels.insert("order".into(), "42".into());
+    orders.schedule(victim).await.unwrap();
     orders.schedule(with_id(request(&t.orders, "secret", Duration::ZERO), "delivered")).await.unwrap();
     consume_async(&t.broker, &t.orders, 1, Duration::from_secs(30), Duration::ZERO).await;
 
@@ -337,11 +381,24 @@ async fn every_rpc_gives_a_token_that_covers_nothing_nothing() {
                 );
                 assert!(stats.oldest_overdue.is_none() && stats.store_bytes == 0, "{stats:?}");
             }
+            "CancelMatching" => {
+                let request =
+                    proto::CancelMatchingRequest { selector: "order=42".into(), ..Default::default() };
+                let done = nobody.cancel_matching(request).await.unwrap().into_inner();
+                assert_eq!((done.cancelled, done.not_cancelled.len()), (0, 0), "{done:?}");
+                let request = proto::CancelMatchingRequest {
+                    selector: "order=42".into(),
+                    topic: t.orders.clone(),
+                    ..Default::default()
+                };
+                let status = nobody.cancel_matching(request).await.unwrap_err();
+                assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+            }
             other => panic!("RPC {other} has no case in this test: give it one"),
         }
         checked.push(name.to_owned());
     }
-    assert_eq!(checked.len(), 8, "{checked:?}");
+    assert_eq!(checked.len(), 9, "{checked:?}");
     let victim = orders.get(proto::GetRequest { id: "victim".into() }).await.unwrap().into_inner();
     assert_eq!(victim.state(), State::Pending, "untouched");
     t.server.stop().await;

@@ -17,10 +17,7 @@ use std::{
 };
 
 use common::*;
-use hourglass::{
-    config::Config,
-    proto::{self, ScheduleOutcome, State},
-};
+use hourglass::proto::{self, ScheduleOutcome, State};
 use tonic::Code;
 
 fn replacing(topic: &str, id: &str, value: &str, due: SystemTime) -> proto::ScheduleRequest {
@@ -29,16 +26,6 @@ fn replacing(topic: &str, id: &str, value: &str, due: SystemTime) -> proto::Sche
     r.due = Some(proto::schedule_request::Due::DeliverAt(due.into()));
     r.on_conflict = proto::OnConflict::Replace as i32;
     r
-}
-
-/// A one-node cluster on the log topic `log_topic`.
-fn in_a_cluster(log_topic: &str) -> impl FnOnce(&mut Config) + '_ {
-    move |config| {
-        config.cluster = true;
-        config.cluster_key_file = Some(hourglass_testkit::cluster_key_file().unwrap());
-        config.log_topic = log_topic.to_owned();
-        config.log_partitions = 3;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,7 +37,7 @@ async fn a_replace_at_the_due_instant_is_either_replaced_or_already_delivered() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_a_replace_at_the_due_instant_is_either_replaced_or_already_delivered() {
     let log_topic = random_name("hourglass-log");
-    let bed = TestBed::start_with("upsert-race-cluster", 3, in_a_cluster(&log_topic)).await;
+    let bed = TestBed::start_with("upsert-race-cluster", 3, one_node_cluster(&log_topic)).await;
     race(bed).await;
 }
 
@@ -89,16 +76,9 @@ async fn race(bed: TestBed) {
         eprintln!("upsert race: scheduling overran the lead time; early replaces come late");
     }
 
-    let (now_sys, now) = (SystemTime::now(), tokio::time::Instant::now());
     let replaces: Vec<_> = (0..n)
         .map(|i| {
-            let offset_ms = (i % 9) as i64 - 4;
-            let at = if offset_ms >= 0 {
-                due(i) + Duration::from_millis(offset_ms as u64)
-            } else {
-                due(i) - Duration::from_millis((-offset_ms) as u64)
-            };
-            let when = now + at.duration_since(now_sys).unwrap_or_default();
+            let (offset_ms, when) = around_due(i, due(i));
             let mut c = clients[i % clients.len()].clone();
             let r = replacing(&topic, &id(i), &format!("new-{i}"), due(i) + Duration::from_secs(2));
             tokio::spawn(async move {
@@ -171,7 +151,7 @@ fn ingress_count(ingress: &str, outcome: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_latest_kafka_native_record_for_an_id_wins_while_it_is_pending() {
     let log_topic = random_name("hourglass-log");
-    let bed = TestBed::start_with("upsert-native", 1, in_a_cluster(&log_topic)).await;
+    let bed = TestBed::start_with("upsert-native", 1, one_node_cluster(&log_topic)).await;
     let TestBed { broker, topic, dir: _dir, server } = bed;
     let ingress = format!("{log_topic}-ingress");
     let mut client = server.client().await;
@@ -185,7 +165,9 @@ async fn the_latest_kafka_native_record_for_an_id_wins_while_it_is_pending() {
     };
     send_native(&producer, &ingress, "reminder-1", Some("first"), &with(("hourglass-delay", "1h"))).await;
     send_native(&producer, &ingress, "reminder-1", Some("second"), &with(("hourglass-delay", "1h"))).await;
-    send_native(&producer, &ingress, "reminder-1", Some("third"), &with(("hourglass-delay", "300ms"))).await;
+    let mut third = with(("hourglass-delay", "300ms"));
+    third.push(("hourglass-labels", "order=7,kind=reminder"));
+    send_native(&producer, &ingress, "reminder-1", Some("third"), &third).await;
     send_native(
         &producer,
         &ingress,
@@ -224,5 +206,6 @@ async fn the_latest_kafka_native_record_for_an_id_wins_while_it_is_pending() {
     assert_eq!(got.len(), 2, "nothing more delivered: {got:?}");
     let get = client.get(proto::GetRequest { id: "reminder-1".into() }).await.unwrap().into_inner();
     assert_eq!(get.message.unwrap().value, b"third");
+    assert_eq!(get.labels.get("order").map(String::as_str), Some("7"), "labels from hourglass-labels");
     server.stop().await;
 }

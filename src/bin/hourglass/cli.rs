@@ -25,8 +25,9 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Schedule a message for later delivery.
     Schedule(ScheduleArgs),
-    /// Cancel a pending message; says whether it was cancelled or already settled.
-    Cancel(IdArgs),
+    /// Cancel a pending message, or every one a label selector picks; says
+    /// whether each was cancelled or already settled.
+    Cancel(CancelArgs),
     /// Move a pending (or failed) message to a new due time.
     Reschedule(RescheduleArgs),
     /// Show a message, its due time and its state.
@@ -65,6 +66,12 @@ fn header(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| "a header is KEY=VALUE, e.g. --header source=billing".to_owned())
+}
+
+fn label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| "a label is KEY=VALUE, e.g. --label order=42".to_owned())
 }
 
 /// The server to call: a URL (`http://host:port`, `https://host:port`), or
@@ -219,6 +226,10 @@ pub struct ScheduleArgs {
     /// Idempotency key: retrying with the same id never schedules twice.
     #[arg(long)]
     pub id: Option<String>,
+    /// Label KEY=VALUE to find the message by (list --selector, cancel
+    /// --selector), repeatable; not produced.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
+    pub labels: Vec<(String, String)>,
     /// Replace the pending (or failed) message under --id with this one,
     /// content and due time, instead of refusing a different request. A
     /// delivered or cancelled message is final: the replace is refused.
@@ -234,6 +245,28 @@ pub struct IdArgs {
     pub client: ClientArgs,
     /// Message id.
     pub id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Message id.
+    #[arg(required_unless_present = "selector")]
+    pub id: Option<String>,
+    /// Cancel every pending message whose labels match, e.g. order=42 or
+    /// order=42,kind!=digest, instead of one id.
+    #[arg(long, conflicts_with = "id")]
+    pub selector: Option<String>,
+    /// With --selector: only messages for this topic.
+    #[arg(long, requires = "selector")]
+    pub topic: Option<String>,
+    /// With --selector: only messages dispatched at or after this time, RFC 3339.
+    #[arg(long, value_parser = time, requires = "selector")]
+    pub from: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// With --selector: only messages dispatched before this time, RFC 3339.
+    #[arg(long, value_parser = time, requires = "selector")]
+    pub to: Option<chrono::DateTime<chrono::FixedOffset>>,
 }
 
 #[derive(Debug, Args)]
@@ -259,6 +292,10 @@ pub struct ListArgs {
     /// Only messages dispatched before this time, RFC 3339.
     #[arg(long, value_parser = time)]
     pub to: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Only messages whose labels match: key=value, key!=value, key or !key,
+    /// comma-separated, all of which must hold.
+    #[arg(long)]
+    pub selector: Option<String>,
     /// Messages per page, at most 1000 [default: 100]
     #[arg(long)]
     pub page_size: Option<u32>,

@@ -18,7 +18,9 @@ use hourglass::{
     tls,
 };
 
-use crate::cli::{ClientArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs, When};
+use crate::cli::{
+    CancelArgs, ClientArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs, When,
+};
 
 pub const EXIT_NOT_APPLIED: u8 = 3;
 
@@ -89,6 +91,7 @@ pub async fn schedule(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
         id: args.id,
         due: Some(schedule_due(args.when)),
         on_conflict: if args.replace { proto::OnConflict::Replace } else { proto::OnConflict::Reject } as i32,
+        labels: args.labels.into_iter().collect(),
     };
     let reply = connect(&args.client).await?.schedule(request).await.map_err(status_error)?.into_inner();
     if args.client.output == Output::Json {
@@ -104,10 +107,13 @@ pub async fn schedule(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn cancel(args: IdArgs) -> anyhow::Result<ExitCode> {
+pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
+    let Some(id) = args.id else {
+        return cancel_matching(args).await;
+    };
     let reply = connect(&args.client)
         .await?
-        .cancel(proto::CancelRequest { id: args.id.clone() })
+        .cancel(proto::CancelRequest { id: id.clone() })
         .await
         .map_err(status_error)?
         .into_inner();
@@ -121,12 +127,49 @@ pub async fn cancel(args: IdArgs) -> anyhow::Result<ExitCode> {
         Unspecified => ("unknown outcome", ExitCode::FAILURE),
     };
     match args.client.output {
-        Output::Json => {
-            print_json(&json::Cancelled { id: args.id, outcome: json::outcome(reply.outcome()) })?
-        }
-        Output::Text => println!("{} {text}", args.id),
+        Output::Json => print_json(&json::Cancelled { id, outcome: json::outcome(reply.outcome()) })?,
+        Output::Text => println!("{id} {text}"),
     }
     Ok(code)
+}
+
+/// Cancels what a selector picks, call after call until the server says
+/// every match was looked at.
+async fn cancel_matching(args: CancelArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(&args.client).await?;
+    let mut request = proto::CancelMatchingRequest {
+        selector: args.selector.unwrap_or_default(),
+        topic: args.topic.unwrap_or_default(),
+        dispatch_from: args.from.map(to_timestamp),
+        dispatch_to: args.to.map(to_timestamp),
+        page_token: String::new(),
+    };
+    let mut done = json::CancelledMatching::default();
+    loop {
+        let reply = client.cancel_matching(request.clone()).await.map_err(status_error)?.into_inner();
+        done.cancelled += reply.cancelled;
+        for n in reply.not_cancelled {
+            let outcome = match n.outcome() {
+                proto::CancelOutcome::Unspecified => "error".to_owned(),
+                other => json::outcome(other),
+            };
+            done.not_cancelled.push(json::NotCancelled { id: n.id, outcome, error: json::text(n.error) });
+        }
+        if reply.next_page_token.is_empty() {
+            break;
+        }
+        request.page_token = reply.next_page_token;
+    }
+    match args.client.output {
+        Output::Json => print_json(&done)?,
+        Output::Text => {
+            println!("cancelled {}, not cancelled {}", done.cancelled, done.not_cancelled.len());
+            for n in &done.not_cancelled {
+                println!("{} not cancelled: {}", n.id, n.error.as_deref().unwrap_or(&n.outcome));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn reschedule(args: RescheduleArgs) -> anyhow::Result<ExitCode> {
@@ -200,6 +243,10 @@ pub async fn get(args: IdArgs) -> anyhow::Result<ExitCode> {
         }
         println!("value:        {}", bytes(&msg.value));
     }
+    let labels: std::collections::BTreeMap<_, _> = m.labels.into_iter().collect();
+    for (key, value) in labels {
+        println!("label:        {key}={value}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -211,6 +258,7 @@ pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
         dispatch_to: args.to.map(to_timestamp),
         page_size: args.page_size.unwrap_or(0),
         page_token: args.page_token.unwrap_or_default(),
+        selector: args.selector.unwrap_or_default(),
         ..Default::default()
     };
     let mut listed = 0usize;
@@ -289,6 +337,8 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
 /// they change only by adding fields. Times are RFC 3339 in UTC with
 /// milliseconds; bytes (keys, values) are base64, as in protobuf's JSON.
 pub mod json {
+    use std::collections::BTreeMap;
+
     use base64::Engine as _;
     use serde::Serialize;
 
@@ -303,7 +353,7 @@ pub mod json {
         base64::engine::general_purpose::STANDARD.encode(bytes)
     }
 
-    fn text(s: String) -> Option<String> {
+    pub fn text(s: String) -> Option<String> {
         (!s.is_empty()).then_some(s)
     }
 
@@ -385,6 +435,7 @@ pub mod json {
         pub delivery: Option<Delivery>,
         pub cancelled_at: Option<String>,
         pub failed_at: Option<String>,
+        pub labels: BTreeMap<String, String>,
     }
 
     impl From<proto::GetResponse> for Message {
@@ -424,6 +475,7 @@ pub mod json {
                 delivery,
                 cancelled_at,
                 failed_at,
+                labels: m.labels.into_iter().collect(),
             }
         }
     }
@@ -441,6 +493,7 @@ pub mod json {
         pub scheduled_at: Option<String>,
         pub attempts: u32,
         pub last_error: Option<String>,
+        pub labels: BTreeMap<String, String>,
     }
 
     impl From<proto::PendingMessage> for Pending {
@@ -456,8 +509,24 @@ pub mod json {
                 scheduled_at: time(m.scheduled_at),
                 attempts: m.attempts,
                 last_error: text(m.last_error),
+                labels: m.labels.into_iter().collect(),
             }
         }
+    }
+
+    /// What one `cancel --selector` did, over every call it made.
+    #[derive(Debug, Default, Serialize)]
+    pub struct CancelledMatching {
+        pub cancelled: u64,
+        pub not_cancelled: Vec<NotCancelled>,
+    }
+
+    #[derive(Debug, Serialize)]
+    pub struct NotCancelled {
+        pub id: String,
+        /// As `cancel` says it, or `error`.
+        pub outcome: String,
+        pub error: Option<String>,
     }
 
     /// One page of `list`; with `--all`, one line per page.

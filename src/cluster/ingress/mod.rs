@@ -405,11 +405,13 @@ async fn take(caller: &Caller, source: &Source<'_>, records: Vec<Raw>, lost: &Ca
             Ok(Native::Schedule { id, envelope, requested, on_conflict }) => {
                 let due = requested.resolve(raw.at);
                 let due = std::time::UNIX_EPOCH + Duration::from_millis(due.0);
+                let labels = envelope.labels.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
                 Ask::Schedule(proto::ScheduleRequest {
                     // As a client sends it (the API's own conversion).
                     message: Some(proto::Message::from(envelope)),
                     due: Some(proto::schedule_request::Due::DeliverAt(due.into())),
                     id: Some(id.as_str().to_owned()),
+                    labels,
                     on_conflict: match on_conflict {
                         OnConflict::Reject => proto::OnConflict::Reject,
                         OnConflict::Replace => proto::OnConflict::Replace,

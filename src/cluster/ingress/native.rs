@@ -11,6 +11,7 @@
 //!                            milliseconds, or a duration such as 90s or 30m
 //! hourglass-key              the key of the record to deliver (optional)
 //! hourglass-partition        its partition (optional; else by its key)
+//! hourglass-labels           labels to find the message by: `k=v,k2=v2`
 //! hourglass-on-conflict      `reject` (the default) or `replace`: what a
 //!                            record does when its id is taken by a
 //!                            different message (as `Schedule`'s
@@ -31,7 +32,8 @@
 use std::time::Duration;
 
 use crate::message::{
-    DueSpec, Envelope, Header, Invalid, Limits, MessageId, OnConflict, RESERVED_HEADER_PREFIX, UnixMillis,
+    DueSpec, Envelope, Header, Invalid, Labels, Limits, MessageId, OnConflict, RESERVED_HEADER_PREFIX,
+    UnixMillis,
 };
 
 pub const TOPIC_HEADER: &str = "hourglass-topic";
@@ -40,10 +42,18 @@ pub const DELAY_HEADER: &str = "hourglass-delay";
 pub const KEY_HEADER: &str = "hourglass-key";
 pub const PARTITION_HEADER: &str = "hourglass-partition";
 pub const ON_CONFLICT_HEADER: &str = "hourglass-on-conflict";
+pub const LABELS_HEADER: &str = "hourglass-labels";
 
 /// Every `hourglass-` header a native record may carry.
-pub const HEADERS: [&str; 6] =
-    [TOPIC_HEADER, DELIVER_AT_HEADER, DELAY_HEADER, KEY_HEADER, PARTITION_HEADER, ON_CONFLICT_HEADER];
+pub const HEADERS: [&str; 7] = [
+    TOPIC_HEADER,
+    DELIVER_AT_HEADER,
+    DELAY_HEADER,
+    KEY_HEADER,
+    PARTITION_HEADER,
+    ON_CONFLICT_HEADER,
+    LABELS_HEADER,
+];
 
 /// What a native record asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +125,7 @@ pub fn parse<'a>(
         value: value.to_vec(),
         headers: passed,
         partition: fields.partition,
+        labels: fields.labels.unwrap_or_default(),
     };
     envelope.validate(limits).map_err(reject)?;
     Ok(Native::Schedule { id, envelope, requested, on_conflict: fields.on_conflict.unwrap_or_default() })
@@ -136,6 +147,7 @@ struct Fields {
     key: Option<Vec<u8>>,
     partition: Option<i32>,
     on_conflict: Option<OnConflict>,
+    labels: Option<Labels>,
 }
 
 impl Fields {
@@ -175,6 +187,7 @@ impl Fields {
                 })?;
                 self.partition = Some(p);
             }
+            LABELS_HEADER if self.labels.is_none() => self.labels = Some(labels(text)?),
             ON_CONFLICT_HEADER if self.on_conflict.is_none() => {
                 self.on_conflict = Some(match text.to_ascii_lowercase().as_str() {
                     "reject" => OnConflict::Reject,
@@ -186,6 +199,17 @@ impl Fields {
         }
         Ok(())
     }
+}
+
+/// `key=value` pairs, comma-separated.
+fn labels(text: &str) -> Result<Labels, Invalid> {
+    let pairs = text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(|pair| {
+        pair.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())).ok_or_else(|| {
+            Invalid::new(LABELS_HEADER, format!("{pair:?} is not key=value (write order=42,step=ship)"))
+        })
+    });
+    let pairs = pairs.collect::<Result<Vec<_>, _>>()?;
+    Labels::new(pairs).map_err(|e| Invalid::new(LABELS_HEADER, e.reason))
 }
 
 /// Unix milliseconds, or an RFC 3339 time.
@@ -257,6 +281,7 @@ mod tests {
         .unwrap();
         let Native::Schedule { id, envelope, requested, on_conflict } = got else { panic!("{got:?}") };
         assert_eq!(on_conflict, OnConflict::Reject, "reject unless the record asks to replace");
+        assert!(envelope.labels.is_empty());
         assert_eq!(id.as_str(), "order-1");
         assert_eq!(requested, DueSpec::After(Duration::from_secs(1800)));
         assert_eq!(envelope.topic, "orders");
@@ -283,6 +308,24 @@ mod tests {
         );
         assert_eq!(due(&[topic, (DELAY_HEADER, "1500")]), DueSpec::After(Duration::from_millis(1500)));
         assert_eq!(due(&[topic, (DELAY_HEADER, "1h 30m")]), DueSpec::After(Duration::from_secs(5400)));
+    }
+
+    #[test]
+    fn labels_and_a_replace_are_asked_for_by_header() {
+        let got = read(
+            Some("a"),
+            Some("v"),
+            &[
+                (TOPIC_HEADER, "t"),
+                (DELAY_HEADER, "1s"),
+                (LABELS_HEADER, "step=ship, order=42"),
+                (ON_CONFLICT_HEADER, "Replace"),
+            ],
+        )
+        .unwrap();
+        let Native::Schedule { envelope, on_conflict, .. } = got else { panic!("{got:?}") };
+        assert_eq!(on_conflict, OnConflict::Replace);
+        assert_eq!(envelope.labels.iter().collect::<Vec<_>>(), [("order", "42"), ("step", "ship")]);
     }
 
     #[test]
@@ -334,6 +377,19 @@ mod tests {
             ),
             (read(Some("a"), Some(""), &[t, d]), a.clone(), "message.value", "empty"),
             (read(Some("a"), Some("v"), &[(TOPIC_HEADER, " "), d]), a.clone(), TOPIC_HEADER, "is empty"),
+            (
+                read(Some("a"), Some("v"), &[t, d, (LABELS_HEADER, "order")]),
+                a.clone(),
+                LABELS_HEADER,
+                "key=value",
+            ),
+            (read(Some("a"), Some("v"), &[t, d, (LABELS_HEADER, "k=a b")]), a.clone(), LABELS_HEADER, "' '"),
+            (
+                read(Some("a"), Some("v"), &[t, d, (ON_CONFLICT_HEADER, "merge")]),
+                a.clone(),
+                ON_CONFLICT_HEADER,
+                "merge",
+            ),
         ];
         for (i, (got, id, field, says)) in cases.into_iter().enumerate() {
             let (got_id, got_field, got_reason) = reason(got);

@@ -174,6 +174,17 @@ pub struct LogMessage {
     /// The id was made for this message: no earlier one can hold it.
     #[prost(bool, tag = "11")]
     pub fresh: bool,
+    /// The caller's labels, sorted by key.
+    #[prost(message, repeated, tag = "12")]
+    pub labels: Vec<LogLabel>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LogLabel {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(string, tag = "2")]
+    pub value: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -295,6 +306,11 @@ impl LogMessage {
             requested_at_ms,
             requested_delay_ms,
             fresh: false,
+            labels: envelope
+                .labels
+                .iter()
+                .map(|(k, v)| LogLabel { key: k.to_owned(), value: v.to_owned() })
+                .collect(),
         }
     }
 
@@ -436,6 +452,7 @@ mod tests {
             value: b"v".to_vec(),
             headers: vec![Header { key: "trace".into(), value: b"1".to_vec() }],
             partition: Some(2),
+            labels: crate::message::Labels::new([("order".to_owned(), "1".to_owned())]).unwrap(),
         };
         let id = MessageId::parse("order-1").unwrap();
         LogMessage::new(

@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 use crate::{
     cluster::log::record::{
-        self, Cancelled, Change, Entry, LogHeader, LogMessage, SettledLine as LogLine, SettledOutcome,
+        self, Cancelled, Change, Entry, LogHeader, LogLabel, LogMessage, SettledLine as LogLine,
+        SettledOutcome,
     },
-    message::{DueSpec, MessageId, UnixMillis},
+    message::{DueSpec, Labels, MessageId, UnixMillis},
     store::{
         Local, LogEntry, Outcome, Proposed, Replica, Settle, SettledLine,
-        schema::{HeaderRecord, MessageRecord},
+        schema::{HeaderRecord, LabelRecord, MessageRecord},
     },
 };
 
@@ -95,6 +96,13 @@ fn record_of(m: LogMessage) -> MessageRecord {
         requested_at_ms,
         requested_delay_ms,
         entry_at_ms: None,
+        // Bounded as a caller's are: the log is read, not trusted blindly.
+        labels: m
+            .labels
+            .into_iter()
+            .take(Labels::MAX)
+            .map(|l| LabelRecord { key: l.key, value: l.value })
+            .collect(),
     }
 }
 
@@ -145,6 +153,7 @@ fn message_of(id: &MessageId, record: MessageRecord) -> LogMessage {
         requested_at_ms,
         requested_delay_ms,
         fresh: false,
+        labels: record.labels.into_iter().map(|l| LogLabel { key: l.key, value: l.value }).collect(),
     }
 }
 

@@ -28,6 +28,7 @@ fn envelope(value: &str) -> Envelope {
         value: value.as_bytes().to_vec(),
         headers: vec![],
         partition: None,
+        labels: Default::default(),
     }
 }
 

@@ -13,6 +13,7 @@ fn message(id: &str, value: &str, due: u64, on_conflict: OnConflict) -> NewMessa
             value: value.into(),
             headers: vec![],
             partition: None,
+            labels: Default::default(),
         },
         requested: DueSpec::At(UnixMillis(due)),
         due: UnixMillis(due),

@@ -11,7 +11,7 @@ use std::{
     collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 #[allow(unused_imports)]
@@ -216,6 +216,7 @@ pub fn request(topic: &str, value: &str, delay: Duration) -> proto::ScheduleRequ
         })),
         id: None,
         on_conflict: 0,
+        labels: Default::default(),
     }
 }
 
@@ -418,4 +419,29 @@ pub async fn metric(server: &Hourglass, series: &str) -> f64 {
 /// (`HOURGLASS_RELIABILITY_FULL=1`) rather than CI scale.
 pub fn reliability_full() -> bool {
     std::env::var("HOURGLASS_RELIABILITY_FULL").is_ok_and(|v| v == "1")
+}
+
+/// A one-node cluster on the log topic `log_topic` (3 partitions), as a
+/// tweak of [`TestBed::start_with`].
+pub fn one_node_cluster(log_topic: &str) -> impl FnOnce(&mut Config) + '_ {
+    move |config| {
+        config.cluster = true;
+        config.cluster_key_file = Some(hourglass_testkit::cluster_key_file().unwrap());
+        config.log_topic = log_topic.to_owned();
+        config.log_partitions = 3;
+    }
+}
+
+/// The instant, on tokio's clock, `offset_ms` (-4 to 4, by `i`) from
+/// `due`: a spread of calls around a message's due instant, so that many
+/// meet the dispatcher. Returns the offset too.
+pub fn around_due(i: usize, due: SystemTime) -> (i64, tokio::time::Instant) {
+    let offset_ms = (i % 9) as i64 - 4;
+    let at = if offset_ms >= 0 {
+        due + Duration::from_millis(offset_ms as u64)
+    } else {
+        due - Duration::from_millis((-offset_ms) as u64)
+    };
+    let (now_sys, now) = (SystemTime::now(), tokio::time::Instant::now());
+    (offset_ms, now + at.duration_since(now_sys).unwrap_or_default())
 }

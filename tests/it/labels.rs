@@ -1,0 +1,135 @@
+//! Labels and cancel by label selector against a real broker and a real
+//! store: a bulk cancel while the messages it selects come due, standalone
+//! and in a cluster.
+//!
+//! Pass: every selected message is either cancelled or delivered, never
+//! both, and the counts the calls answer add up; messages the selector
+//! does not pick are all delivered.
+//!
+//! `cargo test --test it labels:: -- --nocapture` shows the counts;
+//! `HOURGLASS_RELIABILITY_FULL=1` cancels 100,000.
+
+use crate::common;
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant, SystemTime},
+};
+
+use common::*;
+use hourglass::proto::{self, CancelOutcome, State};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_cancel_while_its_messages_come_due_cancels_or_delivers_each_once() {
+    bulk_cancel_race(TestBed::start("labels-race", 3).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_a_bulk_cancel_while_its_messages_come_due_cancels_or_delivers_each_once() {
+    let log_topic = random_name("hourglass-log");
+    bulk_cancel_race(TestBed::start_with("labels-race-cluster", 3, one_node_cluster(&log_topic)).await).await;
+}
+
+async fn bulk_cancel_race(bed: TestBed) {
+    let (n, others, window) = if reliability_full() {
+        (100_000usize, 5_000usize, Duration::from_secs(40))
+    } else {
+        (8_000, 500, Duration::from_secs(4))
+    };
+    let TestBed { broker, topic, dir: _dir, server } = bed;
+    let mut client = server.client().await;
+    let run = random_name("b");
+    let id = |i: usize| format!("{run}-{i}");
+    // The selected messages and the others interleaved, due one after
+    // another across the window.
+    let start = SystemTime::now() + Duration::from_secs(if reliability_full() { 30 } else { 6 });
+    let total = n + others;
+    let requests: Vec<_> = (0..total)
+        .map(|i| {
+            let mut r = request(&topic, &format!("m{i}"), Duration::ZERO);
+            r.id = Some(id(i));
+            r.due = Some(proto::schedule_request::Due::DeliverAt(
+                (start + window.mul_f64(i as f64 / total as f64)).into(),
+            ));
+            let batch = if i % (total / others) == 0 { "other" } else { "cancel-me" };
+            r.labels = [("batch".to_owned(), batch.to_owned()), ("run".to_owned(), run.clone())].into();
+            r
+        })
+        .collect();
+    let selected: HashSet<String> =
+        requests.iter().filter(|r| r.labels["batch"] == "cancel-me").map(|r| r.id.clone().unwrap()).collect();
+    for chunk in requests.chunks(1000) {
+        let batch = proto::ScheduleBatchRequest { requests: chunk.to_vec() };
+        let results = client.schedule_batch(batch).await.unwrap().into_inner().results;
+        assert!(
+            results.iter().all(|r| matches!(r.result, Some(proto::schedule_result::Result::Scheduled(_))))
+        );
+    }
+    if SystemTime::now() > start {
+        eprintln!("bulk cancel race: scheduling overran the lead time");
+    }
+
+    // Start cancelling a third into the window: the first third is
+    // delivered by then, the rest meets the cancels as it comes due.
+    let third = start + window / 3;
+    tokio::time::sleep(third.duration_since(SystemTime::now()).unwrap_or_default()).await;
+    let began = Instant::now();
+    let mut request = proto::CancelMatchingRequest {
+        selector: format!("run={run},batch=cancel-me"),
+        topic: topic.clone(),
+        ..Default::default()
+    };
+    let (mut cancelled, mut calls) = (0u64, 0);
+    let mut not_cancelled = HashMap::new();
+    loop {
+        let done = client.cancel_matching(request.clone()).await.unwrap().into_inner();
+        calls += 1;
+        cancelled += done.cancelled;
+        for miss in done.not_cancelled {
+            assert!(
+                matches!(miss.outcome(), CancelOutcome::AlreadyDelivered),
+                "a pending message's cancel said {miss:?}"
+            );
+            assert!(not_cancelled.insert(miss.id.clone(), miss).is_none(), "an id answered twice");
+        }
+        if done.next_page_token.is_empty() {
+            break;
+        }
+        request.page_token = done.next_page_token;
+    }
+    let took = began.elapsed();
+
+    let got = consume_async(
+        &broker,
+        &topic,
+        total - cancelled as usize,
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )
+    .await;
+    let mut delivered = HashSet::new();
+    for r in &got {
+        assert!(delivered.insert(r.id().to_owned()), "{} delivered twice", r.id());
+    }
+    let delivered_selected = delivered.intersection(&selected).count();
+    assert_eq!(
+        delivered.len() - delivered_selected,
+        others,
+        "every message the selector did not pick is delivered"
+    );
+    assert_eq!(cancelled as usize + delivered_selected, n, "cancelled and delivered add up to the selected");
+    assert!(not_cancelled.keys().all(|id| delivered.contains(id)), "each ALREADY_DELIVERED is on the topic");
+    for i in (0..total).step_by(7) {
+        let state = client.get(proto::GetRequest { id: id(i) }).await.unwrap().into_inner().state();
+        let expected = if delivered.contains(&id(i)) { State::Delivered } else { State::Cancelled };
+        assert_eq!(state, expected, "{}", id(i));
+    }
+    eprintln!(
+        "bulk cancel race: {n} selected among {total}: {cancelled} cancelled in {calls} calls over {took:?} \
+         ({:.0}/s), {delivered_selected} delivered first ({} of them met by the cancel)",
+        cancelled as f64 / took.as_secs_f64(),
+        not_cancelled.len()
+    );
+    assert!(cancelled > 0 && delivered_selected > 0, "the cancels must meet the deliveries");
+    server.stop().await;
+}
