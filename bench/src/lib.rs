@@ -64,6 +64,8 @@ pub struct Scale {
     pub burst: usize,
     pub trickle_rate: usize,
     pub trickle_window: Duration,
+    /// Parked with a label, then cancelled by it (`CancelMatching`).
+    pub cancel: usize,
     /// Parked when memory, disk and restart are measured.
     pub footprint: usize,
     /// Cluster mode: how long the steady load of the failover phase lasts.
@@ -83,6 +85,7 @@ impl Scale {
             burst: 200_000,
             trickle_rate: 1_000,
             trickle_window: Duration::from_secs(3),
+            cancel: 100_000,
             footprint: 1_000_000,
             failover_window: Duration::from_secs(30),
         }
@@ -100,6 +103,7 @@ impl Scale {
             burst: 1_000_000,
             trickle_rate: 1_000,
             trickle_window: Duration::from_secs(5),
+            cancel: 1_000_000,
             footprint: 10_000_000,
             failover_window: Duration::from_secs(30),
         }
@@ -121,6 +125,7 @@ impl Scale {
             burst: n(self.burst),
             trickle_rate: rate(self.trickle_rate),
             trickle_window: window(self.trickle_window),
+            cancel: n(self.cancel),
             footprint: n(self.footprint),
             failover_window: Duration::from_secs_f64(
                 (self.failover_window.as_secs_f64() * f.min(1.0)).max(9.0),
@@ -160,6 +165,8 @@ pub enum Phase {
     Drain,
     Precision,
     Burst,
+    /// Messages parked with a label, cancelled by a selector.
+    Cancel,
     Footprint,
     /// Cluster mode only: a node killed under a steady load.
     Failover,
@@ -170,11 +177,12 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Ingest,
         Phase::Drain,
         Phase::Precision,
         Phase::Burst,
+        Phase::Cancel,
         Phase::Footprint,
         Phase::Reconcile,
         Phase::Failover,
@@ -291,7 +299,13 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let raw_topic = format!("hourglass-bench-raw-{run_id}");
     bench.create_topic(&topic, s.partitions).await?;
     bench.create_topic(&raw_topic, s.partitions).await?;
-    let w = Workload { topic: topic.clone(), value_bytes: s.value_bytes, keys: 10_000, ids: None };
+    let w = Workload {
+        topic: topic.clone(),
+        value_bytes: s.value_bytes,
+        keys: 10_000,
+        ids: None,
+        labels: Vec::new(),
+    };
     let sync = s.durability == Durability::Sync;
     let sc = &s.scale;
 
@@ -481,8 +495,29 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         add_lateness(&mut report, &format!("{name}: trickle"), &late, targets);
     }
 
+    if runs(Phase::Cancel) {
+        // 6. Cancel by label.
+        phase("cancel: messages parked with a label, cancelled by a selector");
+        let campaign = format!("bench-{run_id}");
+        let labelled = Workload { labels: vec![("campaign".to_owned(), campaign.clone())], ..w.clone() };
+        let n = sc.cancel;
+        load::stream(std::slice::from_ref(&server), &labelled, n, s.streams, next_parked(n), false).await?;
+        let (cancelled, calls, elapsed) =
+            load::cancel_matching(&server, &format!("campaign={campaign}")).await?;
+        if cancelled != n as u64 {
+            report.note(format!("cancel: {cancelled} of the {n} labelled messages cancelled"));
+        }
+        report.add(
+            format!("cancel by label: {n} messages, {calls} calls"),
+            cancelled as f64 / elapsed.as_secs_f64(),
+            "msg/s",
+            Some(raw_b),
+            &[],
+        );
+    }
+
     if runs(Phase::Footprint) {
-        // 6. Footprint.
+        // 7. Footprint.
         let pending = server.metric("hourglass_messages_pending").await? as usize;
         if sc.footprint > pending {
             phase("footprint: parking the large backlog");

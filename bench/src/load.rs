@@ -253,3 +253,28 @@ pub async fn delivered_at(
     all.sort_unstable();
     Ok(all.into_iter().map(|(_, at)| at).collect())
 }
+
+/// Cancels what `selector` picks, call after call as a client does, until
+/// the server says every match was looked at: how many were cancelled, in
+/// how many calls, and how long it took.
+pub async fn cancel_matching(
+    server: &ServerProcess,
+    selector: &str,
+) -> anyhow::Result<(u64, usize, std::time::Duration)> {
+    let mut client = server.client().await?;
+    let mut request = proto::CancelMatchingRequest { selector: selector.to_owned(), ..Default::default() };
+    let (mut cancelled, mut calls) = (0, 0);
+    let started = Instant::now();
+    loop {
+        let done = client.cancel_matching(request.clone()).await.context("CancelMatching")?.into_inner();
+        calls += 1;
+        cancelled += done.cancelled;
+        if let Some(miss) = done.not_cancelled.first() {
+            bail!("{} of the parked messages were not cancelled, e.g. {miss:?}", done.not_cancelled.len());
+        }
+        if done.next_page_token.is_empty() {
+            return Ok((cancelled, calls, started.elapsed()));
+        }
+        request.page_token = done.next_page_token;
+    }
+}

@@ -12,6 +12,8 @@ pub struct Workload {
     /// Ids `<prefix>-<i>` chosen by the client, spread over every shard;
     /// none: each node makes ids of its own shards.
     pub ids: Option<String>,
+    /// Labels every record is scheduled with.
+    pub labels: Vec<(String, String)>,
 }
 
 impl Workload {
@@ -45,7 +47,7 @@ impl Workload {
             ))),
             id: self.ids.as_ref().map(|prefix| format!("{prefix}-{i}")),
             on_conflict: 0,
-            labels: Default::default(),
+            labels: self.labels.iter().cloned().collect(),
         }
     }
 }

@@ -597,10 +597,12 @@ fn relayed(status: Status) -> Error {
 }
 
 /// Whether `status` is this node's client's own, for a call the transport
-/// lost (a reset connection, an HTTP/2 error), rather than the other
-/// node's answer: only a failure here carries its cause.
+/// lost (a reset connection, an HTTP/2 error: INTERNAL or UNKNOWN), rather
+/// than the other node's answer: only a failure here carries its cause. A
+/// deadline that ran out stays what it is.
 fn lost_on_the_way(status: &Status) -> bool {
-    std::error::Error::source(status).is_some()
+    matches!(status.code(), tonic::Code::Internal | tonic::Code::Unknown)
+        && std::error::Error::source(status).is_some()
 }
 
 /// Another node's refusal of a part of a call that spans nodes. Its
