@@ -154,12 +154,30 @@ fn admin(brokers: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
     Ok(ClientConfig::new().set("bootstrap.servers", brokers).create()?)
 }
 
+/// Creates `name` and returns once the broker's metadata lists all its
+/// partitions: a client that asks right after (hourglass checking a topic
+/// exists) finds it.
 pub async fn create_topic(brokers: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
     let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    for r in admin(brokers)?.create_topics([&topic], &AdminOptions::new()).await? {
+    let admin = admin(brokers)?;
+    for r in admin.create_topics([&topic], &AdminOptions::new()).await? {
         r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
     }
-    Ok(())
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = admin.inner().fetch_metadata(Some(name), Duration::from_secs(5)).ok().is_some_and(|m| {
+            m.topics().iter().any(|t| {
+                t.name() == name && t.error().is_none() && t.partitions().len() == partitions as usize
+            })
+        });
+        if listed {
+            return Ok(());
+        }
+        if Instant::now() > give_up {
+            bail!("topic {name} was created but the broker's metadata does not list it after 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 pub async fn delete_topic(brokers: &str, name: &str) -> anyhow::Result<()> {

@@ -160,3 +160,65 @@ async fn a_replace_of_a_message_being_produced_waits_for_the_outcome() {
         "the replacement starts with no tries"
     );
 }
+
+/// Cluster mode: a replace decided here is applied in a round that also
+/// settles another message, lower in the due index. A walk of the
+/// dispatcher that read the replaced entry before the commit and claims it
+/// after must check it again: the hold's release disturbs every walk, not
+/// only those above the round's settles.
+#[tokio::test]
+async fn a_walk_that_read_a_replaced_entry_checks_it_again() {
+    use crate::store::writer::{Decision, Local, LogEntry, Proposed, Replica, SettledLine};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let logged = |offset: i64, change: Replica, local: Option<Local>| LogEntry {
+        offset,
+        at: UnixMillis(0),
+        writer: Some(1),
+        change,
+        local,
+    };
+    let parked = |id: &str, due: u64| Replica::Schedule {
+        id: MessageId::parse(id).unwrap(),
+        record: schema::MessageRecord::new(
+            message(id, id, due, OnConflict::Reject).envelope,
+            DueSpec::At(UnixMillis(due)),
+            UnixMillis(due),
+            0,
+            UnixMillis(0),
+        ),
+        fresh: false,
+    };
+    let owner = Replica::Owner { writer: 1, released: false };
+    store
+        .apply(vec![
+            logged(0, owner, None),
+            logged(1, parked("a", 100), None),
+            logged(2, parked("b", 10), None),
+        ])
+        .await
+        .unwrap();
+
+    let Decision::Log { id, change, held } =
+        store.decide(Intent::Schedule(message("a", "new", 200, OnConflict::Replace))).await.unwrap()
+    else {
+        panic!("a replace of a pending message is logged")
+    };
+    let Proposed::Schedule { record, fresh } = *change else { panic!("logged as a schedule") };
+    // The dispatcher starts a walk at a's entry once the writer holds it.
+    let walk = store.inner.claims.watch(DispatchKey { at: UnixMillis(100), seq: 0 });
+    let b = SettledLine {
+        id: MessageId::parse("b").unwrap(),
+        at: UnixMillis(11),
+        outcome: Outcome::Delivered { partition: 0, offset: 1 },
+        in_order: false,
+    };
+    let settled = Replica::Settled { chunk: vec![1], ids: Vec::new(), lines: vec![b] };
+    let replace = Replica::Schedule { id: id.clone(), record, fresh };
+    let held = held.map(|h| Local::Held(h.into_id()));
+    store.apply(vec![logged(3, settled, None), logged(4, replace, held)]).await.unwrap();
+    let (claims, undisturbed) = walk.claim_all([id].iter());
+    assert_eq!(claims.len(), 1);
+    assert!(!undisturbed, "the walk may have read a's old entry: it must look again");
+    store.close().await;
+}

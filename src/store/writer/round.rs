@@ -68,6 +68,10 @@ pub(super) struct Round<'a> {
 pub(super) struct RoundClaims {
     pub(super) reserved: HashSet<MessageId>,
     pub(super) released: Vec<MessageId>,
+    /// Cluster mode: a writer's hold is let go of with this commit, whose
+    /// change may have removed a due entry anywhere (a cancel, a replace):
+    /// every walk of the due index under way must check what it claims.
+    pub(super) holds_released: bool,
 }
 
 /// A replica of a log (cluster mode): what applying it in a round did.
@@ -105,7 +109,7 @@ impl<'a> Round<'a> {
             meta,
             counts: HashMap::new(),
             overlay: HashMap::new(),
-            claims: RoundClaims { reserved: HashSet::new(), released: Vec::new() },
+            claims: RoundClaims { reserved: HashSet::new(), released: Vec::new(), holds_released: false },
             settles: Vec::new(),
             floor: None,
             added: Vec::new(),

@@ -411,7 +411,10 @@ impl Writer {
                 if chunk_last.is_some() {
                     self.chunk_high = chunk_last;
                 }
-                let highest = r.settles.iter().map(|s| s.key).max();
+                // A released hold may have removed an entry at any key (none:
+                // disturb every walk); settles, only at theirs.
+                let highest =
+                    if r.claims.holds_released { None } else { r.settles.iter().map(|s| s.key).max() };
                 if !r.replica.from_log {
                     self.shared.wake.recorded(r.settles.len());
                 }
