@@ -56,13 +56,7 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     let log_topic = format!("hourglass-bench-log-{run_id}");
     create_topic(&brokers, &topic, s.partitions).await?;
     create_topic(&brokers, &raw_log, c.log_partitions as i32).await?;
-    let w = Workload {
-        topic: topic.clone(),
-        value_bytes: s.value_bytes,
-        keys: 10_000,
-        ids: None,
-        labels: Vec::new(),
-    };
+    let w = Workload::new(&topic, s.value_bytes);
     let sc = &s.scale;
 
     // 1. The limit: a bare producer writing the same records to a topic of

@@ -299,13 +299,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let raw_topic = format!("hourglass-bench-raw-{run_id}");
     bench.create_topic(&topic, s.partitions).await?;
     bench.create_topic(&raw_topic, s.partitions).await?;
-    let w = Workload {
-        topic: topic.clone(),
-        value_bytes: s.value_bytes,
-        keys: 10_000,
-        ids: None,
-        labels: Vec::new(),
-    };
+    let w = Workload::new(&topic, s.value_bytes);
     let sync = s.durability == Durability::Sync;
     let sc = &s.scale;
 

@@ -17,6 +17,12 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// Records for `topic` of `value_bytes`, over 10,000 keys, with ids the
+    /// server makes and no labels.
+    pub fn new(topic: &str, value_bytes: usize) -> Workload {
+        Workload { topic: topic.to_owned(), value_bytes, keys: 10_000, ids: None, labels: Vec::new() }
+    }
+
     fn key(&self, i: usize) -> Vec<u8> {
         format!("key-{:06}", i % self.keys.max(1)).into_bytes()
     }

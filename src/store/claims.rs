@@ -206,10 +206,11 @@ impl Claims {
     }
 
     /// Gives back the claims of settled messages, under one lock; the
-    /// highest of the due keys they were settled from is `highest`. A walk
+    /// highest of the due keys they were settled from, or that the same
+    /// commit removed, is `highest` (none with claims: anywhere). A walk
     /// that started at or below it may have read one of them as pending.
     pub fn release_settled(&self, ids: &[MessageId], highest: Option<DispatchKey>) {
-        if ids.is_empty() {
+        if ids.is_empty() && highest.is_none() {
             return;
         }
         let mut state = self.state();

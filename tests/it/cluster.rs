@@ -145,7 +145,7 @@ async fn a_one_node_cluster_answers_as_standalone_and_restores_from_the_log_alon
 }
 
 /// How many records of `ingress` came to `outcome`.
-fn ingress_count(ingress: &str, outcome: &str) -> u64 {
+pub(crate) fn ingress_count(ingress: &str, outcome: &str) -> u64 {
     hourglass::metrics::INGRESS_RECORDS.with_label_values(&[ingress, outcome]).get()
 }
 

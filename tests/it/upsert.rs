@@ -16,6 +16,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use crate::cluster::ingress_count;
 use common::*;
 use hourglass::proto::{self, ScheduleOutcome, State};
 use tonic::Code;
@@ -138,10 +139,6 @@ async fn race(bed: TestBed) {
     );
     assert!(replaced > 0 && replaced < n, "the replaces must meet the deliveries");
     server.stop().await;
-}
-
-fn ingress_count(ingress: &str, outcome: &str) -> u64 {
-    hourglass::metrics::INGRESS_RECORDS.with_label_values(&[ingress, outcome]).get()
 }
 
 /// A team used to "the latest record for a key wins" sets

@@ -7,14 +7,7 @@ fn message(id: &str, value: &str, due: u64, on_conflict: OnConflict) -> NewMessa
     NewMessage {
         id: NewId::Client(MessageId::parse(id).unwrap()),
         scope: Scope::everything(),
-        envelope: Envelope {
-            topic: "t".into(),
-            key: None,
-            value: value.into(),
-            headers: vec![],
-            partition: None,
-            labels: Default::default(),
-        },
+        envelope: Envelope { topic: "t".into(), value: value.into(), ..Default::default() },
         requested: DueSpec::At(UnixMillis(due)),
         due: UnixMillis(due),
         now: UnixMillis(0),

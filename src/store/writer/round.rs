@@ -68,10 +68,10 @@ pub(super) struct Round<'a> {
 pub(super) struct RoundClaims {
     pub(super) reserved: HashSet<MessageId>,
     pub(super) released: Vec<MessageId>,
-    /// Cluster mode: a writer's hold is let go of with this commit, whose
-    /// change may have removed a due entry anywhere (a cancel, a replace):
-    /// every walk of the due index under way must check what it claims.
-    pub(super) holds_released: bool,
+    /// The highest due entry this round removes (a cancel, a move, a
+    /// replace): a walk of the due index that started at or below it may
+    /// have read it, and must check what it claims.
+    pub(super) highest_removed: Option<DispatchKey>,
 }
 
 /// A replica of a log (cluster mode): what applying it in a round did.
@@ -109,7 +109,7 @@ impl<'a> Round<'a> {
             meta,
             counts: HashMap::new(),
             overlay: HashMap::new(),
-            claims: RoundClaims { reserved: HashSet::new(), released: Vec::new(), holds_released: false },
+            claims: RoundClaims { reserved: HashSet::new(), released: Vec::new(), highest_removed: None },
             settles: Vec::new(),
             floor: None,
             added: Vec::new(),
@@ -195,6 +195,7 @@ impl<'a> Round<'a> {
 
     pub(super) fn delete_due(&mut self, key: DispatchKey) {
         self.batch.delete_cf(cf(self.db, schema::CF_DUE), key.encode());
+        self.claims.highest_removed = self.claims.highest_removed.max(Some(key));
     }
 
     pub(super) fn put_mark(&mut self, topic: &str, partition: i32, offset: i64) {

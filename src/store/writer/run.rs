@@ -411,10 +411,9 @@ impl Writer {
                 if chunk_last.is_some() {
                     self.chunk_high = chunk_last;
                 }
-                // A released hold may have removed an entry at any key (none:
-                // disturb every walk); settles, only at theirs.
-                let highest =
-                    if r.claims.holds_released { None } else { r.settles.iter().map(|s| s.key).max() };
+                // A walk that started at or below an entry this round
+                // settled or removed may have read it as pending.
+                let highest = r.settles.iter().map(|s| s.key).max().max(r.claims.highest_removed);
                 if !r.replica.from_log {
                     self.shared.wake.recorded(r.settles.len());
                 }

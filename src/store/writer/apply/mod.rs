@@ -330,7 +330,6 @@ impl Writer {
             // Released with this commit; changes waiting on it run then.
             self.replica.holds.remove(id);
             r.claims.released.push(id.clone());
-            r.claims.holds_released = true;
         }
         // A delivery raises a mark only if the shard's owner sent it: one
         // fenced by a later claim may have delivered after records of the
