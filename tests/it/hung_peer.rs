@@ -124,26 +124,53 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
         waiting.spawn(async move { client.get(proto::GetRequest { id }).await.map(|_| ()) });
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Meanwhile every call for the first node's own shards is served.
+    // Meanwhile every call for the first node's own shards is served. (On
+    // a busy machine the group may move a shard meanwhile: a call for it
+    // then waits for the move, as any call does, and is asked again.)
     for round in 0..5 {
         for shard in &mine {
-            let got = client.get(proto::GetRequest { id: id_in(*shard) }).await;
+            let began = Instant::now();
+            let got = loop {
+                match client.get(proto::GetRequest { id: id_in(*shard) }).await {
+                    Err(s) if s.code() == Code::Unavailable && !refused_as_silent(&s) => {
+                        assert!(
+                            began.elapsed() < Duration::from_secs(30),
+                            "round {round}, shard {shard}: {s:?}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    got => break got,
+                }
+            };
             let got = got.unwrap_or_else(|s| panic!("round {round}, shard {shard}: {s:?}"));
             assert_eq!(got.into_inner().state(), proto::State::Pending);
         }
     }
-    // The sixteen may still be reaching the node on a busy machine (its
-    // other call slots admit them as the refused ones end): wait for the
-    // twelve refusals, which never come if the four slots were not a bound.
-    let began = Instant::now();
-    let refused = loop {
-        let refused = nodes[0].metric("hourglass_cluster_forward_refused_total").await.unwrap();
-        if refused >= 12.0 || began.elapsed() > Duration::from_secs(15) {
-            break refused;
+    // Of the sixteen, at most the four a node may hold on one peer still
+    // wait: the others were refused at once (or, had the group moved the
+    // shard meanwhile, answered by its new owner). On a busy machine the
+    // sixteen may still be reaching the node (its other call slots admit
+    // them as the refused ones end): waited for. Unbounded forwarding holds
+    // all sixteen on the silent listener, and the count never falls to four.
+    let (began, mut refused, mut answered) = (Instant::now(), 0, 0);
+    while waiting.len() > 4 && began.elapsed() < Duration::from_secs(20) {
+        match tokio::time::timeout(Duration::from_millis(200), waiting.join_next()).await {
+            Ok(Some(Ok(Err(s)))) if refused_as_silent(&s) => refused += 1,
+            Ok(Some(Ok(_))) => answered += 1,
+            Ok(Some(Err(e))) => panic!("a caller failed: {e}"),
+            Ok(None) | Err(_) => {}
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(refused >= 12.0, "all but the four a node may hold failed at once: {refused}");
+    }
+    let metric = nodes[0].metric("hourglass_cluster_forward_refused_total").await.unwrap();
+    assert!(
+        waiting.len() <= 4,
+        "{} of the sixteen still wait on the silent node ({refused} refused, {answered} answered otherwise, \
+         {metric} forwards refused)",
+        waiting.len()
+    );
+    eprintln!(
+        "{refused} of the sixteen refused at once, {answered} answered otherwise, {metric} forwards refused"
+    );
     waiting.abort_all();
     holding.abort();
     for n in &mut nodes {
@@ -252,7 +279,7 @@ async fn a_stopped_node_takes_at_most_half_of_another_s_call_slots() {
                 Err(s) if s.code() == Code::ResourceExhausted => {
                     panic!("shard {shard}, {:?} in: turned away: {s:?}", began.elapsed())
                 }
-                Err(s) if s.message().contains("calls from this node unanswered") => {
+                Err(s) if refused_as_silent(&s) => {
                     panic!("shard {shard}, {:?} in: refused as the stopped node's: {s:?}", began.elapsed())
                 }
                 Err(_) => waited += 1,
@@ -273,4 +300,9 @@ async fn a_stopped_node_takes_at_most_half_of_another_s_call_slots() {
     for n in &mut nodes {
         n.stop().unwrap();
     }
+}
+
+/// The refusal of a call past the bound on calls to one peer.
+fn refused_as_silent(status: &tonic::Status) -> bool {
+    status.code() == Code::Unavailable && status.message().contains("calls from this node unanswered")
 }
