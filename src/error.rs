@@ -65,6 +65,15 @@ pub enum Error {
     /// passed on as it came (its code, message and details).
     #[error("{message}")]
     Relayed { code: i32, message: String, details: Vec<u8> },
+    #[error("no series {0:?} (never created, or deleted)")]
+    SeriesNotFound(String),
+    #[error("series {0:?} exists with a different definition; UpdateSeries changes it, or choose another id")]
+    SeriesExists(String),
+    #[error(
+        "recurring schedules (series) are served by standalone hourglass in this release, not in cluster \
+         mode; schedule one-off messages, or run the series on a standalone node"
+    )]
+    SeriesUnavailable,
     #[error("the stream sent nothing for {}, so the server ended it; open a new one to go on", humantime::format_duration(*.0))]
     StreamIdle(Duration),
 }

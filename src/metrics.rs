@@ -84,6 +84,33 @@ pub static FAILED: LazyLock<IntCounter> =
 pub static PURGED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter("hourglass_messages_purged_total", "Settled messages forgotten after retention.")
 });
+pub static SERIES_OCCURRENCES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "hourglass_series_occurrences_total",
+                "Occurrences of series, by outcome: parked (an ordinary message from then on), skipped (missed \
+                 while hourglass or Kafka was down, and left out by the series' policy), taken (its id was \
+                 taken by another message).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric"),
+    )
+});
+pub static SERIES_PARK_LEAD: LazyLock<Histogram> = LazyLock::new(|| {
+    register(
+        Histogram::with_opts(
+            HistogramOpts::new(
+                "hourglass_series_park_lead_seconds",
+                "How long before its due time each occurrence was parked (0: at or after it, when the series \
+                 driver ran late).",
+            )
+            .buckets(vec![0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0]),
+        )
+        .expect("valid metric"),
+    )
+});
 pub static INGRESS_RECORDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(

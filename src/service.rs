@@ -86,22 +86,8 @@ impl Service {
             Some(id) => NewId::Client(scope.id(id)?),
             None => NewId::Generated(self.new_id(scope)),
         };
-        cmd.envelope.validate(&self.limits)?;
-        access.check(&cmd.envelope.topic)?;
+        self.check_template(access, &cmd.envelope).await?;
         let (due, now) = self.resolve(cmd.due)?;
-        let partitions = self.catalog.partitions(&cmd.envelope.topic).await?;
-        if let Some(p) = cmd.envelope.partition
-            && p >= partitions
-        {
-            return Err(Invalid::new(
-                "message.partition",
-                format!(
-                    "is {p} but topic {:?} has {partitions} partition(s), numbered from 0",
-                    cmd.envelope.topic
-                ),
-            )
-            .into());
-        }
         Ok(NewMessage {
             id,
             scope: scope.clone(),
@@ -111,6 +97,27 @@ impl Service {
             now,
             on_conflict: cmd.on_conflict,
         })
+    }
+
+    /// Checks a record to produce: its shape and limits, the caller's
+    /// grant of its topic, and its partition against the topic's.
+    pub async fn check_template(&self, access: &Access, envelope: &Envelope) -> Result<(), Error> {
+        envelope.validate(&self.limits)?;
+        access.check(&envelope.topic)?;
+        let partitions = self.catalog.partitions(&envelope.topic).await?;
+        if let Some(p) = envelope.partition
+            && p >= partitions
+        {
+            return Err(Invalid::new(
+                "message.partition",
+                format!(
+                    "is {p} but topic {:?} has {partitions} partition(s), numbered from 0",
+                    envelope.topic
+                ),
+            )
+            .into());
+        }
+        Ok(())
     }
 
     /// A new id; in a cluster, one of a shard this node owns (if it owns

@@ -8,10 +8,12 @@ pub mod codec;
 pub mod convert;
 mod limit;
 mod local;
+mod series;
 mod stream;
 
 pub use limit::Budget;
 pub use local::Local;
+pub use series::SeriesApi;
 pub use stream::StreamLimits;
 
 use std::{future::Future, sync::Arc, time::Instant};
@@ -97,6 +99,12 @@ impl SchedulerApi {
     ) -> Result<Response<T>, Status> {
         let _permit = self.admit(method)?;
         observe(method, call).await
+    }
+
+    /// The `Series` service over `series`, its calls admitted among this
+    /// service's.
+    pub fn series(&self, series: Arc<crate::series::Series>) -> SeriesApi {
+        SeriesApi::new(series, Arc::clone(&self.admission), self.config.max_concurrent)
     }
 
     /// The gRPC service, refusing requests over the size limit unread.

@@ -97,6 +97,13 @@ impl Scope {
         Scope { name: "".into(), tenant: None, topics: std::sync::Arc::new([]) }
     }
 
+    /// A whole id space (a tenant's, or the shared one for none), every
+    /// topic: what hourglass acts in for a series of that space, whose
+    /// topic was checked against its creator's grant.
+    pub fn space(tenant: Option<Tenant>) -> Scope {
+        Scope { name: "series".into(), tenant, topics: std::sync::Arc::new([]) }
+    }
+
     /// A tenant's scope, limited to `topics` (every topic if they hold `*`).
     pub fn tenant(name: &str, tenant: Tenant, topics: Vec<TopicPattern>) -> Scope {
         let topics = if topics.contains(&TopicPattern::Any) { Vec::new() } else { topics };

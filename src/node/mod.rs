@@ -134,13 +134,13 @@ impl Node {
 
     /// The store of `id`'s shard, once this node serves it (waiting a
     /// bounded time while it moves).
-    async fn store_of(&self, id: &MessageId) -> Result<Store, StoreError> {
+    pub(crate) async fn store_of(&self, id: &MessageId) -> Result<Store, StoreError> {
         self.shards.store(self.shard_of(id)).await
     }
 
     /// The stores of the shards on this node, with their shard numbers, in
     /// shard order.
-    fn stores(&self) -> Vec<(u32, Store)> {
+    pub(crate) fn stores(&self) -> Vec<(u32, Store)> {
         self.shards.stores()
     }
 

@@ -1,8 +1,62 @@
-//! Recurring schedules (series): a template message and a rule of when it
+//! Recurring schedules (series): a template record and a rule of when it
 //! recurs, each occurrence an ordinary parked message.
 //!
 //! - [`rule`]: when occurrences fall (cron in a time zone, or an interval),
 //!   within a start, an end and a count, with a stable jitter; and what
 //!   fires of the occurrences missed while hourglass or Kafka was down.
+//! - [`spec`]: a series as a request gives it, checked; the ids of a series
+//!   and of its occurrences (`<series>@<time in ms>`).
+//! - [`record`]: a series as its shard's store keeps it.
+//! - [`book`]: where series are kept, and the lock of each.
+//! - [`driver`]: parks each series' next occurrence shortly before it is
+//!   due, and what a downtime policy fires.
+//! - [`service`]: the calls (create, get, list, update, pause, resume,
+//!   delete).
+//!
+//! Once parked, an occurrence is a message like any other: it is
+//! delivered, cancelled, listed and reconciled as one, so everything
+//! hourglass promises of a message holds for each occurrence.
 
+pub mod book;
+pub mod driver;
+pub mod record;
 pub mod rule;
+mod service;
+pub mod spec;
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{clock::Clock, node::Node, service::Service};
+
+/// The series of this node's shards.
+pub struct Series {
+    book: book::Book,
+    clock: Arc<dyn Clock>,
+    /// Checks a template as a schedule request's record is checked.
+    service: Arc<Service>,
+    /// Told when a call changed a series: the driver looks again.
+    wake: Notify,
+    /// Cluster mode does not serve series yet: every call says so.
+    available: bool,
+}
+
+impl Series {
+    /// The series of `node`'s shards (standalone).
+    pub fn new(node: Arc<Node>, service: Arc<Service>, clock: Arc<dyn Clock>) -> Series {
+        Series { book: book::Book::new(node), clock, service, wake: Notify::new(), available: true }
+    }
+
+    /// Series calls on a node that cannot serve them: each is refused with
+    /// why.
+    pub fn unavailable(node: Arc<Node>, service: Arc<Service>, clock: Arc<dyn Clock>) -> Series {
+        Series { available: false, ..Series::new(node, service, clock) }
+    }
+
+    /// Starts the driver, which parks occurrences until `stop`.
+    pub fn start(self: &Arc<Self>, stop: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+        self.available.then(|| tokio::spawn(driver::run(Arc::clone(self), stop)))
+    }
+}

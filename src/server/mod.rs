@@ -39,6 +39,7 @@ use crate::{
     proto,
     scheduler::Scheduler,
     secret,
+    series::Series,
     service::Service,
     store::StoreHealth,
 };
@@ -111,8 +112,19 @@ pub async fn run_with_clock(
     }
     let (shards, cluster) = open_shards(&node_config, cluster_config.as_ref(), &producer, &clock).await?;
     let node = Arc::new(Node::new(shards, node_config.max_pending));
-    let service =
-        Arc::new(Service::new(Arc::clone(&node), Arc::clone(&catalog), settings::limits(&config), clock));
+    let service = Arc::new(Service::new(
+        Arc::clone(&node),
+        Arc::clone(&catalog),
+        settings::limits(&config),
+        Arc::clone(&clock),
+    ));
+    // Series are driven where their shards are kept: standalone, here.
+    let series = Arc::new(match &cluster_config {
+        None => Series::new(Arc::clone(&node), Arc::clone(&service), Arc::clone(&clock)),
+        Some(_) => Series::unavailable(Arc::clone(&node), Arc::clone(&service), clock),
+    });
+    let series_stop = CancellationToken::new();
+    let series_task = series.start(series_stop.clone());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     let health_service = limits::BoundedWatch::new(health_service, config.max_health_watches);
@@ -188,15 +200,15 @@ pub async fn run_with_clock(
         }
         None => (local, None),
     };
+    let scheduler_api = SchedulerApi::new(scheduler, api);
+    let series_api = scheduler_api.series(Arc::clone(&series));
     let grpc = tokio::spawn(
         server
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(InterceptedService::new(
-                SchedulerApi::new(scheduler, api).into_server(),
-                auth.clone(),
-            ))
+            .add_service(InterceptedService::new(scheduler_api.into_server(), auth.clone()))
+            .add_service(InterceptedService::new(series_api.into_server(), auth.clone()))
             .serve_with_incoming_shutdown(
                 limits::LimitedIncoming::new(
                     // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs
@@ -229,6 +241,11 @@ pub async fn run_with_clock(
         ingress.stop().await;
     }
     drain_within(*config.shutdown_grace, "gRPC requests", grpc).await;
+    if let Some(task) = series_task {
+        // No occurrence is parked once the shards begin to close.
+        series_stop.cancel();
+        let _ = task.await;
+    }
     node.shutdown().await;
     background.cancel();
     let _ = catalog_task.await;

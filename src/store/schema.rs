@@ -11,6 +11,8 @@
 //!                "c" ‖ space ‖ topic              → Counts of one tenant's messages on one topic
 //!                "o" ‖ topic ‖ 0 ‖ partition:i32be  → offset:i64be: none of this store's records
 //!                                                   on the target partition lies before it
+//!                "S" ‖ series id                  → a series (its bytes are the series room's)
+//!                "w" ‖ wake_ms:u64be ‖ series id  → ()   when the series next parks an occurrence
 //! ```
 //!
 //! A due entry holds the message whole, so the dispatcher reads what is due
@@ -66,6 +68,8 @@ const DELIVERY_LOG_PREFIX: u8 = b'd';
 const LOG_CHUNK_PREFIX: u8 = b'k';
 const MARK_PREFIX: u8 = b'o';
 const INGRESS_PREFIX: u8 = b'i';
+const SERIES_PREFIX: u8 = b'S';
+const SERIES_WAKE_PREFIX: u8 = b'w';
 /// The first byte of a due entry in the current layout. A legacy entry is
 /// a bare id, whose first byte is printable or 0 (a tenant's space).
 const DUE_ENTRY_MARK: u8 = 1;
@@ -313,6 +317,56 @@ impl Counts {
 pub fn decode_retention_key(key: &[u8]) -> Option<(UnixMillis, MessageId)> {
     let rest = key.strip_prefix(&[RETENTION_PREFIX])?;
     if rest.len() < 8 {
+        return None;
+    }
+    let (at, id) = rest.split_at(8);
+    Some((UnixMillis(u64::from_be_bytes(at.try_into().ok()?)), MessageId::from_stored(id)?))
+}
+
+/// Where a series is kept, by its id (in its tenant's space).
+pub fn series_key(id: &MessageId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + id.as_bytes().len());
+    k.push(SERIES_PREFIX);
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// The first key of the series of a space (every series: an empty prefix).
+pub fn series_prefix(space: &[u8]) -> Vec<u8> {
+    let mut k = vec![SERIES_PREFIX];
+    k.extend_from_slice(space);
+    k
+}
+
+/// The series id of a series key.
+pub fn decode_series_key(key: &[u8]) -> Option<MessageId> {
+    MessageId::from_stored(key.strip_prefix(&[SERIES_PREFIX])?)
+}
+
+/// When series `id` next parks an occurrence.
+pub fn series_wake_key(at: UnixMillis, id: &MessageId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + id.as_bytes().len());
+    k.push(SERIES_WAKE_PREFIX);
+    k.extend_from_slice(&at.0.to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// The first wake key after every wake at or before `t`.
+pub fn series_wake_bound(t: UnixMillis) -> Vec<u8> {
+    let mut k = vec![SERIES_WAKE_PREFIX];
+    k.extend_from_slice(&t.0.saturating_add(1).to_be_bytes());
+    k
+}
+
+/// The first wake key of all.
+pub fn series_wake_start() -> Vec<u8> {
+    vec![SERIES_WAKE_PREFIX]
+}
+
+pub fn decode_series_wake_key(key: &[u8]) -> Option<(UnixMillis, MessageId)> {
+    let rest = key.strip_prefix(&[SERIES_WAKE_PREFIX])?;
+    if rest.len() <= 8 {
         return None;
     }
     let (at, id) = rest.split_at(8);

@@ -31,6 +31,7 @@ mod reliability;
 mod resources;
 mod secured;
 mod security;
+mod series;
 mod standby;
 // Its scenario crashes a node at a fail point.
 #[cfg(feature = "failpoints")]

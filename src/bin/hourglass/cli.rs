@@ -37,6 +37,9 @@ pub enum Command {
     List(ListArgs),
     /// Counts by state, the oldest overdue message, the store's size.
     Stats(StatsArgs),
+    /// Recurring schedules: create, get, list, update, pause, resume and
+    /// delete series.
+    Series(crate::series::SeriesArgs),
     /// Measure ingest, drain, precision and footprint against a real broker
     /// and store: runs the hourglass-bench binary installed beside this one
     /// with the arguments given (`hourglass bench --help` shows them).
@@ -45,12 +48,12 @@ pub enum Command {
 }
 
 /// A length of time as people write it; the error shows how.
-fn duration(s: &str) -> Result<Duration, String> {
+pub fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e}; write a length of time like 30s, 15m or 2h 30m"))
 }
 
 /// A time as RFC 3339; the error shows the format with an example.
-fn time(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
+pub fn time(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
     // chrono's own parser: RFC 3339, and the forms near it that tools
     // print (`date +%FT%T%z` writes +0100).
     s.parse::<chrono::DateTime<chrono::FixedOffset>>().map_err(|e| {
@@ -62,13 +65,13 @@ fn time(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
 }
 
 /// A record header given as KEY=VALUE.
-fn header(s: &str) -> Result<(String, String), String> {
+pub fn header(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| "a header is KEY=VALUE, e.g. --header source=billing".to_owned())
 }
 
-fn label(s: &str) -> Result<(String, String), String> {
+pub fn label(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| "a label is KEY=VALUE, e.g. --label order=42".to_owned())

@@ -27,7 +27,8 @@ pub const EXIT_NOT_APPLIED: u8 = 3;
 /// A client that sends `--token`, if given, with every call.
 type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
 
-async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
+/// A channel to `--server`, and what sends `--token` with every call.
+pub async fn channel(server: &ClientArgs) -> anyhow::Result<(Channel, Bearer)> {
     // The command line checked the URL.
     let mut endpoint = Channel::from_shared(server.server.clone())
         .with_context(|| format!("--server {:?} is not a URL like http://127.0.0.1:50051", server.server))?;
@@ -37,10 +38,15 @@ async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
     }
     let channel =
         endpoint.connect().await.with_context(|| format!("cannot reach hourglass at {}", server.server))?;
-    Ok(SchedulerClient::with_interceptor(channel, Bearer::new(server.token.as_ref().map(Secret::expose))?))
+    Ok((channel, Bearer::new(server.token.as_ref().map(Secret::expose))?))
 }
 
-fn status_error(e: tonic::Status) -> anyhow::Error {
+async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
+    let (channel, bearer) = channel(server).await?;
+    Ok(SchedulerClient::with_interceptor(channel, bearer))
+}
+
+pub fn status_error(e: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", e.code(), e.message())
 }
 
@@ -48,16 +54,16 @@ fn millis(t: prost_types::Timestamp) -> UnixMillis {
     UnixMillis(t.seconds.max(0) as u64 * 1000 + (t.nanos.max(0) / 1_000_000) as u64)
 }
 
-fn time(t: Option<prost_types::Timestamp>) -> String {
+pub fn time(t: Option<prost_types::Timestamp>) -> String {
     t.map(|t| millis(t).to_rfc3339()).unwrap_or_else(|| "-".into())
 }
 
-fn to_timestamp(t: chrono::DateTime<chrono::FixedOffset>) -> prost_types::Timestamp {
+pub fn to_timestamp(t: chrono::DateTime<chrono::FixedOffset>) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: t.timestamp(), nanos: t.timestamp_subsec_nanos() as i32 }
 }
 
 /// Prints one JSON object on a line of its own.
-fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string(value).context("writing JSON")?);
     Ok(())
 }
@@ -193,7 +199,7 @@ pub async fn reschedule(args: RescheduleArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn bytes(b: &[u8]) -> String {
+pub fn bytes(b: &[u8]) -> String {
     match std::str::from_utf8(b) {
         Ok(s) => format!("{s:?}"),
         Err(_) => format!("{} bytes (not UTF-8)", b.len()),

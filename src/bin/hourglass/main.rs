@@ -5,6 +5,7 @@
 
 mod cli;
 mod client;
+mod series;
 
 use std::process::ExitCode;
 
@@ -65,6 +66,7 @@ fn main() -> ExitCode {
             Command::Get(args) => client::get(args).await,
             Command::List(args) => client::list(args).await,
             Command::Stats(args) => client::stats(args).await,
+            Command::Series(args) => series::run(args).await,
             Command::Bench(_) => unreachable!("run before the runtime starts"),
         }
     });

@@ -163,6 +163,11 @@ pub(crate) enum Op {
         hold: bool,
         reply: Reply<Vec<MessageId>>,
     },
+    /// Changes of series, committed together. Answered once committed.
+    Series {
+        writes: Vec<crate::store::SeriesWrite>,
+        reply: Reply<()>,
+    },
     /// Cluster mode: decide a caller's change before it is logged.
     Decide {
         intent: Intent,
@@ -198,6 +203,7 @@ impl Op {
             Op::Settle { settles, .. } => settles.len().max(1),
             Op::Apply { entries, .. } => entries.len().max(1),
             Op::DecideAll { intents, .. } => intents.len().max(1),
+            Op::Series { writes, .. } => writes.len().max(1),
             Op::Purge { candidates, logs, .. } => {
                 (candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>()).max(1)
             }
@@ -229,6 +235,7 @@ pub(super) fn refuse(op: Op, error: StoreError) {
         Op::DecideAll { reply, .. } => drop(reply.send(Err(error))),
         Op::Apply { reply, .. } => drop(reply.send(Err(error))),
         Op::Mark { reply, .. } => drop(reply.send(Err(error))),
+        Op::Series { reply, .. } => drop(reply.send(Err(error))),
         Op::Horizon { reply, .. } => drop(reply.send(Err(error))),
         Op::Settle { .. }
         | Op::Unpark(_)

@@ -198,6 +198,20 @@ impl<'a> Round<'a> {
         self.claims.highest_removed = self.claims.highest_removed.max(Some(key));
     }
 
+    pub(super) fn put_series(&mut self, write: &crate::store::SeriesWrite) {
+        let checkpoint = cf(self.db, schema::CF_CHECKPOINT);
+        if let Some(old) = write.old_wake {
+            self.batch.delete_cf(checkpoint, schema::series_wake_key(old, &write.id));
+        }
+        match &write.record {
+            Some(bytes) => self.batch.put_cf(checkpoint, schema::series_key(&write.id), bytes),
+            None => self.batch.delete_cf(checkpoint, schema::series_key(&write.id)),
+        }
+        if let Some(wake) = write.wake {
+            self.batch.put_cf(checkpoint, schema::series_wake_key(wake, &write.id), []);
+        }
+    }
+
     pub(super) fn put_mark(&mut self, topic: &str, partition: i32, offset: i64) {
         self.batch.put_cf(
             cf(self.db, schema::CF_CHECKPOINT),

@@ -332,6 +332,12 @@ impl Writer {
                 self.set_marks(r, &topic, ends);
                 r.reply(reply, Ok(()));
             }
+            Op::Series { writes, reply } => {
+                for write in &writes {
+                    r.put_series(write);
+                }
+                r.reply(reply, Ok(()));
+            }
             Op::InDoubt(ids) => {
                 self.unresolved += ids.len();
                 for id in ids {

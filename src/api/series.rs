@@ -1,0 +1,118 @@
+//! The gRPC adapter of the `hourglass.v1.Series` service: each call is
+//! admitted among the Scheduler's (one bound for the server), counted, and
+//! handed to [`Series`]. No decisions are made here.
+
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+use tonic::{Request, Response, Status};
+
+use super::{busy, call_of, observe};
+use crate::{Error, proto, series::Series};
+
+pub struct SeriesApi {
+    series: Arc<Series>,
+    admission: Arc<Semaphore>,
+    max_concurrent: usize,
+}
+
+impl SeriesApi {
+    pub(super) fn new(series: Arc<Series>, admission: Arc<Semaphore>, max_concurrent: usize) -> SeriesApi {
+        SeriesApi { series, admission, max_concurrent }
+    }
+
+    pub fn into_server(self) -> proto::series_server::SeriesServer<Self> {
+        proto::series_server::SeriesServer::new(self)
+    }
+
+    async fn call<T>(
+        &self,
+        method: &'static str,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Response<T>, Status> {
+        let _permit = Arc::clone(&self.admission)
+            .try_acquire_owned()
+            .map_err(|_| busy(method, Error::TooManyCalls(self.max_concurrent)))?;
+        observe(method, async { call.await.map(Response::new) }).await
+    }
+}
+
+#[tonic::async_trait]
+impl proto::series_server::Series for SeriesApi {
+    async fn create_series(
+        &self,
+        request: Request<proto::CreateSeriesRequest>,
+    ) -> Result<Response<proto::CreateSeriesResponse>, Status> {
+        self.call("CreateSeries", async {
+            let call = call_of(&request)?;
+            self.series.create(&call.access, request.into_inner()).await
+        })
+        .await
+    }
+
+    async fn get_series(
+        &self,
+        request: Request<proto::GetSeriesRequest>,
+    ) -> Result<Response<proto::SeriesInfo>, Status> {
+        self.call("GetSeries", async {
+            let call = call_of(&request)?;
+            self.series.get(&call.access, request.into_inner()).await
+        })
+        .await
+    }
+
+    async fn list_series(
+        &self,
+        request: Request<proto::ListSeriesRequest>,
+    ) -> Result<Response<proto::ListSeriesResponse>, Status> {
+        self.call("ListSeries", async {
+            let call = call_of(&request)?;
+            self.series.list(&call.access, request.into_inner()).await
+        })
+        .await
+    }
+
+    async fn update_series(
+        &self,
+        request: Request<proto::UpdateSeriesRequest>,
+    ) -> Result<Response<proto::UpdateSeriesResponse>, Status> {
+        self.call("UpdateSeries", async {
+            let call = call_of(&request)?;
+            self.series.update(&call.access, request.into_inner()).await
+        })
+        .await
+    }
+
+    async fn pause_series(
+        &self,
+        request: Request<proto::PauseSeriesRequest>,
+    ) -> Result<Response<proto::PauseSeriesResponse>, Status> {
+        self.call("PauseSeries", async {
+            let call = call_of(&request)?;
+            self.series.pause(&call.access, request.into_inner()).await
+        })
+        .await
+    }
+
+    async fn resume_series(
+        &self,
+        request: Request<proto::ResumeSeriesRequest>,
+    ) -> Result<Response<proto::SeriesInfo>, Status> {
+        self.call("ResumeSeries", async {
+            let call = call_of(&request)?;
+            self.series.resume(&call.access, request.into_inner()).await
+        })
+        .await
+    }
+
+    async fn delete_series(
+        &self,
+        request: Request<proto::DeleteSeriesRequest>,
+    ) -> Result<Response<proto::DeleteSeriesResponse>, Status> {
+        self.call("DeleteSeries", async {
+            let call = call_of(&request)?;
+            self.series.delete(&call.access, request.into_inner()).await
+        })
+        .await
+    }
+}

@@ -1,0 +1,154 @@
+//! Where series are kept: each in the store of its id's shard, with a wake
+//! entry for when it next parks an occurrence; and the locks that keep one
+//! series' changes in order (a call and the driver never change the same
+//! series at once).
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use futures_util::future;
+use tokio::sync::{Mutex, MutexGuard};
+
+use super::{record::SeriesRecord, spec::Spec};
+use crate::{
+    Error,
+    message::{MessageId, UnixMillis, murmur2},
+    node::Node,
+    store::{SeriesWrite, StoreError, schema},
+};
+
+/// Locks, each shared by the series whose ids hash to it.
+const STRIPES: usize = 256;
+/// How long before its due time an occurrence is parked, at most: time for
+/// its write, however busy the store, so that it is never late for want of
+/// being parked.
+pub const LEAD: Duration = Duration::from_secs(2);
+
+pub struct Book {
+    node: Arc<Node>,
+    stripes: Vec<Mutex<()>>,
+}
+
+/// One series' change: its record after it (none: deleted), and its wake
+/// before and after.
+pub struct Change {
+    pub id: MessageId,
+    pub record: Option<SeriesRecord>,
+    pub old_wake: Option<UnixMillis>,
+    pub wake: Option<UnixMillis>,
+}
+
+impl Book {
+    pub fn new(node: Arc<Node>) -> Book {
+        Book { node, stripes: (0..STRIPES).map(|_| Mutex::new(())).collect() }
+    }
+
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    pub fn stripe(&self, id: &MessageId) -> usize {
+        (murmur2(id.as_bytes()) as u32 as usize) % STRIPES
+    }
+
+    /// Waits for series `id`'s lock.
+    pub async fn lock(&self, id: &MessageId) -> MutexGuard<'_, ()> {
+        self.stripes[self.stripe(id)].lock().await
+    }
+
+    /// A stripe's lock, unless a call holds it now.
+    pub fn try_lock_stripe(&self, stripe: usize) -> Option<MutexGuard<'_, ()>> {
+        self.stripes[stripe].try_lock().ok()
+    }
+
+    pub async fn load(&self, id: &MessageId) -> Result<Option<SeriesRecord>, Error> {
+        let store = self.node.store_of(id).await?;
+        let Some(bytes) = store.series(id.clone()).await? else { return Ok(None) };
+        let record = schema::decode::<SeriesRecord>(&bytes)
+            .map_err(|e| StoreError::Corrupt(format!("series {}: {e}", id.qualified())))?;
+        Ok(Some(record))
+    }
+
+    /// Writes `changes`, each shard's in one commit; returns once all are
+    /// durable.
+    pub async fn save(&self, changes: Vec<Change>) -> Result<(), Error> {
+        let mut by_shard: HashMap<usize, Vec<SeriesWrite>> = HashMap::new();
+        for c in changes {
+            by_shard.entry(self.node.shard_of(&c.id)).or_default().push(SeriesWrite {
+                record: c.record.as_ref().map(schema::encode),
+                id: c.id,
+                old_wake: c.old_wake,
+                wake: c.wake,
+            });
+        }
+        let writes = by_shard.into_values().map(|writes| async move {
+            let store = self.node.store_of(&writes[0].id).await?;
+            store.write_series(writes).await
+        });
+        future::try_join_all(writes).await?;
+        Ok(())
+    }
+
+    /// Up to `limit` series waking at or before `until`, from every shard;
+    /// and the earliest wake after those, if any.
+    pub async fn waking(
+        &self,
+        until: UnixMillis,
+        limit: usize,
+    ) -> Result<(Vec<(UnixMillis, MessageId)>, Option<UnixMillis>), Error> {
+        let stores = self.node.stores();
+        let per_store = (limit / stores.len().max(1)).max(1);
+        let reads = stores.iter().map(|(_, store)| store.series_waking(until, per_store));
+        let mut due = Vec::new();
+        let mut next: Option<UnixMillis> = None;
+        for (ids, after) in future::try_join_all(reads).await? {
+            due.extend(ids);
+            next = match (next, after) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok((due, next))
+    }
+
+    /// Up to `limit` series of `space` (a stored space prefix) after
+    /// `after`, in id order across shards.
+    pub async fn page(
+        &self,
+        space: Vec<u8>,
+        after: Option<MessageId>,
+        limit: usize,
+    ) -> Result<Vec<(MessageId, SeriesRecord)>, Error> {
+        let stores = self.node.stores();
+        let reads = stores.iter().map(|(_, store)| store.series_page(space.clone(), after.clone(), limit));
+        let mut all = Vec::new();
+        for page in future::try_join_all(reads).await? {
+            for (id, bytes) in page {
+                let record = schema::decode::<SeriesRecord>(&bytes)
+                    .map_err(|e| StoreError::Corrupt(format!("series {}: {e}", id.qualified())))?;
+                all.push((id, record));
+            }
+        }
+        all.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        all.truncate(limit);
+        Ok(all)
+    }
+}
+
+/// When a series next parks an occurrence: [`LEAD`] before the next
+/// occurrence is due (less when occurrences come closer together than
+/// twice that, so that no more than one is parked ahead); none when it is
+/// paused or over.
+pub fn wake_of(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<UnixMillis> {
+    if record.paused {
+        return None;
+    }
+    let nominal = UnixMillis(record.next_ms?);
+    let due = spec.rule.due(id.as_str(), nominal);
+    let gap = spec
+        .rule
+        .every
+        .next_after(nominal)
+        .map_or(LEAD * 2, |after| Duration::from_millis(after.0.saturating_sub(nominal.0)));
+    let lead = LEAD.min(gap / 2);
+    Some(UnixMillis(due.0.saturating_sub(lead.as_millis() as u64)))
+}

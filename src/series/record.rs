@@ -1,0 +1,90 @@
+//! A series as its shard's store keeps it ([`SeriesRecord`], protobuf, so
+//! that a newer build can add fields and an older one still reads it), and
+//! what a record says: its state, its next occurrences, its answer to Get.
+
+use super::spec::Spec;
+use crate::{
+    api::convert::timestamp,
+    message::{Invalid, MessageId, UnixMillis},
+    proto,
+};
+
+/// One series: its spec as the request gave it, and how far it has come.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SeriesRecord {
+    #[prost(message, optional, tag = "1")]
+    pub spec: Option<proto::SeriesSpec>,
+    #[prost(uint64, tag = "2")]
+    pub created_ms: u64,
+    #[prost(uint64, tag = "3")]
+    pub updated_ms: u64,
+    /// Where an interval counts from when the spec gives no start.
+    #[prost(uint64, tag = "4")]
+    pub anchor_ms: u64,
+    #[prost(bool, tag = "5")]
+    pub paused: bool,
+    /// The nominal time of the next occurrence to park; none once the
+    /// series is over.
+    #[prost(uint64, optional, tag = "6")]
+    pub next_ms: Option<u64>,
+    /// Occurrences parked so far.
+    #[prost(uint64, tag = "7")]
+    pub fired: u64,
+    /// Missed occurrences the downtime policy left out.
+    #[prost(uint64, tag = "8")]
+    pub skipped: u64,
+    /// Nominal times of the occurrences parked and not yet seen settled.
+    #[prost(uint64, repeated, tag = "9")]
+    pub parked: Vec<u64>,
+    /// Nominal times of the occurrences being parked: written before they
+    /// are, so that a crash between the two parks them again (the same id
+    /// and content: a retry, answered as a duplicate).
+    #[prost(uint64, repeated, tag = "10")]
+    pub firing: Vec<u64>,
+}
+
+impl SeriesRecord {
+    /// The checked spec (it was checked when written: a failure is a
+    /// damaged record).
+    pub fn spec(&self) -> Result<Spec, Invalid> {
+        Spec::parse(&self.spec.clone().unwrap_or_default(), UnixMillis(self.anchor_ms))
+    }
+
+    /// Occurrences passed so far, fired or skipped: what a count bounds.
+    pub fn made(&self) -> u64 {
+        self.fired + self.skipped
+    }
+
+    pub fn state(&self) -> proto::SeriesState {
+        match (self.paused, self.next_ms) {
+            (true, _) => proto::SeriesState::Paused,
+            (false, None) => proto::SeriesState::Finished,
+            (false, Some(_)) => proto::SeriesState::Active,
+        }
+    }
+
+    /// The series' answer to Get: with its next `n` occurrences.
+    pub fn info(&self, id: &MessageId, spec: &Spec, n: usize) -> proto::SeriesInfo {
+        let mut next = Vec::with_capacity(n);
+        if let Some(at) = self.next_ms.filter(|_| !self.paused && n > 0) {
+            next.push(UnixMillis(at));
+            next.extend(spec.rule.upcoming(UnixMillis(at), self.made() + 1, n - 1));
+        }
+        proto::SeriesInfo {
+            id: id.as_str().to_owned(),
+            spec: self.spec.clone(),
+            state: self.state().into(),
+            created_at: Some(timestamp(UnixMillis(self.created_ms))),
+            updated_at: Some(timestamp(UnixMillis(self.updated_ms))),
+            fired: self.fired,
+            next: next.into_iter().map(timestamp).collect(),
+            parked: self
+                .parked
+                .iter()
+                .chain(&self.firing)
+                .map(|at| super::spec::occurrence_id(id, UnixMillis(*at)).as_str().to_owned())
+                .collect(),
+            skipped: self.skipped,
+        }
+    }
+}

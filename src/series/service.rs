@@ -1,0 +1,279 @@
+//! The series calls: create, get, list, update, pause, resume, delete.
+//!
+//! A series lives in its creator's id space, as a message does: another
+//! tenant's series do not exist for a caller. Its template's topic is
+//! checked against the caller's grant when it is created or updated, and
+//! again on every call that names it; the driver then parks its
+//! occurrences in the series' space. A call that changes a series holds
+//! the series' lock, so the driver never parks an occurrence of a series
+//! being changed: after Delete or Pause answers, none is parked, and the
+//! occurrence parked before is cancelled, its outcome in the answer.
+
+use super::{
+    Series,
+    book::{Change, wake_of},
+    driver::space_of,
+    record::SeriesRecord,
+    spec::{Spec, occurrence_id, series_id},
+};
+use crate::{
+    Error,
+    auth::Access,
+    message::{Invalid, MessageId, Selector, UnixMillis, validate_topic_name},
+    proto,
+    store::Intent,
+};
+
+/// Next occurrences Get shows unless asked.
+const DEFAULT_NEXT: usize = 5;
+/// The most next occurrences Get shows.
+const MAX_NEXT: usize = 100;
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+impl Series {
+    fn check_available(&self) -> Result<(), Error> {
+        if self.available { Ok(()) } else { Err(Error::SeriesUnavailable) }
+    }
+
+    /// The caller's series `id`: checked, in its space.
+    fn id(&self, access: &Access, id: &str) -> Result<MessageId, Error> {
+        self.check_available()?;
+        let scope = access.scope();
+        Ok(series_id(scope.tenant.as_ref(), id)?)
+    }
+
+    /// Series `id` as the caller may see it: its topic within the grant.
+    async fn load_visible(&self, access: &Access, id: &MessageId) -> Result<(SeriesRecord, Spec), Error> {
+        let record =
+            self.book.load(id).await?.ok_or_else(|| Error::SeriesNotFound(id.as_str().to_owned()))?;
+        let spec = record.spec().map_err(Error::from)?;
+        access.check(&spec.template.topic)?;
+        Ok((record, spec))
+    }
+
+    pub async fn create(
+        &self,
+        access: &Access,
+        request: proto::CreateSeriesRequest,
+    ) -> Result<proto::CreateSeriesResponse, Error> {
+        let id = self.id(access, &request.id)?;
+        let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
+        let now = self.clock.now();
+        let spec = Spec::parse(&given, now)?;
+        self.service.check_template(access, &spec.template).await?;
+        let _lock = self.book.lock(&id).await;
+        if let Some(existing) = self.book.load(&id).await? {
+            if existing.spec.as_ref() == Some(&given) {
+                access.check(&spec.template.topic)?;
+                let spec = existing.spec()?;
+                return Ok(proto::CreateSeriesResponse {
+                    series: Some(existing.info(&id, &spec, 1)),
+                    created: false,
+                });
+            }
+            return Err(Error::SeriesExists(id.as_str().to_owned()));
+        }
+        let next = spec.rule.next_after(UnixMillis(now.0.saturating_sub(1)), 0).ok_or_else(|| {
+            Invalid::new(
+                "spec",
+                "has no occurrence from now on: its end, count or expression rules out every one",
+            )
+        })?;
+        let record = SeriesRecord {
+            spec: Some(given),
+            created_ms: now.0,
+            updated_ms: now.0,
+            anchor_ms: now.0,
+            next_ms: Some(next.0),
+            ..Default::default()
+        };
+        self.save(&id, &record, &spec, None).await?;
+        Ok(proto::CreateSeriesResponse { series: Some(record.info(&id, &spec, 1)), created: true })
+    }
+
+    pub async fn get(
+        &self,
+        access: &Access,
+        request: proto::GetSeriesRequest,
+    ) -> Result<proto::SeriesInfo, Error> {
+        let id = self.id(access, &request.id)?;
+        let n = match request.next as usize {
+            0 => DEFAULT_NEXT,
+            n if n > MAX_NEXT => {
+                return Err(Invalid::new("next", format!("is {n}; the most is {MAX_NEXT}")).into());
+            }
+            n => n,
+        };
+        let (record, spec) = self.load_visible(access, &id).await?;
+        Ok(record.info(&id, &spec, n))
+    }
+
+    pub async fn list(
+        &self,
+        access: &Access,
+        request: proto::ListSeriesRequest,
+    ) -> Result<proto::ListSeriesResponse, Error> {
+        self.check_available()?;
+        let limit = match request.page_size as usize {
+            0 => DEFAULT_PAGE,
+            n if n > MAX_PAGE => {
+                return Err(Invalid::new("page_size", format!("is {n}; the most is {MAX_PAGE}")).into());
+            }
+            n => n,
+        };
+        let topic = (!request.topic.is_empty()).then_some(request.topic);
+        if let Some(topic) = &topic {
+            validate_topic_name(topic).map_err(|e| Invalid::new("topic", e.reason))?;
+            access.check(topic)?;
+        }
+        let selector = Selector::parse("selector", &request.selector)?;
+        let scope = access.scope();
+        let space = series_id(scope.tenant.as_ref(), "-")?;
+        let prefix = space.as_bytes()[..space.as_bytes().len() - 1].to_vec();
+        let after = if request.page_token.is_empty() {
+            None
+        } else {
+            Some(
+                series_id(scope.tenant.as_ref(), &request.page_token)
+                    .map_err(|_| Invalid::new("page_token", "is not a token a ListSeries answer gave"))?,
+            )
+        };
+        let page = self.book.page(prefix, after, limit).await?;
+        let next_page_token = if page.len() < limit {
+            String::new()
+        } else {
+            page.last().map(|(id, _)| id.as_str().to_owned()).unwrap_or_default()
+        };
+        let mut series = Vec::with_capacity(page.len());
+        for (id, record) in page {
+            // The shared space's series are a tenant's to see only as
+            // messages are: not at all here (a tenant lists its own).
+            if id.tenant() != scope.tenant.as_ref().map(|t| t.as_str()) {
+                continue;
+            }
+            let spec = record.spec()?;
+            if !scope.covers(&spec.template.topic)
+                || topic.as_ref().is_some_and(|t| *t != spec.template.topic)
+                || !selector.matches(&spec.template.labels)
+            {
+                continue;
+            }
+            series.push(record.info(&id, &spec, 1));
+        }
+        Ok(proto::ListSeriesResponse { series, next_page_token })
+    }
+
+    pub async fn update(
+        &self,
+        access: &Access,
+        request: proto::UpdateSeriesRequest,
+    ) -> Result<proto::UpdateSeriesResponse, Error> {
+        let id = self.id(access, &request.id)?;
+        let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
+        let now = self.clock.now();
+        let _lock = self.book.lock(&id).await;
+        let (mut record, old) = self.load_visible(access, &id).await?;
+        let spec = Spec::parse(&given, UnixMillis(record.anchor_ms))?;
+        self.service.check_template(access, &spec.template).await?;
+        let old_wake = wake_of(&id, &record, &old);
+        let occurrences = self.cancel_parked(&id, &mut record).await?;
+        record.next_ms = spec.rule.next_after(now, record.made()).map(|t| t.0);
+        record.spec = Some(given);
+        record.updated_ms = now.0;
+        self.save(&id, &record, &spec, old_wake).await?;
+        Ok(proto::UpdateSeriesResponse { series: Some(record.info(&id, &spec, 1)), occurrences })
+    }
+
+    pub async fn pause(
+        &self,
+        access: &Access,
+        request: proto::PauseSeriesRequest,
+    ) -> Result<proto::PauseSeriesResponse, Error> {
+        let id = self.id(access, &request.id)?;
+        let _lock = self.book.lock(&id).await;
+        let (mut record, spec) = self.load_visible(access, &id).await?;
+        let old_wake = wake_of(&id, &record, &spec);
+        let occurrences = self.cancel_parked(&id, &mut record).await?;
+        record.paused = true;
+        record.updated_ms = self.clock.now().0;
+        self.save(&id, &record, &spec, old_wake).await?;
+        Ok(proto::PauseSeriesResponse { series: Some(record.info(&id, &spec, 1)), occurrences })
+    }
+
+    pub async fn resume(
+        &self,
+        access: &Access,
+        request: proto::ResumeSeriesRequest,
+    ) -> Result<proto::SeriesInfo, Error> {
+        let id = self.id(access, &request.id)?;
+        let _lock = self.book.lock(&id).await;
+        let (mut record, spec) = self.load_visible(access, &id).await?;
+        if record.paused {
+            let now = self.clock.now();
+            record.paused = false;
+            record.updated_ms = now.0;
+            if record.next_ms.is_some() {
+                record.next_ms = spec.rule.next_after(now, record.made()).map(|t| t.0);
+            }
+            self.save(&id, &record, &spec, None).await?;
+        }
+        Ok(record.info(&id, &spec, 1))
+    }
+
+    pub async fn delete(
+        &self,
+        access: &Access,
+        request: proto::DeleteSeriesRequest,
+    ) -> Result<proto::DeleteSeriesResponse, Error> {
+        let id = self.id(access, &request.id)?;
+        let _lock = self.book.lock(&id).await;
+        let (mut record, spec) = self.load_visible(access, &id).await?;
+        let old_wake = wake_of(&id, &record, &spec);
+        let occurrences = self.cancel_parked(&id, &mut record).await?;
+        self.book.save(vec![Change { id, record: None, old_wake, wake: None }]).await?;
+        Ok(proto::DeleteSeriesResponse { occurrences })
+    }
+
+    /// Cancels the occurrences the series parked and may not have settled,
+    /// and forgets them. If a cancel fails, the series is left as it was
+    /// (an occurrence cancelled meanwhile answers ALREADY_CANCELLED when
+    /// the call is repeated).
+    async fn cancel_parked(
+        &self,
+        id: &MessageId,
+        record: &mut SeriesRecord,
+    ) -> Result<Vec<proto::OccurrenceOutcome>, Error> {
+        let scope = space_of(id);
+        let now = self.clock.now();
+        let mut outcomes = Vec::new();
+        for at in record.parked.iter().chain(&record.firing) {
+            let occurrence = occurrence_id(id, UnixMillis(*at));
+            let intent = Intent::Cancel { scope: scope.clone(), id: occurrence.clone(), now };
+            let outcome = self.book.node().change(intent).await?.cancelled()?;
+            outcomes.push(proto::OccurrenceOutcome {
+                id: occurrence.as_str().to_owned(),
+                outcome: proto::CancelOutcome::from(outcome).into(),
+            });
+        }
+        record.parked.clear();
+        record.firing.clear();
+        Ok(outcomes)
+    }
+
+    /// Writes `record`, moving its wake from `old_wake`, and wakes the
+    /// driver.
+    async fn save(
+        &self,
+        id: &MessageId,
+        record: &SeriesRecord,
+        spec: &Spec,
+        old_wake: Option<UnixMillis>,
+    ) -> Result<(), Error> {
+        let wake = wake_of(id, record, spec);
+        let change = Change { id: id.clone(), record: Some(record.clone()), old_wake, wake };
+        self.book.save(vec![change]).await?;
+        self.wake.notify_one();
+        Ok(())
+    }
+}

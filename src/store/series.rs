@@ -1,0 +1,112 @@
+//! A shard's series, kept in its store beside its messages: each series
+//! under its id, and a wake index of when each next parks an occurrence
+//! (see [`schema`]). What a series holds is the series room's
+//! ([`crate::series`]): the store keeps its bytes, writes them in the
+//! writer's next commit (durable as messages are), and reads them back.
+
+use rocksdb::{Direction, IteratorMode, ReadOptions};
+
+use super::{Store, StoreError, options::cf, schema, writer::Op};
+use crate::message::{MessageId, UnixMillis};
+
+/// One change of one series: its new bytes (none: deleted), and its wake
+/// moved from `old_wake` to `wake`.
+#[derive(Clone, Debug)]
+pub struct SeriesWrite {
+    pub id: MessageId,
+    pub record: Option<Vec<u8>>,
+    pub old_wake: Option<UnixMillis>,
+    pub wake: Option<UnixMillis>,
+}
+
+impl Store {
+    /// Writes `writes` in one commit; returns once it is durable.
+    pub async fn write_series(&self, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.call(|reply| Op::Series { writes, reply }).await
+    }
+
+    /// The bytes of series `id`, if there is one.
+    pub async fn series(&self, id: MessageId) -> Result<Option<Vec<u8>>, StoreError> {
+        self.blocking(move |s| {
+            let db = &s.inner.db;
+            Ok(db.get_cf(cf(db, schema::CF_CHECKPOINT), schema::series_key(&id))?)
+        })
+        .await
+    }
+
+    /// Up to `limit` series of the space `space` (its stored prefix: empty
+    /// for every space), in id order, after `after`.
+    pub async fn series_page(
+        &self,
+        space: Vec<u8>,
+        after: Option<MessageId>,
+        limit: usize,
+    ) -> Result<Vec<(MessageId, Vec<u8>)>, StoreError> {
+        self.blocking(move |s| {
+            let db = &s.inner.db;
+            let prefix = schema::series_prefix(&space);
+            let start = match &after {
+                Some(id) => {
+                    let mut k = schema::series_key(id);
+                    k.push(0);
+                    k
+                }
+                None => prefix.clone(),
+            };
+            let mut page = Vec::new();
+            let iter = db.iterator_cf_opt(
+                cf(db, schema::CF_CHECKPOINT),
+                ReadOptions::default(),
+                IteratorMode::From(&start, Direction::Forward),
+            );
+            for item in iter {
+                let (key, value) = item?;
+                if !key.starts_with(&prefix) || page.len() >= limit {
+                    break;
+                }
+                let id = schema::decode_series_key(&key)
+                    .ok_or_else(|| StoreError::Corrupt(format!("undecodable series key {key:?}")))?;
+                page.push((id, value.into_vec()));
+            }
+            Ok(page)
+        })
+        .await
+    }
+
+    /// Up to `limit` series whose wake is at or before `until`, earliest
+    /// first; and the earliest wake after them, if any.
+    pub async fn series_waking(
+        &self,
+        until: UnixMillis,
+        limit: usize,
+    ) -> Result<(Vec<(UnixMillis, MessageId)>, Option<UnixMillis>), StoreError> {
+        self.blocking(move |s| {
+            let db = &s.inner.db;
+            let start = schema::series_wake_start();
+            let bound = schema::series_wake_bound(until);
+            let mut due = Vec::new();
+            let iter = db.iterator_cf_opt(
+                cf(db, schema::CF_CHECKPOINT),
+                ReadOptions::default(),
+                IteratorMode::From(&start, Direction::Forward),
+            );
+            for item in iter {
+                let (key, _) = item?;
+                if !key.starts_with(&start) {
+                    return Ok((due, None));
+                }
+                let (at, id) = schema::decode_series_wake_key(&key)
+                    .ok_or_else(|| StoreError::Corrupt(format!("undecodable series wake key {key:?}")))?;
+                if *key >= *bound || due.len() >= limit {
+                    return Ok((due, Some(at)));
+                }
+                due.push((at, id));
+            }
+            Ok((due, None))
+        })
+        .await
+    }
+}

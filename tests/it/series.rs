@@ -1,0 +1,469 @@
+//! Recurring schedules (series) against a real broker and a real store:
+//! occurrences delivered once each with their headers, never early; the
+//! calls (create again, get, list, update, pause, resume, delete) and what
+//! they answer; the downtime policies after a stop across five
+//! occurrences; a kill -9 while occurrences fire every second; and what
+//! another tenant can reach of a series (nothing).
+//!
+//! `cargo test --test it series:: -- --nocapture` shows the counts.
+
+use crate::common;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use common::*;
+use hourglass::{
+    auth::Bearer,
+    proto::{self, CancelOutcome, SeriesState, series_client::SeriesClient},
+};
+use tonic::{Code, service::interceptor::InterceptedService, transport::Channel};
+
+async fn series_client(server: &Hourglass) -> SeriesClient<Channel> {
+    let url = format!("http://{}", server.addr);
+    for _ in 0..100 {
+        if let Ok(c) = SeriesClient::connect(url.clone()).await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("cannot connect to hourglass at {url}");
+}
+
+fn wire(d: Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A series producing `value` to `topic` every `every`.
+fn every(topic: &str, value: &str, every: Duration) -> proto::SeriesSpec {
+    proto::SeriesSpec {
+        template: Some(proto::Message {
+            topic: topic.into(),
+            value: value.as_bytes().to_vec(),
+            ..Default::default()
+        }),
+        every: Some(proto::series_spec::Every::Interval(wire(every))),
+        ..Default::default()
+    }
+}
+
+fn create(id: &str, spec: proto::SeriesSpec) -> proto::CreateSeriesRequest {
+    proto::CreateSeriesRequest { id: id.into(), spec: Some(spec) }
+}
+
+/// Each record's occurrence time, from its header; checks the headers
+/// agree with its id.
+fn occurrence(r: &Received, series: &str) -> u64 {
+    assert_eq!(r.header("hourglass-series"), Some(series), "{r:?}");
+    let at: u64 = r.header("hourglass-occurrence-ms").expect("the occurrence header").parse().unwrap();
+    assert_eq!(r.id(), format!("{series}@{at}"));
+    at
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_level_cron_series_delivers_each_occurrence_once_and_never_early() {
+    let bed = TestBed::start("series-cron", 2).await;
+    let mut series = series_client(&bed.server).await;
+    let spec = proto::SeriesSpec {
+        every: Some(proto::series_spec::Every::Cron("*/2 * * * * *".into())),
+        time_zone: "Europe/Berlin".into(),
+        count: 4,
+        labels: [("kind".to_owned(), "tick".to_owned())].into(),
+        ..every(&bed.topic, "tick", Duration::ZERO)
+    };
+    let created = series.create_series(create("ticks", spec.clone())).await.unwrap().into_inner();
+    assert!(created.created);
+    let info = created.series.unwrap();
+    assert_eq!(info.state(), SeriesState::Active);
+    let first = millis(&info.next[0]) as u64;
+    assert_eq!(first % 2000, 0, "every even second: {info:?}");
+
+    let records =
+        consume_async(&bed.broker, &bed.topic, 4, Duration::from_secs(30), Duration::from_secs(3)).await;
+    assert_eq!(records.len(), 4, "{records:?}");
+    let mut times = Vec::new();
+    for r in &records {
+        let at = occurrence(r, "ticks");
+        assert!(r.timestamp_ms as u64 >= at, "produced before its time: {r:?}");
+        assert_eq!(r.value, b"tick");
+        times.push(at);
+    }
+    times.sort();
+    let expected: Vec<u64> = (0..4).map(|k| first + 2000 * k).collect();
+    assert_eq!(times, expected, "each occurrence once, two seconds apart");
+
+    // The series is over; the same create again is a retry.
+    let info = series
+        .get_series(proto::GetSeriesRequest { id: "ticks".into(), next: 3 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((info.state(), info.fired, info.next.len()), (SeriesState::Finished, 4, 0), "{info:?}");
+    let again = series.create_series(create("ticks", spec)).await.unwrap().into_inner();
+    assert!(!again.created);
+    // Each occurrence is a message: Get tells what became of it.
+    let mut client = bed.server.client().await;
+    let got = client.get(proto::GetRequest { id: format!("ticks@{first}") }).await.unwrap().into_inner();
+    assert_eq!(got.state(), proto::State::Delivered);
+    assert_eq!(got.labels.get("kind").map(String::as_str), Some("tick"));
+    bed.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_answer_what_they_did_and_refuse_what_is_wrong() {
+    let bed = TestBed::start("series-calls", 1).await;
+    let mut series = series_client(&bed.server).await;
+    let hourly = proto::SeriesSpec {
+        every: Some(proto::series_spec::Every::Cron("0 * * * *".into())),
+        labels: [("team".to_owned(), "a".to_owned())].into(),
+        ..every(&bed.topic, "v1", Duration::ZERO)
+    };
+    series.create_series(create("hourly", hourly.clone())).await.unwrap();
+    let other = proto::SeriesSpec { labels: [("team".to_owned(), "b".to_owned())].into(), ..hourly.clone() };
+    series.create_series(create("hourly-b", other.clone())).await.unwrap();
+
+    // A different definition under a taken id.
+    let status = series.create_series(create("hourly", other)).await.unwrap_err();
+    assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+    assert!(status.message().contains("UpdateSeries"), "{status:?}");
+
+    // Get: the next occurrences, on the hour.
+    let info = series
+        .get_series(proto::GetSeriesRequest { id: "hourly".into(), next: 3 })
+        .await
+        .unwrap()
+        .into_inner();
+    let next: Vec<u64> = info.next.iter().map(|t| millis(t) as u64).collect();
+    assert_eq!(next.len(), 3);
+    assert!(next.iter().all(|t| t % 3_600_000 == 0) && next.windows(2).all(|w| w[1] - w[0] == 3_600_000));
+
+    // List, by label.
+    let page = series
+        .list_series(proto::ListSeriesRequest { selector: "team=a".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<_> = page.series.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["hourly"]);
+    let all = series.list_series(proto::ListSeriesRequest::default()).await.unwrap().into_inner();
+    assert_eq!(all.series.len(), 2);
+
+    // Update: every two hours from now on.
+    let update = proto::UpdateSeriesRequest {
+        id: "hourly".into(),
+        spec: Some(proto::SeriesSpec {
+            every: Some(proto::series_spec::Every::Cron("0 */2 * * *".into())),
+            ..hourly.clone()
+        }),
+    };
+    let updated = series.update_series(update).await.unwrap().into_inner();
+    let next = millis(&updated.series.unwrap().next[0]) as u64;
+    assert_eq!(next % 7_200_000, 0);
+
+    // Pause and resume.
+    let paused =
+        series.pause_series(proto::PauseSeriesRequest { id: "hourly".into() }).await.unwrap().into_inner();
+    assert_eq!(paused.series.unwrap().state(), SeriesState::Paused);
+    let resumed =
+        series.resume_series(proto::ResumeSeriesRequest { id: "hourly".into() }).await.unwrap().into_inner();
+    assert_eq!(resumed.state(), SeriesState::Active);
+
+    // Delete; then it is gone.
+    series.delete_series(proto::DeleteSeriesRequest { id: "hourly".into() }).await.unwrap();
+    let status =
+        series.get_series(proto::GetSeriesRequest { id: "hourly".into(), next: 0 }).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let status = series.delete_series(proto::DeleteSeriesRequest { id: "hourly".into() }).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+
+    // What is wrong is named.
+    let bad = |f: fn(&mut proto::SeriesSpec)| {
+        let mut spec = hourly.clone();
+        f(&mut spec);
+        spec
+    };
+    let cases: Vec<(&str, proto::SeriesSpec, &str)> = vec![
+        ("x", bad(|s| s.every = Some(proto::series_spec::Every::Cron("61 * * * *".into()))), "spec.cron"),
+        ("x", bad(|s| s.time_zone = "Mars/Olympus".into()), "spec.time_zone"),
+        ("x", bad(|s| s.every = None), "spec.every"),
+        (
+            "x",
+            bad(|s| s.every = Some(proto::series_spec::Every::Interval(wire(Duration::from_millis(10))))),
+            "spec.interval",
+        ),
+        ("x", bad(|s| s.template = None), "spec.template"),
+        ("x", bad(|s| s.template.as_mut().unwrap().topic = "no-such-topic-here".into()), ""),
+        ("a@b", hourly.clone(), "id"),
+    ];
+    for (id, spec, field) in cases {
+        let status = series.create_series(create(id, spec)).await.unwrap_err();
+        if field.is_empty() {
+            assert_eq!(status.code(), Code::NotFound, "{status:?}");
+            continue;
+        }
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        let details = tonic_types::StatusExt::get_error_details(&status);
+        let violation = &details.bad_request().expect("a bad request").field_violations[0];
+        assert_eq!(violation.field, field, "{status:?}");
+    }
+    bed.server.stop().await;
+}
+
+/// A series every second, deleted (or paused) while its occurrences fire:
+/// after the answer, nothing more is delivered but the occurrence the
+/// answer says was already delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_and_pause_racing_an_occurrence_leave_nothing_after_their_answer() {
+    let bed = TestBed::start("series-race", 1).await;
+    let mut series = series_client(&bed.server).await;
+    for (round, id) in ["deleted", "paused"].iter().enumerate() {
+        series.create_series(create(id, every(&bed.topic, id, Duration::from_secs(1)))).await.unwrap();
+        // Let a few fire, then stop it close to an occurrence's time.
+        tokio::time::sleep(Duration::from_millis(3_000 + 700 * round as u64)).await;
+        let (answered_at, outcomes) = if *id == "deleted" {
+            let done = series.delete_series(proto::DeleteSeriesRequest { id: id.to_string() }).await.unwrap();
+            (now_ms(), done.into_inner().occurrences)
+        } else {
+            let done = series.pause_series(proto::PauseSeriesRequest { id: id.to_string() }).await.unwrap();
+            (now_ms(), done.into_inner().occurrences)
+        };
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let records =
+            consume_async(&bed.broker, &bed.topic, 1000, Duration::from_secs(3), Duration::ZERO).await;
+        let mine: Vec<&Received> = records.iter().filter(|r| r.value == id.as_bytes()).collect();
+        let delivered: BTreeSet<String> = mine.iter().map(|r| r.id().to_owned()).collect();
+        assert_eq!(delivered.len(), mine.len(), "each occurrence once: {mine:?}");
+        for o in &outcomes {
+            match o.outcome() {
+                CancelOutcome::Cancelled => {
+                    assert!(!delivered.contains(&o.id), "cancelled yet delivered: {o:?}")
+                }
+                CancelOutcome::AlreadyDelivered => assert!(delivered.contains(&o.id), "{o:?}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Nothing produced after the answer but what it said was delivered.
+        let reported: BTreeSet<&str> = outcomes.iter().map(|o| o.id.as_str()).collect();
+        for r in &mine {
+            if r.timestamp_ms as u64 > answered_at {
+                assert!(reported.contains(r.id()), "{} produced after the answer: {outcomes:?}", r.id());
+            }
+        }
+        eprintln!("{id}: {} delivered, answer {outcomes:?}", mine.len());
+        assert!(mine.len() >= 2, "some fired before: {mine:?}");
+    }
+    bed.server.stop().await;
+}
+
+/// Five occurrences fall while hourglass is stopped; each policy decides
+/// what fires of them when it starts again.
+async fn downtime(policy: proto::MissedPolicy, expected: usize) {
+    let broker = Broker::start();
+    let topic = random_name("series-downtime");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    let mut series = series_client(&server).await;
+    let period = Duration::from_secs(4);
+    let spec = proto::SeriesSpec {
+        missed: Some(proto::Missed {
+            policy: policy.into(),
+            at_most: 10,
+            after: Some(wire(Duration::from_secs(1))),
+        }),
+        ..every(&topic, "d", period)
+    };
+    let info = series.create_series(create("d", spec)).await.unwrap().into_inner().series.unwrap();
+    let anchor = millis(&info.next[0]) as u64;
+    // The first occurrence, then a stop at once: the next is parked two
+    // seconds before its time, after the stop.
+    let first = consume_async(&broker, &topic, 1, Duration::from_secs(20), Duration::ZERO).await;
+    assert_eq!(first.len(), 1);
+    let stopped_at = now_ms();
+    server.stop().await;
+    tokio::time::sleep(period * 5 + Duration::from_millis(500)).await;
+    let restarted_at = now_ms();
+    let server = Hourglass::start(config(&broker, dir.path())).await;
+    // The occurrences that fell while it was stopped (those that could
+    // not have been parked before the stop).
+    let missed: Vec<u64> = (1..100)
+        .map(|k| anchor + k * period.as_millis() as u64)
+        .filter(|t| *t > stopped_at + 2_500 && *t <= restarted_at)
+        .collect();
+    assert!(missed.len() >= 4, "{missed:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let records = consume_async(&broker, &topic, 1000, Duration::from_secs(3), Duration::ZERO).await;
+    let times: Vec<u64> = records.iter().map(|r| occurrence(r, "d")).collect();
+    let ids: BTreeSet<u64> = times.iter().copied().collect();
+    assert_eq!(ids.len(), times.len(), "each once: {times:?}");
+    let fired: Vec<u64> = missed.iter().copied().filter(|t| ids.contains(t)).collect();
+    let want = expected.min(missed.len());
+    assert_eq!(fired.len(), want, "{policy:?}: of {missed:?} fired {fired:?}");
+    if want > 0 {
+        assert_eq!(fired.last(), missed.last(), "the latest fires");
+    }
+    let mut series = series_client(&server).await;
+    let info =
+        series.get_series(proto::GetSeriesRequest { id: "d".into(), next: 1 }).await.unwrap().into_inner();
+    assert!(info.skipped as usize >= missed.len() - want, "{info:?}");
+    // And it goes on.
+    assert!(millis(&info.next[0]) as u64 > restarted_at);
+    eprintln!("{policy:?}: {} missed, {} fired, {} skipped", missed.len(), fired.len(), info.skipped);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_downtime_skip_fires_none_of_the_missed() {
+    downtime(proto::MissedPolicy::Skip, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_downtime_fire_one_fires_the_latest_missed_once() {
+    downtime(proto::MissedPolicy::FireOne, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_downtime_fire_each_fires_every_missed_one() {
+    downtime(proto::MissedPolicy::FireEach, 100).await;
+}
+
+/// A series every second; the server is killed (SIGKILL) twice while its
+/// occurrences fire, and started again over the same store. Every
+/// occurrence from the first to the last is delivered exactly once: the
+/// ones that fell while it was down fire late (within `missed.after`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_while_occurrences_fire_loses_and_repeats_none() {
+    use hourglass::store::Durability;
+    use hourglass_testkit::{ServerProcess, hourglass_binary};
+    let broker = Broker::start();
+    let topic = random_name("series-kill");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server =
+        ServerProcess::new(&hourglass_binary().unwrap(), dir.path(), broker.addr(), Durability::Sync)
+            .unwrap();
+    server.spawn().unwrap();
+    server.wait_serving(Duration::from_secs(60)).await.unwrap();
+    let url = format!("http://{}", server.grpc);
+    let mut series = SeriesClient::connect(url).await.unwrap();
+    series.create_series(create("k", every(&topic, "k", Duration::from_secs(1)))).await.unwrap();
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        server.kill();
+        server.spawn().unwrap();
+        server.wait_serving(Duration::from_secs(60)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let url = format!("http://{}", server.grpc);
+    let mut series = SeriesClient::connect(url).await.unwrap();
+    series.delete_series(proto::DeleteSeriesRequest { id: "k".into() }).await.unwrap();
+    let records = consume_async(&broker, &topic, 10_000, Duration::from_secs(5), Duration::ZERO).await;
+    let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
+    for r in &records {
+        *counts.entry(occurrence(r, "k")).or_default() += 1;
+    }
+    let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(repeated.is_empty(), "delivered twice: {repeated:?}");
+    let times: Vec<u64> = counts.keys().copied().collect();
+    let gaps: Vec<_> = times.windows(2).filter(|w| w[1] - w[0] != 1000).collect();
+    assert!(gaps.is_empty(), "occurrences lost: {gaps:?} in {times:?}");
+    assert!(times.len() >= 8, "{times:?}");
+    eprintln!("kill -9: {} occurrences, each once", times.len());
+    server.stop().unwrap();
+}
+
+/// Series under tokens: another tenant reaches none of a tenant's series
+/// by any call, and a token may not make a series for a topic outside its
+/// grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenant_reaches_none_of_a_tenants_series() {
+    use prost::Message as _;
+    type Client = SeriesClient<InterceptedService<Channel, Bearer>>;
+    let broker = Broker::start();
+    let (orders_prefix, billing_prefix) = (random_name("orders"), random_name("billing"));
+    let (orders, billing) = (format!("{orders_prefix}.events"), format!("{billing_prefix}.events"));
+    broker.create_topic(&orders, 1).await;
+    broker.create_topic(&billing, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: PathBuf = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nname = \"orders\"\ntoken = \"orders-token\"\ntopics = [\"{orders_prefix}.*\"]\n\n\
+             [[token]]\nname = \"billing\"\ntoken = \"billing-token\"\ntopics = [\"{billing_prefix}.*\"]\n"
+        ),
+    )
+    .unwrap();
+    let mut config = config(&broker, &dir.path().join("data"));
+    config.auth_tokens = Some(tokens);
+    let server = Hourglass::start(config).await;
+    let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
+    let client = |token: &str| -> Client {
+        SeriesClient::with_interceptor(channel.clone(), Bearer::new(Some(token)).unwrap())
+    };
+    let (mut mine, mut theirs) = (client("orders-token"), client("billing-token"));
+    let spec = proto::SeriesSpec {
+        every: Some(proto::series_spec::Every::Cron("0 9 * * MON-FRI".into())),
+        time_zone: "America/New_York".into(),
+        ..every(&orders, "digest", Duration::ZERO)
+    };
+    mine.create_series(create("digest", spec.clone())).await.unwrap();
+    // Outside its grant.
+    let status = theirs.create_series(create("digest", spec.clone())).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    // The same id in its own space is its own series.
+    let own = proto::SeriesSpec {
+        template: Some(proto::Message { topic: billing.clone(), value: b"b".to_vec(), ..Default::default() }),
+        ..spec.clone()
+    };
+    theirs.create_series(create("mine-too", own)).await.unwrap();
+
+    let set = prost_types::FileDescriptorSet::decode(hourglass::proto::FILE_DESCRIPTOR_SET).unwrap();
+    let service = set.file.iter().flat_map(|f| &f.service).find(|s| s.name() == "Series").unwrap();
+    let id = || "digest".to_owned();
+    for method in &service.method {
+        let status = match method.name() {
+            "CreateSeries" => continue,
+            "GetSeries" => theirs.get_series(proto::GetSeriesRequest { id: id(), next: 0 }).await.map(|_| ()),
+            "ListSeries" => {
+                let page =
+                    theirs.list_series(proto::ListSeriesRequest::default()).await.unwrap().into_inner();
+                let ids: Vec<_> = page.series.iter().map(|s| s.id.as_str()).collect();
+                assert_eq!(ids, ["mine-too"], "only its own");
+                continue;
+            }
+            "UpdateSeries" => theirs
+                .update_series(proto::UpdateSeriesRequest { id: id(), spec: Some(spec.clone()) })
+                .await
+                .map(|_| ()),
+            "PauseSeries" => theirs.pause_series(proto::PauseSeriesRequest { id: id() }).await.map(|_| ()),
+            "ResumeSeries" => theirs.resume_series(proto::ResumeSeriesRequest { id: id() }).await.map(|_| ()),
+            "DeleteSeries" => theirs.delete_series(proto::DeleteSeriesRequest { id: id() }).await.map(|_| ()),
+            other => panic!("RPC {other} has no case in this test: give it one"),
+        };
+        let code = status.unwrap_err().code();
+        assert!(matches!(code, Code::NotFound | Code::PermissionDenied), "{}: {code:?}", method.name());
+    }
+    let info = mine.get_series(proto::GetSeriesRequest { id: id(), next: 0 }).await.unwrap().into_inner();
+    assert_eq!(info.state(), SeriesState::Active, "untouched");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_says_series_are_served_standalone() {
+    let log_topic = random_name("hourglass-log");
+    let bed = TestBed::start_with("series-cluster", 1, one_node_cluster(&log_topic)).await;
+    let mut series = series_client(&bed.server).await;
+    let status =
+        series.create_series(create("x", every(&bed.topic, "x", Duration::from_secs(60)))).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    assert!(status.message().contains("standalone"), "{status:?}");
+    bed.server.stop().await;
+}
