@@ -29,6 +29,7 @@ mod load;
 mod machine;
 mod reconcile;
 mod report;
+mod series;
 mod workload;
 
 use std::{
@@ -66,6 +67,10 @@ pub struct Scale {
     pub trickle_window: Duration,
     /// Parked with a label, then cancelled by it (`CancelMatching`).
     pub cancel: usize,
+    /// Series each firing once a minute.
+    pub series: usize,
+    /// Whole minutes their firing is measured over.
+    pub series_minutes: u64,
     /// Parked when memory, disk and restart are measured.
     pub footprint: usize,
     /// Cluster mode: how long the steady load of the failover phase lasts.
@@ -86,6 +91,8 @@ impl Scale {
             trickle_rate: 1_000,
             trickle_window: Duration::from_secs(3),
             cancel: 100_000,
+            series: 100_000,
+            series_minutes: 1,
             footprint: 1_000_000,
             failover_window: Duration::from_secs(30),
         }
@@ -104,6 +111,8 @@ impl Scale {
             trickle_rate: 1_000,
             trickle_window: Duration::from_secs(5),
             cancel: 1_000_000,
+            series: 1_000_000,
+            series_minutes: 2,
             footprint: 10_000_000,
             failover_window: Duration::from_secs(30),
         }
@@ -126,6 +135,8 @@ impl Scale {
             trickle_rate: rate(self.trickle_rate),
             trickle_window: window(self.trickle_window),
             cancel: n(self.cancel),
+            series: n(self.series),
+            series_minutes: self.series_minutes,
             footprint: n(self.footprint),
             failover_window: Duration::from_secs_f64(
                 (self.failover_window.as_secs_f64() * f.min(1.0)).max(9.0),
@@ -174,10 +185,12 @@ pub enum Phase {
     Restore,
     /// A drain cut by SIGKILL, and the restart's reconciliation.
     Reconcile,
+    /// Series each firing once a minute, spread over the minute.
+    Series,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 9] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Ingest,
         Phase::Drain,
         Phase::Precision,
@@ -185,6 +198,7 @@ impl Phase {
         Phase::Cancel,
         Phase::Footprint,
         Phase::Reconcile,
+        Phase::Series,
         Phase::Failover,
         Phase::Restore,
     ];
@@ -588,6 +602,40 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
                 report.note(format!("{label}: the other producer wrote {} records meanwhile", cut.foreign));
             }
         }
+    }
+
+    if runs(Phase::Series) {
+        // 8. Series, last: they go on firing until the server stops.
+        let n = sc.series;
+        phase(&format!("series: {n} series, each every minute"));
+        let fired = series::run(&server, &w, n, sc.series_minutes, s.clients, || dir_bytes(&data)).await?;
+        let name = format!("series: {n} every minute");
+        report.add(format!("{name}: created"), fired.created_rate, "series/s", None, &[]);
+        let per_million = |before: u64, after: u64| after.saturating_sub(before) as f64 * 1e6 / n as f64;
+        if let (Some(before), Some(after)) = fired.rss {
+            report.add(
+                format!("{name}: memory per 1M series"),
+                mib(Some(per_million(before, after) as u64)),
+                "MiB",
+                None,
+                &[],
+            );
+        }
+        report.add(
+            format!("{name}: disk per 1M series"),
+            per_million(fired.disk.0, fired.disk.1) / (1 << 20) as f64,
+            "MiB",
+            None,
+            &[],
+        );
+        report.add(
+            format!("{name}: fired"),
+            fired.fired_rate,
+            "msg/s",
+            Some(n as f64 / 60.0),
+            &[Target::RatioAtLeast(0.95)],
+        );
+        add_lateness(&mut report, &format!("{name}:"), &fired.late, LatenessTargets::default());
     }
 
     server.stop()?;

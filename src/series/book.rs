@@ -3,7 +3,14 @@
 //! series' changes in order (a call and the driver never change the same
 //! series at once).
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use futures_util::future;
 use tokio::sync::{Mutex, MutexGuard};
@@ -11,35 +18,48 @@ use tokio::sync::{Mutex, MutexGuard};
 use super::{record::SeriesRecord, spec::Spec};
 use crate::{
     Error,
-    message::{MessageId, UnixMillis, murmur2},
+    message::{MessageId, Tenant, UnixMillis, murmur2},
     node::Node,
-    store::{SeriesWrite, StoreError, schema},
+    store::{SeriesBytes, SeriesWrite, StoreError, schema},
 };
 
 /// Locks, each shared by the series whose ids hash to it.
-const STRIPES: usize = 256;
+const STRIPES: usize = 4096;
 /// How long before its due time an occurrence is parked, at most: time for
 /// its write, however busy the store, so that it is never late for want of
 /// being parked.
 pub const LEAD: Duration = Duration::from_secs(2);
 
+/// What a change does to a series' record.
+pub enum Record {
+    Put(Box<SeriesRecord>),
+    Delete,
+    /// Left as it is (only its wake moves).
+    Keep,
+}
+
 pub struct Book {
     node: Arc<Node>,
     stripes: Vec<Mutex<()>>,
+    /// No wake lies below this (Unix ms): where the driver's walks of the
+    /// wake indexes start, past the tombstones of the wakes taken before.
+    /// A walk raises it to the earliest wake it found; every write of a
+    /// wake lowers it to that wake.
+    floor: AtomicU64,
 }
 
-/// One series' change: its record after it (none: deleted), and its wake
-/// before and after.
+/// One series' change: its record after it, and its wake before and
+/// after.
 pub struct Change {
     pub id: MessageId,
-    pub record: Option<SeriesRecord>,
+    pub record: Record,
     pub old_wake: Option<UnixMillis>,
     pub wake: Option<UnixMillis>,
 }
 
 impl Book {
     pub fn new(node: Arc<Node>) -> Book {
-        Book { node, stripes: (0..STRIPES).map(|_| Mutex::new(())).collect() }
+        Book { node, stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(), floor: AtomicU64::new(0) }
     }
 
     pub fn node(&self) -> &Arc<Node> {
@@ -68,13 +88,42 @@ impl Book {
         Ok(Some(record))
     }
 
+    /// The series `ids`, in order, each shard's read at once; a record
+    /// that does not decode is an error of its own, not of the others.
+    pub async fn load_many(
+        &self,
+        ids: &[MessageId],
+    ) -> Result<Vec<Option<Result<SeriesRecord, String>>>, Error> {
+        let mut by_shard: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, id) in ids.iter().enumerate() {
+            by_shard.entry(self.node.shard_of(id)).or_default().push(i);
+        }
+        let reads = by_shard.into_values().map(|slots| async move {
+            let store = self.node.store_of(&ids[slots[0]]).await?;
+            let found = store.series_many(slots.iter().map(|i| ids[*i].clone()).collect()).await?;
+            Ok::<_, Error>(slots.into_iter().zip(found).collect::<Vec<_>>())
+        });
+        let mut out: Vec<Option<Result<SeriesRecord, String>>> = (0..ids.len()).map(|_| None).collect();
+        for part in future::try_join_all(reads).await? {
+            for (i, bytes) in part {
+                out[i] = bytes.map(|b| schema::decode::<SeriesRecord>(&b).map_err(|e| e.to_string()));
+            }
+        }
+        Ok(out)
+    }
+
     /// Writes `changes`, each shard's in one commit; returns once all are
     /// durable.
     pub async fn save(&self, changes: Vec<Change>) -> Result<(), Error> {
+        let lowest = changes.iter().filter_map(|c| c.wake).min();
         let mut by_shard: HashMap<usize, Vec<SeriesWrite>> = HashMap::new();
         for c in changes {
             by_shard.entry(self.node.shard_of(&c.id)).or_default().push(SeriesWrite {
-                record: c.record.as_ref().map(schema::encode),
+                record: match &c.record {
+                    Record::Put(record) => SeriesBytes::Put(schema::encode(record.as_ref())),
+                    Record::Delete => SeriesBytes::Delete,
+                    Record::Keep => SeriesBytes::Keep,
+                },
                 id: c.id,
                 old_wake: c.old_wake,
                 wake: c.wake,
@@ -84,7 +133,12 @@ impl Book {
             let store = self.node.store_of(&writes[0].id).await?;
             store.write_series(writes).await
         });
-        future::try_join_all(writes).await?;
+        let written = future::try_join_all(writes).await;
+        // Even if a write failed: one of them may have been made.
+        if let Some(lowest) = lowest {
+            self.floor.fetch_min(lowest.0, Ordering::AcqRel);
+        }
+        written?;
         Ok(())
     }
 
@@ -97,7 +151,9 @@ impl Book {
     ) -> Result<(Vec<(UnixMillis, MessageId)>, Option<UnixMillis>), Error> {
         let stores = self.node.stores();
         let per_store = (limit / stores.len().max(1)).max(1);
-        let reads = stores.iter().map(|(_, store)| store.series_waking(until, per_store));
+        let floor = self.floor.load(Ordering::Acquire);
+        let from = UnixMillis(floor);
+        let reads = stores.iter().map(|(_, store)| store.series_waking(from, until, per_store));
         let mut due = Vec::new();
         let mut next: Option<UnixMillis> = None;
         for (ids, after) in future::try_join_all(reads).await? {
@@ -107,24 +163,34 @@ impl Book {
                 (a, b) => a.or(b),
             };
         }
+        // Raised, unless a write lowered it meanwhile (then it stays).
+        let lowest = due.iter().map(|(at, _)| *at).min().unwrap_or(until);
+        let _ = self.floor.compare_exchange(floor, lowest.0.max(floor), Ordering::AcqRel, Ordering::Acquire);
         Ok((due, next))
     }
 
-    /// Up to `limit` series of `space` (a stored space prefix) after
-    /// `after`, in id order across shards.
+    /// Up to `limit` series of `tenant`'s space (the shared one for none)
+    /// after `after`, in id order across shards; a record that does not
+    /// decode comes as its error.
     pub async fn page(
         &self,
-        space: Vec<u8>,
+        tenant: Option<&Tenant>,
         after: Option<MessageId>,
         limit: usize,
-    ) -> Result<Vec<(MessageId, SeriesRecord)>, Error> {
+    ) -> Result<Vec<(MessageId, Result<SeriesRecord, String>)>, Error> {
         let stores = self.node.stores();
-        let reads = stores.iter().map(|(_, store)| store.series_page(space.clone(), after.clone(), limit));
+        let space = match tenant {
+            // A tenant's space: `\0 tenant \0`.
+            Some(t) => format!("\0{}\0", t.as_str()).into_bytes(),
+            None => Vec::new(),
+        };
+        let reads = stores
+            .iter()
+            .map(|(_, store)| store.series_page(space.clone(), after.clone(), limit, tenant.is_none()));
         let mut all = Vec::new();
         for page in future::try_join_all(reads).await? {
             for (id, bytes) in page {
-                let record = schema::decode::<SeriesRecord>(&bytes)
-                    .map_err(|e| StoreError::Corrupt(format!("series {}: {e}", id.qualified())))?;
+                let record = schema::decode::<SeriesRecord>(&bytes).map_err(|e| e.to_string());
                 all.push((id, record));
             }
         }

@@ -23,7 +23,7 @@ use std::{sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    book::{Change, wake_of},
+    book::{Change, Record, wake_of},
     record::SeriesRecord,
     spec::{Spec, occurrence_id},
 };
@@ -42,8 +42,11 @@ pub const OCCURRENCE_HEADER: &str = "hourglass-occurrence-ms";
 const BATCH: usize = 512;
 /// The longest the driver sleeps: a wall clock step is noticed within it.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
-/// Occurrences a series remembers as parked, at most.
-const MAX_PARKED: usize = 16;
+/// Occurrences a series remembers as parked, at most: all a catch-up may
+/// fire, and more.
+const MAX_PARKED: usize = super::spec::MAX_AT_MOST as usize + 24;
+/// Reads of parked occurrences' states under way at once.
+const READS_AT_ONCE: usize = 32;
 
 /// Runs the driver until `stop`.
 pub async fn run(series: Arc<super::Series>, stop: CancellationToken) {
@@ -86,6 +89,8 @@ struct Step {
     id: MessageId,
     spec: Spec,
     record: SeriesRecord,
+    /// The wake it was taken at.
+    found_at: UnixMillis,
 }
 
 /// Takes the series `due` (each with the wake it was found at); returns
@@ -110,26 +115,48 @@ async fn drive_batch(
     let mut busy = 0;
     let mut steps = Vec::new();
     let mut changes = Vec::new();
+    let (mut ids, mut found) = (Vec::with_capacity(due.len()), Vec::with_capacity(due.len()));
     for (found_at, id) in due {
         if held.contains(&book.stripe(&id)) {
             busy += 1;
-            continue;
+        } else {
+            ids.push(id);
+            found.push(found_at);
         }
-        let Some(record) = book.load(&id).await? else {
+    }
+    let records = book.load_many(&ids).await?;
+    for ((id, found_at), record) in ids.into_iter().zip(found).zip(records) {
+        let record = match record {
+            Some(Ok(record)) => record,
             // Deleted: a wake left behind goes.
-            changes.push(Change { id, record: None, old_wake: Some(found_at), wake: None });
-            continue;
+            None => {
+                changes.push(Change { id, record: Record::Delete, old_wake: Some(found_at), wake: None });
+                continue;
+            }
+            Some(Err(e)) => {
+                unreadable(&id, &e);
+                changes.push(Change { id, record: Record::Keep, old_wake: Some(found_at), wake: None });
+                continue;
+            }
         };
-        let spec = record.spec().map_err(|e| {
-            StoreError::Corrupt(format!("series {}: {}: {}", id.qualified(), e.field, e.reason))
-        })?;
-        let mut step = Step { id, spec, record };
+        let spec = match record.spec() {
+            Ok(spec) => spec,
+            Err(e) => {
+                unreadable(&id, &format!("{}: {}", e.field, e.reason));
+                changes.push(Change { id, record: Record::Keep, old_wake: Some(found_at), wake: None });
+                continue;
+            }
+        };
+        let mut step = Step { id, spec, record, found_at };
         let fires = decide(&mut step, now);
+        // While its decision is not parked, the series stays due: a crash
+        // or a failed park is taken up again at once, not a period later.
+        let wake = if fires { Some(found_at) } else { wake_of(&step.id, &step.record, &step.spec) };
         changes.push(Change {
             id: step.id.clone(),
-            record: Some(step.record.clone()),
+            record: Record::Put(Box::new(step.record.clone())),
             old_wake: Some(found_at),
-            wake: wake_of(&step.id, &step.record, &step.spec),
+            wake,
         });
         if fires {
             steps.push(step);
@@ -142,12 +169,28 @@ async fn drive_batch(
         .into_iter()
         .map(|step| {
             let wake = wake_of(&step.id, &step.record, &step.spec);
-            Change { id: step.id, record: Some(step.record), old_wake: wake, wake }
+            Change {
+                id: step.id,
+                record: Record::Put(Box::new(step.record)),
+                old_wake: Some(step.found_at),
+                wake,
+            }
         })
         .collect();
     book.save(confirmed).await?;
     drop(guards);
     Ok(busy)
+}
+
+/// A series whose record does not read (written by a newer build, or
+/// damaged): said, and left alone, without a wake; the others go on.
+fn unreadable(id: &MessageId, why: &str) {
+    metrics::SERIES_OCCURRENCES.with_label_values(&["unreadable"]).inc();
+    tracing::error!(
+        series = %id.qualified(),
+        error = why,
+        "a series' record does not read: it parks nothing until it is updated or deleted"
+    );
 }
 
 /// Decides what series `step` parks at `now`: its next occurrence, or what
@@ -173,6 +216,9 @@ fn decide(step: &mut Step, now: UnixMillis) -> bool {
     metrics::SERIES_OCCURRENCES.with_label_values(&["skipped"]).inc_by(skipped);
     record.fired += fire.len() as u64;
     record.skipped += skipped;
+    if let Some(last) = fire.last() {
+        record.last_parked_ms = record.last_parked_ms.max(last.0);
+    }
     record.next_ms = next.map(|t| t.0);
     record.firing = fire.into_iter().map(|t| t.0).collect();
     true
@@ -241,26 +287,36 @@ async fn park(series: &super::Series, steps: &mut [Step], now: UnixMillis) -> Re
 }
 
 /// Drops from each step's parked occurrences those settled by now (all
-/// but the newest, which was just parked).
+/// but the newest, which was just parked), reading them a few at a time.
 async fn forget_settled(series: &super::Series, steps: &mut [Step]) {
+    use futures_util::{StreamExt as _, stream};
     let node = series.book.node();
-    for step in steps.iter_mut() {
-        let scope = space_of(&step.id);
-        let newest = step.record.parked.last().copied();
-        let mut kept = Vec::with_capacity(step.record.parked.len());
-        for at in std::mem::take(&mut step.record.parked) {
-            if Some(at) == newest {
-                kept.push(at);
-                continue;
+    let older: Vec<(usize, u64)> = steps
+        .iter()
+        .enumerate()
+        .flat_map(|(i, step)| {
+            let n = step.record.parked.len().saturating_sub(1);
+            step.record.parked[..n].iter().map(move |at| (i, *at))
+        })
+        .collect();
+    let settled: Vec<(usize, u64)> = stream::iter(older)
+        .map(|(i, at)| {
+            let id = occurrence_id(&steps[i].id, UnixMillis(at));
+            let scope = space_of(&steps[i].id);
+            async move {
+                match node.get(scope, id).await {
+                    Ok(Some(m)) if !m.state.is_pending() => Some((i, at)),
+                    Ok(None) => Some((i, at)),
+                    _ => None,
+                }
             }
-            let id = occurrence_id(&step.id, UnixMillis(at));
-            match node.get(scope.clone(), id).await {
-                Ok(Some(m)) if !m.state.is_pending() => {}
-                Ok(None) => {}
-                _ => kept.push(at),
-            }
-        }
-        step.record.parked = kept;
+        })
+        .buffer_unordered(READS_AT_ONCE)
+        .filter_map(|settled| async move { settled })
+        .collect()
+        .await;
+    for (i, at) in settled {
+        steps[i].record.parked.retain(|p| *p != at);
     }
 }
 
@@ -280,4 +336,103 @@ pub fn occurrence(template: &Envelope, series: &MessageId, nominal: UnixMillis) 
 /// The whole id space of series `id`: where its occurrences live.
 pub fn space_of(id: &MessageId) -> Scope {
     Scope::space(id.tenant().map(|t| Tenant::parse(t).expect("a stored tenant is valid")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto;
+
+    const MIN: u64 = 60_000;
+
+    /// A series every minute from `anchor`, its next occurrence `next`.
+    fn step(anchor: u64, next: u64, policy: proto::MissedPolicy) -> Step {
+        let spec = proto::SeriesSpec {
+            template: Some(proto::Message { topic: "t".into(), value: b"v".to_vec(), ..Default::default() }),
+            every: Some(proto::series_spec::Every::Interval(prost_types::Duration { seconds: 60, nanos: 0 })),
+            missed: Some(proto::Missed { policy: policy.into(), at_most: 3, after: None }),
+            ..Default::default()
+        };
+        let record =
+            SeriesRecord { spec: Some(spec), anchor_ms: anchor, next_ms: Some(next), ..Default::default() };
+        let id = MessageId::parse("s").unwrap();
+        Step { spec: record.spec().unwrap(), record, id, found_at: UnixMillis(0) }
+    }
+
+    #[test]
+    fn an_occurrence_is_parked_from_its_lead_on_and_the_next_follows() {
+        let mut s = step(0, 10 * MIN, proto::MissedPolicy::FireOne);
+        assert!(!decide(&mut s, UnixMillis(10 * MIN - 3_000)), "not yet: three seconds ahead");
+        assert!(decide(&mut s, UnixMillis(10 * MIN - 2_000)));
+        assert_eq!(
+            (s.record.firing.clone(), s.record.next_ms, s.record.fired),
+            (vec![10 * MIN], Some(11 * MIN), 1)
+        );
+        assert_eq!(wake_of(&s.id, &s.record, &s.spec), Some(UnixMillis(11 * MIN - 2_000)));
+    }
+
+    #[test]
+    fn late_within_missed_after_still_fires_each_in_turn() {
+        let mut s = step(0, 10 * MIN, proto::MissedPolicy::Skip);
+        assert!(decide(&mut s, UnixMillis(10 * MIN + 59_000)));
+        assert_eq!((s.record.firing.clone(), s.record.skipped), (vec![10 * MIN], 0));
+    }
+
+    #[test]
+    fn missed_occurrences_fire_by_the_policy() {
+        let now = UnixMillis(15 * MIN + 30_000);
+        for (policy, fired, skipped) in [
+            (proto::MissedPolicy::Skip, vec![], 6),
+            (proto::MissedPolicy::FireOne, vec![15 * MIN], 5),
+            (proto::MissedPolicy::FireEach, vec![13 * MIN, 14 * MIN, 15 * MIN], 3),
+        ] {
+            let mut s = step(0, 10 * MIN, policy);
+            assert!(decide(&mut s, now));
+            assert_eq!(s.record.firing, fired, "{policy:?}");
+            assert_eq!(s.record.skipped, skipped, "{policy:?}");
+            assert_eq!(s.record.next_ms, Some(16 * MIN), "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn a_decision_left_by_a_crash_is_parked_again_as_it_was() {
+        let mut s = step(0, 11 * MIN, proto::MissedPolicy::FireOne);
+        s.record.firing = vec![10 * MIN];
+        assert!(decide(&mut s, UnixMillis(30 * MIN)));
+        assert_eq!((s.record.firing.clone(), s.record.next_ms), (vec![10 * MIN], Some(11 * MIN)));
+    }
+
+    #[test]
+    fn a_paused_or_finished_series_parks_nothing() {
+        let mut s = step(0, 10 * MIN, proto::MissedPolicy::FireOne);
+        s.record.paused = true;
+        assert!(!decide(&mut s, UnixMillis(10 * MIN)));
+        assert_eq!(wake_of(&s.id, &s.record, &s.spec), None);
+        let mut s = step(0, 10 * MIN, proto::MissedPolicy::FireOne);
+        s.record.next_ms = None;
+        assert!(!decide(&mut s, UnixMillis(10 * MIN)));
+    }
+
+    #[test]
+    fn the_lead_is_at_most_half_the_gap_to_the_next_occurrence() {
+        let spec = proto::SeriesSpec {
+            template: Some(proto::Message { topic: "t".into(), value: b"v".to_vec(), ..Default::default() }),
+            every: Some(proto::series_spec::Every::Interval(prost_types::Duration { seconds: 1, nanos: 0 })),
+            ..Default::default()
+        };
+        let record = SeriesRecord { spec: Some(spec), next_ms: Some(5_000), ..Default::default() };
+        let id = MessageId::parse("s").unwrap();
+        let wake = wake_of(&id, &record, &record.spec().unwrap());
+        assert_eq!(wake, Some(UnixMillis(4_500)));
+    }
+
+    #[test]
+    fn an_occurrence_carries_its_series_and_time_in_headers() {
+        let template = Envelope { topic: "t".into(), value: b"v".to_vec(), ..Default::default() };
+        let id = MessageId::parse("daily").unwrap();
+        let e = occurrence(&template, &id, UnixMillis(1_700_000_000_000));
+        let headers: Vec<_> = e.headers.iter().map(|h| (h.key.as_str(), h.value.as_slice())).collect();
+        assert_eq!(headers, [(SERIES_HEADER, &b"daily"[..]), (OCCURRENCE_HEADER, &b"1700000000000"[..])]);
+        assert_eq!(occurrence_id(&id, UnixMillis(5)).as_str(), "daily@5");
+    }
 }

@@ -41,13 +41,31 @@ pub struct SeriesRecord {
     /// and content: a retry, answered as a duplicate).
     #[prost(uint64, repeated, tag = "10")]
     pub firing: Vec<u64>,
+    /// The nominal time of the latest occurrence parked: a series changed
+    /// (updated, resumed) goes on after it, never under the id of an
+    /// occurrence it cancelled.
+    #[prost(uint64, tag = "11")]
+    pub last_parked_ms: u64,
 }
 
 impl SeriesRecord {
-    /// The checked spec (it was checked when written: a failure is a
-    /// damaged record).
+    /// The spec, read back: checked when it was written, so not again
+    /// against the time now (an expression whose last match has passed
+    /// reads, and the series is over).
     pub fn spec(&self) -> Result<Spec, Invalid> {
-        Spec::parse(&self.spec.clone().unwrap_or_default(), UnixMillis(self.anchor_ms))
+        Spec::read(&self.spec.clone().unwrap_or_default(), UnixMillis(self.anchor_ms))
+    }
+
+    /// The template's topic as written, even if the rest does not read:
+    /// what a caller's grant is checked against.
+    pub fn topic(&self) -> &str {
+        self.spec.as_ref().and_then(|s| s.template.as_ref()).map_or("", |t| t.topic.as_str())
+    }
+
+    /// The first occurrence a changed series may park from `now` on: after
+    /// every one it parked.
+    pub fn next_from(&self, spec: &Spec, now: UnixMillis) -> Option<UnixMillis> {
+        spec.rule.next_after(now.max(UnixMillis(self.last_parked_ms)), self.made())
     }
 
     /// Occurrences passed so far, fired or skipped: what a count bounds.

@@ -58,17 +58,25 @@ pub enum Every {
 impl Every {
     /// A cron expression read in the IANA zone `zone`.
     pub fn cron(expr: &str, zone: &str) -> Result<Every, RuleError> {
-        let zone: Tz = zone.parse().map_err(|_| RuleError::Zone(zone.to_owned()))?;
-        let refused = |reason: String| RuleError::Cron { expr: expr.to_owned(), reason };
-        let cron = Cron::from_str(expr).map_err(|e| refused(cron_reason(&e)))?;
-        let every = Every::Cron { expr: expr.to_owned(), cron: Box::new(cron), zone };
+        let every = Every::cron_read(expr, zone)?;
         // An expression that never matches (a 30th of February) is no
         // series: say so now rather than park nothing.
         let from = UnixMillis(Utc::now().timestamp_millis().max(0) as u64);
         if every.next_after(from).is_none() {
-            return Err(refused(format!("matches no time in the next {HORIZON_YEARS} years")));
+            let reason = format!("matches no time in the next {HORIZON_YEARS} years");
+            return Err(RuleError::Cron { expr: expr.to_owned(), reason });
         }
         Ok(every)
+    }
+
+    /// A cron expression as [`cron`](Self::cron) reads it, without asking
+    /// that it match again: for one read back, whose last match may have
+    /// passed since.
+    pub fn cron_read(expr: &str, zone: &str) -> Result<Every, RuleError> {
+        let zone: Tz = zone.parse().map_err(|_| RuleError::Zone(zone.to_owned()))?;
+        let refused = |reason: String| RuleError::Cron { expr: expr.to_owned(), reason };
+        let cron = Cron::from_str(expr).map_err(|e| refused(cron_reason(&e)))?;
+        Ok(Every::Cron { expr: expr.to_owned(), cron: Box::new(cron), zone })
     }
 
     /// Every `every`, from `anchor`.

@@ -11,7 +11,7 @@
 
 use super::{
     Series,
-    book::{Change, wake_of},
+    book::{Change, Record, wake_of},
     driver::space_of,
     record::SeriesRecord,
     spec::{Spec, occurrence_id, series_id},
@@ -23,6 +23,18 @@ use crate::{
     proto,
     store::Intent,
 };
+
+/// A series whose spec no longer reads (a damaged record, or a newer
+/// build's): said as such; it can still be deleted.
+fn unreadable(id: &MessageId, e: Invalid) -> Error {
+    crate::store::StoreError::Corrupt(format!(
+        "series {}: its stored spec does not read ({}: {}); delete it and create it again",
+        id.as_str(),
+        e.field,
+        e.reason
+    ))
+    .into()
+}
 
 /// Next occurrences Get shows unless asked.
 const DEFAULT_NEXT: usize = 5;
@@ -45,11 +57,18 @@ impl Series {
 
     /// Series `id` as the caller may see it: its topic within the grant.
     async fn load_visible(&self, access: &Access, id: &MessageId) -> Result<(SeriesRecord, Spec), Error> {
+        let record = self.load_record(access, id).await?;
+        let spec = record.spec().map_err(|e| unreadable(id, e))?;
+        Ok((record, spec))
+    }
+
+    /// As [`load_visible`](Self::load_visible), whether its spec reads or
+    /// not.
+    async fn load_record(&self, access: &Access, id: &MessageId) -> Result<SeriesRecord, Error> {
         let record =
             self.book.load(id).await?.ok_or_else(|| Error::SeriesNotFound(id.as_str().to_owned()))?;
-        let spec = record.spec().map_err(Error::from)?;
-        access.check(&spec.template.topic)?;
-        Ok((record, spec))
+        access.check(record.topic())?;
+        Ok(record)
     }
 
     pub async fn create(
@@ -129,8 +148,6 @@ impl Series {
         }
         let selector = Selector::parse("selector", &request.selector)?;
         let scope = access.scope();
-        let space = series_id(scope.tenant.as_ref(), "-")?;
-        let prefix = space.as_bytes()[..space.as_bytes().len() - 1].to_vec();
         let after = if request.page_token.is_empty() {
             None
         } else {
@@ -139,7 +156,7 @@ impl Series {
                     .map_err(|_| Invalid::new("page_token", "is not a token a ListSeries answer gave"))?,
             )
         };
-        let page = self.book.page(prefix, after, limit).await?;
+        let page = self.book.page(scope.tenant.as_ref(), after, limit).await?;
         let next_page_token = if page.len() < limit {
             String::new()
         } else {
@@ -147,12 +164,17 @@ impl Series {
         };
         let mut series = Vec::with_capacity(page.len());
         for (id, record) in page {
-            // The shared space's series are a tenant's to see only as
-            // messages are: not at all here (a tenant lists its own).
-            if id.tenant() != scope.tenant.as_ref().map(|t| t.as_str()) {
-                continue;
-            }
-            let spec = record.spec()?;
+            let spec = match record
+                .map_err(|e| e.to_string())
+                .and_then(|r| Ok((r.spec().map_err(|e| e.reason)?, r)))
+            {
+                Ok((spec, record)) => (spec, record),
+                Err(e) => {
+                    tracing::warn!(series = %id.qualified(), error = e, "a series' record does not read; not listed");
+                    continue;
+                }
+            };
+            let (spec, record) = spec;
             if !scope.covers(&spec.template.topic)
                 || topic.as_ref().is_some_and(|t| *t != spec.template.topic)
                 || !selector.matches(&spec.template.labels)
@@ -171,14 +193,15 @@ impl Series {
     ) -> Result<proto::UpdateSeriesResponse, Error> {
         let id = self.id(access, &request.id)?;
         let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
+        // Checked before the series is locked: the check may ask Kafka.
         let now = self.clock.now();
+        self.service.check_template(access, &Spec::parse(&given, now)?.template).await?;
         let _lock = self.book.lock(&id).await;
-        let (mut record, old) = self.load_visible(access, &id).await?;
+        let mut record = self.load_record(access, &id).await?;
+        let old_wake = record.spec().ok().and_then(|old| wake_of(&id, &record, &old));
         let spec = Spec::parse(&given, UnixMillis(record.anchor_ms))?;
-        self.service.check_template(access, &spec.template).await?;
-        let old_wake = wake_of(&id, &record, &old);
         let occurrences = self.cancel_parked(&id, &mut record).await?;
-        record.next_ms = spec.rule.next_after(now, record.made()).map(|t| t.0);
+        record.next_ms = record.next_from(&spec, now).map(|t| t.0);
         record.spec = Some(given);
         record.updated_ms = now.0;
         self.save(&id, &record, &spec, old_wake).await?;
@@ -214,7 +237,7 @@ impl Series {
             record.paused = false;
             record.updated_ms = now.0;
             if record.next_ms.is_some() {
-                record.next_ms = spec.rule.next_after(now, record.made()).map(|t| t.0);
+                record.next_ms = record.next_from(&spec, now).map(|t| t.0);
             }
             self.save(&id, &record, &spec, None).await?;
         }
@@ -228,10 +251,11 @@ impl Series {
     ) -> Result<proto::DeleteSeriesResponse, Error> {
         let id = self.id(access, &request.id)?;
         let _lock = self.book.lock(&id).await;
-        let (mut record, spec) = self.load_visible(access, &id).await?;
-        let old_wake = wake_of(&id, &record, &spec);
+        // Even one whose spec no longer reads can be deleted.
+        let mut record = self.load_record(access, &id).await?;
+        let old_wake = record.spec().ok().and_then(|spec| wake_of(&id, &record, &spec));
         let occurrences = self.cancel_parked(&id, &mut record).await?;
-        self.book.save(vec![Change { id, record: None, old_wake, wake: None }]).await?;
+        self.book.save(vec![Change { id, record: Record::Delete, old_wake, wake: None }]).await?;
         Ok(proto::DeleteSeriesResponse { occurrences })
     }
 
@@ -271,7 +295,7 @@ impl Series {
         old_wake: Option<UnixMillis>,
     ) -> Result<(), Error> {
         let wake = wake_of(id, record, spec);
-        let change = Change { id: id.clone(), record: Some(record.clone()), old_wake, wake };
+        let change = Change { id: id.clone(), record: Record::Put(Box::new(record.clone())), old_wake, wake };
         self.book.save(vec![change]).await?;
         self.wake.notify_one();
         Ok(())

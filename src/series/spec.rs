@@ -40,6 +40,16 @@ impl Spec {
     /// Checks `spec`; an interval counts from its start or, without one,
     /// from `anchor` (when the series was made).
     pub fn parse(spec: &proto::SeriesSpec, anchor: UnixMillis) -> Result<Spec, Invalid> {
+        Spec::check(spec, anchor, true)
+    }
+
+    /// A spec read back from the store: as [`parse`](Self::parse), but a
+    /// cron expression need not match again.
+    pub fn read(spec: &proto::SeriesSpec, anchor: UnixMillis) -> Result<Spec, Invalid> {
+        Spec::check(spec, anchor, false)
+    }
+
+    fn check(spec: &proto::SeriesSpec, anchor: UnixMillis, new: bool) -> Result<Spec, Invalid> {
         let template = spec.template.clone().ok_or_else(|| {
             Invalid::new("spec.template", "is missing: give the record each occurrence produces")
         })?;
@@ -56,7 +66,9 @@ impl Spec {
         let every = match &spec.every {
             Some(proto::series_spec::Every::Cron(expr)) => {
                 let zone = if spec.time_zone.is_empty() { "UTC" } else { spec.time_zone.as_str() };
-                Every::cron(expr.trim(), zone).map_err(|e| match e {
+                let every =
+                    if new { Every::cron(expr.trim(), zone) } else { Every::cron_read(expr.trim(), zone) };
+                every.map_err(|e| match e {
                     RuleError::Zone(_) => Invalid::new("spec.time_zone", e.to_string()),
                     _ => Invalid::new("spec.cron", e.to_string()),
                 })?

@@ -364,6 +364,11 @@ pub fn series_wake_start() -> Vec<u8> {
     vec![SERIES_WAKE_PREFIX]
 }
 
+/// The first key after every wake key.
+pub fn series_wake_end() -> Vec<u8> {
+    vec![SERIES_WAKE_PREFIX + 1]
+}
+
 pub fn decode_series_wake_key(key: &[u8]) -> Option<(UnixMillis, MessageId)> {
     let rest = key.strip_prefix(&[SERIES_WAKE_PREFIX])?;
     if rest.len() <= 8 {

@@ -262,6 +262,40 @@ async fn delete_and_pause_racing_an_occurrence_leave_nothing_after_their_answer(
     bed.server.stop().await;
 }
 
+/// A pause, then a resume, while an occurrence is parked (inside the lead
+/// before its time): the pause cancels it, and the series goes on with the
+/// occurrence after it, under an id of its own, rather than parking the
+/// cancelled one's id again (which would deliver nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_and_resume_inside_the_lead_go_on_with_the_next_occurrence() {
+    let bed = TestBed::start("series-resume", 1).await;
+    let mut series = series_client(&bed.server).await;
+    let created =
+        series.create_series(create("r", every(&bed.topic, "r", Duration::from_secs(4)))).await.unwrap();
+    let anchor = millis(&created.into_inner().series.unwrap().next[0]) as u64;
+    // 1.5 s before the second occurrence: it is parked.
+    let second = anchor + 4_000;
+    tokio::time::sleep(Duration::from_millis((second - 1_500).saturating_sub(now_ms()))).await;
+    let paused =
+        series.pause_series(proto::PauseSeriesRequest { id: "r".into() }).await.unwrap().into_inner();
+    let cancelled: Vec<_> = paused
+        .occurrences
+        .iter()
+        .filter(|o| o.outcome() == CancelOutcome::Cancelled)
+        .map(|o| o.id.clone())
+        .collect();
+    assert_eq!(cancelled, [format!("r@{second}")], "{paused:?}");
+    let resumed =
+        series.resume_series(proto::ResumeSeriesRequest { id: "r".into() }).await.unwrap().into_inner();
+    let next = millis(&resumed.next[0]) as u64;
+    assert_eq!(next, second + 4_000, "the occurrence after the cancelled one: {resumed:?}");
+    let records =
+        consume_async(&bed.broker, &bed.topic, 2, Duration::from_secs(15), Duration::from_secs(1)).await;
+    let times: Vec<u64> = records.iter().map(|r| occurrence(r, "r")).collect();
+    assert_eq!(times, [anchor, next], "the first, then the one after the cancelled one");
+    bed.server.stop().await;
+}
+
 /// Five occurrences fall while hourglass is stopped; each policy decides
 /// what fires of them when it starts again.
 async fn downtime(policy: proto::MissedPolicy, expected: usize) {

@@ -199,13 +199,15 @@ impl<'a> Round<'a> {
     }
 
     pub(super) fn put_series(&mut self, write: &crate::store::SeriesWrite) {
+        use crate::store::SeriesBytes;
         let checkpoint = cf(self.db, schema::CF_CHECKPOINT);
         if let Some(old) = write.old_wake {
             self.batch.delete_cf(checkpoint, schema::series_wake_key(old, &write.id));
         }
         match &write.record {
-            Some(bytes) => self.batch.put_cf(checkpoint, schema::series_key(&write.id), bytes),
-            None => self.batch.delete_cf(checkpoint, schema::series_key(&write.id)),
+            SeriesBytes::Put(bytes) => self.batch.put_cf(checkpoint, schema::series_key(&write.id), bytes),
+            SeriesBytes::Delete => self.batch.delete_cf(checkpoint, schema::series_key(&write.id)),
+            SeriesBytes::Keep => {}
         }
         if let Some(wake) = write.wake {
             self.batch.put_cf(checkpoint, schema::series_wake_key(wake, &write.id), []);
