@@ -15,7 +15,7 @@ use crate::{
 };
 
 pub fn timestamp(t: UnixMillis) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: (t.0 / 1000) as i64, nanos: ((t.0 % 1000) * 1_000_000) as i32 }
+    t.to_timestamp()
 }
 
 /// A wire timestamp as Unix milliseconds, rounded up so that a due time is

@@ -17,6 +17,14 @@ impl UnixMillis {
         Duration::from_millis(self.0.saturating_sub(earlier.0))
     }
 
+    /// As a protobuf timestamp, the wire's time.
+    pub fn to_timestamp(self) -> prost_types::Timestamp {
+        prost_types::Timestamp {
+            seconds: (self.0 / 1000) as i64,
+            nanos: ((self.0 % 1000) * 1_000_000) as i32,
+        }
+    }
+
     /// RFC 3339 with milliseconds, for people reading logs and the CLI.
     pub fn to_rfc3339(self) -> String {
         let secs = (self.0 / 1000) as i64;

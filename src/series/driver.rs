@@ -51,7 +51,7 @@ const READS_AT_ONCE: usize = 32;
 /// Runs the driver until `stop`.
 pub async fn run(series: Arc<super::Series>, stop: CancellationToken) {
     loop {
-        let next = match drive(&series).await {
+        let next = match drive(&series, &stop).await {
             Ok(next) => next,
             Err(e) => {
                 tracing::warn!(error = %e, "the series driver could not park occurrences; trying again");
@@ -67,9 +67,13 @@ pub async fn run(series: Arc<super::Series>, stop: CancellationToken) {
     }
 }
 
-/// Parks what is due now, a batch at a time; the next wake after it.
-async fn drive(series: &super::Series) -> Result<Option<UnixMillis>, Error> {
+/// Parks what is due now, a batch at a time, until nothing is due or
+/// `stop` (a busy driver always finds more due); the next wake after it.
+async fn drive(series: &super::Series, stop: &CancellationToken) -> Result<Option<UnixMillis>, Error> {
     loop {
+        if stop.is_cancelled() {
+            return Ok(None);
+        }
         let now = series.clock.now();
         let (due, next) = series.book.waking(now, BATCH).await?;
         if due.is_empty() {

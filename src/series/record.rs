@@ -4,7 +4,6 @@
 
 use super::spec::Spec;
 use crate::{
-    api::convert::timestamp,
     message::{Invalid, MessageId, UnixMillis},
     proto,
 };
@@ -92,10 +91,10 @@ impl SeriesRecord {
             id: id.as_str().to_owned(),
             spec: self.spec.clone(),
             state: self.state().into(),
-            created_at: Some(timestamp(UnixMillis(self.created_ms))),
-            updated_at: Some(timestamp(UnixMillis(self.updated_ms))),
+            created_at: Some(UnixMillis(self.created_ms).to_timestamp()),
+            updated_at: Some(UnixMillis(self.updated_ms).to_timestamp()),
             fired: self.fired,
-            next: next.into_iter().map(timestamp).collect(),
+            next: next.into_iter().map(UnixMillis::to_timestamp).collect(),
             parked: self
                 .parked
                 .iter()

@@ -113,7 +113,11 @@ async fn a_shard_let_go_leaves_no_produce_behind_to_land_after_its_next_owner_se
             spill.send(FutureRecord::<str, str>::to(&spare).payload("spill"), Duration::from_secs(5)).await;
     }
 
-    let got = consume_async(&mock, &topic, ids.len() + 1, Duration::from_secs(5)).await;
+    // Up to two minutes: a produce librdkafka was retrying when the
+    // refusals ran out goes out within its backoff, on a busy machine
+    // later than that; a message lost would still be missing.
+    let got =
+        consume_within(&mock, &topic, ids.len() + 1, Duration::from_secs(120), Duration::from_secs(5)).await;
     let mut copies: HashMap<&str, usize> = HashMap::new();
     for r in &got {
         *copies.entry(r.id()).or_default() += 1;
@@ -128,10 +132,19 @@ async fn a_shard_let_go_leaves_no_produce_behind_to_land_after_its_next_owner_se
 }
 
 pub(crate) async fn consume_async(mock: &Mock, topic: &str, count: usize, settle: Duration) -> Vec<Received> {
+    consume_within(mock, topic, count, Duration::from_secs(60), settle).await
+}
+
+/// Reads `count` records of `topic` within `within`, then `settle` more.
+async fn consume_within(
+    mock: &Mock,
+    topic: &str,
+    count: usize,
+    within: Duration,
+    settle: Duration,
+) -> Vec<Received> {
     let (bootstrap, topic) = (mock.bootstrap(), topic.to_owned());
-    tokio::task::spawn_blocking(move || consume(&bootstrap, &topic, count, Duration::from_secs(60), settle))
-        .await
-        .unwrap()
+    tokio::task::spawn_blocking(move || consume(&bootstrap, &topic, count, within, settle)).await.unwrap()
 }
 
 /// Waits until `node`'s metric `name` reaches `at_least`.

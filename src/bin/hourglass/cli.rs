@@ -207,10 +207,9 @@ pub struct When {
     pub at: Option<chrono::DateTime<chrono::FixedOffset>>,
 }
 
+/// The record to produce: of a message, or of each occurrence of a series.
 #[derive(Debug, Args)]
-pub struct ScheduleArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
+pub struct RecordArgs {
     /// Kafka topic to deliver to.
     #[arg(long)]
     pub topic: String,
@@ -226,6 +225,33 @@ pub struct ScheduleArgs {
     /// Explicit partition (otherwise chosen from the key).
     #[arg(long)]
     pub partition: Option<i32>,
+}
+
+impl RecordArgs {
+    pub fn message(&self) -> hourglass::proto::Message {
+        hourglass::proto::Message {
+            topic: self.topic.clone(),
+            key: self.key.clone().map(String::into_bytes),
+            value: self.value.clone().into_bytes(),
+            headers: self
+                .headers
+                .iter()
+                .map(|(key, value)| hourglass::proto::Header {
+                    key: key.clone(),
+                    value: value.clone().into_bytes(),
+                })
+                .collect(),
+            partition: self.partition,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(flatten)]
+    pub record: RecordArgs,
     /// Idempotency key: retrying with the same id never schedules twice.
     #[arg(long)]
     pub id: Option<String>,

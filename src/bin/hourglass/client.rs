@@ -81,19 +81,8 @@ fn schedule_due(when: When) -> proto::schedule_request::Due {
 }
 
 pub async fn schedule(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
-    let headers = args
-        .headers
-        .into_iter()
-        .map(|(key, value)| proto::Header { key, value: value.into_bytes() })
-        .collect();
     let request = proto::ScheduleRequest {
-        message: Some(proto::Message {
-            topic: args.topic,
-            key: args.key.map(String::into_bytes),
-            value: args.value.into_bytes(),
-            headers,
-            partition: args.partition,
-        }),
+        message: Some(args.record.message()),
         id: args.id,
         due: Some(schedule_due(args.when)),
         on_conflict: if args.replace { proto::OnConflict::Replace } else { proto::OnConflict::Reject } as i32,

@@ -9,7 +9,7 @@ use serde::Serialize;
 use hourglass::proto::{self, series_client::SeriesClient};
 
 use crate::{
-    cli::{ClientArgs, Output, duration, header, label, time as parse_time},
+    cli::{ClientArgs, Output, RecordArgs, duration, label, time as parse_time},
     client::{self, json, print_json, status_error, time, to_timestamp},
 };
 
@@ -115,21 +115,8 @@ pub struct SpecArgs {
     /// IANA time zone of --cron, e.g. Europe/Berlin [default: UTC]
     #[arg(long, requires = "cron")]
     pub zone: Option<String>,
-    /// Kafka topic to deliver to.
-    #[arg(long)]
-    pub topic: String,
-    /// Record value (text).
-    #[arg(long)]
-    pub value: String,
-    /// Record key (text).
-    #[arg(long)]
-    pub key: Option<String>,
-    /// Record header KEY=VALUE, repeatable.
-    #[arg(long = "header", value_name = "KEY=VALUE", value_parser = header)]
-    pub headers: Vec<(String, String)>,
-    /// Explicit partition (otherwise chosen from the key).
-    #[arg(long)]
-    pub partition: Option<i32>,
+    #[command(flatten)]
+    pub record: RecordArgs,
     /// Label KEY=VALUE of the series and of each occurrence, repeatable.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
     pub labels: Vec<(String, String)>,
@@ -178,17 +165,7 @@ impl SpecArgs {
             Some(MissedArg::FireEach) => proto::MissedPolicy::FireEach,
         };
         proto::SeriesSpec {
-            template: Some(proto::Message {
-                topic: self.topic.clone(),
-                key: self.key.clone().map(String::into_bytes),
-                value: self.value.clone().into_bytes(),
-                headers: self
-                    .headers
-                    .iter()
-                    .map(|(key, value)| proto::Header { key: key.clone(), value: value.clone().into_bytes() })
-                    .collect(),
-                partition: self.partition,
-            }),
+            template: Some(self.record.message()),
             every: Some(every),
             time_zone: self.zone.clone().unwrap_or_default(),
             start: self.start.map(to_timestamp),
