@@ -611,23 +611,32 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         let fired = series::run(&server, &w, n, sc.series_minutes, s.clients, || dir_bytes(&data)).await?;
         let name = format!("series: {n} every minute");
         report.add(format!("{name}: created"), fired.created_rate, "series/s", None, &[]);
-        let per_million = |before: u64, after: u64| after.saturating_sub(before) as f64 * 1e6 / n as f64;
-        if let (Some(before), Some(after)) = fired.rss {
-            report.add(
-                format!("{name}: memory per 1M series"),
-                mib(Some(per_million(before, after) as u64)),
-                "MiB",
-                None,
-                &[],
-            );
+        // What the series added, when the store did not shrink meanwhile
+        // (a compaction of what earlier phases left hides it).
+        let per_million =
+            |before: u64, after: u64| (after > before).then(|| (after - before) as f64 * 1e6 / n as f64);
+        match fired.rss {
+            (Some(before), Some(after)) if after > before => {
+                let grew = per_million(before, after).unwrap_or_default();
+                report.add(
+                    format!("{name}: memory per 1M series"),
+                    grew / (1 << 20) as f64,
+                    "MiB",
+                    None,
+                    &[],
+                );
+            }
+            _ => {
+                report.note(format!("{name}: memory did not grow with the series (noise of earlier phases)"))
+            }
         }
-        report.add(
-            format!("{name}: disk per 1M series"),
-            per_million(fired.disk.0, fired.disk.1) / (1 << 20) as f64,
-            "MiB",
-            None,
-            &[],
-        );
+        match per_million(fired.disk.0, fired.disk.1) {
+            Some(grew) => {
+                report.add(format!("{name}: disk per 1M series"), grew / (1 << 20) as f64, "MiB", None, &[])
+            }
+            None => report
+                .note(format!("{name}: the store did not grow with the series (a compaction meanwhile)")),
+        }
         report.add(
             format!("{name}: fired"),
             fired.fired_rate,
