@@ -69,11 +69,6 @@ pub enum Error {
     SeriesNotFound(String),
     #[error("series {0:?} exists with a different definition; UpdateSeries changes it, or choose another id")]
     SeriesExists(String),
-    #[error(
-        "recurring schedules (series) are served by standalone hourglass in this release, not in cluster \
-         mode; schedule one-off messages, or run the series on a standalone node"
-    )]
-    SeriesUnavailable,
     #[error("the stream sent nothing for {}, so the server ended it; open a new one to go on", humantime::format_duration(*.0))]
     StreamIdle(Duration),
 }

@@ -3,7 +3,8 @@
 //! call is served. Standalone that is [`crate::api::Local`], this node's
 //! [`Service`](crate::service::Service); in cluster mode the cluster's
 //! router wraps it and serves each call here or on the node that owns the
-//! message's shard.
+//! message's shard. The series calls are a seam of their own,
+//! [`SeriesCalls`], served alike.
 //!
 //! The calls take and answer the API's messages, so that a router passes
 //! a call on to another node as it came.
@@ -81,4 +82,59 @@ pub trait Scheduler: Send + Sync + 'static {
     async fn list(&self, call: &Call, request: proto::ListRequest) -> Result<Listing, Error>;
 
     async fn stats(&self, call: &Call) -> Result<proto::StatsResponse, Error>;
+}
+
+/// Series a `ListSeries` page holds unless asked.
+pub const DEFAULT_SERIES_PAGE: usize = 100;
+
+/// The series calls, as the gRPC adapter serves them: [`Series`](crate::series::Series) serves
+/// them on this node's shards; in cluster mode a router in front of it
+/// sends each to the node that owns its series' shard, and asks every
+/// node for its part of a listing.
+#[tonic::async_trait]
+pub trait SeriesCalls: Send + Sync {
+    async fn create_series(
+        &self,
+        call: &Call,
+        request: proto::CreateSeriesRequest,
+    ) -> Result<proto::CreateSeriesResponse, Error>;
+
+    /// A series, with its next occurrences.
+    async fn get_series(
+        &self,
+        call: &Call,
+        request: proto::GetSeriesRequest,
+    ) -> Result<proto::SeriesInfo, Error>;
+
+    /// A page of series in id order. Its token is the last id read: every
+    /// series up to it was looked at (empty when there are no more).
+    async fn list_series(
+        &self,
+        call: &Call,
+        request: proto::ListSeriesRequest,
+    ) -> Result<proto::ListSeriesResponse, Error>;
+
+    async fn update_series(
+        &self,
+        call: &Call,
+        request: proto::UpdateSeriesRequest,
+    ) -> Result<proto::UpdateSeriesResponse, Error>;
+
+    async fn pause_series(
+        &self,
+        call: &Call,
+        request: proto::PauseSeriesRequest,
+    ) -> Result<proto::PauseSeriesResponse, Error>;
+
+    async fn resume_series(
+        &self,
+        call: &Call,
+        request: proto::ResumeSeriesRequest,
+    ) -> Result<proto::SeriesInfo, Error>;
+
+    async fn delete_series(
+        &self,
+        call: &Call,
+        request: proto::DeleteSeriesRequest,
+    ) -> Result<proto::DeleteSeriesResponse, Error>;
 }

@@ -50,7 +50,6 @@ impl From<Error> for Status {
             Error::TooLarge { .. } | Error::Undecodable(_) => Code::InvalidArgument,
             Error::TopicUnknown(_) | Error::SeriesNotFound(_) => Code::NotFound,
             Error::SeriesExists(_) => Code::AlreadyExists,
-            Error::SeriesUnavailable => Code::Unimplemented,
             Error::KafkaUnavailable { .. } | Error::StreamIdle(_) => Code::Unavailable,
             Error::Store(e) => store_code(&e),
             Error::Forbidden { .. } => Code::PermissionDenied,

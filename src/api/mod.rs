@@ -103,7 +103,7 @@ impl SchedulerApi {
 
     /// The `Series` service over `series`, its calls admitted among this
     /// service's.
-    pub fn series(&self, series: Arc<crate::series::Series>) -> SeriesApi {
+    pub fn series(&self, series: Arc<dyn crate::scheduler::SeriesCalls>) -> SeriesApi {
         SeriesApi::new(series, Arc::clone(&self.admission), self.config.max_concurrent)
     }
 

@@ -1,6 +1,7 @@
 //! The gRPC adapter of the `hourglass.v1.Series` service: each call is
 //! admitted among the Scheduler's (one bound for the server), counted, and
-//! handed to [`Series`]. No decisions are made here.
+//! handed to the [`SeriesCalls`] it serves (this node's series, or in
+//! cluster mode the router in front of them). No decisions are made here.
 
 use std::sync::Arc;
 
@@ -8,16 +9,20 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use super::{busy, call_of, observe};
-use crate::{Error, proto, series::Series};
+use crate::{Error, proto, scheduler::SeriesCalls};
 
 pub struct SeriesApi {
-    series: Arc<Series>,
+    series: Arc<dyn SeriesCalls>,
     admission: Arc<Semaphore>,
     max_concurrent: usize,
 }
 
 impl SeriesApi {
-    pub(super) fn new(series: Arc<Series>, admission: Arc<Semaphore>, max_concurrent: usize) -> SeriesApi {
+    pub(super) fn new(
+        series: Arc<dyn SeriesCalls>,
+        admission: Arc<Semaphore>,
+        max_concurrent: usize,
+    ) -> SeriesApi {
         SeriesApi { series, admission, max_concurrent }
     }
 
@@ -45,7 +50,7 @@ impl proto::series_server::Series for SeriesApi {
     ) -> Result<Response<proto::CreateSeriesResponse>, Status> {
         self.call("CreateSeries", async {
             let call = call_of(&request)?;
-            self.series.create(&call.access, request.into_inner()).await
+            self.series.create_series(&call, request.into_inner()).await
         })
         .await
     }
@@ -56,7 +61,7 @@ impl proto::series_server::Series for SeriesApi {
     ) -> Result<Response<proto::SeriesInfo>, Status> {
         self.call("GetSeries", async {
             let call = call_of(&request)?;
-            self.series.get(&call.access, request.into_inner()).await
+            self.series.get_series(&call, request.into_inner()).await
         })
         .await
     }
@@ -67,7 +72,7 @@ impl proto::series_server::Series for SeriesApi {
     ) -> Result<Response<proto::ListSeriesResponse>, Status> {
         self.call("ListSeries", async {
             let call = call_of(&request)?;
-            self.series.list(&call.access, request.into_inner()).await
+            self.series.list_series(&call, request.into_inner()).await
         })
         .await
     }
@@ -78,7 +83,7 @@ impl proto::series_server::Series for SeriesApi {
     ) -> Result<Response<proto::UpdateSeriesResponse>, Status> {
         self.call("UpdateSeries", async {
             let call = call_of(&request)?;
-            self.series.update(&call.access, request.into_inner()).await
+            self.series.update_series(&call, request.into_inner()).await
         })
         .await
     }
@@ -89,7 +94,7 @@ impl proto::series_server::Series for SeriesApi {
     ) -> Result<Response<proto::PauseSeriesResponse>, Status> {
         self.call("PauseSeries", async {
             let call = call_of(&request)?;
-            self.series.pause(&call.access, request.into_inner()).await
+            self.series.pause_series(&call, request.into_inner()).await
         })
         .await
     }
@@ -100,7 +105,7 @@ impl proto::series_server::Series for SeriesApi {
     ) -> Result<Response<proto::SeriesInfo>, Status> {
         self.call("ResumeSeries", async {
             let call = call_of(&request)?;
-            self.series.resume(&call.access, request.into_inner()).await
+            self.series.resume_series(&call, request.into_inner()).await
         })
         .await
     }
@@ -111,7 +116,7 @@ impl proto::series_server::Series for SeriesApi {
     ) -> Result<Response<proto::DeleteSeriesResponse>, Status> {
         self.call("DeleteSeries", async {
             let call = call_of(&request)?;
-            self.series.delete(&call.access, request.into_inner()).await
+            self.series.delete_series(&call, request.into_inner()).await
         })
         .await
     }

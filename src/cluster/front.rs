@@ -12,10 +12,13 @@ use super::{
     waiters::Waiters,
 };
 use crate::{
-    cluster::log::record::LogRecord,
+    cluster::log::record::{self, Change, LogRecord},
     message::{MessageId, Scheduled},
     metrics,
-    store::{Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Proposed, Store, StoreError},
+    store::{
+        Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Proposed, SeriesBytes, SeriesWrite,
+        Store, StoreError,
+    },
 };
 
 /// How long a caller waits for its record, once in the log, to be applied.
@@ -112,15 +115,67 @@ impl Front {
         &self,
         changes: Vec<(MessageId, Proposed, Option<Hold>)>,
     ) -> impl Future<Output = Vec<Result<Answer, StoreError>>> + use<> {
+        self.log_records(
+            changes
+                .into_iter()
+                .map(|(id, change, held)| {
+                    let (key, change) = replica::proposed(&id, change);
+                    (key, change, held.map(|held| Local::Held(held.into_id())))
+                })
+                .collect(),
+        )
+    }
+
+    /// Writes series: each a record of its own, appended together and
+    /// answered once applied; applied only while the log names this node
+    /// the shard's owner. A deleted series' record is followed by its
+    /// tombstone, so that compaction drops the series from the log.
+    pub async fn write_series(&self, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
+        if self.store.log_owner() != self.waiters.me() {
+            return Err(StoreError::NotOwner(self.partition as u32));
+        }
+        let mut records = Vec::with_capacity(writes.len());
+        let mut deleted = Vec::new();
+        for write in writes {
+            // The log keeps the latest record of a series only: one that
+            // moves only the wake carries the series whole too.
+            let kept = match write.record {
+                SeriesBytes::Keep => self.store.series(write.id.clone()).await?,
+                _ => None,
+            };
+            if matches!(write.record, SeriesBytes::Delete) {
+                deleted.push(record::series_key(write.id.as_bytes()));
+            }
+            let (key, change) = replica::series(write, kept);
+            records.push((key, change, None));
+        }
+        for answer in self.log_records(records).await {
+            answer?.series()?;
+        }
+        for key in deleted {
+            if let Err(e) = self.log.enqueue(self.partition, &key, None).await {
+                // Applied when read back; one missing leaves the deleted
+                // series' small record in the log, harmless.
+                tracing::debug!(partition = self.partition, error = %e, "a deleted series' tombstone was not appended");
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends records (queued at once, in order) and waits for the
+    /// store's answer to each once it is applied; see
+    /// [`log_changes`](Self::log_changes).
+    fn log_records(
+        &self,
+        changes: Vec<(Vec<u8>, Change, Option<Local>)>,
+    ) -> impl Future<Output = Vec<Result<Answer, StoreError>>> + use<> {
         let queued = std::time::Instant::now();
         let count = changes.len();
         let writer = self.waiters.me();
         let pending: Vec<_> = changes
             .into_iter()
-            .map(|(id, change, held)| {
-                let (key, change) = replica::proposed(&id, change);
-                let (request, reply) =
-                    self.waiters.register(self.partition, held.map(|held| Local::Held(held.into_id())), true);
+            .map(|(key, change, local)| {
+                let (request, reply) = self.waiters.register(self.partition, local, true);
                 let record = LogRecord { writer, request, change: Some(change) };
                 let value = record.encode();
                 let appended = self.log.enqueue_appended(self.partition, &key, Some(&value));

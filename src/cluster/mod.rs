@@ -48,7 +48,7 @@ mod shards;
 mod vouch;
 pub(crate) mod waiters;
 
-pub use forward::Router;
+pub use forward::{Router, SeriesRouter};
 pub use ingress::{Ingress, IngressTopic};
 pub use kafka::{GroupConfig, LogTopic, TopicError};
 pub use log::seal::{ClusterKey, KeyError};

@@ -10,7 +10,7 @@ use super::Cluster;
 use crate::{
     message::Scheduled,
     node::ShardSet,
-    store::{Answer, Intent, NewMessage, Store, StoreError, StoreHealth},
+    store::{Answer, Intent, NewMessage, SeriesWrite, Store, StoreError, StoreHealth},
 };
 
 #[tonic::async_trait]
@@ -47,6 +47,10 @@ impl ShardSet for Cluster {
             Ok(owned) => owned.front().schedule_all(msgs).await,
             Err(e) => msgs.iter().map(|_| Err(e.clone())).collect(),
         })
+    }
+
+    async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
+        self.owner_of(shard).await?.front().write_series(writes).await
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

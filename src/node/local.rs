@@ -16,7 +16,7 @@ use crate::{
     kafka::Producer,
     message::Scheduled,
     shard::{Seams, Shard},
-    store::{Answer, Intent, NewMessage, ShardOf, Store, StoreError, StoreHealth},
+    store::{Answer, Intent, NewMessage, SeriesWrite, ShardOf, Store, StoreError, StoreHealth},
 };
 
 /// Every shard, opened by this process: the node's [`ShardSet`] when it
@@ -118,6 +118,10 @@ impl ShardSet for LocalShards {
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError> {
         self.store_of(shard).schedule_batch(msgs).await
+    }
+
+    async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
+        self.store_of(shard).write_series(writes).await
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

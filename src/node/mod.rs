@@ -47,7 +47,8 @@ use crate::{
     },
     shard::ShardConfig,
     store::{
-        Answer, Intent, LIST_KEY_BYTES, ListFilter, NewMessage, Store, StoreError, StoreHealth, StorePage,
+        Answer, Intent, LIST_KEY_BYTES, ListFilter, NewMessage, SeriesWrite, Store, StoreError, StoreHealth,
+        StorePage,
         schema::{Counts, DispatchKey},
     },
 };
@@ -142,6 +143,15 @@ impl Node {
     /// shard order.
     pub(crate) fn stores(&self) -> Vec<(u32, Store)> {
         self.shards.stores()
+    }
+
+    /// Writes series of `shard` ([`ShardSet::write_series`]).
+    pub(crate) async fn write_series(
+        &self,
+        shard: usize,
+        writes: Vec<SeriesWrite>,
+    ) -> Result<(), StoreError> {
+        self.shards.write_series(shard, writes).await
     }
 
     /// Makes a change in the message's shard: parks it (once durable),

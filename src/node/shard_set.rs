@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     message::Scheduled,
-    store::{Answer, Intent, NewMessage, Store, StoreError, StoreHealth},
+    store::{Answer, Intent, NewMessage, SeriesWrite, Store, StoreError, StoreHealth},
 };
 
 /// The shards one process serves, numbered from 0 to
@@ -45,6 +45,12 @@ pub trait ShardSet: Send + Sync {
         shard: usize,
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError>;
+
+    /// Writes series of `shard` (see [`Store::write_series`]): standalone
+    /// one durable commit; in a cluster, records of the log, applied only
+    /// while this node owns the shard. Returns once every copy here has
+    /// them.
+    async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError>;
 
     /// Whether every shard served takes new messages (the worst of their
     /// healths), and in a cluster whether the first shards are taken.

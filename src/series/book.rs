@@ -20,7 +20,7 @@ use crate::{
     Error,
     message::{MessageId, Tenant, UnixMillis, murmur2},
     node::Node,
-    store::{SeriesBytes, SeriesWrite, StoreError, schema},
+    store::{SeriesBytes, SeriesWrite, Store, StoreError, schema},
 };
 
 /// Locks, each shared by the series whose ids hash to it.
@@ -41,11 +41,13 @@ pub enum Record {
 pub struct Book {
     node: Arc<Node>,
     stripes: Vec<Mutex<()>>,
-    /// No wake lies below this (Unix ms): where the driver's walks of the
-    /// wake indexes start, past the tombstones of the wakes taken before.
-    /// A walk raises it to the earliest wake it found; every write of a
-    /// wake lowers it to that wake.
-    floor: AtomicU64,
+    /// By shard, no wake lies below this (Unix ms): where the driver's
+    /// walks of the shard's wake index start, past the tombstones of the
+    /// wakes taken before. A walk raises it to the earliest wake it found;
+    /// every write of a wake lowers it to that wake. A shard that comes to
+    /// this node (in a cluster) has none: it brings wakes written
+    /// elsewhere, so its walks start at the beginning.
+    floors: std::sync::Mutex<HashMap<u32, Arc<AtomicU64>>>,
 }
 
 /// One series' change: its record after it, and its wake before and
@@ -59,7 +61,11 @@ pub struct Change {
 
 impl Book {
     pub fn new(node: Arc<Node>) -> Book {
-        Book { node, stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(), floor: AtomicU64::new(0) }
+        Book {
+            node,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            floors: std::sync::Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn node(&self) -> &Arc<Node> {
@@ -115,7 +121,6 @@ impl Book {
     /// Writes `changes`, each shard's in one commit; returns once all are
     /// durable.
     pub async fn save(&self, changes: Vec<Change>) -> Result<(), Error> {
-        let lowest = changes.iter().filter_map(|c| c.wake).min();
         let mut by_shard: HashMap<usize, Vec<SeriesWrite>> = HashMap::new();
         for c in changes {
             by_shard.entry(self.node.shard_of(&c.id)).or_default().push(SeriesWrite {
@@ -129,43 +134,52 @@ impl Book {
                 wake: c.wake,
             });
         }
-        let writes = by_shard.into_values().map(|writes| async move {
-            let store = self.node.store_of(&writes[0].id).await?;
-            store.write_series(writes).await
-        });
+        let lowered =
+            by_shard.iter().map(|(shard, writes)| (*shard, writes.iter().filter_map(|w| w.wake).min()));
+        let lowered: Vec<_> = lowered.collect();
+        let writes = by_shard.into_iter().map(|(shard, writes)| self.node.write_series(shard, writes));
         let written = future::try_join_all(writes).await;
         // Even if a write failed: one of them may have been made.
-        if let Some(lowest) = lowest {
-            self.floor.fetch_min(lowest.0, Ordering::AcqRel);
+        for (shard, lowest) in lowered {
+            if let Some(lowest) = lowest {
+                self.floor(shard as u32).fetch_min(lowest.0, Ordering::AcqRel);
+            }
         }
         written?;
         Ok(())
     }
 
-    /// Up to `limit` series waking at or before `until`, from every shard;
-    /// and the earliest wake after those, if any.
+    /// The floor of `shard`'s wakes.
+    fn floor(&self, shard: u32) -> Arc<AtomicU64> {
+        let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(floors.entry(shard).or_default())
+    }
+
+    /// The stores of the shards this node serves now, with their numbers;
+    /// the floors of those it no longer serves are forgotten (one that
+    /// comes back starts over).
+    pub fn shards(&self) -> Vec<(u32, Store)> {
+        let stores = self.node.stores();
+        let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
+        floors.retain(|shard, _| stores.iter().any(|(n, _)| n == shard));
+        stores
+    }
+
+    /// Up to `limit` series of shard `shard` (its store `store`) waking at
+    /// or before `until`; and the earliest wake after those, if any.
     pub async fn waking(
         &self,
+        shard: u32,
+        store: &Store,
         until: UnixMillis,
         limit: usize,
     ) -> Result<(Vec<(UnixMillis, MessageId)>, Option<UnixMillis>), Error> {
-        let stores = self.node.stores();
-        let per_store = (limit / stores.len().max(1)).max(1);
-        let floor = self.floor.load(Ordering::Acquire);
-        let from = UnixMillis(floor);
-        let reads = stores.iter().map(|(_, store)| store.series_waking(from, until, per_store));
-        let mut due = Vec::new();
-        let mut next: Option<UnixMillis> = None;
-        for (ids, after) in future::try_join_all(reads).await? {
-            due.extend(ids);
-            next = match (next, after) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-        }
+        let floor = self.floor(shard);
+        let at = floor.load(Ordering::Acquire);
+        let (due, next) = store.series_waking(UnixMillis(at), until, limit).await?;
         // Raised, unless a write lowered it meanwhile (then it stays).
         let lowest = due.iter().map(|(at, _)| *at).min().unwrap_or(until);
-        let _ = self.floor.compare_exchange(floor, lowest.0.max(floor), Ordering::AcqRel, Ordering::Acquire);
+        let _ = floor.compare_exchange(at, lowest.0.max(at), Ordering::AcqRel, Ordering::Acquire);
         Ok((due, next))
     }
 

@@ -51,13 +51,7 @@ const READS_AT_ONCE: usize = 32;
 /// Runs the driver until `stop`.
 pub async fn run(series: Arc<super::Series>, stop: CancellationToken) {
     loop {
-        let next = match drive(&series, &stop).await {
-            Ok(next) => next,
-            Err(e) => {
-                tracing::warn!(error = %e, "the series driver could not park occurrences; trying again");
-                None
-            }
-        };
+        let next = drive(&series, &stop).await;
         let sleep = next.map_or(MAX_SLEEP, |at| series.clock.until(at).min(MAX_SLEEP));
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -67,24 +61,53 @@ pub async fn run(series: Arc<super::Series>, stop: CancellationToken) {
     }
 }
 
-/// Parks what is due now, a batch at a time, until nothing is due or
-/// `stop` (a busy driver always finds more due); the next wake after it.
-async fn drive(series: &super::Series, stop: &CancellationToken) -> Result<Option<UnixMillis>, Error> {
+/// Parks what is due now, a batch of each shard in turn, until nothing is
+/// due or `stop` (a busy driver always finds more due); the next wake
+/// after it. A shard whose store or log fails is tried again at the next
+/// wake; the others go on.
+async fn drive(series: &super::Series, stop: &CancellationToken) -> Option<UnixMillis> {
     loop {
-        if stop.is_cancelled() {
-            return Ok(None);
+        let (mut next, mut more) = (None, false);
+        for (shard, store) in series.book.shards() {
+            if stop.is_cancelled() {
+                return None;
+            }
+            let now = series.clock.now();
+            let driven = async {
+                let (due, after) = series.book.waking(shard, &store, now, BATCH).await?;
+                if due.is_empty() {
+                    return Ok((after, false));
+                }
+                let taken = due.len();
+                // Every wake taken is moved on, unless a call held its
+                // series: those are taken again at the next wake, a second
+                // later at most.
+                Ok::<_, Error>((None, drive_batch(series, due, now).await? < taken))
+            };
+            match driven.await {
+                Ok((after, again)) => {
+                    next = earliest(next, after);
+                    more |= again;
+                }
+                // A shard moving to or from this node (in a cluster).
+                Err(Error::Store(e @ StoreError::NotOwner(_))) => {
+                    tracing::debug!(shard, error = %e, "the series driver skipped a shard it does not own")
+                }
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "the series driver could not park occurrences; trying again")
+                }
+            }
         }
-        let now = series.clock.now();
-        let (due, next) = series.book.waking(now, BATCH).await?;
-        if due.is_empty() {
-            return Ok(next);
+        if !more {
+            return next;
         }
-        let taken = due.len();
-        // Every wake taken is moved on, unless a call held its series:
-        // those are taken again at the next wake, a second later at most.
-        if drive_batch(series, due, now).await? == taken {
-            return Ok(None);
-        }
+    }
+}
+
+fn earliest(a: Option<UnixMillis>, b: Option<UnixMillis>) -> Option<UnixMillis> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -241,7 +264,7 @@ async fn park(series: &super::Series, steps: &mut [Step], now: UnixMillis) -> Re
             let due = step.spec.rule.due(step.id.as_str(), nominal);
             metrics::SERIES_PARK_LEAD.observe(due.0.saturating_sub(now.0) as f64 / 1000.0);
             msgs.push(NewMessage {
-                id: NewId::Client(occurrence_id(&step.id, nominal)),
+                id: NewId::Client(occurrence_id(&step.id, nominal, series.shards())),
                 scope: scope.clone(),
                 envelope: occurrence(&step.spec.template, &step.id, nominal),
                 requested: DueSpec::At(due),
@@ -305,7 +328,7 @@ async fn forget_settled(series: &super::Series, steps: &mut [Step]) {
         .collect();
     let settled: Vec<(usize, u64)> = stream::iter(older)
         .map(|(i, at)| {
-            let id = occurrence_id(&steps[i].id, UnixMillis(at));
+            let id = occurrence_id(&steps[i].id, UnixMillis(at), series.shards());
             let scope = space_of(&steps[i].id);
             async move {
                 match node.get(scope, id).await {
@@ -437,6 +460,38 @@ mod tests {
         let e = occurrence(&template, &id, UnixMillis(1_700_000_000_000));
         let headers: Vec<_> = e.headers.iter().map(|h| (h.key.as_str(), h.value.as_slice())).collect();
         assert_eq!(headers, [(SERIES_HEADER, &b"daily"[..]), (OCCURRENCE_HEADER, &b"1700000000000"[..])]);
-        assert_eq!(occurrence_id(&id, UnixMillis(5)).as_str(), "daily@5");
+        assert_eq!(occurrence_id(&id, UnixMillis(5), 1).as_str(), "daily@5");
+    }
+
+    /// A series' occurrences are in its shard, whatever the shard count:
+    /// its owner parks and cancels them itself. Each id is the plain one
+    /// where it already hashes there, and always the same.
+    #[test]
+    fn occurrences_take_ids_in_their_series_shard() {
+        use crate::message::{Tenant, shard_of};
+        let tenant = Tenant::parse("acme").unwrap();
+        for shards in [1, 3, 12, 64, 256] {
+            for series in ["daily", "order-42-reminder"] {
+                let id = super::super::spec::series_id(Some(&tenant), series).unwrap();
+                let mut plain = 0;
+                for at in (0..200).map(|i| 1_700_000_000_000 + i * 60_000) {
+                    let occurrence = occurrence_id(&id, UnixMillis(at), shards);
+                    assert_eq!(shard_of(&occurrence, shards), shard_of(&id, shards), "{occurrence:?}");
+                    assert_eq!(occurrence.tenant(), Some("acme"));
+                    assert_eq!(occurrence, occurrence_id(&id, UnixMillis(at), shards), "stable");
+                    let text = occurrence.as_str();
+                    let base = format!("{series}@{at}");
+                    match text.strip_prefix(&base) {
+                        Some("") => plain += 1,
+                        Some(rest) => {
+                            assert!(rest.strip_prefix('.').is_some_and(|n| n.parse::<u32>().is_ok()))
+                        }
+                        None => panic!("{text} is not of {base}"),
+                    }
+                }
+                // About one in `shards` hashes home as it is.
+                assert!(shards > 1 || plain == 200, "{shards}: {plain}");
+            }
+        }
     }
 }

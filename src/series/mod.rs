@@ -5,13 +5,14 @@
 //!   within a start, an end and a count, with a stable jitter; and what
 //!   fires of the occurrences missed while hourglass or Kafka was down.
 //! - [`spec`]: a series as a request gives it, checked; the ids of a series
-//!   and of its occurrences (`<series>@<time in ms>`).
+//!   and of its occurrences (`<series>@<time in ms>`, placed in the
+//!   series' shard).
 //! - [`record`]: a series as its shard's store keeps it.
 //! - [`book`]: where series are kept, and the lock of each.
 //! - [`driver`]: parks each series' next occurrence shortly before it is
 //!   due, and what a downtime policy fires.
 //! - [`service`]: the calls (create, get, list, update, pause, resume,
-//!   delete).
+//!   delete), served as [`SeriesCalls`](crate::scheduler::SeriesCalls).
 //!
 //! Once parked, an occurrence is a message like any other: it is
 //! delivered, cancelled, listed and reconciled as one, so everything
@@ -39,24 +40,24 @@ pub struct Series {
     service: Arc<Service>,
     /// Told when a call changed a series: the driver looks again.
     wake: Notify,
-    /// Cluster mode does not serve series yet: every call says so.
-    available: bool,
 }
 
 impl Series {
-    /// The series of `node`'s shards (standalone).
+    /// The series of the shards `node` serves: standalone every shard; in
+    /// a cluster those it owns now, whose changes go through the schedule
+    /// log (see [`Node::write_series`]).
     pub fn new(node: Arc<Node>, service: Arc<Service>, clock: Arc<dyn Clock>) -> Series {
-        Series { book: book::Book::new(node), clock, service, wake: Notify::new(), available: true }
+        Series { book: book::Book::new(node), clock, service, wake: Notify::new() }
     }
 
-    /// Series calls on a node that cannot serve them: each is refused with
-    /// why.
-    pub fn unavailable(node: Arc<Node>, service: Arc<Service>, clock: Arc<dyn Clock>) -> Series {
-        Series { available: false, ..Series::new(node, service, clock) }
+    /// How many shards the ids are spread over: where each occurrence's id
+    /// is placed ([`spec::occurrence_id`]).
+    fn shards(&self) -> u32 {
+        self.book.node().shard_count() as u32
     }
 
     /// Starts the driver, which parks occurrences until `stop`.
-    pub fn start(self: &Arc<Self>, stop: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
-        self.available.then(|| tokio::spawn(driver::run(Arc::clone(self), stop)))
+    pub fn start(self: &Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(driver::run(Arc::clone(self), stop))
     }
 }

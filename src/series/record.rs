@@ -80,8 +80,9 @@ impl SeriesRecord {
         }
     }
 
-    /// The series' answer to Get: with its next `n` occurrences.
-    pub fn info(&self, id: &MessageId, spec: &Spec, n: usize) -> proto::SeriesInfo {
+    /// The series' answer to Get: with its next `n` occurrences (their ids
+    /// placed in `shards` shards).
+    pub fn info(&self, id: &MessageId, spec: &Spec, n: usize, shards: u32) -> proto::SeriesInfo {
         let mut next = Vec::with_capacity(n);
         if let Some(at) = self.next_ms.filter(|_| !self.paused && n > 0) {
             next.push(UnixMillis(at));
@@ -99,7 +100,7 @@ impl SeriesRecord {
                 .parked
                 .iter()
                 .chain(&self.firing)
-                .map(|at| super::spec::occurrence_id(id, UnixMillis(*at)).as_str().to_owned())
+                .map(|at| super::spec::occurrence_id(id, UnixMillis(*at), shards).as_str().to_owned())
                 .collect(),
             skipped: self.skipped,
         }

@@ -21,6 +21,7 @@ use crate::{
     auth::Access,
     message::{Invalid, MessageId, Selector, UnixMillis, validate_topic_name},
     proto,
+    scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls},
     store::Intent,
 };
 
@@ -40,17 +41,11 @@ fn unreadable(id: &MessageId, e: Invalid) -> Error {
 const DEFAULT_NEXT: usize = 5;
 /// The most next occurrences Get shows.
 const MAX_NEXT: usize = 100;
-const DEFAULT_PAGE: usize = 100;
 const MAX_PAGE: usize = 1000;
 
 impl Series {
-    fn check_available(&self) -> Result<(), Error> {
-        if self.available { Ok(()) } else { Err(Error::SeriesUnavailable) }
-    }
-
     /// The caller's series `id`: checked, in its space.
     fn id(&self, access: &Access, id: &str) -> Result<MessageId, Error> {
-        self.check_available()?;
         let scope = access.scope();
         Ok(series_id(scope.tenant.as_ref(), id)?)
     }
@@ -70,12 +65,16 @@ impl Series {
         access.check(record.topic())?;
         Ok(record)
     }
+}
 
-    pub async fn create(
+#[tonic::async_trait]
+impl SeriesCalls for Series {
+    async fn create_series(
         &self,
-        access: &Access,
+        call: &Call,
         request: proto::CreateSeriesRequest,
     ) -> Result<proto::CreateSeriesResponse, Error> {
+        let access = &call.access;
         let id = self.id(access, &request.id)?;
         let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
         let now = self.clock.now();
@@ -87,7 +86,7 @@ impl Series {
                 access.check(&spec.template.topic)?;
                 let spec = existing.spec()?;
                 return Ok(proto::CreateSeriesResponse {
-                    series: Some(existing.info(&id, &spec, 1)),
+                    series: Some(existing.info(&id, &spec, 1, self.shards())),
                     created: false,
                 });
             }
@@ -108,14 +107,18 @@ impl Series {
             ..Default::default()
         };
         self.save(&id, &record, &spec, None).await?;
-        Ok(proto::CreateSeriesResponse { series: Some(record.info(&id, &spec, 1)), created: true })
+        Ok(proto::CreateSeriesResponse {
+            series: Some(record.info(&id, &spec, 1, self.shards())),
+            created: true,
+        })
     }
 
-    pub async fn get(
+    async fn get_series(
         &self,
-        access: &Access,
+        call: &Call,
         request: proto::GetSeriesRequest,
     ) -> Result<proto::SeriesInfo, Error> {
+        let access = &call.access;
         let id = self.id(access, &request.id)?;
         let n = match request.next as usize {
             0 => DEFAULT_NEXT,
@@ -125,17 +128,17 @@ impl Series {
             n => n,
         };
         let (record, spec) = self.load_visible(access, &id).await?;
-        Ok(record.info(&id, &spec, n))
+        Ok(record.info(&id, &spec, n, self.shards()))
     }
 
-    pub async fn list(
+    async fn list_series(
         &self,
-        access: &Access,
+        call: &Call,
         request: proto::ListSeriesRequest,
     ) -> Result<proto::ListSeriesResponse, Error> {
-        self.check_available()?;
+        let access = &call.access;
         let limit = match request.page_size as usize {
-            0 => DEFAULT_PAGE,
+            0 => DEFAULT_SERIES_PAGE,
             n if n > MAX_PAGE => {
                 return Err(Invalid::new("page_size", format!("is {n}; the most is {MAX_PAGE}")).into());
             }
@@ -181,16 +184,17 @@ impl Series {
             {
                 continue;
             }
-            series.push(record.info(&id, &spec, 1));
+            series.push(record.info(&id, &spec, 1, self.shards()));
         }
         Ok(proto::ListSeriesResponse { series, next_page_token })
     }
 
-    pub async fn update(
+    async fn update_series(
         &self,
-        access: &Access,
+        call: &Call,
         request: proto::UpdateSeriesRequest,
     ) -> Result<proto::UpdateSeriesResponse, Error> {
+        let access = &call.access;
         let id = self.id(access, &request.id)?;
         let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
         // Checked before the series is locked: the check may ask Kafka.
@@ -205,14 +209,18 @@ impl Series {
         record.spec = Some(given);
         record.updated_ms = now.0;
         self.save(&id, &record, &spec, old_wake).await?;
-        Ok(proto::UpdateSeriesResponse { series: Some(record.info(&id, &spec, 1)), occurrences })
+        Ok(proto::UpdateSeriesResponse {
+            series: Some(record.info(&id, &spec, 1, self.shards())),
+            occurrences,
+        })
     }
 
-    pub async fn pause(
+    async fn pause_series(
         &self,
-        access: &Access,
+        call: &Call,
         request: proto::PauseSeriesRequest,
     ) -> Result<proto::PauseSeriesResponse, Error> {
+        let access = &call.access;
         let id = self.id(access, &request.id)?;
         let _lock = self.book.lock(&id).await;
         let (mut record, spec) = self.load_visible(access, &id).await?;
@@ -221,14 +229,18 @@ impl Series {
         record.paused = true;
         record.updated_ms = self.clock.now().0;
         self.save(&id, &record, &spec, old_wake).await?;
-        Ok(proto::PauseSeriesResponse { series: Some(record.info(&id, &spec, 1)), occurrences })
+        Ok(proto::PauseSeriesResponse {
+            series: Some(record.info(&id, &spec, 1, self.shards())),
+            occurrences,
+        })
     }
 
-    pub async fn resume(
+    async fn resume_series(
         &self,
-        access: &Access,
+        call: &Call,
         request: proto::ResumeSeriesRequest,
     ) -> Result<proto::SeriesInfo, Error> {
+        let access = &call.access;
         let id = self.id(access, &request.id)?;
         let _lock = self.book.lock(&id).await;
         let (mut record, spec) = self.load_visible(access, &id).await?;
@@ -241,14 +253,15 @@ impl Series {
             }
             self.save(&id, &record, &spec, None).await?;
         }
-        Ok(record.info(&id, &spec, 1))
+        Ok(record.info(&id, &spec, 1, self.shards()))
     }
 
-    pub async fn delete(
+    async fn delete_series(
         &self,
-        access: &Access,
+        call: &Call,
         request: proto::DeleteSeriesRequest,
     ) -> Result<proto::DeleteSeriesResponse, Error> {
+        let access = &call.access;
         let id = self.id(access, &request.id)?;
         let _lock = self.book.lock(&id).await;
         // Even one whose spec no longer reads can be deleted.
@@ -258,7 +271,9 @@ impl Series {
         self.book.save(vec![Change { id, record: Record::Delete, old_wake, wake: None }]).await?;
         Ok(proto::DeleteSeriesResponse { occurrences })
     }
+}
 
+impl Series {
     /// Cancels the occurrences the series parked and may not have settled,
     /// and forgets them. If a cancel fails, the series is left as it was
     /// (an occurrence cancelled meanwhile answers ALREADY_CANCELLED when
@@ -272,7 +287,7 @@ impl Series {
         let now = self.clock.now();
         let mut outcomes = Vec::new();
         for at in record.parked.iter().chain(&record.firing) {
-            let occurrence = occurrence_id(id, UnixMillis(*at));
+            let occurrence = occurrence_id(id, UnixMillis(*at), self.shards());
             let intent = Intent::Cancel { scope: scope.clone(), id: occurrence.clone(), now };
             let outcome = self.book.node().change(intent).await?.cancelled()?;
             outcomes.push(proto::OccurrenceOutcome {

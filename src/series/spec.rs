@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::rule::{Bounds, Every, Missed, Rule, RuleError};
 use crate::{
-    message::{Envelope, Invalid, Labels, MessageId, Tenant, UnixMillis},
+    message::{Envelope, Invalid, Labels, MessageId, Tenant, UnixMillis, shard_of},
     proto,
 };
 
@@ -152,11 +152,32 @@ pub fn series_id(tenant: Option<&Tenant>, id: &str) -> Result<MessageId, Invalid
     MessageId::parse_in(tenant, id)
 }
 
-/// The id of the occurrence of series `series` at nominal time `at`.
-pub fn occurrence_id(series: &MessageId, at: UnixMillis) -> MessageId {
+/// Ids an occurrence may take before the plain one is kept: far more than
+/// any shard count needs (about as many as there are shards).
+const PLACEMENT_TRIES: u32 = 1 << 16;
+
+/// The id of the occurrence of series `series` at nominal time `at`, in
+/// the series' own shard of `shards`: `<series>@<ms>`, or, where that id
+/// hashes to another shard, `<series>@<ms>.<n>` with the least `n` that
+/// hashes to the series' shard. A series and its occurrences are one
+/// shard's, so its owner parks, reads and cancels them itself (in a
+/// cluster, without another node); the same inputs always give the same
+/// id, so a retry parks the same message.
+pub fn occurrence_id(series: &MessageId, at: UnixMillis, shards: u32) -> MessageId {
     let tenant = series.tenant().map(|t| Tenant::parse(t).expect("a stored tenant is valid"));
-    MessageId::parse_in(tenant.as_ref(), &format!("{}@{}", series.as_str(), at.0))
-        .expect("a series id and a time make a valid id")
+    let make = |text: &str| {
+        MessageId::parse_in(tenant.as_ref(), text).expect("a series id and a time make a valid id")
+    };
+    let home = shard_of(series, shards);
+    let base = format!("{}@{}", series.as_str(), at.0);
+    let plain = make(&base);
+    if shard_of(&plain, shards) == home {
+        return plain;
+    }
+    (1..=PLACEMENT_TRIES)
+        .map(|n| make(&format!("{base}.{n}")))
+        .find(|id| shard_of(id, shards) == home)
+        .unwrap_or(plain)
 }
 
 fn millis(field: &'static str, t: prost_types::Timestamp) -> Result<UnixMillis, Invalid> {

@@ -31,13 +31,13 @@ use crate::{
     api::{ApiConfig, Budget, Local, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
-    cluster::{Cluster, ClusterConfig, Ingress, Router, Shards, Voucher},
+    cluster::{Cluster, ClusterConfig, Ingress, Router, SeriesRouter, Shards, Voucher},
     config::Config,
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
     node::{LocalShards, Node, NodeConfig, ShardSet},
     proto,
-    scheduler::Scheduler,
+    scheduler::{Scheduler, SeriesCalls},
     secret,
     series::Series,
     service::Service,
@@ -118,11 +118,9 @@ pub async fn run_with_clock(
         settings::limits(&config),
         Arc::clone(&clock),
     ));
-    // Series are driven where their shards are kept: standalone, here.
-    let series = Arc::new(match &cluster_config {
-        None => Series::new(Arc::clone(&node), Arc::clone(&service), Arc::clone(&clock)),
-        Some(_) => Series::unavailable(Arc::clone(&node), Arc::clone(&service), clock),
-    });
+    // Series are driven where their shards are: standalone every shard,
+    // in a cluster those this node owns now.
+    let series = Arc::new(Series::new(Arc::clone(&node), Arc::clone(&service), clock));
     let series_stop = CancellationToken::new();
     let series_task = series.start(series_stop.clone());
 
@@ -185,23 +183,25 @@ pub async fn run_with_clock(
     // Cluster mode: a call is served here or on the node that owns its
     // shard.
     let local: Arc<dyn Scheduler> = Arc::new(Local::new(service));
-    let (scheduler, ingress): (Arc<dyn Scheduler>, _) = match cluster.zip(cluster_config.as_ref()) {
-        Some((cluster, cluster_config)) => {
-            // A node that does not answer holds at most half of this
-            // node's admission.
-            let per_peer = config.max_concurrent_requests / 2;
-            let tls = settings::peer_tls(&config, cluster_config)?;
-            let router: Arc<dyn Scheduler> =
-                Arc::new(Router::new(local, Arc::clone(&cluster), tls, per_peer));
-            // Kafka-native schedules are calls of the router's, each with
-            // its topic's grant.
-            let ingress = Ingress::start(cluster_config, cluster, Arc::clone(&router), auth.clone()).await?;
-            (router, Some(ingress))
-        }
-        None => (local, None),
-    };
+    let (scheduler, series_calls, ingress): (Arc<dyn Scheduler>, Arc<dyn SeriesCalls>, _) =
+        match cluster.zip(cluster_config.as_ref()) {
+            Some((cluster, cluster_config)) => {
+                // A node that does not answer holds at most half of this
+                // node's admission.
+                let per_peer = config.max_concurrent_requests / 2;
+                let tls = settings::peer_tls(&config, cluster_config)?;
+                let router = Arc::new(Router::new(local, Arc::clone(&cluster), tls, per_peer));
+                let series_router = Arc::new(SeriesRouter::new(series.clone(), Arc::clone(&router)));
+                // Kafka-native schedules are calls of the router's, each
+                // with its topic's grant.
+                let ingress =
+                    Ingress::start(cluster_config, cluster, Arc::clone(&router) as _, auth.clone()).await?;
+                (router, series_router, Some(ingress))
+            }
+            None => (local, series.clone(), None),
+        };
     let scheduler_api = SchedulerApi::new(scheduler, api);
-    let series_api = scheduler_api.series(Arc::clone(&series));
+    let series_api = scheduler_api.series(series_calls);
     let grpc = tokio::spawn(
         server
             .add_service(health_service)
@@ -241,11 +241,9 @@ pub async fn run_with_clock(
         ingress.stop().await;
     }
     drain_within(*config.shutdown_grace, "gRPC requests", grpc).await;
-    if let Some(task) = series_task {
-        // No occurrence is parked once the shards begin to close.
-        series_stop.cancel();
-        let _ = task.await;
-    }
+    // No occurrence is parked once the shards begin to close.
+    series_stop.cancel();
+    let _ = series_task.await;
     node.shutdown().await;
     background.cancel();
     let _ = catalog_task.await;

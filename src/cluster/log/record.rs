@@ -27,6 +27,10 @@
 //!                                                   reconciliation)
 //! 0x04 ‖ topic ‖ 0 ‖ p Ingress(topic, partition,   how far the shard read partition p of an
 //!                      next)                        ingress topic: the next offset to read
+//! 0x05 ‖ series id   Series(id, bytes?, wakes)      a series as its owner wrote it (`crate::series`),
+//!                                                   and its wake moved; no bytes: deleted. Applied
+//!                                                   only from the shard's owner
+//! 0x05 ‖ series id   none (tombstone)               the deleted series is gone for good
 //! ```
 //!
 //! The latest record of an id says all there is of its message, whatever
@@ -65,6 +69,9 @@ pub const MARKS_KEY_MARK: u8 = 3;
 /// partition of an ingress topic).
 pub const INGRESS_KEY_MARK: u8 = 4;
 
+/// The first byte of the key of [`Series`] records (one key per series).
+pub const SERIES_KEY_MARK: u8 = 5;
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LogRecord {
     /// The node incarnation that wrote the record (random per start).
@@ -73,7 +80,7 @@ pub struct LogRecord {
     /// Which of its requests: the node answers it once this is applied.
     #[prost(uint64, tag = "2")]
     pub request: u64,
-    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9, 10, 11")]
     pub change: Option<Change>,
 }
 
@@ -95,6 +102,25 @@ pub enum Change {
     Marks(Marks),
     #[prost(message, tag = "10")]
     Ingress(Ingress),
+    #[prost(message, tag = "11")]
+    Series(Series),
+}
+
+/// A series as the shard's owner wrote it: its bytes are the series
+/// room's (`crate::series::record`), kept as they come; and its entry in
+/// the wake index, moved from `old_wake_ms` to `wake_ms`. No bytes: the
+/// series was deleted.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Series {
+    /// The series id as the store keeps it (as a message id is kept).
+    #[prost(bytes = "vec", tag = "1")]
+    pub id: Vec<u8>,
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub bytes: Option<Vec<u8>>,
+    #[prost(uint64, optional, tag = "3")]
+    pub old_wake_ms: Option<u64>,
+    #[prost(uint64, optional, tag = "4")]
+    pub wake_ms: Option<u64>,
 }
 
 /// How far the shard's owner has read a partition of an ingress topic
@@ -351,6 +377,14 @@ pub fn ingress_key(topic: &str, partition: i32) -> Vec<u8> {
     key
 }
 
+/// The key of series `id`'s [`Series`] records (`id` as stored).
+pub fn series_key(id: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + id.len());
+    key.push(SERIES_KEY_MARK);
+    key.extend_from_slice(id);
+    key
+}
+
 /// The key of the [`Settled`] record of a chunk: its time ([`Settled::at_ms`])
 /// then its writer and request, unique, so that compaction keeps every
 /// chunk until its retention ends and the shard's owner tombstones it.
@@ -380,6 +414,8 @@ pub enum Entry {
     /// The end of a chunk's retention: its [`Settled`] record, under this
     /// key, is gone once the log is compacted.
     ForgetChunk(Vec<u8>),
+    /// A deleted series' tombstone: whatever is left of it goes.
+    ForgetSeries(MessageId),
     /// Nothing to apply: an owner's tombstone, or a record this build does
     /// not know (from a newer release), which is skipped with a warning.
     Skip(String),
@@ -420,6 +456,10 @@ pub fn read<'a>(
             Some(key @ [CHUNK_KEY_MARK, ..]) if key.len() == CHUNK_KEY_LEN => {
                 Entry::ForgetChunk(key.to_vec())
             }
+            Some([SERIES_KEY_MARK, id @ ..]) => match MessageId::from_stored(id) {
+                Some(id) => Entry::ForgetSeries(id),
+                None => Entry::Skip("a series tombstone whose key is no series id".to_owned()),
+            },
             Some([CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK | INGRESS_KEY_MARK, ..]) => Entry::Skip(
                 "the tombstone of an owner, of marks, of an ingress offset, or of no chunk".to_owned(),
             ),

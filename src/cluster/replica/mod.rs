@@ -13,7 +13,7 @@ use crate::{
     },
     message::{DueSpec, Labels, MessageId, UnixMillis},
     store::{
-        Local, LogEntry, Outcome, Proposed, Replica, Settle, SettledLine,
+        Local, LogEntry, Outcome, Proposed, Replica, SeriesBytes, SeriesWrite, Settle, SettledLine,
         schema::{HeaderRecord, LabelRecord, MessageRecord},
     },
 };
@@ -24,6 +24,7 @@ pub(crate) fn entry(offset: i64, at: UnixMillis, entry: Entry, local: Option<Loc
         Entry::Logged { writer, request, change } => (Some(writer), logged(writer, request, change)),
         Entry::Forget(id) => (None, Replica::Forget(id)),
         Entry::ForgetChunk(chunk) => (None, Replica::ForgetChunk(chunk)),
+        Entry::ForgetSeries(id) => (None, Replica::ForgetSeries(id)),
         // Logged (and a forgery counted) where it is read, with its
         // partition.
         Entry::Skip(_) | Entry::Forged(_) => (None, Replica::Skip),
@@ -72,6 +73,15 @@ fn logged(writer: u64, request: u64, change: Change) -> Replica {
         Change::Ingress(read) => {
             Replica::Ingress { topic: read.topic, partition: read.partition, next: read.next }
         }
+        Change::Series(series) => match MessageId::from_stored(&series.id) {
+            Some(id) => Replica::Series(SeriesWrite {
+                id,
+                record: series.bytes.map_or(SeriesBytes::Delete, SeriesBytes::Put),
+                old_wake: series.old_wake_ms.map(UnixMillis),
+                wake: series.wake_ms.map(UnixMillis),
+            }),
+            None => unreadable_id(&series.id),
+        },
     }
 }
 
@@ -155,6 +165,24 @@ fn message_of(id: &MessageId, record: MessageRecord) -> LogMessage {
         fresh: false,
         labels: record.labels.into_iter().map(|l| LogLabel { key: l.key, value: l.value }).collect(),
     }
+}
+
+/// The key and the change of the record that logs a series' write, whole:
+/// what is kept of it (`Keep`) comes as `kept`, its bytes as stored.
+pub(crate) fn series(write: SeriesWrite, kept: Option<Vec<u8>>) -> (Vec<u8>, Change) {
+    let bytes = match write.record {
+        SeriesBytes::Put(bytes) => Some(bytes),
+        SeriesBytes::Keep => kept,
+        SeriesBytes::Delete => None,
+    };
+    let id = write.id.as_bytes().to_vec();
+    let change = Change::Series(record::Series {
+        id: id.clone(),
+        bytes,
+        old_wake_ms: write.old_wake.map(|t| t.0),
+        wake_ms: write.wake.map(|t| t.0),
+    });
+    (record::series_key(&id), change)
 }
 
 /// A settle as the log records it.

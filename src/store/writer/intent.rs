@@ -31,6 +31,8 @@ pub enum Answer {
     Scheduled(Result<Scheduled, StoreError>),
     Cancelled(Result<CancelOutcome, StoreError>),
     Rescheduled(Result<UnixMillis, StoreError>),
+    /// A series written (cluster mode: from its shard's owner only).
+    Series(Result<(), StoreError>),
     /// Nobody waits on this record.
     None,
 }
@@ -75,7 +77,16 @@ impl Answer {
             Answer::Scheduled(_) => Answer::Scheduled(Err(moved())),
             Answer::Cancelled(_) => Answer::Cancelled(Err(moved())),
             Answer::Rescheduled(_) => Answer::Rescheduled(Err(moved())),
+            Answer::Series(_) => Answer::Series(Err(moved())),
             Answer::None => Answer::None,
+        }
+    }
+
+    /// The answer to a series' write.
+    pub fn series(self) -> Result<(), StoreError> {
+        match self {
+            Answer::Series(result) => result,
+            other => Err(other.unexpected()),
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::ops::{Outcome, Settle};
 use crate::{
     message::{MessageId, UnixMillis},
-    store::{claims::Floor, schema::MessageRecord},
+    store::{SeriesWrite, claims::Floor, schema::MessageRecord},
 };
 
 /// One record of the shard's log partition, to apply.
@@ -58,6 +58,12 @@ pub(crate) enum Replica {
     Forget(MessageId),
     /// Retention ended for a chunk: forget its key.
     ForgetChunk(Vec<u8>),
+    /// A series as the shard's owner wrote it (applied only when the
+    /// record's writer owns the shard: an owner fenced meanwhile may have
+    /// decided from what the next one changed since).
+    Series(SeriesWrite),
+    /// A deleted series' tombstone: whatever is left of it goes.
+    ForgetSeries(MessageId),
     /// Nothing to apply; the partition's next offset moves past it.
     Skip,
 }

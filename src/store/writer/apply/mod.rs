@@ -317,6 +317,8 @@ pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
         | Replica::Marks { .. }
         | Replica::Ingress { .. }
         | Replica::ForgetChunk(_)
+        | Replica::Series(_)
+        | Replica::ForgetSeries(_)
         | Replica::Skip => Vec::new(),
     }
 }
@@ -423,6 +425,20 @@ impl Writer {
             }
             Replica::ForgetChunk(chunk) => {
                 r.batch.delete_cf(self.checkpoint(), schema::log_chunk_key(&chunk));
+                Answer::None
+            }
+            Replica::Series(write) if from_owner => {
+                r.put_series(&write);
+                Answer::Series(Ok(()))
+            }
+            // Written by a node the log no longer names the owner: its
+            // driver or call decided from a series the owner may have
+            // changed since. Every copy leaves it out alike.
+            Replica::Series(_) => Answer::Series(Err(StoreError::LogUnavailable(
+                "the shard moved to another node while this series was changed; retry".to_owned(),
+            ))),
+            Replica::ForgetSeries(id) => {
+                r.batch.delete_cf(self.checkpoint(), schema::series_key(&id));
                 Answer::None
             }
             Replica::Skip => Answer::None,

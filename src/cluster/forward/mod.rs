@@ -32,6 +32,10 @@ use tonic::{
     transport::{Channel, ClientTlsConfig, Endpoint},
 };
 
+mod series;
+
+pub use series::SeriesRouter;
+
 use super::{Cluster, Place, Voucher};
 use crate::{
     Error,
@@ -57,6 +61,19 @@ const KEPT_CLIENTS: usize = 64;
 
 type Client = proto::scheduler_client::SchedulerClient<Channel>;
 
+/// A gRPC client of another node's, over the channel kept for it.
+trait PeerClient: Sized {
+    /// A client on `channel` that reads answers up to `max_answer` bytes
+    /// (the node that serves a request checks its size).
+    fn on(channel: Channel, max_answer: usize) -> Self;
+}
+
+impl PeerClient for Client {
+    fn on(channel: Channel, max_answer: usize) -> Self {
+        Client::new(channel).max_decoding_message_size(max_answer).max_encoding_message_size(usize::MAX)
+    }
+}
+
 /// Sends requests on to the nodes that own their shards.
 pub struct Router {
     /// This node's own scheduler: what is served here.
@@ -68,7 +85,7 @@ pub struct Router {
     voucher: Voucher,
     /// The largest answer read from another node.
     max_answer: usize,
-    clients: Mutex<HashMap<String, (Client, Arc<Semaphore>)>>,
+    clients: Mutex<HashMap<String, (Channel, Arc<Semaphore>)>>,
     /// Which node a call without a shard goes to next.
     turn: AtomicUsize,
 }
@@ -156,8 +173,8 @@ impl Router {
     /// it: none free (that many calls to it unanswered, as when it hangs)
     /// fails the call at once rather than holding the caller's admission
     /// too, so that a node that does not answer costs only its own shards.
-    fn client(&self, addr: &str) -> Result<(Client, OwnedSemaphorePermit), Error> {
-        let (client, slots) = self.peer(addr)?;
+    fn client<C: PeerClient>(&self, addr: &str) -> Result<(C, OwnedSemaphorePermit), Error> {
+        let (channel, slots) = self.peer(addr)?;
         let slot = slots.try_acquire_owned().map_err(|_| {
             metrics::FORWARD_REFUSED.inc();
             tracing::warn!(node = %addr, calls = self.per_peer, "every slot for calls to the node that owns a shard is taken");
@@ -171,10 +188,10 @@ impl Router {
                 details: Vec::new(),
             }
         })?;
-        Ok((client, slot))
+        Ok((C::on(channel, self.max_answer), slot))
     }
 
-    fn peer(&self, addr: &str) -> Result<(Client, Arc<Semaphore>), Error> {
+    fn peer(&self, addr: &str) -> Result<(Channel, Arc<Semaphore>), Error> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((client, slots)) = clients.get(addr) {
             return Ok((client.clone(), Arc::clone(slots)));
@@ -208,25 +225,21 @@ impl Router {
             // without it is not one of its nodes', or a mistake.
             return Err(unreachable(&"a plaintext address in a cluster whose nodes speak TLS"));
         }
-        // The node that serves a request checks its size; an answer is
-        // read up to a bound.
-        let client = Client::new(endpoint.connect_lazy())
-            .max_decoding_message_size(self.max_answer)
-            .max_encoding_message_size(usize::MAX);
+        let channel = endpoint.connect_lazy();
         let slots = Arc::new(Semaphore::new(self.per_peer));
-        clients.insert(addr.to_owned(), (client.clone(), Arc::clone(&slots)));
-        Ok((client, slots))
+        clients.insert(addr.to_owned(), (channel.clone(), Arc::clone(&slots)));
+        Ok((channel, slots))
     }
 
     /// A request about the message `id`: `None` when this node serves it,
     /// else the answer of the node that did.
-    async fn one<Req: Clone, Resp>(
+    async fn one<C: PeerClient, Req: Clone, Resp>(
         &self,
         method: &'static str,
         call: &Call,
         id: &str,
         request: &Req,
-        send: impl Fn(Client, Request<Req>) -> BoxFuture<'static, Result<Response<Resp>, Status>>,
+        send: impl Fn(C, Request<Req>) -> BoxFuture<'static, Result<Response<Resp>, Status>>,
     ) -> Result<Option<Resp>, Error> {
         if call.forwarded {
             return Ok(None);
@@ -270,7 +283,7 @@ impl Router {
             let request = self.forwarded(call, request.clone());
             async move {
                 metrics::FORWARDED.with_label_values(&["List"]).inc();
-                let (mut client, _slot) = self.client(&addr)?;
+                let (mut client, _slot) = self.client::<Client>(&addr)?;
                 let response = client.list(request).await.map_err(|s| from_peer(&addr, "List", s))?;
                 let (metadata, page, _) = response.into_parts();
                 positioned(&addr, &metadata, page)
@@ -302,7 +315,7 @@ impl Router {
             let request = self.forwarded(call, proto::StatsRequest {});
             async move {
                 metrics::FORWARDED.with_label_values(&["Stats"]).inc();
-                let (mut client, _slot) = self.client(&addr)?;
+                let (mut client, _slot) = self.client::<Client>(&addr)?;
                 Ok::<_, Error>(
                     client.stats(request).await.map_err(|s| from_peer(&addr, "Stats", s))?.into_inner(),
                 )
@@ -406,7 +419,7 @@ impl Scheduler for Router {
             let remote = there.into_iter().map(|(addr, group)| async move {
                 let requests = group.iter().map(|(_, _, item)| item.clone()).collect();
                 metrics::FORWARDED.with_label_values(&[method]).inc_by(group.len() as u64);
-                let sent = match self.client(&addr) {
+                let sent = match self.client::<Client>(&addr) {
                     Ok((mut client, _slot)) => {
                         client
                             .schedule_batch(self.forwarded(call, proto::ScheduleBatchRequest { requests }))

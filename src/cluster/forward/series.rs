@@ -1,0 +1,188 @@
+//! The series calls in cluster mode: a call about one series goes to the
+//! node that owns its shard, as a call about one message does (its driver
+//! and its lock are there); `ListSeries` asks every node that owns shards
+//! and merges their pages in id order.
+
+use std::sync::Arc;
+
+use futures_util::future::{self, BoxFuture};
+use tonic::transport::Channel;
+
+use super::{PeerClient, Router, from_peer};
+use crate::{
+    Error, metrics, proto,
+    scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls},
+};
+
+type SeriesClient = proto::series_client::SeriesClient<Channel>;
+
+impl PeerClient for SeriesClient {
+    fn on(channel: Channel, max_answer: usize) -> Self {
+        SeriesClient::new(channel).max_decoding_message_size(max_answer).max_encoding_message_size(usize::MAX)
+    }
+}
+
+/// Serves the series calls on this node's series
+/// or on the node that owns their shard.
+pub struct SeriesRouter {
+    local: Arc<dyn SeriesCalls>,
+    router: Arc<Router>,
+}
+
+impl SeriesRouter {
+    pub fn new(local: Arc<dyn SeriesCalls>, router: Arc<Router>) -> SeriesRouter {
+        SeriesRouter { local, router }
+    }
+}
+
+/// Sends a call about one series where its shard is: the answer of the
+/// node that served it, or this node's.
+macro_rules! one_series {
+    ($self:ident, $call:ident, $request:ident, $method:literal, $verb:ident) => {{
+        let send =
+            |mut c: SeriesClient, r| -> BoxFuture<'static, _> { Box::pin(async move { c.$verb(r).await }) };
+        match $self.router.one($method, $call, &$request.id, &$request, send).await? {
+            Some(answer) => Ok(answer),
+            None => $self.local.$verb($call, $request).await,
+        }
+    }};
+}
+
+#[tonic::async_trait]
+impl SeriesCalls for SeriesRouter {
+    async fn create_series(
+        &self,
+        call: &Call,
+        request: proto::CreateSeriesRequest,
+    ) -> Result<proto::CreateSeriesResponse, Error> {
+        one_series!(self, call, request, "CreateSeries", create_series)
+    }
+
+    async fn get_series(
+        &self,
+        call: &Call,
+        request: proto::GetSeriesRequest,
+    ) -> Result<proto::SeriesInfo, Error> {
+        one_series!(self, call, request, "GetSeries", get_series)
+    }
+
+    /// This node's page merged with every other node's; a forwarded call
+    /// gets this node's alone.
+    async fn list_series(
+        &self,
+        call: &Call,
+        request: proto::ListSeriesRequest,
+    ) -> Result<proto::ListSeriesResponse, Error> {
+        // Checked here first: a bad request is refused once, not by each.
+        let here = self.local.list_series(call, request.clone()).await?;
+        if call.forwarded {
+            return Ok(here);
+        }
+        let limit = match request.page_size {
+            0 => DEFAULT_SERIES_PAGE,
+            n => n as usize,
+        };
+        let asked = self.router.cluster.peers().into_iter().map(|addr| {
+            let request = self.router.forwarded(call, request.clone());
+            async move {
+                metrics::FORWARDED.with_label_values(&["ListSeries"]).inc();
+                let (mut client, _slot) = self.router.client::<SeriesClient>(&addr)?;
+                let page =
+                    client.list_series(request).await.map_err(|s| from_peer(&addr, "ListSeries", s))?;
+                Ok::<_, Error>(page.into_inner())
+            }
+        });
+        let mut pages = vec![here];
+        pages.extend(future::try_join_all(asked).await?);
+        Ok(merge(pages, limit))
+    }
+
+    async fn update_series(
+        &self,
+        call: &Call,
+        request: proto::UpdateSeriesRequest,
+    ) -> Result<proto::UpdateSeriesResponse, Error> {
+        one_series!(self, call, request, "UpdateSeries", update_series)
+    }
+
+    async fn pause_series(
+        &self,
+        call: &Call,
+        request: proto::PauseSeriesRequest,
+    ) -> Result<proto::PauseSeriesResponse, Error> {
+        one_series!(self, call, request, "PauseSeries", pause_series)
+    }
+
+    async fn resume_series(
+        &self,
+        call: &Call,
+        request: proto::ResumeSeriesRequest,
+    ) -> Result<proto::SeriesInfo, Error> {
+        one_series!(self, call, request, "ResumeSeries", resume_series)
+    }
+
+    async fn delete_series(
+        &self,
+        call: &Call,
+        request: proto::DeleteSeriesRequest,
+    ) -> Result<proto::DeleteSeriesResponse, Error> {
+        one_series!(self, call, request, "DeleteSeries", delete_series)
+    }
+}
+
+/// One page of the nodes' pages: each node looked at every series up to
+/// its token (at all of its own when it has none), so the merged page
+/// holds the series up to the least of them, at most `limit`, and goes on
+/// from the last it holds.
+fn merge(pages: Vec<proto::ListSeriesResponse>, limit: usize) -> proto::ListSeriesResponse {
+    let bound = pages.iter().map(|p| &p.next_page_token).filter(|t| !t.is_empty()).min().cloned();
+    let mut series: Vec<proto::SeriesInfo> = pages
+        .into_iter()
+        .flat_map(|p| p.series)
+        .filter(|s| bound.as_ref().is_none_or(|b| s.id <= *b))
+        .collect();
+    series.sort_by(|a, b| a.id.cmp(&b.id));
+    let next_page_token = if series.len() > limit {
+        series.truncate(limit);
+        series.last().map(|s| s.id.clone()).unwrap_or_default()
+    } else {
+        bound.unwrap_or_default()
+    };
+    proto::ListSeriesResponse { series, next_page_token }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(ids: &[&str], next: &str) -> proto::ListSeriesResponse {
+        proto::ListSeriesResponse {
+            series: ids
+                .iter()
+                .map(|id| proto::SeriesInfo { id: (*id).to_owned(), ..Default::default() })
+                .collect(),
+            next_page_token: next.to_owned(),
+        }
+    }
+
+    fn ids(page: &proto::ListSeriesResponse) -> Vec<&str> {
+        page.series.iter().map(|s| s.id.as_str()).collect()
+    }
+
+    #[test]
+    fn a_merged_page_holds_what_every_node_looked_at() {
+        // One node read up to "c" and has more; the other read all it has.
+        let merged = merge(vec![page(&["a", "c"], "c"), page(&["b", "d"], "")], 10);
+        assert_eq!(ids(&merged), ["a", "b", "c"]);
+        assert_eq!(merged.next_page_token, "c", "d comes on the next page");
+        let merged = merge(vec![page(&["a"], ""), page(&["b"], "")], 10);
+        assert_eq!((ids(&merged), merged.next_page_token.as_str()), (vec!["a", "b"], ""));
+    }
+
+    #[test]
+    fn a_merged_page_is_no_longer_than_asked() {
+        let merged = merge(vec![page(&["a", "c"], ""), page(&["b", "d"], "")], 3);
+        assert_eq!(ids(&merged), ["a", "b", "c"]);
+        assert_eq!(merged.next_page_token, "c");
+    }
+}
