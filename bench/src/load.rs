@@ -218,6 +218,21 @@ pub async fn lateness(
     Ok(late)
 }
 
+/// [`lateness`] of the messages delivered, sorted, and how many of
+/// `messages` were not (unknown, or in another state).
+pub async fn lateness_of_delivered(
+    servers: &[ServerProcess],
+    messages: &[(String, u64)],
+    clients: usize,
+) -> anyhow::Result<(Vec<i64>, usize)> {
+    let at = read_delivered(servers, messages, clients, true).await?;
+    let missing = at.iter().filter(|at| at.is_none()).count();
+    let mut late: Vec<i64> =
+        at.into_iter().zip(messages).filter_map(|(at, (_, due))| Some(at? - *due as i64)).collect();
+    late.sort_unstable();
+    Ok((late, missing))
+}
+
 /// When each message was delivered (Unix milliseconds, as its delivery
 /// report came), read back with `Get` through the `servers` in turn, in
 /// the order of `messages`.
@@ -226,6 +241,18 @@ pub async fn delivered_at(
     messages: &[(String, u64)],
     clients: usize,
 ) -> anyhow::Result<Vec<i64>> {
+    let at = read_delivered(servers, messages, clients, false).await?;
+    Ok(at.into_iter().map(|at| at.expect("every one delivered")).collect())
+}
+
+/// [`delivered_at`]; `missing_ok`: a message not found, or not delivered,
+/// is `None` rather than an error.
+async fn read_delivered(
+    servers: &[ServerProcess],
+    messages: &[(String, u64)],
+    clients: usize,
+    missing_ok: bool,
+) -> anyhow::Result<Vec<Option<i64>>> {
     let next = Arc::new(AtomicUsize::new(0));
     let messages: Arc<Vec<(String, u64)>> = Arc::new(messages.to_vec());
     let mut tasks = JoinSet::new();
@@ -237,12 +264,23 @@ pub async fn delivered_at(
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some((id, _)) = messages.get(i) else { return Ok::<_, anyhow::Error>(out) };
-                let got = client.get(proto::GetRequest { id: id.clone() }).await.context("Get")?.into_inner();
+                let got = match client.get(proto::GetRequest { id: id.clone() }).await {
+                    Ok(got) => got.into_inner(),
+                    Err(s) if missing_ok && s.code() == tonic::Code::NotFound => {
+                        out.push((i, None));
+                        continue;
+                    }
+                    Err(s) => return Err(s).context("Get"),
+                };
                 let Some(proto::get_response::Settlement::Delivered(d)) = got.settlement else {
+                    if missing_ok {
+                        out.push((i, None));
+                        continue;
+                    }
                     bail!("message {id} is {:?}, not delivered", got.state());
                 };
                 let at = d.delivered_at.context("delivered without a time")?;
-                out.push((i, at.seconds * 1000 + i64::from(at.nanos) / 1_000_000));
+                out.push((i, Some(at.seconds * 1000 + i64::from(at.nanos) / 1_000_000)));
             }
         });
     }

@@ -33,8 +33,12 @@ pub struct Fired {
     pub created_rate: f64,
     /// Occurrences delivered per second over the measured minutes.
     pub fired_rate: f64,
-    /// Lateness of the sampled occurrences, sorted (ms).
+    /// Lateness of the sampled occurrences delivered, sorted (ms).
     pub late: Vec<i64>,
+    /// Occurrences sampled, and of those not delivered (skipped by the
+    /// downtime policy when the driver fell more than a minute behind).
+    pub sampled: usize,
+    pub missing: usize,
     /// Resident memory and disk before and after the series were created.
     pub rss: (Option<u64>, Option<u64>),
     pub disk: (u64, u64),
@@ -53,9 +57,9 @@ pub async fn run(
 ) -> anyhow::Result<Fired> {
     let prefix = format!("bench-series-{}", ulid::Ulid::new().to_string().to_lowercase());
     let (rss0, disk0) = (server.rss_bytes(), disk());
-    // Created well before the first fires, at a conservative 2,000 a
+    // Created well before the first fires, at a conservative 5,000 a
     // second; series i starts at t0 + i/n of a minute.
-    let t0 = now_ms() + 15_000 + n as u64 / 2;
+    let t0 = now_ms() + 15_000 + n as u64 / 5;
     let start_of = move |i: usize| t0 + i as u64 * MINUTE / n as u64;
     let next = Arc::new(AtomicUsize::new(0));
     let url = format!("http://{}", server.grpc);
@@ -117,8 +121,10 @@ pub async fn run(
         .filter(|(_, at)| *at < last)
         .collect();
     eprintln!("bench: series: reading {} occurrences back", messages.len());
-    let late = crate::load::lateness(std::slice::from_ref(server), &messages, 32).await?;
-    Ok(Fired { created_rate, fired_rate, late, rss: (rss0, rss1), disk: (disk0, disk1) })
+    let sampled = messages.len();
+    let (late, missing) =
+        crate::load::lateness_of_delivered(std::slice::from_ref(server), &messages, 32).await?;
+    Ok(Fired { created_rate, fired_rate, late, sampled, missing, rss: (rss0, rss1), disk: (disk0, disk1) })
 }
 
 async fn wait_until(t: u64) {

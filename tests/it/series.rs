@@ -627,11 +627,7 @@ async fn cluster_series_fire_on_their_shards_owner_and_across_a_failover() {
         let gaps: Vec<_> = times.windows(2).filter(|w| w[1] - w[0] != 1000).collect();
         assert!(gaps.is_empty(), "{id}: occurrences lost: {gaps:?} in {times:?}");
     }
-    eprintln!(
-        "cluster series: {} occurrences of {} series, each once, none early",
-        counts.len(),
-        ids.len()
-    );
+    eprintln!("cluster series: {} occurrences of {} series, each once, none early", counts.len(), ids.len());
     for node in &mut nodes[..2] {
         node.stop().unwrap();
     }

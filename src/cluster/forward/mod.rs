@@ -14,6 +14,8 @@
 //!
 //! [`Router`] is the [`Scheduler`] the gRPC adapter serves in cluster mode:
 //! what is served here goes to the scheduler it wraps, this node's own.
+//! [`SeriesRouter`] does the same for the series calls, over the same
+//! connections and slots.
 
 use std::{
     collections::{BTreeMap, HashMap},
