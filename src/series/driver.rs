@@ -31,7 +31,7 @@ use crate::{
     Error,
     message::{DueSpec, Envelope, Header, MessageId, OnConflict, Scope, Tenant, UnixMillis},
     metrics,
-    store::{NewId, NewMessage, StoreError},
+    store::{NewId, NewMessage, Store, StoreError},
 };
 
 /// Header carrying the series id on each occurrence's record.
@@ -45,8 +45,6 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Occurrences a series remembers as parked, at most: all a catch-up may
 /// fire, and more.
 const MAX_PARKED: usize = super::spec::MAX_AT_MOST as usize + 24;
-/// Reads of parked occurrences' states under way at once.
-const READS_AT_ONCE: usize = 32;
 
 /// Runs the driver until `stop`.
 pub async fn run(series: Arc<super::Series>, stop: CancellationToken) {
@@ -82,7 +80,7 @@ async fn drive(series: &super::Series, stop: &CancellationToken) -> Option<UnixM
                 // Every wake taken is moved on, unless a call held its
                 // series: those are taken again at the next wake, a second
                 // later at most.
-                Ok::<_, Error>((None, drive_batch(series, due, now).await? < taken))
+                Ok::<_, Error>((None, drive_batch(series, &store, due, now).await? < taken))
             };
             match driven.await {
                 Ok((after, again)) => {
@@ -124,6 +122,7 @@ struct Step {
 /// how many a call held (left for later).
 async fn drive_batch(
     series: &super::Series,
+    store: &Store,
     due: Vec<(UnixMillis, MessageId)>,
     now: UnixMillis,
 ) -> Result<usize, Error> {
@@ -191,7 +190,7 @@ async fn drive_batch(
     }
     // The decision first: a crash after it parks the same again.
     book.save(changes).await?;
-    park(series, &mut steps, now).await?;
+    park(series, store, &mut steps, now).await?;
     let confirmed = steps
         .into_iter()
         .map(|step| {
@@ -252,8 +251,13 @@ fn decide(step: &mut Step, now: UnixMillis) -> bool {
 }
 
 /// Parks the occurrences each step is firing, and moves them to its
-/// parked ones.
-async fn park(series: &super::Series, steps: &mut [Step], now: UnixMillis) -> Result<(), Error> {
+/// parked ones; `store` is the steps' shard's, where their occurrences are.
+async fn park(
+    series: &super::Series,
+    store: &Store,
+    steps: &mut [Step],
+    now: UnixMillis,
+) -> Result<(), Error> {
     let node = series.book.node();
     let mut msgs = Vec::new();
     let mut owners = Vec::new();
@@ -309,15 +313,14 @@ async fn park(series: &super::Series, steps: &mut [Step], now: UnixMillis) -> Re
             parked.drain(..parked.len() - MAX_PARKED);
         }
     }
-    forget_settled(series, steps).await;
+    forget_settled(series, store, steps).await;
     Ok(())
 }
 
 /// Drops from each step's parked occurrences those settled by now (all
-/// but the newest, which was just parked), reading them a few at a time.
-async fn forget_settled(series: &super::Series, steps: &mut [Step]) {
-    use futures_util::{StreamExt as _, stream};
-    let node = series.book.node();
+/// but the newest, which was just parked), read at once from `store`. A
+/// read that fails leaves them, to be read again at the next occurrence.
+async fn forget_settled(series: &super::Series, store: &Store, steps: &mut [Step]) {
     let older: Vec<(usize, u64)> = steps
         .iter()
         .enumerate()
@@ -326,24 +329,20 @@ async fn forget_settled(series: &super::Series, steps: &mut [Step]) {
             step.record.parked[..n].iter().map(move |at| (i, *at))
         })
         .collect();
-    let settled: Vec<(usize, u64)> = stream::iter(older)
-        .map(|(i, at)| {
-            let id = occurrence_id(&steps[i].id, UnixMillis(at), series.shards());
-            let scope = space_of(&steps[i].id);
-            async move {
-                match node.get(scope, id).await {
-                    Ok(Some(m)) if !m.state.is_pending() => Some((i, at)),
-                    Ok(None) => Some((i, at)),
-                    _ => None,
-                }
+    if older.is_empty() {
+        return;
+    }
+    let ids =
+        older.iter().map(|(i, at)| occurrence_id(&steps[*i].id, UnixMillis(*at), series.shards())).collect();
+    match store.settled_among(ids).await {
+        Ok(settled) => {
+            for ((i, at), _) in older.into_iter().zip(settled).filter(|(_, settled)| *settled) {
+                steps[i].record.parked.retain(|p| *p != at);
             }
-        })
-        .buffer_unordered(READS_AT_ONCE)
-        .filter_map(|settled| async move { settled })
-        .collect()
-        .await;
-    for (i, at) in settled {
-        steps[i].record.parked.retain(|p| *p != at);
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "the series driver could not read its parked occurrences' states")
+        }
     }
 }
 

@@ -116,6 +116,45 @@ async fn a_message_inside_a_delivered_chunks_range_but_not_in_it_is_still_pendin
     store.close().await;
 }
 
+/// What the series driver reads of the occurrences it parked: in one
+/// read, each is settled (delivered at the first try or later, failed),
+/// pending (not due, in flight, or retrying) or gone.
+#[tokio::test]
+async fn settled_among_tells_settled_from_pending_in_one_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for (id, due) in [("a", 10), ("b", 20), ("c", 30), ("d", 40), ("e", 50), ("later", 1_000)] {
+        park(&store, id, due).await;
+    }
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let [a, _in_flight, c, d, e] = &batch.ready[..] else { panic!("five due: {:?}", batch.ready.len()) };
+    let retry = Outcome::Retry { retry_at: UnixMillis(500), error: "broker down".into(), refused: false };
+    let settles = vec![
+        settle(a, 60, Outcome::Delivered { partition: 0, offset: 1 }),
+        settle(c, 60, Outcome::Delivered { partition: 0, offset: 2 }),
+        settle(d, 60, retry),
+        settle(e, 60, Outcome::Failed { error: "too large".into(), tried: true }),
+    ];
+    store.settle(settles, None).await.unwrap();
+    barrier(&store).await;
+    let ids = ["later", "e", "d", "c", "b", "gone", "a"].map(|id| MessageId::parse(id).unwrap());
+    let settled = store.settled_among(ids.to_vec()).await.unwrap();
+    let expected = [false, true, false, true, false, true, true];
+    for ((id, got), want) in ids.iter().zip(settled).zip(expected) {
+        assert_eq!(
+            got,
+            want,
+            "{id:?}: settled? its state is {:?}",
+            store.get(Scope::everything(), id.clone()).await
+        );
+        if let Ok(Some(m)) = store.get(Scope::everything(), id.clone()).await {
+            assert_eq!(!m.state.is_pending(), want, "{id:?} agrees with Get");
+        }
+    }
+    assert!(store.settled_among(Vec::new()).await.unwrap().is_empty());
+    store.close().await;
+}
+
 #[tokio::test]
 async fn take_due_skips_what_the_writer_holds() {
     let dir = tempfile::tempdir().unwrap();
