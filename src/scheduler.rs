@@ -86,6 +86,28 @@ pub trait Scheduler: Send + Sync + 'static {
 
 /// Series a `ListSeries` page holds unless asked.
 pub const DEFAULT_SERIES_PAGE: usize = 100;
+/// The most bytes of series a `ListSeries` page holds (one series always,
+/// however large): well inside the 4 MiB a gRPC client reads by default.
+pub const SERIES_PAGE_BYTES: usize = 3 << 20;
+
+/// Cuts `series` (in id order) to what [`SERIES_PAGE_BYTES`] holds; if it
+/// cut, the id of the last series kept: where the next page starts after.
+pub fn fit_series_page(series: &mut Vec<proto::SeriesInfo>) -> Option<String> {
+    use prost::Message as _;
+    let mut bytes = 0;
+    let keep = series
+        .iter()
+        .position(|s| {
+            bytes += s.encoded_len() + 8;
+            bytes > SERIES_PAGE_BYTES
+        })?
+        .max(1);
+    if keep >= series.len() {
+        return None;
+    }
+    series.truncate(keep);
+    series.last().map(|s| s.id.clone())
+}
 
 /// The series calls, as the gRPC adapter serves them: [`Series`](crate::series::Series) serves
 /// them on this node's shards; in cluster mode a router in front of it

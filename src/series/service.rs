@@ -21,7 +21,7 @@ use crate::{
     auth::Access,
     message::{Invalid, MessageId, Selector, UnixMillis, validate_topic_name},
     proto,
-    scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls},
+    scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls, fit_series_page},
     store::Intent,
 };
 
@@ -186,6 +186,7 @@ impl SeriesCalls for Series {
             }
             series.push(record.info(&id, &spec, 1, self.shards()));
         }
+        let next_page_token = fit_series_page(&mut series).unwrap_or(next_page_token);
         Ok(proto::ListSeriesResponse { series, next_page_token })
     }
 

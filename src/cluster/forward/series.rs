@@ -11,7 +11,7 @@ use tonic::transport::Channel;
 use super::{PeerClient, Router, from_peer};
 use crate::{
     Error, metrics, proto,
-    scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls},
+    scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls, fit_series_page},
 };
 
 type SeriesClient = proto::series_client::SeriesClient<Channel>;
@@ -148,6 +148,7 @@ fn merge(pages: Vec<proto::ListSeriesResponse>, limit: usize) -> proto::ListSeri
     } else {
         bound.unwrap_or_default()
     };
+    let next_page_token = fit_series_page(&mut series).unwrap_or(next_page_token);
     proto::ListSeriesResponse { series, next_page_token }
 }
 
@@ -177,6 +178,37 @@ mod tests {
         assert_eq!(merged.next_page_token, "c", "d comes on the next page");
         let merged = merge(vec![page(&["a"], ""), page(&["b"], "")], 10);
         assert_eq!((ids(&merged), merged.next_page_token.as_str()), (vec!["a", "b"], ""));
+    }
+
+    /// Large templates: a page stops where the next series would take it
+    /// past what a client reads, and goes on from there; one series is
+    /// always sent, however large.
+    #[test]
+    fn a_merged_page_stops_at_the_bytes_a_client_reads() {
+        let big = |id: &str| proto::SeriesInfo {
+            id: id.to_owned(),
+            spec: Some(proto::SeriesSpec {
+                template: Some(proto::Message { value: vec![b'x'; 1_200_000], ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pages = vec![
+            proto::ListSeriesResponse { series: vec![big("a"), big("c")], next_page_token: String::new() },
+            proto::ListSeriesResponse { series: vec![big("b"), big("d")], next_page_token: String::new() },
+        ];
+        let merged = merge(pages, 10);
+        assert_eq!(ids(&merged), ["a", "b"]);
+        assert_eq!(merged.next_page_token, "b", "c comes on the next page");
+        let mut one = vec![proto::SeriesInfo {
+            spec: Some(proto::SeriesSpec {
+                template: Some(proto::Message { value: vec![b'x'; 5 << 20], ..Default::default() }),
+                ..Default::default()
+            }),
+            ..big("huge")
+        }];
+        assert_eq!(fit_series_page(&mut one), None, "one series is sent whole");
+        assert_eq!(one.len(), 1);
     }
 
     #[test]
