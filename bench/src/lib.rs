@@ -22,6 +22,9 @@
 //! 7. reconcile: a drain cut by SIGKILL with the in-flight window full;
 //!    the restart's search of the topic for what was in doubt, with and
 //!    without another producer writing to the topic; duplicates.
+//! 8. series: many series each every minute, their starts spread over the
+//!    minute: occurrences fired per second and their lateness; then, on a
+//!    fresh server and store, one-off messages due at the same rate.
 
 pub mod cluster;
 mod limits;
@@ -443,22 +446,17 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     if runs(Phase::Precision) {
         // 4. Precision.
         phase("precision: a steady rate due over a window");
-        let count = sc.precision_rate * sc.precision_window.as_secs().max(1) as usize;
-        let t1 = now_ms() + lead_time(count);
-        let rate = sc.precision_rate as u64;
-        let delivered = server.metric("hourglass_messages_delivered_total").await?;
-        let run = load::stream(
-            std::slice::from_ref(&server),
+        let late = steady(
+            &server,
             &w,
-            count,
             s.streams,
-            Arc::new(move |i| t1 + i as u64 * 1000 / rate),
-            true,
+            sc.precision_rate,
+            sc.precision_window,
+            None,
+            "precision",
+            &mut report,
         )
         .await?;
-        check_lead("precision", t1, &mut report);
-        drain(&server, t1, delivered + count as f64).await?;
-        let late = load::lateness(std::slice::from_ref(&server), &run.scheduled, 32).await?;
         let name = format!("precision at {}/s", sc.precision_rate);
         let targets = LatenessTargets { p99: Some(2.0), p999: Some(5.0), max: None };
         add_lateness(&mut report, &format!("{name}:"), &late, targets);
@@ -660,6 +658,25 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
             &[Target::AtMost(0.0)],
         );
         add_lateness(&mut report, &format!("{name}:"), &fired.late, LatenessTargets::default());
+        // Beside them, one-off messages due at the same rate, sampled the
+        // same way, on a fresh server and store (the series would go on
+        // firing in this one until it stops).
+        server.stop()?;
+        let rate = n.div_ceil(60);
+        phase(&format!("series: one-off messages at the same rate ({rate}/s), on a fresh store"));
+        let mut fresh = ServerProcess::new(
+            &hourglass_testkit::hourglass_binary()?,
+            &dir.path().join("one-off"),
+            &brokers,
+            s.durability,
+        )?;
+        fresh.env("HOURGLASS_DELIVERY", &s.delivery.to_string());
+        let mut fresh = fresh.launch().await?;
+        let window = sc.precision_window;
+        let late = steady(&fresh, &w, s.streams, rate, window, Some(10_000), "series", &mut report).await?;
+        fresh.stop()?;
+        let beside = format!("series: one-off messages at the same rate ({rate}/s):");
+        add_lateness(&mut report, &beside, &late, LatenessTargets::default());
     }
 
     server.stop()?;
@@ -701,6 +718,44 @@ fn add_lateness(report: &mut Report, prefix: &str, late: &[i64], targets: Latene
 
 /// Notes when a phase's messages were not all parked before the first was
 /// due: its figures then include scheduling time.
+/// One-off messages due at `rate` a second over `window`, all scheduled
+/// before the first is due; once every one is delivered, the lateness of
+/// `sample` of them spread evenly (of all, without), sorted.
+#[allow(clippy::too_many_arguments)]
+async fn steady(
+    server: &ServerProcess,
+    w: &Workload,
+    streams: usize,
+    rate: usize,
+    window: Duration,
+    sample: Option<usize>,
+    phase: &str,
+    report: &mut Report,
+) -> anyhow::Result<Vec<i64>> {
+    let count = rate * window.as_secs().max(1) as usize;
+    let t1 = now_ms() + lead_time(count);
+    let per_second = rate as u64;
+    let delivered = server.metric("hourglass_messages_delivered_total").await?;
+    let run = load::stream(
+        std::slice::from_ref(server),
+        w,
+        count,
+        streams,
+        Arc::new(move |i| t1 + i as u64 * 1000 / per_second),
+        true,
+    )
+    .await?;
+    check_lead(phase, t1, report);
+    drain(server, t1, delivered + count as f64).await?;
+    let scheduled = match sample {
+        Some(k) if k < run.scheduled.len() => {
+            (0..k).map(|j| run.scheduled[j * run.scheduled.len() / k].clone()).collect()
+        }
+        _ => run.scheduled,
+    };
+    load::lateness(std::slice::from_ref(server), &scheduled, 32).await
+}
+
 fn check_lead(phase: &str, due_ms: u64, report: &mut Report) {
     let now = now_ms();
     if now > due_ms {

@@ -104,6 +104,9 @@ fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
     assert!(value(&["precision", "max lateness"]) < 60_000.0);
     assert!(value(&["footprint", "parked: memory"]) > 1.0, "the server's memory was read");
     assert!(value(&["footprint", "disk"]) > 0.0);
+    assert!(value(&["every minute: fired"]) > 0.0, "the series fired nothing");
+    assert_eq!(value(&["every minute: early"]), 0.0);
+    assert_eq!(value(&["one-off messages at the same rate", "early"]), 0.0);
     let restart = value(&["footprint", "SIGKILL to dispatching"]);
     assert!(restart > 0.0 && restart < 120_000.0, "restart took {restart} ms");
 }
