@@ -214,11 +214,28 @@ impl Book {
     }
 }
 
+/// When the driver next looks at a series: when it parks its next
+/// occurrence ([`park_at`]), or, if earlier, when the oldest occurrence it
+/// parked and has not seen settled would be missed (`missed.after` past
+/// its time): then the downtime policy decides whether it still goes out
+/// when Kafka can take it.
+pub fn wake_of(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<UnixMillis> {
+    let missed_after = spec.missed_after.as_millis() as u64;
+    let watch = record.parked.iter().min().map(|at| {
+        let due = spec.rule.due(id.as_str(), UnixMillis(*at));
+        UnixMillis(due.0.saturating_add(missed_after))
+    });
+    match (park_at(id, record, spec), watch) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// When a series next parks an occurrence: [`LEAD`] before the next
 /// occurrence is due (less when occurrences come closer together than
 /// twice that, so that no more than one is parked ahead); none when it is
 /// paused or over.
-pub fn wake_of(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<UnixMillis> {
+pub fn park_at(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<UnixMillis> {
     if record.paused {
         return None;
     }

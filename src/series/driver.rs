@@ -13,25 +13,29 @@
 //! when the driver starts: the same ids and content, so a retry, answered
 //! as a duplicate and never delivered twice.
 //!
-//! The policy decides what hourglass could not park in time: occurrences
-//! that fell while it was down (or its store refused writes). While Kafka
-//! is unreachable, occurrences are parked on time and wait for Kafka as any
-//! parked message does: each is delivered when it is back.
+//! The policy decides what was missed. An occurrence hourglass could not
+//! park in time (it was down, or its store refused writes) is decided on
+//! when the driver comes to it. One parked on time that Kafka could not
+//! take (down, or refusing) is looked at again once it is `missed.after`
+//! past its time: if it is still pending, the policy keeps it to go out
+//! when Kafka can take it (the latest one, or the latest `at_most`) or
+//! cancels it, and a cancelled one counts as skipped.
 
 use std::{sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    book::{Change, Record, wake_of},
+    book::{Change, Record, park_at, wake_of},
     record::SeriesRecord,
+    rule::Missed,
     spec::{Spec, occurrence_id},
 };
 use crate::{
     Error,
-    message::{DueSpec, Envelope, Header, MessageId, OnConflict, Scope, Tenant, UnixMillis},
+    message::{CancelOutcome, DueSpec, Envelope, Header, MessageId, OnConflict, Scope, Tenant, UnixMillis},
     metrics,
-    store::{NewId, NewMessage, Store, StoreError},
+    store::{Intent, NewId, NewMessage, Store, StoreError},
 };
 
 /// Header carrying the series id on each occurrence's record.
@@ -45,6 +49,11 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Occurrences a series remembers as parked, at most: all a catch-up may
 /// fire, and more.
 const MAX_PARKED: usize = super::spec::MAX_AT_MOST as usize + 24;
+/// Cancels of missed occurrences under way at once.
+const CANCELS_AT_ONCE: usize = 32;
+/// How long the driver waits for a missed occurrence's cancel: longer
+/// only for one the dispatcher has handed to Kafka's client.
+const CANCEL_WAIT: Duration = Duration::from_millis(500);
 
 /// Runs the driver until `stop`.
 pub async fn run(series: Arc<super::Series>, stop: CancellationToken) {
@@ -114,12 +123,28 @@ struct Step {
     id: MessageId,
     spec: Spec,
     record: SeriesRecord,
-    /// The wake it was taken at.
-    found_at: UnixMillis,
+    /// Whether it parks occurrences in this batch.
+    fires: bool,
+    /// The wake its decision was written with; whether the record changed
+    /// after it (and is written again).
+    written_wake: Option<UnixMillis>,
+    changed: bool,
 }
 
-/// Takes the series `due` (each with the wake it was found at); returns
-/// how many a call held (left for later).
+impl Step {
+    fn new(id: MessageId, spec: Spec, record: SeriesRecord) -> Step {
+        Step { id, spec, record, fires: false, written_wake: None, changed: false }
+    }
+
+    /// When the occurrence of nominal time `at` is due (with its jitter).
+    fn due(&self, at: u64) -> UnixMillis {
+        self.spec.rule.due(self.id.as_str(), UnixMillis(at))
+    }
+}
+
+/// Takes the series `due` (each with the wake it was found at) of the
+/// shard whose store is `store`; returns how many a call held (left for
+/// later).
 async fn drive_batch(
     series: &super::Series,
     store: &Store,
@@ -173,32 +198,33 @@ async fn drive_batch(
                 continue;
             }
         };
-        let mut step = Step { id, spec, record, found_at };
-        let fires = decide(&mut step, now);
+        let mut step = Step::new(id, spec, record);
+        step.fires = decide(&mut step, now);
         // While its decision is not parked, the series stays due: a crash
         // or a failed park is taken up again at once, not a period later.
-        let wake = if fires { Some(found_at) } else { wake_of(&step.id, &step.record, &step.spec) };
+        step.written_wake =
+            if step.fires { Some(found_at) } else { wake_of(&step.id, &step.record, &step.spec) };
         changes.push(Change {
             id: step.id.clone(),
             record: Record::Put(Box::new(step.record.clone())),
             old_wake: Some(found_at),
-            wake,
+            wake: step.written_wake,
         });
-        if fires {
-            steps.push(step);
-        }
+        steps.push(step);
     }
     // The decision first: a crash after it parks the same again.
     book.save(changes).await?;
-    park(series, store, &mut steps, now).await?;
+    let fresh = park(series, &mut steps, now).await?;
+    review(series, store, &mut steps, &fresh, now).await;
     let confirmed = steps
         .into_iter()
+        .filter(|step| step.fires || step.changed)
         .map(|step| {
             let wake = wake_of(&step.id, &step.record, &step.spec);
             Change {
                 id: step.id,
                 record: Record::Put(Box::new(step.record)),
-                old_wake: Some(step.found_at),
+                old_wake: step.written_wake,
                 wake,
             }
         })
@@ -228,7 +254,7 @@ fn decide(step: &mut Step, now: UnixMillis) -> bool {
         return true;
     }
     let Some(nominal) = record.next_ms.map(UnixMillis) else { return false };
-    if record.paused || wake_of(&step.id, record, &step.spec).is_some_and(|wake| wake > now) {
+    if record.paused || park_at(&step.id, record, &step.spec).is_some_and(|wake| wake > now) {
         return false;
     }
     let rule = &step.spec.rule;
@@ -251,13 +277,12 @@ fn decide(step: &mut Step, now: UnixMillis) -> bool {
 }
 
 /// Parks the occurrences each step is firing, and moves them to its
-/// parked ones; `store` is the steps' shard's, where their occurrences are.
+/// parked ones; returns them, (step, nominal time), as parked just now.
 async fn park(
     series: &super::Series,
-    store: &Store,
     steps: &mut [Step],
     now: UnixMillis,
-) -> Result<(), Error> {
+) -> Result<Vec<(usize, u64)>, Error> {
     let node = series.book.node();
     let mut msgs = Vec::new();
     let mut owners = Vec::new();
@@ -280,16 +305,18 @@ async fn park(
         }
     }
     if msgs.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let answers = node.schedule_batch(msgs).await?;
     let mut failed = None;
+    let mut fresh = Vec::new();
     for ((i, nominal), answer) in owners.into_iter().zip(answers) {
         let step = &mut steps[i];
         match answer {
             Ok(_) => {
                 metrics::SERIES_OCCURRENCES.with_label_values(&["parked"]).inc();
                 step.record.parked.push(nominal.0);
+                fresh.push((i, nominal.0));
             }
             Err(StoreError::IdConflict(_)) => {
                 metrics::SERIES_OCCURRENCES.with_label_values(&["taken"]).inc();
@@ -313,37 +340,127 @@ async fn park(
             parked.drain(..parked.len() - MAX_PARKED);
         }
     }
-    forget_settled(series, store, steps).await;
-    Ok(())
+    Ok(fresh)
 }
 
-/// Drops from each step's parked occurrences those settled by now (all
-/// but the newest, which was just parked), read at once from `store`. A
-/// read that fails leaves them, to be read again at the next occurrence.
-async fn forget_settled(series: &super::Series, store: &Store, steps: &mut [Step]) {
-    let older: Vec<(usize, u64)> = steps
+/// Looks at the occurrences each series parked before (not those parked
+/// just now, `fresh`, nor any not due yet), read at once from `store`, the
+/// steps' shard's, where their occurrences are. Those settled are
+/// forgotten. One still pending `missed.after` past its time was missed:
+/// Kafka could not take it (down, or refusing). The downtime policy says
+/// which of the missed stay, to go out when Kafka can take them: none
+/// (skip), the latest (fire one) or the latest `at_most` (fire each); the
+/// others are cancelled and count as skipped. A read or a cancel that
+/// fails is tried again at the series' next wake.
+async fn review(
+    series: &super::Series,
+    store: &Store,
+    steps: &mut [Step],
+    fresh: &[(usize, u64)],
+    now: UnixMillis,
+) {
+    let fresh: std::collections::HashSet<(usize, u64)> = fresh.iter().copied().collect();
+    let fresh = &fresh;
+    let looked: Vec<(usize, u64)> = steps
         .iter()
         .enumerate()
         .flat_map(|(i, step)| {
-            let n = step.record.parked.len().saturating_sub(1);
-            step.record.parked[..n].iter().map(move |at| (i, *at))
+            let record = &step.record;
+            record
+                .parked
+                .iter()
+                .chain(&record.late)
+                .filter(move |at| step.due(**at) <= now && !fresh.contains(&(i, **at)))
+                .map(move |at| (i, *at))
         })
         .collect();
-    if older.is_empty() {
-        return;
-    }
-    let ids =
-        older.iter().map(|(i, at)| occurrence_id(&steps[*i].id, UnixMillis(*at), series.shards())).collect();
-    match store.settled_among(ids).await {
-        Ok(settled) => {
-            for ((i, at), _) in older.into_iter().zip(settled).filter(|(_, settled)| *settled) {
-                steps[i].record.parked.retain(|p| *p != at);
+    if !looked.is_empty() {
+        let ids = looked.iter().map(|(i, at)| occurrence_id(&steps[*i].id, UnixMillis(*at), series.shards()));
+        match store.settled_among(ids.collect()).await {
+            Ok(settled) => {
+                for ((i, at), settled) in looked.into_iter().zip(settled) {
+                    let step = &mut steps[i];
+                    let missed =
+                        step.due(at).0.saturating_add(step.spec.missed_after.as_millis() as u64) <= now.0;
+                    let record = &mut step.record;
+                    if settled {
+                        record.parked.retain(|p| *p != at);
+                        record.late.retain(|p| *p != at);
+                        step.changed = true;
+                    } else if missed && record.parked.contains(&at) {
+                        record.parked.retain(|p| *p != at);
+                        record.late.push(at);
+                        step.changed = true;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the series driver could not read its parked occurrences' states")
             }
         }
-        Err(e) => {
-            tracing::debug!(error = %e, "the series driver could not read its parked occurrences' states")
+    }
+    for step in steps.iter_mut() {
+        let keep = match step.spec.missed {
+            Missed::Skip => 0,
+            Missed::Latest => 1,
+            Missed::Each { at_most } => at_most as usize,
+        };
+        if step.record.late.len() > keep {
+            step.record.late.sort_unstable();
+            let over = step.record.late.len() - keep;
+            let dropped: Vec<u64> = step.record.late.drain(..over).collect();
+            let failed = cancel_missed(series, step, dropped, now).await;
+            step.record.late.splice(0..0, failed);
+            step.changed = true;
         }
     }
+}
+
+/// Cancels the missed occurrences `at` of `step`'s series; those cancelled
+/// count as skipped, not fired. One the dispatcher handed to Kafka's
+/// client before its topic stalled cannot be taken back: its cancel waits
+/// for its delivery, so the driver does not wait for it, and it goes out
+/// when Kafka is back. Returns those a cancel failed for.
+async fn cancel_missed(series: &super::Series, step: &mut Step, at: Vec<u64>, now: UnixMillis) -> Vec<u64> {
+    use futures_util::{StreamExt as _, stream};
+    let node = series.book.node();
+    let scope = space_of(&step.id);
+    let outcomes: Vec<(u64, Option<Result<CancelOutcome, Error>>)> = stream::iter(at)
+        .map(|at| {
+            let id = occurrence_id(&step.id, UnixMillis(at), series.shards());
+            let intent = Intent::Cancel { scope: scope.clone(), id, now };
+            let cancel = async { Ok(node.change(intent).await?.cancelled()?) };
+            async move { (at, tokio::time::timeout(CANCEL_WAIT, cancel).await.ok()) }
+        })
+        .buffered(CANCELS_AT_ONCE)
+        .collect()
+        .await;
+    let mut failed = Vec::new();
+    for (at, outcome) in outcomes {
+        match outcome {
+            Some(Ok(CancelOutcome::Cancelled)) => {
+                metrics::SERIES_OCCURRENCES.with_label_values(&["skipped"]).inc();
+                step.record.fired = step.record.fired.saturating_sub(1);
+                step.record.skipped += 1;
+            }
+            // Delivered after all, or settled otherwise: nothing to undo.
+            Some(Ok(_)) => {}
+            // In Kafka's client: it goes out when Kafka is back.
+            None | Some(Err(Error::Store(StoreError::Dispatching(_)))) => {
+                tracing::debug!(series = %step.id.qualified(), occurrence = at, "a missed occurrence is with Kafka's client already");
+            }
+            Some(Err(e)) => {
+                tracing::warn!(
+                    series = %step.id.qualified(),
+                    occurrence = at,
+                    error = %e,
+                    "could not cancel a missed occurrence; trying again"
+                );
+                failed.push(at);
+            }
+        }
+    }
+    failed
 }
 
 /// The record an occurrence produces: the template, with the series id and
@@ -382,7 +499,7 @@ mod tests {
         let record =
             SeriesRecord { spec: Some(spec), anchor_ms: anchor, next_ms: Some(next), ..Default::default() };
         let id = MessageId::parse("s").unwrap();
-        Step { spec: record.spec().unwrap(), record, id, found_at: UnixMillis(0) }
+        Step::new(id, record.spec().unwrap(), record)
     }
 
     #[test]
@@ -395,6 +512,20 @@ mod tests {
             (vec![10 * MIN], Some(11 * MIN), 1)
         );
         assert_eq!(wake_of(&s.id, &s.record, &s.spec), Some(UnixMillis(11 * MIN - 2_000)));
+    }
+
+    /// An occurrence parked and not seen settled brings the series' wake
+    /// forward to when it would be missed, `missed.after` (60 s here)
+    /// past its time, unless parking the next comes first.
+    #[test]
+    fn a_parked_occurrence_is_looked_at_again_once_it_would_be_missed() {
+        let mut s = step(0, 11 * MIN, proto::MissedPolicy::FireOne);
+        s.record.parked = vec![10 * MIN];
+        assert_eq!(wake_of(&s.id, &s.record, &s.spec), Some(UnixMillis(11 * MIN - 2_000)), "the next first");
+        s.record.next_ms = Some(20 * MIN);
+        assert_eq!(wake_of(&s.id, &s.record, &s.spec), Some(UnixMillis(11 * MIN)));
+        s.record.parked.clear();
+        assert_eq!(wake_of(&s.id, &s.record, &s.spec), Some(UnixMillis(20 * MIN - 2_000)));
     }
 
     #[test]

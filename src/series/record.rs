@@ -26,7 +26,8 @@ pub struct SeriesRecord {
     /// series is over.
     #[prost(uint64, optional, tag = "6")]
     pub next_ms: Option<u64>,
-    /// Occurrences parked so far.
+    /// Occurrences parked so far, less those the downtime policy
+    /// cancelled afterwards (Kafka could not take them in time).
     #[prost(uint64, tag = "7")]
     pub fired: u64,
     /// Missed occurrences the downtime policy left out.
@@ -45,6 +46,11 @@ pub struct SeriesRecord {
     /// occurrence it cancelled.
     #[prost(uint64, tag = "11")]
     pub last_parked_ms: u64,
+    /// Nominal times of occurrences parked and still pending `missed.after`
+    /// past their time (Kafka could not take them), which the downtime
+    /// policy keeps: delivered when Kafka can take them.
+    #[prost(uint64, repeated, tag = "12")]
+    pub late: Vec<u64>,
 }
 
 impl SeriesRecord {
@@ -65,6 +71,12 @@ impl SeriesRecord {
     /// every one it parked.
     pub fn next_from(&self, spec: &Spec, now: UnixMillis) -> Option<UnixMillis> {
         spec.rule.next_after(now.max(UnixMillis(self.last_parked_ms)), self.made())
+    }
+
+    /// Nominal times of the occurrences it parked that may be pending:
+    /// parked and not seen settled, kept late, or being parked.
+    pub fn pending(&self) -> impl Iterator<Item = &u64> {
+        self.parked.iter().chain(&self.late).chain(&self.firing)
     }
 
     /// Occurrences passed so far, fired or skipped: what a count bounds.
@@ -97,9 +109,7 @@ impl SeriesRecord {
             fired: self.fired,
             next: next.into_iter().map(UnixMillis::to_timestamp).collect(),
             parked: self
-                .parked
-                .iter()
-                .chain(&self.firing)
+                .pending()
                 .map(|at| super::spec::occurrence_id(id, UnixMillis(*at), shards).as_str().to_owned())
                 .collect(),
             skipped: self.skipped,

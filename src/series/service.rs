@@ -287,7 +287,7 @@ impl Series {
         let scope = space_of(id);
         let now = self.clock.now();
         let mut outcomes = Vec::new();
-        for at in record.parked.iter().chain(&record.firing) {
+        for at in record.pending() {
             let occurrence = occurrence_id(id, UnixMillis(*at), self.shards());
             let intent = Intent::Cancel { scope: scope.clone(), id: occurrence.clone(), now };
             let outcome = self.book.node().change(intent).await?.cancelled()?;
@@ -297,6 +297,7 @@ impl Series {
             });
         }
         record.parked.clear();
+        record.late.clear();
         record.firing.clear();
         Ok(outcomes)
     }

@@ -1,8 +1,9 @@
 //! Recurring schedules (series) against a real broker and a real store:
 //! occurrences delivered once each with their headers, never early; the
 //! calls (create again, get, list, update, pause, resume, delete) and what
-//! they answer; the downtime policies after a stop across five
-//! occurrences; a kill -9 while occurrences fire every second; what
+//! they answer; the downtime policies after a stop, and across a Kafka
+//! outage, of five occurrences; a kill -9 while occurrences fire every
+//! second; what
 //! another tenant can reach of a series (nothing); and cluster mode: calls
 //! through any node, and a failover while occurrences fire.
 //!
@@ -19,6 +20,7 @@ use std::{
 use common::*;
 use hourglass::{
     auth::Bearer,
+    config::Config,
     proto::{self, CancelOutcome, SeriesState, series_client::SeriesClient},
 };
 use tonic::{Code, service::interceptor::InterceptedService, transport::Channel};
@@ -372,6 +374,112 @@ async fn after_downtime_fire_one_fires_the_latest_missed_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_downtime_fire_each_fires_every_missed_one() {
     downtime(proto::MissedPolicy::FireEach, 100).await;
+}
+
+/// Kafka goes away across five occurrences while hourglass runs, with a
+/// series of each policy: each occurrence is parked on time and cannot go
+/// out. Once one is `missed.after` past its time, the policy decides
+/// whether it waits for Kafka or is cancelled (counted as skipped). In the
+/// end each occurrence is delivered once or cancelled, never both, none
+/// left pending; of those that fell well inside the outage, none goes out
+/// (skip), at most one (fire one), or each (fire each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_outage_across_five_occurrences_sends_what_each_policy_says() {
+    use proto::MissedPolicy::{FireEach, FireOne, Skip};
+    let mut broker = Broker::start_persistent();
+    let topic = random_name("series-kafka-down");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    // What the dispatcher handed to Kafka's client before the topic
+    // stalled goes out when Kafka is back, whatever the policy: a short
+    // stall leaves that to the first occurrence of each series.
+    let stall_after = Duration::from_secs(1);
+    let server =
+        Hourglass::start(Config { stall_after: stall_after.into(), ..config(&broker, dir.path()) }).await;
+    let mut series = series_client(&server).await;
+    let period = Duration::from_secs(3);
+    let missed_after = Duration::from_secs(1);
+    let mut anchors = BTreeMap::new();
+    for (id, policy) in [("skip", Skip), ("one", FireOne), ("each", FireEach)] {
+        let spec = proto::SeriesSpec {
+            missed: Some(proto::Missed {
+                policy: policy.into(),
+                at_most: 10,
+                after: Some(wire(missed_after)),
+            }),
+            ..every(&topic, id, period)
+        };
+        let info = series.create_series(create(id, spec)).await.unwrap().into_inner().series.unwrap();
+        anchors.insert(id, (policy, millis(&info.next[0]) as u64));
+    }
+    let first = consume_async(&broker, &topic, 3, Duration::from_secs(20), Duration::ZERO).await;
+    assert_eq!(first.len(), 3);
+    let stopped_at = now_ms();
+    broker.stop();
+    tokio::time::sleep(period * 5).await;
+    let resumed_at = now_ms();
+    broker.resume();
+    // Delivery resumes, and a few occurrences go out after it.
+    let records = consume_async(&broker, &topic, usize::MAX, Duration::from_secs(25), Duration::ZERO).await;
+    let checked_until = now_ms() - 2 * period.as_millis() as u64;
+    let mut client = server.client().await;
+    for (id, (policy, anchor)) in anchors {
+        let info =
+            series.get_series(proto::GetSeriesRequest { id: id.into(), next: 1 }).await.unwrap().into_inner();
+        let times: Vec<u64> = records
+            .iter()
+            .filter(|r| r.header("hourglass-series") == Some(id))
+            .map(|r| occurrence(r, id))
+            .collect();
+        let delivered: BTreeSet<u64> = times.iter().copied().collect();
+        assert_eq!(delivered.len(), times.len(), "{id}: each once: {times:?}");
+        // Every occurrence up to a while ago: delivered, or cancelled.
+        let all: Vec<u64> = (0..)
+            .map(|k| anchor + k * period.as_millis() as u64)
+            .take_while(|t| *t < checked_until)
+            .collect();
+        let mut cancelled = BTreeSet::new();
+        for t in &all {
+            let got = client.get(proto::GetRequest { id: format!("{id}@{t}") }).await.unwrap().into_inner();
+            match got.state() {
+                proto::State::Delivered => {
+                    assert!(delivered.contains(t), "{id}@{t} delivered, not in the topic")
+                }
+                proto::State::Cancelled => {
+                    assert!(!delivered.contains(t), "{id}@{t} cancelled and delivered");
+                    cancelled.insert(*t);
+                }
+                other => panic!("{id}@{t} is {other:?}; of {all:?}, delivered {delivered:?}"),
+            }
+        }
+        assert_eq!(info.skipped as usize, cancelled.len(), "{id}: skipped is what was cancelled: {info:?}");
+        // Those that fell well inside the outage: after the topic stalled
+        // (the first occurrence after the stop, handed to Kafka's client,
+        // stalls it `stall_after` later), and still before Kafka was back
+        // when each was missed.
+        let first_after_stop = all.iter().copied().find(|t| *t > stopped_at).expect("one fell in the outage");
+        let stalled_by = first_after_stop + stall_after.as_millis() as u64 + 500;
+        let inside: Vec<u64> = all
+            .iter()
+            .copied()
+            .filter(|t| *t > stalled_by && *t + (missed_after.as_millis() as u64) + 500 < resumed_at)
+            .collect();
+        assert!(inside.len() >= 3, "{id}: {inside:?}");
+        let out: Vec<u64> = inside.iter().copied().filter(|t| delivered.contains(t)).collect();
+        match policy {
+            Skip => assert!(out.is_empty(), "skip: of {inside:?} went out {out:?}"),
+            FireOne => assert!(out.len() <= 1, "fire one: of {inside:?} went out {out:?}"),
+            _ => assert_eq!(out, inside, "fire each (at most 10)"),
+        }
+        eprintln!(
+            "{policy:?}: {} occurrences, {} inside the outage, {} of those out; {} cancelled in all",
+            all.len(),
+            inside.len(),
+            out.len(),
+            cancelled.len()
+        );
+    }
+    server.stop().await;
 }
 
 /// A series every second; the server is killed (SIGKILL) twice while its
