@@ -28,7 +28,6 @@ use tokio_util::sync::CancellationToken;
 use super::{
     book::{Change, Record, park_at, wake_of},
     record::SeriesRecord,
-    rule::Missed,
     spec::{Spec, occurrence_id},
 };
 use crate::{
@@ -400,11 +399,7 @@ async fn review(
         }
     }
     for step in steps.iter_mut() {
-        let keep = match step.spec.missed {
-            Missed::Skip => 0,
-            Missed::Latest => 1,
-            Missed::Each { at_most } => at_most as usize,
-        };
+        let keep = step.spec.missed.keeps();
         if step.record.late.len() > keep {
             step.record.late.sort_unstable();
             let over = step.record.late.len() - keep;

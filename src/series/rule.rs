@@ -199,6 +199,18 @@ pub enum Missed {
     Each { at_most: u32 },
 }
 
+impl Missed {
+    /// How many of the missed occurrences the policy fires: the latest
+    /// ones, this many.
+    pub fn keeps(self) -> usize {
+        match self {
+            Missed::Skip => 0,
+            Missed::Latest => 1,
+            Missed::Each { at_most } => at_most as usize,
+        }
+    }
+}
+
 /// The most missed occurrences a catch-up looks at: a series every second
 /// that was down for a week has 604,800, and each would cost a computation.
 pub const MISSED_LOOKED_AT: usize = 10_000;
@@ -230,11 +242,7 @@ impl Rule {
                 _ => break,
             }
         }
-        let keep = match policy {
-            Missed::Skip => 0,
-            Missed::Latest => 1,
-            Missed::Each { at_most } => at_most as usize,
-        };
+        let keep = policy.keeps();
         let fire = if missed.len() < MISSED_LOOKED_AT {
             missed.split_off(missed.len().saturating_sub(keep))
         } else {

@@ -38,15 +38,6 @@ impl Store {
         Ok(found)
     }
 
-    /// Which of the messages `ids` are settled (delivered, failed, expired
-    /// or cancelled) or gone, from one snapshot; a pending one is false.
-    /// For the series driver, which forgets the occurrences it parked once
-    /// they are settled: one read for a batch, the delivery logs walked
-    /// once in key order.
-    pub async fn settled_among(&self, ids: Vec<MessageId>) -> Result<Vec<bool>, StoreError> {
-        self.blocking(move |s| settled_among(&s.inner.db, &ids)).await
-    }
-
     /// A page of the pending messages `scope` sees, in dispatch order, read
     /// from one snapshot. It starts no lower than the first entry that may
     /// still be pending.
@@ -207,48 +198,12 @@ pub(crate) fn decode_stored(
 }
 
 /// Read options on `snapshot`, or on the latest state.
-fn at(snapshot: Option<&Snapshot<'_>>) -> ReadOptions {
+pub(super) fn at(snapshot: Option<&Snapshot<'_>>) -> ReadOptions {
     let mut opts = ReadOptions::default();
     if let Some(snapshot) = snapshot {
         opts.set_snapshot(snapshot);
     }
     opts
-}
-
-/// See [`Store::settled_among`].
-pub(crate) fn settled_among(db: &DB, ids: &[MessageId]) -> Result<Vec<bool>, StoreError> {
-    let snapshot = db.snapshot();
-    let opts = at(Some(&snapshot));
-    let records = db.batched_multi_get_cf_opt(
-        cf(db, schema::CF_MESSAGES),
-        ids.iter().map(|id| id.as_bytes()),
-        false,
-        &opts,
-    );
-    let settlement_keys: Vec<Vec<u8>> = ids.iter().map(schema::settlement_key).collect();
-    let settlements =
-        db.batched_multi_get_cf_opt(cf(db, schema::CF_CHECKPOINT), &settlement_keys, false, &opts);
-    let mut settled = vec![true; ids.len()];
-    // Those with no settlement entry: pending, unless a delivery log lists
-    // them as delivered at the first try.
-    let mut unsettled = Vec::new();
-    for (i, (record, settlement)) in records.into_iter().zip(settlements).enumerate() {
-        let Some(record) = record? else { continue };
-        let settlement = settlement?;
-        let (record, settlement) = decode_stored(&ids[i], &record, settlement.as_deref())?;
-        match settlement {
-            Some(s) => settled[i] = s.kind() != SettlementKind::Retrying,
-            None => unsettled.push((view::dispatch_key(&record, None), i)),
-        }
-    }
-    unsettled.sort_unstable();
-    if let Some((from, _)) = unsettled.first() {
-        let mut logged = Logged::from(db, *from, Some(&snapshot))?;
-        for (key, i) in unsettled {
-            settled[i] = logged.contains(key)?;
-        }
-    }
-    Ok(settled)
 }
 
 /// The record and settlement stored under `id`. A message delivered at its

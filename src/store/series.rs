@@ -6,7 +6,7 @@
 
 use rocksdb::{Direction, IteratorMode, ReadOptions};
 
-use super::{Store, StoreError, options::cf, schema, writer::Op};
+use super::{Store, StoreError, options::cf, read, schema, writer::Op};
 use crate::message::{MessageId, UnixMillis};
 
 /// One change of one series: its new bytes, and its wake moved from
@@ -28,6 +28,15 @@ pub enum SeriesBytes {
 }
 
 impl Store {
+    /// Which of the messages `ids` are settled (delivered, failed, expired
+    /// or cancelled) or gone, from one snapshot; a pending one is false.
+    /// For the series driver, which forgets the occurrences it parked once
+    /// they are settled: one read for a batch, the delivery logs walked
+    /// once in key order.
+    pub async fn settled_among(&self, ids: Vec<MessageId>) -> Result<Vec<bool>, StoreError> {
+        self.blocking(move |s| settled_among(&s.inner.db, &ids)).await
+    }
+
     /// Writes `writes` in one commit; returns once it is durable.
     pub async fn write_series(&self, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
         if writes.is_empty() {
@@ -141,4 +150,40 @@ impl Store {
         })
         .await
     }
+}
+
+/// See [`Store::settled_among`].
+pub(crate) fn settled_among(db: &rocksdb::DB, ids: &[MessageId]) -> Result<Vec<bool>, StoreError> {
+    let snapshot = db.snapshot();
+    let opts = read::at(Some(&snapshot));
+    let records = db.batched_multi_get_cf_opt(
+        cf(db, schema::CF_MESSAGES),
+        ids.iter().map(|id| id.as_bytes()),
+        false,
+        &opts,
+    );
+    let settlement_keys: Vec<Vec<u8>> = ids.iter().map(schema::settlement_key).collect();
+    let settlements =
+        db.batched_multi_get_cf_opt(cf(db, schema::CF_CHECKPOINT), &settlement_keys, false, &opts);
+    let mut settled = vec![true; ids.len()];
+    // Those with no settlement entry: pending, unless a delivery log lists
+    // them as delivered at the first try.
+    let mut unsettled = Vec::new();
+    for (i, (record, settlement)) in records.into_iter().zip(settlements).enumerate() {
+        let Some(record) = record? else { continue };
+        let settlement = settlement?;
+        let (record, settlement) = read::decode_stored(&ids[i], &record, settlement.as_deref())?;
+        match settlement {
+            Some(s) => settled[i] = s.kind() != schema::SettlementKind::Retrying,
+            None => unsettled.push((super::view::dispatch_key(&record, None), i)),
+        }
+    }
+    unsettled.sort_unstable();
+    if let Some((from, _)) = unsettled.first() {
+        let mut logged = read::Logged::from(db, *from, Some(&snapshot))?;
+        for (key, i) in unsettled {
+            settled[i] = logged.contains(key)?;
+        }
+    }
+    Ok(settled)
 }
