@@ -14,7 +14,13 @@
 //! name = "ops"
 //! token = "plaintext is accepted too"
 //! topics = ["*"]
+//! admin = "all"             # optional: may set dispatch policies (see below)
 //! ```
+//!
+//! `admin` lets a token call the `Admin` service (pause, resume and rate
+//! limit topics): `"tenant"` for its own tenant's messages, `"all"` for
+//! every tenant's too; either only on the topics it is granted. Without
+//! it, a token cannot change a policy.
 //!
 //! A topic pattern is an exact name, a prefix ending in `*` (`orders.*`
 //! matches `orders.created`), or `*` for every topic. Each token belongs to
@@ -73,6 +79,16 @@ pub struct Grant {
     pub name: String,
     scope: Scope,
     digest: [u8; 32],
+    admin: Option<AdminScope>,
+}
+
+/// Whose dispatch policies a token may set (`admin` in the tokens file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdminScope {
+    /// Its own tenant's.
+    Tenant,
+    /// Every tenant's too.
+    All,
 }
 
 impl Grant {
@@ -139,6 +155,26 @@ impl Access {
         }
     }
 
+    /// Whose dispatch policies the caller may set: everything with
+    /// authentication off; else what its token's `admin` says, or
+    /// [`Error::NotAdmin`].
+    pub fn admin(&self) -> Result<AdminScope, Error> {
+        match self {
+            Access::Open => Ok(AdminScope::All),
+            Access::Granted { grant, .. } => {
+                grant.admin.ok_or_else(|| Error::NotAdmin { token: grant.name.clone() })
+            }
+        }
+    }
+
+    /// The caller's name for the record of a change: its token's, or none.
+    pub fn name(&self) -> &str {
+        match self {
+            Access::Open => "",
+            Access::Granted { grant, .. } => &grant.name,
+        }
+    }
+
     /// The caller's access as the tokens in use now say: a long call (a
     /// stream) asks again before each piece of work, so that a token
     /// revoked or narrowed by a reload stops working at once.
@@ -174,6 +210,7 @@ struct Entry {
     sha256: Option<String>,
     topics: Vec<String>,
     tenant: Option<String>,
+    admin: Option<String>,
 }
 
 fn digest(token: &[u8]) -> [u8; 32] {
@@ -256,8 +293,18 @@ impl Tokens {
                 }
                 Err(e) => return fail(&e),
             };
+            let admin = match entry.admin.as_deref() {
+                None => None,
+                Some("tenant") => Some(AdminScope::Tenant),
+                Some("all") => Some(AdminScope::All),
+                Some(other) => {
+                    return fail(&format!(
+                        "admin = {other:?}; use \"tenant\" (its own tenant's policies) or \"all\""
+                    ));
+                }
+            };
             let scope = Scope::tenant(&name, tenant, topics);
-            entries.push((hash, Arc::new(Grant { name, scope, digest: hash })));
+            entries.push((hash, Arc::new(Grant { name, scope, digest: hash, admin })));
         }
         Ok(Tokens { entries })
     }

@@ -21,6 +21,18 @@ pub enum Error {
         "the token {token:?} may not use topic {topic:?}; the tokens file (--auth-tokens) lists its topics"
     )]
     Forbidden { token: String, topic: String },
+    /// The caller's token has no `admin` in the tokens file.
+    #[error(
+        "the token {token:?} may not change dispatch policies; give it `admin = \"tenant\"` (or \"all\") in \
+         the tokens file (--auth-tokens)"
+    )]
+    NotAdmin { token: String },
+    /// A tenant admin asked for a policy of every tenant.
+    #[error(
+        "the token {token:?} may set policies for its own tenant only (admin = \"tenant\"); a policy for every \
+         tenant (all_tenants) needs admin = \"all\""
+    )]
+    NotAdminOfAll { token: String },
     #[error("no bearer token: send the header `authorization: Bearer <token>`")]
     NoToken,
     #[error("the bearer token is not valid")]

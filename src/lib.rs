@@ -72,6 +72,7 @@ pub mod memory;
 pub mod message;
 pub mod metrics;
 pub mod node;
+pub mod policy;
 pub mod scheduler;
 pub mod secret;
 pub mod series;

@@ -354,6 +354,46 @@ pub static DISPATCH_HELD_TOPICS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static TOPIC_POLICIES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register(
+        IntGaugeVec::new(
+            Opts::new(
+                "hourglass_topic_policies",
+                "Dispatch policies in force: state=paused (a topic, for one tenant or every tenant, is \
+                 paused) or rate_limited.",
+            ),
+            &["state"],
+        )
+        .expect("valid metric"),
+    )
+});
+pub static TOPIC_PAUSED_SINCE: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register(
+        IntGaugeVec::new(
+            Opts::new(
+                "hourglass_topic_paused_since_seconds",
+                "When a paused topic was paused (Unix seconds), per topic and tenant (\"\": every tenant); \
+                 gone once it is resumed.",
+            ),
+            &["topic", "tenant"],
+        )
+        .expect("valid metric"),
+    )
+});
+pub static POLICY_DELAY: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "hourglass_dispatch_policy_delay_seconds",
+                "How long a dispatch policy held a message back before it was produced, apart from any \
+                 lateness of hourglass or Kafka: reason=paused or rate_limit.",
+            )
+            .buckets(vec![0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0]),
+            &["reason"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static METADATA_ERRORS: LazyLock<IntCounter> =
     LazyLock::new(|| counter("hourglass_kafka_metadata_errors_total", "Failed topic metadata refreshes."));
 pub static KAFKA_REACHABLE: LazyLock<IntGauge> = LazyLock::new(|| {
@@ -485,6 +525,13 @@ pub fn init() {
         PRODUCE_ERRORS.with_label_values(&[kind]);
     }
     LazyLock::force(&METADATA_ERRORS);
+    for state in ["paused", "rate_limited"] {
+        TOPIC_POLICIES.with_label_values(&[state]);
+    }
+    for reason in ["paused", "rate_limit"] {
+        POLICY_DELAY.with_label_values(&[reason]);
+    }
+    LazyLock::force(&TOPIC_PAUSED_SINCE);
     LazyLock::force(&RECONCILE_FOUND);
     for outcome in ["committed", "aborted", "fenced"] {
         TRANSACTIONS.with_label_values(&[outcome]);

@@ -4,6 +4,7 @@
 //! errors become statuses through the one table in [`crate::status`]. No
 //! decisions are made here.
 
+mod admin;
 pub mod codec;
 pub mod convert;
 mod limit;
@@ -11,6 +12,7 @@ mod local;
 mod series;
 mod stream;
 
+pub use admin::AdminApi;
 pub use limit::Budget;
 pub use local::Local;
 pub use series::SeriesApi;
@@ -105,6 +107,12 @@ impl SchedulerApi {
     /// service's.
     pub fn series(&self, series: Arc<dyn crate::scheduler::SeriesCalls>) -> SeriesApi {
         SeriesApi::new(series, Arc::clone(&self.admission), self.config.max_concurrent)
+    }
+
+    /// The `Admin` service over `policies`, its calls admitted among this
+    /// service's.
+    pub fn admin(&self, policies: Arc<crate::policy::PolicyService>) -> AdminApi {
+        AdminApi::new(policies, Arc::clone(&self.admission), self.config.max_concurrent)
     }
 
     /// The gRPC service, refusing requests over the size limit unread.

@@ -10,6 +10,7 @@ use super::Cluster;
 use crate::{
     message::Scheduled,
     node::ShardSet,
+    policy::PolicyWrite,
     store::{Answer, Intent, NewMessage, SeriesWrite, Store, StoreError, StoreHealth},
 };
 
@@ -51,6 +52,13 @@ impl ShardSet for Cluster {
 
     async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
         self.owner_of(shard).await?.front().write_series(writes).await
+    }
+
+    async fn write_policies(&self, _writes: Vec<PolicyWrite>) -> Result<(), StoreError> {
+        Err(StoreError::LogUnavailable(
+            "dispatch policies are not kept in the schedule log yet: in cluster mode they cannot be set"
+                .into(),
+        ))
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

@@ -96,6 +96,7 @@ use crate::{
 
 mod config;
 mod gate;
+mod policy;
 mod produce;
 mod pulse;
 mod read_ahead;
@@ -186,6 +187,8 @@ pub struct Dispatcher {
     /// Cluster mode, transactional delivery: another node's producer
     /// fenced this shard's; nothing is produced until `take_back`.
     fenced: bool,
+    /// The dispatch policies, and the lanes they hold back.
+    policies: policy::Policies,
 }
 
 /// Where the producer sends its delivery reports, and where they are read.
@@ -295,6 +298,7 @@ impl Dispatcher {
         let scan_from = store.wake().floor_recorded();
         let horizon = store.horizon_at_open();
         let (in_flight_at, pulse) = (Pulse::last(store.path()), Pulse::start(store.path()));
+        let policies = policy::Policies::new(store.policies());
         Dispatcher {
             store,
             recorder,
@@ -321,6 +325,7 @@ impl Dispatcher {
             },
             doubt: Doubt { landed: HashMap::new(), marked: HashSet::new(), horizon, in_flight_at, pulse },
             fenced: false,
+            policies,
         }
     }
 
@@ -365,6 +370,7 @@ impl Dispatcher {
                     }
                 }
                 _ = self.store.wake().notified(), if !matches!(next, Next::Full) => {}
+                _ = self.policies.changed() => {}
                 _ = tokio::time::sleep(sleep) => {}
             }
         }

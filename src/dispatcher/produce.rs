@@ -19,8 +19,10 @@ const HORIZON_AHEAD: Duration = Duration::from_secs(5);
 
 impl Dispatcher {
     /// Produces what a look found ready, puts off what its topic's state
-    /// holds back, and keeps track of the rest.
-    pub(super) async fn handle(&mut self, batch: DueBatch, now: UnixMillis) {
+    /// or a policy holds back, and keeps track of the rest. Returns how
+    /// many it produced.
+    pub(super) async fn handle(&mut self, batch: DueBatch, now: UnixMillis) -> usize {
+        let mut produced = 0;
         let mut release = batch.stale;
         self.scan.recheck.extend(batch.contended);
         if batch.unreadable.is_empty() {
@@ -64,8 +66,16 @@ impl Dispatcher {
                 self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
                 continue;
             }
-            match self.decide(&topic, now) {
-                Decision::Produce { probe } => self.produce(ready, topic, probe),
+            match self.decide(&topic, &ready.id, ready.key, now) {
+                Decision::Produce { probe } => {
+                    self.policies.observe_produced(ready.id.tenant(), &topic, ready.due, now);
+                    self.produce(ready, topic, probe);
+                    produced += 1;
+                }
+                Decision::Hold(lane, why) => {
+                    self.policies.hold(lane, why, ready.key, now);
+                    release.push(ready.id);
+                }
                 Decision::Defer => {
                     self.defer(topic, ready.key, ready.id.clone());
                     release.push(ready.id);
@@ -80,6 +90,7 @@ impl Dispatcher {
         if let Err(e) = self.store.release(release).await {
             tracing::warn!(error = %e, "returning claims failed");
         }
+        produced
     }
 
     /// Records, before anything due after the horizon is produced, a

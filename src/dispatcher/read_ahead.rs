@@ -74,10 +74,16 @@ impl Dispatcher {
                     return Next::At(now.saturating_add(self.config.max_sleep));
                 }
             };
-            room = room.saturating_sub(batch.ready.len());
-            self.handle(batch, now).await;
+            room = room.saturating_sub(self.handle(batch, now).await);
         }
         self.scan.recheck.append(&mut recheck);
+        if room == 0 {
+            return Next::Full;
+        }
+
+        // Then what dispatch policies held back and may go now: it was due
+        // before what the walk finds.
+        room = room.saturating_sub(self.run_lanes(now, room).await);
         if room == 0 {
             return Next::Full;
         }
@@ -90,11 +96,15 @@ impl Dispatcher {
                 if !self.gate.open() {
                     return Next::At(now.saturating_add(GATE_RECHECK));
                 }
+                // What is put off or held back takes no room: only what
+                // is produced does.
                 let take = room.min(self.ahead.ready.len());
-                room -= take;
                 let ready: Vec<Ready> = self.ahead.ready.drain(..take).collect();
-                self.handle(DueBatch { ready, ..DueBatch::default() }, now).await;
+                room = room.saturating_sub(self.handle(DueBatch { ready, ..DueBatch::default() }, now).await);
                 if !self.ahead.ready.is_empty() {
+                    if room > 0 {
+                        continue;
+                    }
                     return Next::Full;
                 }
                 self.ahead.since = None;
@@ -141,7 +151,8 @@ impl Dispatcher {
             self.handle(batch, now).await;
         }
         self.store.metrics().in_flight.set(self.sent.len() as i64);
-        self.sooner(next)
+        let next = self.sooner(next);
+        self.sooner_for_lanes(next)
     }
 
     /// Gives back what was read ahead and has waited for room too long

@@ -57,6 +57,7 @@ impl Dispatcher {
             .chain(self.scan.unreadable.iter().map(|(k, _)| *k))
             .chain(self.topics.states.values().flat_map(|t| t.deferred.iter().map(|(k, _)| *k)))
             .chain(self.scan.rescan_from)
+            .chain(self.policies.lowest())
             .chain(self.ahead.ready.iter().map(|r| r.key))
             .fold(self.scan.from, DispatchKey::min)
     }

@@ -4,10 +4,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{Dispatcher, Refusal, TopicState, config::DispatcherConfig, sent::InFlight};
+use super::{Dispatcher, Refusal, TopicState, config::DispatcherConfig, policy::Why, sent::InFlight};
 use crate::{
     kafka::ProduceError,
     message::{MessageId, UnixMillis},
+    policy::PolicyKey,
     store::{HeldTopics, Outcome, schema::DispatchKey},
 };
 
@@ -17,14 +18,29 @@ const DEFER_CAP: usize = 100_000;
 
 /// What becomes of one due message.
 pub(super) enum Decision {
-    Produce { probe: bool },
+    Produce {
+        probe: bool,
+    },
     Defer,
     Fail(String),
+    /// A dispatch policy holds it back, in this lane.
+    Hold(PolicyKey, Why),
 }
 
 impl Dispatcher {
-    /// What to do with a due message of `topic`, now.
-    pub(super) fn decide(&mut self, topic: &Arc<str>, now: UnixMillis) -> Decision {
+    /// What to do with a due message of `topic`, now: a policy's pause or
+    /// limit first (which its topic's state cannot make fail), then the
+    /// topic's state; a message that goes takes its policies' tokens.
+    pub(super) fn decide(
+        &mut self,
+        topic: &Arc<str>,
+        id: &MessageId,
+        key: DispatchKey,
+        now: UnixMillis,
+    ) -> Decision {
+        if let Some((lane, why)) = self.policies.holds(id.tenant(), topic, key) {
+            return Decision::Hold(lane, why);
+        }
         let config = &self.config;
         let state = self.topics.states.entry(Arc::clone(topic)).or_default();
         if state.held(now) {
@@ -36,6 +52,7 @@ impl Dispatcher {
             };
         }
         let probe = state.refusal.as_mut().map(|r| r.probing = true).is_some();
+        self.policies.take(id.tenant(), topic);
         Decision::Produce { probe }
     }
 

@@ -15,6 +15,7 @@ use crate::{
     clock::Clock,
     kafka::Producer,
     message::Scheduled,
+    policy::PolicyWrite,
     shard::{Seams, Shard},
     store::{Answer, Intent, NewMessage, SeriesWrite, ShardOf, Store, StoreError, StoreHealth},
 };
@@ -122,6 +123,11 @@ impl ShardSet for LocalShards {
 
     async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
         self.store_of(shard).write_series(writes).await
+    }
+
+    async fn write_policies(&self, writes: Vec<PolicyWrite>) -> Result<(), StoreError> {
+        let written = self.shards.iter().map(|shard| shard.store().write_policies(writes.clone()));
+        future::try_join_all(written).await.map(|_| ())
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

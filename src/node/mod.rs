@@ -45,6 +45,7 @@ use crate::{
         ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled, ScheduledMessage, Scope,
         UnixMillis, merge_pages, shard_of,
     },
+    policy::PolicyWrite,
     shard::ShardConfig,
     store::{
         Answer, Intent, LIST_KEY_BYTES, ListFilter, NewMessage, SeriesWrite, Store, StoreError, StoreHealth,
@@ -152,6 +153,17 @@ impl Node {
         writes: Vec<SeriesWrite>,
     ) -> Result<(), StoreError> {
         self.shards.write_series(shard, writes).await
+    }
+
+    /// Writes dispatch policies to every shard ([`ShardSet::write_policies`]).
+    pub async fn write_policies(&self, writes: Vec<PolicyWrite>) -> Result<(), StoreError> {
+        self.shards.write_policies(writes).await
+    }
+
+    /// The dispatch policies in force: those of the first shard served
+    /// here (every shard has the same).
+    pub fn policies(&self) -> Option<std::sync::Arc<crate::policy::Table>> {
+        self.shards.stores().first().map(|(_, store)| std::sync::Arc::clone(&store.policies().borrow()))
     }
 
     /// Makes a change in the message's shard: parks it (once durable),

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     message::Scheduled,
+    policy::PolicyWrite,
     store::{Answer, Intent, NewMessage, SeriesWrite, Store, StoreError, StoreHealth},
 };
 
@@ -51,6 +52,11 @@ pub trait ShardSet: Send + Sync {
     /// while this node owns the shard. Returns once every copy here has
     /// them.
     async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError>;
+
+    /// Writes dispatch policies to every shard, durably: standalone each
+    /// store's commit; in a cluster, a record in every partition of the
+    /// log. Returns once each shard served here has them.
+    async fn write_policies(&self, writes: Vec<PolicyWrite>) -> Result<(), StoreError>;
 
     /// Whether every shard served takes new messages (the worst of their
     /// healths), and in a cluster whether the first shards are taken.

@@ -36,6 +36,7 @@ use crate::{
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
     node::{LocalShards, Node, NodeConfig, ShardSet},
+    policy::PolicyService,
     proto,
     scheduler::{Scheduler, SeriesCalls},
     secret,
@@ -120,6 +121,7 @@ pub async fn run_with_clock(
     ));
     // Series are driven where their shards are: standalone every shard,
     // in a cluster those this node owns now.
+    let policies = Arc::new(PolicyService::new(Arc::clone(&node), Arc::clone(&clock)));
     let series = Arc::new(Series::new(Arc::clone(&node), Arc::clone(&service), clock));
     let series_stop = CancellationToken::new();
     let series_task = series.start(series_stop.clone());
@@ -202,6 +204,7 @@ pub async fn run_with_clock(
         };
     let scheduler_api = SchedulerApi::new(scheduler, api);
     let series_api = scheduler_api.series(series_calls);
+    let admin_api = scheduler_api.admin(policies);
     let grpc = tokio::spawn(
         server
             .add_service(health_service)
@@ -209,6 +212,7 @@ pub async fn run_with_clock(
             .add_service(reflection_v1alpha)
             .add_service(InterceptedService::new(scheduler_api.into_server(), auth.clone()))
             .add_service(InterceptedService::new(series_api.into_server(), auth.clone()))
+            .add_service(InterceptedService::new(admin_api.into_server(), auth.clone()))
             .serve_with_incoming_shutdown(
                 limits::LimitedIncoming::new(
                     // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs

@@ -24,6 +24,7 @@ mod health;
 mod held;
 mod open;
 mod options;
+mod policy;
 mod read;
 mod scan;
 pub mod schema;
@@ -52,7 +53,7 @@ pub use health::StoreHealth;
 pub use held::HeldTopics;
 pub use options::{Durability, ShardOf, StoreConfig, open_db};
 pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
-pub(crate) use scan::{DueBatch, Ready, Tries};
+pub(crate) use scan::{DueBatch, Lane, Ready, Tries};
 pub use series::{SeriesBytes, SeriesWrite};
 use writer::Op;
 pub use writer::{Answer, Decided, Decision, Hold, Intent, NewId, NewMessage, Proposed};
@@ -83,6 +84,8 @@ struct Inner {
     lifecycle: Lifecycle,
     opened: Opened,
     purge: PurgeCursors,
+    /// The dispatch policies, as of the last commit that changed them.
+    policies: Arc<watch::Sender<Arc<crate::policy::Table>>>,
 }
 
 /// How many messages are pending, and how many may be.

@@ -53,7 +53,11 @@ impl Store {
             health: Arc::new(HealthBoard::new(metrics.writable.clone())),
             metrics: metrics.clone(),
             dropped_holds: Arc::default(),
+            policies: Arc::new(tokio::sync::watch::Sender::new(Arc::new(
+                super::policy::load(&db).map_err(with_report)?,
+            ))),
         };
+        let policies = Arc::clone(&shared.policies);
         let (claims, wake, pending, health, log_next, log_owner) = (
             Arc::clone(&shared.claims),
             Arc::clone(&shared.wake),
@@ -115,6 +119,7 @@ impl Store {
                     logs: Mutex::new(schema::delivery_logs_range().0),
                     chunks: Mutex::default(),
                 },
+                policies,
             }),
         };
         if config.verify_on_open {

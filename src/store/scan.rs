@@ -82,6 +82,29 @@ pub(crate) struct DueBatch {
     pub unreadable: Vec<(DispatchKey, MessageId, StoreError)>,
 }
 
+/// One topic's due entries (of one tenant, or of every tenant), walked
+/// apart from the rest: what a dispatch policy held back.
+#[derive(Clone, Debug)]
+pub(crate) struct Lane {
+    pub topic: std::sync::Arc<str>,
+    /// None: every tenant's.
+    pub tenant: Option<crate::message::Tenant>,
+}
+
+impl Lane {
+    /// The most entries one walk of a lane steps over.
+    pub const EXAMINE: usize = 16 * 1024;
+
+    /// Whether a found entry is of this lane. A legacy entry, whose topic
+    /// is not in the entry, is taken: the dispatcher holds it again if its
+    /// topic waits.
+    fn holds(&self, found: &Found) -> bool {
+        let Source::Inline(entry) = &found.source else { return true };
+        let topic_matches = entry.record.as_ref().is_some_and(|r| *r.topic == *self.topic);
+        topic_matches && self.tenant.as_ref().is_none_or(|t| found.id.tenant() == Some(t.as_str()))
+    }
+}
+
 /// A due entry as found, before its claim.
 struct Found {
     key: DispatchKey,
@@ -135,12 +158,38 @@ impl Store {
         now: UnixMillis,
         limit: usize,
     ) -> Result<DueBatch, StoreError> {
-        let db = &self.inner.db;
-        let due_cf = cf(db, schema::CF_DUE);
         let upper = DispatchKey::after(now);
         // Before the read: an entry committed below `upper` from here on is
         // handed over by the writer if this read misses it.
         self.inner.wake.reading_up_to(upper);
+        self.walk_due(from, upper, limit, None)
+    }
+
+    /// Claims what is due of one lane (see [`Lane`]): its entries from
+    /// `from` up to `until` (the dispatcher's position, which the writer
+    /// already hands over behind), at most `limit` of them, stepping over
+    /// at most [`Lane::EXAMINE`] entries of other lanes.
+    pub(crate) async fn take_lane(
+        &self,
+        lane: Lane,
+        from: DispatchKey,
+        until: DispatchKey,
+        limit: usize,
+    ) -> Result<DueBatch, StoreError> {
+        self.blocking(move |s| s.walk_due(from, until, limit, Some(&lane))).await
+    }
+
+    /// Walks the due index from `from` to `upper`, claiming and reading
+    /// what it finds (of `lane` only, if named).
+    fn walk_due(
+        &self,
+        from: DispatchKey,
+        upper: DispatchKey,
+        limit: usize,
+        lane: Option<&Lane>,
+    ) -> Result<DueBatch, StoreError> {
+        let db = &self.inner.db;
+        let due_cf = cf(db, schema::CF_DUE);
         let walk = self.inner.claims.watch(from);
         let mut opts = ReadOptions::default();
         // Bounds keep the seek clear of the tombstones that settled messages
@@ -153,8 +202,9 @@ impl Store {
         // What was delivered at its first try stays in the index as its
         // message's record; the walk steps over it.
         let mut logged = read::Logged::from(db, from, None)?;
-        for item in db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward)) {
-            if found.len() >= limit {
+        let items = db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward));
+        for (examined, item) in items.enumerate() {
+            if found.len() >= limit || lane.is_some_and(|_| examined >= Lane::EXAMINE) {
                 more = true;
                 break;
             }
@@ -164,9 +214,13 @@ impl Store {
             if logged.contains(key)? {
                 continue;
             }
-            found.push(decode_found(key, &v)?);
+            let entry = decode_found(key, &v)?;
+            if lane.is_some_and(|lane| !lane.holds(&entry)) {
+                continue;
+            }
+            found.push(entry);
         }
-        let next_dispatch_at = if more {
+        let next_dispatch_at = if more || lane.is_some() {
             None
         } else {
             let mut opts = ReadOptions::default();

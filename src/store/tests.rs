@@ -8,6 +8,7 @@ use crate::message::{
     CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scheduled, Scope, State, UnixMillis,
 };
 
+mod policy;
 mod replace;
 
 fn open(dir: &Path) -> Store {

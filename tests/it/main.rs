@@ -26,6 +26,7 @@ mod labels;
 mod let_go;
 mod log_topic;
 mod poison;
+mod policy;
 mod races;
 mod reliability;
 mod resources;

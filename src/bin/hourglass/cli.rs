@@ -40,6 +40,8 @@ pub enum Command {
     /// Recurring schedules: create, get, list, update, pause, resume and
     /// delete series.
     Series(crate::series::SeriesArgs),
+    /// Dispatch policy of a target topic: pause, resume, rate limit, show.
+    Topic(crate::topic::TopicArgs),
     /// Measure ingest, drain, precision and footprint against a real broker
     /// and store: runs the hourglass-bench binary installed beside this one
     /// with the arguments given (`hourglass bench --help` shows them).

@@ -6,6 +6,7 @@
 mod cli;
 mod client;
 mod series;
+mod topic;
 
 use std::process::ExitCode;
 
@@ -67,6 +68,7 @@ fn main() -> ExitCode {
             Command::List(args) => client::list(args).await,
             Command::Stats(args) => client::stats(args).await,
             Command::Series(args) => series::run(args).await,
+            Command::Topic(args) => topic::run(args).await,
             Command::Bench(_) => unreachable!("run before the runtime starts"),
         }
     });

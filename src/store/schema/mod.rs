@@ -13,6 +13,7 @@
 //!                                                   on the target partition lies before it
 //!                "S" ‖ series id                  → a series (its bytes are the series room's)
 //!                "w" ‖ wake_ms:u64be ‖ series id  → ()   when the series next parks an occurrence
+//!                "P" ‖ tenant ‖ 0 ‖ topic         → TopicPolicy: a topic's pause and rate limit
 //! ```
 //!
 //! A due entry holds the message whole, so the dispatcher reads what is due
@@ -56,7 +57,9 @@
 
 use crate::message::{MessageId, UnixMillis};
 
+mod policy;
 mod series;
+pub use policy::*;
 pub use series::*;
 
 pub const CF_DUE: &str = "due";
@@ -73,6 +76,7 @@ const MARK_PREFIX: u8 = b'o';
 const INGRESS_PREFIX: u8 = b'i';
 const SERIES_PREFIX: u8 = b'S';
 const SERIES_WAKE_PREFIX: u8 = b'w';
+const POLICY_PREFIX: u8 = b'P';
 /// The first byte of a due entry in the current layout. A legacy entry is
 /// a bare id, whose first byte is printable or 0 (a tenant's space).
 const DUE_ENTRY_MARK: u8 = 1;

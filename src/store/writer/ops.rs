@@ -168,6 +168,12 @@ pub(crate) enum Op {
         writes: Vec<crate::store::SeriesWrite>,
         reply: Reply<()>,
     },
+    /// Changes of dispatch policies, committed together. Answered once
+    /// committed.
+    Policy {
+        writes: Vec<crate::policy::PolicyWrite>,
+        reply: Reply<()>,
+    },
     /// Cluster mode: decide a caller's change before it is logged.
     Decide {
         intent: Intent,
@@ -204,6 +210,7 @@ impl Op {
             Op::Apply { entries, .. } => entries.len().max(1),
             Op::DecideAll { intents, .. } => intents.len().max(1),
             Op::Series { writes, .. } => writes.len().max(1),
+            Op::Policy { writes, .. } => writes.len().max(1),
             Op::Purge { candidates, logs, .. } => {
                 (candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>()).max(1)
             }
@@ -236,6 +243,7 @@ pub(super) fn refuse(op: Op, error: StoreError) {
         Op::Apply { reply, .. } => drop(reply.send(Err(error))),
         Op::Mark { reply, .. } => drop(reply.send(Err(error))),
         Op::Series { reply, .. } => drop(reply.send(Err(error))),
+        Op::Policy { reply, .. } => drop(reply.send(Err(error))),
         Op::Horizon { reply, .. } => drop(reply.send(Err(error))),
         Op::Settle { .. }
         | Op::Unpark(_)

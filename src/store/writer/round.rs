@@ -54,6 +54,9 @@ pub(super) struct Round<'a> {
     pub(super) chunk: Vec<DeliveryLine>,
     pub(super) replies: Vec<DeferredReply>,
     pub(super) effects: Effects,
+    /// Dispatch policies this round writes: the table is told once it
+    /// commits.
+    pub(super) policies: Vec<crate::policy::PolicyWrite>,
     /// Commit even when nothing changed: a probe.
     pub(super) probe: bool,
     /// A replica of a log (cluster mode): what applying it in this round did.
@@ -116,6 +119,7 @@ impl<'a> Round<'a> {
             chunk: Vec::new(),
             replies: Vec::new(),
             effects: Effects::default(),
+            policies: Vec::new(),
             probe: false,
             replica: ReplicaRound { settled: HashSet::new(), from_log: false, holding: Vec::new() },
             delivery_logs: RefCell::default(),
@@ -212,6 +216,16 @@ impl<'a> Round<'a> {
         if let Some(wake) = write.wake {
             self.batch.put_cf(checkpoint, schema::series_wake_key(wake, &write.id), []);
         }
+    }
+
+    pub(super) fn put_policy(&mut self, write: crate::policy::PolicyWrite) {
+        let checkpoint = cf(self.db, schema::CF_CHECKPOINT);
+        let key = schema::policy_key(&write.key);
+        match write.policy.as_ref().filter(|p| !p.is_empty()) {
+            Some(policy) => self.batch.put_cf(checkpoint, key, prost::Message::encode_to_vec(policy)),
+            None => self.batch.delete_cf(checkpoint, key),
+        }
+        self.policies.push(write);
     }
 
     pub(super) fn put_mark(&mut self, topic: &str, partition: i32, offset: i64) {

@@ -338,6 +338,12 @@ impl Writer {
                 }
                 r.reply(reply, Ok(()));
             }
+            Op::Policy { writes, reply } => {
+                for write in writes {
+                    r.put_policy(write);
+                }
+                r.reply(reply, Ok(()));
+            }
             Op::InDoubt(ids) => {
                 self.unresolved += ids.len();
                 for id in ids {
@@ -430,6 +436,15 @@ impl Writer {
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
                 r.effects.record();
+                if !r.policies.is_empty() {
+                    let writes = std::mem::take(&mut r.policies);
+                    self.shared.policies.send_modify(|table| {
+                        let table = Arc::make_mut(table);
+                        for write in writes {
+                            table.set(write.key, write.policy);
+                        }
+                    });
+                }
                 self.shared.pending.store(r.meta.pending, Ordering::Relaxed);
                 self.shared.log_next.store(r.meta.log_next, Ordering::Release);
                 self.shared.log_owner.store(r.meta.log_owner, Ordering::Release);

@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub metrics: ShardMetrics,
     /// Cluster mode: holds whose caller went away before logging.
     pub dropped_holds: Arc<std::sync::Mutex<Vec<MessageId>>>,
+    /// The dispatch policies: sent each commit that changed them.
+    pub policies: Arc<tokio::sync::watch::Sender<Arc<crate::policy::Table>>>,
 }
 
 /// How the writer commits.

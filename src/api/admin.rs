@@ -1,0 +1,142 @@
+//! The gRPC adapter of the `hourglass.v1.Admin` service: each call is
+//! admitted among the Scheduler's, counted, and handed to the
+//! [`PolicyService`]; this file converts to and from the wire types. No
+//! decisions are made here.
+
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+use tonic::{Request, Response, Status};
+
+use super::{busy, call_of, convert::timestamp, observe};
+use crate::{
+    Error,
+    message::UnixMillis,
+    policy::{Change, PolicyKey, PolicyService, Rate, TopicPolicy},
+    proto,
+};
+
+pub struct AdminApi {
+    policies: Arc<PolicyService>,
+    admission: Arc<Semaphore>,
+    max_concurrent: usize,
+}
+
+impl AdminApi {
+    pub(super) fn new(
+        policies: Arc<PolicyService>,
+        admission: Arc<Semaphore>,
+        max_concurrent: usize,
+    ) -> AdminApi {
+        AdminApi { policies, admission, max_concurrent }
+    }
+
+    pub fn into_server(self) -> proto::admin_server::AdminServer<Self> {
+        proto::admin_server::AdminServer::new(self)
+    }
+
+    async fn call<T>(
+        &self,
+        method: &'static str,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Response<T>, Status> {
+        let _permit = Arc::clone(&self.admission)
+            .try_acquire_owned()
+            .map_err(|_| busy(method, Error::TooManyCalls(self.max_concurrent)))?;
+        observe(method, async { call.await.map(Response::new) }).await
+    }
+
+    async fn change(
+        &self,
+        method: &'static str,
+        request: Request<proto::TopicPolicyRequest>,
+        change: Change,
+    ) -> Result<Response<proto::TopicPolicy>, Status> {
+        self.call(method, async {
+            let call = call_of(&request)?;
+            let request = request.into_inner();
+            let (key, policy) =
+                self.policies.change(&call.access, &request.topic, request.all_tenants, change).await?;
+            Ok(to_proto(&key, &policy))
+        })
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl proto::admin_server::Admin for AdminApi {
+    async fn pause_topic(
+        &self,
+        request: Request<proto::TopicPolicyRequest>,
+    ) -> Result<Response<proto::TopicPolicy>, Status> {
+        self.change("PauseTopic", request, Change::Pause).await
+    }
+
+    async fn resume_topic(
+        &self,
+        request: Request<proto::TopicPolicyRequest>,
+    ) -> Result<Response<proto::TopicPolicy>, Status> {
+        self.change("ResumeTopic", request, Change::Resume).await
+    }
+
+    async fn set_rate_limit(
+        &self,
+        request: Request<proto::SetRateLimitRequest>,
+    ) -> Result<Response<proto::TopicPolicy>, Status> {
+        self.call("SetRateLimit", async {
+            let call = call_of(&request)?;
+            let request = request.into_inner();
+            let rate = (request.per_second > 0).then(|| Rate {
+                per_second: request.per_second,
+                burst: if request.burst == 0 {
+                    Rate::default_burst(request.per_second)
+                } else {
+                    request.burst
+                },
+            });
+            let (key, policy) = self
+                .policies
+                .change(&call.access, &request.topic, request.all_tenants, Change::Limit(rate))
+                .await?;
+            Ok(to_proto(&key, &policy))
+        })
+        .await
+    }
+
+    async fn get_topic_policy(
+        &self,
+        request: Request<proto::TopicPolicyRequest>,
+    ) -> Result<Response<proto::TopicPolicy>, Status> {
+        self.call("GetTopicPolicy", async {
+            let call = call_of(&request)?;
+            let request = request.into_inner();
+            let (key, policy) = self.policies.get(&call.access, &request.topic, request.all_tenants)?;
+            Ok(to_proto(&key, &policy))
+        })
+        .await
+    }
+
+    async fn list_topic_policies(
+        &self,
+        request: Request<proto::ListTopicPoliciesRequest>,
+    ) -> Result<Response<proto::ListTopicPoliciesResponse>, Status> {
+        self.call("ListTopicPolicies", async {
+            let call = call_of(&request)?;
+            let policies = self.policies.list(&call.access).iter().map(|(k, p)| to_proto(k, p)).collect();
+            Ok(proto::ListTopicPoliciesResponse { policies })
+        })
+        .await
+    }
+}
+
+fn to_proto(key: &PolicyKey, policy: &TopicPolicy) -> proto::TopicPolicy {
+    proto::TopicPolicy {
+        topic: key.topic.to_string(),
+        tenant: key.tenant.as_ref().map_or_else(String::new, |t| t.as_str().to_owned()),
+        paused: policy.paused(),
+        paused_at: policy.paused_at().map(timestamp),
+        rate_limit: policy.rate().map(|r| proto::RateLimit { per_second: r.per_second, burst: r.burst }),
+        updated_at: (policy.updated_ms > 0).then(|| timestamp(UnixMillis(policy.updated_ms))),
+        updated_by: policy.updated_by.clone(),
+    }
+}

@@ -1,0 +1,180 @@
+//! `hourglass topic …`: a target topic's dispatch policy from the command
+//! line (the `Admin` service): pause, resume, limit its rate, show it.
+//! Text for people by default; `--output json` prints one object per line.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use hourglass::proto::{self, admin_client::AdminClient};
+
+use crate::{
+    cli::{ClientArgs, Output},
+    client::{self, json, print_json, status_error},
+};
+
+#[derive(Debug, Subcommand)]
+pub enum TopicCommand {
+    /// Pause a topic: none of its messages is produced until it is
+    /// resumed; every other topic goes on.
+    Pause(Target),
+    /// Resume a paused topic: what came due meanwhile goes out in due
+    /// order, at the topic's rate limit if it has one.
+    Resume(Target),
+    /// Limit the rate at which a topic's messages are produced (or remove
+    /// the limit with --off).
+    Limit(LimitArgs),
+    /// Show a topic's policy.
+    Get(Target),
+    /// List the topic policies you may see.
+    List(ListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TopicArgs {
+    #[command(subcommand)]
+    pub command: TopicCommand,
+}
+
+#[derive(Debug, Args)]
+pub struct Target {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The target topic.
+    pub topic: String,
+    /// For every tenant's messages to the topic, not just your token's
+    /// tenant's (needs `admin = "all"` with --token; without tokens every
+    /// policy is for every tenant).
+    #[arg(long)]
+    pub all_tenants: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Messages per second, at most 10,000,000.
+    #[arg(long, required_unless_present = "off", conflicts_with = "off")]
+    pub per_second: Option<u32>,
+    /// How many may go at once after a quiet spell [default: a tenth of a
+    /// second's worth]
+    #[arg(long, requires = "per_second")]
+    pub burst: Option<u32>,
+    /// Remove the topic's rate limit.
+    #[arg(long)]
+    pub off: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+type Client = AdminClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, hourglass::auth::Bearer>,
+>;
+
+async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
+    let (channel, bearer) = client::channel(server).await?;
+    Ok(AdminClient::with_interceptor(channel, bearer))
+}
+
+pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {
+    let (output, verb, policy) = match args.command {
+        TopicCommand::Pause(t) => {
+            let mut admin = connect(&t.client).await?;
+            let reply = admin.pause_topic(request(&t)).await;
+            (t.client.output, "paused", reply)
+        }
+        TopicCommand::Resume(t) => {
+            let mut admin = connect(&t.client).await?;
+            let reply = admin.resume_topic(request(&t)).await;
+            (t.client.output, "resumed", reply)
+        }
+        TopicCommand::Limit(l) => {
+            let t = &l.target;
+            let limit = proto::SetRateLimitRequest {
+                topic: t.topic.clone(),
+                all_tenants: t.all_tenants,
+                per_second: if l.off { 0 } else { l.per_second.unwrap_or(0) },
+                burst: l.burst.unwrap_or(0),
+            };
+            let reply = connect(&t.client).await?.set_rate_limit(limit).await;
+            (t.client.output, if l.off { "unlimited" } else { "limited" }, reply)
+        }
+        TopicCommand::Get(t) => {
+            let reply = connect(&t.client).await?.get_topic_policy(request(&t)).await;
+            (t.client.output, "", reply)
+        }
+        TopicCommand::List(l) => {
+            let reply =
+                connect(&l.client).await?.list_topic_policies(proto::ListTopicPoliciesRequest {}).await;
+            let policies = reply.map_err(status_error)?.into_inner().policies;
+            match l.client.output {
+                Output::Json => policies.into_iter().try_for_each(|p| print_json(&Policy::from(p)))?,
+                Output::Text if policies.is_empty() => println!("no topic policies"),
+                Output::Text => policies.iter().for_each(|p| println!("{}", line(p))),
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let policy = policy.map_err(status_error)?.into_inner();
+    match output {
+        Output::Json => print_json(&Policy::from(policy))?,
+        Output::Text if verb.is_empty() => println!("{}", line(&policy)),
+        Output::Text => println!("{verb} {}", line(&policy)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn request(t: &Target) -> proto::TopicPolicyRequest {
+    proto::TopicPolicyRequest { topic: t.topic.clone(), all_tenants: t.all_tenants }
+}
+
+/// One policy on one line: whose, paused or not, its limit.
+fn line(p: &proto::TopicPolicy) -> String {
+    let whose = if p.tenant.is_empty() { "every tenant".to_owned() } else { format!("tenant {}", p.tenant) };
+    let paused = match &p.paused_at {
+        Some(at) if p.paused => format!("paused since {}", client::time(Some(*at))),
+        _ => "not paused".to_owned(),
+    };
+    let limit = match &p.rate_limit {
+        Some(r) => format!("limited to {}/s (burst {})", r.per_second, r.burst),
+        None => "no rate limit".to_owned(),
+    };
+    format!("topic {} ({whose}): {paused}, {limit}", p.topic)
+}
+
+#[derive(Serialize)]
+struct Policy {
+    topic: String,
+    /// None: every tenant.
+    tenant: Option<String>,
+    paused: bool,
+    paused_at: Option<String>,
+    rate_limit: Option<Limit>,
+    updated_at: Option<String>,
+    updated_by: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Limit {
+    per_second: u32,
+    burst: u32,
+}
+
+impl From<proto::TopicPolicy> for Policy {
+    fn from(p: proto::TopicPolicy) -> Policy {
+        Policy {
+            topic: p.topic,
+            tenant: (!p.tenant.is_empty()).then_some(p.tenant),
+            paused: p.paused,
+            paused_at: json::time(p.paused_at),
+            rate_limit: p.rate_limit.map(|r| Limit { per_second: r.per_second, burst: r.burst }),
+            updated_at: json::time(p.updated_at),
+            updated_by: (!p.updated_by.is_empty()).then_some(p.updated_by),
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Dispatch policy: what an operator or a tenant says of a target topic,
+//! apart from any one message. A topic can be **paused** (nothing of it is
+//! produced until it is resumed) and **rate limited** (messages per second,
+//! with a burst), for every tenant's messages to it or for one tenant's.
+//!
+//! A policy is kept in every shard's store (in cluster mode, in every
+//! partition of the schedule log), so that each shard's dispatcher reads
+//! it from its own store and it outlives restarts and moves. Here are its
+//! key and record ([`PolicyKey`], [`TopicPolicy`]), the table a store keeps
+//! of them ([`Table`]), and the token bucket a rate limit is kept with
+//! ([`Bucket`]); the dispatcher applies them ([`crate::dispatcher`]), and
+//! the admin API sets them ([`crate::api::admin`]).
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+};
+
+use crate::message::{Tenant, UnixMillis};
+
+mod bucket;
+pub mod service;
+
+pub use bucket::Bucket;
+pub use service::{Change, PolicyService};
+
+/// The most messages per second a limit may name: past it, a limit
+/// limits nothing a dispatcher can produce.
+pub const MAX_RATE: u32 = 10_000_000;
+
+/// Whose messages to a topic a policy applies to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyKey {
+    /// `None`: every tenant's (a topic-wide policy); else this tenant's.
+    pub tenant: Option<Tenant>,
+    pub topic: Arc<str>,
+}
+
+impl PolicyKey {
+    pub fn topic_wide(topic: &str) -> PolicyKey {
+        PolicyKey { tenant: None, topic: topic.into() }
+    }
+
+    /// Its bytes in a store key: the tenant (empty for every tenant), a
+    /// zero byte, the topic. Neither holds a zero byte.
+    pub fn encode(&self) -> Vec<u8> {
+        let tenant = self.tenant.as_ref().map_or("", Tenant::as_str);
+        let mut bytes = Vec::with_capacity(tenant.len() + 1 + self.topic.len());
+        bytes.extend_from_slice(tenant.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(self.topic.as_bytes());
+        bytes
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<PolicyKey> {
+        let split = bytes.iter().position(|&b| b == 0)?;
+        let (tenant, topic) =
+            (std::str::from_utf8(&bytes[..split]).ok()?, std::str::from_utf8(&bytes[split + 1..]).ok()?);
+        let tenant = if tenant.is_empty() { None } else { Some(Tenant::parse(tenant).ok()?) };
+        (!topic.is_empty()).then(|| PolicyKey { tenant, topic: topic.into() })
+    }
+
+    /// How it reads in logs, errors and the CLI.
+    pub fn describe(&self) -> String {
+        match &self.tenant {
+            None => format!("topic {:?} (every tenant)", &*self.topic),
+            Some(t) => format!("topic {:?} of tenant {:?}", &*self.topic, t.as_str()),
+        }
+    }
+}
+
+/// A rate limit: messages per second, and how many may go at once after a
+/// quiet spell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+impl Rate {
+    /// The burst when none is named: a tenth of a second's worth, so that a
+    /// backlog comes out smoothly.
+    pub fn default_burst(per_second: u32) -> u32 {
+        (per_second / 10).max(1)
+    }
+}
+
+/// What is said of one topic (for one tenant or all), as it is kept.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TopicPolicy {
+    /// When it was paused (ms since the epoch); 0: not paused.
+    #[prost(uint64, tag = "1")]
+    pub paused_at_ms: u64,
+    /// Messages per second; 0: no limit.
+    #[prost(uint32, tag = "2")]
+    pub rate_per_second: u32,
+    #[prost(uint32, tag = "3")]
+    pub rate_burst: u32,
+    /// When it was last changed, and by whom (a token's name).
+    #[prost(uint64, tag = "4")]
+    pub updated_ms: u64,
+    #[prost(string, tag = "5")]
+    pub updated_by: String,
+}
+
+impl TopicPolicy {
+    pub fn paused(&self) -> bool {
+        self.paused_at_ms > 0
+    }
+
+    pub fn paused_at(&self) -> Option<UnixMillis> {
+        self.paused().then_some(UnixMillis(self.paused_at_ms))
+    }
+
+    pub fn rate(&self) -> Option<Rate> {
+        (self.rate_per_second > 0).then(|| Rate {
+            per_second: self.rate_per_second,
+            burst: if self.rate_burst == 0 {
+                Rate::default_burst(self.rate_per_second)
+            } else {
+                self.rate_burst
+            },
+        })
+    }
+
+    /// Says nothing: it is removed rather than kept.
+    pub fn is_empty(&self) -> bool {
+        !self.paused() && self.rate().is_none()
+    }
+}
+
+/// Every policy a store holds, by key; swapped whole on a change.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Table {
+    policies: BTreeMap<PolicyKey, TopicPolicy>,
+    /// The topics any of them names.
+    topics: HashSet<Arc<str>>,
+}
+
+impl Table {
+    pub fn get(&self, key: &PolicyKey) -> Option<&TopicPolicy> {
+        self.policies.get(key)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&PolicyKey, &TopicPolicy)> {
+        self.policies.iter()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+
+    /// `key`'s policy becomes `policy` (none, or an empty one: removed).
+    pub fn set(&mut self, key: PolicyKey, policy: Option<TopicPolicy>) {
+        match policy.filter(|p| !p.is_empty()) {
+            Some(policy) => self.policies.insert(key, policy),
+            None => self.policies.remove(&key),
+        };
+        self.topics = self.policies.keys().map(|k| Arc::clone(&k.topic)).collect();
+    }
+
+    /// The policies that apply to a message of `tenant` to `topic`: the
+    /// topic-wide one, then its tenant's. (Policies are few: a topic with
+    /// none is rejected at once, the rest is a short walk.)
+    pub fn applying(&self, tenant: Option<&str>, topic: &str) -> [Option<(&PolicyKey, &TopicPolicy)>; 2] {
+        if !self.topics.contains(topic) {
+            return [None, None];
+        }
+        let mut found = [None, None];
+        for (key, policy) in self.policies.iter().filter(|(k, _)| &*k.topic == topic) {
+            match &key.tenant {
+                None => found[0] = Some((key, policy)),
+                Some(t) if Some(t.as_str()) == tenant => found[1] = Some((key, policy)),
+                Some(_) => {}
+            }
+        }
+        found
+    }
+}
+
+/// A change of one policy, as the store writes it.
+#[derive(Clone, Debug)]
+pub struct PolicyWrite {
+    pub key: PolicyKey,
+    /// None (or empty): removed.
+    pub policy: Option<TopicPolicy>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(t: &str) -> Option<Tenant> {
+        Some(Tenant::parse(t).unwrap())
+    }
+
+    #[test]
+    fn a_key_reads_back_as_it_was_written() {
+        for key in [
+            PolicyKey::topic_wide("orders"),
+            PolicyKey { tenant: tenant("acme"), topic: "orders.created".into() },
+        ] {
+            assert_eq!(PolicyKey::decode(&key.encode()), Some(key));
+        }
+        assert_eq!(PolicyKey::decode(b"no-separator"), None);
+        assert_eq!(PolicyKey::decode(b"acme\0"), None, "a key names a topic");
+    }
+
+    #[test]
+    fn the_topic_wide_policy_and_the_tenants_own_both_apply() {
+        let mut table = Table::default();
+        let paused = TopicPolicy { paused_at_ms: 5, ..TopicPolicy::default() };
+        let limited = TopicPolicy { rate_per_second: 100, ..TopicPolicy::default() };
+        table.set(PolicyKey::topic_wide("a"), Some(paused.clone()));
+        table.set(PolicyKey { tenant: tenant("acme"), topic: "a".into() }, Some(limited.clone()));
+        let [wide, own] = table.applying(Some("acme"), "a");
+        assert_eq!(wide.map(|(_, p)| p), Some(&paused));
+        assert_eq!(own.map(|(_, p)| p), Some(&limited));
+        let [wide, own] = table.applying(Some("other"), "a");
+        assert!(wide.is_some() && own.is_none(), "another tenant's policy is not this one's");
+        assert_eq!(table.applying(None, "b"), [None, None]);
+        table.set(PolicyKey::topic_wide("a"), Some(TopicPolicy::default()));
+        assert!(table.get(&PolicyKey::topic_wide("a")).is_none(), "a policy that says nothing is removed");
+    }
+
+    #[test]
+    fn a_limit_without_a_burst_gets_a_tenth_of_a_second() {
+        let p = TopicPolicy { rate_per_second: 20_000, ..TopicPolicy::default() };
+        assert_eq!(p.rate(), Some(Rate { per_second: 20_000, burst: 2_000 }));
+        let p = TopicPolicy { rate_per_second: 3, ..TopicPolicy::default() };
+        assert_eq!(p.rate().unwrap().burst, 1);
+    }
+}
