@@ -58,6 +58,7 @@
 //! and the client subcommands) is built on this library; the bench and the
 //! test kit are crates of their own (`bench/`, `testkit/`).
 
+pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod bulk;

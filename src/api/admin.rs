@@ -1,6 +1,6 @@
 //! The gRPC adapter of the `hourglass.v1.Admin` service: each call is
 //! admitted among the Scheduler's, counted, and handed to the
-//! [`PolicyService`]; this file converts to and from the wire types. No
+//! [`PolicyService`] (`crate::admin`); this file converts to and from the wire types. No
 //! decisions are made here.
 
 use std::sync::Arc;
@@ -11,8 +11,9 @@ use tonic::{Request, Response, Status};
 use super::{busy, call_of, convert::timestamp, observe};
 use crate::{
     Error,
+    admin::{Change, PolicyService},
     message::UnixMillis,
-    policy::{Change, PolicyKey, PolicyService, Rate, TopicPolicy},
+    policy::{PolicyKey, Rate, TopicPolicy},
     proto,
 };
 

@@ -111,7 +111,7 @@ impl SchedulerApi {
 
     /// The `Admin` service over `policies`, its calls admitted among this
     /// service's.
-    pub fn admin(&self, policies: Arc<crate::policy::PolicyService>) -> AdminApi {
+    pub fn admin(&self, policies: Arc<crate::admin::PolicyService>) -> AdminApi {
         AdminApi::new(policies, Arc::clone(&self.admission), self.config.max_concurrent)
     }
 

@@ -40,6 +40,7 @@ pub mod kafka;
 pub(crate) mod lease;
 pub mod log;
 pub(crate) mod owner;
+mod policies;
 pub(crate) mod recorder;
 pub(crate) mod replica;
 mod retention;

@@ -54,11 +54,8 @@ impl ShardSet for Cluster {
         self.owner_of(shard).await?.front().write_series(writes).await
     }
 
-    async fn write_policies(&self, _writes: Vec<PolicyWrite>) -> Result<(), StoreError> {
-        Err(StoreError::LogUnavailable(
-            "dispatch policies are not kept in the schedule log yet: in cluster mode they cannot be set"
-                .into(),
-        ))
+    async fn write_policies(&self, writes: Vec<PolicyWrite>) -> Result<(), StoreError> {
+        Cluster::write_policies(self, writes).await
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

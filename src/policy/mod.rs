@@ -9,7 +9,7 @@
 //! key and record ([`PolicyKey`], [`TopicPolicy`]), the table a store keeps
 //! of them ([`Table`]), and the token bucket a rate limit is kept with
 //! ([`Bucket`]); the dispatcher applies them ([`crate::dispatcher`]), and
-//! the admin API sets them ([`crate::api::admin`]).
+//! the Admin calls set them ([`crate::admin`]).
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -19,10 +19,8 @@ use std::{
 use crate::message::{Tenant, UnixMillis};
 
 mod bucket;
-pub mod service;
 
 pub use bucket::Bucket;
-pub use service::{Change, PolicyService};
 
 /// The most messages per second a limit may name: past it, a limit
 /// limits nothing a dispatcher can produce.
@@ -135,6 +133,10 @@ pub struct Table {
     policies: BTreeMap<PolicyKey, TopicPolicy>,
     /// The topics any of them names.
     topics: HashSet<Arc<str>>,
+    /// Policies removed (their last change says nothing), kept for when:
+    /// in cluster mode an earlier change read later must not bring one
+    /// back.
+    removed: BTreeMap<PolicyKey, TopicPolicy>,
 }
 
 impl Table {
@@ -150,12 +152,26 @@ impl Table {
         self.policies.is_empty()
     }
 
+    /// The last change of `key`'s policy, in force or removed.
+    pub fn last_change(&self, key: &PolicyKey) -> Option<&TopicPolicy> {
+        self.policies.get(key).or_else(|| self.removed.get(key))
+    }
+
     /// `key`'s policy becomes `policy` (none, or an empty one: removed).
     pub fn set(&mut self, key: PolicyKey, policy: Option<TopicPolicy>) {
-        match policy.filter(|p| !p.is_empty()) {
-            Some(policy) => self.policies.insert(key, policy),
-            None => self.policies.remove(&key),
-        };
+        match policy {
+            Some(policy) if !policy.is_empty() => {
+                self.removed.remove(&key);
+                self.policies.insert(key, policy);
+            }
+            Some(removal) => {
+                self.policies.remove(&key);
+                self.removed.insert(key, removal);
+            }
+            None => {
+                self.policies.remove(&key);
+            }
+        }
         self.topics = self.policies.keys().map(|k| Arc::clone(&k.topic)).collect();
     }
 

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{service::interceptor::InterceptedService, transport::server::TcpIncoming};
 
 use crate::{
+    admin::PolicyService,
     api::{ApiConfig, Budget, Local, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
@@ -36,7 +37,6 @@ use crate::{
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
     node::{LocalShards, Node, NodeConfig, ShardSet},
-    policy::PolicyService,
     proto,
     scheduler::{Scheduler, SeriesCalls},
     secret,

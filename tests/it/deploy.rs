@@ -475,6 +475,7 @@ fn exported_metrics() -> BTreeSet<String> {
     ShardMetrics::of(0).pending.set(0);
     FORGED.with_label_values(&["log"]);
     INGRESS_RECORDS.with_label_values(&["hourglass-log-ingress", "refused"]);
+    TOPIC_PAUSED_SINCE.with_label_values(&["orders", ""]).set(0);
     let text = render();
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -320,3 +320,106 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_or_limits() {
     assert_eq!(values_on(&broker, &shared, 2, Duration::from_secs(10)), ["orders-1", "billing-1"]);
     server.stop().await;
 }
+
+/// Retries a call of a cluster while a shard moves (`UNAVAILABLE`).
+async fn anywhere<T, F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>>(
+    what: &str,
+    mut call: impl FnMut() -> F,
+) -> T {
+    let give_up = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        match call().await {
+            Ok(answer) => return answer.into_inner(),
+            Err(s) if s.code() == Code::Unavailable && std::time::Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(s) => panic!("{what}: {s:?}"),
+        }
+    }
+}
+
+/// Cluster mode, two node processes and twelve shards: a topic paused
+/// through one node holds the messages of every shard, scheduled through
+/// the other; the first is killed with SIGKILL and the other takes its
+/// shards over, still paused; resumed through it, every message goes out
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_a_cluster_a_pause_holds_every_shard_through_a_failover_and_a_resume_lets_each_out_once() {
+    use crate::cluster_nodes::{Bed, THREE_NODES, wait_spread};
+    let _turn = THREE_NODES.lock().await;
+    let Bed { broker, topic, dirs: _dirs, mut nodes, .. } = Bed::start(1, 2).await;
+    wait_spread(&nodes, &[0, 1], Duration::from_secs(60)).await;
+    let channel = |grpc: &str| {
+        Channel::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(20))
+            .connect_lazy()
+    };
+    let (first, second) = (channel(&nodes[0].grpc), channel(&nodes[1].grpc));
+    let paused = anywhere("PauseTopic", || {
+        let mut admin = AdminClient::new(first.clone());
+        let request = target(&topic);
+        async move { admin.pause_topic(request).await }
+    })
+    .await;
+    assert!(paused.paused);
+
+    let count = 240;
+    let run = random_name("p");
+    let due = now_ms() + 500;
+    for start in (0..count).step_by(60) {
+        let requests: Vec<_> = (start..start + 60)
+            .map(|i| {
+                let mut r = request(&topic, &format!("{i:07}"), Duration::ZERO);
+                r.due = Some(proto::schedule_request::Due::DeliverAt(at(due)));
+                r.id = Some(format!("{run}-{i}"));
+                r
+            })
+            .collect();
+        let answers = anywhere("ScheduleBatch", || {
+            let mut scheduler = SchedulerClient::new(second.clone());
+            let requests = requests.clone();
+            async move { scheduler.schedule_batch(proto::ScheduleBatchRequest { requests }).await }
+        })
+        .await;
+        assert!(
+            answers
+                .results
+                .iter()
+                .all(|r| matches!(r.result, Some(proto::schedule_result::Result::Scheduled(_))))
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        values_on(&broker, &topic, 1, Duration::from_secs(1)).is_empty(),
+        "a paused topic, on every shard"
+    );
+
+    nodes[0].kill();
+    wait_spread(&nodes, &[1], Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        values_on(&broker, &topic, 1, Duration::from_secs(1)).is_empty(),
+        "still paused after the failover"
+    );
+    let kept = anywhere("GetTopicPolicy", || {
+        let mut admin = AdminClient::new(second.clone());
+        let request = target(&topic);
+        async move { admin.get_topic_policy(request).await }
+    })
+    .await;
+    assert_eq!((kept.paused, kept.paused_at), (true, paused.paused_at));
+
+    anywhere("ResumeTopic", || {
+        let mut admin = AdminClient::new(second.clone());
+        let request = target(&topic);
+        async move { admin.resume_topic(request).await }
+    })
+    .await;
+    let mut values = values_on(&broker, &topic, count, Duration::from_secs(60));
+    values.sort();
+    let expected: Vec<String> = (0..count).map(|i| format!("{i:07}")).collect();
+    assert_eq!(values, expected, "each message once after the resume");
+    nodes[1].stop().unwrap();
+}

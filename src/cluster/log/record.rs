@@ -31,6 +31,12 @@
 //!                                                   and its wake moved; no bytes: deleted. Applied
 //!                                                   only from the shard's owner
 //! 0x05 ‖ series id   none (tombstone)               the deleted series is gone for good
+//! 0x06 ‖ policy key  Policy(key, policy)            a dispatch policy (`crate::policy`), written to
+//!                                                   every partition by any node; of two records of
+//!                                                   one key the later change wins (by its time,
+//!                                                   then its bytes), so that every partition comes
+//!                                                   to the same policy whatever order they came in.
+//!                                                   A removed policy stays as an empty record
 //! ```
 //!
 //! The latest record of an id says all there is of its message, whatever
@@ -72,6 +78,9 @@ pub const INGRESS_KEY_MARK: u8 = 4;
 /// The first byte of the key of [`Series`] records (one key per series).
 pub const SERIES_KEY_MARK: u8 = 5;
 
+/// The first byte of the key of [`Policy`] records (one key per policy).
+pub const POLICY_KEY_MARK: u8 = 6;
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LogRecord {
     /// The node incarnation that wrote the record (random per start).
@@ -80,7 +89,7 @@ pub struct LogRecord {
     /// Which of its requests: the node answers it once this is applied.
     #[prost(uint64, tag = "2")]
     pub request: u64,
-    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9, 10, 11")]
+    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
     pub change: Option<Change>,
 }
 
@@ -104,6 +113,18 @@ pub enum Change {
     Ingress(Ingress),
     #[prost(message, tag = "11")]
     Series(Series),
+    #[prost(message, tag = "12")]
+    Policy(Policy),
+}
+
+/// A dispatch policy: its key and its record as the policy room encodes
+/// them (`crate::policy::PolicyKey`, `TopicPolicy`), checked when read.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Policy {
+    #[prost(bytes = "vec", tag = "1")]
+    pub key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub policy: Vec<u8>,
 }
 
 /// A series as the shard's owner wrote it: its bytes are the series
@@ -385,6 +406,15 @@ pub fn series_key(id: &[u8]) -> Vec<u8> {
     key
 }
 
+/// The key of the [`Policy`] records of a policy (its key as the policy
+/// room encodes it).
+pub fn policy_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + key.len());
+    k.push(POLICY_KEY_MARK);
+    k.extend_from_slice(key);
+    k
+}
+
 /// The key of the [`Settled`] record of a chunk: its time ([`Settled::at_ms`])
 /// then its writer and request, unique, so that compaction keeps every
 /// chunk until its retention ends and the shard's owner tombstones it.
@@ -460,8 +490,11 @@ pub fn read<'a>(
                 Some(id) => Entry::ForgetSeries(id),
                 None => Entry::Skip("a series tombstone whose key is no series id".to_owned()),
             },
-            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK | INGRESS_KEY_MARK, ..]) => Entry::Skip(
-                "the tombstone of an owner, of marks, of an ingress offset, or of no chunk".to_owned(),
+            Some(
+                [CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK | INGRESS_KEY_MARK | POLICY_KEY_MARK, ..],
+            ) => Entry::Skip(
+                "the tombstone of an owner, of marks, of an ingress offset, of a policy, or of no chunk"
+                    .to_owned(),
             ),
             _ => match key.and_then(MessageId::from_stored) {
                 Some(id) => Entry::Forget(id),

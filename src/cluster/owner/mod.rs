@@ -218,6 +218,16 @@ impl Cluster {
         &self.inner.config.key
     }
 
+    /// The schedule log's producer.
+    pub(crate) fn log(&self) -> &Arc<LogProducer> {
+        &self.inner.log
+    }
+
+    /// This node incarnation: the records it writes carry it.
+    pub(crate) fn me(&self) -> u64 {
+        self.inner.waiters.me()
+    }
+
     /// The schedule log's partitions: the shard count.
     pub fn partitions(&self) -> u32 {
         self.inner.slots.len() as u32

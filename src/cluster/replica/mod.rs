@@ -12,6 +12,7 @@ use crate::{
         SettledOutcome,
     },
     message::{DueSpec, Labels, MessageId, UnixMillis},
+    policy::{PolicyKey, PolicyWrite, TopicPolicy},
     store::{
         Local, LogEntry, Outcome, Proposed, Replica, SeriesBytes, SeriesWrite, Settle, SettledLine,
         schema::{HeaderRecord, LabelRecord, MessageRecord},
@@ -73,6 +74,7 @@ fn logged(writer: u64, request: u64, change: Change) -> Replica {
         Change::Ingress(read) => {
             Replica::Ingress { topic: read.topic, partition: read.partition, next: read.next }
         }
+        Change::Policy(policy) => policy_of(&policy),
         Change::Series(series) => match MessageId::from_stored(&series.id) {
             Some(id) => Replica::Series(SeriesWrite {
                 id,
@@ -83,6 +85,29 @@ fn logged(writer: u64, request: u64, change: Change) -> Replica {
             None => unreadable_id(&series.id),
         },
     }
+}
+
+/// A policy record, checked: a key or a record that does not read, or a
+/// limit past what a call may set, is skipped (and logged), never applied.
+fn policy_of(policy: &record::Policy) -> Replica {
+    let key = PolicyKey::decode(&policy.key);
+    let record = <TopicPolicy as prost::Message>::decode(&*policy.policy).ok();
+    match (key, record) {
+        (Some(key), Some(record)) if record.rate_per_second <= crate::policy::MAX_RATE => {
+            Replica::Policy(PolicyWrite { key, policy: Some(record) })
+        }
+        _ => {
+            tracing::warn!(key = ?String::from_utf8_lossy(&policy.key), "skipped a dispatch policy record of the schedule log that does not read");
+            Replica::Skip
+        }
+    }
+}
+
+/// The key and the change of the record that logs a policy's write.
+pub(crate) fn policy(write: &PolicyWrite) -> (Vec<u8>, Change) {
+    let key = write.key.encode();
+    let policy = prost::Message::encode_to_vec(&write.policy.clone().unwrap_or_default());
+    (record::policy_key(&key), Change::Policy(record::Policy { key, policy }))
 }
 
 fn unreadable_id(bytes: &[u8]) -> Replica {

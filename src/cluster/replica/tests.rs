@@ -13,6 +13,7 @@ use crate::{
     },
 };
 
+mod policy;
 mod replace;
 
 fn open(dir: &Path) -> Store {

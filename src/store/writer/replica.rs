@@ -64,6 +64,9 @@ pub(crate) enum Replica {
     Series(SeriesWrite),
     /// A deleted series' tombstone: whatever is left of it goes.
     ForgetSeries(MessageId),
+    /// A dispatch policy, from any node of the cluster: of two changes of
+    /// one policy the later wins, in whatever order they are applied.
+    Policy(crate::policy::PolicyWrite),
     /// Nothing to apply; the partition's next offset moves past it.
     Skip,
 }

@@ -220,8 +220,9 @@ impl<'a> Round<'a> {
 
     pub(super) fn put_policy(&mut self, write: crate::policy::PolicyWrite) {
         let checkpoint = cf(self.db, schema::CF_CHECKPOINT);
+        // A removal stays as an empty record: when it was made.
         let key = schema::policy_key(&write.key);
-        match write.policy.as_ref().filter(|p| !p.is_empty()) {
+        match write.policy.as_ref() {
             Some(policy) => self.batch.put_cf(checkpoint, key, prost::Message::encode_to_vec(policy)),
             None => self.batch.delete_cf(checkpoint, key),
         }

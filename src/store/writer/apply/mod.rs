@@ -319,6 +319,7 @@ pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
         | Replica::ForgetChunk(_)
         | Replica::Series(_)
         | Replica::ForgetSeries(_)
+        | Replica::Policy(_)
         | Replica::Skip => Vec::new(),
     }
 }
@@ -439,6 +440,12 @@ impl Writer {
             ))),
             Replica::ForgetSeries(id) => {
                 r.batch.delete_cf(self.checkpoint(), schema::series_key(&id));
+                Answer::None
+            }
+            Replica::Policy(write) => {
+                if self.is_later_policy(r, &write) {
+                    r.put_policy(write);
+                }
                 Answer::None
             }
             Replica::Skip => Answer::None,
@@ -696,6 +703,20 @@ impl Writer {
         self.discard(r, id, stored);
         r.effects.purged += 1;
         Ok(())
+    }
+
+    /// Whether `write` is a later change of its policy than the one the
+    /// store has (or this round writes): by its time, then its bytes, so
+    /// that every copy keeps the same one whatever order the partitions
+    /// brought them in.
+    fn is_later_policy(&self, r: &Round, write: &crate::policy::PolicyWrite) -> bool {
+        let order = |p: &crate::policy::TopicPolicy| (p.updated_ms, prost::Message::encode_to_vec(p));
+        let Some(new) = &write.policy else { return true };
+        let current = match r.policies.iter().rev().find(|w| w.key == write.key) {
+            Some(pending) => pending.policy.clone(),
+            None => self.shared.policies.borrow().last_change(&write.key).cloned(),
+        };
+        current.is_none_or(|current| order(new) > order(&current))
     }
 
     fn checkpoint(&self) -> &rocksdb::ColumnFamily {

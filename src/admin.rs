@@ -1,18 +1,19 @@
-//! The admin calls on dispatch policies: who may change which policy, what
-//! a valid change is, and the change written to every shard. Reads answer
-//! from the table the node's stores keep.
+//! The `Admin` calls: dispatch policies (see [`crate::policy`]), who may
+//! change which, what a valid change is, and the change written to every
+//! shard through the node. Reads answer from the table the node's stores
+//! keep. Served by the gRPC adapter `api::admin`.
 
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
-use super::{MAX_RATE, PolicyKey, PolicyWrite, Rate, Table, TopicPolicy};
 use crate::{
     Error,
     auth::{Access, AdminScope},
     clock::Clock,
     message::{Invalid, validate_topic_name},
     node::Node,
+    policy::{MAX_RATE, PolicyKey, PolicyWrite, Rate, Table, TopicPolicy},
 };
 
 /// The most policies a server keeps: each is looked at when a message of
