@@ -230,6 +230,13 @@ impl Service {
             oldest_overdue: stats.oldest_overdue,
             store_bytes,
             max_pending: self.node.max_pending(),
+            // The topic-wide holds of its topics, and its tenant's own.
+            held_back: stats
+                .held_back
+                .into_iter()
+                .filter(|h| access.check(&h.topic).is_ok())
+                .filter(|h| h.tenant.is_none() || whole_server || h.tenant == access.scope().tenant)
+                .collect(),
         })
     }
 }

@@ -30,6 +30,7 @@ pub mod cluster;
 mod limits;
 mod load;
 mod machine;
+mod policy;
 mod reconcile;
 mod report;
 mod series;
@@ -190,14 +191,17 @@ pub enum Phase {
     Reconcile,
     /// Series each firing once a minute, spread over the minute.
     Series,
+    /// A burst into a rate-limited topic; a drain beside a policy.
+    Policy,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 10] = [
+    pub const ALL: [Phase; 11] = [
         Phase::Ingest,
         Phase::Drain,
         Phase::Precision,
         Phase::Burst,
+        Phase::Policy,
         Phase::Cancel,
         Phase::Footprint,
         Phase::Reconcile,
@@ -507,6 +511,22 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         report.add(format!("{name}: memory peak"), mib(peak), "MiB", None, &[]);
         let targets = LatenessTargets { max: trickle_max, ..LatenessTargets::default() };
         add_lateness(&mut report, &format!("{name}: trickle"), &late, targets);
+    }
+
+    if runs(Phase::Policy) {
+        phase("policy: a burst at a topic's rate limit; a drain beside a paused topic");
+        let other_topic = format!("{topic}-unlimited");
+        bench.create_topic(&other_topic, s.partitions).await?;
+        let other = Workload::new(&other_topic, s.value_bytes);
+        let run = policy::Policy {
+            server: &server,
+            w: &w,
+            other: &other,
+            drain: sc.drain,
+            streams: s.streams,
+            producer_limit,
+        };
+        run.run(&mut report).await?;
     }
 
     if runs(Phase::Cancel) {

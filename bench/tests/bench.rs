@@ -96,11 +96,14 @@ fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
         "ingest: ScheduleBatch",
         "ingest: ScheduleStream",
         "drain",
+        "drain, another topic paused",
+        "limited to",
     ] {
         assert!(value(&[rate]) > 0.0, "{rate} measured nothing");
     }
     assert_eq!(value(&["precision", "early"]), 0.0, "nothing is delivered early");
     assert_eq!(value(&["burst", "trickle early"]), 0.0);
+    assert_eq!(value(&["limited to", "another topic", "early"]), 0.0);
     assert!(value(&["precision", "max lateness"]) < 60_000.0);
     assert!(value(&["footprint", "parked: memory"]) > 1.0, "the server's memory was read");
     assert!(value(&["footprint", "disk"]) > 0.0);

@@ -295,6 +295,18 @@ impl From<Stats> for proto::StatsResponse {
             oldest_overdue: s.oldest_overdue.map(Into::into),
             store_bytes: s.store_bytes,
             max_pending: s.max_pending,
+            held_back: s
+                .held_back
+                .into_iter()
+                .map(|h| proto::HeldBack {
+                    topic: h.topic,
+                    tenant: h.tenant.map_or_else(String::new, |t| t.as_str().to_owned()),
+                    reason: if h.paused { proto::HeldReason::Paused } else { proto::HeldReason::RateLimited }
+                        .into(),
+                    since: Some(timestamp(h.since)),
+                    oldest_due: Some(timestamp(h.oldest_due)),
+                })
+                .collect(),
         }
     }
 }

@@ -20,7 +20,7 @@ use tokio::{sync::watch, time::Instant};
 
 use super::{Dispatcher, Next};
 use crate::{
-    message::UnixMillis,
+    message::{HeldBack, UnixMillis},
     metrics,
     policy::{Bucket, PolicyKey, Table},
     store::{Lane, schema::DispatchKey},
@@ -54,6 +54,8 @@ pub(super) struct Policies {
     lanes: HashMap<PolicyKey, LaneState>,
     /// The (topic, tenant) labels of the paused-since gauge this set.
     paused_labels: Vec<[String; 2]>,
+    /// Lanes were shown held back at the last look.
+    shown: bool,
 }
 
 /// A lane with messages held back.
@@ -83,6 +85,7 @@ impl Policies {
             buckets: HashMap::new(),
             lanes: HashMap::new(),
             paused_labels: Vec::new(),
+            shown: false,
         };
         policies.refreshed(Instant::now());
         policies
@@ -249,6 +252,30 @@ impl Policies {
                 return;
             }
         }
+    }
+
+    /// What the lanes hold back now, for `Get`, `List` and `Stats`; none
+    /// when nothing was held at the last call either.
+    pub(super) fn held_back(&mut self) -> Option<Vec<HeldBack>> {
+        if self.lanes.is_empty() && !self.shown {
+            return None;
+        }
+        self.shown = !self.lanes.is_empty();
+        Some(
+            self.lanes
+                .iter()
+                .filter_map(|(key, state)| {
+                    Some(HeldBack {
+                        topic: key.topic.to_string(),
+                        tenant: key.tenant.clone(),
+                        // As its policy says now: a limited lane paused since.
+                        paused: self.table.get(key).map_or(state.why == Why::Paused, |p| p.paused()),
+                        since: state.since,
+                        oldest_due: state.cursor?.at,
+                    })
+                })
+                .collect(),
+        )
     }
 
     /// The lowest entry a lane holds, for the floor.

@@ -45,6 +45,9 @@ impl Dispatcher {
         self.settling.published = tokio::time::Instant::now();
         let lowest = self.settling.settles.iter().map(|s| s.key).fold(self.lowest_held(), DispatchKey::min);
         self.store.wake().set_low_water(lowest);
+        if let Some(held) = self.policies.held_back() {
+            self.store.held().set_held_back(held);
+        }
     }
 
     /// The lowest due entry that may be pending: one not yet handed to the

@@ -171,4 +171,35 @@ pub struct Stats {
     pub oldest_overdue: Option<PendingMessage>,
     pub store_bytes: u64,
     pub max_pending: Option<u64>,
+    /// Topics a dispatch policy holds back now.
+    pub held_back: Vec<HeldBack>,
+}
+
+/// A topic (for every tenant, or one) whose due messages a dispatch policy
+/// holds back: since when, and the earliest due among them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldBack {
+    pub topic: String,
+    /// None: the topic's policy for every tenant.
+    pub tenant: Option<super::Tenant>,
+    pub paused: bool,
+    pub since: UnixMillis,
+    pub oldest_due: UnixMillis,
+}
+
+impl HeldBack {
+    /// Adds what another shard holds of the same lane.
+    pub fn merge(all: &mut Vec<HeldBack>, more: impl IntoIterator<Item = HeldBack>) {
+        for held in more {
+            match all.iter_mut().find(|h| h.topic == held.topic && h.tenant == held.tenant) {
+                Some(h) => {
+                    h.paused |= held.paused;
+                    h.since = h.since.min(held.since);
+                    h.oldest_due = h.oldest_due.min(held.oldest_due);
+                }
+                None => all.push(held),
+            }
+        }
+        all.sort_by(|a, b| (&a.topic, &a.tenant).cmp(&(&b.topic, &b.tenant)));
+    }
 }

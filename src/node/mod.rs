@@ -109,6 +109,8 @@ pub struct Node {
 pub struct NodeStats {
     pub counts: Counts,
     pub oldest_overdue: Option<crate::message::PendingMessage>,
+    /// What dispatch policies hold back, over the shards.
+    pub held_back: Vec<crate::message::HeldBack>,
 }
 
 impl Node {
@@ -264,6 +266,9 @@ impl Node {
         let stores = self.stores();
         let all = future::try_join_all(stores.iter().map(|(_, s)| s.stats(scope.clone(), now))).await?;
         let mut stats = NodeStats::default();
+        for (_, store) in &stores {
+            crate::message::HeldBack::merge(&mut stats.held_back, store.held().held_back());
+        }
         for shard in all {
             stats.counts.add(&shard.counts);
             if let Some(m) = shard.oldest_overdue

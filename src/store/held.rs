@@ -1,19 +1,22 @@
 //! Topics whose messages wait, and why: the dispatcher says so here when
-//! the broker refuses a topic or stops answering for it, and the reads
-//! (`Get`, `List`, `Stats`) show the reason on each of the topic's pending
-//! messages that has no error of its own. In memory only: it says what
-//! happens now, and a restart finds out again.
+//! the broker refuses a topic or stops answering for it, or a dispatch
+//! policy holds it back, and the reads (`Get`, `List`, `Stats`) show the
+//! reason on each of the topic's pending messages that has no error of its
+//! own; `Stats` lists what policies hold back. In memory only: it says
+//! what happens now, and a restart finds out again.
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
 };
 
-use crate::message::{PendingMessage, ScheduledMessage, State};
+use crate::message::{HeldBack, MessageId, PendingMessage, ScheduledMessage, State};
 
 #[derive(Default)]
 pub struct HeldTopics {
     why: Mutex<HashMap<Arc<str>, String>>,
+    /// What dispatch policies hold back.
+    lanes: Mutex<Vec<HeldBack>>,
 }
 
 impl HeldTopics {
@@ -30,23 +33,54 @@ impl HeldTopics {
     /// Every topic goes again (the dispatcher stopped).
     pub fn clear(&self) {
         self.lock().clear();
+        self.set_held_back(Vec::new());
+    }
+
+    /// What dispatch policies hold back now, as the dispatcher says.
+    pub fn set_held_back(&self, held: Vec<HeldBack>) {
+        *self.lanes.lock().unwrap_or_else(|e| e.into_inner()) = held;
+    }
+
+    pub fn held_back(&self) -> Vec<HeldBack> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn why(&self, topic: &str) -> Option<String> {
         self.lock().get(topic).cloned()
     }
 
+    /// Why a message of `id` to `topic` waits: its topic's state, or a
+    /// policy that holds its lane back.
+    fn why_of(&self, id: &MessageId, topic: &str) -> Option<String> {
+        self.why(topic).or_else(|| {
+            let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            let held = lanes.iter().find(|h| {
+                h.topic == topic && h.tenant.as_ref().is_none_or(|t| id.tenant() == Some(t.as_str()))
+            })?;
+            let whose =
+                held.tenant.as_ref().map_or(String::new(), |t| format!(" for tenant {:?}", t.as_str()));
+            Some(if held.paused {
+                format!("waiting: topic {topic:?} is paused{whose} (see `hourglass topic get`)")
+            } else {
+                format!(
+                    "waiting: topic {topic:?} is at its rate limit{whose}; its messages go out in due order \
+                     (see `hourglass topic get`)"
+                )
+            })
+        })
+    }
+
     /// A pending message without an error of its own shows why its topic
     /// waits.
     pub(super) fn explain_listed(&self, message: &mut PendingMessage) {
         if message.last_error.is_none() {
-            message.last_error = self.why(&message.topic);
+            message.last_error = self.why_of(&message.id, &message.topic);
         }
     }
 
     pub(super) fn explain(&self, message: &mut ScheduledMessage) {
         if let State::Pending { last_error: last_error @ None, .. } = &mut message.state {
-            *last_error = self.why(&message.envelope.topic);
+            *last_error = self.why_of(&message.id, &message.envelope.topic);
         }
     }
 

@@ -130,6 +130,14 @@ async fn a_topic_paused_during_a_drain_waits_through_a_restart_and_goes_out_once
         before,
         "nothing more while paused"
     );
+    // Stats says what the pause holds back, and Get why a message waits.
+    let stats = client.stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    let shown: Vec<_> = stats.held_back.iter().map(|h| (h.topic.as_str(), h.reason())).collect();
+    assert_eq!(shown, [(held.as_str(), proto::HeldReason::Paused)], "{stats:?}");
+    assert!(stats.held_back[0].oldest_due.is_some_and(|t| (millis(&t) as u64) < now_ms()));
+    let last = proto::GetRequest { id: format!("drain-{:07}", count - 1) };
+    let waiting = client.get(last).await.unwrap().into_inner();
+    assert!(waiting.last_error.contains("is paused"), "{waiting:?}");
 
     // A restart while paused: the pause is kept, and nothing goes out.
     server.stop().await;
@@ -153,6 +161,9 @@ async fn a_topic_paused_during_a_drain_waits_through_a_restart_and_goes_out_once
     let listed =
         admin_calls.list_topic_policies(proto::ListTopicPoliciesRequest {}).await.unwrap().into_inner();
     assert_eq!(listed.policies.len(), 1, "{listed:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stats = server.client().await.stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    assert!(stats.held_back.is_empty(), "nothing held back once every message is out: {stats:?}");
     server.stop().await;
 }
 

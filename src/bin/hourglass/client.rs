@@ -324,6 +324,18 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
         None => println!("oldest overdue: none"),
     }
     println!("store size:     {} bytes", s.store_bytes);
+    for h in &s.held_back {
+        let whose =
+            if h.tenant.is_empty() { "every tenant".to_owned() } else { format!("tenant {}", h.tenant) };
+        let why = if h.reason() == proto::HeldReason::Paused { "paused" } else { "at its rate limit" };
+        println!(
+            "held back:      topic {} ({whose}) {why} since {}; oldest held due {} ({} ms ago)",
+            h.topic,
+            time(h.since),
+            time(h.oldest_due),
+            json::overdue_ms(s.as_of, h.oldest_due)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -560,6 +572,31 @@ pub mod json {
         pub oldest_overdue: Option<Overdue>,
         pub store_bytes: u64,
         pub max_pending: Option<u64>,
+        pub held_back: Vec<HeldBack>,
+    }
+
+    /// A topic a dispatch policy holds back.
+    #[derive(Debug, Serialize)]
+    pub struct HeldBack {
+        pub topic: String,
+        /// None: the topic's policy for every tenant.
+        pub tenant: Option<String>,
+        /// `paused` or `rate_limited`.
+        pub reason: &'static str,
+        pub since: Option<String>,
+        pub oldest_due: Option<String>,
+    }
+
+    impl From<proto::HeldBack> for HeldBack {
+        fn from(h: proto::HeldBack) -> Self {
+            HeldBack {
+                reason: if h.reason() == proto::HeldReason::Paused { "paused" } else { "rate_limited" },
+                topic: h.topic,
+                tenant: (!h.tenant.is_empty()).then_some(h.tenant),
+                since: time(h.since),
+                oldest_due: time(h.oldest_due),
+            }
+        }
     }
 
     impl From<proto::StatsResponse> for Stats {
@@ -577,6 +614,7 @@ pub mod json {
                 oldest_overdue,
                 store_bytes: s.store_bytes,
                 max_pending: s.max_pending,
+                held_back: s.held_back.into_iter().map(Into::into).collect(),
             }
         }
     }

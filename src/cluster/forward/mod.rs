@@ -335,6 +335,7 @@ impl Router {
                 (Some(a), Some(b)) => Some(a + b),
                 (a, b) => a.or(b),
             };
+            merge_held_back(&mut total.held_back, other.held_back);
             let at = |m: &proto::PendingMessage| m.dispatch_at.map(|t| (t.seconds, t.nanos));
             if let Some(oldest) = other.oldest_overdue
                 && total.oldest_overdue.as_ref().is_none_or(|o| at(&oldest) < at(o))
@@ -575,6 +576,29 @@ fn positioned(
 /// not own the shard (any more), or no connection to it could be made, so
 /// nothing was sent. A connection lost once made, or an answer that only
 /// speaks of one, may have followed a request the node acted on.
+/// Adds another node's held-back topics to `all`: one entry per topic and
+/// tenant, held since the earliest, with the earliest due message.
+fn merge_held_back(all: &mut Vec<proto::HeldBack>, more: Vec<proto::HeldBack>) {
+    let key = |t: &Option<prost_types::Timestamp>| t.map(|t| (t.seconds, t.nanos));
+    for held in more {
+        match all.iter_mut().find(|h| h.topic == held.topic && h.tenant == held.tenant) {
+            Some(h) => {
+                if held.reason == proto::HeldReason::Paused as i32 {
+                    h.reason = held.reason;
+                }
+                if key(&held.since) < key(&h.since) {
+                    h.since = held.since;
+                }
+                if key(&held.oldest_due) < key(&h.oldest_due) {
+                    h.oldest_due = held.oldest_due;
+                }
+            }
+            None => all.push(held),
+        }
+    }
+    all.sort_by(|a, b| (&a.topic, &a.tenant).cmp(&(&b.topic, &b.tenant)));
+}
+
 fn not_taken(status: &Status) -> bool {
     if status.metadata().contains_key(NOT_OWNER) {
         return true;

@@ -1,0 +1,91 @@
+//! The dispatch policy phase: a burst due at once into a rate-limited
+//! topic (how close to the limit it comes out, and how late another
+//! topic's messages are meanwhile), and a drain of a topic without a
+//! policy while another topic has one (what the policy checks cost a drain
+//! they do not hold back; beside the drain phase's figure).
+
+use std::sync::Arc;
+
+use hourglass::proto::{self, admin_client::AdminClient};
+use hourglass_testkit::ServerProcess;
+
+use crate::{
+    LatenessTargets, add_lateness, check_lead, drain, lead_time, load,
+    report::{Report, Target},
+    workload::{Workload, now_ms},
+};
+
+/// Seconds the limited burst takes at its limit.
+const LIMITED_SECONDS: usize = 10;
+
+pub struct Policy<'a> {
+    pub server: &'a ServerProcess,
+    /// The bench topic, and another (unlimited) one.
+    pub w: &'a Workload,
+    pub other: &'a Workload,
+    /// Messages of the unlimited drain.
+    pub drain: usize,
+    pub streams: usize,
+    pub producer_limit: f64,
+}
+
+impl Policy<'_> {
+    pub async fn run(&self, report: &mut Report) -> anyhow::Result<()> {
+        let mut admin = AdminClient::connect(format!("http://{}", self.server.grpc)).await?;
+        let limit = |topic: &str, per_second: u32| proto::SetRateLimitRequest {
+            topic: topic.to_owned(),
+            all_tenants: true,
+            per_second,
+            burst: 0,
+        };
+
+        // An unlimited drain while another topic is paused: every message
+        // is looked up against the policies and goes.
+        let elsewhere = format!("{}-paused-elsewhere", self.w.topic);
+        let paused = proto::TopicPolicyRequest { topic: elsewhere.clone(), all_tenants: true };
+        admin.pause_topic(paused.clone()).await?;
+        let delivered = self.server.metric("hourglass_messages_delivered_total").await?;
+        let t0 = now_ms() + lead_time(self.drain);
+        let servers = std::slice::from_ref(self.server);
+        load::stream(servers, self.w, self.drain, self.streams, Arc::new(move |_| t0), false).await?;
+        check_lead("policy: drain", t0, report);
+        let (elapsed, _) = drain(self.server, t0, delivered + self.drain as f64).await?;
+        report.add(
+            "drain, another topic paused",
+            self.drain as f64 / elapsed.as_secs_f64(),
+            "msg/s",
+            Some(self.producer_limit),
+            &[Target::RatioAtLeast(0.8)],
+        );
+        admin.resume_topic(paused).await?;
+
+        // A burst into a limited topic, an unlimited trickle beside it.
+        let count = (self.drain / 2).max(LIMITED_SECONDS * 10);
+        let rate = (count / LIMITED_SECONDS) as u32;
+        admin.set_rate_limit(limit(&self.w.topic, rate)).await?;
+        let trickle_rate = 200usize;
+        let trickle = trickle_rate * LIMITED_SECONDS;
+        let t1 = now_ms() + lead_time(count + trickle);
+        let delivered = self.server.metric("hourglass_messages_delivered_total").await?;
+        load::stream(servers, self.w, count, self.streams, Arc::new(move |_| t1), false).await?;
+        let every = 1000 / trickle_rate as u64;
+        let beside =
+            load::stream(servers, self.other, trickle, 1, Arc::new(move |i| t1 + 1 + i as u64 * every), true)
+                .await?;
+        check_lead("policy: limited burst", t1, report);
+        let (elapsed, _) = drain(self.server, t1, delivered + (count + trickle) as f64).await?;
+        admin.set_rate_limit(limit(&self.w.topic, 0)).await?;
+        let name = format!("{count} due at once, limited to {rate}/s");
+        report.add(
+            format!("{name}: came out at"),
+            count as f64 / elapsed.as_secs_f64(),
+            "msg/s",
+            Some(f64::from(rate)),
+            &[Target::RatioAtLeast(0.9), Target::AtMost(f64::from(rate) * 1.1)],
+        );
+        let late = load::lateness(servers, &beside.scheduled, 8).await?;
+        let targets = LatenessTargets { p99: Some(50.0), ..LatenessTargets::default() };
+        add_lateness(report, &format!("{name}: another topic at {trickle_rate}/s"), &late, targets);
+        Ok(())
+    }
+}
