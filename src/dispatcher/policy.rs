@@ -23,7 +23,7 @@ use crate::{
     message::{HeldBack, UnixMillis},
     metrics,
     policy::{Bucket, PolicyKey, Table},
-    store::{Lane, schema::DispatchKey},
+    store::schema::DispatchKey,
 };
 
 /// The most of a lane taken in one walk.
@@ -198,6 +198,22 @@ impl Policies {
         state.why = why;
     }
 
+    /// The lanes holding messages back now: a walk of the due index steps
+    /// over their entries, which their lanes take in turn.
+    pub(super) fn held_lanes(&self) -> Arc<[PolicyKey]> {
+        self.lanes.iter().filter(|(_, l)| l.cursor.is_some()).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// A walk of the due index stepped over `lane`'s entries from `lowest`
+    /// on: its lane takes them (again, if it was done meanwhile).
+    pub(super) fn stepped_over(&mut self, lane: PolicyKey, lowest: DispatchKey, now: UnixMillis) {
+        let why = match self.table.get(&lane) {
+            Some(p) if p.paused() => Why::Paused,
+            _ => self.lanes.get(&lane).map_or(Why::Limited, |l| l.why),
+        };
+        self.hold(lane, why, lowest, now);
+    }
+
     /// The lanes that may go now, each with how many it may take (taking
     /// their cursors: each is walked now, and holds again what waits).
     pub(super) fn runnable(&mut self) -> Vec<Runnable> {
@@ -314,8 +330,7 @@ impl Dispatcher {
                 self.policies.walked(&lane.key, Some(lane.from));
                 continue;
             }
-            let walk = Lane { topic: Arc::clone(&lane.key.topic), tenant: lane.key.tenant.clone() };
-            match self.store.take_lane(walk, lane.from, self.scan.from, budget).await {
+            match self.store.take_lane(lane.key.clone(), lane.from, self.scan.from, budget).await {
                 Ok(batch) => {
                     let next = batch.more.then_some(batch.next_from);
                     produced += self.handle(batch, now).await;

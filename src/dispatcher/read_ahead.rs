@@ -12,6 +12,9 @@ use crate::{
 /// this one is produced.
 const READ_CHUNK: usize = 2048;
 
+/// The most due entries one look goes through before the loop's upkeep.
+const LOOK_AT_MOST: usize = 64 * 1024;
+
 impl Dispatcher {
     /// In-flight slots taken: records Kafka is answering in time.
     fn active(&self) -> usize {
@@ -91,21 +94,25 @@ impl Dispatcher {
         // Then the due index, in chunks, the next one read while this one
         // is produced and while reports are awaited.
         let mut next = Next::Now;
+        let mut looked_at = 0;
         loop {
             if !self.ahead.ready.is_empty() {
                 if !self.gate.open() {
                     return Next::At(now.saturating_add(GATE_RECHECK));
                 }
                 // What is put off or held back takes no room: only what
-                // is produced does.
+                // is produced does. A walk past many held back (a paused
+                // topic's millions) stops now and then for the loop's
+                // upkeep (reports, settles), and goes on at once.
                 let take = room.min(self.ahead.ready.len());
+                looked_at += take;
                 let ready: Vec<Ready> = self.ahead.ready.drain(..take).collect();
                 room = room.saturating_sub(self.handle(DueBatch { ready, ..DueBatch::default() }, now).await);
                 if !self.ahead.ready.is_empty() {
-                    if room > 0 {
+                    if room > 0 && looked_at < LOOK_AT_MOST {
                         continue;
                     }
-                    return Next::Full;
+                    return if room > 0 { Next::Now } else { Next::Full };
                 }
                 self.ahead.since = None;
                 next = self.ahead.after;
@@ -115,6 +122,9 @@ impl Dispatcher {
             }
             if room == 0 {
                 return Next::Full;
+            }
+            if looked_at >= LOOK_AT_MOST {
+                return Next::Now;
             }
             let reading = match self.ahead.reading.take() {
                 Some(reading) => reading,
@@ -135,6 +145,9 @@ impl Dispatcher {
             // A rescan asked for meanwhile starts lower than this read did.
             if self.scan.from >= from {
                 self.scan.from = batch.next_from;
+            }
+            for (lane, lowest) in std::mem::take(&mut batch.held_back) {
+                self.policies.stepped_over(lane, lowest, now);
             }
             self.ahead.after = match (batch.more, batch.next_dispatch_at) {
                 (true, _) => Next::Now,
@@ -196,7 +209,8 @@ impl Dispatcher {
     fn start_read(&self, now: UnixMillis) -> Reading {
         let store = self.store.clone();
         let (from, limit) = (self.scan.from, READ_CHUNK.min(self.config.max_in_flight.max(1)));
-        Reading { from, task: tokio::spawn(async move { store.take_due(from, now, limit).await }) }
+        let held = self.policies.held_lanes();
+        Reading { from, task: tokio::spawn(async move { store.take_due_but(from, now, limit, held).await }) }
     }
 
     fn read_failed(&mut self, e: &StoreError) {

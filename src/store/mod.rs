@@ -53,7 +53,7 @@ pub use health::StoreHealth;
 pub use held::HeldTopics;
 pub use options::{Durability, ShardOf, StoreConfig, open_db};
 pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
-pub(crate) use scan::{DueBatch, Lane, Ready, Tries};
+pub(crate) use scan::{DueBatch, Ready, Tries};
 pub use series::{SeriesBytes, SeriesWrite};
 use writer::Op;
 pub use writer::{Answer, Decided, Decision, Hold, Intent, NewId, NewMessage, Proposed};

@@ -8,7 +8,7 @@
 //! writer held it, it went stale, it could not be read. Nothing fallible
 //! runs between taking claims and handing them on, so no claim is lost.
 
-use std::collections::HashSet;
+use std::{collections::HashSet, sync::Arc};
 
 use rocksdb::{DB, Direction, IteratorMode, ReadOptions};
 
@@ -20,7 +20,10 @@ use super::{
     schema::{self, DispatchKey, DueEntry, DueValue, MessageRecord, Settlement, TriesRecord},
     view,
 };
-use crate::message::{Envelope, MessageId, UnixMillis};
+use crate::{
+    message::{Envelope, MessageId, UnixMillis},
+    policy::PolicyKey,
+};
 
 /// A message the dispatcher claimed and may produce now.
 #[derive(Debug)]
@@ -80,29 +83,41 @@ pub(crate) struct DueBatch {
     pub contended: Vec<(DispatchKey, MessageId)>,
     /// Claimed and not readable: give back, and look again later.
     pub unreadable: Vec<(DispatchKey, MessageId, StoreError)>,
+    /// Entries of held lanes the walk stepped over, unclaimed: the lowest
+    /// of each lane.
+    pub held_back: Vec<(PolicyKey, DispatchKey)>,
 }
 
-/// One topic's due entries (of one tenant, or of every tenant), walked
-/// apart from the rest: what a dispatch policy held back.
-#[derive(Clone, Debug)]
-pub(crate) struct Lane {
-    pub topic: std::sync::Arc<str>,
-    /// None: every tenant's.
-    pub tenant: Option<crate::message::Tenant>,
+/// What a walk of the due index takes: everything but the entries of the
+/// lanes a dispatch policy holds back (stepped over unclaimed, the lowest
+/// of each reported), or one lane's entries only. A lane is a topic's due
+/// entries, of one tenant or of every tenant.
+#[derive(Clone, Copy)]
+pub(crate) enum Take<'a> {
+    AllBut(&'a [PolicyKey]),
+    Lane(&'a PolicyKey),
 }
 
-impl Lane {
-    /// The most entries one walk of a lane steps over.
-    pub const EXAMINE: usize = 16 * 1024;
-
-    /// Whether a found entry is of this lane. A legacy entry, whose topic
-    /// is not in the entry, is taken: the dispatcher holds it again if its
-    /// topic waits.
-    fn holds(&self, found: &Found) -> bool {
-        let Source::Inline(entry) = &found.source else { return true };
-        let topic_matches = entry.record.as_ref().is_some_and(|r| *r.topic == *self.topic);
-        topic_matches && self.tenant.as_ref().is_none_or(|t| found.id.tenant() == Some(t.as_str()))
+impl Take<'_> {
+    /// The most entries one walk steps over: a held lane's millions are
+    /// walked past a bounded stretch at a time.
+    fn examine(self) -> usize {
+        match self {
+            Take::AllBut([]) => usize::MAX,
+            Take::AllBut(_) => 64 * 1024,
+            Take::Lane(_) => 16 * 1024,
+        }
     }
+}
+
+/// Whether a found entry is of `lane`: its topic, and its tenant's if the
+/// lane names one. A legacy entry, whose topic is not in the entry, is of
+/// none (`legacy` says what to answer): it is claimed, and held again by
+/// the dispatcher if its topic waits.
+fn of_lane(lane: &PolicyKey, found: &Found, legacy: bool) -> bool {
+    let Source::Inline(entry) = &found.source else { return legacy };
+    let topic_matches = entry.record.as_ref().is_some_and(|r| *r.topic == *lane.topic);
+    topic_matches && lane.tenant.as_ref().is_none_or(|t| found.id.tenant() == Some(t.as_str()))
 }
 
 /// A due entry as found, before its claim.
@@ -125,13 +140,26 @@ enum Source {
 impl Store {
     /// Claims what is due at `now`, starting at `from`, at most `limit`
     /// entries, reading each one's record.
+    #[cfg(test)]
     pub(crate) async fn take_due(
         &self,
         from: DispatchKey,
         now: UnixMillis,
         limit: usize,
     ) -> Result<DueBatch, StoreError> {
-        self.blocking(move |s| s.take_due_now(from, now, limit)).await
+        self.take_due_but(from, now, limit, Arc::from([])).await
+    }
+
+    /// [`Store::take_due`], stepping over the entries of the lanes `held`
+    /// unclaimed (see [`DueBatch::held_back`]).
+    pub(crate) async fn take_due_but(
+        &self,
+        from: DispatchKey,
+        now: UnixMillis,
+        limit: usize,
+        held: Arc<[PolicyKey]>,
+    ) -> Result<DueBatch, StoreError> {
+        self.blocking(move |s| s.take_due_now(from, now, limit, &held)).await
     }
 
     /// Claims and reads the given entries, which are due.
@@ -146,7 +174,35 @@ impl Store {
     /// claimed, so what is read stays as it is.
     pub(super) fn take_listed_now(&self, entries: Vec<(DispatchKey, MessageId)>) -> DueBatch {
         let found = entries.into_iter().map(|(key, id)| Found { key, id, source: Source::Unread });
-        self.claim_and_read(found.collect(), None)
+        let mut batch = self.claim_and_read(found.collect(), None);
+        self.drop_delivered(&mut batch);
+        batch
+    }
+
+    /// Moves what the delivery logs list out of `batch.ready`, to give
+    /// back as stale: an entry listed before (put off with its topic, say)
+    /// may have been delivered at its first try since, by a walk of its
+    /// topic's lane; its entry stays in the index as its record.
+    fn drop_delivered(&self, batch: &mut DueBatch) {
+        let Some(lowest) = batch.ready.iter().map(|r| r.key).min() else { return };
+        let mut ready = std::mem::take(&mut batch.ready);
+        ready.sort_by_key(|r| r.key);
+        let logged = read::Logged::from(&self.inner.db, lowest, None).and_then(|mut logged| {
+            ready.iter().map(|r| logged.contains(r.key)).collect::<Result<Vec<bool>, _>>()
+        });
+        match logged {
+            Ok(logged) => {
+                for (r, delivered) in ready.into_iter().zip(logged) {
+                    if delivered {
+                        batch.stale.push(r.id);
+                    } else {
+                        batch.ready.push(r);
+                    }
+                }
+            }
+            // Looked at again shortly, as an entry that could not be read.
+            Err(e) => batch.unreadable.extend(ready.into_iter().map(|r| (r.key, r.id, e.clone()))),
+        }
     }
 
     /// [`Store::take_due`] on this thread. One pass over the due index reads
@@ -157,36 +213,37 @@ impl Store {
         from: DispatchKey,
         now: UnixMillis,
         limit: usize,
+        held: &[PolicyKey],
     ) -> Result<DueBatch, StoreError> {
         let upper = DispatchKey::after(now);
         // Before the read: an entry committed below `upper` from here on is
         // handed over by the writer if this read misses it.
         self.inner.wake.reading_up_to(upper);
-        self.walk_due(from, upper, limit, None)
+        self.walk_due(from, upper, limit, Take::AllBut(held))
     }
 
-    /// Claims what is due of one lane (see [`Lane`]): its entries from
-    /// `from` up to `until` (the dispatcher's position, which the writer
-    /// already hands over behind), at most `limit` of them, stepping over
-    /// at most [`Lane::EXAMINE`] entries of other lanes.
+    /// Claims what is due of one lane: its entries from `from` up to
+    /// `until` (the dispatcher's position, which the writer already hands
+    /// over behind), at most `limit` of them, stepping over a bounded
+    /// stretch of other lanes' entries.
     pub(crate) async fn take_lane(
         &self,
-        lane: Lane,
+        lane: PolicyKey,
         from: DispatchKey,
         until: DispatchKey,
         limit: usize,
     ) -> Result<DueBatch, StoreError> {
-        self.blocking(move |s| s.walk_due(from, until, limit, Some(&lane))).await
+        self.blocking(move |s| s.walk_due(from, until, limit, Take::Lane(&lane))).await
     }
 
     /// Walks the due index from `from` to `upper`, claiming and reading
-    /// what it finds (of `lane` only, if named).
+    /// what it takes.
     fn walk_due(
         &self,
         from: DispatchKey,
         upper: DispatchKey,
         limit: usize,
-        lane: Option<&Lane>,
+        take: Take<'_>,
     ) -> Result<DueBatch, StoreError> {
         let db = &self.inner.db;
         let due_cf = cf(db, schema::CF_DUE);
@@ -202,9 +259,10 @@ impl Store {
         // What was delivered at its first try stays in the index as its
         // message's record; the walk steps over it.
         let mut logged = read::Logged::from(db, from, None)?;
+        let mut held_back: Vec<(PolicyKey, DispatchKey)> = Vec::new();
         let items = db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward));
         for (examined, item) in items.enumerate() {
-            if found.len() >= limit || lane.is_some_and(|_| examined >= Lane::EXAMINE) {
+            if found.len() >= limit || examined >= take.examine() {
                 more = true;
                 break;
             }
@@ -215,12 +273,22 @@ impl Store {
                 continue;
             }
             let entry = decode_found(key, &v)?;
-            if lane.is_some_and(|lane| !lane.holds(&entry)) {
-                continue;
+            match take {
+                Take::Lane(lane) if !of_lane(lane, &entry, true) => continue,
+                Take::AllBut(held) => {
+                    if let Some(lane) = held.iter().find(|lane| of_lane(lane, &entry, false)) {
+                        // Keys ascend: the first met of a lane is its lowest.
+                        if !held_back.iter().any(|(l, _)| l == lane) {
+                            held_back.push((lane.clone(), key));
+                        }
+                        continue;
+                    }
+                }
+                Take::Lane(_) => {}
             }
             found.push(entry);
         }
-        let next_dispatch_at = if more || lane.is_some() {
+        let next_dispatch_at = if more || matches!(take, Take::Lane(_)) {
             None
         } else {
             let mut opts = ReadOptions::default();
@@ -234,6 +302,7 @@ impl Store {
         batch.next_from = next_from;
         batch.more = more;
         batch.next_dispatch_at = next_dispatch_at;
+        batch.held_back = held_back;
         Ok(batch)
     }
 

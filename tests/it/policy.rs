@@ -178,25 +178,23 @@ async fn a_burst_into_a_limited_topic_comes_out_at_the_limit_in_due_order_while_
     let server = Hourglass::start(config(&broker, dir.path())).await;
     let (mut client, mut admin_calls) = (server.client().await, admin(&server).await);
 
-    // Parked while the topic is paused, so that all of it is due at once
-    // when it is resumed, however long parking took.
-    admin_calls.pause_topic(target(&limited)).await.unwrap();
+    // All due at the same millisecond, parked well before it: the 09:00
+    // wall. Right behind it in the due index, the other topic's messages,
+    // one every 100 ms while the burst drains.
     admin_calls.set_rate_limit(limit(&limited, rate)).await.unwrap();
-    schedule_all(&mut client, &limited, "burst", count, now_ms()).await;
+    let due_at = now_ms() + 3_000 + count as u64 / 10;
     let drain = Duration::from_millis(1000 * count as u64 / u64::from(rate));
-    // The other topic: one message every 100 ms while the burst drains.
-    let resume_at = now_ms() + 1_000;
     let spaced = (drain.as_millis() / 100) as usize;
     let mut free_ids = Vec::new();
     for i in 0..spaced {
         let mut r = request(&free, &format!("{i:07}"), Duration::ZERO);
-        let due = resume_at + 100 * i as u64;
+        let due = due_at + 1 + 100 * i as u64;
         r.due = Some(proto::schedule_request::Due::DeliverAt(at(due)));
         let id = client.schedule(r).await.unwrap().into_inner().id;
         free_ids.push((id, due));
     }
-    tokio::time::sleep(Duration::from_millis(resume_at.saturating_sub(now_ms()))).await;
-    admin_calls.resume_topic(target(&limited)).await.unwrap();
+    schedule_all(&mut client, &limited, "burst", count, due_at).await;
+    assert!(now_ms() < due_at, "parking took longer than planned: the burst was not due at once");
 
     let out = consume(
         broker.addr(),
