@@ -58,6 +58,20 @@ impl PolicyKey {
         (!topic.is_empty()).then(|| PolicyKey { tenant, topic: topic.into() })
     }
 
+    /// Whether a message is of this lane, by its id as stored (`\0 tenant
+    /// \0 id` in a tenant's space) and its topic's bytes.
+    pub fn holds_raw(&self, id: &[u8], topic: &[u8]) -> bool {
+        if topic != self.topic.as_bytes() {
+            return false;
+        }
+        let Some(tenant) = &self.tenant else { return true };
+        let tenant = tenant.as_str().as_bytes();
+        id.len() > tenant.len() + 1
+            && id[0] == 0
+            && &id[1..=tenant.len()] == tenant
+            && id[tenant.len() + 1] == 0
+    }
+
     /// How it reads in logs, errors and the CLI.
     pub fn describe(&self) -> String {
         match &self.tenant {
@@ -220,6 +234,20 @@ mod tests {
         }
         assert_eq!(PolicyKey::decode(b"no-separator"), None);
         assert_eq!(PolicyKey::decode(b"acme\0"), None, "a key names a topic");
+    }
+
+    #[test]
+    fn a_lane_holds_its_topics_messages_of_its_tenant_by_their_stored_bytes() {
+        let wide = PolicyKey::topic_wide("a");
+        let acme = PolicyKey { tenant: tenant("acme"), topic: "a".into() };
+        assert!(wide.holds_raw(b"x", b"a") && wide.holds_raw(b"\0acme\0x", b"a"));
+        assert!(!wide.holds_raw(b"x", b"ab"));
+        assert!(acme.holds_raw(b"\0acme\0x", b"a"));
+        assert!(
+            !acme.holds_raw(b"x", b"a")
+                && !acme.holds_raw(b"\0acmex\0x", b"a")
+                && !acme.holds_raw(b"\0acme", b"a")
+        );
     }
 
     #[test]

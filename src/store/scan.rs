@@ -111,11 +111,10 @@ impl Take<'_> {
 }
 
 /// Whether a found entry is of `lane`: its topic, and its tenant's if the
-/// lane names one. A legacy entry, whose topic is not in the entry, is of
-/// none (`legacy` says what to answer): it is claimed, and held again by
-/// the dispatcher if its topic waits.
-fn of_lane(lane: &PolicyKey, found: &Found, legacy: bool) -> bool {
-    let Source::Inline(entry) = &found.source else { return legacy };
+/// lane names one. A legacy entry, whose topic is not in the entry, is
+/// taken: the dispatcher holds it again if its topic waits.
+fn of_lane(lane: &PolicyKey, found: &Found) -> bool {
+    let Source::Inline(entry) = &found.source else { return true };
     let topic_matches = entry.record.as_ref().is_some_and(|r| *r.topic == *lane.topic);
     topic_matches && lane.tenant.as_ref().is_none_or(|t| found.id.tenant() == Some(t.as_str()))
 }
@@ -272,19 +271,22 @@ impl Store {
             if logged.contains(key)? {
                 continue;
             }
+            // A held lane's entry is stepped over without decoding it.
+            if let Take::AllBut(held) = take
+                && !held.is_empty()
+                && let Some((id, topic)) = schema::peek_due_entry(&v)
+                && let Some(lane) = held.iter().find(|lane| lane.holds_raw(id, topic))
+            {
+                // Keys ascend: the first met of a lane is its lowest.
+                if !held_back.iter().any(|(l, _)| l == lane) {
+                    held_back.push((lane.clone(), key));
+                }
+                continue;
+            }
             let entry = decode_found(key, &v)?;
             match take {
-                Take::Lane(lane) if !of_lane(lane, &entry, true) => continue,
-                Take::AllBut(held) => {
-                    if let Some(lane) = held.iter().find(|lane| of_lane(lane, &entry, false)) {
-                        // Keys ascend: the first met of a lane is its lowest.
-                        if !held_back.iter().any(|(l, _)| l == lane) {
-                            held_back.push((lane.clone(), key));
-                        }
-                        continue;
-                    }
-                }
-                Take::Lane(_) => {}
+                Take::Lane(lane) if !of_lane(lane, &entry) => continue,
+                Take::AllBut(_) | Take::Lane(_) => {}
             }
             found.push(entry);
         }
