@@ -14,6 +14,7 @@ use crate::{
     message::{Invalid, validate_topic_name},
     node::Node,
     policy::{MAX_RATE, PolicyKey, PolicyWrite, Rate, Table, TopicPolicy},
+    store::StoreError,
 };
 
 /// The most policies a server keeps: each is looked at when a message of
@@ -62,7 +63,7 @@ impl PolicyService {
             validate_rate(rate)?;
         }
         let _one = self.writing.lock().await;
-        let table = self.table();
+        let table = self.table()?;
         let mut policy = table.get(&key).cloned().unwrap_or_default();
         if table.get(&key).is_none()
             && table.iter().count() >= MAX_POLICIES
@@ -86,7 +87,10 @@ impl PolicyService {
             }
             Change::Limit(None) => (policy.rate_per_second, policy.rate_burst) = (0, 0),
         }
-        policy.updated_ms = now.0;
+        // Later than the change it replaces, whatever the clocks say: in a
+        // cluster the later change of a policy is the one every copy keeps.
+        let last = table.last_change(&key).map_or(0, |p| p.updated_ms);
+        policy.updated_ms = now.0.max(last.saturating_add(1));
         policy.updated_by = access.name().to_owned();
         self.node
             .write_policies(vec![PolicyWrite { key: key.clone(), policy: Some(policy.clone()) }])
@@ -104,16 +108,16 @@ impl PolicyService {
         all_tenants: bool,
     ) -> Result<(PolicyKey, TopicPolicy), Error> {
         let key = target(access, topic, all_tenants)?;
-        let policy = self.table().get(&key).cloned().unwrap_or_default();
+        let policy = self.table()?.get(&key).cloned().unwrap_or_default();
         Ok((key, policy))
     }
 
     /// Every policy the caller may see: on its topics, for every tenant or
     /// its own (every tenant's, for an `admin = "all"` token).
-    pub fn list(&self, access: &Access) -> Vec<(PolicyKey, TopicPolicy)> {
+    pub fn list(&self, access: &Access) -> Result<Vec<(PolicyKey, TopicPolicy)>, Error> {
         let scope = access.scope();
         let operator = matches!(access.admin(), Ok(AdminScope::All));
-        let table = self.table();
+        let table = self.table()?;
         let mut seen: Vec<_> = table
             .iter()
             .filter(|(key, _)| access.check(&key.topic).is_ok())
@@ -121,11 +125,19 @@ impl PolicyService {
             .map(|(key, policy)| (key.clone(), policy.clone()))
             .collect();
         seen.sort_by(|(a, _), (b, _)| (&a.topic, &a.tenant).cmp(&(&b.topic, &b.tenant)));
-        seen
+        Ok(seen)
     }
 
-    fn table(&self) -> Arc<Table> {
-        self.node.policies().unwrap_or_default()
+    /// The policies as this node's shards have them; none served here (a
+    /// node of a cluster that owns no shard now) cannot say.
+    fn table(&self) -> Result<Arc<Table>, Error> {
+        self.node.policies().ok_or_else(|| {
+            StoreError::LogUnavailable(
+                "this node serves no shard now, so it cannot read the dispatch policies; retry, or ask another node"
+                    .to_owned(),
+            )
+            .into()
+        })
     }
 }
 

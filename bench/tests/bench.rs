@@ -97,6 +97,7 @@ fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
         "ingest: ScheduleStream",
         "drain",
         "drain, another topic paused",
+        "drain, no policy",
         "limited to",
     ] {
         assert!(value(&[rate]) > 0.0, "{rate} measured nothing");

@@ -123,7 +123,7 @@ impl proto::admin_server::Admin for AdminApi {
     ) -> Result<Response<proto::ListTopicPoliciesResponse>, Status> {
         self.call("ListTopicPolicies", async {
             let call = call_of(&request)?;
-            let policies = self.policies.list(&call.access).iter().map(|(k, p)| to_proto(k, p)).collect();
+            let policies = self.policies.list(&call.access)?.iter().map(|(k, p)| to_proto(k, p)).collect();
             Ok(proto::ListTopicPoliciesResponse { policies })
         })
         .await

@@ -42,7 +42,7 @@ impl Cluster {
         let stores: Vec<Store> = self.owned().into_iter().map(|(_, owned)| owned.store().clone()).collect();
         let applied = future::join_all(stores.iter().map(|store| applied(store, &writes)));
         match tokio::time::timeout(APPLY_WAIT, applied).await {
-            Ok(_) => Ok(()),
+            Ok(answers) => answers.into_iter().collect(),
             Err(_) => Err(StoreError::LogUnavailable(
                 "the policy change is in the schedule log but was not applied here in time; every shard \
                  applies it as it reads its partition"
@@ -52,9 +52,9 @@ impl Cluster {
     }
 }
 
-/// Resolves once `store`'s table has each of `writes` (or a later change of
-/// its policy).
-async fn applied(store: &Store, writes: &[PolicyWrite]) {
+/// Resolves once `store`'s table has each of `writes`, or a later change of
+/// its policy (an error, naming it).
+async fn applied(store: &Store, writes: &[PolicyWrite]) -> Result<(), StoreError> {
     let mut table = store.policies();
     loop {
         let done = {
@@ -65,8 +65,22 @@ async fn applied(store: &Store, writes: &[PolicyWrite]) {
                 (None, kept) => kept.is_none(),
             })
         };
-        if done || table.changed().await.is_err() {
-            return;
+        if done {
+            // Kept as written, or superseded by a later change made
+            // meanwhile through another node.
+            let table = table.borrow();
+            let superseded = writes.iter().find(|w| w.policy.as_ref() != table.last_change(&w.key));
+            return match superseded {
+                Some(w) => Err(StoreError::LogUnavailable(format!(
+                    "the change of the policy of {} was superseded by a later one made meanwhile through \
+                     another node; read it again (GetTopicPolicy)",
+                    w.key.describe()
+                ))),
+                None => Ok(()),
+            };
+        }
+        if table.changed().await.is_err() {
+            return Ok(());
         }
     }
 }

@@ -67,6 +67,8 @@ struct LaneState {
     /// late by the policy from then (or from its due time, if later).
     since: UnixMillis,
     why: Why,
+    /// Its last walk failed: not walked again before this.
+    retry_at: Option<Instant>,
 }
 
 /// A lane that may go now, and how much of it.
@@ -193,7 +195,8 @@ impl Policies {
 
     /// `lane` holds the message at `key` back, for `why`.
     pub(super) fn hold(&mut self, lane: PolicyKey, why: Why, key: DispatchKey, now: UnixMillis) {
-        let state = self.lanes.entry(lane).or_insert(LaneState { cursor: None, since: now, why });
+        let state =
+            self.lanes.entry(lane).or_insert(LaneState { cursor: None, since: now, why, retry_at: None });
         state.cursor = Some(state.cursor.map_or(key, |c| c.min(key)));
         state.why = why;
     }
@@ -216,13 +219,18 @@ impl Policies {
 
     /// The lanes that may go now, each with how many it may take (taking
     /// their cursors: each is walked now, and holds again what waits).
-    pub(super) fn runnable(&mut self) -> Vec<Runnable> {
+    /// A lane whose topic waits for its own reasons (`topic_held`:
+    /// stalled, refused) or whose last walk failed a moment ago waits too.
+    pub(super) fn runnable(&mut self, topic_held: impl Fn(&str) -> bool) -> Vec<Runnable> {
         let now = Instant::now();
         let mut runnable = Vec::new();
         for (key, state) in &mut self.lanes {
             let Some(from) = state.cursor else { continue };
             let policy = self.table.get(key);
-            if policy.is_some_and(|p| p.paused()) {
+            if policy.is_some_and(|p| p.paused())
+                || topic_held(&key.topic)
+                || state.retry_at.is_some_and(|at| now < at)
+            {
                 continue;
             }
             let budget = match (policy.and_then(|p| p.rate()), self.buckets.get_mut(key)) {
@@ -240,6 +248,7 @@ impl Policies {
     /// A walk of `lane` stopped short at `next` (more of it may follow).
     pub(super) fn walked(&mut self, lane: &PolicyKey, next: Option<DispatchKey>) {
         if let Some(state) = self.lanes.get_mut(lane) {
+            state.retry_at = None;
             if let Some(next) = next {
                 state.cursor = Some(state.cursor.map_or(next, |c| c.min(next)));
             }
@@ -300,14 +309,33 @@ impl Policies {
     }
 
     /// When the next limited lane may go (none: no lane waits for tokens).
-    pub(super) fn next_refill(&mut self) -> Option<Duration> {
+    /// A lane without a limit that is not paused goes on at once (its walk
+    /// stopped short); one whose walk failed, once it may try again.
+    pub(super) fn next_refill(&mut self, topic_held: impl Fn(&str) -> bool) -> Option<Duration> {
         let now = Instant::now();
         let table = &self.table;
+        let buckets = &mut self.buckets;
         self.lanes
             .iter()
-            .filter(|(key, state)| state.cursor.is_some() && !table.get(key).is_some_and(|p| p.paused()))
-            .filter_map(|(key, _)| self.buckets.get_mut(key).map(|b| b.ready_in(now)))
+            .filter(|(key, state)| {
+                state.cursor.is_some()
+                    && !table.get(key).is_some_and(|p| p.paused())
+                    && !topic_held(&key.topic)
+            })
+            .map(|(key, state)| {
+                let refill = buckets.get_mut(key).map_or(Duration::ZERO, |b| b.ready_in(now));
+                let retry = state.retry_at.map_or(Duration::ZERO, |at| at.saturating_duration_since(now));
+                refill.max(retry)
+            })
             .min()
+    }
+
+    /// A walk of `lane` failed: it waits `for_` before it is tried again.
+    pub(super) fn failed(&mut self, lane: &PolicyKey, from: DispatchKey, for_: Duration) {
+        self.walked(lane, Some(from));
+        if let Some(state) = self.lanes.get_mut(lane) {
+            state.retry_at = Some(Instant::now() + for_);
+        }
     }
 }
 
@@ -324,9 +352,12 @@ impl Dispatcher {
     pub(super) async fn run_lanes(&mut self, now: UnixMillis, room: usize) -> usize {
         self.policies.refresh();
         let mut produced = 0;
-        for lane in self.policies.runnable() {
+        let states = &self.topics.states;
+        let runnable = self.policies.runnable(|topic| states.get(topic).is_some_and(|t| t.held(now)));
+        for lane in runnable {
             let budget = lane.budget.min(room.saturating_sub(produced));
-            if budget == 0 {
+            // In cluster mode the lease may have lapsed during the last walk.
+            if budget == 0 || !self.gate.open() {
                 self.policies.walked(&lane.key, Some(lane.from));
                 continue;
             }
@@ -338,7 +369,8 @@ impl Dispatcher {
                 }
                 Err(e) => {
                     tracing::warn!(lane = %lane.key.describe(), error = %e, "reading a held topic's messages failed; trying again shortly");
-                    self.policies.walked(&lane.key, Some(lane.from));
+                    self.read_failed(&e);
+                    self.policies.failed(&lane.key, lane.from, self.config.max_sleep);
                 }
             }
         }
@@ -347,7 +379,12 @@ impl Dispatcher {
 
     /// `next`, or sooner if a rate-limited lane may go before then.
     pub(super) fn sooner_for_lanes(&mut self, next: Next) -> Next {
-        let Some(wait) = self.policies.next_refill() else { return next };
+        let now = self.clock.now();
+        let states = &self.topics.states;
+        let Some(wait) = self.policies.next_refill(|topic| states.get(topic).is_some_and(|t| t.held(now)))
+        else {
+            return next;
+        };
         let at = self.clock.now().saturating_add(wait.max(Duration::from_millis(1)));
         match next {
             Next::Now | Next::Full | Next::Commits => next,

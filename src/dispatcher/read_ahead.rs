@@ -146,6 +146,7 @@ impl Dispatcher {
             if self.scan.from >= from {
                 self.scan.from = batch.next_from;
             }
+            looked_at += batch.stepped_over;
             for (lane, lowest) in std::mem::take(&mut batch.held_back) {
                 self.policies.stepped_over(lane, lowest, now);
             }
@@ -213,7 +214,7 @@ impl Dispatcher {
         Reading { from, task: tokio::spawn(async move { store.take_due_but(from, now, limit, held).await }) }
     }
 
-    fn read_failed(&mut self, e: &StoreError) {
+    pub(super) fn read_failed(&mut self, e: &StoreError) {
         tracing::error!(error = %e, "reading due messages failed; retrying shortly");
         if let StoreError::Corrupt(detail) = e {
             self.store.report_damage(detail);

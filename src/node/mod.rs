@@ -162,10 +162,16 @@ impl Node {
         self.shards.write_policies(writes).await
     }
 
-    /// The dispatch policies in force: those of the first shard served
-    /// here (every shard has the same).
+    /// The dispatch policies in force, as the shard served here that has
+    /// applied the latest change has them (every shard comes to the same;
+    /// in a cluster one may lag its log by a moment). None when no shard
+    /// is served here.
     pub fn policies(&self) -> Option<std::sync::Arc<crate::policy::Table>> {
-        self.shards.stores().first().map(|(_, store)| std::sync::Arc::clone(&store.policies().borrow()))
+        self.shards
+            .stores()
+            .iter()
+            .map(|(_, store)| std::sync::Arc::clone(&store.policies().borrow()))
+            .max_by_key(|table| table.latest_change())
     }
 
     /// Makes a change in the message's shard: parks it (once durable),

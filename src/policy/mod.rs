@@ -166,6 +166,11 @@ impl Table {
         self.policies.is_empty()
     }
 
+    /// When the latest change of any policy here was made (0: none).
+    pub fn latest_change(&self) -> u64 {
+        self.policies.values().chain(self.removed.values()).map(|p| p.updated_ms).max().unwrap_or(0)
+    }
+
     /// The last change of `key`'s policy, in force or removed.
     pub fn last_change(&self, key: &PolicyKey) -> Option<&TopicPolicy> {
         self.policies.get(key).or_else(|| self.removed.get(key))

@@ -86,6 +86,8 @@ pub(crate) struct DueBatch {
     /// Entries of held lanes the walk stepped over, unclaimed: the lowest
     /// of each lane.
     pub held_back: Vec<(PolicyKey, DispatchKey)>,
+    /// How many entries of held lanes the walk stepped over.
+    pub stepped_over: usize,
 }
 
 /// What a walk of the due index takes: everything but the entries of the
@@ -259,6 +261,7 @@ impl Store {
         // message's record; the walk steps over it.
         let mut logged = read::Logged::from(db, from, None)?;
         let mut held_back: Vec<(PolicyKey, DispatchKey)> = Vec::new();
+        let mut stepped_over = 0;
         let items = db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward));
         for (examined, item) in items.enumerate() {
             if found.len() >= limit || examined >= take.examine() {
@@ -281,6 +284,14 @@ impl Store {
                 if !held_back.iter().any(|(l, _)| l == lane) {
                     held_back.push((lane.clone(), key));
                 }
+                stepped_over += 1;
+                continue;
+            }
+            // A lane's walk decodes its own entries only.
+            if let Take::Lane(lane) = take
+                && let Some((id, topic)) = schema::peek_due_entry(&v)
+                && !lane.holds_raw(id, topic)
+            {
                 continue;
             }
             let entry = decode_found(key, &v)?;
@@ -305,6 +316,7 @@ impl Store {
         batch.more = more;
         batch.next_dispatch_at = next_dispatch_at;
         batch.held_back = held_back;
+        batch.stepped_over = stepped_over;
         Ok(batch)
     }
 
