@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
-use super::{busy, call_of, convert::timestamp, observe};
+use super::{admitted, call_of, convert::timestamp};
 use crate::{
     Error,
     admin::{Change, PolicyService},
@@ -41,10 +41,7 @@ impl AdminApi {
         method: &'static str,
         call: impl Future<Output = Result<T, Error>>,
     ) -> Result<Response<T>, Status> {
-        let _permit = Arc::clone(&self.admission)
-            .try_acquire_owned()
-            .map_err(|_| busy(method, Error::TooManyCalls(self.max_concurrent)))?;
-        observe(method, async { call.await.map(Response::new) }).await
+        admitted(&self.admission, self.max_concurrent, method, call).await
     }
 
     async fn change(

@@ -133,6 +133,21 @@ impl SchedulerApi {
 }
 
 /// A refusal for want of room, counted.
+/// Runs one call of a service that shares the Scheduler's admission: let
+/// in if a permit is free (else refused at once), counted by method and
+/// status code.
+async fn admitted<T>(
+    admission: &Arc<Semaphore>,
+    max_concurrent: usize,
+    method: &'static str,
+    call: impl Future<Output = Result<T, Error>>,
+) -> Result<Response<T>, Status> {
+    let _permit = Arc::clone(admission)
+        .try_acquire_owned()
+        .map_err(|_| busy(method, Error::TooManyCalls(max_concurrent)))?;
+    observe(method, async { call.await.map(Response::new) }).await
+}
+
 fn busy(method: &'static str, refusal: Error) -> Status {
     let status = Status::from(refusal);
     metrics::GRPC_REQUESTS.with_label_values(&[method, &format!("{:?}", status.code())]).inc();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
-use super::{busy, call_of, observe};
+use super::{admitted, call_of};
 use crate::{Error, proto, scheduler::SeriesCalls};
 
 pub struct SeriesApi {
@@ -35,10 +35,7 @@ impl SeriesApi {
         method: &'static str,
         call: impl Future<Output = Result<T, Error>>,
     ) -> Result<Response<T>, Status> {
-        let _permit = Arc::clone(&self.admission)
-            .try_acquire_owned()
-            .map_err(|_| busy(method, Error::TooManyCalls(self.max_concurrent)))?;
-        observe(method, async { call.await.map(Response::new) }).await
+        admitted(&self.admission, self.max_concurrent, method, call).await
     }
 }
 

@@ -620,7 +620,10 @@ async fn other_tenant(cluster: bool) {
 
 /// Retries `call` while the node answers UNAVAILABLE (a shard moving
 /// between nodes, or the node that owns it gone), for up to 90 s.
-async fn anywhere<T, F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>>(
+pub(crate) async fn anywhere<
+    T,
+    F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+>(
     what: &str,
     mut call: impl FnMut() -> F,
 ) -> T {
