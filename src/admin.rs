@@ -3,7 +3,7 @@
 //! shard through the node. Reads answer from the table the node's stores
 //! keep. Served by the gRPC adapter `api::admin`.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use tokio::sync::Mutex;
 
@@ -11,7 +11,7 @@ use crate::{
     Error,
     auth::{Access, AdminScope},
     clock::Clock,
-    message::{Invalid, validate_topic_name},
+    message::{Invalid, duration_ms, validate_topic_name},
     node::Node,
     policy::{MAX_RATE, PolicyKey, PolicyWrite, Rate, Table, TopicPolicy},
     store::StoreError,
@@ -31,6 +31,8 @@ pub enum Change {
     Resume,
     /// A limit, or none.
     Limit(Option<Rate>),
+    /// A default deadline past the due time, or none.
+    MaxLateness(Option<Duration>),
 }
 
 pub struct PolicyService {
@@ -67,7 +69,7 @@ impl PolicyService {
         let mut policy = table.get(&key).cloned().unwrap_or_default();
         if table.get(&key).is_none()
             && table.iter().count() >= MAX_POLICIES
-            && !matches!(change, Change::Resume | Change::Limit(None))
+            && !matches!(change, Change::Resume | Change::Limit(None) | Change::MaxLateness(None))
         {
             return Err(Invalid::new(
                 "topic",
@@ -86,6 +88,7 @@ impl PolicyService {
                 (policy.rate_per_second, policy.rate_burst) = (rate.per_second, rate.burst)
             }
             Change::Limit(None) => (policy.rate_per_second, policy.rate_burst) = (0, 0),
+            Change::MaxLateness(late) => policy.max_lateness_ms = late.map_or(0, duration_ms),
         }
         // Later than the change it replaces, whatever the clocks say: in a
         // cluster the later change of a policy is the one every copy keeps.

@@ -81,6 +81,12 @@ pub static DELIVERED: LazyLock<IntCounter> = LazyLock::new(|| {
 });
 pub static FAILED: LazyLock<IntCounter> =
     LazyLock::new(|| counter("hourglass_messages_failed_total", "Messages given up on after bounded tries."));
+pub static EXPIRED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_messages_expired_total",
+        "Messages not produced because their deadline (max_lateness) passed first.",
+    )
+});
 pub static PURGED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter("hourglass_messages_purged_total", "Settled messages forgotten after retention.")
 });
@@ -516,6 +522,7 @@ pub fn init() {
     LazyLock::force(&CANCELLED);
     LazyLock::force(&DELIVERED);
     LazyLock::force(&FAILED);
+    LazyLock::force(&EXPIRED);
     LazyLock::force(&PURGED);
     LazyLock::force(&PENDING);
     LazyLock::force(&LATENESS);

@@ -226,6 +226,7 @@ impl Service {
             delivered: stats.counts.delivered,
             cancelled: stats.counts.cancelled,
             failed: stats.counts.failed,
+            expired: stats.counts.expired,
             dispatching,
             oldest_overdue: stats.oldest_overdue,
             store_bytes,

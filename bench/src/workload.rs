@@ -41,6 +41,7 @@ impl Workload {
             headers: vec![],
             partition: None,
             labels: Default::default(),
+            max_lateness: None,
         }
     }
 
@@ -54,6 +55,7 @@ impl Workload {
             id: self.ids.as_ref().map(|prefix| format!("{prefix}-{i}")),
             on_conflict: 0,
             labels: self.labels.iter().cloned().collect(),
+            max_lateness: None,
         }
     }
 }

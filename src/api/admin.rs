@@ -8,7 +8,10 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
-use super::{admitted, call_of, convert::timestamp};
+use super::{
+    admitted, call_of,
+    convert::{max_lateness, timestamp, wire_duration},
+};
 use crate::{
     Error,
     admin::{Change, PolicyService},
@@ -44,17 +47,18 @@ impl AdminApi {
         admitted(&self.admission, self.max_concurrent, method, call).await
     }
 
-    async fn change(
+    /// A change of one policy: what `what` reads of the request (its
+    /// topic, whether for every tenant, the change), made for the caller.
+    async fn change<R>(
         &self,
         method: &'static str,
-        request: Request<proto::TopicPolicyRequest>,
-        change: Change,
+        request: Request<R>,
+        what: impl FnOnce(R) -> Result<(String, bool, Change), Error>,
     ) -> Result<Response<proto::TopicPolicy>, Status> {
         self.call(method, async {
             let call = call_of(&request)?;
-            let request = request.into_inner();
-            let (key, policy) =
-                self.policies.change(&call.access, &request.topic, request.all_tenants, change).await?;
+            let (topic, all_tenants, change) = what(request.into_inner())?;
+            let (key, policy) = self.policies.change(&call.access, &topic, all_tenants, change).await?;
             Ok(to_proto(&key, &policy))
         })
         .await
@@ -67,36 +71,36 @@ impl proto::admin_server::Admin for AdminApi {
         &self,
         request: Request<proto::TopicPolicyRequest>,
     ) -> Result<Response<proto::TopicPolicy>, Status> {
-        self.change("PauseTopic", request, Change::Pause).await
+        self.change("PauseTopic", request, |r| Ok((r.topic, r.all_tenants, Change::Pause))).await
     }
 
     async fn resume_topic(
         &self,
         request: Request<proto::TopicPolicyRequest>,
     ) -> Result<Response<proto::TopicPolicy>, Status> {
-        self.change("ResumeTopic", request, Change::Resume).await
+        self.change("ResumeTopic", request, |r| Ok((r.topic, r.all_tenants, Change::Resume))).await
     }
 
     async fn set_rate_limit(
         &self,
         request: Request<proto::SetRateLimitRequest>,
     ) -> Result<Response<proto::TopicPolicy>, Status> {
-        self.call("SetRateLimit", async {
-            let call = call_of(&request)?;
-            let request = request.into_inner();
-            let rate = (request.per_second > 0).then(|| Rate {
-                per_second: request.per_second,
-                burst: if request.burst == 0 {
-                    Rate::default_burst(request.per_second)
-                } else {
-                    request.burst
-                },
+        self.change("SetRateLimit", request, |r| {
+            let rate = (r.per_second > 0).then(|| Rate {
+                per_second: r.per_second,
+                burst: if r.burst == 0 { Rate::default_burst(r.per_second) } else { r.burst },
             });
-            let (key, policy) = self
-                .policies
-                .change(&call.access, &request.topic, request.all_tenants, Change::Limit(rate))
-                .await?;
-            Ok(to_proto(&key, &policy))
+            Ok((r.topic, r.all_tenants, Change::Limit(rate)))
+        })
+        .await
+    }
+
+    async fn set_max_lateness(
+        &self,
+        request: Request<proto::SetMaxLatenessRequest>,
+    ) -> Result<Response<proto::TopicPolicy>, Status> {
+        self.change("SetMaxLateness", request, |r| {
+            Ok((r.topic, r.all_tenants, Change::MaxLateness(max_lateness(r.max_lateness)?)))
         })
         .await
     }
@@ -136,5 +140,6 @@ fn to_proto(key: &PolicyKey, policy: &TopicPolicy) -> proto::TopicPolicy {
         rate_limit: policy.rate().map(|r| proto::RateLimit { per_second: r.per_second, burst: r.burst }),
         updated_at: (policy.updated_ms > 0).then(|| timestamp(UnixMillis(policy.updated_ms))),
         updated_by: policy.updated_by.clone(),
+        max_lateness: policy.max_lateness().map(wire_duration),
     }
 }

@@ -41,6 +41,27 @@ fn delay(d: prost_types::Duration) -> Result<Duration, Invalid> {
     Ok(Duration::new(d.seconds as u64, d.nanos as u32))
 }
 
+/// A deadline past the due time, in whole milliseconds (rounded up, so
+/// that a message is never expired sooner than asked); zero or unset: none.
+pub fn max_lateness(d: Option<prost_types::Duration>) -> Result<Option<Duration>, Invalid> {
+    let Some(d) = d else { return Ok(None) };
+    if d.seconds < 0 || d.nanos < 0 {
+        return Err(Invalid::new("max_lateness", "must not be negative; leave it unset for no deadline"));
+    }
+    if d.nanos >= 1_000_000_000 {
+        return Err(Invalid::new("max_lateness", format!("has nanos {} outside 0..1e9", d.nanos)));
+    }
+    let ms = (d.seconds as u64).saturating_mul(1000).saturating_add((d.nanos as u64).div_ceil(1_000_000));
+    Ok((ms > 0).then(|| Duration::from_millis(ms)))
+}
+
+pub fn wire_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
 pub fn due_spec<D: Into<Option<WireDue>>>(due: D) -> Result<DueSpec, Invalid> {
     match due.into() {
         Some(WireDue::DeliverAt(t)) => Ok(DueSpec::At(unix_millis("deliver_at", t)?)),
@@ -88,6 +109,7 @@ impl From<proto::Message> for Envelope {
             headers: m.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
             partition: m.partition,
             labels: Labels::default(),
+            max_lateness: None,
         }
     }
 }
@@ -130,6 +152,7 @@ impl TryFrom<proto::ScheduleRequest> for ScheduleCommand {
         };
         let mut envelope = Envelope::from(message);
         envelope.labels = Labels::new(r.labels)?;
+        envelope.max_lateness = max_lateness(r.max_lateness)?;
         Ok(ScheduleCommand { id: r.id, envelope, due: due_spec(r.due.map(WireDue::from))?, on_conflict })
     }
 }
@@ -156,6 +179,7 @@ impl From<CancelOutcome> for proto::CancelOutcome {
             CancelOutcome::AlreadyDelivered => proto::CancelOutcome::AlreadyDelivered,
             CancelOutcome::AlreadyCancelled => proto::CancelOutcome::AlreadyCancelled,
             CancelOutcome::AlreadyFailed => proto::CancelOutcome::AlreadyFailed,
+            CancelOutcome::AlreadyExpired => proto::CancelOutcome::AlreadyExpired,
             CancelOutcome::NotFound => proto::CancelOutcome::NotFound,
         }
     }
@@ -168,6 +192,7 @@ impl From<ScheduledMessage> for proto::GetResponse {
             tenant: m.id.tenant().unwrap_or_default().to_owned(),
             id: m.id.to_string(),
             labels: wire_labels(&m.envelope.labels),
+            max_lateness: m.envelope.max_lateness.map(wire_duration),
             message: Some(m.envelope.into()),
             // 0: a refused Kafka-native record that said no due time.
             deliver_at: (m.due != UnixMillis(0)).then(|| timestamp(m.due)),
@@ -199,6 +224,13 @@ impl From<ScheduledMessage> for proto::GetResponse {
                 out.settlement =
                     Some(Settlement::Failed(proto::Failure { reason, failed_at: Some(timestamp(at)) }));
                 proto::State::Failed
+            }
+            State::Expired { at, deadline } => {
+                out.settlement = Some(Settlement::Expired(proto::Expiry {
+                    expired_at: Some(timestamp(at)),
+                    deadline: Some(timestamp(deadline)),
+                }));
+                proto::State::Expired
             }
         };
         out.set_state(state);
@@ -266,6 +298,7 @@ impl From<PendingMessage> for proto::PendingMessage {
             last_error: m.last_error.unwrap_or_default(),
             value_bytes: m.value_bytes as u64,
             labels: wire_labels(&m.labels),
+            deadline: m.deadline.map(timestamp),
         }
     }
 }
@@ -291,6 +324,7 @@ impl From<Stats> for proto::StatsResponse {
             delivered: s.delivered,
             cancelled: s.cancelled,
             failed: s.failed,
+            expired: s.expired,
             dispatching: s.dispatching,
             oldest_overdue: s.oldest_overdue.map(Into::into),
             store_bytes: s.store_bytes,
@@ -328,7 +362,24 @@ mod tests {
             due: Some(proto::schedule_request::Due::Delay(prost_types::Duration { seconds: 30, nanos: 0 })),
             on_conflict: 0,
             labels: [("order".to_owned(), "1".to_owned())].into(),
+            max_lateness: None,
         }
+    }
+
+    #[test]
+    fn a_deadline_is_whole_milliseconds_rounded_up_and_zero_is_none() {
+        let with = |seconds, nanos| {
+            let r = proto::ScheduleRequest {
+                max_lateness: Some(prost_types::Duration { seconds, nanos }),
+                ..request()
+            };
+            ScheduleCommand::try_from(r).map(|c| c.envelope.max_lateness)
+        };
+        assert_eq!(with(60, 0), Ok(Some(Duration::from_secs(60))));
+        assert_eq!(with(0, 1_500_000), Ok(Some(Duration::from_millis(2))), "never sooner than asked");
+        assert_eq!(with(0, 0), Ok(None));
+        assert_eq!(with(-1, 0).unwrap_err().field, "max_lateness");
+        assert_eq!(with(0, 1_000_000_000).unwrap_err().field, "max_lateness");
     }
 
     #[test]

@@ -358,8 +358,11 @@ impl Dispatcher {
                 self.doubt.pulse.beat(self.clock.now());
                 sleep = sleep.min(pulse::EVERY);
             }
-            // What waits to be settled in order waits no longer than this.
-            let sleep = if self.sent.has_answered() { sleep.min(HOLD_FOR) } else { sleep };
+            // What waits to be settled in order, or was settled without a
+            // produce (expired, failed with its topic), waits no longer
+            // than this.
+            let settling = self.sent.has_answered() || !self.settling.settles.is_empty();
+            let sleep = if settling { sleep.min(HOLD_FOR) } else { sleep };
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,

@@ -69,6 +69,10 @@ struct LaneState {
     why: Why,
     /// Its last walk failed: not walked again before this.
     retry_at: Option<Instant>,
+    /// Its cursor was in every floor sent since the store last recorded
+    /// that the lane may be produced from it: false once a floor left it
+    /// out (it was paused), and then the store is told before its walk.
+    covered: bool,
 }
 
 /// A lane that may go now, and how much of it.
@@ -76,6 +80,9 @@ pub(super) struct Runnable {
     pub key: PolicyKey,
     pub from: DispatchKey,
     pub budget: usize,
+    /// The store must record that the lane may be produced from `from`
+    /// before it is walked.
+    pub uncovered: bool,
 }
 
 impl Policies {
@@ -180,6 +187,15 @@ impl Policies {
         })
     }
 
+    /// The deadline past their due time of a message of `tenant` to
+    /// `topic` that names none.
+    pub(super) fn max_lateness(&self, tenant: Option<&str>, topic: &str) -> Option<Duration> {
+        if self.table.is_empty() {
+            return None;
+        }
+        self.table.max_lateness(tenant, topic)
+    }
+
     /// A message of `tenant` to `topic` goes now: one token of each limit.
     pub(super) fn take(&mut self, tenant: Option<&str>, topic: &str) {
         if self.buckets.is_empty() {
@@ -195,8 +211,13 @@ impl Policies {
 
     /// `lane` holds the message at `key` back, for `why`.
     pub(super) fn hold(&mut self, lane: PolicyKey, why: Why, key: DispatchKey, now: UnixMillis) {
-        let state =
-            self.lanes.entry(lane).or_insert(LaneState { cursor: None, since: now, why, retry_at: None });
+        let state = self.lanes.entry(lane).or_insert(LaneState {
+            cursor: None,
+            since: now,
+            why,
+            retry_at: None,
+            covered: true,
+        });
         state.cursor = Some(state.cursor.map_or(key, |c| c.min(key)));
         state.why = why;
     }
@@ -239,7 +260,12 @@ impl Policies {
             };
             if budget > 0 {
                 state.cursor = None;
-                runnable.push(Runnable { key: key.clone(), from, budget: budget.min(LANE_CHUNK) });
+                runnable.push(Runnable {
+                    key: key.clone(),
+                    from,
+                    budget: budget.min(LANE_CHUNK),
+                    uncovered: !state.covered,
+                });
             }
         }
         runnable
@@ -308,6 +334,33 @@ impl Policies {
         self.lanes.values().filter_map(|l| l.cursor).min()
     }
 
+    /// The lowest entry a lane that is not paused holds: what a paused
+    /// topic holds cannot be produced while it is, so after an unclean
+    /// stop it is not in doubt (with millions paused, a restart would
+    /// otherwise read them all).
+    pub(super) fn lowest_producible(&self) -> Option<DispatchKey> {
+        self.lanes.iter().filter(|(key, _)| !self.paused(key)).filter_map(|(_, l)| l.cursor).min()
+    }
+
+    /// A floor left the paused lanes out (see [`Self::lowest_producible`]).
+    pub(super) fn left_out_paused(&mut self) {
+        let table = &self.table;
+        for (_, lane) in self.lanes.iter_mut().filter(|(key, _)| table.get(key).is_some_and(|p| p.paused())) {
+            lane.covered = false;
+        }
+    }
+
+    /// The store recorded that `lane` may be produced from its cursor on.
+    pub(super) fn covered(&mut self, lane: &PolicyKey) {
+        if let Some(state) = self.lanes.get_mut(lane) {
+            state.covered = true;
+        }
+    }
+
+    fn paused(&self, key: &PolicyKey) -> bool {
+        self.table.get(key).is_some_and(|p| p.paused())
+    }
+
     /// When the next limited lane may go (none: no lane waits for tokens).
     /// A lane without a limit that is not paused goes on at once (its walk
     /// stopped short); one whose walk failed, once it may try again.
@@ -360,6 +413,14 @@ impl Dispatcher {
             if budget == 0 || !self.gate.open() {
                 self.policies.walked(&lane.key, Some(lane.from));
                 continue;
+            }
+            if lane.uncovered {
+                if let Err(e) = self.store.producing_from(lane.from).await {
+                    tracing::warn!(lane = %lane.key.describe(), error = %e, "recording that a resumed topic's messages go out failed; trying again shortly");
+                    self.policies.failed(&lane.key, lane.from, self.config.max_sleep);
+                    continue;
+                }
+                self.policies.covered(&lane.key);
             }
             match self.store.take_lane(lane.key.clone(), lane.from, self.scan.from, budget).await {
                 Ok(batch) => {

@@ -1,7 +1,8 @@
 //! What a look at the due index found: produced, put off with its topic,
-//! or settled without a produce; and what is recorded before a produce,
-//! so that an unclean stop leaves little in doubt (the topic's mark, the
-//! dispatch horizon).
+//! or settled without a produce (found on its topic after an unclean
+//! stop, past its deadline, or failed with its topic); and what is
+//! recorded before a produce, so that an unclean stop leaves little in
+//! doubt (the topic's mark, the dispatch horizon).
 
 use std::{sync::Arc, time::Duration};
 
@@ -64,6 +65,18 @@ impl Dispatcher {
             {
                 // It reached Kafka before the unclean stop.
                 self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
+                continue;
+            }
+            let max_lateness = (ready.envelope.max_lateness)
+                .or_else(|| self.policies.max_lateness(ready.id.tenant(), &topic));
+            if let Some(deadline) = max_lateness.map(|late| ready.due.saturating_add(late))
+                && now > deadline
+            {
+                // Too late to be of use (a paused topic, an outage, a
+                // backlog): settled, not produced. What reached Kafka
+                // before an unclean stop was found above.
+                tracing::debug!(id = %ready.id.qualified(), topic = %topic, "deadline passed: expired");
+                self.settle_untried(ready, topic, now, Outcome::Expired { deadline });
                 continue;
             }
             match self.decide(&topic, &ready.id, ready.key, now) {

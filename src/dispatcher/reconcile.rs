@@ -129,7 +129,7 @@ fn quiet_since(
 pub(super) fn after_claim(now: UnixMillis) -> (Option<InDoubt>, landed::Late) {
     let below = DispatchKey::after(now.saturating_add(CLAIM_GRACE));
     let late = landed::Late { quiet: CLAIM_GRACE, last: std::time::Instant::now() };
-    (Some(InDoubt { below, before_seq: u64::MAX }), late)
+    (Some(InDoubt { below, before_seq: u64::MAX, from: DispatchKey::MIN }), late)
 }
 
 /// The messages in `window` found on their topics, read on past the ends
@@ -283,7 +283,8 @@ mod tests {
 
     #[test]
     fn what_was_due_after_the_last_produce_is_not_in_doubt() {
-        let window = InDoubt { below: DispatchKey::after(UnixMillis(10_000)), before_seq: 7 };
+        let window =
+            InDoubt { below: DispatchKey::after(UnixMillis(10_000)), before_seq: 7, from: DispatchKey::MIN };
         let below = |at: Option<u64>| bounded(Some(window), at.map(UnixMillis)).unwrap().below;
         assert_eq!(below(None), window.below, "not known: the store's window");
         let slack = pulse::SLACK.as_millis() as u64;

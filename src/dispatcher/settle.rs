@@ -43,7 +43,7 @@ impl Dispatcher {
             return;
         }
         self.settling.published = tokio::time::Instant::now();
-        let lowest = self.settling.settles.iter().map(|s| s.key).fold(self.lowest_held(), DispatchKey::min);
+        let lowest = self.settling.settles.iter().map(|s| s.key).fold(self.lowest_held().0, DispatchKey::min);
         self.store.wake().set_low_water(lowest);
         if let Some(held) = self.policies.held_back() {
             self.store.held().set_held_back(held);
@@ -52,17 +52,21 @@ impl Dispatcher {
 
     /// The lowest due entry that may be pending: one not yet handed to the
     /// store settled, one put off or to look at again, or where the scan
-    /// goes on. (Outcomes gathered in `settling` are not counted.)
-    fn lowest_held(&self) -> DispatchKey {
-        self.sent
+    /// goes on. (Outcomes gathered in `settling` are not counted.) And the
+    /// lowest that may be produced without telling the store first: the
+    /// same but for what paused topics hold.
+    fn lowest_held(&self) -> (DispatchKey, DispatchKey) {
+        let producible = self
+            .sent
             .unsettled_keys()
             .chain(self.scan.recheck.iter().map(|(k, _)| *k))
             .chain(self.scan.unreadable.iter().map(|(k, _)| *k))
             .chain(self.topics.states.values().flat_map(|t| t.deferred.iter().map(|(k, _)| *k)))
             .chain(self.scan.rescan_from)
-            .chain(self.policies.lowest())
+            .chain(self.policies.lowest_producible())
             .chain(self.ahead.ready.iter().map(|r| r.key))
-            .fold(self.scan.from, DispatchKey::min)
+            .fold(self.scan.from, DispatchKey::min);
+        (self.policies.lowest().map_or(producible, |lane| lane.min(producible)), producible)
     }
 
     /// Hands the gathered outcomes to the store as one commit: first-try
@@ -78,7 +82,11 @@ impl Dispatcher {
         // PUBLISH_EVERY.
         let floor = (all || self.settling.floor_sent.elapsed() >= PUBLISH_EVERY).then(|| {
             self.settling.floor_sent = tokio::time::Instant::now();
-            self.store.wake().floor(self.lowest_held())
+            let (held, producible) = self.lowest_held();
+            // What paused lanes hold is left out of `producible`: before
+            // one of them is walked, the store records it may be produced.
+            self.policies.left_out_paused();
+            self.store.wake().floor(held, producible)
         });
         self.recorder.record(settles, floor).await;
         if let Err(e) = self.store.release(std::mem::take(&mut self.settling.releasing)).await {

@@ -98,6 +98,15 @@ impl Dispatcher {
                 }
             }
         }
+        // Walks start from the floor: until a floor sent says otherwise,
+        // what paused topics held below the bound recorded may be produced.
+        while let Err(e) = self.store.producing_from(DispatchKey::MIN).await {
+            tracing::warn!(error = %e, "recording where produces may start failed; trying again");
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                _ = tokio::time::sleep(self.config.max_sleep) => {}
+            }
+        }
         match reconcile::landed(&self.store, &self.producer, search, stop).await {
             Some(found) => {
                 self.settle_found(found).await;

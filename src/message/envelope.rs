@@ -21,6 +21,9 @@ pub struct Envelope {
     pub partition: Option<i32>,
     /// The caller's labels: kept with the message, not produced.
     pub labels: Labels,
+    /// Its deadline past its due time: past it, the message is settled
+    /// expired instead of produced. Kept with the message, not produced.
+    pub max_lateness: Option<Duration>,
 }
 
 /// Prefix of the headers hourglass adds to every record it produces.

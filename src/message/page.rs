@@ -166,6 +166,7 @@ pub struct Stats {
     pub delivered: u64,
     pub cancelled: u64,
     pub failed: u64,
+    pub expired: u64,
     pub dispatching: u64,
     /// The pending message longest past its dispatch time.
     pub oldest_overdue: Option<PendingMessage>,

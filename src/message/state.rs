@@ -14,15 +14,30 @@ pub struct Delivery {
 ///
 /// ```text
 /// Pending ──produce acked──► Delivered
-///    │  ╰─tries exhausted──► Failed ──reschedule──► Pending
+///    │  ├─tries exhausted──► Failed ──reschedule──► Pending
+///    │  ╰─deadline passed──► Expired ─reschedule──► Pending
 ///    ╰──────cancel────────► Cancelled
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum State {
-    Pending { attempts: u32, last_error: Option<String> },
+    Pending {
+        attempts: u32,
+        last_error: Option<String>,
+    },
     Delivered(Delivery),
-    Cancelled { at: UnixMillis },
-    Failed { reason: String, attempts: u32, at: UnixMillis },
+    Cancelled {
+        at: UnixMillis,
+    },
+    Failed {
+        reason: String,
+        attempts: u32,
+        at: UnixMillis,
+    },
+    /// Its deadline passed before it could be produced.
+    Expired {
+        at: UnixMillis,
+        deadline: UnixMillis,
+    },
 }
 
 /// What a cancel did, or why it did nothing.
@@ -32,6 +47,7 @@ pub enum CancelOutcome {
     AlreadyDelivered,
     AlreadyCancelled,
     AlreadyFailed,
+    AlreadyExpired,
     NotFound,
 }
 
@@ -51,6 +67,10 @@ impl State {
         matches!(self, State::Failed { .. })
     }
 
+    pub fn is_expired(&self) -> bool {
+        matches!(self, State::Expired { .. })
+    }
+
     /// Whether a cancel may take this message; the outcome to report if not.
     pub fn cancel(&self) -> Result<(), CancelOutcome> {
         match self {
@@ -58,14 +78,15 @@ impl State {
             State::Delivered(_) => Err(CancelOutcome::AlreadyDelivered),
             State::Cancelled { .. } => Err(CancelOutcome::AlreadyCancelled),
             State::Failed { .. } => Err(CancelOutcome::AlreadyFailed),
+            State::Expired { .. } => Err(CancelOutcome::AlreadyExpired),
         }
     }
 
-    /// Whether a reschedule may move this message. A failed message may be
-    /// rescheduled: that is how an operator re-drives it.
+    /// Whether a reschedule may move this message. A failed or expired
+    /// message may be rescheduled: that is how an operator re-drives it.
     pub fn reschedule(&self) -> Result<(), RescheduleRefusal> {
         match self {
-            State::Pending { .. } | State::Failed { .. } => Ok(()),
+            State::Pending { .. } | State::Failed { .. } | State::Expired { .. } => Ok(()),
             State::Delivered(_) => Err(RescheduleRefusal::AlreadyDelivered),
             State::Cancelled { .. } => Err(RescheduleRefusal::AlreadyCancelled),
         }
@@ -140,4 +161,6 @@ pub struct PendingMessage {
     pub last_error: Option<String>,
     /// The caller's labels.
     pub labels: Labels,
+    /// When it expires unproduced, if it has a deadline.
+    pub deadline: Option<UnixMillis>,
 }

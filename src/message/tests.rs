@@ -10,6 +10,7 @@ fn envelope() -> Envelope {
         headers: vec![Header { key: "trace".into(), value: b"abc".to_vec() }],
         partition: None,
         labels: Default::default(),
+        max_lateness: None,
     }
 }
 

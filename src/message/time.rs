@@ -35,7 +35,7 @@ impl UnixMillis {
     }
 }
 
-fn duration_ms(d: Duration) -> u64 {
+pub fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

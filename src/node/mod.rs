@@ -462,6 +462,7 @@ mod tests {
             attempts: 0,
             last_error: None,
             labels: Default::default(),
+            deadline: None,
         }
     }
 

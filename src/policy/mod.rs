@@ -1,7 +1,9 @@
 //! Dispatch policy: what an operator or a tenant says of a target topic,
 //! apart from any one message. A topic can be **paused** (nothing of it is
-//! produced until it is resumed) and **rate limited** (messages per second,
-//! with a burst), for every tenant's messages to it or for one tenant's.
+//! produced until it is resumed), **rate limited** (messages per second,
+//! with a burst) and given a **default deadline** (its messages expire
+//! unproduced this long past their due time, unless they say otherwise),
+//! for every tenant's messages to it or for one tenant's.
 //!
 //! A policy is kept in every shard's store (in cluster mode, in every
 //! partition of the schedule log), so that each shard's dispatcher reads
@@ -14,6 +16,7 @@
 use std::{
     collections::{BTreeMap, HashSet},
     sync::Arc,
+    time::Duration,
 };
 
 use crate::message::{Tenant, UnixMillis};
@@ -113,6 +116,10 @@ pub struct TopicPolicy {
     pub updated_ms: u64,
     #[prost(string, tag = "5")]
     pub updated_by: String,
+    /// The deadline past their due time of its messages that name none,
+    /// in ms; 0: none.
+    #[prost(uint64, tag = "6")]
+    pub max_lateness_ms: u64,
 }
 
 impl TopicPolicy {
@@ -135,9 +142,13 @@ impl TopicPolicy {
         })
     }
 
+    pub fn max_lateness(&self) -> Option<Duration> {
+        (self.max_lateness_ms > 0).then(|| Duration::from_millis(self.max_lateness_ms))
+    }
+
     /// Says nothing: it is removed rather than kept.
     pub fn is_empty(&self) -> bool {
-        !self.paused() && self.rate().is_none()
+        !self.paused() && self.rate().is_none() && self.max_lateness().is_none()
     }
 }
 
@@ -211,6 +222,13 @@ impl Table {
         }
         found
     }
+
+    /// The deadline past their due time of a message of `tenant` to
+    /// `topic` that names none: its tenant's policy's, else the topic's.
+    pub fn max_lateness(&self, tenant: Option<&str>, topic: &str) -> Option<Duration> {
+        let [wide, own] = self.applying(tenant, topic);
+        own.and_then(|(_, p)| p.max_lateness()).or_else(|| wide.and_then(|(_, p)| p.max_lateness()))
+    }
 }
 
 /// A change of one policy, as the store writes it.
@@ -270,6 +288,18 @@ mod tests {
         assert_eq!(table.applying(None, "b"), [None, None]);
         table.set(PolicyKey::topic_wide("a"), Some(TopicPolicy::default()));
         assert!(table.get(&PolicyKey::topic_wide("a")).is_none(), "a policy that says nothing is removed");
+    }
+
+    #[test]
+    fn a_tenants_default_deadline_wins_over_the_topics() {
+        let mut table = Table::default();
+        let late = |ms| TopicPolicy { max_lateness_ms: ms, ..TopicPolicy::default() };
+        table.set(PolicyKey::topic_wide("a"), Some(late(60_000)));
+        table.set(PolicyKey { tenant: tenant("acme"), topic: "a".into() }, Some(late(5_000)));
+        assert_eq!(table.max_lateness(Some("acme"), "a"), Some(Duration::from_secs(5)));
+        assert_eq!(table.max_lateness(Some("other"), "a"), Some(Duration::from_secs(60)));
+        assert_eq!(table.max_lateness(None, "b"), None);
+        assert!(table.get(&PolicyKey::topic_wide("a")).is_some(), "a deadline alone is kept");
     }
 
     #[test]

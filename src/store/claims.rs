@@ -274,11 +274,14 @@ impl WakeState {
 
 /// What the dispatcher knows to be settled: no due entry below `key` is
 /// pending, save those handed to it from hand-over number `handed` on,
-/// which it had not taken when it looked.
+/// which it had not taken when it looked. And what it may produce: nothing
+/// below `produced_from` (the floor but for what paused topics hold),
+/// save those handed over, until it records a lower bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Floor {
     pub key: DispatchKey,
     pub handed: u64,
+    pub produced_from: DispatchKey,
 }
 
 /// What the writer handed over since the dispatcher last asked.
@@ -352,10 +355,15 @@ impl Wake {
     }
 
     /// The dispatcher's floor: `own` (the lowest entry it holds or has yet
-    /// to read), lowered to what was handed to it and not taken yet.
-    pub fn floor(&self, own: DispatchKey) -> Floor {
+    /// to read) and `producible` (the lowest it may produce), each lowered
+    /// to what was handed to it and not taken yet.
+    pub fn floor(&self, own: DispatchKey, producible: DispatchKey) -> Floor {
         let state = self.state();
-        Floor { key: state.lowered_to_late(own), handed: state.handed }
+        Floor {
+            key: state.lowered_to_late(own),
+            handed: state.handed,
+            produced_from: state.lowered_to_late(producible),
+        }
     }
 
     /// The store recorded `floor`.
@@ -498,10 +506,18 @@ mod tests {
         let k = |d| DispatchKey { at: UnixMillis(d), seq: 0 };
         w.reading_up_to(k(100));
         assert_eq!(w.added(&[(k(40), id("a"))]), [(0, k(40))]);
-        let floor = w.floor(k(90));
-        assert_eq!(floor, Floor { key: k(40), handed: 1 }, "handed over, not taken yet: below the floor");
+        let floor = w.floor(k(90), k(95));
+        assert_eq!(
+            floor,
+            Floor { key: k(40), handed: 1, produced_from: k(40) },
+            "handed over, not taken yet: below the floor, and producible"
+        );
         w.take();
-        assert_eq!(w.floor(k(90)), Floor { key: k(90), handed: 1 }, "taken: the dispatcher's own");
+        assert_eq!(
+            w.floor(k(90), k(95)),
+            Floor { key: k(90), handed: 1, produced_from: k(95) },
+            "taken: the dispatcher's own"
+        );
         assert_eq!(w.added(&[(k(60), id("b"))]), [(1, k(60))], "numbered on: a floor taken before it sees 1");
         w.record_floor(k(30));
         w.record_floor(k(20));

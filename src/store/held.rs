@@ -107,6 +107,7 @@ mod tests {
             attempts: 0,
             last_error: last_error.map(str::to_owned),
             labels: Default::default(),
+            deadline: None,
         }
     }
 

@@ -177,6 +177,7 @@ pub(crate) fn count_every_message(db: &DB) -> Result<HashMap<CountsKey, Counts>,
             Some(SettlementKind::Delivered) => counts.delivered += 1,
             Some(SettlementKind::Cancelled) => counts.cancelled += 1,
             Some(SettlementKind::Failed) => counts.failed += 1,
+            Some(SettlementKind::Expired) => counts.expired += 1,
         }
     }
     Ok(out)
@@ -771,6 +772,7 @@ pub(crate) fn stats(
             delivered: meta.delivered_total,
             cancelled: meta.cancelled_total,
             failed: meta.failed_total,
+            expired: meta.expired_total,
         }
     } else {
         let mut sum = Counts::default();

@@ -8,6 +8,7 @@ use crate::message::{
     CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scheduled, Scope, State, UnixMillis,
 };
 
+mod expire;
 mod policy;
 mod replace;
 
@@ -25,6 +26,7 @@ async fn park(store: &Store, id: &str, due: u64) -> MessageId {
         headers: vec![],
         partition: None,
         labels: Default::default(),
+        max_lateness: None,
     };
     let msg = NewMessage {
         id: NewId::Client(MessageId::parse(id).unwrap()),
@@ -524,6 +526,7 @@ mod scale {
                 headers: vec![],
                 partition: None,
                 labels: Default::default(),
+                max_lateness: None,
             },
             requested: DueSpec::At(UnixMillis(due)),
             due: UnixMillis(due),
@@ -563,7 +566,7 @@ mod scale {
                     in_order: false,
                 })
                 .collect();
-            store.settle(settles, Some(store.wake().floor(from))).await.unwrap();
+            store.settle(settles, Some(store.wake().floor(from, from))).await.unwrap();
             if !batch.more {
                 break;
             }
@@ -701,7 +704,8 @@ async fn a_message_in_doubt_is_not_changed_until_the_search_is_over() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let (due, later) = (park(&store, "due", 10).await, park(&store, "later", 1_000).await);
-    let window = InDoubt { below: DispatchKey::after(UnixMillis(500)), before_seq: u64::MAX };
+    let window =
+        InDoubt { below: DispatchKey::after(UnixMillis(500)), before_seq: u64::MAX, from: DispatchKey::MIN };
     store.doubt(Some(window)).await.unwrap();
     let cancel =
         |id: &MessageId| Intent::Cancel { scope: Scope::everything(), id: id.clone(), now: UnixMillis(5) };

@@ -8,7 +8,7 @@ use super::schema::{
 };
 use crate::message::{
     Delivery, DueSpec, Envelope, Header, Labels, MessageId, PendingMessage, ScheduledMessage, State,
-    UnixMillis,
+    UnixMillis, duration_ms,
 };
 
 impl MessageRecord {
@@ -37,6 +37,7 @@ impl MessageRecord {
             requested_at_ms,
             requested_delay_ms,
             entry_at_ms: None,
+            max_lateness_ms: envelope.max_lateness.map(duration_ms),
         }
     }
 
@@ -59,6 +60,7 @@ impl MessageRecord {
             headers: self.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
             partition: self.partition,
             labels: labels_of(self.labels),
+            max_lateness: self.max_lateness_ms.map(std::time::Duration::from_millis),
         }
     }
 
@@ -70,6 +72,7 @@ impl MessageRecord {
             && self.key == envelope.key
             && self.value == envelope.value
             && self.partition == envelope.partition
+            && self.max_lateness_ms == envelope.max_lateness.map(duration_ms)
             && self.headers.len() == envelope.headers.len()
             && self.headers.iter().zip(&envelope.headers).all(|(a, b)| a.key == b.key && a.value == b.value)
             && self.labels.len() == envelope.labels.iter().count()
@@ -97,6 +100,7 @@ pub fn pending_message(
         scheduled_at: UnixMillis(record.scheduled_at_ms),
         attempts: tries.map_or(0, |t| t.attempts),
         last_error: tries.filter(|t| !t.last_error.is_empty()).map(|t| t.last_error.clone()),
+        deadline: record.max_lateness_ms.map(|late| UnixMillis(record.due_ms.saturating_add(late))),
         topic: record.topic,
         key: record.key,
         partition: record.partition,
@@ -134,6 +138,9 @@ pub fn state_of(settlement: Option<&Settlement>) -> State {
         SettlementKind::Failed => {
             State::Failed { reason: s.last_error.clone(), attempts: s.attempts, at: UnixMillis(s.at_ms) }
         }
+        SettlementKind::Expired => {
+            State::Expired { at: UnixMillis(s.at_ms), deadline: UnixMillis(s.deadline_ms) }
+        }
     }
 }
 
@@ -165,6 +172,7 @@ mod tests {
             headers: vec![],
             partition: None,
             labels: Default::default(),
+            max_lateness: None,
         };
         MessageRecord::new(
             envelope,

@@ -145,6 +145,7 @@ async fn run_client(
                 id: Some(id.clone()),
                 on_conflict: 0,
                 labels: Default::default(),
+                max_lateness: None,
             };
             let answer = match client.schedule(request).await {
                 Ok(r) => {

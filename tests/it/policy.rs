@@ -1,6 +1,7 @@
 //! Dispatch policies against a real broker and a real store: a topic
 //! paused in the middle of a drain produces nothing more, through a
-//! restart, and everything once on resume, in due order; a burst into a
+//! restart, and everything once on resume, in due order; after a kill -9
+//! what a paused topic holds is not searched for; a burst into a
 //! rate-limited topic comes out at the limit, in due order, while another
 //! topic's messages go on time; and what one tenant's token can change of
 //! another's policies (nothing).
@@ -167,6 +168,42 @@ async fn a_topic_paused_during_a_drain_waits_through_a_restart_and_goes_out_once
     server.stop().await;
 }
 
+/// After a kill -9, what a paused topic holds is not looked for on its
+/// topic: it cannot have been produced. (It held the store's floor down,
+/// so a restart used to load every message it held to search for them.)
+/// On resume each goes out once.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_kill_what_a_paused_topic_holds_is_not_in_doubt_and_goes_out_once_on_resume() {
+    let broker = Broker::start();
+    let (held, going) = (random_name("held"), random_name("going"));
+    broker.create_topic(&held, 1).await;
+    broker.create_topic(&going, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start(&broker, dir.path());
+    let channel = Channel::from_shared(server.url()).unwrap().connect().await.unwrap();
+    let mut admin = AdminClient::new(channel.clone());
+    admin.pause_topic(target(&held)).await.unwrap();
+    let mut client = SchedulerClient::new(channel);
+    let due = now_ms();
+    schedule_all(&mut client, &held, "held", 2_000, due).await;
+    // Another topic goes on meanwhile, past where the paused one holds.
+    schedule_all(&mut client, &going, "going", 200, due + 500).await;
+    assert_eq!(values_on(&broker, &going, 200, Duration::from_secs(30)).len(), 200);
+    // A floor sent since the last of them went out is recorded.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.kill9();
+
+    let server = Serve::start(&broker, dir.path());
+    let channel = Channel::from_shared(server.url()).unwrap().connect().await.unwrap();
+    let mut client = SchedulerClient::new(channel.clone());
+    let stats = client.stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.pending, 2_000);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(server.metric("hourglass_reconcile_in_doubt_total").await, 0.0, "nothing held is in doubt");
+    AdminClient::new(channel).resume_topic(target(&held)).await.unwrap();
+    assert_once_in_order(&values_on(&broker, &held, 2_000, Duration::from_secs(60)), 2_000);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_burst_into_a_limited_topic_comes_out_at_the_limit_in_due_order_while_another_topic_is_on_time() {
     let (count, rate) = if reliability_full() { (200_000, 20_000) } else { (20_000, 5_000) };
@@ -230,7 +267,7 @@ type Admin = AdminClient<InterceptedService<Channel, Bearer>>;
 type Scheduler = SchedulerClient<InterceptedService<Channel, Bearer>>;
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_tenants_token_cannot_change_another_tenants_pauses_or_limits() {
+async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_or_deadlines() {
     let broker = Broker::start();
     let (shared, orders_only) = (random_name("shared"), random_name("orders"));
     broker.create_topic(&shared, 1).await;
@@ -327,6 +364,35 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_or_limits() {
     assert_eq!(whose, ["", "billing"], "billing sees the topic-wide policy and its own, not orders'");
     ops.resume_topic(everyone(&shared)).await.unwrap();
     assert_eq!(values_on(&broker, &shared, 2, Duration::from_secs(10)), ["orders-1", "billing-1"]);
+
+    // A tenant's default deadline: billing's messages past it expire,
+    // orders' on the same topic go out; billing sets no one else's.
+    let deadline = |topic: &str, all_tenants| proto::SetMaxLatenessRequest {
+        topic: topic.into(),
+        all_tenants,
+        max_lateness: Some(prost_types::Duration { seconds: 10, nanos: 0 }),
+    };
+    assert_eq!(code(billing.set_max_lateness(deadline(&orders_only, false)).await), Code::PermissionDenied);
+    assert_eq!(code(billing.set_max_lateness(deadline(&shared, true)).await), Code::PermissionDenied);
+    assert_eq!(code(reader.set_max_lateness(deadline(&shared, false)).await), Code::PermissionDenied);
+    let set = billing.set_max_lateness(deadline(&shared, false)).await.unwrap().into_inner();
+    assert_eq!((set.tenant.as_str(), set.max_lateness.map(|d| d.seconds)), ("billing", Some(10)));
+    let a_minute_ago = |id: &str| {
+        let mut r = request(&shared, id, Duration::ZERO);
+        r.due = Some(proto::schedule_request::Due::DeliverAt(at(now_ms() - 60_000)));
+        r.id = Some(id.to_owned());
+        r
+    };
+    let (mut as_orders, mut as_billing) = (scheduler("orders-token"), scheduler("billing-token"));
+    as_orders.schedule(a_minute_ago("orders-2")).await.unwrap();
+    as_billing.schedule(a_minute_ago("billing-2")).await.unwrap();
+    assert_eq!(
+        values_on(&broker, &shared, 3, Duration::from_secs(10)),
+        ["orders-1", "billing-1", "orders-2"],
+        "billing's deadline expires billing's message only"
+    );
+    let expired = as_billing.get(proto::GetRequest { id: "billing-2".into() }).await.unwrap().into_inner();
+    assert_eq!(expired.state(), proto::State::Expired);
     server.stop().await;
 }
 

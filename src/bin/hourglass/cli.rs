@@ -266,6 +266,11 @@ pub struct ScheduleArgs {
     /// delivered or cancelled message is final: the replace is refused.
     #[arg(long, requires = "id")]
     pub replace: bool,
+    /// A deadline, e.g. 10m: if the message cannot be produced within this
+    /// long after its due time (an outage, a paused topic), it is not
+    /// produced but settled expired.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub max_lateness: Option<Duration>,
     #[command(flatten)]
     pub when: When,
 }

@@ -71,13 +71,16 @@ pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 fn schedule_due(when: When) -> proto::schedule_request::Due {
     use proto::schedule_request::Due;
     match (when.delay, when.at) {
-        (Some(d), _) => {
-            Due::Delay(prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 })
-        }
+        (Some(d), _) => Due::Delay(wire(d)),
         (None, Some(at)) => Due::DeliverAt(to_timestamp(at)),
         // clap's group makes one of the two required.
         (None, None) => Due::Delay(prost_types::Duration::default()),
     }
+}
+
+/// A length of time as the wire carries it.
+pub fn wire(d: std::time::Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }
 
 pub async fn schedule(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
@@ -87,6 +90,7 @@ pub async fn schedule(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
         due: Some(schedule_due(args.when)),
         on_conflict: if args.replace { proto::OnConflict::Replace } else { proto::OnConflict::Reject } as i32,
         labels: args.labels.into_iter().collect(),
+        max_lateness: args.max_lateness.map(wire),
     };
     let reply = connect(&args.client).await?.schedule(request).await.map_err(status_error)?.into_inner();
     if args.client.output == Output::Json {
@@ -118,6 +122,9 @@ pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
         AlreadyDelivered => ("not cancelled: already delivered", ExitCode::from(EXIT_NOT_APPLIED)),
         AlreadyCancelled => ("not cancelled: already cancelled", ExitCode::from(EXIT_NOT_APPLIED)),
         AlreadyFailed => ("not cancelled: delivery had failed", ExitCode::from(EXIT_NOT_APPLIED)),
+        AlreadyExpired => {
+            ("not cancelled: its deadline had passed (expired)", ExitCode::from(EXIT_NOT_APPLIED))
+        }
         NotFound => ("not cancelled: no such message", ExitCode::from(EXIT_NOT_APPLIED)),
         Unspecified => ("unknown outcome", ExitCode::FAILURE),
     };
@@ -213,12 +220,19 @@ pub async fn get(args: IdArgs) -> anyhow::Result<ExitCode> {
         }
         (Some(Settlement::Cancelled(c)), _) => format!("cancelled {}", time(c.cancelled_at)),
         (Some(Settlement::Failed(f)), _) => format!("failed {}: {}", time(f.failed_at), f.reason),
+        (Some(Settlement::Expired(e)), _) => {
+            format!("expired {}, not produced (deadline {})", time(e.expired_at), time(e.deadline))
+        }
         (None, state) => state.as_str_name().trim_start_matches("STATE_").to_lowercase(),
     };
     println!("id:           {}", m.id);
     println!("state:        {state}");
     println!("deliver at:   {}", time(m.deliver_at));
     println!("scheduled at: {}", time(m.scheduled_at));
+    if let Some(late) = m.max_lateness {
+        let late = std::time::Duration::new(late.seconds.max(0) as u64, late.nanos.max(0) as u32);
+        println!("max lateness: {}", humantime::format_duration(late));
+    }
     if m.attempts > 0 {
         println!("attempts:     {}", m.attempts);
     }
@@ -292,6 +306,9 @@ fn print_rows(messages: &[proto::PendingMessage]) {
         if m.dispatch_at != m.deliver_at {
             line.push_str(&format!("  (due {})", time(m.deliver_at)));
         }
+        if m.deadline.is_some() {
+            line.push_str(&format!("  (expires {})", time(m.deadline)));
+        }
         if m.attempts > 0 {
             line.push_str(&format!("  attempts {}: {}", m.attempts, m.last_error));
         }
@@ -313,6 +330,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
     println!("delivered:      {}", s.delivered);
     println!("cancelled:      {}", s.cancelled);
     println!("failed:         {}", s.failed);
+    println!("expired:        {}", s.expired);
     match &s.oldest_overdue {
         Some(m) => println!(
             "oldest overdue: {} on {}, due {} ({} ms ago)",
@@ -397,7 +415,7 @@ pub mod json {
     pub struct Cancelled {
         pub id: String,
         /// `cancelled`, `already_delivered`, `already_cancelled`,
-        /// `already_failed` or `not_found`.
+        /// `already_failed`, `already_expired` or `not_found`.
         pub outcome: String,
     }
 
@@ -428,7 +446,7 @@ pub mod json {
     #[derive(Debug, Serialize)]
     pub struct Message {
         pub id: String,
-        /// `pending`, `delivered`, `cancelled` or `failed`.
+        /// `pending`, `delivered`, `cancelled`, `failed` or `expired`.
         pub state: String,
         pub deliver_at: Option<String>,
         pub scheduled_at: Option<String>,
@@ -442,6 +460,9 @@ pub mod json {
         pub delivery: Option<Delivery>,
         pub cancelled_at: Option<String>,
         pub failed_at: Option<String>,
+        pub expired_at: Option<String>,
+        /// When it expires (or expired) unproduced; null: no deadline.
+        pub deadline: Option<String>,
         pub labels: BTreeMap<String, String>,
     }
 
@@ -450,7 +471,15 @@ pub mod json {
             use proto::get_response::Settlement;
             let state = m.state().as_str_name().trim_start_matches("STATE_").to_lowercase();
             let msg = m.message.unwrap_or_default();
-            let (mut delivery, mut cancelled_at, mut failed_at) = (None, None, None);
+            let (mut delivery, mut cancelled_at, mut failed_at, mut expired_at) = (None, None, None, None);
+            // The deadline of a pending message, from its due time.
+            let mut deadline = m.max_lateness.and_then(|late| {
+                let due = m.deliver_at?;
+                time(Some(prost_types::Timestamp {
+                    seconds: due.seconds.saturating_add(late.seconds),
+                    nanos: due.nanos + late.nanos,
+                }))
+            });
             match m.settlement {
                 Some(Settlement::Delivered(d)) => {
                     delivery = Some(Delivery {
@@ -461,6 +490,10 @@ pub mod json {
                 }
                 Some(Settlement::Cancelled(c)) => cancelled_at = time(c.cancelled_at),
                 Some(Settlement::Failed(f)) => failed_at = time(f.failed_at),
+                Some(Settlement::Expired(e)) => {
+                    expired_at = time(e.expired_at);
+                    deadline = time(e.deadline);
+                }
                 None => {}
             }
             Message {
@@ -482,6 +515,8 @@ pub mod json {
                 delivery,
                 cancelled_at,
                 failed_at,
+                expired_at,
+                deadline,
                 labels: m.labels.into_iter().collect(),
             }
         }
@@ -501,6 +536,8 @@ pub mod json {
         pub attempts: u32,
         pub last_error: Option<String>,
         pub labels: BTreeMap<String, String>,
+        /// When it expires unproduced; null: no deadline.
+        pub deadline: Option<String>,
     }
 
     impl From<proto::PendingMessage> for Pending {
@@ -517,6 +554,7 @@ pub mod json {
                 attempts: m.attempts,
                 last_error: text(m.last_error),
                 labels: m.labels.into_iter().collect(),
+                deadline: time(m.deadline),
             }
         }
     }
@@ -569,6 +607,7 @@ pub mod json {
         pub delivered: u64,
         pub cancelled: u64,
         pub failed: u64,
+        pub expired: u64,
         pub oldest_overdue: Option<Overdue>,
         pub store_bytes: u64,
         pub max_pending: Option<u64>,
@@ -611,6 +650,7 @@ pub mod json {
                 delivered: s.delivered,
                 cancelled: s.cancelled,
                 failed: s.failed,
+                expired: s.expired,
                 oldest_overdue,
                 store_bytes: s.store_bytes,
                 max_pending: s.max_pending,

@@ -146,15 +146,11 @@ pub struct SpecArgs {
     pub missed_after: Option<Duration>,
 }
 
-fn wire(d: Duration) -> prost_types::Duration {
-    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
-}
-
 impl SpecArgs {
     fn spec(&self) -> proto::SeriesSpec {
         let every = match (&self.every.cron, self.every.every) {
             (Some(cron), _) => proto::series_spec::Every::Cron(cron.clone()),
-            (None, Some(every)) => proto::series_spec::Every::Interval(wire(every)),
+            (None, Some(every)) => proto::series_spec::Every::Interval(client::wire(every)),
             // clap's group makes one of the two required.
             (None, None) => proto::series_spec::Every::Cron(String::new()),
         };
@@ -171,11 +167,11 @@ impl SpecArgs {
             start: self.start.map(to_timestamp),
             end: self.end.map(to_timestamp),
             count: self.count.unwrap_or(0),
-            jitter: self.jitter.map(wire),
+            jitter: self.jitter.map(client::wire),
             missed: Some(proto::Missed {
                 policy: policy.into(),
                 at_most: self.missed_at_most.unwrap_or(0),
-                after: self.missed_after.map(wire),
+                after: self.missed_after.map(client::wire),
             }),
             labels: self.labels.iter().cloned().collect(),
         }

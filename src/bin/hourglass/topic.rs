@@ -1,8 +1,9 @@
 //! `hourglass topic …`: a target topic's dispatch policy from the command
-//! line (the `Admin` service): pause, resume, limit its rate, show it.
+//! line (the `Admin` service): pause, resume, limit its rate, give its
+//! messages a default deadline, show it.
 //! Text for people by default; `--output json` prints one object per line.
 
-use std::process::ExitCode;
+use std::{process::ExitCode, time::Duration};
 
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -10,7 +11,7 @@ use serde::Serialize;
 use hourglass::proto::{self, admin_client::AdminClient};
 
 use crate::{
-    cli::{ClientArgs, Output},
+    cli::{ClientArgs, Output, duration},
     client::{self, json, print_json, status_error},
 };
 
@@ -25,6 +26,10 @@ pub enum TopicCommand {
     /// Limit the rate at which a topic's messages are produced (or remove
     /// the limit with --off).
     Limit(LimitArgs),
+    /// Give a topic's messages a default deadline: those that name none
+    /// (schedule --max-lateness) expire unproduced this long past their
+    /// due time (or remove it with --off).
+    Deadline(DeadlineArgs),
     /// Show a topic's policy.
     Get(Target),
     /// List the topic policies you may see.
@@ -67,6 +72,19 @@ pub struct LimitArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct DeadlineArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// How long past their due time its messages may still be produced,
+    /// e.g. 3h.
+    #[arg(long, value_name = "DURATION", value_parser = duration, required_unless_present = "off", conflicts_with = "off")]
+    pub max_lateness: Option<Duration>,
+    /// Remove the topic's default deadline.
+    #[arg(long)]
+    pub off: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct ListArgs {
     #[command(flatten)]
     pub client: ClientArgs,
@@ -103,6 +121,16 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {
             };
             let reply = connect(&t.client).await?.set_rate_limit(limit).await;
             (t.client.output, if l.off { "unlimited" } else { "limited" }, reply)
+        }
+        TopicCommand::Deadline(d) => {
+            let t = &d.target;
+            let deadline = proto::SetMaxLatenessRequest {
+                topic: t.topic.clone(),
+                all_tenants: t.all_tenants,
+                max_lateness: d.max_lateness.filter(|_| !d.off).map(client::wire),
+            };
+            let reply = connect(&t.client).await?.set_max_lateness(deadline).await;
+            (t.client.output, if d.off { "deadline off for" } else { "deadline on" }, reply)
         }
         TopicCommand::Get(t) => {
             let reply = connect(&t.client).await?.get_topic_policy(request(&t)).await;
@@ -144,7 +172,15 @@ fn line(p: &proto::TopicPolicy) -> String {
         Some(r) => format!("limited to {}/s (burst {})", r.per_second, r.burst),
         None => "no rate limit".to_owned(),
     };
-    format!("topic {} ({whose}): {paused}, {limit}", p.topic)
+    let deadline = match &p.max_lateness {
+        Some(late) => format!("messages expire {} late", humantime::format_duration(duration_of(late))),
+        None => "no deadline".to_owned(),
+    };
+    format!("topic {} ({whose}): {paused}, {limit}, {deadline}", p.topic)
+}
+
+fn duration_of(d: &prost_types::Duration) -> Duration {
+    Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32)
 }
 
 #[derive(Serialize)]
@@ -155,6 +191,8 @@ struct Policy {
     paused: bool,
     paused_at: Option<String>,
     rate_limit: Option<Limit>,
+    /// The default deadline past the due time, in ms; null: none.
+    max_lateness_ms: Option<u64>,
     updated_at: Option<String>,
     updated_by: Option<String>,
 }
@@ -173,6 +211,7 @@ impl From<proto::TopicPolicy> for Policy {
             paused: p.paused,
             paused_at: json::time(p.paused_at),
             rate_limit: p.rate_limit.map(|r| Limit { per_second: r.per_second, burst: r.burst }),
+            max_lateness_ms: p.max_lateness.map(|d| duration_of(&d).as_millis() as u64),
             updated_at: json::time(p.updated_at),
             updated_by: (!p.updated_by.is_empty()).then_some(p.updated_by),
         }

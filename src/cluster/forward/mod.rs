@@ -329,6 +329,7 @@ impl Router {
             total.delivered += other.delivered;
             total.cancelled += other.cancelled;
             total.failed += other.failed;
+            total.expired += other.expired;
             total.dispatching += other.dispatching;
             total.store_bytes += other.store_bytes;
             total.max_pending = match (total.max_pending, other.max_pending) {

@@ -385,7 +385,7 @@ enum Outcome {
 
 /// The call a record asks for.
 enum Ask {
-    Schedule(proto::ScheduleRequest),
+    Schedule(Box<proto::ScheduleRequest>),
     Cancel(proto::CancelRequest),
 }
 
@@ -406,17 +406,19 @@ async fn take(caller: &Caller, source: &Source<'_>, records: Vec<Raw>, lost: &Ca
                 let due = requested.resolve(raw.at);
                 let due = std::time::UNIX_EPOCH + Duration::from_millis(due.0);
                 let labels = envelope.labels.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
-                Ask::Schedule(proto::ScheduleRequest {
+                let max_lateness = envelope.max_lateness.map(crate::api::convert::wire_duration);
+                Ask::Schedule(Box::new(proto::ScheduleRequest {
                     // As a client sends it (the API's own conversion).
                     message: Some(proto::Message::from(envelope)),
                     due: Some(proto::schedule_request::Due::DeliverAt(due.into())),
                     id: Some(id.as_str().to_owned()),
                     labels,
+                    max_lateness,
                     on_conflict: match on_conflict {
                         OnConflict::Reject => proto::OnConflict::Reject,
                         OnConflict::Replace => proto::OnConflict::Replace,
                     } as i32,
-                })
+                }))
             }
             Ok(Native::Cancel(id)) => Ask::Cancel(proto::CancelRequest { id: id.as_str().to_owned() }),
             Err(rejected) => {
@@ -516,7 +518,7 @@ async fn call_once(caller: &Caller, access: &Access, wave: &[(i64, Ask)]) -> Vec
         .iter()
         .enumerate()
         .filter_map(|(i, (_, ask))| match ask {
-            Ask::Schedule(s) => Some((i, s.clone())),
+            Ask::Schedule(s) => Some((i, (**s).clone())),
             Ask::Cancel(_) => None,
         })
         .collect();

@@ -126,6 +126,7 @@ pub fn parse<'a>(
         headers: passed,
         partition: fields.partition,
         labels: fields.labels.unwrap_or_default(),
+        max_lateness: None,
     };
     envelope.validate(limits).map_err(reject)?;
     Ok(Native::Schedule { id, envelope, requested, on_conflict: fields.on_conflict.unwrap_or_default() })

@@ -224,6 +224,9 @@ pub struct LogMessage {
     /// The caller's labels, sorted by key.
     #[prost(message, repeated, tag = "12")]
     pub labels: Vec<LogLabel>,
+    /// Its deadline past its due time, in ms.
+    #[prost(uint64, optional, tag = "13")]
+    pub max_lateness_ms: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -283,7 +286,7 @@ pub struct SettledLine {
     /// When the outcome was known.
     #[prost(uint64, tag = "2")]
     pub at_ms: u64,
-    #[prost(oneof = "SettledOutcome", tags = "3, 4, 5")]
+    #[prost(oneof = "SettledOutcome", tags = "3, 4, 5, 6")]
     pub outcome: Option<SettledOutcome>,
 }
 
@@ -295,6 +298,16 @@ pub enum SettledOutcome {
     Retry(Retry),
     #[prost(message, tag = "5")]
     Failed(SettledFailure),
+    /// Its deadline passed before it was produced.
+    #[prost(message, tag = "6")]
+    Expired(SettledExpiry),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SettledExpiry {
+    /// The deadline that passed.
+    #[prost(uint64, tag = "1")]
+    pub deadline_ms: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -358,6 +371,7 @@ impl LogMessage {
                 .iter()
                 .map(|(k, v)| LogLabel { key: k.to_owned(), value: v.to_owned() })
                 .collect(),
+            max_lateness_ms: envelope.max_lateness.map(crate::message::duration_ms),
         }
     }
 
@@ -526,6 +540,7 @@ mod tests {
             headers: vec![Header { key: "trace".into(), value: b"1".to_vec() }],
             partition: Some(2),
             labels: crate::message::Labels::new([("order".to_owned(), "1".to_owned())]).unwrap(),
+            max_lateness: None,
         };
         let id = MessageId::parse("order-1").unwrap();
         LogMessage::new(

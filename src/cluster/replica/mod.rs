@@ -138,6 +138,7 @@ fn record_of(m: LogMessage) -> MessageRecord {
             .take(Labels::MAX)
             .map(|l| LabelRecord { key: l.key, value: l.value })
             .collect(),
+        max_lateness_ms: m.max_lateness_ms,
     }
 }
 
@@ -153,6 +154,7 @@ fn settled_of(line: LogLine) -> Option<SettledLine> {
             false,
         ),
         SettledOutcome::Failed(f) => (Outcome::Failed { error: f.error, tried: f.tried }, false),
+        SettledOutcome::Expired(e) => (Outcome::Expired { deadline: UnixMillis(e.deadline_ms) }, false),
     };
     Some(SettledLine { id, at: UnixMillis(line.at_ms), outcome, in_order })
 }
@@ -189,6 +191,7 @@ fn message_of(id: &MessageId, record: MessageRecord) -> LogMessage {
         requested_delay_ms,
         fresh: false,
         labels: record.labels.into_iter().map(|l| LogLabel { key: l.key, value: l.value }).collect(),
+        max_lateness_ms: record.max_lateness_ms,
     }
 }
 
@@ -225,6 +228,9 @@ pub(crate) fn settled_line(settle: &Settle) -> LogLine {
         }),
         Outcome::Failed { error, tried } => {
             SettledOutcome::Failed(record::SettledFailure { error: error.clone(), tried: *tried })
+        }
+        Outcome::Expired { deadline } => {
+            SettledOutcome::Expired(record::SettledExpiry { deadline_ms: deadline.0 })
         }
     };
     LogLine { id: settle.id.as_bytes().to_vec(), at_ms: settle.at.0, outcome: Some(outcome) }

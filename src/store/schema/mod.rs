@@ -57,8 +57,10 @@
 
 use crate::message::{MessageId, UnixMillis};
 
+mod peek;
 mod policy;
 mod series;
+pub use peek::peek_due_entry;
 pub use policy::*;
 pub use series::*;
 
@@ -298,8 +300,9 @@ impl CountsKey {
     }
 }
 
-/// One tenant's messages on one topic, by state. `delivered`, `cancelled`
-/// and `failed` count since the entry was made, purged messages included.
+/// One tenant's messages on one topic, by state. `delivered`, `cancelled`,
+/// `failed` and `expired` count since the entry was made, purged messages
+/// included.
 #[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
 pub struct Counts {
     #[prost(uint64, tag = "1")]
@@ -310,6 +313,8 @@ pub struct Counts {
     pub cancelled: u64,
     #[prost(uint64, tag = "4")]
     pub failed: u64,
+    #[prost(uint64, tag = "5")]
+    pub expired: u64,
 }
 
 impl Counts {
@@ -318,6 +323,7 @@ impl Counts {
         self.delivered = self.delivered.saturating_add(other.delivered);
         self.cancelled = self.cancelled.saturating_add(other.cancelled);
         self.failed = self.failed.saturating_add(other.failed);
+        self.expired = self.expired.saturating_add(other.expired);
     }
 }
 
@@ -365,6 +371,9 @@ pub struct MessageRecord {
     /// The caller's labels, sorted by key (not in a locator).
     #[prost(message, repeated, tag = "12")]
     pub labels: Vec<LabelRecord>,
+    /// Its deadline past its due time, in ms: past it, it expires.
+    #[prost(uint64, optional, tag = "13")]
+    pub max_lateness_ms: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -405,6 +414,7 @@ impl MessageRecord {
             requested_delay_ms: self.requested_delay_ms,
             entry_at_ms: self.entry_at_ms,
             labels: Vec::new(),
+            max_lateness_ms: self.max_lateness_ms,
         }
     }
 
@@ -492,51 +502,6 @@ pub fn decode_due_value(bytes: &[u8]) -> Option<DueValue> {
         }
         _ => MessageId::from_stored(bytes).map(DueValue::Legacy),
     }
-}
-
-/// The id (as stored) and the topic of a due entry, read without decoding
-/// it: what a walk needs to step over the entries of a held topic. None
-/// for a legacy entry, or bytes that are not an entry.
-pub fn peek_due_entry(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
-    let (&DUE_ENTRY_MARK, rest) = bytes.split_first()? else { return None };
-    let (mut id, mut topic) = (None, None);
-    for (field, value) in fields(rest) {
-        match field {
-            1 => id = Some(value?),
-            2 => topic = fields(value?).find(|(f, _)| *f == 1).and_then(|(_, v)| v),
-            _ => {}
-        }
-    }
-    Some((id?, topic?))
-}
-
-/// The fields of a protobuf message: each field number, with its bytes if
-/// it is length-delimited. Stops at the first malformed field.
-fn fields(mut buf: &[u8]) -> impl Iterator<Item = (u64, Option<&[u8]>)> {
-    fn take<'a>(buf: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        (buf.len() >= n).then(|| {
-            let (value, rest) = buf.split_at(n);
-            *buf = rest;
-            value
-        })
-    }
-    std::iter::from_fn(move || {
-        if buf.is_empty() {
-            return None;
-        }
-        let key = prost::encoding::decode_varint(&mut buf).ok()?;
-        let value = match key & 7 {
-            0 => prost::encoding::decode_varint(&mut buf).ok().map(|_| None)?,
-            1 => take(&mut buf, 8).map(|_| None)?,
-            5 => take(&mut buf, 4).map(|_| None)?,
-            2 => {
-                let len = usize::try_from(prost::encoding::decode_varint(&mut buf).ok()?).ok()?;
-                Some(take(&mut buf, len)?)
-            }
-            _ => return None,
-        };
-        Some((key >> 3, value))
-    })
 }
 
 /// What one chunk delivered at first try: one line per message, in
@@ -633,6 +598,9 @@ pub struct Settlement {
     /// enough, and numerous enough.
     #[prost(uint64, tag = "9")]
     pub first_refused_at_ms: u64,
+    /// Expired: the deadline that passed.
+    #[prost(uint64, tag = "10")]
+    pub deadline_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
@@ -642,6 +610,8 @@ pub enum SettlementKind {
     Delivered = 1,
     Cancelled = 2,
     Failed = 3,
+    /// Its deadline passed before it was produced.
+    Expired = 4,
 }
 
 impl Settlement {
@@ -722,12 +692,27 @@ pub struct Meta {
     /// field, where whatever was due at the open may have been.
     #[prost(uint64, optional, tag = "15")]
     pub dispatch_horizon_ms: Option<u64>,
+    /// The dispatcher produces nothing from below this key, encoded, until
+    /// a lower value is recorded; empty: the floor. Above the floor when a
+    /// paused topic's messages hold the floor down: they cannot have been
+    /// produced, so after an unclean stop they are not in doubt.
+    #[prost(bytes = "vec", tag = "16")]
+    pub produced_from: Vec<u8>,
+    /// Expired and not re-driven since.
+    #[prost(uint64, tag = "17")]
+    pub expired_total: u64,
 }
 
 impl Meta {
     /// Where the first pending due entry may be.
     pub fn floor(&self) -> DispatchKey {
         DispatchKey::decode(&self.floor).unwrap_or(DispatchKey::MIN)
+    }
+
+    /// Where the first due entry the dispatcher may have produced may be:
+    /// never below the floor.
+    pub fn produced_from(&self) -> DispatchKey {
+        DispatchKey::decode(&self.produced_from).map_or(self.floor(), |key| key.max(self.floor()))
     }
 }
 
@@ -878,6 +863,7 @@ mod tests {
                 topic, key, value, partition,
                 headers: headers.into_iter().map(|(key, value)| Header { key, value }).collect(),
                 labels: Default::default(),
+                max_lateness: None,
             };
             let requested = match delay {
                 Some(d) => DueSpec::After(Duration::from_millis(d)),

@@ -150,3 +150,46 @@ async fn a_walk_steps_over_held_lanes_unclaimed_and_says_where_each_starts() {
     assert_eq!(store.dispatching(), 2, "what was stepped over is not claimed");
     store.close().await;
 }
+
+/// After an unclean stop, what a paused topic held below where the
+/// dispatcher produced from is not in doubt, however low it holds the
+/// floor; once the dispatcher records that it produces from there again,
+/// it is.
+#[tokio::test]
+async fn what_a_paused_topic_holds_below_where_produces_start_is_not_in_doubt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for (id, due) in [("paused", 10), ("b", 20), ("c", 30)] {
+        park(&store, id, due).await;
+    }
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let (paused, b, c) = (&batch.ready[0], &batch.ready[1], &batch.ready[2]);
+    store.release(vec![paused.id.clone()]).await.unwrap();
+    let floor = store.wake().floor(paused.key, c.key);
+    assert_eq!(floor.produced_from, c.key);
+    let delivered = settle(b, 50, Outcome::Delivered { partition: 0, offset: 1 });
+    store.settle(vec![delivered], Some(floor)).await.unwrap();
+    store.in_doubt(vec![c.id.clone()]).await.unwrap();
+    store.close().await;
+    drop(store);
+
+    let store = open(dir.path());
+    let window = store.in_doubt_window().expect("not closed cleanly");
+    assert_eq!(window.from, c.key);
+    let doubt = store.in_doubt_messages(window).await.unwrap();
+    assert_eq!(
+        doubt.iter().map(|(_, m)| m.id.as_str()).collect::<Vec<_>>(),
+        ["c"],
+        "the paused one cannot have gone"
+    );
+
+    // The topic resumes: its walk records where it produces from first.
+    store.producing_from(paused.key).await.unwrap();
+    store.in_doubt(vec![c.id.clone()]).await.unwrap();
+    store.close().await;
+    drop(store);
+    let store = open(dir.path());
+    let doubt = store.in_doubt_messages(store.in_doubt_window().unwrap()).await.unwrap();
+    assert_eq!(doubt.iter().map(|(_, m)| m.id.as_str()).collect::<Vec<_>>(), ["paused", "c"]);
+    store.close().await;
+}

@@ -95,7 +95,7 @@ impl Writer {
     }
 
     /// Parks `record` under `id` in place of `existing`: what the store
-    /// held of the id goes, a failed message leaves the failed count.
+    /// held of the id goes, a failed or expired message leaves its count.
     pub(super) fn put_in_place(
         &mut self,
         r: &mut Round,
@@ -103,12 +103,15 @@ impl Writer {
         existing: Stored,
         record: MessageRecord,
     ) {
-        let failed = view::state_of(existing.settlement.as_ref()).is_failed();
+        let state = view::state_of(existing.settlement.as_ref());
         let topic = existing.record.topic.clone();
         self.discard(r, id, existing);
-        if failed {
+        if state.is_failed() {
             r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
             self.count(r, id, &topic, |c| c.failed = c.failed.saturating_sub(1));
+        } else if state.is_expired() {
+            r.meta.expired_total = r.meta.expired_total.saturating_sub(1);
+            self.count(r, id, &topic, |c| c.expired = c.expired.saturating_sub(1));
         }
         self.park_new(r, id, record, true);
         r.effects.replaced += 1;
@@ -221,9 +224,11 @@ impl Writer {
         Flow::Done(Ok(due))
     }
 
-    /// Moves a pending message to `due`, or re-arms a failed one there.
+    /// Moves a pending message to `due`, or re-arms a failed or expired
+    /// one there.
     pub(super) fn move_to(&mut self, r: &mut Round, id: MessageId, mut stored: Stored, due: UnixMillis) {
-        if view::state_of(stored.settlement.as_ref()).is_pending() {
+        let state = view::state_of(stored.settlement.as_ref());
+        if state.is_pending() {
             r.delete_due(view::dispatch_key(&stored.record, stored.settlement.as_ref()));
             if let Some(s) = stored.settlement.as_mut() {
                 // Keep the history of tries, drop the pending retry time.
@@ -231,17 +236,26 @@ impl Writer {
                 r.put_settlement(&id, s);
             }
         } else {
-            // Failed: re-armed with a clean slate.
+            // Failed or expired: re-armed with a clean slate.
             if let Some(at) = stored.settlement.as_ref().and_then(Settlement::settled_at) {
                 r.delete_retention(at, &id);
             }
             r.delete_settlement(&id);
             stored.settlement = None;
             r.meta.pending += 1;
-            r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
+            let expired = state.is_expired();
+            if expired {
+                r.meta.expired_total = r.meta.expired_total.saturating_sub(1);
+            } else {
+                r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
+            }
             self.count(r, &id, &stored.record.topic, |c| {
                 c.pending = c.pending.saturating_add(1);
-                c.failed = c.failed.saturating_sub(1);
+                if expired {
+                    c.expired = c.expired.saturating_sub(1);
+                } else {
+                    c.failed = c.failed.saturating_sub(1);
+                }
             });
         }
         stored.record.due_ms = due.0;

@@ -87,7 +87,7 @@ impl Store {
         let answers = batched.into_iter().map(|item| async move {
             match item {
                 Batched::Now(result) => result,
-                Batched::Alone(msg) => self.schedule(msg).await,
+                Batched::Alone(msg) => self.schedule(*msg).await,
             }
         });
         Ok(futures_util::future::join_all(answers).await)
@@ -212,7 +212,7 @@ impl Store {
         &self,
         window: InDoubt,
     ) -> Result<Vec<(DispatchKey, PendingMessage)>, StoreError> {
-        let from = self.inner.wake.floor_recorded();
+        let from = self.inner.wake.floor_recorded().max(window.from);
         self.blocking(move |s| read::in_doubt(&s.inner.db, from, window.below, window.before_seq)).await
     }
 
@@ -229,6 +229,12 @@ impl Store {
     pub(crate) async fn ingress_next(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
         let key = schema::ingress_key(topic, partition);
         self.blocking(move |s| read::ingress_next(&s.inner.db, &key)).await
+    }
+
+    /// Records that the dispatcher may produce from `from` on (a paused
+    /// topic's messages, once it resumes); returns once that is durable.
+    pub(crate) async fn producing_from(&self, from: DispatchKey) -> Result<(), StoreError> {
+        self.call(|reply| Op::ProducingFrom { from, reply }).await
     }
 
     /// Records that the dispatcher may produce what is due up to `until`;

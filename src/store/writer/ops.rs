@@ -89,13 +89,17 @@ pub(crate) enum Outcome {
         error: String,
         tried: bool,
     },
+    /// Its deadline passed before it was produced: not tried.
+    Expired {
+        deadline: UnixMillis,
+    },
 }
 
 /// One message of a batch: answered, or handed back to be scheduled alone.
 #[derive(Debug)]
 pub(crate) enum Batched {
     Now(Result<Scheduled, StoreError>),
-    Alone(NewMessage),
+    Alone(Box<NewMessage>),
 }
 
 pub(crate) enum Op {
@@ -133,6 +137,12 @@ pub(crate) enum Op {
     /// before it does. Answered once committed.
     Horizon {
         until: UnixMillis,
+        reply: Reply<()>,
+    },
+    /// The dispatcher will produce from `from` on, below what it said:
+    /// recorded before it does. Answered once committed.
+    ProducingFrom {
+        from: DispatchKey,
         reply: Reply<()>,
     },
     /// Marks of a target topic's partitions that have none yet: where
@@ -244,7 +254,7 @@ pub(super) fn refuse(op: Op, error: StoreError) {
         Op::Mark { reply, .. } => drop(reply.send(Err(error))),
         Op::Series { reply, .. } => drop(reply.send(Err(error))),
         Op::Policy { reply, .. } => drop(reply.send(Err(error))),
-        Op::Horizon { reply, .. } => drop(reply.send(Err(error))),
+        Op::Horizon { reply, .. } | Op::ProducingFrom { reply, .. } => drop(reply.send(Err(error))),
         Op::Settle { .. }
         | Op::Unpark(_)
         | Op::InDoubt(_)

@@ -96,6 +96,7 @@ pub(super) struct Effects {
     pub(super) replaced: u64,
     pub(super) cancelled: u64,
     pub(super) failed: u64,
+    pub(super) expired: u64,
     pub(super) purged: u64,
     /// Lateness (delivered-at minus due) of each delivery.
     pub(super) delivered: Vec<Duration>,
@@ -269,6 +270,7 @@ impl Effects {
         metrics::REPLACED.inc_by(self.replaced);
         metrics::CANCELLED.inc_by(self.cancelled);
         metrics::FAILED.inc_by(self.failed);
+        metrics::EXPIRED.inc_by(self.expired);
         metrics::PURGED.inc_by(self.purged);
         metrics::DELIVERED.inc_by(self.delivered.len() as u64);
         for lateness in &self.delivered {

@@ -63,8 +63,11 @@ impl Writer {
         // A store that never took a message (a new one) has nothing in
         // doubt, however it was left.
         let due_by = meta.dispatch_horizon_ms.map_or(now, |horizon| now.min(UnixMillis(horizon)));
-        let in_doubt = (!meta.closed_cleanly && meta.next_seq > 0)
-            .then_some(InDoubt { below: DispatchKey::after(due_by), before_seq: meta.next_seq });
+        let in_doubt = (!meta.closed_cleanly && meta.next_seq > 0).then_some(InDoubt {
+            below: DispatchKey::after(due_by),
+            before_seq: meta.next_seq,
+            from: meta.produced_from(),
+        });
         if in_doubt.is_some() {
             tracing::info!(
                 "the store was not closed cleanly: messages due before now may have been produced \
@@ -295,7 +298,7 @@ impl Writer {
                         }
                         match self.schedule(r, msg) {
                             Placing::Done(result) => Batched::Now(result),
-                            Placing::Wait(_, msg) => Batched::Alone(*msg),
+                            Placing::Wait(_, msg) => Batched::Alone(msg),
                         }
                     })
                     .collect();
@@ -326,6 +329,13 @@ impl Writer {
             Op::Horizon { until, reply } => {
                 r.meta.dispatch_horizon_ms = Some(r.meta.dispatch_horizon_ms.unwrap_or(0).max(until.0));
                 r.probe = true;
+                r.reply(reply, Ok(()));
+            }
+            Op::ProducingFrom { from, reply } => {
+                let was = r.meta.produced_from();
+                r.meta.produced_from = was.min(from).encode().to_vec();
+                // Written only if it moved (never below the floor).
+                r.probe |= r.meta.produced_from() != was;
                 r.reply(reply, Ok(()));
             }
             Op::Mark { topic, ends, reply } => {

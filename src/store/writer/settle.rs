@@ -59,7 +59,7 @@ impl Writer {
         r.claims.released.push(id.clone());
         let prev = settle.tries;
         let at = settle.at;
-        let tried = !matches!(settle.outcome, Outcome::Failed { tried: false, .. });
+        let tried = !matches!(settle.outcome, Outcome::Failed { tried: false, .. } | Outcome::Expired { .. });
         let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
         let first_refused_at_ms = prev.first_refused_at.map_or(0, |t| t.0);
         if let (Outcome::Delivered { partition, offset }, true) = (&settle.outcome, settle.in_order) {
@@ -142,7 +142,6 @@ impl Writer {
                 }
             }
             Outcome::Failed { error, tried } => {
-                self.take_out_settled(r, &id, settle.key);
                 let settlement = Settlement {
                     kind: SettlementKind::Failed as i32,
                     attempts,
@@ -154,14 +153,42 @@ impl Writer {
                 };
                 r.effects.failed += 1;
                 r.meta.failed_total = r.meta.failed_total.saturating_add(1);
-                r.settle(&id, &settlement, at);
-                self.count(r, &id, &settle.topic, |c| {
-                    c.pending = c.pending.saturating_sub(1);
-                    c.failed = c.failed.saturating_add(1);
-                });
+                self.settle_unsent(r, &settle, settlement, |c| c.failed = c.failed.saturating_add(1));
+            }
+            Outcome::Expired { deadline } => {
+                let settlement = Settlement {
+                    kind: SettlementKind::Expired as i32,
+                    attempts,
+                    rejections: prev.rejections,
+                    at_ms: at.0,
+                    deadline_ms: deadline.0,
+                    first_refused_at_ms,
+                    ..Settlement::default()
+                };
+                r.effects.expired += 1;
+                r.meta.expired_total = r.meta.expired_total.saturating_add(1);
+                self.settle_unsent(r, &settle, settlement, |c| c.expired = c.expired.saturating_add(1));
             }
         }
         r.settles.push(settle);
+    }
+
+    /// A message that ends without a delivery (failed, expired): out of
+    /// the due index, its final `settlement` recorded, and counted by
+    /// `counted` where it was pending.
+    fn settle_unsent(
+        &mut self,
+        r: &mut Round,
+        settle: &Settle,
+        settlement: Settlement,
+        counted: impl FnOnce(&mut Counts),
+    ) {
+        self.take_out_settled(r, &settle.id, settle.key);
+        r.settle(&settle.id, &settlement, settle.at);
+        self.count(r, &settle.id, &settle.topic, |c| {
+            c.pending = c.pending.saturating_sub(1);
+            counted(c);
+        });
     }
 
     /// Where a new due entry asked for at `key` goes: there, unless that
@@ -188,10 +215,14 @@ impl Writer {
         while self.handed.front().is_some_and(|(n, _)| *n < floor.handed) {
             self.handed.pop_front();
         }
-        let key = self.handed.iter().map(|(_, key)| *key).fold(floor.key, DispatchKey::min);
+        let lowest = |key| self.handed.iter().map(|(_, key)| *key).fold(key, DispatchKey::min);
+        let key = lowest(floor.key);
         if key > r.meta.floor() {
             r.meta.floor = key.encode().to_vec();
         }
+        // Not only raised: a paused topic's messages, left out while it
+        // was paused, come back in once it may go again.
+        r.meta.produced_from = lowest(floor.produced_from).max(r.meta.floor()).encode().to_vec();
         r.floor = Some(floor);
     }
 

@@ -66,6 +66,9 @@ pub(crate) struct InDoubt {
     pub below: DispatchKey,
     /// Accepted before the open.
     pub before_seq: u64,
+    /// Dispatch keys below this cannot have been produced (nor below the
+    /// floor).
+    pub from: DispatchKey,
 }
 
 pub(crate) struct Writer {

@@ -217,6 +217,7 @@ pub fn request(topic: &str, value: &str, delay: Duration) -> proto::ScheduleRequ
         id: None,
         on_conflict: 0,
         labels: Default::default(),
+        max_lateness: None,
     }
 }
 

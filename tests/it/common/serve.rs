@@ -16,29 +16,48 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 /// Starts `hourglass serve` over `data_dir` against `broker`; returns the
 /// child and its gRPC address. `stderr` says where its log goes.
 pub fn spawn_serve(broker: &Broker, data_dir: &Path, stderr: Stdio) -> (Child, String) {
+    let (child, grpc, _) = spawn_serve_with(broker, data_dir, stderr, &[]);
+    (child, grpc)
+}
+
+/// As [`spawn_serve`], with more flags; also returns the metrics address.
+fn spawn_serve_with(
+    broker: &Broker,
+    data_dir: &Path,
+    stderr: Stdio,
+    flags: &[&str],
+) -> (Child, String, String) {
     let (grpc, metrics) = hourglass_testkit::free_port_pair().unwrap();
-    let grpc = format!("127.0.0.1:{grpc}");
+    let (grpc, metrics) = (format!("127.0.0.1:{grpc}"), format!("127.0.0.1:{metrics}"));
     let child = Command::new(BIN)
-        .args(["serve", "--listen", &grpc, "--metrics-listen", &format!("127.0.0.1:{metrics}")])
-        .args(["--kafka-brokers", broker.addr(), "--data-dir"])
+        .args(["serve", "--listen", &grpc, "--metrics-listen", &metrics])
+        .args(["--kafka-brokers", broker.addr()])
+        .args(flags)
+        .arg("--data-dir")
         .arg(data_dir)
         .env("HOURGLASS_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
         .unwrap();
-    (child, grpc)
+    (child, grpc, metrics)
 }
 
 pub struct Serve {
     pub child: Child,
     pub grpc: String,
+    pub metrics: String,
 }
 
 impl Serve {
     /// Starts the server and waits until its gRPC port accepts connections.
     pub fn start(broker: &Broker, data_dir: &Path) -> Serve {
-        let (mut child, grpc) = spawn_serve(broker, data_dir, Stdio::inherit());
+        Serve::start_with(broker, data_dir, &[])
+    }
+
+    /// As [`Serve::start`], with more flags.
+    pub fn start_with(broker: &Broker, data_dir: &Path, flags: &[&str]) -> Serve {
+        let (mut child, grpc, metrics) = spawn_serve_with(broker, data_dir, Stdio::inherit(), flags);
         let started = Instant::now();
         while !hourglass_testkit::listening(&grpc) {
             if let Some(status) = child.try_wait().unwrap() {
@@ -47,7 +66,15 @@ impl Serve {
             assert!(started.elapsed() < Duration::from_secs(30), "hourglass did not start listening");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Serve { child, grpc }
+        Serve { child, grpc, metrics }
+    }
+
+    /// A metric's value as the server reports it (0 if it has none).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let body = super::http_get(self.metrics.parse().unwrap(), "/metrics").await;
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     pub fn url(&self) -> String {

@@ -295,5 +295,6 @@ pub fn due_message(topic: &str, id: &str, due_ms: i64) -> proto::ScheduleRequest
         id: Some(id.into()),
         on_conflict: 0,
         labels: Default::default(),
+        max_lateness: None,
     }
 }

@@ -609,6 +609,7 @@ impl Writer {
         self.count(r, id, &record.topic, |c| match kind {
             SettlementKind::Cancelled => c.cancelled = c.cancelled.saturating_add(1),
             SettlementKind::Failed => c.failed = c.failed.saturating_add(1),
+            SettlementKind::Expired => c.expired = c.expired.saturating_add(1),
             _ => c.delivered = c.delivered.saturating_add(1),
         });
         r.overlay.insert(id.clone(), Some(Stored { record, settlement: Some(settlement) }));
