@@ -263,6 +263,8 @@ struct WakeState {
     handed: u64,
     /// The floor the store has recorded.
     recorded: DispatchKey,
+    /// Where the store has recorded the dispatcher may produce from.
+    produced_from: DispatchKey,
 }
 
 impl WakeState {
@@ -371,6 +373,18 @@ impl Wake {
         let mut state = self.state();
         state.recorded = state.recorded.max(floor);
         state.low_water = state.low_water.max(floor);
+    }
+
+    /// The store recorded that the dispatcher may produce from `key` on.
+    pub fn record_produced_from(&self, key: DispatchKey) {
+        self.state().produced_from = key;
+    }
+
+    /// Whether `floor` says nothing the store has not recorded: sent
+    /// alone, it would change nothing.
+    pub fn floor_known(&self, floor: &Floor) -> bool {
+        let state = self.state();
+        floor.key <= state.recorded && floor.produced_from.max(state.recorded) == state.produced_from
     }
 
     /// The floor the store has recorded.

@@ -461,7 +461,8 @@ pub mod json {
         pub cancelled_at: Option<String>,
         pub failed_at: Option<String>,
         pub expired_at: Option<String>,
-        /// When it expires (or expired) unproduced; null: no deadline.
+        /// When a pending message expires unproduced, or an expired one's
+        /// deadline; null otherwise.
         pub deadline: Option<String>,
         pub labels: BTreeMap<String, String>,
     }
@@ -469,11 +470,12 @@ pub mod json {
     impl From<proto::GetResponse> for Message {
         fn from(m: proto::GetResponse) -> Self {
             use proto::get_response::Settlement;
+            let pending = m.state() == proto::State::Pending;
             let state = m.state().as_str_name().trim_start_matches("STATE_").to_lowercase();
             let msg = m.message.unwrap_or_default();
             let (mut delivery, mut cancelled_at, mut failed_at, mut expired_at) = (None, None, None, None);
             // The deadline of a pending message, from its due time.
-            let mut deadline = m.max_lateness.and_then(|late| {
+            let mut deadline = m.max_lateness.filter(|_| pending).and_then(|late| {
                 let due = m.deliver_at?;
                 time(Some(prost_types::Timestamp {
                     seconds: due.seconds.saturating_add(late.seconds),

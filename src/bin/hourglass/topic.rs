@@ -130,7 +130,8 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {
                 max_lateness: d.max_lateness.filter(|_| !d.off).map(client::wire),
             };
             let reply = connect(&t.client).await?.set_max_lateness(deadline).await;
-            (t.client.output, if d.off { "deadline off for" } else { "deadline on" }, reply)
+            let off = d.off || d.max_lateness.is_some_and(|late| late.is_zero());
+            (t.client.output, if off { "deadline off for" } else { "deadline on" }, reply)
         }
         TopicCommand::Get(t) => {
             let reply = connect(&t.client).await?.get_topic_policy(request(&t)).await;

@@ -12,6 +12,9 @@
 //! hourglass-key              the key of the record to deliver (optional)
 //! hourglass-partition        its partition (optional; else by its key)
 //! hourglass-labels           labels to find the message by: `k=v,k2=v2`
+//! hourglass-max-lateness     its deadline past its due time (as
+//!                            `Schedule`'s `max_lateness`): milliseconds,
+//!                            or a duration such as 10m
 //! hourglass-on-conflict      `reject` (the default) or `replace`: what a
 //!                            record does when its id is taken by a
 //!                            different message (as `Schedule`'s
@@ -43,9 +46,10 @@ pub const KEY_HEADER: &str = "hourglass-key";
 pub const PARTITION_HEADER: &str = "hourglass-partition";
 pub const ON_CONFLICT_HEADER: &str = "hourglass-on-conflict";
 pub const LABELS_HEADER: &str = "hourglass-labels";
+pub const MAX_LATENESS_HEADER: &str = "hourglass-max-lateness";
 
 /// Every `hourglass-` header a native record may carry.
-pub const HEADERS: [&str; 7] = [
+pub const HEADERS: [&str; 8] = [
     TOPIC_HEADER,
     DELIVER_AT_HEADER,
     DELAY_HEADER,
@@ -53,6 +57,7 @@ pub const HEADERS: [&str; 7] = [
     PARTITION_HEADER,
     ON_CONFLICT_HEADER,
     LABELS_HEADER,
+    MAX_LATENESS_HEADER,
 ];
 
 /// What a native record asks for.
@@ -126,7 +131,11 @@ pub fn parse<'a>(
         headers: passed,
         partition: fields.partition,
         labels: fields.labels.unwrap_or_default(),
-        max_lateness: None,
+        // Whole milliseconds, as a call's; zero: none.
+        max_lateness: fields
+            .max_lateness
+            .map(|late| Duration::from_millis(late.as_millis() as u64))
+            .filter(|late| !late.is_zero()),
     };
     envelope.validate(limits).map_err(reject)?;
     Ok(Native::Schedule { id, envelope, requested, on_conflict: fields.on_conflict.unwrap_or_default() })
@@ -149,6 +158,7 @@ struct Fields {
     partition: Option<i32>,
     on_conflict: Option<OnConflict>,
     labels: Option<Labels>,
+    max_lateness: Option<Duration>,
 }
 
 impl Fields {
@@ -181,7 +191,10 @@ impl Fields {
         match field {
             TOPIC_HEADER if self.topic.is_none() => self.topic = Some(text.to_owned()),
             DELIVER_AT_HEADER if self.deliver_at.is_none() => self.deliver_at = Some(deliver_at(text)?),
-            DELAY_HEADER if self.delay.is_none() => self.delay = Some(delay(text)?),
+            DELAY_HEADER if self.delay.is_none() => self.delay = Some(duration(DELAY_HEADER, text)?),
+            MAX_LATENESS_HEADER if self.max_lateness.is_none() => {
+                self.max_lateness = Some(duration(MAX_LATENESS_HEADER, text)?)
+            }
             PARTITION_HEADER if self.partition.is_none() => {
                 let p = text.parse::<i32>().ok().filter(|p| *p >= 0).ok_or_else(|| {
                     Invalid::new(field, format!("{text:?} is not a partition number (0 or more)"))
@@ -231,15 +244,12 @@ fn deliver_at(text: &str) -> Result<UnixMillis, Invalid> {
 }
 
 /// Milliseconds, or a duration as people write it (`90s`, `30m`, `1h 30m`).
-fn delay(text: &str) -> Result<Duration, Invalid> {
+fn duration(header: &'static str, text: &str) -> Result<Duration, Invalid> {
     if let Ok(ms) = text.parse::<u64>() {
         return Ok(Duration::from_millis(ms));
     }
     humantime::parse_duration(text).map_err(|e| {
-        Invalid::new(
-            DELAY_HEADER,
-            format!("{text:?} is neither milliseconds nor a duration such as 30m ({e})"),
-        )
+        Invalid::new(header, format!("{text:?} is neither milliseconds nor a duration such as 30m ({e})"))
     })
 }
 
@@ -309,6 +319,25 @@ mod tests {
         );
         assert_eq!(due(&[topic, (DELAY_HEADER, "1500")]), DueSpec::After(Duration::from_millis(1500)));
         assert_eq!(due(&[topic, (DELAY_HEADER, "1h 30m")]), DueSpec::After(Duration::from_secs(5400)));
+    }
+
+    #[test]
+    fn a_deadline_is_milliseconds_or_words_and_zero_is_none() {
+        let late = |text: &str| {
+            read(
+                Some("a"),
+                Some("v"),
+                &[(TOPIC_HEADER, "t"), (DELAY_HEADER, "1s"), (MAX_LATENESS_HEADER, text)],
+            )
+            .map(|got| match got {
+                Native::Schedule { envelope, .. } => envelope.max_lateness,
+                other => panic!("{other:?}"),
+            })
+        };
+        assert_eq!(late("10m"), Ok(Some(Duration::from_secs(600))));
+        assert_eq!(late("1500"), Ok(Some(Duration::from_millis(1_500))));
+        assert_eq!(late("0"), Ok(None));
+        assert_eq!(late("soon").unwrap_err().reason.field, MAX_LATENESS_HEADER);
     }
 
     #[test]

@@ -191,5 +191,14 @@ async fn what_a_paused_topic_holds_below_where_produces_start_is_not_in_doubt() 
     let store = open(dir.path());
     let doubt = store.in_doubt_messages(store.in_doubt_window().unwrap()).await.unwrap();
     assert_eq!(doubt.iter().map(|(_, m)| m.id.as_str()).collect::<Vec<_>>(), ["paused", "c"]);
+
+    // Paused again, in a quiet store: a floor alone that leaves it out is
+    // written, not kept for a later commit that may never come.
+    store.settle(vec![], Some(store.wake().floor(paused.key, c.key))).await.unwrap();
+    store.in_doubt(vec![c.id.clone()]).await.unwrap();
+    store.close().await;
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.in_doubt_window().unwrap().from, c.key);
     store.close().await;
 }

@@ -182,7 +182,7 @@ impl Store {
     /// Records what became of produces, in one commit, and, with a
     /// `floor`, that no due entry below it is pending once they are.
     pub(crate) async fn settle(&self, settles: Vec<Settle>, floor: Option<Floor>) -> Result<(), StoreError> {
-        if settles.is_empty() && floor.is_none_or(|f| f.key <= self.inner.wake.floor_recorded()) {
+        if settles.is_empty() && floor.is_none_or(|f| self.inner.wake.floor_known(&f)) {
             return Ok(());
         }
         self.inner.wake.settling(settles.len());

@@ -95,6 +95,7 @@ impl Writer {
         shared.log_owner.store(meta.log_owner, Ordering::Release);
         shared.log_time.store(meta.log_time_ms, Ordering::Release);
         shared.wake.record_floor(meta.floor());
+        shared.wake.record_produced_from(meta.produced_from());
         let chunk_high = read::last_logged_key(db)?;
         let marks = read::marks(db)?;
         let writer = Writer {
@@ -441,6 +442,7 @@ impl Writer {
                 }
                 claims.release_settled(&r.claims.released, highest);
                 self.shared.wake.record_floor(r.meta.floor());
+                self.shared.wake.record_produced_from(r.meta.produced_from());
                 for id in std::mem::take(&mut r.claims.released) {
                     let parked = self.parking.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));

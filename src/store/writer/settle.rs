@@ -221,8 +221,21 @@ impl Writer {
             r.meta.floor = key.encode().to_vec();
         }
         // Not only raised: a paused topic's messages, left out while it
-        // was paused, come back in once it may go again.
-        r.meta.produced_from = lowest(floor.produced_from).max(r.meta.floor()).encode().to_vec();
+        // was paused, come back in once it may go again (its walk records
+        // that first, after every floor sent before it: floors and that
+        // record reach the writer in the order the dispatcher sent them).
+        // In cluster mode floors are applied from the log, later; there a
+        // node taking a shard searches from the start of the due index
+        // and never reads this bound.
+        let produced_from = lowest(floor.produced_from).max(r.meta.floor());
+        if produced_from != r.meta.produced_from() {
+            // Written at once when it leaves a paused topic's messages
+            // out: a quiet store would otherwise never write it, and a
+            // restart after a crash would read them all. Else it goes with
+            // the next commit (a lower bound on disk is safe).
+            r.probe |= produced_from > r.meta.floor();
+            r.meta.produced_from = produced_from.encode().to_vec();
+        }
         r.floor = Some(floor);
     }
 
