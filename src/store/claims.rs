@@ -205,19 +205,37 @@ impl Claims {
         }
     }
 
-    /// Gives back the claims of settled messages, under one lock; the
-    /// highest of the due keys they were settled from, or that the same
-    /// commit removed, is `highest` (none with claims: anywhere). A walk
-    /// that started at or below it may have read one of them as pending.
-    pub fn release_settled(&self, ids: &[MessageId], highest: Option<DispatchKey>) {
-        if ids.is_empty() && highest.is_none() {
+    /// Gives back, under one lock, the claims of settled messages (`ids`,
+    /// whoever holds them) and the writer's holds on `unheld`, whose
+    /// changes the same commit applied: a dispatcher's claim on one of
+    /// those stays, for its commit made the entry visible and a walk may
+    /// have taken it since. The highest of the due keys settled from, or
+    /// that the commit removed, is `highest` (none with claims: anywhere).
+    /// A walk that started at or below it may have read one of them as
+    /// pending.
+    pub fn release_settled(&self, ids: &[MessageId], unheld: &[MessageId], highest: Option<DispatchKey>) {
+        if ids.is_empty() && unheld.is_empty() && highest.is_none() {
             return;
         }
         let mut state = self.state();
         for id in ids {
             state.held.remove(id);
         }
+        for id in unheld {
+            if state.held.get(id) == Some(&Holder::Writer) {
+                state.held.remove(id);
+            }
+        }
         state.disturb(highest);
+    }
+
+    /// Lets go of the writer's hold on `id`, and of no one else's claim.
+    pub fn unhold(&self, id: &MessageId) {
+        let mut state = self.state();
+        if state.held.get(id) == Some(&Holder::Writer) {
+            state.held.remove(id);
+        }
+        state.disturb(None);
     }
 
     /// Whether the dispatcher holds `id`: it is being produced.
@@ -445,7 +463,7 @@ mod tests {
         assert!(!c.reserve_for_writer(&id("a")), "writer must wait for the produce");
         assert_eq!(c.dispatching(), 2);
         assert_eq!(c.claim_for_dispatch_all([id("a")].iter()), [Claim::Ours], "held already");
-        c.release_settled(&[id("a"), id("b")], None);
+        c.release_settled(&[id("a"), id("b")], &[], None);
         assert!(c.reserve_for_writer(&id("a")));
         assert!(c.reserve_for_writer(&id("a")), "the writer may reserve twice in one round");
         assert_eq!(
@@ -456,6 +474,13 @@ mod tests {
         c.release(&id("a"));
         assert_eq!(c.claim_for_dispatch_all([id("a")].iter()), [Claim::Taken]);
         assert_eq!(c.dispatching(), 2);
+        // The writer letting go of its holds leaves the dispatcher's claims.
+        c.unhold(&id("a"));
+        c.release_settled(&[], &[id("b")], None);
+        assert_eq!(c.claim_for_dispatch_all([id("a"), id("b")].iter()), [Claim::Ours, Claim::Ours]);
+        assert!(c.reserve_for_writer(&id("w")));
+        c.release_settled(&[], &[id("w")], None);
+        assert_eq!(c.claim_for_dispatch_all([id("w")].iter()), [Claim::Taken], "the writer's hold went");
     }
 
     #[test]
@@ -465,14 +490,14 @@ mod tests {
         c.claim_for_dispatch_all([id("behind"), id("ahead"), id("held")].iter());
 
         let walk = c.watch(k(100));
-        c.release_settled(&[id("behind")], Some(k(50)));
+        c.release_settled(&[id("behind")], &[], Some(k(50)));
         c.release_dispatched(&[id("held")]);
         let (claims, undisturbed) = walk.claim_all([id("x")].iter());
         assert_eq!(claims, [Claim::Taken]);
         assert!(undisturbed, "settled behind the walk, or given back still parked: nothing it read is gone");
 
         let walk = c.watch(k(100));
-        c.release_settled(&[id("ahead")], Some(k(100)));
+        c.release_settled(&[id("ahead")], &[], Some(k(100)));
         assert!(!walk.claim_all([id("y")].iter()).1, "a settled entry the walk may have read");
 
         let walk = c.watch(k(100));
@@ -488,7 +513,7 @@ mod tests {
         // ends cleanly.
         let first = c.watch(k(10));
         let second = c.watch(k(500));
-        c.release_settled(&[id("w")], Some(k(20)));
+        c.release_settled(&[id("w")], &[], Some(k(20)));
         assert!(!second.claim_all(std::iter::empty()).1, "below the second's start, above the first's");
         drop(first);
         let walk = c.watch(k(100));

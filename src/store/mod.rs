@@ -246,6 +246,13 @@ impl Store {
         self.inner.claims.dispatching()
     }
 
+    /// Takes `id` for producing as the dispatcher's walk does; false if
+    /// someone holds it.
+    #[cfg(test)]
+    pub(crate) fn claim_for_dispatch(&self, id: &crate::message::MessageId) -> bool {
+        self.inner.claims.claim_for_dispatch_all(std::iter::once(id)) == [claims::Claim::Taken]
+    }
+
     /// Cluster mode: the offset of the log partition to apply next, as
     /// committed.
     pub fn log_next(&self) -> i64 {

@@ -13,6 +13,7 @@ use crate::{
     },
 };
 
+mod claims;
 mod expire;
 mod policy;
 mod replace;

@@ -71,6 +71,9 @@ pub(super) struct Round<'a> {
 pub(super) struct RoundClaims {
     pub(super) reserved: HashSet<MessageId>,
     pub(super) released: Vec<MessageId>,
+    /// This node's holds on ids whose changes the round applies: only the
+    /// writer's own claim on them goes at the commit.
+    pub(super) unheld: Vec<MessageId>,
     /// The highest due entry this round removes (a cancel, a move, a
     /// replace): a walk of the due index that started at or below it may
     /// have read it, and must check what it claims.
@@ -113,7 +116,12 @@ impl<'a> Round<'a> {
             meta,
             counts: HashMap::new(),
             overlay: HashMap::new(),
-            claims: RoundClaims { reserved: HashSet::new(), released: Vec::new(), highest_removed: None },
+            claims: RoundClaims {
+                reserved: HashSet::new(),
+                released: Vec::new(),
+                unheld: Vec::new(),
+                highest_removed: None,
+            },
             settles: Vec::new(),
             floor: None,
             added: Vec::new(),

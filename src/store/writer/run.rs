@@ -440,10 +440,11 @@ impl Writer {
                 if !r.replica.from_log {
                     self.shared.wake.recorded(r.settles.len());
                 }
-                claims.release_settled(&r.claims.released, highest);
+                claims.release_settled(&r.claims.released, &r.claims.unheld, highest);
                 self.shared.wake.record_floor(r.meta.floor());
                 self.shared.wake.record_produced_from(r.meta.produced_from());
-                for id in std::mem::take(&mut r.claims.released) {
+                let released = std::mem::take(&mut r.claims.released);
+                for id in released.into_iter().chain(std::mem::take(&mut r.claims.unheld)) {
                     let parked = self.parking.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
@@ -488,6 +489,11 @@ impl Writer {
                     std::mem::take(&mut r.claims.released).into_iter().filter(|id| !retried.contains(id))
                 {
                     claims.release(&id);
+                    let parked = self.parking.unpark(&id);
+                    self.again.extend(parked.into_iter().map(|p| p.op));
+                }
+                for id in std::mem::take(&mut r.claims.unheld) {
+                    claims.unhold(&id);
                     let parked = self.parking.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }

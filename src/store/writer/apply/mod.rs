@@ -188,7 +188,7 @@ impl Writer {
     /// Lets go of a hold taken for a change that will not be logged.
     pub(super) fn unhold(&mut self, id: &MessageId) {
         if self.replica.holds.remove(id) {
-            self.shared.claims.release(id);
+            self.shared.claims.unhold(id);
             let parked = self.parking.unpark(id);
             self.again.extend(parked.into_iter().map(|p| p.op));
         }
@@ -332,7 +332,7 @@ impl Writer {
         if let Some(Local::Held(id)) = &local {
             // Released with this commit; changes waiting on it run then.
             self.replica.holds.remove(id);
-            r.claims.released.push(id.clone());
+            r.claims.unheld.push(id.clone());
         }
         // A delivery raises a mark only if the shard's owner sent it: one
         // fenced by a later claim may have delivered after records of the
@@ -420,7 +420,7 @@ impl Writer {
                 self.forget(r, &id)?;
                 // The owner held the id from its purge to here.
                 if self.replica.holds.remove(&id) {
-                    r.claims.released.push(id);
+                    r.claims.unheld.push(id);
                 }
                 Answer::None
             }
