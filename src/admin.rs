@@ -11,7 +11,7 @@ use crate::{
     Error,
     auth::{Access, AdminScope},
     clock::Clock,
-    message::{Invalid, duration_ms, validate_topic_name},
+    message::{Invalid, duration_ms, validate_dead_letter_topic, validate_topic_name},
     node::Node,
     policy::{MAX_RATE, PolicyKey, PolicyWrite, Rate, Table, TopicPolicy},
     store::StoreError,
@@ -25,7 +25,7 @@ pub const MAX_POLICIES: usize = 10_000;
 const MAX_BURST_SECONDS: u64 = 60;
 
 /// A change of one topic's policy.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Change {
     Pause,
     Resume,
@@ -33,6 +33,9 @@ pub enum Change {
     Limit(Option<Rate>),
     /// A default deadline past the due time, or none.
     MaxLateness(Option<Duration>),
+    /// Where its messages go when they fail or expire, or nowhere of its
+    /// own.
+    DeadLetterTopic(Option<String>),
 }
 
 pub struct PolicyService {
@@ -61,15 +64,29 @@ impl PolicyService {
         if key.tenant.is_none() && scope != AdminScope::All {
             return Err(Error::NotAdminOfAll { token: access.name().to_owned() });
         }
-        if let Change::Limit(Some(rate)) = change {
-            validate_rate(rate)?;
+        match &change {
+            Change::Limit(Some(rate)) => validate_rate(*rate)?,
+            Change::DeadLetterTopic(Some(to)) => {
+                validate_dead_letter_topic(topic, to)
+                    .map_err(|e| Invalid::new("dead_letter_topic", e.reason))?;
+                // Its messages are produced there: the caller must be
+                // granted it as it is granted the topic.
+                access.check(to)?;
+            }
+            _ => {}
         }
         let _one = self.writing.lock().await;
         let table = self.table()?;
         let mut policy = table.get(&key).cloned().unwrap_or_default();
         if table.get(&key).is_none()
             && table.iter().count() >= MAX_POLICIES
-            && !matches!(change, Change::Resume | Change::Limit(None) | Change::MaxLateness(None))
+            && !matches!(
+                change,
+                Change::Resume
+                    | Change::Limit(None)
+                    | Change::MaxLateness(None)
+                    | Change::DeadLetterTopic(None)
+            )
         {
             return Err(Invalid::new(
                 "topic",
@@ -80,7 +97,7 @@ impl PolicyService {
             .into());
         }
         let now = self.clock.now();
-        match change {
+        match &change {
             Change::Pause if !policy.paused() => policy.paused_at_ms = now.0.max(1),
             Change::Pause => {}
             Change::Resume => policy.paused_at_ms = 0,
@@ -89,6 +106,7 @@ impl PolicyService {
             }
             Change::Limit(None) => (policy.rate_per_second, policy.rate_burst) = (0, 0),
             Change::MaxLateness(late) => policy.max_lateness_ms = late.map_or(0, duration_ms),
+            Change::DeadLetterTopic(to) => policy.dead_letter_topic = to.clone().unwrap_or_default(),
         }
         // Later than the change it replaces, whatever the clocks say: in a
         // cluster the later change of a policy is the one every copy keeps.

@@ -87,6 +87,12 @@ pub static EXPIRED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Messages not produced because their deadline (max_lateness) passed first.",
     )
 });
+pub static DEAD_LETTERED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_messages_dead_lettered_total",
+        "Messages that failed or expired and were produced to their dead-letter topic instead.",
+    )
+});
 pub static PURGED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter("hourglass_messages_purged_total", "Settled messages forgotten after retention.")
 });
@@ -523,6 +529,7 @@ pub fn init() {
     LazyLock::force(&DELIVERED);
     LazyLock::force(&FAILED);
     LazyLock::force(&EXPIRED);
+    LazyLock::force(&DEAD_LETTERED);
     LazyLock::force(&PURGED);
     LazyLock::force(&PENDING);
     LazyLock::force(&LATENESS);

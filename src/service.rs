@@ -104,6 +104,10 @@ impl Service {
     pub async fn check_template(&self, access: &Access, envelope: &Envelope) -> Result<(), Error> {
         envelope.validate(&self.limits)?;
         access.check(&envelope.topic)?;
+        if let Some(to) = &envelope.dead_letter_topic {
+            // Produced there if it fails or expires.
+            access.check(to)?;
+        }
         let partitions = self.catalog.partitions(&envelope.topic).await?;
         if let Some(p) = envelope.partition
             && p >= partitions
@@ -136,7 +140,7 @@ impl Service {
 
     pub async fn schedule(&self, access: &Access, cmd: ScheduleCommand) -> Result<Scheduled, Error> {
         let msg = self.prepare(access, &access.scope(), cmd).await?;
-        Ok(self.node.change(Intent::Schedule(msg)).await?.scheduled()?)
+        Ok(self.node.change(Intent::schedule(msg)).await?.scheduled()?)
     }
 
     /// Schedules many requests in one durable write. Items that fail to
@@ -227,6 +231,7 @@ impl Service {
             cancelled: stats.counts.cancelled,
             failed: stats.counts.failed,
             expired: stats.counts.expired,
+            dead_lettered: stats.counts.dead_lettered,
             dispatching,
             oldest_overdue: stats.oldest_overdue,
             store_bytes,

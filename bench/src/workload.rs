@@ -42,6 +42,7 @@ impl Workload {
             partition: None,
             labels: Default::default(),
             max_lateness: None,
+            dead_letter_topic: None,
         }
     }
 
@@ -56,6 +57,7 @@ impl Workload {
             on_conflict: 0,
             labels: self.labels.iter().cloned().collect(),
             max_lateness: None,
+            dead_letter_topic: String::new(),
         }
     }
 }

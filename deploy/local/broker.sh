@@ -5,7 +5,7 @@
 #
 # Environment:
 #   HOURGLASS_LOCAL_DIR     where the broker's and the nodes' data and logs go (.local)
-#   HOURGLASS_LOCAL_TOPICS  topics to create, 3 partitions each ("reminders orders")
+#   HOURGLASS_LOCAL_TOPICS  topics to create, 3 partitions each ("reminders orders dead-letters")
 #   HOURGLASS_LOCAL_BIN     where to link the hourglass binary (~/.cargo/bin)
 #   HOURGLASS_BIN           a hourglass binary to use instead of building one
 #   CARGO_TARGET_DIR        where cargo builds (~/.cache/hourglass/target)
@@ -15,7 +15,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/hourglass/target}"
 
 state="$(realpath -m "${HOURGLASS_LOCAL_DIR:-.local}")"
-topics="${HOURGLASS_LOCAL_TOPICS:-reminders orders}"
+topics="${HOURGLASS_LOCAL_TOPICS:-reminders orders dead-letters}"
 broker=127.0.0.1:9092
 broker_pid=
 mkdir -p "$state"

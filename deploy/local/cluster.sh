@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a local hourglass cluster (docs/CLUSTER.md) in front of a local
 # Kafka-protocol broker, for trying it out:
-#   - tansu on 127.0.0.1:9092, data in .local/; topics "reminders" and "orders"
+#   - tansu on 127.0.0.1:9092, data in .local/; topics "reminders", "orders" and "dead-letters"
 #   - nodes 1, 2, 3: gRPC on 127.0.0.1:50051, :50052, :50053; metrics on
 #     :9464, :9465, :9466; data in .local/node-N; logs in .local/node-N.log;
 #     pids in .local/node-N.pid

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs hourglass in front of a local Kafka-protocol broker, for trying it out:
 #   - tansu (Apache-Kafka-compatible) on 127.0.0.1:9092, data in .local/
-#   - topics "reminders" and "orders", 3 partitions each
+#   - topics "reminders", "orders" and "dead-letters", 3 partitions each
 #   - hourglass: gRPC on 127.0.0.1:50051, metrics on 127.0.0.1:9464, store
 #     in .local/hourglass, pid in .local/hourglass.pid; the hourglass
 #     command linked into ~/.cargo/bin

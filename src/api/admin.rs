@@ -105,6 +105,17 @@ impl proto::admin_server::Admin for AdminApi {
         .await
     }
 
+    async fn set_dead_letter_topic(
+        &self,
+        request: Request<proto::SetDeadLetterTopicRequest>,
+    ) -> Result<Response<proto::TopicPolicy>, Status> {
+        self.change("SetDeadLetterTopic", request, |r| {
+            let to = (!r.dead_letter_topic.is_empty()).then_some(r.dead_letter_topic);
+            Ok((r.topic, r.all_tenants, Change::DeadLetterTopic(to)))
+        })
+        .await
+    }
+
     async fn get_topic_policy(
         &self,
         request: Request<proto::TopicPolicyRequest>,
@@ -141,5 +152,6 @@ fn to_proto(key: &PolicyKey, policy: &TopicPolicy) -> proto::TopicPolicy {
         updated_at: (policy.updated_ms > 0).then(|| timestamp(UnixMillis(policy.updated_ms))),
         updated_by: policy.updated_by.clone(),
         max_lateness: policy.max_lateness().map(wire_duration),
+        dead_letter_topic: policy.dead_letter_topic.clone(),
     }
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use crate::{
     message::{
-        CancelOutcome, Delivery, DueSpec, Envelope, Header, Invalid, Labels, ListQuery, MessageId,
-        OnConflict, PageToken, PendingMessage, PendingPage, Placed, Scheduled, ScheduledMessage, Selector,
-        State, Stats, UnixMillis,
+        CancelOutcome, DeadReason, Delivery, DueSpec, Envelope, Header, Invalid, Labels, ListQuery,
+        MessageId, OnConflict, PageToken, PendingMessage, PendingPage, Placed, Scheduled, ScheduledMessage,
+        Selector, State, Stats, UnixMillis,
     },
     proto,
     service::ScheduleCommand,
@@ -110,6 +110,7 @@ impl From<proto::Message> for Envelope {
             partition: m.partition,
             labels: Labels::default(),
             max_lateness: None,
+            dead_letter_topic: None,
         }
     }
 }
@@ -153,6 +154,7 @@ impl TryFrom<proto::ScheduleRequest> for ScheduleCommand {
         let mut envelope = Envelope::from(message);
         envelope.labels = Labels::new(r.labels)?;
         envelope.max_lateness = max_lateness(r.max_lateness)?;
+        envelope.dead_letter_topic = (!r.dead_letter_topic.is_empty()).then_some(r.dead_letter_topic);
         Ok(ScheduleCommand { id: r.id, envelope, due: due_spec(r.due.map(WireDue::from))?, on_conflict })
     }
 }
@@ -180,6 +182,7 @@ impl From<CancelOutcome> for proto::CancelOutcome {
             CancelOutcome::AlreadyCancelled => proto::CancelOutcome::AlreadyCancelled,
             CancelOutcome::AlreadyFailed => proto::CancelOutcome::AlreadyFailed,
             CancelOutcome::AlreadyExpired => proto::CancelOutcome::AlreadyExpired,
+            CancelOutcome::AlreadyDeadLettered => proto::CancelOutcome::AlreadyDeadLettered,
             CancelOutcome::NotFound => proto::CancelOutcome::NotFound,
         }
     }
@@ -193,6 +196,7 @@ impl From<ScheduledMessage> for proto::GetResponse {
             id: m.id.to_string(),
             labels: wire_labels(&m.envelope.labels),
             max_lateness: m.envelope.max_lateness.map(wire_duration),
+            dead_letter_topic: m.envelope.dead_letter_topic.clone().unwrap_or_default(),
             message: Some(m.envelope.into()),
             // 0: a refused Kafka-native record that said no due time.
             deliver_at: (m.due != UnixMillis(0)).then(|| timestamp(m.due)),
@@ -231,6 +235,24 @@ impl From<ScheduledMessage> for proto::GetResponse {
                     deadline: Some(timestamp(deadline)),
                 }));
                 proto::State::Expired
+            }
+            State::DeadLettered(d) => {
+                out.attempts = d.attempts;
+                let (error, deadline) = match d.reason {
+                    DeadReason::Failed { ref error } => (error.clone(), None),
+                    DeadReason::Expired { deadline } => (String::new(), Some(timestamp(deadline))),
+                };
+                out.last_error = error.clone();
+                out.settlement = Some(Settlement::DeadLettered(proto::DeadLetter {
+                    dead_lettered_at: Some(timestamp(d.at)),
+                    reason: d.reason.name().to_owned(),
+                    topic: d.topic,
+                    partition: d.partition,
+                    offset: d.offset,
+                    error,
+                    deadline,
+                }));
+                proto::State::DeadLettered
             }
         };
         out.set_state(state);
@@ -299,6 +321,7 @@ impl From<PendingMessage> for proto::PendingMessage {
             value_bytes: m.value_bytes as u64,
             labels: wire_labels(&m.labels),
             deadline: m.deadline.map(timestamp),
+            dead_letter_topic: m.dead_letter_topic.unwrap_or_default(),
         }
     }
 }
@@ -325,6 +348,7 @@ impl From<Stats> for proto::StatsResponse {
             cancelled: s.cancelled,
             failed: s.failed,
             expired: s.expired,
+            dead_lettered: s.dead_lettered,
             dispatching: s.dispatching,
             oldest_overdue: s.oldest_overdue.map(Into::into),
             store_bytes: s.store_bytes,
@@ -363,6 +387,7 @@ mod tests {
             on_conflict: 0,
             labels: [("order".to_owned(), "1".to_owned())].into(),
             max_lateness: None,
+            dead_letter_topic: String::new(),
         }
     }
 

@@ -51,7 +51,7 @@ impl Front {
         if self.store.log_owner() != self.waiters.me() {
             return (0..count).map(|_| Err(StoreError::NotOwner(self.partition as u32))).collect();
         }
-        let decided = match self.store.decide_all(msgs.into_iter().map(Intent::Schedule).collect()).await {
+        let decided = match self.store.decide_all(msgs.into_iter().map(Intent::schedule).collect()).await {
             Ok(decided) => decided,
             Err(e) => return (0..count).map(|_| Err(e.clone())).collect(),
         };

@@ -350,6 +350,11 @@ settings! {
             /// forwards requests for shards it does not own to their owner
             /// [default: --listen, when it names one address].
             advertise_addr: String as "URL", "HOURGLASS_ADVERTISE_ADDR";
+            /// Where messages that fail or expire go, when neither they nor
+            /// their topic's policy name a dead-letter topic: produced
+            /// there as they were, with headers that say why, and settled
+            /// DEAD_LETTERED [default: none; they stay FAILED or EXPIRED].
+            dead_letter_topic: String as "TOPIC", "HOURGLASS_DEAD_LETTER_TOPIC";
         }
     }
 }
@@ -542,6 +547,10 @@ impl Config {
     /// Checks what can be checked without the files and the broker the
     /// settings name (`server::check` reads the files too).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(topic) = &self.dead_letter_topic {
+            crate::message::validate_topic_name(topic)
+                .map_err(|e| ConfigError::out_of_range("dead_letter_topic", e.reason))?;
+        }
         let fail = |setting, why: &str| Err(ConfigError::out_of_range(setting, why));
         if self.kafka_brokers.trim().is_empty() {
             return fail("kafka_brokers", "is empty; give host:port of at least one broker");

@@ -1,7 +1,7 @@
 //! The dispatcher's settings, and the retry policy they make: how long to
 //! back off, and when refusals have gone on long enough to give up.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use crate::{
     kafka::{Fault, ProduceError},
@@ -27,6 +27,9 @@ pub struct DispatcherConfig {
     pub shutdown_grace: Duration,
     /// A produce unanswered for this long stalls its topic.
     pub stall_after: Duration,
+    /// Where messages that fail or expire go when neither they nor their
+    /// topic's policy say.
+    pub dead_letter_topic: Option<Arc<str>>,
 }
 
 impl Default for DispatcherConfig {
@@ -40,6 +43,7 @@ impl Default for DispatcherConfig {
             max_sleep: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
             stall_after: Duration::from_secs(10),
+            dead_letter_topic: None,
         }
     }
 }

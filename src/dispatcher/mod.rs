@@ -91,10 +91,11 @@ use crate::{
     kafka::{DeliveryReport, Producer},
     message::{MessageId, UnixMillis},
     metrics,
-    store::{DueBatch, Ready, Settle, Store, StoreError, schema::DispatchKey},
+    store::{DueBatch, Outcome, Ready, Settle, Store, StoreError, schema::DispatchKey},
 };
 
 mod config;
+mod dead_letter;
 mod gate;
 mod policy;
 mod produce;
@@ -189,6 +190,8 @@ pub struct Dispatcher {
     fenced: bool,
     /// The dispatch policies, and the lanes they hold back.
     policies: policy::Policies,
+    /// Messages given up on, on their way to their dead-letter topics.
+    letters: Vec<dead_letter::Letter>,
 }
 
 /// Where the producer sends its delivery reports, and where they are read.
@@ -247,10 +250,10 @@ struct Settling {
 /// What bounds the doubt an unclean stop leaves (the marks, the horizon),
 /// and what the search for it found.
 struct Doubt {
-    /// Messages found on their topic by the reconciliation that could not
-    /// be claimed then: recorded as delivered (partition, offset) when
-    /// claimed from the same due entry, not produced again.
-    landed: HashMap<MessageId, (DispatchKey, i32, i64)>,
+    /// Messages found on their topic (or dead-letter topic) by the
+    /// reconciliation that could not be claimed then: recorded as found
+    /// when claimed from the same due entry, not produced again.
+    landed: HashMap<MessageId, (DispatchKey, Outcome)>,
     /// Topics whose partitions the store has marks for.
     marked: HashSet<Arc<str>>,
     /// Nothing due after this is produced until the recorder has recorded
@@ -326,6 +329,7 @@ impl Dispatcher {
             doubt: Doubt { landed: HashMap::new(), marked: HashSet::new(), horizon, in_flight_at, pulse },
             fenced: false,
             policies,
+            letters: Vec::new(),
         }
     }
 
@@ -338,6 +342,8 @@ impl Dispatcher {
                 break;
             }
             metrics::DISPATCH_WAKEUPS.inc();
+            // What the reports gave up on goes to dead-letter topics.
+            self.send_dead_letters().await;
             // One commit for every outcome gathered since the last look.
             self.flush_settles(false).await;
             self.find_stalls();
@@ -402,6 +408,7 @@ impl Dispatcher {
                 Ok(None) | Err(_) => break,
             }
         }
+        self.return_letters();
         self.flush_settles(true).await;
         if !self.sent.is_empty() {
             tracing::warn!(

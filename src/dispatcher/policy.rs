@@ -196,6 +196,15 @@ impl Policies {
         self.table.max_lateness(tenant, topic)
     }
 
+    /// Where a message of `tenant` to `topic` that names none goes when it
+    /// fails or expires, by policy.
+    pub(super) fn dead_letter_topic(&self, tenant: Option<&str>, topic: &str) -> Option<&str> {
+        if self.table.is_empty() {
+            return None;
+        }
+        self.table.dead_letter_topic(tenant, topic)
+    }
+
     /// A message of `tenant` to `topic` goes now: one token of each limit.
     pub(super) fn take(&mut self, tenant: Option<&str>, topic: &str) {
         if self.buckets.is_empty() {

@@ -6,7 +6,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{Dispatcher, sent::InFlight, topics::Decision};
+use super::{
+    Dispatcher,
+    sent::{Dead, InFlight},
+    topics::Decision,
+};
 use crate::{
     kafka::DeliveryReport,
     message::{Outgoing, UnixMillis},
@@ -60,11 +64,12 @@ impl Dispatcher {
                 Some((known, _)) => Arc::clone(known),
                 None => ready.envelope.topic.as_str().into(),
             };
-            if let Some((key, partition, offset)) = self.doubt.landed.remove(&ready.id)
+            if let Some((key, outcome)) = self.doubt.landed.remove(&ready.id)
                 && key == ready.key
             {
-                // It reached Kafka before the unclean stop.
-                self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
+                // It reached Kafka (its topic or its dead-letter topic)
+                // before the unclean stop.
+                self.settle_untried(ready, topic, now, outcome);
                 continue;
             }
             let max_lateness = (ready.envelope.max_lateness)
@@ -73,16 +78,16 @@ impl Dispatcher {
                 && now > deadline
             {
                 // Too late to be of use (a paused topic, an outage, a
-                // backlog): settled, not produced. What reached Kafka
-                // before an unclean stop was found above.
+                // backlog): not produced, but settled or dead-lettered.
+                // What reached Kafka before an unclean stop was found above.
                 tracing::debug!(id = %ready.id.qualified(), topic = %topic, "deadline passed: expired");
-                self.settle_untried(ready, topic, now, Outcome::Expired { deadline });
+                self.give_up(ready, topic, now, Outcome::Expired { deadline });
                 continue;
             }
             match self.decide(&topic, &ready.id, ready.key, now) {
                 Decision::Produce { probe } => {
                     self.policies.observe_produced(ready.id.tenant(), &topic, ready.due, now);
-                    self.produce(ready, topic, probe);
+                    self.send(ready, topic, probe, None);
                     produced += 1;
                 }
                 Decision::Hold(lane, why) => {
@@ -96,13 +101,14 @@ impl Dispatcher {
                 Decision::Fail(error) => {
                     // The topic has refused long enough: its messages fail
                     // with its reason, without a try of their own.
-                    self.settle_untried(ready, topic, now, Outcome::Failed { error, tried: false });
+                    self.give_up(ready, topic, now, Outcome::Failed { error, tried: false });
                 }
             }
         }
         if let Err(e) = self.store.release(release).await {
             tracing::warn!(error = %e, "returning claims failed");
         }
+        self.send_dead_letters().await;
         produced
     }
 
@@ -128,7 +134,7 @@ impl Dispatcher {
     /// [`reconcile`](super::reconcile)). A topic the broker does not
     /// describe now is not marked; its partitions are then searched from
     /// their start.
-    async fn mark(&mut self, topic: Arc<str>) {
+    pub(super) async fn mark(&mut self, topic: Arc<str>) {
         self.doubt.marked.insert(Arc::clone(&topic));
         match self.store.marks_of(&topic).await {
             Ok(marks) if !marks.is_empty() => return,
@@ -156,19 +162,25 @@ impl Dispatcher {
         }
     }
 
-    fn produce(&mut self, ready: Ready, topic: Arc<str>, probe: bool) {
+    /// Hands `ready` to the producer for `topic`: a dead letter if
+    /// `letter` says so, else a delivery, which keeps the message for its
+    /// dead-letter topic if it has one.
+    pub(super) fn send(&mut self, ready: Ready, topic: Arc<str>, probe: bool, letter: Option<Box<Dead>>) {
+        let fallback = if letter.is_none() { self.dead_letter_topic(&ready, &topic) } else { None };
         let token = self.sent.next_token();
         let outgoing = Outgoing { id: &ready.id, due: ready.due, envelope: &ready.envelope };
         let queued = self.producer.send(outgoing, token, &self.reports.tx);
-        let due = ready.due;
+        let dead =
+            letter.or_else(|| fallback.map(|to| Box::new(Dead::Fallback { to, envelope: ready.envelope })));
         self.sent.push(InFlight {
             id: ready.id,
             key: ready.key,
-            due,
+            due: ready.due,
             topic: Arc::clone(&topic),
             tries: ready.tries,
             probe,
             sent_at: tokio::time::Instant::now(),
+            dead,
         });
         self.topics.states.entry(topic).or_default().in_flight += 1;
         if let Err(error) = queued {

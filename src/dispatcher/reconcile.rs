@@ -41,9 +41,9 @@ use super::pulse;
 use crate::{
     clock::{Clock as _, SystemClock},
     kafka::{Delivery, Producer, landed},
-    message::{MessageId, UnixMillis},
+    message::{MessageId, PendingMessage, UnixMillis},
     metrics,
-    store::{InDoubt, Store, schema::DispatchKey},
+    store::{DeadLettered, InDoubt, Outcome, Store, schema::DispatchKey},
 };
 
 /// How long after a stop a request the stopped process had already sent
@@ -70,14 +70,14 @@ const ATTEMPTS: u32 = 3;
 /// Wait before trying again after a failure.
 const BACKOFF: Duration = Duration::from_secs(2);
 
-/// An in-doubt message found on its topic.
+/// An in-doubt message found on its topic, or on its dead-letter topic.
 #[derive(Debug)]
 pub(super) struct Found {
     pub id: MessageId,
     /// Its due entry, as it was when it was found.
     pub key: DispatchKey,
-    pub partition: i32,
-    pub offset: i64,
+    /// Delivered, or dead-lettered, where it was found.
+    pub outcome: Outcome,
 }
 
 /// What is in doubt after an unclean stop, and how long the search reads
@@ -132,12 +132,14 @@ pub(super) fn after_claim(now: UnixMillis) -> (Option<InDoubt>, landed::Late) {
     (Some(InDoubt { below, before_seq: u64::MAX, from: DispatchKey::MIN }), late)
 }
 
-/// The messages in `window` found on their topics, read on past the ends
-/// as `late` says. `None` if stopped first.
+/// The messages in `window` found on their topics, or on the dead-letter
+/// topics `dead_letter_topic` names for them, read on past the ends as
+/// `late` says. `None` if stopped first.
 pub(super) async fn landed(
     store: &Store,
     producer: &Arc<Producer>,
     (window, mut late): (Option<InDoubt>, landed::Late),
+    dead_letter_topic: impl Fn(&PendingMessage) -> Option<Arc<str>>,
     stop: &CancellationToken,
 ) -> Option<Vec<Found>> {
     let Some(window) = window else { return Some(Vec::new()) };
@@ -154,10 +156,15 @@ pub(super) async fn landed(
     }
     let count = in_doubt.len();
     metrics::RECONCILE_IN_DOUBT.inc_by(count as u64);
-    let mut by_topic: HashMap<String, Vec<(DispatchKey, MessageId, UnixMillis)>> = HashMap::new();
+    // A message past its deadline, or refused for good, may have gone to
+    // its dead-letter topic instead: it is looked for on both.
+    let mut by_topic: HashMap<Arc<str>, Vec<(DispatchKey, MessageId, UnixMillis)>> = HashMap::new();
     for (key, message) in in_doubt {
         tracing::trace!(id = %message.id.qualified(), due = message.due.0, topic = %message.topic, "in doubt");
-        by_topic.entry(message.topic).or_default().push((key, message.id, message.due));
+        if let Some(to) = dead_letter_topic(&message) {
+            by_topic.entry(to).or_default().push((key, message.id.clone(), message.due));
+        }
+        by_topic.entry(message.topic.as_str().into()).or_default().push((key, message.id, message.due));
     }
     tracing::info!(
         messages = count,
@@ -170,7 +177,7 @@ pub(super) async fn landed(
     // across the stop).
     // Nothing of the stopped dispatcher is newer than now.
     let newest = SystemClock.now().saturating_add(CLOCK_SLACK);
-    let (mut found, mut read, mut partitions) = (Vec::new(), 0, 0);
+    let (mut found, mut read, mut partitions) = (HashMap::<MessageId, Found>::new(), 0, 0);
     for (topic, messages) in by_topic {
         let oldest = messages.iter().map(|(key, _, _)| key.at).min().unwrap_or_default();
         let oldest = UnixMillis(oldest.0.saturating_sub(CLOCK_SLACK.as_millis() as u64));
@@ -185,12 +192,12 @@ pub(super) async fn landed(
                     break Some(landed);
                 }
                 Err(e) if attempt < ATTEMPTS => {
-                    tracing::warn!(topic, error = %e, "reading a target topic back failed; trying again (nothing is produced until then)");
+                    tracing::warn!(topic = %topic, error = %e, "reading a target topic back failed; trying again (nothing is produced until then)");
                     pause(stop).await?;
                 }
                 Err(e) => {
                     tracing::error!(
-                        topic,
+                        topic = %topic,
                         error = %e,
                         messages = wanted.len(),
                         "reading a target topic back failed {ATTEMPTS} times: its messages in doubt are \
@@ -205,11 +212,27 @@ pub(super) async fn landed(
         read += landed.read;
         partitions += landed.partitions;
         let keys: HashMap<&MessageId, DispatchKey> = messages.iter().map(|(key, id, _)| (id, *key)).collect();
-        found.extend(landed.found.into_iter().filter_map(|(id, (partition, offset))| {
-            let key = *keys.get(&id)?;
-            Some(Found { id, key, partition, offset })
-        }));
+        for (id, spot) in landed.found {
+            let Some(&key) = keys.get(&id) else { continue };
+            let outcome = match spot.dead {
+                None => Outcome::Delivered { partition: spot.partition, offset: spot.offset },
+                // Found there, it went there: whether the try before it
+                // counted is not known.
+                Some(reason) => Outcome::DeadLettered(Box::new(DeadLettered {
+                    topic: Arc::clone(&topic),
+                    partition: spot.partition,
+                    offset: spot.offset,
+                    reason,
+                    tried: false,
+                })),
+            };
+            // Found on its own topic too: delivered there, whatever else.
+            if found.get(&id).is_none_or(|f| matches!(f.outcome, Outcome::DeadLettered(_))) {
+                found.insert(id.clone(), Found { id, key, outcome });
+            }
+        }
     }
+    let found: Vec<Found> = found.into_values().collect();
     metrics::RECONCILE_MILLISECONDS.set(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
     metrics::RECONCILE_FOUND.inc_by(found.len() as u64);
     metrics::RECONCILE_READ.inc_by(read);

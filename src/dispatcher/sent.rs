@@ -19,7 +19,7 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
-    message::{MessageId, UnixMillis},
+    message::{DeadReason, Envelope, MessageId, UnixMillis},
     store::{Settle, Tries, schema::DispatchKey},
 };
 
@@ -33,6 +33,17 @@ pub(super) struct InFlight {
     /// It tries a refused topic again.
     pub probe: bool,
     pub sent_at: Instant,
+    /// What it has to do with dead letters, if anything.
+    pub dead: Option<Box<Dead>>,
+}
+
+/// What a produce has to do with dead letters.
+pub(super) enum Dead {
+    /// A produce to its own topic that goes to `to` if it fails: the
+    /// message is kept to be sent there.
+    Fallback { to: Arc<str>, envelope: Envelope },
+    /// A dead letter of a message of `topic`.
+    Letter { topic: Arc<str>, reason: DeadReason, tried: bool },
 }
 
 enum Slot {
@@ -235,6 +246,7 @@ mod tests {
             tries: Tries::default(),
             probe: false,
             sent_at: Instant::now(),
+            dead: None,
         }
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::{
     Dispatcher, HOLD_FOR, PUBLISH_EVERY,
+    sent::{Dead, InFlight},
     topics::{note_held, topic_refused},
 };
 use crate::{
@@ -16,7 +17,8 @@ use crate::{
 };
 
 impl Dispatcher {
-    /// Settles a message that was not produced (its topic gave up).
+    /// Settles a message that was not produced (found on its topic after
+    /// an unclean stop, expired, or failed with its topic).
     pub(super) fn settle_untried(
         &mut self,
         ready: Ready,
@@ -95,9 +97,10 @@ impl Dispatcher {
     }
 
     pub(super) fn on_report(&mut self, report: DeliveryReport) {
-        let Some((sent, stalled)) = self.sent.take(report.token) else {
+        let Some((mut sent, stalled)) = self.sent.take(report.token) else {
             return;
         };
+        let dead = sent.dead.take().map(|d| *d);
         self.store.metrics().in_flight.set(self.sent.len() as i64);
         let now = self.clock.now();
         let state = self.topics.states.entry(Arc::clone(&sent.topic)).or_default();
@@ -108,6 +111,25 @@ impl Dispatcher {
                 note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
                 tracing::info!(topic = %sent.topic, "Kafka answers produces to this topic again");
             }
+        }
+        if let Err(error) = &report.result
+            && error.fault == Fault::Fenced
+        {
+            // Another producer took the shard's transactional id: the
+            // record was not delivered (its transaction is aborted), and
+            // the message is not this dispatcher's to settle. It goes back
+            // to the store untouched; see `take_back`.
+            tracing::debug!(id = %sent.id.qualified(), error = %error.reason, "produce fenced");
+            self.fenced = true;
+            self.rescan(Some(sent.key));
+            self.settling.releasing.push(sent.id);
+            return;
+        }
+        if let Some(Dead::Letter { topic, reason, tried }) = dead {
+            let outcome = self.dead_letter_outcome(&sent, (&topic, reason, tried), report.result, now);
+            // Counted with the message's own topic.
+            self.settling.settles.push(Settle { topic, ..settled(sent, outcome, now) });
+            return;
         }
         let outcome = match report.result {
             Ok((partition, offset)) => {
@@ -121,17 +143,6 @@ impl Dispatcher {
                     );
                 }
                 Outcome::Delivered { partition, offset }
-            }
-            Err(error) if error.fault == Fault::Fenced => {
-                // Another producer took the shard's transactional id: the
-                // record was not delivered (its transaction is aborted),
-                // and the message is not this dispatcher's to settle. It
-                // goes back to the store untouched; see `take_back`.
-                tracing::debug!(id = %sent.id.qualified(), error = %error.reason, "produce fenced");
-                self.fenced = true;
-                self.rescan(Some(sent.key));
-                self.settling.releasing.push(sent.id);
-                return;
             }
             Err(error) => {
                 let kind = match error.fault {
@@ -162,16 +173,8 @@ impl Dispatcher {
                 }
             }
         };
-        let settle = Settle {
-            id: sent.id,
-            key: sent.key,
-            due: sent.due,
-            topic: sent.topic,
-            tries: sent.tries,
-            at: now,
-            outcome,
-            in_order: false,
-        };
+        let Some(outcome) = self.after_produce(&sent, dead, outcome) else { return };
+        let settle = settled(sent, outcome, now);
         if matches!(settle.outcome, Outcome::Delivered { .. }) && !settle.tries.recorded {
             if let Some(settle) = self.sent.answer(report.token, settle) {
                 self.settling.settles.push(settle);
@@ -179,5 +182,19 @@ impl Dispatcher {
         } else {
             self.settling.settles.push(settle);
         }
+    }
+}
+
+/// What became of the produce `sent`, known `at`.
+fn settled(sent: InFlight, outcome: Outcome, at: UnixMillis) -> Settle {
+    Settle {
+        id: sent.id,
+        key: sent.key,
+        due: sent.due,
+        topic: sent.topic,
+        tries: sent.tries,
+        at,
+        outcome,
+        in_order: false,
     }
 }

@@ -1,15 +1,15 @@
 //! Before the dispatcher produces: its producer made ready (and, once
 //! another node's fenced it, taken back), the topics read back for what
 //! the shard's last dispatcher produced unrecorded, and what was found
-//! recorded as delivered.
+//! recorded as delivered (or dead-lettered).
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Dispatcher, GATE_RECHECK, reconcile};
+use super::{Dispatcher, GATE_RECHECK, dead_letter, reconcile};
 use crate::{
-    message::MessageId,
+    message::{MessageId, PendingMessage},
     store::{Outcome, schema::DispatchKey},
 };
 
@@ -107,7 +107,12 @@ impl Dispatcher {
                 _ = tokio::time::sleep(self.config.max_sleep) => {}
             }
         }
-        match reconcile::landed(&self.store, &self.producer, search, stop).await {
+        let (policies, server) = (&self.policies, self.config.dead_letter_topic.as_ref());
+        let dead_letter_topic = |m: &PendingMessage| {
+            let policy = policies.dead_letter_topic(m.id.tenant(), &m.topic);
+            dead_letter::route(m.dead_letter_topic.as_deref(), policy, server, &m.topic)
+        };
+        match reconcile::landed(&self.store, &self.producer, search, dead_letter_topic, stop).await {
             Some(found) => {
                 self.settle_found(found).await;
                 // Found and recorded, or not on its topic: the search can
@@ -169,17 +174,18 @@ impl Dispatcher {
     }
 
     /// Records the messages the reconciliation found on their topics as
-    /// delivered, and waits until that is durable, before anything is
-    /// produced: a later delivery may raise a mark past them. One held by
-    /// a change in progress is settled when it is next claimed, if its due
-    /// entry is still the one found.
+    /// delivered (or dead-lettered, found on their dead-letter topics),
+    /// and waits until that is durable, before anything is produced: a
+    /// later delivery may raise a mark past them. One held by a change in
+    /// progress is settled when it is next claimed, if its due entry is
+    /// still the one found.
     async fn settle_found(&mut self, found: Vec<reconcile::Found>) {
         if found.is_empty() {
             return;
         }
-        let mut at: HashMap<MessageId, (DispatchKey, i32, i64)> =
-            found.into_iter().map(|f| (f.id, (f.key, f.partition, f.offset))).collect();
-        let entries = at.iter().map(|(id, (key, _, _))| (*key, id.clone())).collect();
+        let mut at: HashMap<MessageId, (DispatchKey, Outcome)> =
+            found.into_iter().map(|f| (f.id, (f.key, f.outcome))).collect();
+        let entries = at.iter().map(|(id, (key, _))| (*key, id.clone())).collect();
         let batch = match self.store.take_listed(entries).await {
             Ok(batch) => batch,
             Err(e) => {
@@ -193,9 +199,9 @@ impl Dispatcher {
         release.extend(batch.unreadable.into_iter().map(|(_, id, _)| id));
         for ready in batch.ready {
             match at.remove(&ready.id) {
-                Some((key, partition, offset)) if key == ready.key => {
+                Some((key, outcome)) if key == ready.key => {
                     let topic: Arc<str> = ready.envelope.topic.as_str().into();
-                    self.settle_untried(ready, topic, now, Outcome::Delivered { partition, offset });
+                    self.settle_untried(ready, topic, now, outcome);
                 }
                 _ => release.push(ready.id),
             }

@@ -18,7 +18,10 @@ use rdkafka::{
 };
 
 use super::{KafkaConfig, is_producer_only, seek::Seek};
-use crate::message::{DUE_HEADER, ID_HEADER, MessageId, TENANT_HEADER, UnixMillis};
+use crate::message::{
+    DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_REASON_HEADER, DEADLINE_HEADER, DUE_HEADER, DeadReason, ID_HEADER,
+    MessageId, TENANT_HEADER, UnixMillis,
+};
 
 /// How long the broker may take to answer metadata and offset requests.
 const ASK: Duration = Duration::from_secs(10);
@@ -30,11 +33,20 @@ const CHECK_WITHIN: Duration = Duration::from_secs(1);
 /// further back.
 const SEEK_WAIT: Duration = Duration::from_secs(1);
 
+/// Where a message looked for was found, and whether as a dead letter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spot {
+    pub partition: i32,
+    pub offset: i64,
+    /// A dead letter of the message: why it went there.
+    pub dead: Option<DeadReason>,
+}
+
 /// What a search found on one topic.
 #[derive(Debug, Default)]
 pub struct Landed {
     /// The messages looked for that are there: the first copy of each.
-    pub found: HashMap<MessageId, (i32, i64)>,
+    pub found: HashMap<MessageId, Spot>,
     /// Records read, ours and others'.
     pub read: u64,
     /// Partitions read (the others had nothing past their mark).
@@ -244,7 +256,7 @@ pub fn search(
                     continue;
                 }
                 read_to.insert(partition, offset + 1);
-                if let Some(id) = ours(&record, wanted.ids) {
+                if let Some((id, dead)) = ours(&record, wanted.ids) {
                     if offset >= end {
                         late.last = Instant::now();
                         (draining, drained) = (false, false);
@@ -252,7 +264,7 @@ pub fn search(
                     } else {
                         tracing::debug!(topic, partition, offset, id = %id.qualified(), "found a message in doubt");
                     }
-                    landed.found.entry(id).or_insert((partition, offset));
+                    landed.found.entry(id).or_insert(Spot { partition, offset, dead });
                 }
                 if offset + 1 >= end {
                     unread.remove(&partition);
@@ -416,16 +428,24 @@ fn by_time(
         .collect())
 }
 
-/// The message a record is a delivery of, if it carries one of the wanted
-/// ids with the due time that message has.
-fn ours(record: &impl rdkafka::Message, wanted: &HashMap<MessageId, UnixMillis>) -> Option<MessageId> {
+/// The message a record is a delivery (or a dead letter) of, if it
+/// carries one of the wanted ids with the due time that message has; and
+/// if a dead letter, why.
+fn ours(
+    record: &impl rdkafka::Message,
+    wanted: &HashMap<MessageId, UnixMillis>,
+) -> Option<(MessageId, Option<DeadReason>)> {
     let headers = record.headers()?;
     let (mut id, mut tenant, mut due) = (None, None, None);
+    let (mut reason, mut deadline, mut error) = (None, None, None);
     for header in headers.iter() {
         match header.key {
             ID_HEADER => id = header.value,
             TENANT_HEADER => tenant = header.value,
             DUE_HEADER => due = header.value,
+            DEAD_LETTER_REASON_HEADER => reason = header.value,
+            DEADLINE_HEADER => deadline = header.value,
+            DEAD_LETTER_ERROR_HEADER => error = header.value,
             _ => {}
         }
     }
@@ -435,7 +455,21 @@ fn ours(record: &impl rdkafka::Message, wanted: &HashMap<MessageId, UnixMillis>)
     };
     let id = MessageId::from_stored(&stored)?;
     let due: u64 = std::str::from_utf8(due?).ok()?.parse().ok()?;
-    (wanted.get(&id) == Some(&UnixMillis(due))).then_some(id)
+    if wanted.get(&id) != Some(&UnixMillis(due)) {
+        return None;
+    }
+    // Read, not trusted: bounded as an error the broker gives.
+    let text =
+        |v: Option<&[u8]>| String::from_utf8_lossy(v.unwrap_or_default()).chars().take(1_000).collect();
+    let dead = reason.map(|reason| {
+        let deadline = std::str::from_utf8(deadline.unwrap_or_default()).ok().and_then(|d| d.parse().ok());
+        match (reason, deadline) {
+            (b"expired", Some(deadline)) => DeadReason::Expired { deadline: UnixMillis(deadline) },
+            (b"failed", _) => DeadReason::Failed { error: text(error) },
+            _ => DeadReason::Failed { error: format!("a dead letter that says {:?}", text(Some(reason))) },
+        }
+    });
+    Some((id, dead))
 }
 
 /// The search's consumer context: reaching a partition's end is how the

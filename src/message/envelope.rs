@@ -24,6 +24,9 @@ pub struct Envelope {
     /// Its deadline past its due time: past it, the message is settled
     /// expired instead of produced. Kept with the message, not produced.
     pub max_lateness: Option<Duration>,
+    /// Where it goes if it fails or expires, if it names a topic of its
+    /// own. Kept with the message, not produced.
+    pub dead_letter_topic: Option<String>,
 }
 
 /// Prefix of the headers hourglass adds to every record it produces.
@@ -35,6 +38,39 @@ pub const DUE_HEADER: &str = "hourglass-due-ms";
 /// Header carrying the tenant whose id space the message is in; absent for
 /// the shared space. Two tenants may use the same id: deduplicate on both.
 pub const TENANT_HEADER: &str = "hourglass-tenant";
+/// Dead letters: why it came here instead of its topic, `expired` or
+/// `failed`.
+pub const DEAD_LETTER_REASON_HEADER: &str = "hourglass-dead-letter-reason";
+/// Dead letters that failed: the error its topic gave.
+pub const DEAD_LETTER_ERROR_HEADER: &str = "hourglass-dead-letter-error";
+/// Dead letters that expired: the deadline that passed, in Unix
+/// milliseconds.
+pub const DEADLINE_HEADER: &str = "hourglass-deadline-ms";
+/// Dead letters: the topic it was scheduled for.
+pub const ORIGINAL_TOPIC_HEADER: &str = "hourglass-original-topic";
+/// Dead letters: the partition it was scheduled for, if it named one.
+pub const ORIGINAL_PARTITION_HEADER: &str = "hourglass-original-partition";
+/// Dead letters: how many times it was produced to its topic and refused.
+pub const ATTEMPTS_HEADER: &str = "hourglass-attempts";
+
+/// Why a message went to its dead-letter topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeadReason {
+    /// Its deadline passed before it was produced.
+    Expired { deadline: UnixMillis },
+    /// Its topic did not take it, for good.
+    Failed { error: String },
+}
+
+impl DeadReason {
+    /// The reason header's value.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DeadReason::Expired { .. } => "expired",
+            DeadReason::Failed { .. } => "failed",
+        }
+    }
+}
 
 /// A due message as delivery takes it: the client's record, whose it is
 /// and when it was due.
@@ -61,6 +97,32 @@ impl<'a> Outgoing<'a> {
 }
 
 impl Envelope {
+    /// The record to produce to the dead-letter topic `to` in place of
+    /// this one: key, value and headers as they were, no partition of its
+    /// own, and headers that say why (`attempts` tries of its topic).
+    pub fn dead_letter(mut self, to: &str, why: &DeadReason, attempts: u32) -> Envelope {
+        let mut add = |key: &str, value: String| {
+            self.headers.push(Header { key: key.to_owned(), value: value.into_bytes() })
+        };
+        add(DEAD_LETTER_REASON_HEADER, why.name().to_owned());
+        match why {
+            DeadReason::Expired { deadline } => add(DEADLINE_HEADER, deadline.0.to_string()),
+            DeadReason::Failed { error } => add(DEAD_LETTER_ERROR_HEADER, error.clone()),
+        }
+        add(ORIGINAL_TOPIC_HEADER, self.topic.clone());
+        if let Some(partition) = self.partition {
+            add(ORIGINAL_PARTITION_HEADER, partition.to_string());
+        }
+        add(ATTEMPTS_HEADER, attempts.to_string());
+        Envelope {
+            topic: to.to_owned(),
+            partition: None,
+            dead_letter_topic: None,
+            max_lateness: None,
+            ..self
+        }
+    }
+
     /// Bytes the record carries: key, value and headers.
     pub fn size(&self) -> usize {
         self.key.as_ref().map_or(0, Vec::len) + self.value.len() + self.headers_size()
@@ -73,6 +135,10 @@ impl Envelope {
     /// Checks everything that can be checked without the broker.
     pub fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
         validate_topic_name(&self.topic)?;
+        if let Some(to) = &self.dead_letter_topic {
+            validate_dead_letter_topic(&self.topic, to)
+                .map_err(|e| Invalid { field: "dead_letter_topic", ..e })?;
+        }
         if self.value.is_empty() {
             return Err(Invalid::new("message.value", "must not be empty"));
         }
@@ -138,6 +204,20 @@ pub fn validate_topic_name(topic: &str) -> Result<(), Invalid> {
         return Err(Invalid::new(
             "message.topic",
             format!("{topic:?} contains {c:?}; Kafka topics use letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    Ok(())
+}
+
+/// A dead-letter topic for the messages of `topic`: a topic name, and
+/// another topic (a message that failed on its topic would fail there
+/// again, and could not be told from one delivered).
+pub fn validate_dead_letter_topic(topic: &str, to: &str) -> Result<(), Invalid> {
+    validate_topic_name(to)?;
+    if to == topic {
+        return Err(Invalid::new(
+            "message.topic",
+            format!("{to:?} is the message's own topic; a dead-letter topic must be another"),
         ));
     }
     Ok(())

@@ -167,6 +167,7 @@ pub struct Stats {
     pub cancelled: u64,
     pub failed: u64,
     pub expired: u64,
+    pub dead_lettered: u64,
     pub dispatching: u64,
     /// The pending message longest past its dispatch time.
     pub oldest_overdue: Option<PendingMessage>,

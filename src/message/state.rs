@@ -1,6 +1,6 @@
 //! A message's states and what the API answers about one.
 
-use super::{Envelope, Labels, MessageId, UnixMillis};
+use super::{DeadReason, Envelope, Labels, MessageId, UnixMillis};
 
 /// Where a delivered record landed, and when the broker acknowledged it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -10,12 +10,25 @@ pub struct Delivery {
     pub delivered_at: UnixMillis,
 }
 
+/// Where a message that failed or expired went instead of its topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub at: UnixMillis,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub reason: DeadReason,
+    /// Tries of its own topic.
+    pub attempts: u32,
+}
+
 /// A message's lifecycle:
 ///
 /// ```text
 /// Pending ──produce acked──► Delivered
 ///    │  ├─tries exhausted──► Failed ──reschedule──► Pending
 ///    │  ╰─deadline passed──► Expired ─reschedule──► Pending
+///    │     (either, with a dead-letter topic) ──► DeadLettered ─reschedule──► Pending
 ///    ╰──────cancel────────► Cancelled
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +51,8 @@ pub enum State {
         at: UnixMillis,
         deadline: UnixMillis,
     },
+    /// It failed or expired, and went to its dead-letter topic.
+    DeadLettered(DeadLetter),
 }
 
 /// What a cancel did, or why it did nothing.
@@ -48,6 +63,7 @@ pub enum CancelOutcome {
     AlreadyCancelled,
     AlreadyFailed,
     AlreadyExpired,
+    AlreadyDeadLettered,
     NotFound,
 }
 
@@ -79,14 +95,18 @@ impl State {
             State::Cancelled { .. } => Err(CancelOutcome::AlreadyCancelled),
             State::Failed { .. } => Err(CancelOutcome::AlreadyFailed),
             State::Expired { .. } => Err(CancelOutcome::AlreadyExpired),
+            State::DeadLettered(_) => Err(CancelOutcome::AlreadyDeadLettered),
         }
     }
 
-    /// Whether a reschedule may move this message. A failed or expired
-    /// message may be rescheduled: that is how an operator re-drives it.
+    /// Whether a reschedule may move this message. A failed, expired or
+    /// dead-lettered message may be rescheduled: that is how an operator
+    /// re-drives it to its own topic.
     pub fn reschedule(&self) -> Result<(), RescheduleRefusal> {
         match self {
-            State::Pending { .. } | State::Failed { .. } | State::Expired { .. } => Ok(()),
+            State::Pending { .. } | State::Failed { .. } | State::Expired { .. } | State::DeadLettered(_) => {
+                Ok(())
+            }
             State::Delivered(_) => Err(RescheduleRefusal::AlreadyDelivered),
             State::Cancelled { .. } => Err(RescheduleRefusal::AlreadyCancelled),
         }
@@ -163,4 +183,6 @@ pub struct PendingMessage {
     pub labels: Labels,
     /// When it expires unproduced, if it has a deadline.
     pub deadline: Option<UnixMillis>,
+    /// Its own dead-letter topic, if it names one.
+    pub dead_letter_topic: Option<String>,
 }

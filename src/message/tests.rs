@@ -11,6 +11,7 @@ fn envelope() -> Envelope {
         partition: None,
         labels: Default::default(),
         max_lateness: None,
+        dead_letter_topic: None,
     }
 }
 
@@ -65,6 +66,49 @@ fn header_limits_apply() {
     assert!(e.validate(&limits).unwrap_err().reason.contains("empty"));
     e.headers = vec![Header { key: ID_HEADER.into(), value: vec![] }];
     assert!(e.validate(&limits).unwrap_err().reason.contains("reserved"));
+}
+
+#[test]
+fn a_dead_letter_topic_must_be_a_topic_and_another_one() {
+    let with = |to: &str| Envelope { dead_letter_topic: Some(to.into()), ..envelope() };
+    assert_eq!(with("orders.dead").validate(&Limits::default()), Ok(()));
+    for to in ["", "no/slash", "orders.cancel-v1"] {
+        let refused = with(to).validate(&Limits::default()).unwrap_err();
+        assert_eq!(refused.field, "dead_letter_topic", "{to:?}: {refused:?}");
+    }
+}
+
+#[test]
+fn a_dead_letter_keeps_the_record_and_says_why() {
+    let with_partition =
+        Envelope { partition: Some(3), max_lateness: Some(Duration::from_secs(1)), ..envelope() };
+    let expired =
+        with_partition.dead_letter("orders.dead", &DeadReason::Expired { deadline: UnixMillis(1_500) }, 0);
+    assert_eq!(
+        (expired.topic.as_str(), expired.partition),
+        ("orders.dead", None),
+        "partitioned as the topic says"
+    );
+    assert_eq!((expired.key, expired.value), (envelope().key, envelope().value));
+    let headers: Vec<(&str, &[u8])> =
+        expired.headers.iter().map(|h| (h.key.as_str(), h.value.as_slice())).collect();
+    assert_eq!(
+        headers,
+        [
+            ("trace", &b"abc"[..]),
+            (DEAD_LETTER_REASON_HEADER, b"expired"),
+            (DEADLINE_HEADER, b"1500"),
+            (ORIGINAL_TOPIC_HEADER, b"orders.cancel-v1"),
+            (ORIGINAL_PARTITION_HEADER, b"3"),
+            (ATTEMPTS_HEADER, b"0"),
+        ]
+    );
+    let failed = envelope().dead_letter("orders.dead", &DeadReason::Failed { error: "too large".into() }, 5);
+    let header = |key: &str| failed.headers.iter().find(|h| h.key == key).map(|h| h.value.as_slice());
+    assert_eq!(header(DEAD_LETTER_REASON_HEADER), Some(&b"failed"[..]));
+    assert_eq!(header(DEAD_LETTER_ERROR_HEADER), Some(&b"too large"[..]));
+    assert_eq!(header(ATTEMPTS_HEADER), Some(&b"5"[..]));
+    assert_eq!(header(ORIGINAL_PARTITION_HEADER), None, "it named none");
 }
 
 #[test]

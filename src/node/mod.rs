@@ -463,6 +463,7 @@ mod tests {
             last_error: None,
             labels: Default::default(),
             deadline: None,
+            dead_letter_topic: None,
         }
     }
 

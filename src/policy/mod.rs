@@ -120,6 +120,10 @@ pub struct TopicPolicy {
     /// in ms; 0: none.
     #[prost(uint64, tag = "6")]
     pub max_lateness_ms: u64,
+    /// Where its messages that name none go when they fail or expire;
+    /// empty: the server's default, if any.
+    #[prost(string, tag = "7")]
+    pub dead_letter_topic: String,
 }
 
 impl TopicPolicy {
@@ -146,9 +150,16 @@ impl TopicPolicy {
         (self.max_lateness_ms > 0).then(|| Duration::from_millis(self.max_lateness_ms))
     }
 
+    pub fn dead_letter_topic(&self) -> Option<&str> {
+        (!self.dead_letter_topic.is_empty()).then_some(self.dead_letter_topic.as_str())
+    }
+
     /// Says nothing: it is removed rather than kept.
     pub fn is_empty(&self) -> bool {
-        !self.paused() && self.rate().is_none() && self.max_lateness().is_none()
+        !self.paused()
+            && self.rate().is_none()
+            && self.max_lateness().is_none()
+            && self.dead_letter_topic().is_none()
     }
 }
 
@@ -229,6 +240,13 @@ impl Table {
         let [wide, own] = self.applying(tenant, topic);
         own.and_then(|(_, p)| p.max_lateness()).or_else(|| wide.and_then(|(_, p)| p.max_lateness()))
     }
+
+    /// Where a message of `tenant` to `topic` that names none goes when it
+    /// fails or expires: its tenant's policy's topic, else the topic's.
+    pub fn dead_letter_topic(&self, tenant: Option<&str>, topic: &str) -> Option<&str> {
+        let [wide, own] = self.applying(tenant, topic);
+        own.and_then(|(_, p)| p.dead_letter_topic()).or_else(|| wide.and_then(|(_, p)| p.dead_letter_topic()))
+    }
 }
 
 /// A change of one policy, as the store writes it.
@@ -300,6 +318,18 @@ mod tests {
         assert_eq!(table.max_lateness(Some("other"), "a"), Some(Duration::from_secs(60)));
         assert_eq!(table.max_lateness(None, "b"), None);
         assert!(table.get(&PolicyKey::topic_wide("a")).is_some(), "a deadline alone is kept");
+    }
+
+    #[test]
+    fn a_tenants_dead_letter_topic_wins_over_the_topics() {
+        let mut table = Table::default();
+        let to = |t: &str| TopicPolicy { dead_letter_topic: t.to_owned(), ..TopicPolicy::default() };
+        table.set(PolicyKey::topic_wide("a"), Some(to("a.dead")));
+        table.set(PolicyKey { tenant: tenant("acme"), topic: "a".into() }, Some(to("acme.dead")));
+        assert_eq!(table.dead_letter_topic(Some("acme"), "a"), Some("acme.dead"));
+        assert_eq!(table.dead_letter_topic(Some("other"), "a"), Some("a.dead"));
+        assert_eq!(table.dead_letter_topic(None, "b"), None);
+        assert!(table.get(&PolicyKey::topic_wide("a")).is_some(), "a dead-letter topic alone is kept");
     }
 
     #[test]

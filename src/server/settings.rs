@@ -194,6 +194,7 @@ pub fn shard(config: &Config) -> ShardConfig {
             shutdown_grace: *config.shutdown_grace,
             fail_after: *config.fail_after,
             stall_after: *config.stall_after,
+            dead_letter_topic: config.dead_letter_topic.as_deref().map(Into::into),
             ..DispatcherConfig::default()
         },
         retention: *config.retention,

@@ -108,6 +108,7 @@ mod tests {
             last_error: last_error.map(str::to_owned),
             labels: Default::default(),
             deadline: None,
+            dead_letter_topic: None,
         }
     }
 

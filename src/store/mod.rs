@@ -57,8 +57,8 @@ pub(crate) use scan::{DueBatch, Ready, Tries};
 pub use series::{SeriesBytes, SeriesWrite};
 use writer::Op;
 pub use writer::{Answer, Decided, Decision, Hold, Intent, NewId, NewMessage, Proposed};
+pub(crate) use writer::{DeadLettered, Outcome, Settle};
 pub(crate) use writer::{InDoubt, Local, LogEntry, Replica, SettledLine};
-pub(crate) use writer::{Outcome, Settle};
 
 use crate::metrics::ShardMetrics;
 

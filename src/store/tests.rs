@@ -8,6 +8,7 @@ use crate::message::{
     CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scheduled, Scope, State, UnixMillis,
 };
 
+mod dead_letter;
 mod expire;
 mod policy;
 mod replace;
@@ -27,6 +28,7 @@ async fn park(store: &Store, id: &str, due: u64) -> MessageId {
         partition: None,
         labels: Default::default(),
         max_lateness: None,
+        dead_letter_topic: None,
     };
     let msg = NewMessage {
         id: NewId::Client(MessageId::parse(id).unwrap()),
@@ -527,6 +529,7 @@ mod scale {
                 partition: None,
                 labels: Default::default(),
                 max_lateness: None,
+                dead_letter_topic: None,
             },
             requested: DueSpec::At(UnixMillis(due)),
             due: UnixMillis(due),

@@ -7,8 +7,8 @@ use super::schema::{
     DispatchKey, HeaderRecord, LabelRecord, MessageRecord, Settlement, SettlementKind, TriesRecord,
 };
 use crate::message::{
-    Delivery, DueSpec, Envelope, Header, Labels, MessageId, PendingMessage, ScheduledMessage, State,
-    UnixMillis, duration_ms,
+    DeadLetter, DeadReason, Delivery, DueSpec, Envelope, Header, Labels, MessageId, PendingMessage,
+    ScheduledMessage, State, UnixMillis, duration_ms,
 };
 
 impl MessageRecord {
@@ -38,6 +38,7 @@ impl MessageRecord {
             requested_delay_ms,
             entry_at_ms: None,
             max_lateness_ms: envelope.max_lateness.map(duration_ms),
+            dead_letter_topic: envelope.dead_letter_topic.clone(),
         }
     }
 
@@ -61,6 +62,7 @@ impl MessageRecord {
             partition: self.partition,
             labels: labels_of(self.labels),
             max_lateness: self.max_lateness_ms.map(std::time::Duration::from_millis),
+            dead_letter_topic: self.dead_letter_topic,
         }
     }
 
@@ -73,6 +75,7 @@ impl MessageRecord {
             && self.value == envelope.value
             && self.partition == envelope.partition
             && self.max_lateness_ms == envelope.max_lateness.map(duration_ms)
+            && self.dead_letter_topic == envelope.dead_letter_topic
             && self.headers.len() == envelope.headers.len()
             && self.headers.iter().zip(&envelope.headers).all(|(a, b)| a.key == b.key && a.value == b.value)
             && self.labels.len() == envelope.labels.iter().count()
@@ -101,6 +104,7 @@ pub fn pending_message(
         attempts: tries.map_or(0, |t| t.attempts),
         last_error: tries.filter(|t| !t.last_error.is_empty()).map(|t| t.last_error.clone()),
         deadline: record.max_lateness_ms.map(|late| UnixMillis(record.due_ms.saturating_add(late))),
+        dead_letter_topic: record.dead_letter_topic,
         topic: record.topic,
         key: record.key,
         partition: record.partition,
@@ -141,6 +145,17 @@ pub fn state_of(settlement: Option<&Settlement>) -> State {
         SettlementKind::Expired => {
             State::Expired { at: UnixMillis(s.at_ms), deadline: UnixMillis(s.deadline_ms) }
         }
+        SettlementKind::DeadLettered => State::DeadLettered(DeadLetter {
+            at: UnixMillis(s.at_ms),
+            topic: s.dead_letter_topic.clone(),
+            partition: s.partition,
+            offset: s.offset,
+            reason: match s.deadline_ms {
+                0 => DeadReason::Failed { error: s.last_error.clone() },
+                deadline => DeadReason::Expired { deadline: UnixMillis(deadline) },
+            },
+            attempts: s.attempts,
+        }),
     }
 }
 
@@ -173,6 +188,7 @@ mod tests {
             partition: None,
             labels: Default::default(),
             max_lateness: None,
+            dead_letter_topic: None,
         };
         MessageRecord::new(
             envelope,

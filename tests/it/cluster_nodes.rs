@@ -572,6 +572,7 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
         partition: None,
         labels: Default::default(),
         max_lateness: None,
+        dead_letter_topic: None,
     };
     let (now, due) = (now_ms() as u64, now_ms() as u64 + 3_600_000);
     let id = MessageId::parse(&later).unwrap();

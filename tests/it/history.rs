@@ -146,6 +146,7 @@ async fn run_client(
                 on_conflict: 0,
                 labels: Default::default(),
                 max_lateness: None,
+                dead_letter_topic: String::new(),
             };
             let answer = match client.schedule(request).await {
                 Ok(r) => {

@@ -13,6 +13,7 @@ mod cli;
 mod cluster;
 mod cluster_nodes;
 mod corruption;
+mod dead_letter;
 mod deadline;
 mod delivery;
 mod deploy;

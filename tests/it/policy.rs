@@ -267,11 +267,13 @@ type Admin = AdminClient<InterceptedService<Channel, Bearer>>;
 type Scheduler = SchedulerClient<InterceptedService<Channel, Bearer>>;
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_or_deadlines() {
+async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_or_dead_letters() {
     let broker = Broker::start();
-    let (shared, orders_only) = (random_name("shared"), random_name("orders"));
+    let (shared, orders_only, billing_dead) =
+        (random_name("shared"), random_name("orders"), random_name("billing-dead"));
     broker.create_topic(&shared, 1).await;
     broker.create_topic(&orders_only, 1).await;
+    broker.create_topic(&billing_dead, 1).await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.toml");
     std::fs::write(
@@ -279,7 +281,8 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_or_deadline
         format!(
             "[[token]]\nname = \"orders\"\ntoken = \"orders-token\"\ntopics = [\"{shared}\", \"{orders_only}\"]\n\
              admin = \"tenant\"\n\n\
-             [[token]]\nname = \"billing\"\ntoken = \"billing-token\"\ntopics = [\"{shared}\"]\nadmin = \"tenant\"\n\n\
+             [[token]]\nname = \"billing\"\ntoken = \"billing-token\"\ntopics = [\"{shared}\", \"{billing_dead}\"]\n\
+             admin = \"tenant\"\n\n\
              [[token]]\nname = \"reader\"\ntoken = \"reader-token\"\ntopics = [\"{shared}\"]\n\n\
              [[token]]\nname = \"ops\"\ntoken = \"ops-token\"\ntopics = [\"*\"]\nadmin = \"all\"\n"
         ),
@@ -393,6 +396,43 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_or_deadline
     );
     let expired = as_billing.get(proto::GetRequest { id: "billing-2".into() }).await.unwrap().into_inner();
     assert_eq!(expired.state(), proto::State::Expired);
+
+    // Dead letters: billing sends none to a topic it is not granted, nor
+    // sets where every tenant's go; its own go where it says.
+    let dead_letters = |to: &str, all_tenants| proto::SetDeadLetterTopicRequest {
+        topic: shared.clone(),
+        all_tenants,
+        dead_letter_topic: to.into(),
+    };
+    assert_eq!(
+        code(billing.set_dead_letter_topic(dead_letters(&orders_only, false)).await),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        code(billing.set_dead_letter_topic(dead_letters(&billing_dead, true)).await),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        code(billing.set_dead_letter_topic(dead_letters(&shared, false)).await),
+        Code::InvalidArgument,
+        "not the topic itself"
+    );
+    let mut into_orders = a_minute_ago("billing-4");
+    into_orders.dead_letter_topic = orders_only.clone();
+    let refused = as_billing.schedule(into_orders).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let set = billing.set_dead_letter_topic(dead_letters(&billing_dead, false)).await.unwrap().into_inner();
+    assert_eq!((set.tenant.as_str(), set.dead_letter_topic.as_str()), ("billing", billing_dead.as_str()));
+    as_orders.schedule(a_minute_ago("orders-3")).await.unwrap();
+    as_billing.schedule(a_minute_ago("billing-3")).await.unwrap();
+    assert_eq!(values_on(&broker, &billing_dead, 1, Duration::from_secs(10)), ["billing-3"]);
+    assert_eq!(
+        values_on(&broker, &shared, 4, Duration::from_secs(10)),
+        ["orders-1", "billing-1", "orders-2", "orders-3"],
+        "orders' message has no deadline there: delivered"
+    );
+    let letter = as_billing.get(proto::GetRequest { id: "billing-3".into() }).await.unwrap().into_inner();
+    assert_eq!(letter.state(), proto::State::DeadLettered);
     server.stop().await;
 }
 

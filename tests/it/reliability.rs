@@ -379,7 +379,7 @@ async fn a_search_from_inside_a_batch_finds_the_rest_of_it() {
     // The first 120 were recorded delivered; the rest are in doubt.
     let landed = search_from(&broker, &topic, 120, &ids[120..], due).await;
     let mut found: Vec<(i64, String)> =
-        landed.found.iter().map(|(id, &(_, offset))| (offset, id.to_string())).collect();
+        landed.found.iter().map(|(id, spot)| (spot.offset, id.to_string())).collect();
     found.sort();
     assert_eq!(found.len(), 80, "every record past the mark is found: {found:?}");
     assert_eq!(found.first(), Some(&(120, "b-120".to_owned())), "each at its offset");

@@ -271,6 +271,11 @@ pub struct ScheduleArgs {
     /// produced but settled expired.
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub max_lateness: Option<Duration>,
+    /// Where the message goes if it fails or expires: it is produced to
+    /// this topic instead, with headers that say why. Default: its topic's
+    /// dead-letter topic, else the server's --dead-letter-topic.
+    #[arg(long, value_name = "TOPIC")]
+    pub dead_letter_topic: Option<String>,
     #[command(flatten)]
     pub when: When,
 }

@@ -1,6 +1,6 @@
 //! `hourglass topic …`: a target topic's dispatch policy from the command
 //! line (the `Admin` service): pause, resume, limit its rate, give its
-//! messages a default deadline, show it.
+//! messages a default deadline and a dead-letter topic, show it.
 //! Text for people by default; `--output json` prints one object per line.
 
 use std::{process::ExitCode, time::Duration};
@@ -30,6 +30,10 @@ pub enum TopicCommand {
     /// (schedule --max-lateness) expire unproduced this long past their
     /// due time (or remove it with --off).
     Deadline(DeadlineArgs),
+    /// Send a topic's messages that fail or expire to a dead-letter topic,
+    /// when they name none of their own (schedule --dead-letter-topic);
+    /// --off falls back to the server's --dead-letter-topic.
+    DeadLetter(DeadLetterArgs),
     /// Show a topic's policy.
     Get(Target),
     /// List the topic policies you may see.
@@ -85,6 +89,18 @@ pub struct DeadlineArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct DeadLetterArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The dead-letter topic (another topic than the target).
+    #[arg(long, value_name = "TOPIC", required_unless_present = "off", conflicts_with = "off")]
+    pub to: Option<String>,
+    /// Remove the topic's own dead-letter topic.
+    #[arg(long)]
+    pub off: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct ListArgs {
     #[command(flatten)]
     pub client: ClientArgs,
@@ -133,6 +149,16 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {
             let off = d.off || d.max_lateness.is_some_and(|late| late.is_zero());
             (t.client.output, if off { "deadline off for" } else { "deadline on" }, reply)
         }
+        TopicCommand::DeadLetter(d) => {
+            let t = &d.target;
+            let to = proto::SetDeadLetterTopicRequest {
+                topic: t.topic.clone(),
+                all_tenants: t.all_tenants,
+                dead_letter_topic: d.to.clone().filter(|_| !d.off).unwrap_or_default(),
+            };
+            let reply = connect(&t.client).await?.set_dead_letter_topic(to).await;
+            (t.client.output, if d.off { "dead letters off for" } else { "dead letters on" }, reply)
+        }
         TopicCommand::Get(t) => {
             let reply = connect(&t.client).await?.get_topic_policy(request(&t)).await;
             (t.client.output, "", reply)
@@ -177,7 +203,11 @@ fn line(p: &proto::TopicPolicy) -> String {
         Some(late) => format!("messages expire {} late", humantime::format_duration(duration_of(late))),
         None => "no deadline".to_owned(),
     };
-    format!("topic {} ({whose}): {paused}, {limit}, {deadline}", p.topic)
+    let dead = match p.dead_letter_topic.as_str() {
+        "" => String::new(),
+        to => format!(", dead letters to {to}"),
+    };
+    format!("topic {} ({whose}): {paused}, {limit}, {deadline}{dead}", p.topic)
 }
 
 fn duration_of(d: &prost_types::Duration) -> Duration {
@@ -194,6 +224,9 @@ struct Policy {
     rate_limit: Option<Limit>,
     /// The default deadline past the due time, in ms; null: none.
     max_lateness_ms: Option<u64>,
+    /// Where its messages go when they fail or expire; null: the server's
+    /// default.
+    dead_letter_topic: Option<String>,
     updated_at: Option<String>,
     updated_by: Option<String>,
 }
@@ -213,6 +246,7 @@ impl From<proto::TopicPolicy> for Policy {
             paused_at: json::time(p.paused_at),
             rate_limit: p.rate_limit.map(|r| Limit { per_second: r.per_second, burst: r.burst }),
             max_lateness_ms: p.max_lateness.map(|d| duration_of(&d).as_millis() as u64),
+            dead_letter_topic: json::text(p.dead_letter_topic),
             updated_at: json::time(p.updated_at),
             updated_by: (!p.updated_by.is_empty()).then_some(p.updated_by),
         }

@@ -330,6 +330,7 @@ impl Router {
             total.cancelled += other.cancelled;
             total.failed += other.failed;
             total.expired += other.expired;
+            total.dead_lettered += other.dead_lettered;
             total.dispatching += other.dispatching;
             total.store_bytes += other.store_bytes;
             total.max_pending = match (total.max_pending, other.max_pending) {

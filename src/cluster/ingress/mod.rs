@@ -407,6 +407,7 @@ async fn take(caller: &Caller, source: &Source<'_>, records: Vec<Raw>, lost: &Ca
                 let due = std::time::UNIX_EPOCH + Duration::from_millis(due.0);
                 let labels = envelope.labels.iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
                 let max_lateness = envelope.max_lateness.map(crate::api::convert::wire_duration);
+                let dead_letter_topic = envelope.dead_letter_topic.clone().unwrap_or_default();
                 Ask::Schedule(Box::new(proto::ScheduleRequest {
                     // As a client sends it (the API's own conversion).
                     message: Some(proto::Message::from(envelope)),
@@ -414,6 +415,7 @@ async fn take(caller: &Caller, source: &Source<'_>, records: Vec<Raw>, lost: &Ca
                     id: Some(id.as_str().to_owned()),
                     labels,
                     max_lateness,
+                    dead_letter_topic,
                     on_conflict: match on_conflict {
                         OnConflict::Reject => proto::OnConflict::Reject,
                         OnConflict::Replace => proto::OnConflict::Replace,

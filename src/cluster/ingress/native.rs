@@ -15,6 +15,8 @@
 //! hourglass-max-lateness     its deadline past its due time (as
 //!                            `Schedule`'s `max_lateness`): milliseconds,
 //!                            or a duration such as 10m
+//! hourglass-dead-letter-topic where it goes if it fails or expires (as
+//!                            `Schedule`'s `dead_letter_topic`)
 //! hourglass-on-conflict      `reject` (the default) or `replace`: what a
 //!                            record does when its id is taken by a
 //!                            different message (as `Schedule`'s
@@ -47,9 +49,10 @@ pub const PARTITION_HEADER: &str = "hourglass-partition";
 pub const ON_CONFLICT_HEADER: &str = "hourglass-on-conflict";
 pub const LABELS_HEADER: &str = "hourglass-labels";
 pub const MAX_LATENESS_HEADER: &str = "hourglass-max-lateness";
+pub const DEAD_LETTER_TOPIC_HEADER: &str = "hourglass-dead-letter-topic";
 
 /// Every `hourglass-` header a native record may carry.
-pub const HEADERS: [&str; 8] = [
+pub const HEADERS: [&str; 9] = [
     TOPIC_HEADER,
     DELIVER_AT_HEADER,
     DELAY_HEADER,
@@ -58,6 +61,7 @@ pub const HEADERS: [&str; 8] = [
     ON_CONFLICT_HEADER,
     LABELS_HEADER,
     MAX_LATENESS_HEADER,
+    DEAD_LETTER_TOPIC_HEADER,
 ];
 
 /// What a native record asks for.
@@ -136,6 +140,7 @@ pub fn parse<'a>(
             .max_lateness
             .map(|late| Duration::from_millis(late.as_millis() as u64))
             .filter(|late| !late.is_zero()),
+        dead_letter_topic: fields.dead_letter_topic,
     };
     envelope.validate(limits).map_err(reject)?;
     Ok(Native::Schedule { id, envelope, requested, on_conflict: fields.on_conflict.unwrap_or_default() })
@@ -159,6 +164,7 @@ struct Fields {
     on_conflict: Option<OnConflict>,
     labels: Option<Labels>,
     max_lateness: Option<Duration>,
+    dead_letter_topic: Option<String>,
 }
 
 impl Fields {
@@ -202,6 +208,9 @@ impl Fields {
                 self.partition = Some(p);
             }
             LABELS_HEADER if self.labels.is_none() => self.labels = Some(labels(text)?),
+            DEAD_LETTER_TOPIC_HEADER if self.dead_letter_topic.is_none() => {
+                self.dead_letter_topic = Some(text.to_owned())
+            }
             ON_CONFLICT_HEADER if self.on_conflict.is_none() => {
                 self.on_conflict = Some(match text.to_ascii_lowercase().as_str() {
                     "reject" => OnConflict::Reject,

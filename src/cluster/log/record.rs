@@ -227,6 +227,9 @@ pub struct LogMessage {
     /// Its deadline past its due time, in ms.
     #[prost(uint64, optional, tag = "13")]
     pub max_lateness_ms: Option<u64>,
+    /// Its own dead-letter topic, if it names one.
+    #[prost(string, optional, tag = "14")]
+    pub dead_letter_topic: Option<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -286,7 +289,7 @@ pub struct SettledLine {
     /// When the outcome was known.
     #[prost(uint64, tag = "2")]
     pub at_ms: u64,
-    #[prost(oneof = "SettledOutcome", tags = "3, 4, 5, 6")]
+    #[prost(oneof = "SettledOutcome", tags = "3, 4, 5, 6, 7")]
     pub outcome: Option<SettledOutcome>,
 }
 
@@ -301,6 +304,28 @@ pub enum SettledOutcome {
     /// Its deadline passed before it was produced.
     #[prost(message, tag = "6")]
     Expired(SettledExpiry),
+    /// It failed or expired, and went to its dead-letter topic.
+    #[prost(message, tag = "7")]
+    DeadLettered(SettledDeadLetter),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SettledDeadLetter {
+    /// The dead-letter topic, and where the record landed on it.
+    #[prost(string, tag = "1")]
+    pub topic: String,
+    #[prost(int32, tag = "2")]
+    pub partition: i32,
+    #[prost(int64, tag = "3")]
+    pub offset: i64,
+    /// It expired at this deadline; 0: it failed with `error`.
+    #[prost(uint64, tag = "4")]
+    pub deadline_ms: u64,
+    #[prost(string, tag = "5")]
+    pub error: String,
+    /// It failed on a produce of its own.
+    #[prost(bool, tag = "6")]
+    pub tried: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -372,6 +397,7 @@ impl LogMessage {
                 .map(|(k, v)| LogLabel { key: k.to_owned(), value: v.to_owned() })
                 .collect(),
             max_lateness_ms: envelope.max_lateness.map(crate::message::duration_ms),
+            dead_letter_topic: envelope.dead_letter_topic.clone(),
         }
     }
 
@@ -541,6 +567,7 @@ mod tests {
             partition: Some(2),
             labels: crate::message::Labels::new([("order".to_owned(), "1".to_owned())]).unwrap(),
             max_lateness: None,
+            dead_letter_topic: None,
         };
         let id = MessageId::parse("order-1").unwrap();
         LogMessage::new(

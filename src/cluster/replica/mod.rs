@@ -11,10 +11,11 @@ use crate::{
         self, Cancelled, Change, Entry, LogHeader, LogLabel, LogMessage, SettledLine as LogLine,
         SettledOutcome,
     },
-    message::{DueSpec, Labels, MessageId, UnixMillis},
+    message::{DeadReason, DueSpec, Labels, MessageId, UnixMillis},
     policy::{PolicyKey, PolicyWrite, TopicPolicy},
     store::{
-        Local, LogEntry, Outcome, Proposed, Replica, SeriesBytes, SeriesWrite, Settle, SettledLine,
+        DeadLettered, Local, LogEntry, Outcome, Proposed, Replica, SeriesBytes, SeriesWrite, Settle,
+        SettledLine,
         schema::{HeaderRecord, LabelRecord, MessageRecord},
     },
 };
@@ -116,7 +117,13 @@ fn unreadable_id(bytes: &[u8]) -> Replica {
 }
 
 /// The record a log message restores.
-fn record_of(m: LogMessage) -> MessageRecord {
+fn record_of(mut m: LogMessage) -> MessageRecord {
+    // Checked as a caller's is: one that is not a topic, or is the
+    // message's own, is dropped.
+    let dead_letter_topic = m
+        .dead_letter_topic
+        .take()
+        .filter(|to| crate::message::validate_dead_letter_topic(&m.topic, to).is_ok());
     let requested = DueSpec::from_stored(m.requested_at_ms, m.requested_delay_ms, UnixMillis(m.due_ms));
     let (requested_at_ms, requested_delay_ms) = requested.stored();
     MessageRecord {
@@ -139,6 +146,7 @@ fn record_of(m: LogMessage) -> MessageRecord {
             .map(|l| LabelRecord { key: l.key, value: l.value })
             .collect(),
         max_lateness_ms: m.max_lateness_ms,
+        dead_letter_topic,
     }
 }
 
@@ -155,6 +163,16 @@ fn settled_of(line: LogLine) -> Option<SettledLine> {
         ),
         SettledOutcome::Failed(f) => (Outcome::Failed { error: f.error, tried: f.tried }, false),
         SettledOutcome::Expired(e) => (Outcome::Expired { deadline: UnixMillis(e.deadline_ms) }, false),
+        SettledOutcome::DeadLettered(d) => {
+            // Read, not trusted: a line that names no topic says nothing.
+            crate::message::validate_topic_name(&d.topic).ok()?;
+            let reason = match d.deadline_ms {
+                0 => DeadReason::Failed { error: d.error },
+                deadline => DeadReason::Expired { deadline: UnixMillis(deadline) },
+            };
+            let (topic, partition, offset, tried) = (d.topic.into(), d.partition, d.offset, d.tried);
+            (Outcome::DeadLettered(Box::new(DeadLettered { topic, partition, offset, reason, tried })), false)
+        }
     };
     Some(SettledLine { id, at: UnixMillis(line.at_ms), outcome, in_order })
 }
@@ -192,6 +210,7 @@ fn message_of(id: &MessageId, record: MessageRecord) -> LogMessage {
         fresh: false,
         labels: record.labels.into_iter().map(|l| LogLabel { key: l.key, value: l.value }).collect(),
         max_lateness_ms: record.max_lateness_ms,
+        dead_letter_topic: record.dead_letter_topic,
     }
 }
 
@@ -231,6 +250,20 @@ pub(crate) fn settled_line(settle: &Settle) -> LogLine {
         }
         Outcome::Expired { deadline } => {
             SettledOutcome::Expired(record::SettledExpiry { deadline_ms: deadline.0 })
+        }
+        Outcome::DeadLettered(d) => {
+            let (deadline_ms, error) = match &d.reason {
+                DeadReason::Expired { deadline } => (deadline.0, String::new()),
+                DeadReason::Failed { error } => (0, error.clone()),
+            };
+            SettledOutcome::DeadLettered(record::SettledDeadLetter {
+                topic: d.topic.to_string(),
+                partition: d.partition,
+                offset: d.offset,
+                deadline_ms,
+                error,
+                tried: d.tried,
+            })
         }
     };
     LogLine { id: settle.id.as_bytes().to_vec(), at_ms: settle.at.0, outcome: Some(outcome) }

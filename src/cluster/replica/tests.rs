@@ -14,6 +14,7 @@ use crate::{
 };
 
 mod claims;
+mod dead_letter;
 mod expire;
 mod policy;
 mod replace;
@@ -34,6 +35,7 @@ fn envelope(value: &str) -> Envelope {
         partition: None,
         labels: Default::default(),
         max_lateness: None,
+        dead_letter_topic: None,
     }
 }
 
@@ -302,13 +304,13 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let Decision::Log { change, held, .. } =
-        store.decide(Intent::Schedule(new_message("a", "v", 10))).await.unwrap()
+        store.decide(Intent::schedule(new_message("a", "v", 10))).await.unwrap()
     else {
         panic!("a new id is logged")
     };
     let retry = {
         let store = store.clone();
-        tokio::spawn(async move { store.decide(Intent::Schedule(new_message("a", "v", 10))).await })
+        tokio::spawn(async move { store.decide(Intent::schedule(new_message("a", "v", 10))).await })
     };
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(!retry.is_finished(), "the retry waits for the first to be applied");
@@ -323,7 +325,7 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
         .unwrap();
     let retry = retry.await.unwrap().unwrap();
     assert!(matches!(retry, Decision::Answer(Answer::Scheduled(Ok(s))) if s.duplicate()));
-    let conflict = store.decide(Intent::Schedule(new_message("a", "other", 10))).await.unwrap();
+    let conflict = store.decide(Intent::schedule(new_message("a", "other", 10))).await.unwrap();
     assert!(matches!(conflict, Decision::Answer(Answer::Scheduled(Err(StoreError::IdConflict(_))))));
     // A decided change that is never logged lets go of its hold.
     let Decision::Log { held: Some(held), .. } = store
@@ -458,7 +460,7 @@ async fn retention_forgets_through_tombstones_messages_first_then_their_chunks()
     );
     let reuse = {
         let store = store.clone();
-        tokio::spawn(async move { store.decide(Intent::Schedule(new_message("a", "new", 500))).await })
+        tokio::spawn(async move { store.decide(Intent::schedule(new_message("a", "new", 500))).await })
     };
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(!reuse.is_finished(), "a new message under a held id waits for its tombstone");

@@ -175,13 +175,7 @@ pub(crate) fn count_every_message(db: &DB) -> Result<HashMap<CountsKey, Counts>,
             _ => None,
         };
         let counts = out.entry(CountsKey::of(&id, &record.topic)).or_default();
-        match settlement.map(|s| s.kind()) {
-            None | Some(SettlementKind::Retrying) => counts.pending += 1,
-            Some(SettlementKind::Delivered) => counts.delivered += 1,
-            Some(SettlementKind::Cancelled) => counts.cancelled += 1,
-            Some(SettlementKind::Failed) => counts.failed += 1,
-            Some(SettlementKind::Expired) => counts.expired += 1,
-        }
+        *counts.of_kind(settlement.map_or(SettlementKind::Retrying, |s| s.kind())) += 1;
     }
     Ok(out)
 }
@@ -630,6 +624,7 @@ pub(crate) fn stats(
             cancelled: meta.cancelled_total,
             failed: meta.failed_total,
             expired: meta.expired_total,
+            dead_lettered: meta.dead_lettered_total,
         }
     } else {
         let mut sum = Counts::default();

@@ -79,9 +79,23 @@ pub struct Meta {
     /// Expired and not re-driven since.
     #[prost(uint64, tag = "17")]
     pub expired_total: u64,
+    /// Dead-lettered and not re-driven since.
+    #[prost(uint64, tag = "18")]
+    pub dead_lettered_total: u64,
 }
 
 impl Meta {
+    /// The store-wide count of messages a re-drive takes out of `kind`
+    /// (failed, expired, dead-lettered); none for other kinds.
+    pub fn redrivable_total(&mut self, kind: super::SettlementKind) -> Option<&mut u64> {
+        match kind {
+            super::SettlementKind::Failed => Some(&mut self.failed_total),
+            super::SettlementKind::Expired => Some(&mut self.expired_total),
+            super::SettlementKind::DeadLettered => Some(&mut self.dead_lettered_total),
+            _ => None,
+        }
+    }
+
     /// Where the first pending due entry may be.
     pub fn floor(&self) -> DispatchKey {
         DispatchKey::decode(&self.floor).unwrap_or(DispatchKey::MIN)

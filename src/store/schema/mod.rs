@@ -303,8 +303,8 @@ impl CountsKey {
 }
 
 /// One tenant's messages on one topic, by state. `delivered`, `cancelled`,
-/// `failed` and `expired` count since the entry was made, purged messages
-/// included.
+/// `failed`, `expired` and `dead_lettered` count since the entry was made,
+/// purged messages included.
 #[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
 pub struct Counts {
     #[prost(uint64, tag = "1")]
@@ -317,6 +317,8 @@ pub struct Counts {
     pub failed: u64,
     #[prost(uint64, tag = "5")]
     pub expired: u64,
+    #[prost(uint64, tag = "6")]
+    pub dead_lettered: u64,
 }
 
 impl Counts {
@@ -326,6 +328,19 @@ impl Counts {
         self.cancelled = self.cancelled.saturating_add(other.cancelled);
         self.failed = self.failed.saturating_add(other.failed);
         self.expired = self.expired.saturating_add(other.expired);
+        self.dead_lettered = self.dead_lettered.saturating_add(other.dead_lettered);
+    }
+
+    /// The count of messages settled `kind`; for one retrying, pending.
+    pub fn of_kind(&mut self, kind: SettlementKind) -> &mut u64 {
+        match kind {
+            SettlementKind::Retrying => &mut self.pending,
+            SettlementKind::Delivered => &mut self.delivered,
+            SettlementKind::Cancelled => &mut self.cancelled,
+            SettlementKind::Failed => &mut self.failed,
+            SettlementKind::Expired => &mut self.expired,
+            SettlementKind::DeadLettered => &mut self.dead_lettered,
+        }
     }
 }
 
@@ -376,6 +391,9 @@ pub struct MessageRecord {
     /// Its deadline past its due time, in ms: past it, it expires.
     #[prost(uint64, optional, tag = "13")]
     pub max_lateness_ms: Option<u64>,
+    /// Its own dead-letter topic, if it names one.
+    #[prost(string, optional, tag = "14")]
+    pub dead_letter_topic: Option<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -417,6 +435,7 @@ impl MessageRecord {
             entry_at_ms: self.entry_at_ms,
             labels: Vec::new(),
             max_lateness_ms: self.max_lateness_ms,
+            dead_letter_topic: self.dead_letter_topic.clone(),
         }
     }
 
@@ -600,9 +619,15 @@ pub struct Settlement {
     /// enough, and numerous enough.
     #[prost(uint64, tag = "9")]
     pub first_refused_at_ms: u64,
-    /// Expired: the deadline that passed.
+    /// Expired, or dead-lettered after it expired: the deadline that
+    /// passed.
     #[prost(uint64, tag = "10")]
     pub deadline_ms: u64,
+    /// Dead-lettered: the topic it went to (`partition` and `offset` say
+    /// where on it). It expired if `deadline_ms` is set, else it failed
+    /// with `last_error`.
+    #[prost(string, tag = "11")]
+    pub dead_letter_topic: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
@@ -614,6 +639,8 @@ pub enum SettlementKind {
     Failed = 3,
     /// Its deadline passed before it was produced.
     Expired = 4,
+    /// It failed or expired, and was produced to its dead-letter topic.
+    DeadLettered = 5,
 }
 
 impl Settlement {
@@ -771,6 +798,7 @@ mod tests {
                 headers: headers.into_iter().map(|(key, value)| Header { key, value }).collect(),
                 labels: Default::default(),
                 max_lateness: None,
+                dead_letter_topic: None,
             };
             let requested = match delay {
                 Some(d) => DueSpec::After(Duration::from_millis(d)),

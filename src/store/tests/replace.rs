@@ -193,7 +193,7 @@ async fn a_walk_that_read_a_replaced_entry_checks_it_again() {
         .unwrap();
 
     let Decision::Log { id, change, held } =
-        store.decide(Intent::Schedule(message("a", "new", 200, OnConflict::Replace))).await.unwrap()
+        store.decide(Intent::schedule(message("a", "new", 200, OnConflict::Replace))).await.unwrap()
     else {
         panic!("a replace of a pending message is logged")
     };

@@ -95,7 +95,8 @@ impl Writer {
     }
 
     /// Parks `record` under `id` in place of `existing`: what the store
-    /// held of the id goes, a failed or expired message leaves its count.
+    /// held of the id goes, a failed, expired or dead-lettered message
+    /// leaves its count.
     pub(super) fn put_in_place(
         &mut self,
         r: &mut Round,
@@ -103,15 +104,11 @@ impl Writer {
         existing: Stored,
         record: MessageRecord,
     ) {
-        let state = view::state_of(existing.settlement.as_ref());
+        let kind = existing.settlement.as_ref().map(Settlement::kind);
         let topic = existing.record.topic.clone();
         self.discard(r, id, existing);
-        if state.is_failed() {
-            r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
-            self.count(r, id, &topic, |c| c.failed = c.failed.saturating_sub(1));
-        } else if state.is_expired() {
-            r.meta.expired_total = r.meta.expired_total.saturating_sub(1);
-            self.count(r, id, &topic, |c| c.expired = c.expired.saturating_sub(1));
+        if let Some(kind) = kind {
+            self.uncount_redriven(r, id, &topic, kind);
         }
         self.park_new(r, id, record, true);
         r.effects.replaced += 1;
@@ -224,8 +221,20 @@ impl Writer {
         Flow::Done(Ok(due))
     }
 
-    /// Moves a pending message to `due`, or re-arms a failed or expired
-    /// one there.
+    /// Takes a message settled `kind` out of its count, if a re-drive
+    /// takes it out of that state (failed, expired, dead-lettered).
+    fn uncount_redriven(&mut self, r: &mut Round, id: &MessageId, topic: &str, kind: SettlementKind) {
+        if let Some(total) = r.meta.redrivable_total(kind) {
+            *total = total.saturating_sub(1);
+            self.count(r, id, topic, |c| {
+                let n = c.of_kind(kind);
+                *n = n.saturating_sub(1);
+            });
+        }
+    }
+
+    /// Moves a pending message to `due`, or re-arms a failed, expired or
+    /// dead-lettered one there.
     pub(super) fn move_to(&mut self, r: &mut Round, id: MessageId, mut stored: Stored, due: UnixMillis) {
         let state = view::state_of(stored.settlement.as_ref());
         if state.is_pending() {
@@ -241,22 +250,11 @@ impl Writer {
                 r.delete_retention(at, &id);
             }
             r.delete_settlement(&id);
-            stored.settlement = None;
-            r.meta.pending += 1;
-            let expired = state.is_expired();
-            if expired {
-                r.meta.expired_total = r.meta.expired_total.saturating_sub(1);
-            } else {
-                r.meta.failed_total = r.meta.failed_total.saturating_sub(1);
+            if let Some(s) = stored.settlement.take() {
+                self.uncount_redriven(r, &id, &stored.record.topic, s.kind());
             }
-            self.count(r, &id, &stored.record.topic, |c| {
-                c.pending = c.pending.saturating_add(1);
-                if expired {
-                    c.expired = c.expired.saturating_sub(1);
-                } else {
-                    c.failed = c.failed.saturating_sub(1);
-                }
-            });
+            r.meta.pending += 1;
+            self.count(r, &id, &stored.record.topic, |c| c.pending = c.pending.saturating_add(1));
         }
         stored.record.due_ms = due.0;
         let key = self.placed(r, DispatchKey { at: due, seq: stored.record.seq });

@@ -10,12 +10,16 @@ use crate::{
 /// A change a caller asks of the shard's owner.
 #[derive(Debug)]
 pub enum Intent {
-    Schedule(NewMessage),
+    Schedule(Box<NewMessage>),
     Cancel { scope: Scope, id: MessageId, now: UnixMillis },
     Reschedule { scope: Scope, id: MessageId, due: UnixMillis },
 }
 
 impl Intent {
+    pub fn schedule(msg: NewMessage) -> Intent {
+        Intent::Schedule(Box::new(msg))
+    }
+
     /// The message the change is of.
     pub fn id(&self) -> &MessageId {
         match self {

@@ -47,8 +47,8 @@ mod state;
 pub use apply::{Decided, Decision, Hold};
 pub use intent::{Answer, Intent};
 use ops::Batched;
+pub(crate) use ops::{DeadLettered, Op, Outcome, Reply, Settle};
 pub use ops::{NewId, NewMessage};
-pub(crate) use ops::{Op, Outcome, Reply, Settle};
 pub use replica::Proposed;
 pub(crate) use replica::{Local, LogEntry, Replica, SettledLine};
 pub(crate) use state::{InDoubt, Shared, Writer, WriterConfig};
@@ -97,7 +97,7 @@ impl Store {
     /// are one step of the writer.
     pub async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
         Ok(match intent {
-            Intent::Schedule(msg) => Answer::Scheduled(self.schedule(msg).await),
+            Intent::Schedule(msg) => Answer::Scheduled(self.schedule(*msg).await),
             Intent::Cancel { scope, id, now } => {
                 Answer::Cancelled(self.call(|reply| Op::Cancel { scope, id, now, reply }).await)
             }

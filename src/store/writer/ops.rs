@@ -7,7 +7,9 @@ use tokio::sync::oneshot;
 
 use super::{Answer, Decided, Decision, InDoubt, Intent, LogEntry};
 use crate::{
-    message::{CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Scheduled, Scope, UnixMillis},
+    message::{
+        CancelOutcome, DeadReason, DueSpec, Envelope, MessageId, OnConflict, Scheduled, Scope, UnixMillis,
+    },
     store::{StoreError, claims::Floor, read, scan::Tries, schema::DispatchKey},
 };
 
@@ -93,6 +95,21 @@ pub(crate) enum Outcome {
     Expired {
         deadline: UnixMillis,
     },
+    /// It failed or expired, and was produced to its dead-letter topic.
+    DeadLettered(Box<DeadLettered>),
+}
+
+/// Where a message that failed or expired went instead of its topic.
+#[derive(Clone, Debug)]
+pub(crate) struct DeadLettered {
+    /// The dead-letter topic, and where the record landed on it.
+    pub topic: Arc<str>,
+    pub partition: i32,
+    pub offset: i64,
+    pub reason: DeadReason,
+    /// It failed on a produce of its own (not with its topic, and not by
+    /// expiring): a try that counts.
+    pub tried: bool,
 }
 
 /// One message of a batch: answered, or handed back to be scheduled alone.

@@ -100,6 +100,7 @@ pub(super) struct Effects {
     pub(super) cancelled: u64,
     pub(super) failed: u64,
     pub(super) expired: u64,
+    pub(super) dead_lettered: u64,
     pub(super) purged: u64,
     /// Lateness (delivered-at minus due) of each delivery.
     pub(super) delivered: Vec<Duration>,
@@ -279,6 +280,7 @@ impl Effects {
         metrics::CANCELLED.inc_by(self.cancelled);
         metrics::FAILED.inc_by(self.failed);
         metrics::EXPIRED.inc_by(self.expired);
+        metrics::DEAD_LETTERED.inc_by(self.dead_lettered);
         metrics::PURGED.inc_by(self.purged);
         metrics::DELIVERED.inc_by(self.delivered.len() as u64);
         for lateness in &self.delivered {

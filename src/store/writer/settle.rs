@@ -10,7 +10,7 @@ use super::{
     state::Writer,
 };
 use crate::{
-    message::{MessageId, UnixMillis},
+    message::{DeadReason, MessageId, UnixMillis},
     store::{
         claims::Floor,
         schema::{Counts, CountsKey, DeliveryLine, DispatchKey, Settlement, SettlementKind, TriesRecord},
@@ -59,7 +59,12 @@ impl Writer {
         r.claims.released.push(id.clone());
         let prev = settle.tries;
         let at = settle.at;
-        let tried = !matches!(settle.outcome, Outcome::Failed { tried: false, .. } | Outcome::Expired { .. });
+        let tried = match &settle.outcome {
+            Outcome::Failed { tried, .. } => *tried,
+            Outcome::DeadLettered(d) => d.tried,
+            Outcome::Expired { .. } => false,
+            Outcome::Delivered { .. } | Outcome::Retry { .. } => true,
+        };
         let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
         let first_refused_at_ms = prev.first_refused_at.map_or(0, |t| t.0);
         if let (Outcome::Delivered { partition, offset }, true) = (&settle.outcome, settle.in_order) {
@@ -168,6 +173,30 @@ impl Writer {
                 r.effects.expired += 1;
                 r.meta.expired_total = r.meta.expired_total.saturating_add(1);
                 self.settle_unsent(r, &settle, settlement, |c| c.expired = c.expired.saturating_add(1));
+            }
+            Outcome::DeadLettered(d) => {
+                let (last_error, deadline_ms) = match &d.reason {
+                    DeadReason::Failed { error } => (error.clone(), 0),
+                    DeadReason::Expired { deadline } => (String::new(), deadline.0),
+                };
+                let settlement = Settlement {
+                    kind: SettlementKind::DeadLettered as i32,
+                    attempts,
+                    rejections: prev.rejections.saturating_add(u32::from(d.tried)),
+                    last_error,
+                    at_ms: at.0,
+                    partition: d.partition,
+                    offset: d.offset,
+                    first_refused_at_ms,
+                    deadline_ms,
+                    dead_letter_topic: d.topic.to_string(),
+                    ..Settlement::default()
+                };
+                r.effects.dead_lettered += 1;
+                r.meta.dead_lettered_total = r.meta.dead_lettered_total.saturating_add(1);
+                self.settle_unsent(r, &settle, settlement, |c| {
+                    c.dead_lettered = c.dead_lettered.saturating_add(1)
+                });
             }
         }
         r.settles.push(settle);

@@ -218,6 +218,7 @@ pub fn request(topic: &str, value: &str, delay: Duration) -> proto::ScheduleRequ
         on_conflict: 0,
         labels: Default::default(),
         max_lateness: None,
+        dead_letter_topic: String::new(),
     }
 }
 

@@ -16,7 +16,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 /// Starts `hourglass serve` over `data_dir` against `broker`; returns the
 /// child and its gRPC address. `stderr` says where its log goes.
 pub fn spawn_serve(broker: &Broker, data_dir: &Path, stderr: Stdio) -> (Child, String) {
-    let (child, grpc, _) = spawn_serve_with(broker, data_dir, stderr, &[]);
+    let (child, grpc, _) = spawn_serve_with(broker, data_dir, stderr, &[], &[]);
     (child, grpc)
 }
 
@@ -26,6 +26,7 @@ fn spawn_serve_with(
     data_dir: &Path,
     stderr: Stdio,
     flags: &[&str],
+    env: &[(&str, &str)],
 ) -> (Child, String, String) {
     let (grpc, metrics) = hourglass_testkit::free_port_pair().unwrap();
     let (grpc, metrics) = (format!("127.0.0.1:{grpc}"), format!("127.0.0.1:{metrics}"));
@@ -36,6 +37,7 @@ fn spawn_serve_with(
         .arg("--data-dir")
         .arg(data_dir)
         .env("HOURGLASS_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
@@ -57,7 +59,12 @@ impl Serve {
 
     /// As [`Serve::start`], with more flags.
     pub fn start_with(broker: &Broker, data_dir: &Path, flags: &[&str]) -> Serve {
-        let (mut child, grpc, metrics) = spawn_serve_with(broker, data_dir, Stdio::inherit(), flags);
+        Serve::start_env(broker, data_dir, flags, &[])
+    }
+
+    /// As [`Serve::start_with`], with more environment variables.
+    pub fn start_env(broker: &Broker, data_dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> Serve {
+        let (mut child, grpc, metrics) = spawn_serve_with(broker, data_dir, Stdio::inherit(), flags, env);
         let started = Instant::now();
         while !hourglass_testkit::listening(&grpc) {
             if let Some(status) = child.try_wait().unwrap() {
@@ -83,6 +90,19 @@ impl Serve {
 
     pub async fn client(&self) -> SchedulerClient<tonic::transport::Channel> {
         SchedulerClient::connect(self.url()).await.unwrap()
+    }
+
+    /// Waits up to `within` for the server to exit on its own (a fail
+    /// point); its status.
+    pub fn exited(&mut self, within: Duration) -> Option<ExitStatus> {
+        let started = Instant::now();
+        while started.elapsed() < within {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
     }
 
     /// SIGKILL: a crash.

@@ -296,5 +296,6 @@ pub fn due_message(topic: &str, id: &str, due_ms: i64) -> proto::ScheduleRequest
         on_conflict: 0,
         labels: Default::default(),
         max_lateness: None,
+        dead_letter_topic: String::new(),
     }
 }

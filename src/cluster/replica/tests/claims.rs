@@ -12,7 +12,7 @@ async fn applying_a_held_schedule_leaves_a_claim_the_dispatcher_took_meanwhile()
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let Decision::Log { change, held: Some(held), .. } =
-        store.decide(Intent::Schedule(new_message("a", "v", 10))).await.unwrap()
+        store.decide(Intent::schedule(new_message("a", "v", 10))).await.unwrap()
     else {
         panic!("a new id is logged and held")
     };

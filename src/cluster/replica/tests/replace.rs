@@ -5,7 +5,7 @@
 use super::*;
 
 fn replacing(text: &str, value: &str, due: u64) -> Intent {
-    Intent::Schedule(NewMessage { on_conflict: OnConflict::Replace, ..new_message(text, value, due) })
+    Intent::schedule(NewMessage { on_conflict: OnConflict::Replace, ..new_message(text, value, due) })
 }
 
 /// Logs what `store` decided at `offset`, applies it to `store` (which
@@ -30,7 +30,7 @@ async fn value(store: &Store, text: &str) -> Vec<u8> {
 async fn a_replace_is_logged_as_the_new_message_and_every_copy_replaces() {
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (store, copy) = (open(dirs.0.path()), open(dirs.1.path()));
-    let created = store.decide(Intent::Schedule(new_message("a", "old", 10))).await.unwrap();
+    let created = store.decide(Intent::schedule(new_message("a", "old", 10))).await.unwrap();
     let created = log(&store, &copy, 1, created).await.scheduled().unwrap();
     assert_eq!(created.placed, Placed::Created);
 
@@ -68,7 +68,7 @@ async fn a_replace_is_logged_as_the_new_message_and_every_copy_replaces() {
 async fn a_replace_waits_for_the_produce_of_the_message_it_replaces() {
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (store, copy) = (open(dirs.0.path()), open(dirs.1.path()));
-    let created = store.decide(Intent::Schedule(new_message("a", "old", 10))).await.unwrap();
+    let created = store.decide(Intent::schedule(new_message("a", "old", 10))).await.unwrap();
     log(&store, &copy, 1, created).await;
     let taken = store.take_due(DispatchKey::MIN, UnixMillis(10), 10).await.unwrap();
     assert_eq!(taken.ready.len(), 1);

@@ -606,11 +606,9 @@ impl Writer {
         r.put_settlement(id, &settlement);
         r.start_retention(UnixMillis(settlement.at_ms), id);
         let kind = settlement.kind();
-        self.count(r, id, &record.topic, |c| match kind {
-            SettlementKind::Cancelled => c.cancelled = c.cancelled.saturating_add(1),
-            SettlementKind::Failed => c.failed = c.failed.saturating_add(1),
-            SettlementKind::Expired => c.expired = c.expired.saturating_add(1),
-            _ => c.delivered = c.delivered.saturating_add(1),
+        self.count(r, id, &record.topic, |c| {
+            let n = c.of_kind(kind);
+            *n = n.saturating_add(1);
         });
         r.overlay.insert(id.clone(), Some(Stored { record, settlement: Some(settlement) }));
     }
