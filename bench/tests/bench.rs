@@ -96,7 +96,7 @@ fn bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
         "ingest: ScheduleBatch",
         "ingest: ScheduleStream",
         "drain",
-        "drain, another topic paused",
+        "drain, with policies that let it go",
         "drain, no policy",
         "limited to",
     ] {

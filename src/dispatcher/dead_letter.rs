@@ -25,10 +25,11 @@ use super::{
 use crate::{
     kafka::{Fault, ProduceError},
     message::{DeadReason, UnixMillis},
-    store::{DeadLettered, Outcome, Ready},
+    store::{DeadLettered, Outcome, Ready, schema::DispatchKey},
 };
 
-/// A message on its way to its dead-letter topic `to`.
+/// A message on its way to its dead-letter topic `to`. It holds the floor
+/// (see [`Dispatcher::lowest_held`]) until it is settled or given back.
 pub(super) struct Letter {
     ready: Ready,
     topic: Arc<str>,
@@ -36,6 +37,12 @@ pub(super) struct Letter {
     reason: DeadReason,
     /// It failed on a produce of its own.
     tried: bool,
+}
+
+impl Letter {
+    pub(super) fn key(&self) -> DispatchKey {
+        self.ready.key
+    }
 }
 
 impl Dispatcher {
@@ -51,17 +58,40 @@ impl Dispatcher {
         )
     }
 
+    /// Whether a message of `topic` has a dead-letter topic: as
+    /// [`Dispatcher::dead_letter_topic`] says, without making its name.
+    pub(super) fn has_dead_letter_topic(&self, ready: &Ready, topic: &str) -> bool {
+        ready.envelope.dead_letter_topic.is_some()
+            || self.config.dead_letter_topic.as_deref().is_some_and(|to| to != topic)
+            || self.policies.dead_letter_topic(ready.id.tenant(), topic).is_some()
+    }
+
     /// Settles `ready` as `outcome` (failed or expired), or hands it to its
-    /// dead-letter topic if it has one.
-    pub(super) fn give_up(&mut self, ready: Ready, topic: Arc<str>, now: UnixMillis, outcome: Outcome) {
+    /// dead-letter topic if it has one: true then (it is to be produced).
+    pub(super) fn give_up(
+        &mut self,
+        ready: Ready,
+        topic: Arc<str>,
+        now: UnixMillis,
+        outcome: Outcome,
+    ) -> bool {
         let (reason, tried) = match &outcome {
             Outcome::Expired { deadline } => (DeadReason::Expired { deadline: *deadline }, false),
             Outcome::Failed { error, tried } => (DeadReason::Failed { error: error.clone() }, *tried),
-            _ => return self.settle_untried(ready, topic, now, outcome),
+            _ => {
+                self.settle_untried(ready, topic, now, outcome);
+                return false;
+            }
         };
         match self.dead_letter_topic(&ready, &topic) {
-            Some(to) => self.letters.push(Letter { ready, topic, to, reason, tried }),
-            None => self.settle_untried(ready, topic, now, outcome),
+            Some(to) => {
+                self.letters.push(Letter { ready, topic, to, reason, tried });
+                true
+            }
+            None => {
+                self.settle_untried(ready, topic, now, outcome);
+                false
+            }
         }
     }
 
@@ -75,9 +105,13 @@ impl Dispatcher {
         outcome: Outcome,
     ) -> Option<Outcome> {
         match (outcome, dead) {
-            (Outcome::Failed { error, tried }, Some(Dead::Fallback { to, envelope })) => {
+            (Outcome::Failed { error, tried }, Some(Dead::Fallback { envelope })) => {
                 let ready =
                     Ready { id: sent.id.clone(), key: sent.key, due: sent.due, envelope, tries: sent.tries };
+                let Some(to) = self.dead_letter_topic(&ready, &sent.topic) else {
+                    // Its policy's, removed meanwhile.
+                    return Some(Outcome::Failed { error, tried });
+                };
                 let reason = DeadReason::Failed { error };
                 self.letters.push(Letter { ready, topic: Arc::clone(&sent.topic), to, reason, tried });
                 None
@@ -87,11 +121,17 @@ impl Dispatcher {
     }
 
     /// Produces the letters waiting, each topic marked first (see
-    /// [`Dispatcher::mark`]). Not while the gate is shut: they keep their
-    /// claims and wait.
+    /// [`Dispatcher::mark`]). While the store cannot record what is
+    /// produced they wait, and so do those whose dead-letter topic is held
+    /// (a produce to it unanswered). While the gate is shut (cluster mode:
+    /// another node may own the shard) they go back to the store, to be
+    /// looked at again once it opens.
     pub(super) async fn send_dead_letters(&mut self) {
-        if self.letters.is_empty() || !self.gate.open() {
+        if self.letters.is_empty() || self.store.writes_failing() {
             return;
+        }
+        if !self.gate.open() {
+            return self.return_letters();
         }
         let unmarked: Vec<Arc<str>> = self
             .letters
@@ -104,13 +144,18 @@ impl Dispatcher {
                 self.mark(to).await;
             }
         }
-        self.doubt.pulse.beat(self.clock.now());
-        for Letter { ready, topic, to, reason, tried } in std::mem::take(&mut self.letters) {
+        let now = self.clock.now();
+        self.doubt.pulse.beat(now);
+        let (held, going): (Vec<Letter>, Vec<Letter>) = std::mem::take(&mut self.letters)
+            .into_iter()
+            .partition(|l| self.topics.states.get(&l.to).is_some_and(|t| t.held(now)));
+        self.letters = held;
+        for Letter { ready, topic, to, reason, tried } in going {
             tracing::debug!(id = %ready.id.qualified(), %topic, dead_letter_topic = %to, reason = reason.name(), "to the dead-letter topic");
             let attempts = ready.tries.attempts.saturating_add(u32::from(tried));
             let envelope = ready.envelope.dead_letter(&to, &reason, attempts);
             let ready = Ready { envelope, ..ready };
-            self.send(ready, to, false, Some(Box::new(Dead::Letter { topic, reason, tried })));
+            self.send(ready, to, false, Some(Dead::Letter { topic, reason, tried }));
         }
     }
 
@@ -132,34 +177,32 @@ impl Dispatcher {
                 reason,
                 tried,
             })),
-            Err(error) if error.fault == Fault::Outage => {
-                let error = ProduceError {
-                    reason: format!("its dead-letter topic {}: {}", sent.topic, error.reason),
-                    ..error
-                };
-                self.config.outcome_of_error(error, &sent.tries, now)
-            }
+            // Tried again later, as a delivery would be: a refusal of the
+            // dead-letter topic (or of the record by it) counts toward
+            // giving up, after --max-delivery-attempts and --fail-after,
+            // with both errors; an outage does not.
             Err(error) => {
                 let why = match reason {
                     DeadReason::Expired { deadline } => format!("it expired at {}", deadline.to_rfc3339()),
                     DeadReason::Failed { error } => format!("{topic}: {error}"),
                 };
-                Outcome::Failed {
-                    error: format!(
-                        "its dead-letter topic {} refused it ({}); before that, {why}",
-                        sent.topic, error.reason
-                    ),
-                    tried,
-                }
+                let fault = if error.fault == Fault::Outage { Fault::Outage } else { Fault::MessageRefused };
+                let reason = format!(
+                    "its dead-letter topic {} did not take it ({}); before that, {why}",
+                    sent.topic, error.reason
+                );
+                self.config.outcome_of_error(ProduceError { fault, reason }, &sent.tries, now)
             }
         }
     }
 
-    /// At shutdown: the letters not sent go back to the store as they
-    /// are, to be given up on again after the restart.
+    /// The letters not sent go back to the store as they are (at
+    /// shutdown, when fenced, while the gate is shut), to be looked at
+    /// again: from the lowest of them on.
     pub(super) fn return_letters(&mut self) {
-        let ids = std::mem::take(&mut self.letters).into_iter().map(|l| l.ready.id);
-        self.settling.releasing.extend(ids);
+        let letters = std::mem::take(&mut self.letters);
+        self.rescan(letters.iter().map(Letter::key).min());
+        self.settling.releasing.extend(letters.into_iter().map(|l| l.ready.id));
     }
 }
 

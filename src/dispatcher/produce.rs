@@ -81,7 +81,8 @@ impl Dispatcher {
                 // backlog): not produced, but settled or dead-lettered.
                 // What reached Kafka before an unclean stop was found above.
                 tracing::debug!(id = %ready.id.qualified(), topic = %topic, "deadline passed: expired");
-                self.give_up(ready, topic, now, Outcome::Expired { deadline });
+                // A dead letter takes room as a produce does.
+                produced += usize::from(self.give_up(ready, topic, now, Outcome::Expired { deadline }));
                 continue;
             }
             match self.decide(&topic, &ready.id, ready.key, now) {
@@ -101,7 +102,8 @@ impl Dispatcher {
                 Decision::Fail(error) => {
                     // The topic has refused long enough: its messages fail
                     // with its reason, without a try of their own.
-                    self.give_up(ready, topic, now, Outcome::Failed { error, tried: false });
+                    let failed = Outcome::Failed { error, tried: false };
+                    produced += usize::from(self.give_up(ready, topic, now, failed));
                 }
             }
         }
@@ -165,13 +167,15 @@ impl Dispatcher {
     /// Hands `ready` to the producer for `topic`: a dead letter if
     /// `letter` says so, else a delivery, which keeps the message for its
     /// dead-letter topic if it has one.
-    pub(super) fn send(&mut self, ready: Ready, topic: Arc<str>, probe: bool, letter: Option<Box<Dead>>) {
-        let fallback = if letter.is_none() { self.dead_letter_topic(&ready, &topic) } else { None };
+    pub(super) fn send(&mut self, ready: Ready, topic: Arc<str>, probe: bool, letter: Option<Dead>) {
+        let keep = letter.is_none() && self.has_dead_letter_topic(&ready, &topic);
         let token = self.sent.next_token();
         let outgoing = Outgoing { id: &ready.id, due: ready.due, envelope: &ready.envelope };
         let queued = self.producer.send(outgoing, token, &self.reports.tx);
-        let dead =
-            letter.or_else(|| fallback.map(|to| Box::new(Dead::Fallback { to, envelope: ready.envelope })));
+        let dead = match letter {
+            None if keep => Some(Dead::Fallback { envelope: ready.envelope }),
+            letter => letter,
+        };
         self.sent.push(InFlight {
             id: ready.id,
             key: ready.key,

@@ -80,6 +80,15 @@ pub(super) struct Found {
     pub outcome: Outcome,
 }
 
+/// A message in doubt looked for on one topic: its own (for a delivery),
+/// or its dead-letter topic (for a dead letter).
+struct Sought {
+    key: DispatchKey,
+    id: MessageId,
+    due: UnixMillis,
+    own: bool,
+}
+
 /// What is in doubt after an unclean stop, and how long the search reads
 /// on: until [`LATE_APPENDS`] after the stopped process last had produces
 /// unanswered (`in_flight_at`, with the pulse's slack; none known: after
@@ -158,13 +167,19 @@ pub(super) async fn landed(
     metrics::RECONCILE_IN_DOUBT.inc_by(count as u64);
     // A message past its deadline, or refused for good, may have gone to
     // its dead-letter topic instead: it is looked for on both.
-    let mut by_topic: HashMap<Arc<str>, Vec<(DispatchKey, MessageId, UnixMillis)>> = HashMap::new();
+    let mut by_topic: HashMap<Arc<str>, Vec<Sought>> = HashMap::new();
     for (key, message) in in_doubt {
         tracing::trace!(id = %message.id.qualified(), due = message.due.0, topic = %message.topic, "in doubt");
+        let due = message.due;
         if let Some(to) = dead_letter_topic(&message) {
-            by_topic.entry(to).or_default().push((key, message.id.clone(), message.due));
+            by_topic.entry(to).or_default().push(Sought { key, id: message.id.clone(), due, own: false });
         }
-        by_topic.entry(message.topic.as_str().into()).or_default().push((key, message.id, message.due));
+        by_topic.entry(message.topic.into()).or_default().push(Sought {
+            key,
+            id: message.id,
+            due,
+            own: true,
+        });
     }
     tracing::info!(
         messages = count,
@@ -179,10 +194,10 @@ pub(super) async fn landed(
     let newest = SystemClock.now().saturating_add(CLOCK_SLACK);
     let (mut found, mut read, mut partitions) = (HashMap::<MessageId, Found>::new(), 0, 0);
     for (topic, messages) in by_topic {
-        let oldest = messages.iter().map(|(key, _, _)| key.at).min().unwrap_or_default();
+        let oldest = messages.iter().map(|m| m.key.at).min().unwrap_or_default();
         let oldest = UnixMillis(oldest.0.saturating_sub(CLOCK_SLACK.as_millis() as u64));
         let wanted: Arc<HashMap<MessageId, UnixMillis>> =
-            Arc::new(messages.iter().map(|(_, id, due)| (id.clone(), *due)).collect());
+            Arc::new(messages.iter().map(|m| (m.id.clone(), m.due)).collect());
         let mut attempt = 0;
         let landed = loop {
             attempt += 1;
@@ -211,10 +226,14 @@ pub(super) async fn landed(
         let Some(landed) = landed else { continue };
         read += landed.read;
         partitions += landed.partitions;
-        let keys: HashMap<&MessageId, DispatchKey> = messages.iter().map(|(key, id, _)| (id, *key)).collect();
+        let keys: HashMap<&MessageId, (DispatchKey, bool)> =
+            messages.iter().map(|m| (&m.id, (m.key, m.own))).collect();
         for (id, spot) in landed.found {
-            let Some(&key) = keys.get(&id) else { continue };
+            let Some(&(key, own)) = keys.get(&id) else { continue };
             let outcome = match spot.dead {
+                // A delivery only on its own topic, a dead letter only on
+                // its dead-letter topic: anything else is not its record.
+                _ if own == spot.dead.is_some() => continue,
                 None => Outcome::Delivered { partition: spot.partition, offset: spot.offset },
                 // Found there, it went there: whether the try before it
                 // counted is not known.

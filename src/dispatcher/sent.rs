@@ -34,14 +34,14 @@ pub(super) struct InFlight {
     pub probe: bool,
     pub sent_at: Instant,
     /// What it has to do with dead letters, if anything.
-    pub dead: Option<Box<Dead>>,
+    pub dead: Option<Dead>,
 }
 
 /// What a produce has to do with dead letters.
 pub(super) enum Dead {
-    /// A produce to its own topic that goes to `to` if it fails: the
-    /// message is kept to be sent there.
-    Fallback { to: Arc<str>, envelope: Envelope },
+    /// A produce to its own topic of a message with a dead-letter topic:
+    /// the message is kept, to be sent there if it fails.
+    Fallback { envelope: Envelope },
     /// A dead letter of a message of `topic`.
     Letter { topic: Arc<str>, reason: DeadReason, tried: bool },
 }

@@ -67,6 +67,7 @@ impl Dispatcher {
             .chain(self.scan.rescan_from)
             .chain(self.policies.lowest_producible())
             .chain(self.ahead.ready.iter().map(|r| r.key))
+            .chain(self.letters.iter().map(|l| l.key()))
             .fold(self.scan.from, DispatchKey::min);
         (self.policies.lowest().map_or(producible, |lane| lane.min(producible)), producible)
     }
@@ -100,7 +101,7 @@ impl Dispatcher {
         let Some((mut sent, stalled)) = self.sent.take(report.token) else {
             return;
         };
-        let dead = sent.dead.take().map(|d| *d);
+        let dead = sent.dead.take();
         self.store.metrics().in_flight.set(self.sent.len() as i64);
         let now = self.clock.now();
         let state = self.topics.states.entry(Arc::clone(&sent.topic)).or_default();

@@ -138,6 +138,8 @@ impl Dispatcher {
         tracing::warn!(
             "the shard's transactional producer was fenced by another node's; waiting to own the shard again"
         );
+        // Another node may deliver or dead-letter them meanwhile.
+        self.return_letters();
         self.flush_settles(true).await;
         let _ = self.recorder.flushed().await;
         let mut owned_since: Option<tokio::time::Instant> = None;

@@ -85,14 +85,16 @@ pub struct Meta {
 }
 
 impl Meta {
-    /// The store-wide count of messages a re-drive takes out of `kind`
-    /// (failed, expired, dead-lettered); none for other kinds.
-    pub fn redrivable_total(&mut self, kind: super::SettlementKind) -> Option<&mut u64> {
+    /// The store-wide count of messages settled `kind`; none for one
+    /// retrying (it is pending).
+    pub fn settled_total(&mut self, kind: super::SettlementKind) -> Option<&mut u64> {
         match kind {
+            super::SettlementKind::Retrying => None,
+            super::SettlementKind::Delivered => Some(&mut self.delivered_total),
+            super::SettlementKind::Cancelled => Some(&mut self.cancelled_total),
             super::SettlementKind::Failed => Some(&mut self.failed_total),
             super::SettlementKind::Expired => Some(&mut self.expired_total),
             super::SettlementKind::DeadLettered => Some(&mut self.dead_lettered_total),
-            _ => None,
         }
     }
 

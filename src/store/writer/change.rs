@@ -223,12 +223,36 @@ impl Writer {
 
     /// Takes a message settled `kind` out of its count, if a re-drive
     /// takes it out of that state (failed, expired, dead-lettered).
-    fn uncount_redriven(&mut self, r: &mut Round, id: &MessageId, topic: &str, kind: SettlementKind) {
-        if let Some(total) = r.meta.redrivable_total(kind) {
-            *total = total.saturating_sub(1);
+    pub(super) fn uncount_redriven(
+        &mut self,
+        r: &mut Round,
+        id: &MessageId,
+        topic: &str,
+        kind: SettlementKind,
+    ) {
+        if matches!(kind, SettlementKind::Failed | SettlementKind::Expired | SettlementKind::DeadLettered) {
+            self.recount(r, id, topic, Some(kind), None);
+        }
+    }
+
+    /// Moves a message from the count of messages settled `from` to that
+    /// of `to` (none: out of the counts), store-wide and by topic.
+    pub(super) fn recount(
+        &mut self,
+        r: &mut Round,
+        id: &MessageId,
+        topic: &str,
+        from: Option<SettlementKind>,
+        to: Option<SettlementKind>,
+    ) {
+        for (kind, add) in [(from, false), (to, true)] {
+            let Some(kind) = kind else { continue };
+            if let Some(total) = r.meta.settled_total(kind) {
+                *total = if add { total.saturating_add(1) } else { total.saturating_sub(1) };
+            }
             self.count(r, id, topic, |c| {
                 let n = c.of_kind(kind);
-                *n = n.saturating_sub(1);
+                *n = if add { n.saturating_add(1) } else { n.saturating_sub(1) };
             });
         }
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{
-    ops::{Outcome, Settle},
+    ops::{DeadLettered, Outcome, Settle},
     round::Round,
     state::Writer,
 };
@@ -175,23 +175,13 @@ impl Writer {
                 self.settle_unsent(r, &settle, settlement, |c| c.expired = c.expired.saturating_add(1));
             }
             Outcome::DeadLettered(d) => {
-                let (last_error, deadline_ms) = match &d.reason {
-                    DeadReason::Failed { error } => (error.clone(), 0),
-                    DeadReason::Expired { deadline } => (String::new(), deadline.0),
-                };
-                let settlement = Settlement {
-                    kind: SettlementKind::DeadLettered as i32,
+                let tries = Settlement {
                     attempts,
                     rejections: prev.rejections.saturating_add(u32::from(d.tried)),
-                    last_error,
-                    at_ms: at.0,
-                    partition: d.partition,
-                    offset: d.offset,
                     first_refused_at_ms,
-                    deadline_ms,
-                    dead_letter_topic: d.topic.to_string(),
                     ..Settlement::default()
                 };
+                let settlement = dead_lettered(d, at, tries);
                 r.effects.dead_lettered += 1;
                 r.meta.dead_lettered_total = r.meta.dead_lettered_total.saturating_add(1);
                 self.settle_unsent(r, &settle, settlement, |c| {
@@ -289,5 +279,40 @@ impl Writer {
         let counts =
             r.counts.entry(key).or_insert_with_key(|k| self.counts.get(k).copied().unwrap_or_default());
         change(counts);
+    }
+}
+
+/// The settlement of a message whose record went out (delivered, or
+/// dead-lettered) `at`, in place of `was`; none for other outcomes.
+pub(super) fn produced_settlement(outcome: &Outcome, at: UnixMillis, was: &Settlement) -> Option<Settlement> {
+    match outcome {
+        Outcome::Delivered { partition, offset } => Some(Settlement {
+            kind: SettlementKind::Delivered as i32,
+            at_ms: at.0,
+            partition: *partition,
+            offset: *offset,
+            ..was.clone()
+        }),
+        Outcome::DeadLettered(d) => Some(dead_lettered(d, at, was.clone())),
+        _ => None,
+    }
+}
+
+/// The settlement of a message dead-lettered as `d` says, `at`, with the
+/// tries of `tries`.
+fn dead_lettered(d: &DeadLettered, at: UnixMillis, tries: Settlement) -> Settlement {
+    let (last_error, deadline_ms) = match &d.reason {
+        DeadReason::Failed { error } => (error.clone(), 0),
+        DeadReason::Expired { deadline } => (String::new(), deadline.0),
+    };
+    Settlement {
+        kind: SettlementKind::DeadLettered as i32,
+        at_ms: at.0,
+        partition: d.partition,
+        offset: d.offset,
+        last_error,
+        deadline_ms,
+        dead_letter_topic: d.topic.to_string(),
+        ..tries
     }
 }

@@ -57,3 +57,51 @@ async fn a_dead_letter_topic_travels_with_its_message_and_a_dead_letter_applies_
     assert_eq!((stats.counts.pending, stats.counts.dead_lettered), (1, 2));
     store.close().await;
 }
+
+fn dead_letter_line(text: &str) -> SettledLine {
+    SettledLine {
+        id: id(text).as_bytes().to_vec(),
+        at_ms: 2_000,
+        outcome: Some(SettledOutcome::DeadLettered(record::SettledDeadLetter {
+            topic: "t.dead".into(),
+            partition: 0,
+            offset: 4,
+            deadline_ms: 1_000,
+            error: String::new(),
+            tried: false,
+        })),
+    }
+}
+
+/// A dead letter wins over a cancel that came before it, as a delivery
+/// does (two nodes owned the shard at once: the record is on the topic);
+/// a reschedule of a dead-lettered message takes it out of the count.
+#[tokio::test]
+async fn a_dead_letter_wins_over_an_earlier_cancel_and_a_re_drive_leaves_the_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let cancel = |offset, text: &str| {
+        logged(offset, Change::Cancelled(record::Cancelled { message: Some(message(text, 10)), at_ms: 20 }))
+    };
+    store
+        .apply(vec![
+            logged(0, Change::Scheduled(message("both", 10))),
+            logged(1, Change::Scheduled(message("again", 10))),
+            cancel(2, "both"),
+            settled(3, vec![dead_letter_line("both"), dead_letter_line("again")]),
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(state(&store, "both").await, Some(State::DeadLettered(DeadLetter { offset: 4, .. }))));
+    let stats = store.stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
+    assert_eq!((stats.counts.cancelled, stats.counts.dead_lettered, stats.counts.pending), (0, 2, 0));
+    store.apply(vec![logged(4, Change::Rescheduled(message("again", 5_000)))]).await.unwrap();
+    assert!(matches!(state(&store, "again").await, Some(State::Pending { .. })));
+    let stats = store.stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
+    assert_eq!(
+        (stats.counts.dead_lettered, stats.counts.pending),
+        (1, 1),
+        "re-driven: pending, out of the count"
+    );
+    store.close().await;
+}

@@ -24,6 +24,7 @@ use super::{
     ops::{NewId, NewMessage, Outcome, Settle},
     replica::{Local, LogEntry, Proposed, Replica, SettledLine},
     round::{Round, Stored},
+    settle::produced_settlement,
     state::Writer,
 };
 use crate::{
@@ -499,7 +500,13 @@ impl Writer {
                 self.move_to(r, id, stored, due);
                 return Ok(due);
             }
-            Some(stored) => self.discard(r, &id, stored),
+            Some(stored) => {
+                // Re-driven: out of the count of what it was.
+                if let Some(s) = &stored.settlement {
+                    self.uncount_redriven(r, &id, &stored.record.topic, s.kind());
+                }
+                self.discard(r, &id, stored)
+            }
             None => {}
         }
         self.park_new(r, &id, record, true);
@@ -652,26 +659,18 @@ impl Writer {
                 let topic: Arc<str> = stored.record.topic.as_str().into();
                 self.raise_mark(r, &topic, *partition, *offset);
             }
-            if let (Outcome::Delivered { partition, offset }, Some(s)) = (&outcome, &stored.settlement)
+            // A record on a topic (its own, or its dead-letter topic)
+            // wins over a cancel that came before it.
+            if let Some(s) = &stored.settlement
                 && s.kind() == SettlementKind::Cancelled
+                && let Some(produced) = produced_settlement(&outcome, at, s)
             {
-                let delivered = Settlement {
-                    kind: SettlementKind::Delivered as i32,
-                    at_ms: at.0,
-                    partition: *partition,
-                    offset: *offset,
-                    ..s.clone()
-                };
-                r.put_settlement(&id, &delivered);
+                r.put_settlement(&id, &produced);
                 r.delete_retention(UnixMillis(s.at_ms), &id);
                 r.start_retention(at, &id);
-                r.meta.cancelled_total = r.meta.cancelled_total.saturating_sub(1);
-                r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
-                self.count(r, &id, &stored.record.topic, |c| {
-                    c.cancelled = c.cancelled.saturating_sub(1);
-                    c.delivered = c.delivered.saturating_add(1);
-                });
-                r.overlay.insert(id, Some(Stored { record: stored.record, settlement: Some(delivered) }));
+                let to = Some(produced.kind());
+                self.recount(r, &id, &stored.record.topic, Some(SettlementKind::Cancelled), to);
+                r.overlay.insert(id, Some(Stored { record: stored.record, settlement: Some(produced) }));
             }
             return Ok(());
         }
