@@ -26,16 +26,7 @@ async fn arrived(broker: &Broker, topic: &str, expected: usize) -> HashMap<Strin
 mod through_crashes {
     use super::*;
     use hourglass::proto::{admin_client::AdminClient, scheduler_client::SchedulerClient};
-    use std::time::{SystemTime, UNIX_EPOCH};
     use tonic::transport::Channel;
-
-    fn now_ms() -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-    }
-
-    fn wire(d: Duration) -> prost_types::Duration {
-        prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
-    }
 
     async fn schedule(
         client: &mut SchedulerClient<Channel>,
@@ -44,12 +35,7 @@ mod through_crashes {
         due_ms: u64,
         (max_lateness, dead_letter_topic): (Option<Duration>, &str),
     ) {
-        let mut r = request(topic, id, Duration::ZERO);
-        r.due = Some(proto::schedule_request::Due::DeliverAt(prost_types::Timestamp {
-            seconds: (due_ms / 1000) as i64,
-            nanos: ((due_ms % 1000) * 1_000_000) as i32,
-        }));
-        r.id = Some(id.to_owned());
+        let mut r = request_at(topic, id, due_ms);
         r.max_lateness = max_lateness.map(wire);
         r.dead_letter_topic = dead_letter_topic.to_owned();
         client.schedule(r).await.unwrap();

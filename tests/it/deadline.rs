@@ -5,22 +5,11 @@
 
 use crate::common;
 
-use std::{
-    collections::HashMap,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{collections::HashMap, time::Duration};
 
 use common::*;
 use hourglass::proto::{self, admin_client::AdminClient, scheduler_client::SchedulerClient};
 use tonic::transport::Channel;
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
-
-fn wire(d: Duration) -> prost_types::Duration {
-    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
-}
 
 /// `hourglass serve` over `dir`, stalling a topic after 1 s without an
 /// answer (so that, while the broker is away, due messages wait in the
@@ -36,12 +25,7 @@ async fn schedule(
     due_ms: u64,
     max_lateness: Option<Duration>,
 ) {
-    let mut r = request(topic, id, Duration::ZERO);
-    r.due = Some(proto::schedule_request::Due::DeliverAt(prost_types::Timestamp {
-        seconds: (due_ms / 1000) as i64,
-        nanos: ((due_ms % 1000) * 1_000_000) as i32,
-    }));
-    r.id = Some(id.to_owned());
+    let mut r = request_at(topic, id, due_ms);
     r.max_lateness = max_lateness.map(wire);
     client.schedule(r).await.unwrap();
 }

@@ -24,14 +24,6 @@ fn at(topic: &str, id: &str, at_ms: u64) -> proto::ScheduleRequest {
     r
 }
 
-fn timestamp(ms: u64) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
-}
-
-fn now_ms() -> u64 {
-    chrono::Utc::now().timestamp_millis() as u64
-}
-
 /// Every page of `request`, followed to the end (bounded).
 async fn all_pages(
     client: &mut SchedulerClient<Channel>,

@@ -11,10 +11,7 @@
 
 use crate::common;
 
-use std::{
-    collections::HashSet,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{collections::HashSet, time::Duration};
 
 use common::*;
 use hourglass::{
@@ -38,14 +35,6 @@ async fn admin(server: &Hourglass) -> AdminClient<Channel> {
     AdminClient::new(channel(server).await)
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
-
-fn at(ms: u64) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
-}
-
 fn target(topic: &str) -> proto::TopicPolicyRequest {
     proto::TopicPolicyRequest { topic: topic.into(), all_tenants: false }
 }
@@ -67,7 +56,7 @@ async fn schedule_all(
         let requests = (start..(start + 1000).min(count))
             .map(|i| {
                 let mut r = request(topic, &format!("{i:07}"), Duration::ZERO);
-                r.due = Some(proto::schedule_request::Due::DeliverAt(at(due_ms)));
+                r.due = Some(proto::schedule_request::Due::DeliverAt(timestamp(due_ms)));
                 r.id = Some(format!("{prefix}-{i:07}"));
                 r
             })
@@ -226,7 +215,7 @@ async fn a_burst_into_a_limited_topic_comes_out_at_the_limit_in_due_order_while_
     for i in 0..spaced {
         let mut r = request(&free, &format!("{i:07}"), Duration::ZERO);
         let due = due_at + 1 + 100 * i as u64;
-        r.due = Some(proto::schedule_request::Due::DeliverAt(at(due)));
+        r.due = Some(proto::schedule_request::Due::DeliverAt(timestamp(due)));
         let id = client.schedule(r).await.unwrap().into_inner().id;
         free_ids.push((id, due));
     }
@@ -382,7 +371,7 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_o
     assert_eq!((set.tenant.as_str(), set.max_lateness.map(|d| d.seconds)), ("billing", Some(10)));
     let a_minute_ago = |id: &str| {
         let mut r = request(&shared, id, Duration::ZERO);
-        r.due = Some(proto::schedule_request::Due::DeliverAt(at(now_ms() - 60_000)));
+        r.due = Some(proto::schedule_request::Due::DeliverAt(timestamp(now_ms() - 60_000)));
         r.id = Some(id.to_owned());
         r
     };
@@ -440,7 +429,8 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_o
 /// through one node holds the messages of every shard, scheduled through
 /// another; the one that paused it is killed with SIGKILL and the others
 /// take its shards over, still paused; resumed through one of them, every
-/// message goes out once.
+/// message goes out once: a quarter of them, past the deadline they
+/// carry, to the dead-letter topic they name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_a_cluster_a_pause_holds_every_shard_through_a_failover_and_a_resume_lets_each_out_once() {
     use crate::{
@@ -449,6 +439,8 @@ async fn in_a_cluster_a_pause_holds_every_shard_through_a_failover_and_a_resume_
     };
     let _turn = THREE_NODES.lock().await;
     let Bed { broker, topic, dirs: _dirs, mut nodes, .. } = Bed::start(1, 3).await;
+    let dead_letters = random_name("p-dead");
+    broker.create_topic(&dead_letters, 2).await;
     wait_spread(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
     let channel = |grpc: &str| {
         Channel::from_shared(format!("http://{grpc}"))
@@ -474,8 +466,12 @@ async fn in_a_cluster_a_pause_holds_every_shard_through_a_failover_and_a_resume_
         let requests: Vec<_> = (start..start + 60)
             .map(|i| {
                 let mut r = request(&topic, &format!("{i:07}"), Duration::ZERO);
-                r.due = Some(proto::schedule_request::Due::DeliverAt(at(due)));
+                r.due = Some(proto::schedule_request::Due::DeliverAt(timestamp(due)));
                 r.id = Some(format!("{run}-{i}"));
+                if i % 4 == 0 {
+                    r.max_lateness = Some(wire(Duration::from_secs(2)));
+                    r.dead_letter_topic = dead_letters.clone();
+                }
                 r
             })
             .collect();
@@ -523,10 +519,21 @@ async fn in_a_cluster_a_pause_holds_every_shard_through_a_failover_and_a_resume_
         async move { admin.resume_topic(request).await }
     })
     .await;
-    let mut values = values_on(&broker, &topic, count, Duration::from_secs(60));
+    let mut values = values_on(&broker, &topic, count * 3 / 4, Duration::from_secs(60));
     values.sort();
-    let expected: Vec<String> = (0..count).map(|i| format!("{i:07}")).collect();
+    let expected: Vec<String> = (0..count).filter(|i| i % 4 != 0).map(|i| format!("{i:07}")).collect();
     assert_eq!(values, expected, "each message once after the resume");
+    let mut letters = values_on(&broker, &dead_letters, count / 4, Duration::from_secs(30));
+    letters.sort();
+    let expected: Vec<String> = (0..count).filter(|i| i % 4 == 0).map(|i| format!("{i:07}")).collect();
+    assert_eq!(letters, expected, "past their deadline: each on its dead-letter topic once");
+    let letter = anywhere("Get", || {
+        let mut scheduler = SchedulerClient::new(second.clone());
+        let request = proto::GetRequest { id: format!("{run}-4") };
+        async move { scheduler.get(request).await }
+    })
+    .await;
+    assert_eq!(letter.state(), proto::State::DeadLettered, "{letter:?}");
     for node in &mut nodes[..2] {
         node.stop().unwrap();
     }

@@ -14,7 +14,7 @@ use crate::common;
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::PathBuf,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use common::*;
@@ -34,14 +34,6 @@ async fn series_client(server: &Hourglass) -> SeriesClient<Channel> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("cannot connect to hourglass at {url}");
-}
-
-fn wire(d: Duration) -> prost_types::Duration {
-    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 /// A series producing `value` to `topic` every `every`.

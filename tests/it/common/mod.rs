@@ -210,16 +210,37 @@ pub fn request(topic: &str, value: &str, delay: Duration) -> proto::ScheduleRequ
             headers: vec![],
             partition: None,
         }),
-        due: Some(proto::schedule_request::Due::Delay(prost_types::Duration {
-            seconds: delay.as_secs() as i64,
-            nanos: delay.subsec_nanos() as i32,
-        })),
+        due: Some(proto::schedule_request::Due::Delay(wire(delay))),
         id: None,
         on_conflict: 0,
         labels: Default::default(),
         max_lateness: None,
         dead_letter_topic: String::new(),
     }
+}
+
+/// A schedule request under the id `id` (its value too) for `topic`, due
+/// at `due_ms` (Unix milliseconds).
+pub fn request_at(topic: &str, id: &str, due_ms: u64) -> proto::ScheduleRequest {
+    let mut r = request(topic, id, Duration::ZERO);
+    r.id = Some(id.to_owned());
+    r.due = Some(proto::schedule_request::Due::DeliverAt(timestamp(due_ms)));
+    r
+}
+
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A length of time as the wire carries it.
+pub fn wire(d: Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+/// A time (Unix milliseconds) as the wire carries it.
+pub fn timestamp(ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
 }
 
 pub fn millis(t: &prost_types::Timestamp) -> i64 {
