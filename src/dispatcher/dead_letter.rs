@@ -122,16 +122,19 @@ impl Dispatcher {
 
     /// Produces the letters waiting, each topic marked first (see
     /// [`Dispatcher::mark`]). While the store cannot record what is
-    /// produced they wait, and so do those whose dead-letter topic is held
-    /// (a produce to it unanswered). While the gate is shut (cluster mode:
-    /// another node may own the shard) they go back to the store, to be
-    /// looked at again once it opens.
+    /// produced they wait. Those whose dead-letter topic is held (a
+    /// produce to it unanswered) are put off with it. While the gate is
+    /// shut (cluster mode: another node may own the shard) they go back to
+    /// the store, to be looked at again once it opens.
     pub(super) async fn send_dead_letters(&mut self) {
-        if self.letters.is_empty() || self.store.writes_failing() {
+        if self.letters.is_empty() {
             return;
         }
         if !self.gate.open() {
             return self.return_letters();
+        }
+        if self.store.writes_failing() {
+            return;
         }
         let unmarked: Vec<Arc<str>> = self
             .letters
@@ -149,7 +152,18 @@ impl Dispatcher {
         let (held, going): (Vec<Letter>, Vec<Letter>) = std::mem::take(&mut self.letters)
             .into_iter()
             .partition(|l| self.topics.states.get(&l.to).is_some_and(|t| t.held(now)));
-        self.letters = held;
+        // Put off with their dead-letter topic, as a held topic's messages
+        // are: given back, and looked at again once it is not held.
+        let mut put_off = Vec::with_capacity(held.len());
+        for letter in held {
+            self.defer(Arc::clone(&letter.to), letter.key(), letter.ready.id.clone());
+            put_off.push(letter.ready.id);
+        }
+        if !put_off.is_empty()
+            && let Err(e) = self.store.release(put_off).await
+        {
+            tracing::warn!(error = %e, "returning claims failed");
+        }
         for Letter { ready, topic, to, reason, tried } in going {
             tracing::debug!(id = %ready.id.qualified(), %topic, dead_letter_topic = %to, reason = reason.name(), "to the dead-letter topic");
             let attempts = ready.tries.attempts.saturating_add(u32::from(tried));

@@ -158,6 +158,8 @@ impl Dispatcher {
             }
             self.flush_settles(false).await;
         }
+        // What reports gave up on meanwhile, too.
+        self.return_letters();
         match self.producer.renew() {
             Ok(producer) => self.producer = producer,
             Err(e) => {
