@@ -79,10 +79,6 @@ impl State {
         matches!(self, State::Pending { .. })
     }
 
-    pub fn is_failed(&self) -> bool {
-        matches!(self, State::Failed { .. })
-    }
-
     pub fn is_expired(&self) -> bool {
         matches!(self, State::Expired { .. })
     }

@@ -60,6 +60,13 @@ fn claim(offset: i64, writer: u64) -> LogEntry {
     logged_by(writer, offset, Change::Owner(record::Owner { at_ms: 1, released: false }))
 }
 
+/// The record of a change this node decided for "a", at `offset`, as its
+/// applier hands it over: with the hold it was decided under.
+fn decided(offset: i64, change: Proposed, held: Option<Local>) -> LogEntry {
+    let change = proposed(&id("a"), change).1;
+    entry(offset, UnixMillis(0), Entry::Logged { writer: 1, request: 1, change }, held)
+}
+
 fn delivered(text: &str, offset: i64) -> SettledLine {
     SettledLine {
         id: id(text).as_bytes().to_vec(),
@@ -254,15 +261,7 @@ async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
     };
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(!second.is_finished());
-    let answers = store
-        .apply(vec![entry(
-            2,
-            UnixMillis(0),
-            Entry::Logged { writer: 1, request: 1, change: proposed(&id("a"), *change).1 },
-            Some(Local::Held(held.into_id())),
-        )])
-        .await
-        .unwrap();
+    let answers = store.apply(vec![decided(2, *change, Some(Local::Held(held.into_id())))]).await.unwrap();
     assert!(matches!(&answers[0], Answer::Cancelled(Ok(CancelOutcome::Cancelled))));
     let second = second.await.unwrap().unwrap();
     assert!(matches!(second, Decision::Answer(Answer::Cancelled(Ok(CancelOutcome::AlreadyCancelled)))));
@@ -314,15 +313,7 @@ async fn a_schedule_is_decided_against_the_store_and_a_second_waits_for_the_firs
     };
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert!(!retry.is_finished(), "the retry waits for the first to be applied");
-    store
-        .apply(vec![entry(
-            0,
-            UnixMillis(0),
-            Entry::Logged { writer: 1, request: 1, change: proposed(&id("a"), *change).1 },
-            held.map(|held| Local::Held(held.into_id())),
-        )])
-        .await
-        .unwrap();
+    store.apply(vec![decided(0, *change, held.map(|held| Local::Held(held.into_id())))]).await.unwrap();
     let retry = retry.await.unwrap().unwrap();
     assert!(matches!(retry, Decision::Answer(Answer::Scheduled(Ok(s))) if s.duplicate()));
     let conflict = store.decide(Intent::schedule(new_message("a", "other", 10))).await.unwrap();

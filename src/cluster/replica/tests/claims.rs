@@ -18,15 +18,7 @@ async fn applying_a_held_schedule_leaves_a_claim_the_dispatcher_took_meanwhile()
     };
     // The walk between the commit's write and the hold's release.
     assert!(store.claim_for_dispatch(&id("a")), "the hold is the writer's, not a claim");
-    store
-        .apply(vec![entry(
-            0,
-            UnixMillis(0),
-            Entry::Logged { writer: 1, request: 1, change: proposed(&id("a"), *change).1 },
-            Some(Local::Held(held.into_id())),
-        )])
-        .await
-        .unwrap();
+    store.apply(vec![decided(0, *change, Some(Local::Held(held.into_id())))]).await.unwrap();
     assert_eq!(store.dispatching(), 1, "the dispatcher still holds what it is producing");
     let again = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
     assert!(
