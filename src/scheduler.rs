@@ -82,6 +82,15 @@ pub trait Scheduler: Send + Sync + 'static {
     async fn list(&self, call: &Call, request: proto::ListRequest) -> Result<Listing, Error>;
 
     async fn stats(&self, call: &Call) -> Result<proto::StatsResponse, Error>;
+
+    /// Pending messages per topic and interval of a window. A call passed
+    /// on names its window whole (`from`, `to` and `interval`), so that
+    /// every node counts into the same intervals.
+    async fn forecast(
+        &self,
+        call: &Call,
+        request: proto::ForecastRequest,
+    ) -> Result<proto::ForecastResponse, Error>;
 }
 
 /// Series a `ListSeries` page holds unless asked.

@@ -25,11 +25,11 @@ use crate::{
     clock::Clock,
     kafka::TopicCatalog,
     message::{
-        CancelOutcome, DueSpec, Envelope, Invalid, Limits, ListQuery, MessageId, OnConflict, PendingPage,
-        Scheduled, ScheduledMessage, Scope, Stats, UnixMillis,
+        CancelOutcome, DueSpec, Envelope, Forecast, ForecastQuery, Invalid, Limits, ListQuery, MessageId,
+        OnConflict, PendingPage, Scheduled, ScheduledMessage, Scope, Stats, UnixMillis,
     },
     node::Node,
-    store::{Intent, NewId, NewMessage, StoreError},
+    store::{FORECAST_EXAMINE, Intent, NewId, NewMessage, StoreError},
 };
 
 /// Due entries one `List` call looks at, at most, matching or not.
@@ -209,6 +209,17 @@ impl Service {
             access.check(topic)?;
         }
         Ok(self.node.list_pending(access.scope(), query, limit, LIST_EXAMINE).await?)
+    }
+
+    /// How many pending messages the caller sees come due in each interval
+    /// of a window, per topic. A call walks at most [`FORECAST_EXAMINE`]
+    /// due entries per shard, and says where it stopped.
+    pub async fn forecast(&self, access: &Access, query: ForecastQuery) -> Result<Forecast, Error> {
+        let window = query.window(self.clock.now())?;
+        if let Some(topic) = &query.topic {
+            access.check(topic)?;
+        }
+        Ok(self.node.forecast(access.scope(), window, query.topic, FORECAST_EXAMINE).await?)
     }
 
     /// Counts by state and the oldest overdue message, of what the caller

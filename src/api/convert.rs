@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use crate::{
     message::{
-        CancelOutcome, DeadReason, Delivery, DueSpec, Envelope, Header, Invalid, Labels, ListQuery,
-        MessageId, OnConflict, PageToken, PendingMessage, PendingPage, Placed, Scheduled, ScheduledMessage,
-        Selector, State, Stats, UnixMillis,
+        CancelOutcome, DeadReason, Delivery, DueSpec, Envelope, Forecast, ForecastQuery, Header, Invalid,
+        Labels, ListQuery, MessageId, OnConflict, PageToken, PendingMessage, PendingPage, Placed, Scheduled,
+        ScheduledMessage, Selector, State, Stats, UnixMillis, Window,
     },
     proto,
     service::ScheduleCommand,
@@ -44,12 +44,17 @@ fn delay(d: prost_types::Duration) -> Result<Duration, Invalid> {
 /// A deadline past the due time, in whole milliseconds (rounded up, so
 /// that a message is never expired sooner than asked); zero or unset: none.
 pub fn max_lateness(d: Option<prost_types::Duration>) -> Result<Option<Duration>, Invalid> {
+    millis("max_lateness", d)
+}
+
+/// A duration field in whole milliseconds (rounded up); zero or unset: none.
+fn millis(field: &'static str, d: Option<prost_types::Duration>) -> Result<Option<Duration>, Invalid> {
     let Some(d) = d else { return Ok(None) };
     if d.seconds < 0 || d.nanos < 0 {
-        return Err(Invalid::new("max_lateness", "must not be negative; leave it unset for no deadline"));
+        return Err(Invalid::new(field, "must not be negative; leave it unset for the default"));
     }
     if d.nanos >= 1_000_000_000 {
-        return Err(Invalid::new("max_lateness", format!("has nanos {} outside 0..1e9", d.nanos)));
+        return Err(Invalid::new(field, format!("has nanos {} outside 0..1e9", d.nanos)));
     }
     let ms = (d.seconds as u64).saturating_mul(1000).saturating_add((d.nanos as u64).div_ceil(1_000_000));
     Ok((ms > 0).then(|| Duration::from_millis(ms)))
@@ -284,6 +289,64 @@ impl TryFrom<proto::ListRequest> for ListQuery {
             page_token: (!r.page_token.is_empty()).then(|| PageToken::decode(&r.page_token)).transpose()?,
             selector: Selector::parse("selector", &r.selector)?,
         })
+    }
+}
+
+impl TryFrom<proto::ForecastRequest> for ForecastQuery {
+    type Error = Invalid;
+
+    fn try_from(r: proto::ForecastRequest) -> Result<Self, Invalid> {
+        Ok(ForecastQuery {
+            topic: (!r.topic.is_empty()).then_some(r.topic),
+            from: r.from.map(|t| unix_millis("from", t)).transpose()?,
+            to: r.to.map(|t| unix_millis("to", t)).transpose()?,
+            interval: millis("interval", r.interval)?,
+        })
+    }
+}
+
+impl From<Forecast> for proto::ForecastResponse {
+    fn from(f: Forecast) -> Self {
+        let totals = f.totals();
+        let mut topics: Vec<proto::TopicForecast> = f
+            .topics
+            .into_iter()
+            .map(|(topic, counts)| proto::TopicForecast { topic, total: counts.iter().sum(), counts })
+            .collect();
+        // Most first; by name among equals (the map's order, kept).
+        topics.sort_by(|a, b| b.total.cmp(&a.total));
+        proto::ForecastResponse {
+            from: Some(timestamp(f.window.from)),
+            to: Some(timestamp(f.window.to)),
+            interval: Some(wire_duration(Duration::from_millis(f.window.interval_ms))),
+            totals,
+            topics,
+            counted_to: f.counted_to.map(timestamp),
+        }
+    }
+}
+
+/// Another node's forecast, to add to this one's.
+impl TryFrom<proto::ForecastResponse> for Forecast {
+    type Error = Invalid;
+
+    fn try_from(r: proto::ForecastResponse) -> Result<Self, Invalid> {
+        let missing = |field| Invalid::new(field, "is missing from a node's forecast");
+        let window = Window {
+            from: unix_millis("from", r.from.ok_or_else(|| missing("from"))?)?,
+            to: unix_millis("to", r.to.ok_or_else(|| missing("to"))?)?,
+            interval_ms: millis("interval", r.interval)?.ok_or_else(|| missing("interval"))?.as_millis()
+                as u64,
+        };
+        let mut forecast = Forecast::new(window);
+        for t in r.topics {
+            if t.counts.len() != window.intervals() {
+                return Err(Invalid::new("topics", "a node counted into other intervals"));
+            }
+            forecast.topics.insert(t.topic, t.counts);
+        }
+        forecast.stop_at(r.counted_to.map(|t| unix_millis("counted_to", t)).transpose()?);
+        Ok(forecast)
     }
 }
 

@@ -93,6 +93,14 @@ impl Scheduler for Local {
     async fn stats(&self, call: &Call) -> Result<proto::StatsResponse, Error> {
         Ok(self.service.stats(&call.access).await?.into())
     }
+
+    async fn forecast(
+        &self,
+        call: &Call,
+        request: proto::ForecastRequest,
+    ) -> Result<proto::ForecastResponse, Error> {
+        Ok(self.service.forecast(&call.access, request.try_into()?).await?.into())
+    }
 }
 
 /// The answers to items of a batch or a stream, numbered from 0, counted

@@ -275,6 +275,17 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
         .await
     }
 
+    async fn forecast(
+        &self,
+        request: Request<proto::ForecastRequest>,
+    ) -> Result<Response<proto::ForecastResponse>, Status> {
+        self.call("Forecast", async {
+            let call = call_of(&request)?;
+            self.scheduler.forecast(&call, request.into_inner()).await
+        })
+        .await
+    }
+
     async fn cancel_matching(
         &self,
         request: Request<proto::CancelMatchingRequest>,

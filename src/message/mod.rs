@@ -6,6 +6,7 @@
 //! topic exists needs the broker's metadata and lives in the service instead.
 
 mod envelope;
+mod forecast;
 mod id;
 mod labels;
 mod page;
@@ -14,6 +15,7 @@ mod state;
 mod time;
 
 pub use envelope::*;
+pub use forecast::*;
 pub use id::*;
 pub use labels::*;
 pub use page::*;

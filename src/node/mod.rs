@@ -42,8 +42,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     message::{
-        ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled, ScheduledMessage, Scope,
-        UnixMillis, merge_pages, shard_of,
+        Forecast, ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled, ScheduledMessage,
+        Scope, UnixMillis, Window, merge_pages, shard_of,
     },
     policy::PolicyWrite,
     shard::ShardConfig,
@@ -265,6 +265,24 @@ impl Node {
         let pages = future::try_join_all(reads).await?;
         let shards = stores.iter().map(|(shard, _)| *shard);
         Ok(merge_shard_pages(shards.zip(pages).collect(), limit))
+    }
+
+    /// The forecast of what `scope` sees, over the shards (each walks at
+    /// most `examine` due entries).
+    pub async fn forecast(
+        &self,
+        scope: Scope,
+        window: Window,
+        topic: Option<String>,
+        examine: usize,
+    ) -> Result<Forecast, StoreError> {
+        let stores = self.stores();
+        let reads = stores.iter().map(|(_, s)| s.forecast(scope.clone(), window, topic.clone(), examine));
+        let mut forecast = Forecast::new(window);
+        for shard in future::try_join_all(reads).await? {
+            forecast.merge(shard);
+        }
+        Ok(forecast)
     }
 
     /// Counts `scope` sees and its oldest overdue message, over the shards.

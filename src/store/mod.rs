@@ -52,7 +52,7 @@ use health::HealthBoard;
 pub use health::StoreHealth;
 pub use held::HeldTopics;
 pub use options::{Durability, ShardOf, StoreConfig, open_db};
-pub use read::{LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
+pub use read::{FORECAST_EXAMINE, LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
 pub(crate) use scan::{DueBatch, Ready, Tries};
 pub use series::{SeriesBytes, SeriesWrite};
 use writer::Op;

@@ -10,6 +10,7 @@ use crate::message::{
 
 mod dead_letter;
 mod expire;
+mod forecast;
 mod policy;
 mod replace;
 

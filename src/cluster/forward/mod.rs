@@ -35,6 +35,7 @@ use tonic::{
 };
 
 mod series;
+mod totals;
 
 pub use series::SeriesRouter;
 
@@ -305,48 +306,6 @@ impl Router {
             positions,
         })
     }
-
-    /// This node's figures, summed with those of every other node that
-    /// owns shards; a forwarded `Stats` gets this node's alone.
-    async fn stats_all(&self, call: &Call) -> Result<proto::StatsResponse, Error> {
-        let here = self.local.stats(call).await?;
-        if call.forwarded {
-            return Ok(here);
-        }
-        let asked = self.cluster.peers().into_iter().map(|addr| {
-            let request = self.forwarded(call, proto::StatsRequest {});
-            async move {
-                metrics::FORWARDED.with_label_values(&["Stats"]).inc();
-                let (mut client, _slot) = self.client::<Client>(&addr)?;
-                Ok::<_, Error>(
-                    client.stats(request).await.map_err(|s| from_peer(&addr, "Stats", s))?.into_inner(),
-                )
-            }
-        });
-        let mut total = here;
-        for other in future::try_join_all(asked).await? {
-            total.pending += other.pending;
-            total.delivered += other.delivered;
-            total.cancelled += other.cancelled;
-            total.failed += other.failed;
-            total.expired += other.expired;
-            total.dead_lettered += other.dead_lettered;
-            total.dispatching += other.dispatching;
-            total.store_bytes += other.store_bytes;
-            total.max_pending = match (total.max_pending, other.max_pending) {
-                (Some(a), Some(b)) => Some(a + b),
-                (a, b) => a.or(b),
-            };
-            merge_held_back(&mut total.held_back, other.held_back);
-            let at = |m: &proto::PendingMessage| m.dispatch_at.map(|t| (t.seconds, t.nanos));
-            if let Some(oldest) = other.oldest_overdue
-                && total.oldest_overdue.as_ref().is_none_or(|o| at(&oldest) < at(o))
-            {
-                total.oldest_overdue = Some(oldest);
-            }
-        }
-        Ok(total)
-    }
 }
 
 #[tonic::async_trait]
@@ -540,6 +499,14 @@ impl Scheduler for Router {
     async fn stats(&self, call: &Call) -> Result<proto::StatsResponse, Error> {
         self.stats_all(call).await
     }
+
+    async fn forecast(
+        &self,
+        call: &Call,
+        request: proto::ForecastRequest,
+    ) -> Result<proto::ForecastResponse, Error> {
+        self.forecast_all(call, request).await
+    }
 }
 
 /// A forwarded listing's page with the positions of its messages.
@@ -578,29 +545,6 @@ fn positioned(
 /// not own the shard (any more), or no connection to it could be made, so
 /// nothing was sent. A connection lost once made, or an answer that only
 /// speaks of one, may have followed a request the node acted on.
-/// Adds another node's held-back topics to `all`: one entry per topic and
-/// tenant, held since the earliest, with the earliest due message.
-fn merge_held_back(all: &mut Vec<proto::HeldBack>, more: Vec<proto::HeldBack>) {
-    let key = |t: &Option<prost_types::Timestamp>| t.map(|t| (t.seconds, t.nanos));
-    for held in more {
-        match all.iter_mut().find(|h| h.topic == held.topic && h.tenant == held.tenant) {
-            Some(h) => {
-                if held.reason == proto::HeldReason::Paused as i32 {
-                    h.reason = held.reason;
-                }
-                if key(&held.since) < key(&h.since) {
-                    h.since = held.since;
-                }
-                if key(&held.oldest_due) < key(&h.oldest_due) {
-                    h.oldest_due = held.oldest_due;
-                }
-            }
-            None => all.push(held),
-        }
-    }
-    all.sort_by(|a, b| (&a.topic, &a.tenant).cmp(&(&b.topic, &b.tenant)));
-}
-
 fn not_taken(status: &Status) -> bool {
     if status.metadata().contains_key(NOT_OWNER) {
         return true;

@@ -680,6 +680,14 @@ mod tests {
         async fn stats(&self, _: &Call) -> Result<proto::StatsResponse, Error> {
             unreachable!()
         }
+
+        async fn forecast(
+            &self,
+            _: &Call,
+            _: proto::ForecastRequest,
+        ) -> Result<proto::ForecastResponse, Error> {
+            unreachable!()
+        }
     }
 
     fn record(offset: i64, id: &str, schedule: bool) -> Raw {

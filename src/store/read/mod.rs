@@ -23,7 +23,9 @@ use super::{
 };
 use crate::message::{MessageId, PendingMessage, ScheduledMessage, Scope, Selector, UnixMillis, Visibility};
 
+mod forecast;
 mod purge;
+pub use forecast::FORECAST_EXAMINE;
 pub(crate) use purge::*;
 
 /// Due entries `stats` looks at for the oldest overdue message a caller

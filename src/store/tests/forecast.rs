@@ -1,0 +1,112 @@
+//! The forecast read: what it counts is what `List` pages through.
+
+use super::*;
+use crate::message::{Forecast, Tenant, Window};
+
+async fn park_on(store: &Store, scope: &Scope, id: &str, topic: &str, due: u64) -> MessageId {
+    let envelope = Envelope {
+        topic: topic.into(),
+        key: None,
+        value: vec![],
+        headers: vec![],
+        partition: None,
+        labels: Default::default(),
+        max_lateness: None,
+        dead_letter_topic: None,
+    };
+    let msg = NewMessage {
+        id: NewId::Client(scope.id(id).unwrap()),
+        scope: scope.clone(),
+        envelope,
+        requested: DueSpec::At(UnixMillis(due)),
+        due: UnixMillis(due),
+        now: UnixMillis(0),
+        on_conflict: OnConflict::Reject,
+    };
+    store.schedule(msg).await.unwrap().id
+}
+
+/// What `List` returns for the window, counted as a forecast counts.
+async fn listed(store: &Store, scope: &Scope, window: Window) -> Forecast {
+    let mut forecast = Forecast::new(window);
+    let mut from = DispatchKey { at: window.from, seq: 0 };
+    loop {
+        let filter = ListFilter {
+            topic: None,
+            selector: Default::default(),
+            from,
+            to: Some(window.to),
+            limit: 2,
+            examine: 3,
+        };
+        let page = store.list_pending(scope.clone(), filter).await.unwrap();
+        page.messages.iter().for_each(|(key, m)| forecast.add(&m.topic, key.at));
+        match page.next {
+            Some(next) => from = next,
+            None => return forecast,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_forecast_counts_what_list_pages_through_per_topic_and_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let everything = Scope::everything();
+    let orders = Scope::space(Some(Tenant::parse("orders").unwrap()));
+    for (id, topic, due) in [
+        ("a", "x", 100),
+        ("b", "x", 1500),
+        ("c", "y", 1999),
+        ("d", "x", 2500),
+        ("e", "y", 3999),
+        ("f", "x", 4000),
+    ] {
+        park_on(&store, &everything, id, topic, due).await;
+    }
+    let mine = park_on(&store, &orders, "g", "x", 2600).await;
+    let billing = Scope::space(Some(Tenant::parse("billing").unwrap()));
+    park_on(&store, &billing, "i", "x", 3100).await;
+    let cancelled = park_on(&store, &everything, "h", "x", 2700).await;
+    store
+        .change(Intent::Cancel { scope: everything.clone(), id: cancelled, now: UnixMillis(0) })
+        .await
+        .unwrap();
+    // a is delivered: its due entry waits for its retention, logged.
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let delivered = settle(&batch.ready[0], 150, Outcome::Delivered { partition: 0, offset: 1 });
+    store.settle(vec![delivered], None).await.unwrap();
+    barrier(&store).await;
+
+    let window = Window { from: UnixMillis(0), to: UnixMillis(4000), interval_ms: 1000 };
+    let all = store.forecast(everything.clone(), window, None, usize::MAX).await.unwrap();
+    assert_eq!(all.topics["x"], [0, 1, 2, 1], "b; d and the orders tenant's g; billing's i; not a, h or f");
+    assert_eq!(all.topics["y"], [0, 1, 0, 1]);
+    assert_eq!(all.counted_to, None);
+    assert_eq!(all, listed(&store, &everything, window).await);
+
+    let theirs = store.forecast(orders.clone(), window, None, usize::MAX).await.unwrap();
+    assert_eq!(
+        theirs.topics["x"],
+        [0, 1, 2, 0],
+        "a tenant counts its own and the shared space's, not billing's"
+    );
+    assert_eq!(theirs, listed(&store, &orders, window).await);
+    assert!(store.get(orders, mine).await.unwrap().is_some());
+
+    let y = store.forecast(everything.clone(), window, Some("y".into()), usize::MAX).await.unwrap();
+    assert_eq!(y.topics.keys().collect::<Vec<_>>(), ["y"]);
+
+    // A walk that stops early says where the whole intervals end.
+    let cut = store.forecast(everything, window, None, 3).await.unwrap();
+    assert_eq!(
+        cut.counted_to,
+        Some(UnixMillis(2000)),
+        "the fourth entry looked at (d, at 2500) was not counted"
+    );
+    assert_eq!(
+        (cut.topics["x"].as_slice(), cut.topics["y"].as_slice()),
+        ([0, 1, 0, 0].as_slice(), [0, 1, 0, 0].as_slice())
+    );
+    store.close().await;
+}
