@@ -45,12 +45,15 @@
 //!   may use, handed to every service method as the caller's
 //!   [`auth::Access`]; [`tls`]: the gRPC port's certificates; [`secret`]:
 //!   Kafka secrets from the environment or files, kept out of logs.
+//! - [`console`]: the operator console, web pages over the same
+//!   [`scheduler::Scheduler`] seam as the gRPC adapter, with the same
+//!   grants (`--console-listen`).
 //! - [`server`]: wiring (from [`config`], each setting declared once), the
 //!   bounds on what clients can hold (connections, health watches; calls and
 //!   request bytes are bounded in [`api`]), and ordered shutdown.
 //!
 //! Modules depend downward only, in this order from the top: `server`;
-//! `api`; `bulk`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
+//! `console`, `api`; `bulk`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
 //! `auth`; `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/it/architecture.rs` fails on an import that would close
 //! a circle, and on any module but the wiring (`server`) that imports
@@ -65,6 +68,7 @@ pub mod bulk;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod console;
 pub mod dispatcher;
 mod error;
 pub mod failpoint;

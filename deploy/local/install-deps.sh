@@ -10,6 +10,8 @@
 #     use to check the alert rules, the dashboard and the deploy manifests
 #   - openssl, for deploy/secrets/make-secrets.sh (and its test), and a C
 #     compiler (build-essential), for the durability test's sync probe
+#   - chromium and chromium-driver, the headless browser the console's
+#     tests drive
 #
 #   install-deps.sh          everything
 #   install-deps.sh system   everything but tansu
@@ -30,7 +32,7 @@ sudo=""
 install_system() {
   missing=()
   for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip \
-    prometheus yamllint openssl curl; do
+    prometheus yamllint openssl curl chromium chromium-driver; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   # Node.js may come from elsewhere than Debian (with npm bundled): look for

@@ -314,7 +314,7 @@ impl From<Forecast> for proto::ForecastResponse {
             .map(|(topic, counts)| proto::TopicForecast { topic, total: counts.iter().sum(), counts })
             .collect();
         // Most first; by name among equals (the map's order, kept).
-        topics.sort_by(|a, b| b.total.cmp(&a.total));
+        topics.sort_by_key(|t| std::cmp::Reverse(t.total));
         proto::ForecastResponse {
             from: Some(timestamp(f.window.from)),
             to: Some(timestamp(f.window.to)),

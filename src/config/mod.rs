@@ -355,6 +355,10 @@ settings! {
             /// there as they were, with headers that say why, and settled
             /// DEAD_LETTERED [default: none; they stay FAILED or EXPIRED].
             dead_letter_topic: String as "TOPIC", "HOURGLASS_DEAD_LETTER_TOPIC";
+            /// Serves the operator console (web pages: what is parked, find
+            /// a message and act on it) on this address. On any address but
+            /// a loopback one it needs --auth-tokens [default: no console].
+            console_listen: SocketAddr as "ADDR", "HOURGLASS_CONSOLE_LISTEN";
         }
     }
 }
@@ -562,6 +566,19 @@ impl Config {
         }
         if self.listen == self.metrics_listen && self.listen.port() != 0 {
             return Err(ConfigError::Clash(format!("listen and metrics_listen are both {}", self.listen)));
+        }
+        if let Some(console) = self.console_listen {
+            if console.port() != 0 && (console == self.listen || console == self.metrics_listen) {
+                return Err(ConfigError::Clash(format!(
+                    "console_listen is {console}, which listen or metrics_listen uses already"
+                )));
+            }
+            if !console.ip().is_loopback() && self.auth_tokens.is_none() {
+                return Err(ConfigError::Clash(format!(
+                    "console_listen is {console}, reachable from other machines, and there are no auth_tokens: \
+                     whoever reaches it could cancel messages. Set --auth-tokens, or listen on 127.0.0.1"
+                )));
+            }
         }
         if self.cluster {
             if self.log_partitions == 0 || self.log_partitions > MAX_SHARDS {

@@ -34,6 +34,7 @@ use crate::{
     clock::{Clock, SystemClock},
     cluster::{Cluster, ClusterConfig, Ingress, Router, SeriesRouter, Shards, Voucher},
     config::Config,
+    console::Console,
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
     node::{LocalShards, Node, NodeConfig, ShardSet},
@@ -49,6 +50,8 @@ use crate::{
 pub struct Listeners {
     pub grpc: TcpListener,
     pub metrics: TcpListener,
+    /// The console's, if it is on (`--console-listen`).
+    pub console: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -59,7 +62,14 @@ impl Listeners {
         let metrics = TcpListener::bind(config.metrics_listen).await.with_context(|| {
             format!("cannot listen for metrics on {} (--metrics-listen)", config.metrics_listen)
         })?;
-        Ok(Listeners { grpc, metrics })
+        let console =
+            match config.console_listen {
+                Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| {
+                    format!("cannot listen for the console on {addr} (--console-listen)")
+                })?),
+                None => None,
+            };
+        Ok(Listeners { grpc, metrics, console })
     }
 }
 
@@ -122,7 +132,7 @@ pub async fn run_with_clock(
     // Series are driven where their shards are: standalone every shard,
     // in a cluster those this node owns now.
     let policies = Arc::new(PolicyService::new(Arc::clone(&node), Arc::clone(&clock)));
-    let series = Arc::new(Series::new(Arc::clone(&node), Arc::clone(&service), clock));
+    let series = Arc::new(Series::new(Arc::clone(&node), Arc::clone(&service), Arc::clone(&clock)));
     let series_stop = CancellationToken::new();
     let series_task = series.start(series_stop.clone());
 
@@ -202,6 +212,11 @@ pub async fn run_with_clock(
             }
             None => (local, series.clone(), None),
         };
+    let console_task = listeners.console.map(|listener| {
+        tracing::info!(addr = ?listener.local_addr().ok(), "the console is serving");
+        let console = Arc::new(Console::new(Arc::clone(&scheduler), auth.clone(), Arc::clone(&clock)));
+        tokio::spawn(console.serve(listener, stop_accepting.clone()))
+    });
     let scheduler_api = SchedulerApi::new(scheduler, api);
     let series_api = scheduler_api.series(series_calls);
     let admin_api = scheduler_api.admin(policies);
@@ -245,6 +260,9 @@ pub async fn run_with_clock(
         ingress.stop().await;
     }
     drain_within(*config.shutdown_grace, "gRPC requests", grpc).await;
+    if let Some(console) = console_task {
+        drain_within(*config.shutdown_grace, "console requests", console).await;
+    }
     // No occurrence is parked once the shards begin to close.
     series_stop.cancel();
     let _ = series_task.await;

@@ -12,6 +12,7 @@ mod bad_input;
 mod cli;
 mod cluster;
 mod cluster_nodes;
+mod console;
 mod corruption;
 mod dead_letter;
 mod deadline;

@@ -131,6 +131,9 @@ pub fn config(broker: &Broker, data_dir: &Path) -> Config {
 pub struct Hourglass {
     pub addr: SocketAddr,
     pub metrics_addr: SocketAddr,
+    /// The console's address, when the config turns it on.
+    #[allow(dead_code)]
+    pub console_addr: Option<SocketAddr>,
     pub data_dir: PathBuf,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -420,12 +423,17 @@ impl Hourglass {
     ) -> Hourglass {
         let grpc = TcpListener::bind(config.listen).await.unwrap();
         let metrics = TcpListener::bind(config.metrics_listen).await.unwrap();
+        let console = match config.console_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await.unwrap()),
+            None => None,
+        };
         let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
+        let console_addr = console.as_ref().map(|c| c.local_addr().unwrap());
         let data_dir = config.data_dir.clone();
         let shutdown = CancellationToken::new();
-        let listeners = hourglass::Listeners { grpc, metrics };
+        let listeners = hourglass::Listeners { grpc, metrics, console };
         let task = tokio::spawn(hourglass::run_with_clock(config, listeners, clock, shutdown.clone()));
-        Hourglass { addr, metrics_addr, data_dir, shutdown, task }
+        Hourglass { addr, metrics_addr, console_addr, data_dir, shutdown, task }
     }
 }
 

@@ -1,0 +1,369 @@
+//! The operator console: web pages served by hourglass itself on their own
+//! address (`--console-listen`; off unless set), built from the same calls
+//! the gRPC API serves ([`Scheduler`]: in cluster mode the router, so any
+//! node shows the whole cluster), with the caller's grant.
+//!
+//! - [`session`]: sign-in with a token of `--auth-tokens`, a session
+//!   cookie, and a CSRF token that every action checks;
+//! - [`overview`]: counts, this node's recent deliveries ([`pulse`]), and
+//!   what comes due (`Forecast`);
+//! - [`find`]: pending messages by label, topic and time; a message by id,
+//!   its record, and cancel, reschedule and re-drive;
+//! - [`html`]: the pages' markup, where everything a message holds is
+//!   escaped.
+//!
+//! The pages carry no script: the Content-Security-Policy every answer
+//! sends allows none, so markup in a message's content cannot run even if
+//! it slipped through the escaping. Actions are POSTed forms; one that
+//! comes from another site (its `Origin` or `Sec-Fetch-Site` says so) or
+//! without the session's CSRF token is refused.
+
+mod find;
+mod html;
+mod overview;
+mod pulse;
+mod session;
+
+use std::sync::Arc;
+
+use axum::{
+    Form, Router,
+    extract::{Query, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Redirect, Response},
+    routing::{get, post},
+};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use self::{
+    find::{Act, FindQuery},
+    html::{esc, page},
+    overview::OverviewQuery,
+    pulse::Pulse,
+    session::{Sessions, Signed},
+};
+use crate::{
+    auth::Authenticator,
+    clock::Clock,
+    scheduler::{Call, Scheduler},
+};
+
+/// How long a page's calls may take before the page says so.
+const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What the console answers from.
+pub struct Console {
+    scheduler: Arc<dyn Scheduler>,
+    sessions: Sessions,
+    pulse: Pulse,
+    clock: Arc<dyn Clock>,
+}
+
+impl Console {
+    pub fn new(scheduler: Arc<dyn Scheduler>, auth: Authenticator, clock: Arc<dyn Clock>) -> Console {
+        Console { scheduler, sessions: Sessions::new(auth, false), pulse: Pulse::default(), clock }
+    }
+
+    /// Serves the console on `listener` until `stop`.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, stop: CancellationToken) {
+        let pulse = tokio::spawn({
+            let console = Arc::clone(&self);
+            let stop = stop.clone();
+            async move { console.pulse.run(stop).await }
+        });
+        let app = Router::new()
+            .route("/", get(overview))
+            .route("/messages", get(messages))
+            .route("/message", get(message))
+            .route("/message/cancel", post(cancel))
+            .route("/message/reschedule", post(reschedule))
+            .route("/sign-in", get(sign_in_page).post(sign_in))
+            .route("/sign-out", post(sign_out))
+            .route("/console.css", get(style))
+            .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") })
+            .layer(axum::middleware::map_response(headers))
+            .with_state(self);
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
+            tracing::error!(error = %e, "the console failed");
+        }
+        let _ = pulse.await;
+    }
+
+    fn call(&self, signed: &Signed) -> Call {
+        Call {
+            access: signed.access.clone(),
+            forwarded: false,
+            deadline: Some(tokio::time::Instant::now() + CALL_DEADLINE),
+        }
+    }
+
+    /// The signed-in person, or the answer that sends them to sign in.
+    fn signed(&self, headers: &HeaderMap) -> Result<Signed, Refusal> {
+        self.sessions.find(headers).ok_or(Refusal::SignIn)
+    }
+
+    /// The signed-in person, for an action: refused when it comes from
+    /// another site or without the session's CSRF token.
+    fn acting(&self, headers: &HeaderMap, csrf: &str) -> Result<Signed, Refusal> {
+        if from_elsewhere(headers) {
+            return Err(Refusal::Forbidden("This action came from another site, and was refused."));
+        }
+        let signed = self.signed(headers)?;
+        if !signed.csrf_matches(csrf) {
+            return Err(Refusal::Forbidden(
+                "This form has expired or did not come from the console: load the page again.",
+            ));
+        }
+        Ok(signed)
+    }
+
+    fn page(&self, title: &str, signed: &Signed, body: &str) -> Response {
+        let who = if self.sessions.needs_token() { signed.access.name() } else { "" };
+        html_response(page(title, Some(who), &signed.csrf, body))
+    }
+}
+
+/// Why a request is not served.
+enum Refusal {
+    /// No session: off to sign in.
+    SignIn,
+    Forbidden(&'static str),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::SignIn => Redirect::to("/sign-in").into_response(),
+            Refusal::Forbidden(why) => forbidden(why),
+        }
+    }
+}
+
+fn forbidden(why: &str) -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        html_response(page("Refused", None, "", &format!("<p class=\"error\">{}</p>", esc(why)))),
+    )
+        .into_response()
+}
+
+fn html_response(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
+}
+
+/// Whether a request says it came from a page of another site.
+fn from_elsewhere(headers: &HeaderMap) -> bool {
+    let value = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    if value("sec-fetch-site").is_some_and(|site| site != "same-origin" && site != "none") {
+        return true;
+    }
+    match (value("origin"), value("host")) {
+        (Some(origin), Some(host)) => origin.split_once("://").is_none_or(|(_, rest)| rest != host),
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// What every answer carries: no script may run, no other site may frame
+/// or read the page, nothing is cached.
+async fn headers(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    let set = [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; \
+             base-uri 'none'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        // Not no-referrer: with it a browser sends `Origin: null` on the
+        // console's own forms, which then look like another site's.
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    for (name, value) in set {
+        h.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+async fn style() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")],
+        include_str!("console.css"),
+    )
+        .into_response()
+}
+
+async fn overview(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Query(query): Query<OverviewQuery>,
+) -> Result<Response, Refusal> {
+    let signed = console.signed(&headers)?;
+    let now = console.clock.now();
+    let body =
+        overview::render(console.scheduler.as_ref(), &console.pulse, &console.call(&signed), &query, now)
+            .await
+            .unwrap_or_else(find::refused);
+    Ok(console.page("Overview", &signed, &body))
+}
+
+async fn messages(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Query(query): Query<FindQuery>,
+) -> Result<Response, Refusal> {
+    let signed = console.signed(&headers)?;
+    if !query.id.trim().is_empty() {
+        return Ok(Redirect::to(&format!("/message?id={}", html::Query(query.id.trim()))).into_response());
+    }
+    let body = find::render(console.scheduler.as_ref(), &console.call(&signed), &query)
+        .await
+        .unwrap_or_else(find::refused);
+    Ok(console.page("Find messages", &signed, &body))
+}
+
+#[derive(Deserialize)]
+struct MessageQuery {
+    id: String,
+    #[serde(default)]
+    view: String,
+}
+
+async fn message(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Query(query): Query<MessageQuery>,
+) -> Result<Response, Refusal> {
+    let signed = console.signed(&headers)?;
+    let call = console.call(&signed);
+    let body =
+        find::message(console.scheduler.as_ref(), &call, &query.id, &signed.csrf, query.view == "hex").await;
+    Ok(console.page(&format!("Message {}", query.id), &signed, &body))
+}
+
+async fn cancel(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Form(act): Form<Act>,
+) -> Result<Response, Refusal> {
+    let signed = console.acting(&headers, &act.csrf)?;
+    let call = console.call(&signed);
+    let outcome = find::cancel(console.scheduler.as_ref(), &call, &act.id).await;
+    let body = find::message(console.scheduler.as_ref(), &call, &act.id, &signed.csrf, false).await;
+    Ok(console.page(&format!("Message {}", act.id), &signed, &(outcome + &body)))
+}
+
+async fn reschedule(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Form(act): Form<Act>,
+) -> Result<Response, Refusal> {
+    let signed = console.acting(&headers, &act.csrf)?;
+    let call = console.call(&signed);
+    let outcome = find::reschedule(console.scheduler.as_ref(), &call, &act.id, &act.at).await;
+    let body = find::message(console.scheduler.as_ref(), &call, &act.id, &signed.csrf, false).await;
+    Ok(console.page(&format!("Message {}", act.id), &signed, &(outcome + &body)))
+}
+
+async fn sign_in_page(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    if console.sessions.find(&headers).is_some() {
+        return Redirect::to("/").into_response();
+    }
+    if !console.sessions.needs_token() {
+        // Nothing to ask: a session, for its CSRF token.
+        return signed_in(&console, "");
+    }
+    sign_in_form("")
+}
+
+fn sign_in_form(error: &str) -> Response {
+    let error = if error.is_empty() {
+        String::new()
+    } else {
+        format!("<p class=\"error\" id=\"refused\">{}</p>", esc(error))
+    };
+    html_response(page(
+        "Sign in",
+        None,
+        "",
+        &format!(
+            "{error}<form class=\"sign-in\" method=\"post\" action=\"/sign-in\">\
+             <label>Token <input type=\"password\" name=\"token\" autocomplete=\"current-password\" autofocus></label>\
+             <button id=\"sign-in\">Sign in</button></form>\
+             <p class=\"hint\">A token of the server's tokens file (--auth-tokens): you see and act on what it \
+             covers, as its API calls would.</p>"
+        ),
+    ))
+}
+
+#[derive(Deserialize)]
+struct SignIn {
+    #[serde(default)]
+    token: String,
+}
+
+async fn sign_in(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Form(form): Form<SignIn>,
+) -> Response {
+    if from_elsewhere(&headers) {
+        return forbidden("This sign-in came from another site, and was refused.");
+    }
+    signed_in(&console, &form.token)
+}
+
+fn signed_in(console: &Console, token: &str) -> Response {
+    match console.sessions.sign_in(token) {
+        Ok(cookie) => {
+            let mut response = Redirect::to("/").into_response();
+            response.headers_mut().insert(header::SET_COOKIE, cookie);
+            response
+        }
+        Err(_) => (StatusCode::UNAUTHORIZED, sign_in_form("That token is not valid here.")).into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct SignOut {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn sign_out(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Form(form): Form<SignOut>,
+) -> Result<Response, Refusal> {
+    console.acting(&headers, &form.csrf)?;
+    let mut response = Redirect::to("/sign-in").into_response();
+    response.headers_mut().insert(header::SET_COOKIE, console.sessions.sign_out(&headers));
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_action_from_another_site_is_told_apart() {
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            pairs.iter().for_each(|(k, v)| {
+                h.insert(*k, HeaderValue::from_static(v));
+            });
+            from_elsewhere(&h)
+        };
+        assert!(!with(&[]));
+        assert!(!with(&[("origin", "http://127.0.0.1:9465"), ("host", "127.0.0.1:9465")]));
+        assert!(!with(&[("sec-fetch-site", "same-origin")]));
+        assert!(with(&[("origin", "https://evil.example"), ("host", "127.0.0.1:9465")]));
+        assert!(with(&[("origin", "null"), ("host", "127.0.0.1:9465")]));
+        assert!(with(&[("sec-fetch-site", "cross-site")]));
+        assert!(with(&[("sec-fetch-site", "same-site")]));
+    }
+}

@@ -1,0 +1,249 @@
+//! The overview: counts by state, this node's deliveries over the last
+//! minutes, and what comes due over the next hour, day or week, per topic.
+
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+
+use super::{
+    html::{Query, esc, time},
+    pulse::{EVERY, Pulse, Stretch},
+};
+use crate::{
+    Error,
+    message::UnixMillis,
+    proto,
+    scheduler::{Call, Scheduler},
+};
+
+/// What the forecast on the overview covers.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Span {
+    #[default]
+    Hour,
+    Day,
+    Week,
+}
+
+impl Span {
+    const ALL: [Span; 3] = [Span::Hour, Span::Day, Span::Week];
+
+    fn name(self) -> &'static str {
+        match self {
+            Span::Hour => "hour",
+            Span::Day => "day",
+            Span::Week => "week",
+        }
+    }
+
+    /// The interval of one bar, and how many bars.
+    fn cut(self) -> (u64, u64) {
+        match self {
+            Span::Hour => (60_000, 60),
+            Span::Day => (15 * 60_000, 96),
+            Span::Week => (3_600_000, 168),
+        }
+    }
+
+    /// The window from the start of the current interval on, so that bars
+    /// fall on whole minutes, quarter hours and hours.
+    pub fn request(self, now: UnixMillis, topic: &str) -> proto::ForecastRequest {
+        let (interval, bars) = self.cut();
+        let from = UnixMillis(now.0 - now.0 % interval);
+        proto::ForecastRequest {
+            topic: topic.to_owned(),
+            from: Some(from.to_timestamp()),
+            to: Some(UnixMillis(from.0 + interval * bars).to_timestamp()),
+            interval: Some(prost_types::Duration { seconds: (interval / 1000) as i64, nanos: 0 }),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct OverviewQuery {
+    #[serde(default)]
+    pub span: Span,
+    #[serde(default)]
+    pub topic: String,
+}
+
+pub async fn render(
+    scheduler: &dyn Scheduler,
+    pulse: &Pulse,
+    call: &Call,
+    query: &OverviewQuery,
+    now: UnixMillis,
+) -> Result<String, Error> {
+    let stats = scheduler.stats(call).await?;
+    let forecast = scheduler.forecast(call, query.span.request(now, &query.topic)).await?;
+    let mut body = String::new();
+    counts(&mut body, &stats);
+    if call.access.scope().is_everything() {
+        deliveries(&mut body, pulse);
+    }
+    due(&mut body, query, &forecast);
+    Ok(body)
+}
+
+fn counts(out: &mut String, s: &proto::StatsResponse) {
+    out.push_str("<section><h2>Messages</h2><dl class=\"counts\">");
+    let rows = [
+        ("pending", "Pending", s.pending),
+        ("dispatching", "Being sent", s.dispatching),
+        ("delivered", "Delivered", s.delivered),
+        ("cancelled", "Cancelled", s.cancelled),
+        ("failed", "Failed", s.failed),
+        ("expired", "Expired", s.expired),
+        ("dead-lettered", "Dead-lettered", s.dead_lettered),
+    ];
+    for (id, name, n) in rows {
+        let _ = write!(out, "<div id=\"count-{id}\"><dt>{name}</dt><dd>{n}</dd></div>");
+    }
+    out.push_str("</dl>");
+    if let Some(m) = &s.oldest_overdue {
+        let _ = write!(
+            out,
+            "<p class=\"warn\">Oldest overdue: <a href=\"/message?id={}\">{}</a> on {}, due {}.</p>",
+            Query(&m.id),
+            esc(&m.id),
+            esc(&m.topic),
+            time(m.dispatch_at)
+        );
+    }
+    for h in &s.held_back {
+        let reason = proto::HeldReason::try_from(h.reason).map_or("HELD", |r| r.as_str_name());
+        let _ = write!(
+            out,
+            "<p class=\"warn\">{} is held back ({}){} since {}.</p>",
+            esc(&h.topic),
+            esc(reason.trim_start_matches("HELD_REASON_")),
+            if h.tenant.is_empty() { String::new() } else { format!(" for tenant {}", esc(&h.tenant)) },
+            time(h.since)
+        );
+    }
+    out.push_str("</section>");
+}
+
+fn seconds(s: Option<f64>) -> String {
+    match s {
+        None => "–".to_owned(),
+        Some(s) if s.is_infinite() => "over 5 min".to_owned(),
+        Some(s) if s < 1.0 => format!("≤ {} ms", (s * 1000.0).round()),
+        Some(s) => format!("≤ {s} s"),
+    }
+}
+
+fn deliveries(out: &mut String, pulse: &Pulse) {
+    out.push_str("<section><h2>Deliveries on this node</h2>");
+    let Some(minute) = pulse.last(std::time::Duration::from_secs(60)) else {
+        out.push_str("<p>No samples yet.</p></section>");
+        return;
+    };
+    let _ = write!(
+        out,
+        "<p id=\"pulse\">Last {:.0} s: <b>{:.1}</b> messages/s; lateness p50 {}, p99 {}.</p>",
+        minute.seconds,
+        minute.rate(),
+        seconds(minute.p50),
+        seconds(minute.p99)
+    );
+    let intervals = pulse.intervals();
+    let max = intervals.iter().map(Stretch::rate).fold(0.0, f64::max);
+    if !intervals.is_empty() && max > 0.0 {
+        let width = 960.0 / intervals.len() as f64;
+        let _ = write!(
+            out,
+            "<svg class=\"chart\" viewBox=\"0 0 960 80\" role=\"img\" aria-label=\"deliveries per second\">"
+        );
+        for (i, s) in intervals.iter().enumerate() {
+            let h = (s.rate() / max * 76.0).max(if s.delivered > 0 { 1.0 } else { 0.0 });
+            let _ = write!(
+                out,
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\"><title>{:.1}/s, p99 {}</title></rect>",
+                i as f64 * width,
+                80.0 - h,
+                (width - 1.0).max(1.0),
+                s.rate(),
+                seconds(s.p99)
+            );
+        }
+        let _ = write!(
+            out,
+            "</svg><p class=\"axis\">The last {} min, every {} s.</p>",
+            intervals.len() * EVERY.as_secs() as usize / 60,
+            EVERY.as_secs()
+        );
+    }
+    out.push_str("</section>");
+}
+
+fn due(out: &mut String, query: &OverviewQuery, f: &proto::ForecastResponse) {
+    out.push_str("<section><h2>Coming due</h2><p class=\"tabs\">");
+    for span in Span::ALL {
+        let class = if span == query.span { " class=\"on\"" } else { "" };
+        let _ = write!(
+            out,
+            "<a{class} href=\"/?span={}&amp;topic={}\">Next {}</a>",
+            span.name(),
+            Query(&query.topic),
+            span.name()
+        );
+    }
+    if !query.topic.is_empty() {
+        let _ = write!(out, "<a href=\"/?span={}\">Every topic</a>", query.span.name());
+    }
+    out.push_str("</p>");
+    let interval_s = f.interval.map_or(60, |d| d.seconds.max(1)) as u64;
+    let total: u64 = f.totals.iter().sum();
+    let _ = write!(
+        out,
+        "<p id=\"window\" data-from=\"{}\" data-to=\"{}\" data-interval=\"{interval_s}\">{} pending{} from {} to {}, a bar every {}.</p>",
+        time(f.from),
+        time(f.to),
+        total,
+        if query.topic.is_empty() { String::new() } else { format!(" on {}", esc(&query.topic)) },
+        time(f.from),
+        time(f.to),
+        humantime::format_duration(std::time::Duration::from_secs(interval_s)),
+    );
+    if let Some(cut) = f.counted_to {
+        let _ = write!(
+            out,
+            "<p class=\"warn\">Too many to count at once: counted up to {} only.</p>",
+            time(Some(cut))
+        );
+    }
+    let max = f.totals.iter().copied().max().unwrap_or(0).max(1);
+    let width = 960.0 / f.totals.len().max(1) as f64;
+    out.push_str("<svg class=\"chart\" id=\"histogram\" viewBox=\"0 0 960 160\" role=\"img\" aria-label=\"messages coming due\">");
+    let from_ms = f.from.map_or(0, |t| t.seconds as u64 * 1000);
+    for (i, n) in f.totals.iter().enumerate() {
+        let h = if *n == 0 { 0.0 } else { (*n as f64 / max as f64 * 156.0).max(1.0) };
+        let start = UnixMillis(from_ms + i as u64 * interval_s * 1000);
+        let _ = write!(
+            out,
+            "<rect data-count=\"{n}\" x=\"{:.2}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{h:.1}\"><title>{}: {n}</title></rect>",
+            i as f64 * width,
+            160.0 - h,
+            (width - 0.5).max(0.5),
+            start.to_rfc3339()
+        );
+    }
+    out.push_str("</svg>");
+    if !f.topics.is_empty() {
+        out.push_str("<table><thead><tr><th>Topic</th><th>Pending in the window</th></tr></thead><tbody>");
+        for t in f.topics.iter().take(50) {
+            let _ = write!(
+                out,
+                "<tr><td><a href=\"/?span={}&amp;topic={}\">{}</a></td><td>{}</td></tr>",
+                query.span.name(),
+                Query(&t.topic),
+                esc(&t.topic),
+                t.total
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    out.push_str("</section>");
+}

@@ -1,0 +1,304 @@
+//! The operator console in a real browser (headless Chromium over
+//! WebDriver), against a real server, broker and store: a person signs in
+//! with a token, finds a message by label and cancels it, and the API
+//! agrees; content is shown as text, never run; a token sees and touches
+//! only what it covers, through any page or form; and the due-time
+//! histogram is what `List` pages through for the same window.
+//!
+//! With `HOURGLASS_SCREENSHOTS=DIR` the tests leave a PNG of each page
+//! there (the README's pictures come from it).
+
+use crate::common;
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use common::*;
+use hourglass::{
+    auth::Bearer,
+    proto::{self, CancelOutcome, State, scheduler_client::SchedulerClient},
+};
+use hourglass_testkit::Browser;
+use tonic::{service::interceptor::InterceptedService, transport::Channel};
+
+type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
+
+/// Runs the browser's blocking calls off the runtime's other work.
+fn b<T>(f: impl FnOnce() -> anyhow::Result<T>) -> T {
+    tokio::task::block_in_place(f).unwrap()
+}
+
+fn shot(browser: &Browser, name: &str) {
+    if let Some(dir) = std::env::var_os("HOURGLASS_SCREENSHOTS") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        b(|| browser.screenshot(&dir.join(format!("{name}.png"))));
+    }
+}
+
+/// A server with the console on, and tokens for two topics of one tenant
+/// (`all` covers both, `orders` one) and for another tenant (`rival`).
+struct Shop {
+    _broker: Broker,
+    _dir: tempfile::TempDir,
+    server: Hourglass,
+    orders: String,
+    payments: String,
+}
+
+impl Shop {
+    async fn start() -> Shop {
+        let broker = Broker::start();
+        let (orders, payments) = (random_name("orders"), random_name("payments"));
+        broker.create_topic(&orders, 1).await;
+        broker.create_topic(&payments, 1).await;
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(
+            &tokens,
+            format!(
+                "[[token]]\nname = \"shop-ops\"\ntoken = \"all-token\"\ntenant = \"shop\"\ntopics = [\"{orders}\", \"{payments}\"]\n\n\
+                 [[token]]\nname = \"shop-orders\"\ntoken = \"orders-token\"\ntenant = \"shop\"\ntopics = [\"{orders}\"]\n\n\
+                 [[token]]\nname = \"rival\"\ntoken = \"rival-token\"\ntopics = [\"{orders}\", \"{payments}\"]\n"
+            ),
+        )
+        .unwrap();
+        let mut config = config(&broker, &dir.path().join("data"));
+        config.auth_tokens = Some(tokens);
+        config.console_listen = Some("127.0.0.1:0".parse().unwrap());
+        let server = Hourglass::start(config).await;
+        Shop { _broker: broker, _dir: dir, server, orders, payments }
+    }
+
+    fn console(&self) -> SocketAddr {
+        self.server.console_addr.expect("the console is on")
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.console())
+    }
+
+    async fn client(&self, token: &str) -> Client {
+        let channel = Channel::from_shared(format!("http://{}", self.server.addr)).unwrap();
+        for _ in 0..100 {
+            if let Ok(channel) = channel.clone().connect().await {
+                return SchedulerClient::with_interceptor(channel, Bearer::new(Some(token)).unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("cannot connect to {}", self.server.addr);
+    }
+}
+
+fn labelled(topic: &str, id: &str, due_ms: u64, labels: &[(&str, &str)]) -> proto::ScheduleRequest {
+    let mut r = request_at(topic, id, due_ms);
+    r.labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    r
+}
+
+fn sign_in(browser: &Browser, shop: &Shop, token: &str) {
+    b(|| browser.goto(&shop.url("/")));
+    assert!(b(|| browser.url()).ends_with("/sign-in"), "a visitor is sent to sign in first");
+    let field = b(|| browser.find("input[name=token]"));
+    b(|| browser.type_into(&field, token));
+    b(|| browser.click(&browser.find("#sign-in")?));
+}
+
+/// A form POSTed as a browser of the session would, outside any page.
+async fn post(addr: SocketAddr, path: &str, cookie: &str, form: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nCookie: hourglass_console={cookie}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{form}",
+        form.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_token_covers() {
+    let shop = Shop::start().await;
+    let (mut all, mut rival) = (shop.client("all-token").await, shop.client("rival-token").await);
+    let due = now_ms() + 3_600_000;
+    let script = "<script>alert('value')</script><b>bold</b><img src=x onerror=alert(1)>";
+    let mut evil = labelled(&shop.payments, "pay-1", due, &[("customer", "42")]);
+    let message = evil.message.as_mut().unwrap();
+    message.value = script.as_bytes().to_vec();
+    message.key = Some(b"<i>key</i>".to_vec());
+    message.headers =
+        vec![proto::Header { key: "<h1>h</h1>".into(), value: b"<script>alert('header')</script>".to_vec() }];
+    for r in [
+        labelled(&shop.orders, "order-1", due, &[("customer", "42")]),
+        labelled(&shop.orders, "order-2", due + 1000, &[("customer", "7")]),
+        evil,
+    ] {
+        all.schedule(r).await.unwrap();
+    }
+    rival.schedule(labelled(&shop.orders, "rival-1", due, &[("customer", "42")])).await.unwrap();
+
+    let browser = b(Browser::start);
+    // A wrong token gets nowhere.
+    sign_in(&browser, &shop, "not-a-token");
+    assert!(b(|| browser.text(&browser.find("#refused")?)).contains("not valid"));
+    sign_in(&browser, &shop, "all-token");
+    assert_eq!(
+        b(|| browser.text(&browser.find("#count-pending dd")?)),
+        "3",
+        "the shop's three, not the rival's"
+    );
+    shot(&browser, "overview");
+
+    // Find by label: the shop's customer 42, on both topics; not the rival's.
+    b(|| browser.goto(&shop.url("/messages")));
+    b(|| browser.type_into(&browser.find("input[name=label]")?, "customer=42"));
+    b(|| browser.click(&browser.find("form.find button")?));
+    let found = b(|| browser.text(&browser.find("#found")?));
+    assert!(found.contains("order-1") && found.contains("pay-1"), "{found}");
+    assert!(!found.contains("order-2") && !found.contains("rival-1"), "{found}");
+    shot(&browser, "find");
+
+    // Its page, and cancel from it.
+    b(|| browser.click(&browser.find("a[href='/message?id=order-1']")?));
+    assert_eq!(b(|| browser.text(&browser.find("#state")?)), "PENDING");
+    shot(&browser, "message");
+    b(|| browser.click(&browser.find("#cancel")?));
+    assert_eq!(b(|| browser.text(&browser.find("#outcome")?)), "Cancel: CANCELLED");
+    assert_eq!(b(|| browser.text(&browser.find("#state")?)), "CANCELLED");
+    let again = all.cancel(proto::CancelRequest { id: "order-1".into() }).await.unwrap().into_inner();
+    assert_eq!(again.outcome(), CancelOutcome::AlreadyCancelled, "the API sees the page's cancel");
+
+    // Markup in a record is shown as text, and runs nowhere.
+    b(|| browser.goto(&shop.url("/message?id=pay-1")));
+    assert_eq!(b(|| browser.text(&browser.find("#value")?)), script);
+    assert_eq!(b(|| browser.text(&browser.find("#key")?)), "<i>key</i>");
+    let headers = b(|| browser.text(&browser.find("#headers")?));
+    assert!(
+        headers.contains("<h1>h</h1>") && headers.contains("<script>alert('header')</script>"),
+        "{headers}"
+    );
+    assert!(b(|| browser.find_all("script, img, #value *, #key *, #headers th *, #headers td *")).is_empty());
+    assert_eq!(browser.dialog(), None, "no script ran");
+    shot(&browser, "message-markup");
+    b(|| browser.goto(&shop.url("/message?id=pay-1&view=hex")));
+    assert!(b(|| browser.text(&browser.find("#value")?)).starts_with("3c 73 63 72"), "<scr as hex");
+
+    // Another tenant's message is not there for this token.
+    b(|| browser.goto(&shop.url("/message?id=rival-1")));
+    assert!(b(|| browser.text(&browser.find("#refused")?)).starts_with("NotFound"));
+
+    // A token for orders alone: payments are out of sight and out of reach.
+    b(|| browser.click(&browser.find("header .who button")?));
+    sign_in(&browser, &shop, "orders-token");
+    assert_eq!(b(|| browser.text(&browser.find("#count-pending dd")?)), "1", "order-2 alone");
+    let overview = b(|| browser.source());
+    assert!(!overview.contains(&shop.payments), "the overview names no payments topic");
+    b(|| browser.goto(&shop.url("/messages?label=customer%3D42")));
+    assert!(b(|| browser.find_all("#found")).is_empty(), "order-1 is cancelled; pay-1 is not this token's");
+    b(|| browser.goto(&shop.url(&format!("/messages?topic={}", shop.payments))));
+    assert!(b(|| browser.text(&browser.find("#refused")?)).starts_with("PermissionDenied"));
+    b(|| browser.goto(&shop.url("/message?id=pay-1")));
+    assert!(b(|| browser.text(&browser.find("#refused")?)).starts_with("PermissionDenied"));
+    assert!(!b(|| browser.source()).contains("alert"), "nothing of its record is shown");
+
+    // Its own session's form, with its own CSRF token, still cannot touch
+    // payments; without the token, or from another site, nothing is done.
+    let cookie = browser.cookie("hourglass_console").expect("the session cookie");
+    b(|| browser.goto(&shop.url("/message?id=order-2")));
+    let csrf = b(|| browser.attribute(&browser.find("input[name=csrf]")?, "value")).unwrap();
+    for action in ["/message/cancel", "/message/reschedule"] {
+        let answer = post(shop.console(), action, &cookie, &format!("id=pay-1&csrf={csrf}&at=1m")).await;
+        assert!(answer.contains("PermissionDenied"), "{answer}");
+    }
+    let forged = post(shop.console(), "/message/cancel", &cookie, "id=order-2&csrf=0000").await;
+    assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
+    for id in ["pay-1", "order-2"] {
+        let m = all.get(proto::GetRequest { id: id.into() }).await.unwrap().into_inner();
+        assert_eq!(m.state(), State::Pending, "{id}");
+    }
+    // A form of its own topic works as it should.
+    let answer = post(shop.console(), "/message/cancel", &cookie, &format!("id=order-2&csrf={csrf}")).await;
+    assert!(answer.contains("Cancel: <b>CANCELLED</b>"), "{answer}");
+    drop(browser);
+    shop.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_due_time_histogram_counts_what_list_returns_for_the_same_window() {
+    let shop = Shop::start().await;
+    let mut all = shop.client("all-token").await;
+    // Spread over the next day, with a wall at one minute past the hour.
+    let now = now_ms();
+    let mut requests = Vec::new();
+    for i in 0..300u64 {
+        let topic = if i % 3 == 0 { &shop.payments } else { &shop.orders };
+        let due = now + 120_000 + (i * 7_919_000) % 86_000_000;
+        requests.push(request_at(topic, &format!("spread-{i}"), due));
+    }
+    let wall = now + 3_600_000 - now % 3_600_000 + 60_000;
+    for i in 0..100 {
+        requests.push(request_at(&shop.orders, &format!("wall-{i}"), wall + i));
+    }
+    for batch in requests.chunks(100) {
+        let answer =
+            all.schedule_batch(proto::ScheduleBatchRequest { requests: batch.to_vec() }).await.unwrap();
+        assert!(
+            answer
+                .into_inner()
+                .results
+                .iter()
+                .all(|r| matches!(r.result, Some(proto::schedule_result::Result::Scheduled(_))))
+        );
+    }
+
+    let browser = b(Browser::start);
+    sign_in(&browser, &shop, "all-token");
+    for (span, topic) in [("hour", ""), ("day", ""), ("day", shop.orders.as_str())] {
+        b(|| browser.goto(&shop.url(&format!("/?span={span}&topic={topic}"))));
+        let window = b(|| browser.find("#window"));
+        let attr = |name: &str| b(|| browser.attribute(&window, name)).unwrap();
+        let parse = |t: String| chrono::DateTime::parse_from_rfc3339(&t).unwrap().timestamp_millis() as u64;
+        let (from, to) = (parse(attr("data-from")), parse(attr("data-to")));
+        let interval = attr("data-interval").parse::<u64>().unwrap() * 1000;
+        let bars: Vec<u64> = b(|| browser.find_all("#histogram rect"))
+            .iter()
+            .map(|r| b(|| browser.attribute(r, "data-count")).unwrap().parse().unwrap())
+            .collect();
+
+        // The same window, paged through with List.
+        let mut listed = vec![0u64; bars.len()];
+        let mut token = String::new();
+        loop {
+            let page = all
+                .list(proto::ListRequest {
+                    topic: topic.to_owned(),
+                    dispatch_from: Some(timestamp(from)),
+                    dispatch_to: Some(timestamp(to)),
+                    page_size: 1000,
+                    page_token: token.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            for m in &page.messages {
+                listed[((millis(m.dispatch_at.as_ref().unwrap()) as u64 - from) / interval) as usize] += 1;
+            }
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            token = page.next_page_token;
+        }
+        assert_eq!(bars, listed, "{span} {topic}");
+        assert!(bars.iter().sum::<u64>() > 0, "{span} {topic}: something in the window");
+        if span == "day" && topic.is_empty() {
+            let at_wall = ((wall - from) / interval) as usize;
+            assert!(bars[at_wall] >= 100, "the wall shows: {bars:?}");
+            shot(&browser, "overview-day");
+        }
+    }
+    drop(browser);
+    shop.server.stop().await;
+}
