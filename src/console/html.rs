@@ -101,7 +101,8 @@ pub fn page(title: &str, signed_in: Option<&str>, csrf: &str, body: &str) -> Str
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <title>{} · hourglass</title><link rel=\"stylesheet\" href=\"/console.css\"></head><body>\
          <header><a class=\"brand\" href=\"/\">hourglass</a><nav>\
-         <a href=\"/\">Overview</a><a href=\"/messages\">Find</a></nav>",
+         <a href=\"/\">Overview</a><a href=\"/messages\">Find</a><a href=\"/series\">Series</a>\
+         <a href=\"/policies\">Policies</a></nav>",
         esc(title)
     );
     if let Some(who) = signed_in {

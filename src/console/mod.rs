@@ -9,6 +9,8 @@
 //!   what comes due (`Forecast`);
 //! - [`find`]: pending messages by label, topic and time; a message by id,
 //!   its record, and cancel, reschedule and re-drive;
+//! - [`series`] and [`policies`]: recurring schedules, and each topic's
+//!   pause, rate limit, deadline and dead-letter topic, seen and changed;
 //! - [`html`]: the pages' markup, where everything a message holds is
 //!   escaped.
 //!
@@ -21,7 +23,9 @@
 mod find;
 mod html;
 mod overview;
+mod policies;
 mod pulse;
+mod series;
 mod session;
 
 use std::sync::Arc;
@@ -45,25 +49,43 @@ use self::{
     session::{Sessions, Signed},
 };
 use crate::{
+    admin::PolicyService,
     auth::Authenticator,
     clock::Clock,
-    scheduler::{Call, Scheduler},
+    scheduler::{Call, Scheduler, SeriesCalls},
 };
 
 /// How long a page's calls may take before the page says so.
 const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// The calls the console is made of: those the gRPC services serve.
+pub struct Calls {
+    pub scheduler: Arc<dyn Scheduler>,
+    pub series: Arc<dyn SeriesCalls>,
+    pub policies: Arc<PolicyService>,
+}
+
 /// What the console answers from.
 pub struct Console {
     scheduler: Arc<dyn Scheduler>,
+    series: Arc<dyn SeriesCalls>,
+    policies: Arc<PolicyService>,
     sessions: Sessions,
     pulse: Pulse,
     clock: Arc<dyn Clock>,
 }
 
 impl Console {
-    pub fn new(scheduler: Arc<dyn Scheduler>, auth: Authenticator, clock: Arc<dyn Clock>) -> Console {
-        Console { scheduler, sessions: Sessions::new(auth, false), pulse: Pulse::default(), clock }
+    pub fn new(calls: Calls, auth: Authenticator, clock: Arc<dyn Clock>) -> Console {
+        let Calls { scheduler, series, policies } = calls;
+        Console {
+            scheduler,
+            series,
+            policies,
+            sessions: Sessions::new(auth, false),
+            pulse: Pulse::default(),
+            clock,
+        }
     }
 
     /// Serves the console on `listener` until `stop`.
@@ -79,6 +101,8 @@ impl Console {
             .route("/message", get(message))
             .route("/message/cancel", post(cancel))
             .route("/message/reschedule", post(reschedule))
+            .route("/series", get(series_page).post(series_change))
+            .route("/policies", get(policies_page).post(policies_change))
             .route("/sign-in", get(sign_in_page).post(sign_in))
             .route("/sign-out", post(sign_out))
             .route("/console.css", get(style))
@@ -267,6 +291,45 @@ async fn reschedule(
     let outcome = find::reschedule(console.scheduler.as_ref(), &call, &act.id, &act.at).await;
     let body = find::message(console.scheduler.as_ref(), &call, &act.id, &signed.csrf, false).await;
     Ok(console.page(&format!("Message {}", act.id), &signed, &(outcome + &body)))
+}
+
+async fn series_page(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Query(query): Query<series::SeriesQuery>,
+) -> Result<Response, Refusal> {
+    let signed = console.signed(&headers)?;
+    let body = series::render(console.series.as_ref(), &console.call(&signed), &query, &signed.csrf).await;
+    Ok(console.page("Series", &signed, &body))
+}
+
+async fn series_change(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Form(form): Form<series::SeriesForm>,
+) -> Result<Response, Refusal> {
+    let signed = console.acting(&headers, &form.csrf)?;
+    let call = console.call(&signed);
+    let outcome = series::apply(console.series.as_ref(), &call, &form).await;
+    let body = series::render(console.series.as_ref(), &call, &Default::default(), &signed.csrf).await;
+    Ok(console.page("Series", &signed, &(outcome + &body)))
+}
+
+async fn policies_page(State(console): State<Arc<Console>>, headers: HeaderMap) -> Result<Response, Refusal> {
+    let signed = console.signed(&headers)?;
+    let body = policies::render(&console.policies, &signed.access, &signed.csrf);
+    Ok(console.page("Dispatch policies", &signed, &body))
+}
+
+async fn policies_change(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Form(form): Form<policies::PolicyForm>,
+) -> Result<Response, Refusal> {
+    let signed = console.acting(&headers, &form.csrf)?;
+    let outcome = policies::apply(&console.policies, &signed.access, &form).await;
+    let body = policies::render(&console.policies, &signed.access, &signed.csrf);
+    Ok(console.page("Dispatch policies", &signed, &(outcome + &body)))
 }
 
 async fn sign_in_page(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {

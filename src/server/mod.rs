@@ -34,7 +34,7 @@ use crate::{
     clock::{Clock, SystemClock},
     cluster::{Cluster, ClusterConfig, Ingress, Router, SeriesRouter, Shards, Voucher},
     config::Config,
-    console::Console,
+    console::{self, Console},
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
     node::{LocalShards, Node, NodeConfig, ShardSet},
@@ -214,7 +214,12 @@ pub async fn run_with_clock(
         };
     let console_task = listeners.console.map(|listener| {
         tracing::info!(addr = ?listener.local_addr().ok(), "the console is serving");
-        let console = Arc::new(Console::new(Arc::clone(&scheduler), auth.clone(), Arc::clone(&clock)));
+        let calls = console::Calls {
+            scheduler: Arc::clone(&scheduler),
+            series: Arc::clone(&series_calls),
+            policies: Arc::clone(&policies),
+        };
+        let console = Arc::new(Console::new(calls, auth.clone(), Arc::clone(&clock)));
         tokio::spawn(console.serve(listener, stop_accepting.clone()))
     });
     let scheduler_api = SchedulerApi::new(scheduler, api);

@@ -15,7 +15,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use common::*;
 use hourglass::{
     auth::Bearer,
-    proto::{self, CancelOutcome, State, scheduler_client::SchedulerClient},
+    proto::{
+        self, CancelOutcome, State, admin_client::AdminClient, scheduler_client::SchedulerClient,
+        series_client::SeriesClient,
+    },
 };
 use hourglass_testkit::Browser;
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
@@ -36,7 +39,8 @@ fn shot(browser: &Browser, name: &str) {
 }
 
 /// A server with the console on, and tokens for two topics of one tenant
-/// (`all` covers both, `orders` one) and for another tenant (`rival`).
+/// (`all` covers both and may set the tenant's policies, `orders` covers
+/// one) and for another tenant (`rival`).
 struct Shop {
     _broker: Broker,
     _dir: tempfile::TempDir,
@@ -56,7 +60,7 @@ impl Shop {
         std::fs::write(
             &tokens,
             format!(
-                "[[token]]\nname = \"shop-ops\"\ntoken = \"all-token\"\ntenant = \"shop\"\ntopics = [\"{orders}\", \"{payments}\"]\n\n\
+                "[[token]]\nname = \"shop-ops\"\ntoken = \"all-token\"\ntenant = \"shop\"\nadmin = \"tenant\"\ntopics = [\"{orders}\", \"{payments}\"]\n\n\
                  [[token]]\nname = \"shop-orders\"\ntoken = \"orders-token\"\ntenant = \"shop\"\ntopics = [\"{orders}\"]\n\n\
                  [[token]]\nname = \"rival\"\ntoken = \"rival-token\"\ntopics = [\"{orders}\", \"{payments}\"]\n"
             ),
@@ -77,15 +81,19 @@ impl Shop {
         format!("http://{}{path}", self.console())
     }
 
-    async fn client(&self, token: &str) -> Client {
+    async fn channel(&self) -> Channel {
         let channel = Channel::from_shared(format!("http://{}", self.server.addr)).unwrap();
         for _ in 0..100 {
             if let Ok(channel) = channel.clone().connect().await {
-                return SchedulerClient::with_interceptor(channel, Bearer::new(Some(token)).unwrap());
+                return channel;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("cannot connect to {}", self.server.addr);
+    }
+
+    async fn client(&self, token: &str) -> Client {
+        SchedulerClient::with_interceptor(self.channel().await, Bearer::new(Some(token)).unwrap())
     }
 }
 
@@ -299,6 +307,109 @@ async fn the_due_time_histogram_counts_what_list_returns_for_the_same_window() {
             shot(&browser, "overview-day");
         }
     }
+    drop(browser);
+    shop.server.stop().await;
+}
+
+/// Picks `value` in the `select` named `name` of the page's form.
+fn choose(browser: &Browser, name: &str, value: &str) {
+    b(|| browser.click(&browser.find(&format!("select[name={name}] option[value='{value}']"))?));
+}
+
+fn change_policy(browser: &Browser, topic: &str, change: &str, value: &str, every: bool) -> String {
+    let form = "#change-policy";
+    b(|| browser.type_into(&browser.find(&format!("{form} input[name=topic]"))?, topic));
+    choose(browser, "change", change);
+    b(|| browser.type_into(&browser.find(&format!("{form} input[name=value]"))?, value));
+    if every {
+        b(|| browser.click(&browser.find(&format!("{form} input[name=every]"))?));
+    }
+    b(|| browser.click(&browser.find(&format!("{form} button"))?));
+    b(|| browser.text(&browser.find("#outcome, #refused")?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
+    let shop = Shop::start().await;
+    let with = |token: &str| Bearer::new(Some(token)).unwrap();
+    let channel = shop.channel().await;
+    let mut admin = AdminClient::with_interceptor(channel.clone(), with("all-token"));
+    let series_of = |token| SeriesClient::with_interceptor(channel.clone(), with(token));
+    let spec = |topic: &str| proto::SeriesSpec {
+        template: Some(proto::Message {
+            topic: topic.into(),
+            value: b"digest".to_vec(),
+            ..Default::default()
+        }),
+        every: Some(proto::series_spec::Every::Cron("0 9 * * 1-5".into())),
+        time_zone: "Europe/Paris".into(),
+        ..Default::default()
+    };
+    let create =
+        |id: &str, topic: &str| proto::CreateSeriesRequest { id: id.into(), spec: Some(spec(topic)) };
+    series_of("all-token").create_series(create("digest", &shop.orders)).await.unwrap();
+    series_of("all-token").create_series(create("payouts", &shop.payments)).await.unwrap();
+    series_of("rival-token").create_series(create("rival-digest", &shop.orders)).await.unwrap();
+
+    let browser = b(Browser::start);
+    sign_in(&browser, &shop, "all-token");
+    b(|| browser.goto(&shop.url("/series")));
+    let listed = b(|| browser.text(&browser.find("#series")?));
+    assert!(
+        listed.contains("digest") && listed.contains("payouts") && listed.contains("Europe/Paris"),
+        "{listed}"
+    );
+    assert!(!listed.contains("rival-digest"), "{listed}");
+    shot(&browser, "series");
+    b(|| browser.click(&browser.find("#series tr:nth-child(1) button")?));
+    assert!(b(|| browser.text(&browser.find("#outcome")?)).starts_with("Paused digest"));
+    let mut mine = series_of("all-token");
+    let digest = mine.get_series(proto::GetSeriesRequest { id: "digest".into(), next: 0 }).await.unwrap();
+    assert_eq!(digest.into_inner().state(), proto::SeriesState::Paused);
+
+    // The tenant's own policies: pause, a rate limit, a dead-letter topic.
+    b(|| browser.goto(&shop.url("/policies")));
+    assert!(change_policy(&browser, &shop.orders, "pause", "", false).starts_with("Changed"));
+    b(|| browser.goto(&shop.url("/policies")));
+    assert!(change_policy(&browser, &shop.orders, "rate", "100", false).starts_with("Changed"));
+    b(|| browser.goto(&shop.url("/policies")));
+    assert!(
+        change_policy(&browser, &shop.orders, "dead-letter", &shop.payments, false).starts_with("Changed")
+    );
+    let table = b(|| browser.text(&browser.find("#policies")?));
+    assert!(table.contains("100/s") && table.contains(&shop.payments) && table.contains("since"), "{table}");
+    shot(&browser, "policies");
+    let policy = admin
+        .get_topic_policy(proto::TopicPolicyRequest { topic: shop.orders.clone(), all_tenants: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(policy.paused && policy.rate_limit.map(|r| r.per_second) == Some(100), "{policy:?}");
+    assert_eq!(policy.dead_letter_topic, shop.payments);
+    // What the token may not: every tenant's policy, a topic it is not granted.
+    b(|| browser.goto(&shop.url("/policies")));
+    assert!(change_policy(&browser, &shop.orders, "pause", "", true).starts_with("PermissionDenied"));
+    b(|| browser.goto(&shop.url("/policies")));
+    let refused = change_policy(&browser, &shop.orders, "dead-letter", "not-granted", false);
+    assert!(refused.starts_with("PermissionDenied"), "{refused}");
+
+    // A token of the same tenant without admin, and for orders alone.
+    b(|| browser.click(&browser.find("header .who button")?));
+    sign_in(&browser, &shop, "orders-token");
+    b(|| browser.goto(&shop.url("/series")));
+    let listed = b(|| browser.text(&browser.find("#series")?));
+    assert!(listed.contains("digest") && !listed.contains("payouts"), "{listed}");
+    b(|| browser.goto(&shop.url("/policies")));
+    let table = b(|| browser.text(&browser.find("#policies")?));
+    assert!(table.contains(&shop.orders), "it sees its topic's policy: {table}");
+    assert!(change_policy(&browser, &shop.orders, "resume", "", false).starts_with("PermissionDenied"));
+    let cookie = browser.cookie("hourglass_console").unwrap();
+    let csrf = b(|| browser.attribute(&browser.find("input[name=csrf]")?, "value")).unwrap();
+    let answer =
+        post(shop.console(), "/series", &cookie, &format!("csrf={csrf}&id=payouts&change=delete")).await;
+    assert!(answer.contains("PermissionDenied") || answer.contains("NotFound"), "{answer}");
+    let payouts = mine.get_series(proto::GetSeriesRequest { id: "payouts".into(), next: 0 }).await.unwrap();
+    assert_eq!(payouts.into_inner().state(), proto::SeriesState::Active);
     drop(browser);
     shop.server.stop().await;
 }
