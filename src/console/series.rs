@@ -95,7 +95,7 @@ pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf
                 out,
                 "<tr><td>{}</td><td>{}</td><td>{rule}</td><td>{st}</td><td>{}</td><td>{}</td><td class=\"row-actions\">",
                 esc(&s.id),
-                esc(&spec.template.as_ref().map(|t| t.topic.as_str()).unwrap_or("")),
+                esc(spec.template.as_ref().map(|t| t.topic.as_str()).unwrap_or("")),
                 time(s.next.first().copied()),
                 s.fired,
             );
