@@ -74,6 +74,42 @@ impl TlsFiles {
         }
         Ok(tls)
     }
+
+    /// The same settings for a server of its own (the console): rustls's,
+    /// TLS 1.2 and 1.3, with HTTP/1.1 offered; with a client CA, a client
+    /// must present a certificate it signed.
+    pub fn rustls(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, TlsError> {
+        use std::sync::Arc;
+        let certs = CertificateDer::pem_slice_iter(&read_certificates("--tls-cert", &self.cert)?)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad_pem("--tls-cert", &self.cert, &format!("broken PEM certificate ({e})")))?;
+        let key = PrivateKeyDer::from_pem_slice(&read("--tls-key", &self.key)?)
+            .map_err(|e| bad_pem("--tls-key", &self.key, &format!("no private key in PEM form ({e})")))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad_pem("--tls-cert", &self.cert, &e.to_string()))?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in CertificateDer::pem_slice_iter(&read_certificates("--tls-client-ca", ca)?) {
+                    let cert = cert.map_err(|e| bad_pem("--tls-client-ca", ca, &e.to_string()))?;
+                    roots.add(cert).map_err(|e| bad_pem("--tls-client-ca", ca, &e.to_string()))?;
+                }
+                let verifier =
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|e| bad_pem("--tls-client-ca", ca, &e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| bad_pem("--tls-key", &self.key, &format!("does not go with --tls-cert: {e}")))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
 }
 
 /// A client's TLS: none for an http:// `server`; for https://, the server

@@ -2,9 +2,9 @@
 # Runs hourglass in front of a local Kafka-protocol broker, for trying it out:
 #   - tansu (Apache-Kafka-compatible) on 127.0.0.1:9092, data in .local/
 #   - topics "reminders", "orders" and "dead-letters", 3 partitions each
-#   - hourglass: gRPC on 127.0.0.1:50051, metrics on 127.0.0.1:9464, store
-#     in .local/hourglass, pid in .local/hourglass.pid; the hourglass
-#     command linked into ~/.cargo/bin
+#   - hourglass: gRPC on 127.0.0.1:50051, metrics on 127.0.0.1:9464, the
+#     console on http://127.0.0.1:9470, store in .local/hourglass, pid in
+#     .local/hourglass.pid; the hourglass command linked into ~/.cargo/bin
 # Installs what is missing and builds first. Arguments go to `hourglass
 # serve`. Ctrl-C (or SIGTERM or SIGHUP to this script) stops hourglass, then
 # the broker, and exits 0; if hourglass stops by itself, so does the script,
@@ -14,6 +14,8 @@ source "$(dirname "$0")/broker.sh"
 
 listen=127.0.0.1:50051
 metrics=127.0.0.1:9464
+console=127.0.0.1:9470
+console_given=
 args=("$@")
 for i in "${!args[@]}"; do
   case "${args[$i]}" in
@@ -21,6 +23,8 @@ for i in "${!args[@]}"; do
     --listen=*) listen="${args[$i]#--listen=}" ;;
     --metrics-listen) metrics="${args[$((i + 1))]:-$metrics}" ;;
     --metrics-listen=*) metrics="${args[$i]#--metrics-listen=}" ;;
+    --console-listen) console="${args[$((i + 1))]:-$console}" console_given=1 ;;
+    --console-listen=*) console="${args[$i]#--console-listen=}" console_given=1 ;;
   esac
 done
 
@@ -48,11 +52,14 @@ trap stop INT TERM HUP
 trap 'status=$?; stop_pid "${server_pid:-0}" hourglass || true; stop_broker; exit $status' EXIT
 
 build_hourglass
-ports_free "$listen" "$metrics"
+ports_free "$listen" "$metrics" "$console"
+# The console on loopback, unless the arguments say where.
+defaults=()
+[ -n "$console_given" ] || defaults=(--console-listen "$console")
 start_broker
 # Its own session, so that Ctrl-C reaches this script, which stops it in order.
 HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" setsid "$hourglass" serve \
-  --kafka-brokers "$broker" --data-dir "$state/hourglass" "$@" </dev/null &
+  --kafka-brokers "$broker" --data-dir "$state/hourglass" "${defaults[@]}" "$@" </dev/null &
 server_pid=$!
 echo "$server_pid" >"$state/hourglass.pid"
 for _ in $(seq 300); do
@@ -61,7 +68,7 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 if listening "$listen" && alive "$server_pid"; then
-  say "ready: hourglass on $listen (metrics http://$metrics/metrics), broker on $broker; Ctrl-C to stop"
+  say "ready: hourglass on $listen (console http://$console, metrics http://$metrics/metrics), broker on $broker; Ctrl-C to stop"
 fi
 
 status=0

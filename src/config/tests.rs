@@ -179,6 +179,18 @@ fn unknown_keys_are_refused() {
 }
 
 #[test]
+fn the_console_may_listen_beyond_loopback_only_with_tokens() {
+    let open = Config { console_listen: Some("127.0.0.1:9470".parse().unwrap()), ..Config::default() };
+    assert!(open.validate().is_ok());
+    let tokens = Config {
+        console_listen: Some("0.0.0.0:9470".parse().unwrap()),
+        auth_tokens: Some("tokens.toml".into()),
+        ..Config::default()
+    };
+    assert!(tokens.validate().is_ok());
+}
+
+#[test]
 fn validation_explains_what_is_wrong() {
     let bad = [
         Config { kafka_brokers: " ".into(), ..Config::default() },
@@ -191,6 +203,9 @@ fn validation_explains_what_is_wrong() {
         Config { shards: 0, ..Config::default() },
         Config { retry_backoff: Duration::from_secs(60).into(), ..Config::default() },
         Config { metrics_listen: Config::default().listen, ..Config::default() },
+        Config { console_listen: Some(Config::default().metrics_listen), ..Config::default() },
+        // Reachable from elsewhere, and whoever reaches it could act.
+        Config { console_listen: Some("0.0.0.0:9470".parse().unwrap()), ..Config::default() },
         Config {
             kafka_properties: Properties::from([("bootstrap.servers".into(), "x:1".into())]),
             ..Config::default()

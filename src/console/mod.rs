@@ -12,7 +12,8 @@
 //! - [`series`] and [`policies`]: recurring schedules, and each topic's
 //!   pause, rate limit, deadline and dead-letter topic, seen and changed;
 //! - [`html`]: the pages' markup, where everything a message holds is
-//!   escaped.
+//!   escaped;
+//! - [`tls`]: HTTPS with the gRPC port's certificate, when it has one.
 //!
 //! The pages carry no script: the Content-Security-Policy every answer
 //! sends allows none, so markup in a message's content cannot run even if
@@ -27,6 +28,7 @@ mod policies;
 mod pulse;
 mod series;
 mod session;
+mod tls;
 
 use std::sync::Arc;
 
@@ -73,18 +75,26 @@ pub struct Console {
     sessions: Sessions,
     pulse: Pulse,
     clock: Arc<dyn Clock>,
+    /// The gRPC port's certificate, when it speaks TLS: the console does too.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Console {
-    pub fn new(calls: Calls, auth: Authenticator, clock: Arc<dyn Clock>) -> Console {
+    pub fn new(
+        calls: Calls,
+        auth: Authenticator,
+        clock: Arc<dyn Clock>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Console {
         let Calls { scheduler, series, policies } = calls;
         Console {
             scheduler,
             series,
             policies,
-            sessions: Sessions::new(auth, false),
+            sessions: Sessions::new(auth, tls.is_some()),
             pulse: Pulse::default(),
             clock,
+            tls,
         }
     }
 
@@ -108,9 +118,16 @@ impl Console {
             .route("/console.css", get(style))
             .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") })
             .layer(axum::middleware::map_response(headers))
-            .with_state(self);
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
-            tracing::error!(error = %e, "the console failed");
+            .with_state(Arc::clone(&self));
+        match self.tls.clone() {
+            Some(tls) => tls::serve(listener, tls, app, stop).await,
+            None => {
+                if let Err(e) =
+                    axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await
+                {
+                    tracing::error!(error = %e, "the console failed");
+                }
+            }
         }
         let _ = pulse.await;
     }

@@ -212,14 +212,18 @@ pub async fn run_with_clock(
             }
             None => (local, series.clone(), None),
         };
+    let console_tls = match &listeners.console {
+        Some(_) => settings::tls(&config)?.map(|files| files.rustls()).transpose()?,
+        None => None,
+    };
     let console_task = listeners.console.map(|listener| {
-        tracing::info!(addr = ?listener.local_addr().ok(), "the console is serving");
+        tracing::info!(addr = ?listener.local_addr().ok(), tls = console_tls.is_some(), "the console is serving");
         let calls = console::Calls {
             scheduler: Arc::clone(&scheduler),
             series: Arc::clone(&series_calls),
             policies: Arc::clone(&policies),
         };
-        let console = Arc::new(Console::new(calls, auth.clone(), Arc::clone(&clock)));
+        let console = Arc::new(Console::new(calls, auth.clone(), Arc::clone(&clock), console_tls));
         tokio::spawn(console.serve(listener, stop_accepting.clone()))
     });
     let scheduler_api = SchedulerApi::new(scheduler, api);

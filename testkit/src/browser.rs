@@ -54,6 +54,8 @@ impl Browser {
             .unwrap_or("chromium");
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
+            // Test servers' certificates are signed by a test CA.
+            "acceptInsecureCerts": true,
             "goog:chromeOptions": {
                 "binary": binary,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -134,10 +136,10 @@ impl Browser {
             .map(str::to_owned))
     }
 
-    /// The value of the page's cookie `name` (`HttpOnly` ones too).
-    pub fn cookie(&self, name: &str) -> Option<String> {
-        let cookie = self.command("GET", &format!("cookie/{name}"), Value::Null).ok()?;
-        cookie["value"].as_str().map(str::to_owned)
+    /// The page's cookie `name` (`HttpOnly` ones too), as WebDriver gives
+    /// it: `value`, `secure`, `httpOnly`, `sameSite` and the rest.
+    pub fn cookie(&self, name: &str) -> Option<Value> {
+        self.command("GET", &format!("cookie/{name}"), Value::Null).ok()
     }
 
     /// The text of an alert, confirm or prompt dialog, if one is open.

@@ -214,6 +214,8 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
     // Its own session's form, with its own CSRF token, still cannot touch
     // payments; without the token, or from another site, nothing is done.
     let cookie = browser.cookie("hourglass_console").expect("the session cookie");
+    assert_eq!((cookie["httpOnly"].as_bool(), cookie["sameSite"].as_str()), (Some(true), Some("Strict")));
+    let cookie = cookie["value"].as_str().unwrap().to_owned();
     b(|| browser.goto(&shop.url("/message?id=order-2")));
     let csrf = b(|| browser.attribute(&browser.find("input[name=csrf]")?, "value")).unwrap();
     for action in ["/message/cancel", "/message/reschedule"] {
@@ -403,7 +405,7 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     let table = b(|| browser.text(&browser.find("#policies")?));
     assert!(table.contains(&shop.orders), "it sees its topic's policy: {table}");
     assert!(change_policy(&browser, &shop.orders, "resume", "", false).starts_with("PermissionDenied"));
-    let cookie = browser.cookie("hourglass_console").unwrap();
+    let cookie = browser.cookie("hourglass_console").unwrap()["value"].as_str().unwrap().to_owned();
     let csrf = b(|| browser.attribute(&browser.find("input[name=csrf]")?, "value")).unwrap();
     let answer =
         post(shop.console(), "/series", &cookie, &format!("csrf={csrf}&id=payouts&change=delete")).await;
@@ -412,4 +414,29 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     assert_eq!(payouts.into_inner().state(), proto::SeriesState::Active);
     drop(browser);
     shop.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_grpc_ports_certificate_the_console_speaks_https_only() {
+    let pki = crate::security::pki();
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&broker, dir.path());
+    config.tls_cert = Some(pki.path().join("server.pem"));
+    config.tls_key = Some(pki.path().join("server.key"));
+    config.console_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = Hourglass::start(config).await;
+    let console = server.console_addr.unwrap();
+
+    let browser = b(Browser::start);
+    // No tokens: the console opens a session at once, over TLS.
+    b(|| browser.goto(&format!("https://{console}/")));
+    assert_eq!(b(|| browser.text(&browser.find("h1")?)), "Overview");
+    let cookie = browser.cookie("hourglass_console").expect("a session");
+    assert_eq!(cookie["secure"].as_bool(), Some(true), "{cookie}");
+    // Plain HTTP gets no page.
+    let _ = tokio::task::block_in_place(|| browser.goto(&format!("http://{console}/")));
+    assert!(!b(|| browser.source()).contains("Overview"));
+    drop(browser);
+    server.stop().await;
 }
