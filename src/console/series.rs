@@ -93,7 +93,7 @@ pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf
             let st = state(s.state);
             let _ = write!(
                 out,
-                "<tr><td>{}</td><td>{}</td><td>{rule}</td><td>{st}</td><td>{}</td><td>{}</td><td class=\"row-actions\">",
+                "<tr><td>{}</td><td>{}</td><td>{rule}</td><td>{st}</td><td>{}</td><td>{}</td><td><div class=\"row-actions\">",
                 esc(&s.id),
                 esc(spec.template.as_ref().map(|t| t.topic.as_str()).unwrap_or("")),
                 time(s.next.first().copied()),
@@ -114,7 +114,7 @@ pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf
                     esc(&s.id)
                 );
             }
-            out.push_str("</td></tr>");
+            out.push_str("</div></td></tr>");
         }
         out.push_str("</tbody></table>");
     }

@@ -6,7 +6,8 @@
 //! histogram is what `List` pages through for the same window.
 //!
 //! With `HOURGLASS_SCREENSHOTS=DIR` the tests leave a PNG of each page
-//! there (the README's pictures come from it).
+//! there: the README's pictures (`docs/console/`) come from
+//! `HOURGLASS_SCREENSHOTS=docs/console cargo test --test it console::`.
 
 use crate::common;
 
@@ -171,7 +172,6 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
     // Its page, and cancel from it.
     b(|| browser.click(&browser.find("a[href='/message?id=order-1']")?));
     assert_eq!(b(|| browser.text(&browser.find("#state")?)), "PENDING");
-    shot(&browser, "message");
     b(|| browser.click(&browser.find("#cancel")?));
     assert_eq!(b(|| browser.text(&browser.find("#outcome")?)), "Cancel: CANCELLED");
     assert_eq!(b(|| browser.text(&browser.find("#state")?)), "CANCELLED");
@@ -306,7 +306,7 @@ async fn the_due_time_histogram_counts_what_list_returns_for_the_same_window() {
         if span == "day" && topic.is_empty() {
             let at_wall = ((wall - from) / interval) as usize;
             assert!(bars[at_wall] >= 100, "the wall shows: {bars:?}");
-            shot(&browser, "overview-day");
+            shot(&browser, "overview");
         }
     }
     drop(browser);
