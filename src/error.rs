@@ -33,6 +33,12 @@ pub enum Error {
          tenant (all_tenants) needs admin = \"all\""
     )]
     NotAdminOfAll { token: String },
+    /// The server's own state (nodes, shards) asked for without `admin = "all"`.
+    #[error(
+        "the token {token:?} may not see the cluster's nodes and shards: that needs `admin = \"all\"` in the \
+         tokens file (--auth-tokens)"
+    )]
+    NotOperator { token: String },
     #[error("no bearer token: send the header `authorization: Bearer <token>`")]
     NoToken,
     #[error("the bearer token is not valid")]

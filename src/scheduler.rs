@@ -91,6 +91,11 @@ pub trait Scheduler: Send + Sync + 'static {
         call: &Call,
         request: proto::ForecastRequest,
     ) -> Result<proto::ForecastResponse, Error>;
+
+    /// The nodes and the shard copies each keeps (`Admin/DescribeCluster`):
+    /// in a cluster every node's, asked of each; a call passed on gets the
+    /// answering node's alone.
+    async fn describe(&self, call: &Call) -> Result<proto::DescribeClusterResponse, Error>;
 }
 
 /// Series a `ListSeries` page holds unless asked.

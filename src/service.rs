@@ -21,14 +21,14 @@ use std::sync::{Arc, Mutex};
 
 use crate::{
     Error,
-    auth::Access,
+    auth::{Access, AdminScope},
     clock::Clock,
     kafka::TopicCatalog,
     message::{
         CancelOutcome, DueSpec, Envelope, Forecast, ForecastQuery, Invalid, Limits, ListQuery, MessageId,
         OnConflict, PendingPage, Scheduled, ScheduledMessage, Scope, Stats, UnixMillis,
     },
-    node::Node,
+    node::{Node, Picture},
     store::{FORECAST_EXAMINE, Intent, NewId, NewMessage, StoreError},
 };
 
@@ -220,6 +220,15 @@ impl Service {
             access.check(topic)?;
         }
         Ok(self.node.forecast(access.scope(), window, query.topic, FORECAST_EXAMINE).await?)
+    }
+
+    /// The copies of shards this node keeps, and its latest moves: the
+    /// server's own state, for a caller that may see every tenant's.
+    pub async fn picture(&self, access: &Access) -> Result<Picture, Error> {
+        if access.admin().ok() != Some(AdminScope::All) {
+            return Err(Error::NotOperator { token: access.name().to_owned() });
+        }
+        Ok(Picture { as_of: self.clock.now(), ..self.node.picture().await })
     }
 
     /// Counts by state and the oldest overdue message, of what the caller

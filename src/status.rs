@@ -52,9 +52,10 @@ impl From<Error> for Status {
             Error::SeriesExists(_) => Code::AlreadyExists,
             Error::KafkaUnavailable { .. } | Error::StreamIdle(_) => Code::Unavailable,
             Error::Store(e) => store_code(&e),
-            Error::Forbidden { .. } | Error::NotAdmin { .. } | Error::NotAdminOfAll { .. } => {
-                Code::PermissionDenied
-            }
+            Error::Forbidden { .. }
+            | Error::NotAdmin { .. }
+            | Error::NotAdminOfAll { .. }
+            | Error::NotOperator { .. } => Code::PermissionDenied,
             Error::NoToken
             | Error::BadToken
             | Error::Revoked { .. }

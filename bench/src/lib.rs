@@ -27,6 +27,7 @@
 //!    fresh server and store, one-off messages due at the same rate.
 
 pub mod cluster;
+mod console;
 mod limits;
 mod load;
 mod machine;
@@ -193,10 +194,14 @@ pub enum Phase {
     Series,
     /// A burst into a rate-limited topic; a drain beside a policy.
     Policy,
+    /// The console's page loads with the backlog parked, and precision
+    /// with and without it polled (after footprint: 10M parked with
+    /// `--full`).
+    Console,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 11] = [
+    pub const ALL: [Phase; 12] = [
         Phase::Ingest,
         Phase::Drain,
         Phase::Precision,
@@ -204,6 +209,7 @@ impl Phase {
         Phase::Policy,
         Phase::Cancel,
         Phase::Footprint,
+        Phase::Console,
         Phase::Reconcile,
         Phase::Series,
         Phase::Failover,
@@ -354,6 +360,8 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let mut server =
         ServerProcess::new(&hourglass_testkit::hourglass_binary()?, &data, &brokers, s.durability)?;
     server.env("HOURGLASS_DELIVERY", &s.delivery.to_string());
+    let console_addr = console::listen()?;
+    server.env("HOURGLASS_CONSOLE_LISTEN", &console_addr.to_string());
     let mut server = server.launch().await?;
     report.add("memory: empty", mib(server.rss_bytes()), "MiB", None, &[]);
     let mut offset = 0u64;
@@ -601,6 +609,19 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
             None,
             &[Target::AtMost(256.0)],
         );
+    }
+
+    if runs(Phase::Console) {
+        phase("console: page loads");
+        let console = console::Console {
+            server: &server,
+            addr: console_addr,
+            w: &w,
+            streams: s.streams,
+            rate: sc.precision_rate,
+            window: sc.precision_window,
+        };
+        console.run(&mut report).await?;
     }
 
     if runs(Phase::Reconcile) {

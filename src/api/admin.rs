@@ -18,10 +18,13 @@ use crate::{
     message::UnixMillis,
     policy::{PolicyKey, Rate, TopicPolicy},
     proto,
+    scheduler::Scheduler,
 };
 
 pub struct AdminApi {
     policies: Arc<PolicyService>,
+    /// What describes the cluster (in cluster mode, asking every node).
+    scheduler: Arc<dyn Scheduler>,
     admission: Arc<Semaphore>,
     max_concurrent: usize,
 }
@@ -29,10 +32,11 @@ pub struct AdminApi {
 impl AdminApi {
     pub(super) fn new(
         policies: Arc<PolicyService>,
+        scheduler: Arc<dyn Scheduler>,
         admission: Arc<Semaphore>,
         max_concurrent: usize,
     ) -> AdminApi {
-        AdminApi { policies, admission, max_concurrent }
+        AdminApi { policies, scheduler, admission, max_concurrent }
     }
 
     pub fn into_server(self) -> proto::admin_server::AdminServer<Self> {
@@ -125,6 +129,17 @@ impl proto::admin_server::Admin for AdminApi {
             let request = request.into_inner();
             let (key, policy) = self.policies.get(&call.access, &request.topic, request.all_tenants)?;
             Ok(to_proto(&key, &policy))
+        })
+        .await
+    }
+
+    async fn describe_cluster(
+        &self,
+        request: Request<proto::DescribeClusterRequest>,
+    ) -> Result<Response<proto::DescribeClusterResponse>, Status> {
+        self.call("DescribeCluster", async {
+            let call = call_of(&request)?;
+            self.scheduler.describe(&call).await
         })
         .await
     }

@@ -10,6 +10,7 @@ use crate::{
         Labels, ListQuery, MessageId, OnConflict, PageToken, PendingMessage, PendingPage, Placed, Scheduled,
         ScheduledMessage, Selector, State, Stats, UnixMillis, Window,
     },
+    node::{Picture, Role},
     proto,
     service::ScheduleCommand,
 };
@@ -322,6 +323,47 @@ impl From<Forecast> for proto::ForecastResponse {
             totals,
             topics,
             counted_to: f.counted_to.map(timestamp),
+        }
+    }
+}
+
+impl From<Picture> for proto::DescribeClusterResponse {
+    fn from(p: Picture) -> Self {
+        let role = |r| match r {
+            Role::Owner => proto::CopyRole::Owner,
+            Role::Standby => proto::CopyRole::Standby,
+            Role::Taking => proto::CopyRole::Taking,
+            Role::LettingGo => proto::CopyRole::LettingGo,
+        };
+        let node = proto::NodeStatus {
+            addr: p.addr,
+            as_of: Some(timestamp(p.as_of)),
+            copies: p
+                .copies
+                .into_iter()
+                .map(|c| proto::ShardCopy {
+                    shard: c.shard,
+                    role: role(c.role).into(),
+                    pending: c.pending,
+                    applied: c.applied,
+                    log_end: c.log_end,
+                })
+                .collect(),
+            moves: p
+                .moves
+                .into_iter()
+                .map(|m| proto::ShardMove {
+                    at: Some(timestamp(m.at)),
+                    shard: m.shard,
+                    what: m.what.to_owned(),
+                })
+                .collect(),
+        };
+        proto::DescribeClusterResponse {
+            cluster: p.cluster,
+            shards: p.shards,
+            nodes: vec![node],
+            unanswered: Vec::new(),
         }
     }
 }

@@ -101,6 +101,10 @@ impl Scheduler for Local {
     ) -> Result<proto::ForecastResponse, Error> {
         Ok(self.service.forecast(&call.access, request.try_into()?).await?.into())
     }
+
+    async fn describe(&self, call: &Call) -> Result<proto::DescribeClusterResponse, Error> {
+        Ok(self.service.picture(&call.access).await?.into())
+    }
 }
 
 /// The answers to items of a batch or a stream, numbered from 0, counted

@@ -109,10 +109,16 @@ impl SchedulerApi {
         SeriesApi::new(series, Arc::clone(&self.admission), self.config.max_concurrent)
     }
 
-    /// The `Admin` service over `policies`, its calls admitted among this
+    /// The `Admin` service over `policies` (and this service's scheduler,
+    /// for the cluster's description), its calls admitted among this
     /// service's.
     pub fn admin(&self, policies: Arc<crate::admin::PolicyService>) -> AdminApi {
-        AdminApi::new(policies, Arc::clone(&self.admission), self.config.max_concurrent)
+        AdminApi::new(
+            policies,
+            Arc::clone(&self.scheduler),
+            Arc::clone(&self.admission),
+            self.config.max_concurrent,
+        )
     }
 
     /// The gRPC service, refusing requests over the size limit unread.

@@ -181,6 +181,11 @@ impl Routes {
             && said.is_some_and(|(by, at)| by == writer && at.elapsed() < within)
     }
 
+    /// Where this node answers.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
     /// Where the owner of `shard` answers, by the topic, if another node.
     pub fn peer_of(&self, shard: u32) -> Option<String> {
         self.table.borrow().addr_of(shard).filter(|addr| *addr != self.addr).map(str::to_owned)

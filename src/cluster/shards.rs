@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::Cluster;
 use crate::{
     message::Scheduled,
-    node::ShardSet,
+    node::{Picture, ShardSet},
     policy::PolicyWrite,
     store::{Answer, Intent, NewMessage, SeriesWrite, Store, StoreError, StoreHealth},
 };
@@ -18,6 +18,10 @@ use crate::{
 impl ShardSet for Cluster {
     fn count(&self) -> usize {
         self.partitions() as usize
+    }
+
+    async fn picture(&self) -> Picture {
+        Cluster::picture(self).await
     }
 
     fn serves(&self, shard: usize) -> bool {

@@ -102,7 +102,7 @@ pub fn page(title: &str, signed_in: Option<&str>, csrf: &str, body: &str) -> Str
          <title>{} · hourglass</title><link rel=\"stylesheet\" href=\"/console.css\"></head><body>\
          <header><a class=\"brand\" href=\"/\">hourglass</a><nav>\
          <a href=\"/\">Overview</a><a href=\"/messages\">Find</a><a href=\"/series\">Series</a>\
-         <a href=\"/policies\">Policies</a></nav>",
+         <a href=\"/policies\">Policies</a><a href=\"/cluster\">Cluster</a></nav>",
         esc(title)
     );
     if let Some(who) = signed_in {

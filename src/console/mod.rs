@@ -11,6 +11,8 @@
 //!   its record, and cancel, reschedule and re-drive;
 //! - [`series`] and [`policies`]: recurring schedules, and each topic's
 //!   pause, rate limit, deadline and dead-letter topic, seen and changed;
+//! - [`cluster`]: the nodes, the shards each owns and keeps standby, how
+//!   far each copy is behind the log, the latest moves;
 //! - [`html`]: the pages' markup, where everything a message holds is
 //!   escaped;
 //! - [`tls`]: HTTPS with the gRPC port's certificate, when it has one.
@@ -21,6 +23,7 @@
 //! comes from another site (its `Origin` or `Sec-Fetch-Site` says so) or
 //! without the session's CSRF token is refused.
 
+mod cluster;
 mod find;
 mod html;
 mod overview;
@@ -113,6 +116,7 @@ impl Console {
             .route("/message/reschedule", post(reschedule))
             .route("/series", get(series_page).post(series_change))
             .route("/policies", get(policies_page).post(policies_change))
+            .route("/cluster", get(cluster_page))
             .route("/sign-in", get(sign_in_page).post(sign_in))
             .route("/sign-out", post(sign_out))
             .route("/console.css", get(style))
@@ -347,6 +351,12 @@ async fn policies_change(
     let outcome = policies::apply(&console.policies, &signed.access, &form).await;
     let body = policies::render(&console.policies, &signed.access, &signed.csrf);
     Ok(console.page("Dispatch policies", &signed, &(outcome + &body)))
+}
+
+async fn cluster_page(State(console): State<Arc<Console>>, headers: HeaderMap) -> Result<Response, Refusal> {
+    let signed = console.signed(&headers)?;
+    let body = cluster::render(console.scheduler.as_ref(), &console.call(&signed)).await;
+    Ok(console.page("Cluster", &signed, &body))
 }
 
 async fn sign_in_page(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {

@@ -26,9 +26,11 @@
 //! with another count is refused: ids would hash to other shards.
 
 mod local;
+mod picture;
 mod shard_set;
 
 pub use local::LocalShards;
+pub use picture::{Move, Picture, Role, ShardCopy};
 pub use shard_set::ShardSet;
 
 use std::{
@@ -283,6 +285,11 @@ impl Node {
             forecast.merge(shard);
         }
         Ok(forecast)
+    }
+
+    /// The copies of shards this node keeps, and its latest moves.
+    pub async fn picture(&self) -> Picture {
+        self.shards.picture().await
     }
 
     /// Counts `scope` sees and its oldest overdue message, over the shards.

@@ -8,6 +8,7 @@
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::{Picture, Role, ShardCopy};
 use crate::{
     message::Scheduled,
     policy::PolicyWrite,
@@ -68,4 +69,28 @@ pub trait ShardSet: Send + Sync {
     /// Stops every shard: dispatchers settle what is in flight, stores
     /// commit what is queued and close.
     async fn shutdown(&self);
+
+    /// The copies of shards kept here, for operators. By default (a
+    /// standalone node) every shard served, owned, with no log.
+    async fn picture(&self) -> Picture {
+        let copies = self
+            .stores()
+            .into_iter()
+            .map(|(shard, store)| ShardCopy {
+                shard,
+                role: Role::Owner,
+                pending: store.pending(),
+                applied: None,
+                log_end: None,
+            })
+            .collect();
+        Picture {
+            as_of: Default::default(),
+            cluster: false,
+            shards: self.count() as u32,
+            addr: String::new(),
+            copies,
+            moves: Vec::new(),
+        }
+    }
 }

@@ -395,6 +395,10 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     let refused = change_policy(&browser, &shop.orders, "dead-letter", "not-granted", false);
     assert!(refused.starts_with("PermissionDenied"), "{refused}");
 
+    // The server's own state is not a tenant's to see.
+    b(|| browser.goto(&shop.url("/cluster")));
+    assert!(b(|| browser.text(&browser.find("#refused")?)).starts_with("PermissionDenied"));
+
     // A token of the same tenant without admin, and for orders alone.
     b(|| browser.click(&browser.find("header .who button")?));
     sign_in(&browser, &shop, "orders-token");
@@ -434,9 +438,72 @@ async fn with_the_grpc_ports_certificate_the_console_speaks_https_only() {
     assert_eq!(b(|| browser.text(&browser.find("h1")?)), "Overview");
     let cookie = browser.cookie("hourglass_console").expect("a session");
     assert_eq!(cookie["secure"].as_bool(), Some(true), "{cookie}");
+    // Standalone, the cluster page shows one node owning every shard.
+    b(|| browser.goto(&format!("https://{console}/cluster")));
+    assert!(b(|| browser.text(&browser.find("#mode")?)).starts_with("Standalone"));
+    assert!(b(|| browser.text(&browser.find("#shards")?)).contains("this server"));
     // Plain HTTP gets no page.
     let _ = tokio::task::block_in_place(|| browser.goto(&format!("http://{console}/")));
     assert!(!b(|| browser.source()).contains("Overview"));
     drop(browser);
     server.stop().await;
+}
+
+/// Two nodes of a cluster (librdkafka's mock cluster), two shards, each
+/// node owning one and standing by for the other: the console of one
+/// shows both nodes, each shard's owner and standby and how far each copy
+/// is behind; once the other node is killed, that its shard moved here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_node_shows_the_whole_cluster_and_its_moves() {
+    use crate::let_go::{node, wait_metric};
+    let mock = common::mock::Mock::start(1);
+    let (log_topic, group) = (random_name("hourglass-log"), random_name("hourglass"));
+    for (name, partitions) in
+        [(log_topic.clone(), 2), (format!("{log_topic}-owners"), 1), (format!("{log_topic}-ingress"), 1)]
+    {
+        mock.topic_led(&name, partitions, 1);
+    }
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let port = hourglass_testkit::free_port().unwrap();
+    let mut here = node(&mock, dirs[0].path(), &log_topic, &group, 2)
+        .arg("--console-listen", format!("127.0.0.1:{port}"));
+    here.spawn().unwrap();
+    here.wait_serving(Duration::from_secs(60)).await.unwrap();
+    let mut there = node(&mock, dirs[1].path(), &log_topic, &group, 2);
+    there.spawn().unwrap();
+    there.wait_serving(Duration::from_secs(60)).await.unwrap();
+    for n in [&here, &there] {
+        wait_metric(n, "hourglass_cluster_shards_owned", 1.0, Duration::from_secs(60)).await;
+        wait_metric(n, "hourglass_cluster_standbys", 1.0, Duration::from_secs(60)).await;
+    }
+
+    let browser = b(Browser::start);
+    // No tokens: the first visit opens a session.
+    b(|| browser.goto(&format!("http://127.0.0.1:{port}/")));
+    let page = format!("http://127.0.0.1:{port}/cluster");
+    b(|| browser.goto(&page));
+    assert!(b(|| browser.text(&browser.find("#mode")?)).starts_with("Cluster mode · 2 shards · 2 node(s)"));
+    let nodes = b(|| browser.text(&browser.find("#nodes")?));
+    assert!(nodes.contains(&here.grpc) && nodes.contains(&there.grpc), "{nodes}");
+    let shards = b(|| browser.text(&browser.find("#shards")?));
+    for line in shards.lines().skip(1) {
+        assert!(
+            !line.contains("no node answered") && !line.contains("none"),
+            "an owner and a standby each: {shards}"
+        );
+    }
+    shot(&browser, "cluster");
+
+    there.kill();
+    wait_metric(&here, "hourglass_cluster_shards_owned", 2.0, Duration::from_secs(60)).await;
+    b(|| browser.goto(&page));
+    let nodes = b(|| browser.text(&browser.find("#nodes")?));
+    assert!(!nodes.contains(&there.grpc), "{nodes}");
+    let moves = b(|| browser.text(&browser.find("#moves")?));
+    assert!(
+        moves.lines().filter(|l| l.contains("taken")).count() >= 2,
+        "the first shard and the moved one: {moves}"
+    );
+    drop(browser);
+    here.stop().unwrap();
 }

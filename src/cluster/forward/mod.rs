@@ -77,6 +77,15 @@ impl PeerClient for Client {
     }
 }
 
+/// A client of another node's `Admin` service.
+type AdminClient = proto::admin_client::AdminClient<Channel>;
+
+impl PeerClient for AdminClient {
+    fn on(channel: Channel, max_answer: usize) -> Self {
+        AdminClient::new(channel).max_decoding_message_size(max_answer).max_encoding_message_size(usize::MAX)
+    }
+}
+
 /// Sends requests on to the nodes that own their shards.
 pub struct Router {
     /// This node's own scheduler: what is served here.
@@ -506,6 +515,10 @@ impl Scheduler for Router {
         request: proto::ForecastRequest,
     ) -> Result<proto::ForecastResponse, Error> {
         self.forecast_all(call, request).await
+    }
+
+    async fn describe(&self, call: &Call) -> Result<proto::DescribeClusterResponse, Error> {
+        self.describe_all(call).await
     }
 }
 

@@ -1,10 +1,10 @@
 //! The reads that span the cluster: each node's part asked for at once
-//! and added up (`Stats`, `Forecast`); a forwarded call gets the answering
-//! node's part alone.
+//! and added up (`Stats`, `Forecast`, `DescribeCluster`); a forwarded call
+//! gets the answering node's part alone.
 
 use futures_util::future;
 
-use super::{Client, Router, from_peer};
+use super::{AdminClient, Client, Router, from_peer};
 use crate::{
     Error,
     message::{Forecast, Invalid},
@@ -86,6 +86,36 @@ impl Router {
             total.merge(other);
         }
         Ok(total.into())
+    }
+}
+
+impl Router {
+    /// This node's copies of shards, and every other node's; a node that
+    /// does not answer is named with why, not an error of the whole.
+    pub(super) async fn describe_all(&self, call: &Call) -> Result<proto::DescribeClusterResponse, Error> {
+        let mut here = self.local.describe(call).await?;
+        if call.forwarded {
+            return Ok(here);
+        }
+        let asked = self.cluster.peers().into_iter().map(|addr| {
+            let request = self.forwarded(call, proto::DescribeClusterRequest {});
+            async move {
+                metrics::FORWARDED.with_label_values(&["DescribeCluster"]).inc();
+                let answer = async {
+                    let (mut client, _slot) = self.client::<AdminClient>(&addr)?;
+                    client.describe_cluster(request).await.map_err(|s| from_peer(&addr, "DescribeCluster", s))
+                }
+                .await;
+                (addr, answer)
+            }
+        });
+        for (addr, answer) in future::join_all(asked).await {
+            match answer {
+                Ok(answer) => here.nodes.extend(answer.into_inner().nodes),
+                Err(e) => here.unanswered.push(format!("{addr}: {e}")),
+            }
+        }
+        Ok(here)
     }
 }
 

@@ -688,6 +688,10 @@ mod tests {
         ) -> Result<proto::ForecastResponse, Error> {
             unreachable!()
         }
+
+        async fn describe(&self, _: &Call) -> Result<proto::DescribeClusterResponse, Error> {
+            unreachable!()
+        }
     }
 
     fn record(offset: i64, id: &str, schedule: bool) -> Raw {

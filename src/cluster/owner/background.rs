@@ -35,6 +35,7 @@ pub(super) async fn keep_standbys(inner: Arc<Inner>, stop: CancellationToken) {
                     Ok(view) => {
                         *slot.standby.lock().unwrap_or_else(|e| e.into_inner()) = Some(view);
                         metrics::STANDBYS.inc();
+                        inner.moved(shard, "standby kept");
                         tracing::info!(shard, "keeping a standby copy of the shard");
                     }
                     Err(e) => tracing::warn!(shard, error = %e, "opening a standby copy of the shard failed"),
@@ -44,6 +45,7 @@ pub(super) async fn keep_standbys(inner: Arc<Inner>, stop: CancellationToken) {
                 if let Some(view) = view {
                     view.close().await;
                     metrics::STANDBYS.dec();
+                    inner.moved(shard, "standby dropped");
                     tracing::info!(shard, "no longer keeping a standby copy of the shard");
                 }
             }

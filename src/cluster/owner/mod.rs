@@ -34,6 +34,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 mod background;
 mod owned;
+mod picture;
 
 use background::{keep_standbys, watch_owned};
 pub use owned::Owned;
@@ -113,6 +114,8 @@ struct Inner {
     ready: AtomicBool,
     /// Why a shard this node was given could not be taken, by partition.
     failures: Mutex<BTreeMap<usize, String>>,
+    /// The latest moves, for operators.
+    moves: picture::Moves,
 }
 
 struct Slot {
@@ -180,6 +183,7 @@ impl Cluster {
             joined: AtomicBool::new(false),
             ready: AtomicBool::new(false),
             failures: Mutex::new(BTreeMap::new()),
+            moves: Default::default(),
         });
         let stopping = Arc::new(AtomicBool::new(false));
         let lease_keeper = {
@@ -392,6 +396,7 @@ impl Inner {
                     self.routes.publish(shard as u32, false);
                     metrics::SHARDS_OWNED.inc();
                     metrics::SHARD_MOVES.with_label_values(&["taken"]).inc();
+                    self.moved(shard, "taken");
                     return;
                 }
                 Ok(None) => {
@@ -400,6 +405,7 @@ impl Inner {
                 }
                 Err(e) => {
                     tracing::error!(shard, error = %e, "taking a shard failed; trying again shortly");
+                    self.moved(shard, "take failed");
                     self.failures().insert(shard, format!("taking shard {shard} failed: {e}"));
                 }
             }
@@ -563,6 +569,7 @@ impl Inner {
             owned.let_go().await;
             metrics::SHARDS_OWNED.dec();
             metrics::SHARD_MOVES.with_label_values(&["let go"]).inc();
+            self.moved(shard, "let go");
             tracing::info!(shard, "let go of the shard");
         }
         self.failures().remove(&shard);
