@@ -1,8 +1,10 @@
 //! The console phase, with the backlog parked (10 million with `--full
-//! --only footprint,console`): how long a person's page takes (the overview
-//! by hour, day and week, a find by label, a message's page), and what a
-//! person browsing costs the dispatcher: the precision of a steady rate
-//! measured twice, the console left alone, then polled every second.
+//! --only footprint,console`, due a day from when they were parked) and
+//! 200,000 more due over the next day: how long a person's page takes (the
+//! overview by hour, day and week, a find by label among the backlog, a
+//! message's page), and what a person browsing costs the dispatcher: the
+//! precision of a steady rate measured twice, the console left alone, then
+//! polled every second.
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -24,6 +26,9 @@ use crate::{
 
 /// Labelled messages parked among the backlog, each ten seconds apart.
 const LABELLED: usize = 1_000;
+/// Messages due over the next day (the backlog lies beyond it), so that
+/// the hour's and the day's histograms have something to count.
+const TODAY: usize = 200_000;
 /// Loads of each page measured.
 const LOADS: usize = 10;
 
@@ -84,8 +89,15 @@ impl Console<'_> {
                 r
             })
             .collect();
-        for part in requests.chunks(500) {
-            client.schedule_batch(proto::ScheduleBatchRequest { requests: part.to_vec() }).await?;
+        let start = now_ms() + 300_000;
+        let spread = 86_000_000 / TODAY as u64;
+        let today = (0..TODAY).map(|i| self.w.at(i, start + i as u64 * spread));
+        for part in requests
+            .chunks(500)
+            .map(<[_]>::to_vec)
+            .chain(today.collect::<Vec<_>>().chunks(1000).map(<[_]>::to_vec).collect::<Vec<_>>())
+        {
+            client.schedule_batch(proto::ScheduleBatchRequest { requests: part }).await?;
         }
         let parked = self.server.metric("hourglass_messages_pending").await? as u64;
         let cookie = session(self.addr).await?;

@@ -5,10 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::{
-    find::refused,
-    html::{esc, time},
-};
+use super::html::{esc, refused, time};
 use crate::{
     proto,
     scheduler::{Call, Scheduler},

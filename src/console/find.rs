@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use super::html::{Query, Shown, bytes, esc, hex, state, time};
+use super::html::{Query, Shown, bytes, esc, hex, refused, state, time};
 use crate::{
     Error, proto,
     scheduler::{Call, Scheduler},
@@ -140,16 +140,6 @@ pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Re
         );
     }
     Ok(out)
-}
-
-/// An error as the API gives it: its gRPC code and message.
-pub fn refused(e: Error) -> String {
-    let status = tonic::Status::from(e);
-    format!(
-        "<p class=\"error\" id=\"refused\"><b>{}</b>: {}</p>",
-        esc(&format!("{:?}", status.code())),
-        esc(status.message())
-    )
 }
 
 /// What a person asked to do to a message.

@@ -6,7 +6,7 @@
 
 use std::fmt::{self, Write as _};
 
-use crate::proto;
+use crate::{Error, proto};
 
 /// Text escaped for HTML element content and quoted attribute values.
 pub struct Esc<'a>(pub &'a str);
@@ -90,6 +90,16 @@ pub fn time(t: Option<prost_types::Timestamp>) -> String {
 /// A state as the API names it, without its prefix.
 pub fn state(s: i32) -> &'static str {
     proto::State::try_from(s).map_or("UNKNOWN", |s| s.as_str_name().trim_start_matches("STATE_"))
+}
+
+/// An error as the API gives it: its gRPC code and message.
+pub fn refused(e: Error) -> String {
+    let status = tonic::Status::from(e);
+    format!(
+        "<p class=\"error\" id=\"refused\"><b>{}</b>: {}</p>",
+        esc(&format!("{:?}", status.code())),
+        esc(status.message())
+    )
 }
 
 /// The page around `body`: the header with the navigation, and the title.

@@ -15,7 +15,8 @@
 //!   far each copy is behind the log, the latest moves;
 //! - [`html`]: the pages' markup, where everything a message holds is
 //!   escaped;
-//! - [`tls`]: HTTPS with the gRPC port's certificate, when it has one.
+//! - [`serve`]: the listener: bounded connections and request heads, and
+//!   HTTPS with the gRPC port's certificate when it has one.
 //!
 //! The pages carry no script: the Content-Security-Policy every answer
 //! sends allows none, so markup in a message's content cannot run even if
@@ -30,8 +31,8 @@ mod overview;
 mod policies;
 mod pulse;
 mod series;
+mod serve;
 mod session;
-mod tls;
 
 use std::sync::Arc;
 
@@ -60,6 +61,9 @@ use crate::{
     scheduler::{Call, Scheduler, SeriesCalls},
 };
 
+/// Requests served at once; more are answered 503 at once.
+const MAX_PAGES: usize = 16;
+
 /// How long a page's calls may take before the page says so.
 const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -78,6 +82,8 @@ pub struct Console {
     sessions: Sessions,
     pulse: Pulse,
     clock: Arc<dyn Clock>,
+    /// Requests served at once: each makes the calls its page shows.
+    busy: Arc<tokio::sync::Semaphore>,
     /// The gRPC port's certificate, when it speaks TLS: the console does too.
     tls: Option<Arc<rustls::ServerConfig>>,
 }
@@ -97,6 +103,7 @@ impl Console {
             sessions: Sessions::new(auth, tls.is_some()),
             pulse: Pulse::default(),
             clock,
+            busy: Arc::new(tokio::sync::Semaphore::new(MAX_PAGES)),
             tls,
         }
     }
@@ -121,18 +128,10 @@ impl Console {
             .route("/sign-out", post(sign_out))
             .route("/console.css", get(style))
             .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") })
+            .layer(axum::middleware::from_fn_with_state(Arc::clone(&self), guard))
             .layer(axum::middleware::map_response(headers))
             .with_state(Arc::clone(&self));
-        match self.tls.clone() {
-            Some(tls) => tls::serve(listener, tls, app, stop).await,
-            None => {
-                if let Err(e) =
-                    axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await
-                {
-                    tracing::error!(error = %e, "the console failed");
-                }
-            }
-        }
+        serve::serve(listener, self.tls.clone(), app, stop).await;
         let _ = pulse.await;
     }
 
@@ -198,6 +197,38 @@ fn html_response(body: String) -> Response {
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
 }
 
+/// In front of every page: without tokens, only a request to a loopback
+/// name is served (a site whose name a DNS rebinding points at 127.0.0.1
+/// would otherwise drive the console from a browser on this machine); and
+/// at most [`MAX_PAGES`] are served at once.
+async fn guard(
+    State(console): State<Arc<Console>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !console.sessions.needs_token() && !local_host(request.headers()) {
+        return forbidden(
+            "Without --auth-tokens the console answers only to a loopback name (127.0.0.1, [::1], localhost).",
+        );
+    }
+    let Ok(_page) = Arc::clone(&console.busy).try_acquire_owned() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "the console is busy with other pages; try again")
+            .into_response();
+    };
+    next.run(request).await
+}
+
+/// Whether the request names a loopback host: an address, or localhost.
+fn local_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else { return false };
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Whether a request says it came from a page of another site.
 fn from_elsewhere(headers: &HeaderMap) -> bool {
     let value = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
@@ -252,7 +283,7 @@ async fn overview(
     let body =
         overview::render(console.scheduler.as_ref(), &console.pulse, &console.call(&signed), &query, now)
             .await
-            .unwrap_or_else(find::refused);
+            .unwrap_or_else(html::refused);
     Ok(console.page("Overview", &signed, &body))
 }
 
@@ -267,7 +298,7 @@ async fn messages(
     }
     let body = find::render(console.scheduler.as_ref(), &console.call(&signed), &query)
         .await
-        .unwrap_or_else(find::refused);
+        .unwrap_or_else(html::refused);
     Ok(console.page("Find messages", &signed, &body))
 }
 
@@ -438,6 +469,22 @@ async fn sign_out(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_loopback_names_are_local() {
+        let host = |h: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_static(h));
+            local_host(&headers)
+        };
+        for local in ["127.0.0.1:9470", "127.0.0.1", "localhost:9470", "[::1]:9470", "127.1.2.3:80"] {
+            assert!(host(local), "{local}");
+        }
+        for other in ["evil.example:9470", "10.0.0.1:9470", "[::2]:1", "localhost.evil.example"] {
+            assert!(!host(other), "{other}");
+        }
+        assert!(!local_host(&HeaderMap::new()), "no Host");
+    }
 
     #[test]
     fn an_action_from_another_site_is_told_apart() {

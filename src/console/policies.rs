@@ -7,7 +7,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use serde::Deserialize;
 
-use super::html::{esc, time};
+use super::html::{esc, refused, time};
 use crate::{
     Error,
     admin::{Change, PolicyService},
@@ -41,7 +41,7 @@ fn at(ms: u64) -> String {
 pub fn render(policies: &PolicyService, access: &Access, csrf: &str) -> String {
     let mut out = String::new();
     match policies.list(access) {
-        Err(e) => out.push_str(&super::find::refused(e)),
+        Err(e) => out.push_str(&refused(e)),
         Ok(list) if list.is_empty() => out.push_str("<p id=\"none\">No topic has a dispatch policy.</p>"),
         Ok(list) => {
             out.push_str(
@@ -115,9 +115,9 @@ pub async fn apply(policies: &PolicyService, access: &Access, form: &PolicyForm)
     match change_of(form) {
         Ok(change) => match policies.change(access, form.topic.trim(), form.every == "on", change).await {
             Ok((key, _)) => format!("<p class=\"done\" id=\"outcome\">Changed: {}</p>", esc(&key.describe())),
-            Err(e) => super::find::refused(e),
+            Err(e) => refused(e),
         },
-        Err(e) => super::find::refused(e),
+        Err(e) => refused(e),
     }
 }
 

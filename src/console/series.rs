@@ -6,10 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use super::{
-    find::refused,
-    html::{Query, esc, time},
-};
+use super::html::{Query, esc, refused, time};
 use crate::{
     proto,
     scheduler::{Call, SeriesCalls},

@@ -24,6 +24,8 @@ use crate::{
 const COOKIE: &str = "hourglass_console";
 /// A session unused this long is gone.
 pub const IDLE: Duration = Duration::from_secs(8 * 3600);
+/// A session this old is gone, used or not: sign in again.
+const LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// Sessions kept at most; past it the least recently used goes.
 const MAX_SESSIONS: usize = 10_000;
 
@@ -45,6 +47,13 @@ impl Signed {
 struct Session {
     signed: Signed,
     seen: Instant,
+    created: Instant,
+}
+
+impl Session {
+    fn over(&self) -> bool {
+        self.seen.elapsed() > IDLE || self.created.elapsed() > LIFETIME
+    }
 }
 
 pub struct Sessions {
@@ -71,7 +80,7 @@ impl Sessions {
         let id = cookie(headers)?;
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         let session = live.get_mut(id)?;
-        if session.seen.elapsed() > IDLE {
+        if session.over() {
             live.remove(id);
             return None;
         }
@@ -93,13 +102,14 @@ impl Sessions {
         let access = self.auth.token(token.trim())?;
         let (id, csrf) = (self.random_hex(), self.random_hex());
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        live.retain(|_, s| s.seen.elapsed() <= IDLE);
+        live.retain(|_, s| !s.over());
         if live.len() >= MAX_SESSIONS
             && let Some(oldest) = live.iter().min_by_key(|(_, s)| s.seen).map(|(id, _)| id.clone())
         {
             live.remove(&oldest);
         }
-        live.insert(id.clone(), Session { signed: Signed { access, csrf }, seen: Instant::now() });
+        let now = Instant::now();
+        live.insert(id.clone(), Session { signed: Signed { access, csrf }, seen: now, created: now });
         Ok(self.cookie_header(&id, IDLE.as_secs()))
     }
 

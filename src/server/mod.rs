@@ -217,7 +217,15 @@ pub async fn run_with_clock(
         None => None,
     };
     let console_task = listeners.console.map(|listener| {
-        tracing::info!(addr = ?listener.local_addr().ok(), tls = console_tls.is_some(), "the console is serving");
+        let addr = listener.local_addr().ok();
+        tracing::info!(?addr, tls = console_tls.is_some(), "the console is serving");
+        if console_tls.is_none() && addr.is_some_and(|a| !a.ip().is_loopback()) {
+            tracing::warn!(
+                ?addr,
+                "the console speaks plain HTTP beyond this machine: tokens and session cookies cross the network \
+                 readable; give the server --tls-cert and --tls-key, or put a TLS proxy in front"
+            );
+        }
         let calls = console::Calls {
             scheduler: Arc::clone(&scheduler),
             series: Arc::clone(&series_calls),

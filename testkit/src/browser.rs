@@ -82,6 +82,22 @@ impl Browser {
         Ok(self.command("GET", "url", Value::Null)?.as_str().unwrap_or_default().to_owned())
     }
 
+    /// Waits (up to 10 s) until the page's address holds `part`: a click
+    /// that submits a form returns before the next page is there.
+    pub fn wait_for_url(&self, part: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let url = self.url()?;
+            if url.contains(part) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the page stayed at {url}, not one with {part:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The page's HTML as the browser holds it now.
     pub fn source(&self) -> anyhow::Result<String> {
         Ok(self.command("GET", "source", Value::Null)?.as_str().unwrap_or_default().to_owned())

@@ -110,6 +110,20 @@ fn sign_in(browser: &Browser, shop: &Shop, token: &str) {
     let field = b(|| browser.find("input[name=token]"));
     b(|| browser.type_into(&field, token));
     b(|| browser.click(&browser.find("#sign-in")?));
+    // The next page: signed in, or refused.
+    b(|| browser.find("header .who, #refused"));
+}
+
+/// A GET naming `host`, without a session.
+async fn raw_get(addr: SocketAddr, path: &str, host: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
 }
 
 /// A form POSTed as a browser of the session would, outside any page.
@@ -158,12 +172,12 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
         "3",
         "the shop's three, not the rival's"
     );
-    shot(&browser, "overview");
 
     // Find by label: the shop's customer 42, on both topics; not the rival's.
     b(|| browser.goto(&shop.url("/messages")));
     b(|| browser.type_into(&browser.find("input[name=label]")?, "customer=42"));
     b(|| browser.click(&browser.find("form.find button")?));
+    b(|| browser.wait_for_url("label=customer"));
     let found = b(|| browser.text(&browser.find("#found")?));
     assert!(found.contains("order-1") && found.contains("pay-1"), "{found}");
     assert!(!found.contains("order-2") && !found.contains("rival-1"), "{found}");
@@ -199,6 +213,7 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
 
     // A token for orders alone: payments are out of sight and out of reach.
     b(|| browser.click(&browser.find("header .who button")?));
+    b(|| browser.wait_for_url("/sign-in"));
     sign_in(&browser, &shop, "orders-token");
     assert_eq!(b(|| browser.text(&browser.find("#count-pending dd")?)), "1", "order-2 alone");
     let overview = b(|| browser.source());
@@ -401,6 +416,7 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
 
     // A token of the same tenant without admin, and for orders alone.
     b(|| browser.click(&browser.find("header .who button")?));
+    b(|| browser.wait_for_url("/sign-in"));
     sign_in(&browser, &shop, "orders-token");
     b(|| browser.goto(&shop.url("/series")));
     let listed = b(|| browser.text(&browser.find("#series")?));
@@ -476,6 +492,12 @@ async fn any_node_shows_the_whole_cluster_and_its_moves() {
         wait_metric(n, "hourglass_cluster_shards_owned", 1.0, Duration::from_secs(60)).await;
         wait_metric(n, "hourglass_cluster_standbys", 1.0, Duration::from_secs(60)).await;
     }
+
+    // Without tokens, a name other than a loopback one (a DNS rebinding
+    // of some site to 127.0.0.1) gets no page.
+    let answer = raw_get(SocketAddr::from(([127, 0, 0, 1], port)), "/sign-in", "evil.example:9470").await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(!answer.to_ascii_lowercase().contains("set-cookie"), "{answer}");
 
     let browser = b(Browser::start);
     // No tokens: the first visit opens a session.

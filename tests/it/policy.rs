@@ -354,6 +354,15 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_o
         billing.list_topic_policies(proto::ListTopicPoliciesRequest {}).await.unwrap().into_inner();
     let whose: Vec<_> = seen_by_billing.policies.iter().map(|p| p.tenant.as_str()).collect();
     assert_eq!(whose, ["", "billing"], "billing sees the topic-wide policy and its own, not orders'");
+    // The server's own state (nodes, shards) is the operator's alone.
+    let refused = billing.describe_cluster(proto::DescribeClusterRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let cluster = ops.describe_cluster(proto::DescribeClusterRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        (cluster.cluster, cluster.nodes.len(), cluster.nodes[0].copies.len()),
+        (false, 1, 1),
+        "{cluster:?}"
+    );
     ops.resume_topic(everyone(&shared)).await.unwrap();
     assert_eq!(values_on(&broker, &shared, 2, Duration::from_secs(10)), ["orders-1", "billing-1"]);
 

@@ -394,11 +394,25 @@ async fn every_rpc_gives_a_token_that_covers_nothing_nothing() {
                 let status = nobody.cancel_matching(request).await.unwrap_err();
                 assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
             }
+            "Forecast" => {
+                // The next two hours: the victim is due in one.
+                let window = |topic: &str| proto::ForecastRequest {
+                    topic: topic.to_owned(),
+                    to: Some(timestamp(now_ms() + 2 * 3_600_000)),
+                    ..Default::default()
+                };
+                let theirs = orders.forecast(window("")).await.unwrap().into_inner();
+                assert_eq!(theirs.totals.iter().sum::<u64>(), 1, "the owner counts its victim: {theirs:?}");
+                let none = nobody.forecast(window("")).await.unwrap().into_inner();
+                assert!(none.topics.is_empty() && none.totals.iter().all(|n| *n == 0), "{none:?}");
+                let status = nobody.forecast(window(&t.orders)).await.unwrap_err();
+                assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+            }
             other => panic!("RPC {other} has no case in this test: give it one"),
         }
         checked.push(name.to_owned());
     }
-    assert_eq!(checked.len(), 9, "{checked:?}");
+    assert_eq!(checked.len(), 10, "{checked:?}");
     let victim = orders.get(proto::GetRequest { id: "victim".into() }).await.unwrap().into_inner();
     assert_eq!(victim.state(), State::Pending, "untouched");
     t.server.stop().await;
