@@ -119,8 +119,7 @@ impl Console {
             .route("/", get(overview))
             .route("/messages", get(messages))
             .route("/message", get(message))
-            .route("/message/cancel", post(cancel))
-            .route("/message/reschedule", post(reschedule))
+            .route("/message/{action}", post(act))
             .route("/series", get(series_page).post(series_change))
             .route("/policies", get(policies_page).post(policies_change))
             .route("/cluster", get(cluster_page))
@@ -321,28 +320,23 @@ async fn message(
     Ok(console.page(&format!("Message {}", query.id), &signed, &body))
 }
 
-async fn cancel(
+/// Cancel or reschedule (`/message/cancel`, `/message/reschedule`): the
+/// outcome, above the message as it is now.
+async fn act(
     State(console): State<Arc<Console>>,
+    axum::extract::Path(action): axum::extract::Path<String>,
     headers: HeaderMap,
-    Form(act): Form<Act>,
+    Form(form): Form<Act>,
 ) -> Result<Response, Refusal> {
-    let signed = console.acting(&headers, &act.csrf)?;
-    let call = console.call(&signed);
-    let outcome = find::cancel(console.scheduler.as_ref(), &call, &act.id).await;
-    let body = find::message(console.scheduler.as_ref(), &call, &act.id, &signed.csrf, false).await;
-    Ok(console.page(&format!("Message {}", act.id), &signed, &(outcome + &body)))
-}
-
-async fn reschedule(
-    State(console): State<Arc<Console>>,
-    headers: HeaderMap,
-    Form(act): Form<Act>,
-) -> Result<Response, Refusal> {
-    let signed = console.acting(&headers, &act.csrf)?;
-    let call = console.call(&signed);
-    let outcome = find::reschedule(console.scheduler.as_ref(), &call, &act.id, &act.at).await;
-    let body = find::message(console.scheduler.as_ref(), &call, &act.id, &signed.csrf, false).await;
-    Ok(console.page(&format!("Message {}", act.id), &signed, &(outcome + &body)))
+    let signed = console.acting(&headers, &form.csrf)?;
+    let (scheduler, call) = (console.scheduler.as_ref(), console.call(&signed));
+    let outcome = match action.as_str() {
+        "cancel" => find::cancel(scheduler, &call, &form.id).await,
+        "reschedule" => find::reschedule(scheduler, &call, &form.id, &form.at).await,
+        _ => return Ok((StatusCode::NOT_FOUND, "no such page").into_response()),
+    };
+    let body = find::message(scheduler, &call, &form.id, &signed.csrf, false).await;
+    Ok(console.page(&format!("Message {}", form.id), &signed, &(outcome + &body)))
 }
 
 async fn series_page(

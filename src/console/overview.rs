@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::{
     html::{Query, esc, time},
-    pulse::{EVERY, Pulse, Stretch},
+    pulse::{EVERY, Pulse},
 };
 use crate::{
     Error,
@@ -149,33 +149,43 @@ fn deliveries(out: &mut String, pulse: &Pulse) {
         seconds(minute.p99)
     );
     let intervals = pulse.intervals();
-    let max = intervals.iter().map(Stretch::rate).fold(0.0, f64::max);
-    if !intervals.is_empty() && max > 0.0 {
-        let width = 960.0 / intervals.len() as f64;
+    if intervals.iter().any(|s| s.delivered > 0) {
+        let values: Vec<(f64, String)> = intervals
+            .iter()
+            .map(|s| (s.rate(), format!("{:.1}/s, p99 {}", s.rate(), seconds(s.p99))))
+            .collect();
+        bars(out, "deliveries", "deliveries per second", 80.0, &values);
         let _ = write!(
             out,
-            "<svg class=\"chart\" viewBox=\"0 0 960 80\" role=\"img\" aria-label=\"deliveries per second\">"
-        );
-        for (i, s) in intervals.iter().enumerate() {
-            let h = (s.rate() / max * 76.0).max(if s.delivered > 0 { 1.0 } else { 0.0 });
-            let _ = write!(
-                out,
-                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\"><title>{:.1}/s, p99 {}</title></rect>",
-                i as f64 * width,
-                80.0 - h,
-                (width - 1.0).max(1.0),
-                s.rate(),
-                seconds(s.p99)
-            );
-        }
-        let _ = write!(
-            out,
-            "</svg><p class=\"axis\">The last {} min, every {} s.</p>",
+            "<p class=\"axis\">The last {} min, every {} s.</p>",
             intervals.len() * EVERY.as_secs() as usize / 60,
             EVERY.as_secs()
         );
     }
     out.push_str("</section>");
+}
+
+/// A bar chart: a bar per value, scaled to the largest, each with its
+/// value in `data-count` and a title a pointer shows.
+fn bars(out: &mut String, id: &str, label: &str, height: f64, values: &[(f64, String)]) {
+    let max = values.iter().map(|(v, _)| *v).fold(0.0, f64::max);
+    let width = 960.0 / values.len().max(1) as f64;
+    let _ = write!(
+        out,
+        "<svg class=\"chart\" id=\"{id}\" viewBox=\"0 0 960 {height}\" role=\"img\" aria-label=\"{label}\">"
+    );
+    for (i, (value, title)) in values.iter().enumerate() {
+        let h = if *value <= 0.0 { 0.0 } else { (value / max * (height - 4.0)).max(1.0) };
+        let _ = write!(
+            out,
+            "<rect data-count=\"{value}\" x=\"{:.2}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{h:.1}\"><title>{}</title></rect>",
+            i as f64 * width,
+            height - h,
+            (width - 0.5).max(0.5),
+            esc(title)
+        );
+    }
+    out.push_str("</svg>");
 }
 
 fn due(out: &mut String, query: &OverviewQuery, f: &proto::ForecastResponse) {
@@ -214,23 +224,16 @@ fn due(out: &mut String, query: &OverviewQuery, f: &proto::ForecastResponse) {
             time(Some(cut))
         );
     }
-    let max = f.totals.iter().copied().max().unwrap_or(0).max(1);
-    let width = 960.0 / f.totals.len().max(1) as f64;
-    out.push_str("<svg class=\"chart\" id=\"histogram\" viewBox=\"0 0 960 160\" role=\"img\" aria-label=\"messages coming due\">");
     let from_ms = f.from.map_or(0, |t| t.seconds as u64 * 1000);
-    for (i, n) in f.totals.iter().enumerate() {
-        let h = if *n == 0 { 0.0 } else { (*n as f64 / max as f64 * 156.0).max(1.0) };
-        let start = UnixMillis(from_ms + i as u64 * interval_s * 1000);
-        let _ = write!(
-            out,
-            "<rect data-count=\"{n}\" x=\"{:.2}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{h:.1}\"><title>{}: {n}</title></rect>",
-            i as f64 * width,
-            160.0 - h,
-            (width - 0.5).max(0.5),
-            start.to_rfc3339()
-        );
-    }
-    out.push_str("</svg>");
+    let values: Vec<(f64, String)> = f
+        .totals
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (*n as f64, format!("{}: {n}", UnixMillis(from_ms + i as u64 * interval_s * 1000).to_rfc3339()))
+        })
+        .collect();
+    bars(out, "histogram", "messages coming due", 160.0, &values);
     if !f.topics.is_empty() {
         out.push_str("<table><thead><tr><th>Topic</th><th>Pending in the window</th></tr></thead><tbody>");
         for t in f.topics.iter().take(50) {
