@@ -57,11 +57,22 @@ pub struct Service {
     /// Ids for messages scheduled without one: ULIDs, increasing within a
     /// millisecond.
     ids: Mutex<ulid::Generator>,
+    /// One forecast walks the due index at a time on this node (each
+    /// walks every shard at once): a person polling a week of millions
+    /// holds the dispatcher's cores to that.
+    forecasting: tokio::sync::Semaphore,
 }
 
 impl Service {
     pub fn new(node: Arc<Node>, catalog: Arc<TopicCatalog>, limits: Limits, clock: Arc<dyn Clock>) -> Self {
-        Service { node, catalog, limits, clock, ids: Mutex::new(ulid::Generator::new()) }
+        Service {
+            node,
+            catalog,
+            limits,
+            clock,
+            ids: Mutex::new(ulid::Generator::new()),
+            forecasting: tokio::sync::Semaphore::new(1),
+        }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -213,12 +224,14 @@ impl Service {
 
     /// How many pending messages the caller sees come due in each interval
     /// of a window, per topic. A call walks at most [`FORECAST_EXAMINE`]
-    /// due entries per shard, and says where it stopped.
+    /// due entries per shard, and says where it stopped; calls take turns.
     pub async fn forecast(&self, access: &Access, query: ForecastQuery) -> Result<Forecast, Error> {
         let window = query.window(self.clock.now())?;
         if let Some(topic) = &query.topic {
             access.check(topic)?;
         }
+        // The semaphore is never closed.
+        let _turn = self.forecasting.acquire().await.ok();
         Ok(self.node.forecast(access.scope(), window, query.topic, FORECAST_EXAMINE).await?)
     }
 
