@@ -22,7 +22,8 @@
 //! sends allows none, so markup in a message's content cannot run even if
 //! it slipped through the escaping. Actions are POSTed forms; one that
 //! comes from another site (its `Origin` or `Sec-Fetch-Site` says so) or
-//! without the session's CSRF token is refused.
+//! without the session's CSRF token is refused. Without tokens, only a
+//! request that names a loopback host is served ([`guard`]).
 
 mod cluster;
 mod find;
