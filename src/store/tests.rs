@@ -21,8 +21,13 @@ fn open(dir: &Path) -> Store {
 }
 
 async fn park(store: &Store, id: &str, due: u64) -> MessageId {
+    park_on(store, &Scope::everything(), id, "t", due).await
+}
+
+/// Parks `id` (its value too) for `topic` in `scope`'s id space, due at `due`.
+async fn park_on(store: &Store, scope: &Scope, id: &str, topic: &str, due: u64) -> MessageId {
     let envelope = Envelope {
-        topic: "t".into(),
+        topic: topic.into(),
         key: None,
         value: id.as_bytes().to_vec(),
         headers: vec![],
@@ -32,8 +37,8 @@ async fn park(store: &Store, id: &str, due: u64) -> MessageId {
         dead_letter_topic: None,
     };
     let msg = NewMessage {
-        id: NewId::Client(MessageId::parse(id).unwrap()),
-        scope: Scope::everything(),
+        id: NewId::Client(scope.id(id).unwrap()),
+        scope: scope.clone(),
         envelope,
         requested: DueSpec::At(UnixMillis(due)),
         due: UnixMillis(due),

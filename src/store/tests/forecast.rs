@@ -3,29 +3,6 @@
 use super::*;
 use crate::message::{Forecast, Tenant, Window};
 
-async fn park_on(store: &Store, scope: &Scope, id: &str, topic: &str, due: u64) -> MessageId {
-    let envelope = Envelope {
-        topic: topic.into(),
-        key: None,
-        value: vec![],
-        headers: vec![],
-        partition: None,
-        labels: Default::default(),
-        max_lateness: None,
-        dead_letter_topic: None,
-    };
-    let msg = NewMessage {
-        id: NewId::Client(scope.id(id).unwrap()),
-        scope: scope.clone(),
-        envelope,
-        requested: DueSpec::At(UnixMillis(due)),
-        due: UnixMillis(due),
-        now: UnixMillis(0),
-        on_conflict: OnConflict::Reject,
-    };
-    store.schedule(msg).await.unwrap().id
-}
-
 /// What `List` returns for the window, counted as a forecast counts.
 async fn listed(store: &Store, scope: &Scope, window: Window) -> Forecast {
     let mut forecast = Forecast::new(window);
