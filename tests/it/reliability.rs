@@ -1009,7 +1009,10 @@ async fn a_backlog_cap_refuses_more_and_recovers_as_messages_leave() {
     let server = server(dir.path(), &broker).await.arg("--max-pending", cap).launch().await.unwrap();
     let mut client = client(&server.grpc);
     let run = random_name("c");
-    let due = now_ms() + 8_000;
+    // Far enough out that none is delivered (making room) while the
+    // 1,200 calls are made one by one, each waiting for its fsync, on a
+    // busy machine.
+    let due = now_ms() + 30_000;
     let ledger = Ledger::default();
     let (mut refused, mut refused_ids) = (0, Vec::new());
     for i in 0..cap + 200 {
