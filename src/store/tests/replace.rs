@@ -121,11 +121,19 @@ async fn a_replace_of_a_message_being_produced_waits_for_the_outcome() {
                 .await
         }
     });
-    barrier(&store).await;
-    barrier(&store).await;
-    assert!(!late.is_finished() && !batch.is_finished(), "both wait while the produces are out");
     let get = |id: &str| store.get(Scope::everything(), MessageId::parse(id).unwrap());
+    // The spawned calls reach the writer when the runtime runs them: wait
+    // (bounded) for the batch's new message, rather than for a barrier
+    // queued maybe before them.
+    for _ in 0..500 {
+        barrier(&store).await;
+        if get("fresh").await.unwrap().is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert!(get("fresh").await.unwrap().is_some(), "the batch parked what did not wait");
+    assert!(!late.is_finished() && !batch.is_finished(), "both wait while the produces are out");
 
     let settles = taken
         .ready
