@@ -20,7 +20,11 @@
 //! `admin` lets a token call the `Admin` service (pause, resume and rate
 //! limit topics): `"tenant"` for its own tenant's messages, `"all"` for
 //! every tenant's too; either only on the topics it is granted. Without
-//! it, a token cannot change a policy.
+//! it, a token cannot change a policy. An `"all"` token is an operator: it
+//! also sees every tenant's messages and series on its topics (`List`,
+//! `Stats` with the server's own figures, `Forecast`, the console), and
+//! may name another tenant's message or series by its tenant to act on
+//! it; its own new messages still go to its own tenant's space.
 //!
 //! A topic pattern is an exact name, a prefix ending in `*` (`orders.*`
 //! matches `orders.created`), or `*` for every topic. Each token belongs to
@@ -136,12 +140,36 @@ impl Access {
         })
     }
 
-    /// What the caller sees and may change in the store.
+    /// What the caller sees and may change in the store: an operator's
+    /// (`admin = "all"`) spans every tenant's messages on its topics.
     pub fn scope(&self) -> Scope {
         match self {
             Access::Open => Scope::everything(),
+            Access::Granted { grant, .. } if grant.admin == Some(AdminScope::All) => {
+                grant.scope.clone().across_tenants()
+            }
             Access::Granted { grant, .. } => grant.scope.clone(),
         }
+    }
+
+    /// The message `id` of `tenant`'s space (empty: the caller's own) in
+    /// the caller's scope; naming another tenant needs an operator
+    /// ([`Error::NotOperator`]).
+    pub fn id_of(&self, tenant: &str, id: &str) -> Result<crate::message::MessageId, Error> {
+        let scope = self.scope();
+        if !tenant.is_empty()
+            && !scope.sees_every_space()
+            && scope.tenant.as_ref().is_none_or(|own| own.as_str() != tenant)
+        {
+            return Err(Error::NotOperator { token: self.name().to_owned() });
+        }
+        Ok(scope.id_of(tenant, id)?)
+    }
+
+    /// Whether the caller sees and acts across tenants: every caller with
+    /// authentication off, else a token with `admin = "all"`.
+    pub fn is_operator(&self) -> bool {
+        matches!(self.admin(), Ok(AdminScope::All))
     }
 
     /// `Ok` when the caller may use `topic`, else [`Error::Forbidden`].

@@ -16,7 +16,7 @@ use futures_util::{StreamExt as _, stream};
 use tokio::time::Instant;
 
 use crate::{
-    Error,
+    Error, audit,
     message::Invalid,
     proto,
     scheduler::{Call, Scheduler},
@@ -72,11 +72,22 @@ pub async fn cancel_matching(
                 },
             )
             .await?;
-        let ids: Vec<String> = listing.page.messages.into_iter().map(|m| m.id).collect();
+        // With the tenant of each: an operator's listing spans tenants.
+        let ids: Vec<(String, String)> =
+            listing.page.messages.into_iter().map(|m| (m.id, m.tenant)).collect();
         acted += ids.len();
+        let (selector, topic) = (&request.selector, &request.topic);
         let outcomes: Vec<(String, Result<proto::CancelResponse, Error>)> = stream::iter(ids)
-            .map(|id| async move {
-                let outcome = scheduler.cancel(call, proto::CancelRequest { id: id.clone() }).await;
+            .map(|(id, tenant)| async move {
+                // Only if it still matches when it is cancelled: a message
+                // replaced since it was listed may carry other labels now.
+                let cancel = proto::CancelRequest {
+                    id: id.clone(),
+                    selector: selector.clone(),
+                    topic: topic.clone(),
+                    tenant,
+                };
+                let outcome = scheduler.cancel(call, cancel).await;
                 (id, outcome)
             })
             .buffer_unordered(AT_ONCE)
@@ -99,6 +110,9 @@ pub async fn cancel_matching(
         }
         answer.next_page_token = listing.page.next_page_token;
         if answer.next_page_token.is_empty() || acted >= MAX_PER_CALL || Instant::now() >= until {
+            let what = format!("selector={:?} topic={:?}", request.selector, request.topic);
+            let outcome = format!("cancelled {} of {acted}", answer.cancelled);
+            audit::record(&call.access, "CancelMatching", &what, Ok(&outcome));
             return Ok(answer);
         }
     }

@@ -33,10 +33,12 @@ pub enum Error {
          tenant (all_tenants) needs admin = \"all\""
     )]
     NotAdminOfAll { token: String },
-    /// The server's own state (nodes, shards) asked for without `admin = "all"`.
+    /// What only an operator may do (see the server's own state, name
+    /// another tenant's message, policy or series) asked for without
+    /// `admin = "all"`.
     #[error(
-        "the token {token:?} may not see the cluster's nodes and shards: that needs `admin = \"all\"` in the \
-         tokens file (--auth-tokens)"
+        "the token {token:?} is not an operator: the cluster's nodes and shards, and other tenants' messages, \
+         policies and series, need `admin = \"all\"` in the tokens file (--auth-tokens)"
     )]
     NotOperator { token: String },
     #[error("no bearer token: send the header `authorization: Bearer <token>`")]
@@ -83,6 +85,19 @@ pub enum Error {
     /// passed on as it came (its code, message and details).
     #[error("{message}")]
     Relayed { code: i32, message: String, details: Vec<u8> },
+    /// Forecasts take turns on a node, and enough wait already (or this
+    /// one waited as long as it may).
+    #[error(
+        "this node is busy with other forecasts (one runs at a time, at most {waiting} wait their turn); retry \
+         shortly"
+    )]
+    ForecastsBusy { waiting: usize },
+    /// A new dispatch policy past its owner's room.
+    #[error(
+        "{whose} already keeps {most} dispatch policies, the most it may{flag}; remove one first (ResumeTopic \
+         and clearing its limit, deadline and dead-letter topic remove a policy)"
+    )]
+    TooManyPolicies { whose: String, most: usize, flag: &'static str },
     #[error("no series {0:?} (never created, or deleted)")]
     SeriesNotFound(String),
     #[error("series {0:?} exists with a different definition; UpdateSeries changes it, or choose another id")]

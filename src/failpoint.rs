@@ -19,6 +19,7 @@
 //! | `kafka-fatal` | the producer raises a fatal error (as an idempotent producer does when the broker lost its sequence state) |
 //! | `store-read-io` | reading a due message's record fails with an I/O error |
 //! | `log-reader-stalls` | cluster mode: a copy of a shard stops applying the log the first time it has read all there was |
+//! | `forecast-slow` | a forecast takes 2 s more once it has its turn |
 
 #[cfg(feature = "failpoints")]
 mod armed {

@@ -45,6 +45,8 @@
 //!   may use, handed to every service method as the caller's
 //!   [`auth::Access`]; [`tls`]: the gRPC port's certificates; [`secret`]:
 //!   Kafka secrets from the environment or files, kept out of logs.
+//! - [`audit`]: one structured log line per change a caller makes (who,
+//!   what, the outcome), under the target `hourglass::audit`.
 //! - [`console`]: the operator console, web pages over the same
 //!   [`scheduler::Scheduler`] seam as the gRPC adapter, with the same
 //!   grants (`--console-listen`).
@@ -63,6 +65,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod bulk;
 pub mod clock;

@@ -25,8 +25,8 @@ use crate::{
     clock::Clock,
     kafka::TopicCatalog,
     message::{
-        CancelOutcome, DueSpec, Envelope, Forecast, ForecastQuery, Invalid, Limits, ListQuery, MessageId,
-        OnConflict, PendingPage, Scheduled, ScheduledMessage, Scope, Stats, UnixMillis,
+        CancelOutcome, DueSpec, Envelope, Forecast, ForecastQuery, Invalid, Limits, ListQuery, Matching,
+        MessageId, OnConflict, PendingPage, Scheduled, ScheduledMessage, Scope, Stats, UnixMillis,
     },
     node::{Node, Picture},
     store::{FORECAST_EXAMINE, Intent, NewId, NewMessage, StoreError},
@@ -34,6 +34,15 @@ use crate::{
 
 /// Due entries one `List` call looks at, at most, matching or not.
 pub const LIST_EXAMINE: usize = 10_000;
+
+/// Forecasts that may wait for their turn on a node; one more is refused
+/// at once, so that waiting forecasts never hold more than these few of
+/// the calls the server admits.
+pub const FORECASTS_WAITING: usize = 8;
+
+/// The longest a forecast waits for its turn when its caller set no
+/// earlier deadline.
+pub const FORECAST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Ids generated, at most, to find one in a shard this node owns.
 const ID_TRIES: usize = 1024;
@@ -61,6 +70,8 @@ pub struct Service {
     /// walks every shard at once): a person polling a week of millions
     /// holds the dispatcher's cores to that.
     forecasting: tokio::sync::Semaphore,
+    /// Places to wait for that turn ([`FORECASTS_WAITING`]).
+    forecast_queue: tokio::sync::Semaphore,
 }
 
 impl Service {
@@ -72,6 +83,7 @@ impl Service {
             clock,
             ids: Mutex::new(ulid::Generator::new()),
             forecasting: tokio::sync::Semaphore::new(1),
+            forecast_queue: tokio::sync::Semaphore::new(FORECASTS_WAITING),
         }
     }
 
@@ -189,22 +201,37 @@ impl Service {
         Ok(results.into_iter().map(|r| r.expect("every item is answered")).collect())
     }
 
-    pub async fn cancel(&self, access: &Access, id: &str) -> Result<CancelOutcome, Error> {
+    /// Cancels a pending message (`id` of `tenant`'s space: empty for the
+    /// caller's own); `only` if it still matches that.
+    pub async fn cancel(
+        &self,
+        access: &Access,
+        tenant: &str,
+        id: &str,
+        only: Option<Matching>,
+    ) -> Result<CancelOutcome, Error> {
         let scope = access.scope();
-        let id = scope.id(id)?;
-        Ok(self.node.change(Intent::Cancel { scope, id, now: self.clock.now() }).await?.cancelled()?)
+        let id = access.id_of(tenant, id)?;
+        let only = only.map(Box::new);
+        Ok(self.node.change(Intent::Cancel { scope, id, now: self.clock.now(), only }).await?.cancelled()?)
     }
 
-    pub async fn reschedule(&self, access: &Access, id: &str, due: DueSpec) -> Result<UnixMillis, Error> {
+    pub async fn reschedule(
+        &self,
+        access: &Access,
+        tenant: &str,
+        id: &str,
+        due: DueSpec,
+    ) -> Result<UnixMillis, Error> {
         let scope = access.scope();
-        let id = scope.id(id)?;
+        let id = access.id_of(tenant, id)?;
         let (due, _) = self.resolve(due)?;
         Ok(self.node.change(Intent::Reschedule { scope, id, due }).await?.rescheduled()?)
     }
 
-    pub async fn get(&self, access: &Access, id: &str) -> Result<ScheduledMessage, Error> {
+    pub async fn get(&self, access: &Access, tenant: &str, id: &str) -> Result<ScheduledMessage, Error> {
         let scope = access.scope();
-        let id = scope.id(id)?;
+        let id = access.id_of(tenant, id)?;
         match self.node.get(scope, id.clone()).await? {
             Some(m) => Ok(m),
             None => Err(StoreError::NotFound(id).into()),
@@ -224,14 +251,31 @@ impl Service {
 
     /// How many pending messages the caller sees come due in each interval
     /// of a window, per topic. A call walks at most [`FORECAST_EXAMINE`]
-    /// due entries per shard, and says where it stopped; calls take turns.
-    pub async fn forecast(&self, access: &Access, query: ForecastQuery) -> Result<Forecast, Error> {
+    /// due entries per shard, and says where it stopped. Calls take turns:
+    /// at most [`FORECASTS_WAITING`] wait, each until its `deadline` or
+    /// [`FORECAST_WAIT`], whichever comes first; past either it is refused
+    /// (RESOURCE_EXHAUSTED), never queued without bound.
+    pub async fn forecast(
+        &self,
+        access: &Access,
+        query: ForecastQuery,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Forecast, Error> {
         let window = query.window(self.clock.now())?;
         if let Some(topic) = &query.topic {
             access.check(topic)?;
         }
-        // The semaphore is never closed.
-        let _turn = self.forecasting.acquire().await.ok();
+        let busy = || Error::ForecastsBusy { waiting: FORECASTS_WAITING };
+        let _place = self.forecast_queue.try_acquire().map_err(|_| busy())?;
+        let latest = tokio::time::Instant::now() + FORECAST_WAIT;
+        let until = deadline.map_or(latest, |d| d.min(latest));
+        let _turn = match tokio::time::timeout_at(until, self.forecasting.acquire()).await {
+            Ok(turn) => turn,
+            Err(_) => return Err(busy()),
+        };
+        if crate::failpoint::fires("forecast-slow") {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        }
         Ok(self.node.forecast(access.scope(), window, query.topic, FORECAST_EXAMINE).await?)
     }
 

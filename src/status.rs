@@ -65,7 +65,9 @@ impl From<Error> for Status {
             | Error::TooManyStreams(_)
             | Error::NoRoomForStream { .. }
             | Error::RequestMemory(_)
-            | Error::TooManyWatches(_) => Code::ResourceExhausted,
+            | Error::TooManyWatches(_)
+            | Error::TooManyPolicies { .. }
+            | Error::ForecastsBusy { .. } => Code::ResourceExhausted,
         };
         Status::new(code, message)
     }
@@ -137,6 +139,11 @@ mod tests {
             (Error::TooManyStreams(2), Code::ResourceExhausted),
             (Error::NoRoomForStream { total: 8, window: 9 }, Code::ResourceExhausted),
             (Error::RequestMemory(8), Code::ResourceExhausted),
+            (Error::ForecastsBusy { waiting: 8 }, Code::ResourceExhausted),
+            (
+                Error::TooManyPolicies { whose: "tenant \"a\"".into(), most: 1, flag: "" },
+                Code::ResourceExhausted,
+            ),
             (Error::TooManyWatches(64), Code::ResourceExhausted),
             (Error::StreamIdle(std::time::Duration::from_secs(120)), Code::Unavailable),
             (

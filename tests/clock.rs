@@ -96,7 +96,11 @@ async fn clock_steps_never_deliver_early_or_twice_and_never_spin_or_oversleep() 
     }
     eprintln!("clock: {} delivered {took:?} (real time) after the forward jump", got.len());
     for id in &due_soon {
-        let g = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let g = client
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(g.state(), State::Delivered, "{g:?}");
         let Some(Settlement::Delivered(d)) = &g.settlement else { panic!("{g:?}") };
         let at = millis(d.delivered_at.as_ref().unwrap());
@@ -113,7 +117,7 @@ async fn clock_steps_never_deliver_early_or_twice_and_never_spin_or_oversleep() 
     let again = consume_async(&broker, &topic, messages + 1, idle, Duration::ZERO).await;
     idle_wakeups(w, metric(&server, WAKEUPS).await, "clock back after delivery");
     assert_eq!(again.len(), messages, "re-delivered after the clock went back: {again:?}");
-    let far = client.get(proto::GetRequest { id: far }).await.unwrap().into_inner();
+    let far = client.get(proto::GetRequest { id: far, ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(far.state(), State::Pending, "{far:?}");
     assert_eq!(far.attempts, 0);
     server.stop().await;

@@ -212,7 +212,7 @@ async fn a_message_in_doubt_at_shutdown_is_never_cancelled() {
     }
     let cancel = tokio::spawn({
         let mut client = client.clone();
-        async move { client.cancel(proto::CancelRequest { id: "in-doubt".into() }).await }
+        async move { client.cancel(proto::CancelRequest { id: "in-doubt".into(), ..Default::default() }).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.stop().await;
@@ -236,7 +236,7 @@ async fn a_message_in_doubt_at_shutdown_is_never_cancelled() {
     assert!(got.contains_key("in-doubt"), "the record reached the topic: {got:?}");
     let started = Instant::now();
     loop {
-        match client.cancel(proto::CancelRequest { id: "in-doubt".into() }).await {
+        match client.cancel(proto::CancelRequest { id: "in-doubt".into(), ..Default::default() }).await {
             Ok(answer) => {
                 assert_eq!(answer.into_inner().outcome(), proto::CancelOutcome::AlreadyDelivered);
                 break;
@@ -246,7 +246,11 @@ async fn a_message_in_doubt_at_shutdown_is_never_cancelled() {
         assert!(started.elapsed() < Duration::from_secs(30), "still in doubt");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let get = client.get(proto::GetRequest { id: "in-doubt".into() }).await.unwrap().into_inner();
+    let get = client
+        .get(proto::GetRequest { id: "in-doubt".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(get.state(), State::Delivered, "{get:?}");
     server.stop().await;
 }
@@ -278,7 +282,8 @@ async fn cancels_waiting_on_a_stuck_produce_are_answered_or_dropped() {
     for _ in 0..30 {
         let mut client = client.clone();
         impatient.push(tokio::spawn(async move {
-            let mut request = tonic::Request::new(proto::CancelRequest { id: "stuck".into() });
+            let mut request =
+                tonic::Request::new(proto::CancelRequest { id: "stuck".into(), ..Default::default() });
             request.set_timeout(Duration::from_millis(300));
             client.cancel(request).await
         }));
@@ -287,7 +292,10 @@ async fn cancels_waiting_on_a_stuck_produce_are_answered_or_dropped() {
         let mut client = client.clone();
         async move {
             let asked = Instant::now();
-            (client.cancel(proto::CancelRequest { id: "stuck".into() }).await, asked.elapsed())
+            (
+                client.cancel(proto::CancelRequest { id: "stuck".into(), ..Default::default() }).await,
+                asked.elapsed(),
+            )
         }
     });
     for call in impatient {

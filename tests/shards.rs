@@ -32,7 +32,8 @@ fn at(topic: &str, id: &str, at_ms: i64) -> proto::ScheduleRequest {
 }
 
 async fn state(client: &mut SchedulerClient<Channel>, id: &str) -> State {
-    let got = client.get(proto::GetRequest { id: id.into() }).await.unwrap().into_inner();
+    let got =
+        client.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap().into_inner();
     got.state()
 }
 
@@ -102,7 +103,10 @@ async fn a_node_of_several_shards_schedules_delivers_cancels_lists_and_restarts(
 
     // Cancel and reschedule reach the shard of their id.
     for i in [0, 1, 2, 3] {
-        let outcome = client.cancel(proto::CancelRequest { id: format!("later-{i:02}") }).await.unwrap();
+        let outcome = client
+            .cancel(proto::CancelRequest { id: format!("later-{i:02}"), ..Default::default() })
+            .await
+            .unwrap();
         assert_eq!(outcome.into_inner().outcome(), CancelOutcome::Cancelled);
     }
     let moved = now + 7_200_000;
@@ -113,6 +117,7 @@ async fn a_node_of_several_shards_schedules_delivers_cancels_lists_and_restarts(
                 seconds: moved / 1000,
                 nanos: 0,
             })),
+            ..Default::default()
         })
         .await
         .unwrap();

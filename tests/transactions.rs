@@ -138,7 +138,8 @@ async fn deliveries_go_out_in_committed_transactions_and_are_recorded_where_they
     assert!(transactions >= 1.0 && transactions <= ids.len() as f64, "{transactions} transactions");
     let at: HashMap<&str, (i32, i64)> = got.iter().map(|r| (r.id(), (r.partition, r.offset))).collect();
     for id in ids.iter().step_by(97) {
-        let message = client.get(GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let message =
+            client.get(GetRequest { id: id.clone(), ..Default::default() }).await.unwrap().into_inner();
         let Some(proto::get_response::Settlement::Delivered(d)) = message.settlement else {
             panic!("{id} is not recorded as delivered: {message:?}");
         };
@@ -169,7 +170,7 @@ async fn a_refused_record_aborts_its_transaction_and_is_delivered_once_on_the_re
     let aborted = metric(&server, "hourglass_transactions_total{outcome=\"aborted\"}").await - aborted_before;
     assert!(aborted >= 1.0, "the transaction of the refused record was aborted");
     let mut client = server.client().await;
-    let message = client.get(GetRequest { id: id.clone() }).await.unwrap().into_inner();
+    let message = client.get(GetRequest { id: id.clone(), ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(message.state, proto::State::Delivered as i32, "{message:?}");
     let refused =
         metric(&server, "hourglass_kafka_produce_errors_total{kind=\"rejected\"}").await - refused_before;

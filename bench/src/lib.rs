@@ -882,7 +882,8 @@ async fn restart(
     let serving = started.elapsed();
     let mut client = server.client().await?;
     loop {
-        let got = client.get(proto::GetRequest { id: marker.clone() }).await?.into_inner();
+        let got =
+            client.get(proto::GetRequest { id: marker.clone(), ..Default::default() }).await?.into_inner();
         if let Some(proto::get_response::Settlement::Delivered(d)) = got.settlement {
             let at = d.delivered_at.context("delivered without a time")?;
             let at_ms = (at.seconds * 1000 + i64::from(at.nanos) / 1_000_000) as u64;

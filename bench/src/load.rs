@@ -264,7 +264,7 @@ async fn read_delivered(
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some((id, _)) = messages.get(i) else { return Ok::<_, anyhow::Error>(out) };
-                let got = match client.get(proto::GetRequest { id: id.clone() }).await {
+                let got = match client.get(proto::GetRequest { id: id.clone(), ..Default::default() }).await {
                     Ok(got) => got.into_inner(),
                     Err(s) if missing_ok && s.code() == tonic::Code::NotFound => {
                         out.push((i, None));

@@ -38,6 +38,7 @@ impl Policy<'_> {
             all_tenants: true,
             per_second,
             burst: 0,
+            ..Default::default()
         };
 
         // Unlimited drains, with and without policies that let it go:
@@ -47,17 +48,21 @@ impl Policy<'_> {
         // in flight for its dead-letter topic). In the order without,
         // with, with, without, so that what the store gathers from one
         // drain to the next weighs on both alike.
-        let elsewhere = format!("{}-paused-elsewhere", self.w.topic);
-        let paused = proto::TopicPolicyRequest { topic: elsewhere.clone(), all_tenants: true };
+        // The other topic: a policy is kept only for a topic that exists.
+        let elsewhere = self.other.topic.clone();
+        let paused =
+            proto::TopicPolicyRequest { topic: elsewhere.clone(), all_tenants: true, ..Default::default() };
         let deadline = |hour: bool| proto::SetMaxLatenessRequest {
             topic: self.w.topic.clone(),
             all_tenants: true,
             max_lateness: hour.then_some(prost_types::Duration { seconds: 3_600, nanos: 0 }),
+            ..Default::default()
         };
         let dead_letters = |to: &str| proto::SetDeadLetterTopicRequest {
             topic: self.w.topic.clone(),
             all_tenants: true,
             dead_letter_topic: to.to_owned(),
+            ..Default::default()
         };
         let servers = std::slice::from_ref(self.server);
         let (mut with, mut without) = (Vec::new(), Vec::new());

@@ -6,8 +6,10 @@
 #   tls.crt, tls.key        the gRPC port's certificate (localhost, 127.0.0.1,
 #                           hourglass, hourglass.<namespace>.svc, the cluster
 #                           examples' node names...) and key
-#   tokens.toml             one token, "admin", for every topic, kept as its
-#                           SHA-256 only
+#   tokens.toml             one token, "admin", for every topic and every
+#                           tenant's policies (admin = "all": the console's
+#                           cluster page, `hourglass topic pause`), kept as
+#                           its SHA-256 only
 #   admin-token             that token, for clients (--token, HOURGLASS_TOKEN)
 #   cluster.key             the key a cluster's nodes seal their records with
 #                           (--cluster-key-file), the same for every node
@@ -50,6 +52,7 @@ if [ ! -f tokens.toml ]; then
 name = "admin"
 sha256 = "$digest"
 topics = ["*"]
+admin = "all"
 TOML
 fi
 if [ ! -f cluster.key ]; then

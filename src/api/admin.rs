@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     Error,
-    admin::{Change, PolicyService},
+    admin::{Change, PolicyService, Whose},
     message::UnixMillis,
     policy::{PolicyKey, Rate, TopicPolicy},
     proto,
@@ -57,12 +57,12 @@ impl AdminApi {
         &self,
         method: &'static str,
         request: Request<R>,
-        what: impl FnOnce(R) -> Result<(String, bool, Change), Error>,
+        what: impl FnOnce(R) -> Result<(String, Whose, Change), Error>,
     ) -> Result<Response<proto::TopicPolicy>, Status> {
         self.call(method, async {
             let call = call_of(&request)?;
-            let (topic, all_tenants, change) = what(request.into_inner())?;
-            let (key, policy) = self.policies.change(&call.access, &topic, all_tenants, change).await?;
+            let (topic, whose, change) = what(request.into_inner())?;
+            let (key, policy) = self.policies.change(&call.access, &topic, &whose, change).await?;
             Ok(to_proto(&key, &policy))
         })
         .await
@@ -75,14 +75,20 @@ impl proto::admin_server::Admin for AdminApi {
         &self,
         request: Request<proto::TopicPolicyRequest>,
     ) -> Result<Response<proto::TopicPolicy>, Status> {
-        self.change("PauseTopic", request, |r| Ok((r.topic, r.all_tenants, Change::Pause))).await
+        self.change("PauseTopic", request, |r| {
+            Ok((r.topic, Whose::of(r.all_tenants, r.tenant), Change::Pause))
+        })
+        .await
     }
 
     async fn resume_topic(
         &self,
         request: Request<proto::TopicPolicyRequest>,
     ) -> Result<Response<proto::TopicPolicy>, Status> {
-        self.change("ResumeTopic", request, |r| Ok((r.topic, r.all_tenants, Change::Resume))).await
+        self.change("ResumeTopic", request, |r| {
+            Ok((r.topic, Whose::of(r.all_tenants, r.tenant), Change::Resume))
+        })
+        .await
     }
 
     async fn set_rate_limit(
@@ -94,7 +100,7 @@ impl proto::admin_server::Admin for AdminApi {
                 per_second: r.per_second,
                 burst: if r.burst == 0 { Rate::default_burst(r.per_second) } else { r.burst },
             });
-            Ok((r.topic, r.all_tenants, Change::Limit(rate)))
+            Ok((r.topic, Whose::of(r.all_tenants, r.tenant), Change::Limit(rate)))
         })
         .await
     }
@@ -104,7 +110,8 @@ impl proto::admin_server::Admin for AdminApi {
         request: Request<proto::SetMaxLatenessRequest>,
     ) -> Result<Response<proto::TopicPolicy>, Status> {
         self.change("SetMaxLateness", request, |r| {
-            Ok((r.topic, r.all_tenants, Change::MaxLateness(max_lateness(r.max_lateness)?)))
+            let late = max_lateness(r.max_lateness)?;
+            Ok((r.topic, Whose::of(r.all_tenants, r.tenant), Change::MaxLateness(late)))
         })
         .await
     }
@@ -115,7 +122,7 @@ impl proto::admin_server::Admin for AdminApi {
     ) -> Result<Response<proto::TopicPolicy>, Status> {
         self.change("SetDeadLetterTopic", request, |r| {
             let to = (!r.dead_letter_topic.is_empty()).then_some(r.dead_letter_topic);
-            Ok((r.topic, r.all_tenants, Change::DeadLetterTopic(to)))
+            Ok((r.topic, Whose::of(r.all_tenants, r.tenant), Change::DeadLetterTopic(to)))
         })
         .await
     }
@@ -127,7 +134,8 @@ impl proto::admin_server::Admin for AdminApi {
         self.call("GetTopicPolicy", async {
             let call = call_of(&request)?;
             let request = request.into_inner();
-            let (key, policy) = self.policies.get(&call.access, &request.topic, request.all_tenants)?;
+            let whose = Whose::of(request.all_tenants, request.tenant);
+            let (key, policy) = self.policies.get(&call.access, &request.topic, &whose)?;
             Ok(to_proto(&key, &policy))
         })
         .await

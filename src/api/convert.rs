@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::{
     message::{
         CancelOutcome, DeadReason, Delivery, DueSpec, Envelope, Forecast, ForecastQuery, Header, Invalid,
-        Labels, ListQuery, MessageId, OnConflict, PageToken, PendingMessage, PendingPage, Placed, Scheduled,
-        ScheduledMessage, Selector, State, Stats, UnixMillis, Window,
+        Labels, ListQuery, Matching, MessageId, OnConflict, PageToken, PendingMessage, PendingPage, Placed,
+        Scheduled, ScheduledMessage, Selector, State, Stats, UnixMillis, Window,
     },
     node::{Picture, Role},
     proto,
@@ -291,6 +291,18 @@ impl TryFrom<proto::ListRequest> for ListQuery {
             selector: Selector::parse("selector", &r.selector)?,
         })
     }
+}
+
+/// What a `Cancel` asks the message still be (its `selector` and
+/// `topic`); none when it names neither.
+pub fn matching(r: &proto::CancelRequest) -> Result<Option<Matching>, Invalid> {
+    if r.selector.trim().is_empty() && r.topic.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Matching {
+        selector: Selector::parse("selector", &r.selector)?,
+        topic: (!r.topic.is_empty()).then(|| r.topic.clone()),
+    }))
 }
 
 impl TryFrom<proto::ForecastRequest> for ForecastQuery {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::convert;
 use crate::{
-    Error,
+    Error, audit,
     message::{Limits, ListQuery, Scheduled},
     metrics, proto,
     scheduler::{Call, Listing, Scheduler},
@@ -59,7 +59,10 @@ impl Scheduler for Local {
         call: &Call,
         request: proto::CancelRequest,
     ) -> Result<proto::CancelResponse, Error> {
-        let outcome = self.service.cancel(&call.access, &request.id).await?;
+        let only = convert::matching(&request)?;
+        let outcome = self.service.cancel(&call.access, &request.tenant, &request.id, only).await;
+        let what = Named(&request.tenant, &request.id);
+        let outcome = audit_outcome(&call.access, "Cancel", &what, outcome, |o| o.name())?;
         Ok(proto::CancelResponse { outcome: proto::CancelOutcome::from(outcome).into() })
     }
 
@@ -70,12 +73,14 @@ impl Scheduler for Local {
     ) -> Result<proto::RescheduleResponse, Error> {
         convert::check_id(&request.id)?;
         let due = convert::due_spec(request.due.map(convert::WireDue::from))?;
-        let due = self.service.reschedule(&call.access, &request.id, due).await?;
+        let due = self.service.reschedule(&call.access, &request.tenant, &request.id, due).await;
+        let what = Named(&request.tenant, &request.id);
+        let due = audit_outcome(&call.access, "Reschedule", &what, due, |_| "rescheduled")?;
         Ok(proto::RescheduleResponse { deliver_at: Some(convert::timestamp(due)) })
     }
 
     async fn get(&self, call: &Call, request: proto::GetRequest) -> Result<proto::GetResponse, Error> {
-        Ok(self.service.get(&call.access, &request.id).await?.into())
+        Ok(self.service.get(&call.access, &request.tenant, &request.id).await?.into())
     }
 
     async fn list(&self, call: &Call, request: proto::ListRequest) -> Result<Listing, Error> {
@@ -99,7 +104,7 @@ impl Scheduler for Local {
         call: &Call,
         request: proto::ForecastRequest,
     ) -> Result<proto::ForecastResponse, Error> {
-        Ok(self.service.forecast(&call.access, request.try_into()?).await?.into())
+        Ok(self.service.forecast(&call.access, request.try_into()?, call.deadline).await?.into())
     }
 
     async fn describe(&self, call: &Call) -> Result<proto::DescribeClusterResponse, Error> {
@@ -135,4 +140,33 @@ fn schedule_results(
         .collect();
     metrics::SCHEDULE_ITEMS.with_label_values(&[method, "Ok"]).inc_by(scheduled);
     answers
+}
+
+/// A message as a call names it, for the audit trail: `tenant/id`, or the
+/// id alone in the caller's own space.
+struct Named<'a>(&'a str, &'a str);
+
+impl std::fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            "" => write!(f, "id={}", self.1),
+            tenant => write!(f, "id={tenant}/{}", self.1),
+        }
+    }
+}
+
+/// Records a change's outcome in the audit trail (its name as `word`
+/// says), and passes it on.
+fn audit_outcome<T>(
+    access: &crate::auth::Access,
+    verb: &'static str,
+    what: &dyn std::fmt::Display,
+    result: Result<T, Error>,
+    word: impl FnOnce(&T) -> &'static str,
+) -> Result<T, Error> {
+    match &result {
+        Ok(done) => audit::record(access, verb, what, Ok(word(done))),
+        Err(e) => audit::record(access, verb, what, Err(e)),
+    }
+    result
 }

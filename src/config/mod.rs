@@ -191,7 +191,8 @@ settings! {
     /// The settings of `hourglass serve`.
     pub struct Config {
         with_default {
-            /// gRPC listen address.
+            /// gRPC listen address. On any address but a loopback one it
+            /// needs --auth-tokens, or --allow-unauthenticated.
             listen: SocketAddr = "127.0.0.1:50051", "HOURGLASS_LISTEN";
             /// Prometheus /metrics listen address.
             metrics_listen: SocketAddr = "127.0.0.1:9464", "HOURGLASS_METRICS_LISTEN";
@@ -275,6 +276,18 @@ settings! {
             /// gRPC health Watch streams open at once (they need no token);
             /// more are refused with RESOURCE_EXHAUSTED.
             max_health_watches: usize = "64", "HOURGLASS_MAX_HEALTH_WATCHES";
+            /// Dispatch policies one tenant may keep of its own (pauses,
+            /// limits, deadlines, dead-letter topics of its messages to a
+            /// topic); a new one past it is refused with RESOURCE_EXHAUSTED.
+            /// Topic-wide policies (admin = "all") have a room of their own
+            /// of 10000.
+            max_policies_per_tenant: usize = "1000", "HOURGLASS_MAX_POLICIES_PER_TENANT";
+            /// Serve gRPC on a non-loopback --listen address without
+            /// --auth-tokens: whoever reaches the port may then schedule to,
+            /// read and cancel on every topic. Only for a network where
+            /// something else (a NetworkPolicy, a firewall) keeps everyone
+            /// else out.
+            allow_unauthenticated: bool = "false", "HOURGLASS_ALLOW_UNAUTHENTICATED";
             /// Cluster mode: every change goes to the schedule log (a
             /// compacted Kafka topic) first, and each shard's store is a
             /// view of one of its partitions.
@@ -434,6 +447,20 @@ impl ConfigError {
 }
 
 impl Config {
+    /// The topics hourglass writes itself and no message may name (see
+    /// [`crate::message::ReservedTopics`]): in cluster mode the schedule
+    /// log, its routing topic and the ingress topics; none standalone.
+    pub fn reserved_topics(&self) -> Vec<String> {
+        if !self.cluster {
+            return Vec::new();
+        }
+        let log = self.log_topic.trim();
+        let mut topics = vec![log.to_owned(), format!("{log}-owners")];
+        // Settings that do not validate are refused before this is asked.
+        topics.extend(self.ingress_topics().unwrap_or_default().into_iter().map(|(topic, _)| topic));
+        topics
+    }
+
     /// Cluster mode: the ingress topics and the grant each is mapped to,
     /// as --ingress says (see its help), defaults applied.
     pub fn ingress_topics(&self) -> Result<Vec<(String, Option<String>)>, ConfigError> {
@@ -554,6 +581,15 @@ impl Config {
         if let Some(topic) = &self.dead_letter_topic {
             crate::message::validate_topic_name(topic)
                 .map_err(|e| ConfigError::out_of_range("dead_letter_topic", e.reason))?;
+            if self.reserved_topics().iter().any(|reserved| reserved == topic) {
+                return Err(ConfigError::out_of_range(
+                    "dead_letter_topic",
+                    format!(
+                        "is {topic:?}, a topic only the nodes write (the schedule log, its routing topic or an \
+                         ingress topic); name another"
+                    ),
+                ));
+            }
         }
         let fail = |setting, why: &str| Err(ConfigError::out_of_range(setting, why));
         if self.kafka_brokers.trim().is_empty() {
@@ -563,6 +599,14 @@ impl Config {
             return Err(ConfigError::Clash(
                 "set the brokers with --kafka-brokers, not the bootstrap.servers property".into(),
             ));
+        }
+        if !self.listen.ip().is_loopback() && self.auth_tokens.is_none() && !self.allow_unauthenticated {
+            return Err(ConfigError::Clash(format!(
+                "listen is {}, reachable from other machines, and there are no auth_tokens: whoever reaches it \
+                 could schedule to, read and cancel on every topic. Set --auth-tokens, listen on 127.0.0.1, or \
+                 pass --allow-unauthenticated if something else keeps everyone else out",
+                self.listen
+            )));
         }
         if self.listen == self.metrics_listen && self.listen.port() != 0 {
             return Err(ConfigError::Clash(format!("listen and metrics_listen are both {}", self.listen)));
@@ -660,6 +704,7 @@ impl Config {
             ("max_concurrent_requests", self.max_concurrent_requests),
             ("max_connections", self.max_connections),
             ("max_health_watches", self.max_health_watches),
+            ("max_policies_per_tenant", self.max_policies_per_tenant),
         ] {
             if value == 0 {
                 return fail(setting, "must be at least 1");

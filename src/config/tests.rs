@@ -20,9 +20,29 @@ fn defaults_are_valid() {
     let advertised = Some("https://hourglass-0.hourglass.ns.svc:50051".into());
     let listen = "0.0.0.0:50051".parse().unwrap();
     let key = Some("cluster.key".into());
-    Config { cluster: true, listen, advertise_addr: advertised, cluster_key_file: key, ..Config::default() }
-        .validate()
-        .unwrap();
+    let tokens = Some("tokens.toml".into());
+    Config {
+        cluster: true,
+        listen,
+        advertise_addr: advertised,
+        cluster_key_file: key,
+        auth_tokens: tokens,
+        ..Config::default()
+    }
+    .validate()
+    .unwrap();
+}
+
+#[test]
+fn grpc_beyond_this_machine_needs_tokens_or_says_it_means_it() {
+    let open = Config { listen: "0.0.0.0:50051".parse().unwrap(), ..Config::default() };
+    let err = open.validate().unwrap_err().to_string();
+    assert!(err.contains("--auth-tokens") && err.contains("--allow-unauthenticated"), "{err}");
+    Config { auth_tokens: Some("tokens.toml".into()), ..open.clone() }.validate().unwrap();
+    Config { allow_unauthenticated: true, ..open.clone() }.validate().unwrap();
+    let v6 = Config { listen: "[::]:50051".parse().unwrap(), ..Config::default() };
+    assert!(v6.validate().is_err());
+    Config { listen: "[::1]:50051".parse().unwrap(), ..Config::default() }.validate().unwrap();
 }
 
 /// The drift test: a default can be written in one place only, so the

@@ -116,8 +116,12 @@ pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Re
             let labels = labels.iter().map(|(k, v)| format!("{}={}", esc(k), esc(v))).collect::<Vec<_>>();
             let _ = write!(
                 out,
-                "<tr><td><a href=\"/message?id={}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td><a href=\"/message?id={}&amp;tenant={}\">{}{}</a></td><td>{}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td></tr>",
                 Query(&m.id),
+                Query(&m.tenant),
+                // An operator sees every tenant's: whose it is.
+                if m.tenant.is_empty() { String::new() } else { format!("{}/", esc(&m.tenant)) },
                 esc(&m.id),
                 esc(&m.topic),
                 time(m.dispatch_at),
@@ -146,6 +150,10 @@ pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Re
 #[derive(Debug, Deserialize)]
 pub struct Act {
     pub id: String,
+    /// The message's tenant, for an operator acting on another tenant's;
+    /// empty: the caller's own.
+    #[serde(default)]
+    pub tenant: String,
     #[serde(default)]
     pub csrf: String,
     /// For a reschedule: a time, or a delay such as `10m`; empty: now.
@@ -153,8 +161,9 @@ pub struct Act {
     pub at: String,
 }
 
-pub async fn cancel(scheduler: &dyn Scheduler, call: &Call, id: &str) -> String {
-    match scheduler.cancel(call, proto::CancelRequest { id: id.to_owned() }).await {
+pub async fn cancel(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id: &str) -> String {
+    let request = proto::CancelRequest { id: id.to_owned(), tenant: tenant.to_owned(), ..Default::default() };
+    match scheduler.cancel(call, request).await {
         Ok(r) => {
             let outcome = proto::CancelOutcome::try_from(r.outcome).map_or("UNKNOWN", |o| o.as_str_name());
             format!(
@@ -166,7 +175,7 @@ pub async fn cancel(scheduler: &dyn Scheduler, call: &Call, id: &str) -> String 
     }
 }
 
-pub async fn reschedule(scheduler: &dyn Scheduler, call: &Call, id: &str, at: &str) -> String {
+pub async fn reschedule(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id: &str, at: &str) -> String {
     use proto::reschedule_request::Due;
     let due = match parse_time("at", at) {
         Ok(Some(t)) => Due::DeliverAt(t),
@@ -179,7 +188,8 @@ pub async fn reschedule(scheduler: &dyn Scheduler, call: &Call, id: &str, at: &s
             Err(_) => return format!("<p class=\"error\">{} Or a delay, such as 10m.</p>", esc(&why)),
         },
     };
-    match scheduler.reschedule(call, proto::RescheduleRequest { id: id.to_owned(), due: Some(due) }).await {
+    let request = proto::RescheduleRequest { id: id.to_owned(), due: Some(due), tenant: tenant.to_owned() };
+    match scheduler.reschedule(call, request).await {
         Ok(r) => {
             format!("<p class=\"done\" id=\"outcome\">Rescheduled: due <b>{}</b></p>", time(r.deliver_at))
         }
@@ -189,11 +199,18 @@ pub async fn reschedule(scheduler: &dyn Scheduler, call: &Call, id: &str, at: &s
 
 /// A message's page: everything `Get` answers, and the actions its state
 /// allows.
-pub async fn message(scheduler: &dyn Scheduler, call: &Call, id: &str, csrf: &str, hex_view: bool) -> String {
-    let m = match scheduler.get(call, proto::GetRequest { id: id.to_owned() }).await {
-        Ok(m) => m,
-        Err(e) => return refused(e),
-    };
+pub async fn message(
+    scheduler: &dyn Scheduler,
+    call: &Call,
+    (tenant, id): (&str, &str),
+    csrf: &str,
+    hex_view: bool,
+) -> String {
+    let m =
+        match scheduler.get(call, proto::GetRequest { id: id.to_owned(), tenant: tenant.to_owned() }).await {
+            Ok(m) => m,
+            Err(e) => return refused(e),
+        };
     let record = m.message.clone().unwrap_or_default();
     let mut out = String::new();
     let st = state(m.state);
@@ -260,7 +277,7 @@ pub async fn message(scheduler: &dyn Scheduler, call: &Call, id: &str, csrf: &st
         row(&mut out, "Labels", &text);
     }
     out.push_str("</dl>");
-    actions(&mut out, &m.id, st, csrf);
+    actions(&mut out, (tenant, &m.id), st, csrf);
     out.push_str("<h2>Record</h2>");
     if let Some(key) = &record.key {
         out.push_str("<h3>Key</h3>");
@@ -279,9 +296,10 @@ pub async fn message(scheduler: &dyn Scheduler, call: &Call, id: &str, csrf: &st
     }
     let _ = write!(
         out,
-        "<h3>Value <small>{} bytes · <a href=\"/message?id={}{}\">{}</a></small></h3>",
+        "<h3>Value <small>{} bytes · <a href=\"/message?id={}&amp;tenant={}{}\">{}</a></small></h3>",
         record.value.len(),
         Query(&m.id),
+        Query(tenant),
         if hex_view { "" } else { "&amp;view=hex" },
         if hex_view { "as text" } else { "as hex" }
     );
@@ -298,10 +316,12 @@ fn shown(out: &mut String, id: &str, b: &[u8], hex_view: bool) {
     let _ = write!(out, "<pre id=\"{id}\" class=\"{class}\">{}</pre>", esc(&text));
 }
 
-fn actions(out: &mut String, id: &str, state: &str, csrf: &str) {
+fn actions(out: &mut String, (tenant, id): (&str, &str), state: &str, csrf: &str) {
     let hidden = format!(
-        "<input type=\"hidden\" name=\"id\" value=\"{}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">",
+        "<input type=\"hidden\" name=\"id\" value=\"{}\"><input type=\"hidden\" name=\"tenant\" value=\"{}\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{}\">",
         esc(id),
+        esc(tenant),
         esc(csrf)
     );
     out.push_str("<div class=\"actions\">");

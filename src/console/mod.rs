@@ -305,6 +305,9 @@ async fn messages(
 #[derive(Deserialize)]
 struct MessageQuery {
     id: String,
+    /// Its tenant, for an operator's look at another tenant's message.
+    #[serde(default)]
+    tenant: String,
     #[serde(default)]
     view: String,
 }
@@ -316,8 +319,9 @@ async fn message(
 ) -> Result<Response, Refusal> {
     let signed = console.signed(&headers)?;
     let call = console.call(&signed);
+    let named = (query.tenant.as_str(), query.id.as_str());
     let body =
-        find::message(console.scheduler.as_ref(), &call, &query.id, &signed.csrf, query.view == "hex").await;
+        find::message(console.scheduler.as_ref(), &call, named, &signed.csrf, query.view == "hex").await;
     Ok(console.page(&format!("Message {}", query.id), &signed, &body))
 }
 
@@ -332,11 +336,11 @@ async fn act(
     let signed = console.acting(&headers, &form.csrf)?;
     let (scheduler, call) = (console.scheduler.as_ref(), console.call(&signed));
     let outcome = match action.as_str() {
-        "cancel" => find::cancel(scheduler, &call, &form.id).await,
-        "reschedule" => find::reschedule(scheduler, &call, &form.id, &form.at).await,
+        "cancel" => find::cancel(scheduler, &call, &form.tenant, &form.id).await,
+        "reschedule" => find::reschedule(scheduler, &call, &form.tenant, &form.id, &form.at).await,
         _ => return Ok((StatusCode::NOT_FOUND, "no such page").into_response()),
     };
-    let body = find::message(scheduler, &call, &form.id, &signed.csrf, false).await;
+    let body = find::message(scheduler, &call, (&form.tenant, &form.id), &signed.csrf, false).await;
     Ok(console.page(&format!("Message {}", form.id), &signed, &(outcome + &body)))
 }
 

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::html::{esc, refused, time};
 use crate::{
     Error,
-    admin::{Change, PolicyService},
+    admin::{Change, PolicyService, Whose},
     auth::Access,
     message::UnixMillis,
     policy::Rate,
@@ -25,6 +25,10 @@ pub struct PolicyForm {
     /// "on": the policy of every tenant's messages on the topic.
     #[serde(default)]
     pub every: String,
+    /// A tenant's own policy (a row's, for an operator); empty: the
+    /// caller's own.
+    #[serde(default)]
+    pub tenant: String,
     /// pause, resume, rate, deadline, dead-letter.
     pub change: String,
     #[serde(default)]
@@ -49,7 +53,6 @@ pub fn render(policies: &PolicyService, access: &Access, csrf: &str) -> String {
                  <th>Deadline</th><th>Dead-letter topic</th><th>Changed</th><th></th></tr></thead><tbody>",
             );
             for (key, p) in list {
-                let every = key.tenant.is_none();
                 let _ = write!(
                     out,
                     "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} by {}</td><td>",
@@ -82,7 +85,13 @@ pub fn render(policies: &PolicyService, access: &Access, csrf: &str) -> String {
                      <input type=\"hidden\" name=\"change\" value=\"{change}\"><button>{}</button></form></td></tr>",
                     esc(csrf),
                     esc(&key.topic),
-                    if every { "<input type=\"hidden\" name=\"every\" value=\"on\">" } else { "" },
+                    // The row's own policy, whoever's it is: an operator's
+                    // click acts on that tenant's, not on its own.
+                    match &key.tenant {
+                        None => "<input type=\"hidden\" name=\"every\" value=\"on\">".to_owned(),
+                        Some(t) =>
+                            format!("<input type=\"hidden\" name=\"tenant\" value=\"{}\">", esc(t.as_str())),
+                    },
                     if p.paused() { "Resume" } else { "Pause" },
                 );
             }
@@ -113,10 +122,15 @@ pub fn render(policies: &PolicyService, access: &Access, csrf: &str) -> String {
 /// Makes the change a form asks for; what to say about it.
 pub async fn apply(policies: &PolicyService, access: &Access, form: &PolicyForm) -> String {
     match change_of(form) {
-        Ok(change) => match policies.change(access, form.topic.trim(), form.every == "on", change).await {
-            Ok((key, _)) => format!("<p class=\"done\" id=\"outcome\">Changed: {}</p>", esc(&key.describe())),
-            Err(e) => refused(e),
-        },
+        Ok(change) => {
+            let whose = Whose::of(form.every == "on", form.tenant.trim().to_owned());
+            match policies.change(access, form.topic.trim(), &whose, change).await {
+                Ok((key, _)) => {
+                    format!("<p class=\"done\" id=\"outcome\">Changed: {}</p>", esc(&key.describe()))
+                }
+                Err(e) => refused(e),
+            }
+        }
         Err(e) => refused(e),
     }
 }

@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use crate::{
     kafka::{Fault, ProduceError},
-    message::UnixMillis,
+    message::{ReservedTopics, UnixMillis},
     store::{Outcome, Tries},
 };
 
@@ -30,6 +30,9 @@ pub struct DispatcherConfig {
     /// Where messages that fail or expire go when neither they nor their
     /// topic's policy say.
     pub dead_letter_topic: Option<Arc<str>>,
+    /// Topics hourglass writes itself: never produced to for a message,
+    /// whatever it names (one parked before they were refused at the door).
+    pub reserved: ReservedTopics,
 }
 
 impl Default for DispatcherConfig {
@@ -44,6 +47,7 @@ impl Default for DispatcherConfig {
             shutdown_grace: Duration::from_secs(10),
             stall_after: Duration::from_secs(10),
             dead_letter_topic: None,
+            reserved: ReservedTopics::default(),
         }
     }
 }

@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     kafka::{Fault, ProduceError},
-    message::{DeadReason, UnixMillis},
+    message::{DeadReason, ReservedTopics, UnixMillis},
     store::{DeadLettered, Outcome, Ready, schema::DispatchKey},
 };
 
@@ -55,6 +55,7 @@ impl Dispatcher {
             self.policies.dead_letter_topic(ready.id.tenant(), topic),
             self.config.dead_letter_topic.as_ref(),
             topic,
+            &self.config.reserved,
         )
     }
 
@@ -221,19 +222,21 @@ impl Dispatcher {
 }
 
 /// A message's dead-letter topic: its own, else its policy's, else the
-/// server's; none if that is its own topic.
+/// server's; none if that is its own topic or one hourglass keeps for
+/// itself (a message or policy from before those were refused).
 pub(super) fn route(
     own: Option<&str>,
     policy: Option<&str>,
     server: Option<&Arc<str>>,
     topic: &str,
+    reserved: &ReservedTopics,
 ) -> Option<Arc<str>> {
     let to = match (own.or(policy), server) {
         (Some(to), _) => Arc::from(to),
         (None, Some(server)) => Arc::clone(server),
         (None, None) => return None,
     };
-    (*to != *topic).then_some(to)
+    (*to != *topic && !reserved.contains(&to)).then_some(to)
 }
 
 #[cfg(test)]
@@ -243,10 +246,22 @@ mod tests {
     #[test]
     fn a_messages_own_dead_letter_topic_wins_then_its_policys_then_the_servers() {
         let server: Arc<str> = "all.dead".into();
+        let none = ReservedTopics::default();
+        let route = |own, policy, server, topic| route(own, policy, server, topic, &none);
         assert_eq!(route(Some("own"), Some("policy"), Some(&server), "t").as_deref(), Some("own"));
         assert_eq!(route(None, Some("policy"), Some(&server), "t").as_deref(), Some("policy"));
         assert_eq!(route(None, None, Some(&server), "t").as_deref(), Some("all.dead"));
         assert_eq!(route(None, None, None, "t"), None);
         assert_eq!(route(None, None, Some(&server), "all.dead"), None, "never its own topic");
+    }
+
+    #[test]
+    fn a_topic_hourglass_keeps_for_itself_is_never_a_dead_letter_topic() {
+        let log = ReservedTopics::new(["hourglass-log".to_owned(), "hourglass-log-owners".to_owned()]);
+        let server: Arc<str> = "hourglass-log".into();
+        assert_eq!(route(Some("hourglass-log-owners"), None, None, "t", &log), None);
+        assert_eq!(route(None, Some("hourglass-log"), None, "t", &log), None);
+        assert_eq!(route(None, None, Some(&server), "t", &log), None);
+        assert_eq!(route(Some("t.dead"), None, None, "t", &log).as_deref(), Some("t.dead"));
     }
 }

@@ -72,6 +72,16 @@ impl Dispatcher {
                 self.settle_untried(ready, topic, now, outcome);
                 continue;
             }
+            if self.config.reserved.contains(&topic) {
+                // Parked before such topics were refused at the door: a
+                // record there could replace one the cluster keeps.
+                tracing::warn!(id = %ready.id.qualified(), topic = %topic, "a message for a topic hourglass keeps for itself: failed, not produced");
+                let error =
+                    format!("{topic:?} is a topic hourglass keeps for itself; it is never a destination");
+                produced +=
+                    usize::from(self.give_up(ready, topic, now, Outcome::Failed { error, tried: false }));
+                continue;
+            }
             let max_lateness = (ready.envelope.max_lateness)
                 .or_else(|| self.policies.max_lateness(ready.id.tenant(), &topic));
             if let Some(deadline) = max_lateness.map(|late| ready.due.saturating_add(late))

@@ -108,9 +108,10 @@ impl Dispatcher {
             }
         }
         let (policies, server) = (&self.policies, self.config.dead_letter_topic.as_ref());
+        let reserved = &self.config.reserved;
         let dead_letter_topic = |m: &PendingMessage| {
             let policy = policies.dead_letter_topic(m.id.tenant(), &m.topic);
-            dead_letter::route(m.dead_letter_topic.as_deref(), policy, server, &m.topic)
+            dead_letter::route(m.dead_letter_topic.as_deref(), policy, server, &m.topic, reserved)
         };
         match reconcile::landed(&self.store, &self.producer, search, dead_letter_topic, stop).await {
             Some(found) => {

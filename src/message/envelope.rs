@@ -135,9 +135,11 @@ impl Envelope {
     /// Checks everything that can be checked without the broker.
     pub fn validate(&self, limits: &Limits) -> Result<(), Invalid> {
         validate_topic_name(&self.topic)?;
+        limits.reserved.check("message.topic", &self.topic)?;
         if let Some(to) = &self.dead_letter_topic {
             validate_dead_letter_topic(&self.topic, to)
                 .map_err(|e| Invalid { field: "dead_letter_topic", ..e })?;
+            limits.reserved.check("dead_letter_topic", to)?;
         }
         if self.value.is_empty() {
             return Err(Invalid::new("message.value", "must not be empty"));
@@ -223,6 +225,43 @@ pub fn validate_dead_letter_topic(topic: &str, to: &str) -> Result<(), Invalid> 
     Ok(())
 }
 
+/// The topics hourglass writes itself: in cluster mode the schedule log,
+/// its routing topic and the ingress topics. hourglass's own producer may
+/// write them, so no message, series template or policy may name one as
+/// its topic or its dead-letter topic, whatever the caller's grant: a
+/// record produced there under a key the cluster uses would replace the
+/// cluster's own record of it when the log is compacted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReservedTopics(std::sync::Arc<[String]>);
+
+impl ReservedTopics {
+    pub fn new(topics: impl IntoIterator<Item = String>) -> ReservedTopics {
+        ReservedTopics(topics.into_iter().collect())
+    }
+
+    pub fn contains(&self, topic: &str) -> bool {
+        self.0.iter().any(|reserved| reserved == topic)
+    }
+
+    /// Refuses `topic` as the destination `field` names if it is reserved.
+    pub fn check(&self, field: &'static str, topic: &str) -> Result<(), Invalid> {
+        if self.contains(topic) {
+            return Err(Invalid::new(
+                field,
+                format!(
+                    "{topic:?} is a topic hourglass keeps for itself (its schedule log, the log's routing \
+                     topic, or an ingress topic): it is never a destination, whatever the token's grant"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+}
+
 /// What a message must meet to be accepted.
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -236,6 +275,8 @@ pub struct Limits {
     pub max_batch: usize,
     /// Encoded size of one `ScheduleBatch` request.
     pub max_batch_bytes: usize,
+    /// Topics hourglass writes itself, never a message's.
+    pub reserved: ReservedTopics,
 }
 
 impl Default for Limits {
@@ -247,6 +288,7 @@ impl Default for Limits {
             max_delay: Duration::from_secs(3 * 366 * 24 * 3600),
             max_batch: 10_000,
             max_batch_bytes: 16 << 20,
+            reserved: ReservedTopics::default(),
         }
     }
 }

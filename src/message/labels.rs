@@ -108,6 +108,24 @@ fn is_value_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/' | ':' | '@' | '+')
 }
 
+/// What a message must still be for a change of it to go through: the
+/// label selector and topic it was found by. A cancel by selector lists
+/// first and cancels each message by id; one replaced in between with
+/// other labels or for another topic is left alone, checked in the same
+/// step of the store as the cancel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Matching {
+    pub selector: Selector,
+    /// None: any topic.
+    pub topic: Option<String>,
+}
+
+impl Matching {
+    pub fn holds(&self, topic: &str, labels: &Labels) -> bool {
+        self.topic.as_deref().is_none_or(|t| t == topic) && self.selector.matches(labels)
+    }
+}
+
 /// Which labels a message must have: terms separated by commas, all of
 /// which must hold. `key=value` (the label is set to the value), `key!=value`
 /// (it is not: unset, or another value), `key` (it is set), `!key` (it is
@@ -127,10 +145,23 @@ enum Term {
 }
 
 impl Selector {
+    /// The most terms a selector holds: twice the labels a message may
+    /// carry, room for a `key` and a `!key` of each.
+    pub const MAX_TERMS: usize = 2 * Labels::MAX;
+    /// The longest selector read, in bytes: every term at its longest.
+    pub const MAX_BYTES: usize = 4096;
+
     /// Reads a selector; `field` names it in errors. An empty text selects
     /// every message.
     pub fn parse(field: &'static str, text: &str) -> Result<Selector, Invalid> {
         let bad = |reason: String| Invalid::new(field, reason);
+        if text.len() > Self::MAX_BYTES {
+            return Err(bad(format!(
+                "is {} bytes long; a selector has at most {}",
+                text.len(),
+                Self::MAX_BYTES
+            )));
+        }
         let mut terms = Vec::new();
         for term in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let parsed = if let Some((key, value)) = term.split_once("!=") {
@@ -148,6 +179,9 @@ impl Selector {
                 check_value(key, value).map_err(|e| bad(format!("term {term:?}: {}", e.reason)))?;
             }
             terms.push(parsed);
+            if terms.len() > Self::MAX_TERMS {
+                return Err(bad(format!("has more than {} terms, the most a selector has", Self::MAX_TERMS)));
+            }
         }
         if terms.is_empty() && !text.trim().is_empty() {
             return Err(bad(format!("{text:?} has no terms; write key=value, key!=value, key or !key")));
@@ -218,5 +252,16 @@ mod tests {
             let e = Selector::parse("selector", bad).unwrap_err();
             assert_eq!(e.field, "selector", "{bad}: {e:?}");
         }
+    }
+
+    #[test]
+    fn a_selector_is_bounded_in_terms_and_bytes() {
+        let terms = |n: usize| (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>().join(",");
+        assert!(Selector::parse("selector", &terms(Selector::MAX_TERMS)).is_ok());
+        let e = Selector::parse("selector", &terms(Selector::MAX_TERMS + 1)).unwrap_err();
+        assert!(e.reason.contains("more than 32 terms"), "{e:?}");
+        let long = format!("k={}", "v".repeat(Selector::MAX_BYTES));
+        let e = Selector::parse("selector", &long).unwrap_err();
+        assert!(e.reason.contains("bytes long"), "{e:?}");
     }
 }

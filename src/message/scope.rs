@@ -8,6 +8,14 @@ use super::{Invalid, MessageId};
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tenant(std::sync::Arc<str>);
 
+/// Looked up by name in a map of tenants (hashes and compares as its
+/// name does).
+impl std::borrow::Borrow<str> for Tenant {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl Tenant {
     pub const MAX_LEN: usize = 64;
 
@@ -68,6 +76,10 @@ impl TopicPattern {
 ///   space on topics it covers (messages from before tenants, or scheduled
 ///   while authentication was off). New messages go to its own space. The
 ///   messages of other tenants do not exist for it.
+/// - An operator (a token with `admin = "all"`): a tenant whose new
+///   messages go to its own space, and who sees every space's messages on
+///   the topics it covers, and may name another tenant's message by its
+///   tenant ([`Scope::id_of`]).
 ///
 /// Within what it sees, a message on a topic it does not cover is refused
 /// ([`Visibility::Forbidden`]); what it does not see is [`Visibility::Hidden`],
@@ -79,6 +91,8 @@ pub struct Scope {
     pub tenant: Option<Tenant>,
     /// Empty: every topic.
     topics: std::sync::Arc<[TopicPattern]>,
+    /// Sees every tenant's messages, not only its own space's.
+    every_space: bool,
 }
 
 /// Whether a caller may see a message, and act on it.
@@ -94,25 +108,37 @@ pub enum Visibility {
 impl Scope {
     /// Everything: authentication is off.
     pub fn everything() -> Scope {
-        Scope { name: "".into(), tenant: None, topics: std::sync::Arc::new([]) }
+        Scope { name: "".into(), tenant: None, topics: std::sync::Arc::new([]), every_space: true }
     }
 
     /// A whole id space (a tenant's, or the shared one for none), every
     /// topic: what hourglass acts in for a series of that space, whose
     /// topic was checked against its creator's grant.
     pub fn space(tenant: Option<Tenant>) -> Scope {
-        Scope { name: "series".into(), tenant, topics: std::sync::Arc::new([]) }
+        let every_space = tenant.is_none();
+        Scope { name: "series".into(), tenant, topics: std::sync::Arc::new([]), every_space }
     }
 
     /// A tenant's scope, limited to `topics` (every topic if they hold `*`).
     pub fn tenant(name: &str, tenant: Tenant, topics: Vec<TopicPattern>) -> Scope {
         let topics = if topics.contains(&TopicPattern::Any) { Vec::new() } else { topics };
-        Scope { name: name.into(), tenant: Some(tenant), topics: topics.into() }
+        Scope { name: name.into(), tenant: Some(tenant), topics: topics.into(), every_space: false }
     }
 
-    /// No limit at all: no tenant and every topic.
+    /// The same caller as an operator: it sees every tenant's messages on
+    /// its topics (its own new messages still go to its own space).
+    pub fn across_tenants(self) -> Scope {
+        Scope { every_space: true, ..self }
+    }
+
+    /// Whether it sees every tenant's messages.
+    pub fn sees_every_space(&self) -> bool {
+        self.every_space
+    }
+
+    /// No limit at all: every space and every topic.
     pub fn is_everything(&self) -> bool {
-        self.tenant.is_none() && self.topics.is_empty()
+        self.every_space && self.topics.is_empty()
     }
 
     pub fn covers(&self, topic: &str) -> bool {
@@ -124,6 +150,26 @@ impl Scope {
         MessageId::parse_in(self.tenant.as_ref(), id)
     }
 
+    /// Where `id` of `tenant`'s space names a message for this caller: its
+    /// own space for an empty or its own tenant; another tenant's only for
+    /// a caller that sees every space (an operator).
+    pub fn id_of(&self, tenant: &str, id: &str) -> Result<MessageId, Invalid> {
+        if tenant.is_empty() || self.tenant.as_ref().is_some_and(|t| t.as_str() == tenant) {
+            return self.id(id);
+        }
+        if !self.every_space {
+            return Err(Invalid::new(
+                "tenant",
+                format!(
+                    "names tenant {tenant:?}; only an operator token (admin = \"all\") may name another tenant's \
+                     message: leave it empty for your own"
+                ),
+            ));
+        }
+        let tenant = Tenant::parse(tenant).map_err(|reason| Invalid::new("tenant", reason))?;
+        MessageId::parse_in(Some(&tenant), id)
+    }
+
     /// Where else `id` may name a message this caller sees: the shared
     /// space, for a tenant.
     pub fn fallback(&self, id: &MessageId) -> Option<MessageId> {
@@ -132,7 +178,7 @@ impl Scope {
 
     /// Whether the message `id` on `topic` is this caller's to see.
     pub fn sees(&self, id: &MessageId, topic: &str) -> Visibility {
-        let Some(tenant) = &self.tenant else {
+        let Some(tenant) = self.tenant.as_ref().filter(|_| !self.every_space) else {
             return if self.covers(topic) { Visibility::Visible } else { Visibility::Forbidden };
         };
         match id.tenant() {
@@ -152,6 +198,7 @@ impl Scope {
     /// be visible to this caller at all.
     pub fn sees_space(&self, space: Option<&str>) -> bool {
         match (&self.tenant, space) {
+            _ if self.every_space => true,
             (None, _) | (Some(_), None) => true,
             (Some(mine), Some(theirs)) => mine.as_str() == theirs,
         }

@@ -67,6 +67,21 @@ pub enum CancelOutcome {
     NotFound,
 }
 
+impl CancelOutcome {
+    /// Its name in logs and the audit trail.
+    pub fn name(self) -> &'static str {
+        match self {
+            CancelOutcome::Cancelled => "cancelled",
+            CancelOutcome::AlreadyDelivered => "already_delivered",
+            CancelOutcome::AlreadyCancelled => "already_cancelled",
+            CancelOutcome::AlreadyFailed => "already_failed",
+            CancelOutcome::AlreadyExpired => "already_expired",
+            CancelOutcome::AlreadyDeadLettered => "already_dead_lettered",
+            CancelOutcome::NotFound => "not_found",
+        }
+    }
+}
+
 /// Why a reschedule was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RescheduleRefusal {

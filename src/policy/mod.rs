@@ -14,7 +14,7 @@
 //! the Admin calls set them ([`crate::admin`]).
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap},
     sync::Arc,
     time::Duration,
 };
@@ -163,75 +163,117 @@ impl TopicPolicy {
     }
 }
 
-/// Every policy a store holds, by key; swapped whole on a change.
+/// Every policy a store holds, by topic; swapped whole on a change.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Table {
-    policies: BTreeMap<PolicyKey, TopicPolicy>,
-    /// The topics any of them names.
-    topics: HashSet<Arc<str>>,
+    /// By topic, so that a message's look-up is two hash probes however
+    /// many policies the table holds.
+    topics: HashMap<Arc<str>, Lanes>,
     /// Policies removed (their last change says nothing), kept for when:
     /// in cluster mode an earlier change read later must not bring one
     /// back.
     removed: BTreeMap<PolicyKey, TopicPolicy>,
 }
 
+/// The policies in force of one topic: the topic-wide one and each
+/// tenant's own.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Lanes {
+    wide: Option<(PolicyKey, TopicPolicy)>,
+    tenants: HashMap<Tenant, (PolicyKey, TopicPolicy)>,
+}
+
+impl Lanes {
+    fn is_empty(&self) -> bool {
+        self.wide.is_none() && self.tenants.is_empty()
+    }
+}
+
 impl Table {
     pub fn get(&self, key: &PolicyKey) -> Option<&TopicPolicy> {
-        self.policies.get(key)
+        let lanes = self.topics.get(&*key.topic)?;
+        let (_, policy) = match &key.tenant {
+            None => lanes.wide.as_ref()?,
+            Some(t) => lanes.tenants.get(t.as_str())?,
+        };
+        Some(policy)
     }
 
+    /// Every policy in force, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&PolicyKey, &TopicPolicy)> {
-        self.policies.iter()
+        self.topics
+            .values()
+            .flat_map(|lanes| lanes.wide.iter().chain(lanes.tenants.values()))
+            .map(|(key, policy)| (key, policy))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.policies.is_empty()
+        self.topics.is_empty()
+    }
+
+    /// How many policies are in force.
+    pub fn len(&self) -> usize {
+        self.topics.values().map(|l| usize::from(l.wide.is_some()) + l.tenants.len()).sum()
+    }
+
+    /// How many of the policies in force are `tenant`'s own (none: the
+    /// topic-wide ones).
+    pub fn count_of(&self, tenant: Option<&Tenant>) -> usize {
+        self.topics
+            .values()
+            .filter(|lanes| match tenant {
+                None => lanes.wide.is_some(),
+                Some(t) => lanes.tenants.contains_key(t.as_str()),
+            })
+            .count()
     }
 
     /// When the latest change of any policy here was made (0: none).
     pub fn latest_change(&self) -> u64 {
-        self.policies.values().chain(self.removed.values()).map(|p| p.updated_ms).max().unwrap_or(0)
+        self.iter().map(|(_, p)| p).chain(self.removed.values()).map(|p| p.updated_ms).max().unwrap_or(0)
     }
 
     /// The last change of `key`'s policy, in force or removed.
     pub fn last_change(&self, key: &PolicyKey) -> Option<&TopicPolicy> {
-        self.policies.get(key).or_else(|| self.removed.get(key))
+        self.get(key).or_else(|| self.removed.get(key))
     }
 
     /// `key`'s policy becomes `policy` (none, or an empty one: removed).
     pub fn set(&mut self, key: PolicyKey, policy: Option<TopicPolicy>) {
+        let lanes = self.topics.entry(Arc::clone(&key.topic)).or_default();
+        match &key.tenant {
+            None => lanes.wide = None,
+            Some(t) => {
+                lanes.tenants.remove(t.as_str());
+            }
+        }
         match policy {
             Some(policy) if !policy.is_empty() => {
                 self.removed.remove(&key);
-                self.policies.insert(key, policy);
+                match key.tenant.clone() {
+                    None => lanes.wide = Some((key, policy)),
+                    Some(t) => {
+                        lanes.tenants.insert(t, (key, policy));
+                    }
+                }
             }
-            Some(removal) => {
-                self.policies.remove(&key);
-                self.removed.insert(key, removal);
-            }
-            None => {
-                self.policies.remove(&key);
+            removal => {
+                if lanes.is_empty() {
+                    self.topics.remove(&*key.topic);
+                }
+                if let Some(removal) = removal {
+                    self.removed.insert(key, removal);
+                }
             }
         }
-        self.topics = self.policies.keys().map(|k| Arc::clone(&k.topic)).collect();
     }
 
     /// The policies that apply to a message of `tenant` to `topic`: the
-    /// topic-wide one, then its tenant's. (Policies are few: a topic with
-    /// none is rejected at once, the rest is a short walk.)
+    /// topic-wide one, then its tenant's.
     pub fn applying(&self, tenant: Option<&str>, topic: &str) -> [Option<(&PolicyKey, &TopicPolicy)>; 2] {
-        if !self.topics.contains(topic) {
-            return [None, None];
-        }
-        let mut found = [None, None];
-        for (key, policy) in self.policies.iter().filter(|(k, _)| &*k.topic == topic) {
-            match &key.tenant {
-                None => found[0] = Some((key, policy)),
-                Some(t) if Some(t.as_str()) == tenant => found[1] = Some((key, policy)),
-                Some(_) => {}
-            }
-        }
-        found
+        let Some(lanes) = self.topics.get(topic) else { return [None, None] };
+        let own = tenant.and_then(|t| lanes.tenants.get(t));
+        [lanes.wide.as_ref().map(|(k, p)| (k, p)), own.map(|(k, p)| (k, p))]
     }
 
     /// The deadline past their due time of a message of `tenant` to

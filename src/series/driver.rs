@@ -423,7 +423,7 @@ async fn cancel_missed(series: &super::Series, step: &mut Step, at: Vec<u64>, no
     let outcomes: Vec<(u64, Option<Result<CancelOutcome, Error>>)> = stream::iter(at)
         .map(|at| {
             let id = occurrence_id(&step.id, UnixMillis(at), series.shards());
-            let intent = Intent::Cancel { scope: scope.clone(), id, now };
+            let intent = Intent::Cancel { scope: scope.clone(), id, now, only: None };
             let cancel = async { Ok(node.change(intent).await?.cancelled()?) };
             async move { (at, tokio::time::timeout(CANCEL_WAIT, cancel).await.ok()) }
         })

@@ -289,7 +289,7 @@ impl Series {
         let mut outcomes = Vec::new();
         for at in record.pending() {
             let occurrence = occurrence_id(id, UnixMillis(*at), self.shards());
-            let intent = Intent::Cancel { scope: scope.clone(), id: occurrence.clone(), now };
+            let intent = Intent::Cancel { scope: scope.clone(), id: occurrence.clone(), now, only: None };
             let outcome = self.book.node().change(intent).await?.cancelled()?;
             outcomes.push(proto::OccurrenceOutcome {
                 id: occurrence.as_str().to_owned(),

@@ -131,7 +131,12 @@ pub async fn run_with_clock(
     ));
     // Series are driven where their shards are: standalone every shard,
     // in a cluster those this node owns now.
-    let policies = Arc::new(PolicyService::new(Arc::clone(&node), Arc::clone(&clock)));
+    let policies = Arc::new(PolicyService::new(
+        Arc::clone(&node),
+        Arc::clone(&catalog),
+        Arc::clone(&clock),
+        settings::policy_limits(&config),
+    ));
     let series = Arc::new(Series::new(Arc::clone(&node), Arc::clone(&service), Arc::clone(&clock)));
     let series_stop = CancellationToken::new();
     let series_task = series.start(series_stop.clone());
@@ -169,6 +174,13 @@ pub async fn run_with_clock(
         "hourglass is serving"
     );
 
+    if !auth.is_enabled() && !grpc_addr.ip().is_loopback() {
+        tracing::warn!(
+            %grpc_addr,
+            "gRPC is served beyond this machine WITHOUT tokens (--allow-unauthenticated): whoever reaches this \
+             port may schedule to, read and cancel on every topic"
+        );
+    }
     let mut server = tonic::transport::Server::builder()
         .max_concurrent_streams(
             (config.max_streams_per_connection > 0).then_some(config.max_streams_per_connection),

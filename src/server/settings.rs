@@ -7,12 +7,13 @@ use std::time::Duration;
 use tonic::transport::ClientTlsConfig;
 
 use crate::{
+    admin::PolicyLimits,
     auth::{Tokens, TokensError},
     cluster::{ClusterConfig, ClusterKey, GroupConfig, IngressTopic, KeyError, LogTopic},
     config::{Config, ConfigError, DeliveryMode, REQUEST_OVERHEAD_BYTES},
     dispatcher::DispatcherConfig,
     kafka::{Delivery, KafkaConfig, OnFence},
-    message::Limits,
+    message::{Limits, ReservedTopics},
     node::NodeConfig,
     shard::ShardConfig,
     store::StoreConfig,
@@ -89,6 +90,15 @@ pub fn limits(config: &Config) -> Limits {
         max_delay: *config.max_delay,
         max_batch: config.max_batch,
         max_batch_bytes: config.max_batch_bytes,
+        reserved: ReservedTopics::new(config.reserved_topics()),
+    }
+}
+
+/// What the policy calls may hold and name.
+pub fn policy_limits(config: &Config) -> PolicyLimits {
+    PolicyLimits {
+        per_tenant: config.max_policies_per_tenant,
+        reserved: ReservedTopics::new(config.reserved_topics()),
     }
 }
 
@@ -195,6 +205,7 @@ pub fn shard(config: &Config) -> ShardConfig {
             fail_after: *config.fail_after,
             stall_after: *config.stall_after,
             dead_letter_topic: config.dead_letter_topic.as_deref().map(Into::into),
+            reserved: ReservedTopics::new(config.reserved_topics()),
             ..DispatcherConfig::default()
         },
         retention: *config.retention,

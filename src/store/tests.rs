@@ -296,7 +296,12 @@ async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
     // A delivery from a log is as final as one on its own.
     assert_eq!(
         store
-            .change(Intent::Cancel { scope: Scope::everything(), id: a.clone(), now: UnixMillis(200) })
+            .change(Intent::Cancel {
+                scope: Scope::everything(),
+                id: a.clone(),
+                now: UnixMillis(200),
+                only: None
+            })
             .await
             .unwrap()
             .cancelled()
@@ -447,7 +452,12 @@ async fn listing_and_stats_see_retries_and_settlements() {
     barrier(&store).await;
     assert_eq!(
         store
-            .change(Intent::Cancel { scope: Scope::everything(), id: cancelled, now: UnixMillis(42) })
+            .change(Intent::Cancel {
+                scope: Scope::everything(),
+                id: cancelled,
+                now: UnixMillis(42),
+                only: None
+            })
             .await
             .unwrap()
             .cancelled()
@@ -716,8 +726,12 @@ async fn a_message_in_doubt_is_not_changed_until_the_search_is_over() {
     let window =
         InDoubt { below: DispatchKey::after(UnixMillis(500)), before_seq: u64::MAX, from: DispatchKey::MIN };
     store.doubt(Some(window)).await.unwrap();
-    let cancel =
-        |id: &MessageId| Intent::Cancel { scope: Scope::everything(), id: id.clone(), now: UnixMillis(5) };
+    let cancel = |id: &MessageId| Intent::Cancel {
+        scope: Scope::everything(),
+        id: id.clone(),
+        now: UnixMillis(5),
+        only: None,
+    };
     let refused = store.change(cancel(&due)).await.unwrap().cancelled();
     assert!(matches!(refused, Err(StoreError::Dispatching(_))), "{refused:?}");
     let moved = store

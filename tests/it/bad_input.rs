@@ -522,8 +522,12 @@ impl Env {
     async fn verify_store_and_topic(&self) {
         let refused = self.refused.lock().unwrap().clone();
         for id in &refused {
-            let got: Result<proto::GetResponse, Status> =
-                self.unary("/hourglass.v1.Scheduler/Get", proto::GetRequest { id: id.clone() }).await;
+            let got: Result<proto::GetResponse, Status> = self
+                .unary(
+                    "/hourglass.v1.Scheduler/Get",
+                    proto::GetRequest { id: id.clone(), ..Default::default() },
+                )
+                .await;
             let status = got.expect_err("a refused request was stored");
             assert_eq!(status.code(), Code::NotFound, "{id}: {status:?}");
         }
@@ -532,7 +536,10 @@ impl Env {
             accepted.iter().filter(|(_, now)| **now).map(|(id, _)| id.clone()).collect();
         for (id, now) in &accepted {
             let got: proto::GetResponse = self
-                .unary("/hourglass.v1.Scheduler/Get", proto::GetRequest { id: id.clone() })
+                .unary(
+                    "/hourglass.v1.Scheduler/Get",
+                    proto::GetRequest { id: id.clone(), ..Default::default() },
+                )
                 .await
                 .unwrap_or_else(|s| panic!("accepted {id} is unknown: {s:?}"));
             if !now {
@@ -878,12 +885,16 @@ fn cancel_get_and_reschedule_refuse_bad_ids_and_due_times() {
     // Reschedule are NOT_FOUND; a bad due time on Reschedule is named.
     rt.block_on(async {
         let mut client = env.bed.server.client().await;
-        let outcome =
-            client.cancel(proto::CancelRequest { id: "never-was".into() }).await.unwrap().into_inner();
+        let outcome = client
+            .cancel(proto::CancelRequest { id: "never-was".into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(outcome.outcome(), proto::CancelOutcome::NotFound);
-        let status = client.get(proto::GetRequest { id: "never-was".into() }).await.unwrap_err();
+        let status =
+            client.get(proto::GetRequest { id: "never-was".into(), ..Default::default() }).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound);
-        let reschedule = |due| proto::RescheduleRequest { id: "never-was".into(), due };
+        let reschedule = |due| proto::RescheduleRequest { id: "never-was".into(), due, ..Default::default() };
         let status = client
             .reschedule(reschedule(Some(proto::reschedule_request::Due::Delay(prost_types::Duration {
                 seconds: 60,

@@ -37,7 +37,12 @@ async fn state_of(
     client: &mut proto::scheduler_client::SchedulerClient<tonic::transport::Channel>,
     id: &str,
 ) -> State {
-    client.get(proto::GetRequest { id: id.to_owned() }).await.unwrap().into_inner().state()
+    client
+        .get(proto::GetRequest { id: id.to_owned(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .state()
 }
 
 /// Records of the log topic hourglass wrote itself, counted.
@@ -71,7 +76,7 @@ async fn a_one_node_cluster_answers_as_standalone_and_restores_from_the_log_alon
         client.schedule(with_id(&topic, "m-0", "other", Duration::from_millis(1500))).await.unwrap_err();
     assert_eq!(other.code(), Code::AlreadyExists, "{other:?}");
     // Cancel and reschedule, with their exact outcomes.
-    let cancel = |id: &str| proto::CancelRequest { id: id.to_owned() };
+    let cancel = |id: &str| proto::CancelRequest { id: id.to_owned(), ..Default::default() };
     assert_eq!(client.cancel(cancel("m-1")).await.unwrap().into_inner().outcome(), CancelOutcome::Cancelled);
     assert_eq!(
         client.cancel(cancel("m-1")).await.unwrap().into_inner().outcome(),
@@ -83,6 +88,7 @@ async fn a_one_node_cluster_answers_as_standalone_and_restores_from_the_log_alon
         .reschedule(proto::RescheduleRequest {
             id: "m-2".into(),
             due: Some(proto::reschedule_request::Due::DeliverAt(later)),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -207,7 +213,7 @@ async fn kafka_native_records_on_the_ingress_topic_get_the_checks_of_a_call() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for id in ["native-bad", "native-lost"] {
-        let status = client.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+        let status = client.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound, "{id} parked nothing: {status:?}");
     }
     assert_eq!(ingress_count(&ingress, "scheduled"), 2);
@@ -269,7 +275,10 @@ async fn the_python_native_example_schedules_cancels_and_is_refused_as_documente
     assert_eq!(got[0].header("trace-id"), Some("abc123"));
     assert_eq!(state_of(&mut client, "reminder-42").await, State::Delivered);
     assert_eq!(state_of(&mut client, "reminder-42-later").await, State::Cancelled);
-    let bad = client.get(proto::GetRequest { id: "reminder-42-bad".into() }).await.unwrap_err();
+    let bad = client
+        .get(proto::GetRequest { id: "reminder-42-bad".into(), ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(bad.code(), Code::NotFound, "refused, it parked nothing: {bad:?}");
     server.stop().await;
 }
@@ -299,7 +308,7 @@ async fn retention_tombstones_messages_and_their_chunks_in_the_log() {
         client.schedule(with_id(&topic, id, id, delay)).await.unwrap();
     }
     client.schedule(with_id(&topic, "pending", "pending", Duration::from_secs(3600))).await.unwrap();
-    client.cancel(proto::CancelRequest { id: "r-0".into() }).await.unwrap();
+    client.cancel(proto::CancelRequest { id: "r-0".into(), ..Default::default() }).await.unwrap();
     let got = consume_async(&broker, &topic, 19, Duration::from_secs(20), Duration::ZERO).await;
     assert_eq!(got.len(), 19);
 
@@ -307,7 +316,7 @@ async fn retention_tombstones_messages_and_their_chunks_in_the_log() {
     let started = std::time::Instant::now();
     for id in &ids {
         loop {
-            match client.get(proto::GetRequest { id: id.clone() }).await {
+            match client.get(proto::GetRequest { id: id.clone(), ..Default::default() }).await {
                 Err(status) if status.code() == Code::NotFound => break,
                 Ok(_) => {
                     assert!(started.elapsed() < Duration::from_secs(40), "{id} not forgotten");
@@ -361,7 +370,8 @@ async fn retention_tombstones_messages_and_their_chunks_in_the_log() {
     let server = Hourglass::start(short(dir.path())).await;
     let mut client = server.client().await;
     for id in &ids {
-        let status = client.get(proto::GetRequest { id: id.clone() }).await.unwrap_err();
+        let status =
+            client.get(proto::GetRequest { id: id.clone(), ..Default::default() }).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound, "{id} came back in the rebuild");
     }
     assert_eq!(state_of(&mut client, "pending").await, State::Pending);
@@ -419,7 +429,7 @@ async fn changes_interleaved_with_native_records_are_all_applied_in_their_place(
     for id in ids.clone() {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
-            match client.get(proto::GetRequest { id: id.clone() }).await {
+            match client.get(proto::GetRequest { id: id.clone(), ..Default::default() }).await {
                 Ok(got) => {
                     assert_eq!(got.into_inner().state(), State::Pending, "{id}");
                     break;
@@ -433,7 +443,11 @@ async fn changes_interleaved_with_native_records_are_all_applied_in_their_place(
     }
     // Changes to both kinds, each with its exact outcome.
     for (i, id) in ids.enumerate().filter(|(i, _)| i % 3 == 0) {
-        let outcome = client.cancel(proto::CancelRequest { id: id.clone() }).await.unwrap().into_inner();
+        let outcome = client
+            .cancel(proto::CancelRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(outcome.outcome(), CancelOutcome::Cancelled, "{id} ({i})");
         assert_eq!(state_of(&mut client, &id).await, State::Cancelled, "{id}");
     }

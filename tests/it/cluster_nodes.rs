@@ -554,7 +554,9 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
     let mut client = reconnecting_client(&one.grpc, Duration::from_secs(5));
     let state = |client: &mut SchedulerClient<Channel>, id: &str| {
         let (mut client, id) = (client.clone(), id.to_owned());
-        async move { client.get(proto::GetRequest { id }).await.map(|r| r.into_inner().state()) }
+        async move {
+            client.get(proto::GetRequest { id, ..Default::default() }).await.map(|r| r.into_inner().state())
+        }
     };
     let started = Instant::now();
     while state(&mut client, &old).await.ok() != Some(proto::State::Failed) {
@@ -656,13 +658,18 @@ async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
     assert!(again.duplicate, "a retry through another node is answered as the duplicate it is");
     for i in 0..count {
         let id = format!("a-{i}");
-        let got = clients[(i + 1) % 3].clone().get(proto::GetRequest { id: id.clone() }).await;
+        let got = clients[(i + 1) % 3]
+            .clone()
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await;
         let got =
             got.unwrap_or_else(|s| panic!("node {} did not find {id}: {s:?}", (i + 1) % 3)).into_inner();
         assert_eq!((got.state(), got.message.unwrap().topic), (proto::State::Pending, topic.clone()), "{id}");
         if i % 4 == 0 {
-            let cancelled =
-                clients[(i + 2) % 3].clone().cancel(proto::CancelRequest { id: id.clone() }).await;
+            let cancelled = clients[(i + 2) % 3]
+                .clone()
+                .cancel(proto::CancelRequest { id: id.clone(), ..Default::default() })
+                .await;
             assert_eq!(cancelled.unwrap().into_inner().outcome(), proto::CancelOutcome::Cancelled, "{id}");
             ledger.cancelled(&id);
         }
@@ -674,13 +681,17 @@ async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
                 .reschedule(proto::RescheduleRequest {
                     id: id.clone(),
                     due: Some(proto::reschedule_request::Due::DeliverAt(ts(due))),
+                    ..Default::default()
                 })
                 .await;
             assert_eq!(millis(&moved.unwrap().into_inner().deliver_at.unwrap()), due, "{id}");
             ledger.rescheduled(&id, due);
         }
     }
-    let nothing = clients[2].clone().get(proto::GetRequest { id: "never-scheduled".into() }).await;
+    let nothing = clients[2]
+        .clone()
+        .get(proto::GetRequest { id: "never-scheduled".into(), ..Default::default() })
+        .await;
     assert_eq!(nothing.unwrap_err().code(), Code::NotFound, "the owner's NOT_FOUND comes back as it was");
 
     // A batch and a stream, split by owner.
@@ -770,7 +781,11 @@ async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
     }
     assert_eq!(again, refused.len() as f64, "each refused record is counted once across the nodes");
     for id in &refused {
-        let got = clients[0].clone().get(proto::GetRequest { id: id.clone() }).await.unwrap_err();
+        let got = clients[0]
+            .clone()
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap_err();
         assert_eq!(got.code(), tonic::Code::NotFound, "{id} parked nothing");
     }
 
@@ -792,7 +807,7 @@ async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
                 let id = format!("m-{i}");
                 if i % 3 == 0 {
                     let outcome = on_any_node(&clients, i % 3, |mut c| {
-                        let request = proto::CancelRequest { id: id.clone() };
+                        let request = proto::CancelRequest { id: id.clone(), ..Default::default() };
                         Box::pin(async move { c.cancel(request).await.map(|r| r.into_inner().outcome()) })
                     })
                     .await
@@ -811,6 +826,7 @@ async fn any_node_answers_for_any_shard_and_cancels_hold_while_shards_move() {
                         let request = proto::RescheduleRequest {
                             id: id.clone(),
                             due: Some(proto::reschedule_request::Due::DeliverAt(ts(due))),
+                            ..Default::default()
                         };
                         Box::pin(async move {
                             c.reschedule(request).await.map(|r| millis(&r.into_inner().deliver_at.unwrap()))

@@ -189,7 +189,11 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
     b(|| browser.click(&browser.find("#cancel")?));
     assert_eq!(b(|| browser.text(&browser.find("#outcome")?)), "Cancel: CANCELLED");
     assert_eq!(b(|| browser.text(&browser.find("#state")?)), "CANCELLED");
-    let again = all.cancel(proto::CancelRequest { id: "order-1".into() }).await.unwrap().into_inner();
+    let again = all
+        .cancel(proto::CancelRequest { id: "order-1".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(again.outcome(), CancelOutcome::AlreadyCancelled, "the API sees the page's cancel");
 
     // Markup in a record is shown as text, and runs nowhere.
@@ -240,7 +244,8 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
     let forged = post(shop.console(), "/message/cancel", &cookie, "id=order-2&csrf=0000").await;
     assert!(forged.starts_with("HTTP/1.1 403"), "{forged}");
     for id in ["pay-1", "order-2"] {
-        let m = all.get(proto::GetRequest { id: id.into() }).await.unwrap().into_inner();
+        let m =
+            all.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap().into_inner();
         assert_eq!(m.state(), State::Pending, "{id}");
     }
     // A form of its own topic works as it should.
@@ -397,7 +402,11 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     assert!(table.contains("100/s") && table.contains(&shop.payments) && table.contains("since"), "{table}");
     shot(&browser, "policies");
     let policy = admin
-        .get_topic_policy(proto::TopicPolicyRequest { topic: shop.orders.clone(), all_tenants: false })
+        .get_topic_policy(proto::TopicPolicyRequest {
+            topic: shop.orders.clone(),
+            all_tenants: false,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

@@ -111,7 +111,11 @@ async fn a_torn_wal_tail_is_dropped_and_every_acknowledged_message_survives() {
     let server = Serve::start(&broker, dir.path());
     let mut client = server.client().await;
     for id in &ids {
-        let got = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let got = client
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_ne!(got.state(), State::Unspecified, "{id} lost");
     }
     let got = consume_async(&broker, &topic, n, Duration::from_secs(60), Duration::from_secs(1)).await;

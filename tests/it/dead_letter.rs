@@ -73,6 +73,7 @@ mod through_crashes {
                 topic,
                 all_tenants,
                 max_lateness: Some(deadline),
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -81,6 +82,7 @@ mod through_crashes {
                 topic: wide.clone(),
                 all_tenants,
                 dead_letter_topic: wide_dead.clone(),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -150,7 +152,11 @@ mod through_crashes {
             assert_eq!(record.header("hourglass-dead-letter-reason"), Some("expired"), "{id}");
             assert_eq!(record.header("hourglass-original-topic"), Some(topic.as_str()), "{id}");
             assert_eq!(record.value, id.as_bytes(), "{id}: its value as it was");
-            let m = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+            let m = client
+                .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner();
             assert_eq!(m.state(), proto::State::DeadLettered, "{id}");
             let Some(Settlement::DeadLettered(letter)) = m.settlement else {
                 panic!("{id}: {:?}", m.settlement)
@@ -175,7 +181,10 @@ mod through_crashes {
         // reschedule; its deadline counts from its new due time.
         let again = &dead[0];
         let now = Some(proto::reschedule_request::Due::Delay(wire(Duration::ZERO)));
-        client.reschedule(proto::RescheduleRequest { id: again.clone(), due: now }).await.unwrap();
+        client
+            .reschedule(proto::RescheduleRequest { id: again.clone(), due: now, ..Default::default() })
+            .await
+            .unwrap();
         let seen = arrived(&broker, &own, n + 2).await;
         assert_eq!(seen.get(again).map(Vec::len), Some(1), "re-driven: delivered once");
         let stats = client.stats(proto::StatsRequest {}).await.unwrap().into_inner();
@@ -238,7 +247,11 @@ async fn messages_their_topic_refuses_go_to_the_servers_dead_letter_topic_with_t
             record.header("hourglass-dead-letter-error").unwrap().contains("Unknown topic"),
             "{record:?}"
         );
-        let m = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let m = client
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(m.state(), proto::State::DeadLettered, "{id}");
         let Some(Settlement::DeadLettered(letter)) = m.settlement else { panic!("{id}: {:?}", m.settlement) };
         assert_eq!((letter.topic.as_str(), letter.offset), (dead_topic.as_str(), record.offset));
@@ -248,7 +261,11 @@ async fn messages_their_topic_refuses_go_to_the_servers_dead_letter_topic_with_t
     // Too large for its topic, and so for the dead-letter topic too.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let big = loop {
-        let m = client.get(proto::GetRequest { id: big.clone() }).await.unwrap().into_inner();
+        let m = client
+            .get(proto::GetRequest { id: big.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         if m.state() != proto::State::Pending || std::time::Instant::now() > deadline {
             break m;
         }

@@ -55,6 +55,7 @@ async fn through_an_outage_and_a_kill_messages_past_their_deadline_expire_and_th
             topic: wide.clone(),
             all_tenants: true,
             max_lateness: Some(wire(Duration::from_secs(4))),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -115,7 +116,11 @@ async fn through_an_outage_and_a_kill_messages_past_their_deadline_expire_and_th
             !own_seen.contains_key(id) && !wide_seen.contains_key(id),
             "{id} was produced past its deadline"
         );
-        let m = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let m = client
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(m.state(), proto::State::Expired, "{id}");
         let Some(proto::get_response::Settlement::Expired(expiry)) = m.settlement else {
             panic!("{id}: {:?}", m.settlement)
@@ -134,6 +139,7 @@ async fn through_an_outage_and_a_kill_messages_past_their_deadline_expire_and_th
         .reschedule(proto::RescheduleRequest {
             id: again.clone(),
             due: Some(proto::reschedule_request::Due::Delay(wire(Duration::ZERO))),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -70,7 +70,11 @@ async fn records_arrive_on_topic_partition_and_key_with_headers_not_before_due()
             other => panic!("unexpected record {other}"),
         }
         // Get reports where it landed.
-        let got = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let got = client
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(got.state(), State::Delivered);
         let Some(proto::get_response::Settlement::Delivered(d)) = got.settlement else {
             panic!("delivered without a delivery record: {got:?}");
@@ -122,7 +126,7 @@ async fn bad_requests_get_clear_statuses_and_store_nothing() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("--max-message-bytes"), "the limit is named: {}", status.message());
 
-    let status = client.get(proto::GetRequest { id: "nope".into() }).await.unwrap_err();
+    let status = client.get(proto::GetRequest { id: "nope".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
     let got = consume_async(&broker, &topic, 1, Duration::from_secs(2), Duration::ZERO).await;
     assert!(got.is_empty(), "nothing invalid was delivered: {got:?}");
@@ -178,7 +182,7 @@ async fn cancel_reports_what_happened() {
     let got = consume_async(&broker, &topic, 1, Duration::from_secs(10), Duration::ZERO).await;
     assert_eq!(got[0].value, b"now");
 
-    let cancel = |id: &str| proto::CancelRequest { id: id.to_owned() };
+    let cancel = |id: &str| proto::CancelRequest { id: id.to_owned(), ..Default::default() };
     let outcome = |r: proto::CancelResponse| r.outcome();
     assert_eq!(
         outcome(client.cancel(cancel(&later.id)).await.unwrap().into_inner()),
@@ -196,7 +200,11 @@ async fn cancel_reports_what_happened() {
         outcome(client.cancel(cancel("never-was")).await.unwrap().into_inner()),
         CancelOutcome::NotFound
     );
-    let got = client.get(proto::GetRequest { id: later.id.clone() }).await.unwrap().into_inner();
+    let got = client
+        .get(proto::GetRequest { id: later.id.clone(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(got.state(), State::Cancelled);
 
     let got = consume_async(&broker, &topic, 2, Duration::from_secs(4), Duration::ZERO).await;
@@ -260,8 +268,12 @@ async fn cancel_while_due(
     let cancels = ids.iter().map(|id| {
         let (mut c, id) = (client.clone(), id.clone());
         tokio::spawn(async move {
-            let outcome =
-                c.cancel(proto::CancelRequest { id: id.clone() }).await.unwrap().into_inner().outcome();
+            let outcome = c
+                .cancel(proto::CancelRequest { id: id.clone(), ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner()
+                .outcome();
             (id, outcome)
         })
     });
@@ -298,6 +310,7 @@ async fn reschedule_moves_a_pending_message_and_refuses_settled_ones() {
         .reschedule(proto::RescheduleRequest {
             id: far.id.clone(),
             due: Some(proto::reschedule_request::Due::DeliverAt(soon_ts)),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -313,6 +326,7 @@ async fn reschedule_moves_a_pending_message_and_refuses_settled_ones() {
         .reschedule(proto::RescheduleRequest {
             id: far.id.clone(),
             due: Some(proto::reschedule_request::Due::Delay(prost_types::Duration { seconds: 60, nanos: 0 })),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -322,6 +336,7 @@ async fn reschedule_moves_a_pending_message_and_refuses_settled_ones() {
         .reschedule(proto::RescheduleRequest {
             id: "nope".into(),
             due: Some(proto::reschedule_request::Due::Delay(prost_types::Duration { seconds: 1, nanos: 0 })),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -343,7 +358,7 @@ async fn graceful_restart_keeps_pending_messages() {
     let server = Hourglass::start(config(&broker, dir.path())).await;
     let mut client = server.client().await;
     let any = ids.iter().next().unwrap().clone();
-    let pending = client.get(proto::GetRequest { id: any }).await.unwrap().into_inner();
+    let pending = client.get(proto::GetRequest { id: any, ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(pending.state(), State::Pending, "still pending after restart");
     let got = consume_async(&broker, &topic, 20, Duration::from_secs(15), Duration::from_secs(1)).await;
     let seen: std::collections::HashSet<_> = got.iter().map(|r| r.id().to_owned()).collect();

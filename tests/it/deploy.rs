@@ -561,3 +561,14 @@ fn the_configuration_page_lists_every_setting_with_its_default() {
         assert_eq!(shown, setting.default.unwrap_or(""), "docs/CONFIGURATION.md's default of {flag}");
     }
 }
+
+/// The token make-secrets.sh writes is the examples' operator token: it
+/// may pause topics and see the cluster, as their walkthroughs do.
+#[test]
+fn the_example_token_administers() {
+    use hourglass::auth::{AdminScope, Authenticator};
+    let auth = Authenticator::load(&secrets().join("tokens.toml")).unwrap();
+    let token = std::fs::read_to_string(secrets().join("admin-token")).unwrap();
+    let access = auth.token(token.trim()).unwrap();
+    assert_eq!(access.admin().unwrap(), AdminScope::All, "the example token cannot administer");
+}

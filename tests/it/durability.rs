@@ -97,11 +97,20 @@ async fn unsynced_answers(durability: Durability, calls: usize) -> (usize, usize
                     seconds: 7200,
                     nanos: 0,
                 }));
-                client.reschedule(proto::RescheduleRequest { id: format!("m{}", i - 2), due }).await.unwrap();
+                client
+                    .reschedule(proto::RescheduleRequest {
+                        id: format!("m{}", i - 2),
+                        due,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
             }
             _ => {
-                let outcome =
-                    client.cancel(proto::CancelRequest { id: format!("m{}", i - 3) }).await.unwrap();
+                let outcome = client
+                    .cancel(proto::CancelRequest { id: format!("m{}", i - 3), ..Default::default() })
+                    .await
+                    .unwrap();
                 assert_eq!(outcome.into_inner().outcome(), proto::CancelOutcome::Cancelled);
             }
         }

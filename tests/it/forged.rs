@@ -232,9 +232,9 @@ async fn records_no_node_wrote_neither_stop_a_shard_nor_deliver_anything() {
         "no shard lost"
     );
     let mut client = clients[0].clone();
-    let copy = client.get(proto::GetRequest { id: copied }).await.unwrap_err();
+    let copy = client.get(proto::GetRequest { id: copied, ..Default::default() }).await.unwrap_err();
     assert_eq!(copy.code(), Code::NotFound, "the copied record parked nothing: {copy:?}");
-    let native = client.get(proto::GetRequest { id: native }).await.unwrap_err();
+    let native = client.get(proto::GetRequest { id: native, ..Default::default() }).await.unwrap_err();
     assert_eq!(native.code(), Code::NotFound, "a native record on the log parked nothing: {native:?}");
     for node in &mut nodes[..2] {
         node.stop().unwrap();
@@ -389,7 +389,12 @@ async fn a_route_no_node_wrote_sends_no_request_anywhere() {
 
     for client in &clients {
         for id in &ids {
-            let got = client.clone().get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+            let got = client
+                .clone()
+                .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner();
             assert_eq!(got.state(), proto::State::Pending, "{id}");
         }
         let stats = client.clone().stats(proto::StatsRequest {}).await.unwrap().into_inner();
@@ -453,17 +458,22 @@ async fn a_call_passed_on_keeps_its_caller_s_grant_and_no_client_can_pass_one_on
         client(&nodes[0], "orders-secret").schedule(due_message(&topic, id, due)).await.unwrap();
     }
     for id in &ids {
-        let got = client(&nodes[1], "orders-secret").get(proto::GetRequest { id: id.clone() }).await.unwrap();
+        let got = client(&nodes[1], "orders-secret")
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap();
         assert_eq!(got.into_inner().state(), proto::State::Pending, "{id}");
-        let other =
-            client(&nodes[1], "ops-secret").get(proto::GetRequest { id: id.clone() }).await.unwrap_err();
+        let other = client(&nodes[1], "ops-secret")
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap_err();
         assert_eq!(other.code(), Code::NotFound, "{id}: the ops tenant's ids are its own, wherever served");
     }
     let stats = client(&nodes[1], "ops-secret").stats(proto::StatsRequest {}).await.unwrap().into_inner();
     assert_eq!(stats.pending, 0, "another tenant's figures, from every node");
 
     // A client that marks its call as passed on, with a valid token.
-    let mut request = tonic::Request::new(proto::GetRequest { id: ids[0].clone() });
+    let mut request = tonic::Request::new(proto::GetRequest { id: ids[0].clone(), ..Default::default() });
     request.metadata_mut().insert("hourglass-forwarded", "1".parse().unwrap());
     request.metadata_mut().insert("authorization", "Bearer orders-secret".parse().unwrap());
     let refused = SchedulerClient::new(channel(&nodes[0])).get(request).await.unwrap_err();
@@ -532,11 +542,17 @@ async fn a_cluster_with_tls_and_tokens_serves_and_delivers_through_any_node() {
         ledger.ack(id, due, &topic);
     }
     for id in &ids {
-        let got = second.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let got = second
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(got.state(), proto::State::Pending, "{id}");
     }
     let plaintext = Channel::from_shared(format!("http://{}", nodes[0].grpc)).unwrap().connect_lazy();
-    let refused = SchedulerClient::new(plaintext).get(proto::GetRequest { id: ids[0].clone() }).await;
+    let refused = SchedulerClient::new(plaintext)
+        .get(proto::GetRequest { id: ids[0].clone(), ..Default::default() })
+        .await;
     assert!(refused.is_err(), "a plaintext call was answered: {refused:?}");
 
     let deliveries = collect_async(

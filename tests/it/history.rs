@@ -157,16 +157,18 @@ async fn run_client(
             };
             (Call::Schedule { due }, answer)
         } else if roll < 20 {
-            let answer = match client.cancel(proto::CancelRequest { id: id.clone() }).await {
-                Ok(r) => Answer::Cancel(r.into_inner().outcome()),
-                Err(s) => Answer::Failed(s.code()),
-            };
+            let answer =
+                match client.cancel(proto::CancelRequest { id: id.clone(), ..Default::default() }).await {
+                    Ok(r) => Answer::Cancel(r.into_inner().outcome()),
+                    Err(s) => Answer::Failed(s.code()),
+                };
             (Call::Cancel, answer)
         } else if roll < 45 {
             let due = invoked + rand::rng().random_range(0..3_000);
             let request = proto::RescheduleRequest {
                 id: id.clone(),
                 due: Some(proto::reschedule_request::Due::DeliverAt(timestamp(due))),
+                ..Default::default()
             };
             let answer = match client.reschedule(request).await {
                 Ok(r) => Answer::Rescheduled { due: millis(&r.into_inner().deliver_at.unwrap()) },
@@ -174,7 +176,7 @@ async fn run_client(
             };
             (Call::Reschedule { due }, answer)
         } else {
-            let answer = match client.get(proto::GetRequest { id: id.clone() }).await {
+            let answer = match client.get(proto::GetRequest { id: id.clone(), ..Default::default() }).await {
                 Ok(r) => got(r.into_inner()),
                 Err(s) => Answer::Failed(s.code()),
             };
@@ -396,7 +398,7 @@ async fn the_history_of_random_calls_through_crashes_and_outages_checks_out() {
     let give_up = Instant::now() + Duration::from_secs(120);
     for id in ops.keys() {
         let answer = loop {
-            match client.get(proto::GetRequest { id: id.clone() }).await {
+            match client.get(proto::GetRequest { id: id.clone(), ..Default::default() }).await {
                 Ok(r) => {
                     let g = r.into_inner();
                     if g.state() == State::Pending && Instant::now() < give_up {

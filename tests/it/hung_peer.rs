@@ -104,7 +104,7 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
     // Once the first node routes there, a call with a deadline runs out.
     let began = Instant::now();
     loop {
-        let mut request = tonic::Request::new(proto::GetRequest { id: id_in(hung[0]) });
+        let mut request = tonic::Request::new(proto::GetRequest { id: id_in(hung[0]), ..Default::default() });
         request.set_timeout(Duration::from_millis(500));
         let answer = client.get(request).await;
         // The server's DEADLINE_EXCEEDED, or the client's own timeout.
@@ -121,7 +121,9 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
     let mut waiting = tokio::task::JoinSet::new();
     for i in 0..16 {
         let (mut client, id) = (client.clone(), id_in(hung[i % hung.len()]));
-        waiting.spawn(async move { client.get(proto::GetRequest { id }).await.map(|_| ()) });
+        waiting.spawn(
+            async move { client.get(proto::GetRequest { id, ..Default::default() }).await.map(|_| ()) },
+        );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Meanwhile every call for the first node's own shards is served. (On
@@ -131,7 +133,7 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
         for shard in &mine {
             let began = Instant::now();
             let got = loop {
-                match client.get(proto::GetRequest { id: id_in(*shard) }).await {
+                match client.get(proto::GetRequest { id: id_in(*shard), ..Default::default() }).await {
                     Err(s) if s.code() == Code::Unavailable && !refused_as_silent(&s) => {
                         assert!(
                             began.elapsed() < Duration::from_secs(30),
@@ -258,7 +260,9 @@ async fn a_stopped_node_takes_at_most_half_of_another_s_call_slots() {
     let mut waiting = tokio::task::JoinSet::new();
     for i in 0..200 {
         let (mut client, id) = (client.clone(), id_in(hung[i % hung.len()]));
-        waiting.spawn(async move { client.get(proto::GetRequest { id }).await.map(|_| ()) });
+        waiting.spawn(
+            async move { client.get(proto::GetRequest { id, ..Default::default() }).await.map(|_| ()) },
+        );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     // While the group still gives the stopped node its shards (its session
@@ -269,7 +273,8 @@ async fn a_stopped_node_takes_at_most_half_of_another_s_call_slots() {
     let (mut served, mut waited, mut rounds) = (0, 0, 0);
     while began.elapsed() < Duration::from_secs(4) {
         for shard in &live {
-            let mut request = tonic::Request::new(proto::GetRequest { id: id_in(*shard) });
+            let mut request =
+                tonic::Request::new(proto::GetRequest { id: id_in(*shard), ..Default::default() });
             request.set_timeout(Duration::from_secs(2));
             match client.get(request).await {
                 Ok(got) => {

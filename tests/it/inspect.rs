@@ -73,7 +73,7 @@ async fn list_pages_through_pending_messages_by_topic_and_range() {
         expected.push((id, t.clone(), base + i * 1000));
     }
     let cancelled = "m04";
-    client.cancel(proto::CancelRequest { id: cancelled.into() }).await.unwrap();
+    client.cancel(proto::CancelRequest { id: cancelled.into(), ..Default::default() }).await.unwrap();
     expected.retain(|(id, _, _)| id != cancelled);
 
     // Everything, three to a page, in due order; only pending messages.
@@ -122,7 +122,7 @@ async fn list_pages_through_pending_messages_by_topic_and_range() {
     // or cancelled.
     let page =
         client.list(proto::ListRequest { page_size: 2, ..Default::default() }).await.unwrap().into_inner();
-    client.cancel(proto::CancelRequest { id: "m00".into() }).await.unwrap();
+    client.cancel(proto::CancelRequest { id: "m00".into(), ..Default::default() }).await.unwrap();
     let rest =
         all_pages(&mut client, proto::ListRequest { page_token: page.next_page_token, ..Default::default() })
             .await;
@@ -169,7 +169,8 @@ async fn list_refuses_bad_arguments_by_name() {
 async fn settled(client: &mut SchedulerClient<Channel>, id: &str) -> proto::GetResponse {
     let started = Instant::now();
     loop {
-        let got = client.get(proto::GetRequest { id: id.into() }).await.unwrap().into_inner();
+        let got =
+            client.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap().into_inner();
         if got.state() != State::Pending {
             return got;
         }
@@ -203,7 +204,7 @@ async fn stats_count_each_state_and_follow_a_redriven_failure() {
     let mut big = at(&topic, "failed", 0);
     big.message.as_mut().unwrap().value = vec![b'x'; 1_000_100];
     client.schedule(big).await.unwrap();
-    client.cancel(proto::CancelRequest { id: "cancelled".into() }).await.unwrap();
+    client.cancel(proto::CancelRequest { id: "cancelled".into(), ..Default::default() }).await.unwrap();
     assert_eq!(settled(&mut client, "delivered").await.state(), State::Delivered);
     assert_eq!(settled(&mut client, "failed").await.state(), State::Failed);
 
@@ -217,6 +218,7 @@ async fn stats_count_each_state_and_follow_a_redriven_failure() {
     let redrive = proto::RescheduleRequest {
         id: "failed".into(),
         due: Some(proto::reschedule_request::Due::DeliverAt(timestamp(later + 1000))),
+        ..Default::default()
     };
     client.reschedule(redrive).await.unwrap();
     let stats = client.stats(proto::StatsRequest {}).await.unwrap().into_inner();

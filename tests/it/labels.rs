@@ -120,7 +120,12 @@ async fn bulk_cancel_race(bed: TestBed) {
     assert_eq!(cancelled as usize + delivered_selected, n, "cancelled and delivered add up to the selected");
     assert!(not_cancelled.keys().all(|id| delivered.contains(id)), "each ALREADY_DELIVERED is on the topic");
     for i in (0..total).step_by(7) {
-        let state = client.get(proto::GetRequest { id: id(i) }).await.unwrap().into_inner().state();
+        let state = client
+            .get(proto::GetRequest { id: id(i), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner()
+            .state();
         let expected = if delivered.contains(&id(i)) { State::Delivered } else { State::Cancelled };
         assert_eq!(state, expected, "{}", id(i));
     }
@@ -132,4 +137,109 @@ async fn bulk_cancel_race(bed: TestBed) {
     );
     assert!(cancelled > 0 && delivered_selected > 0, "the cancels must meet the deliveries");
     server.stop().await;
+}
+
+/// A selector is bounded in terms and bytes wherever one is taken: past
+/// either, the call is refused with INVALID_ARGUMENT naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_too_long_or_with_too_many_terms_is_refused_by_every_call_that_takes_one() {
+    let TestBed { server, topic, broker: _broker, dir: _dir } = TestBed::start("labels-bounds", 1).await;
+    let mut client = server.client().await;
+    let mut series =
+        proto::series_client::SeriesClient::connect(format!("http://{}", server.addr)).await.unwrap();
+    let many = (0..33).map(|i| format!("k{i}")).collect::<Vec<_>>().join(",");
+    let long = format!("k={}", "v".repeat(5000));
+    for selector in [many, long] {
+        let list = proto::ListRequest { selector: selector.clone(), ..Default::default() };
+        let refused = client.list(list).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "List: {refused:?}");
+        assert!(refused.message().starts_with("selector "), "{}", refused.message());
+        let cancel = proto::CancelMatchingRequest {
+            selector: selector.clone(),
+            topic: topic.clone(),
+            ..Default::default()
+        };
+        let refused = client.cancel_matching(cancel).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "CancelMatching: {refused:?}");
+        let listed = proto::ListSeriesRequest { selector, ..Default::default() };
+        let refused = series.list_series(listed).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "ListSeries: {refused:?}");
+    }
+}
+
+/// A cancel by selector cancels only what still matches when it is
+/// cancelled: a message replaced with other labels after it was listed is
+/// left pending. `Cancel` with a selector checks it in the same step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_replaced_with_other_labels_while_a_bulk_cancel_runs_is_left_pending() {
+    let TestBed { server, topic, broker: _broker, dir: _dir } = TestBed::start("labels-replaced", 1).await;
+    let mut client = server.client().await;
+    let to = topic.clone();
+    let labelled = move |i: usize, batch: &str| {
+        let mut r = request(&to, &format!("{batch}-{i}"), Duration::from_secs(3600));
+        r.id = Some(format!("m-{i}"));
+        r.labels = [("batch".to_owned(), batch.to_owned())].into();
+        r.on_conflict = proto::OnConflict::Replace as i32;
+        r
+    };
+    // One message, asked directly.
+    client.schedule(labelled(0, "old")).await.unwrap();
+    let cancel = |selector: &str| proto::CancelRequest {
+        id: "m-0".into(),
+        selector: selector.into(),
+        topic: topic.clone(),
+        ..Default::default()
+    };
+    let outcome = client.cancel(cancel("batch=new")).await.unwrap().into_inner().outcome();
+    assert_eq!(outcome, CancelOutcome::NotFound, "its labels do not match");
+    let wrong_topic = proto::CancelRequest { topic: format!("{topic}-other"), ..cancel("batch=old") };
+    let outcome = client.cancel(wrong_topic).await.unwrap().into_inner().outcome();
+    assert_eq!(outcome, CancelOutcome::NotFound, "its topic does not match");
+    let state = client
+        .get(proto::GetRequest { id: "m-0".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .state();
+    assert_eq!(state, State::Pending);
+    let outcome = client.cancel(cancel("batch=old")).await.unwrap().into_inner().outcome();
+    assert_eq!(outcome, CancelOutcome::Cancelled);
+
+    // Many, replaced while a bulk cancel of the old labels runs.
+    let n = 3000;
+    for start in (1..=n).step_by(1000) {
+        let requests = (start..start + 1000).map(|i| labelled(i, "old")).collect();
+        client.schedule_batch(proto::ScheduleBatchRequest { requests }).await.unwrap();
+    }
+    let mut replacer = client.clone();
+    let replaced = labelled.clone();
+    let replacing = tokio::spawn(async move {
+        for start in (1..=n).rev().step_by(100).map(|end| end.saturating_sub(99).max(1)) {
+            let requests = (start..start + 100).map(|i| replaced(i, "new")).collect();
+            replacer.schedule_batch(proto::ScheduleBatchRequest { requests }).await.unwrap();
+        }
+    });
+    let mut request = proto::CancelMatchingRequest {
+        selector: "batch=old".into(),
+        topic: topic.clone(),
+        ..Default::default()
+    };
+    loop {
+        let done = client.cancel_matching(request.clone()).await.unwrap().into_inner();
+        if done.next_page_token.is_empty() {
+            break;
+        }
+        request.page_token = done.next_page_token;
+    }
+    replacing.await.unwrap();
+    for i in 1..=n {
+        let m = client
+            .get(proto::GetRequest { id: format!("m-{i}"), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        if m.labels.get("batch").map(String::as_str) == Some("new") {
+            assert_eq!(m.state(), State::Pending, "m-{i} was replaced with new labels, then cancelled");
+        }
+    }
 }

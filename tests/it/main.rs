@@ -28,6 +28,7 @@ mod inspect;
 mod labels;
 mod let_go;
 mod log_topic;
+mod own_topics;
 mod poison;
 mod policy;
 mod races;

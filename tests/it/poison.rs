@@ -68,7 +68,13 @@ async fn settled(client: &mut SchedulerClient<Channel>, ids: &[String]) -> Vec<p
     loop {
         let mut out = Vec::new();
         for id in ids {
-            out.push(client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner());
+            out.push(
+                client
+                    .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+                    .await
+                    .unwrap()
+                    .into_inner(),
+            );
         }
         if out.iter().all(|g| g.state() != State::Pending) {
             return out;

@@ -36,11 +36,17 @@ async fn admin(server: &Hourglass) -> AdminClient<Channel> {
 }
 
 fn target(topic: &str) -> proto::TopicPolicyRequest {
-    proto::TopicPolicyRequest { topic: topic.into(), all_tenants: false }
+    proto::TopicPolicyRequest { topic: topic.into(), all_tenants: false, ..Default::default() }
 }
 
 fn limit(topic: &str, per_second: u32) -> proto::SetRateLimitRequest {
-    proto::SetRateLimitRequest { topic: topic.into(), all_tenants: false, per_second, burst: 0 }
+    proto::SetRateLimitRequest {
+        topic: topic.into(),
+        all_tenants: false,
+        per_second,
+        burst: 0,
+        ..Default::default()
+    }
 }
 
 /// `count` messages to `topic`, all due at `due_ms`, ids `{prefix}-{i}` and
@@ -125,7 +131,7 @@ async fn a_topic_paused_during_a_drain_waits_through_a_restart_and_goes_out_once
     let shown: Vec<_> = stats.held_back.iter().map(|h| (h.topic.as_str(), h.reason())).collect();
     assert_eq!(shown, [(held.as_str(), proto::HeldReason::Paused)], "{stats:?}");
     assert!(stats.held_back[0].oldest_due.is_some_and(|t| (millis(&t) as u64) < now_ms()));
-    let last = proto::GetRequest { id: format!("drain-{:07}", count - 1) };
+    let last = proto::GetRequest { id: format!("drain-{:07}", count - 1), ..Default::default() };
     let waiting = client.get(last).await.unwrap().into_inner();
     assert!(waiting.last_error.contains("is paused"), "{waiting:?}");
 
@@ -289,7 +295,11 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_o
     };
     let (mut orders, mut billing, mut reader, mut ops) =
         (admin("orders-token"), admin("billing-token"), admin("reader-token"), admin("ops-token"));
-    let everyone = |topic: &str| proto::TopicPolicyRequest { topic: topic.into(), all_tenants: true };
+    let everyone = |topic: &str| proto::TopicPolicyRequest {
+        topic: topic.into(),
+        all_tenants: true,
+        ..Default::default()
+    };
 
     // What billing may not do.
     let code = |r: Result<tonic::Response<proto::TopicPolicy>, tonic::Status>| r.unwrap_err().code();
@@ -372,6 +382,7 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_o
         topic: topic.into(),
         all_tenants,
         max_lateness: Some(prost_types::Duration { seconds: 10, nanos: 0 }),
+        ..Default::default()
     };
     assert_eq!(code(billing.set_max_lateness(deadline(&orders_only, false)).await), Code::PermissionDenied);
     assert_eq!(code(billing.set_max_lateness(deadline(&shared, true)).await), Code::PermissionDenied);
@@ -392,7 +403,11 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_o
         ["orders-1", "billing-1", "orders-2"],
         "billing's deadline expires billing's message only"
     );
-    let expired = as_billing.get(proto::GetRequest { id: "billing-2".into() }).await.unwrap().into_inner();
+    let expired = as_billing
+        .get(proto::GetRequest { id: "billing-2".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(expired.state(), proto::State::Expired);
 
     // Dead letters: billing sends none to a topic it is not granted, nor
@@ -401,6 +416,7 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_o
         topic: shared.clone(),
         all_tenants,
         dead_letter_topic: to.into(),
+        ..Default::default()
     };
     assert_eq!(
         code(billing.set_dead_letter_topic(dead_letters(&orders_only, false)).await),
@@ -429,7 +445,11 @@ async fn a_tenants_token_cannot_change_another_tenants_pauses_limits_deadlines_o
         ["orders-1", "billing-1", "orders-2", "orders-3"],
         "orders' message has no deadline there: delivered"
     );
-    let letter = as_billing.get(proto::GetRequest { id: "billing-3".into() }).await.unwrap().into_inner();
+    let letter = as_billing
+        .get(proto::GetRequest { id: "billing-3".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(letter.state(), proto::State::DeadLettered);
     server.stop().await;
 }
@@ -538,7 +558,7 @@ async fn in_a_cluster_a_pause_holds_every_shard_through_a_failover_and_a_resume_
     assert_eq!(letters, expected, "past their deadline: each on its dead-letter topic once");
     let letter = anywhere("Get", || {
         let mut scheduler = SchedulerClient::new(second.clone());
-        let request = proto::GetRequest { id: format!("{run}-4") };
+        let request = proto::GetRequest { id: format!("{run}-4"), ..Default::default() };
         async move { scheduler.get(request).await }
     })
     .await;
@@ -546,4 +566,77 @@ async fn in_a_cluster_a_pause_holds_every_shard_through_a_failover_and_a_resume_
     for node in &mut nodes[..2] {
         node.stop().unwrap();
     }
+}
+
+/// One tenant cannot use up the server's room for policies: its own are
+/// counted against `--max-policies-per-tenant`, an operator's topic-wide
+/// pause still goes through, a made-up topic takes no room, and who set a
+/// topic-wide policy is not shown to a tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_fills_only_its_own_room_for_policies_and_only_with_topics_that_exist() {
+    let broker = Broker::start();
+    let prefix = random_name("room");
+    let topics: Vec<String> = (0..3).map(|i| format!("{prefix}.{i}")).collect();
+    for topic in &topics {
+        broker.create_topic(topic, 1).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nname = \"acme\"\ntoken = \"acme-token-0123456789abcdef\"\ntopics = [\"{prefix}.*\"]\n\
+             admin = \"tenant\"\n\n\
+             [[token]]\nname = \"ops-on-call\"\ntoken = \"ops-token-0123456789abcdef\"\ntopics = [\"*\"]\n\
+             admin = \"all\"\n"
+        ),
+    )
+    .unwrap();
+    let mut config = config(&broker, &dir.path().join("data"));
+    config.auth_tokens = Some(tokens);
+    config.max_policies_per_tenant = 2;
+    let server = Hourglass::start(config).await;
+    let channel = channel(&server).await;
+    let admin = |token: &str| -> Admin {
+        AdminClient::with_interceptor(channel.clone(), Bearer::new(Some(token)).unwrap())
+    };
+    let (mut acme, mut ops) = (admin("acme-token-0123456789abcdef"), admin("ops-token-0123456789abcdef"));
+    let everyone = |topic: &str| proto::TopicPolicyRequest {
+        topic: topic.into(),
+        all_tenants: true,
+        ..Default::default()
+    };
+
+    // A name no broker knows is refused, and takes no room.
+    let made_up = format!("{prefix}.made-up");
+    let refused = acme.pause_topic(target(&made_up)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    // Its room is two of its own.
+    acme.pause_topic(target(&topics[0])).await.unwrap();
+    acme.set_rate_limit(limit(&topics[1], 10)).await.unwrap();
+    acme.pause_topic(target(&topics[1])).await.unwrap();
+    let full = acme.pause_topic(target(&topics[2])).await.unwrap_err();
+    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
+    assert!(full.message().contains("--max-policies-per-tenant"), "{}", full.message());
+    // The operator's pause of every tenant's messages is not in its room.
+    let wide = ops.pause_topic(everyone(&topics[2])).await.unwrap().into_inner();
+    assert!(wide.paused && wide.updated_by == "ops-on-call", "{wide:?}");
+    // A tenant sees the topic-wide pause, not who made it.
+    let seen = acme.get_topic_policy(everyone(&topics[2])).await.unwrap().into_inner();
+    assert!(seen.paused && seen.updated_by.is_empty(), "{seen:?}");
+    let listed = acme.list_topic_policies(proto::ListTopicPoliciesRequest {}).await.unwrap().into_inner();
+    assert!(listed.policies.iter().all(|p| p.updated_by != "ops-on-call"), "{listed:?}");
+    // A removal of what it does not have is no change; a resume of its own
+    // pause frees room.
+    acme.resume_topic(target(&topics[2])).await.unwrap();
+    acme.resume_topic(target(&topics[0])).await.unwrap();
+    acme.pause_topic(target(&topics[2])).await.unwrap();
+    let mine = acme.list_topic_policies(proto::ListTopicPoliciesRequest {}).await.unwrap().into_inner();
+    let whose: Vec<_> = mine.policies.iter().map(|p| (p.topic.as_str(), p.tenant.as_str())).collect();
+    assert_eq!(
+        whose,
+        [(topics[1].as_str(), "acme"), (topics[2].as_str(), ""), (topics[2].as_str(), "acme")],
+        "{mine:?}"
+    );
+    server.stop().await;
 }

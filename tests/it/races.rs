@@ -95,7 +95,11 @@ async fn the_same_id_a_thousand_times_at_once_is_stored_and_delivered_once() {
     assert_eq!(ids, expected, "each delivered exactly once: {got:?}");
     let mut client = server.client().await;
     for id in [&unary_id, &mixed_id] {
-        let got = client.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let got = client
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(got.state(), State::Delivered, "{id}");
     }
     server.stop().await;
@@ -260,7 +264,10 @@ async fn a_cancel_at_the_due_instant_is_either_cancelled_or_delivered() {
             let (mut c, id) = (clients[i % clients.len()].clone(), id(i));
             tokio::spawn(async move {
                 tokio::time::sleep_until(when).await;
-                let outcome = c.cancel(proto::CancelRequest { id }).await.expect("a cancel is answered");
+                let outcome = c
+                    .cancel(proto::CancelRequest { id, ..Default::default() })
+                    .await
+                    .expect("a cancel is answered");
                 (offset_ms, outcome.into_inner().outcome())
             })
         })
@@ -302,7 +309,8 @@ async fn a_cancel_at_the_due_instant_is_either_cancelled_or_delivered() {
 
     // Get agrees with Cancel, and with where the record landed.
     for i in 0..n {
-        let got = client.get(proto::GetRequest { id: id(i) }).await.unwrap().into_inner();
+        let got =
+            client.get(proto::GetRequest { id: id(i), ..Default::default() }).await.unwrap().into_inner();
         if cancelled.contains(&id(i)) {
             assert_eq!(got.state(), State::Cancelled, "{}", id(i));
         } else {

@@ -190,7 +190,7 @@ async fn judge(broker: &Broker, topic: &str, ledger: &Ledger, within: Duration) 
 /// Refused requests stored nothing: `Get` finds none of them.
 async fn assert_not_stored(client: &mut SchedulerClient<Channel>, ids: impl IntoIterator<Item = &String>) {
     for id in ids {
-        let got = client.get(proto::GetRequest { id: id.clone() }).await;
+        let got = client.get(proto::GetRequest { id: id.clone(), ..Default::default() }).await;
         assert_eq!(got.map(|_| ()).unwrap_err().code(), Code::NotFound, "{id} was refused yet stored");
     }
 }
@@ -1202,8 +1202,8 @@ async fn a_full_disk_stops_dispatching_and_sigterm_still_exits() {
     assert_eq!(server.health().await.unwrap(), ServingStatus::NotServing, "writes fail: not serving");
     // Calls that write nothing do not make it look healthy.
     for _ in 0..5 {
-        let _ = client.cancel(proto::CancelRequest { id: "never-was".into() }).await;
-        let _ = client.get(proto::GetRequest { id: "never-was".into() }).await;
+        let _ = client.cancel(proto::CancelRequest { id: "never-was".into(), ..Default::default() }).await;
+        let _ = client.get(proto::GetRequest { id: "never-was".into(), ..Default::default() }).await;
         assert_eq!(server.health().await.unwrap(), ServingStatus::NotServing, "health flapped");
     }
     let during =

@@ -159,7 +159,7 @@ async fn connections_past_the_limit_wait_until_others_close() {
     let mut clients = Vec::new();
     for _ in 0..4 {
         let mut client = connect(bed.server.addr).await;
-        client.get(proto::GetRequest { id: "nobody".into() }).await.unwrap_err();
+        client.get(proto::GetRequest { id: "nobody".into(), ..Default::default() }).await.unwrap_err();
         clients.push(client);
     }
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", bed.server.addr))
@@ -167,14 +167,15 @@ async fn connections_past_the_limit_wait_until_others_close() {
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(1));
     let mut fifth = proto::scheduler_client::SchedulerClient::new(channel.connect_lazy());
-    let waited = fifth.get(proto::GetRequest { id: "nobody".into() }).await.unwrap_err();
+    let waited =
+        fifth.get(proto::GetRequest { id: "nobody".into(), ..Default::default() }).await.unwrap_err();
     assert_ne!(waited.code(), Code::NotFound, "a fifth connection was served: {waited:?}");
     clients.clear();
     let mut served = false;
     for _ in 0..50 {
         let mut client = proto::scheduler_client::SchedulerClient::new(channel.connect_lazy());
         if client
-            .get(proto::GetRequest { id: "nobody".into() })
+            .get(proto::GetRequest { id: "nobody".into(), ..Default::default() })
             .await
             .is_err_and(|s| s.code() == Code::NotFound)
         {
@@ -185,4 +186,52 @@ async fn connections_past_the_limit_wait_until_others_close() {
     }
     assert!(served, "a place came free once the others closed");
     bed.server.stop().await;
+}
+
+/// Forecasts take turns on a node: the few that may wait hold only a few
+/// of the server's call slots, the rest are refused at once, and every
+/// other call still gets in.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forecasts_waiting_their_turn_hold_a_few_call_slots_and_no_more() {
+    use tonic::IntoRequest as _;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Serve::start_env(
+        &broker,
+        dir.path(),
+        &["--max-concurrent-requests", "32"],
+        &[("HOURGLASS_FAILPOINT", "forecast-slow@1..1000")],
+    );
+    let client = server.client().await;
+    let mut forecasts = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let mut client = client.clone();
+        forecasts.spawn(async move {
+            client.forecast(proto::ForecastRequest::default()).await.map(|_| ()).map_err(|s| s.code())
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every slow forecast is in by now, answered or waiting.
+    let stats = client.clone().stats(proto::StatsRequest {}).await;
+    assert!(stats.is_ok(), "a call besides the forecasts gets in: {stats:?}");
+    let mut with_deadline = proto::ForecastRequest::default().into_request();
+    with_deadline.set_timeout(Duration::from_millis(800));
+    let started = std::time::Instant::now();
+    let late = client.clone().forecast(with_deadline).await.unwrap_err();
+    assert!(
+        matches!(late.code(), Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled),
+        "{late:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "answered within its deadline, not at its turn");
+    let (mut served, mut refused) = (0, 0);
+    while let Some(answer) = forecasts.join_next().await {
+        match answer.unwrap() {
+            Ok(()) => served += 1,
+            Err(Code::ResourceExhausted) => refused += 1,
+            Err(other) => panic!("a forecast ended {other:?}"),
+        }
+    }
+    assert!((1..=9).contains(&served), "one runs and at most eight wait: {served} served");
+    assert_eq!(served + refused, 40);
 }

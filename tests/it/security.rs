@@ -84,7 +84,10 @@ pub(crate) async fn tls_channel(
 /// NOT_FOUND for an id nobody scheduled means the call went through.
 async fn answered(channel: Result<Channel, tonic::transport::Error>) -> bool {
     let Ok(channel) = channel else { return false };
-    match SchedulerClient::new(channel).get(proto::GetRequest { id: "nobody-scheduled-this".into() }).await {
+    match SchedulerClient::new(channel)
+        .get(proto::GetRequest { id: "nobody-scheduled-this".into(), ..Default::default() })
+        .await
+    {
         Err(status) => status.code() == Code::NotFound,
         Ok(_) => panic!("a message nobody scheduled was found"),
     }
@@ -209,9 +212,9 @@ async fn tokens_decide_who_may_schedule_to_which_topic() {
     for (client, id) in [(&mut anonymous, "anonymous-1"), (&mut impostor, "impostor-1")] {
         let status = client.schedule(with_id(request(&by_prefix, "x", now), id)).await.unwrap_err();
         assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
-        let status = client.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+        let status = client.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap_err();
         assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
-        let status = orders.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+        let status = orders.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound, "nothing was stored for {id}");
     }
     // Other tests of this binary only add to the counters.
@@ -221,7 +224,8 @@ async fn tokens_decide_who_may_schedule_to_which_topic() {
     let status = orders.schedule(with_id(request(&other, "x", now), "forbidden-1")).await.unwrap_err();
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     assert!(status.message().contains("orders") && status.message().contains(&other), "{}", status.message());
-    let status = orders.get(proto::GetRequest { id: "forbidden-1".into() }).await.unwrap_err();
+    let status =
+        orders.get(proto::GetRequest { id: "forbidden-1".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "the refused message was not stored");
 
     // Covered topics: by prefix and by exact name; `*` covers every topic.
@@ -240,26 +244,47 @@ async fn tokens_decide_who_may_schedule_to_which_topic() {
     let reschedule = |id: &str| proto::RescheduleRequest {
         id: id.into(),
         due: Some(proto::reschedule_request::Due::Delay(prost_types::Duration { seconds: 60, nanos: 0 })),
+        ..Default::default()
     };
-    let status = orders.get(proto::GetRequest { id: "wildcard-1".into() }).await.unwrap_err();
+    let status =
+        orders.get(proto::GetRequest { id: "wildcard-1".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
-    let status = narrow.get(proto::GetRequest { id: "prefix-1".into() }).await.unwrap_err();
+    let status =
+        narrow.get(proto::GetRequest { id: "prefix-1".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-    let status = narrow.cancel(proto::CancelRequest { id: "prefix-1".into() }).await.unwrap_err();
+    let status = narrow
+        .cancel(proto::CancelRequest { id: "prefix-1".into(), ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     assert_eq!(narrow.reschedule(reschedule("prefix-1")).await.unwrap_err().code(), Code::PermissionDenied);
     assert_eq!(
-        narrow.get(proto::GetRequest { id: "exact-1".into() }).await.unwrap().into_inner().id,
+        narrow
+            .get(proto::GetRequest { id: "exact-1".into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner()
+            .id,
         "exact-1",
         "a token of the same tenant sees its messages on the topics it covers"
     );
     assert_eq!(
-        orders.get(proto::GetRequest { id: "prefix-1".into() }).await.unwrap().into_inner().state(),
+        orders
+            .get(proto::GetRequest { id: "prefix-1".into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner()
+            .state(),
         proto::State::Delivered,
         "untouched"
     );
     assert_eq!(
-        admin.get(proto::GetRequest { id: "wildcard-1".into() }).await.unwrap().into_inner().id,
+        admin
+            .get(proto::GetRequest { id: "wildcard-1".into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner()
+            .id,
         "wildcard-1"
     );
 
@@ -292,7 +317,7 @@ async fn tokens_decide_who_may_schedule_to_which_topic() {
     for (id, stored) in
         [("batch-ok", true), ("batch-denied", false), ("stream-denied", false), ("stream-ok", true)]
     {
-        let got = orders.get(proto::GetRequest { id: id.into() }).await;
+        let got = orders.get(proto::GetRequest { id: id.into(), ..Default::default() }).await;
         assert_eq!(got.is_ok(), stored, "{id}: {got:?}");
     }
     let status =

@@ -110,7 +110,11 @@ async fn a_second_level_cron_series_delivers_each_occurrence_once_and_never_earl
     assert!(!again.created);
     // Each occurrence is a message: Get tells what became of it.
     let mut client = bed.server.client().await;
-    let got = client.get(proto::GetRequest { id: format!("ticks@{first}") }).await.unwrap().into_inner();
+    let got = client
+        .get(proto::GetRequest { id: format!("ticks@{first}"), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(got.state(), proto::State::Delivered);
     assert_eq!(got.labels.get("kind").map(String::as_str), Some("tick"));
     bed.server.stop().await;
@@ -432,7 +436,11 @@ async fn a_kafka_outage_across_five_occurrences_sends_what_each_policy_says() {
             .collect();
         let mut cancelled = BTreeSet::new();
         for t in &all {
-            let got = client.get(proto::GetRequest { id: format!("{id}@{t}") }).await.unwrap().into_inner();
+            let got = client
+                .get(proto::GetRequest { id: format!("{id}@{t}"), ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner();
             match got.state() {
                 proto::State::Delivered => {
                     assert!(delivered.contains(t), "{id}@{t} delivered, not in the topic")

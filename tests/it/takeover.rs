@@ -73,7 +73,12 @@ async fn no_message_a_takeover_finds_on_its_topic_is_answered_cancelled() {
         );
         let asks = ids.iter().filter(|id| !answered.contains_key(*id)).map(|id| {
             let mut client = client.clone();
-            async move { (id.clone(), client.cancel(proto::CancelRequest { id: id.clone() }).await) }
+            async move {
+                (
+                    id.clone(),
+                    client.cancel(proto::CancelRequest { id: id.clone(), ..Default::default() }).await,
+                )
+            }
         });
         for (id, answer) in future::join_all(asks).await {
             match answer {

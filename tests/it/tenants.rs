@@ -127,7 +127,7 @@ async fn list_and_stats_show_only_what_the_token_covers() {
     assert_eq!(stats(empty.clone()), (0, 0, 0, 0));
     assert_eq!((empty.store_bytes, empty.dispatching), (0, 0), "no figures of the whole server");
 
-    orders.cancel(proto::CancelRequest { id: "o-0".into() }).await.unwrap();
+    orders.cancel(proto::CancelRequest { id: "o-0".into(), ..Default::default() }).await.unwrap();
     assert_eq!(stats(orders.stats(proto::StatsRequest {}).await.unwrap().into_inner()), (2, 0, 1, 0));
     assert_eq!(stats(billing.stats(proto::StatsRequest {}).await.unwrap().into_inner()), (2, 0, 0, 0));
     t.server.stop().await;
@@ -167,7 +167,11 @@ async fn a_tenants_label_selector_never_reaches_another_tenants_messages() {
     let theirs = billing.list(selected).await.unwrap().into_inner();
     assert_eq!(theirs.messages.len(), 5, "the other tenant's messages are untouched");
     for i in 0..5 {
-        let got = billing.get(proto::GetRequest { id: format!("m-{i}") }).await.unwrap().into_inner();
+        let got = billing
+            .get(proto::GetRequest { id: format!("m-{i}"), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(got.state(), State::Pending);
     }
     let again = orders.cancel_matching(cancel("")).await.unwrap().into_inner();
@@ -195,19 +199,32 @@ async fn each_tenant_has_its_own_ids_and_cannot_probe_anothers() {
         assert_eq!((got[0].id(), got[0].value.as_slice()), ("shared-1", value.as_bytes()));
         assert_eq!(got[0].header("hourglass-tenant"), Some(tenant));
     }
-    let mine = billing.get(proto::GetRequest { id: "shared-1".into() }).await.unwrap().into_inner();
+    let mine = billing
+        .get(proto::GetRequest { id: "shared-1".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(mine.message.unwrap().value, b"from-billing");
 
     // An id only the other tenant has: as if it did not exist, and nothing
     // in the answer names the other tenant's topic.
     orders.schedule(with_id(request(&t.orders, "secret", later()), "only-orders")).await.unwrap();
-    let probe = billing.get(proto::GetRequest { id: "only-orders".into() }).await.unwrap_err();
+    let probe =
+        billing.get(proto::GetRequest { id: "only-orders".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(probe.code(), Code::NotFound, "{probe:?}");
-    let outcome =
-        billing.cancel(proto::CancelRequest { id: "only-orders".into() }).await.unwrap().into_inner();
+    let outcome = billing
+        .cancel(proto::CancelRequest { id: "only-orders".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(outcome.outcome(), CancelOutcome::NotFound);
-    let moved =
-        billing.reschedule(proto::RescheduleRequest { id: "only-orders".into(), due: now_due() }).await;
+    let moved = billing
+        .reschedule(proto::RescheduleRequest {
+            id: "only-orders".into(),
+            due: now_due(),
+            ..Default::default()
+        })
+        .await;
     let moved = moved.unwrap_err();
     assert_eq!(moved.code(), Code::NotFound, "{moved:?}");
     for status in [&probe, &moved] {
@@ -215,7 +232,11 @@ async fn each_tenant_has_its_own_ids_and_cannot_probe_anothers() {
     }
     // The billing tenant may now take that id for itself.
     billing.schedule(with_id(request(&t.billing, "b", later()), "only-orders")).await.unwrap();
-    let untouched = orders.get(proto::GetRequest { id: "only-orders".into() }).await.unwrap().into_inner();
+    let untouched = orders
+        .get(proto::GetRequest { id: "only-orders".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!((untouched.state(), untouched.message.unwrap().value), (State::Pending, b"secret".to_vec()));
     t.server.stop().await;
 }
@@ -233,9 +254,15 @@ async fn a_cancel_racing_another_tenants_schedule_never_touches_it() {
         attackers.push(tokio::spawn(async move {
             for _round in 0..20 {
                 for id in &chunk {
-                    let _ = billing.cancel(proto::CancelRequest { id: id.clone() }).await;
                     let _ =
-                        billing.reschedule(proto::RescheduleRequest { id: id.clone(), due: now_due() }).await;
+                        billing.cancel(proto::CancelRequest { id: id.clone(), ..Default::default() }).await;
+                    let _ = billing
+                        .reschedule(proto::RescheduleRequest {
+                            id: id.clone(),
+                            due: now_due(),
+                            ..Default::default()
+                        })
+                        .await;
                 }
             }
         }));
@@ -250,7 +277,11 @@ async fn a_cancel_racing_another_tenants_schedule_never_touches_it() {
         attacker.await.unwrap();
     }
     for (id, due) in ids.iter().zip(dues) {
-        let got = orders.get(proto::GetRequest { id: id.clone() }).await.unwrap().into_inner();
+        let got = orders
+            .get(proto::GetRequest { id: id.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(got.state(), State::Pending, "{id} was touched by another tenant: {got:?}");
         assert_eq!(got.deliver_at, Some(due), "{id} was moved by another tenant");
     }
@@ -280,7 +311,7 @@ async fn a_revoked_token_cannot_go_on_scheduling_on_its_open_stream() {
     assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGHUP) }, 0);
     let mut revoked = false;
     for _ in 0..100 {
-        let probe = orders.get(proto::GetRequest { id: "before-revoke".into() }).await;
+        let probe = orders.get(proto::GetRequest { id: "before-revoke".into(), ..Default::default() }).await;
         if probe.is_err_and(|s| s.code() == Code::Unauthenticated) {
             revoked = true;
             break;
@@ -355,17 +386,24 @@ async fn every_rpc_gives_a_token_that_covers_nothing_nothing() {
                 );
             }
             "Cancel" => {
-                let outcome =
-                    nobody.cancel(proto::CancelRequest { id: "victim".into() }).await.unwrap().into_inner();
+                let outcome = nobody
+                    .cancel(proto::CancelRequest { id: "victim".into(), ..Default::default() })
+                    .await
+                    .unwrap()
+                    .into_inner();
                 assert_eq!(outcome.outcome(), CancelOutcome::NotFound);
             }
             "Reschedule" => {
-                let request = proto::RescheduleRequest { id: "victim".into(), due: in_an_hour() };
+                let request =
+                    proto::RescheduleRequest { id: "victim".into(), due: in_an_hour(), ..Default::default() };
                 assert_eq!(nobody.reschedule(request).await.unwrap_err().code(), Code::NotFound);
             }
             "Get" => {
                 for id in ["victim", "delivered"] {
-                    let status = nobody.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+                    let status = nobody
+                        .get(proto::GetRequest { id: id.into(), ..Default::default() })
+                        .await
+                        .unwrap_err();
                     assert_eq!(status.code(), Code::NotFound, "{id}");
                 }
             }
@@ -413,7 +451,11 @@ async fn every_rpc_gives_a_token_that_covers_nothing_nothing() {
         checked.push(name.to_owned());
     }
     assert_eq!(checked.len(), 10, "{checked:?}");
-    let victim = orders.get(proto::GetRequest { id: "victim".into() }).await.unwrap().into_inner();
+    let victim = orders
+        .get(proto::GetRequest { id: "victim".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(victim.state(), State::Pending, "untouched");
     t.server.stop().await;
 }
@@ -487,23 +529,114 @@ async fn an_ingress_topic_schedules_with_its_grant_and_reaches_no_other_tenant()
         .await;
 
     let started = std::time::Instant::now();
-    while orders.get(proto::GetRequest { id: "last".into() }).await.is_err() {
+    while orders.get(proto::GetRequest { id: "last".into(), ..Default::default() }).await.is_err() {
         assert!(started.elapsed() < Duration::from_secs(30), "the ingress topic was not read");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mine = orders.get(proto::GetRequest { id: "mine".into() }).await.unwrap().into_inner();
+    let mine =
+        orders.get(proto::GetRequest { id: "mine".into(), ..Default::default() }).await.unwrap().into_inner();
     assert_eq!((mine.state(), mine.tenant.as_str()), (State::Pending, "orders"), "{mine:?}");
     for id in ["mine", "stolen"] {
-        let status = billing.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+        let status =
+            billing.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound, "{id} from billing's side: {status:?}");
     }
-    let status = orders.get(proto::GetRequest { id: "stolen".into() }).await.unwrap_err();
+    let status =
+        orders.get(proto::GetRequest { id: "stolen".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "refused, it parked nothing: {status:?}");
-    let shared = billing.get(proto::GetRequest { id: "shared".into() }).await.unwrap().into_inner();
+    let shared = billing
+        .get(proto::GetRequest { id: "shared".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(shared.state(), State::Pending, "another tenant's message is untouched: {shared:?}");
     let refused = hourglass::metrics::INGRESS_RECORDS.with_label_values(&[&ingress, "refused"]).get();
     assert_eq!(refused, 1, "the record for billing's topic");
     let delivered = consume_async(&t.broker, &t.billing, 1, Duration::from_secs(2), Duration::ZERO).await;
     assert!(delivered.is_empty(), "nothing reached billing's topic: {delivered:?}");
     t.server.stop().await;
+}
+
+/// An operator (`admin = "all"`) sees every tenant's messages on its
+/// topics, with the server's own figures, names another tenant's message
+/// or policy by its tenant, and acts on that one; a tenant's token can name
+/// no one else's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_sees_and_acts_across_tenants_and_a_tenant_cannot() {
+    use proto::admin_client::AdminClient;
+    let broker = Broker::start();
+    let prefix = random_name("acme");
+    let topic = format!("{prefix}.events");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nname = \"acme\"\ntoken = \"acme-token-0123456789abcdef\"\ntopics = [\"{prefix}.*\"]\n\
+             admin = \"tenant\"\n\n\
+             [[token]]\nname = \"ops\"\ntoken = \"ops-token-0123456789abcdef\"\ntopics = [\"*\"]\nadmin = \"all\"\n"
+        ),
+    )
+    .unwrap();
+    let mut config = config(&broker, &dir.path().join("data"));
+    config.auth_tokens = Some(tokens);
+    let server = Hourglass::start(config).await;
+    let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
+    let bearer = |token: &str| Bearer::new(Some(token)).unwrap();
+    let (acme_token, ops_token) = ("acme-token-0123456789abcdef", "ops-token-0123456789abcdef");
+    let mut acme = SchedulerClient::with_interceptor(channel.clone(), bearer(acme_token));
+    let mut ops = SchedulerClient::with_interceptor(channel.clone(), bearer(ops_token));
+    for id in ["a-1", "a-2", "a-3"] {
+        acme.schedule(with_id(request(&topic, id, later()), id)).await.unwrap();
+    }
+
+    // It sees them, with the server's own figures.
+    let page = ops.list(proto::ListRequest::default()).await.unwrap().into_inner();
+    let seen: Vec<_> = page.messages.iter().map(|m| (m.id.as_str(), m.tenant.as_str())).collect();
+    assert_eq!(seen, [("a-1", "acme"), ("a-2", "acme"), ("a-3", "acme")]);
+    let stats = ops.stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.pending, 3);
+    assert!(stats.store_bytes > 0, "the server's own figures: {stats:?}");
+    let theirs = |id: &str| proto::GetRequest { id: id.into(), tenant: "acme".into() };
+    let got = ops.get(theirs("a-1")).await.unwrap().into_inner();
+    assert_eq!(got.state(), State::Pending);
+    // Without the tenant, the id is its own: none.
+    let own = ops.get(proto::GetRequest { id: "a-1".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(own.code(), Code::NotFound);
+    // It acts on that one.
+    let cancel = proto::CancelRequest { id: "a-1".into(), tenant: "acme".into(), ..Default::default() };
+    assert_eq!(ops.cancel(cancel).await.unwrap().into_inner().outcome(), CancelOutcome::Cancelled);
+    let moved = proto::RescheduleRequest { id: "a-2".into(), tenant: "acme".into(), due: now_due() };
+    ops.reschedule(moved).await.unwrap();
+    let state = |m: proto::GetResponse| m.state();
+    let own = |id: &str| proto::GetRequest { id: id.into(), ..Default::default() };
+    assert_eq!(state(acme.get(own("a-1")).await.unwrap().into_inner()), State::Cancelled);
+
+    // A tenant names no one else.
+    let probe = proto::GetRequest { id: "a-1".into(), tenant: "ops".into() };
+    assert_eq!(acme.get(probe).await.unwrap_err().code(), Code::PermissionDenied);
+    let cancel = proto::CancelRequest { id: "x".into(), tenant: "ops".into(), ..Default::default() };
+    assert_eq!(acme.cancel(cancel).await.unwrap_err().code(), Code::PermissionDenied);
+    let moved = proto::RescheduleRequest { id: "x".into(), tenant: "ops".into(), due: in_an_hour() };
+    assert_eq!(acme.reschedule(moved).await.unwrap_err().code(), Code::PermissionDenied);
+    let stats = acme.stats(proto::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.store_bytes, 0, "a tenant gets no server figures");
+
+    // Policies: the operator resumes the tenant's own pause by naming it.
+    let mut acme_admin = AdminClient::with_interceptor(channel.clone(), bearer(acme_token));
+    let mut ops_admin = AdminClient::with_interceptor(channel.clone(), bearer(ops_token));
+    let policy = |tenant: &str| proto::TopicPolicyRequest {
+        topic: topic.clone(),
+        tenant: tenant.into(),
+        ..Default::default()
+    };
+    acme_admin.pause_topic(policy("")).await.unwrap();
+    let resumed = ops_admin.resume_topic(policy("acme")).await.unwrap().into_inner();
+    assert_eq!((resumed.tenant.as_str(), resumed.paused), ("acme", false), "{resumed:?}");
+    let mine = acme_admin.get_topic_policy(policy("")).await.unwrap().into_inner();
+    assert!(!mine.paused, "the operator's resume reached acme's own policy: {mine:?}");
+    let refused = acme_admin.pause_topic(policy("ops")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    server.stop().await;
 }

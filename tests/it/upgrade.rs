@@ -60,7 +60,7 @@ async fn a_store_from_the_previous_release_opens_unchanged_as_one_shard() {
     let clock = Arc::new(ManualClock::new(UnixMillis(ms(MADE))));
     let server = Hourglass::start_with_clock(config(&broker, dir.path()), clock.clone()).await;
     let mut client = server.client().await;
-    let get = |id: &str| proto::GetRequest { id: id.into() };
+    let get = |id: &str| proto::GetRequest { id: id.into(), ..Default::default() };
 
     let delivered = client.get(get("delivered-1")).await.unwrap().into_inner();
     assert_eq!(delivered.state(), State::Delivered);

@@ -122,7 +122,8 @@ async fn race(bed: TestBed) {
     }
     assert_eq!(seen.len(), n, "every message delivered once");
     for i in (0..n).step_by(97) {
-        let got = client.get(proto::GetRequest { id: id(i) }).await.unwrap().into_inner();
+        let got =
+            client.get(proto::GetRequest { id: id(i), ..Default::default() }).await.unwrap().into_inner();
         assert_eq!(got.state(), State::Delivered, "{}", id(i));
         assert_eq!(
             got.message.unwrap().value,
@@ -201,7 +202,11 @@ async fn the_latest_kafka_native_record_for_an_id_wins_while_it_is_pending() {
     }
     let got = consume_async(&broker, &topic, 3, Duration::from_secs(3), Duration::ZERO).await;
     assert_eq!(got.len(), 2, "nothing more delivered: {got:?}");
-    let get = client.get(proto::GetRequest { id: "reminder-1".into() }).await.unwrap().into_inner();
+    let get = client
+        .get(proto::GetRequest { id: "reminder-1".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(get.message.unwrap().value, b"third");
     assert_eq!(get.labels.get("order").map(String::as_str), Some("7"), "labels from hourglass-labels");
     server.stop().await;

@@ -85,7 +85,7 @@ async fn a_batch_answers_each_item_and_parks_only_the_good_ones() {
     values.sort();
     assert_eq!(values, ["one", "three", "two"], "good items delivered once each, bad ones never");
     for id in ["bad-topic", "bad-empty", "bad-partition"] {
-        let err = client.get(proto::GetRequest { id: id.into() }).await.unwrap_err();
+        let err = client.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap_err();
         assert_eq!(err.code(), Code::NotFound, "a refused item is not stored: {id}");
     }
 }
@@ -100,7 +100,7 @@ async fn an_oversized_batch_is_refused_whole() {
     let err = client.schedule_batch(proto::ScheduleBatchRequest { requests }).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("at most 10"), "{}", err.message());
-    let err = client.get(proto::GetRequest { id: "b-0".into() }).await.unwrap_err();
+    let err = client.get(proto::GetRequest { id: "b-0".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "nothing of a refused batch is stored");
     server.stop().await;
 }
@@ -186,10 +186,13 @@ async fn a_stream_whose_answers_are_not_read_is_not_read_either() {
         Err(s) if s.code() == Code::NotFound => false,
         Err(s) => panic!("{s}"),
     };
-    assert!(stored(probe.get(proto::GetRequest { id: "w-0".into() }).await), "the stream made progress");
+    assert!(
+        stored(probe.get(proto::GetRequest { id: "w-0".into(), ..Default::default() }).await),
+        "the stream made progress"
+    );
     let half = format!("w-{}", N / 2);
     assert!(
-        !stored(probe.get(proto::GetRequest { id: half }).await),
+        !stored(probe.get(proto::GetRequest { id: half, ..Default::default() }).await),
         "with nobody reading answers the server parked half of {N}; it must stop reading"
     );
     assert!(!sender.is_finished(), "the client is held back by flow control");
@@ -202,6 +205,6 @@ async fn a_stream_whose_answers_are_not_read_is_not_read_either() {
     assert_eq!(answered, N);
     sender.await.unwrap();
     let last = format!("w-{}", N - 1);
-    assert!(stored(probe.get(proto::GetRequest { id: last }).await));
+    assert!(stored(probe.get(proto::GetRequest { id: last, ..Default::default() }).await));
     server.stop().await;
 }

@@ -286,6 +286,10 @@ pub struct IdArgs {
     pub client: ClientArgs,
     /// Message id.
     pub id: String,
+    /// Another tenant's message, for an operator token (admin = "all");
+    /// your own tenant's unless given.
+    #[arg(long, default_value = "")]
+    pub tenant: String,
 }
 
 #[derive(Debug, Args)]
@@ -308,6 +312,10 @@ pub struct CancelArgs {
     /// With --selector: only messages dispatched before this time, RFC 3339.
     #[arg(long, value_parser = time, requires = "selector")]
     pub to: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Another tenant's message (with an id), for an operator token
+    /// (admin = "all"); your own tenant's unless given.
+    #[arg(long, default_value = "", conflicts_with = "selector")]
+    pub tenant: String,
 }
 
 #[derive(Debug, Args)]
@@ -318,6 +326,10 @@ pub struct RescheduleArgs {
     pub id: String,
     #[command(flatten)]
     pub when: When,
+    /// Another tenant's message, for an operator token (admin = "all");
+    /// your own tenant's unless given.
+    #[arg(long, default_value = "")]
+    pub tenant: String,
 }
 
 #[derive(Debug, Args)]

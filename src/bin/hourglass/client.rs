@@ -113,7 +113,7 @@ pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
     };
     let reply = connect(&args.client)
         .await?
-        .cancel(proto::CancelRequest { id: id.clone() })
+        .cancel(proto::CancelRequest { id: id.clone(), tenant: args.tenant.clone(), ..Default::default() })
         .await
         .map_err(status_error)?
         .into_inner();
@@ -186,7 +186,11 @@ pub async fn reschedule(args: RescheduleArgs) -> anyhow::Result<ExitCode> {
     };
     let reply = connect(&args.client)
         .await?
-        .reschedule(proto::RescheduleRequest { id: args.id.clone(), due: Some(due) })
+        .reschedule(proto::RescheduleRequest {
+            id: args.id.clone(),
+            due: Some(due),
+            tenant: args.tenant.clone(),
+        })
         .await
         .map_err(status_error)?
         .into_inner();
@@ -209,7 +213,7 @@ pub fn bytes(b: &[u8]) -> String {
 pub async fn get(args: IdArgs) -> anyhow::Result<ExitCode> {
     let m = connect(&args.client)
         .await?
-        .get(proto::GetRequest { id: args.id })
+        .get(proto::GetRequest { id: args.id, tenant: args.tenant })
         .await
         .map_err(status_error)?
         .into_inner();

@@ -55,8 +55,11 @@ pub struct Target {
     /// For every tenant's messages to the topic, not just your token's
     /// tenant's (needs `admin = "all"` with --token; without tokens every
     /// policy is for every tenant).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "tenant")]
     pub all_tenants: bool,
+    /// Another tenant's own policy, for an operator token (admin = "all").
+    #[arg(long, default_value = "")]
+    pub tenant: String,
 }
 
 #[derive(Debug, Args)]
@@ -132,6 +135,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {
             let limit = proto::SetRateLimitRequest {
                 topic: t.topic.clone(),
                 all_tenants: t.all_tenants,
+                tenant: t.tenant.clone(),
                 per_second: if l.off { 0 } else { l.per_second.unwrap_or(0) },
                 burst: l.burst.unwrap_or(0),
             };
@@ -143,6 +147,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {
             let deadline = proto::SetMaxLatenessRequest {
                 topic: t.topic.clone(),
                 all_tenants: t.all_tenants,
+                tenant: t.tenant.clone(),
                 max_lateness: d.max_lateness.filter(|_| !d.off).map(client::wire),
             };
             let reply = connect(&t.client).await?.set_max_lateness(deadline).await;
@@ -154,6 +159,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {
             let to = proto::SetDeadLetterTopicRequest {
                 topic: t.topic.clone(),
                 all_tenants: t.all_tenants,
+                tenant: t.tenant.clone(),
                 dead_letter_topic: d.to.clone().filter(|_| !d.off).unwrap_or_default(),
             };
             let reply = connect(&t.client).await?.set_dead_letter_topic(to).await;
@@ -185,7 +191,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn request(t: &Target) -> proto::TopicPolicyRequest {
-    proto::TopicPolicyRequest { topic: t.topic.clone(), all_tenants: t.all_tenants }
+    proto::TopicPolicyRequest { topic: t.topic.clone(), all_tenants: t.all_tenants, tenant: t.tenant.clone() }
 }
 
 /// One policy on one line: whose, paused or not, its limit.

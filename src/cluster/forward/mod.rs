@@ -144,13 +144,14 @@ impl Router {
         request
     }
 
-    /// The shard of `id` (as the caller names it); none for a call without
+    /// The shard of `id` of `tenant`'s space (as the caller names it: none
+    /// for its own); none for a call without
     /// an id (a schedule that gets one made where it is served).
-    fn shard_of(&self, call: &Call, id: &str) -> Result<Option<usize>, Error> {
+    fn shard_of(&self, call: &Call, tenant: &str, id: &str) -> Result<Option<usize>, Error> {
         if id.is_empty() {
             return Ok(None);
         }
-        let id = call.access.scope().id(id)?;
+        let id = call.access.id_of(tenant, id)?;
         Ok(Some(shard_of(&id, self.cluster.partitions()) as usize))
     }
 
@@ -249,14 +250,14 @@ impl Router {
         &self,
         method: &'static str,
         call: &Call,
-        id: &str,
+        (tenant, id): (&str, &str),
         request: &Req,
         send: impl Fn(C, Request<Req>) -> BoxFuture<'static, Result<Response<Resp>, Status>>,
     ) -> Result<Option<Resp>, Error> {
         if call.forwarded {
             return Ok(None);
         }
-        let shard = self.shard_of(call, id)?;
+        let shard = self.shard_of(call, tenant, id)?;
         let mut place = self.place(shard).await?;
         for resend in 0..=RESENDS {
             let Place::There(addr) = place else {
@@ -331,7 +332,7 @@ impl Scheduler for Router {
         let id = request.id.clone().unwrap_or_default();
         let send =
             |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.schedule(r).await }) };
-        match self.one("Schedule", call, &id, &request, send).await? {
+        match self.one("Schedule", call, ("", &id), &request, send).await? {
             Some(answer) => Ok(answer),
             None => self.local.schedule(call, request).await,
         }
@@ -355,7 +356,7 @@ impl Scheduler for Router {
         let mut todo = Vec::with_capacity(items.len());
         for (index, item) in items.into_iter().enumerate() {
             // An id that does not parse is answered here, as Schedule would.
-            let shard = self.shard_of(call, item.id.as_deref().unwrap_or_default()).ok().flatten();
+            let shard = self.shard_of(call, "", item.id.as_deref().unwrap_or_default()).ok().flatten();
             let place = match places.get(&shard) {
                 Some(place) => place.clone(),
                 None => match self.place(shard).await {
@@ -474,7 +475,7 @@ impl Scheduler for Router {
         request: proto::CancelRequest,
     ) -> Result<proto::CancelResponse, Error> {
         let send = |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.cancel(r).await }) };
-        match self.one("Cancel", call, &request.id, &request, send).await? {
+        match self.one("Cancel", call, (&request.tenant, &request.id), &request, send).await? {
             Some(answer) => Ok(answer),
             None => self.local.cancel(call, request).await,
         }
@@ -487,7 +488,7 @@ impl Scheduler for Router {
     ) -> Result<proto::RescheduleResponse, Error> {
         let send =
             |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.reschedule(r).await }) };
-        match self.one("Reschedule", call, &request.id, &request, send).await? {
+        match self.one("Reschedule", call, (&request.tenant, &request.id), &request, send).await? {
             Some(answer) => Ok(answer),
             None => self.local.reschedule(call, request).await,
         }
@@ -495,7 +496,7 @@ impl Scheduler for Router {
 
     async fn get(&self, call: &Call, request: proto::GetRequest) -> Result<proto::GetResponse, Error> {
         let send = |mut c: Client, r| -> BoxFuture<'static, _> { Box::pin(async move { c.get(r).await }) };
-        match self.one("Get", call, &request.id, &request, send).await? {
+        match self.one("Get", call, (&request.tenant, &request.id), &request, send).await? {
             Some(answer) => Ok(answer),
             None => self.local.get(call, request).await,
         }
@@ -631,7 +632,7 @@ mod tests {
     }
 
     fn get() -> proto::GetRequest {
-        proto::GetRequest { id: "m".into() }
+        proto::GetRequest { id: "m".into(), ..Default::default() }
     }
 
     #[tokio::test]

@@ -41,7 +41,7 @@ macro_rules! one_series {
     ($self:ident, $call:ident, $request:ident, $method:literal, $verb:ident) => {{
         let send =
             |mut c: SeriesClient, r| -> BoxFuture<'static, _> { Box::pin(async move { c.$verb(r).await }) };
-        match $self.router.one($method, $call, &$request.id, &$request, send).await? {
+        match $self.router.one($method, $call, ("", &$request.id), &$request, send).await? {
             Some(answer) => Ok(answer),
             None => $self.local.$verb($call, $request).await,
         }

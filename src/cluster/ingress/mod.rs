@@ -422,7 +422,9 @@ async fn take(caller: &Caller, source: &Source<'_>, records: Vec<Raw>, lost: &Ca
                     } as i32,
                 }))
             }
-            Ok(Native::Cancel(id)) => Ask::Cancel(proto::CancelRequest { id: id.as_str().to_owned() }),
+            Ok(Native::Cancel(id)) => {
+                Ask::Cancel(proto::CancelRequest { id: id.as_str().to_owned(), ..Default::default() })
+            }
             Err(rejected) => {
                 refused(
                     source,

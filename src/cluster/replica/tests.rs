@@ -243,7 +243,7 @@ async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
     let store = open(dir.path());
     store.apply(vec![claim(0, 1), logged(1, Change::Scheduled(message("a", 10)))]).await.unwrap();
     let Decision::Log { change, held: Some(held), .. } = store
-        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5) })
+        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5), only: None })
         .await
         .unwrap()
     else {
@@ -256,7 +256,14 @@ async fn a_decided_change_holds_its_message_until_its_record_is_applied() {
     let second = {
         let store = store.clone();
         tokio::spawn(async move {
-            store.decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(6) }).await
+            store
+                .decide(Intent::Cancel {
+                    scope: Scope::everything(),
+                    id: id("a"),
+                    now: UnixMillis(6),
+                    only: None,
+                })
+                .await
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -278,7 +285,7 @@ async fn a_change_applied_after_another_node_s_claim_is_not_answered_as_done() {
     let store = open(dir.path());
     store.apply(vec![claim(0, 1), logged(1, Change::Scheduled(message("a", 10)))]).await.unwrap();
     let Decision::Log { change, held: Some(held), .. } = store
-        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5) })
+        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5), only: None })
         .await
         .unwrap()
     else {
@@ -493,7 +500,7 @@ async fn a_hold_whose_caller_went_away_before_logging_is_let_go() {
     let store = open(dir.path());
     store.apply(vec![logged(0, Change::Scheduled(message("a", 10)))]).await.unwrap();
     let Decision::Log { held: Some(held), .. } = store
-        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5) })
+        .decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(5), only: None })
         .await
         .unwrap()
     else {
@@ -504,7 +511,12 @@ async fn a_hold_whose_caller_went_away_before_logging_is_let_go() {
     drop(held);
     let again = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        store.decide(Intent::Cancel { scope: Scope::everything(), id: id("a"), now: UnixMillis(6) }),
+        store.decide(Intent::Cancel {
+            scope: Scope::everything(),
+            id: id("a"),
+            now: UnixMillis(6),
+            only: None,
+        }),
     )
     .await
     .expect("a dropped hold does not keep the message held");

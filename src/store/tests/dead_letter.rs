@@ -64,7 +64,8 @@ async fn a_dead_lettered_message_says_where_and_why_is_counted_and_can_be_driven
         store.marks_of("t").await.unwrap().is_empty(),
         "a dead letter raises no mark of its message's topic"
     );
-    let cancel = Intent::Cancel { scope: Scope::everything(), id: late.clone(), now: UnixMillis(95) };
+    let cancel =
+        Intent::Cancel { scope: Scope::everything(), id: late.clone(), now: UnixMillis(95), only: None };
     let answer = store.change(cancel).await.unwrap().cancelled();
     assert!(matches!(answer, Ok(CancelOutcome::AlreadyDeadLettered)), "{answer:?}");
 

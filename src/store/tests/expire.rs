@@ -25,7 +25,8 @@ async fn an_expired_message_is_counted_kept_and_can_be_driven_again() {
     assert_eq!(state(&store, &id).await, State::Expired { at: UnixMillis(90), deadline: UnixMillis(70) });
     let stats = store.stats(Scope::everything(), UnixMillis(100)).await.unwrap();
     assert_eq!((stats.counts.pending, stats.counts.expired, stats.counts.delivered), (0, 1, 1));
-    let cancel = Intent::Cancel { scope: Scope::everything(), id: id.clone(), now: UnixMillis(95) };
+    let cancel =
+        Intent::Cancel { scope: Scope::everything(), id: id.clone(), now: UnixMillis(95), only: None };
     let answer = store.change(cancel).await.unwrap().cancelled();
     assert!(matches!(answer, Ok(CancelOutcome::AlreadyExpired)), "{answer:?}");
 

@@ -46,7 +46,7 @@ async fn a_forecast_counts_what_list_pages_through_per_topic_and_interval() {
     park_on(&store, &billing, "i", "x", 3100).await;
     let cancelled = park_on(&store, &everything, "h", "x", 2700).await;
     store
-        .change(Intent::Cancel { scope: everything.clone(), id: cancelled, now: UnixMillis(0) })
+        .change(Intent::Cancel { scope: everything.clone(), id: cancelled, now: UnixMillis(0), only: None })
         .await
         .unwrap();
     // a is delivered: its due entry waits for its retention, logged.

@@ -69,6 +69,7 @@ async fn a_delivered_or_cancelled_message_is_final_and_a_failed_one_is_armed_aga
             scope: Scope::everything(),
             id: MessageId::parse("gone").unwrap(),
             now: UnixMillis(5),
+            only: None,
         })
         .await
         .unwrap();

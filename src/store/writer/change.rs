@@ -10,7 +10,8 @@ use super::{
 };
 use crate::{
     message::{
-        CancelOutcome, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope, UnixMillis,
+        CancelOutcome, Matching, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope,
+        UnixMillis,
     },
     store::{
         StoreError,
@@ -147,12 +148,17 @@ impl Writer {
         scope: &Scope,
         id: &MessageId,
         now: UnixMillis,
+        only: Option<&Matching>,
     ) -> Flow<CancelOutcome> {
         let (id, stored) = match self.find(r, scope, id) {
             Ok(Some(found)) => found,
             Ok(None) => return Flow::Done(Ok(CancelOutcome::NotFound)),
             Err(e) => return Flow::Done(Err(e)),
         };
+        if !stored.still_matches(only) {
+            // Changed since it was found by its labels.
+            return Flow::Done(Ok(CancelOutcome::NotFound));
+        }
         if !r.reserve(&self.shared.claims, &id) {
             return Flow::Park(id);
         }

@@ -3,7 +3,7 @@
 //! of a standalone node and the log's front in a cluster alike.
 
 use crate::{
-    message::{CancelOutcome, MessageId, Scheduled, Scope, UnixMillis},
+    message::{CancelOutcome, Matching, MessageId, Scheduled, Scope, UnixMillis},
     store::{NewMessage, StoreError},
 };
 
@@ -11,8 +11,19 @@ use crate::{
 #[derive(Debug)]
 pub enum Intent {
     Schedule(Box<NewMessage>),
-    Cancel { scope: Scope, id: MessageId, now: UnixMillis },
-    Reschedule { scope: Scope, id: MessageId, due: UnixMillis },
+    /// `only`: cancelled only if it still matches (else answered not
+    /// found).
+    Cancel {
+        scope: Scope,
+        id: MessageId,
+        now: UnixMillis,
+        only: Option<Box<Matching>>,
+    },
+    Reschedule {
+        scope: Scope,
+        id: MessageId,
+        due: UnixMillis,
+    },
 }
 
 impl Intent {

@@ -98,8 +98,8 @@ impl Store {
     pub async fn change(&self, intent: Intent) -> Result<Answer, StoreError> {
         Ok(match intent {
             Intent::Schedule(msg) => Answer::Scheduled(self.schedule(*msg).await),
-            Intent::Cancel { scope, id, now } => {
-                Answer::Cancelled(self.call(|reply| Op::Cancel { scope, id, now, reply }).await)
+            Intent::Cancel { scope, id, now, only } => {
+                Answer::Cancelled(self.call(|reply| Op::Cancel { scope, id, now, only, reply }).await)
             }
             Intent::Reschedule { scope, id, due } => {
                 Answer::Rescheduled(self.call(|reply| Op::Reschedule { scope, id, due, reply }).await)

@@ -8,7 +8,8 @@ use tokio::sync::oneshot;
 use super::{Answer, Decided, Decision, InDoubt, Intent, LogEntry};
 use crate::{
     message::{
-        CancelOutcome, DeadReason, DueSpec, Envelope, MessageId, OnConflict, Scheduled, Scope, UnixMillis,
+        CancelOutcome, DeadReason, DueSpec, Envelope, Matching, MessageId, OnConflict, Scheduled, Scope,
+        UnixMillis,
     },
     store::{StoreError, claims::Floor, read, scan::Tries, schema::DispatchKey},
 };
@@ -135,6 +136,7 @@ pub(crate) enum Op {
         scope: Scope,
         id: MessageId,
         now: UnixMillis,
+        only: Option<Box<Matching>>,
         reply: Reply<CancelOutcome>,
     },
     Reschedule {

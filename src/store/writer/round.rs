@@ -12,7 +12,7 @@ use rocksdb::{DB, WriteBatch};
 
 use super::ops::{Reply, Settle};
 use crate::{
-    message::{MessageId, UnixMillis},
+    message::{Matching, MessageId, UnixMillis},
     metrics,
     store::{
         StoreError,
@@ -23,6 +23,7 @@ use crate::{
             self, Counts, CountsKey, DeliveryLine, DeliveryLog, DispatchKey, MessageRecord, Meta, Settlement,
             TriesRecord,
         },
+        view,
     },
 };
 
@@ -31,6 +32,13 @@ use crate::{
 pub(super) struct Stored {
     pub(super) record: MessageRecord,
     pub(super) settlement: Option<Settlement>,
+}
+
+impl Stored {
+    /// Whether it is still what a change was asked of (none: anything).
+    pub(super) fn still_matches(&self, only: Option<&Matching>) -> bool {
+        only.is_none_or(|m| m.holds(&self.record.topic, &view::labels_of(self.record.labels.clone())))
+    }
 }
 
 /// Everything one round changes, committed together or not at all.

@@ -305,10 +305,12 @@ impl Writer {
                     .collect();
                 r.reply(reply, Ok(results));
             }
-            Op::Cancel { scope, id, now, reply } => match self.cancel(r, &scope, &id, now) {
-                Flow::Done(result) => r.reply(reply, result),
-                Flow::Park(held) => self.parking.park(held, Op::Cancel { scope, id, now, reply }),
-            },
+            Op::Cancel { scope, id, now, only, reply } => {
+                match self.cancel(r, &scope, &id, now, only.as_deref()) {
+                    Flow::Done(result) => r.reply(reply, result),
+                    Flow::Park(held) => self.parking.park(held, Op::Cancel { scope, id, now, only, reply }),
+                }
+            }
             Op::Reschedule { scope, id, due, reply } => match self.reschedule(r, &scope, &id, due) {
                 Flow::Done(result) => r.reply(reply, result),
                 Flow::Park(held) => self.parking.park(held, Op::Reschedule { scope, id, due, reply }),

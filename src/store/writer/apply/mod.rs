@@ -29,7 +29,8 @@ use super::{
 };
 use crate::{
     message::{
-        CancelOutcome, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope, UnixMillis,
+        CancelOutcome, Matching, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope,
+        UnixMillis,
     },
     store::{
         StoreError,
@@ -93,7 +94,9 @@ impl Writer {
     pub(super) fn decide(&mut self, r: &mut Round, intent: &Intent) -> Flow<Decision> {
         match intent {
             Intent::Schedule(msg) => self.decide_schedule(r, msg),
-            Intent::Cancel { scope, id, now } => self.decide_cancel(r, scope, id, *now),
+            Intent::Cancel { scope, id, now, only } => {
+                self.decide_cancel(r, scope, id, *now, only.as_deref())
+            }
             Intent::Reschedule { scope, id, due } => self.decide_reschedule(r, scope, id, *due),
         }
     }
@@ -201,6 +204,7 @@ impl Writer {
         scope: &Scope,
         id: &MessageId,
         now: UnixMillis,
+        only: Option<&Matching>,
     ) -> Flow<Decision> {
         let answer = |result| Flow::Done(Ok(Decision::Answer(Answer::Cancelled(result))));
         let (id, stored) = match self.find_and_hold(r, scope, id) {
@@ -209,6 +213,11 @@ impl Writer {
             Flow::Done(Err(e)) => return Flow::Done(Err(e)),
             Flow::Park(held) => return Flow::Park(held),
         };
+        if !stored.still_matches(only) {
+            // Changed since it was found by its labels.
+            self.unhold(&id);
+            return answer(Ok(CancelOutcome::NotFound));
+        }
         if let Err(outcome) = view::state_of(stored.settlement.as_ref()).cancel() {
             self.unhold(&id);
             return answer(Ok(outcome));
