@@ -65,7 +65,8 @@ impl From<Error> for Status {
             | Error::TooManyStreams(_)
             | Error::NoRoomForStream { .. }
             | Error::RequestMemory(_)
-            | Error::TooManyWatches(_) => Code::ResourceExhausted,
+            | Error::TooManyWatches(_)
+            | Error::SeriesLimit { .. } => Code::ResourceExhausted,
         };
         Status::new(code, message)
     }
@@ -138,6 +139,7 @@ mod tests {
             (Error::NoRoomForStream { total: 8, window: 9 }, Code::ResourceExhausted),
             (Error::RequestMemory(8), Code::ResourceExhausted),
             (Error::TooManyWatches(64), Code::ResourceExhausted),
+            (Error::SeriesLimit { tenant: None, share: 10, max: 10 }, Code::ResourceExhausted),
             (Error::StreamIdle(std::time::Duration::from_secs(120)), Code::Unavailable),
             (
                 Error::Relayed { code: Code::NotFound as i32, message: "m".into(), details: vec![] },
