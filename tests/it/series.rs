@@ -785,7 +785,7 @@ async fn times_past_9999_are_refused_however_far_max_delay_reaches() {
     let far_delay =
         |seconds| proto::schedule_request::Due::Delay(prost_types::Duration { seconds, nanos: 0 });
     for due in [far_at(LAST_SECOND + 1), far_at(i64::MAX), far_delay(LAST_SECOND + 1), far_delay(i64::MAX)] {
-        let r = proto::ScheduleRequest { due: Some(due.clone()), ..request(&bed.topic, "v", Duration::ZERO) };
+        let r = proto::ScheduleRequest { due: Some(due), ..request(&bed.topic, "v", Duration::ZERO) };
         let status = client.schedule(r).await.unwrap_err();
         assert_eq!(field_of(&status), "due", "{due:?}: {status:?}");
         assert!(status.message().contains("9999-12-31"), "{status:?}");
