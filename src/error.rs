@@ -102,6 +102,15 @@ pub enum Error {
     SeriesNotFound(String),
     #[error("series {0:?} exists with a different definition; UpdateSeries changes it, or choose another id")]
     SeriesExists(String),
+    /// A tenant (the whole server, without tokens) has as many series as
+    /// it may: `share` of --series-max-per-tenant's `max` on this node.
+    #[error(
+        "{} already has {share} series, the most it may have{}; delete series it no longer needs, or raise \
+         --series-max-per-tenant (now {max})",
+        .tenant.as_deref().map_or_else(|| "the server".to_owned(), |t| format!("tenant {t:?}")),
+        if .share < .max { " on this node (its share of its shards)" } else { "" }
+    )]
+    SeriesLimit { tenant: Option<String>, share: usize, max: usize },
     #[error("the stream sent nothing for {}, so the server ended it; open a new one to go on", humantime::format_duration(*.0))]
     StreamIdle(Duration),
 }

@@ -106,7 +106,7 @@ impl Service {
         cmd: ScheduleCommand,
     ) -> Result<NewMessage, Error> {
         let id = match cmd.id.as_deref() {
-            Some(id) => NewId::Client(scope.id(id)?),
+            Some(id) => NewId::Client(scope.new_id(id)?),
             None => NewId::Generated(self.new_id(scope)),
         };
         self.check_template(access, &cmd.envelope).await?;

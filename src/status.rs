@@ -67,7 +67,8 @@ impl From<Error> for Status {
             | Error::RequestMemory(_)
             | Error::TooManyWatches(_)
             | Error::TooManyPolicies { .. }
-            | Error::ForecastsBusy { .. } => Code::ResourceExhausted,
+            | Error::ForecastsBusy { .. }
+            | Error::SeriesLimit { .. } => Code::ResourceExhausted,
         };
         Status::new(code, message)
     }
@@ -145,6 +146,7 @@ mod tests {
                 Code::ResourceExhausted,
             ),
             (Error::TooManyWatches(64), Code::ResourceExhausted),
+            (Error::SeriesLimit { tenant: None, share: 10, max: 10 }, Code::ResourceExhausted),
             (Error::StreamIdle(std::time::Duration::from_secs(120)), Code::Unavailable),
             (
                 Error::Relayed { code: Code::NotFound as i32, message: "m".into(), details: vec![] },

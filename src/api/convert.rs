@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::{
     message::{
         CancelOutcome, DeadReason, Delivery, DueSpec, Envelope, Forecast, ForecastQuery, Header, Invalid,
-        Labels, ListQuery, Matching, MessageId, OnConflict, PageToken, PendingMessage, PendingPage, Placed,
-        Scheduled, ScheduledMessage, Selector, State, Stats, UnixMillis, Window,
+        LAST_TIMESTAMP_SECOND, Labels, ListQuery, Matching, MessageId, OnConflict, PageToken, PendingMessage,
+        PendingPage, Placed, Scheduled, ScheduledMessage, Selector, State, Stats, UnixMillis, Window,
     },
     node::{Picture, Role},
     proto,
@@ -68,10 +68,34 @@ pub fn wire_duration(d: Duration) -> prost_types::Duration {
     }
 }
 
+/// A due time as a request gives it. One past 9999-12-31T23:59:59Z (the
+/// last a Timestamp holds), or a delay longer than the time from 1970 to
+/// then, is refused as beyond any --max-delay: taken in, it would saturate
+/// to a time no answer could give back.
 pub fn due_spec<D: Into<Option<WireDue>>>(due: D) -> Result<DueSpec, Invalid> {
+    let beyond = |given: String| {
+        Invalid::new(
+            "due",
+            format!(
+                "is past 9999-12-31T23:59:59Z, the last time a Timestamp holds ({given}); pick an earlier time"
+            ),
+        )
+    };
     match due.into() {
-        Some(WireDue::DeliverAt(t)) => Ok(DueSpec::At(unix_millis("deliver_at", t)?)),
-        Some(WireDue::Delay(d)) => Ok(DueSpec::After(delay(d)?)),
+        Some(WireDue::DeliverAt(t)) => {
+            let at = unix_millis("deliver_at", t)?;
+            if t.seconds > LAST_TIMESTAMP_SECOND {
+                return Err(beyond(format!("deliver_at is {} s after 1970", t.seconds)));
+            }
+            Ok(DueSpec::At(at))
+        }
+        Some(WireDue::Delay(d)) => {
+            let after = delay(d)?;
+            if d.seconds > LAST_TIMESTAMP_SECOND {
+                return Err(beyond(format!("delay is {} s", d.seconds)));
+            }
+            Ok(DueSpec::After(after))
+        }
         None => Err(Invalid::new("due", "is missing; set deliver_at (a time) or delay (a duration)")),
     }
 }

@@ -224,6 +224,14 @@ settings! {
             max_batch: usize = "10000", "HOURGLASS_MAX_BATCH";
             /// Largest ScheduleBatch request in bytes.
             max_batch_bytes: usize = "16777216", "HOURGLASS_MAX_BATCH_BYTES";
+            /// Series one tenant may have (without --auth-tokens the whole
+            /// server is one tenant); more are refused with
+            /// RESOURCE_EXHAUSTED.
+            series_max_per_tenant: usize = "10000", "HOURGLASS_SERIES_MAX_PER_TENANT";
+            /// The shortest time a new series may leave between two
+            /// occurrences: its interval, or its cron expression's closest
+            /// two (never less than 1s).
+            series_min_interval: HumanDuration = "1s", "HOURGLASS_SERIES_MIN_INTERVAL";
             /// Requests one ScheduleStream may have unanswered before the
             /// server stops reading it.
             stream_window: usize = "8192", "HOURGLASS_STREAM_WINDOW";

@@ -110,6 +110,18 @@ impl fmt::Display for MessageId {
     }
 }
 
+/// Whether `id` has the form of a series occurrence's id: `<series>@<ms>`
+/// or `<series>@<ms>.<n>` (a series id has no `@`; `ms` and `n` are
+/// digits). The form is the series driver's: a client may not schedule a
+/// message under it, or it could take an occurrence's id before the
+/// occurrence is parked, and its record would go out instead.
+pub fn occurrence_form(id: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some((series, at)) = id.split_once('@') else { return false };
+    let at = at.split_once('.').map_or(at, |(ms, n)| if digits(n) { ms } else { "" });
+    !series.is_empty() && digits(at)
+}
+
 /// The shard an id belongs to among `shards`: Kafka's Java client's rule
 /// for keys, `toPositive(murmur2(key)) % n`, over the id's text.
 pub fn shard_of(id: &MessageId, shards: u32) -> u32 {

@@ -170,6 +170,25 @@ impl Scope {
         MessageId::parse_in(Some(&tenant), id)
     }
 
+    /// Where a client's id names a new message for this caller: as
+    /// [`id`](Self::id), but never in the form of a series occurrence's id
+    /// ([`occurrence_form`](super::occurrence_form)), which only the series
+    /// driver parks.
+    pub fn new_id(&self, id: &str) -> Result<MessageId, Invalid> {
+        let id = self.id(id)?;
+        if super::occurrence_form(id.as_str()) {
+            return Err(Invalid::new(
+                "id",
+                format!(
+                    "{:?} has the form <series>@<time in ms>, kept for the occurrences of series; pick \
+                     an id that does not end in '@' and digits",
+                    id.as_str()
+                ),
+            ));
+        }
+        Ok(id)
+    }
+
     /// Where else `id` may name a message this caller sees: the shared
     /// space, for a tenant.
     pub fn fallback(&self, id: &MessageId) -> Option<MessageId> {

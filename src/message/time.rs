@@ -3,6 +3,11 @@
 
 use std::time::Duration;
 
+/// The last second a protobuf Timestamp holds, 9999-12-31T23:59:59Z, in
+/// seconds since the Unix epoch: no later time is taken from a request, as
+/// none could be given back.
+pub const LAST_TIMESTAMP_SECOND: i64 = 253_402_300_799;
+
 /// Wall-clock milliseconds since the Unix epoch: the unit of every due time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct UnixMillis(pub u64);

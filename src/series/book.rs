@@ -183,6 +183,27 @@ impl Book {
         Ok((due, next))
     }
 
+    /// How many series `tenant`'s space (the shared one for none) has in
+    /// the shards this node serves, counted up to `up_to`.
+    pub async fn count(&self, tenant: Option<&Tenant>, up_to: usize) -> Result<usize, Error> {
+        const PAGE: usize = 1000;
+        let space = space_prefix(tenant);
+        let mut counted = 0;
+        for (_, store) in self.node.stores() {
+            let mut after = None;
+            while counted < up_to {
+                let asked = PAGE.min(up_to - counted);
+                let page = store.series_page(space.clone(), after, asked, tenant.is_none()).await?;
+                counted += page.len();
+                if page.len() < asked {
+                    break;
+                }
+                after = page.last().map(|(id, _)| id.clone());
+            }
+        }
+        Ok(counted)
+    }
+
     /// Up to `limit` series of `tenant`'s space (the shared one for none)
     /// after `after`, in id order across shards; a record that does not
     /// decode comes as its error.
@@ -193,11 +214,7 @@ impl Book {
         limit: usize,
     ) -> Result<Vec<(MessageId, Result<SeriesRecord, String>)>, Error> {
         let stores = self.node.stores();
-        let space = match tenant {
-            // A tenant's space: `\0 tenant \0`.
-            Some(t) => format!("\0{}\0", t.as_str()).into_bytes(),
-            None => Vec::new(),
-        };
+        let space = space_prefix(tenant);
         let reads = stores
             .iter()
             .map(|(_, store)| store.series_page(space.clone(), after.clone(), limit, tenant.is_none()));
@@ -211,6 +228,15 @@ impl Book {
         all.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         all.truncate(limit);
         Ok(all)
+    }
+}
+
+/// The stored prefix of `tenant`'s space: `\0 tenant \0`; none for the
+/// shared space.
+fn space_prefix(tenant: Option<&Tenant>) -> Vec<u8> {
+    match tenant {
+        Some(t) => format!("\0{}\0", t.as_str()).into_bytes(),
+        None => Vec::new(),
     }
 }
 

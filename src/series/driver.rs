@@ -45,9 +45,10 @@ pub const OCCURRENCE_HEADER: &str = "hourglass-occurrence-ms";
 const BATCH: usize = 512;
 /// The longest the driver sleeps: a wall clock step is noticed within it.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
-/// Occurrences a series remembers as parked, at most: all a catch-up may
-/// fire, and more.
-const MAX_PARKED: usize = super::spec::MAX_AT_MOST as usize + 24;
+/// Occurrences a series keeps parked and waiting to be judged, at most:
+/// all that `missed.after` lets wait at once
+/// ([`MAX_WAITING`](super::spec::MAX_WAITING)), and room for the jitter.
+const MAX_PARKED: usize = super::spec::MAX_WAITING as usize + 24;
 /// Cancels of missed occurrences under way at once.
 const CANCELS_AT_ONCE: usize = 32;
 /// How long the driver waits for a missed occurrence's cancel: longer
@@ -334,12 +335,23 @@ async fn park(
     }
     for step in steps.iter_mut() {
         step.record.firing.clear();
-        let parked = &mut step.record.parked;
-        if parked.len() > MAX_PARKED {
-            parked.drain(..parked.len() - MAX_PARKED);
-        }
+        make_room(&mut step.record);
     }
     Ok(fresh)
+}
+
+/// Keeps a series' parked occurrences within [`MAX_PARKED`] without losing
+/// sight of any: past it (only when their states could not be read for a
+/// long while, as `missed.after` bounds how many wait at once), the oldest
+/// are judged missed now, and the downtime policy keeps or cancels them as
+/// any missed one. Forgotten instead, they would stay pending past a
+/// Pause or a Delete.
+fn make_room(record: &mut SeriesRecord) {
+    if record.parked.len() > MAX_PARKED {
+        record.parked.sort_unstable();
+        let over = record.parked.len() - MAX_PARKED;
+        record.late.extend(record.parked.drain(..over));
+    }
 }
 
 /// Looks at the occurrences each series parked before (not those parked
@@ -552,6 +564,22 @@ mod tests {
         s.record.firing = vec![10 * MIN];
         assert!(decide(&mut s, UnixMillis(30 * MIN)));
         assert_eq!((s.record.firing.clone(), s.record.next_ms), (vec![10 * MIN], Some(11 * MIN)));
+    }
+
+    /// However many occurrences wait (more than `missed.after` lets wait
+    /// at once, after their states could not be read for a while), none
+    /// is forgotten: the oldest are judged missed and kept as late, so a
+    /// Pause or a Delete still cancels each.
+    #[test]
+    fn no_parked_occurrence_is_forgotten_however_many_wait() {
+        let mut s = step(0, 2_000 * MIN, proto::MissedPolicy::FireEach);
+        s.record.parked = (0..1_100).map(|k| k * MIN).collect();
+        make_room(&mut s.record);
+        assert_eq!(s.record.parked.len(), MAX_PARKED);
+        let mut pending: Vec<u64> = s.record.pending().copied().collect();
+        pending.sort_unstable();
+        assert_eq!(pending, (0..1_100).map(|k| k * MIN).collect::<Vec<_>>(), "every one still in view");
+        assert_eq!(s.record.late, (0..(1_100 - MAX_PARKED) as u64).map(|k| k * MIN).collect::<Vec<_>>());
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! - [`rule`]: when occurrences fall (cron in a time zone, or an interval),
 //!   within a start, an end and a count, with a stable jitter; and what
 //!   fires of the occurrences missed while hourglass or Kafka was down.
-//! - [`spec`]: a series as a request gives it, checked; the ids of a series
-//!   and of its occurrences (`<series>@<time in ms>`, placed in the
-//!   series' shard).
+//! - [`spec`]: a series as a request gives it, checked against the limits
+//!   a new one is held to; the ids of a series and of its occurrences
+//!   (`<series>@<time in ms>`, placed in the series' shard).
 //! - [`record`]: a series as its shard's store keeps it.
 //! - [`book`]: where series are kept, and the lock of each.
 //! - [`driver`]: parks each series' next occurrence shortly before it is
@@ -40,14 +40,31 @@ pub struct Series {
     service: Arc<Service>,
     /// Told when a call changed a series: the driver looks again.
     wake: Notify,
+    /// What a new series may be, and how many a tenant may have.
+    limits: spec::Limits,
+    /// Held while a series is counted and made: two creates at once cannot
+    /// both take a tenant's last place.
+    making: tokio::sync::Mutex<()>,
 }
 
 impl Series {
     /// The series of the shards `node` serves: standalone every shard; in
     /// a cluster those it owns now, whose changes go through the schedule
     /// log (see [`Node::write_series`]).
-    pub fn new(node: Arc<Node>, service: Arc<Service>, clock: Arc<dyn Clock>) -> Series {
-        Series { book: book::Book::new(node), clock, service, wake: Notify::new() }
+    pub fn new(
+        node: Arc<Node>,
+        service: Arc<Service>,
+        clock: Arc<dyn Clock>,
+        limits: spec::Limits,
+    ) -> Series {
+        Series {
+            book: book::Book::new(node),
+            clock,
+            service,
+            wake: Notify::new(),
+            limits,
+            making: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// How many shards the ids are spread over: where each occurrence's id

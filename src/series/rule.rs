@@ -26,11 +26,15 @@ use chrono::{DateTime, TimeZone as _, Utc};
 use chrono_tz::Tz;
 use croner::{Cron, errors::CronError};
 
-use crate::message::UnixMillis;
+use crate::message::{UnixMillis, duration_ms};
 
 /// The shortest interval a series may have: occurrences are ordinary
 /// messages, each written to the store (and, in a cluster, to the log).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Occurrences of a cron expression walked to find its closest two: its
+/// fields repeat, so a walk meets each kind of gap early (a burst on one
+/// day of the year at that day's first occurrence).
+const GAP_WALK: usize = 1000;
 /// The longest a series looks ahead for its next occurrence: an
 /// expression that matches nothing within it (`0 0 30 2 *`) is refused.
 const HORIZON_YEARS: i32 = 10;
@@ -87,18 +91,37 @@ impl Every {
         Ok(Every::Interval { every, anchor })
     }
 
+    /// The least time between two occurrences from `from` on: the
+    /// interval; for a cron expression, the least among its next
+    /// [`GAP_WALK`] occurrences. None if fewer than two follow.
+    pub fn shortest_gap(&self, from: UnixMillis) -> Option<Duration> {
+        match self {
+            Every::Interval { every, .. } => Some(*every),
+            Every::Cron { .. } => {
+                let mut at = self.next_after(from)?;
+                let mut least: Option<u64> = None;
+                for _ in 0..GAP_WALK {
+                    let Some(next) = self.next_after(at) else { break };
+                    let gap = next.0.saturating_sub(at.0);
+                    least = Some(least.map_or(gap, |least| least.min(gap)));
+                    at = next;
+                }
+                least.map(Duration::from_millis)
+            }
+        }
+    }
+
     /// The last occurrence at or before `t`, if there is one within the
     /// horizon.
     pub fn at_or_before(&self, t: UnixMillis) -> Option<UnixMillis> {
         match self {
             Every::Interval { every, anchor } => {
-                let step = every.as_millis().max(1) as u64;
+                let step = duration_ms(*every).max(1);
                 (t >= *anchor).then(|| UnixMillis(t.0 - (t.0 - anchor.0) % step))
             }
             Every::Cron { cron, zone, .. } => {
-                let at = zone.from_utc_datetime(&DateTime::from_timestamp_millis(t.0 as i64)?.naive_utc());
-                let previous = cron.find_previous_occurrence(&at, true).ok()?;
-                Some(UnixMillis(previous.timestamp_millis().max(0) as u64))
+                let previous = cron.find_previous_occurrence(&in_zone(t, zone)?, true).ok()?;
+                unix_millis(previous.timestamp_millis())
             }
         }
     }
@@ -108,7 +131,7 @@ impl Every {
     pub fn next_after(&self, t: UnixMillis) -> Option<UnixMillis> {
         match self {
             Every::Interval { every, anchor } => {
-                let step = every.as_millis().max(1) as u64;
+                let step = duration_ms(*every).max(1);
                 if t < *anchor {
                     return Some(*anchor);
                 }
@@ -116,11 +139,11 @@ impl Every {
                 anchor.0.checked_add(k.checked_mul(step)?).map(UnixMillis)
             }
             Every::Cron { cron, zone, .. } => {
-                let at = zone.from_utc_datetime(&DateTime::from_timestamp_millis(t.0 as i64)?.naive_utc());
+                let at = in_zone(t, zone)?;
                 let next = cron.find_next_occurrence(&at, false).ok()?;
                 let limit =
                     at.naive_utc().checked_add_months(chrono::Months::new(12 * HORIZON_YEARS as u32))?;
-                (next.naive_utc() <= limit).then(|| UnixMillis(next.timestamp_millis().max(0) as u64))
+                (next.naive_utc() <= limit).then(|| unix_millis(next.timestamp_millis())).flatten()
             }
         }
     }
@@ -177,7 +200,7 @@ impl Rule {
     /// When the occurrence of nominal time `nominal` of series `series` is
     /// due: `nominal` plus its share of the jitter.
     pub fn due(&self, series: &str, nominal: UnixMillis) -> UnixMillis {
-        let span = self.jitter.as_millis() as u64;
+        let span = duration_ms(self.jitter);
         if span == 0 {
             return nominal;
         }
@@ -270,6 +293,19 @@ impl Rule {
             fire,
         }
     }
+}
+
+/// `t` in `zone`; none past what a date holds. Checked, not cast: a time
+/// beyond `i64` milliseconds would wrap to one before 1970, and a series
+/// would fire in 1970 forever.
+fn in_zone(t: UnixMillis, zone: &Tz) -> Option<DateTime<Tz>> {
+    let utc = DateTime::from_timestamp_millis(i64::try_from(t.0).ok()?)?;
+    Some(zone.from_utc_datetime(&utc.naive_utc()))
+}
+
+/// Unix milliseconds from chrono's; none before 1970.
+fn unix_millis(ms: i64) -> Option<UnixMillis> {
+    u64::try_from(ms).ok().map(UnixMillis)
 }
 
 /// FNV-1a over the series id and the occurrence's time: the same on every

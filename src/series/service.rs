@@ -6,8 +6,11 @@
 //! again on every call that names it; the driver then parks its
 //! occurrences in the series' space. A call that changes a series holds
 //! the series' lock, so the driver never parks an occurrence of a series
-//! being changed: after Delete or Pause answers, none is parked, and the
-//! occurrence parked before is cancelled, its outcome in the answer.
+//! being changed: after Delete or Pause answers, none is parked, and every
+//! occurrence parked before that may be pending is cancelled, its outcome
+//! in the answer. Each create is held to the server's limits: what a spec
+//! may say ([`Limits`](super::spec::Limits)), and how many series a tenant
+//! may have.
 
 use super::{
     Series,
@@ -37,6 +40,8 @@ fn unreadable(id: &MessageId, e: Invalid) -> Error {
     .into()
 }
 
+/// Cancels of a series' occurrences under way at once.
+const CANCELS_AT_ONCE: usize = 32;
 /// Next occurrences Get shows unless asked.
 const DEFAULT_NEXT: usize = 5;
 /// The most next occurrences Get shows.
@@ -78,9 +83,10 @@ impl SeriesCalls for Series {
         let id = self.id(access, &request.id)?;
         let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
         let now = self.clock.now();
-        let spec = Spec::parse(&given, now)?;
+        let spec = Spec::parse(&given, now, now, &self.limits)?;
         self.service.check_template(access, &spec.template).await?;
         let _lock = self.book.lock(&id).await;
+        let _making = self.making.lock().await;
         if let Some(existing) = self.book.load(&id).await? {
             if existing.spec.as_ref() == Some(&given) {
                 access.check(&spec.template.topic)?;
@@ -98,6 +104,7 @@ impl SeriesCalls for Series {
                 "has no occurrence from now on: its end, count or expression rules out every one",
             )
         })?;
+        self.check_room(access).await?;
         let record = SeriesRecord {
             spec: Some(given),
             created_ms: now.0,
@@ -200,11 +207,11 @@ impl SeriesCalls for Series {
         let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
         // Checked before the series is locked: the check may ask Kafka.
         let now = self.clock.now();
-        self.service.check_template(access, &Spec::parse(&given, now)?.template).await?;
+        self.service.check_template(access, &Spec::parse(&given, now, now, &self.limits)?.template).await?;
         let _lock = self.book.lock(&id).await;
         let mut record = self.load_record(access, &id).await?;
         let old_wake = record.spec().ok().and_then(|old| wake_of(&id, &record, &old));
-        let spec = Spec::parse(&given, UnixMillis(record.anchor_ms))?;
+        let spec = Spec::parse(&given, UnixMillis(record.anchor_ms), now, &self.limits)?;
         let occurrences = self.cancel_parked(&id, &mut record).await?;
         record.next_ms = record.next_from(&spec, now).map(|t| t.0);
         record.spec = Some(given);
@@ -275,6 +282,22 @@ impl SeriesCalls for Series {
 }
 
 impl Series {
+    /// Refuses a new series of a tenant (the shared space, without tokens)
+    /// that has as many as --series-max-per-tenant allows: in a cluster,
+    /// each node holds it to its share, by the shards it serves. Called
+    /// holding `making`, so that the count stays true until the series is
+    /// written.
+    async fn check_room(&self, access: &Access) -> Result<(), Error> {
+        let max = self.limits.max_per_tenant;
+        let (served, shards) = (self.book.node().stores().len(), self.shards() as usize);
+        let share = (max.saturating_mul(served)).div_ceil(shards.max(1)).min(max);
+        let tenant = access.scope().tenant;
+        if self.book.count(tenant.as_ref(), share).await? >= share {
+            return Err(Error::SeriesLimit { tenant: tenant.map(|t| t.as_str().to_owned()), share, max });
+        }
+        Ok(())
+    }
+
     /// Cancels the occurrences the series parked and may not have settled,
     /// and forgets them. If a cancel fails, the series is left as it was
     /// (an occurrence cancelled meanwhile answers ALREADY_CANCELLED when
@@ -284,18 +307,28 @@ impl Series {
         id: &MessageId,
         record: &mut SeriesRecord,
     ) -> Result<Vec<proto::OccurrenceOutcome>, Error> {
+        use futures_util::{StreamExt as _, TryStreamExt as _, stream};
         let scope = space_of(id);
         let now = self.clock.now();
-        let mut outcomes = Vec::new();
-        for at in record.pending() {
-            let occurrence = occurrence_id(id, UnixMillis(*at), self.shards());
-            let intent = Intent::Cancel { scope: scope.clone(), id: occurrence.clone(), now, only: None };
-            let outcome = self.book.node().change(intent).await?.cancelled()?;
-            outcomes.push(proto::OccurrenceOutcome {
-                id: occurrence.as_str().to_owned(),
-                outcome: proto::CancelOutcome::from(outcome).into(),
-            });
-        }
+        let node = self.book.node();
+        // Every one, however many (`missed.after` bounds them to about a
+        // thousand, and the late ones a policy keeps), a few at once.
+        let pending: Vec<u64> = record.pending().copied().collect();
+        let outcomes = stream::iter(pending)
+            .map(|at| {
+                let occurrence = occurrence_id(id, UnixMillis(at), self.shards());
+                let intent = Intent::Cancel { scope: scope.clone(), id: occurrence.clone(), now, only: None };
+                async move {
+                    let outcome = node.change(intent).await?.cancelled()?;
+                    Ok::<_, Error>(proto::OccurrenceOutcome {
+                        id: occurrence.as_str().to_owned(),
+                        outcome: proto::CancelOutcome::from(outcome).into(),
+                    })
+                }
+            })
+            .buffered(CANCELS_AT_ONCE)
+            .try_collect()
+            .await?;
         record.parked.clear();
         record.late.clear();
         record.firing.clear();

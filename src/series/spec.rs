@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use super::rule::{Bounds, Every, Missed, Rule, RuleError};
 use crate::{
-    message::{Envelope, Invalid, Labels, MessageId, Tenant, UnixMillis, shard_of},
+    message::{
+        Envelope, Invalid, LAST_TIMESTAMP_SECOND, Labels, MessageId, Tenant, UnixMillis, duration_text,
+        shard_of,
+    },
     proto,
 };
 
@@ -23,6 +26,51 @@ pub const DEFAULT_MISSED_AFTER: Duration = Duration::from_secs(60);
 pub const DEFAULT_AT_MOST: u32 = 10;
 /// The most missed occurrences FIRE_EACH may fire.
 pub const MAX_AT_MOST: u32 = 1000;
+/// The longest `missed.after` may be.
+pub const MAX_MISSED_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How many occurrences of a series may wait at once to be judged on time
+/// or missed: `missed.after` is at most this many times the series' gap
+/// between two occurrences (at their closest), so that its driver keeps
+/// each of them in view, and Pause, Update and Delete cancel every one.
+pub const MAX_WAITING: u32 = 1000;
+
+/// What the server allows a new series, from its settings.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// How far ahead of now a start or an end may lie (--max-delay).
+    pub max_delay: Duration,
+    /// The shortest gap between two occurrences (--series-min-interval);
+    /// never less than [`MIN_INTERVAL`](super::rule::MIN_INTERVAL).
+    pub min_interval: Duration,
+    /// Series one tenant may have (--series-max-per-tenant).
+    pub max_per_tenant: usize,
+}
+
+impl Limits {
+    pub fn of(config: &crate::config::Config) -> Limits {
+        Limits {
+            max_delay: *config.max_delay,
+            min_interval: *config.series_min_interval,
+            max_per_tenant: config.series_max_per_tenant,
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_delay: crate::message::Limits::default().max_delay,
+            min_interval: super::rule::MIN_INTERVAL,
+            max_per_tenant: 10_000,
+        }
+    }
+}
+
+/// A new spec's checks: against the time now and the server's limits.
+struct New<'a> {
+    now: UnixMillis,
+    limits: &'a Limits,
+}
 
 /// A checked spec.
 #[derive(Debug, Clone)]
@@ -37,27 +85,35 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// Checks `spec`; an interval counts from its start or, without one,
-    /// from `anchor` (when the series was made).
-    pub fn parse(spec: &proto::SeriesSpec, anchor: UnixMillis) -> Result<Spec, Invalid> {
-        Spec::check(spec, anchor, true)
+    /// Checks `spec`, new at `now`, against `limits`; an interval counts
+    /// from its start or, without one, from `anchor` (when the series was
+    /// made).
+    pub fn parse(
+        spec: &proto::SeriesSpec,
+        anchor: UnixMillis,
+        now: UnixMillis,
+        limits: &Limits,
+    ) -> Result<Spec, Invalid> {
+        Spec::check(spec, anchor, Some(New { now, limits }))
     }
 
-    /// A spec read back from the store: as [`parse`](Self::parse), but a
-    /// cron expression need not match again.
+    /// A spec read back from the store: as [`parse`](Self::parse), but
+    /// neither a cron expression need match again nor the limits hold now
+    /// (they were met when it was written, and may have been changed
+    /// since).
     pub fn read(spec: &proto::SeriesSpec, anchor: UnixMillis) -> Result<Spec, Invalid> {
-        Spec::check(spec, anchor, false)
+        Spec::check(spec, anchor, None)
     }
 
-    fn check(spec: &proto::SeriesSpec, anchor: UnixMillis, new: bool) -> Result<Spec, Invalid> {
+    fn check(spec: &proto::SeriesSpec, anchor: UnixMillis, new: Option<New>) -> Result<Spec, Invalid> {
         let template = spec.template.clone().ok_or_else(|| {
             Invalid::new("spec.template", "is missing: give the record each occurrence produces")
         })?;
         let mut template = Envelope::from(template);
         template.labels = Labels::new(spec.labels.clone().into_iter().collect::<Vec<_>>())
             .map_err(|e| Invalid::new("spec.labels", e.reason))?;
-        let start = spec.start.map(|t| millis("spec.start", t)).transpose()?;
-        let end = spec.end.map(|t| millis("spec.end", t)).transpose()?;
+        let start = spec.start.map(|t| millis("spec.start", t, new.as_ref())).transpose()?;
+        let end = spec.end.map(|t| millis("spec.end", t, new.as_ref())).transpose()?;
         if let (Some(start), Some(end)) = (start, end)
             && end < start
         {
@@ -66,8 +122,11 @@ impl Spec {
         let every = match &spec.every {
             Some(proto::series_spec::Every::Cron(expr)) => {
                 let zone = if spec.time_zone.is_empty() { "UTC" } else { spec.time_zone.as_str() };
-                let every =
-                    if new { Every::cron(expr.trim(), zone) } else { Every::cron_read(expr.trim(), zone) };
+                let every = if new.is_some() {
+                    Every::cron(expr.trim(), zone)
+                } else {
+                    Every::cron_read(expr.trim(), zone)
+                };
                 every.map_err(|e| match e {
                     RuleError::Zone(_) => Invalid::new("spec.time_zone", e.to_string()),
                     _ => Invalid::new("spec.cron", e.to_string()),
@@ -91,9 +150,47 @@ impl Spec {
                 ));
             }
         };
+        // The closest two occurrences of a new series, from its start on:
+        // what its jitter, its `missed.after` and the server's shortest
+        // interval are held to.
+        let gap = new.as_ref().and_then(|new| every.shortest_gap(start.unwrap_or(new.now).max(new.now)));
+        if let (Some(new), Some(gap)) = (&new, gap)
+            && gap < new.limits.min_interval
+        {
+            let field = match every {
+                Every::Cron { .. } => "spec.cron",
+                Every::Interval { .. } => "spec.interval",
+            };
+            return Err(Invalid::new(
+                field,
+                format!(
+                    "fires {} apart at its closest; this server's series leave {} at least between two \
+                     occurrences (--series-min-interval)",
+                    duration_text(gap),
+                    duration_text(new.limits.min_interval)
+                ),
+            ));
+        }
         let jitter = spec.jitter.map(|d| duration("spec.jitter", d)).transpose()?.unwrap_or_default();
         if jitter > MAX_JITTER {
             return Err(Invalid::new("spec.jitter", format!("is {jitter:?}; the most is {MAX_JITTER:?}")));
+        }
+        // A jitter longer than the gap would move an occurrence past the
+        // next one's time: the driver parks them in order, so the next
+        // would be parked late, and judged missed.
+        if let Some(gap) = gap
+            && jitter > gap
+        {
+            return Err(Invalid::new(
+                "spec.jitter",
+                format!(
+                    "is {}, longer than the {} between two occurrences at their closest: occurrences would \
+                     come out of order, and be judged missed; give at most {}",
+                    duration_text(jitter),
+                    duration_text(gap),
+                    duration_text(gap)
+                ),
+            ));
         }
         let count = (spec.count > 0).then_some(spec.count);
         let missed = spec.missed.unwrap_or_default();
@@ -123,6 +220,29 @@ impl Spec {
                 d if d.is_zero() => DEFAULT_MISSED_AFTER,
                 d if d < Duration::from_secs(1) => {
                     return Err(Invalid::new("spec.missed.after", format!("is {d:?}; it is 1s at least")));
+                }
+                d if new.is_some() && d > MAX_MISSED_AFTER => {
+                    return Err(Invalid::new(
+                        "spec.missed.after",
+                        format!(
+                            "is {}; the most is {}: an occurrence that late is missed",
+                            duration_text(d),
+                            duration_text(MAX_MISSED_AFTER)
+                        ),
+                    ));
+                }
+                d if gap.is_some_and(|gap| d > gap.saturating_mul(MAX_WAITING)) => {
+                    let gap = gap.unwrap_or_default();
+                    return Err(Invalid::new(
+                        "spec.missed.after",
+                        format!(
+                            "is {}; for occurrences {} apart the most is {} ({MAX_WAITING} times that), so \
+                             that no more than {MAX_WAITING} of them wait at once to be judged missed",
+                            duration_text(d),
+                            duration_text(gap),
+                            duration_text(gap.saturating_mul(MAX_WAITING))
+                        ),
+                    ));
                 }
                 d => d,
             },
@@ -180,11 +300,40 @@ pub fn occurrence_id(series: &MessageId, at: UnixMillis, shards: u32) -> Message
         .unwrap_or(plain)
 }
 
-fn millis(field: &'static str, t: prost_types::Timestamp) -> Result<UnixMillis, Invalid> {
+/// A time a spec gives, in Unix ms: from 1970 to the end of 9999 (what a
+/// protobuf Timestamp holds), and, for a new spec, no further ahead than
+/// --max-delay.
+fn millis(field: &'static str, t: prost_types::Timestamp, new: Option<&New>) -> Result<UnixMillis, Invalid> {
     if t.seconds < 0 || !(0..1_000_000_000).contains(&t.nanos) {
         return Err(Invalid::new(field, "is not a time after 1970"));
     }
-    Ok(UnixMillis((t.seconds as u64).saturating_mul(1000) + (t.nanos as u64).div_ceil(1_000_000)))
+    if t.seconds > LAST_TIMESTAMP_SECOND {
+        return Err(Invalid::new(
+            field,
+            format!(
+                "is {} s after 1970, past 9999-12-31T23:59:59Z, the last time a Timestamp holds",
+                t.seconds
+            ),
+        ));
+    }
+    // Within the range, neither can overflow.
+    let at = UnixMillis(t.seconds as u64 * 1000 + (t.nanos as u64).div_ceil(1_000_000));
+    if let Some(New { now, limits }) = new {
+        let latest = now.saturating_add(limits.max_delay);
+        if at > latest {
+            return Err(Invalid::new(
+                field,
+                format!(
+                    "{} is further ahead than the server's --max-delay of {} allows (the latest it takes now \
+                     is {}); pick an earlier time, or raise --max-delay",
+                    at.to_rfc3339(),
+                    duration_text(limits.max_delay),
+                    latest.to_rfc3339()
+                ),
+            ));
+        }
+    }
+    Ok(at)
 }
 
 fn duration(field: &'static str, d: prost_types::Duration) -> Result<Duration, Invalid> {
@@ -192,4 +341,111 @@ fn duration(field: &'static str, d: prost_types::Duration) -> Result<Duration, I
         return Err(Invalid::new(field, "must be a duration of zero or more"));
     }
     Ok(Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: UnixMillis = UnixMillis(1_800_000_000_000);
+
+    fn every(seconds: i64) -> proto::SeriesSpec {
+        proto::SeriesSpec {
+            template: Some(proto::Message { topic: "t".into(), value: b"v".to_vec(), ..Default::default() }),
+            every: Some(proto::series_spec::Every::Interval(prost_types::Duration { seconds, nanos: 0 })),
+            ..Default::default()
+        }
+    }
+
+    fn cron(expr: &str) -> proto::SeriesSpec {
+        proto::SeriesSpec { every: Some(proto::series_spec::Every::Cron(expr.into())), ..every(60) }
+    }
+
+    fn at(seconds: i64) -> Option<prost_types::Timestamp> {
+        Some(prost_types::Timestamp { seconds, nanos: 0 })
+    }
+
+    fn secs(seconds: i64) -> Option<prost_types::Duration> {
+        Some(prost_types::Duration { seconds, nanos: 0 })
+    }
+
+    /// The field a new spec is refused in, with the default limits.
+    fn refused(spec: proto::SeriesSpec) -> &'static str {
+        Spec::parse(&spec, NOW, NOW, &Limits::default()).expect_err("refused").field
+    }
+
+    fn taken(spec: proto::SeriesSpec) {
+        if let Err(e) = Spec::parse(&spec, NOW, NOW, &Limits::default()) {
+            panic!("{spec:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_start_or_end_past_9999_or_beyond_max_delay_is_refused() {
+        let now = (NOW.0 / 1000) as i64;
+        for t in [LAST_TIMESTAMP_SECOND + 1, i64::MAX] {
+            assert_eq!(refused(proto::SeriesSpec { start: at(t), ..every(60) }), "spec.start");
+            assert_eq!(refused(proto::SeriesSpec { end: at(t), ..cron("0 * * * *") }), "spec.end");
+        }
+        let four_years = 4 * 366 * 24 * 3600;
+        assert_eq!(refused(proto::SeriesSpec { start: at(now + four_years), ..every(60) }), "spec.start");
+        assert_eq!(refused(proto::SeriesSpec { end: at(now + four_years), ..every(60) }), "spec.end");
+        taken(proto::SeriesSpec { start: at(now + 3600), end: at(now + 7200), ..every(60) });
+        // Read back, a stored spec is not held to the limits of now.
+        let stored = proto::SeriesSpec { start: at(now + four_years), ..every(60) };
+        assert!(Spec::read(&stored, NOW).is_ok());
+    }
+
+    #[test]
+    fn a_jitter_longer_than_the_closest_two_occurrences_is_refused() {
+        assert_eq!(refused(proto::SeriesSpec { jitter: secs(11), ..every(10) }), "spec.jitter");
+        assert_eq!(refused(proto::SeriesSpec { jitter: secs(11), ..cron("*/10 * * * * *") }), "spec.jitter");
+        assert_eq!(refused(proto::SeriesSpec { jitter: secs(121), ..cron("0,2 9 * * *") }), "spec.jitter");
+        taken(proto::SeriesSpec { jitter: secs(10), ..every(10) });
+        taken(proto::SeriesSpec { jitter: secs(3600), ..cron("0 9 * * *") });
+    }
+
+    #[test]
+    fn missed_after_is_bounded_by_a_week_and_by_the_gap() {
+        let after = |seconds| Some(proto::Missed { after: secs(seconds), ..Default::default() });
+        let daily = cron("0 9 * * *");
+        assert_eq!(
+            refused(proto::SeriesSpec { missed: after(7 * 86_400 + 1), ..daily.clone() }),
+            "spec.missed.after"
+        );
+        taken(proto::SeriesSpec { missed: after(7 * 86_400), ..daily });
+        // A series every second: no more than 1,000 of them waiting.
+        assert_eq!(refused(proto::SeriesSpec { missed: after(1_001), ..every(1) }), "spec.missed.after");
+        taken(proto::SeriesSpec { missed: after(1_000), ..every(1) });
+    }
+
+    #[test]
+    fn a_series_closer_than_the_servers_shortest_interval_is_refused() {
+        let limits = Limits { min_interval: Duration::from_secs(5), ..Limits::default() };
+        let parse = |spec: proto::SeriesSpec| Spec::parse(&spec, NOW, NOW, &limits).map(|_| ());
+        assert_eq!(parse(every(4)).unwrap_err().field, "spec.interval");
+        assert_eq!(parse(cron("*/2 * * * * *")).unwrap_err().field, "spec.cron");
+        assert!(parse(every(5)).is_ok());
+        assert!(parse(cron("*/5 * * * * *")).is_ok());
+    }
+
+    /// The form a client may not take is the one occurrences have, and no
+    /// series id has it.
+    #[test]
+    fn occurrence_ids_and_only_they_have_the_reserved_form() {
+        use crate::message::occurrence_form;
+        for shards in [1, 12, 256] {
+            let series = series_id(None, "daily").unwrap();
+            for at in [0, 5, 1_800_000_000_000, u64::MAX] {
+                let id = occurrence_id(&series, UnixMillis(at), shards);
+                assert!(occurrence_form(id.as_str()), "{id}");
+            }
+        }
+        for id in ["daily", "a@b", "bob@example.com", "x@12abc", "@5", "x@", "x@1.", "x@1.b", "x@1@2"] {
+            assert!(!occurrence_form(id), "{id}");
+        }
+        for id in ["x@5", "order-42@1700000000000", "s@1.7"] {
+            assert!(occurrence_form(id), "{id}");
+        }
+    }
 }

@@ -41,7 +41,7 @@ use crate::{
     proto,
     scheduler::{Scheduler, SeriesCalls},
     secret,
-    series::Series,
+    series::{Series, spec::Limits as SeriesLimits},
     service::Service,
     store::StoreHealth,
 };
@@ -137,7 +137,12 @@ pub async fn run_with_clock(
         Arc::clone(&clock),
         settings::policy_limits(&config),
     ));
-    let series = Arc::new(Series::new(Arc::clone(&node), Arc::clone(&service), Arc::clone(&clock)));
+    let series = Arc::new(Series::new(
+        Arc::clone(&node),
+        Arc::clone(&service),
+        Arc::clone(&clock),
+        SeriesLimits::of(&config),
+    ));
     let series_stop = CancellationToken::new();
     let series_task = series.start(series_stop.clone());
 

@@ -743,3 +743,223 @@ async fn cluster_series_fire_on_their_shards_owner_and_across_a_failover() {
         node.stop().unwrap();
     }
 }
+
+/// The field an INVALID_ARGUMENT names.
+fn field_of(status: &tonic::Status) -> String {
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let details = tonic_types::StatusExt::get_error_details(status);
+    details.bad_request().expect("a bad request").field_violations[0].field.clone()
+}
+
+/// The last second a protobuf Timestamp holds: 9999-12-31T23:59:59Z.
+const LAST_SECOND: i64 = 253_402_300_799;
+
+/// Times past 9999 (a protobuf Timestamp's last year) are refused, for a
+/// series' start and end and for a message's due time, even where
+/// --max-delay reaches further: taken in, they saturated (a start at
+/// `i64::MAX` seconds made a series whose rule fired in 1970, over and
+/// over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_past_9999_are_refused_however_far_max_delay_reaches() {
+    let bed = TestBed::start_with("series-calendar", 1, |c| {
+        c.max_delay = Duration::from_secs(3_000_000 * 86_400).into();
+    })
+    .await;
+    let mut series = series_client(&bed.server).await;
+    let at = |seconds| Some(prost_types::Timestamp { seconds, nanos: 0 });
+    let hourly = proto::SeriesSpec {
+        every: Some(proto::series_spec::Every::Cron("0 * * * *".into())),
+        ..every(&bed.topic, "v", Duration::ZERO)
+    };
+    for t in [LAST_SECOND + 1, i64::MAX] {
+        for (spec, field) in [
+            (proto::SeriesSpec { start: at(t), ..hourly.clone() }, "spec.start"),
+            (
+                proto::SeriesSpec { start: at(t), ..every(&bed.topic, "v", Duration::from_secs(60)) },
+                "spec.start",
+            ),
+            (proto::SeriesSpec { end: at(t), ..hourly.clone() }, "spec.end"),
+        ] {
+            let status = series.create_series(create("far", spec)).await.unwrap_err();
+            assert_eq!(field_of(&status), field, "{t}: {status:?}");
+        }
+    }
+    let listed = series.list_series(proto::ListSeriesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.series.is_empty(), "{listed:?}");
+
+    let mut client = bed.server.client().await;
+    let far_at =
+        |seconds| proto::schedule_request::Due::DeliverAt(prost_types::Timestamp { seconds, nanos: 0 });
+    let far_delay =
+        |seconds| proto::schedule_request::Due::Delay(prost_types::Duration { seconds, nanos: 0 });
+    for due in [far_at(LAST_SECOND + 1), far_at(i64::MAX), far_delay(LAST_SECOND + 1), far_delay(i64::MAX)] {
+        let r = proto::ScheduleRequest { due: Some(due), ..request(&bed.topic, "v", Duration::ZERO) };
+        let status = client.schedule(r).await.unwrap_err();
+        assert_eq!(field_of(&status), "due", "{due:?}: {status:?}");
+        assert!(status.message().contains("9999-12-31"), "{status:?}");
+    }
+    // The last second itself is a time.
+    let r =
+        proto::ScheduleRequest { due: Some(far_at(LAST_SECOND)), ..request(&bed.topic, "v", Duration::ZERO) };
+    client.schedule(r).await.unwrap();
+    bed.server.stop().await;
+}
+
+/// A new series is held to the server's bounds, each refusal naming its
+/// field: a start or end beyond --max-delay; a jitter longer than the time
+/// between two occurrences (the next would be parked late, and judged
+/// missed); a `missed.after` over a week, or over 1,000 times that time
+/// (more occurrences would wait to be judged than the series keeps in
+/// view); occurrences closer than --series-min-interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_series_is_held_to_the_servers_bounds() {
+    let bed = TestBed::start_with("series-bounds", 1, |c| {
+        c.series_min_interval = Duration::from_secs(5).into();
+    })
+    .await;
+    let mut series = series_client(&bed.server).await;
+    let now = (now_ms() / 1000) as i64;
+    let at = |seconds| Some(prost_types::Timestamp { seconds, nanos: 0 });
+    let four_years = 4 * 366 * 86_400;
+    let ten_s = every(&bed.topic, "v", Duration::from_secs(10));
+    let cron = |expr: &str| proto::SeriesSpec {
+        every: Some(proto::series_spec::Every::Cron(expr.into())),
+        ..ten_s.clone()
+    };
+    let jitter = |seconds, spec: proto::SeriesSpec| proto::SeriesSpec {
+        jitter: Some(wire(Duration::from_secs(seconds))),
+        ..spec
+    };
+    let after = |seconds, spec: proto::SeriesSpec| proto::SeriesSpec {
+        missed: Some(proto::Missed { after: Some(wire(Duration::from_secs(seconds))), ..Default::default() }),
+        ..spec
+    };
+    let refused = [
+        (proto::SeriesSpec { start: at(now + four_years), ..ten_s.clone() }, "spec.start", "--max-delay"),
+        (proto::SeriesSpec { end: at(now + four_years), ..ten_s.clone() }, "spec.end", "--max-delay"),
+        (jitter(11, ten_s.clone()), "spec.jitter", "10s"),
+        (jitter(40, cron("*/30 * * * * *")), "spec.jitter", "30s"),
+        (after(7 * 86_400 + 1, cron("0 9 * * *")), "spec.missed.after", "7days"),
+        (after(10_001, ten_s.clone()), "spec.missed.after", "10000s"),
+        (every(&bed.topic, "v", Duration::from_secs(4)), "spec.interval", "--series-min-interval"),
+        (cron("*/2 * * * * *"), "spec.cron", "--series-min-interval"),
+    ];
+    for (i, (spec, field, says)) in refused.into_iter().enumerate() {
+        let status = series.create_series(create(&format!("r{i}"), spec)).await.unwrap_err();
+        assert_eq!(field_of(&status), field, "{status:?}");
+        assert!(status.message().contains(says), "{status:?}");
+    }
+    let taken = [
+        proto::SeriesSpec { start: at(now + 3600), end: at(now + 7200), ..ten_s.clone() },
+        jitter(10, ten_s.clone()),
+        after(7 * 86_400, cron("0 9 * * *")),
+        after(10_000, ten_s.clone()),
+        cron("*/5 * * * * *"),
+    ];
+    for (i, spec) in taken.into_iter().enumerate() {
+        series.create_series(create(&format!("t{i}"), spec)).await.unwrap();
+    }
+    // UpdateSeries is held to the same.
+    let update = proto::UpdateSeriesRequest { id: "t0".into(), spec: Some(jitter(11, ten_s.clone())) };
+    assert_eq!(field_of(&series.update_series(update).await.unwrap_err()), "spec.jitter");
+    bed.server.stop().await;
+}
+
+/// A tenant may have --series-max-per-tenant series, no more (without
+/// tokens the whole server is one tenant): the next is RESOURCE_EXHAUSTED,
+/// saying what to do; one deleted makes room; a retry of one it has is
+/// answered still. Another tenant's series do not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_has_at_most_its_bound_of_series() {
+    type Client = SeriesClient<InterceptedService<Channel, Bearer>>;
+    let bed = TestBed::start_with("series-per-tenant", 1, |c| c.series_max_per_tenant = 2).await;
+    let mut series = series_client(&bed.server).await;
+    let spec = |value: &str| every(&bed.topic, value, Duration::from_secs(3600));
+    series.create_series(create("a", spec("a"))).await.unwrap();
+    series.create_series(create("b", spec("b"))).await.unwrap();
+    let status = series.create_series(create("c", spec("c"))).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("--series-max-per-tenant"), "{status:?}");
+    let again = series.create_series(create("b", spec("b"))).await.unwrap().into_inner();
+    assert!(!again.created, "a retry is answered: {again:?}");
+    series.delete_series(proto::DeleteSeriesRequest { id: "a".into() }).await.unwrap();
+    series.create_series(create("c", spec("c"))).await.unwrap();
+    bed.server.stop().await;
+
+    // Under tokens, each tenant has its bound.
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: PathBuf = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[token]]\nname = \"one\"\ntoken = \"one-token\"\ntopics = [\"*\"]\n\n\
+         [[token]]\nname = \"two\"\ntoken = \"two-token\"\ntopics = [\"*\"]\n",
+    )
+    .unwrap();
+    let mut config = config(&bed.broker, &dir.path().join("data"));
+    config.auth_tokens = Some(tokens);
+    config.series_max_per_tenant = 2;
+    let server = Hourglass::start(config).await;
+    let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
+    let client = |token: &str| -> Client {
+        SeriesClient::with_interceptor(channel.clone(), Bearer::new(Some(token)).unwrap())
+    };
+    let (mut one, mut two) = (client("one-token"), client("two-token"));
+    for id in ["a", "b"] {
+        one.create_series(create(id, spec(id))).await.unwrap();
+    }
+    let status = one.create_series(create("c", spec("c"))).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("\"one\""), "names the tenant: {status:?}");
+    for id in ["a", "b"] {
+        two.create_series(create(id, spec(id))).await.unwrap();
+    }
+    server.stop().await;
+}
+
+/// A client may not take the id an occurrence of a series will have
+/// (`<series>@<ms>`, or `<series>@<ms>.<n>`) by any call that schedules:
+/// it would be parked first, the occurrence counted as fired and the
+/// squatter's record delivered in its place. The occurrence goes out as
+/// the series'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_may_not_take_the_id_of_a_series_occurrence() {
+    let bed = TestBed::start("series-squat", 1).await;
+    let mut series = series_client(&bed.server).await;
+    let info = series
+        .create_series(create("tick", every(&bed.topic, "tick", Duration::from_secs(5))))
+        .await
+        .unwrap()
+        .into_inner()
+        .series
+        .unwrap();
+    let first = millis(&info.next[0]) as u64;
+    let mut client = bed.server.client().await;
+    let squat = |id: String| proto::ScheduleRequest {
+        id: Some(id),
+        ..request(&bed.topic, "squatter", Duration::from_secs(30))
+    };
+    for id in [format!("tick@{first}"), format!("tick@{}", first + 5_000), format!("tick@{first}.3")] {
+        let status = client.schedule(squat(id.clone())).await.unwrap_err();
+        assert_eq!(field_of(&status), "id", "{id}: {status:?}");
+    }
+    let batch = proto::ScheduleBatchRequest {
+        requests: vec![squat(format!("tick@{}", first + 10_000)), squat("tick-at-noon".into())],
+    };
+    let results = client.schedule_batch(batch).await.unwrap().into_inner().results;
+    let Some(proto::schedule_result::Result::Error(e)) = &results[0].result else { panic!("{results:?}") };
+    assert_eq!((e.code, e.field.as_str()), (Code::InvalidArgument as i32, "id"), "{e:?}");
+    assert!(matches!(results[1].result, Some(proto::schedule_result::Result::Scheduled(_))), "{results:?}");
+    let stream = tokio_stream::iter(vec![squat(format!("tick@{}", first + 15_000))]);
+    let mut answers = client.schedule_stream(stream).await.unwrap().into_inner();
+    let answer = answers.message().await.unwrap().expect("an answer");
+    let Some(proto::schedule_result::Result::Error(e)) = &answer.result else { panic!("{answer:?}") };
+    assert_eq!((e.code, e.field.as_str()), (Code::InvalidArgument as i32, "id"), "{e:?}");
+    // Ids that merely hold an '@' are a client's to take.
+    for id in ["bob@example.com", "tick@noon", "a@1x"] {
+        client.schedule(squat(id.into())).await.unwrap();
+    }
+    let records = consume_async(&bed.broker, &bed.topic, 1, Duration::from_secs(20), Duration::ZERO).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!((occurrence(&records[0], "tick"), records[0].value.as_slice()), (first, &b"tick"[..]));
+    bed.server.stop().await;
+}

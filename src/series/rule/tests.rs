@@ -193,3 +193,38 @@ fn a_long_outage_of_a_frequent_series_is_looked_at_up_to_a_bound() {
         "an interval too"
     );
 }
+
+/// A time past what `i64` milliseconds hold is no time: a cast would wrap
+/// it to one before 1970, and the series would fire in 1970 forever.
+#[test]
+fn a_time_beyond_any_calendar_has_no_occurrence() {
+    let mut rule = cron("0 * * * *", "UTC");
+    let beyond = UnixMillis(i64::MAX as u64 + 1);
+    assert_eq!(rule.every.next_after(beyond), None);
+    assert_eq!(rule.every.at_or_before(UnixMillis(u64::MAX)), None);
+    rule.bounds.start = Some(UnixMillis(u64::MAX));
+    assert_eq!(rule.next_after(UnixMillis(0), 0), None, "not 1970");
+    // Past chrono's last year, yet within i64.
+    assert_eq!(rule.every.next_after(UnixMillis(i64::MAX as u64 / 2)), None);
+}
+
+#[test]
+fn an_interval_of_any_length_neither_wraps_nor_panics() {
+    let every = Every::interval(Duration::from_secs(u64::MAX), UnixMillis(1_000)).unwrap();
+    assert_eq!(every.next_after(UnixMillis(0)), Some(UnixMillis(1_000)));
+    assert_eq!(every.next_after(UnixMillis(1_000)), None, "the next lies past the last millisecond");
+}
+
+#[test]
+fn the_shortest_gap_is_the_interval_or_a_cron_expressions_closest_two() {
+    let from = utc("2026-01-01T00:00:00Z");
+    let every = Every::interval(Duration::from_secs(90), from).unwrap();
+    assert_eq!(every.shortest_gap(from), Some(Duration::from_secs(90)));
+    let gap = |expr: &str| cron(expr, "Europe/Berlin").every.shortest_gap(from);
+    assert_eq!(gap("*/10 * * * * *"), Some(Duration::from_secs(10)));
+    assert_eq!(gap("0 9 * * MON-FRI"), Some(Duration::from_secs(24 * 3600)));
+    // Two minutes apart once a day.
+    assert_eq!(gap("0,2 9 * * *"), Some(Duration::from_secs(120)));
+    // A burst on one day of the year, months away.
+    assert_eq!(gap("*/5 0 24 12 *"), Some(Duration::from_secs(300)));
+}
