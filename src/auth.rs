@@ -338,6 +338,11 @@ impl Tokens {
     }
 
     /// The grant named `name`.
+    /// Whether any token of `tenant` covers `topic`.
+    fn tenant_covers(&self, tenant: &str, topic: &str) -> bool {
+        self.entries.iter().any(|(_, grant)| grant.tenant() == tenant && grant.allows(topic))
+    }
+
     fn find_named(&self, name: &str) -> Option<Arc<Grant>> {
         self.entries.iter().find(|(_, grant)| grant.name == name).map(|(_, grant)| Arc::clone(grant))
     }
@@ -560,6 +565,22 @@ impl tonic::service::Interceptor for Bearer {
             request.metadata_mut().insert("authorization", value.clone());
         }
         Ok(request)
+    }
+}
+
+/// What the tokens in use grant a tenant now: asked by what acts for a
+/// tenant long after its call (a series' driver), so that a grant
+/// narrowed by a reload holds there too.
+pub trait Grants: Send + Sync {
+    /// Whether some token of `tenant` (none: the shared space, which no
+    /// grant owns) may use `topic` now.
+    fn covers(&self, tenant: Option<&str>, topic: &str) -> bool;
+}
+
+impl Grants for Authenticator {
+    fn covers(&self, tenant: Option<&str>, topic: &str) -> bool {
+        let (Some((_, live)), Some(tenant)) = (&self.tokens, tenant) else { return true };
+        live.read().unwrap_or_else(|poisoned| poisoned.into_inner()).tenant_covers(tenant, topic)
     }
 }
 

@@ -103,7 +103,8 @@ pub static SERIES_OCCURRENCES: LazyLock<IntCounterVec> = LazyLock::new(|| {
                 "hourglass_series_occurrences_total",
                 "Occurrences of series, by outcome: parked (an ordinary message from then on), skipped (missed \
                  while hourglass or Kafka was down, and left out by the series' policy), taken (its id was \
-                 taken by another message).",
+                 taken by another message), ungranted (not parked: the series was paused, its tenant no longer \
+                 granted its topic).",
             ),
             &["outcome"],
         )

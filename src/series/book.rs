@@ -213,11 +213,29 @@ impl Book {
         after: Option<MessageId>,
         limit: usize,
     ) -> Result<Vec<(MessageId, Result<SeriesRecord, String>)>, Error> {
+        self.page_of(space_prefix(tenant), tenant.is_none(), after, limit).await
+    }
+
+    /// Up to `limit` series of every space after `after`, in stored order
+    /// across shards: an operator's listing.
+    pub async fn page_all(
+        &self,
+        after: Option<MessageId>,
+        limit: usize,
+    ) -> Result<Vec<(MessageId, Result<SeriesRecord, String>)>, Error> {
+        self.page_of(Vec::new(), false, after, limit).await
+    }
+
+    async fn page_of(
+        &self,
+        space: Vec<u8>,
+        shared: bool,
+        after: Option<MessageId>,
+        limit: usize,
+    ) -> Result<Vec<(MessageId, Result<SeriesRecord, String>)>, Error> {
         let stores = self.node.stores();
-        let space = space_prefix(tenant);
-        let reads = stores
-            .iter()
-            .map(|(_, store)| store.series_page(space.clone(), after.clone(), limit, tenant.is_none()));
+        let reads =
+            stores.iter().map(|(_, store)| store.series_page(space.clone(), after.clone(), limit, shared));
         let mut all = Vec::new();
         for page in future::try_join_all(reads).await? {
             for (id, bytes) in page {

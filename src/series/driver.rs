@@ -199,6 +199,7 @@ async fn drive_batch(
             }
         };
         let mut step = Step::new(id, spec, record);
+        stop_if_not_granted(series, &mut step, now);
         step.fires = decide(&mut step, now);
         // While its decision is not parked, the series stays due: a crash
         // or a failed park is taken up again at once, not a period later.
@@ -232,6 +233,29 @@ async fn drive_batch(
     book.save(confirmed).await?;
     drop(guards);
     Ok(busy)
+}
+
+/// Pauses a series whose tenant's tokens no longer cover its topic (the
+/// tokens file was narrowed since it was made), saying why: it parks
+/// nothing more there. Its tenant can delete it, and resume it once its
+/// grant covers the topic again.
+fn stop_if_not_granted(series: &super::Series, step: &mut Step, now: UnixMillis) {
+    let topic = &step.spec.template.topic;
+    if step.record.paused || series.grants.covers(step.id.tenant(), topic) {
+        return;
+    }
+    tracing::warn!(
+        series = %step.id.qualified(),
+        %topic,
+        "a series' tenant is no longer granted its topic: the series is paused"
+    );
+    metrics::SERIES_OCCURRENCES.with_label_values(&["ungranted"]).inc();
+    step.record.paused = true;
+    step.record.updated_ms = now.0;
+    step.record.paused_reason = format!(
+        "paused by hourglass: the tokens of tenant {:?} no longer cover topic {topic:?}",
+        step.id.tenant().unwrap_or_default()
+    );
 }
 
 /// A series whose record does not read (written by a newer build, or

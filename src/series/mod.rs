@@ -30,7 +30,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::{clock::Clock, node::Node, service::Service};
+use crate::{auth::Grants, clock::Clock, node::Node, service::Service};
 
 /// The series of this node's shards.
 pub struct Series {
@@ -45,6 +45,9 @@ pub struct Series {
     /// Held while a series is counted and made: two creates at once cannot
     /// both take a tenant's last place.
     making: tokio::sync::Mutex<()>,
+    /// What each tenant's tokens cover now: a series whose tenant lost its
+    /// topic (the tokens file was narrowed) is paused by the driver.
+    grants: Arc<dyn Grants>,
 }
 
 impl Series {
@@ -56,6 +59,7 @@ impl Series {
         service: Arc<Service>,
         clock: Arc<dyn Clock>,
         limits: spec::Limits,
+        grants: Arc<dyn Grants>,
     ) -> Series {
         Series {
             book: book::Book::new(node),
@@ -64,6 +68,7 @@ impl Series {
             wake: Notify::new(),
             limits,
             making: tokio::sync::Mutex::new(()),
+            grants,
         }
     }
 

@@ -51,6 +51,10 @@ pub struct SeriesRecord {
     /// policy keeps: delivered when Kafka can take them.
     #[prost(uint64, repeated, tag = "12")]
     pub late: Vec<u64>,
+    /// Why hourglass paused it itself (its tenant's grant no longer covers
+    /// its topic); empty when a call paused it.
+    #[prost(string, tag = "13")]
+    pub paused_reason: String,
 }
 
 impl SeriesRecord {
@@ -113,6 +117,8 @@ impl SeriesRecord {
                 .map(|at| super::spec::occurrence_id(id, UnixMillis(*at), shards).as_str().to_owned())
                 .collect(),
             skipped: self.skipped,
+            tenant: id.tenant().unwrap_or_default().to_owned(),
+            paused_reason: self.paused_reason.clone(),
         }
     }
 }

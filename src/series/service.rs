@@ -22,7 +22,8 @@ use super::{
 use crate::{
     Error,
     auth::Access,
-    message::{Invalid, MessageId, Selector, UnixMillis, validate_topic_name},
+    audit,
+    message::{Invalid, MessageId, Selector, Tenant, UnixMillis, validate_topic_name},
     proto,
     scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls, fit_series_page},
     store::Intent,
@@ -49,38 +50,95 @@ const MAX_NEXT: usize = 100;
 const MAX_PAGE: usize = 1000;
 
 impl Series {
-    /// The caller's series `id`: checked, in its space.
-    fn id(&self, access: &Access, id: &str) -> Result<MessageId, Error> {
-        let scope = access.scope();
-        Ok(series_id(scope.tenant.as_ref(), id)?)
+    /// The caller's series `id`: checked, in its space; or, for an
+    /// operator, in the space of the `tenant` it names.
+    fn id(&self, access: &Access, tenant: &str, id: &str) -> Result<MessageId, Error> {
+        let own = access.scope().tenant;
+        if tenant.is_empty() || own.as_ref().is_some_and(|t| t.as_str() == tenant) {
+            return Ok(series_id(own.as_ref(), id)?);
+        }
+        if !access.is_operator() {
+            return Err(Error::NotOperator { token: access.name().to_owned() });
+        }
+        let tenant = Tenant::parse(tenant).map_err(|reason| Invalid::new("tenant", reason))?;
+        Ok(series_id(Some(&tenant), id)?)
     }
 
     /// Series `id` as the caller may see it: its topic within the grant.
     async fn load_visible(&self, access: &Access, id: &MessageId) -> Result<(SeriesRecord, Spec), Error> {
-        let record = self.load_record(access, id).await?;
+        let record = self.load_record(access, id, Grant::Topic).await?;
         let spec = record.spec().map_err(|e| unreadable(id, e))?;
         Ok((record, spec))
     }
 
     /// As [`load_visible`](Self::load_visible), whether its spec reads or
-    /// not.
-    async fn load_record(&self, access: &Access, id: &MessageId) -> Result<SeriesRecord, Error> {
+    /// not; `grant` says whether the caller's grant must cover its topic.
+    async fn load_record(&self, access: &Access, id: &MessageId, grant: Grant) -> Result<SeriesRecord, Error> {
         let record =
             self.book.load(id).await?.ok_or_else(|| Error::SeriesNotFound(id.as_str().to_owned()))?;
-        access.check(record.topic())?;
+        let own = access.scope().tenant.as_ref().map(|t| t.as_str()) == id.tenant();
+        if grant == Grant::Topic || !own {
+            access.check(record.topic())?;
+        }
         Ok(record)
     }
 }
 
-#[tonic::async_trait]
-impl SeriesCalls for Series {
-    async fn create_series(
+/// How an operator's `ListSeries` page token starts: the rest is the
+/// stored id of the last series of the page, in hex (it spans tenants).
+const EVERY: &str = "every:";
+
+/// An operator's page token after `id`.
+fn every_token_of(id: &MessageId) -> String {
+    id.as_bytes().iter().fold(EVERY.to_owned(), |mut token, b| {
+        token.push_str(&format!("{b:02x}"));
+        token
+    })
+}
+
+/// The series an operator's page token names.
+fn every_token(token: &str) -> Option<MessageId> {
+    let digits = token.strip_prefix(EVERY)?.as_bytes();
+    if digits.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    MessageId::from_stored(&bytes)
+}
+
+/// What a call on a series needs of the caller's grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Grant {
+    /// Its topic, as every call that reads it or makes it go on.
+    Topic,
+    /// Nothing more for its own tenant's series: a call that stops it
+    /// (pause, delete) is always its tenant's to make, even after the
+    /// tokens file took the topic away.
+    OwnToStop,
+}
+
+/// Records a series call in the audit trail, and passes its result on.
+fn audited<T>(access: &Access, verb: &'static str, id: &str, tenant: &str, result: Result<T, Error>) -> Result<T, Error> {
+    let what = if tenant.is_empty() { format!("series={id}") } else { format!("series={tenant}/{id}") };
+    match &result {
+        Ok(_) => audit::record(access, verb, &what, Ok("done")),
+        Err(e) => audit::record(access, verb, &what, Err(e)),
+    }
+    result
+}
+
+/// The calls, each whole; the seam below records the changes.
+impl Series {
+    async fn create(
         &self,
         call: &Call,
         request: proto::CreateSeriesRequest,
     ) -> Result<proto::CreateSeriesResponse, Error> {
         let access = &call.access;
-        let id = self.id(access, &request.id)?;
+        let id = self.id(access, "", &request.id)?;
         let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
         let now = self.clock.now();
         let spec = Spec::parse(&given, now, now, &self.limits)?;
@@ -120,13 +178,13 @@ impl SeriesCalls for Series {
         })
     }
 
-    async fn get_series(
+    async fn get(
         &self,
         call: &Call,
         request: proto::GetSeriesRequest,
     ) -> Result<proto::SeriesInfo, Error> {
         let access = &call.access;
-        let id = self.id(access, &request.id)?;
+        let id = self.id(access, &request.tenant, &request.id)?;
         let n = match request.next as usize {
             0 => DEFAULT_NEXT,
             n if n > MAX_NEXT => {
@@ -138,7 +196,7 @@ impl SeriesCalls for Series {
         Ok(record.info(&id, &spec, n, self.shards()))
     }
 
-    async fn list_series(
+    async fn list(
         &self,
         call: &Call,
         request: proto::ListSeriesRequest,
@@ -158,20 +216,22 @@ impl SeriesCalls for Series {
         }
         let selector = Selector::parse("selector", &request.selector)?;
         let scope = access.scope();
-        let after = if request.page_token.is_empty() {
-            None
-        } else {
-            Some(
-                series_id(scope.tenant.as_ref(), &request.page_token)
-                    .map_err(|_| Invalid::new("page_token", "is not a token a ListSeries answer gave"))?,
-            )
+        // An operator lists every tenant's.
+        let every = access.is_operator();
+        let not_given = || Invalid::new("page_token", "is not a token a ListSeries answer gave");
+        let after = match request.page_token.as_str() {
+            "" => None,
+            token if every => Some(every_token(token).ok_or_else(not_given)?),
+            token => Some(series_id(scope.tenant.as_ref(), token).map_err(|_| not_given())?),
         };
-        let page = self.book.page(scope.tenant.as_ref(), after, limit).await?;
-        let next_page_token = if page.len() < limit {
-            String::new()
+        let page = if every {
+            self.book.page_all(after, limit).await?
         } else {
-            page.last().map(|(id, _)| id.as_str().to_owned()).unwrap_or_default()
+            self.book.page(scope.tenant.as_ref(), after, limit).await?
         };
+        let token_of = |id: &MessageId| if every { every_token_of(id) } else { id.as_str().to_owned() };
+        let next_page_token =
+            if page.len() < limit { String::new() } else { page.last().map(|(id, _)| token_of(id)).unwrap_or_default() };
         let mut series = Vec::with_capacity(page.len());
         for (id, record) in page {
             let spec = match record
@@ -193,23 +253,32 @@ impl SeriesCalls for Series {
             }
             series.push(record.info(&id, &spec, 1, self.shards()));
         }
-        let next_page_token = fit_series_page(&mut series).unwrap_or(next_page_token);
+        let next_page_token = match fit_series_page(&mut series) {
+            None => next_page_token,
+            Some(last) if !every => last,
+            // Cut by size: after the last one kept, in whoever's space.
+            Some(last) => {
+                let tenant = series.last().map(|s| s.tenant.as_str()).filter(|t| !t.is_empty());
+                let tenant = tenant.map(Tenant::parse).transpose().map_err(|e| Invalid::new("tenant", e))?;
+                every_token_of(&series_id(tenant.as_ref(), &last)?)
+            }
+        };
         Ok(proto::ListSeriesResponse { series, next_page_token })
     }
 
-    async fn update_series(
+    async fn update(
         &self,
         call: &Call,
         request: proto::UpdateSeriesRequest,
     ) -> Result<proto::UpdateSeriesResponse, Error> {
         let access = &call.access;
-        let id = self.id(access, &request.id)?;
+        let id = self.id(access, "", &request.id)?;
         let given = request.spec.ok_or_else(|| Invalid::new("spec", "is missing"))?;
         // Checked before the series is locked: the check may ask Kafka.
         let now = self.clock.now();
         self.service.check_template(access, &Spec::parse(&given, now, now, &self.limits)?.template).await?;
         let _lock = self.book.lock(&id).await;
-        let mut record = self.load_record(access, &id).await?;
+        let mut record = self.load_record(access, &id, Grant::Topic).await?;
         let old_wake = record.spec().ok().and_then(|old| wake_of(&id, &record, &old));
         let spec = Spec::parse(&given, UnixMillis(record.anchor_ms), now, &self.limits)?;
         let occurrences = self.cancel_parked(&id, &mut record).await?;
@@ -223,18 +292,20 @@ impl SeriesCalls for Series {
         })
     }
 
-    async fn pause_series(
+    async fn pause(
         &self,
         call: &Call,
         request: proto::PauseSeriesRequest,
     ) -> Result<proto::PauseSeriesResponse, Error> {
         let access = &call.access;
-        let id = self.id(access, &request.id)?;
+        let id = self.id(access, &request.tenant, &request.id)?;
         let _lock = self.book.lock(&id).await;
-        let (mut record, spec) = self.load_visible(access, &id).await?;
+        let mut record = self.load_record(access, &id, Grant::OwnToStop).await?;
+        let spec = record.spec().map_err(|e| unreadable(&id, e))?;
         let old_wake = wake_of(&id, &record, &spec);
         let occurrences = self.cancel_parked(&id, &mut record).await?;
         record.paused = true;
+        record.paused_reason.clear();
         record.updated_ms = self.clock.now().0;
         self.save(&id, &record, &spec, old_wake).await?;
         Ok(proto::PauseSeriesResponse {
@@ -243,18 +314,19 @@ impl SeriesCalls for Series {
         })
     }
 
-    async fn resume_series(
+    async fn resume(
         &self,
         call: &Call,
         request: proto::ResumeSeriesRequest,
     ) -> Result<proto::SeriesInfo, Error> {
         let access = &call.access;
-        let id = self.id(access, &request.id)?;
+        let id = self.id(access, &request.tenant, &request.id)?;
         let _lock = self.book.lock(&id).await;
         let (mut record, spec) = self.load_visible(access, &id).await?;
         if record.paused {
             let now = self.clock.now();
             record.paused = false;
+            record.paused_reason.clear();
             record.updated_ms = now.0;
             if record.next_ms.is_some() {
                 record.next_ms = record.next_from(&spec, now).map(|t| t.0);
@@ -264,16 +336,17 @@ impl SeriesCalls for Series {
         Ok(record.info(&id, &spec, 1, self.shards()))
     }
 
-    async fn delete_series(
+    async fn delete(
         &self,
         call: &Call,
         request: proto::DeleteSeriesRequest,
     ) -> Result<proto::DeleteSeriesResponse, Error> {
         let access = &call.access;
-        let id = self.id(access, &request.id)?;
+        let id = self.id(access, &request.tenant, &request.id)?;
         let _lock = self.book.lock(&id).await;
-        // Even one whose spec no longer reads can be deleted.
-        let mut record = self.load_record(access, &id).await?;
+        // Even one whose spec no longer reads can be deleted, and one whose
+        // topic its tenant lost.
+        let mut record = self.load_record(access, &id, Grant::OwnToStop).await?;
         let old_wake = record.spec().ok().and_then(|spec| wake_of(&id, &record, &spec));
         let occurrences = self.cancel_parked(&id, &mut record).await?;
         self.book.save(vec![Change { id, record: Record::Delete, old_wake, wake: None }]).await?;
@@ -349,5 +422,69 @@ impl Series {
         self.book.save(vec![change]).await?;
         self.wake.notify_one();
         Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl SeriesCalls for Series {
+    async fn create_series(
+        &self,
+        call: &Call,
+        request: proto::CreateSeriesRequest,
+    ) -> Result<proto::CreateSeriesResponse, Error> {
+        let id = request.id.clone();
+        audited(&call.access, "CreateSeries", &id, "", self.create(call, request).await)
+    }
+
+    async fn get_series(
+        &self,
+        call: &Call,
+        request: proto::GetSeriesRequest,
+    ) -> Result<proto::SeriesInfo, Error> {
+        self.get(call, request).await
+    }
+
+    async fn list_series(
+        &self,
+        call: &Call,
+        request: proto::ListSeriesRequest,
+    ) -> Result<proto::ListSeriesResponse, Error> {
+        self.list(call, request).await
+    }
+
+    async fn update_series(
+        &self,
+        call: &Call,
+        request: proto::UpdateSeriesRequest,
+    ) -> Result<proto::UpdateSeriesResponse, Error> {
+        let id = request.id.clone();
+        audited(&call.access, "UpdateSeries", &id, "", self.update(call, request).await)
+    }
+
+    async fn pause_series(
+        &self,
+        call: &Call,
+        request: proto::PauseSeriesRequest,
+    ) -> Result<proto::PauseSeriesResponse, Error> {
+        let (id, tenant) = (request.id.clone(), request.tenant.clone());
+        audited(&call.access, "PauseSeries", &id, &tenant, self.pause(call, request).await)
+    }
+
+    async fn resume_series(
+        &self,
+        call: &Call,
+        request: proto::ResumeSeriesRequest,
+    ) -> Result<proto::SeriesInfo, Error> {
+        let (id, tenant) = (request.id.clone(), request.tenant.clone());
+        audited(&call.access, "ResumeSeries", &id, &tenant, self.resume(call, request).await)
+    }
+
+    async fn delete_series(
+        &self,
+        call: &Call,
+        request: proto::DeleteSeriesRequest,
+    ) -> Result<proto::DeleteSeriesResponse, Error> {
+        let (id, tenant) = (request.id.clone(), request.tenant.clone());
+        audited(&call.access, "DeleteSeries", &id, &tenant, self.delete(call, request).await)
     }
 }

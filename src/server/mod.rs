@@ -142,6 +142,7 @@ pub async fn run_with_clock(
         Arc::clone(&service),
         Arc::clone(&clock),
         SeriesLimits::of(&config),
+        Arc::new(auth.clone()),
     ));
     let series_stop = CancellationToken::new();
     let series_task = series.start(series_stop.clone());

@@ -39,9 +39,13 @@ impl SeriesRouter {
 /// node that served it, or this node's.
 macro_rules! one_series {
     ($self:ident, $call:ident, $request:ident, $method:literal, $verb:ident) => {{
+        one_series!($self, $call, $request, $method, $verb, "")
+    }};
+    ($self:ident, $call:ident, $request:ident, $method:literal, $verb:ident, $tenant:expr) => {{
         let send =
             |mut c: SeriesClient, r| -> BoxFuture<'static, _> { Box::pin(async move { c.$verb(r).await }) };
-        match $self.router.one($method, $call, ("", &$request.id), &$request, send).await? {
+        let tenant: &str = $tenant;
+        match $self.router.one($method, $call, (tenant, &$request.id), &$request, send).await? {
             Some(answer) => Ok(answer),
             None => $self.local.$verb($call, $request).await,
         }
@@ -63,7 +67,7 @@ impl SeriesCalls for SeriesRouter {
         call: &Call,
         request: proto::GetSeriesRequest,
     ) -> Result<proto::SeriesInfo, Error> {
-        one_series!(self, call, request, "GetSeries", get_series)
+        one_series!(self, call, request, "GetSeries", get_series, &request.tenant.clone())
     }
 
     /// This node's page merged with every other node's; a forwarded call
@@ -110,7 +114,7 @@ impl SeriesCalls for SeriesRouter {
         call: &Call,
         request: proto::PauseSeriesRequest,
     ) -> Result<proto::PauseSeriesResponse, Error> {
-        one_series!(self, call, request, "PauseSeries", pause_series)
+        one_series!(self, call, request, "PauseSeries", pause_series, &request.tenant.clone())
     }
 
     async fn resume_series(
@@ -118,7 +122,7 @@ impl SeriesCalls for SeriesRouter {
         call: &Call,
         request: proto::ResumeSeriesRequest,
     ) -> Result<proto::SeriesInfo, Error> {
-        one_series!(self, call, request, "ResumeSeries", resume_series)
+        one_series!(self, call, request, "ResumeSeries", resume_series, &request.tenant.clone())
     }
 
     async fn delete_series(
@@ -126,7 +130,7 @@ impl SeriesCalls for SeriesRouter {
         call: &Call,
         request: proto::DeleteSeriesRequest,
     ) -> Result<proto::DeleteSeriesResponse, Error> {
-        one_series!(self, call, request, "DeleteSeries", delete_series)
+        one_series!(self, call, request, "DeleteSeries", delete_series, &request.tenant.clone())
     }
 }
 
