@@ -15,15 +15,23 @@
 //!   far each copy is behind the log, the latest moves;
 //! - [`html`]: the pages' markup, where everything a message holds is
 //!   escaped;
-//! - [`serve`]: the listener: bounded connections and request heads, and
-//!   HTTPS with the gRPC port's certificate when it has one.
+//! - [`serve`]: the listener: connections bounded in number, per peer
+//!   and in time, and HTTPS with the gRPC port's certificate when it has
+//!   one.
 //!
 //! The pages carry no script: the Content-Security-Policy every answer
 //! sends allows none, so markup in a message's content cannot run even if
 //! it slipped through the escaping. Actions are POSTed forms; one that
 //! comes from another site (its `Origin` or `Sec-Fetch-Site` says so) or
 //! without the session's CSRF token is refused. Without tokens, only a
-//! request that names a loopback host is served ([`guard`]).
+//! request from a loopback address that names a loopback host is served
+//! ([`guard`]).
+//!
+//! A client cannot hold the console by sending slowly: a request's body
+//! must arrive whole (at most [`MAX_FORM_BYTES`]) within
+//! `--console-request-timeout`, and only then, for a signed-in request,
+//! is one of the [`MAX_PAGES`] permits taken; a request without a
+//! session (a redirect, the sign-in form) is cheap and takes none.
 
 mod cluster;
 mod find;
@@ -35,11 +43,12 @@ mod series;
 mod serve;
 mod session;
 
-use std::sync::Arc;
+use std::{net::SocketAddr, sync::Arc};
 
 use axum::{
     Form, Router,
-    extract::{Query, State},
+    body::Body,
+    extract::{ConnectInfo, Query, State},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Redirect, Response},
     routing::{get, post},
@@ -48,6 +57,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use self::serve::Limits;
 use self::{
     find::{Act, FindQuery},
     html::{esc, page},
@@ -62,8 +72,12 @@ use crate::{
     scheduler::{Call, Scheduler, SeriesCalls},
 };
 
-/// Requests served at once; more are answered 503 at once.
+/// Signed-in requests served at once; more are answered 503 at once.
 const MAX_PAGES: usize = 16;
+
+/// The largest request body taken: the console's forms are a few short
+/// fields; larger is answered 413 before it is read.
+pub const MAX_FORM_BYTES: usize = 16 * 1024;
 
 /// How long a page's calls may take before the page says so.
 const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -87,6 +101,7 @@ pub struct Console {
     busy: Arc<tokio::sync::Semaphore>,
     /// The gRPC port's certificate, when it speaks TLS: the console does too.
     tls: Option<Arc<rustls::ServerConfig>>,
+    limits: Limits,
 }
 
 impl Console {
@@ -95,6 +110,7 @@ impl Console {
         auth: Authenticator,
         clock: Arc<dyn Clock>,
         tls: Option<Arc<rustls::ServerConfig>>,
+        limits: Limits,
     ) -> Console {
         let Calls { scheduler, series, policies } = calls;
         Console {
@@ -106,6 +122,7 @@ impl Console {
             clock,
             busy: Arc::new(tokio::sync::Semaphore::new(MAX_PAGES)),
             tls,
+            limits,
         }
     }
 
@@ -131,7 +148,7 @@ impl Console {
             .layer(axum::middleware::from_fn_with_state(Arc::clone(&self), guard))
             .layer(axum::middleware::map_response(headers))
             .with_state(Arc::clone(&self));
-        serve::serve(listener, self.tls.clone(), app, stop).await;
+        serve::serve(listener, self.tls.clone(), app, self.limits, stop).await;
         let _ = pulse.await;
     }
 
@@ -197,25 +214,67 @@ fn html_response(body: String) -> Response {
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
 }
 
-/// In front of every page: without tokens, only a request to a loopback
-/// name is served (a site whose name a DNS rebinding points at 127.0.0.1
-/// would otherwise drive the console from a browser on this machine); and
-/// at most [`MAX_PAGES`] are served at once.
+/// In front of every page: without tokens, only a request from a loopback
+/// address to a loopback name is served (a site whose name a DNS rebinding
+/// points at 127.0.0.1 would otherwise drive the console from a browser on
+/// this machine, and a console reached some other way, through a local
+/// forward say, would serve anyone); the body is read whole, bounded in size and time; and then at
+/// most [`MAX_PAGES`] signed-in requests are served at once.
 async fn guard(
     State(console): State<Arc<Console>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if !console.sessions.needs_token() && !local_host(request.headers()) {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(peer)| *peer);
+    if !console.sessions.needs_token()
+        && !(peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) && local_host(request.headers()))
+    {
         return forbidden(
-            "Without --auth-tokens the console answers only to a loopback name (127.0.0.1, [::1], localhost).",
+            "Without --auth-tokens the console answers only requests from this machine's loopback address that \
+             name a loopback host (127.0.0.1, [::1], localhost).",
         );
     }
-    let Ok(_page) = Arc::clone(&console.busy).try_acquire_owned() else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "the console is busy with other pages; try again")
-            .into_response();
+    let request = match whole(request, console.limits.request_timeout).await {
+        Ok(request) => request,
+        Err(refused) => return refused,
+    };
+    // After the body: a client that sends slowly holds no permit meanwhile.
+    let _page = match console.sessions.find(request.headers()) {
+        None => None,
+        Some(_) => match Arc::clone(&console.busy).try_acquire_owned() {
+            Ok(page) => Some(page),
+            Err(_) => {
+                return (StatusCode::SERVICE_UNAVAILABLE, "the console is busy with other pages; try again")
+                    .into_response();
+            }
+        },
     };
     next.run(request).await
+}
+
+/// The request with its body read whole: at most [`MAX_FORM_BYTES`], and
+/// within `timeout` of its head (which had as long to arrive). Either
+/// refusal closes the connection: what is left of the body is not read.
+async fn whole(
+    request: axum::extract::Request,
+    timeout: std::time::Duration,
+) -> Result<axum::extract::Request, Response> {
+    let closing = |status: StatusCode, why: &'static str| {
+        (status, [(header::CONNECTION, HeaderValue::from_static("close"))], why).into_response()
+    };
+    let too_large = || closing(StatusCode::PAYLOAD_TOO_LARGE, "The console takes forms of at most 16 KiB.");
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
+    if declared.and_then(|v| v.parse::<u64>().ok()).is_some_and(|n| n > MAX_FORM_BYTES as u64) {
+        return Err(too_large());
+    }
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_FORM_BYTES)).await {
+        Ok(Ok(bytes)) => Ok(axum::extract::Request::from_parts(parts, Body::from(bytes))),
+        // Over the limit (a chunked body), or cut off: the client that cut
+        // it off reads no answer.
+        Ok(Err(_)) => Err(too_large()),
+        Err(_) => Err(closing(StatusCode::REQUEST_TIMEOUT, "The request's body did not arrive in time.")),
+    }
 }
 
 /// Whether the request names a loopback host: an address, or localhost.
