@@ -17,7 +17,8 @@
 //!   escaped;
 //! - [`serve`]: the listener: connections bounded in number, per peer
 //!   and in time, and HTTPS with the gRPC port's certificate when it has
-//!   one.
+//!   one;
+//! - [`limit`]: how often the sign-in form may be tried.
 //!
 //! The pages carry no script: the Content-Security-Policy every answer
 //! sends allows none, so markup in a message's content cannot run even if
@@ -36,6 +37,7 @@
 mod cluster;
 mod find;
 mod html;
+mod limit;
 mod overview;
 mod policies;
 mod pulse;
@@ -43,7 +45,7 @@ mod series;
 mod serve;
 mod session;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc, time::Instant};
 
 use axum::{
     Form, Router,
@@ -61,9 +63,10 @@ pub use self::serve::Limits;
 use self::{
     find::{Act, FindQuery},
     html::{esc, page},
+    limit::Attempts,
     overview::OverviewQuery,
     pulse::Pulse,
-    session::{Sessions, Signed},
+    session::{Sessions, SignInRefused, Signed},
 };
 use crate::{
     admin::PolicyService,
@@ -102,6 +105,8 @@ pub struct Console {
     /// The gRPC port's certificate, when it speaks TLS: the console does too.
     tls: Option<Arc<rustls::ServerConfig>>,
     limits: Limits,
+    /// Sign-in attempts lately, to slow down guessing.
+    attempts: Attempts,
 }
 
 impl Console {
@@ -123,6 +128,7 @@ impl Console {
             busy: Arc::new(tokio::sync::Semaphore::new(MAX_PAGES)),
             tls,
             limits,
+            attempts: Attempts::new(Instant::now()),
         }
     }
 
@@ -218,7 +224,8 @@ fn html_response(body: String) -> Response {
 /// address to a loopback name is served (a site whose name a DNS rebinding
 /// points at 127.0.0.1 would otherwise drive the console from a browser on
 /// this machine, and a console reached some other way, through a local
-/// forward say, would serve anyone); the body is read whole, bounded in size and time; and then at
+/// forward say, would serve anyone); a request with two session cookies is
+/// refused; the body is read whole, bounded in size and time; and then at
 /// most [`MAX_PAGES`] signed-in requests are served at once.
 async fn guard(
     State(console): State<Arc<Console>>,
@@ -226,13 +233,20 @@ async fn guard(
     next: axum::middleware::Next,
 ) -> Response {
     let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(peer)| *peer);
-    if !console.sessions.needs_token()
-        && !(peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) && local_host(request.headers()))
-    {
+    let local = peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) && local_host(request.headers());
+    if !(console.sessions.needs_token() || local) {
         return forbidden(
             "Without --auth-tokens the console answers only requests from this machine's loopback address that \
              name a loopback host (127.0.0.1, [::1], localhost).",
         );
+    }
+    if console.sessions.cookies(request.headers()) > 1 {
+        return (
+            StatusCode::BAD_REQUEST,
+            "This request carries two session cookies, one of them not the console's: clear the cookies of \
+             this site and sign in again.",
+        )
+            .into_response();
     }
     let request = match whole(request, console.limits.request_timeout).await {
         Ok(request) => request,
@@ -483,11 +497,20 @@ struct SignIn {
 
 async fn sign_in(
     State(console): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Form(form): Form<SignIn>,
 ) -> Response {
     if from_elsewhere(&headers) {
         return forbidden("This sign-in came from another site, and was refused.");
+    }
+    if console.sessions.needs_token()
+        && let Err(wait) = console.attempts.begin(serve::peer_key(peer.ip()), Instant::now())
+    {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let form = sign_in_form(&format!("Too many sign-ins; try again in {seconds} s."));
+        return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, seconds.to_string())], form)
+            .into_response();
     }
     signed_in(&console, &form.token)
 }
@@ -499,7 +522,13 @@ fn signed_in(console: &Console, token: &str) -> Response {
             response.headers_mut().insert(header::SET_COOKIE, cookie);
             response
         }
-        Err(_) => (StatusCode::UNAUTHORIZED, sign_in_form("That token is not valid here.")).into_response(),
+        Err(refused @ SignInRefused::Full) => {
+            (StatusCode::SERVICE_UNAVAILABLE, sign_in_form(&refused.to_string())).into_response()
+        }
+        Err(refused) => {
+            console.attempts.failed(Instant::now());
+            (StatusCode::UNAUTHORIZED, sign_in_form(&refused.to_string())).into_response()
+        }
     }
 }
 

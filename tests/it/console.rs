@@ -5,7 +5,8 @@
 //! only what it covers, through any page or form; and the due-time
 //! histogram is what `List` pages through for the same window. Over raw
 //! HTTP, the console's bounds: clients that never finish a request,
-//! connections per address, and the peer a console without tokens serves.
+//! connections per address, sign-in attempts, sessions per token, two
+//! session cookies, and the peer a console without tokens serves.
 //!
 //! With `HOURGLASS_SCREENSHOTS=DIR` the tests leave a PNG of each page
 //! there: the README's pictures (`docs/console/`) come from
@@ -74,7 +75,8 @@ impl Shop {
             format!(
                 "[[token]]\nname = \"shop-ops\"\ntoken = \"all-token-5f1c9a0e\"\ntenant = \"shop\"\nadmin = \"tenant\"\ntopics = [\"{orders}\", \"{payments}\"]\n\n\
                  [[token]]\nname = \"shop-orders\"\ntoken = \"orders-token-5f1c9a0e\"\ntenant = \"shop\"\ntopics = [\"{orders}\"]\n\n\
-                 [[token]]\nname = \"rival\"\ntoken = \"rival-token-5f1c9a0e\"\ntopics = [\"{orders}\", \"{payments}\"]\n"
+                 [[token]]\nname = \"rival\"\ntoken = \"rival-token-5f1c9a0e\"\ntopics = [\"{orders}\", \"{payments}\"]\n\n\
+                 [[token]]\nname = \"short\"\ntoken = \"tiny-token\"\ntopics = [\"{orders}\"]\n"
             ),
         )
         .unwrap();
@@ -465,8 +467,12 @@ async fn with_the_grpc_ports_certificate_the_console_speaks_https_only() {
     // No tokens: the console opens a session at once, over TLS.
     b(|| browser.goto(&format!("https://{console}/")));
     assert_eq!(b(|| browser.text(&browser.find("h1")?)), "Overview");
-    let cookie = browser.cookie("hourglass_console").expect("a session");
+    // A cookie no other site of the domain can set for it: `__Host-`,
+    // Secure, for the whole host and no Domain.
+    let cookie = browser.cookie("__Host-hourglass_console").expect("a session");
     assert_eq!(cookie["secure"].as_bool(), Some(true), "{cookie}");
+    assert_eq!(cookie["path"].as_str(), Some("/"), "{cookie}");
+    assert!(browser.cookie("hourglass_console").is_none(), "no cookie of the plain name");
     // Standalone, the cluster page shows one node owning every shard.
     b(|| browser.goto(&format!("https://{console}/cluster")));
     assert!(b(|| browser.text(&browser.find("#mode")?)).starts_with("Standalone"));
@@ -672,6 +678,82 @@ async fn connections_past_the_share_of_one_address_are_closed_and_others_are_ser
         assert!(tries < 100, "the closed connection's room was not given back");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    shop.server.stop().await;
+}
+
+/// Sign-in is limited: ten attempts from one address, then 429 with
+/// Retry-After, whatever the token; and wrong tokens tried from many
+/// addresses soon stop every sign-in for a while, even with a good token
+/// from an address never seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_attempts_are_limited_per_address_and_failures_across_all() {
+    let shop = Shop::start().await;
+    let console = shop.console();
+    let (wrong, right) =
+        (sign_in_request(console, "not-a-token-5f1c9a0e"), sign_in_request(console, "all-token-5f1c9a0e"));
+    for _ in 0..10 {
+        let answer = exchange(loopback(0, 0, 3), console, &wrong).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
+    let limited = exchange(loopback(0, 0, 3), console, &right).await;
+    assert!(limited.starts_with("HTTP/1.1 429"), "{limited}");
+    assert!(limited.to_ascii_lowercase().contains("\r\nretry-after: "), "{limited}");
+    let elsewhere = exchange(loopback(0, 0, 4), console, &right).await;
+    assert!(elsewhere.starts_with("HTTP/1.1 303"), "another address signs in: {elsewhere}");
+
+    // Ten wrong tokens from each new address, then a good one from another.
+    let mut refused = None;
+    for round in 0..30 {
+        for _ in 0..10 {
+            let answer = exchange(loopback(1, 0, round), console, &wrong).await;
+            assert!(answer.starts_with("HTTP/1.1 401") || answer.starts_with("HTTP/1.1 429"), "{answer}");
+        }
+        let answer = exchange(loopback(2, 0, round), console, &right).await;
+        if answer.starts_with("HTTP/1.1 429") {
+            refused = Some(answer);
+            break;
+        }
+        assert!(answer.starts_with("HTTP/1.1 303"), "{answer}");
+    }
+    let refused = refused.expect("failures from many addresses stop sign-ins for a while");
+    assert!(refused.to_ascii_lowercase().contains("\r\nretry-after: "), "{refused}");
+    shop.server.stop().await;
+}
+
+/// A token keeps at most 16 sessions: the 17th sign-in ends its oldest,
+/// and another token's session lives on. A token shorter than 16
+/// characters is refused though the tokens file has it, and a request
+/// carrying two session cookies is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_ends_only_its_own_oldest_session_and_short_tokens_and_two_cookies_are_refused() {
+    let shop = Shop::start().await;
+    let console = shop.console();
+    let sign_in = |n: u8, token: &str| {
+        let request = sign_in_request(console, token);
+        async move { exchange(loopback(3, 0, n), console, &request).await }
+    };
+    let rival = session_cookie(&sign_in(0, "rival-token-5f1c9a0e").await);
+    let mut mine = Vec::new();
+    for n in 1..=17 {
+        mine.push(session_cookie(&sign_in(n, "all-token-5f1c9a0e").await));
+    }
+    let page = |cookie: String| {
+        let request = get_request(console, "/", &cookie);
+        async move { exchange(loopback(0, 0, 1), console, &request).await }
+    };
+    let oldest = page(mine[0].clone()).await;
+    assert!(oldest.starts_with("HTTP/1.1 303") && oldest.contains("/sign-in"), "{oldest}");
+    for cookie in [&mine[1], &mine[16], &rival] {
+        let answer = page(cookie.clone()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{cookie}: {answer}");
+    }
+
+    let short = sign_in(100, "tiny-token").await;
+    assert!(short.starts_with("HTTP/1.1 401") && short.contains("at least 16 characters"), "{short}");
+    assert!(!short.to_ascii_lowercase().contains("set-cookie"), "{short}");
+
+    let two = page(format!("{}; {}", mine[16], rival)).await;
+    assert!(two.starts_with("HTTP/1.1 400"), "{two}");
     shop.server.stop().await;
 }
 
