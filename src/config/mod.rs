@@ -325,6 +325,14 @@ settings! {
             /// each message once, and a node that lost its shard is fenced
             /// at the broker; needs a broker with transactions).
             delivery: DeliveryMode = "idempotent", "HOURGLASS_DELIVERY";
+            /// The console: how long a client may take to send a request
+            /// (its TLS handshake; its head, or the wait for it on a
+            /// kept-alive connection; then its body); a slower one is
+            /// answered 408 or closed.
+            console_request_timeout: HumanDuration = "10s", "HOURGLASS_CONSOLE_REQUEST_TIMEOUT";
+            /// The console: connections one address (an IPv6 /64) may hold
+            /// open; more are closed at once.
+            console_connections_per_peer: usize = "32", "HOURGLASS_CONSOLE_CONNECTIONS_PER_PEER";
         }
         optional {
             /// PEM certificate (chain) for TLS on the gRPC port; needs
@@ -713,6 +721,7 @@ impl Config {
             ("max_connections", self.max_connections),
             ("max_health_watches", self.max_health_watches),
             ("max_policies_per_tenant", self.max_policies_per_tenant),
+            ("console_connections_per_peer", self.console_connections_per_peer),
         ] {
             if value == 0 {
                 return fail(setting, "must be at least 1");
@@ -745,9 +754,11 @@ impl Config {
                 format!("is {}; use at most {}", self.shutdown_grace, HumanDuration(MAX_SHUTDOWN_GRACE)),
             ));
         }
-        for (setting, value) in
-            [("stall_after", self.stall_after), ("stream_idle_timeout", self.stream_idle_timeout)]
-        {
+        for (setting, value) in [
+            ("stall_after", self.stall_after),
+            ("stream_idle_timeout", self.stream_idle_timeout),
+            ("console_request_timeout", self.console_request_timeout),
+        ] {
             if *value < Duration::from_secs(1) {
                 return fail(setting, "must be at least 1s");
             }

@@ -15,19 +15,29 @@
 //!   far each copy is behind the log, the latest moves;
 //! - [`html`]: the pages' markup, where everything a message holds is
 //!   escaped;
-//! - [`serve`]: the listener: bounded connections and request heads, and
-//!   HTTPS with the gRPC port's certificate when it has one.
+//! - [`serve`]: the listener: connections bounded in number, per peer
+//!   and in time, and HTTPS with the gRPC port's certificate when it has
+//!   one;
+//! - [`limit`]: how often the sign-in form may be tried.
 //!
 //! The pages carry no script: the Content-Security-Policy every answer
 //! sends allows none, so markup in a message's content cannot run even if
 //! it slipped through the escaping. Actions are POSTed forms; one that
 //! comes from another site (its `Origin` or `Sec-Fetch-Site` says so) or
 //! without the session's CSRF token is refused. Without tokens, only a
-//! request that names a loopback host is served ([`guard`]).
+//! request from a loopback address that names a loopback host is served
+//! ([`guard`]).
+//!
+//! A client cannot hold the console by sending slowly: a request's body
+//! must arrive whole (at most [`MAX_FORM_BYTES`]) within
+//! `--console-request-timeout`, and only then, for a signed-in request,
+//! is one of the [`MAX_PAGES`] permits taken; a request without a
+//! session (a redirect, the sign-in form) is cheap and takes none.
 
 mod cluster;
 mod find;
 mod html;
+mod limit;
 mod overview;
 mod policies;
 mod pulse;
@@ -35,11 +45,12 @@ mod series;
 mod serve;
 mod session;
 
-use std::sync::Arc;
+use std::{net::SocketAddr, sync::Arc, time::Instant};
 
 use axum::{
     Form, Router,
-    extract::{Query, State},
+    body::Body,
+    extract::{ConnectInfo, Query, State},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Redirect, Response},
     routing::{get, post},
@@ -48,12 +59,14 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use self::serve::Limits;
 use self::{
     find::{Act, FindQuery},
     html::{esc, page},
+    limit::Attempts,
     overview::OverviewQuery,
     pulse::Pulse,
-    session::{Sessions, Signed},
+    session::{Sessions, SignInRefused, Signed},
 };
 use crate::{
     admin::PolicyService,
@@ -62,8 +75,12 @@ use crate::{
     scheduler::{Call, Scheduler, SeriesCalls},
 };
 
-/// Requests served at once; more are answered 503 at once.
+/// Signed-in requests served at once; more are answered 503 at once.
 const MAX_PAGES: usize = 16;
+
+/// The largest request body taken: the console's forms are a few short
+/// fields; larger is answered 413 before it is read.
+pub const MAX_FORM_BYTES: usize = 16 * 1024;
 
 /// How long a page's calls may take before the page says so.
 const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -87,6 +104,9 @@ pub struct Console {
     busy: Arc<tokio::sync::Semaphore>,
     /// The gRPC port's certificate, when it speaks TLS: the console does too.
     tls: Option<Arc<rustls::ServerConfig>>,
+    limits: Limits,
+    /// Sign-in attempts lately, to slow down guessing.
+    attempts: Attempts,
 }
 
 impl Console {
@@ -95,6 +115,7 @@ impl Console {
         auth: Authenticator,
         clock: Arc<dyn Clock>,
         tls: Option<Arc<rustls::ServerConfig>>,
+        limits: Limits,
     ) -> Console {
         let Calls { scheduler, series, policies } = calls;
         Console {
@@ -106,6 +127,8 @@ impl Console {
             clock,
             busy: Arc::new(tokio::sync::Semaphore::new(MAX_PAGES)),
             tls,
+            limits,
+            attempts: Attempts::new(Instant::now()),
         }
     }
 
@@ -131,7 +154,7 @@ impl Console {
             .layer(axum::middleware::from_fn_with_state(Arc::clone(&self), guard))
             .layer(axum::middleware::map_response(headers))
             .with_state(Arc::clone(&self));
-        serve::serve(listener, self.tls.clone(), app, stop).await;
+        serve::serve(listener, self.tls.clone(), app, self.limits, stop).await;
         let _ = pulse.await;
     }
 
@@ -197,25 +220,75 @@ fn html_response(body: String) -> Response {
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
 }
 
-/// In front of every page: without tokens, only a request to a loopback
-/// name is served (a site whose name a DNS rebinding points at 127.0.0.1
-/// would otherwise drive the console from a browser on this machine); and
-/// at most [`MAX_PAGES`] are served at once.
+/// In front of every page: without tokens, only a request from a loopback
+/// address to a loopback name is served (a site whose name a DNS rebinding
+/// points at 127.0.0.1 would otherwise drive the console from a browser on
+/// this machine, and a console reached some other way, through a local
+/// forward say, would serve anyone); a request with two session cookies is
+/// refused; the body is read whole, bounded in size and time; and then at
+/// most [`MAX_PAGES`] signed-in requests are served at once.
 async fn guard(
     State(console): State<Arc<Console>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if !console.sessions.needs_token() && !local_host(request.headers()) {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(peer)| *peer);
+    let local = peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) && local_host(request.headers());
+    if !(console.sessions.needs_token() || local) {
         return forbidden(
-            "Without --auth-tokens the console answers only to a loopback name (127.0.0.1, [::1], localhost).",
+            "Without --auth-tokens the console answers only requests from this machine's loopback address that \
+             name a loopback host (127.0.0.1, [::1], localhost).",
         );
     }
-    let Ok(_page) = Arc::clone(&console.busy).try_acquire_owned() else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "the console is busy with other pages; try again")
+    if console.sessions.cookies(request.headers()) > 1 {
+        return (
+            StatusCode::BAD_REQUEST,
+            "This request carries two session cookies, one of them not the console's: clear the cookies of \
+             this site and sign in again.",
+        )
             .into_response();
+    }
+    let request = match whole(request, console.limits.request_timeout).await {
+        Ok(request) => request,
+        Err(refused) => return refused,
+    };
+    // After the body: a client that sends slowly holds no permit meanwhile.
+    let _page = match console.sessions.find(request.headers()) {
+        None => None,
+        Some(_) => match Arc::clone(&console.busy).try_acquire_owned() {
+            Ok(page) => Some(page),
+            Err(_) => {
+                return (StatusCode::SERVICE_UNAVAILABLE, "the console is busy with other pages; try again")
+                    .into_response();
+            }
+        },
     };
     next.run(request).await
+}
+
+/// The request with its body read whole: at most [`MAX_FORM_BYTES`], and
+/// within `timeout` of its head (which had as long to arrive). Either
+/// refusal closes the connection: what is left of the body is not read.
+async fn whole(
+    request: axum::extract::Request,
+    timeout: std::time::Duration,
+) -> Result<axum::extract::Request, Response> {
+    let closing = |status: StatusCode, why: &'static str| {
+        (status, [(header::CONNECTION, HeaderValue::from_static("close"))], why).into_response()
+    };
+    let too_large = || closing(StatusCode::PAYLOAD_TOO_LARGE, "The console takes forms of at most 16 KiB.");
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
+    if declared.and_then(|v| v.parse::<u64>().ok()).is_some_and(|n| n > MAX_FORM_BYTES as u64) {
+        return Err(too_large());
+    }
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_FORM_BYTES)).await {
+        Ok(Ok(bytes)) => Ok(axum::extract::Request::from_parts(parts, Body::from(bytes))),
+        // Over the limit (a chunked body), or cut off: the client that cut
+        // it off reads no answer.
+        Ok(Err(_)) => Err(too_large()),
+        Err(_) => Err(closing(StatusCode::REQUEST_TIMEOUT, "The request's body did not arrive in time.")),
+    }
 }
 
 /// Whether the request names a loopback host: an address, or localhost.
@@ -428,11 +501,20 @@ struct SignIn {
 
 async fn sign_in(
     State(console): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Form(form): Form<SignIn>,
 ) -> Response {
     if from_elsewhere(&headers) {
         return forbidden("This sign-in came from another site, and was refused.");
+    }
+    if console.sessions.needs_token()
+        && let Err(wait) = console.attempts.begin(serve::peer_key(peer.ip()), Instant::now())
+    {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let form = sign_in_form(&format!("Too many sign-ins; try again in {seconds} s."));
+        return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, seconds.to_string())], form)
+            .into_response();
     }
     signed_in(&console, &form.token)
 }
@@ -444,7 +526,13 @@ fn signed_in(console: &Console, token: &str) -> Response {
             response.headers_mut().insert(header::SET_COOKIE, cookie);
             response
         }
-        Err(_) => (StatusCode::UNAUTHORIZED, sign_in_form("That token is not valid here.")).into_response(),
+        Err(refused @ SignInRefused::Full) => {
+            (StatusCode::SERVICE_UNAVAILABLE, sign_in_form(&refused.to_string())).into_response()
+        }
+        Err(refused) => {
+            console.attempts.failed(Instant::now());
+            (StatusCode::UNAUTHORIZED, sign_in_form(&refused.to_string())).into_response()
+        }
     }
 }
 

@@ -249,7 +249,13 @@ pub async fn run_with_clock(
             series: Arc::clone(&series_calls),
             policies: Arc::clone(&policies),
         };
-        let console = Arc::new(Console::new(calls, auth.clone(), Arc::clone(&clock), console_tls));
+        let console = Arc::new(Console::new(
+            calls,
+            auth.clone(),
+            Arc::clone(&clock),
+            console_tls,
+            console::Limits::of(&config),
+        ));
         tokio::spawn(console.serve(listener, stop_accepting.clone()))
     });
     let scheduler_api = SchedulerApi::new(scheduler, api);

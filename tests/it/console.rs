@@ -3,7 +3,10 @@
 //! with a token, finds a message by label and cancels it, and the API
 //! agrees; content is shown as text, never run; a token sees and touches
 //! only what it covers, through any page or form; and the due-time
-//! histogram is what `List` pages through for the same window.
+//! histogram is what `List` pages through for the same window. Over raw
+//! HTTP, the console's bounds: clients that never finish a request,
+//! connections per address, sign-in attempts, sessions per token, two
+//! session cookies, and the peer a console without tokens serves.
 //!
 //! With `HOURGLASS_SCREENSHOTS=DIR` the tests leave a PNG of each page
 //! there: the README's pictures (`docs/console/`) come from
@@ -11,7 +14,11 @@
 
 use crate::common;
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use common::*;
 use hourglass::{
@@ -52,6 +59,11 @@ struct Shop {
 
 impl Shop {
     async fn start() -> Shop {
+        Shop::start_with(|_| {}).await
+    }
+
+    /// As `start`, with `adjust` applied to the server's settings.
+    async fn start_with(adjust: impl FnOnce(&mut hourglass::config::Config)) -> Shop {
         let broker = Broker::start();
         let (orders, payments) = (random_name("orders"), random_name("payments"));
         broker.create_topic(&orders, 1).await;
@@ -61,15 +73,17 @@ impl Shop {
         std::fs::write(
             &tokens,
             format!(
-                "[[token]]\nname = \"shop-ops\"\ntoken = \"all-token\"\ntenant = \"shop\"\nadmin = \"tenant\"\ntopics = [\"{orders}\", \"{payments}\"]\n\n\
-                 [[token]]\nname = \"shop-orders\"\ntoken = \"orders-token\"\ntenant = \"shop\"\ntopics = [\"{orders}\"]\n\n\
-                 [[token]]\nname = \"rival\"\ntoken = \"rival-token\"\ntopics = [\"{orders}\", \"{payments}\"]\n"
+                "[[token]]\nname = \"shop-ops\"\ntoken = \"all-token-5f1c9a0e\"\ntenant = \"shop\"\nadmin = \"tenant\"\ntopics = [\"{orders}\", \"{payments}\"]\n\n\
+                 [[token]]\nname = \"shop-orders\"\ntoken = \"orders-token-5f1c9a0e\"\ntenant = \"shop\"\ntopics = [\"{orders}\"]\n\n\
+                 [[token]]\nname = \"rival\"\ntoken = \"rival-token-5f1c9a0e\"\ntopics = [\"{orders}\", \"{payments}\"]\n\n\
+                 [[token]]\nname = \"short\"\ntoken = \"tiny-token\"\ntopics = [\"{orders}\"]\n"
             ),
         )
         .unwrap();
         let mut config = config(&broker, &dir.path().join("data"));
         config.auth_tokens = Some(tokens);
         config.console_listen = Some("127.0.0.1:0".parse().unwrap());
+        adjust(&mut config);
         let server = Hourglass::start(config).await;
         Shop { _broker: broker, _dir: dir, server, orders, payments }
     }
@@ -144,7 +158,8 @@ async fn post(addr: SocketAddr, path: &str, cookie: &str, form: &str) -> String 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_token_covers() {
     let shop = Shop::start().await;
-    let (mut all, mut rival) = (shop.client("all-token").await, shop.client("rival-token").await);
+    let (mut all, mut rival) =
+        (shop.client("all-token-5f1c9a0e").await, shop.client("rival-token-5f1c9a0e").await);
     let due = now_ms() + 3_600_000;
     let script = "<script>alert('value')</script><b>bold</b><img src=x onerror=alert(1)>";
     let mut evil = labelled(&shop.payments, "pay-1", due, &[("customer", "42")]);
@@ -164,9 +179,9 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
 
     let browser = b(Browser::start);
     // A wrong token gets nowhere.
-    sign_in(&browser, &shop, "not-a-token");
+    sign_in(&browser, &shop, "not-a-token-5f1c9a0e");
     assert!(b(|| browser.text(&browser.find("#refused")?)).contains("not valid"));
-    sign_in(&browser, &shop, "all-token");
+    sign_in(&browser, &shop, "all-token-5f1c9a0e");
     assert_eq!(
         b(|| browser.text(&browser.find("#count-pending dd")?)),
         "3",
@@ -218,7 +233,7 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
     // A token for orders alone: payments are out of sight and out of reach.
     b(|| browser.click(&browser.find("header .who button")?));
     b(|| browser.wait_for_url("/sign-in"));
-    sign_in(&browser, &shop, "orders-token");
+    sign_in(&browser, &shop, "orders-token-5f1c9a0e");
     assert_eq!(b(|| browser.text(&browser.find("#count-pending dd")?)), "1", "order-2 alone");
     let overview = b(|| browser.source());
     assert!(!overview.contains(&shop.payments), "the overview names no payments topic");
@@ -258,7 +273,7 @@ async fn a_person_finds_a_message_by_label_cancels_it_and_sees_only_what_the_tok
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_due_time_histogram_counts_what_list_returns_for_the_same_window() {
     let shop = Shop::start().await;
-    let mut all = shop.client("all-token").await;
+    let mut all = shop.client("all-token-5f1c9a0e").await;
     // Spread over the next day, with a wall at one minute past the hour.
     let now = now_ms();
     let mut requests = Vec::new();
@@ -284,7 +299,7 @@ async fn the_due_time_histogram_counts_what_list_returns_for_the_same_window() {
     }
 
     let browser = b(Browser::start);
-    sign_in(&browser, &shop, "all-token");
+    sign_in(&browser, &shop, "all-token-5f1c9a0e");
     for (span, topic) in [("hour", ""), ("day", ""), ("day", shop.orders.as_str())] {
         b(|| browser.goto(&shop.url(&format!("/?span={span}&topic={topic}"))));
         let window = b(|| browser.find("#window"));
@@ -355,7 +370,7 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     let shop = Shop::start().await;
     let with = |token: &str| Bearer::new(Some(token)).unwrap();
     let channel = shop.channel().await;
-    let mut admin = AdminClient::with_interceptor(channel.clone(), with("all-token"));
+    let mut admin = AdminClient::with_interceptor(channel.clone(), with("all-token-5f1c9a0e"));
     let series_of = |token| SeriesClient::with_interceptor(channel.clone(), with(token));
     let spec = |topic: &str| proto::SeriesSpec {
         template: Some(proto::Message {
@@ -369,12 +384,12 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     };
     let create =
         |id: &str, topic: &str| proto::CreateSeriesRequest { id: id.into(), spec: Some(spec(topic)) };
-    series_of("all-token").create_series(create("digest", &shop.orders)).await.unwrap();
-    series_of("all-token").create_series(create("payouts", &shop.payments)).await.unwrap();
-    series_of("rival-token").create_series(create("rival-digest", &shop.orders)).await.unwrap();
+    series_of("all-token-5f1c9a0e").create_series(create("digest", &shop.orders)).await.unwrap();
+    series_of("all-token-5f1c9a0e").create_series(create("payouts", &shop.payments)).await.unwrap();
+    series_of("rival-token-5f1c9a0e").create_series(create("rival-digest", &shop.orders)).await.unwrap();
 
     let browser = b(Browser::start);
-    sign_in(&browser, &shop, "all-token");
+    sign_in(&browser, &shop, "all-token-5f1c9a0e");
     b(|| browser.goto(&shop.url("/series")));
     let listed = b(|| browser.text(&browser.find("#series")?));
     assert!(
@@ -385,7 +400,7 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     shot(&browser, "series");
     b(|| browser.click(&browser.find("#series tr:nth-child(1) button")?));
     assert!(b(|| browser.text(&browser.find("#outcome")?)).starts_with("Paused digest"));
-    let mut mine = series_of("all-token");
+    let mut mine = series_of("all-token-5f1c9a0e");
     let digest = mine.get_series(proto::GetSeriesRequest { id: "digest".into(), next: 0 }).await.unwrap();
     assert_eq!(digest.into_inner().state(), proto::SeriesState::Paused);
 
@@ -426,7 +441,7 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     // A token of the same tenant without admin, and for orders alone.
     b(|| browser.click(&browser.find("header .who button")?));
     b(|| browser.wait_for_url("/sign-in"));
-    sign_in(&browser, &shop, "orders-token");
+    sign_in(&browser, &shop, "orders-token-5f1c9a0e");
     b(|| browser.goto(&shop.url("/series")));
     let listed = b(|| browser.text(&browser.find("#series")?));
     assert!(listed.contains("digest") && !listed.contains("payouts"), "{listed}");
@@ -461,8 +476,12 @@ async fn with_the_grpc_ports_certificate_the_console_speaks_https_only() {
     // No tokens: the console opens a session at once, over TLS.
     b(|| browser.goto(&format!("https://{console}/")));
     assert_eq!(b(|| browser.text(&browser.find("h1")?)), "Overview");
-    let cookie = browser.cookie("hourglass_console").expect("a session");
+    // A cookie no other site of the domain can set for it: `__Host-`,
+    // Secure, for the whole host and no Domain.
+    let cookie = browser.cookie("__Host-hourglass_console").expect("a session");
     assert_eq!(cookie["secure"].as_bool(), Some(true), "{cookie}");
+    assert_eq!(cookie["path"].as_str(), Some("/"), "{cookie}");
+    assert!(browser.cookie("hourglass_console").is_none(), "no cookie of the plain name");
     // Standalone, the cluster page shows one node owning every shard.
     b(|| browser.goto(&format!("https://{console}/cluster")));
     assert!(b(|| browser.text(&browser.find("#mode")?)).starts_with("Standalone"));
@@ -537,4 +556,250 @@ async fn any_node_shows_the_whole_cluster_and_its_moves() {
     );
     drop(browser);
     here.stop().unwrap();
+}
+
+/// A connection to the console from `from`: on Linux every 127.x.y.z is
+/// this machine's, so each is a peer of its own.
+async fn connect_from(from: IpAddr, to: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// What the console sends until it closes the connection (a reset closes
+/// it too), waited for at most 30 s.
+async fn until_closed(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert!(read.is_ok(), "the console did not close the connection; it sent {out:?}");
+    out
+}
+
+/// `request` sent from `from`, and the answer until the console closes.
+async fn exchange(from: IpAddr, to: SocketAddr, request: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut s = connect_from(from, to).await;
+    // A connection closed at once may refuse the request: the answer says.
+    let _ = s.write_all(request.as_bytes()).await;
+    until_closed(&mut s).await
+}
+
+fn sign_in_request(to: SocketAddr, token: &str) -> String {
+    let form = format!("token={token}");
+    format!(
+        "POST /sign-in HTTP/1.1\r\nHost: {to}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{form}",
+        form.len()
+    )
+}
+
+/// A GET with `cookies` (a `Cookie` header's value; none if empty).
+fn get_request(to: SocketAddr, path: &str, cookies: &str) -> String {
+    let cookies = if cookies.is_empty() { String::new() } else { format!("Cookie: {cookies}\r\n") };
+    format!("GET {path} HTTP/1.1\r\nHost: {to}\r\n{cookies}Connection: close\r\n\r\n")
+}
+
+/// The `name=value` of the session cookie an answer sets.
+fn session_cookie(answer: &str) -> String {
+    answer
+        .lines()
+        .find_map(|l| l.get(..11).filter(|h| h.eq_ignore_ascii_case("set-cookie:")).map(|_| &l[11..]))
+        .and_then(|v| v.trim().split(';').next())
+        .unwrap_or_else(|| panic!("no session cookie set: {answer}"))
+        .to_owned()
+}
+
+fn loopback(a: u8, b: u8, c: u8) -> IpAddr {
+    IpAddr::from([127, a, b, c])
+}
+
+/// More connections than the console makes pages at once (16), each
+/// sending the head of a sign-in and never its body: a signed-in person's
+/// page is still served, and each of them is answered 408 and closed once
+/// `--console-request-timeout` is over. A body larger than any form is
+/// refused before it is read, and a kept-alive connection that sends no
+/// next request is closed in the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_send_their_body_hold_no_page_and_are_closed_in_time() {
+    use tokio::io::AsyncWriteExt;
+    let shop = Shop::start_with(|c| c.console_request_timeout = Duration::from_secs(2).into()).await;
+    let (console, here) = (shop.console(), loopback(0, 0, 1));
+    let cookie =
+        session_cookie(&exchange(here, console, &sign_in_request(console, "all-token-5f1c9a0e")).await);
+    let mut stalled = Vec::new();
+    for _ in 0..20 {
+        let mut s = connect_from(here, console).await;
+        let head = format!(
+            "POST /sign-in HTTP/1.1\r\nHost: {console}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+             Content-Length: 64\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        stalled.push(s);
+    }
+    // Time for the heads to be read, for order's sake; nothing is measured.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let page = exchange(here, console, &get_request(console, "/", &cookie)).await;
+    assert!(page.starts_with("HTTP/1.1 200") && page.contains("Overview"), "{page}");
+    for s in &mut stalled {
+        let answer = until_closed(s).await;
+        assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+
+    let huge = format!(
+        "POST /sign-in HTTP/1.1\r\nHost: {console}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: 100000\r\n\r\n"
+    );
+    let answer = exchange(here, console, &huge).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
+    let mut idle = connect_from(here, console).await;
+    idle.write_all(format!("GET /console.css HTTP/1.1\r\nHost: {console}\r\n\r\n").as_bytes()).await.unwrap();
+    let answer = until_closed(&mut idle).await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.matches("HTTP/1.1 ").count() == 1, "{answer}");
+    shop.server.stop().await;
+}
+
+/// One address may hold `--console-connections-per-peer` connections:
+/// one more is closed unanswered, while another address is served, and
+/// a connection given back makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_share_of_one_address_are_closed_and_others_are_served() {
+    let shop = Shop::start_with(|c| c.console_connections_per_peer = 4).await;
+    let (console, here) = (shop.console(), loopback(0, 0, 1));
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect_from(here, console).await);
+    }
+    let over = exchange(here, console, &get_request(console, "/sign-in", "")).await;
+    assert!(over.is_empty(), "{over}");
+    let other = exchange(loopback(0, 0, 2), console, &get_request(console, "/sign-in", "")).await;
+    assert!(other.starts_with("HTTP/1.1 200"), "{other}");
+    held.pop();
+    let mut tries = 0;
+    loop {
+        let answer = exchange(here, console, &get_request(console, "/sign-in", "")).await;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 100, "the closed connection's room was not given back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shop.server.stop().await;
+}
+
+/// Sign-in is limited: ten attempts from one address, then 429 with
+/// Retry-After, whatever the token; and wrong tokens tried from many
+/// addresses soon stop every sign-in for a while, even with a good token
+/// from an address never seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_attempts_are_limited_per_address_and_failures_across_all() {
+    let shop = Shop::start().await;
+    let console = shop.console();
+    let (wrong, right) =
+        (sign_in_request(console, "not-a-token-5f1c9a0e"), sign_in_request(console, "all-token-5f1c9a0e"));
+    for _ in 0..10 {
+        let answer = exchange(loopback(0, 0, 3), console, &wrong).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
+    let limited = exchange(loopback(0, 0, 3), console, &right).await;
+    assert!(limited.starts_with("HTTP/1.1 429"), "{limited}");
+    assert!(limited.to_ascii_lowercase().contains("\r\nretry-after: "), "{limited}");
+    let elsewhere = exchange(loopback(0, 0, 4), console, &right).await;
+    assert!(elsewhere.starts_with("HTTP/1.1 303"), "another address signs in: {elsewhere}");
+
+    // Ten wrong tokens from each new address, then a good one from another.
+    let mut refused = None;
+    for round in 0..30 {
+        for _ in 0..10 {
+            let answer = exchange(loopback(1, 0, round), console, &wrong).await;
+            assert!(answer.starts_with("HTTP/1.1 401") || answer.starts_with("HTTP/1.1 429"), "{answer}");
+        }
+        let answer = exchange(loopback(2, 0, round), console, &right).await;
+        if answer.starts_with("HTTP/1.1 429") {
+            refused = Some(answer);
+            break;
+        }
+        assert!(answer.starts_with("HTTP/1.1 303"), "{answer}");
+    }
+    let refused = refused.expect("failures from many addresses stop sign-ins for a while");
+    assert!(refused.to_ascii_lowercase().contains("\r\nretry-after: "), "{refused}");
+    shop.server.stop().await;
+}
+
+/// A token keeps at most 16 sessions: the 17th sign-in ends its oldest,
+/// and another token's session lives on. A token shorter than 16
+/// characters is refused though the tokens file has it, and a request
+/// carrying two session cookies is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_ends_only_its_own_oldest_session_and_short_tokens_and_two_cookies_are_refused() {
+    let shop = Shop::start().await;
+    let console = shop.console();
+    let sign_in = |n: u8, token: &str| {
+        let request = sign_in_request(console, token);
+        async move { exchange(loopback(3, 0, n), console, &request).await }
+    };
+    let rival = session_cookie(&sign_in(0, "rival-token-5f1c9a0e").await);
+    let mut mine = Vec::new();
+    for n in 1..=17 {
+        mine.push(session_cookie(&sign_in(n, "all-token-5f1c9a0e").await));
+    }
+    let page = |cookie: String| {
+        let request = get_request(console, "/", &cookie);
+        async move { exchange(loopback(0, 0, 1), console, &request).await }
+    };
+    let oldest = page(mine[0].clone()).await;
+    assert!(oldest.starts_with("HTTP/1.1 303") && oldest.contains("/sign-in"), "{oldest}");
+    for cookie in [&mine[1], &mine[16], &rival] {
+        let answer = page(cookie.clone()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{cookie}: {answer}");
+    }
+
+    let short = sign_in(100, "tiny-token").await;
+    assert!(short.starts_with("HTTP/1.1 401") && short.contains("at least 16 characters"), "{short}");
+    assert!(!short.to_ascii_lowercase().contains("set-cookie"), "{short}");
+
+    let two = page(format!("{}; {}", mine[16], rival)).await;
+    assert!(two.starts_with("HTTP/1.1 400"), "{two}");
+    shop.server.stop().await;
+}
+
+/// An address of this machine other than loopback, found by asking the
+/// routing table (a UDP socket connects without sending anything).
+fn an_outside_address() -> IpAddr {
+    for probe in ["192.0.2.1:9", "10.255.255.1:9", "198.51.100.1:9", "8.8.8.8:53"] {
+        let Ok(socket) = std::net::UdpSocket::bind("0.0.0.0:0") else { continue };
+        if socket.connect(probe).is_ok()
+            && let Ok(local) = socket.local_addr()
+            && !local.ip().is_loopback()
+            && !local.ip().is_unspecified()
+        {
+            return local.ip();
+        }
+    }
+    panic!("this test needs an address of this machine other than loopback, and a route from it");
+}
+
+/// Without tokens, a request that names a loopback host but comes from
+/// another address (a forwarded port, a proxy on this machine) gets
+/// nothing; from loopback, a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_only_a_loopback_peer_is_served() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(&broker, dir.path());
+    config.console_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = Hourglass::start(config).await;
+    let console = server.console_addr.unwrap();
+    let request =
+        format!("GET /sign-in HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n", console.port());
+    let outside = exchange(an_outside_address(), console, &request).await;
+    assert!(outside.starts_with("HTTP/1.1 403"), "{outside}");
+    assert!(!outside.to_ascii_lowercase().contains("set-cookie"), "{outside}");
+    let here = exchange(loopback(0, 0, 1), console, &request).await;
+    assert!(here.starts_with("HTTP/1.1 303"), "{here}");
+    session_cookie(&here);
+    server.stop().await;
 }
