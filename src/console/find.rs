@@ -110,18 +110,20 @@ pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Re
             "<table id=\"found\"><thead><tr><th>Id</th><th>Topic</th><th>Due</th><th>Labels</th>\
              <th>Attempts</th><th>Last error</th></tr></thead><tbody>",
         );
+        let own = call.access.scope().tenant.map(|t| t.as_str().to_owned()).unwrap_or_default();
         for m in &listing.messages {
+            // An operator sees every tenant's: whose, when not its own.
+            let theirs = Some(m.tenant.as_str()).filter(|t| !t.is_empty() && *t != own);
             let mut labels: Vec<_> = m.labels.iter().collect();
             labels.sort();
             let labels = labels.iter().map(|(k, v)| format!("{}={}", esc(k), esc(v))).collect::<Vec<_>>();
             let _ = write!(
                 out,
-                "<tr><td><a href=\"/message?id={}&amp;tenant={}\">{}{}</a></td><td>{}</td><td>{}</td><td>{}</td>\
+                "<tr><td><a href=\"/message?id={}{}\">{}{}</a></td><td>{}</td><td>{}</td><td>{}</td>\
                  <td>{}</td><td>{}</td></tr>",
                 Query(&m.id),
-                Query(&m.tenant),
-                // An operator sees every tenant's: whose it is.
-                if m.tenant.is_empty() { String::new() } else { format!("{}/", esc(&m.tenant)) },
+                theirs.map(|t| format!("&amp;tenant={}", Query(t))).unwrap_or_default(),
+                theirs.map(|t| format!("{}/", esc(t))).unwrap_or_default(),
                 esc(&m.id),
                 esc(&m.topic),
                 time(m.dispatch_at),
@@ -296,10 +298,10 @@ pub async fn message(
     }
     let _ = write!(
         out,
-        "<h3>Value <small>{} bytes · <a href=\"/message?id={}&amp;tenant={}{}\">{}</a></small></h3>",
+        "<h3>Value <small>{} bytes · <a href=\"/message?id={}{}{}\">{}</a></small></h3>",
         record.value.len(),
         Query(&m.id),
-        Query(tenant),
+        if tenant.is_empty() { String::new() } else { format!("&amp;tenant={}", Query(tenant)) },
         if hex_view { "" } else { "&amp;view=hex" },
         if hex_view { "as text" } else { "as hex" }
     );

@@ -29,6 +29,10 @@ pub struct SeriesForm {
     #[serde(default)]
     pub csrf: String,
     pub id: String,
+    /// The series' tenant: a row's, for an operator acting on another
+    /// tenant's; empty for the caller's own.
+    #[serde(default)]
+    pub tenant: String,
     /// pause, resume or delete.
     pub change: String,
 }
@@ -105,10 +109,12 @@ pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf
                 let _ = write!(
                     out,
                     "<form method=\"post\" action=\"/series\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-                     <input type=\"hidden\" name=\"id\" value=\"{}\"><input type=\"hidden\" name=\"change\" \
-                     value=\"{change}\"><button>{label}</button></form>",
+                     <input type=\"hidden\" name=\"id\" value=\"{}\"><input type=\"hidden\" name=\"tenant\" \
+                     value=\"{}\"><input type=\"hidden\" name=\"change\" value=\"{change}\"><button>{label}</button>\
+                     </form>",
                     esc(csrf),
-                    esc(&s.id)
+                    esc(&s.id),
+                    esc(&s.tenant)
                 );
             }
             out.push_str("</div></td></tr>");
@@ -129,7 +135,7 @@ pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf
 
 /// Pauses, resumes or deletes a series; what to say about it.
 pub async fn apply(series: &dyn SeriesCalls, call: &Call, form: &SeriesForm) -> String {
-    let id = form.id.clone();
+    let (id, tenant) = (form.id.clone(), form.tenant.clone());
     let done = |what: &str, cancelled: usize| {
         format!(
             "<p class=\"done\" id=\"outcome\">{what} {}{}</p>",
@@ -143,14 +149,15 @@ pub async fn apply(series: &dyn SeriesCalls, call: &Call, form: &SeriesForm) -> 
     };
     let answer = match form.change.as_str() {
         "pause" => series
-            .pause_series(call, proto::PauseSeriesRequest { id })
+            .pause_series(call, proto::PauseSeriesRequest { id, tenant })
             .await
             .map(|r| done("Paused", r.occurrences.len())),
-        "resume" => {
-            series.resume_series(call, proto::ResumeSeriesRequest { id }).await.map(|_| done("Resumed", 0))
-        }
+        "resume" => series
+            .resume_series(call, proto::ResumeSeriesRequest { id, tenant })
+            .await
+            .map(|_| done("Resumed", 0)),
         "delete" => series
-            .delete_series(call, proto::DeleteSeriesRequest { id })
+            .delete_series(call, proto::DeleteSeriesRequest { id, tenant })
             .await
             .map(|r| done("Deleted", r.occurrences.len())),
         other => return format!("<p class=\"error\">{} is not a change this page makes.</p>", esc(other)),

@@ -20,9 +20,8 @@ use super::{
     spec::{Spec, occurrence_id, series_id},
 };
 use crate::{
-    Error,
+    Error, audit,
     auth::Access,
-    audit,
     message::{Invalid, MessageId, Selector, Tenant, UnixMillis, validate_topic_name},
     proto,
     scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls, fit_series_page},
@@ -73,11 +72,19 @@ impl Series {
 
     /// As [`load_visible`](Self::load_visible), whether its spec reads or
     /// not; `grant` says whether the caller's grant must cover its topic.
-    async fn load_record(&self, access: &Access, id: &MessageId, grant: Grant) -> Result<SeriesRecord, Error> {
+    async fn load_record(
+        &self,
+        access: &Access,
+        id: &MessageId,
+        grant: Grant,
+    ) -> Result<SeriesRecord, Error> {
         let record =
             self.book.load(id).await?.ok_or_else(|| Error::SeriesNotFound(id.as_str().to_owned()))?;
         let own = access.scope().tenant.as_ref().map(|t| t.as_str()) == id.tenant();
-        if grant == Grant::Topic || !own {
+        // A series no token of its tenant covers any more is its tenant's
+        // to stop with any of its tokens; else the caller's must cover it.
+        let orphaned = own && !self.grants.covers(id.tenant(), record.topic());
+        if grant == Grant::Topic || !orphaned {
             access.check(record.topic())?;
         }
         Ok(record)
@@ -114,14 +121,21 @@ fn every_token(token: &str) -> Option<MessageId> {
 enum Grant {
     /// Its topic, as every call that reads it or makes it go on.
     Topic,
-    /// Nothing more for its own tenant's series: a call that stops it
-    /// (pause, delete) is always its tenant's to make, even after the
-    /// tokens file took the topic away.
+    /// Nothing more for its own tenant's series that no token of the
+    /// tenant covers any more: a call that stops it (pause, delete) is
+    /// always its tenant's to make, even after the tokens file took the
+    /// topic away.
     OwnToStop,
 }
 
 /// Records a series call in the audit trail, and passes its result on.
-fn audited<T>(access: &Access, verb: &'static str, id: &str, tenant: &str, result: Result<T, Error>) -> Result<T, Error> {
+fn audited<T>(
+    access: &Access,
+    verb: &'static str,
+    id: &str,
+    tenant: &str,
+    result: Result<T, Error>,
+) -> Result<T, Error> {
     let what = if tenant.is_empty() { format!("series={id}") } else { format!("series={tenant}/{id}") };
     match &result {
         Ok(_) => audit::record(access, verb, &what, Ok("done")),
@@ -178,11 +192,7 @@ impl Series {
         })
     }
 
-    async fn get(
-        &self,
-        call: &Call,
-        request: proto::GetSeriesRequest,
-    ) -> Result<proto::SeriesInfo, Error> {
+    async fn get(&self, call: &Call, request: proto::GetSeriesRequest) -> Result<proto::SeriesInfo, Error> {
         let access = &call.access;
         let id = self.id(access, &request.tenant, &request.id)?;
         let n = match request.next as usize {
@@ -230,8 +240,11 @@ impl Series {
             self.book.page(scope.tenant.as_ref(), after, limit).await?
         };
         let token_of = |id: &MessageId| if every { every_token_of(id) } else { id.as_str().to_owned() };
-        let next_page_token =
-            if page.len() < limit { String::new() } else { page.last().map(|(id, _)| token_of(id)).unwrap_or_default() };
+        let next_page_token = if page.len() < limit {
+            String::new()
+        } else {
+            page.last().map(|(id, _)| token_of(id)).unwrap_or_default()
+        };
         let mut series = Vec::with_capacity(page.len());
         for (id, record) in page {
             let spec = match record

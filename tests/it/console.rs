@@ -401,7 +401,10 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     b(|| browser.click(&browser.find("#series tr:nth-child(1) button")?));
     assert!(b(|| browser.text(&browser.find("#outcome")?)).starts_with("Paused digest"));
     let mut mine = series_of("all-token-5f1c9a0e");
-    let digest = mine.get_series(proto::GetSeriesRequest { id: "digest".into(), next: 0 }).await.unwrap();
+    let digest = mine
+        .get_series(proto::GetSeriesRequest { id: "digest".into(), next: 0, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(digest.into_inner().state(), proto::SeriesState::Paused);
 
     // The tenant's own policies: pause, a rate limit, a dead-letter topic.
@@ -454,7 +457,10 @@ async fn series_and_policies_are_seen_and_changed_within_what_the_token_may() {
     let answer =
         post(shop.console(), "/series", &cookie, &format!("csrf={csrf}&id=payouts&change=delete")).await;
     assert!(answer.contains("PermissionDenied") || answer.contains("NotFound"), "{answer}");
-    let payouts = mine.get_series(proto::GetSeriesRequest { id: "payouts".into(), next: 0 }).await.unwrap();
+    let payouts = mine
+        .get_series(proto::GetSeriesRequest { id: "payouts".into(), next: 0, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(payouts.into_inner().state(), proto::SeriesState::Active);
     drop(browser);
     shop.server.stop().await;
@@ -801,5 +807,54 @@ async fn without_tokens_only_a_loopback_peer_is_served() {
     let here = exchange(loopback(0, 0, 1), console, &request).await;
     assert!(here.starts_with("HTTP/1.1 303"), "{here}");
     session_cookie(&here);
+    server.stop().await;
+}
+
+/// An operator's click on a row of the Policies page acts on that row's
+/// policy (another tenant's own), not on the operator's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_click_on_a_policy_row_acts_on_that_rows_tenant() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let broker = Broker::start();
+    let topic = random_name("orders");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nname = \"acme\"\ntoken = \"acme-token-5f1c9a0e\"\nadmin = \"tenant\"\ntopics = [\"{topic}\"]\n\n\
+             [[token]]\nname = \"ops\"\ntoken = \"ops-token-5f1c9a0e\"\nadmin = \"all\"\ntopics = [\"*\"]\n"
+        ),
+    )
+    .unwrap();
+    let mut config = config(&broker, &dir.path().join("data"));
+    config.auth_tokens = Some(tokens);
+    config.console_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = Hourglass::start(config).await;
+    let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
+    let mut acme = AdminClient::with_interceptor(channel, Bearer::new(Some("acme-token-5f1c9a0e")).unwrap());
+    let own = proto::TopicPolicyRequest { topic: topic.clone(), ..Default::default() };
+    acme.pause_topic(own.clone()).await.unwrap();
+
+    let to = server.console_addr.unwrap();
+    let from = loopback(0, 0, 1);
+    let cookie = session_cookie(&exchange(from, to, &sign_in_request(to, "ops-token-5f1c9a0e")).await);
+    let page = exchange(from, to, &get_request(to, "/policies", &cookie)).await;
+    assert!(page.contains("name=\"tenant\" value=\"acme\""), "the row names its tenant: {page}");
+    let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).unwrap();
+    let form = format!("csrf={csrf}&topic={topic}&tenant=acme&change=resume");
+    let mut s = connect_from(from, to).await;
+    let request = format!(
+        "POST /policies HTTP/1.1\r\nHost: {to}\r\nCookie: {cookie}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{form}",
+        form.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.contains("id=\"outcome\">Changed") && answer.contains("acme"), "{answer}");
+    let theirs = acme.get_topic_policy(own).await.unwrap().into_inner();
+    assert!(!theirs.paused, "the operator's resume reached acme's own policy: {theirs:?}");
     server.stop().await;
 }

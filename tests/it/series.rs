@@ -101,7 +101,7 @@ async fn a_second_level_cron_series_delivers_each_occurrence_once_and_never_earl
 
     // The series is over; the same create again is a retry.
     let info = series
-        .get_series(proto::GetSeriesRequest { id: "ticks".into(), next: 3 })
+        .get_series(proto::GetSeriesRequest { id: "ticks".into(), next: 3, ..Default::default() })
         .await
         .unwrap()
         .into_inner();
@@ -140,7 +140,7 @@ async fn calls_answer_what_they_did_and_refuse_what_is_wrong() {
 
     // Get: the next occurrences, on the hour.
     let info = series
-        .get_series(proto::GetSeriesRequest { id: "hourly".into(), next: 3 })
+        .get_series(proto::GetSeriesRequest { id: "hourly".into(), next: 3, ..Default::default() })
         .await
         .unwrap()
         .into_inner();
@@ -172,19 +172,33 @@ async fn calls_answer_what_they_did_and_refuse_what_is_wrong() {
     assert_eq!(next % 7_200_000, 0);
 
     // Pause and resume.
-    let paused =
-        series.pause_series(proto::PauseSeriesRequest { id: "hourly".into() }).await.unwrap().into_inner();
+    let paused = series
+        .pause_series(proto::PauseSeriesRequest { id: "hourly".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(paused.series.unwrap().state(), SeriesState::Paused);
-    let resumed =
-        series.resume_series(proto::ResumeSeriesRequest { id: "hourly".into() }).await.unwrap().into_inner();
+    let resumed = series
+        .resume_series(proto::ResumeSeriesRequest { id: "hourly".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(resumed.state(), SeriesState::Active);
 
     // Delete; then it is gone.
-    series.delete_series(proto::DeleteSeriesRequest { id: "hourly".into() }).await.unwrap();
-    let status =
-        series.get_series(proto::GetSeriesRequest { id: "hourly".into(), next: 0 }).await.unwrap_err();
+    series
+        .delete_series(proto::DeleteSeriesRequest { id: "hourly".into(), ..Default::default() })
+        .await
+        .unwrap();
+    let status = series
+        .get_series(proto::GetSeriesRequest { id: "hourly".into(), next: 0, ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
-    let status = series.delete_series(proto::DeleteSeriesRequest { id: "hourly".into() }).await.unwrap_err();
+    let status = series
+        .delete_series(proto::DeleteSeriesRequest { id: "hourly".into(), ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
 
     // What is wrong is named.
@@ -232,10 +246,16 @@ async fn delete_and_pause_racing_an_occurrence_leave_nothing_after_their_answer(
         // Let a few fire, then stop it close to an occurrence's time.
         tokio::time::sleep(Duration::from_millis(3_000 + 700 * round as u64)).await;
         let (answered_at, outcomes) = if *id == "deleted" {
-            let done = series.delete_series(proto::DeleteSeriesRequest { id: id.to_string() }).await.unwrap();
+            let done = series
+                .delete_series(proto::DeleteSeriesRequest { id: id.to_string(), ..Default::default() })
+                .await
+                .unwrap();
             (now_ms(), done.into_inner().occurrences)
         } else {
-            let done = series.pause_series(proto::PauseSeriesRequest { id: id.to_string() }).await.unwrap();
+            let done = series
+                .pause_series(proto::PauseSeriesRequest { id: id.to_string(), ..Default::default() })
+                .await
+                .unwrap();
             (now_ms(), done.into_inner().occurrences)
         };
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -280,8 +300,11 @@ async fn a_pause_and_resume_inside_the_lead_go_on_with_the_next_occurrence() {
     // 1.5 s before the second occurrence: it is parked.
     let second = anchor + 4_000;
     tokio::time::sleep(Duration::from_millis((second - 1_500).saturating_sub(now_ms()))).await;
-    let paused =
-        series.pause_series(proto::PauseSeriesRequest { id: "r".into() }).await.unwrap().into_inner();
+    let paused = series
+        .pause_series(proto::PauseSeriesRequest { id: "r".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     let cancelled: Vec<_> = paused
         .occurrences
         .iter()
@@ -289,8 +312,11 @@ async fn a_pause_and_resume_inside_the_lead_go_on_with_the_next_occurrence() {
         .map(|o| o.id.clone())
         .collect();
     assert_eq!(cancelled, [format!("r@{second}")], "{paused:?}");
-    let resumed =
-        series.resume_series(proto::ResumeSeriesRequest { id: "r".into() }).await.unwrap().into_inner();
+    let resumed = series
+        .resume_series(proto::ResumeSeriesRequest { id: "r".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     let next = millis(&resumed.next[0]) as u64;
     assert_eq!(next, second + 4_000, "the occurrence after the cancelled one: {resumed:?}");
     let records =
@@ -348,8 +374,11 @@ async fn downtime(policy: proto::MissedPolicy, expected: usize) {
         assert_eq!(fired.last(), missed.last(), "the latest fires");
     }
     let mut series = series_client(&server).await;
-    let info =
-        series.get_series(proto::GetSeriesRequest { id: "d".into(), next: 1 }).await.unwrap().into_inner();
+    let info = series
+        .get_series(proto::GetSeriesRequest { id: "d".into(), next: 1, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(info.skipped as usize >= missed.len() - want, "{info:?}");
     // And it goes on.
     assert!(millis(&info.next[0]) as u64 > restarted_at);
@@ -420,8 +449,11 @@ async fn a_kafka_outage_across_five_occurrences_sends_what_each_policy_says() {
     let checked_until = now_ms() - 2 * period.as_millis() as u64;
     let mut client = server.client().await;
     for (id, (policy, anchor)) in anchors {
-        let info =
-            series.get_series(proto::GetSeriesRequest { id: id.into(), next: 1 }).await.unwrap().into_inner();
+        let info = series
+            .get_series(proto::GetSeriesRequest { id: id.into(), next: 1, ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         let times: Vec<u64> = records
             .iter()
             .filter(|r| r.header("hourglass-series") == Some(id))
@@ -511,7 +543,7 @@ async fn kill_9_while_occurrences_fire_loses_and_repeats_none() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let url = format!("http://{}", server.grpc);
     let mut series = SeriesClient::connect(url).await.unwrap();
-    series.delete_series(proto::DeleteSeriesRequest { id: "k".into() }).await.unwrap();
+    series.delete_series(proto::DeleteSeriesRequest { id: "k".into(), ..Default::default() }).await.unwrap();
     let records = consume_async(&broker, &topic, 10_000, Duration::from_secs(5), Duration::ZERO).await;
     let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
     for r in &records {
@@ -593,7 +625,10 @@ async fn other_tenant(cluster: bool) {
     for method in &service.method {
         let status = match method.name() {
             "CreateSeries" => continue,
-            "GetSeries" => theirs.get_series(proto::GetSeriesRequest { id: id(), next: 0 }).await.map(|_| ()),
+            "GetSeries" => theirs
+                .get_series(proto::GetSeriesRequest { id: id(), next: 0, ..Default::default() })
+                .await
+                .map(|_| ()),
             "ListSeries" => {
                 let page =
                     theirs.list_series(proto::ListSeriesRequest::default()).await.unwrap().into_inner();
@@ -605,15 +640,28 @@ async fn other_tenant(cluster: bool) {
                 .update_series(proto::UpdateSeriesRequest { id: id(), spec: Some(spec.clone()) })
                 .await
                 .map(|_| ()),
-            "PauseSeries" => theirs.pause_series(proto::PauseSeriesRequest { id: id() }).await.map(|_| ()),
-            "ResumeSeries" => theirs.resume_series(proto::ResumeSeriesRequest { id: id() }).await.map(|_| ()),
-            "DeleteSeries" => theirs.delete_series(proto::DeleteSeriesRequest { id: id() }).await.map(|_| ()),
+            "PauseSeries" => theirs
+                .pause_series(proto::PauseSeriesRequest { id: id(), ..Default::default() })
+                .await
+                .map(|_| ()),
+            "ResumeSeries" => theirs
+                .resume_series(proto::ResumeSeriesRequest { id: id(), ..Default::default() })
+                .await
+                .map(|_| ()),
+            "DeleteSeries" => theirs
+                .delete_series(proto::DeleteSeriesRequest { id: id(), ..Default::default() })
+                .await
+                .map(|_| ()),
             other => panic!("RPC {other} has no case in this test: give it one"),
         };
         let code = status.unwrap_err().code();
         assert!(matches!(code, Code::NotFound | Code::PermissionDenied), "{}: {code:?}", method.name());
     }
-    let info = mine.get_series(proto::GetSeriesRequest { id: id(), next: 0 }).await.unwrap().into_inner();
+    let info = mine
+        .get_series(proto::GetSeriesRequest { id: id(), next: 0, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.state(), SeriesState::Active, "untouched");
     server.stop().await;
 }
@@ -698,7 +746,7 @@ async fn cluster_series_fire_on_their_shards_owner_and_across_a_failover() {
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(listed, sorted, "listed in id order across both nodes");
-    let request = proto::GetSeriesRequest { id: ids[0].clone(), next: 3 };
+    let request = proto::GetSeriesRequest { id: ids[0].clone(), next: 3, ..Default::default() };
     let info = anywhere("GetSeries", || {
         let (mut c, r) = (second.clone(), request.clone());
         async move { c.get_series(r).await }
@@ -713,7 +761,7 @@ async fn cluster_series_fire_on_their_shards_owner_and_across_a_failover() {
     eprintln!("cluster series: the others own every shard {:?} after the kill: {spread:?}", killed.elapsed());
     tokio::time::sleep(Duration::from_secs(4)).await;
     for id in &ids {
-        let request = proto::DeleteSeriesRequest { id: id.clone() };
+        let request = proto::DeleteSeriesRequest { id: id.clone(), ..Default::default() };
         anywhere("DeleteSeries", || {
             let (mut c, r) = (first.clone(), request.clone());
             async move { c.delete_series(r).await }
@@ -882,7 +930,7 @@ async fn a_tenant_has_at_most_its_bound_of_series() {
     assert!(status.message().contains("--series-max-per-tenant"), "{status:?}");
     let again = series.create_series(create("b", spec("b"))).await.unwrap().into_inner();
     assert!(!again.created, "a retry is answered: {again:?}");
-    series.delete_series(proto::DeleteSeriesRequest { id: "a".into() }).await.unwrap();
+    series.delete_series(proto::DeleteSeriesRequest { id: "a".into(), ..Default::default() }).await.unwrap();
     series.create_series(create("c", spec("c"))).await.unwrap();
     bed.server.stop().await;
 
@@ -962,4 +1010,79 @@ async fn a_client_may_not_take_the_id_of_a_series_occurrence() {
     assert_eq!(records.len(), 1);
     assert_eq!((occurrence(&records[0], "tick"), records[0].value.as_slice()), (first, &b"tick"[..]));
     bed.server.stop().await;
+}
+
+/// A series whose tenant loses its topic (the tokens file is narrowed and
+/// reloaded) is paused by hourglass, saying why, and parks nothing more
+/// there; its tenant can still delete it; an operator (`admin = "all"`)
+/// lists every tenant's series and pauses or deletes one by naming its
+/// tenant; a tenant's token names no other tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_series_stops_when_its_tenant_loses_its_topic_and_stays_its_tenants_and_operators_to_delete() {
+    let broker = Broker::start();
+    let prefix = random_name("grants");
+    let (lost, kept) = (format!("{prefix}.lost"), format!("{prefix}.kept"));
+    broker.create_topic(&lost, 1).await;
+    broker.create_topic(&kept, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let file = |acme_topics: &str| {
+        format!(
+            "[[token]]\nname = \"acme\"\ntoken = \"acme-token-0123456789abcdef\"\ntopics = [{acme_topics}]\n\n\
+             [[token]]\nname = \"ops\"\ntoken = \"ops-token-0123456789abcdef\"\ntopics = [\"*\"]\nadmin = \"all\"\n"
+        )
+    };
+    std::fs::write(&tokens, file(&format!("\"{lost}\", \"{kept}\""))).unwrap();
+    let server =
+        Serve::start_with(&broker, &dir.path().join("data"), &["--auth-tokens", tokens.to_str().unwrap()]);
+    let channel = Channel::from_shared(server.url()).unwrap().connect().await.unwrap();
+    let client =
+        |token: &str| SeriesClient::with_interceptor(channel.clone(), Bearer::new(Some(token)).unwrap());
+    let (mut acme, mut ops) = (client("acme-token-0123456789abcdef"), client("ops-token-0123456789abcdef"));
+    acme.create_series(create("tick", every(&lost, "tick", Duration::from_secs(1)))).await.unwrap();
+    acme.create_series(create("hourly", every(&kept, "h", Duration::from_secs(3600)))).await.unwrap();
+    assert!(!consume_async(&broker, &lost, 1, Duration::from_secs(15), Duration::ZERO).await.is_empty());
+
+    // The tokens file takes the topic away.
+    std::fs::write(&tokens, file(&format!("\"{kept}\""))).unwrap();
+    let hup = std::process::Command::new("kill").args(["-HUP", &server.child.id().to_string()]).status();
+    assert!(hup.unwrap().success());
+    let get =
+        |id: &str| proto::GetSeriesRequest { id: id.into(), tenant: "acme".into(), ..Default::default() };
+    let mut paused = None;
+    for _ in 0..100 {
+        let info = ops.get_series(get("tick")).await.unwrap().into_inner();
+        if info.state() == SeriesState::Paused {
+            paused = Some(info);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let paused = paused.expect("the series was not paused when its tenant lost its topic");
+    assert!(paused.paused_reason.contains(&lost), "{paused:?}");
+    // What was parked before goes out; nothing after.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before =
+        consume_async(&broker, &lost, usize::MAX, Duration::from_secs(2), Duration::ZERO).await.len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = consume_async(&broker, &lost, usize::MAX, Duration::from_secs(2), Duration::ZERO).await.len();
+    assert_eq!(before, after, "occurrences went on to the topic the tenant lost");
+    // Its tenant may still delete its own series.
+    acme.delete_series(proto::DeleteSeriesRequest { id: "tick".into(), ..Default::default() }).await.unwrap();
+
+    // The operator lists every tenant's, and stops one by naming it.
+    let listed = ops.list_series(proto::ListSeriesRequest::default()).await.unwrap().into_inner();
+    let whose: Vec<_> = listed.series.iter().map(|s| (s.tenant.as_str(), s.id.as_str())).collect();
+    assert_eq!(whose, [("acme", "hourly")], "{listed:?}");
+    let pause = proto::PauseSeriesRequest { id: "hourly".into(), tenant: "acme".into() };
+    ops.pause_series(pause).await.unwrap();
+    let mine = acme.get_series(proto::GetSeriesRequest { id: "hourly".into(), ..Default::default() });
+    assert_eq!(mine.await.unwrap().into_inner().state(), SeriesState::Paused);
+    let other = proto::DeleteSeriesRequest { id: "hourly".into(), tenant: "ops".into() };
+    assert_eq!(acme.delete_series(other).await.unwrap_err().code(), Code::PermissionDenied);
+    ops.delete_series(proto::DeleteSeriesRequest { id: "hourly".into(), tenant: "acme".into() })
+        .await
+        .unwrap();
+    let gone = acme.get_series(proto::GetSeriesRequest { id: "hourly".into(), ..Default::default() });
+    assert_eq!(gone.await.unwrap_err().code(), Code::NotFound);
 }

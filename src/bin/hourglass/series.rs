@@ -46,6 +46,10 @@ pub struct SeriesId {
     pub client: ClientArgs,
     /// Series id.
     pub id: String,
+    /// Another tenant's series, for an operator token (admin = "all");
+    /// your own tenant's unless given.
+    #[arg(long, default_value = "")]
+    pub tenant: String,
 }
 
 #[derive(Debug, Args)]
@@ -57,6 +61,10 @@ pub struct GetArgs {
     /// How many next occurrences to show, at most 100.
     #[arg(long, default_value_t = 5)]
     pub next: u32,
+    /// Another tenant's series, for an operator token (admin = "all");
+    /// your own tenant's unless given.
+    #[arg(long, default_value = "")]
+    pub tenant: String,
 }
 
 #[derive(Debug, Args)]
@@ -221,19 +229,19 @@ async fn update(args: SpecArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn pause(args: SeriesId) -> anyhow::Result<ExitCode> {
-    let request = proto::PauseSeriesRequest { id: args.id };
+    let request = proto::PauseSeriesRequest { id: args.id, tenant: args.tenant };
     let reply = connect(&args.client).await?.pause_series(request).await.map_err(status_error)?.into_inner();
     changed(args.client.output, "paused", reply.series.unwrap_or_default(), reply.occurrences)
 }
 
 async fn resume(args: SeriesId) -> anyhow::Result<ExitCode> {
-    let request = proto::ResumeSeriesRequest { id: args.id };
+    let request = proto::ResumeSeriesRequest { id: args.id, tenant: args.tenant };
     let info = connect(&args.client).await?.resume_series(request).await.map_err(status_error)?.into_inner();
     changed(args.client.output, "resumed", info, Vec::new())
 }
 
 async fn delete(args: SeriesId) -> anyhow::Result<ExitCode> {
-    let request = proto::DeleteSeriesRequest { id: args.id.clone() };
+    let request = proto::DeleteSeriesRequest { id: args.id.clone(), tenant: args.tenant };
     let reply = connect(&args.client).await?.delete_series(request).await.map_err(status_error)?.into_inner();
     let info = proto::SeriesInfo { id: args.id, ..Default::default() };
     match args.client.output {
@@ -281,7 +289,7 @@ fn next(info: &proto::SeriesInfo) -> String {
 }
 
 async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
-    let request = proto::GetSeriesRequest { id: args.id, next: args.next };
+    let request = proto::GetSeriesRequest { id: args.id, next: args.next, tenant: args.tenant };
     let info = connect(&args.client).await?.get_series(request).await.map_err(status_error)?.into_inner();
     if args.client.output == Output::Json {
         print_json(&Info::from(info))?;

@@ -38,9 +38,7 @@ impl SeriesRouter {
 /// Sends a call about one series where its shard is: the answer of the
 /// node that served it, or this node's.
 macro_rules! one_series {
-    ($self:ident, $call:ident, $request:ident, $method:literal, $verb:ident) => {{
-        one_series!($self, $call, $request, $method, $verb, "")
-    }};
+    ($self:ident, $call:ident, $request:ident, $method:literal, $verb:ident) => {{ one_series!($self, $call, $request, $method, $verb, "") }};
     ($self:ident, $call:ident, $request:ident, $method:literal, $verb:ident, $tenant:expr) => {{
         let send =
             |mut c: SeriesClient, r| -> BoxFuture<'static, _> { Box::pin(async move { c.$verb(r).await }) };
