@@ -190,9 +190,11 @@ impl Scope {
     }
 
     /// Where else `id` may name a message this caller sees: the shared
-    /// space, for a tenant.
+    /// space, for a tenant's id in its own space (never for another
+    /// tenant's id an operator named).
     pub fn fallback(&self, id: &MessageId) -> Option<MessageId> {
-        (self.tenant.is_some() && id.tenant().is_some()).then(|| id.shared())
+        let own = self.tenant.as_ref().is_some_and(|t| id.tenant() == Some(t.as_str()));
+        own.then(|| id.shared())
     }
 
     /// Whether the message `id` on `topic` is this caller's to see.

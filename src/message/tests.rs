@@ -204,6 +204,18 @@ fn a_scope_sees_its_space_and_the_shared_one_on_its_topics() {
     }
     let wildcard = Scope::tenant("ops", tenant("ops"), vec![TopicPattern::Any]);
     assert!(wildcard.covers("anything") && !wildcard.is_everything(), "a tenant is never everything");
+
+    // An operator sees every space, names another tenant's message by its
+    // tenant, and never falls back from it to the shared space.
+    let operator = wildcard.clone().across_tenants();
+    assert!(operator.is_everything() && operator.sees_space(Some("billing")));
+    assert_eq!(operator.sees(&theirs, "payments"), Visibility::Visible);
+    let named = operator.id_of("billing", "x").unwrap();
+    assert_eq!(named, theirs);
+    assert_eq!(operator.fallback(&named), None, "another tenant's id is that tenant's alone");
+    assert_eq!(operator.fallback(&operator.id("x").unwrap()), Some(shared.clone()));
+    assert_eq!(wildcard.id_of("billing", "x").unwrap_err().field, "tenant", "a tenant names no other");
+    assert_eq!(wildcard.id_of("ops", "x").unwrap(), wildcard.id("x").unwrap(), "its own tenant named");
 }
 
 #[test]

@@ -8,6 +8,7 @@
 mod common;
 
 mod architecture;
+mod audit;
 mod bad_input;
 mod cli;
 mod cluster;

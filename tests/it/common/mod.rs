@@ -15,7 +15,7 @@ use std::{
 };
 
 #[allow(unused_imports)]
-pub use serve::{BIN, Serve, spawn_serve};
+pub use serve::{BIN, Serve, spawn_serve, spawn_serve_with};
 
 use hourglass::{
     config::Config,

@@ -21,7 +21,7 @@ pub fn spawn_serve(broker: &Broker, data_dir: &Path, stderr: Stdio) -> (Child, S
 }
 
 /// As [`spawn_serve`], with more flags; also returns the metrics address.
-fn spawn_serve_with(
+pub fn spawn_serve_with(
     broker: &Broker,
     data_dir: &Path,
     stderr: Stdio,
