@@ -819,27 +819,19 @@ async fn an_operators_click_on_a_policy_row_acts_on_that_rows_tenant() {
     let topic = random_name("orders");
     broker.create_topic(&topic, 1).await;
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        format!(
-            "[[token]]\nname = \"acme\"\ntoken = \"acme-token-5f1c9a0e\"\nadmin = \"tenant\"\ntopics = [\"{topic}\"]\n\n\
-             [[token]]\nname = \"ops\"\ntoken = \"ops-token-5f1c9a0e\"\nadmin = \"all\"\ntopics = [\"*\"]\n"
-        ),
-    )
-    .unwrap();
+    let tokens = acme_and_ops(dir.path(), &[&topic]);
     let mut config = config(&broker, &dir.path().join("data"));
     config.auth_tokens = Some(tokens);
     config.console_listen = Some("127.0.0.1:0".parse().unwrap());
     let server = Hourglass::start(config).await;
     let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
-    let mut acme = AdminClient::with_interceptor(channel, Bearer::new(Some("acme-token-5f1c9a0e")).unwrap());
+    let mut acme = AdminClient::with_interceptor(channel, Bearer::new(Some(ACME_TOKEN)).unwrap());
     let own = proto::TopicPolicyRequest { topic: topic.clone(), ..Default::default() };
     acme.pause_topic(own.clone()).await.unwrap();
 
     let to = server.console_addr.unwrap();
     let from = loopback(0, 0, 1);
-    let cookie = session_cookie(&exchange(from, to, &sign_in_request(to, "ops-token-5f1c9a0e")).await);
+    let cookie = session_cookie(&exchange(from, to, &sign_in_request(to, OPS_TOKEN)).await);
     let page = exchange(from, to, &get_request(to, "/policies", &cookie)).await;
     assert!(page.contains("name=\"tenant\" value=\"acme\""), "the row names its tenant: {page}");
     let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).unwrap();

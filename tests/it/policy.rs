@@ -581,17 +581,7 @@ async fn a_tenant_fills_only_its_own_room_for_policies_and_only_with_topics_that
         broker.create_topic(topic, 1).await;
     }
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        format!(
-            "[[token]]\nname = \"acme\"\ntoken = \"acme-token-0123456789abcdef\"\ntopics = [\"{prefix}.*\"]\n\
-             admin = \"tenant\"\n\n\
-             [[token]]\nname = \"ops-on-call\"\ntoken = \"ops-token-0123456789abcdef\"\ntopics = [\"*\"]\n\
-             admin = \"all\"\n"
-        ),
-    )
-    .unwrap();
+    let tokens = acme_and_ops(dir.path(), &[&format!("{prefix}.*")]);
     let mut config = config(&broker, &dir.path().join("data"));
     config.auth_tokens = Some(tokens);
     config.max_policies_per_tenant = 2;
@@ -600,7 +590,7 @@ async fn a_tenant_fills_only_its_own_room_for_policies_and_only_with_topics_that
     let admin = |token: &str| -> Admin {
         AdminClient::with_interceptor(channel.clone(), Bearer::new(Some(token)).unwrap())
     };
-    let (mut acme, mut ops) = (admin("acme-token-0123456789abcdef"), admin("ops-token-0123456789abcdef"));
+    let (mut acme, mut ops) = (admin(ACME_TOKEN), admin(OPS_TOKEN));
     let everyone = |topic: &str| proto::TopicPolicyRequest {
         topic: topic.into(),
         all_tenants: true,
@@ -620,12 +610,12 @@ async fn a_tenant_fills_only_its_own_room_for_policies_and_only_with_topics_that
     assert!(full.message().contains("--max-policies-per-tenant"), "{}", full.message());
     // The operator's pause of every tenant's messages is not in its room.
     let wide = ops.pause_topic(everyone(&topics[2])).await.unwrap().into_inner();
-    assert!(wide.paused && wide.updated_by == "ops-on-call", "{wide:?}");
+    assert!(wide.paused && wide.updated_by == "ops", "{wide:?}");
     // A tenant sees the topic-wide pause, not who made it.
     let seen = acme.get_topic_policy(everyone(&topics[2])).await.unwrap().into_inner();
     assert!(seen.paused && seen.updated_by.is_empty(), "{seen:?}");
     let listed = acme.list_topic_policies(proto::ListTopicPoliciesRequest {}).await.unwrap().into_inner();
-    assert!(listed.policies.iter().all(|p| p.updated_by != "ops-on-call"), "{listed:?}");
+    assert!(listed.policies.iter().all(|p| p.updated_by != "ops"), "{listed:?}");
     // A removal of what it does not have is no change; a resume of its own
     // pause frees room.
     acme.resume_topic(target(&topics[2])).await.unwrap();

@@ -1025,26 +1025,19 @@ async fn a_series_stops_when_its_tenant_loses_its_topic_and_stays_its_tenants_an
     broker.create_topic(&lost, 1).await;
     broker.create_topic(&kept, 1).await;
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.toml");
-    let file = |acme_topics: &str| {
-        format!(
-            "[[token]]\nname = \"acme\"\ntoken = \"acme-token-0123456789abcdef\"\ntopics = [{acme_topics}]\n\n\
-             [[token]]\nname = \"ops\"\ntoken = \"ops-token-0123456789abcdef\"\ntopics = [\"*\"]\nadmin = \"all\"\n"
-        )
-    };
-    std::fs::write(&tokens, file(&format!("\"{lost}\", \"{kept}\""))).unwrap();
+    let tokens = acme_and_ops(dir.path(), &[&lost, &kept]);
     let server =
         Serve::start_with(&broker, &dir.path().join("data"), &["--auth-tokens", tokens.to_str().unwrap()]);
     let channel = Channel::from_shared(server.url()).unwrap().connect().await.unwrap();
     let client =
         |token: &str| SeriesClient::with_interceptor(channel.clone(), Bearer::new(Some(token)).unwrap());
-    let (mut acme, mut ops) = (client("acme-token-0123456789abcdef"), client("ops-token-0123456789abcdef"));
+    let (mut acme, mut ops) = (client(ACME_TOKEN), client(OPS_TOKEN));
     acme.create_series(create("tick", every(&lost, "tick", Duration::from_secs(1)))).await.unwrap();
     acme.create_series(create("hourly", every(&kept, "h", Duration::from_secs(3600)))).await.unwrap();
     assert!(!consume_async(&broker, &lost, 1, Duration::from_secs(15), Duration::ZERO).await.is_empty());
 
     // The tokens file takes the topic away.
-    std::fs::write(&tokens, file(&format!("\"{kept}\""))).unwrap();
+    acme_and_ops(dir.path(), &[&kept]);
     let hup = std::process::Command::new("kill").args(["-HUP", &server.child.id().to_string()]).status();
     assert!(hup.unwrap().success());
     let get =

@@ -569,22 +569,13 @@ async fn an_operator_sees_and_acts_across_tenants_and_a_tenant_cannot() {
     let topic = format!("{prefix}.events");
     broker.create_topic(&topic, 1).await;
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        format!(
-            "[[token]]\nname = \"acme\"\ntoken = \"acme-token-0123456789abcdef\"\ntopics = [\"{prefix}.*\"]\n\
-             admin = \"tenant\"\n\n\
-             [[token]]\nname = \"ops\"\ntoken = \"ops-token-0123456789abcdef\"\ntopics = [\"*\"]\nadmin = \"all\"\n"
-        ),
-    )
-    .unwrap();
+    let tokens = acme_and_ops(dir.path(), &[&format!("{prefix}.*")]);
     let mut config = config(&broker, &dir.path().join("data"));
     config.auth_tokens = Some(tokens);
     let server = Hourglass::start(config).await;
     let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
     let bearer = |token: &str| Bearer::new(Some(token)).unwrap();
-    let (acme_token, ops_token) = ("acme-token-0123456789abcdef", "ops-token-0123456789abcdef");
+    let (acme_token, ops_token) = (ACME_TOKEN, OPS_TOKEN);
     let mut acme = SchedulerClient::with_interceptor(channel.clone(), bearer(acme_token));
     let mut ops = SchedulerClient::with_interceptor(channel.clone(), bearer(ops_token));
     for id in ["a-1", "a-2", "a-3"] {

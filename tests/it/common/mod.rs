@@ -476,3 +476,25 @@ pub fn around_due(i: usize, due: SystemTime) -> (i64, tokio::time::Instant) {
     let (now_sys, now) = (SystemTime::now(), tokio::time::Instant::now());
     (offset_ms, now + at.duration_since(now_sys).unwrap_or_default())
 }
+
+/// The token of the tenant `acme` in [`acme_and_ops`]'s file.
+pub const ACME_TOKEN: &str = "acme-token-0123456789abcdef";
+/// The token of the operator `ops` in [`acme_and_ops`]'s file.
+pub const OPS_TOKEN: &str = "ops-token-0123456789abcdef";
+
+/// Writes `tokens.toml` in `dir`: a tenant's token, `acme` (its own
+/// policies' admin, the topic patterns `acme_topics`), and an operator's,
+/// `ops` (`admin = "all"`, every topic); returns its path.
+pub fn acme_and_ops(dir: &Path, acme_topics: &[&str]) -> PathBuf {
+    let topics = acme_topics.iter().map(|t| format!("{t:?}")).collect::<Vec<_>>().join(", ");
+    let path = dir.join("tokens.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[token]]\nname = \"acme\"\ntoken = \"{ACME_TOKEN}\"\ntopics = [{topics}]\nadmin = \"tenant\"\n\n\
+             [[token]]\nname = \"ops\"\ntoken = \"{OPS_TOKEN}\"\ntopics = [\"*\"]\nadmin = \"all\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
