@@ -33,11 +33,16 @@ pub struct PolicyLimits {
     pub per_tenant: usize,
     /// Topics hourglass writes itself: never a dead-letter topic.
     pub reserved: ReservedTopics,
+    /// Whether a change that changes nothing may be left unwritten: true
+    /// standalone. In a cluster every change is written, since this node's
+    /// table may not have applied the latest change from the log yet, and
+    /// the later change must be the one every copy keeps.
+    pub skip_no_ops: bool,
 }
 
 impl Default for PolicyLimits {
     fn default() -> Self {
-        PolicyLimits { per_tenant: 1000, reserved: ReservedTopics::default() }
+        PolicyLimits { per_tenant: 1000, reserved: ReservedTopics::default(), skip_no_ops: true }
     }
 }
 
@@ -121,20 +126,20 @@ impl PolicyService {
             }
             _ => {}
         }
-        if !change.removes() {
-            // A policy of a topic no broker knows would take room for
-            // nothing (a made-up name).
+        if !change.removes() || !self.limits.skip_no_ops {
+            // A policy (or, in a cluster, a removal's record) of a topic no
+            // broker knows would take room for nothing (a made-up name).
             self.catalog.partitions(topic).await?;
         }
         let _one = self.writing.lock().await;
         let table = self.table()?;
         let current = table.get(&key).cloned();
-        if current.is_none() && change.removes() {
+        if current.is_none() && change.removes() && self.limits.skip_no_ops {
             // Nothing to remove: nothing is written, and no record of a
             // removal is kept.
             return Ok((key, TopicPolicy::default()));
         }
-        if current.is_none() {
+        if current.is_none() && !change.removes() {
             self.check_room(&table, &key)?;
         }
         let mut policy = current.clone().unwrap_or_default();
@@ -150,7 +155,7 @@ impl PolicyService {
             Change::MaxLateness(late) => policy.max_lateness_ms = late.map_or(0, duration_ms),
             Change::DeadLetterTopic(to) => policy.dead_letter_topic = to.clone().unwrap_or_default(),
         }
-        if current.is_some_and(|before| same_rules(&before, &policy)) {
+        if self.limits.skip_no_ops && current.is_some_and(|before| same_rules(&before, &policy)) {
             // Says what it said: nothing to write.
             return Ok((key, policy));
         }
@@ -159,6 +164,9 @@ impl PolicyService {
         let last = table.last_change(&key).map_or(0, |p| p.updated_ms);
         policy.updated_ms = now.0.max(last.saturating_add(1));
         policy.updated_by = access.name().to_owned();
+        // An operator's change of another's policy: who made it is the
+        // operators' to know.
+        policy.by_operator = access.is_operator() && key.tenant != access.scope().tenant;
         self.node
             .write_policies(vec![PolicyWrite { key: key.clone(), policy: Some(policy.clone()) }])
             .await?;
@@ -223,10 +231,11 @@ impl PolicyService {
     }
 }
 
-/// `policy` as `access` may see it: who set a topic-wide policy (an
-/// operator's token name) is the operator's to know, not a tenant's.
+/// `policy` as `access` may see it: who set a topic-wide policy, or an
+/// operator's change of a tenant's own (an operator's token name), is the
+/// operators' to know, not a tenant's.
 fn shown(access: &Access, key: &PolicyKey, mut policy: TopicPolicy) -> TopicPolicy {
-    if key.tenant.is_none() && access.admin().ok() != Some(AdminScope::All) {
+    if (key.tenant.is_none() || policy.by_operator) && !access.is_operator() {
         policy.updated_by.clear();
     }
     policy
@@ -235,7 +244,12 @@ fn shown(access: &Access, key: &PolicyKey, mut policy: TopicPolicy) -> TopicPoli
 /// Whether two policies say the same (when and by whom they were set
 /// aside).
 fn same_rules(a: &TopicPolicy, b: &TopicPolicy) -> bool {
-    let rules = |p: &TopicPolicy| TopicPolicy { updated_ms: 0, updated_by: String::new(), ..p.clone() };
+    let rules = |p: &TopicPolicy| TopicPolicy {
+        updated_ms: 0,
+        updated_by: String::new(),
+        by_operator: false,
+        ..p.clone()
+    };
     rules(a) == rules(b)
 }
 

@@ -158,6 +158,7 @@ impl Access {
     pub fn id_of(&self, tenant: &str, id: &str) -> Result<crate::message::MessageId, Error> {
         let scope = self.scope();
         if !tenant.is_empty()
+            && tenant != crate::message::SHARED_SPACE
             && !scope.sees_every_space()
             && scope.tenant.as_ref().is_none_or(|own| own.as_str() != tenant)
         {

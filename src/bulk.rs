@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::{
     Error, audit,
-    message::Invalid,
+    message::{Invalid, SHARED_SPACE},
     proto,
     scheduler::{Call, Scheduler},
 };
@@ -72,9 +72,14 @@ pub async fn cancel_matching(
                 },
             )
             .await?;
-        // With the tenant of each: an operator's listing spans tenants.
-        let ids: Vec<(String, String)> =
-            listing.page.messages.into_iter().map(|m| (m.id, m.tenant)).collect();
+        // With the space of each: an operator's listing spans tenants, and
+        // a tenant's holds the shared space's too.
+        let ids: Vec<(String, String)> = listing
+            .page
+            .messages
+            .into_iter()
+            .map(|m| (m.id, if m.tenant.is_empty() { SHARED_SPACE.to_owned() } else { m.tenant }))
+            .collect();
         acted += ids.len();
         let (selector, topic) = (&request.selector, &request.topic);
         let outcomes: Vec<(String, Result<proto::CancelResponse, Error>)> = stream::iter(ids)

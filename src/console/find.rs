@@ -9,7 +9,9 @@ use serde::Deserialize;
 
 use super::html::{Query, Shown, bytes, esc, hex, refused, state, time};
 use crate::{
-    Error, proto,
+    Error,
+    message::SHARED_SPACE,
+    proto,
     scheduler::{Call, Scheduler},
 };
 
@@ -113,7 +115,11 @@ pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Re
         let own = call.access.scope().tenant.map(|t| t.as_str().to_owned()).unwrap_or_default();
         for m in &listing.messages {
             // An operator sees every tenant's: whose, when not its own.
-            let theirs = Some(m.tenant.as_str()).filter(|t| !t.is_empty() && *t != own);
+            let theirs = match m.tenant.as_str() {
+                "" if !own.is_empty() => Some(SHARED_SPACE),
+                t if t.is_empty() || t == own => None,
+                t => Some(t),
+            };
             let mut labels: Vec<_> = m.labels.iter().collect();
             labels.sort();
             let labels = labels.iter().map(|(k, v)| format!("{}={}", esc(k), esc(v))).collect::<Vec<_>>();

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::html::{Query, esc, refused, time};
 use crate::{
+    message::SHARED_SPACE,
     proto,
     scheduler::{Call, SeriesCalls},
 };
@@ -44,6 +45,8 @@ fn state(s: i32) -> &'static str {
 /// A page of series, and the search that picks them.
 pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf: &str) -> String {
     let mut out = String::new();
+    // A row of the shared space, to a caller with a tenant, is named so.
+    let has_tenant = call.access.scope().tenant.is_some();
     let _ = write!(
         out,
         "<form class=\"find\" method=\"get\" action=\"/series\">\
@@ -114,7 +117,7 @@ pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf
                      </form>",
                     esc(csrf),
                     esc(&s.id),
-                    esc(&s.tenant)
+                    esc(if s.tenant.is_empty() && has_tenant { SHARED_SPACE } else { &s.tenant })
                 );
             }
             out.push_str("</div></td></tr>");

@@ -35,6 +35,11 @@ impl Tenant {
     }
 }
 
+/// How a call names the shared space (messages and series from without
+/// tokens) in a `tenant` field, where empty means the caller's own: no
+/// tenant's name has a `~`.
+pub const SHARED_SPACE: &str = "~shared";
+
 /// One topic pattern of a grant: an exact name, a prefix ending in `*`, or
 /// `*` for every topic.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,11 +156,16 @@ impl Scope {
     }
 
     /// Where `id` of `tenant`'s space names a message for this caller: its
-    /// own space for an empty or its own tenant; another tenant's only for
-    /// a caller that sees every space (an operator).
+    /// own space for an empty or its own tenant; the shared space for
+    /// [`SHARED_SPACE`]; another tenant's only for a caller that sees every
+    /// space (an operator).
     pub fn id_of(&self, tenant: &str, id: &str) -> Result<MessageId, Invalid> {
         if tenant.is_empty() || self.tenant.as_ref().is_some_and(|t| t.as_str() == tenant) {
             return self.id(id);
+        }
+        if tenant == SHARED_SPACE {
+            // What it may see of the shared space is as ever.
+            return MessageId::parse_in(None, id);
         }
         if !self.every_space {
             return Err(Invalid::new(

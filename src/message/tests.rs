@@ -216,6 +216,11 @@ fn a_scope_sees_its_space_and_the_shared_one_on_its_topics() {
     assert_eq!(operator.fallback(&operator.id("x").unwrap()), Some(shared.clone()));
     assert_eq!(wildcard.id_of("billing", "x").unwrap_err().field, "tenant", "a tenant names no other");
     assert_eq!(wildcard.id_of("ops", "x").unwrap(), wildcard.id("x").unwrap(), "its own tenant named");
+    // The shared space has a name of its own, which any caller may use
+    // (what it sees there is as ever).
+    assert_eq!(operator.id_of(SHARED_SPACE, "x").unwrap(), shared);
+    assert_eq!(wildcard.id_of(SHARED_SPACE, "x").unwrap(), shared);
+    assert!(Tenant::parse(SHARED_SPACE).is_err(), "no tenant can be called so");
 }
 
 #[test]

@@ -124,6 +124,10 @@ pub struct TopicPolicy {
     /// empty: the server's default, if any.
     #[prost(string, tag = "7")]
     pub dead_letter_topic: String,
+    /// The last change was an operator's (`admin = "all"`) of a policy
+    /// not its own tenant's: who made it is shown to operators only.
+    #[prost(bool, tag = "8")]
+    pub by_operator: bool,
 }
 
 impl TopicPolicy {

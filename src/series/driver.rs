@@ -199,7 +199,14 @@ async fn drive_batch(
             }
         };
         let mut step = Step::new(id, spec, record);
-        stop_if_not_granted(series, &mut step, now);
+        if stop_if_not_granted(series, &mut step, now) {
+            // What it parked (and what a crash left it about to park) would
+            // go to the topic its tenant lost: cancelled, as a pause does.
+            if let Err(e) = series.cancel_parked(&step.id, &mut step.record).await {
+                tracing::warn!(series = %step.id.qualified(), error = %e, "cancelling the occurrences of a series paused for its grant failed; those already parked may still go out");
+            }
+            step.record.firing.clear();
+        }
         step.fires = decide(&mut step, now);
         // While its decision is not parked, the series stays due: a crash
         // or a failed park is taken up again at once, not a period later.
@@ -239,11 +246,13 @@ async fn drive_batch(
 /// tokens file was narrowed since it was made), saying why: it parks
 /// nothing more there. Its tenant can delete it, and resume it once its
 /// grant covers the topic again.
-fn stop_if_not_granted(series: &super::Series, step: &mut Step, now: UnixMillis) {
-    let topic = &step.spec.template.topic;
-    if step.record.paused || series.grants.covers(step.id.tenant(), topic) {
-        return;
-    }
+fn stop_if_not_granted(series: &super::Series, step: &mut Step, now: UnixMillis) -> bool {
+    let template = &step.spec.template;
+    // Its topic, and the dead-letter topic its occurrences name, if any.
+    let lost = std::iter::once(&template.topic)
+        .chain(&template.dead_letter_topic)
+        .find(|topic| !series.grants.covers(step.id.tenant(), topic));
+    let Some(topic) = lost.filter(|_| !step.record.paused) else { return false };
     tracing::warn!(
         series = %step.id.qualified(),
         %topic,
@@ -256,6 +265,7 @@ fn stop_if_not_granted(series: &super::Series, step: &mut Step, now: UnixMillis)
         "paused by hourglass: the tokens of tenant {:?} no longer cover topic {topic:?}",
         step.id.tenant().unwrap_or_default()
     );
+    true
 }
 
 /// A series whose record does not read (written by a newer build, or

@@ -17,12 +17,12 @@ use super::{
     book::{Change, Record, wake_of},
     driver::space_of,
     record::SeriesRecord,
-    spec::{Spec, occurrence_id, series_id},
+    spec::{Spec, every_token, every_token_of, occurrence_id, series_id},
 };
 use crate::{
     Error, audit,
     auth::Access,
-    message::{Invalid, MessageId, Selector, Tenant, UnixMillis, validate_topic_name},
+    message::{Invalid, MessageId, SHARED_SPACE, Selector, Tenant, UnixMillis, validate_topic_name},
     proto,
     scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls, fit_series_page},
     store::Intent,
@@ -59,6 +59,9 @@ impl Series {
         if !access.is_operator() {
             return Err(Error::NotOperator { token: access.name().to_owned() });
         }
+        if tenant == SHARED_SPACE {
+            return Ok(series_id(None, id)?);
+        }
         let tenant = Tenant::parse(tenant).map_err(|reason| Invalid::new("tenant", reason))?;
         Ok(series_id(Some(&tenant), id)?)
     }
@@ -89,31 +92,6 @@ impl Series {
         }
         Ok(record)
     }
-}
-
-/// How an operator's `ListSeries` page token starts: the rest is the
-/// stored id of the last series of the page, in hex (it spans tenants).
-const EVERY: &str = "every:";
-
-/// An operator's page token after `id`.
-fn every_token_of(id: &MessageId) -> String {
-    id.as_bytes().iter().fold(EVERY.to_owned(), |mut token, b| {
-        token.push_str(&format!("{b:02x}"));
-        token
-    })
-}
-
-/// The series an operator's page token names.
-fn every_token(token: &str) -> Option<MessageId> {
-    let digits = token.strip_prefix(EVERY)?.as_bytes();
-    if digits.len() % 2 != 0 {
-        return None;
-    }
-    let bytes = digits
-        .chunks(2)
-        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
-        .collect::<Option<Vec<u8>>>()?;
-    MessageId::from_stored(&bytes)
 }
 
 /// What a call on a series needs of the caller's grant.
@@ -388,7 +366,7 @@ impl Series {
     /// and forgets them. If a cancel fails, the series is left as it was
     /// (an occurrence cancelled meanwhile answers ALREADY_CANCELLED when
     /// the call is repeated).
-    async fn cancel_parked(
+    pub(super) async fn cancel_parked(
         &self,
         id: &MessageId,
         record: &mut SeriesRecord,

@@ -343,6 +343,46 @@ fn duration(field: &'static str, d: prost_types::Duration) -> Result<Duration, I
     Ok(Duration::new(d.seconds as u64, d.nanos as u32))
 }
 
+/// How an operator's `ListSeries` page token starts: the rest is the
+/// stored id of the last series of the page, in hex (the page spans
+/// tenants). Hex keeps the stored order: tokens compare as the ids do.
+const EVERY: &str = "every:";
+
+/// An operator's page token after `id`.
+pub fn every_token_of(id: &MessageId) -> String {
+    id.as_bytes().iter().fold(EVERY.to_owned(), |mut token, b| {
+        token.push_str(&format!("{b:02x}"));
+        token
+    })
+}
+
+/// The series an operator's page token names.
+pub fn every_token(token: &str) -> Option<MessageId> {
+    let digits = token.strip_prefix(EVERY)?.as_bytes();
+    if digits.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    MessageId::from_stored(&bytes)
+}
+
+/// Where a listed series stands in a listing's order, as its page tokens
+/// say it: its id, or for an operator's listing (`every`), which spans
+/// tenants, its stored id as [`every_token_of`] writes it.
+pub fn page_position(info: &proto::SeriesInfo, every: bool) -> String {
+    if !every {
+        return info.id.clone();
+    }
+    let tenant = Some(info.tenant.as_str()).filter(|t| !t.is_empty()).and_then(|t| Tenant::parse(t).ok());
+    match series_id(tenant.as_ref(), &info.id) {
+        Ok(id) => every_token_of(&id),
+        Err(_) => info.id.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -99,6 +99,7 @@ pub fn policy_limits(config: &Config) -> PolicyLimits {
     PolicyLimits {
         per_tenant: config.max_policies_per_tenant,
         reserved: ReservedTopics::new(config.reserved_topics()),
+        skip_no_ops: !config.cluster,
     }
 }
 

@@ -627,6 +627,7 @@ async fn an_operator_sees_and_acts_across_tenants_and_a_tenant_cannot() {
     assert_eq!((resumed.tenant.as_str(), resumed.paused), ("acme", false), "{resumed:?}");
     let mine = acme_admin.get_topic_policy(policy("")).await.unwrap().into_inner();
     assert!(!mine.paused, "the operator's resume reached acme's own policy: {mine:?}");
+    assert!(mine.updated_by.is_empty(), "which operator changed it is not the tenant's to see: {mine:?}");
     let refused = acme_admin.pause_topic(policy("ops")).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     server.stop().await;

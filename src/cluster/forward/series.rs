@@ -12,6 +12,7 @@ use super::{PeerClient, Router, from_peer};
 use crate::{
     Error, metrics, proto,
     scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls, fit_series_page},
+    series::spec::page_position,
 };
 
 type SeriesClient = proto::series_client::SeriesClient<Channel>;
@@ -96,7 +97,7 @@ impl SeriesCalls for SeriesRouter {
         });
         let mut pages = vec![here];
         pages.extend(future::try_join_all(asked).await?);
-        Ok(merge(pages, limit))
+        Ok(merge(pages, limit, call.access.is_operator()))
     }
 
     async fn update_series(
@@ -136,21 +137,28 @@ impl SeriesCalls for SeriesRouter {
 /// its token (at all of its own when it has none), so the merged page
 /// holds the series up to the least of them, at most `limit`, and goes on
 /// from the last it holds.
-fn merge(pages: Vec<proto::ListSeriesResponse>, limit: usize) -> proto::ListSeriesResponse {
+/// An operator's listing (`every`) spans tenants: its order and tokens are
+/// by stored id ([`page_position`]).
+fn merge(pages: Vec<proto::ListSeriesResponse>, limit: usize, every: bool) -> proto::ListSeriesResponse {
     let bound = pages.iter().map(|p| &p.next_page_token).filter(|t| !t.is_empty()).min().cloned();
-    let mut series: Vec<proto::SeriesInfo> = pages
+    let mut series: Vec<(String, proto::SeriesInfo)> = pages
         .into_iter()
         .flat_map(|p| p.series)
-        .filter(|s| bound.as_ref().is_none_or(|b| s.id <= *b))
+        .map(|s| (page_position(&s, every), s))
+        .filter(|(at, _)| bound.as_ref().is_none_or(|b| at <= b))
         .collect();
-    series.sort_by(|a, b| a.id.cmp(&b.id));
+    series.sort_by(|a, b| a.0.cmp(&b.0));
     let next_page_token = if series.len() > limit {
         series.truncate(limit);
-        series.last().map(|s| s.id.clone()).unwrap_or_default()
+        series.last().map(|(at, _)| at.clone()).unwrap_or_default()
     } else {
         bound.unwrap_or_default()
     };
-    let next_page_token = fit_series_page(&mut series).unwrap_or(next_page_token);
+    let mut series: Vec<proto::SeriesInfo> = series.into_iter().map(|(_, s)| s).collect();
+    let next_page_token = match fit_series_page(&mut series) {
+        Some(_) => series.last().map(|s| page_position(s, every)).unwrap_or(next_page_token),
+        None => next_page_token,
+    };
     proto::ListSeriesResponse { series, next_page_token }
 }
 
@@ -175,10 +183,10 @@ mod tests {
     #[test]
     fn a_merged_page_holds_what_every_node_looked_at() {
         // One node read up to "c" and has more; the other read all it has.
-        let merged = merge(vec![page(&["a", "c"], "c"), page(&["b", "d"], "")], 10);
+        let merged = merge(vec![page(&["a", "c"], "c"), page(&["b", "d"], "")], 10, false);
         assert_eq!(ids(&merged), ["a", "b", "c"]);
         assert_eq!(merged.next_page_token, "c", "d comes on the next page");
-        let merged = merge(vec![page(&["a"], ""), page(&["b"], "")], 10);
+        let merged = merge(vec![page(&["a"], ""), page(&["b"], "")], 10, false);
         assert_eq!((ids(&merged), merged.next_page_token.as_str()), (vec!["a", "b"], ""));
     }
 
@@ -199,7 +207,7 @@ mod tests {
             proto::ListSeriesResponse { series: vec![big("a"), big("c")], next_page_token: String::new() },
             proto::ListSeriesResponse { series: vec![big("b"), big("d")], next_page_token: String::new() },
         ];
-        let merged = merge(pages, 10);
+        let merged = merge(pages, 10, false);
         assert_eq!(ids(&merged), ["a", "b"]);
         assert_eq!(merged.next_page_token, "b", "c comes on the next page");
         let mut one = vec![proto::SeriesInfo {
@@ -215,8 +223,34 @@ mod tests {
 
     #[test]
     fn a_merged_page_is_no_longer_than_asked() {
-        let merged = merge(vec![page(&["a", "c"], ""), page(&["b", "d"], "")], 3);
+        let merged = merge(vec![page(&["a", "c"], ""), page(&["b", "d"], "")], 3, false);
         assert_eq!(ids(&merged), ["a", "b", "c"]);
         assert_eq!(merged.next_page_token, "c");
+    }
+
+    #[test]
+    fn an_operators_pages_across_tenants_merge_in_stored_order_with_tokens_it_reads_back() {
+        let info = |tenant: &str, id: &str| proto::SeriesInfo {
+            id: id.to_owned(),
+            tenant: tenant.to_owned(),
+            ..Default::default()
+        };
+        let token = |tenant: &str, id: &str| page_position(&info(tenant, id), true);
+        // Tenants' series come before the shared space's, each space in id order.
+        let first = proto::ListSeriesResponse {
+            series: vec![info("acme", "z"), info("", "a")],
+            next_page_token: token("", "a"),
+        };
+        let second = proto::ListSeriesResponse {
+            series: vec![info("beta", "y"), info("", "b")],
+            next_page_token: token("", "b"),
+        };
+        let merged = merge(vec![first, second], 10, true);
+        let got: Vec<_> = merged.series.iter().map(|s| (s.tenant.as_str(), s.id.as_str())).collect();
+        assert_eq!(got, [("acme", "z"), ("beta", "y"), ("", "a")], "up to the least token, in stored order");
+        assert_eq!(merged.next_page_token, token("", "a"));
+        let after = crate::series::spec::every_token(&merged.next_page_token).unwrap();
+        assert_eq!(after.as_str(), "a");
+        assert_eq!(after.tenant(), None);
     }
 }
