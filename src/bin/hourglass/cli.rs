@@ -393,11 +393,20 @@ mod tests {
     #[test]
     fn serve_flags_override_defaults() {
         let config = serve(
-            &["--listen", "0.0.0.0:7000", "--retention", "1h", "--kafka-property", "compression.type=zstd"],
+            &[
+                "--listen",
+                "0.0.0.0:7000",
+                "--allow-unauthenticated",
+                "--retention",
+                "1h",
+                "--kafka-property",
+                "compression.type=zstd",
+            ],
             None,
         )
         .unwrap();
         assert_eq!(config.listen.port(), 7000);
+        assert!(config.allow_unauthenticated, "a switch alone means true");
         assert_eq!(*config.retention, Duration::from_secs(3600));
         assert_eq!(config.kafka_properties["compression.type"], "zstd");
         assert_eq!(config.metrics_listen, Config::default().metrics_listen);
