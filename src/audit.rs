@@ -32,27 +32,19 @@ pub fn record(access: &Access, verb: &'static str, what: &dyn Display, outcome: 
     let scope = access.scope();
     let tenant = scope.tenant.as_ref().map_or("", |t| t.as_str());
     let operator = access.is_operator();
-    match outcome {
-        Ok(outcome) => tracing::info!(
-            target: TARGET,
-            token = access.name(),
-            tenant,
-            operator,
-            verb,
-            what = %what,
-            outcome,
-            "audit"
-        ),
-        Err(error) => tracing::info!(
-            target: TARGET,
-            token = access.name(),
-            tenant,
-            operator,
-            verb,
-            what = %what,
-            outcome = "refused",
-            error = %error,
-            "audit"
-        ),
-    }
+    let (outcome, error) = match outcome {
+        Ok(outcome) => (outcome, None),
+        Err(error) => ("refused", Some(error.to_string())),
+    };
+    tracing::info!(
+        target: TARGET,
+        token = access.name(),
+        tenant,
+        operator,
+        verb,
+        what = %what,
+        outcome,
+        error = error.as_deref(),
+        "audit"
+    );
 }
