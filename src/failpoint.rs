@@ -20,6 +20,7 @@
 //! | `store-read-io` | reading a due message's record fails with an I/O error |
 //! | `log-reader-stalls` | cluster mode: a copy of a shard stops applying the log the first time it has read all there was |
 //! | `forecast-slow` | a forecast takes 2 s more once it has its turn |
+//! | `forecast-short` | a forecast counts at most 3 due entries per store, not 2 million |
 
 #[cfg(feature = "failpoints")]
 mod armed {

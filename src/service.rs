@@ -250,11 +250,12 @@ impl Service {
     }
 
     /// How many pending messages the caller sees come due in each interval
-    /// of a window, per topic. A call walks at most [`FORECAST_EXAMINE`]
-    /// due entries per shard, and says where it stopped. Calls take turns:
-    /// at most [`FORECASTS_WAITING`] wait, each until its `deadline` or
-    /// [`FORECAST_WAIT`], whichever comes first; past either it is refused
-    /// (RESOURCE_EXHAUSTED), never queued without bound.
+    /// of a window, per topic. A call counts at most [`FORECAST_EXAMINE`]
+    /// due entries the caller may know of per shard, and says where it
+    /// stopped. Calls take turns: at most [`FORECASTS_WAITING`] wait, each
+    /// until its `deadline` or [`FORECAST_WAIT`], whichever comes first;
+    /// past either it is refused (RESOURCE_EXHAUSTED), never queued without
+    /// bound.
     pub async fn forecast(
         &self,
         access: &Access,
@@ -276,7 +277,8 @@ impl Service {
         if crate::failpoint::fires("forecast-slow") {
             tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         }
-        Ok(self.node.forecast(access.scope(), window, query.topic, FORECAST_EXAMINE).await?)
+        let examine = if crate::failpoint::fires("forecast-short") { 3 } else { FORECAST_EXAMINE };
+        Ok(self.node.forecast(access.scope(), window, query.topic, examine).await?)
     }
 
     /// The copies of shards this node keeps, and its latest moves: the

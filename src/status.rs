@@ -6,7 +6,7 @@
 //! | unknown topic, unknown id                                | NOT_FOUND           |
 //! | id taken by a different message                          | ALREADY_EXISTS      |
 //! | reschedule of a delivered/cancelled message              | FAILED_PRECONDITION |
-//! | disk full, backlog cap                                   | RESOURCE_EXHAUSTED  |
+//! | disk full, backlog cap, a forecast past its time budget  | RESOURCE_EXHAUSTED  |
 //! | server busy: calls, streams, request memory, health watches | RESOURCE_EXHAUSTED |
 //! | Kafka unreachable, shutting down, I/O error, idle stream | UNAVAILABLE         |
 //! | a cancel or reschedule of a message whose produce is not yet confirmed | UNAVAILABLE |
@@ -90,7 +90,9 @@ fn store_code(e: &StoreError) -> Code {
         StoreError::NotFound(_) => Code::NotFound,
         StoreError::IdConflict(_) => Code::AlreadyExists,
         StoreError::AlreadyDelivered(_) | StoreError::AlreadyCancelled(_) => Code::FailedPrecondition,
-        StoreError::Full(_) | StoreError::AtCapacity { .. } => Code::ResourceExhausted,
+        StoreError::Full(_) | StoreError::AtCapacity { .. } | StoreError::WalkTooLong { .. } => {
+            Code::ResourceExhausted
+        }
         StoreError::Closed
         | StoreError::Io(_)
         | StoreError::Dispatching(_)
@@ -119,6 +121,7 @@ mod tests {
             (StoreError::AlreadyCancelled(id()).into(), Code::FailedPrecondition),
             (StoreError::Full("no space".into()).into(), Code::ResourceExhausted),
             (StoreError::AtCapacity { pending: 9 }.into(), Code::ResourceExhausted),
+            (StoreError::WalkTooLong { seconds: 5 }.into(), Code::ResourceExhausted),
             (StoreError::Closed.into(), Code::Unavailable),
             (StoreError::LogUnavailable("down".into()).into(), Code::Unavailable),
             (StoreError::NotOwner(3).into(), Code::Unavailable),

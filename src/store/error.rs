@@ -30,6 +30,13 @@ pub enum StoreError {
         "{pending} messages are pending, the most this server holds (--max-pending); try again once some are delivered"
     )]
     AtCapacity { pending: u64 },
+    /// A read that walks entries its caller does not see ran out of time
+    /// before it could stop at one the caller may know of.
+    #[error(
+        "this window holds more due messages than one forecast counts in {seconds} s; ask for a shorter \
+         window (a `to` nearer its `from`)"
+    )]
+    WalkTooLong { seconds: u64 },
     #[error("the store is closed")]
     Closed,
     /// Cluster mode: the schedule log could not take or apply a change.

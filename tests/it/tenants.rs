@@ -632,3 +632,47 @@ async fn an_operator_sees_and_acts_across_tenants_and_a_tenant_cannot() {
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     server.stop().await;
 }
+
+/// Where a forecast stops counting is the caller's own information: with a
+/// walk cut at three entries, a tenant behind five of the operator's
+/// messages still counts its two, whole; the operator, who sees all seven,
+/// is told where its count stopped.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forecast_cut_never_falls_on_another_tenants_messages() {
+    let broker = Broker::start();
+    let topic = random_name("forecast-cut");
+    broker.create_topic(&topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = acme_and_ops(dir.path(), &[&topic]);
+    let tokens = tokens.to_str().unwrap();
+    let server = Serve::start_env(
+        &broker,
+        &dir.path().join("data"),
+        &["--auth-tokens", tokens],
+        &[("HOURGLASS_FAILPOINT", "forecast-short@1..1000")],
+    );
+    let channel = Channel::from_shared(server.url()).unwrap().connect().await.unwrap();
+    let client =
+        |token: &str| SchedulerClient::with_interceptor(channel.clone(), Bearer::new(Some(token)).unwrap());
+    let (mut acme, mut ops) = (client(ACME_TOKEN), client(OPS_TOKEN));
+    let start = now_ms() + 3_600_000;
+    for i in 0..5 {
+        ops.schedule(request_at(&topic, &format!("ops-{i}"), start + i * 1000)).await.unwrap();
+    }
+    for i in 0..2 {
+        acme.schedule(request_at(&topic, &format!("acme-{i}"), start + 60_000 + i * 1000)).await.unwrap();
+    }
+    let window = proto::ForecastRequest {
+        from: Some(timestamp(start - start % 60_000)),
+        to: Some(timestamp(start - start % 60_000 + 3 * 60_000)),
+        interval: Some(wire(Duration::from_secs(60))),
+        ..Default::default()
+    };
+    let theirs = acme.forecast(window.clone()).await.unwrap().into_inner();
+    assert_eq!(theirs.totals.iter().sum::<u64>(), 2, "{theirs:?}");
+    assert!(theirs.counted_to.is_none(), "nothing of its own was cut: {theirs:?}");
+    let all = ops.forecast(window).await.unwrap().into_inner();
+    assert!(all.counted_to.is_some(), "seven entries, three counted: {all:?}");
+    assert!(all.totals.iter().sum::<u64>() <= 3, "{all:?}");
+}

@@ -1,6 +1,15 @@
 //! The forecast read: pending messages per topic and interval of a window,
 //! counted from the due index as `List` walks it (delivered entries that
 //! wait for their retention skipped, and only what the caller sees).
+//!
+//! The due index holds every tenant's entries, and an answer must not
+//! depend on what the caller does not see: the walk's bound counts only
+//! entries the caller may know of, so where a cut falls is the caller's
+//! own information. Entries it does not see are passed over within a time
+//! budget; past it, a caller that does not see every space is refused
+//! rather than told where the walk stopped.
+
+use std::time::{Duration, Instant};
 
 use rocksdb::{DB, Direction, IteratorMode, ReadOptions};
 
@@ -14,9 +23,17 @@ use crate::{
     },
 };
 
-/// Due entries one forecast looks at per store, at most: past this the
-/// count stops and says where (about a second's walk on one core).
+/// Due entries the caller may know of that one forecast counts per store,
+/// at most: past this the count stops and says where (about a second's
+/// walk on one core).
 pub const FORECAST_EXAMINE: usize = 2_000_000;
+
+/// The longest one forecast walks one store, entries the caller does not
+/// see included.
+pub const FORECAST_BUDGET: Duration = Duration::from_secs(5);
+
+/// Entries walked between two looks at the clock.
+pub(crate) const CLOCK_EVERY: usize = 1024;
 
 impl Store {
     /// The pending messages of `topic` (or all) that `scope` sees, per
@@ -29,8 +46,18 @@ impl Store {
         examine: usize,
     ) -> Result<Forecast, StoreError> {
         let from = DispatchKey { at: window.from, seq: 0 }.max(self.inner.wake.low_water());
-        self.blocking(move |s| forecast(&s.inner.db, &scope, window, from, topic.as_deref(), examine)).await
+        let walk = Walk { examine, budget: FORECAST_BUDGET };
+        self.blocking(move |s| forecast(&s.inner.db, &scope, window, from, topic.as_deref(), walk)).await
     }
+}
+
+/// How far one forecast walks a store.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Walk {
+    /// Entries the caller may know of, counted at most.
+    pub examine: usize,
+    /// Time spent walking, at most.
+    pub budget: Duration,
 }
 
 pub(crate) fn forecast(
@@ -39,7 +66,7 @@ pub(crate) fn forecast(
     window: Window,
     from: DispatchKey,
     topic: Option<&str>,
-    examine: usize,
+    walk: Walk,
 ) -> Result<Forecast, StoreError> {
     let snapshot = db.snapshot();
     let mut opts = ReadOptions::default();
@@ -51,40 +78,63 @@ pub(crate) fn forecast(
     let start = from.encode();
     let mut logged = Logged::from(db, from, Some(&snapshot))?;
     let mut forecast = Forecast::new(window);
-    for (examined, item) in db
+    let started = Instant::now();
+    let mut known = 0;
+    for (walked, item) in db
         .iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
         .enumerate()
     {
         let (k, v) = item?;
         let key = DispatchKey::decode(&k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
-        if examined >= examine {
+        if walked % CLOCK_EVERY == CLOCK_EVERY - 1 && started.elapsed() >= walk.budget {
+            // Everything before `key` was walked; only a caller that sees
+            // every space may learn where that is.
+            if !scope.sees_every_space() {
+                return Err(StoreError::WalkTooLong { seconds: walk.budget.as_secs().max(1) });
+            }
             forecast.stop_at(Some(key.at));
             break;
         }
         if logged.contains(key)? {
             continue;
         }
-        match peek_due_entry(&v) {
-            Some((id, entry_topic)) => {
-                let id = MessageId::from_stored(id)
-                    .ok_or_else(|| corrupt(format!("due entry {key:?} names no id")))?;
-                let entry_topic = std::str::from_utf8(entry_topic)
-                    .map_err(|_| corrupt(format!("due entry {key:?}'s topic")))?;
-                if topic.is_none_or(|t| t == entry_topic)
-                    && scope.sees(&id, entry_topic) == Visibility::Visible
-                {
-                    forecast.add(entry_topic, key.at);
-                }
-            }
-            // An entry written before 0.2: read as `List` reads it.
-            None => {
-                if let (_, Some(m)) = visible_at(db, &snapshot, scope, &k, &v)?
-                    && topic.is_none_or(|t| t == m.topic)
-                {
-                    forecast.add(&m.topic, key.at);
-                }
-            }
+        let Some((entry_topic, visibility)) = seen(db, &snapshot, scope, &k, &v, key)? else {
+            continue;
+        };
+        if known >= walk.examine {
+            forecast.stop_at(Some(key.at));
+            break;
+        }
+        known += 1;
+        if visibility == Visibility::Visible && topic.is_none_or(|t| t == entry_topic) {
+            forecast.add(&entry_topic, key.at);
         }
     }
     Ok(forecast)
+}
+
+/// A due entry's topic and how the caller sees it; none if the caller may
+/// not know of it.
+fn seen(
+    db: &DB,
+    snapshot: &rocksdb::Snapshot<'_>,
+    scope: &Scope,
+    k: &[u8],
+    v: &[u8],
+    key: DispatchKey,
+) -> Result<Option<(String, Visibility)>, StoreError> {
+    match peek_due_entry(v) {
+        Some((id, entry_topic)) => {
+            let id = MessageId::from_stored(id)
+                .ok_or_else(|| corrupt(format!("due entry {key:?} names no id")))?;
+            let entry_topic = std::str::from_utf8(entry_topic)
+                .map_err(|_| corrupt(format!("due entry {key:?}'s topic")))?;
+            Ok(match scope.sees(&id, entry_topic) {
+                Visibility::Hidden => None,
+                visibility => Some((entry_topic.to_owned(), visibility)),
+            })
+        }
+        // An entry written before 0.2: read as `List` reads it.
+        None => Ok(visible_at(db, snapshot, scope, k, v)?.1.map(|m| (m.topic, Visibility::Visible))),
+    }
 }

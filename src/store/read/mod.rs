@@ -23,7 +23,7 @@ use super::{
 };
 use crate::message::{MessageId, PendingMessage, ScheduledMessage, Scope, Selector, UnixMillis, Visibility};
 
-mod forecast;
+pub(crate) mod forecast;
 mod purge;
 pub use forecast::FORECAST_EXAMINE;
 pub(crate) use purge::*;

@@ -1,7 +1,10 @@
 //! The forecast read: what it counts is what `List` pages through.
 
 use super::*;
-use crate::message::{Forecast, Tenant, Window};
+use crate::{
+    message::{Forecast, Tenant, Window},
+    store::read::forecast::{CLOCK_EVERY, FORECAST_BUDGET, Walk, forecast},
+};
 
 /// What `List` returns for the window, counted as a forecast counts.
 async fn listed(store: &Store, scope: &Scope, window: Window) -> Forecast {
@@ -85,5 +88,50 @@ async fn a_forecast_counts_what_list_pages_through_per_topic_and_interval() {
         (cut.topics["x"].as_slice(), cut.topics["y"].as_slice()),
         ([0, 1, 0, 0].as_slice(), [0, 1, 0, 0].as_slice())
     );
+    store.close().await;
+}
+
+/// Where a tenant's count stops depends on its own entries alone, however
+/// many other tenants' entries lie in between.
+#[tokio::test]
+async fn a_tenants_forecast_stops_only_at_its_own_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let acme = Scope::space(Some(Tenant::parse("acme").unwrap()));
+    let other = Scope::space(Some(Tenant::parse("other").unwrap()));
+    for (i, due) in [100, 200, 300, 400, 500].into_iter().enumerate() {
+        park_on(&store, &other, &format!("o{i}"), "x", due).await;
+    }
+    park_on(&store, &acme, "a1", "x", 1100).await;
+    park_on(&store, &acme, "a2", "x", 2100).await;
+    barrier(&store).await;
+    let window = Window { from: UnixMillis(0), to: UnixMillis(4000), interval_ms: 1000 };
+    let walk = |examine| Walk { examine, budget: FORECAST_BUDGET };
+    let from = DispatchKey { at: window.from, seq: 0 };
+    let db = &store.inner.db;
+
+    let whole = forecast(db, &acme, window, from, None, walk(3)).unwrap();
+    assert_eq!(
+        whole.counted_to, None,
+        "two entries of its own: nothing cut, the other tenant's five are not counted"
+    );
+    assert_eq!(whole.topics["x"], [0, 1, 1, 0]);
+    let cut = forecast(db, &acme, window, from, None, walk(1)).unwrap();
+    assert_eq!(cut.counted_to, Some(UnixMillis(2000)), "cut at its own second entry's interval");
+    assert_eq!(cut.topics["x"], [0, 1, 0, 0]);
+    let operator = forecast(db, &Scope::everything(), window, from, None, walk(5)).unwrap();
+    assert_eq!(operator.counted_to, Some(UnixMillis(1000)), "one who sees everything counts every entry");
+
+    // Out of time among entries it does not see: refused, not cut there.
+    let hurried = Walk { examine: usize::MAX, budget: std::time::Duration::ZERO };
+    let many = Scope::space(Some(Tenant::parse("many").unwrap()));
+    for i in 0..2 * CLOCK_EVERY {
+        park_on(&store, &many, &format!("m{i}"), "x", 600).await;
+    }
+    barrier(&store).await;
+    let refused = forecast(db, &acme, window, from, None, hurried).unwrap_err();
+    assert!(matches!(refused, StoreError::WalkTooLong { .. }), "{refused:?}");
+    let seen = forecast(db, &Scope::everything(), window, from, None, hurried).unwrap();
+    assert!(seen.counted_to.is_some_and(|at| at <= UnixMillis(600)), "{seen:?}");
     store.close().await;
 }
