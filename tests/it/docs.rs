@@ -27,7 +27,11 @@
 //! `hourglass` (HOURGLASS_BIN, so nothing is built in release mode here)
 //! and a `bin/` first on the PATH that the scripts link `hourglass` into.
 //! The scripts use their fixed ports (Kafka 9092, gRPC 50051-50053,
-//! metrics 9464-9466), so the pages run one at a time.
+//! metrics 9464-9466), so the pages run one at a time. Scripts start with
+//! the signals they handle at their defaults, whatever the suite inherited
+//! (a background job ignores SIGINT), and whatever was started for a page
+//! (found by a mark in its environment) is killed when the page's
+//! directory goes, so a failing page never holds the next one's ports.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -227,6 +231,7 @@ impl Running {
             .stdin(Stdio::null())
             .stdout(out)
             .process_group(0)
+            .default_signals()
             .spawn()
             .unwrap();
         Running { what: code.trim().to_owned(), child, log }
@@ -344,12 +349,12 @@ fn workspace(dir: &Path) {
 }
 
 /// A temporary directory holding a page's directory, `hourglass/`.
-fn page_dir() -> (tempfile::TempDir, PathBuf) {
+fn page_dir() -> (PageDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("hourglass");
     std::fs::create_dir(&dir).unwrap();
     workspace(&dir);
-    (tmp, dir)
+    (PageDir { tmp, dir: dir.clone() }, dir)
 }
 
 /// Runs a page's blocks; returns what went wrong, every block's.
@@ -518,7 +523,81 @@ fn page_env(dir: &Path) -> Vec<(String, String)> {
         ("HOURGLASS_LOCAL_BIN".into(), dir.join("bin").display().to_string()),
         // Plain output, as in a pipe: the docs show no colours.
         ("NO_COLOR".into(), "1".into()),
+        // What every process started for the page carries: see `PageDir`.
+        (PAGE_MARK.into(), dir.display().to_string()),
     ]
+}
+
+/// The environment variable that names, in every process started for a
+/// page, the page's directory.
+const PAGE_MARK: &str = "HOURGLASS_DOCS_PAGE";
+
+/// The processes still running that were started for the page in `dir`:
+/// the scripts, and the nodes and broker they start in sessions of their
+/// own, found by [`PAGE_MARK`] in their environment.
+fn left_running(dir: &Path) -> Vec<(i32, String)> {
+    let mark = format!("{PAGE_MARK}={}", dir.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut left = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
+        if pid != std::process::id() as i32 && environ.split(|b| *b == 0).any(|v| v == mark.as_bytes()) {
+            let command = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let command = String::from_utf8_lossy(&command).replace('\0', " ");
+            left.push((pid, command.trim().to_owned()));
+        }
+    }
+    left
+}
+
+/// A page's directory, in a temporary one that goes with it. Dropped, it
+/// kills whatever started for the page is still running, so that a test
+/// that fails half way (or a script that did not stop what it started)
+/// never leaves a broker or a node on the ports the next page needs.
+struct PageDir {
+    tmp: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl PageDir {
+    fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+}
+
+impl Drop for PageDir {
+    fn drop(&mut self) {
+        for (pid, _) in left_running(&self.dir) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Starts a test's children with the signals a script handles at their
+/// defaults, whatever this process inherited: a suite started as a
+/// background job of a script (`cmd &`, nohup, a CI wrapper) runs with
+/// SIGINT ignored, a shell cannot trap a signal it was started with
+/// ignored, and a Ctrl-C to run.sh would do nothing.
+trait DefaultSignals {
+    fn default_signals(&mut self) -> &mut Self;
+}
+
+impl DefaultSignals for Command {
+    fn default_signals(&mut self) -> &mut Command {
+        // SAFETY: between fork and exec only `signal`, which is
+        // async-signal-safe, runs.
+        unsafe {
+            self.pre_exec(|| {
+                for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+                    if libc::signal(signal, libc::SIG_DFL) == libc::SIG_ERR {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            })
+        }
+    }
 }
 
 /// Runs `code` in `dir` to its end; its exit code and output.
@@ -529,6 +608,7 @@ fn run_to_end(dir: &Path, code: &str) -> (Option<i32>, String) {
         .current_dir(dir)
         .envs(page_env(dir))
         .stdin(Stdio::null())
+        .default_signals()
         .output()
         .unwrap();
     (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
@@ -548,7 +628,7 @@ fn await_text(running: &Running, text: &str, limit: Duration) -> bool {
 
 /// A page's directory (in a temporary one that goes with it) with
 /// `script` started there and ready.
-fn ready(script: &str, limit: Duration) -> (tempfile::TempDir, PathBuf, Running) {
+fn ready(script: &str, limit: Duration) -> (PageDir, PathBuf, Running) {
     let (tmp, dir) = page_dir();
     let mut running = Running::start(&dir, &page_env(&dir), script, tmp.path().join("script.log"));
     running.await_ready(true, limit).unwrap();
@@ -587,6 +667,7 @@ fn the_cluster_script_reports_a_dead_node_and_restarts_it() {
     for port in [9092, 50051, 50052, 50053] {
         assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "port {port} still open");
     }
+    assert_eq!(left_running(&dir), [], "the script stops everything it started");
 }
 
 /// run.sh: hourglass dying is the script's end, with hourglass's status,
@@ -608,6 +689,75 @@ fn the_run_script_ends_when_hourglass_dies() {
     assert!(!status.success(), "{}", run.output());
     assert!(run.output().contains("hourglass exited with status 137"), "{}", run.output());
     assert!(std::net::TcpStream::connect(("127.0.0.1", 9092)).is_err(), "the broker is stopped");
+    assert_eq!(left_running(&dir), [], "the broker went with it");
+}
+
+/// run.sh: a Ctrl-C stops hourglass and the broker (each in a session of
+/// its own), and the script exits 0, leaving nothing running.
+#[test]
+fn a_ctrl_c_stops_run_sh_and_everything_it_started() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (_page, dir, run) = ready("bash deploy/local/run.sh", Duration::from_secs(120));
+    assert!(left_running(&dir).len() >= 3, "the script, hourglass and the broker: {:?}", left_running(&dir));
+    run.interrupt().unwrap();
+    assert_eq!(left_running(&dir), [], "the script stops everything it started");
+    for port in [9092, 50051] {
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "port {port} still open");
+    }
+}
+
+/// run.sh and cluster.sh stop what they started on SIGTERM (a service
+/// manager, `kill`) and SIGHUP (a closed terminal), sent to the script
+/// alone, as on Ctrl-C: they exit 0 and leave nothing running.
+#[test]
+fn the_scripts_stop_everything_on_sigterm_and_sighup() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for (script, signal, name) in [
+        ("run.sh", libc::SIGTERM, "SIGTERM"),
+        ("run.sh", libc::SIGHUP, "SIGHUP"),
+        ("cluster.sh", libc::SIGTERM, "SIGTERM"),
+    ] {
+        let (_page, dir, mut run) = ready(&format!("bash deploy/local/{script}"), Duration::from_secs(180));
+        unsafe { libc::kill(run.child.id() as i32, signal) };
+        let start = Instant::now();
+        let status = loop {
+            if let Ok(Some(status)) = run.child.try_wait() {
+                break status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{script} goes on after {name}:\n{}",
+                run.output()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(status.success(), "{script} after {name}: {status}\n{}", run.output());
+        assert_eq!(left_running(&dir), [], "{script} stops everything it started on {name}");
+    }
+}
+
+/// A suite started as a background job of a script (`cmd &`, nohup, a CI
+/// wrapper) runs with SIGINT ignored, and everything it starts inherits
+/// that: the Ctrl-C test above still passes when this test binary runs it
+/// so started.
+#[test]
+fn with_sigint_ignored_as_in_a_background_job_the_ctrl_c_test_still_passes() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "docs::a_ctrl_c_stops_run_sh_and_everything_it_started";
+    let mut run = Command::new(std::env::current_exe().unwrap());
+    run.args(["--exact", name, "--test-threads", "1"]).stdin(Stdio::null());
+    // SAFETY: between fork and exec only `signal`, which is
+    // async-signal-safe, runs.
+    unsafe {
+        run.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        })
+    };
+    let out = run.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "the test ran: {text}");
 }
 
 /// Every page of docs/ is run by a test above, and every relative link of
