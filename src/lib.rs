@@ -70,6 +70,7 @@ pub mod auth;
 pub mod bulk;
 pub mod clock;
 pub mod cluster;
+pub mod command;
 pub mod config;
 pub mod console;
 pub mod dispatcher;

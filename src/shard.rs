@@ -8,10 +8,11 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     clock::Clock,
+    command::DispatchKey,
     dispatcher::{AlwaysOpen, Dispatcher, DispatcherConfig, Gate, Recorder, StoreRecorder},
     kafka::{Delivery, Producer},
     message::UnixMillis,
-    store::{Store, StoreConfig, StoreError, StoreHealth, schema::DispatchKey},
+    store::{Store, StoreConfig, StoreError, StoreHealth},
 };
 
 #[derive(Clone, Debug)]

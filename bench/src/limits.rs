@@ -20,22 +20,17 @@ use rdkafka::{
     message::{DeliveryResult, Header, OwnedHeaders},
     producer::{BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
 };
-use rocksdb::{WriteBatch, WriteOptions};
 
 use hourglass::{
     kafka::{KafkaConfig, producer_config},
-    message::{DUE_HEADER, DueSpec, ID_HEADER, MessageId, UnixMillis},
-    store::{
-        Durability, StoreConfig, open_db,
-        schema::{self, DispatchKey, MessageRecord, Meta},
-    },
+    message::{DUE_HEADER, ID_HEADER, MessageId, UnixMillis},
+    store::{BareWrites, Durability, StoreConfig},
 };
 
 use crate::workload::Workload;
 
 /// Messages per second RocksDB takes as atomic batches of `batch`
-/// messages, written the way the store writes them: the record, its due
-/// index entry, and the checkpoint meta once per batch.
+/// messages, written the way the store writes them ([`BareWrites`]).
 pub fn store_writes(
     dir: &Path,
     sync: bool,
@@ -45,32 +40,14 @@ pub fn store_writes(
 ) -> anyhow::Result<f64> {
     let mut config = StoreConfig::new(dir);
     config.durability = if sync { Durability::Sync } else { Durability::Buffered };
-    let db = open_db(&config).context("opening RocksDB for the store limit")?;
-    let cf = |name| db.cf_handle(name).context("a column family of the store");
-    let (messages_cf, due_cf, checkpoint_cf) =
-        (cf(schema::CF_MESSAGES)?, cf(schema::CF_DUE)?, cf(schema::CF_CHECKPOINT)?);
-    let mut opts = WriteOptions::default();
-    opts.set_sync(sync);
-    let mut ids = ulid::Generator::new();
+    let mut store = BareWrites::open(&config).context("opening RocksDB for the store limit")?;
     let now = UnixMillis(chrono::Utc::now().timestamp_millis() as u64);
     let due = now.saturating_add(Duration::from_secs(86_400));
-    let mut meta = Meta::default();
     let started = Instant::now();
     let mut written = 0;
     while written < messages {
-        let mut wb = WriteBatch::default();
         let end = (written + batch).min(messages);
-        for i in written..end {
-            let id = MessageId::generate(&mut ids, None);
-            let seq = meta.next_seq;
-            meta.next_seq += 1;
-            let record = MessageRecord::new(w.envelope(i), DueSpec::At(due), due, seq, now);
-            wb.put_cf(messages_cf, id.as_bytes(), schema::encode(&record));
-            wb.put_cf(due_cf, DispatchKey { at: due, seq }.encode(), id.as_bytes());
-            meta.pending += 1;
-        }
-        wb.put_cf(checkpoint_cf, schema::meta_key(), schema::encode(&meta));
-        db.write_opt(wb, &opts)?;
+        store.park((written..end).map(|i| w.envelope(i)), due, now)?;
         written = end;
     }
     Ok(messages as f64 / started.elapsed().as_secs_f64())

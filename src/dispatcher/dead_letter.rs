@@ -23,9 +23,10 @@ use super::{
     sent::{Dead, InFlight},
 };
 use crate::{
+    command::DispatchKey,
     kafka::{Fault, ProduceError},
     message::{DeadReason, ReservedTopics, UnixMillis},
-    store::{DeadLettered, Outcome, Ready, schema::DispatchKey},
+    store::{DeadLettered, Outcome, Ready},
 };
 
 /// A message on its way to its dead-letter topic `to`. It holds the floor

@@ -20,7 +20,7 @@
 //! handed to the store in the order sent (dispatch order), once everything
 //! sent before them is answered ([`sent`]), so that each commit logs them
 //! as one chunk whose range no later chunk overlaps (see
-//! [`crate::store::schema`]); what is held back for order is bounded in
+//! the store's schema); what is held back for order is bounded in
 //! count and time, and a delivery that still comes back behind a logged
 //! chunk is settled on its own.
 //!
@@ -88,10 +88,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock::Clock,
+    command::DispatchKey,
     kafka::{DeliveryReport, Producer},
     message::{MessageId, UnixMillis},
     metrics,
-    store::{DueBatch, Outcome, Ready, Settle, Store, StoreError, schema::DispatchKey},
+    store::{DueBatch, Outcome, Ready, Settle, Store, StoreError},
 };
 
 mod config;

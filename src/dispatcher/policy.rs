@@ -20,10 +20,10 @@ use tokio::{sync::watch, time::Instant};
 
 use super::{Dispatcher, Next};
 use crate::{
+    command::DispatchKey,
     message::{HeldBack, UnixMillis},
     metrics,
     policy::{Bucket, PolicyKey, Table},
-    store::schema::DispatchKey,
 };
 
 /// The most of a lane taken in one walk.

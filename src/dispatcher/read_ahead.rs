@@ -4,8 +4,9 @@
 
 use super::{Dispatcher, GATE_RECHECK, HOLD_FOR, Next, Reading};
 use crate::{
+    command::DispatchKey,
     message::UnixMillis,
-    store::{DueBatch, Ready, StoreError, schema::DispatchKey},
+    store::{DueBatch, Ready, StoreError},
 };
 
 /// Messages read from the store in one go; the next chunk is read while

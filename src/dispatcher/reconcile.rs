@@ -40,10 +40,11 @@ use tokio_util::sync::CancellationToken;
 use super::pulse;
 use crate::{
     clock::{Clock as _, SystemClock},
+    command::DispatchKey,
     kafka::{Delivery, Producer, landed},
     message::{MessageId, PendingMessage, UnixMillis},
     metrics,
-    store::{DeadLettered, InDoubt, Outcome, Store, schema::DispatchKey},
+    store::{DeadLettered, InDoubt, Outcome, Store},
 };
 
 /// How long after a stop a request the stopped process had already sent

@@ -19,8 +19,9 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
+    command::DispatchKey,
     message::{DeadReason, Envelope, MessageId, UnixMillis},
-    store::{Settle, Tries, schema::DispatchKey},
+    store::{Settle, Tries},
 };
 
 /// A message handed to the producer, waiting for its report.

@@ -10,10 +10,11 @@ use super::{
     topics::{note_held, topic_refused},
 };
 use crate::{
+    command::DispatchKey,
     kafka::{DeliveryReport, Fault},
     message::UnixMillis,
     metrics,
-    store::{Outcome, Ready, Settle, schema::DispatchKey},
+    store::{Outcome, Ready, Settle},
 };
 
 impl Dispatcher {

@@ -9,8 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Dispatcher, GATE_RECHECK, dead_letter, reconcile};
 use crate::{
+    command::DispatchKey,
     message::{MessageId, PendingMessage},
-    store::{Outcome, schema::DispatchKey},
+    store::Outcome,
 };
 
 /// How long the log must have named this node the shard's owner again,

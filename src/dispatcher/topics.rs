@@ -6,10 +6,11 @@ use std::{sync::Arc, time::Duration};
 
 use super::{Dispatcher, Refusal, TopicState, config::DispatcherConfig, policy::Why, sent::InFlight};
 use crate::{
+    command::DispatchKey,
     kafka::ProduceError,
     message::{MessageId, UnixMillis},
     policy::PolicyKey,
-    store::{HeldTopics, Outcome, schema::DispatchKey},
+    store::{HeldTopics, Outcome},
 };
 
 /// Entries put off (for held topics) that are remembered one by one, at

@@ -43,6 +43,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    command::{Counts, DispatchKey},
     message::{
         Forecast, ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled, ScheduledMessage,
         Scope, UnixMillis, Window, merge_pages, shard_of,
@@ -52,7 +53,6 @@ use crate::{
     store::{
         Answer, Intent, LIST_KEY_BYTES, ListFilter, NewMessage, SeriesWrite, Store, StoreError, StoreHealth,
         StorePage,
-        schema::{Counts, DispatchKey},
     },
 };
 

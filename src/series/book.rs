@@ -20,7 +20,7 @@ use crate::{
     Error,
     message::{MessageId, Tenant, UnixMillis, murmur2},
     node::Node,
-    store::{SeriesBytes, SeriesWrite, Store, StoreError, schema},
+    store::{SeriesBytes, SeriesWrite, Store, StoreError},
 };
 
 /// Locks, each shared by the series whose ids hash to it.
@@ -89,7 +89,7 @@ impl Book {
     pub async fn load(&self, id: &MessageId) -> Result<Option<SeriesRecord>, Error> {
         let store = self.node.store_of(id).await?;
         let Some(bytes) = store.series(id.clone()).await? else { return Ok(None) };
-        let record = schema::decode::<SeriesRecord>(&bytes)
+        let record = SeriesRecord::from_bytes(&bytes)
             .map_err(|e| StoreError::Corrupt(format!("series {}: {e}", id.qualified())))?;
         Ok(Some(record))
     }
@@ -112,7 +112,7 @@ impl Book {
         let mut out: Vec<Option<Result<SeriesRecord, String>>> = (0..ids.len()).map(|_| None).collect();
         for part in future::try_join_all(reads).await? {
             for (i, bytes) in part {
-                out[i] = bytes.map(|b| schema::decode::<SeriesRecord>(&b).map_err(|e| e.to_string()));
+                out[i] = bytes.map(|b| SeriesRecord::from_bytes(&b).map_err(|e| e.to_string()));
             }
         }
         Ok(out)
@@ -125,7 +125,7 @@ impl Book {
         for c in changes {
             by_shard.entry(self.node.shard_of(&c.id)).or_default().push(SeriesWrite {
                 record: match &c.record {
-                    Record::Put(record) => SeriesBytes::Put(schema::encode(record.as_ref())),
+                    Record::Put(record) => SeriesBytes::Put(record.to_bytes()),
                     Record::Delete => SeriesBytes::Delete,
                     Record::Keep => SeriesBytes::Keep,
                 },
@@ -239,7 +239,7 @@ impl Book {
         let mut all = Vec::new();
         for page in future::try_join_all(reads).await? {
             for (id, bytes) in page {
-                let record = schema::decode::<SeriesRecord>(&bytes).map_err(|e| e.to_string());
+                let record = SeriesRecord::from_bytes(&bytes).map_err(|e| e.to_string());
                 all.push((id, record));
             }
         }

@@ -58,6 +58,16 @@ pub struct SeriesRecord {
 }
 
 impl SeriesRecord {
+    /// A series as its store keeps it.
+    pub fn from_bytes(bytes: &[u8]) -> Result<SeriesRecord, prost::DecodeError> {
+        prost::Message::decode(bytes)
+    }
+
+    /// The bytes its store keeps.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        prost::Message::encode_to_vec(self)
+    }
+
     /// The spec, read back: checked when it was written, so not again
     /// against the time now (an expression whose last match has passed
     /// reads, and the series is over).

@@ -18,6 +18,7 @@
 //! reads it whole for damage, [`schema`] lays out the bytes and [`view`]
 //! says what they mean. Nothing here knows about gRPC or Kafka.
 
+mod bare;
 mod claims;
 mod error;
 mod health;
@@ -27,10 +28,10 @@ mod options;
 mod policy;
 mod read;
 mod scan;
-pub mod schema;
+mod schema;
 mod series;
 mod verify;
-pub mod view;
+mod view;
 mod writer;
 
 use std::{
@@ -45,6 +46,7 @@ use rocksdb::DB;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+pub use bare::BareWrites;
 use claims::Claims;
 pub(crate) use claims::{Floor, Wake};
 pub use error::StoreError;

@@ -351,7 +351,7 @@ impl Store {
         }
         let guard = ClaimGuard { claims: &self.inner.claims, ids };
         let gone = gone_since_read(db, &keys, &sources, undisturbed);
-        let unread: Vec<[u8; DispatchKey::LEN]> = keys
+        let unread: Vec<[u8; schema::DUE_KEY_LEN]> = keys
             .iter()
             .zip(&sources)
             .filter(|(_, source)| matches!(source, Source::Unread))

@@ -11,12 +11,12 @@ use crate::{
         self, Cancelled, Change, Entry, LogHeader, LogLabel, LogMessage, SettledLine as LogLine,
         SettledOutcome,
     },
+    command::{HeaderRecord, LabelRecord, MessageRecord},
     message::{DeadReason, DueSpec, Labels, MessageId, UnixMillis},
     policy::{PolicyKey, PolicyWrite, TopicPolicy},
     store::{
         DeadLettered, Local, LogEntry, Outcome, Proposed, Replica, SeriesBytes, SeriesWrite, Settle,
         SettledLine,
-        schema::{HeaderRecord, LabelRecord, MessageRecord},
     },
 };
 

@@ -6,10 +6,11 @@ use std::path::Path;
 use super::{entry, proposed};
 use crate::{
     cluster::log::record::{self, Change, Entry, LogMessage, Settled, SettledLine, SettledOutcome},
+    command::DispatchKey,
     message::{CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scope, State, UnixMillis},
     store::{
         Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Outcome, Proposed, Settle,
-        Store, StoreConfig, StoreError, schema::DispatchKey,
+        Store, StoreConfig, StoreError,
     },
 };
 

@@ -55,6 +55,7 @@
 //! file): unknown fields are skipped, so a newer build can add fields and an
 //! older one still reads the store.
 
+pub use crate::command::{Counts, DispatchKey, HeaderRecord, LabelRecord, MessageRecord};
 use crate::message::{MessageId, UnixMillis};
 
 mod meta;
@@ -85,42 +86,20 @@ const POLICY_PREFIX: u8 = b'P';
 /// a bare id, whose first byte is printable or 0 (a tenant's space).
 const DUE_ENTRY_MARK: u8 = 1;
 
-/// A position in the due CF: when the message is to be dispatched (its
-/// due time, or the time of its next try after a failed one), then its
-/// acceptance sequence.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DispatchKey {
-    pub at: UnixMillis,
-    pub seq: u64,
-}
+/// The bytes of a due position: its time, then its sequence, both
+/// big-endian, so that byte order is due order.
+pub const DUE_KEY_LEN: usize = 16;
 
 impl DispatchKey {
-    pub const LEN: usize = 16;
-    pub const MIN: DispatchKey = DispatchKey { at: UnixMillis(0), seq: 0 };
-
-    /// The first key to dispatch strictly after `t`: the exclusive upper
-    /// bound of everything to dispatch at or before `t`.
-    pub fn after(t: UnixMillis) -> DispatchKey {
-        DispatchKey { at: UnixMillis(t.0.saturating_add(1)), seq: 0 }
-    }
-
-    /// The smallest key greater than `self`.
-    pub fn successor(self) -> DispatchKey {
-        match self.seq.checked_add(1) {
-            Some(seq) => DispatchKey { at: self.at, seq },
-            None => DispatchKey { at: UnixMillis(self.at.0.saturating_add(1)), seq: 0 },
-        }
-    }
-
-    pub fn encode(self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
+    pub(in crate::store) fn encode(self) -> [u8; DUE_KEY_LEN] {
+        let mut out = [0u8; DUE_KEY_LEN];
         out[..8].copy_from_slice(&self.at.0.to_be_bytes());
         out[8..].copy_from_slice(&self.seq.to_be_bytes());
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Option<DispatchKey> {
-        let bytes: &[u8; Self::LEN] = bytes.try_into().ok()?;
+    pub(in crate::store) fn decode(bytes: &[u8]) -> Option<DispatchKey> {
+        let bytes: &[u8; DUE_KEY_LEN] = bytes.try_into().ok()?;
         let (at, seq) = bytes.split_at(8);
         Some(DispatchKey {
             at: UnixMillis(u64::from_be_bytes(at.try_into().ok()?)),
@@ -172,7 +151,7 @@ pub fn retention_successor(key: &[u8]) -> Vec<u8> {
 /// The key of the delivery log of a chunk whose first message was
 /// dispatched from `first`.
 pub fn delivery_log_key(first: DispatchKey) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + DispatchKey::LEN);
+    let mut k = Vec::with_capacity(1 + DUE_KEY_LEN);
     k.push(DELIVERY_LOG_PREFIX);
     k.extend_from_slice(&first.encode());
     k
@@ -302,35 +281,7 @@ impl CountsKey {
     }
 }
 
-/// One tenant's messages on one topic, by state. `delivered`, `cancelled`,
-/// `failed`, `expired` and `dead_lettered` count since the entry was made,
-/// purged messages included.
-#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
-pub struct Counts {
-    #[prost(uint64, tag = "1")]
-    pub pending: u64,
-    #[prost(uint64, tag = "2")]
-    pub delivered: u64,
-    #[prost(uint64, tag = "3")]
-    pub cancelled: u64,
-    #[prost(uint64, tag = "4")]
-    pub failed: u64,
-    #[prost(uint64, tag = "5")]
-    pub expired: u64,
-    #[prost(uint64, tag = "6")]
-    pub dead_lettered: u64,
-}
-
 impl Counts {
-    pub fn add(&mut self, other: &Counts) {
-        self.pending = self.pending.saturating_add(other.pending);
-        self.delivered = self.delivered.saturating_add(other.delivered);
-        self.cancelled = self.cancelled.saturating_add(other.cancelled);
-        self.failed = self.failed.saturating_add(other.failed);
-        self.expired = self.expired.saturating_add(other.expired);
-        self.dead_lettered = self.dead_lettered.saturating_add(other.dead_lettered);
-    }
-
     /// The count of messages settled `kind`; for one retrying, pending.
     pub fn of_kind(&mut self, kind: SettlementKind) -> &mut u64 {
         match kind {
@@ -351,65 +302,6 @@ pub fn decode_retention_key(key: &[u8]) -> Option<(UnixMillis, MessageId)> {
     }
     let (at, id) = rest.split_at(8);
     Some((UnixMillis(u64::from_be_bytes(at.try_into().ok()?)), MessageId::from_stored(id)?))
-}
-
-/// A message as parked in the messages CF.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct MessageRecord {
-    #[prost(string, tag = "1")]
-    pub topic: String,
-    #[prost(bytes = "vec", optional, tag = "2")]
-    pub key: Option<Vec<u8>>,
-    #[prost(bytes = "vec", tag = "3")]
-    pub value: Vec<u8>,
-    #[prost(message, repeated, tag = "4")]
-    pub headers: Vec<HeaderRecord>,
-    #[prost(int32, optional, tag = "5")]
-    pub partition: Option<i32>,
-    /// The current due time (moves on reschedule).
-    #[prost(uint64, tag = "6")]
-    pub due_ms: u64,
-    #[prost(uint64, tag = "7")]
-    pub seq: u64,
-    #[prost(uint64, tag = "8")]
-    pub scheduled_at_ms: u64,
-    /// The due time as first requested, for recognising a retried request.
-    #[prost(uint64, optional, tag = "9")]
-    pub requested_at_ms: Option<u64>,
-    #[prost(uint64, optional, tag = "10")]
-    pub requested_delay_ms: Option<u64>,
-    /// Where the message's due entry is: at `(entry_at_ms, seq)`. Set in a
-    /// locator (the `messages` entry of a message whose due entry holds it
-    /// whole, without key, value and headers) and in the record that entry
-    /// holds. It can lie after the due time: a new entry is never put
-    /// behind where the dispatcher reads.
-    #[prost(uint64, optional, tag = "11")]
-    pub entry_at_ms: Option<u64>,
-    /// The caller's labels, sorted by key (not in a locator).
-    #[prost(message, repeated, tag = "12")]
-    pub labels: Vec<LabelRecord>,
-    /// Its deadline past its due time, in ms: past it, it expires.
-    #[prost(uint64, optional, tag = "13")]
-    pub max_lateness_ms: Option<u64>,
-    /// Its own dead-letter topic, if it names one.
-    #[prost(string, optional, tag = "14")]
-    pub dead_letter_topic: Option<String>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LabelRecord {
-    #[prost(string, tag = "1")]
-    pub key: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct HeaderRecord {
-    #[prost(string, tag = "1")]
-    pub key: String,
-    #[prost(bytes = "vec", tag = "2")]
-    pub value: Vec<u8>,
 }
 
 impl MessageRecord {
@@ -557,9 +449,9 @@ pub struct DeliveryLine {
 /// The last dispatch key of an encoded [`DeliveryLog`], read without
 /// decoding its lines (prost writes field 1 first).
 pub fn delivery_log_last(bytes: &[u8]) -> Option<DispatchKey> {
-    const LAST_FIELD: [u8; 2] = [0x0a, DispatchKey::LEN as u8];
+    const LAST_FIELD: [u8; 2] = [0x0a, DUE_KEY_LEN as u8];
     match bytes.strip_prefix(&LAST_FIELD[..]) {
-        Some(rest) if rest.len() >= DispatchKey::LEN => DispatchKey::decode(&rest[..DispatchKey::LEN]),
+        Some(rest) if rest.len() >= DUE_KEY_LEN => DispatchKey::decode(&rest[..DUE_KEY_LEN]),
         _ => decode::<DeliveryLog>(bytes).ok()?.last_key(),
     }
 }
