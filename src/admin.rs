@@ -321,7 +321,7 @@ fn target(access: &Access, topic: &str, whose: &Whose) -> Result<PolicyKey, Erro
         Whose::Tenant(_) if !access.is_operator() => {
             return Err(Error::NotOperator { token: access.name().to_owned() });
         }
-        Whose::Tenant(t) => Some(Tenant::parse(t).map_err(|reason| Invalid::new("tenant", reason))?),
+        Whose::Tenant(t) => Some(Tenant::parse(t).map_err(|reason| Invalid::new("tenant", reason.0))?),
     };
     Ok(PolicyKey { tenant, topic: topic.into() })
 }

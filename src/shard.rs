@@ -195,7 +195,7 @@ struct Purge {
 }
 
 impl Purge {
-    async fn run(&self, before: UnixMillis) -> Result<(), String> {
+    async fn run(&self, before: UnixMillis) -> Result<(), StoreError> {
         self.retention.expire(&self.store, before, &self.stop).await
     }
 }
@@ -207,7 +207,12 @@ impl Purge {
 pub(crate) trait Retention: Send + Sync {
     /// Forgets what was settled before `bound`, in steps of
     /// [`PURGE_BATCH`] entries, until done or `stop`.
-    async fn expire(&self, store: &Store, bound: UnixMillis, stop: &CancellationToken) -> Result<(), String>;
+    async fn expire(
+        &self,
+        store: &Store,
+        bound: UnixMillis,
+        stop: &CancellationToken,
+    ) -> Result<(), StoreError>;
 }
 
 /// Entries of the retention index (or log chunks) looked at in one step.
@@ -218,8 +223,13 @@ pub(crate) struct InStore;
 
 #[tonic::async_trait]
 impl Retention for InStore {
-    async fn expire(&self, store: &Store, bound: UnixMillis, stop: &CancellationToken) -> Result<(), String> {
-        while store.purge(bound, PURGE_BATCH).await.map_err(|e| e.to_string())? >= PURGE_BATCH {
+    async fn expire(
+        &self,
+        store: &Store,
+        bound: UnixMillis,
+        stop: &CancellationToken,
+    ) -> Result<(), StoreError> {
+        while store.purge(bound, PURGE_BATCH).await? >= PURGE_BATCH {
             if stop.is_cancelled() {
                 break;
             }

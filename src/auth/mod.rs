@@ -270,27 +270,28 @@ impl Tokens {
     pub fn load(path: &Path) -> Result<Tokens, TokensError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| TokensError::Unreadable { path: path.to_owned(), source })?;
-        Tokens::parse(&text).map_err(|reason| TokensError::Invalid { path: path.to_owned(), reason })
+        Tokens::parse(&text)
+            .map_err(|reason| TokensError::Invalid { path: path.to_owned(), reason: reason.0 })
     }
 
-    fn parse(text: &str) -> Result<Tokens, String> {
+    fn parse(text: &str) -> Result<Tokens, Unreadable> {
         let file: TokensFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
-            match line {
+            Unreadable(match line {
                 Some(line) => format!("not valid TOML near line {line}"),
                 None => "not valid TOML".to_owned(),
-            }
+            })
         })?;
         if file.token.is_empty() {
-            return Err("no [[token]] entries; without tokens no call would be let in".into());
+            return Err(Unreadable("no [[token]] entries; without tokens no call would be let in".into()));
         }
         let mut names = HashSet::new();
         let mut entries: Vec<([u8; 32], Arc<Grant>)> = Vec::new();
         for entry in file.token {
             let name = entry.name;
-            let fail = |m: &str| Err(format!("token {name:?}: {m}"));
+            let fail = |m: &str| Err(Unreadable(format!("token {name:?}: {m}")));
             if name.trim().is_empty() {
-                return Err("a token has an empty name".into());
+                return Err(Unreadable("a token has an empty name".into()));
             }
             if !names.insert(name.clone()) {
                 return fail("the name is used twice");
@@ -313,14 +314,14 @@ impl Tokens {
             let topics = entry.topics.iter().map(|t| TopicPattern::parse(t)).collect::<Result<_, _>>();
             let topics = match topics {
                 Ok(topics) => topics,
-                Err(e) => return fail(&e),
+                Err(e) => return fail(&e.0),
             };
             let tenant = match Tenant::parse(entry.tenant.as_deref().unwrap_or(&name)) {
                 Ok(tenant) => tenant,
                 Err(e) if entry.tenant.is_none() => {
                     return fail(&format!("{e}; name its tenant with `tenant = \"...\"`"));
                 }
-                Err(e) => return fail(&e),
+                Err(e) => return fail(&e.0),
             };
             let admin = match entry.admin.as_deref() {
                 None => None,
@@ -472,30 +473,40 @@ impl Authenticator {
     }
 }
 
+/// Why a tokens file does not read: what is wrong, where.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Unreadable(String);
+
+/// Why a Kafka-native ingress topic's grant cannot be found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NoGrant(pub String);
+
 impl Authenticator {
     /// The access of the grant named `name` in the tokens in use (none:
     /// every topic, with authentication off): what a Kafka-native schedule
     /// of an ingress topic mapped to it gets. Why not, for the log.
-    pub fn named(&self, name: Option<&str>) -> Result<Access, String> {
+    pub fn named(&self, name: Option<&str>) -> Result<Access, NoGrant> {
         let Some((path, live)) = &self.tokens else {
             return match name {
                 None => Ok(Access::Open),
-                Some(name) => Err(format!(
+                Some(name) => Err(NoGrant(format!(
                     "names the grant {name:?}, but there is no tokens file (--auth-tokens) to find it in"
-                )),
+                ))),
             };
         };
         let Some(name) = name else {
-            return Err(format!(
+            return Err(NoGrant(format!(
                 "names no grant, and with --auth-tokens every caller needs one: map the topic to an entry of {} \
                  (--ingress TOPIC=NAME)",
                 path.display()
-            ));
+            )));
         };
         let tokens = Arc::clone(&live.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
         match tokens.find_named(name) {
             Some(grant) => Ok(Access::Granted { grant, live: Arc::clone(live) }),
-            None => Err(format!("names the grant {name:?}, which {} does not list", path.display())),
+            None => Err(NoGrant(format!("names the grant {name:?}, which {} does not list", path.display()))),
         }
     }
 

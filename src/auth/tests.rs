@@ -77,7 +77,7 @@ fn a_bad_file_is_refused_with_the_entry_named_and_no_token_shown() {
         ("[[token]]\nname = \"a\"\ntoken = \"s3cret\ntopics = [\"*\"]", "near line 3"),
     ];
     for (text, expected) in cases {
-        let err = Tokens::parse(text).unwrap_err();
+        let err = Tokens::parse(text).unwrap_err().to_string();
         assert!(err.contains(expected), "{text:?}: {err}");
         assert!(!err.contains("s3cret"), "a token leaked into {err}");
     }
@@ -199,11 +199,13 @@ fn tokens_name_their_tenant_or_are_their_own() {
     assert_eq!(tokens.find("new").unwrap().tenant(), "orders", "a rotation keeps the messages");
     assert_eq!(tokens.find("b").unwrap().tenant(), "billing", "by default the name");
     let err = Tokens::parse("[[token]]\nname = \"my service\"\ntoken = \"s3cret\"\ntopics = [\"*\"]\n")
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("tenant = "), "a name that cannot be a tenant says how to name one: {err}");
     let err =
         Tokens::parse("[[token]]\nname = \"a\"\ntoken = \"s3cret\"\ntopics = [\"*\"]\ntenant = \"a/b\"\n")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
     assert!(err.contains("contains '/'"), "{err}");
 }
 

@@ -5,8 +5,6 @@
 //! way ([`super::retention`]).
 
 use std::{
-    future::Future,
-    pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -27,7 +25,7 @@ use crate::{
     cluster::log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
     dispatcher::Recorder,
     message::UnixMillis,
-    store::{Floor, Local, Settle},
+    store::{Floor, Local, Settle, StoreError},
 };
 
 /// Settle records appended and not yet acknowledged, at most.
@@ -144,7 +142,7 @@ impl LogRecorder {
 }
 
 impl LogRecorder {
-    async fn append_marks(&self, topic: Arc<str>, ends: Vec<(i32, i64)>) -> Result<(), String> {
+    async fn append_marks(&self, topic: Arc<str>, ends: Vec<(i32, i64)>) -> Result<(), StoreError> {
         let record = LogRecord {
             writer: self.waiters.me(),
             request: 0,
@@ -158,40 +156,30 @@ impl LogRecorder {
         };
         let appended =
             self.log.enqueue(self.partition, &record::marks_key(&topic), Some(&record.encode())).await;
-        appended.map(|_| ()).map_err(|e| format!("recording the marks of {topic} in the schedule log: {e}"))
+        appended.map(|_| ()).map_err(|e| {
+            StoreError::LogUnavailable(format!("recording the marks of {topic} in the schedule log: {e}"))
+        })
     }
 }
 
+#[tonic::async_trait]
 impl Recorder for LogRecorder {
-    fn record(
-        &self,
-        settles: Vec<Settle>,
-        floor: Option<Floor>,
-    ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(self.append(settles, floor))
+    async fn record(&self, settles: Vec<Settle>, floor: Option<Floor>) {
+        self.append(settles, floor).await
     }
 
-    fn flushed(&self) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
-        Box::pin(async move {
-            LogRecorder::flushed(self).await;
-            Ok(())
-        })
+    async fn flushed(&self) -> Result<(), StoreError> {
+        LogRecorder::flushed(self).await;
+        Ok(())
     }
 
-    fn mark(
-        &self,
-        topic: Arc<str>,
-        ends: Vec<(i32, i64)>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
-        Box::pin(self.append_marks(topic, ends))
+    async fn mark(&self, topic: Arc<str>, ends: Vec<(i32, i64)>) -> Result<(), StoreError> {
+        self.append_marks(topic, ends).await
     }
 
-    fn extend_horizon(
-        &self,
-        _until: UnixMillis,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    async fn extend_horizon(&self, _until: UnixMillis) -> Result<(), StoreError> {
         // Not needed: a node that takes the shard searches the topics for
         // whatever was due by the end of its claim's grace.
-        Box::pin(async { Ok(()) })
+        Ok(())
     }
 }

@@ -12,7 +12,7 @@ use crate::{
     cluster::log::record,
     message::UnixMillis,
     shard::{PURGE_BATCH, Retention},
-    store::Store,
+    store::{Store, StoreError},
 };
 
 /// Longest a purge waits for its tombstones to be applied.
@@ -27,7 +27,12 @@ pub(crate) struct LogRetention {
 
 #[tonic::async_trait]
 impl Retention for LogRetention {
-    async fn expire(&self, store: &Store, bound: UnixMillis, stop: &CancellationToken) -> Result<(), String> {
+    async fn expire(
+        &self,
+        store: &Store,
+        bound: UnixMillis,
+        stop: &CancellationToken,
+    ) -> Result<(), StoreError> {
         self.run(store, bound, stop).await
     }
 }
@@ -38,20 +43,24 @@ impl LogRetention {
     /// compacted log would find a message delivered long ago still
     /// pending). A node another one fenced appends nothing: the new
     /// owner's changes are not held here.
-    async fn run(&self, store: &Store, before: UnixMillis, stop: &CancellationToken) -> Result<(), String> {
+    async fn run(
+        &self,
+        store: &Store,
+        before: UnixMillis,
+        stop: &CancellationToken,
+    ) -> Result<(), StoreError> {
         let fenced = || store.log_owner() != self.owner;
         loop {
             if fenced() {
                 return Ok(());
             }
-            let (looked_at, ids) =
-                store.purge_to_log(before, PURGE_BATCH).await.map_err(|e| e.to_string())?;
+            let (looked_at, ids) = store.purge_to_log(before, PURGE_BATCH).await?;
             if ids.is_empty() {
                 break;
             }
             let keys = ids.iter().map(|id| id.as_bytes().to_vec()).collect();
             let appended = if fenced() {
-                Err("another node claimed the shard".to_owned())
+                Err(StoreError::LogUnavailable("another node claimed the shard".to_owned()))
             } else {
                 self.tombstone(keys).await
             };
@@ -71,7 +80,7 @@ impl LogRetention {
         // Chunk keys sort by their time: every chunk of before `before`
         // sorts below the first key of that time.
         let bound = record::chunk_key(before, 0, 0);
-        let chunks = store.expired_chunks(bound, PURGE_BATCH).await.map_err(|e| e.to_string())?;
+        let chunks = store.expired_chunks(bound, PURGE_BATCH).await?;
         if !chunks.is_empty() && !fenced() {
             let last = self.tombstone(chunks).await?;
             applied(store, last, stop).await?;
@@ -81,7 +90,7 @@ impl LogRetention {
 
     /// Appends a tombstone under each key, in order; returns once all are
     /// in the log, with the offset of the last.
-    async fn tombstone(&self, keys: Vec<Vec<u8>>) -> Result<i64, String> {
+    async fn tombstone(&self, keys: Vec<Vec<u8>>) -> Result<i64, StoreError> {
         let (log, partition) = (&self.recorder.log, self.recorder.partition);
         // Queued one after another: they reach the partition in order.
         let appends: Vec<_> = keys.iter().map(|key| log.enqueue(partition, key, None)).collect();
@@ -89,7 +98,11 @@ impl LogRetention {
         for (key, outcome) in keys.iter().zip(futures_util::future::join_all(appends).await) {
             match outcome {
                 Ok(offset) => last = last.max(offset),
-                Err(e) => return Err(format!("appending the tombstone of {key:?}: {e}")),
+                Err(e) => {
+                    return Err(StoreError::LogUnavailable(format!(
+                        "appending the tombstone of {key:?}: {e}"
+                    )));
+                }
             }
         }
         Ok(last)
@@ -97,11 +110,13 @@ impl LogRetention {
 }
 
 /// Waits until the store has applied the log past `offset`.
-async fn applied(store: &Store, offset: i64, stop: &CancellationToken) -> Result<(), String> {
+async fn applied(store: &Store, offset: i64, stop: &CancellationToken) -> Result<(), StoreError> {
     let started = tokio::time::Instant::now();
     while store.log_next() <= offset {
         if started.elapsed() > APPLY_WAIT || stop.is_cancelled() {
-            return Err(format!("the tombstones up to offset {offset} were not applied in time"));
+            return Err(StoreError::LogUnavailable(format!(
+                "the tombstones up to offset {offset} were not applied in time"
+            )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -18,6 +18,7 @@ use std::{
 };
 
 use futures_util::future::{self, BoxFuture};
+use rdkafka::error::KafkaError;
 use tokio::sync::{Notify, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
@@ -83,13 +84,13 @@ impl Unwritten {
 
 /// Where routes are written: the routing topic, or a test's stand-in.
 trait RouteLog: Send + Sync + 'static {
-    fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), String>>;
+    fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), KafkaError>>;
 }
 
 impl RouteLog for LogProducer {
-    fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), String>> {
+    fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), KafkaError>> {
         let written = self.enqueue(0, &route::key(shard), Some(&prost::Message::encode_to_vec(route)));
-        Box::pin(async move { written.await.map(|_| ()).map_err(|e| e.to_string()) })
+        Box::pin(async move { written.await.map(|_| ()) })
     }
 }
 
@@ -286,12 +287,14 @@ mod tests {
     }
 
     impl RouteLog for Flaky {
-        fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), String>> {
+        fn write(&self, shard: u32, route: &Route) -> BoxFuture<'static, Result<(), KafkaError>> {
             let (failures, written, released) =
                 (Arc::clone(&self.failures), Arc::clone(&self.written), route.released);
             Box::pin(async move {
                 if failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                    return Err("the broker is away".into());
+                    return Err(KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure,
+                    ));
                 }
                 written.lock().unwrap().push((shard, released));
                 Ok(())

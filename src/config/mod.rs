@@ -402,16 +402,21 @@ pub enum DeliveryMode {
 }
 
 impl std::str::FromStr for DeliveryMode {
-    type Err = String;
+    type Err = NotADeliveryMode;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, NotADeliveryMode> {
         match s {
             "idempotent" => Ok(DeliveryMode::Idempotent),
             "exactly-once" => Ok(DeliveryMode::ExactlyOnce),
-            other => Err(format!("{other:?} is not a delivery mode; use idempotent or exactly-once")),
+            other => Err(NotADeliveryMode(other.to_owned())),
         }
     }
 }
+
+/// A `--delivery` that names no delivery mode.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a delivery mode; use idempotent or exactly-once")]
+pub struct NotADeliveryMode(pub String);
 
 impl std::fmt::Display for DeliveryMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::html::{Query, Shown, bytes, esc, hex, refused, state, time};
 use crate::{
     Error,
-    message::SHARED_SPACE,
+    message::{Invalid, SHARED_SPACE},
     proto,
     scheduler::{Call, Scheduler},
 };
@@ -37,7 +37,7 @@ pub struct FindQuery {
 
 /// A time a person typed: RFC 3339, or a date and time without a zone
 /// (taken as UTC).
-fn parse_time(field: &str, text: &str) -> Result<Option<prost_types::Timestamp>, String> {
+fn parse_time(field: &'static str, text: &str) -> Result<Option<prost_types::Timestamp>, Invalid> {
     let text = text.trim();
     if text.is_empty() {
         return Ok(None);
@@ -52,7 +52,10 @@ fn parse_time(field: &str, text: &str) -> Result<Option<prost_types::Timestamp>,
                 .ok_or(())
         })
         .map_err(|_| {
-            format!("{field}: {text:?} is not a time; write 2026-11-29T09:00:00Z (UTC if no zone)")
+            Invalid::new(
+                field,
+                format!("{text:?} is not a time; write 2026-11-29T09:00:00Z (UTC if no zone)"),
+            )
         })?;
     Ok(Some(prost_types::Timestamp { seconds: t.timestamp(), nanos: t.timestamp_subsec_nanos() as i32 }))
 }
@@ -90,7 +93,7 @@ pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Re
             ..Default::default()
         },
         (Err(why), _) | (_, Err(why)) => {
-            let _ = write!(out, "<p class=\"error\">{}</p>", esc(&why));
+            let _ = write!(out, "<p class=\"error\">{}</p>", esc(&why.to_string()));
             return Ok(out);
         }
     };
@@ -193,7 +196,9 @@ pub async fn reschedule(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id
                 seconds: d.as_secs() as i64,
                 nanos: d.subsec_nanos() as i32,
             }),
-            Err(_) => return format!("<p class=\"error\">{} Or a delay, such as 10m.</p>", esc(&why)),
+            Err(_) => {
+                return format!("<p class=\"error\">{} Or a delay, such as 10m.</p>", esc(&why.to_string()));
+            }
         },
     };
     let request = proto::RescheduleRequest { id: id.to_owned(), due: Some(due), tenant: tenant.to_owned() };

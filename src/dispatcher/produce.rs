@@ -159,19 +159,20 @@ impl Dispatcher {
         let producer = Arc::clone(&self.producer);
         let asking = Arc::clone(&topic);
         let ends = tokio::task::spawn_blocking(move || producer.ends(&asking, Duration::from_secs(5))).await;
-        let marked = match ends {
-            Ok(Ok(ends)) if !ends.is_empty() => self.recorder.mark(Arc::clone(&topic), ends).await,
-            Ok(Ok(_)) => Err("the broker does not know the topic".to_owned()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.to_string()),
+        let failed = match ends {
+            Ok(Ok(ends)) if !ends.is_empty() => match self.recorder.mark(Arc::clone(&topic), ends).await {
+                Ok(()) => return,
+                Err(e) => e.to_string(),
+            },
+            Ok(Ok(_)) => "the broker does not know the topic".to_owned(),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
         };
-        if let Err(e) = marked {
-            tracing::debug!(
-                topic = %topic,
-                error = %e,
-                "marking where a topic's partitions end failed: after an unclean stop, they are read back from their start"
-            );
-        }
+        tracing::debug!(
+            topic = %topic,
+            error = %failed,
+            "marking where a topic's partitions end failed: after an unclean stop, they are read back from their start"
+        );
     }
 
     /// Hands `ready` to the producer for `topic`: a dead letter if

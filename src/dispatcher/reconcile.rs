@@ -44,7 +44,7 @@ use crate::{
     kafka::{Delivery, Producer, landed},
     message::{MessageId, PendingMessage, UnixMillis},
     metrics,
-    store::{DeadLettered, InDoubt, Outcome, Store},
+    store::{DeadLettered, InDoubt, Outcome, Store, StoreError},
 };
 
 /// How long after a stop a request the stopped process had already sent
@@ -275,18 +275,32 @@ async fn search(
     wanted: &Arc<HashMap<MessageId, UnixMillis>>,
     times: (UnixMillis, UnixMillis),
     mut late: landed::Late,
-) -> Result<(landed::Landed, landed::Late), String> {
-    let marks = store.marks_of(topic).await.map_err(|e| format!("reading the marks of {topic}: {e}"))?;
+) -> Result<(landed::Landed, landed::Late), SearchFailed> {
+    let marks = store
+        .marks_of(topic)
+        .await
+        .map_err(|error| SearchFailed::Marks { topic: topic.to_owned(), error })?;
     let (producer, topic, wanted) = (Arc::clone(producer), topic.to_owned(), Arc::clone(wanted));
     let committed = *producer.delivery() != Delivery::Idempotent;
     tokio::task::spawn_blocking(move || {
         let wanted = landed::Wanted { ids: &wanted, times };
         landed::search(producer.config(), committed, &topic, &marks, wanted, &mut late, SEARCH_WITHIN)
             .map(|landed| (landed, late))
-            .map_err(|e| format!("{topic}: {e}"))
+            .map_err(|error| SearchFailed::Read { topic, error })
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(|e| SearchFailed::Task(e.to_string()))?
+}
+
+/// Why one search of a topic failed.
+#[derive(Debug, thiserror::Error)]
+enum SearchFailed {
+    #[error("reading the marks of {topic}: {error}")]
+    Marks { topic: String, error: StoreError },
+    #[error("{topic}: {error}")]
+    Read { topic: String, error: rdkafka::error::KafkaError },
+    #[error("the search's thread: {0}")]
+    Task(String),
 }
 
 /// Waits [`BACKOFF`]; `None` if stopped first.

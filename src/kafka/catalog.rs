@@ -20,8 +20,14 @@ use crate::metrics;
 /// Where topic metadata comes from: the broker, or a fake in tests.
 pub trait MetadataSource: Send + Sync + 'static {
     /// Every topic with its partition count. Blocking.
-    fn topics(&self, timeout: Duration) -> Result<BTreeMap<String, i32>, String>;
+    fn topics(&self, timeout: Duration) -> Result<BTreeMap<String, i32>, MetadataError>;
 }
+
+/// Why the brokers' topic metadata could not be read: what the client
+/// said.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct MetadataError(pub String);
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CatalogError {
@@ -35,7 +41,7 @@ pub struct TopicCatalog {
     source: Arc<dyn MetadataSource>,
     topics: RwLock<Option<BTreeMap<String, i32>>>,
     /// Serialises refreshes; holds when the last one finished.
-    refresh: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    refresh: tokio::sync::Mutex<Option<(Instant, Result<(), MetadataError>)>>,
     min_refresh_gap: Duration,
     timeout: Duration,
 }
@@ -64,13 +70,15 @@ impl TopicCatalog {
         match (self.cached(topic), refreshed) {
             (Some(n), _) => Ok(n),
             (None, Ok(())) => Err(CatalogError::Unknown(topic.to_owned())),
-            (None, Err(reason)) => Err(CatalogError::Unreachable { topic: topic.to_owned(), reason }),
+            (None, Err(reason)) => {
+                Err(CatalogError::Unreachable { topic: topic.to_owned(), reason: reason.0 })
+            }
         }
     }
 
     /// Refreshes unless a refresh finished less than `gap` ago, in which case
     /// that refresh's result stands. Concurrent callers share one refresh.
-    async fn refresh_at_most_every(&self, gap: Duration) -> Result<(), String> {
+    async fn refresh_at_most_every(&self, gap: Duration) -> Result<(), MetadataError> {
         let mut last = self.refresh.lock().await;
         if let Some((at, result)) = last.as_ref()
             && at.elapsed() < gap
@@ -81,7 +89,7 @@ impl TopicCatalog {
         let timeout = self.timeout;
         let fetched = tokio::task::spawn_blocking(move || source.topics(timeout))
             .await
-            .unwrap_or_else(|e| Err(format!("metadata task: {e}")));
+            .unwrap_or_else(|e| Err(MetadataError(format!("metadata task: {e}"))));
         let result = match fetched {
             Ok(topics) => {
                 *self.topics.write().unwrap_or_else(|e| e.into_inner()) = Some(topics);
@@ -119,7 +127,7 @@ mod tests {
     use super::*;
 
     struct Fake {
-        topics: Mutex<Result<BTreeMap<String, i32>, String>>,
+        topics: Mutex<Result<BTreeMap<String, i32>, MetadataError>>,
         calls: AtomicUsize,
     }
 
@@ -131,13 +139,14 @@ mod tests {
 
     impl Fake {
         fn set(&self, topics: Result<&[(&str, i32)], &str>) {
-            *self.topics.lock().unwrap() =
-                topics.map(|t| t.iter().map(|(n, p)| (n.to_string(), *p)).collect()).map_err(str::to_owned);
+            *self.topics.lock().unwrap() = topics
+                .map(|t| t.iter().map(|(n, p)| (n.to_string(), *p)).collect())
+                .map_err(|e| MetadataError(e.to_owned()));
         }
     }
 
     impl MetadataSource for Fake {
-        fn topics(&self, _: Duration) -> Result<BTreeMap<String, i32>, String> {
+        fn topics(&self, _: Duration) -> Result<BTreeMap<String, i32>, MetadataError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.topics.lock().unwrap().clone()
         }

@@ -13,9 +13,9 @@ mod report;
 pub(crate) mod seek;
 mod transactions;
 
-pub use catalog::{CatalogError, MetadataSource, TopicCatalog};
+pub use catalog::{CatalogError, MetadataError, MetadataSource, TopicCatalog};
 pub use producer::producer_config;
-pub use producer::{Delivery, Producer};
+pub use producer::{Delivery, Producer, ProducerStopped};
 pub use report::{DeliveryReport, Fault, ProduceError, classify};
 pub use transactions::OnFence;
 

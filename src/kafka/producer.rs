@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     KafkaConfig,
-    catalog::MetadataSource,
+    catalog::{MetadataError, MetadataSource},
     report::{DeliveryReport, ProduceError, produce_error},
     transactions::{OnFence, Queued, Txn},
 };
@@ -317,13 +317,14 @@ impl Producer {
     /// its open transaction resolved, so that what it committed can be read
     /// back and nothing it left open is seen later. Returns at once for
     /// the idempotent producer; why, if the producer stopped.
-    pub async fn ready(&self) -> Result<(), String> {
+    pub async fn ready(&self) -> Result<(), ProducerStopped> {
         match &self.send {
             Send::Idempotent(_) | Send::Shard(_) => Ok(()),
             Send::Transactional(txn) if txn.ready().await => Ok(()),
-            Send::Transactional(txn) => Err(txn
-                .stopped()
-                .unwrap_or_else(|| format!("the transactional producer {} has stopped", txn.id()))),
+            Send::Transactional(txn) => Err(ProducerStopped(
+                txn.stopped()
+                    .unwrap_or_else(|| format!("the transactional producer {} has stopped", txn.id())),
+            )),
         }
     }
 
@@ -486,9 +487,15 @@ impl Producer {
     }
 }
 
+/// Why a producer stopped before it was ready: what its client said.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProducerStopped(pub String);
+
 impl MetadataSource for Producer {
-    fn topics(&self, timeout: Duration) -> Result<BTreeMap<String, i32>, String> {
-        let md = self.metadata.client().fetch_metadata(None, timeout).map_err(|e| e.to_string())?;
+    fn topics(&self, timeout: Duration) -> Result<BTreeMap<String, i32>, MetadataError> {
+        let md =
+            self.metadata.client().fetch_metadata(None, timeout).map_err(|e| MetadataError(e.to_string()))?;
         reachable();
         Ok(md
             .topics()

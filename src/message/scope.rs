@@ -20,12 +20,14 @@ impl Tenant {
     pub const MAX_LEN: usize = 64;
 
     /// 1 to 64 letters, digits, `.`, `_` or `-`.
-    pub fn parse(name: &str) -> Result<Tenant, String> {
+    pub fn parse(name: &str) -> Result<Tenant, BadName> {
         if name.is_empty() || name.len() > Self::MAX_LEN {
-            return Err(format!("a tenant name has 1 to {} characters", Self::MAX_LEN));
+            return Err(BadName(format!("a tenant name has 1 to {} characters", Self::MAX_LEN)));
         }
         if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-            return Err(format!("tenant {name:?} contains {c:?}; use letters, digits, '.', '_' and '-'"));
+            return Err(BadName(format!(
+                "tenant {name:?} contains {c:?}; use letters, digits, '.', '_' and '-'"
+            )));
         }
         Ok(Tenant(name.into()))
     }
@@ -34,6 +36,12 @@ impl Tenant {
         &self.0
     }
 }
+
+/// Why a tenant's name or a topic pattern is refused, in words a person
+/// can act on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadName(pub String);
 
 /// How a call names the shared space (messages and series from without
 /// tokens) in a `tenant` field, where empty means the caller's own: no
@@ -50,16 +58,16 @@ pub enum TopicPattern {
 }
 
 impl TopicPattern {
-    pub fn parse(pattern: &str) -> Result<TopicPattern, String> {
+    pub fn parse(pattern: &str) -> Result<TopicPattern, BadName> {
         let pattern = pattern.trim();
         if pattern == "*" {
             return Ok(TopicPattern::Any);
         }
         match pattern.strip_suffix('*') {
-            _ if pattern.is_empty() => Err("an empty topic pattern".into()),
+            _ if pattern.is_empty() => Err(BadName("an empty topic pattern".into())),
             Some(prefix) if !prefix.contains('*') => Ok(TopicPattern::Prefix(prefix.to_owned())),
             None if !pattern.contains('*') => Ok(TopicPattern::Exact(pattern.to_owned())),
-            _ => Err(format!("topic pattern {pattern:?}: `*` may only end a pattern")),
+            _ => Err(BadName(format!("topic pattern {pattern:?}: `*` may only end a pattern"))),
         }
     }
 
@@ -176,7 +184,7 @@ impl Scope {
                 ),
             ));
         }
-        let tenant = Tenant::parse(tenant).map_err(|reason| Invalid::new("tenant", reason))?;
+        let tenant = Tenant::parse(tenant).map_err(|reason| Invalid::new("tenant", reason.0))?;
         MessageId::parse_in(Some(&tenant), id)
     }
 

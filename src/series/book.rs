@@ -99,7 +99,7 @@ impl Book {
     pub async fn load_many(
         &self,
         ids: &[MessageId],
-    ) -> Result<Vec<Option<Result<SeriesRecord, String>>>, Error> {
+    ) -> Result<Vec<Option<Result<SeriesRecord, prost::DecodeError>>>, Error> {
         let mut by_shard: HashMap<usize, Vec<usize>> = HashMap::new();
         for (i, id) in ids.iter().enumerate() {
             by_shard.entry(self.node.shard_of(id)).or_default().push(i);
@@ -109,10 +109,11 @@ impl Book {
             let found = store.series_many(slots.iter().map(|i| ids[*i].clone()).collect()).await?;
             Ok::<_, Error>(slots.into_iter().zip(found).collect::<Vec<_>>())
         });
-        let mut out: Vec<Option<Result<SeriesRecord, String>>> = (0..ids.len()).map(|_| None).collect();
+        let mut out: Vec<Option<Result<SeriesRecord, prost::DecodeError>>> =
+            (0..ids.len()).map(|_| None).collect();
         for part in future::try_join_all(reads).await? {
             for (i, bytes) in part {
-                out[i] = bytes.map(|b| SeriesRecord::from_bytes(&b).map_err(|e| e.to_string()));
+                out[i] = bytes.map(|b| SeriesRecord::from_bytes(&b));
             }
         }
         Ok(out)
@@ -212,7 +213,7 @@ impl Book {
         tenant: Option<&Tenant>,
         after: Option<MessageId>,
         limit: usize,
-    ) -> Result<Vec<(MessageId, Result<SeriesRecord, String>)>, Error> {
+    ) -> Result<Vec<(MessageId, Result<SeriesRecord, prost::DecodeError>)>, Error> {
         self.page_of(space_prefix(tenant), tenant.is_none(), after, limit).await
     }
 
@@ -222,7 +223,7 @@ impl Book {
         &self,
         after: Option<MessageId>,
         limit: usize,
-    ) -> Result<Vec<(MessageId, Result<SeriesRecord, String>)>, Error> {
+    ) -> Result<Vec<(MessageId, Result<SeriesRecord, prost::DecodeError>)>, Error> {
         self.page_of(Vec::new(), false, after, limit).await
     }
 
@@ -232,14 +233,14 @@ impl Book {
         shared: bool,
         after: Option<MessageId>,
         limit: usize,
-    ) -> Result<Vec<(MessageId, Result<SeriesRecord, String>)>, Error> {
+    ) -> Result<Vec<(MessageId, Result<SeriesRecord, prost::DecodeError>)>, Error> {
         let stores = self.node.stores();
         let reads =
             stores.iter().map(|(_, store)| store.series_page(space.clone(), after.clone(), limit, shared));
         let mut all = Vec::new();
         for page in future::try_join_all(reads).await? {
             for (id, bytes) in page {
-                let record = SeriesRecord::from_bytes(&bytes).map_err(|e| e.to_string());
+                let record = SeriesRecord::from_bytes(&bytes);
                 all.push((id, record));
             }
         }

@@ -185,7 +185,7 @@ async fn drive_batch(
                 continue;
             }
             Some(Err(e)) => {
-                unreadable(&id, &e);
+                unreadable(&id, &e.to_string());
                 changes.push(Change { id, record: Record::Keep, old_wake: Some(found_at), wake: None });
                 continue;
             }

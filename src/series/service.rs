@@ -62,7 +62,7 @@ impl Series {
         if tenant == SHARED_SPACE {
             return Ok(series_id(None, id)?);
         }
-        let tenant = Tenant::parse(tenant).map_err(|reason| Invalid::new("tenant", reason))?;
+        let tenant = Tenant::parse(tenant).map_err(|reason| Invalid::new("tenant", reason.0))?;
         Ok(series_id(Some(&tenant), id)?)
     }
 
@@ -250,7 +250,8 @@ impl Series {
             // Cut by size: after the last one kept, in whoever's space.
             Some(last) => {
                 let tenant = series.last().map(|s| s.tenant.as_str()).filter(|t| !t.is_empty());
-                let tenant = tenant.map(Tenant::parse).transpose().map_err(|e| Invalid::new("tenant", e))?;
+                let tenant =
+                    tenant.map(Tenant::parse).transpose().map_err(|e| Invalid::new("tenant", e.0))?;
                 every_token_of(&series_id(tenant.as_ref(), &last)?)
             }
         };

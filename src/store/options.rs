@@ -26,16 +26,21 @@ pub enum Durability {
 }
 
 impl std::str::FromStr for Durability {
-    type Err = String;
+    type Err = NotADurability;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, NotADurability> {
         match s {
             "sync" => Ok(Durability::Sync),
             "buffered" => Ok(Durability::Buffered),
-            other => Err(format!("{other:?} is not a durability; use sync or buffered")),
+            other => Err(NotADurability(other.to_owned())),
         }
     }
 }
+
+/// A `--durability` that names no durability.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a durability; use sync or buffered")]
+pub struct NotADurability(pub String);
 
 impl std::fmt::Display for Durability {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

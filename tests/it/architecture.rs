@@ -453,6 +453,46 @@ fn the_stores_layout_and_writer_are_its_own() {
     }
 }
 
+/// Every seam's errors are types, not bare strings: a caller can tell one
+/// failure from another, and the words are said once, where it fails.
+#[test]
+fn no_error_is_a_bare_string() {
+    let mut files = library_files();
+    files.extend(
+        std::fs::read_dir(src().join("bin/hourglass"))
+            .unwrap()
+            .map(|e| e.unwrap().path().strip_prefix(src()).unwrap().to_owned()),
+    );
+    for file in files.into_iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
+        let text = without_tests(&std::fs::read_to_string(src().join(&file)).unwrap());
+        let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        for line in flat.split("Result<").skip(1) {
+            // The error type of this `Result<`: after its first top-level comma.
+            let (mut depth, mut error) = (0, None);
+            for (i, c) in line.char_indices() {
+                match c {
+                    '<' | '(' => depth += 1,
+                    '>' | ')' if depth == 0 => break,
+                    '>' | ')' => depth -= 1,
+                    ',' if depth == 0 => {
+                        error = Some(line[i + 1..].trim_start());
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(error) = error {
+                assert!(
+                    !error.starts_with("String>") && !error.starts_with("String >"),
+                    "{} returns a bare String as an error: Result<{}",
+                    file.display(),
+                    &line[..line.len().min(80)]
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn store_files_below_the_handle_do_not_reach_back_into_it() {
     // The handle (store/mod.rs) and the files that add its methods

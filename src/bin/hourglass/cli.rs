@@ -50,46 +50,53 @@ pub enum Command {
 }
 
 /// A length of time as people write it; the error shows how.
-pub fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e}; write a length of time like 30s, 15m or 2h 30m"))
+pub fn duration(s: &str) -> Result<Duration, BadValue> {
+    humantime::parse_duration(s)
+        .map_err(|e| BadValue(format!("{e}; write a length of time like 30s, 15m or 2h 30m")))
 }
 
+/// Why a value given on the command line does not read, and how to write
+/// it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadValue(String);
+
 /// A time as RFC 3339; the error shows the format with an example.
-pub fn time(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
+pub fn time(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, BadValue> {
     // chrono's own parser: RFC 3339, and the forms near it that tools
     // print (`date +%FT%T%z` writes +0100).
     s.parse::<chrono::DateTime<chrono::FixedOffset>>().map_err(|e| {
-        format!(
+        BadValue(format!(
             "{e}: write the date, the time and the offset, as RFC 3339 has it: 2030-01-01T09:00:00Z (UTC) \
              or 2030-01-01T10:00:00+01:00"
-        )
+        ))
     })
 }
 
 /// A record header given as KEY=VALUE.
-pub fn header(s: &str) -> Result<(String, String), String> {
+pub fn header(s: &str) -> Result<(String, String), BadValue> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| "a header is KEY=VALUE, e.g. --header source=billing".to_owned())
+        .ok_or_else(|| BadValue("a header is KEY=VALUE, e.g. --header source=billing".to_owned()))
 }
 
-pub fn label(s: &str) -> Result<(String, String), String> {
+pub fn label(s: &str) -> Result<(String, String), BadValue> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| "a label is KEY=VALUE, e.g. --label order=42".to_owned())
+        .ok_or_else(|| BadValue("a label is KEY=VALUE, e.g. --label order=42".to_owned()))
 }
 
 /// The server to call: a URL (`http://host:port`, `https://host:port`), or
 /// `host:port` as grpcurl takes it, which means plaintext `http://`.
-fn server(s: &str) -> Result<String, String> {
+fn server(s: &str) -> Result<String, BadValue> {
     let url = if s.contains("://") { s.to_owned() } else { format!("http://{s}") };
     let hint = "give host:port (127.0.0.1:50051) or a URL (http://127.0.0.1:50051, https://hourglass:50051)";
-    let uri: tonic::codegen::http::Uri = url.parse().map_err(|e| format!("{e}; {hint}"))?;
+    let uri: tonic::codegen::http::Uri = url.parse().map_err(|e| BadValue(format!("{e}; {hint}")))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
-        return Err(format!("the scheme must be http or https; {hint}"));
+        return Err(BadValue(format!("the scheme must be http or https; {hint}")));
     }
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("there is no host; {hint}"));
+        return Err(BadValue(format!("there is no host; {hint}")));
     }
     Ok(url)
 }

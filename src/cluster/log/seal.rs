@@ -39,6 +39,8 @@ pub enum KeyError {
          node of the cluster the same file"
     )]
     File { path: String, reason: String },
+    #[error("holds {bytes} bytes; a cluster key has at least {MIN_KEY_BYTES}")]
+    Short { bytes: usize },
 }
 
 impl ClusterKey {
@@ -47,13 +49,13 @@ impl ClusterKey {
     pub fn load(path: &Path) -> Result<ClusterKey, KeyError> {
         let fail = |reason: String| KeyError::File { path: path.display().to_string(), reason };
         let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot be read: {e}")))?;
-        ClusterKey::new(bytes.trim_ascii()).map_err(fail)
+        ClusterKey::new(bytes.trim_ascii()).map_err(|e| fail(e.to_string()))
     }
 
     /// A key from the secret itself.
-    pub fn new(secret: &[u8]) -> Result<ClusterKey, String> {
+    pub fn new(secret: &[u8]) -> Result<ClusterKey, KeyError> {
         if secret.len() < MIN_KEY_BYTES {
-            return Err(format!("holds {} bytes; a cluster key has at least {MIN_KEY_BYTES}", secret.len()));
+            return Err(KeyError::Short { bytes: secret.len() });
         }
         Ok(ClusterKey(hmac::Key::new(hmac::HMAC_SHA256, secret)))
     }
