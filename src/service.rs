@@ -23,13 +23,14 @@ use crate::{
     Error,
     auth::{Access, AdminScope},
     clock::Clock,
+    command::{Intent, NewId, NewMessage},
     kafka::TopicCatalog,
     message::{
         CancelOutcome, DueSpec, Envelope, Forecast, ForecastQuery, Invalid, Limits, ListQuery, Matching,
         MessageId, OnConflict, PendingPage, Scheduled, ScheduledMessage, Scope, Stats, UnixMillis,
     },
     node::{Node, Picture},
-    store::{FORECAST_EXAMINE, Intent, NewId, NewMessage, StoreError},
+    store::{FORECAST_EXAMINE, StoreError},
 };
 
 /// Due entries one `List` call looks at, at most, matching or not.

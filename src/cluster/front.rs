@@ -13,12 +13,10 @@ use super::{
 };
 use crate::{
     cluster::log::record::{self, Change, LogRecord},
+    command::{Answer, Intent, NewMessage},
     message::{MessageId, Scheduled},
     metrics,
-    store::{
-        Answer, Decided, Decision, Hold, Intent, Local, NewMessage, Proposed, SeriesBytes, SeriesWrite,
-        Store, StoreError,
-    },
+    store::{Decided, Decision, Hold, Local, Proposed, SeriesBytes, SeriesWrite, Store, StoreError},
 };
 
 /// How long a caller waits for its record, once in the log, to be applied.

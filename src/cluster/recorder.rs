@@ -23,9 +23,10 @@ use super::{
 };
 use crate::{
     cluster::log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
+    command::Settle,
     dispatcher::Recorder,
     message::UnixMillis,
-    store::{Floor, Local, Settle, StoreError},
+    store::{Floor, Local, StoreError},
 };
 
 /// Settle records appended and not yet acknowledged, at most.

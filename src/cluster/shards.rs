@@ -8,10 +8,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::Cluster;
 use crate::{
+    command::{Answer, Intent, NewMessage},
     message::Scheduled,
     node::{Picture, ShardSet},
     policy::PolicyWrite,
-    store::{Answer, Intent, NewMessage, SeriesWrite, Store, StoreError, StoreHealth},
+    store::{SeriesWrite, Store, StoreError, StoreHealth},
 };
 
 #[tonic::async_trait]

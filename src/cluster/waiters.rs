@@ -13,7 +13,7 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use crate::store::{Answer, Local};
+use crate::{command::Answer, store::Local};
 
 pub struct Waiters {
     /// This node incarnation: records it wrote carry it.

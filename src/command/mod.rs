@@ -3,10 +3,16 @@
 //! with the store, in domain terms. How the store lays any of it out in
 //! bytes is the store's own (`store::schema`, private to it).
 
+mod change;
 mod counts;
+mod dispatch;
 mod due;
+mod error;
 mod record;
 
+pub use change::{Answer, Intent, NewId, NewMessage};
 pub use counts::Counts;
+pub(crate) use dispatch::{DeadLettered, DueBatch, InDoubt, Outcome, Ready, Settle, Tries};
 pub use due::DispatchKey;
+pub use error::StoreError;
 pub use record::{HeaderRecord, LabelRecord, MessageRecord};

@@ -4,9 +4,9 @@
 use std::{sync::Arc, time::Duration};
 
 use crate::{
+    command::{Outcome, Tries},
     kafka::{Fault, ProduceError},
     message::{ReservedTopics, UnixMillis},
-    store::{Outcome, Tries},
 };
 
 #[derive(Clone, Debug)]

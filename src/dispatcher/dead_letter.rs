@@ -24,9 +24,9 @@ use super::{
 };
 use crate::{
     command::DispatchKey,
+    command::{DeadLettered, Outcome, Ready},
     kafka::{Fault, ProduceError},
     message::{DeadReason, ReservedTopics, UnixMillis},
-    store::{DeadLettered, Outcome, Ready},
 };
 
 /// A message on its way to its dead-letter topic `to`. It holds the floor

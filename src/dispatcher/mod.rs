@@ -89,10 +89,11 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     clock::Clock,
     command::DispatchKey,
+    command::{DueBatch, Outcome, Ready, Settle},
     kafka::{DeliveryReport, Producer},
     message::{MessageId, UnixMillis},
     metrics,
-    store::{DueBatch, Outcome, Ready, Settle, Store, StoreError},
+    store::{Store, StoreError},
 };
 
 mod config;

@@ -12,9 +12,9 @@ use super::{
     topics::Decision,
 };
 use crate::{
+    command::{DueBatch, Outcome, Ready},
     kafka::DeliveryReport,
     message::{Outgoing, UnixMillis},
-    store::{DueBatch, Outcome, Ready},
 };
 
 /// How far past what it is about to produce the dispatcher records its

@@ -5,8 +5,9 @@
 use super::{Dispatcher, GATE_RECHECK, HOLD_FOR, Next, Reading};
 use crate::{
     command::DispatchKey,
+    command::{DueBatch, Ready},
     message::UnixMillis,
-    store::{DueBatch, Ready, StoreError},
+    store::StoreError,
 };
 
 /// Messages read from the store in one go; the next chunk is read while

@@ -41,10 +41,11 @@ use super::pulse;
 use crate::{
     clock::{Clock as _, SystemClock},
     command::DispatchKey,
+    command::{DeadLettered, InDoubt, Outcome},
     kafka::{Delivery, Producer, landed},
     message::{MessageId, PendingMessage, UnixMillis},
     metrics,
-    store::{DeadLettered, InDoubt, Outcome, Store, StoreError},
+    store::{Store, StoreError},
 };
 
 /// How long after a stop a request the stopped process had already sent

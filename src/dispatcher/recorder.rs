@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use crate::{
+    command::Settle,
     message::UnixMillis,
-    store::{Floor, Settle, Store, StoreError},
+    store::{Floor, Store, StoreError},
 };
 
 /// Where a shard's dispatcher records its settles, its marks and its

@@ -20,8 +20,8 @@ use tokio::time::Instant;
 
 use crate::{
     command::DispatchKey,
+    command::{Settle, Tries},
     message::{DeadReason, Envelope, MessageId, UnixMillis},
-    store::{Settle, Tries},
 };
 
 /// A message handed to the producer, waiting for its report.
@@ -236,7 +236,7 @@ impl Sent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Outcome;
+    use crate::command::Outcome;
 
     fn sent(n: u64) -> InFlight {
         InFlight {

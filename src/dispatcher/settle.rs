@@ -11,10 +11,10 @@ use super::{
 };
 use crate::{
     command::DispatchKey,
+    command::{Outcome, Ready, Settle},
     kafka::{DeliveryReport, Fault},
     message::UnixMillis,
     metrics,
-    store::{Outcome, Ready, Settle},
 };
 
 impl Dispatcher {

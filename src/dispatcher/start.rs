@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use super::{Dispatcher, GATE_RECHECK, dead_letter, reconcile};
 use crate::{
     command::DispatchKey,
+    command::Outcome,
     message::{MessageId, PendingMessage},
-    store::Outcome,
 };
 
 /// How long the log must have named this node the shard's owner again,

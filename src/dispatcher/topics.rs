@@ -7,10 +7,11 @@ use std::{sync::Arc, time::Duration};
 use super::{Dispatcher, Refusal, TopicState, config::DispatcherConfig, policy::Why, sent::InFlight};
 use crate::{
     command::DispatchKey,
+    command::Outcome,
     kafka::ProduceError,
     message::{MessageId, UnixMillis},
     policy::PolicyKey,
-    store::{HeldTopics, Outcome},
+    store::HeldTopics,
 };
 
 /// Entries put off (for held topics) that are remembered one by one, at

@@ -13,11 +13,12 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use super::{NodeConfig, NodeError, ShardSet};
 use crate::{
     clock::Clock,
+    command::{Answer, Intent, NewMessage},
     kafka::Producer,
     message::Scheduled,
     policy::PolicyWrite,
     shard::{Seams, Shard},
-    store::{Answer, Intent, NewMessage, SeriesWrite, ShardOf, Store, StoreError, StoreHealth},
+    store::{SeriesWrite, ShardOf, Store, StoreError, StoreHealth},
 };
 
 /// Every shard, opened by this process: the node's [`ShardSet`] when it

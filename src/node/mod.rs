@@ -43,6 +43,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    command::{Answer, Intent, NewMessage},
     command::{Counts, DispatchKey},
     message::{
         Forecast, ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled, ScheduledMessage,
@@ -50,10 +51,7 @@ use crate::{
     },
     policy::PolicyWrite,
     shard::ShardConfig,
-    store::{
-        Answer, Intent, LIST_KEY_BYTES, ListFilter, NewMessage, SeriesWrite, Store, StoreError, StoreHealth,
-        StorePage,
-    },
+    store::{LIST_KEY_BYTES, ListFilter, SeriesWrite, Store, StoreError, StoreHealth, StorePage},
 };
 
 /// What a node is built from.

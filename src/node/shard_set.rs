@@ -10,9 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Picture, Role, ShardCopy};
 use crate::{
+    command::{Answer, Intent, NewMessage},
     message::Scheduled,
     policy::PolicyWrite,
-    store::{Answer, Intent, NewMessage, SeriesWrite, Store, StoreError, StoreHealth},
+    store::{SeriesWrite, Store, StoreError, StoreHealth},
 };
 
 /// The shards one process serves, numbered from 0 to

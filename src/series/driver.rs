@@ -32,9 +32,10 @@ use super::{
 };
 use crate::{
     Error,
+    command::{Intent, NewId, NewMessage},
     message::{CancelOutcome, DueSpec, Envelope, Header, MessageId, OnConflict, Scope, Tenant, UnixMillis},
     metrics,
-    store::{Intent, NewId, NewMessage, Store, StoreError},
+    store::{Store, StoreError},
 };
 
 /// Header carrying the series id on each occurrence's record.

@@ -22,10 +22,10 @@ use super::{
 use crate::{
     Error, audit,
     auth::Access,
+    command::Intent,
     message::{Invalid, MessageId, SHARED_SPACE, Selector, Tenant, UnixMillis, validate_topic_name},
     proto,
     scheduler::{Call, DEFAULT_SERIES_PAGE, SeriesCalls, fit_series_page},
-    store::Intent,
 };
 
 /// A series whose spec no longer reads (a damaged record, or a newer

@@ -55,12 +55,10 @@ pub use health::StoreHealth;
 pub use held::HeldTopics;
 pub use options::{Durability, ShardOf, StoreConfig, open_db};
 pub use read::{FORECAST_EXAMINE, LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
-pub(crate) use scan::{DueBatch, Ready, Tries};
 pub use series::{SeriesBytes, SeriesWrite};
 use writer::Op;
-pub use writer::{Answer, Decided, Decision, Hold, Intent, NewId, NewMessage, Proposed};
-pub(crate) use writer::{DeadLettered, Outcome, Settle};
-pub(crate) use writer::{InDoubt, Local, LogEntry, Replica, SettledLine};
+pub use writer::{Decided, Decision, Hold, Proposed};
+pub(crate) use writer::{Local, LogEntry, Replica, SettledLine};
 
 use crate::metrics::ShardMetrics;
 
@@ -126,7 +124,7 @@ struct Opened {
     recorded_shard: ShardOf,
     /// What may have been produced and not recorded before the store was
     /// opened: none if it was closed cleanly.
-    in_doubt: Option<writer::InDoubt>,
+    in_doubt: Option<crate::command::InDoubt>,
     /// When it was opened.
     at: std::time::Instant,
     /// The dispatch horizon recorded at the open.

@@ -21,36 +21,10 @@ use super::{
     view,
 };
 use crate::{
-    message::{Envelope, MessageId, UnixMillis},
+    command::{DueBatch, Ready, Tries},
+    message::{MessageId, UnixMillis},
     policy::PolicyKey,
 };
-
-/// A message the dispatcher claimed and may produce now.
-#[derive(Debug)]
-pub(crate) struct Ready {
-    pub id: MessageId,
-    pub key: DispatchKey,
-    /// When it was due (its dispatch time, in `key`, is later after a
-    /// failed try).
-    pub due: UnixMillis,
-    /// What to produce.
-    pub envelope: Envelope,
-    /// Its tries so far.
-    pub tries: Tries,
-}
-
-/// What the retry policy needs of a message's past: its tries so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Tries {
-    pub attempts: u32,
-    /// Tries the broker refused for this message itself (not outages).
-    pub rejections: u32,
-    /// When the broker first refused it; none if it never did.
-    pub first_refused_at: Option<UnixMillis>,
-    /// The message has a settlement entry: its outcome is recorded there,
-    /// never in a chunk's delivery log.
-    pub recorded: bool,
-}
 
 impl Tries {
     pub(crate) fn of(settlement: Option<&Settlement>) -> Tries {
@@ -65,29 +39,6 @@ impl Tries {
             recorded: true,
         })
     }
-}
-
-/// What one look at the due index found.
-#[derive(Debug, Default)]
-pub(crate) struct DueBatch {
-    pub ready: Vec<Ready>,
-    /// Where the next look starts.
-    pub next_from: DispatchKey,
-    /// More is due now than `limit` allowed.
-    pub more: bool,
-    /// When nothing more is due now: when the next message is.
-    pub next_dispatch_at: Option<UnixMillis>,
-    /// Claimed, then found stale (settled or moved meanwhile): give back.
-    pub stale: Vec<MessageId>,
-    /// Held by the writer: look again once its commit is in.
-    pub contended: Vec<(DispatchKey, MessageId)>,
-    /// Claimed and not readable: give back, and look again later.
-    pub unreadable: Vec<(DispatchKey, MessageId, StoreError)>,
-    /// Entries of held lanes the walk stepped over, unclaimed: the lowest
-    /// of each lane.
-    pub held_back: Vec<(PolicyKey, DispatchKey)>,
-    /// How many entries of held lanes the walk stepped over.
-    pub stepped_over: usize,
 }
 
 /// What a walk of the due index takes: everything but the entries of the

@@ -4,6 +4,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use super::{read::STATS_EXAMINE, schema::DispatchKey, *};
+use crate::command::{DueBatch, InDoubt, Intent, NewId, NewMessage, Outcome, Ready, Settle, Tries};
 use crate::message::{
     CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scheduled, Scope, State, UnixMillis,
 };

@@ -11,13 +11,11 @@ use crate::{
         self, Cancelled, Change, Entry, LogHeader, LogLabel, LogMessage, SettledLine as LogLine,
         SettledOutcome,
     },
+    command::{DeadLettered, Outcome, Settle},
     command::{HeaderRecord, LabelRecord, MessageRecord},
     message::{DeadReason, DueSpec, Labels, MessageId, UnixMillis},
     policy::{PolicyKey, PolicyWrite, TopicPolicy},
-    store::{
-        DeadLettered, Local, LogEntry, Outcome, Proposed, Replica, SeriesBytes, SeriesWrite, Settle,
-        SettledLine,
-    },
+    store::{Local, LogEntry, Proposed, Replica, SeriesBytes, SeriesWrite, SettledLine},
 };
 
 /// The entry the store applies for the record at `offset`.

@@ -7,11 +7,9 @@ use super::{entry, proposed};
 use crate::{
     cluster::log::record::{self, Change, Entry, LogMessage, Settled, SettledLine, SettledOutcome},
     command::DispatchKey,
+    command::{Answer, Intent, NewId, NewMessage, Outcome, Settle},
     message::{CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scope, State, UnixMillis},
-    store::{
-        Answer, Decision, Durability, Intent, Local, LogEntry, NewId, NewMessage, Outcome, Proposed, Settle,
-        Store, StoreConfig, StoreError,
-    },
+    store::{Decision, Durability, Local, LogEntry, Proposed, Store, StoreConfig, StoreError},
 };
 
 mod claims;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use super::*;
 use crate::{
+    command::DeadLettered,
     message::{DeadLetter, DeadReason},
-    store::{DeadLettered, Intent},
 };
 
 fn dead_lettered(reason: DeadReason, offset: i64) -> Outcome {

@@ -3,7 +3,6 @@
 //! same through a reopen.
 
 use super::*;
-use crate::store::Intent;
 
 #[tokio::test]
 async fn an_expired_message_is_counted_kept_and_can_be_driven_again() {

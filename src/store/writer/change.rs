@@ -4,11 +4,11 @@
 //! while the dispatcher produces the message.
 
 use super::{
-    ops::{NewId, NewMessage},
     round::{Round, Stored},
     state::Writer,
 };
 use crate::{
+    command::{NewId, NewMessage},
     message::{
         CancelOutcome, Matching, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope,
         UnixMillis,

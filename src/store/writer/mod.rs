@@ -33,7 +33,6 @@ use std::{collections::HashMap, sync::Arc};
 
 mod apply;
 mod change;
-mod intent;
 mod lookup;
 mod ops;
 mod park;
@@ -45,13 +44,11 @@ mod settle;
 mod state;
 
 pub use apply::{Decided, Decision, Hold};
-pub use intent::{Answer, Intent};
 use ops::Batched;
-pub(crate) use ops::{DeadLettered, Op, Outcome, Reply, Settle};
-pub use ops::{NewId, NewMessage};
+pub(crate) use ops::{Op, Reply};
 pub use replica::Proposed;
 pub(crate) use replica::{Local, LogEntry, Replica, SettledLine};
-pub(crate) use state::{InDoubt, Shared, Writer, WriterConfig};
+pub(crate) use state::{Shared, Writer, WriterConfig};
 
 use super::{
     Store, StoreError,
@@ -59,7 +56,10 @@ use super::{
     read,
     schema::{self, DispatchKey},
 };
-use crate::message::{MessageId, PendingMessage, Scheduled, UnixMillis};
+use crate::{
+    command::{Answer, InDoubt, Intent, NewMessage, Settle},
+    message::{MessageId, PendingMessage, Scheduled, UnixMillis},
+};
 
 /// The store's changes, as its callers ask for them: each becomes an
 /// [`Op`] for the writer thread and is answered once its commit is in.

@@ -5,113 +5,14 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::{Answer, Decided, Decision, InDoubt, Intent, LogEntry};
+use super::{Decided, Decision, LogEntry};
 use crate::{
-    message::{
-        CancelOutcome, DeadReason, DueSpec, Envelope, Matching, MessageId, OnConflict, Scheduled, Scope,
-        UnixMillis,
-    },
-    store::{StoreError, claims::Floor, read, scan::Tries, schema::DispatchKey},
+    command::{Answer, InDoubt, Intent, NewMessage, Settle},
+    message::{CancelOutcome, Matching, MessageId, Scheduled, Scope, UnixMillis},
+    store::{StoreError, claims::Floor, read, schema::DispatchKey},
 };
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
-
-/// A message to park.
-#[derive(Debug)]
-pub struct NewMessage {
-    /// Its id, in the caller's space.
-    pub id: NewId,
-    /// Who asks: a retry is recognised in what the caller sees.
-    pub scope: Scope,
-    pub envelope: Envelope,
-    pub requested: DueSpec,
-    pub due: UnixMillis,
-    pub now: UnixMillis,
-    /// What to do when the id is taken by a different message.
-    pub on_conflict: OnConflict,
-}
-
-/// The id of a message to park, and who chose it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NewId {
-    /// The client's: a retry of the same request finds the message it
-    /// parked.
-    Client(MessageId),
-    /// Made for this request: new by construction, nothing to look up.
-    Generated(MessageId),
-}
-
-impl NewId {
-    pub fn id(&self) -> &MessageId {
-        match self {
-            NewId::Client(id) | NewId::Generated(id) => id,
-        }
-    }
-}
-
-/// What became of one produce, reported by the dispatcher, which holds the
-/// message's claim until this is committed.
-#[derive(Debug)]
-pub(crate) struct Settle {
-    pub id: MessageId,
-    /// The due key the dispatcher took the message from.
-    pub key: DispatchKey,
-    /// The message's due time, for its lateness.
-    pub due: UnixMillis,
-    pub topic: Arc<str>,
-    /// Its tries as the dispatcher read them, which its claim has kept
-    /// unchanged since.
-    pub tries: Tries,
-    /// When the outcome was known.
-    pub at: UnixMillis,
-    pub outcome: Outcome,
-    /// A delivery handed over after every record sent before it was
-    /// answered and handed over: each earlier record on its partition is
-    /// recorded with it or before it, so it may raise the partition's mark
-    /// (see [`schema::mark_key`](crate::store::schema::mark_key)).
-    pub in_order: bool,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) enum Outcome {
-    Delivered {
-        partition: i32,
-        offset: i64,
-    },
-    /// Try again at `retry_at`. `refused`: the broker refused the message
-    /// itself (too large, say), which counts toward giving up; a refused
-    /// topic or an unreachable broker does not.
-    Retry {
-        retry_at: UnixMillis,
-        error: String,
-        refused: bool,
-    },
-    /// Given up. `tried`: this message was produced and refused this time
-    /// (else it was failed with its topic, without a try of its own).
-    Failed {
-        error: String,
-        tried: bool,
-    },
-    /// Its deadline passed before it was produced: not tried.
-    Expired {
-        deadline: UnixMillis,
-    },
-    /// It failed or expired, and was produced to its dead-letter topic.
-    DeadLettered(Box<DeadLettered>),
-}
-
-/// Where a message that failed or expired went instead of its topic.
-#[derive(Clone, Debug)]
-pub(crate) struct DeadLettered {
-    /// The dead-letter topic, and where the record landed on it.
-    pub topic: Arc<str>,
-    pub partition: i32,
-    pub offset: i64,
-    pub reason: DeadReason,
-    /// It failed on a produce of its own (not with its topic, and not by
-    /// expiring): a try that counts.
-    pub tried: bool,
-}
 
 /// One message of a batch: answered, or handed back to be scheduled alone.
 #[derive(Debug)]

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use super::ops::{Outcome, Settle};
 use crate::{
+    command::{Outcome, Settle},
     message::{MessageId, UnixMillis},
     store::{SeriesWrite, claims::Floor, schema::MessageRecord},
 };

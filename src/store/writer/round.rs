@@ -10,8 +10,9 @@ use std::{
 
 use rocksdb::{DB, WriteBatch};
 
-use super::ops::{Reply, Settle};
+use super::ops::Reply;
 use crate::{
+    command::Settle,
     message::{Matching, MessageId, UnixMillis},
     metrics,
     store::{

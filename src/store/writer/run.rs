@@ -11,16 +11,16 @@ use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
 use tokio::sync::mpsc;
 
 use super::{
-    Answer,
     apply::{self, Decided},
     change::{Flow, Placing},
     ops::{Batched, Op, Reply, refuse},
     park::Parking,
     replica::LogEntry,
     round::Round,
-    state::{InDoubt, ReplicaHolds, Shared, Writer, WriterConfig},
+    state::{ReplicaHolds, Shared, Writer, WriterConfig},
 };
 use crate::{
+    command::{Answer, InDoubt},
     message::{MessageId, UnixMillis},
     metrics,
     store::{

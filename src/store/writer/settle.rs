@@ -4,12 +4,9 @@
 
 use std::sync::Arc;
 
-use super::{
-    ops::{DeadLettered, Outcome, Settle},
-    round::Round,
-    state::Writer,
-};
+use super::{round::Round, state::Writer};
 use crate::{
+    command::{DeadLettered, Outcome, Settle},
     message::{DeadReason, MessageId, UnixMillis},
     store::{
         claims::Floor,

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 use super::{ops::Op, park::Parking};
 use crate::{
+    command::InDoubt,
     message::MessageId,
     metrics::ShardMetrics,
     store::{
@@ -54,21 +55,6 @@ pub(crate) struct WriterConfig {
     pub max_round: usize,
     /// Recorded in a store that has no shard recorded yet.
     pub shard: ShardOf,
-}
-
-/// Messages that may have been produced before the store was last closed
-/// without a clean close (a crash): those pending from before this open
-/// and due by then. Until the dispatcher has produced (or retried) each of
-/// them, a cancel or reschedule cannot know whether a copy is on its topic.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct InDoubt {
-    /// Dispatch keys below this were due when the store opened.
-    pub below: DispatchKey,
-    /// Accepted before the open.
-    pub before_seq: u64,
-    /// Dispatch keys below this cannot have been produced (nor below the
-    /// floor).
-    pub from: DispatchKey,
 }
 
 pub(crate) struct Writer {

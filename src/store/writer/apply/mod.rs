@@ -19,15 +19,14 @@
 use std::sync::{Arc, Mutex};
 
 use super::{
-    Answer, Intent,
     change::Flow,
-    ops::{NewId, NewMessage, Outcome, Settle},
     replica::{Local, LogEntry, Proposed, Replica, SettledLine},
     round::{Round, Stored},
     settle::produced_settlement,
     state::Writer,
 };
 use crate::{
+    command::{Answer, Intent, NewId, NewMessage, Outcome, Settle, Tries},
     message::{
         CancelOutcome, Matching, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope,
         UnixMillis,
@@ -35,7 +34,6 @@ use crate::{
     store::{
         StoreError,
         options::cf,
-        scan::Tries,
         schema::{self, MessageRecord, Settlement, SettlementKind},
         view,
     },

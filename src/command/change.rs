@@ -1,10 +1,11 @@
 //! A change a caller asks of a shard ([`Intent`]) and what it is answered
 //! ([`Answer`]): the one vocabulary every way to a shard speaks, the store
-//! of a standalone node and the log's front in a cluster alike.
+//! of a standalone node and the log's front in a cluster alike; and the
+//! message a schedule parks ([`NewMessage`]).
 
-use crate::{
-    message::{CancelOutcome, Matching, MessageId, Scheduled, Scope, UnixMillis},
-    store::{NewMessage, StoreError},
+use super::StoreError;
+use crate::message::{
+    CancelOutcome, DueSpec, Envelope, Matching, MessageId, OnConflict, Scheduled, Scope, UnixMillis,
 };
 
 /// A change a caller asks of the shard's owner.
@@ -107,5 +108,38 @@ impl Answer {
 
     fn unexpected(&self) -> StoreError {
         StoreError::Io(format!("the store answered a change with {self:?}"))
+    }
+}
+
+/// A message to park.
+#[derive(Debug)]
+pub struct NewMessage {
+    /// Its id, in the caller's space.
+    pub id: NewId,
+    /// Who asks: a retry is recognised in what the caller sees.
+    pub scope: Scope,
+    pub envelope: Envelope,
+    pub requested: DueSpec,
+    pub due: UnixMillis,
+    pub now: UnixMillis,
+    /// What to do when the id is taken by a different message.
+    pub on_conflict: OnConflict,
+}
+
+/// The id of a message to park, and who chose it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewId {
+    /// The client's: a retry of the same request finds the message it
+    /// parked.
+    Client(MessageId),
+    /// Made for this request: new by construction, nothing to look up.
+    Generated(MessageId),
+}
+
+impl NewId {
+    pub fn id(&self) -> &MessageId {
+        match self {
+            NewId::Client(id) | NewId::Generated(id) => id,
+        }
     }
 }
