@@ -87,7 +87,7 @@ impl Dispatcher {
         };
         match self.dead_letter_topic(&ready, &topic) {
             Some(to) => {
-                self.letters.push(Letter { ready, topic, to, reason, tried });
+                self.settling.letters.push(Letter { ready, topic, to, reason, tried });
                 true
             }
             None => {
@@ -115,7 +115,13 @@ impl Dispatcher {
                     return Some(Outcome::Failed { error, tried });
                 };
                 let reason = DeadReason::Failed { error };
-                self.letters.push(Letter { ready, topic: Arc::clone(&sent.topic), to, reason, tried });
+                self.settling.letters.push(Letter {
+                    ready,
+                    topic: Arc::clone(&sent.topic),
+                    to,
+                    reason,
+                    tried,
+                });
                 None
             }
             (outcome, _) => Some(outcome),
@@ -129,7 +135,7 @@ impl Dispatcher {
     /// shut (cluster mode: another node may own the shard) they go back to
     /// the store, to be looked at again once it opens.
     pub(super) async fn send_dead_letters(&mut self) {
-        if self.letters.is_empty() {
+        if self.settling.letters.is_empty() {
             return;
         }
         if !self.gate.open() {
@@ -139,6 +145,7 @@ impl Dispatcher {
             return;
         }
         let unmarked: Vec<Arc<str>> = self
+            .settling
             .letters
             .iter()
             .filter(|l| !self.doubt.marked.contains(&l.to))
@@ -151,7 +158,7 @@ impl Dispatcher {
         }
         let now = self.clock.now();
         self.doubt.pulse.beat(now);
-        let (held, going): (Vec<Letter>, Vec<Letter>) = std::mem::take(&mut self.letters)
+        let (held, going): (Vec<Letter>, Vec<Letter>) = std::mem::take(&mut self.settling.letters)
             .into_iter()
             .partition(|l| self.topics.states.get(&l.to).is_some_and(|t| t.held(now)));
         // Put off with their dead-letter topic, as a held topic's messages
@@ -216,7 +223,7 @@ impl Dispatcher {
     /// shutdown, when fenced, while the gate is shut), to be looked at
     /// again: from the lowest of them on.
     pub(super) fn return_letters(&mut self) {
-        let letters = std::mem::take(&mut self.letters);
+        let letters = std::mem::take(&mut self.settling.letters);
         self.rescan(letters.iter().map(Letter::key).min());
         self.settling.releasing.extend(letters.into_iter().map(|l| l.ready.id));
     }

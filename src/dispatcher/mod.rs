@@ -192,8 +192,6 @@ pub struct Dispatcher {
     fenced: bool,
     /// The dispatch policies, and the lanes they hold back.
     policies: policy::Policies,
-    /// Messages given up on, on their way to their dead-letter topics.
-    letters: Vec<dead_letter::Letter>,
 }
 
 /// Where the producer sends its delivery reports, and where they are read.
@@ -247,6 +245,8 @@ struct Settling {
     published: tokio::time::Instant,
     /// When a floor last went to the store without settles.
     floor_sent: tokio::time::Instant,
+    /// Messages given up on, on their way to their dead-letter topics.
+    letters: Vec<dead_letter::Letter>,
 }
 
 /// What bounds the doubt an unclean stop leaves (the marks, the horizon),
@@ -327,11 +327,11 @@ impl Dispatcher {
                 releasing: Vec::new(),
                 published: tokio::time::Instant::now() - PUBLISH_EVERY,
                 floor_sent: tokio::time::Instant::now(),
+                letters: Vec::new(),
             },
             doubt: Doubt { landed: HashMap::new(), marked: HashSet::new(), horizon, in_flight_at, pulse },
             fenced: false,
             policies,
-            letters: Vec::new(),
         }
     }
 

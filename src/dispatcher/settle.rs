@@ -68,7 +68,7 @@ impl Dispatcher {
             .chain(self.scan.rescan_from)
             .chain(self.policies.lowest_producible())
             .chain(self.ahead.ready.iter().map(|r| r.key))
-            .chain(self.letters.iter().map(|l| l.key()))
+            .chain(self.settling.letters.iter().map(|l| l.key()))
             .fold(self.scan.from, DispatchKey::min);
         (self.policies.lowest().map_or(producible, |lane| lane.min(producible)), producible)
     }

@@ -495,6 +495,56 @@ fn no_error_is_a_bare_string() {
     }
 }
 
+/// No struct holds more than 15 fields: past that it is several things,
+/// each of which wants a name. The one exception is a stored record whose
+/// fields are its format.
+#[test]
+fn no_struct_has_more_than_15_fields() {
+    const STORED: &[&str] = &["Meta"];
+    let mut files = library_files();
+    files.extend(
+        std::fs::read_dir(src().join("bin/hourglass"))
+            .unwrap()
+            .chain(std::fs::read_dir(src().join("bin/hourglass/client")).unwrap())
+            .map(|e| e.unwrap().path().strip_prefix(src()).unwrap().to_owned())
+            .filter(|p| p.extension().is_some_and(|e| e == "rs")),
+    );
+    let mut wide = Vec::new();
+    for file in files {
+        let text = without_tests(&std::fs::read_to_string(src().join(&file)).unwrap());
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("struct ") {
+            rest = &rest[at + "struct ".len()..];
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            let (Some(open), semi) = (rest.find('{'), rest.find(';')) else { continue };
+            if semi.is_some_and(|s| s < open) || rest[..open].contains('(') {
+                continue;
+            }
+            let (mut depth, mut fields, mut line_start) = (0usize, 0, true);
+            for (i, c) in rest[open + 1..].char_indices() {
+                match c {
+                    '{' | '(' | '<' | '[' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' | ')' | '>' | ']' => depth = depth.saturating_sub(1),
+                    '\n' => line_start = true,
+                    ':' if depth == 0 && line_start => {
+                        let line = rest[open + 1..open + 1 + i].rsplit('\n').next().unwrap_or_default();
+                        if !line.trim_start().starts_with('#') && !line.contains("::") {
+                            fields += 1;
+                        }
+                        line_start = false;
+                    }
+                    _ => {}
+                }
+            }
+            if fields > 15 && !STORED.contains(&name.as_str()) {
+                wide.push(format!("{}: {name} ({fields} fields)", file.display()));
+            }
+        }
+    }
+    assert!(wide.is_empty(), "structs over 15 fields: {wide:?}");
+}
+
 #[test]
 fn store_files_below_the_handle_do_not_reach_back_into_it() {
     // The handle (store/mod.rs) and the files that add its methods

@@ -53,10 +53,8 @@ pub(super) struct Round<'a> {
     pub(super) overlay: HashMap<MessageId, Option<Stored>>,
     /// Claims this round ends at its commit.
     pub(super) claims: RoundClaims,
-    /// Settles to try again if the commit fails: their produce happened.
-    pub(super) settles: Vec<Settle>,
-    /// The dispatcher's floor this round records, to send again with them.
-    pub(super) floor: Option<Floor>,
+    /// What this round records of the dispatcher's produces.
+    pub(super) produced: Produced,
     /// Due entries this round adds.
     pub(super) added: Vec<(DispatchKey, MessageId)>,
     /// First-try deliveries this round logs as one chunk.
@@ -73,6 +71,15 @@ pub(super) struct Round<'a> {
     /// Delivery logs this round read, decoded: none changes before the
     /// round commits.
     pub(super) delivery_logs: RefCell<read::DeliveryLogs>,
+}
+
+/// What a round records of the dispatcher's produces: tried again if the
+/// commit fails, since the produces happened.
+#[derive(Default)]
+pub(super) struct Produced {
+    pub(super) settles: Vec<Settle>,
+    /// The dispatcher's floor this round records, sent again with them.
+    pub(super) floor: Option<Floor>,
 }
 
 /// The claims a round ends at its commit: those it reserved for its own
@@ -132,8 +139,7 @@ impl<'a> Round<'a> {
                 unheld: Vec::new(),
                 highest_removed: None,
             },
-            settles: Vec::new(),
-            floor: None,
+            produced: Produced::default(),
             added: Vec::new(),
             chunk: Vec::new(),
             replies: Vec::new(),

@@ -438,9 +438,9 @@ impl Writer {
                 }
                 // A walk that started at or below an entry this round
                 // settled or removed may have read it as pending.
-                let highest = r.settles.iter().map(|s| s.key).max().max(r.claims.highest_removed);
+                let highest = r.produced.settles.iter().map(|s| s.key).max().max(r.claims.highest_removed);
                 if !r.replica.from_log {
-                    self.shared.wake.recorded(r.settles.len());
+                    self.shared.wake.recorded(r.produced.settles.len());
                 }
                 claims.release_settled(&r.claims.released, &r.claims.unheld, highest);
                 self.shared.wake.record_floor(r.meta.floor());
@@ -486,7 +486,7 @@ impl Writer {
                 for id in std::mem::take(&mut r.replica.holding) {
                     self.unhold(&id);
                 }
-                let retried: HashSet<MessageId> = r.settles.iter().map(|s| s.id.clone()).collect();
+                let retried: HashSet<MessageId> = r.produced.settles.iter().map(|s| s.id.clone()).collect();
                 for id in
                     std::mem::take(&mut r.claims.released).into_iter().filter(|id| !retried.contains(id))
                 {
@@ -499,9 +499,11 @@ impl Writer {
                     let parked = self.parking.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
-                if !r.replica.from_log && (!r.settles.is_empty() || r.floor.is_some()) {
-                    self.again
-                        .push_back(Op::Settle { settles: std::mem::take(&mut r.settles), floor: r.floor });
+                if !r.replica.from_log && (!r.produced.settles.is_empty() || r.produced.floor.is_some()) {
+                    self.again.push_back(Op::Settle {
+                        settles: std::mem::take(&mut r.produced.settles),
+                        floor: r.produced.floor,
+                    });
                 }
                 self.shared.wake.poke();
             }

@@ -186,7 +186,7 @@ impl Writer {
                 });
             }
         }
-        r.settles.push(settle);
+        r.produced.settles.push(settle);
     }
 
     /// A message that ends without a delivery (failed, expired): out of
@@ -252,7 +252,7 @@ impl Writer {
             r.probe |= produced_from > r.meta.floor();
             r.meta.produced_from = produced_from.encode().to_vec();
         }
-        r.floor = Some(floor);
+        r.produced.floor = Some(floor);
     }
 
     /// A settled message leaves the due index other than by a first-try

@@ -100,6 +100,18 @@ pub struct Message {
     pub key: Option<String>,
     pub value: String,
     pub headers: Vec<Header>,
+    /// Written in place, field by field.
+    #[serde(flatten)]
+    pub ending: Ending,
+    /// Its own dead-letter topic, if it named one.
+    pub dead_letter_topic: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// How a message ended, or when it will if it is not produced in time:
+/// the fields that do not apply are null.
+#[derive(Debug, Default, Serialize)]
+pub struct Ending {
     pub delivery: Option<Delivery>,
     pub cancelled_at: Option<String>,
     pub failed_at: Option<String>,
@@ -109,9 +121,6 @@ pub struct Message {
     pub deadline: Option<String>,
     /// Where a dead-lettered message went.
     pub dead_letter: Option<DeadLetter>,
-    /// Its own dead-letter topic, if it named one.
-    pub dead_letter_topic: Option<String>,
-    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -132,33 +141,32 @@ impl From<proto::GetResponse> for Message {
         let pending = m.state() == proto::State::Pending;
         let state = m.state().as_str_name().trim_start_matches("STATE_").to_lowercase();
         let msg = m.message.unwrap_or_default();
-        let (mut delivery, mut cancelled_at, mut failed_at, mut expired_at) = (None, None, None, None);
-        let mut dead_letter = None;
         // The deadline of a pending message, from its due time.
-        let mut deadline = m.max_lateness.filter(|_| pending).and_then(|late| {
+        let deadline = m.max_lateness.filter(|_| pending).and_then(|late| {
             let due = m.deliver_at?;
             time(Some(prost_types::Timestamp {
                 seconds: due.seconds.saturating_add(late.seconds),
                 nanos: due.nanos + late.nanos,
             }))
         });
+        let mut ending = Ending { deadline, ..Ending::default() };
         match m.settlement {
             Some(Settlement::Delivered(d)) => {
-                delivery = Some(Delivery {
+                ending.delivery = Some(Delivery {
                     partition: d.partition,
                     offset: d.offset,
                     delivered_at: time(d.delivered_at),
                 })
             }
-            Some(Settlement::Cancelled(c)) => cancelled_at = time(c.cancelled_at),
-            Some(Settlement::Failed(f)) => failed_at = time(f.failed_at),
+            Some(Settlement::Cancelled(c)) => ending.cancelled_at = time(c.cancelled_at),
+            Some(Settlement::Failed(f)) => ending.failed_at = time(f.failed_at),
             Some(Settlement::Expired(e)) => {
-                expired_at = time(e.expired_at);
-                deadline = time(e.deadline);
+                ending.expired_at = time(e.expired_at);
+                ending.deadline = time(e.deadline);
             }
             Some(Settlement::DeadLettered(d)) => {
-                deadline = time(d.deadline);
-                dead_letter = Some(DeadLetter {
+                ending.deadline = time(d.deadline);
+                ending.dead_letter = Some(DeadLetter {
                     topic: d.topic,
                     partition: d.partition,
                     offset: d.offset,
@@ -185,12 +193,7 @@ impl From<proto::GetResponse> for Message {
                 .iter()
                 .map(|h| Header { key: h.key.clone(), value: base64(&h.value) })
                 .collect(),
-            delivery,
-            cancelled_at,
-            failed_at,
-            expired_at,
-            deadline,
-            dead_letter,
+            ending,
             dead_letter_topic: text(m.dead_letter_topic),
             labels: m.labels.into_iter().collect(),
         }
