@@ -23,8 +23,8 @@ use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataMap};
 
 use super::log::seal::ClusterKey;
 use crate::{
-    auth::{Vouch, Vouches},
-    scheduler::FORWARDED,
+    auth::{Access, Vouch, Vouches},
+    scheduler::{Call, FORWARDED},
 };
 
 const GRANT: &str = "hourglass-grant-bin";
@@ -49,6 +49,21 @@ impl Voucher {
 
     /// Marks `metadata` as that of a call this node passes on for the
     /// caller whose grant is `grant` (none: every call is let in here).
+    /// `message` as `call` passes it on to another node: vouched for, with
+    /// the caller's grant, and given what is left of the caller's deadline
+    /// (at most `timeout`).
+    pub fn request<T>(&self, call: &Call, message: T, timeout: Duration) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let left = call.deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+        request.set_timeout(left.map_or(timeout, |left| left.min(timeout)));
+        let grant = match &call.access {
+            Access::Open => None,
+            Access::Granted { grant, .. } => Some(grant.name.as_str()),
+        };
+        self.vouch_for(grant, request.metadata_mut());
+        request
+    }
+
     pub fn vouch_for(&self, grant: Option<&str>, metadata: &mut MetadataMap) {
         self.vouch_at(grant, now_ms(), metadata);
     }

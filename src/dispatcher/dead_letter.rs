@@ -60,14 +60,6 @@ impl Dispatcher {
         )
     }
 
-    /// Whether a message of `topic` has a dead-letter topic: as
-    /// [`Dispatcher::dead_letter_topic`] says, without making its name.
-    pub(super) fn has_dead_letter_topic(&self, ready: &Ready, topic: &str) -> bool {
-        ready.envelope.dead_letter_topic.is_some()
-            || self.config.dead_letter_topic.as_deref().is_some_and(|to| to != topic)
-            || self.policies.dead_letter_topic(ready.id.tenant(), topic).is_some()
-    }
-
     /// Settles `ready` as `outcome` (failed or expired), or hands it to its
     /// dead-letter topic if it has one: true then (it is to be produced).
     pub(super) fn give_up(
@@ -81,7 +73,7 @@ impl Dispatcher {
             Outcome::Expired { deadline } => (DeadReason::Expired { deadline: *deadline }, false),
             Outcome::Failed { error, tried } => (DeadReason::Failed { error: error.clone() }, *tried),
             _ => {
-                self.settle_untried(ready, topic, now, outcome);
+                self.settling.untried(ready, topic, now, outcome);
                 return false;
             }
         };
@@ -91,7 +83,7 @@ impl Dispatcher {
                 true
             }
             None => {
-                self.settle_untried(ready, topic, now, outcome);
+                self.settling.untried(ready, topic, now, outcome);
                 false
             }
         }
@@ -224,7 +216,7 @@ impl Dispatcher {
     /// again: from the lowest of them on.
     pub(super) fn return_letters(&mut self) {
         let letters = std::mem::take(&mut self.settling.letters);
-        self.rescan(letters.iter().map(Letter::key).min());
+        self.scan.rescan(letters.iter().map(Letter::key).min());
         self.settling.releasing.extend(letters.into_iter().map(|l| l.ready.id));
     }
 }

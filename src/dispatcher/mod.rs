@@ -99,6 +99,7 @@ use crate::{
 mod config;
 mod dead_letter;
 mod gate;
+mod handle;
 mod policy;
 mod produce;
 mod pulse;
@@ -223,6 +224,15 @@ struct Scan {
     from: DispatchKey,
 }
 
+impl Scan {
+    /// Looks at the due index again from `from` (if any) on the next read.
+    fn rescan(&mut self, from: Option<DispatchKey>) {
+        if let Some(from) = from {
+            self.rescan_from = Some(self.rescan_from.map_or(from, |r| r.min(from)));
+        }
+    }
+}
+
 /// What was read ahead of what is produced.
 struct ReadAhead {
     /// The next chunk, being read while this one is produced.
@@ -247,6 +257,23 @@ struct Settling {
     floor_sent: tokio::time::Instant,
     /// Messages given up on, on their way to their dead-letter topics.
     letters: Vec<dead_letter::Letter>,
+}
+
+impl Settling {
+    /// Settles a message that was not produced (found on its topic after
+    /// an unclean stop, expired, or failed with its topic).
+    fn untried(&mut self, ready: Ready, topic: Arc<str>, now: UnixMillis, outcome: Outcome) {
+        self.settles.push(Settle {
+            id: ready.id,
+            key: ready.key,
+            due: ready.due,
+            topic,
+            tries: ready.tries,
+            at: now,
+            outcome,
+            in_order: false,
+        });
+    }
 }
 
 /// What bounds the doubt an unclean stop leaves (the marks, the horizon),

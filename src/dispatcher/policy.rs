@@ -439,7 +439,7 @@ impl Dispatcher {
                 }
                 Err(e) => {
                     tracing::warn!(lane = %lane.key.describe(), error = %e, "reading a held topic's messages failed; trying again shortly");
-                    self.read_failed(&e);
+                    self.store.due_read_failed(&e);
                     self.policies.failed(&lane.key, lane.from, self.config.max_sleep);
                 }
             }

@@ -4,10 +4,8 @@
 
 use super::{Dispatcher, GATE_RECHECK, HOLD_FOR, Next, Reading};
 use crate::{
-    command::DispatchKey,
     command::{DueBatch, Ready},
     message::UnixMillis,
-    store::StoreError,
 };
 
 /// Messages read from the store in one go; the next chunk is read while
@@ -40,7 +38,7 @@ impl Dispatcher {
         }
         let late = self.store.wake().take();
         self.scan.recheck.extend(late.entries);
-        self.rescan(late.rescan_from);
+        self.scan.rescan(late.rescan_from);
         if let Some(from) = self.scan.rescan_from.take() {
             self.scan.from = self.scan.from.min(from);
         }
@@ -75,7 +73,7 @@ impl Dispatcher {
             let batch = match self.store.take_listed(entries).await {
                 Ok(batch) => batch,
                 Err(e) => {
-                    self.read_failed(&e);
+                    self.store.due_read_failed(&e);
                     return Next::At(now.saturating_add(self.config.max_sleep));
                 }
             };
@@ -136,7 +134,7 @@ impl Dispatcher {
             let mut batch = match reading.task.await {
                 Ok(Ok(batch)) => batch,
                 Ok(Err(e)) => {
-                    self.read_failed(&e);
+                    self.store.due_read_failed(&e);
                     return Next::At(now.saturating_add(self.config.max_sleep));
                 }
                 Err(e) => {
@@ -182,7 +180,7 @@ impl Dispatcher {
         self.ahead.since = None;
         self.ahead.after = Next::Now;
         let ahead = std::mem::take(&mut self.ahead.ready);
-        self.rescan(ahead.first().map(|r| r.key));
+        self.scan.rescan(ahead.first().map(|r| r.key));
         let ids = ahead.into_iter().map(|r| r.id).collect();
         if let Err(e) = self.store.release(ids).await {
             tracing::warn!(error = %e, "returning claims failed");
@@ -214,19 +212,5 @@ impl Dispatcher {
         let (from, limit) = (self.scan.from, READ_CHUNK.min(self.config.max_in_flight.max(1)));
         let held = self.policies.held_lanes();
         Reading { from, task: tokio::spawn(async move { store.take_due_but(from, now, limit, held).await }) }
-    }
-
-    pub(super) fn read_failed(&mut self, e: &StoreError) {
-        tracing::error!(error = %e, "reading due messages failed; retrying shortly");
-        if let StoreError::Corrupt(detail) = e {
-            self.store.report_damage(detail);
-        }
-        self.store.report_reads(Some(format!("reading due messages failed: {e}")));
-    }
-
-    pub(super) fn rescan(&mut self, from: Option<DispatchKey>) {
-        if let Some(from) = from {
-            self.scan.rescan_from = Some(self.scan.rescan_from.map_or(from, |r| r.min(from)));
-        }
     }
 }

@@ -10,35 +10,13 @@ use super::{
     topics::{note_held, topic_refused},
 };
 use crate::{
-    command::DispatchKey,
-    command::{Outcome, Ready, Settle},
+    command::{DispatchKey, Outcome, Settle},
     kafka::{DeliveryReport, Fault},
     message::UnixMillis,
     metrics,
 };
 
 impl Dispatcher {
-    /// Settles a message that was not produced (found on its topic after
-    /// an unclean stop, expired, or failed with its topic).
-    pub(super) fn settle_untried(
-        &mut self,
-        ready: Ready,
-        topic: Arc<str>,
-        now: UnixMillis,
-        outcome: Outcome,
-    ) {
-        self.settling.settles.push(Settle {
-            id: ready.id,
-            key: ready.key,
-            due: ready.due,
-            topic,
-            tries: ready.tries,
-            at: now,
-            outcome,
-            in_order: false,
-        });
-    }
-
     /// Tells readers of the due index where live entries start; at most
     /// every [`PUBLISH_EVERY`], as it looks at everything in flight.
     pub(super) fn publish(&mut self) {
@@ -123,7 +101,7 @@ impl Dispatcher {
             // to the store untouched; see `take_back`.
             tracing::debug!(id = %sent.id.qualified(), error = %error.reason, "produce fenced");
             self.fenced = true;
-            self.rescan(Some(sent.key));
+            self.scan.rescan(Some(sent.key));
             self.settling.releasing.push(sent.id);
             return;
         }

@@ -207,7 +207,7 @@ impl Dispatcher {
             match at.remove(&ready.id) {
                 Some((key, outcome)) if key == ready.key => {
                     let topic: Arc<str> = ready.envelope.topic.as_str().into();
-                    self.settle_untried(ready, topic, now, outcome);
+                    self.settling.untried(ready, topic, now, outcome);
                 }
                 _ => release.push(ready.id),
             }

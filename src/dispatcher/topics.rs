@@ -62,7 +62,7 @@ impl Dispatcher {
     /// topic is no longer held.
     pub(super) fn defer(&mut self, topic: Arc<str>, key: DispatchKey, id: MessageId) {
         if self.topics.deferred_total >= DEFER_CAP {
-            self.rescan(Some(key));
+            self.scan.rescan(Some(key));
             return;
         }
         self.topics.deferred_total += 1;

@@ -211,6 +211,16 @@ impl Store {
     }
 
     /// A due message could not be read (`Some`), or could again (`None`).
+    /// A read of the due index failed: said, damage reported, and the
+    /// store's reads marked failing until one succeeds.
+    pub(crate) fn due_read_failed(&self, e: &StoreError) {
+        tracing::error!(error = %e, "reading due messages failed; retrying shortly");
+        if let StoreError::Corrupt(detail) = e {
+            self.report_damage(detail);
+        }
+        self.report_reads(Some(format!("reading due messages failed: {e}")));
+    }
+
     pub(crate) fn report_reads(&self, failure: Option<String>) {
         self.inner.health.set_reads(failure);
     }

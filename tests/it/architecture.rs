@@ -545,6 +545,96 @@ fn no_struct_has_more_than_15_fields() {
     assert!(wide.is_empty(), "structs over 15 fields: {wide:?}");
 }
 
+/// The methods each file adds to each type (`impl Type { fn ... }`, and
+/// `impl Trait for Type`), and the `self.` calls each of its methods makes.
+fn methods_by_type(text: &str) -> Vec<(String, Vec<String>, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("\nimpl") {
+        rest = &rest[at + 5..];
+        let Some(open) = rest.find('{') else { break };
+        let header = rest[..open].split(" where ").next().unwrap_or_default();
+        let target = header.rsplit(" for ").next().unwrap_or(header);
+        let name: String = target
+            .trim()
+            .trim_start_matches(|c: char| c == '<' || c.is_whitespace())
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '<' || c == '>' || c == ':'))
+            .next()
+            .unwrap_or_default()
+            .split('<')
+            .next()
+            .unwrap_or_default()
+            .rsplit("::")
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let (mut depth, mut end) = (0usize, rest.len());
+        for (i, c) in rest[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + i;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let body = &rest[open..end];
+        let defined = body
+            .split("fn ")
+            .skip(1)
+            .map(|f| f.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect())
+            .collect();
+        let called = body
+            .split("self.")
+            .skip(1)
+            .filter_map(|c| {
+                let name: String = c.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                c[name.len()..].starts_with('(').then_some(name)
+            })
+            .collect();
+        out.push((name, defined, called));
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// A type whose methods are spread over files is still one type: no two
+/// of those files call each other's methods both ways, or neither can be
+/// read without the other. One calls down; the shared state a lower one
+/// needs is its own type's.
+#[test]
+fn no_two_files_of_one_type_call_each_other() {
+    let files = library_files();
+    // (type, file) -> (methods it defines there, methods its code there calls)
+    let mut by: BTreeMap<(String, PathBuf), (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    for file in &files {
+        let text = without_tests(&std::fs::read_to_string(src().join(file)).unwrap());
+        for (ty, defined, called) in methods_by_type(&format!("\n{text}")) {
+            let entry = by.entry((ty, file.clone())).or_default();
+            entry.0.extend(defined);
+            entry.1.extend(called);
+        }
+    }
+    let mut mutual = Vec::new();
+    for ((ty, a), (a_defines, a_calls)) in &by {
+        for ((ty_b, b), (b_defines, b_calls)) in &by {
+            if ty != ty_b || a >= b {
+                continue;
+            }
+            let a_to_b: Vec<_> = a_calls.intersection(b_defines).filter(|m| !a_defines.contains(*m)).collect();
+            let b_to_a: Vec<_> = b_calls.intersection(a_defines).filter(|m| !b_defines.contains(*m)).collect();
+            if !a_to_b.is_empty() && !b_to_a.is_empty() {
+                mutual.push(format!("{ty}: {} {a_to_b:?} <-> {} {b_to_a:?}", a.display(), b.display()));
+            }
+        }
+    }
+    assert!(mutual.is_empty(), "files of one type that call each other both ways:\n{}", mutual.join("\n"));
+}
+
 #[test]
 fn store_files_below_the_handle_do_not_reach_back_into_it() {
     // The handle (store/mod.rs) and the files that add its methods

@@ -42,7 +42,6 @@ pub use series::SeriesRouter;
 use super::{Cluster, Place, Voucher};
 use crate::{
     Error,
-    auth::Access,
     message::{Limits, ListQuery, PageToken, merge_pages, shard_of},
     metrics, proto,
     scheduler::{Call, Listing, POSITIONS, Scheduler},
@@ -130,18 +129,9 @@ impl Router {
         }
     }
 
-    /// `message` as `call` passes it on to another node: vouched for, with
-    /// the caller's grant.
+    /// `message` as `call` passes it on to another node.
     fn forwarded<T>(&self, call: &Call, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        let left = call.deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-        request.set_timeout(left.map_or(CALL_TIMEOUT, |left| left.min(CALL_TIMEOUT)));
-        let grant = match &call.access {
-            Access::Open => None,
-            Access::Granted { grant, .. } => Some(grant.name.as_str()),
-        };
-        self.voucher.vouch_for(grant, request.metadata_mut());
-        request
+        self.voucher.request(call, message, CALL_TIMEOUT)
     }
 
     /// The shard of `id` of `tenant`'s space (as the caller names it: none

@@ -4,7 +4,7 @@
 
 use futures_util::future;
 
-use super::{AdminClient, Client, Router, from_peer};
+use super::{AdminClient, CALL_TIMEOUT, Client, Router, from_peer};
 use crate::{
     Error,
     message::{Forecast, Invalid},
@@ -21,7 +21,7 @@ impl Router {
             return Ok(here);
         }
         let asked = self.cluster.peers().into_iter().map(|addr| {
-            let request = self.forwarded(call, proto::StatsRequest {});
+            let request = self.voucher.request(call, proto::StatsRequest {}, CALL_TIMEOUT);
             async move {
                 metrics::FORWARDED.with_label_values(&["Stats"]).inc();
                 let (mut client, _slot) = self.client::<Client>(&addr)?;
@@ -69,7 +69,7 @@ impl Router {
         let whole =
             proto::ForecastRequest { from: here.from, to: here.to, interval: here.interval, ..request };
         let asked = self.cluster.peers().into_iter().map(|addr| {
-            let request = self.forwarded(call, whole.clone());
+            let request = self.voucher.request(call, whole.clone(), CALL_TIMEOUT);
             async move {
                 metrics::FORWARDED.with_label_values(&["Forecast"]).inc();
                 let (mut client, _slot) = self.client::<Client>(&addr)?;
@@ -98,7 +98,7 @@ impl Router {
             return Ok(here);
         }
         let asked = self.cluster.peers().into_iter().map(|addr| {
-            let request = self.forwarded(call, proto::DescribeClusterRequest {});
+            let request = self.voucher.request(call, proto::DescribeClusterRequest {}, CALL_TIMEOUT);
             async move {
                 metrics::FORWARDED.with_label_values(&["DescribeCluster"]).inc();
                 let answer = async {

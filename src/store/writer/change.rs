@@ -295,6 +295,14 @@ impl Writer {
         r.overlay.insert(id, Some(stored));
     }
 
+    /// A record applied changed `id`: if the dispatcher holds it, its
+    /// settle is checked against the store when it comes.
+    pub(super) fn touched(&mut self, id: &MessageId) {
+        if self.shared.claims.held_by_dispatcher(id) {
+            self.replica.touched_while_claimed.insert(id.clone());
+        }
+    }
+
     /// Drops whatever the store holds of `id`, in whatever state: a
     /// message replaced, or one a record of the log says all there is of.
     /// Cluster mode: a dispatcher holding it has its settle checked

@@ -727,12 +727,4 @@ impl Writer {
     fn checkpoint(&self) -> &rocksdb::ColumnFamily {
         cf(self.shared.db.as_ref(), schema::CF_CHECKPOINT)
     }
-
-    /// A record applied changed `id`: if the dispatcher holds it, its
-    /// settle is checked against the store when it comes.
-    pub(super) fn touched(&mut self, id: &MessageId) {
-        if self.shared.claims.held_by_dispatcher(id) {
-            self.replica.touched_while_claimed.insert(id.clone());
-        }
-    }
 }
