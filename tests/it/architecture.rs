@@ -625,8 +625,10 @@ fn no_two_files_of_one_type_call_each_other() {
             if ty != ty_b || a >= b {
                 continue;
             }
-            let a_to_b: Vec<_> = a_calls.intersection(b_defines).filter(|m| !a_defines.contains(*m)).collect();
-            let b_to_a: Vec<_> = b_calls.intersection(a_defines).filter(|m| !b_defines.contains(*m)).collect();
+            let a_to_b: Vec<_> =
+                a_calls.intersection(b_defines).filter(|m| !a_defines.contains(*m)).collect();
+            let b_to_a: Vec<_> =
+                b_calls.intersection(a_defines).filter(|m| !b_defines.contains(*m)).collect();
             if !a_to_b.is_empty() && !b_to_a.is_empty() {
                 mutual.push(format!("{ty}: {} {a_to_b:?} <-> {} {b_to_a:?}", a.display(), b.display()));
             }

@@ -52,7 +52,10 @@
 //! ([`LogRecord::writer`], [`LogRecord::request`]), so that the node waiting
 //! for it can answer its caller once it is applied.
 
-use crate::message::{DueSpec, Envelope, MessageId, UnixMillis};
+use crate::{
+    command::{HeaderRecord, LabelRecord},
+    message::{DueSpec, Envelope, MessageId, UnixMillis},
+};
 
 use super::RECORD_HEADER;
 
@@ -204,7 +207,7 @@ pub struct LogMessage {
     #[prost(bytes = "vec", tag = "4")]
     pub value: Vec<u8>,
     #[prost(message, repeated, tag = "5")]
-    pub headers: Vec<LogHeader>,
+    pub headers: Vec<HeaderRecord>,
     #[prost(int32, optional, tag = "6")]
     pub partition: Option<i32>,
     /// When it is due (moves on reschedule).
@@ -223,29 +226,13 @@ pub struct LogMessage {
     pub fresh: bool,
     /// The caller's labels, sorted by key.
     #[prost(message, repeated, tag = "12")]
-    pub labels: Vec<LogLabel>,
+    pub labels: Vec<LabelRecord>,
     /// Its deadline past its due time, in ms.
     #[prost(uint64, optional, tag = "13")]
     pub max_lateness_ms: Option<u64>,
     /// Its own dead-letter topic, if it names one.
     #[prost(string, optional, tag = "14")]
     pub dead_letter_topic: Option<String>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LogLabel {
-    #[prost(string, tag = "1")]
-    pub key: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LogHeader {
-    #[prost(string, tag = "1")]
-    pub key: String,
-    #[prost(bytes = "vec", tag = "2")]
-    pub value: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -383,7 +370,7 @@ impl LogMessage {
             headers: envelope
                 .headers
                 .iter()
-                .map(|h| LogHeader { key: h.key.clone(), value: h.value.clone() })
+                .map(|h| HeaderRecord { key: h.key.clone(), value: h.value.clone() })
                 .collect(),
             partition: envelope.partition,
             due_ms: due.0,
@@ -394,7 +381,7 @@ impl LogMessage {
             labels: envelope
                 .labels
                 .iter()
-                .map(|(k, v)| LogLabel { key: k.to_owned(), value: v.to_owned() })
+                .map(|(k, v)| LabelRecord { key: k.to_owned(), value: v.to_owned() })
                 .collect(),
             max_lateness_ms: envelope.max_lateness.map(crate::message::duration_ms),
             dead_letter_topic: envelope.dead_letter_topic.clone(),

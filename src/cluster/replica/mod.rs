@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use crate::{
     cluster::log::record::{
-        self, Cancelled, Change, Entry, LogHeader, LogLabel, LogMessage, SettledLine as LogLine,
-        SettledOutcome,
+        self, Cancelled, Change, Entry, LogMessage, SettledLine as LogLine, SettledOutcome,
     },
+    command::MessageRecord,
     command::{DeadLettered, Outcome, Settle},
-    command::{HeaderRecord, LabelRecord, MessageRecord},
     message::{DeadReason, DueSpec, Labels, MessageId, UnixMillis},
     policy::{PolicyKey, PolicyWrite, TopicPolicy},
     store::{Local, LogEntry, Proposed, Replica, SeriesBytes, SeriesWrite, SettledLine},
@@ -125,7 +124,7 @@ fn record_of(mut m: LogMessage) -> MessageRecord {
     let requested = DueSpec::from_stored(m.requested_at_ms, m.requested_delay_ms, UnixMillis(m.due_ms));
     let (requested_at_ms, requested_delay_ms) = requested.stored();
     MessageRecord {
-        headers: m.headers.into_iter().map(|h| HeaderRecord { key: h.key, value: h.value }).collect(),
+        headers: m.headers,
         topic: m.topic,
         key: m.key,
         value: m.value,
@@ -137,12 +136,7 @@ fn record_of(mut m: LogMessage) -> MessageRecord {
         requested_delay_ms,
         entry_at_ms: None,
         // Bounded as a caller's are: the log is read, not trusted blindly.
-        labels: m
-            .labels
-            .into_iter()
-            .take(Labels::MAX)
-            .map(|l| LabelRecord { key: l.key, value: l.value })
-            .collect(),
+        labels: m.labels.into_iter().take(Labels::MAX).collect(),
         max_lateness_ms: m.max_lateness_ms,
         dead_letter_topic,
     }
@@ -196,7 +190,7 @@ fn message_of(id: &MessageId, record: MessageRecord) -> LogMessage {
     let (requested_at_ms, requested_delay_ms) = requested.stored();
     LogMessage {
         id: id.as_bytes().to_vec(),
-        headers: record.headers.into_iter().map(|h| LogHeader { key: h.key, value: h.value }).collect(),
+        headers: record.headers,
         topic: record.topic,
         key: record.key,
         value: record.value,
@@ -206,7 +200,7 @@ fn message_of(id: &MessageId, record: MessageRecord) -> LogMessage {
         requested_at_ms,
         requested_delay_ms,
         fresh: false,
-        labels: record.labels.into_iter().map(|l| LogLabel { key: l.key, value: l.value }).collect(),
+        labels: record.labels,
         max_lateness_ms: record.max_lateness_ms,
         dead_letter_topic: record.dead_letter_topic,
     }
