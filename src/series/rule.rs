@@ -53,8 +53,8 @@ pub enum RuleError {
 /// How a series repeats.
 #[derive(Debug, Clone)]
 pub enum Every {
-    /// A cron expression, as written, read in `zone`.
-    Cron { expr: String, cron: Box<Cron>, zone: Tz },
+    /// A cron expression read in `zone`.
+    Cron { cron: Box<Cron>, zone: Tz },
     /// A fixed interval, counted from `anchor`.
     Interval { every: Duration, anchor: UnixMillis },
 }
@@ -80,7 +80,7 @@ impl Every {
         let zone: Tz = zone.parse().map_err(|_| RuleError::Zone(zone.to_owned()))?;
         let refused = |reason: String| RuleError::Cron { expr: expr.to_owned(), reason };
         let cron = Cron::from_str(expr).map_err(|e| refused(cron_reason(&e)))?;
-        Ok(Every::Cron { expr: expr.to_owned(), cron: Box::new(cron), zone })
+        Ok(Every::Cron { cron: Box::new(cron), zone })
     }
 
     /// Every `every`, from `anchor`.

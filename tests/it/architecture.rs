@@ -637,6 +637,72 @@ fn no_two_files_of_one_type_call_each_other() {
     assert!(mutual.is_empty(), "files of one type that call each other both ways:\n{}", mutual.join("\n"));
 }
 
+/// The library's face is what its users need: every public module of
+/// lib.rs is named by the binary, the bench or the tests; the rest are the
+/// crate's own.
+#[test]
+fn every_public_module_is_used_from_outside() {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten() {
+            let path = entry.unwrap().path();
+            if path.is_dir() && !path.ends_with("target") && !path.ends_with("node_modules") {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut users = Vec::new();
+    for dir in ["src/bin", "bench", "tests", "testkit", "examples"] {
+        walk(&root.join(dir), &mut users);
+    }
+    // The first segment of every path that starts at `hourglass::`, in a
+    // `use` group or inline.
+    let mut named = BTreeSet::new();
+    for file in users {
+        let text = without_tests_kept(&std::fs::read_to_string(&file).unwrap());
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("hourglass::") {
+            rest = &rest[at + "hourglass::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let (mut depth, mut top, mut start) = (0, Vec::new(), 0);
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            top.push(&group[start..i]);
+                            break;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            top.push(&group[start..i]);
+                            start = i + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                named.extend(top.iter().map(|p| first_segment(p.trim())));
+            } else {
+                named.insert(first_segment(rest));
+            }
+        }
+    }
+    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    let unused: Vec<_> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
+        .filter(|m| !named.contains(*m))
+        .collect();
+    assert!(unused.is_empty(), "lib.rs makes modules public that nothing outside uses: {unused:?}");
+}
+
+/// A file's text as it is (tests included: they are the users here),
+/// without comments.
+fn without_tests_kept(text: &str) -> String {
+    text.lines().map(|l| l.split_once("//").map_or(l, |(code, _)| code)).collect::<Vec<_>>().join("\n")
+}
+
 #[test]
 fn store_files_below_the_handle_do_not_reach_back_into_it() {
     // The handle (store/mod.rs) and the files that add its methods
