@@ -7,15 +7,18 @@
 //! only through channels.
 
 mod catalog;
+mod idempotent;
 pub mod landed;
+mod outlet;
 mod producer;
 mod report;
 pub(crate) mod seek;
 mod transactions;
 
 pub use catalog::{CatalogError, MetadataError, MetadataSource, TopicCatalog};
+pub use outlet::ProducerStopped;
 pub use producer::producer_config;
-pub use producer::{Delivery, Producer, ProducerStopped};
+pub use producer::{Delivery, Producer};
 pub use report::{DeliveryReport, Fault, ProduceError, classify};
 pub use transactions::OnFence;
 

@@ -1,9 +1,13 @@
-//! The producer: one librdkafka producer with idempotence on, whose delivery
-//! reports come back to the dispatcher over a channel; in cluster mode, one
-//! per shard, so that a shard let go takes what it still holds away with it
+//! The producer: what every way of producing shares (the headers hourglass
+//! adds, a metadata client, the node's fatal error, which producer a shard
+//! gets) in front of an [`Outlet`]: one librdkafka producer with
+//! idempotence on ([`super::idempotent`]), whose delivery reports come back
+//! to the dispatcher over a channel; in cluster mode, one per shard, so
+//! that a shard let go takes what it still holds away with it
 //! ([`Producer::let_go`]); or, with transactional delivery, one
 //! transactional producer per shard ([`super::transactions`]), whose
-//! reports come once their transaction is committed.
+//! reports come once their transaction is committed. A new way to deliver
+//! is a new `Outlet`.
 //!
 //! It owns no retry policy and no state about messages: the dispatcher tags
 //! each record with a token and decides what a report means.
@@ -11,11 +15,10 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use rdkafka::{
-    ClientConfig, ClientContext, Message as _,
-    config::RDKafkaLogLevel,
-    error::{KafkaError, RDKafkaErrorCode},
-    message::{DeliveryResult, Header, OwnedHeaders},
-    producer::{BaseProducer, BaseRecord, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer},
+    ClientConfig,
+    error::KafkaError,
+    message::{Header, OwnedHeaders},
+    producer::{BaseProducer, Producer as _},
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -23,100 +26,12 @@ use tokio_util::sync::CancellationToken;
 use super::{
     KafkaConfig,
     catalog::{MetadataError, MetadataSource},
-    report::{DeliveryReport, ProduceError, produce_error},
-    transactions::{OnFence, Queued, Txn},
+    idempotent::{Idempotent, Reports, reachable},
+    outlet::{Outlet, ProducerStopped},
+    report::{DeliveryReport, ProduceError},
+    transactions::{OnFence, Txn},
 };
-use crate::{message::Outgoing, metrics};
-
-struct Ticket {
-    token: u64,
-    reports: mpsc::UnboundedSender<DeliveryReport>,
-}
-
-/// The clients' context: routes delivery reports, quiets outage noise, and
-/// raises `fatal` when librdkafka says the producer cannot go on.
-#[derive(Clone)]
-struct Reports {
-    fatal: CancellationToken,
-}
-
-impl ClientContext for Reports {
-    /// librdkafka reports every failed connection and, each second of an
-    /// outage, "all brokers down", per client. Say once that Kafka is
-    /// unreachable, and once more when it is back (see [`reachable`]).
-    fn error(&self, error: KafkaError, reason: &str) {
-        match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::AllBrokersDown) => {
-                if metrics::KAFKA_REACHABLE.get() != 0 {
-                    metrics::KAFKA_REACHABLE.set(0);
-                    tracing::warn!(%reason, "Kafka is unreachable: scheduling goes on, deliveries wait for it");
-                }
-            }
-            Some(RDKafkaErrorCode::BrokerTransportFailure) => {
-                tracing::debug!(%error, %reason, "librdkafka");
-            }
-            _ => tracing::error!(%error, %reason, "librdkafka"),
-        }
-    }
-
-    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
-        use RDKafkaLogLevel::*;
-        match level {
-            // A failed connection is an outage, reported through `error`.
-            _ if facility == "FAIL" => tracing::debug!(target: "librdkafka", "{facility}: {message}"),
-            Emerg | Alert | Critical | Error => {
-                tracing::error!(target: "librdkafka", "{facility}: {message}")
-            }
-            Warning => tracing::warn!(target: "librdkafka", "{facility}: {message}"),
-            Notice | Info => tracing::info!(target: "librdkafka", "{facility}: {message}"),
-            Debug => tracing::debug!(target: "librdkafka", "{facility}: {message}"),
-        }
-    }
-}
-
-impl Reports {
-    /// An idempotent producer that can no longer rule out duplicates or
-    /// reordering (the broker lost its sequence state, say) stops for good,
-    /// and fails every record with a fatal error from then on. What it has
-    /// not delivered is still in the store; the server shuts down so that a
-    /// restart brings a new producer.
-    fn failed_fatally(&self) {
-        if !self.fatal.is_cancelled() {
-            tracing::error!("the Kafka producer failed fatally; stopping so that a restart brings a new one");
-            self.fatal.cancel();
-        }
-    }
-}
-
-/// Kafka answered: note it if it had been unreachable.
-fn reachable() {
-    if metrics::KAFKA_REACHABLE.get() != 1 {
-        metrics::KAFKA_REACHABLE.set(1);
-        tracing::info!("Kafka is reachable");
-    }
-}
-
-impl ProducerContext for Reports {
-    type DeliveryOpaque = Box<Ticket>;
-
-    fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<Ticket>) {
-        let result = match result {
-            Ok(m) => {
-                reachable();
-                Ok((m.partition(), m.offset()))
-            }
-            Err((e, _)) => {
-                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-                    self.failed_fatally();
-                }
-                Err(produce_error(e))
-            }
-        };
-        // The dispatcher gone means we are shutting down past the grace
-        // period; the message stays pending and is produced after restart.
-        let _ = ticket.reports.send(DeliveryReport { token: ticket.token, result });
-    }
-}
+use crate::message::Outgoing;
 
 /// How the dispatcher's records reach their topics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -137,7 +52,8 @@ pub enum Delivery {
 }
 
 pub struct Producer {
-    send: Send,
+    /// How its records reach Kafka.
+    send: Arc<dyn Outlet>,
     /// A client for metadata, shared by the node's producers, so that
     /// refreshes never queue behind produce traffic.
     metadata: Arc<BaseProducer<Reports>>,
@@ -147,17 +63,6 @@ pub struct Producer {
     /// How it reaches Kafka: a search of what landed reads with the same.
     config: KafkaConfig,
     delivery: Delivery,
-}
-
-/// Where records go.
-enum Send {
-    /// The node's producer, shared by its shards.
-    Idempotent(ThreadedProducer<Reports>),
-    /// A movable shard's idempotent producer of its own: what it holds
-    /// when the shard is let go is purged with it.
-    Shard(ThreadedProducer<Reports>),
-    /// One shard's transaction thread.
-    Transactional(Txn),
 }
 
 /// hourglass's producer defaults; the user's properties override them.
@@ -221,7 +126,7 @@ impl Producer {
         let inner = client.create_with_context(context.clone())?;
         let metadata = Arc::new(client.create_with_context(context.clone())?);
         Ok(Producer {
-            send: Send::Idempotent(inner),
+            send: Arc::new(Idempotent { inner, own: false }),
             metadata,
             fatal: context.fatal,
             stopped: Arc::default(),
@@ -251,7 +156,8 @@ impl Producer {
             let inner = producer_config(&self.config)
                 .create_with_context(context)
                 .map_err(|e| std::io::Error::other(format!("starting shard {shard}'s producer: {e}")))?;
-            let producer = self.beside(Send::Shard(inner), self.fatal.clone(), Arc::clone(&self.stopped));
+            let own = Arc::new(Idempotent { inner, own: true });
+            let producer = self.beside(own, self.fatal.clone(), Arc::clone(&self.stopped));
             producer.warm_up();
             return Ok(producer);
         };
@@ -267,25 +173,25 @@ impl Producer {
         };
         let txn =
             Txn::start(producer_config(&self.config), id, *on_fence, (fatal.clone(), Arc::clone(&stopped)))?;
-        Ok(self.beside(Send::Transactional(txn), fatal, stopped))
+        Ok(self.beside(Arc::new(txn), fatal, stopped))
     }
 
     /// The same shard's producer anew: with transactional delivery, a new
     /// transactional producer of the same id, which fences whatever
     /// producer of it came last (see [`Producer::ready`]); else this one.
     pub fn renew(self: &Arc<Self>) -> std::io::Result<Arc<Producer>> {
-        let (Send::Transactional(txn), Delivery::Transactional { on_fence, .. }) =
-            (&self.send, &self.delivery)
+        let (Some(id), Delivery::Transactional { on_fence, .. }) =
+            (self.send.transactional_id(), &self.delivery)
         else {
             return Ok(Arc::clone(self));
         };
         let txn = Txn::start(
             producer_config(&self.config),
-            txn.id().to_owned(),
+            id.to_owned(),
             *on_fence,
             (self.fatal.clone(), Arc::clone(&self.stopped)),
         )?;
-        Ok(self.beside(Send::Transactional(txn), self.fatal.clone(), Arc::clone(&self.stopped)))
+        Ok(self.beside(Arc::new(txn), self.fatal.clone(), Arc::clone(&self.stopped)))
     }
 
     /// A producer sending through `send`, sharing this one's metadata
@@ -293,7 +199,7 @@ impl Producer {
     /// and `stopped`.
     fn beside(
         &self,
-        send: Send,
+        send: Arc<dyn Outlet>,
         fatal: CancellationToken,
         stopped: Arc<std::sync::Mutex<Option<String>>>,
     ) -> Arc<Producer> {
@@ -318,38 +224,13 @@ impl Producer {
     /// back and nothing it left open is seen later. Returns at once for
     /// the idempotent producer; why, if the producer stopped.
     pub async fn ready(&self) -> Result<(), ProducerStopped> {
-        match &self.send {
-            Send::Idempotent(_) | Send::Shard(_) => Ok(()),
-            Send::Transactional(txn) if txn.ready().await => Ok(()),
-            Send::Transactional(txn) => Err(ProducerStopped(
-                txn.stopped()
-                    .unwrap_or_else(|| format!("the transactional producer {} has stopped", txn.id())),
-            )),
-        }
+        self.send.ready().await
     }
 
-    /// Gets the idempotent producer its producer id now rather than in a
-    /// second. librdkafka asks for the id from a timer that fires every
-    /// 500 ms until a broker connection is up, so the first produce after a
-    /// start waits 0.5 to 1 s; it also asks after each metadata answer. A
-    /// few metadata requests in the first moments (on a thread of their
-    /// own; one is enough once a connection is up) bring the first delivery
-    /// after a restart within milliseconds.
-    pub fn warm_up(self: &std::sync::Arc<Self>) {
-        let producer = std::sync::Arc::clone(self);
-        let spawned = std::thread::Builder::new().name("producer warm-up".into()).spawn(move || {
-            for wait_ms in [0, 20, 50, 100, 200] {
-                std::thread::sleep(Duration::from_millis(wait_ms));
-                let (Send::Idempotent(inner) | Send::Shard(inner)) = &producer.send else { return };
-                if inner.client().fetch_metadata(None, Duration::from_secs(2)).is_err() {
-                    // Kafka is not there yet: librdkafka's own timer goes on.
-                    return;
-                }
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::debug!(error = %e, "no warm-up thread for the producer; its own timer gets its id");
-        }
+    /// Gets ready to produce without waiting for the first record (the
+    /// idempotent producer's id; see [`Idempotent`]).
+    pub fn warm_up(&self) {
+        Arc::clone(&self.send).warm_up();
     }
 
     /// How it reaches Kafka.
@@ -384,14 +265,7 @@ impl Producer {
     /// Why the producer failed fatally, if it did.
     pub fn fatal_error(&self) -> Option<String> {
         let stopped = || self.stopped.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        match &self.send {
-            Send::Idempotent(inner) | Send::Shard(inner) => inner
-                .client()
-                .fatal_error()
-                .map(|(code, reason)| format!("{code}: {reason}"))
-                .or_else(stopped),
-            Send::Transactional(txn) => txn.stopped().or_else(stopped),
-        }
+        self.send.failure().or_else(stopped)
     }
 
     /// Hands a due message to librdkafka, with the headers hourglass adds;
@@ -409,67 +283,14 @@ impl Producer {
         for (key, value) in message.headers(&due) {
             headers = headers.insert(Header { key, value: Some(value) });
         }
-        let inner = match &self.send {
-            Send::Idempotent(inner) | Send::Shard(inner) => inner,
-            Send::Transactional(txn) => {
-                return txn.send(Queued {
-                    topic: record.topic.clone(),
-                    key: record.key.clone(),
-                    value: record.value.clone(),
-                    headers,
-                    partition: record.partition,
-                    token,
-                    reports: reports.clone(),
-                });
-            }
-        };
-        if crate::failpoint::fires("kafka-fatal") {
-            self.raise_fatal_for_test(inner);
-        }
-        let ticket = Box::new(Ticket { token, reports: reports.clone() });
-        let mut base =
-            BaseRecord::with_opaque_to(&record.topic, ticket).payload(&record.value).headers(headers);
-        if let Some(key) = &record.key {
-            base = base.key(key);
-        }
-        if let Some(partition) = record.partition {
-            base = base.partition(partition);
-        }
-        inner.send(base).map_err(|(e, _)| {
-            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-                inner.context().failed_fatally();
-            }
-            produce_error(&e)
-        })
+        self.send.send(record, headers, token, reports)
     }
-
-    /// What the `kafka-fatal` fail point does: librdkafka's own way of
-    /// raising the fatal error an idempotent producer raises for real.
-    #[cfg(feature = "failpoints")]
-    fn raise_fatal_for_test(&self, inner: &ThreadedProducer<Reports>) {
-        let reason = c"fail point kafka-fatal";
-        // SAFETY: the client handle is valid for as long as `self.inner`
-        // lives, and the reason is a NUL-terminated string librdkafka copies.
-        unsafe {
-            rdkafka::bindings::rd_kafka_test_fatal_error(
-                inner.client().native_ptr(),
-                rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-                reason.as_ptr(),
-            );
-        }
-    }
-
-    #[cfg(not(feature = "failpoints"))]
-    fn raise_fatal_for_test(&self, _: &ThreadedProducer<Reports>) {}
 
     /// Waits up to `timeout` for every queued record to be acknowledged.
     /// (A shard's transactional producer commits what it holds when its
     /// dispatcher lets go of it.)
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        match &self.send {
-            Send::Idempotent(inner) | Send::Shard(inner) => inner.flush(timeout),
-            Send::Transactional(_) => Ok(()),
-        }
+        self.send.flush(timeout)
     }
 
     /// A shard let go: a shard's own idempotent producer drops every record
@@ -481,16 +302,9 @@ impl Producer {
     /// The node's producer is left alone (its other shards' records are in
     /// it); a transactional producer ends its transaction itself.
     pub fn let_go(&self) {
-        if let Send::Shard(inner) = &self.send {
-            inner.purge(PurgeConfig::default().queue().inflight());
-        }
+        self.send.let_go();
     }
 }
-
-/// Why a producer stopped before it was ready: what its client said.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ProducerStopped(pub String);
 
 impl MetadataSource for Producer {
     fn topics(&self, timeout: Duration) -> Result<BTreeMap<String, i32>, MetadataError> {

@@ -26,7 +26,7 @@
 //! node, or the node the shard was taken from) and completes or aborts its
 //! open transaction, so a search for what it left behind ([`super::landed`],
 //! reading `read_committed`) sees exactly what was committed. The
-//! dispatcher waits for that ([`Txn::ready`]).
+//! dispatcher waits for that ([`Outlet::ready`]).
 //!
 //! Fenced itself (another producer took the transactional id), the thread
 //! either stops the node ([`OnFence::Stop`]: standalone, where the id is
@@ -53,8 +53,11 @@ use rdkafka::{
 use tokio::sync::{mpsc::UnboundedSender, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::report::{DeliveryReport, Fault, ProduceError, produce_error};
-use crate::metrics;
+use super::{
+    outlet::{Outlet, ProducerStopped},
+    report::{DeliveryReport, Fault, ProduceError, produce_error},
+};
+use crate::{message::Envelope, metrics};
 
 /// Most records in one transaction.
 const MAX_RECORDS: usize = 10_000;
@@ -157,28 +160,14 @@ impl Txn {
         Ok(Txn { queue, state, id })
     }
 
-    /// Hands a record over; its report comes once its transaction is
-    /// committed (or with its own error).
-    pub(super) fn send(&self, record: Queued) -> Result<(), ProduceError> {
-        self.queue.send(record).map_err(|_| ProduceError {
-            fault: Fault::Fenced,
-            reason: format!("the transactional producer {} has stopped", self.id),
-        })
-    }
-
     /// Waits until earlier producers of the id are fenced and their open
     /// transactions resolved. `false` if the thread stopped first.
-    pub async fn ready(&self) -> bool {
+    async fn started(&self) -> bool {
         let mut state = self.state.clone();
         match state.wait_for(|s| *s != TxnState::Starting).await {
             Ok(s) => *s == TxnState::Ready,
             Err(_) => false,
         }
-    }
-
-    /// The transactional id.
-    pub fn id(&self) -> &str {
-        &self.id
     }
 
     /// Why it stopped, if it did.
@@ -187,6 +176,56 @@ impl Txn {
             TxnState::Stopped(why) => Some(why.clone()),
             _ => None,
         }
+    }
+}
+
+#[tonic::async_trait]
+impl Outlet for Txn {
+    /// Hands a record over; its report comes once its transaction is
+    /// committed (or with its own error).
+    fn send(
+        &self,
+        record: &Envelope,
+        headers: OwnedHeaders,
+        token: u64,
+        reports: &UnboundedSender<DeliveryReport>,
+    ) -> Result<(), ProduceError> {
+        let queued = Queued {
+            topic: record.topic.clone(),
+            key: record.key.clone(),
+            value: record.value.clone(),
+            headers,
+            partition: record.partition,
+            token,
+            reports: reports.clone(),
+        };
+        self.queue.send(queued).map_err(|_| ProduceError {
+            fault: Fault::Fenced,
+            reason: format!("the transactional producer {} has stopped", self.id),
+        })
+    }
+
+    async fn ready(&self) -> Result<(), ProducerStopped> {
+        if self.started().await {
+            return Ok(());
+        }
+        Err(ProducerStopped(
+            self.stopped().unwrap_or_else(|| format!("the transactional producer {} has stopped", self.id)),
+        ))
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.stopped()
+    }
+
+    /// Nothing to wait for: the transaction thread commits what it holds
+    /// when its dispatcher lets go of it.
+    fn flush(&self, _: Duration) -> Result<(), KafkaError> {
+        Ok(())
+    }
+
+    fn transactional_id(&self) -> Option<&str> {
+        Some(&self.id)
     }
 }
 
