@@ -6,8 +6,10 @@
 //! depend on what the caller does not see: the walk's bound counts only
 //! entries the caller may know of, so where a cut falls is the caller's
 //! own information. Entries it does not see are passed over within a time
-//! budget; past it, a caller that does not see every space is refused
-//! rather than told where the walk stopped.
+//! budget; past it, a walk that passed any is refused rather than cut
+//! (where it got to in that time would tell how many it passed), unless
+//! the caller sees every space. A walk that passed none is cut at the
+//! caller's own entry, as at the bound.
 
 use std::time::{Duration, Instant};
 
@@ -29,8 +31,8 @@ use crate::{
 pub const FORECAST_EXAMINE: usize = 2_000_000;
 
 /// The longest one forecast walks one store, entries the caller does not
-/// see included.
-pub const FORECAST_BUDGET: Duration = Duration::from_secs(5);
+/// see included: about the walk of [`FORECAST_EXAMINE`] entries.
+pub const FORECAST_BUDGET: Duration = Duration::from_secs(2);
 
 /// Entries walked between two looks at the clock.
 pub(crate) const CLOCK_EVERY: usize = 1024;
@@ -79,7 +81,7 @@ pub(crate) fn forecast(
     let mut logged = Logged::from(db, from, Some(&snapshot))?;
     let mut forecast = Forecast::new(window);
     let started = Instant::now();
-    let mut known = 0;
+    let (mut known, mut passed_hidden) = (0, false);
     for (walked, item) in db
         .iterator_cf_opt(cf(db, schema::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
         .enumerate()
@@ -87,18 +89,26 @@ pub(crate) fn forecast(
         let (k, v) = item?;
         let key = DispatchKey::decode(&k).ok_or_else(|| corrupt(format!("due key {k:?}")))?;
         if walked % CLOCK_EVERY == CLOCK_EVERY - 1 && started.elapsed() >= walk.budget {
-            // Everything before `key` was walked; only a caller that sees
-            // every space may learn where that is.
-            if !scope.sees_every_space() {
+            // Out of time: everything before `key` was walked. Where that
+            // is may be told to a caller that sees every space, or one
+            // whose walk passed only its own entries and stops at one.
+            let own = !passed_hidden && seen(db, &snapshot, scope, &k, &v, key)?.is_some();
+            if !scope.sees_every_space() && !own {
                 return Err(StoreError::WalkTooLong { seconds: walk.budget.as_secs().max(1) });
             }
             forecast.stop_at(Some(key.at));
             break;
         }
         if logged.contains(key)? {
+            // Delivered, waiting for its retention: not counted, but
+            // passed.
+            if !passed_hidden && seen(db, &snapshot, scope, &k, &v, key)?.is_none() {
+                passed_hidden = true;
+            }
             continue;
         }
         let Some((entry_topic, visibility)) = seen(db, &snapshot, scope, &k, &v, key)? else {
+            passed_hidden = true;
             continue;
         };
         if known >= walk.examine {

@@ -134,4 +134,16 @@ async fn a_tenants_forecast_stops_only_at_its_own_entries() {
     let seen = forecast(db, &Scope::everything(), window, from, None, hurried).unwrap();
     assert!(seen.counted_to.is_some_and(|at| at <= UnixMillis(600)), "{seen:?}");
     store.close().await;
+
+    // A tenant alone in the window is cut at its own entry when out of
+    // time: nobody else's entries were passed.
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for i in 0..2 * CLOCK_EVERY {
+        park_on(&store, &acme, &format!("a{i}"), "x", 1100).await;
+    }
+    barrier(&store).await;
+    let alone = forecast(&store.inner.db, &acme, window, from, None, hurried).unwrap();
+    assert_eq!(alone.counted_to, Some(UnixMillis(1000)), "{alone:?}");
+    store.close().await;
 }
