@@ -47,8 +47,6 @@ impl Voucher {
         Voucher { key }
     }
 
-    /// Marks `metadata` as that of a call this node passes on for the
-    /// caller whose grant is `grant` (none: every call is let in here).
     /// `message` as `call` passes it on to another node: vouched for, with
     /// the caller's grant, and given what is left of the caller's deadline
     /// (at most `timeout`).
@@ -64,6 +62,8 @@ impl Voucher {
         request
     }
 
+    /// Marks `metadata` as that of a call this node passes on for the
+    /// caller whose grant is `grant` (none: every call is let in here).
     pub fn vouch_for(&self, grant: Option<&str>, metadata: &mut MetadataMap) {
         self.vouch_at(grant, now_ms(), metadata);
     }

@@ -93,7 +93,7 @@ pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Re
             ..Default::default()
         },
         (Err(why), _) | (_, Err(why)) => {
-            let _ = write!(out, "<p class=\"error\">{}</p>", esc(&why.to_string()));
+            let _ = write!(out, "<p class=\"error\">{}</p>", esc(&format!("{}: {}", why.field, why.reason)));
             return Ok(out);
         }
     };
@@ -197,7 +197,10 @@ pub async fn reschedule(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id
                 nanos: d.subsec_nanos() as i32,
             }),
             Err(_) => {
-                return format!("<p class=\"error\">{} Or a delay, such as 10m.</p>", esc(&why.to_string()));
+                return format!(
+                    "<p class=\"error\">{} Or a delay, such as 10m.</p>",
+                    esc(&format!("{}: {}", why.field, why.reason))
+                );
             }
         },
     };

@@ -210,7 +210,6 @@ impl Store {
         self.inner.health.writes_failing()
     }
 
-    /// A due message could not be read (`Some`), or could again (`None`).
     /// A read of the due index failed: said, damage reported, and the
     /// store's reads marked failing until one succeeds.
     pub(crate) fn due_read_failed(&self, e: &StoreError) {
@@ -221,6 +220,7 @@ impl Store {
         self.report_reads(Some(format!("reading due messages failed: {e}")));
     }
 
+    /// A due message could not be read (`Some`), or could again (`None`).
     pub(crate) fn report_reads(&self, failure: Option<String>) {
         self.inner.health.set_reads(failure);
     }

@@ -37,8 +37,7 @@ fn library_files() -> Vec<PathBuf> {
 /// `#[cfg(test)]` item to its end: a `mod tests;` line, or the braces that
 /// follow).
 fn without_tests(text: &str) -> String {
-    let code: String =
-        text.lines().map(|l| l.split_once("//").map_or(l, |(code, _)| code)).collect::<Vec<_>>().join("\n");
+    let code = code_of(text);
     let mut out = String::new();
     let mut rest = code.as_str();
     while let Some(at) = rest.find("#[cfg(test)]") {
@@ -70,6 +69,72 @@ fn without_tests(text: &str) -> String {
         rest = &item[end..];
     }
     out.push_str(rest);
+    out
+}
+
+/// `text` without its comments, and with every string and character
+/// literal emptied: what is left is code, whose braces and slashes are its
+/// own.
+fn code_of(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let at = |i: usize| c.get(i).copied().unwrap_or('\0');
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < c.len() {
+        let ident_before = i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_');
+        if at(i) == '/' && at(i + 1) == '/' {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if at(i) == '/' && at(i + 1) == '*' {
+            i += 2;
+            while i < c.len() && !(at(i) == '*' && at(i + 1) == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if at(i) == 'r'
+            && !ident_before
+            && (at(i + 1) == '"' || (at(i + 1) == '#' && at(i + 2) != '['))
+        {
+            // A raw string: r"...", r#"..."#.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while at(j) == '#' {
+                hashes += 1;
+                j += 1;
+            }
+            if at(j) != '"' {
+                out.push(c[i]);
+                i += 1;
+                continue;
+            }
+            j += 1;
+            while j < c.len() && !(c[j] == '"' && (1..=hashes).all(|h| at(j + h) == '#')) {
+                j += 1;
+            }
+            out.push_str("\"\"");
+            i = j + 1 + hashes;
+        } else if at(i) == '"' {
+            let mut j = i + 1;
+            while j < c.len() && c[j] != '"' {
+                j += if c[j] == '\\' { 2 } else { 1 };
+            }
+            out.push_str("\"\"");
+            i = j + 1;
+        } else if at(i) == '\'' && (at(i + 2) == '\'' || at(i + 1) == '\\') {
+            // A character literal ('"', '{', '\n'); a lifetime has no
+            // closing quote.
+            let mut j = i + 2;
+            while j < c.len() && c[j] != '\'' {
+                j += 1;
+            }
+            out.push_str("' '");
+            i = j + 1;
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
     out
 }
 
@@ -463,6 +528,7 @@ fn no_error_is_a_bare_string() {
     files.extend(
         std::fs::read_dir(src().join("bin/hourglass"))
             .unwrap()
+            .chain(std::fs::read_dir(src().join("bin/hourglass/client")).unwrap())
             .map(|e| e.unwrap().path().strip_prefix(src()).unwrap().to_owned()),
     );
     for file in files.into_iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
@@ -553,21 +619,29 @@ fn methods_by_type(text: &str) -> Vec<(String, Vec<String>, Vec<String>)> {
     while let Some(at) = rest.find("\nimpl") {
         rest = &rest[at + 5..];
         let Some(open) = rest.find('{') else { break };
-        let header = rest[..open].split(" where ").next().unwrap_or_default();
-        let target = header.rsplit(" for ").next().unwrap_or(header);
-        let name: String = target
-            .trim()
-            .trim_start_matches(|c: char| c == '<' || c.is_whitespace())
-            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '<' || c == '>' || c == ':'))
-            .next()
-            .unwrap_or_default()
-            .split('<')
-            .next()
-            .unwrap_or_default()
-            .rsplit("::")
-            .next()
-            .unwrap_or_default()
-            .to_owned();
+        let header = rest[..open].split(" where ").next().unwrap_or_default().trim();
+        // Past the impl's own generic parameters, to the type it is for.
+        let header = match header.strip_prefix('<') {
+            Some(params) => {
+                let mut depth = 1;
+                let end = params
+                    .char_indices()
+                    .find(|(_, c)| {
+                        match c {
+                            '<' => depth += 1,
+                            '>' => depth -= 1,
+                            _ => {}
+                        }
+                        depth == 0
+                    })
+                    .map_or(params.len(), |(i, _)| i + 1);
+                &params[end..]
+            }
+            None => header,
+        };
+        let target = header.rsplit(" for ").next().unwrap_or(header).trim();
+        let path = target.split('<').next().unwrap_or_default();
+        let name = path.rsplit("::").next().unwrap_or_default().trim().to_owned();
         let (mut depth, mut end) = (0usize, rest.len());
         for (i, c) in rest[open..].char_indices() {
             match c {
@@ -593,7 +667,8 @@ fn methods_by_type(text: &str) -> Vec<(String, Vec<String>, Vec<String>)> {
             .skip(1)
             .filter_map(|c| {
                 let name: String = c.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                c[name.len()..].starts_with('(').then_some(name)
+                let after = &c[name.len()..];
+                (after.starts_with('(') || after.starts_with("::<")).then_some(name)
             })
             .collect();
         out.push((name, defined, called));
@@ -661,7 +736,7 @@ fn every_public_module_is_used_from_outside() {
     // `use` group or inline.
     let mut named = BTreeSet::new();
     for file in users {
-        let text = without_tests_kept(&std::fs::read_to_string(&file).unwrap());
+        let text = code_of(&std::fs::read_to_string(&file).unwrap());
         let mut rest = text.as_str();
         while let Some(at) = rest.find("hourglass::") {
             rest = &rest[at + "hourglass::".len()..];
@@ -695,12 +770,6 @@ fn every_public_module_is_used_from_outside() {
         .filter(|m| !named.contains(*m))
         .collect();
     assert!(unused.is_empty(), "lib.rs makes modules public that nothing outside uses: {unused:?}");
-}
-
-/// A file's text as it is (tests included: they are the users here),
-/// without comments.
-fn without_tests_kept(text: &str) -> String {
-    text.lines().map(|l| l.split_once("//").map_or(l, |(code, _)| code)).collect::<Vec<_>>().join("\n")
 }
 
 #[test]

@@ -568,8 +568,16 @@ impl PageDir {
 
 impl Drop for PageDir {
     fn drop(&mut self) {
-        for (pid, _) in left_running(&self.dir) {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        // Again until none is left: one may fork while the others go.
+        for _ in 0..50 {
+            let left = left_running(&self.dir);
+            if left.is_empty() {
+                return;
+            }
+            for (pid, _) in left {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 }

@@ -20,23 +20,24 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
 use futures_util::future::{self, BoxFuture};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{
     Request, Response, Status,
     metadata::MetadataMap,
-    transport::{Channel, ClientTlsConfig, Endpoint},
+    transport::{Channel, ClientTlsConfig},
 };
 
+mod peers;
 mod series;
 mod totals;
 
+use peers::Peers;
 pub use series::SeriesRouter;
 
 use super::{Cluster, Place, Voucher};
@@ -90,13 +91,9 @@ pub struct Router {
     /// This node's own scheduler: what is served here.
     local: Arc<dyn Scheduler>,
     cluster: Arc<Cluster>,
-    tls: Option<ClientTlsConfig>,
-    /// Calls to one other node at once, at most.
-    per_peer: usize,
     voucher: Voucher,
-    /// The largest answer read from another node.
-    max_answer: usize,
-    clients: Mutex<HashMap<String, (Channel, Arc<Semaphore>)>>,
+    /// The clients of the other nodes.
+    peers: Peers,
     /// Which node a call without a shard goes to next.
     turn: AtomicUsize,
 }
@@ -119,12 +116,9 @@ impl Router {
         let max_answer = limits.max_message_bytes.max(LIST_KEY_BYTES) + ANSWER_OVERHEAD_BYTES;
         Router {
             voucher: Voucher::new(cluster.key().clone()),
+            peers: Peers::new(Arc::clone(&cluster), tls, per_peer, max_answer),
             local,
             cluster,
-            tls,
-            per_peer: per_peer.max(1),
-            max_answer,
-            clients: Mutex::new(HashMap::new()),
             turn: AtomicUsize::new(0),
         }
     }
@@ -172,68 +166,6 @@ impl Router {
         }
     }
 
-    /// A client of the node at `addr`, and one of the slots for calls to
-    /// it: none free (that many calls to it unanswered, as when it hangs)
-    /// fails the call at once rather than holding the caller's admission
-    /// too, so that a node that does not answer costs only its own shards.
-    fn client<C: PeerClient>(&self, addr: &str) -> Result<(C, OwnedSemaphorePermit), Error> {
-        let (channel, slots) = self.peer(addr)?;
-        let slot = slots.try_acquire_owned().map_err(|_| {
-            metrics::FORWARD_REFUSED.inc();
-            tracing::warn!(node = %addr, calls = self.per_peer, "every slot for calls to the node that owns a shard is taken");
-            Error::Relayed {
-                code: tonic::Code::Unavailable as i32,
-                message: format!(
-                    "the node that owns the message's shard has {} calls from this node unanswered; retry with \
-                     backoff",
-                    self.per_peer
-                ),
-                details: Vec::new(),
-            }
-        })?;
-        Ok((C::on(channel, self.max_answer), slot))
-    }
-
-    fn peer(&self, addr: &str) -> Result<(Channel, Arc<Semaphore>), Error> {
-        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((client, slots)) = clients.get(addr) {
-            return Ok((client.clone(), Arc::clone(slots)));
-        }
-        // Nodes come and go (a new address per restart in some setups):
-        // keep those the routing topic names.
-        if clients.len() >= KEPT_CLIENTS {
-            let named = self.cluster.peers();
-            clients.retain(|kept, _| named.contains(kept));
-        }
-        // The caller learns nothing of the cluster's addresses; the log does.
-        let unreachable = |e: &dyn std::fmt::Display| {
-            tracing::warn!(node = %addr, error = %e, "no client for the node that owns a shard");
-            Error::Relayed {
-                code: tonic::Code::Unavailable as i32,
-                message: "cannot reach the node that owns the message's shard".to_owned(),
-                details: Vec::new(),
-            }
-        };
-        let mut endpoint = Endpoint::from_shared(addr.to_owned())
-            .map_err(|e| unreachable(&e))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(10));
-        if addr.starts_with("https://") {
-            endpoint =
-                endpoint.tls_config(self.tls.clone().unwrap_or_default()).map_err(|e| unreachable(&e))?;
-        } else if self.tls.is_some() {
-            // This node speaks TLS, so the cluster does: an address
-            // without it is not one of its nodes', or a mistake.
-            return Err(unreachable(&"a plaintext address in a cluster whose nodes speak TLS"));
-        }
-        let channel = endpoint.connect_lazy();
-        let slots = Arc::new(Semaphore::new(self.per_peer));
-        clients.insert(addr.to_owned(), (channel.clone(), Arc::clone(&slots)));
-        Ok((channel, slots))
-    }
-
     /// A request about the message `id`: `None` when this node serves it,
     /// else the answer of the node that did.
     async fn one<C: PeerClient, Req: Clone, Resp>(
@@ -254,7 +186,7 @@ impl Router {
                 return Ok(None);
             };
             metrics::FORWARDED.with_label_values(&[method]).inc();
-            let (client, _slot) = self.client(&addr)?;
+            let (client, _slot) = self.peers.client(&addr)?;
             match send(client, self.forwarded(call, request.clone())).await {
                 Ok(response) => return Ok(Some(response.into_inner())),
                 Err(status) if resend < RESENDS && not_taken(&status) => {
@@ -286,7 +218,7 @@ impl Router {
             let request = self.forwarded(call, request.clone());
             async move {
                 metrics::FORWARDED.with_label_values(&["List"]).inc();
-                let (mut client, _slot) = self.client::<Client>(&addr)?;
+                let (mut client, _slot) = self.peers.client::<Client>(&addr)?;
                 let response = client.list(request).await.map_err(|s| from_peer(&addr, "List", s))?;
                 let (metadata, page, _) = response.into_parts();
                 positioned(&addr, &metadata, page)
@@ -383,7 +315,7 @@ impl Scheduler for Router {
             let remote = there.into_iter().map(|(addr, group)| async move {
                 let requests = group.iter().map(|(_, _, item)| item.clone()).collect();
                 metrics::FORWARDED.with_label_values(&[method]).inc_by(group.len() as u64);
-                let sent = match self.client::<Client>(&addr) {
+                let sent = match self.peers.client::<Client>(&addr) {
                     Ok((mut client, _slot)) => {
                         client
                             .schedule_batch(self.forwarded(call, proto::ScheduleBatchRequest { requests }))
@@ -616,8 +548,9 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     fn client_of(addr: std::net::SocketAddr) -> Client {
-        let endpoint =
-            Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_timeout(CONNECT_TIMEOUT);
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_timeout(CONNECT_TIMEOUT);
         Client::new(endpoint.connect_lazy())
     }
 

@@ -89,7 +89,7 @@ impl SeriesCalls for SeriesRouter {
             let request = self.router.forwarded(call, request.clone());
             async move {
                 metrics::FORWARDED.with_label_values(&["ListSeries"]).inc();
-                let (mut client, _slot) = self.router.client::<SeriesClient>(&addr)?;
+                let (mut client, _slot) = self.router.peers.client::<SeriesClient>(&addr)?;
                 let page =
                     client.list_series(request).await.map_err(|s| from_peer(&addr, "ListSeries", s))?;
                 Ok::<_, Error>(page.into_inner())

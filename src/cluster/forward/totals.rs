@@ -24,7 +24,7 @@ impl Router {
             let request = self.voucher.request(call, proto::StatsRequest {}, CALL_TIMEOUT);
             async move {
                 metrics::FORWARDED.with_label_values(&["Stats"]).inc();
-                let (mut client, _slot) = self.client::<Client>(&addr)?;
+                let (mut client, _slot) = self.peers.client::<Client>(&addr)?;
                 Ok::<_, Error>(
                     client.stats(request).await.map_err(|s| from_peer(&addr, "Stats", s))?.into_inner(),
                 )
@@ -72,7 +72,7 @@ impl Router {
             let request = self.voucher.request(call, whole.clone(), CALL_TIMEOUT);
             async move {
                 metrics::FORWARDED.with_label_values(&["Forecast"]).inc();
-                let (mut client, _slot) = self.client::<Client>(&addr)?;
+                let (mut client, _slot) = self.peers.client::<Client>(&addr)?;
                 let answer = client.forecast(request).await.map_err(|s| from_peer(&addr, "Forecast", s))?;
                 Forecast::try_from(answer.into_inner()).map_err(|e: Invalid| Error::Relayed {
                     code: tonic::Code::Internal as i32,
@@ -102,7 +102,7 @@ impl Router {
             async move {
                 metrics::FORWARDED.with_label_values(&["DescribeCluster"]).inc();
                 let answer = async {
-                    let (mut client, _slot) = self.client::<AdminClient>(&addr)?;
+                    let (mut client, _slot) = self.peers.client::<AdminClient>(&addr)?;
                     client.describe_cluster(request).await.map_err(|s| from_peer(&addr, "DescribeCluster", s))
                 }
                 .await;

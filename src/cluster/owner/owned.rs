@@ -78,8 +78,7 @@ impl Owned {
     /// up to `next`, while the log names this node the shard's owner.
     pub async fn note_ingress(&self, topic: &str, partition: i32, next: i64) -> Result<(), StoreError> {
         if self.fenced() {
-            // The shard is no longer this node's.
-            return Err(StoreError::NotOwner(self.partition as u32));
+            return Err(StoreError::LogUnavailable("the shard is no longer this node's".to_owned()));
         }
         let read = record::Ingress { topic: topic.to_owned(), partition, next };
         let note = LogRecord { writer: self.me, request: 0, change: Some(Change::Ingress(read)) };
