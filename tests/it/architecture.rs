@@ -45,24 +45,7 @@ fn without_tests(text: &str) -> String {
         let item = &rest[at..];
         let end = match (item.find(';'), item.find('{')) {
             (Some(semi), Some(brace)) if semi < brace => semi + 1,
-            (_, Some(brace)) => {
-                let mut depth = 0;
-                let mut end = item.len();
-                for (i, c) in item[brace..].char_indices() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                end = brace + i + 1;
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                end
-            }
+            (_, Some(brace)) => closing_brace(item, brace).map_or(item.len(), |close| close + 1),
             (Some(semi), None) => semi + 1,
             (None, None) => item.len(),
         };
@@ -70,6 +53,24 @@ fn without_tests(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Where the brace that closes the one at `open` in `code` is.
+fn closing_brace(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in code[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// `text` without its comments, and with every string and character
@@ -642,20 +643,7 @@ fn methods_by_type(text: &str) -> Vec<(String, Vec<String>, Vec<String>)> {
         let target = header.rsplit(" for ").next().unwrap_or(header).trim();
         let path = target.split('<').next().unwrap_or_default();
         let name = path.rsplit("::").next().unwrap_or_default().trim().to_owned();
-        let (mut depth, mut end) = (0usize, rest.len());
-        for (i, c) in rest[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = open + i;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let end = closing_brace(rest, open).unwrap_or(rest.len());
         let body = &rest[open..end];
         let defined = body
             .split("fn ")

@@ -92,8 +92,9 @@ pub(crate) fn forecast(
             // Out of time: everything before `key` was walked. Where that
             // is may be told to a caller that sees every space, or one
             // whose walk passed only its own entries and stops at one.
-            let own = !passed_hidden && seen(db, &snapshot, scope, &k, &v, key)?.is_some();
-            if !scope.sees_every_space() && !own {
+            let told = scope.sees_every_space()
+                || (!passed_hidden && seen(db, &snapshot, scope, &k, &v, key)?.is_some());
+            if !told {
                 return Err(StoreError::WalkTooLong { seconds: walk.budget.as_secs().max(1) });
             }
             forecast.stop_at(Some(key.at));
@@ -102,7 +103,10 @@ pub(crate) fn forecast(
         if logged.contains(key)? {
             // Delivered, waiting for its retention: not counted, but
             // passed.
-            if !passed_hidden && seen(db, &snapshot, scope, &k, &v, key)?.is_none() {
+            if !passed_hidden
+                && !scope.sees_every_space()
+                && seen(db, &snapshot, scope, &k, &v, key)?.is_none()
+            {
                 passed_hidden = true;
             }
             continue;
