@@ -168,6 +168,8 @@ stop() {
   [ -z "$stopped" ] || return 0
   stopped=1
   trap '' INT TERM HUP
+  # The watch loop's pause, if a signal came during it.
+  [ -z "${pause:-}" ] || kill "$pause" 2>/dev/null || true
   say "stopping the nodes"
   for i in $(seq "$nodes"); do
     ! node_alive "$i" || kill -TERM "$(pid_of "$i")" 2>/dev/null || true
@@ -207,5 +209,6 @@ while true; do
     echo "$script: start it again with: bash deploy/local/cluster.sh restart $i" >&2
   done
   sleep 1 &
-  wait $! || true
+  pause=$!
+  wait "$pause" || true
 done
