@@ -11,12 +11,13 @@ use crate::{
     Error, audit,
     auth::{Access, AdminScope},
     clock::Clock,
+    command::{Place, Row, Table as Rows},
     kafka::TopicCatalog,
     message::{
         Invalid, ReservedTopics, Tenant, duration_ms, validate_dead_letter_topic, validate_topic_name,
     },
     node::Node,
-    policy::{MAX_RATE, PolicyKey, PolicyWrite, Rate, Table, TopicPolicy},
+    policy::{MAX_RATE, PolicyKey, Rate, Table, TopicPolicy},
     store::StoreError,
 };
 
@@ -167,9 +168,8 @@ impl PolicyService {
         // An operator's change of another's policy: who made it is the
         // operators' to know.
         policy.by_operator = access.is_operator() && key.tenant != access.scope().tenant;
-        self.node
-            .write_policies(vec![PolicyWrite { key: key.clone(), policy: Some(policy.clone()) }])
-            .await?;
+        let row = Row::put(Rows::Policy, key.encode(), prost::Message::encode_to_vec(&policy));
+        self.node.write_rows(Place::Everywhere, vec![row]).await?;
         Ok((key, policy))
     }
 

@@ -13,10 +13,10 @@ use super::{
 };
 use crate::{
     cluster::log::record::{self, Change, LogRecord},
-    command::{Answer, Intent, NewMessage},
+    command::{Answer, Intent, NewMessage, Row, RowValue, Spread},
     message::{MessageId, Scheduled},
     metrics,
-    store::{Decided, Decision, Hold, Local, Proposed, SeriesBytes, SeriesWrite, Store, StoreError},
+    store::{Decided, Decision, Hold, Local, Proposed, Store, StoreError},
 };
 
 /// How long a caller waits for its record, once in the log, to be applied.
@@ -124,37 +124,41 @@ impl Front {
         )
     }
 
-    /// Writes series: each a record of its own, appended together and
-    /// answered once applied; applied only while the log names this node
-    /// the shard's owner. A deleted series' record is followed by its
-    /// tombstone, so that compaction drops the series from the log.
-    pub async fn write_series(&self, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
-        if self.store.log_owner() != self.waiters.me() {
+    /// Writes rows of tables: each a record of its own, appended together
+    /// and answered once applied. A row of a shard's own table is applied
+    /// only while the log names this node the shard's owner, and a
+    /// deleted one's record is followed by its tombstone, so that
+    /// compaction drops the row from the log. (A row of a table every
+    /// shard keeps is answered superseded if a later change of its key
+    /// was applied first.)
+    pub async fn write_rows(&self, rows: Vec<Row>) -> Result<(), StoreError> {
+        let own = |row: &Row| row.table.spread() == Spread::Shard;
+        if rows.iter().any(own) && self.store.log_owner() != self.waiters.me() {
             return Err(StoreError::NotOwner(self.partition as u32));
         }
-        let mut records = Vec::with_capacity(writes.len());
+        let mut records = Vec::with_capacity(rows.len());
         let mut deleted = Vec::new();
-        for write in writes {
-            // The log keeps the latest record of a series only: one that
-            // moves only the wake carries the series whole too.
-            let kept = match write.record {
-                SeriesBytes::Keep => self.store.series(write.id.clone()).await?,
+        for row in rows {
+            // The log keeps the latest record of a row only: one that
+            // moves only the wake carries the row whole too.
+            let kept = match row.value {
+                RowValue::Keep => self.store.row(row.table, row.key.clone()).await?,
                 _ => None,
             };
-            if matches!(write.record, SeriesBytes::Delete) {
-                deleted.push(record::series_key(write.id.as_bytes()));
+            if own(&row) && row.value == RowValue::Delete {
+                deleted.push(record::row_key(row.table, &row.key));
             }
-            let (key, change) = replica::series(write, kept);
+            let (key, change) = replica::row(row, kept);
             records.push((key, change, None));
         }
         for answer in self.log_records(records).await {
-            answer?.series()?;
+            answer?.rows()?;
         }
         for key in deleted {
             if let Err(e) = self.log.enqueue(self.partition, &key, None).await {
                 // Applied when read back; one missing leaves the deleted
-                // series' small record in the log, harmless.
-                tracing::debug!(partition = self.partition, error = %e, "a deleted series' tombstone was not appended");
+                // row's small record in the log, harmless.
+                tracing::debug!(partition = self.partition, error = %e, "a deleted row's tombstone was not appended");
             }
         }
         Ok(())

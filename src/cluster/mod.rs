@@ -32,6 +32,7 @@
 //! delivered or cancelled goes out again.
 
 pub(crate) mod applier;
+mod everywhere;
 mod forward;
 pub(crate) mod front;
 pub(crate) mod gate;
@@ -40,7 +41,6 @@ pub mod kafka;
 pub(crate) mod lease;
 pub mod log;
 pub(crate) mod owner;
-mod policies;
 pub(crate) mod recorder;
 pub(crate) mod replica;
 mod retention;

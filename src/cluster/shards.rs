@@ -8,11 +8,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::Cluster;
 use crate::{
-    command::{Answer, Intent, NewMessage},
+    command::{Answer, Intent, NewMessage, Place, Row},
     message::Scheduled,
     node::{Picture, ShardSet},
-    policy::PolicyWrite,
-    store::{SeriesWrite, Store, StoreError, StoreHealth},
+    store::{Store, StoreError, StoreHealth},
 };
 
 #[tonic::async_trait]
@@ -55,12 +54,11 @@ impl ShardSet for Cluster {
         })
     }
 
-    async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
-        self.owner_of(shard).await?.front().write_series(writes).await
-    }
-
-    async fn write_policies(&self, writes: Vec<PolicyWrite>) -> Result<(), StoreError> {
-        Cluster::write_policies(self, writes).await
+    async fn write_rows(&self, to: Place, rows: Vec<Row>) -> Result<(), StoreError> {
+        match to {
+            Place::Shard(shard) => self.owner_of(shard).await?.front().write_rows(rows).await,
+            Place::Everywhere => Cluster::write_everywhere(self, rows).await,
+        }
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

@@ -47,8 +47,9 @@ pub enum Answer {
     Scheduled(Result<Scheduled, StoreError>),
     Cancelled(Result<CancelOutcome, StoreError>),
     Rescheduled(Result<UnixMillis, StoreError>),
-    /// A series written (cluster mode: from its shard's owner only).
-    Series(Result<(), StoreError>),
+    /// Rows of a table written (cluster mode: a shard's table, from its
+    /// owner only; every shard's, unless a later change came first).
+    Rows(Result<(), StoreError>),
     /// Nobody waits on this record.
     None,
 }
@@ -93,15 +94,15 @@ impl Answer {
             Answer::Scheduled(_) => Answer::Scheduled(Err(moved())),
             Answer::Cancelled(_) => Answer::Cancelled(Err(moved())),
             Answer::Rescheduled(_) => Answer::Rescheduled(Err(moved())),
-            Answer::Series(_) => Answer::Series(Err(moved())),
+            Answer::Rows(_) => Answer::Rows(Err(moved())),
             Answer::None => Answer::None,
         }
     }
 
-    /// The answer to a series' write.
-    pub fn series(self) -> Result<(), StoreError> {
+    /// The answer to a write of rows.
+    pub fn rows(self) -> Result<(), StoreError> {
         match self {
-            Answer::Series(result) => result,
+            Answer::Rows(result) => result,
             other => Err(other.unexpected()),
         }
     }

@@ -9,6 +9,7 @@ mod dispatch;
 mod due;
 mod error;
 mod record;
+mod table;
 
 pub use change::{Answer, Intent, NewId, NewMessage};
 pub use counts::Counts;
@@ -16,3 +17,4 @@ pub(crate) use dispatch::{DeadLettered, DueBatch, InDoubt, Outcome, Ready, Settl
 pub use due::DispatchKey;
 pub use error::StoreError;
 pub use record::{HeaderRecord, LabelRecord, MessageRecord};
+pub use table::{Place, Row, RowValue, Spread, Table};

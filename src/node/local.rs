@@ -13,12 +13,11 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use super::{NodeConfig, NodeError, ShardSet};
 use crate::{
     clock::Clock,
-    command::{Answer, Intent, NewMessage},
+    command::{Answer, Intent, NewMessage, Place, Row},
     kafka::Producer,
     message::Scheduled,
-    policy::PolicyWrite,
     shard::{Seams, Shard},
-    store::{SeriesWrite, ShardOf, Store, StoreError, StoreHealth},
+    store::{ShardOf, Store, StoreError, StoreHealth},
 };
 
 /// Every shard, opened by this process: the node's [`ShardSet`] when it
@@ -122,13 +121,14 @@ impl ShardSet for LocalShards {
         self.store_of(shard).schedule_batch(msgs).await
     }
 
-    async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError> {
-        self.store_of(shard).write_series(writes).await
-    }
-
-    async fn write_policies(&self, writes: Vec<PolicyWrite>) -> Result<(), StoreError> {
-        let written = self.shards.iter().map(|shard| shard.store().write_policies(writes.clone()));
-        future::try_join_all(written).await.map(|_| ())
+    async fn write_rows(&self, to: Place, rows: Vec<Row>) -> Result<(), StoreError> {
+        match to {
+            Place::Shard(shard) => self.store_of(shard).write_rows(rows).await,
+            Place::Everywhere => {
+                let written = self.shards.iter().map(|shard| shard.store().write_rows(rows.clone()));
+                future::try_join_all(written).await.map(|_| ())
+            }
+        }
     }
 
     fn health(&self) -> watch::Receiver<StoreHealth> {

@@ -43,15 +43,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    command::{Answer, Intent, NewMessage},
-    command::{Counts, DispatchKey},
+    command::{Answer, Counts, DispatchKey, Intent, NewMessage, Place, Row},
     message::{
         Forecast, ListQuery, MessageId, PageToken, PendingMessage, PendingPage, Scheduled, ScheduledMessage,
         Scope, UnixMillis, Window, merge_pages, shard_of,
     },
-    policy::PolicyWrite,
     shard::ShardConfig,
-    store::{LIST_KEY_BYTES, ListFilter, SeriesWrite, Store, StoreError, StoreHealth, StorePage},
+    store::{LIST_KEY_BYTES, ListFilter, Store, StoreError, StoreHealth, StorePage},
 };
 
 /// What a node is built from.
@@ -148,18 +146,10 @@ impl Node {
         self.shards.stores()
     }
 
-    /// Writes series of `shard` ([`ShardSet::write_series`]).
-    pub(crate) async fn write_series(
-        &self,
-        shard: usize,
-        writes: Vec<SeriesWrite>,
-    ) -> Result<(), StoreError> {
-        self.shards.write_series(shard, writes).await
-    }
-
-    /// Writes dispatch policies to every shard ([`ShardSet::write_policies`]).
-    pub async fn write_policies(&self, writes: Vec<PolicyWrite>) -> Result<(), StoreError> {
-        self.shards.write_policies(writes).await
+    /// Writes rows of tables to one shard or every shard
+    /// ([`ShardSet::write_rows`]).
+    pub(crate) async fn write_rows(&self, to: Place, rows: Vec<Row>) -> Result<(), StoreError> {
+        self.shards.write_rows(to, rows).await
     }
 
     /// The dispatch policies in force, as the shard served here that has

@@ -10,10 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Picture, Role, ShardCopy};
 use crate::{
-    command::{Answer, Intent, NewMessage},
+    command::{Answer, Intent, NewMessage, Place, Row},
     message::Scheduled,
-    policy::PolicyWrite,
-    store::{SeriesWrite, Store, StoreError, StoreHealth},
+    store::{Store, StoreError, StoreHealth},
 };
 
 /// The shards one process serves, numbered from 0 to
@@ -49,16 +48,13 @@ pub trait ShardSet: Send + Sync {
         msgs: Vec<NewMessage>,
     ) -> Result<Vec<Result<Scheduled, StoreError>>, StoreError>;
 
-    /// Writes series of `shard` (see [`Store::write_series`]): standalone
-    /// one durable commit; in a cluster, records of the log, applied only
-    /// while this node owns the shard. Returns once every copy here has
+    /// Writes rows of tables (see [`Store::write_rows`]) to one shard or
+    /// to every shard, durably: standalone each store's commit; in a
+    /// cluster, records of the log (of one shard: applied only while this
+    /// node owns it; of every shard: a record in every partition, by any
+    /// node). Returns once each shard served here that they go to has
     /// them.
-    async fn write_series(&self, shard: usize, writes: Vec<SeriesWrite>) -> Result<(), StoreError>;
-
-    /// Writes dispatch policies to every shard, durably: standalone each
-    /// store's commit; in a cluster, a record in every partition of the
-    /// log. Returns once each shard served here has them.
-    async fn write_policies(&self, writes: Vec<PolicyWrite>) -> Result<(), StoreError>;
+    async fn write_rows(&self, to: Place, rows: Vec<Row>) -> Result<(), StoreError>;
 
     /// Whether every shard served takes new messages (the worst of their
     /// healths), and in a cluster whether the first shards are taken.

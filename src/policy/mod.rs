@@ -295,12 +295,24 @@ impl Table {
     }
 }
 
-/// A change of one policy, as the store writes it.
-#[derive(Clone, Debug)]
-pub struct PolicyWrite {
-    pub key: PolicyKey,
-    /// None (or empty): removed.
-    pub policy: Option<TopicPolicy>,
+/// Whether a policy's row (its key and record as stored, see
+/// [`PolicyKey::encode`]) reads, within the limits a call may set.
+pub fn row_reads(key: &[u8], bytes: &[u8]) -> bool {
+    let record = <TopicPolicy as prost::Message>::decode(bytes);
+    PolicyKey::decode(key).is_some() && record.is_ok_and(|p| p.rate_per_second <= MAX_RATE)
+}
+
+/// When the change a policy's row holds was made (0: it does not read).
+pub fn changed_at(bytes: &[u8]) -> u64 {
+    <TopicPolicy as prost::Message>::decode(bytes).map_or(0, |p| p.updated_ms)
+}
+
+/// A policy's row key as a person reads it.
+pub fn describe_row(key: &[u8]) -> String {
+    match PolicyKey::decode(key) {
+        Some(key) => format!("the policy of {}", key.describe()),
+        None => format!("a policy {:?}", String::from_utf8_lossy(key)),
+    }
 }
 
 #[cfg(test)]

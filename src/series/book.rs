@@ -18,9 +18,10 @@ use tokio::sync::{Mutex, MutexGuard};
 use super::{record::SeriesRecord, spec::Spec};
 use crate::{
     Error,
+    command::{Place, Row, RowValue, Table},
     message::{MessageId, Tenant, UnixMillis, murmur2},
     node::Node,
-    store::{SeriesBytes, SeriesWrite, Store, StoreError},
+    store::{Store, StoreError},
 };
 
 /// Locks, each shared by the series whose ids hash to it.
@@ -88,7 +89,7 @@ impl Book {
 
     pub async fn load(&self, id: &MessageId) -> Result<Option<SeriesRecord>, Error> {
         let store = self.node.store_of(id).await?;
-        let Some(bytes) = store.series(id.clone()).await? else { return Ok(None) };
+        let Some(bytes) = store.row(Table::Series, id.as_bytes().to_vec()).await? else { return Ok(None) };
         let record = SeriesRecord::from_bytes(&bytes)
             .map_err(|e| StoreError::Corrupt(format!("series {}: {e}", id.qualified())))?;
         Ok(Some(record))
@@ -106,7 +107,8 @@ impl Book {
         }
         let reads = by_shard.into_values().map(|slots| async move {
             let store = self.node.store_of(&ids[slots[0]]).await?;
-            let found = store.series_many(slots.iter().map(|i| ids[*i].clone()).collect()).await?;
+            let keys = slots.iter().map(|i| ids[*i].as_bytes().to_vec()).collect();
+            let found = store.rows(Table::Series, keys).await?;
             Ok::<_, Error>(slots.into_iter().zip(found).collect::<Vec<_>>())
         });
         let mut out: Vec<Option<Result<SeriesRecord, prost::DecodeError>>> =
@@ -122,15 +124,16 @@ impl Book {
     /// Writes `changes`, each shard's in one commit; returns once all are
     /// durable.
     pub async fn save(&self, changes: Vec<Change>) -> Result<(), Error> {
-        let mut by_shard: HashMap<usize, Vec<SeriesWrite>> = HashMap::new();
+        let mut by_shard: HashMap<usize, Vec<Row>> = HashMap::new();
         for c in changes {
-            by_shard.entry(self.node.shard_of(&c.id)).or_default().push(SeriesWrite {
-                record: match &c.record {
-                    Record::Put(record) => SeriesBytes::Put(record.to_bytes()),
-                    Record::Delete => SeriesBytes::Delete,
-                    Record::Keep => SeriesBytes::Keep,
+            by_shard.entry(self.node.shard_of(&c.id)).or_default().push(Row {
+                table: Table::Series,
+                value: match &c.record {
+                    Record::Put(record) => RowValue::Put(record.to_bytes()),
+                    Record::Delete => RowValue::Delete,
+                    Record::Keep => RowValue::Keep,
                 },
-                id: c.id,
+                key: c.id.as_bytes().to_vec(),
                 old_wake: c.old_wake,
                 wake: c.wake,
             });
@@ -138,7 +141,8 @@ impl Book {
         let lowered =
             by_shard.iter().map(|(shard, writes)| (*shard, writes.iter().filter_map(|w| w.wake).min()));
         let lowered: Vec<_> = lowered.collect();
-        let writes = by_shard.into_iter().map(|(shard, writes)| self.node.write_series(shard, writes));
+        let writes =
+            by_shard.into_iter().map(|(shard, rows)| self.node.write_rows(Place::Shard(shard), rows));
         let written = future::try_join_all(writes).await;
         // Even if a write failed: one of them may have been made.
         for (shard, lowest) in lowered {
@@ -177,7 +181,9 @@ impl Book {
     ) -> Result<(Vec<(UnixMillis, MessageId)>, Option<UnixMillis>), Error> {
         let floor = self.floor(shard);
         let at = floor.load(Ordering::Acquire);
-        let (due, next) = store.series_waking(UnixMillis(at), until, limit).await?;
+        let (due, next) = store.waking(Table::Series, UnixMillis(at), until, limit).await?;
+        let due =
+            due.into_iter().map(|(at, key)| Ok((at, series_id(&key)?))).collect::<Result<Vec<_>, Error>>()?;
         // Raised, unless a write lowered it meanwhile (then it stays).
         let lowest = due.iter().map(|(at, _)| *at).min().unwrap_or(until);
         let _ = floor.compare_exchange(at, lowest.0.max(at), Ordering::AcqRel, Ordering::Acquire);
@@ -194,12 +200,13 @@ impl Book {
             let mut after = None;
             while counted < up_to {
                 let asked = PAGE.min(up_to - counted);
-                let page = store.series_page(space.clone(), after, asked, tenant.is_none()).await?;
+                let page =
+                    store.row_page(Table::Series, space.clone(), after, asked, tenant.is_none()).await?;
                 counted += page.len();
                 if page.len() < asked {
                     break;
                 }
-                after = page.last().map(|(id, _)| id.clone());
+                after = page.last().map(|(key, _)| key.clone());
             }
         }
         Ok(counted)
@@ -235,13 +242,15 @@ impl Book {
         limit: usize,
     ) -> Result<Vec<(MessageId, Result<SeriesRecord, prost::DecodeError>)>, Error> {
         let stores = self.node.stores();
-        let reads =
-            stores.iter().map(|(_, store)| store.series_page(space.clone(), after.clone(), limit, shared));
+        let after = after.map(|id| id.as_bytes().to_vec());
+        let reads = stores
+            .iter()
+            .map(|(_, store)| store.row_page(Table::Series, space.clone(), after.clone(), limit, shared));
         let mut all = Vec::new();
         for page in future::try_join_all(reads).await? {
-            for (id, bytes) in page {
+            for (key, bytes) in page {
                 let record = SeriesRecord::from_bytes(&bytes);
-                all.push((id, record));
+                all.push((series_id(&key)?, record));
             }
         }
         all.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
@@ -293,4 +302,10 @@ pub fn park_at(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<Uni
         .map_or(LEAD * 2, |after| Duration::from_millis(after.0.saturating_sub(nominal.0)));
     let lead = LEAD.min(gap / 2);
     Some(UnixMillis(due.0.saturating_sub(lead.as_millis() as u64)))
+}
+
+/// The series id a row key of the series table holds.
+fn series_id(key: &[u8]) -> Result<MessageId, Error> {
+    MessageId::from_stored(key)
+        .ok_or_else(|| StoreError::Corrupt(format!("undecodable series key {key:?}")).into())
 }

@@ -27,17 +27,24 @@
 //!                                                   reconciliation)
 //! 0x04 ‖ topic ‖ 0 ‖ p Ingress(topic, partition,   how far the shard read partition p of an
 //!                      next)                        ingress topic: the next offset to read
-//! 0x05 ‖ series id   Series(id, bytes?, wakes)      a series as its owner wrote it (`crate::series`),
-//!                                                   and its wake moved; no bytes: deleted. Applied
-//!                                                   only from the shard's owner
+//! 0x05 ‖ series id   Series(row)                    a row of the series table (`crate::series`) as
+//!                                                   its owner wrote it, and its wake moved; no
+//!                                                   bytes: deleted. Applied only from the shard's
+//!                                                   owner
 //! 0x05 ‖ series id   none (tombstone)               the deleted series is gone for good
-//! 0x06 ‖ policy key  Policy(key, policy)            a dispatch policy (`crate::policy`), written to
+//! 0x06 ‖ policy key  Policy(row)                    a row of the policy table (`crate::policy`), written to
 //!                                                   every partition by any node; of two records of
 //!                                                   one key the later change wins (by its time,
 //!                                                   then its bytes), so that every partition comes
 //!                                                   to the same policy whatever order they came in.
 //!                                                   A removed policy stays as an empty record
 //! ```
+//!
+//! Every table (`crate::command::Table`) is logged alike: a [`Row`] under
+//! the table's key mark and the row's key, in the table's variant of
+//! [`Change`]; a row of a shard's own table is applied only from the
+//! shard's owner, and its tombstone forgets it; one of every shard's is
+//! written to every partition. A new table takes a key mark and a variant.
 //!
 //! The latest record of an id says all there is of its message, whatever
 //! came before it, as compaction keeps only that record: a copy rebuilt
@@ -53,7 +60,7 @@
 //! for it can answer its caller once it is applied.
 
 use crate::{
-    command::{HeaderRecord, LabelRecord},
+    command::{HeaderRecord, LabelRecord, RowValue, Spread, Table},
     message::{DueSpec, Envelope, MessageId, UnixMillis},
 };
 
@@ -114,33 +121,49 @@ pub enum Change {
     Marks(Marks),
     #[prost(message, tag = "10")]
     Ingress(Ingress),
+    /// A row of the series table.
     #[prost(message, tag = "11")]
-    Series(Series),
+    Series(Row),
+    /// A row of the policy table.
     #[prost(message, tag = "12")]
-    Policy(Policy),
+    Policy(Row),
 }
 
-/// A dispatch policy: its key and its record as the policy room encodes
-/// them (`crate::policy::PolicyKey`, `TopicPolicy`), checked when read.
+impl Change {
+    /// The record of a row of `table`.
+    pub fn of_row(table: Table, row: Row) -> Change {
+        match table {
+            Table::Series => Change::Series(row),
+            Table::Policy => Change::Policy(row),
+        }
+    }
+}
+
+/// The key mark of `table`'s records.
+fn key_mark(table: Table) -> u8 {
+    match table {
+        Table::Series => SERIES_KEY_MARK,
+        Table::Policy => POLICY_KEY_MARK,
+    }
+}
+
+/// The table whose records carry key mark `mark`.
+fn table_of(mark: u8) -> Option<Table> {
+    Table::ALL.into_iter().find(|t| key_mark(*t) == mark)
+}
+
+/// A row of a table (`crate::command::Table`): its key and bytes as its
+/// room keeps them, kept as they come (checked when read); and its entry
+/// in the table's wake index, moved from `old_wake_ms` to `wake_ms`. No
+/// bytes: the row was deleted. (Field for field the `Series` and `Policy`
+/// records of earlier builds, which read as rows.)
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Policy {
+pub struct Row {
+    /// A series id as the store keeps it; a policy's key.
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    pub policy: Vec<u8>,
-}
-
-/// A series as the shard's owner wrote it: its bytes are the series
-/// room's (`crate::series::record`), kept as they come; and its entry in
-/// the wake index, moved from `old_wake_ms` to `wake_ms`. No bytes: the
-/// series was deleted.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Series {
-    /// The series id as the store keeps it (as a message id is kept).
-    #[prost(bytes = "vec", tag = "1")]
-    pub id: Vec<u8>,
     #[prost(bytes = "vec", optional, tag = "2")]
-    pub bytes: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
     #[prost(uint64, optional, tag = "3")]
     pub old_wake_ms: Option<u64>,
     #[prost(uint64, optional, tag = "4")]
@@ -425,19 +448,10 @@ pub fn ingress_key(topic: &str, partition: i32) -> Vec<u8> {
     key
 }
 
-/// The key of series `id`'s [`Series`] records (`id` as stored).
-pub fn series_key(id: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(1 + id.len());
-    key.push(SERIES_KEY_MARK);
-    key.extend_from_slice(id);
-    key
-}
-
-/// The key of the [`Policy`] records of a policy (its key as the policy
-/// room encodes it).
-pub fn policy_key(key: &[u8]) -> Vec<u8> {
+/// The key of the records of row `key` of `table`.
+pub fn row_key(table: Table, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + key.len());
-    k.push(POLICY_KEY_MARK);
+    k.push(key_mark(table));
     k.extend_from_slice(key);
     k
 }
@@ -471,8 +485,9 @@ pub enum Entry {
     /// The end of a chunk's retention: its [`Settled`] record, under this
     /// key, is gone once the log is compacted.
     ForgetChunk(Vec<u8>),
-    /// A deleted series' tombstone: whatever is left of it goes.
-    ForgetSeries(MessageId),
+    /// A deleted row's tombstone (of a shard's own table): whatever is
+    /// left of it goes.
+    ForgetRow(Table, Vec<u8>),
     /// Nothing to apply: an owner's tombstone, or a record this build does
     /// not know (from a newer release), which is skipped with a warning.
     Skip(String),
@@ -509,19 +524,20 @@ pub fn read<'a>(
         return Entry::Skip(format!("record format {shown:?} is not one this build reads ({FORMAT})"));
     }
     let Some(value) = value else {
+        let row = key.and_then(|key| Some((table_of(*key.first()?)?, &key[1..])));
+        if let Some((table, row)) = row {
+            return if table.spread() == Spread::Shard && table.admits(row, &RowValue::Delete) {
+                Entry::ForgetRow(table, row.to_vec())
+            } else {
+                Entry::Skip(format!("a tombstone of {} that this build does not forget", table.describe(row)))
+            };
+        }
         return match key {
             Some(key @ [CHUNK_KEY_MARK, ..]) if key.len() == CHUNK_KEY_LEN => {
                 Entry::ForgetChunk(key.to_vec())
             }
-            Some([SERIES_KEY_MARK, id @ ..]) => match MessageId::from_stored(id) {
-                Some(id) => Entry::ForgetSeries(id),
-                None => Entry::Skip("a series tombstone whose key is no series id".to_owned()),
-            },
-            Some(
-                [CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK | INGRESS_KEY_MARK | POLICY_KEY_MARK, ..],
-            ) => Entry::Skip(
-                "the tombstone of an owner, of marks, of an ingress offset, of a policy, or of no chunk"
-                    .to_owned(),
+            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK | INGRESS_KEY_MARK, ..]) => Entry::Skip(
+                "the tombstone of an owner, of marks, of an ingress offset, or of no chunk".to_owned(),
             ),
             _ => match key.and_then(MessageId::from_stored) {
                 Some(id) => Entry::Forget(id),

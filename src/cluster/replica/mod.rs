@@ -11,10 +11,9 @@ use crate::{
         self, Cancelled, Change, Entry, LogMessage, SettledLine as LogLine, SettledOutcome,
     },
     command::MessageRecord,
-    command::{DeadLettered, Outcome, Settle},
+    command::{DeadLettered, Outcome, Row, RowValue, Settle, Table},
     message::{DeadReason, DueSpec, Labels, MessageId, UnixMillis},
-    policy::{PolicyKey, PolicyWrite, TopicPolicy},
-    store::{Local, LogEntry, Proposed, Replica, SeriesBytes, SeriesWrite, SettledLine},
+    store::{Local, LogEntry, Proposed, Replica, SettledLine},
 };
 
 /// The entry the store applies for the record at `offset`.
@@ -23,7 +22,7 @@ pub(crate) fn entry(offset: i64, at: UnixMillis, entry: Entry, local: Option<Loc
         Entry::Logged { writer, request, change } => (Some(writer), logged(writer, request, change)),
         Entry::Forget(id) => (None, Replica::Forget(id)),
         Entry::ForgetChunk(chunk) => (None, Replica::ForgetChunk(chunk)),
-        Entry::ForgetSeries(id) => (None, Replica::ForgetSeries(id)),
+        Entry::ForgetRow(table, key) => (None, Replica::ForgetRow(table, key)),
         // Logged (and a forgery counted) where it is read, with its
         // partition.
         Entry::Skip(_) | Entry::Forged(_) => (None, Replica::Skip),
@@ -72,40 +71,27 @@ fn logged(writer: u64, request: u64, change: Change) -> Replica {
         Change::Ingress(read) => {
             Replica::Ingress { topic: read.topic, partition: read.partition, next: read.next }
         }
-        Change::Policy(policy) => policy_of(&policy),
-        Change::Series(series) => match MessageId::from_stored(&series.id) {
-            Some(id) => Replica::Series(SeriesWrite {
-                id,
-                record: series.bytes.map_or(SeriesBytes::Delete, SeriesBytes::Put),
-                old_wake: series.old_wake_ms.map(UnixMillis),
-                wake: series.wake_ms.map(UnixMillis),
-            }),
-            None => unreadable_id(&series.id),
-        },
+        Change::Series(row) => row_of(Table::Series, row),
+        Change::Policy(row) => row_of(Table::Policy, row),
     }
 }
 
-/// A policy record, checked: a key or a record that does not read, or a
-/// limit past what a call may set, is skipped (and logged), never applied.
-fn policy_of(policy: &record::Policy) -> Replica {
-    let key = PolicyKey::decode(&policy.key);
-    let record = <TopicPolicy as prost::Message>::decode(&*policy.policy).ok();
-    match (key, record) {
-        (Some(key), Some(record)) if record.rate_per_second <= crate::policy::MAX_RATE => {
-            Replica::Policy(PolicyWrite { key, policy: Some(record) })
-        }
-        _ => {
-            tracing::warn!(key = ?String::from_utf8_lossy(&policy.key), "skipped a dispatch policy record of the schedule log that does not read");
-            Replica::Skip
-        }
+/// A row's record, checked: one its table does not admit (a key or bytes
+/// that do not read, a limit past what a call may set) is skipped (and
+/// logged), never applied.
+fn row_of(table: Table, row: record::Row) -> Replica {
+    let value = row.value.map_or(RowValue::Delete, RowValue::Put);
+    if !table.admits(&row.key, &value) {
+        tracing::warn!(row = %table.describe(&row.key), "skipped a row of the schedule log that does not read");
+        return Replica::Skip;
     }
-}
-
-/// The key and the change of the record that logs a policy's write.
-pub(crate) fn policy(write: &PolicyWrite) -> (Vec<u8>, Change) {
-    let key = write.key.encode();
-    let policy = prost::Message::encode_to_vec(&write.policy.clone().unwrap_or_default());
-    (record::policy_key(&key), Change::Policy(record::Policy { key, policy }))
+    Replica::Row(Row {
+        table,
+        key: row.key,
+        value,
+        old_wake: row.old_wake_ms.map(UnixMillis),
+        wake: row.wake_ms.map(UnixMillis),
+    })
 }
 
 fn unreadable_id(bytes: &[u8]) -> Replica {
@@ -206,22 +192,25 @@ fn message_of(id: &MessageId, record: MessageRecord) -> LogMessage {
     }
 }
 
-/// The key and the change of the record that logs a series' write, whole:
+/// The key and the change of the record that logs a row's write, whole:
 /// what is kept of it (`Keep`) comes as `kept`, its bytes as stored.
-pub(crate) fn series(write: SeriesWrite, kept: Option<Vec<u8>>) -> (Vec<u8>, Change) {
-    let bytes = match write.record {
-        SeriesBytes::Put(bytes) => Some(bytes),
-        SeriesBytes::Keep => kept,
-        SeriesBytes::Delete => None,
+pub(crate) fn row(row: Row, kept: Option<Vec<u8>>) -> (Vec<u8>, Change) {
+    let value = match row.value {
+        RowValue::Put(bytes) => Some(bytes),
+        RowValue::Keep => kept,
+        RowValue::Delete => None,
     };
-    let id = write.id.as_bytes().to_vec();
-    let change = Change::Series(record::Series {
-        id: id.clone(),
-        bytes,
-        old_wake_ms: write.old_wake.map(|t| t.0),
-        wake_ms: write.wake.map(|t| t.0),
-    });
-    (record::series_key(&id), change)
+    let key = record::row_key(row.table, &row.key);
+    let change = Change::of_row(
+        row.table,
+        record::Row {
+            key: row.key,
+            value,
+            old_wake_ms: row.old_wake.map(|t| t.0),
+            wake_ms: row.wake.map(|t| t.0),
+        },
+    );
+    (key, change)
 }
 
 /// A settle as the log records it.

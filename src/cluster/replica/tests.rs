@@ -17,6 +17,7 @@ mod dead_letter;
 mod expire;
 mod policy;
 mod replace;
+mod rows;
 mod series;
 
 fn open(dir: &Path) -> Store {

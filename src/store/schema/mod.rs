@@ -11,10 +11,14 @@
 //!                "c" ‖ space ‖ topic              → Counts of one tenant's messages on one topic
 //!                "o" ‖ topic ‖ 0 ‖ partition:i32be  → offset:i64be: none of this store's records
 //!                                                   on the target partition lies before it
-//!                "S" ‖ series id                  → a series (its bytes are the series room's)
+//!                "S" ‖ series id                  → a row of the series table (the series room's bytes)
 //!                "w" ‖ wake_ms:u64be ‖ series id  → ()   when the series next parks an occurrence
-//!                "P" ‖ tenant ‖ 0 ‖ topic         → TopicPolicy: a topic's pause and rate limit
+//!                "P" ‖ tenant ‖ 0 ‖ topic         → a row of the policy table (a TopicPolicy)
+//!                "p" ‖ wake_ms:u64be ‖ key        → ()   the policy table's wake index (unused)
 //! ```
+//!
+//! Each table (`crate::command::Table`) has a prefix for its rows and one
+//! for its wake index ([`table`]); a new table takes two free bytes.
 //!
 //! A due entry holds the message whole, so the dispatcher reads what is due
 //! in one sequential pass. The message is written once: while its due entry
@@ -60,12 +64,10 @@ use crate::message::{MessageId, UnixMillis};
 
 mod meta;
 mod peek;
-mod policy;
-mod series;
+mod table;
 pub use meta::*;
 pub use peek::peek_due_entry;
-pub use policy::*;
-pub use series::*;
+pub use table::*;
 
 pub const CF_DUE: &str = "due";
 pub const CF_MESSAGES: &str = "messages";
@@ -79,9 +81,6 @@ const DELIVERY_LOG_PREFIX: u8 = b'd';
 const LOG_CHUNK_PREFIX: u8 = b'k';
 const MARK_PREFIX: u8 = b'o';
 const INGRESS_PREFIX: u8 = b'i';
-const SERIES_PREFIX: u8 = b'S';
-const SERIES_WAKE_PREFIX: u8 = b'w';
-const POLICY_PREFIX: u8 = b'P';
 /// The first byte of a due entry in the current layout. A legacy entry is
 /// a bare id, whose first byte is printable or 0 (a tenant's space).
 const DUE_ENTRY_MARK: u8 = 1;

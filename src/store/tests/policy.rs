@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::*;
 use crate::{
+    command::{Row, Table},
     message::Tenant,
-    policy::{PolicyKey, PolicyWrite, TopicPolicy},
+    policy::{PolicyKey, TopicPolicy},
 };
 
 async fn park_to(store: &Store, tenant: Option<&str>, id: &str, topic: &str, due: u64) {
@@ -45,8 +46,10 @@ async fn policies_are_kept_through_a_reopen_and_watchers_see_each_change() {
     assert!(watch.borrow_and_update().is_empty());
     let key = PolicyKey { tenant: Some(Tenant::parse("acme").unwrap()), topic: "orders".into() };
     let paused = TopicPolicy { paused_at_ms: 42, rate_per_second: 10, ..TopicPolicy::default() };
-    let write = |policy| vec![PolicyWrite { key: key.clone(), policy }];
-    store.write_policies(write(Some(paused.clone()))).await.unwrap();
+    let write = |policy: &TopicPolicy| {
+        vec![Row::put(Table::Policy, key.encode(), prost::Message::encode_to_vec(policy))]
+    };
+    store.write_rows(write(&paused)).await.unwrap();
     assert!(watch.has_changed().unwrap(), "watchers are told");
     assert_eq!(watch.borrow_and_update().get(&key), Some(&paused));
     store.close().await;
@@ -54,7 +57,7 @@ async fn policies_are_kept_through_a_reopen_and_watchers_see_each_change() {
 
     let store = open(dir.path());
     assert_eq!(store.policies().borrow().get(&key), Some(&paused), "kept through a reopen");
-    store.write_policies(write(Some(TopicPolicy::default()))).await.unwrap();
+    store.write_rows(write(&TopicPolicy::default())).await.unwrap();
     assert!(store.policies().borrow().is_empty(), "a policy that says nothing is removed");
     store.close().await;
     drop(store);

@@ -7,7 +7,7 @@ use tokio::sync::oneshot;
 
 use super::{Decided, Decision, LogEntry};
 use crate::{
-    command::{Answer, InDoubt, Intent, NewMessage, Settle},
+    command::{Answer, InDoubt, Intent, NewMessage, Row, Settle},
     message::{CancelOutcome, Matching, MessageId, Scheduled, Scope, UnixMillis},
     store::{StoreError, claims::Floor, read, schema::DispatchKey},
 };
@@ -93,15 +93,10 @@ pub(crate) enum Op {
         hold: bool,
         reply: Reply<Vec<MessageId>>,
     },
-    /// Changes of series, committed together. Answered once committed.
-    Series {
-        writes: Vec<crate::store::SeriesWrite>,
-        reply: Reply<()>,
-    },
-    /// Changes of dispatch policies, committed together. Answered once
-    /// committed.
-    Policy {
-        writes: Vec<crate::policy::PolicyWrite>,
+    /// Changes of rows of tables, committed together. Answered once
+    /// committed (and a cached table's watchers told).
+    Rows {
+        rows: Vec<Row>,
         reply: Reply<()>,
     },
     /// Cluster mode: decide a caller's change before it is logged.
@@ -139,8 +134,7 @@ impl Op {
             Op::Settle { settles, .. } => settles.len().max(1),
             Op::Apply { entries, .. } => entries.len().max(1),
             Op::DecideAll { intents, .. } => intents.len().max(1),
-            Op::Series { writes, .. } => writes.len().max(1),
-            Op::Policy { writes, .. } => writes.len().max(1),
+            Op::Rows { rows, .. } => rows.len().max(1),
             Op::Purge { candidates, logs, .. } => {
                 (candidates.len() + logs.iter().map(|l| l.lines.len()).sum::<usize>()).max(1)
             }
@@ -172,8 +166,7 @@ pub(super) fn refuse(op: Op, error: StoreError) {
         Op::DecideAll { reply, .. } => drop(reply.send(Err(error))),
         Op::Apply { reply, .. } => drop(reply.send(Err(error))),
         Op::Mark { reply, .. } => drop(reply.send(Err(error))),
-        Op::Series { reply, .. } => drop(reply.send(Err(error))),
-        Op::Policy { reply, .. } => drop(reply.send(Err(error))),
+        Op::Rows { reply, .. } => drop(reply.send(Err(error))),
         Op::Horizon { reply, .. } | Op::ProducingFrom { reply, .. } => drop(reply.send(Err(error))),
         Op::Settle { .. }
         | Op::Unpark(_)

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use crate::{
-    command::{Outcome, Settle},
+    command::{Outcome, Row, Settle, Table},
     message::{MessageId, UnixMillis},
-    store::{SeriesWrite, claims::Floor, schema::MessageRecord},
+    store::{claims::Floor, schema::MessageRecord},
 };
 
 /// One record of the shard's log partition, to apply.
@@ -58,15 +58,14 @@ pub(crate) enum Replica {
     Forget(MessageId),
     /// Retention ended for a chunk: forget its key.
     ForgetChunk(Vec<u8>),
-    /// A series as the shard's owner wrote it (applied only when the
-    /// record's writer owns the shard: an owner fenced meanwhile may have
-    /// decided from what the next one changed since).
-    Series(SeriesWrite),
-    /// A deleted series' tombstone: whatever is left of it goes.
-    ForgetSeries(MessageId),
-    /// A dispatch policy, from any node of the cluster: of two changes of
-    /// one policy the later wins, in whatever order they are applied.
-    Policy(crate::policy::PolicyWrite),
+    /// A row of a table. One of a shard's table is applied only when the
+    /// record's writer owns the shard (an owner fenced meanwhile may have
+    /// decided from what the next one changed since); one every shard
+    /// keeps, from any node, only if it is a later change of its key than
+    /// the one kept, in whatever order they are applied.
+    Row(Row),
+    /// A deleted row's tombstone: whatever is left of it goes.
+    ForgetRow(Table, Vec<u8>),
     /// Nothing to apply; the partition's next offset moves past it.
     Skip,
 }

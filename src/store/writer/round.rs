@@ -12,7 +12,7 @@ use rocksdb::{DB, WriteBatch};
 
 use super::ops::Reply;
 use crate::{
-    command::Settle,
+    command::{Row, RowValue, Settle, Spread, Table},
     message::{Matching, MessageId, UnixMillis},
     metrics,
     store::{
@@ -61,9 +61,10 @@ pub(super) struct Round<'a> {
     pub(super) chunk: Vec<DeliveryLine>,
     pub(super) replies: Vec<DeferredReply>,
     pub(super) effects: Effects,
-    /// Dispatch policies this round writes: the table is told once it
-    /// commits.
-    pub(super) policies: Vec<crate::policy::PolicyWrite>,
+    /// Rows this round writes of cached tables (their watchers are told
+    /// once it commits) and of tables every shard keeps (a later change in
+    /// the same round is compared with them).
+    pub(super) watched: Vec<Row>,
     /// Commit even when nothing changed: a probe.
     pub(super) probe: bool,
     /// A replica of a log (cluster mode): what applying it in this round did.
@@ -144,7 +145,7 @@ impl<'a> Round<'a> {
             chunk: Vec::new(),
             replies: Vec::new(),
             effects: Effects::default(),
-            policies: Vec::new(),
+            watched: Vec::new(),
             probe: false,
             replica: ReplicaRound { settled: HashSet::new(), from_log: false, holding: Vec::new() },
             delivery_logs: RefCell::default(),
@@ -227,31 +228,31 @@ impl<'a> Round<'a> {
         self.claims.highest_removed = self.claims.highest_removed.max(Some(key));
     }
 
-    pub(super) fn put_series(&mut self, write: &crate::store::SeriesWrite) {
-        use crate::store::SeriesBytes;
+    /// Writes a row of a table, and moves its wake.
+    pub(super) fn put_row(&mut self, row: Row) {
         let checkpoint = cf(self.db, schema::CF_CHECKPOINT);
-        if let Some(old) = write.old_wake {
-            self.batch.delete_cf(checkpoint, schema::series_wake_key(old, &write.id));
+        if let Some(old) = row.old_wake {
+            self.batch.delete_cf(checkpoint, schema::wake_key(row.table, old, &row.key));
         }
-        match &write.record {
-            SeriesBytes::Put(bytes) => self.batch.put_cf(checkpoint, schema::series_key(&write.id), bytes),
-            SeriesBytes::Delete => self.batch.delete_cf(checkpoint, schema::series_key(&write.id)),
-            SeriesBytes::Keep => {}
+        match &row.value {
+            RowValue::Put(bytes) => {
+                self.batch.put_cf(checkpoint, schema::row_key(row.table, &row.key), bytes)
+            }
+            RowValue::Delete => self.batch.delete_cf(checkpoint, schema::row_key(row.table, &row.key)),
+            RowValue::Keep => {}
         }
-        if let Some(wake) = write.wake {
-            self.batch.put_cf(checkpoint, schema::series_wake_key(wake, &write.id), []);
+        if let Some(wake) = row.wake {
+            self.batch.put_cf(checkpoint, schema::wake_key(row.table, wake, &row.key), []);
+        }
+        if row.table.cached() || row.table.spread() == Spread::Everywhere {
+            self.watched.push(row);
         }
     }
 
-    pub(super) fn put_policy(&mut self, write: crate::policy::PolicyWrite) {
-        let checkpoint = cf(self.db, schema::CF_CHECKPOINT);
-        // A removal stays as an empty record: when it was made.
-        let key = schema::policy_key(&write.key);
-        match write.policy.as_ref() {
-            Some(policy) => self.batch.put_cf(checkpoint, key, prost::Message::encode_to_vec(policy)),
-            None => self.batch.delete_cf(checkpoint, key),
-        }
-        self.policies.push(write);
+    /// What this round writes of row `key` of `table`, if it writes it
+    /// (the latest write) and the table is one every shard keeps.
+    pub(super) fn written(&self, table: Table, key: &[u8]) -> Option<&RowValue> {
+        self.watched.iter().rev().find(|row| row.table == table && row.key == key).map(|row| &row.value)
     }
 
     pub(super) fn put_mark(&mut self, topic: &str, partition: i32, offset: i64) {

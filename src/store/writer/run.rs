@@ -345,15 +345,9 @@ impl Writer {
                 self.set_marks(r, &topic, ends);
                 r.reply(reply, Ok(()));
             }
-            Op::Series { writes, reply } => {
-                for write in &writes {
-                    r.put_series(write);
-                }
-                r.reply(reply, Ok(()));
-            }
-            Op::Policy { writes, reply } => {
-                for write in writes {
-                    r.put_policy(write);
+            Op::Rows { rows, reply } => {
+                for row in rows {
+                    r.put_row(row);
                 }
                 r.reply(reply, Ok(()));
             }
@@ -451,14 +445,9 @@ impl Writer {
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
                 r.effects.record();
-                if !r.policies.is_empty() {
-                    let writes = std::mem::take(&mut r.policies);
-                    self.shared.policies.send_modify(|table| {
-                        let table = Arc::make_mut(table);
-                        for write in writes {
-                            table.set(write.key, write.policy);
-                        }
-                    });
+                let cached: Vec<_> = r.watched.drain(..).filter(|row| row.table.cached()).collect();
+                if !cached.is_empty() {
+                    crate::store::policy::publish(&self.shared.policies, cached);
                 }
                 self.shared.pending.store(r.meta.pending, Ordering::Relaxed);
                 self.shared.log_next.store(r.meta.log_next, Ordering::Release);

@@ -4,20 +4,19 @@
 
 use super::*;
 use crate::{
-    cluster::replica::policy,
-    policy::{PolicyKey, PolicyWrite, TopicPolicy},
+    command::{Row, Table},
+    policy::{PolicyKey, TopicPolicy},
 };
 
-fn change(updated_ms: u64, paused: bool) -> (PolicyWrite, Change) {
-    let write = PolicyWrite {
-        key: PolicyKey::topic_wide("orders"),
-        policy: Some(TopicPolicy {
-            paused_at_ms: if paused { 5 } else { 0 },
-            updated_ms,
-            ..TopicPolicy::default()
-        }),
-    };
-    let change = policy(&write).1;
+fn change(updated_ms: u64, paused: bool) -> (Row, Change) {
+    let policy =
+        TopicPolicy { paused_at_ms: if paused { 5 } else { 0 }, updated_ms, ..TopicPolicy::default() };
+    let write = Row::put(
+        Table::Policy,
+        PolicyKey::topic_wide("orders").encode(),
+        prost::Message::encode_to_vec(&policy),
+    );
+    let change = crate::cluster::replica::row(write.clone(), None).1;
     (write, change)
 }
 
@@ -54,20 +53,23 @@ async fn two_copies_applying_two_changes_in_either_order_keep_the_later() {
 async fn a_policy_record_that_does_not_read_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
+    let policy = |key: Vec<u8>, value: Option<Vec<u8>>| record::Row { key, value, ..record::Row::default() };
     let bad = [
-        record::Policy { key: b"no separator".to_vec(), policy: Vec::new() },
-        record::Policy { key: PolicyKey::topic_wide("orders").encode(), policy: b"\xff\xff".to_vec() },
-        record::Policy {
-            key: PolicyKey::topic_wide("orders").encode(),
-            policy: prost::Message::encode_to_vec(&TopicPolicy {
+        policy(b"no separator".to_vec(), Some(Vec::new())),
+        policy(PolicyKey::topic_wide("orders").encode(), Some(b"\xff\xff".to_vec())),
+        policy(
+            PolicyKey::topic_wide("orders").encode(),
+            Some(prost::Message::encode_to_vec(&TopicPolicy {
                 rate_per_second: u32::MAX,
                 ..TopicPolicy::default()
-            }),
-        },
+            })),
+        ),
+        // A deletion: a policy is removed by a later, empty change.
+        policy(PolicyKey::topic_wide("orders").encode(), None),
     ];
     let entries = bad.into_iter().enumerate().map(|(i, p)| logged(i as i64, Change::Policy(p))).collect();
     store.apply(entries).await.unwrap();
     assert!(store.policies().borrow().is_empty());
-    assert_eq!(store.log_next(), 3, "passed over, not stuck on");
+    assert_eq!(store.log_next(), 4, "passed over, not stuck on");
     store.close().await;
 }

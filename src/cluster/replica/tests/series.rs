@@ -8,20 +8,22 @@ use super::*;
 /// leave nothing.
 #[tokio::test]
 async fn series_records_apply_from_the_owner_only_and_move_the_wake() {
-    use crate::store::{SeriesBytes, SeriesWrite};
+    use crate::command::{Row, RowValue, Table};
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let write = |bytes: Option<&[u8]>, old: Option<u64>, wake: Option<u64>| SeriesWrite {
-        id: id("daily"),
-        record: bytes.map_or(SeriesBytes::Delete, |b| SeriesBytes::Put(b.to_vec())),
+    let write = |bytes: Option<&[u8]>, old: Option<u64>, wake: Option<u64>| Row {
+        table: Table::Series,
+        key: id("daily").as_bytes().to_vec(),
+        value: bytes.map_or(RowValue::Delete, |b| RowValue::Put(b.to_vec())),
         old_wake: old.map(UnixMillis),
         wake: wake.map(UnixMillis),
     };
-    let series = |w: SeriesWrite| crate::cluster::replica::series(w, None).1;
+    let series = |w: Row| crate::cluster::replica::row(w, None).1;
     let waking = |store: &Store| {
         let store = store.clone();
-        async move { store.series_waking(UnixMillis(0), UnixMillis(u64::MAX - 1), 10).await.unwrap().0 }
+        async move { store.waking(Table::Series, UnixMillis(0), UnixMillis(u64::MAX - 1), 10).await.unwrap().0 }
     };
+    let daily = || id("daily").as_bytes().to_vec();
     let answers = store
         .apply(vec![
             claim(0, 1),
@@ -32,19 +34,19 @@ async fn series_records_apply_from_the_owner_only_and_move_the_wake() {
         ])
         .await
         .unwrap();
-    assert!(matches!(answers[1], Answer::Series(Ok(()))), "{:?}", answers[1]);
-    assert!(matches!(answers[2], Answer::Series(Err(_))), "{:?}", answers[2]);
-    assert_eq!(store.series(id("daily")).await.unwrap().as_deref(), Some(&b"v2"[..]));
-    assert_eq!(waking(&store).await, [(UnixMillis(200), id("daily"))], "the old wake is gone");
+    assert!(matches!(answers[1], Answer::Rows(Ok(()))), "{:?}", answers[1]);
+    assert!(matches!(answers[2], Answer::Rows(Err(_))), "{:?}", answers[2]);
+    assert_eq!(store.row(Table::Series, daily()).await.unwrap().as_deref(), Some(&b"v2"[..]));
+    assert_eq!(waking(&store).await, [(UnixMillis(200), daily())], "the old wake is gone");
 
-    let key = record::series_key(id("daily").as_bytes());
+    let key = record::row_key(Table::Series, &daily());
     let tombstone = record::read(
         Some(&key),
         None,
         [(crate::cluster::log::RECORD_HEADER, Some(record::FORMAT.as_bytes()))],
         true,
     );
-    assert_eq!(tombstone, Entry::ForgetSeries(id("daily")));
+    assert_eq!(tombstone, Entry::ForgetRow(Table::Series, daily()));
     store
         .apply(vec![
             logged_by(1, 4, series(write(None, Some(200), None))),
@@ -52,7 +54,7 @@ async fn series_records_apply_from_the_owner_only_and_move_the_wake() {
         ])
         .await
         .unwrap();
-    assert_eq!(store.series(id("daily")).await.unwrap(), None);
+    assert_eq!(store.row(Table::Series, daily()).await.unwrap(), None);
     assert!(waking(&store).await.is_empty());
     assert_eq!(store.log_next(), 6);
     store.close().await;

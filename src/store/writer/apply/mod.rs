@@ -26,7 +26,7 @@ use super::{
     state::Writer,
 };
 use crate::{
-    command::{Answer, Intent, NewId, NewMessage, Outcome, Settle, Tries},
+    command::{Answer, Intent, NewId, NewMessage, Outcome, Row, RowValue, Settle, Spread, Tries},
     message::{
         CancelOutcome, Matching, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope,
         UnixMillis,
@@ -325,9 +325,8 @@ pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
         | Replica::Marks { .. }
         | Replica::Ingress { .. }
         | Replica::ForgetChunk(_)
-        | Replica::Series(_)
-        | Replica::ForgetSeries(_)
-        | Replica::Policy(_)
+        | Replica::Row(_)
+        | Replica::ForgetRow(..)
         | Replica::Skip => Vec::new(),
     }
 }
@@ -436,24 +435,22 @@ impl Writer {
                 r.batch.delete_cf(self.checkpoint(), schema::log_chunk_key(&chunk));
                 Answer::None
             }
-            Replica::Series(write) if from_owner => {
-                r.put_series(&write);
-                Answer::Series(Ok(()))
-            }
-            // Written by a node the log no longer names the owner: its
-            // driver or call decided from a series the owner may have
-            // changed since. Every copy leaves it out alike.
-            Replica::Series(_) => Answer::Series(Err(StoreError::LogUnavailable(
-                "the shard moved to another node while this series was changed; retry".to_owned(),
-            ))),
-            Replica::ForgetSeries(id) => {
-                r.batch.delete_cf(self.checkpoint(), schema::series_key(&id));
-                Answer::None
-            }
-            Replica::Policy(write) => {
-                if self.is_later_policy(r, &write) {
-                    r.put_policy(write);
+            Replica::Row(row) => Answer::Rows(match row.table.spread() {
+                Spread::Shard if from_owner => {
+                    r.put_row(row);
+                    Ok(())
                 }
+                // Written by a node the log no longer names the owner: its
+                // driver or call decided from a row the owner may have
+                // changed since. Every copy leaves it out alike.
+                Spread::Shard => Err(StoreError::LogUnavailable(format!(
+                    "the shard moved to another node while {} was changed; retry",
+                    row.table.describe(&row.key)
+                ))),
+                Spread::Everywhere => self.later_row(r, row)?,
+            }),
+            Replica::ForgetRow(table, key) => {
+                r.batch.delete_cf(self.checkpoint(), schema::row_key(table, &key));
                 Answer::None
             }
             Replica::Skip => Answer::None,
@@ -710,18 +707,33 @@ impl Writer {
         Ok(())
     }
 
-    /// Whether `write` is a later change of its policy than the one the
-    /// store has (or this round writes): by its time, then its bytes, so
-    /// that every copy keeps the same one whatever order the partitions
-    /// brought them in.
-    fn is_later_policy(&self, r: &Round, write: &crate::policy::PolicyWrite) -> bool {
-        let order = |p: &crate::policy::TopicPolicy| (p.updated_ms, prost::Message::encode_to_vec(p));
-        let Some(new) = &write.policy else { return true };
-        let current = match r.policies.iter().rev().find(|w| w.key == write.key) {
-            Some(pending) => pending.policy.clone(),
-            None => self.shared.policies.borrow().last_change(&write.key).cloned(),
+    /// Writes `row` of a table every shard keeps if it is a later change
+    /// of its key than the one the store has (or this round writes), by
+    /// [`Table::order`](crate::command::Table::order), so that every copy
+    /// keeps the same whatever order the partitions brought them in. Kept
+    /// as it is (the same change again): fine; an earlier one: superseded.
+    fn later_row(&self, r: &mut Round, row: Row) -> Result<Result<(), StoreError>, StoreError> {
+        let RowValue::Put(new) = &row.value else {
+            // Only a put is ordered; a log's row of such a table is one.
+            return Ok(Ok(()));
         };
-        current.is_none_or(|current| order(new) > order(&current))
+        let current = match r.written(row.table, &row.key) {
+            Some(RowValue::Put(bytes)) => Some(bytes.clone()),
+            Some(_) => None,
+            None => self.shared.db.get_cf(self.checkpoint(), schema::row_key(row.table, &row.key))?,
+        };
+        let order = |bytes: &[u8]| row.table.order(bytes);
+        Ok(match current {
+            Some(current) if order(new) < order(&current) => Err(StoreError::LogUnavailable(format!(
+                "the change of {} was superseded by a later one made meanwhile through another node; read it again",
+                row.table.describe(&row.key)
+            ))),
+            Some(current) if current == *new => Ok(()),
+            _ => {
+                r.put_row(row);
+                Ok(())
+            }
+        })
     }
 
     fn checkpoint(&self) -> &rocksdb::ColumnFamily {
