@@ -25,7 +25,7 @@ use crate::{
 /// server keeps. Each tenant's own are counted apart, against
 /// [`PolicyLimits::per_tenant`], so that no tenant can use up the room an
 /// operator's pause needs.
-pub const MAX_POLICIES: usize = 10_000;
+pub(crate) const MAX_POLICIES: usize = 10_000;
 
 /// What the policy calls may hold and name.
 #[derive(Clone, Debug)]

@@ -23,12 +23,12 @@ use std::fmt::Display;
 use crate::{Error, auth::Access};
 
 /// The tracing target of the audit lines.
-pub const TARGET: &str = "hourglass::audit";
+pub(crate) const TARGET: &str = "hourglass::audit";
 
 /// Records that `access` asked for `verb` on `what`, and how it ended:
 /// `Ok(outcome)` in a word or two (`cancelled`, `not_found`, ...), or the
 /// error it was refused with.
-pub fn record(access: &Access, verb: &'static str, what: &dyn Display, outcome: Result<&str, &Error>) {
+pub(crate) fn record(access: &Access, verb: &'static str, what: &dyn Display, outcome: Result<&str, &Error>) {
     let scope = access.scope();
     let tenant = scope.tenant.as_ref().map_or("", |t| t.as_str());
     let operator = access.is_operator();

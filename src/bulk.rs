@@ -36,7 +36,7 @@ const ANSWER_MARGIN: Duration = Duration::from_millis(200);
 
 /// Cancels the pending messages `request` selects, from its page token on,
 /// until the budget is spent or none is left.
-pub async fn cancel_matching(
+pub(crate) async fn cancel_matching(
     scheduler: &dyn Scheduler,
     call: &Call,
     request: proto::CancelMatchingRequest,

@@ -48,7 +48,7 @@ mod armed {
     });
 
     /// True the hits of `name` the test armed it for.
-    pub fn fires(name: &str) -> bool {
+    pub(super) fn fires(name: &str) -> bool {
         let Some((armed, first, last, hits)) = ARMED.as_ref() else { return false };
         if armed != name {
             return false;
@@ -60,7 +60,7 @@ mod armed {
 
 /// Crashes the process here if the test armed this point.
 #[cfg(feature = "failpoints")]
-pub fn hit(name: &str) {
+pub(crate) fn hit(name: &str) {
     if armed::fires(name) {
         eprintln!("fail point {name} reached: aborting");
         std::process::abort();
@@ -70,16 +70,16 @@ pub fn hit(name: &str) {
 /// Whether the test armed this point and it is now reached: the caller
 /// then breaks what the point names.
 #[cfg(feature = "failpoints")]
-pub fn fires(name: &str) -> bool {
+pub(crate) fn fires(name: &str) -> bool {
     armed::fires(name)
 }
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_name: &str) {}
+pub(crate) fn hit(_name: &str) {}
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn fires(_name: &str) -> bool {
+pub(crate) fn fires(_name: &str) -> bool {
     false
 }

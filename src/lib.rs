@@ -64,7 +64,10 @@
 //! test kit are crates of their own (`bench/`, `testkit/`). Only the modules
 //! those and the tests name are public; the rest (the command vocabulary,
 //! the dispatcher, the node, the series, the console...) are the crate's
-//! own, and the architecture test keeps it so.
+//! own, and the architecture test keeps it so; within a public module, an
+//! item its users cannot reach is the crate's own too (`unreachable_pub`).
+
+#![warn(unreachable_pub)]
 
 pub(crate) mod admin;
 pub mod api;

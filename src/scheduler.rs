@@ -18,10 +18,10 @@ use crate::{
 
 /// Request metadata of a call one node passes on to another: it is served
 /// there, or refused, never passed on again.
-pub const FORWARDED: &str = "hourglass-forwarded";
+pub(crate) const FORWARDED: &str = "hourglass-forwarded";
 /// Response metadata of a forwarded `List`: each message's position in the
 /// listing's order, as page tokens, comma-separated.
-pub const POSITIONS: &str = "hourglass-positions";
+pub(crate) const POSITIONS: &str = "hourglass-positions";
 
 /// Who makes a call, and whether another node passed it on.
 #[derive(Clone, Debug)]
@@ -99,14 +99,14 @@ pub trait Scheduler: Send + Sync + 'static {
 }
 
 /// Series a `ListSeries` page holds unless asked.
-pub const DEFAULT_SERIES_PAGE: usize = 100;
+pub(crate) const DEFAULT_SERIES_PAGE: usize = 100;
 /// The most bytes of series a `ListSeries` page holds (one series always,
 /// however large): well inside the 4 MiB a gRPC client reads by default.
-pub const SERIES_PAGE_BYTES: usize = 3 << 20;
+pub(crate) const SERIES_PAGE_BYTES: usize = 3 << 20;
 
 /// Cuts `series` (in id order) to what [`SERIES_PAGE_BYTES`] holds; if it
 /// cut, the id of the last series kept: where the next page starts after.
-pub fn fit_series_page(series: &mut Vec<proto::SeriesInfo>) -> Option<String> {
+pub(crate) fn fit_series_page(series: &mut Vec<proto::SeriesInfo>) -> Option<String> {
     use prost::Message as _;
     let mut bytes = 0;
     let keep = series

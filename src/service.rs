@@ -34,16 +34,16 @@ use crate::{
 };
 
 /// Due entries one `List` call looks at, at most, matching or not.
-pub const LIST_EXAMINE: usize = 10_000;
+pub(crate) const LIST_EXAMINE: usize = 10_000;
 
 /// Forecasts that may wait for their turn on a node; one more is refused
 /// at once, so that waiting forecasts never hold more than these few of
 /// the calls the server admits.
-pub const FORECASTS_WAITING: usize = 8;
+pub(crate) const FORECASTS_WAITING: usize = 8;
 
 /// The longest a forecast waits for its turn when its caller set no
 /// earlier deadline.
-pub const FORECAST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const FORECAST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Ids generated, at most, to find one in a shard this node owns.
 const ID_TRIES: usize = 1024;

@@ -25,7 +25,7 @@ pub struct ShardConfig {
     pub upkeep_every: Duration,
 }
 
-pub struct Shard {
+pub(crate) struct Shard {
     store: Store,
     stop: CancellationToken,
     tasks: TaskTracker,
@@ -43,7 +43,7 @@ pub(crate) struct Seams {
 impl Seams {
     /// A node on its own: deliveries are recorded in the store, the
     /// dispatcher may always produce, retention forgets in the store.
-    pub fn standalone(store: &Store) -> Seams {
+    pub(crate) fn standalone(store: &Store) -> Seams {
         Seams {
             recorder: Arc::new(StoreRecorder::new(store.clone())),
             gate: Box::new(AlwaysOpen),
@@ -81,20 +81,20 @@ impl Shard {
         Ok(Shard { store, stop, tasks })
     }
 
-    pub fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.store
     }
 
     /// Stops the dispatcher (after it settles what is in flight) and upkeep,
     /// then closes the store once every queued change is committed.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         self.stop_tasks().await;
         self.store.close().await;
     }
 
     /// Stops the dispatcher (after it settles what is in flight) and
     /// upkeep; the store stays open.
-    pub async fn stop_tasks(&self) {
+    pub(crate) async fn stop_tasks(&self) {
         self.stop.cancel();
         self.tasks.wait().await;
     }

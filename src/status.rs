@@ -24,7 +24,7 @@ use crate::{Error, proto, store::StoreError};
 
 /// Response metadata of a refusal by a node that does not own the shard:
 /// the shard's number.
-pub const NOT_OWNER: &str = "hourglass-not-owner";
+pub(crate) const NOT_OWNER: &str = "hourglass-not-owner";
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
@@ -76,7 +76,7 @@ impl From<Error> for Status {
 
 /// The refusal of one item of a batch or a stream: the status `Schedule`
 /// would have returned for it.
-pub fn item_error(e: Error) -> proto::ItemError {
+pub(crate) fn item_error(e: Error) -> proto::ItemError {
     let field = match &e {
         Error::Invalid(invalid) => invalid.field.to_owned(),
         _ => String::new(),

@@ -216,7 +216,7 @@ where
 
 /// tonic's refusal of an oversized request (OUT_OF_RANGE, which the server
 /// never answers otherwise) as INVALID_ARGUMENT; any other status as is.
-pub fn too_large(status: Status, limit: Limit) -> Status {
+pub(super) fn too_large(status: Status, limit: Limit) -> Status {
     if status.code() != Code::OutOfRange {
         return status;
     }

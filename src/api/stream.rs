@@ -31,14 +31,14 @@ use crate::{
 };
 
 /// The answers to a stream, in request order.
-pub type Answers = ReceiverStream<Result<proto::ScheduleResult, Status>>;
+pub(super) type Answers = ReceiverStream<Result<proto::ScheduleResult, Status>>;
 
 /// Requests sent to the store together, at most.
 const CHUNK: usize = 1024;
 
 /// Encoded bytes of unanswered requests one stream may have, at most
 /// (beyond the one request that crosses it).
-pub const WINDOW_BYTES: usize = 1 << 20;
+pub(super) const WINDOW_BYTES: usize = 1 << 20;
 
 /// How a stream is served.
 #[derive(Clone, Copy, Debug)]
@@ -54,7 +54,7 @@ const METHOD: &str = "ScheduleStream";
 /// `permits` are the stream's places among the calls served at once; they
 /// are held until the stream ends. Items for topics outside the call's
 /// access are answered PERMISSION_DENIED.
-pub fn serve<P: Send + 'static>(
+pub(super) fn serve<P: Send + 'static>(
     scheduler: Arc<dyn Scheduler>,
     call: Call,
     inbound: Streaming<proto::ScheduleRequest>,
@@ -72,7 +72,7 @@ pub fn serve<P: Send + 'static>(
 /// The most a stream holds of requests read and not answered: its byte
 /// window, and one request that crosses it. It is taken from the server's
 /// budget when the stream opens.
-pub fn memory(limits: &crate::message::Limits) -> usize {
+pub(super) fn memory(limits: &crate::message::Limits) -> usize {
     WINDOW_BYTES + limits.max_request_bytes()
 }
 

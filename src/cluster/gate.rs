@@ -8,7 +8,7 @@ use super::lease::Lease;
 use crate::{dispatcher::Gate, store::Store};
 
 /// The gate of a shard this node claimed in the schedule log.
-pub struct LeaseGate {
+pub(crate) struct LeaseGate {
     lease: Arc<Lease>,
     store: Store,
     /// This node incarnation.
@@ -16,7 +16,7 @@ pub struct LeaseGate {
 }
 
 impl LeaseGate {
-    pub fn new(lease: Arc<Lease>, store: Store, owner: u64) -> Self {
+    pub(crate) fn new(lease: Arc<Lease>, store: Store, owner: u64) -> Self {
         LeaseGate { lease, store, owner }
     }
 }

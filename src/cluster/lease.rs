@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub struct Lease {
+pub(crate) struct Lease {
     /// Where the monotonic clock is measured from.
     epoch: Instant,
     /// Microseconds after `epoch` until which the lease holds.
@@ -19,22 +19,22 @@ pub struct Lease {
 
 impl Lease {
     /// A lease that holds nothing yet.
-    pub fn new() -> Lease {
+    pub(crate) fn new() -> Lease {
         Lease { epoch: Instant::now(), until: AtomicU64::new(0) }
     }
 
     /// Whether the node may produce now.
-    pub fn holds(&self) -> bool {
+    pub(crate) fn holds(&self) -> bool {
         self.micros(Instant::now()) < self.until.load(Ordering::Acquire)
     }
 
     /// Holds until `at` (a later deadline than it has).
-    pub fn extend_to(&self, at: Instant) {
+    pub(crate) fn extend_to(&self, at: Instant) {
         self.until.fetch_max(self.micros(at), Ordering::AcqRel);
     }
 
     /// Holds no more, until extended again.
-    pub fn end(&self) {
+    pub(crate) fn end(&self) {
         self.until.store(0, Ordering::Release);
     }
 

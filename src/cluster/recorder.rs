@@ -32,7 +32,7 @@ use crate::{
 /// Settle records appended and not yet acknowledged, at most.
 const IN_FLIGHT: usize = 64;
 
-pub struct LogRecorder {
+pub(crate) struct LogRecorder {
     pub(super) log: Arc<LogProducer>,
     pub(super) partition: i32,
     waiters: Arc<Waiters>,
@@ -46,7 +46,7 @@ pub struct LogRecorder {
 }
 
 impl LogRecorder {
-    pub fn new(
+    pub(crate) fn new(
         log: Arc<LogProducer>,
         partition: i32,
         waiters: Arc<Waiters>,
@@ -66,7 +66,7 @@ impl LogRecorder {
 
     /// Waits until every settle handed over so far is in the log (or was
     /// given up at a stop).
-    pub async fn flushed(&self) {
+    pub(crate) async fn flushed(&self) {
         let _ = self.room.acquire_many(IN_FLIGHT as u32).await;
     }
 

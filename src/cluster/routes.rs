@@ -35,7 +35,7 @@ use crate::{
 /// How long to wait before reading the topic again after a failure.
 const BACKOFF: Duration = Duration::from_secs(1);
 
-pub struct Routes {
+pub(crate) struct Routes {
     table: watch::Sender<Table>,
     /// Per shard, the last node incarnation that said it owns the shard,
     /// and when this node read it: an owner says so again every so often
@@ -135,7 +135,7 @@ async fn keep_writing(
 
 impl Routes {
     /// Creates or checks the routing topic and follows it until `stop`.
-    pub async fn start(
+    pub(crate) async fn start(
         config: &ClusterConfig,
         me: u64,
         clock: Arc<dyn Clock>,
@@ -169,32 +169,32 @@ impl Routes {
     /// Written in the background, again until it is (or something newer
     /// is said of the shard); meanwhile a request routed by an old record
     /// is refused by the node it reaches and sent again.
-    pub fn publish(&self, shard: u32, released: bool) {
+    pub(crate) fn publish(&self, shard: u32, released: bool) {
         let route = Route { writer: self.me, addr: self.addr.clone(), at_ms: self.clock.now().0, released };
         self.unwritten.say(shard, route);
     }
 
     /// Whether the topic names the node incarnation `writer` the owner of
     /// `shard`, and this node read it say so within `within`.
-    pub fn names_lately(&self, shard: u32, writer: u64, within: Duration) -> bool {
+    pub(crate) fn names_lately(&self, shard: u32, writer: u64, within: Duration) -> bool {
         let said = self.said.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied();
         self.table.borrow().writer_of(shard) == Some(writer)
             && said.is_some_and(|(by, at)| by == writer && at.elapsed() < within)
     }
 
     /// Where this node answers.
-    pub fn addr(&self) -> &str {
+    pub(crate) fn addr(&self) -> &str {
         &self.addr
     }
 
     /// Where the owner of `shard` answers, by the topic, if another node.
-    pub fn peer_of(&self, shard: u32) -> Option<String> {
+    pub(crate) fn peer_of(&self, shard: u32) -> Option<String> {
         self.table.borrow().addr_of(shard).filter(|addr| *addr != self.addr).map(str::to_owned)
     }
 
     /// Waits, up to `deadline`, for the topic to name another node than
     /// `not` as the owner of `shard`.
-    pub async fn await_peer(
+    pub(crate) async fn await_peer(
         &self,
         shard: u32,
         not: Option<&str>,
@@ -214,17 +214,17 @@ impl Routes {
 
     /// The shards this node keeps a standby copy of (see
     /// [`Table::standby_for`]).
-    pub fn standby_for(&self, replicas: usize) -> Vec<u32> {
+    pub(crate) fn standby_for(&self, replicas: usize) -> Vec<u32> {
         self.table.borrow().standby_for(&self.addr, replicas)
     }
 
     /// Waits until the topic changes.
-    pub async fn changed(&self) {
+    pub(crate) async fn changed(&self) {
         let _ = self.table.subscribe().changed().await;
     }
 
     /// Every other node the topic names as an owner.
-    pub fn peers(&self) -> Vec<String> {
+    pub(crate) fn peers(&self) -> Vec<String> {
         self.table.borrow().addrs().into_iter().filter(|a| *a != self.addr).collect()
     }
 }

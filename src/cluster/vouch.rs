@@ -35,7 +35,7 @@ const PURPOSE: &str = "forward";
 
 /// How far a vouch's time may be from the serving node's clock: the
 /// nodes' clocks may differ by this much.
-pub const VOUCH_WITHIN: Duration = Duration::from_secs(300);
+pub(super) const VOUCH_WITHIN: Duration = Duration::from_secs(300);
 
 /// Makes and checks vouches with the cluster key.
 pub struct Voucher {

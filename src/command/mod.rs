@@ -11,10 +11,10 @@ mod error;
 mod record;
 mod table;
 
-pub use change::{Answer, Intent, NewId, NewMessage};
-pub use counts::Counts;
+pub(crate) use change::{Answer, Intent, NewId, NewMessage};
+pub(crate) use counts::Counts;
 pub(crate) use dispatch::{DeadLettered, DueBatch, InDoubt, Outcome, Ready, Settle, Tries};
-pub use due::DispatchKey;
+pub(crate) use due::DispatchKey;
 pub use error::StoreError;
-pub use record::{HeaderRecord, LabelRecord, MessageRecord};
-pub use table::{Place, Row, RowValue, Spread, Table};
+pub(crate) use record::{HeaderRecord, LabelRecord, MessageRecord};
+pub(crate) use table::{Place, Row, RowValue, Spread, Table};

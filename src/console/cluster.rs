@@ -34,7 +34,7 @@ fn node_name(addr: &str) -> &str {
     if addr.is_empty() { "this server" } else { addr }
 }
 
-pub async fn render(scheduler: &dyn Scheduler, call: &Call) -> String {
+pub(super) async fn render(scheduler: &dyn Scheduler, call: &Call) -> String {
     let d = match scheduler.describe(call).await {
         Ok(d) => d,
         Err(e) => return refused(e),

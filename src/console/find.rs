@@ -19,7 +19,7 @@ use crate::{
 const PAGE: u32 = 50;
 
 #[derive(Debug, Default, Deserialize)]
-pub struct FindQuery {
+pub(super) struct FindQuery {
     #[serde(default)]
     pub id: String,
     #[serde(default)]
@@ -79,7 +79,7 @@ fn form(out: &mut String, q: &FindQuery) {
 }
 
 /// The find page: the form, and a page of pending messages that match.
-pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Result<String, Error> {
+pub(super) async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Result<String, Error> {
     let mut out = String::new();
     form(&mut out, q);
     let request = match (parse_time("from", &q.from), parse_time("to", &q.to)) {
@@ -159,7 +159,7 @@ pub async fn render(scheduler: &dyn Scheduler, call: &Call, q: &FindQuery) -> Re
 
 /// What a person asked to do to a message.
 #[derive(Debug, Deserialize)]
-pub struct Act {
+pub(super) struct Act {
     pub id: String,
     /// The message's tenant, for an operator acting on another tenant's;
     /// empty: the caller's own.
@@ -172,7 +172,7 @@ pub struct Act {
     pub at: String,
 }
 
-pub async fn cancel(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id: &str) -> String {
+pub(super) async fn cancel(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id: &str) -> String {
     let request = proto::CancelRequest { id: id.to_owned(), tenant: tenant.to_owned(), ..Default::default() };
     match scheduler.cancel(call, request).await {
         Ok(r) => {
@@ -186,7 +186,13 @@ pub async fn cancel(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id: &s
     }
 }
 
-pub async fn reschedule(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id: &str, at: &str) -> String {
+pub(super) async fn reschedule(
+    scheduler: &dyn Scheduler,
+    call: &Call,
+    tenant: &str,
+    id: &str,
+    at: &str,
+) -> String {
     use proto::reschedule_request::Due;
     let due = match parse_time("at", at) {
         Ok(Some(t)) => Due::DeliverAt(t),
@@ -215,7 +221,7 @@ pub async fn reschedule(scheduler: &dyn Scheduler, call: &Call, tenant: &str, id
 
 /// A message's page: everything `Get` answers, and the actions its state
 /// allows.
-pub async fn message(
+pub(super) async fn message(
     scheduler: &dyn Scheduler,
     call: &Call,
     (tenant, id): (&str, &str),

@@ -9,9 +9,9 @@ use std::fmt::{self, Write as _};
 use crate::{Error, proto};
 
 /// Text escaped for HTML element content and quoted attribute values.
-pub struct Esc<'a>(pub &'a str);
+pub(super) struct Esc<'a>(pub &'a str);
 
-pub fn esc(text: &str) -> Esc<'_> {
+pub(super) fn esc(text: &str) -> Esc<'_> {
     Esc(text)
 }
 
@@ -37,7 +37,7 @@ impl fmt::Display for Esc<'_> {
 
 /// Text escaped for a URL's query component (then for HTML, as it goes in
 /// an attribute).
-pub struct Query<'a>(pub &'a str);
+pub(super) struct Query<'a>(pub &'a str);
 
 impl fmt::Display for Query<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -55,12 +55,12 @@ impl fmt::Display for Query<'_> {
 
 /// Bytes as a person can read them: UTF-8 text as text (escaped), anything
 /// else as hex. Never interpreted.
-pub enum Shown {
+pub(super) enum Shown {
     Text(String),
     Hex(String),
 }
 
-pub fn bytes(b: &[u8]) -> Shown {
+pub(super) fn bytes(b: &[u8]) -> Shown {
     match std::str::from_utf8(b) {
         Ok(text) if !text.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t')) => {
             Shown::Text(text.to_owned())
@@ -69,7 +69,7 @@ pub fn bytes(b: &[u8]) -> Shown {
     }
 }
 
-pub fn hex(b: &[u8]) -> String {
+pub(super) fn hex(b: &[u8]) -> String {
     let mut out = String::with_capacity(b.len() * 3);
     for (i, byte) in b.iter().enumerate() {
         if i > 0 {
@@ -81,19 +81,19 @@ pub fn hex(b: &[u8]) -> String {
 }
 
 /// A wire time as RFC 3339 (UTC, milliseconds), or a dash.
-pub fn time(t: Option<prost_types::Timestamp>) -> String {
+pub(super) fn time(t: Option<prost_types::Timestamp>) -> String {
     t.and_then(|t| chrono::DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32))
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
         .unwrap_or_else(|| "–".to_owned())
 }
 
 /// A state as the API names it, without its prefix.
-pub fn state(s: i32) -> &'static str {
+pub(super) fn state(s: i32) -> &'static str {
     proto::State::try_from(s).map_or("UNKNOWN", |s| s.as_str_name().trim_start_matches("STATE_"))
 }
 
 /// An error as the API gives it: its gRPC code and message.
-pub fn refused(e: Error) -> String {
+pub(super) fn refused(e: Error) -> String {
     let status = tonic::Status::from(e);
     format!(
         "<p class=\"error\" id=\"refused\"><b>{}</b>: {}</p>",
@@ -103,7 +103,7 @@ pub fn refused(e: Error) -> String {
 }
 
 /// The page around `body`: the header with the navigation, and the title.
-pub fn page(title: &str, signed_in: Option<&str>, csrf: &str, body: &str) -> String {
+pub(super) fn page(title: &str, signed_in: Option<&str>, csrf: &str, body: &str) -> String {
     let mut out = String::with_capacity(body.len() + 1024);
     let _ = write!(
         out,

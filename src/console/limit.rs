@@ -14,11 +14,11 @@ use std::{
 };
 
 /// Sign-in attempts one peer may make at once; then one per [`PEER_REFILL`].
-pub const SIGN_INS_PER_PEER: u32 = 10;
-pub const PEER_REFILL: Duration = Duration::from_secs(6);
+pub(super) const SIGN_INS_PER_PEER: u32 = 10;
+pub(super) const PEER_REFILL: Duration = Duration::from_secs(6);
 /// Failed sign-ins across all peers at once; then one per [`FAILURE_REFILL`].
-pub const FAILURES: u32 = 60;
-pub const FAILURE_REFILL: Duration = Duration::from_secs(1);
+pub(super) const FAILURES: u32 = 60;
+pub(super) const FAILURE_REFILL: Duration = Duration::from_secs(1);
 /// Peers remembered at most: past it, those whose bucket is full again are
 /// forgotten, and if none is, a new peer waits like an exhausted one.
 const MAX_PEERS: usize = 10_000;
@@ -60,20 +60,20 @@ impl Bucket {
 }
 
 /// The sign-in attempts made lately.
-pub struct Attempts {
+pub(super) struct Attempts {
     peers: Mutex<HashMap<IpAddr, Bucket>>,
     failures: Mutex<Bucket>,
 }
 
 impl Attempts {
-    pub fn new(now: Instant) -> Attempts {
+    pub(super) fn new(now: Instant) -> Attempts {
         Attempts { peers: Mutex::new(HashMap::new()), failures: Mutex::new(Bucket::full(now)) }
     }
 
     /// An attempt from `peer` (a [`super::serve::peer_key`]): allowed, or
     /// how long to wait. Counts against the peer whether it succeeds or not;
     /// refused while failures overall are exhausted.
-    pub fn begin(&self, peer: IpAddr, now: Instant) -> Result<(), Duration> {
+    pub(super) fn begin(&self, peer: IpAddr, now: Instant) -> Result<(), Duration> {
         let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         let wait = failures.wait(FAILURES, FAILURE_REFILL, now);
         drop(failures);
@@ -91,7 +91,7 @@ impl Attempts {
     }
 
     /// An attempt failed (a token not valid, too short).
-    pub fn failed(&self, now: Instant) {
+    pub(super) fn failed(&self, now: Instant) {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         // Already exhausted (attempts that began together): it stays so.
         let _ = failures.take(FAILURES, FAILURE_REFILL, now);

@@ -59,7 +59,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use self::serve::Limits;
+pub(crate) use self::serve::Limits;
 use self::{
     find::{Act, FindQuery},
     html::{esc, page},
@@ -80,20 +80,20 @@ const MAX_PAGES: usize = 16;
 
 /// The largest request body taken: the console's forms are a few short
 /// fields; larger is answered 413 before it is read.
-pub const MAX_FORM_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_FORM_BYTES: usize = 16 * 1024;
 
 /// How long a page's calls may take before the page says so.
 const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The calls the console is made of: those the gRPC services serve.
-pub struct Calls {
+pub(crate) struct Calls {
     pub scheduler: Arc<dyn Scheduler>,
     pub series: Arc<dyn SeriesCalls>,
     pub policies: Arc<PolicyService>,
 }
 
 /// What the console answers from.
-pub struct Console {
+pub(crate) struct Console {
     scheduler: Arc<dyn Scheduler>,
     series: Arc<dyn SeriesCalls>,
     policies: Arc<PolicyService>,
@@ -110,7 +110,7 @@ pub struct Console {
 }
 
 impl Console {
-    pub fn new(
+    pub(crate) fn new(
         calls: Calls,
         auth: Authenticator,
         clock: Arc<dyn Clock>,
@@ -133,7 +133,7 @@ impl Console {
     }
 
     /// Serves the console on `listener` until `stop`.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener, stop: CancellationToken) {
+    pub(crate) async fn serve(self: Arc<Self>, listener: TcpListener, stop: CancellationToken) {
         let pulse = tokio::spawn({
             let console = Arc::clone(&self);
             let stop = stop.clone();

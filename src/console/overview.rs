@@ -19,7 +19,7 @@ use crate::{
 /// What the forecast on the overview covers.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum Span {
+pub(super) enum Span {
     #[default]
     Hour,
     Day,
@@ -48,7 +48,7 @@ impl Span {
 
     /// The window from the start of the current interval on, so that bars
     /// fall on whole minutes, quarter hours and hours.
-    pub fn request(self, now: UnixMillis, topic: &str) -> proto::ForecastRequest {
+    pub(super) fn request(self, now: UnixMillis, topic: &str) -> proto::ForecastRequest {
         let (interval, bars) = self.cut();
         let from = UnixMillis(now.0 - now.0 % interval);
         proto::ForecastRequest {
@@ -61,14 +61,14 @@ impl Span {
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub struct OverviewQuery {
+pub(super) struct OverviewQuery {
     #[serde(default)]
     pub span: Span,
     #[serde(default)]
     pub topic: String,
 }
 
-pub async fn render(
+pub(super) async fn render(
     scheduler: &dyn Scheduler,
     pulse: &Pulse,
     call: &Call,

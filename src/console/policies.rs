@@ -18,7 +18,7 @@ use crate::{
 
 /// A change asked for by one of the page's forms.
 #[derive(Debug, Deserialize)]
-pub struct PolicyForm {
+pub(super) struct PolicyForm {
     #[serde(default)]
     pub csrf: String,
     pub topic: String,
@@ -42,7 +42,7 @@ fn at(ms: u64) -> String {
 }
 
 /// The policies the caller sees, with the forms that change them.
-pub fn render(policies: &PolicyService, access: &Access, csrf: &str) -> String {
+pub(super) fn render(policies: &PolicyService, access: &Access, csrf: &str) -> String {
     let mut out = String::new();
     match policies.list(access) {
         Err(e) => out.push_str(&refused(e)),
@@ -120,7 +120,7 @@ pub fn render(policies: &PolicyService, access: &Access, csrf: &str) -> String {
 }
 
 /// Makes the change a form asks for; what to say about it.
-pub async fn apply(policies: &PolicyService, access: &Access, form: &PolicyForm) -> String {
+pub(super) async fn apply(policies: &PolicyService, access: &Access, form: &PolicyForm) -> String {
     match change_of(form) {
         Ok(change) => {
             let whose = Whose::of(form.every == "on", form.tenant.trim().to_owned());

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics;
 
 /// How often the metrics are sampled.
-pub const EVERY: Duration = Duration::from_secs(5);
+pub(super) const EVERY: Duration = Duration::from_secs(5);
 /// Samples kept: ten minutes.
 const KEPT: usize = 120;
 
@@ -48,7 +48,7 @@ impl Sample {
 }
 
 /// Deliveries over one stretch of time.
-pub struct Stretch {
+pub(super) struct Stretch {
     pub seconds: f64,
     pub delivered: u64,
     /// Lateness at or under which 50% and 99% of them were acknowledged
@@ -58,19 +58,19 @@ pub struct Stretch {
 }
 
 impl Stretch {
-    pub fn rate(&self) -> f64 {
+    pub(super) fn rate(&self) -> f64 {
         if self.seconds > 0.0 { self.delivered as f64 / self.seconds } else { 0.0 }
     }
 }
 
 #[derive(Default)]
-pub struct Pulse {
+pub(super) struct Pulse {
     samples: Mutex<VecDeque<Sample>>,
 }
 
 impl Pulse {
     /// Samples until `stop`.
-    pub async fn run(&self, stop: CancellationToken) {
+    pub(super) async fn run(&self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -90,13 +90,13 @@ impl Pulse {
     }
 
     /// Each interval between samples, oldest first.
-    pub fn intervals(&self) -> Vec<Stretch> {
+    pub(super) fn intervals(&self) -> Vec<Stretch> {
         let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         samples.iter().zip(samples.iter().skip(1)).map(|(a, b)| between(a, b)).collect()
     }
 
     /// The last `span` (or what there is of it), up to now.
-    pub fn last(&self, span: Duration) -> Option<Stretch> {
+    pub(super) fn last(&self, span: Duration) -> Option<Stretch> {
         let now = Sample::now();
         let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         let from = samples.iter().find(|s| now.at.duration_since(s.at) <= span).or(samples.back())?;

@@ -16,7 +16,7 @@ use crate::{
 const PAGE: u32 = 50;
 
 #[derive(Debug, Default, Deserialize)]
-pub struct SeriesQuery {
+pub(super) struct SeriesQuery {
     #[serde(default)]
     pub topic: String,
     #[serde(default)]
@@ -26,7 +26,7 @@ pub struct SeriesQuery {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct SeriesForm {
+pub(super) struct SeriesForm {
     #[serde(default)]
     pub csrf: String,
     pub id: String,
@@ -43,7 +43,7 @@ fn state(s: i32) -> &'static str {
 }
 
 /// A page of series, and the search that picks them.
-pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf: &str) -> String {
+pub(super) async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf: &str) -> String {
     let mut out = String::new();
     // A row of the shared space, to a caller with a tenant, is named so.
     let has_tenant = call.access.scope().tenant.is_some();
@@ -137,7 +137,7 @@ pub async fn render(series: &dyn SeriesCalls, call: &Call, q: &SeriesQuery, csrf
 }
 
 /// Pauses, resumes or deletes a series; what to say about it.
-pub async fn apply(series: &dyn SeriesCalls, call: &Call, form: &SeriesForm) -> String {
+pub(super) async fn apply(series: &dyn SeriesCalls, call: &Call, form: &SeriesForm) -> String {
     let (id, tenant) = (form.id.clone(), form.tenant.clone());
     let done = |what: &str, cancelled: usize| {
         format!(

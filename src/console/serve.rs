@@ -33,11 +33,11 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 /// Connections served at once; more wait to be accepted.
-pub const MAX_CONNECTIONS: usize = 256;
+pub(super) const MAX_CONNECTIONS: usize = 256;
 
 /// How the listener bounds its clients.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Longest a TLS handshake, a request's head (or the wait for it on a
     /// kept-alive connection) may take.
     pub request_timeout: Duration,
@@ -46,7 +46,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn of(config: &crate::config::Config) -> Limits {
+    pub(crate) fn of(config: &crate::config::Config) -> Limits {
         Limits {
             request_timeout: *config.console_request_timeout,
             per_peer: config.console_connections_per_peer,
@@ -54,7 +54,7 @@ impl Limits {
     }
 }
 
-pub async fn serve(
+pub(super) async fn serve(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     app: axum::Router,
@@ -134,7 +134,7 @@ async fn connection<S>(
 
 /// Whom a bound per peer counts: an IPv4 address (an IPv4-mapped IPv6 one
 /// as the IPv4 it is), or an IPv6 /64, the least a host is handed.
-pub fn peer_key(ip: IpAddr) -> IpAddr {
+pub(super) fn peer_key(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
         v4 => v4,

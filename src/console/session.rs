@@ -35,11 +35,11 @@ const COOKIE: &str = "hourglass_console";
 const HOST_COOKIE: &str = "__Host-hourglass_console";
 /// The shortest token the sign-in form takes: shorter ones are guessed too
 /// easily for a form anyone who reaches the console may try.
-pub const MIN_TOKEN_CHARS: usize = 16;
+pub(super) const MIN_TOKEN_CHARS: usize = 16;
 /// Sessions one token holds at once; a new one ends its oldest.
-pub const SESSIONS_PER_TOKEN: usize = 16;
+pub(super) const SESSIONS_PER_TOKEN: usize = 16;
 /// A session unused this long is gone.
-pub const IDLE: Duration = Duration::from_secs(8 * 3600);
+pub(super) const IDLE: Duration = Duration::from_secs(8 * 3600);
 /// A session this old is gone, used or not: sign in again.
 const LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// Sessions kept at most; past it a sign-in is refused (ending another
@@ -48,14 +48,14 @@ const MAX_SESSIONS: usize = 10_000;
 
 /// A signed-in person: what they may see and do, and their CSRF token.
 #[derive(Clone)]
-pub struct Signed {
+pub(super) struct Signed {
     pub access: Access,
     pub csrf: String,
 }
 
 impl Signed {
     /// Whether `offered` (a form's `csrf` field) is this session's token.
-    pub fn csrf_matches(&self, offered: &str) -> bool {
+    pub(super) fn csrf_matches(&self, offered: &str) -> bool {
         let (a, b) = (self.csrf.as_bytes(), offered.as_bytes());
         a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
     }
@@ -75,7 +75,7 @@ impl Session {
 
 /// Why a sign-in is refused.
 #[derive(Debug, thiserror::Error)]
-pub enum SignInRefused {
+pub(super) enum SignInRefused {
     #[error("A token is at least {MIN_TOKEN_CHARS} characters long.")]
     TooShort,
     #[error("That token is not valid here.")]
@@ -84,7 +84,7 @@ pub enum SignInRefused {
     Full,
 }
 
-pub struct Sessions {
+pub(super) struct Sessions {
     auth: Authenticator,
     /// The cookie's name: [`HOST_COOKIE`] over TLS, then sent over TLS only.
     cookie: &'static str,
@@ -93,19 +93,19 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    pub fn new(auth: Authenticator, secure: bool) -> Sessions {
+    pub(super) fn new(auth: Authenticator, secure: bool) -> Sessions {
         let cookie = if secure { HOST_COOKIE } else { COOKIE };
         Sessions { auth, cookie, live: Mutex::new(HashMap::new()), random: SystemRandom::new() }
     }
 
     /// Whether a person must sign in with a token.
-    pub fn needs_token(&self) -> bool {
+    pub(super) fn needs_token(&self) -> bool {
         self.auth.is_enabled()
     }
 
     /// The session the request's cookie names, if it is live and its token
     /// still valid (as the tokens in use now grant it).
-    pub fn find(&self, headers: &HeaderMap) -> Option<Signed> {
+    pub(super) fn find(&self, headers: &HeaderMap) -> Option<Signed> {
         let id = self.cookie_in(headers)?;
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         let session = live.get_mut(id)?;
@@ -127,7 +127,7 @@ impl Sessions {
     }
 
     /// Signs in with `token`: the cookie to set, or why not.
-    pub fn sign_in(&self, token: &str) -> Result<HeaderValue, SignInRefused> {
+    pub(super) fn sign_in(&self, token: &str) -> Result<HeaderValue, SignInRefused> {
         let token = token.trim();
         if self.needs_token() && token.chars().count() < MIN_TOKEN_CHARS {
             return Err(SignInRefused::TooShort);
@@ -157,7 +157,7 @@ impl Sessions {
     }
 
     /// Ends the request's session; the cookie that clears it.
-    pub fn sign_out(&self, headers: &HeaderMap) -> HeaderValue {
+    pub(super) fn sign_out(&self, headers: &HeaderMap) -> HeaderValue {
         if let Some(id) = self.cookie_in(headers) {
             self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
         }
@@ -176,7 +176,7 @@ impl Sessions {
     /// How many session cookies the request carries: more than one means
     /// another site set one beside ours, and which the browser sent first
     /// is not to be trusted.
-    pub fn cookies(&self, headers: &HeaderMap) -> usize {
+    pub(super) fn cookies(&self, headers: &HeaderMap) -> usize {
         pairs(headers).filter(|(name, _)| *name == self.cookie).count()
     }
 

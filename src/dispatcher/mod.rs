@@ -111,7 +111,7 @@ mod settle;
 mod start;
 mod topics;
 
-pub use config::DispatcherConfig;
+pub(crate) use config::DispatcherConfig;
 pub(crate) use gate::{AlwaysOpen, Gate};
 use pulse::Pulse;
 pub(crate) use reconcile::CLAIM_GRACE;
@@ -169,7 +169,7 @@ impl TopicState {
     }
 }
 
-pub struct Dispatcher {
+pub(crate) struct Dispatcher {
     store: Store,
     /// Where settles go: the store, or in cluster mode the schedule log.
     recorder: Arc<dyn Recorder>,
@@ -362,7 +362,7 @@ impl Dispatcher {
         }
     }
 
-    pub async fn run(mut self, stop: CancellationToken) {
+    pub(crate) async fn run(mut self, stop: CancellationToken) {
         if !self.start_producing(&stop).await {
             return self.drain().await;
         }

@@ -56,7 +56,7 @@ impl Pulse {
     /// written since this machine booted: `None` if there is none (a store
     /// of a release without it), it cannot be read, or it was written
     /// before a reboot or on another machine.
-    pub fn last(store_dir: &Path) -> Option<UnixMillis> {
+    pub(super) fn last(store_dir: &Path) -> Option<UnixMillis> {
         Self::read(store_dir, &boot_id()?)
     }
 
@@ -70,13 +70,13 @@ impl Pulse {
     /// this one has a produce unanswered: a process stopped before it
     /// produced anything (during its search, say) leaves the time of the
     /// one before it, whose requests may still be arriving.
-    pub fn start(store_dir: &Path) -> Pulse {
+    pub(super) fn start(store_dir: &Path) -> Pulse {
         Pulse { path: store_dir.join(FILE), boot: boot_id(), file: None, written: None }
     }
 
     /// Produces are unanswered at `now`: written unless written less than
     /// [`EVERY`] ago.
-    pub fn beat(&mut self, now: UnixMillis) {
+    pub(super) fn beat(&mut self, now: UnixMillis) {
         if self.written.is_some_and(|at| at.elapsed() < EVERY) {
             return;
         }

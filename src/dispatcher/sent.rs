@@ -71,12 +71,12 @@ pub(super) struct Sent {
 
 impl Sent {
     /// The token the next send gets.
-    pub fn next_token(&self) -> u64 {
+    pub(super) fn next_token(&self) -> u64 {
         self.base + self.slots.len() as u64
     }
 
     /// Records a send; returns its token.
-    pub fn push(&mut self, sent: InFlight) -> u64 {
+    pub(super) fn push(&mut self, sent: InFlight) -> u64 {
         let token = self.next_token();
         self.slots.push_back(Slot::Waiting(sent));
         self.waiting += 1;
@@ -85,7 +85,7 @@ impl Sent {
 
     /// The record `token` names, if it is still unanswered; and whether it
     /// had stalled.
-    pub fn take(&mut self, token: u64) -> Option<(InFlight, bool)> {
+    pub(super) fn take(&mut self, token: u64) -> Option<(InFlight, bool)> {
         if let Some(sent) = self.stalled.remove(&token) {
             return Some((sent, true));
         }
@@ -106,7 +106,7 @@ impl Sent {
     /// records sent before it are answered; hands it back if it cannot
     /// wait in order (it had stalled, and its place is gone).
     #[must_use = "a delivery handed back must be settled on its own"]
-    pub fn answer(&mut self, token: u64, settle: Settle) -> Option<Settle> {
+    pub(super) fn answer(&mut self, token: u64, settle: Settle) -> Option<Settle> {
         let slot = token
             .checked_sub(self.base)
             .and_then(|i| usize::try_from(i).ok())
@@ -127,7 +127,7 @@ impl Sent {
     /// `hold_for` or number `cap`. Each is marked `in_order`: every record
     /// sent before it to its partition was answered before it and is
     /// handed on with it or was before.
-    pub fn flush(&mut self, all: bool, hold_for: Duration, cap: usize) -> Vec<Settle> {
+    pub(super) fn flush(&mut self, all: bool, hold_for: Duration, cap: usize) -> Vec<Settle> {
         let all = all
             || self.answered >= cap
             || self.answered_since.is_some_and(|since| since.elapsed() >= hold_for);
@@ -162,7 +162,7 @@ impl Sent {
 
     /// Moves records unanswered for `stall_after` out of their slots;
     /// returns them.
-    pub fn find_stalls(&mut self, stall_after: Duration) -> Vec<&InFlight> {
+    pub(super) fn find_stalls(&mut self, stall_after: Duration) -> Vec<&InFlight> {
         let now = Instant::now();
         let mut found = Vec::new();
         while let Some(slot) =
@@ -184,32 +184,32 @@ impl Sent {
     }
 
     /// Records in flight and answering in time.
-    pub fn waiting(&self) -> usize {
+    pub(super) fn waiting(&self) -> usize {
         self.waiting
     }
 
     /// Records in flight, stalled ones included.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.waiting + self.stalled.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    pub fn has_answered(&self) -> bool {
+    pub(super) fn has_answered(&self) -> bool {
         self.answered > 0
     }
 
     /// Records produced and not handed to the store yet: in flight,
     /// stalled, or delivered and waiting for those sent before them.
-    pub fn unhanded(&self) -> usize {
+    pub(super) fn unhanded(&self) -> usize {
         self.len() + self.answered
     }
 
     /// The due keys of every record not yet handed to the store: in
     /// flight, stalled, or answered and waiting for those sent before it.
-    pub fn unsettled_keys(&self) -> impl Iterator<Item = DispatchKey> + '_ {
+    pub(super) fn unsettled_keys(&self) -> impl Iterator<Item = DispatchKey> + '_ {
         self.slots
             .iter()
             .filter_map(|s| match s {
@@ -221,7 +221,7 @@ impl Sent {
     }
 
     /// Takes every record still in flight (at shutdown).
-    pub fn take_all(&mut self) -> Vec<InFlight> {
+    pub(super) fn take_all(&mut self) -> Vec<InFlight> {
         let mut all: Vec<InFlight> = self.stalled.drain().map(|(_, sent)| sent).collect();
         for slot in self.slots.iter_mut() {
             if let Slot::Waiting(sent) = std::mem::replace(slot, Slot::Done) {

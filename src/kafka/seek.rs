@@ -12,13 +12,13 @@
 //! gap is real.
 
 /// How far before the offset a read starts at first.
-pub const REWIND: i64 = 512;
+pub(crate) const REWIND: i64 = 512;
 
 /// Where a reader was put to read a partition from `next` on: at `at`,
 /// somewhat before it (not before `floor`, where the partition starts),
 /// and the first record read is checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Seek {
+pub(crate) struct Seek {
     pub next: i64,
     pub at: i64,
     pub floor: i64,
@@ -26,14 +26,14 @@ pub struct Seek {
 
 impl Seek {
     /// A read from `next` of a partition that starts at `floor`.
-    pub fn to(next: i64, floor: i64) -> Seek {
+    pub(crate) fn to(next: i64, floor: i64) -> Seek {
         Seek { next, at: (next - REWIND).max(floor), floor }
     }
 
     /// What to do once the first record read from `at` is at `first`
     /// (`i64::MAX`: none came although the partition goes on past `next`):
     /// `None`, read on; else read again from where it says.
-    pub fn check(self, first: i64) -> Option<Seek> {
+    pub(crate) fn check(self, first: i64) -> Option<Seek> {
         if first <= self.next || self.at <= self.floor {
             return None;
         }

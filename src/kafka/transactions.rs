@@ -109,7 +109,7 @@ impl Queued {
 
 /// Where the transaction thread stands, for those who wait on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TxnState {
+pub(super) enum TxnState {
     /// Not initialised yet (the broker not reached, say).
     Starting,
     /// Earlier producers of the id are fenced; records can go.
@@ -122,7 +122,7 @@ pub enum TxnState {
 /// thread once what it holds is committed (or given back). While the
 /// broker is away the thread goes on trying; the next producer of the id
 /// fences it.
-pub struct Txn {
+pub(super) struct Txn {
     queue: mpsc::Sender<Queued>,
     state: watch::Receiver<TxnState>,
     id: String,
@@ -171,7 +171,7 @@ impl Txn {
     }
 
     /// Why it stopped, if it did.
-    pub fn stopped(&self) -> Option<String> {
+    pub(super) fn stopped(&self) -> Option<String> {
         match &*self.state.borrow() {
             TxnState::Stopped(why) => Some(why.clone()),
             _ => None,

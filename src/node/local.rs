@@ -22,7 +22,7 @@ use crate::{
 
 /// Every shard, opened by this process: the node's [`ShardSet`] when it
 /// runs alone.
-pub struct LocalShards {
+pub(crate) struct LocalShards {
     /// Every shard, in shard order.
     shards: Vec<Shard>,
     health: watch::Receiver<StoreHealth>,
@@ -35,7 +35,7 @@ impl LocalShards {
     /// Opens every shard's store (refusing a data dir laid out for another
     /// shard count) and starts their dispatchers. A shard that fails to
     /// open stops those opened before it.
-    pub async fn open(
+    pub(crate) async fn open(
         config: &NodeConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,

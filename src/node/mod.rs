@@ -29,9 +29,9 @@ mod local;
 mod picture;
 mod shard_set;
 
-pub use local::LocalShards;
-pub use picture::{Move, Picture, Role, ShardCopy};
-pub use shard_set::ShardSet;
+pub(crate) use local::LocalShards;
+pub(crate) use picture::{Move, Picture, Role, ShardCopy};
+pub(crate) use shard_set::ShardSet;
 
 use std::{
     path::{Path, PathBuf},

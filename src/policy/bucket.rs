@@ -14,7 +14,7 @@ use super::Rate;
 const STEP: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Clone)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     rate: Rate,
     tokens: f64,
     at: Instant,
@@ -22,17 +22,17 @@ pub struct Bucket {
 
 impl Bucket {
     /// A full bucket.
-    pub fn new(rate: Rate, now: Instant) -> Bucket {
+    pub(crate) fn new(rate: Rate, now: Instant) -> Bucket {
         Bucket { rate, tokens: f64::from(rate.burst.max(1)), at: now }
     }
 
-    pub fn rate(&self) -> Rate {
+    pub(crate) fn rate(&self) -> Rate {
         self.rate
     }
 
     /// Keeps what it holds under a changed limit (no more than the new
     /// burst).
-    pub fn set_rate(&mut self, rate: Rate, now: Instant) {
+    pub(crate) fn set_rate(&mut self, rate: Rate, now: Instant) {
         self.refill(now);
         self.rate = rate;
         self.tokens = self.tokens.min(f64::from(rate.burst.max(1)));
@@ -46,13 +46,13 @@ impl Bucket {
     }
 
     /// Whole tokens now.
-    pub fn available(&mut self, now: Instant) -> u64 {
+    pub(crate) fn available(&mut self, now: Instant) -> u64 {
         self.refill(now);
         self.tokens.floor() as u64
     }
 
     /// Takes one token if there is one.
-    pub fn take(&mut self, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, now: Instant) -> bool {
         self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
@@ -64,7 +64,7 @@ impl Bucket {
 
     /// How long until a step's worth of tokens (at least one, at most the
     /// burst) is there.
-    pub fn ready_in(&mut self, now: Instant) -> Duration {
+    pub(crate) fn ready_in(&mut self, now: Instant) -> Duration {
         self.refill(now);
         let per_second = f64::from(self.rate.per_second.max(1));
         let step = (per_second * STEP.as_secs_f64()).clamp(1.0, f64::from(self.rate.burst.max(1)));

@@ -23,11 +23,11 @@ use crate::message::{Tenant, UnixMillis};
 
 mod bucket;
 
-pub use bucket::Bucket;
+pub(crate) use bucket::Bucket;
 
 /// The most messages per second a limit may name: past it, a limit
 /// limits nothing a dispatcher can produce.
-pub const MAX_RATE: u32 = 10_000_000;
+pub(crate) const MAX_RATE: u32 = 10_000_000;
 
 /// Whose messages to a topic a policy applies to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -297,18 +297,18 @@ impl Table {
 
 /// Whether a policy's row (its key and record as stored, see
 /// [`PolicyKey::encode`]) reads, within the limits a call may set.
-pub fn row_reads(key: &[u8], bytes: &[u8]) -> bool {
+pub(crate) fn row_reads(key: &[u8], bytes: &[u8]) -> bool {
     let record = <TopicPolicy as prost::Message>::decode(bytes);
     PolicyKey::decode(key).is_some() && record.is_ok_and(|p| p.rate_per_second <= MAX_RATE)
 }
 
 /// When the change a policy's row holds was made (0: it does not read).
-pub fn changed_at(bytes: &[u8]) -> u64 {
+pub(crate) fn changed_at(bytes: &[u8]) -> u64 {
     <TopicPolicy as prost::Message>::decode(bytes).map_or(0, |p| p.updated_ms)
 }
 
 /// A policy's row key as a person reads it.
-pub fn describe_row(key: &[u8]) -> String {
+pub(crate) fn describe_row(key: &[u8]) -> String {
     match PolicyKey::decode(key) {
         Some(key) => format!("the policy of {}", key.describe()),
         None => format!("a policy {:?}", String::from_utf8_lossy(key)),

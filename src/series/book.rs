@@ -29,17 +29,17 @@ const STRIPES: usize = 4096;
 /// How long before its due time an occurrence is parked, at most: time for
 /// its write, however busy the store, so that it is never late for want of
 /// being parked.
-pub const LEAD: Duration = Duration::from_secs(2);
+pub(crate) const LEAD: Duration = Duration::from_secs(2);
 
 /// What a change does to a series' record.
-pub enum Record {
+pub(crate) enum Record {
     Put(Box<SeriesRecord>),
     Delete,
     /// Left as it is (only its wake moves).
     Keep,
 }
 
-pub struct Book {
+pub(crate) struct Book {
     node: Arc<Node>,
     stripes: Vec<Mutex<()>>,
     /// By shard, no wake lies below this (Unix ms): where the driver's
@@ -53,7 +53,7 @@ pub struct Book {
 
 /// One series' change: its record after it, and its wake before and
 /// after.
-pub struct Change {
+pub(crate) struct Change {
     pub id: MessageId,
     pub record: Record,
     pub old_wake: Option<UnixMillis>,
@@ -61,7 +61,7 @@ pub struct Change {
 }
 
 impl Book {
-    pub fn new(node: Arc<Node>) -> Book {
+    pub(crate) fn new(node: Arc<Node>) -> Book {
         Book {
             node,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -69,25 +69,25 @@ impl Book {
         }
     }
 
-    pub fn node(&self) -> &Arc<Node> {
+    pub(crate) fn node(&self) -> &Arc<Node> {
         &self.node
     }
 
-    pub fn stripe(&self, id: &MessageId) -> usize {
+    pub(crate) fn stripe(&self, id: &MessageId) -> usize {
         (murmur2(id.as_bytes()) as u32 as usize) % STRIPES
     }
 
     /// Waits for series `id`'s lock.
-    pub async fn lock(&self, id: &MessageId) -> MutexGuard<'_, ()> {
+    pub(crate) async fn lock(&self, id: &MessageId) -> MutexGuard<'_, ()> {
         self.stripes[self.stripe(id)].lock().await
     }
 
     /// A stripe's lock, unless a call holds it now.
-    pub fn try_lock_stripe(&self, stripe: usize) -> Option<MutexGuard<'_, ()>> {
+    pub(crate) fn try_lock_stripe(&self, stripe: usize) -> Option<MutexGuard<'_, ()>> {
         self.stripes[stripe].try_lock().ok()
     }
 
-    pub async fn load(&self, id: &MessageId) -> Result<Option<SeriesRecord>, Error> {
+    pub(crate) async fn load(&self, id: &MessageId) -> Result<Option<SeriesRecord>, Error> {
         let store = self.node.store_of(id).await?;
         let Some(bytes) = store.row(Table::Series, id.as_bytes().to_vec()).await? else { return Ok(None) };
         let record = SeriesRecord::from_bytes(&bytes)
@@ -97,7 +97,7 @@ impl Book {
 
     /// The series `ids`, in order, each shard's read at once; a record
     /// that does not decode is an error of its own, not of the others.
-    pub async fn load_many(
+    pub(crate) async fn load_many(
         &self,
         ids: &[MessageId],
     ) -> Result<Vec<Option<Result<SeriesRecord, prost::DecodeError>>>, Error> {
@@ -123,7 +123,7 @@ impl Book {
 
     /// Writes `changes`, each shard's in one commit; returns once all are
     /// durable.
-    pub async fn save(&self, changes: Vec<Change>) -> Result<(), Error> {
+    pub(crate) async fn save(&self, changes: Vec<Change>) -> Result<(), Error> {
         let mut by_shard: HashMap<usize, Vec<Row>> = HashMap::new();
         for c in changes {
             by_shard.entry(self.node.shard_of(&c.id)).or_default().push(Row {
@@ -163,7 +163,7 @@ impl Book {
     /// The stores of the shards this node serves now, with their numbers;
     /// the floors of those it no longer serves are forgotten (one that
     /// comes back starts over).
-    pub fn shards(&self) -> Vec<(u32, Store)> {
+    pub(crate) fn shards(&self) -> Vec<(u32, Store)> {
         let stores = self.node.stores();
         let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
         floors.retain(|shard, _| stores.iter().any(|(n, _)| n == shard));
@@ -172,7 +172,7 @@ impl Book {
 
     /// Up to `limit` series of shard `shard` (its store `store`) waking at
     /// or before `until`; and the earliest wake after those, if any.
-    pub async fn waking(
+    pub(crate) async fn waking(
         &self,
         shard: u32,
         store: &Store,
@@ -192,7 +192,7 @@ impl Book {
 
     /// How many series `tenant`'s space (the shared one for none) has in
     /// the shards this node serves, counted up to `up_to`.
-    pub async fn count(&self, tenant: Option<&Tenant>, up_to: usize) -> Result<usize, Error> {
+    pub(crate) async fn count(&self, tenant: Option<&Tenant>, up_to: usize) -> Result<usize, Error> {
         const PAGE: usize = 1000;
         let space = space_prefix(tenant);
         let mut counted = 0;
@@ -215,7 +215,7 @@ impl Book {
     /// Up to `limit` series of `tenant`'s space (the shared one for none)
     /// after `after`, in id order across shards; a record that does not
     /// decode comes as its error.
-    pub async fn page(
+    pub(crate) async fn page(
         &self,
         tenant: Option<&Tenant>,
         after: Option<MessageId>,
@@ -226,7 +226,7 @@ impl Book {
 
     /// Up to `limit` series of every space after `after`, in stored order
     /// across shards: an operator's listing.
-    pub async fn page_all(
+    pub(crate) async fn page_all(
         &self,
         after: Option<MessageId>,
         limit: usize,
@@ -273,7 +273,7 @@ fn space_prefix(tenant: Option<&Tenant>) -> Vec<u8> {
 /// parked and has not seen settled would be missed (`missed.after` past
 /// its time): then the downtime policy decides whether it still goes out
 /// when Kafka can take it.
-pub fn wake_of(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<UnixMillis> {
+pub(crate) fn wake_of(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<UnixMillis> {
     let missed_after = spec.missed_after.as_millis() as u64;
     let watch = record.parked.iter().min().map(|at| {
         let due = spec.rule.due(id.as_str(), UnixMillis(*at));
@@ -289,7 +289,7 @@ pub fn wake_of(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<Uni
 /// occurrence is due (less when occurrences come closer together than
 /// twice that, so that no more than one is parked ahead); none when it is
 /// paused or over.
-pub fn park_at(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<UnixMillis> {
+pub(crate) fn park_at(id: &MessageId, record: &SeriesRecord, spec: &Spec) -> Option<UnixMillis> {
     if record.paused {
         return None;
     }

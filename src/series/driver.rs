@@ -39,9 +39,9 @@ use crate::{
 };
 
 /// Header carrying the series id on each occurrence's record.
-pub const SERIES_HEADER: &str = "hourglass-series";
+pub(crate) const SERIES_HEADER: &str = "hourglass-series";
 /// Header carrying the occurrence's time before jitter, in Unix ms.
-pub const OCCURRENCE_HEADER: &str = "hourglass-occurrence-ms";
+pub(crate) const OCCURRENCE_HEADER: &str = "hourglass-occurrence-ms";
 /// Series taken in one batch, at most.
 const BATCH: usize = 512;
 /// The longest the driver sleeps: a wall clock step is noticed within it.
@@ -57,7 +57,7 @@ const CANCELS_AT_ONCE: usize = 32;
 const CANCEL_WAIT: Duration = Duration::from_millis(500);
 
 /// Runs the driver until `stop`.
-pub async fn run(series: Arc<super::Series>, stop: CancellationToken) {
+pub(crate) async fn run(series: Arc<super::Series>, stop: CancellationToken) {
     loop {
         let next = drive(&series, &stop).await;
         let sleep = next.map_or(MAX_SLEEP, |at| series.clock.until(at).min(MAX_SLEEP));
@@ -507,7 +507,7 @@ async fn cancel_missed(series: &super::Series, step: &mut Step, at: Vec<u64>, no
 
 /// The record an occurrence produces: the template, with the series id and
 /// the occurrence's time in headers.
-pub fn occurrence(template: &Envelope, series: &MessageId, nominal: UnixMillis) -> Envelope {
+pub(crate) fn occurrence(template: &Envelope, series: &MessageId, nominal: UnixMillis) -> Envelope {
     let mut envelope = template.clone();
     envelope
         .headers
@@ -519,7 +519,7 @@ pub fn occurrence(template: &Envelope, series: &MessageId, nominal: UnixMillis) 
 }
 
 /// The whole id space of series `id`: where its occurrences live.
-pub fn space_of(id: &MessageId) -> Scope {
+pub(crate) fn space_of(id: &MessageId) -> Scope {
     Scope::space(id.tenant().map(|t| Tenant::parse(t).expect("a stored tenant is valid")))
 }
 

@@ -18,12 +18,12 @@
 //! delivered, cancelled, listed and reconciled as one, so everything
 //! hourglass promises of a message holds for each occurrence.
 
-pub mod book;
-pub mod driver;
-pub mod record;
-pub mod rule;
+pub(crate) mod book;
+pub(crate) mod driver;
+pub(crate) mod record;
+pub(crate) mod rule;
 mod service;
-pub mod spec;
+pub(crate) mod spec;
 
 use std::sync::Arc;
 
@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{auth::Grants, clock::Clock, node::Node, service::Service};
 
 /// The series of this node's shards.
-pub struct Series {
+pub(crate) struct Series {
     book: book::Book,
     clock: Arc<dyn Clock>,
     /// Checks a template as a schedule request's record is checked.
@@ -54,7 +54,7 @@ impl Series {
     /// The series of the shards `node` serves: standalone every shard; in
     /// a cluster those it owns now, whose changes go through the schedule
     /// log (see [`Node::write_series`]).
-    pub fn new(
+    pub(crate) fn new(
         node: Arc<Node>,
         service: Arc<Service>,
         clock: Arc<dyn Clock>,
@@ -79,7 +79,7 @@ impl Series {
     }
 
     /// Starts the driver, which parks occurrences until `stop`.
-    pub fn start(self: &Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    pub(crate) fn start(self: &Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
         tokio::spawn(driver::run(Arc::clone(self), stop))
     }
 }

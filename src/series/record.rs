@@ -10,7 +10,7 @@ use crate::{
 
 /// One series: its spec as the request gave it, and how far it has come.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct SeriesRecord {
+pub(crate) struct SeriesRecord {
     #[prost(message, optional, tag = "1")]
     pub spec: Option<proto::SeriesSpec>,
     #[prost(uint64, tag = "2")]
@@ -59,46 +59,46 @@ pub struct SeriesRecord {
 
 impl SeriesRecord {
     /// A series as its store keeps it.
-    pub fn from_bytes(bytes: &[u8]) -> Result<SeriesRecord, prost::DecodeError> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<SeriesRecord, prost::DecodeError> {
         prost::Message::decode(bytes)
     }
 
     /// The bytes its store keeps.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
         prost::Message::encode_to_vec(self)
     }
 
     /// The spec, read back: checked when it was written, so not again
     /// against the time now (an expression whose last match has passed
     /// reads, and the series is over).
-    pub fn spec(&self) -> Result<Spec, Invalid> {
+    pub(crate) fn spec(&self) -> Result<Spec, Invalid> {
         Spec::read(&self.spec.clone().unwrap_or_default(), UnixMillis(self.anchor_ms))
     }
 
     /// The template's topic as written, even if the rest does not read:
     /// what a caller's grant is checked against.
-    pub fn topic(&self) -> &str {
+    pub(crate) fn topic(&self) -> &str {
         self.spec.as_ref().and_then(|s| s.template.as_ref()).map_or("", |t| t.topic.as_str())
     }
 
     /// The first occurrence a changed series may park from `now` on: after
     /// every one it parked.
-    pub fn next_from(&self, spec: &Spec, now: UnixMillis) -> Option<UnixMillis> {
+    pub(crate) fn next_from(&self, spec: &Spec, now: UnixMillis) -> Option<UnixMillis> {
         spec.rule.next_after(now.max(UnixMillis(self.last_parked_ms)), self.made())
     }
 
     /// Nominal times of the occurrences it parked that may be pending:
     /// parked and not seen settled, kept late, or being parked.
-    pub fn pending(&self) -> impl Iterator<Item = &u64> {
+    pub(crate) fn pending(&self) -> impl Iterator<Item = &u64> {
         self.parked.iter().chain(&self.late).chain(&self.firing)
     }
 
     /// Occurrences passed so far, fired or skipped: what a count bounds.
-    pub fn made(&self) -> u64 {
+    pub(crate) fn made(&self) -> u64 {
         self.fired + self.skipped
     }
 
-    pub fn state(&self) -> proto::SeriesState {
+    pub(crate) fn state(&self) -> proto::SeriesState {
         match (self.paused, self.next_ms) {
             (true, _) => proto::SeriesState::Paused,
             (false, None) => proto::SeriesState::Finished,
@@ -108,7 +108,7 @@ impl SeriesRecord {
 
     /// The series' answer to Get: with its next `n` occurrences (their ids
     /// placed in `shards` shards).
-    pub fn info(&self, id: &MessageId, spec: &Spec, n: usize, shards: u32) -> proto::SeriesInfo {
+    pub(crate) fn info(&self, id: &MessageId, spec: &Spec, n: usize, shards: u32) -> proto::SeriesInfo {
         let mut next = Vec::with_capacity(n);
         if let Some(at) = self.next_ms.filter(|_| !self.paused && n > 0) {
             next.push(UnixMillis(at));

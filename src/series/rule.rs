@@ -30,7 +30,7 @@ use crate::message::{UnixMillis, duration_ms};
 
 /// The shortest interval a series may have: occurrences are ordinary
 /// messages, each written to the store (and, in a cluster, to the log).
-pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Occurrences of a cron expression walked to find its closest two: its
 /// fields repeat, so a walk meets each kind of gap early (a burst on one
 /// day of the year at that day's first occurrence).
@@ -41,7 +41,7 @@ const HORIZON_YEARS: i32 = 10;
 
 /// Why a rule was refused, in words for the person who wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RuleError {
+pub(crate) enum RuleError {
     #[error("cron expression {expr:?}: {reason}")]
     Cron { expr: String, reason: String },
     #[error("unknown time zone {0:?}: give an IANA name such as Europe/Berlin, America/New_York or UTC")]
@@ -52,7 +52,7 @@ pub enum RuleError {
 
 /// How a series repeats.
 #[derive(Debug, Clone)]
-pub enum Every {
+pub(crate) enum Every {
     /// A cron expression read in `zone`.
     Cron { cron: Box<Cron>, zone: Tz },
     /// A fixed interval, counted from `anchor`.
@@ -61,7 +61,7 @@ pub enum Every {
 
 impl Every {
     /// A cron expression read in the IANA zone `zone`.
-    pub fn cron(expr: &str, zone: &str) -> Result<Every, RuleError> {
+    pub(crate) fn cron(expr: &str, zone: &str) -> Result<Every, RuleError> {
         let every = Every::cron_read(expr, zone)?;
         // An expression that never matches (a 30th of February) is no
         // series: say so now rather than park nothing.
@@ -76,7 +76,7 @@ impl Every {
     /// A cron expression as [`cron`](Self::cron) reads it, without asking
     /// that it match again: for one read back, whose last match may have
     /// passed since.
-    pub fn cron_read(expr: &str, zone: &str) -> Result<Every, RuleError> {
+    pub(crate) fn cron_read(expr: &str, zone: &str) -> Result<Every, RuleError> {
         let zone: Tz = zone.parse().map_err(|_| RuleError::Zone(zone.to_owned()))?;
         let refused = |reason: String| RuleError::Cron { expr: expr.to_owned(), reason };
         let cron = Cron::from_str(expr).map_err(|e| refused(cron_reason(&e)))?;
@@ -84,7 +84,7 @@ impl Every {
     }
 
     /// Every `every`, from `anchor`.
-    pub fn interval(every: Duration, anchor: UnixMillis) -> Result<Every, RuleError> {
+    pub(crate) fn interval(every: Duration, anchor: UnixMillis) -> Result<Every, RuleError> {
         if every < MIN_INTERVAL {
             return Err(RuleError::Interval(every));
         }
@@ -94,7 +94,7 @@ impl Every {
     /// The least time between two occurrences from `from` on: the
     /// interval; for a cron expression, the least among its next
     /// [`GAP_WALK`] occurrences. None if fewer than two follow.
-    pub fn shortest_gap(&self, from: UnixMillis) -> Option<Duration> {
+    pub(crate) fn shortest_gap(&self, from: UnixMillis) -> Option<Duration> {
         match self {
             Every::Interval { every, .. } => Some(*every),
             Every::Cron { .. } => {
@@ -113,7 +113,7 @@ impl Every {
 
     /// The last occurrence at or before `t`, if there is one within the
     /// horizon.
-    pub fn at_or_before(&self, t: UnixMillis) -> Option<UnixMillis> {
+    pub(crate) fn at_or_before(&self, t: UnixMillis) -> Option<UnixMillis> {
         match self {
             Every::Interval { every, anchor } => {
                 let step = duration_ms(*every).max(1);
@@ -128,7 +128,7 @@ impl Every {
 
     /// The first occurrence strictly after `t`, if there is one within
     /// the horizon.
-    pub fn next_after(&self, t: UnixMillis) -> Option<UnixMillis> {
+    pub(crate) fn next_after(&self, t: UnixMillis) -> Option<UnixMillis> {
         match self {
             Every::Interval { every, anchor } => {
                 let step = duration_ms(*every).max(1);
@@ -152,7 +152,7 @@ impl Every {
 /// What bounds a series: no occurrence before `start` or after `end`, and
 /// no more than `count` of them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     pub start: Option<UnixMillis>,
     pub end: Option<UnixMillis>,
     pub count: Option<u64>,
@@ -160,7 +160,7 @@ pub struct Bounds {
 
 /// A series' rule: how it repeats, within what, with how much jitter.
 #[derive(Debug, Clone)]
-pub struct Rule {
+pub(crate) struct Rule {
     pub every: Every,
     pub bounds: Bounds,
     /// Each occurrence is moved later by up to this much, the same for the
@@ -172,7 +172,7 @@ impl Rule {
     /// The first occurrence after `t` (its nominal time, before jitter),
     /// when `fired` occurrences were made already; `None` once the series
     /// is over.
-    pub fn next_after(&self, t: UnixMillis, fired: u64) -> Option<UnixMillis> {
+    pub(crate) fn next_after(&self, t: UnixMillis, fired: u64) -> Option<UnixMillis> {
         if self.bounds.count.is_some_and(|count| fired >= count) {
             return None;
         }
@@ -186,7 +186,7 @@ impl Rule {
     }
 
     /// The next `n` occurrences after `t`, `fired` made already.
-    pub fn upcoming(&self, t: UnixMillis, fired: u64, n: usize) -> Vec<UnixMillis> {
+    pub(crate) fn upcoming(&self, t: UnixMillis, fired: u64, n: usize) -> Vec<UnixMillis> {
         let mut out = Vec::with_capacity(n);
         let mut at = t;
         while out.len() < n {
@@ -199,7 +199,7 @@ impl Rule {
 
     /// When the occurrence of nominal time `nominal` of series `series` is
     /// due: `nominal` plus its share of the jitter.
-    pub fn due(&self, series: &str, nominal: UnixMillis) -> UnixMillis {
+    pub(crate) fn due(&self, series: &str, nominal: UnixMillis) -> UnixMillis {
         let span = duration_ms(self.jitter);
         if span == 0 {
             return nominal;
@@ -212,7 +212,7 @@ impl Rule {
 /// Kafka was down (Quartz's misfire instructions, Temporal's catch-up):
 /// decided when an occurrence comes due later than the series allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Missed {
+pub(crate) enum Missed {
     /// Fire none of them; go on from the next occurrence after now.
     Skip,
     /// Fire the latest of them, once, now.
@@ -225,7 +225,7 @@ pub enum Missed {
 impl Missed {
     /// How many of the missed occurrences the policy fires: the latest
     /// ones, this many.
-    pub fn keeps(self) -> usize {
+    pub(crate) fn keeps(self) -> usize {
         match self {
             Missed::Skip => 0,
             Missed::Latest => 1,
@@ -236,11 +236,11 @@ impl Missed {
 
 /// The most missed occurrences a catch-up looks at: a series every second
 /// that was down for a week has 604,800, and each would cost a computation.
-pub const MISSED_LOOKED_AT: usize = 10_000;
+pub(crate) const MISSED_LOOKED_AT: usize = 10_000;
 
 /// What a catch-up comes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CatchUp {
+pub(crate) struct CatchUp {
     /// The nominal times of the missed occurrences to fire now, in order.
     pub fire: Vec<UnixMillis>,
     /// How many missed occurrences were left out: at least, as no more
@@ -256,7 +256,13 @@ impl Rule {
     /// late: it and every occurrence after it up to `now` were missed
     /// (`fired` made before it). What fires now, by `policy`, and the
     /// occurrence after.
-    pub fn catch_up(&self, nominal: UnixMillis, now: UnixMillis, fired: u64, policy: Missed) -> CatchUp {
+    pub(crate) fn catch_up(
+        &self,
+        nominal: UnixMillis,
+        now: UnixMillis,
+        fired: u64,
+        policy: Missed,
+    ) -> CatchUp {
         let mut missed = vec![nominal];
         while missed.len() < MISSED_LOOKED_AT {
             let last = *missed.last().expect("one at least");

@@ -16,27 +16,27 @@ use crate::{
 
 /// The longest a series id may be: an occurrence's id is the series id, `@`
 /// and up to 20 digits, within the 128 of a message id.
-pub const MAX_ID_LEN: usize = 100;
+pub(crate) const MAX_ID_LEN: usize = 100;
 /// The most jitter a series may have.
-pub const MAX_JITTER: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_JITTER: Duration = Duration::from_secs(3600);
 /// How late an occurrence may be parked and still count as on time, unless
 /// the series says.
-pub const DEFAULT_MISSED_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_MISSED_AFTER: Duration = Duration::from_secs(60);
 /// How many missed occurrences FIRE_EACH fires, unless the series says.
-pub const DEFAULT_AT_MOST: u32 = 10;
+pub(crate) const DEFAULT_AT_MOST: u32 = 10;
 /// The most missed occurrences FIRE_EACH may fire.
-pub const MAX_AT_MOST: u32 = 1000;
+pub(crate) const MAX_AT_MOST: u32 = 1000;
 /// The longest `missed.after` may be.
-pub const MAX_MISSED_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const MAX_MISSED_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How many occurrences of a series may wait at once to be judged on time
 /// or missed: `missed.after` is at most this many times the series' gap
 /// between two occurrences (at their closest), so that its driver keeps
 /// each of them in view, and Pause, Update and Delete cancel every one.
-pub const MAX_WAITING: u32 = 1000;
+pub(crate) const MAX_WAITING: u32 = 1000;
 
 /// What the server allows a new series, from its settings.
 #[derive(Debug, Clone)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// How far ahead of now a start or an end may lie (--max-delay).
     pub max_delay: Duration,
     /// The shortest gap between two occurrences (--series-min-interval);
@@ -47,7 +47,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn of(config: &crate::config::Config) -> Limits {
+    pub(crate) fn of(config: &crate::config::Config) -> Limits {
         Limits {
             max_delay: *config.max_delay,
             min_interval: *config.series_min_interval,
@@ -74,7 +74,7 @@ struct New<'a> {
 
 /// A checked spec.
 #[derive(Debug, Clone)]
-pub struct Spec {
+pub(crate) struct Spec {
     /// The record each occurrence produces, with the series' labels.
     pub template: Envelope,
     pub rule: Rule,
@@ -88,7 +88,7 @@ impl Spec {
     /// Checks `spec`, new at `now`, against `limits`; an interval counts
     /// from its start or, without one, from `anchor` (when the series was
     /// made).
-    pub fn parse(
+    pub(crate) fn parse(
         spec: &proto::SeriesSpec,
         anchor: UnixMillis,
         now: UnixMillis,
@@ -101,7 +101,7 @@ impl Spec {
     /// neither a cron expression need match again nor the limits hold now
     /// (they were met when it was written, and may have been changed
     /// since).
-    pub fn read(spec: &proto::SeriesSpec, anchor: UnixMillis) -> Result<Spec, Invalid> {
+    pub(crate) fn read(spec: &proto::SeriesSpec, anchor: UnixMillis) -> Result<Spec, Invalid> {
         Spec::check(spec, anchor, None)
     }
 
@@ -259,7 +259,7 @@ impl Spec {
 /// A series id in `tenant`'s space: a message id's rules, at most
 /// [`MAX_ID_LEN`] long, without `@` (which joins it to an occurrence's
 /// time).
-pub fn series_id(tenant: Option<&Tenant>, id: &str) -> Result<MessageId, Invalid> {
+pub(crate) fn series_id(tenant: Option<&Tenant>, id: &str) -> Result<MessageId, Invalid> {
     if id.len() > MAX_ID_LEN {
         return Err(Invalid::new(
             "id",
@@ -283,7 +283,7 @@ const PLACEMENT_TRIES: u32 = 1 << 16;
 /// shard's, so its owner parks, reads and cancels them itself (in a
 /// cluster, without another node); the same inputs always give the same
 /// id, so a retry parks the same message.
-pub fn occurrence_id(series: &MessageId, at: UnixMillis, shards: u32) -> MessageId {
+pub(crate) fn occurrence_id(series: &MessageId, at: UnixMillis, shards: u32) -> MessageId {
     let tenant = series.tenant().map(|t| Tenant::parse(t).expect("a stored tenant is valid"));
     let make = |text: &str| {
         MessageId::parse_in(tenant.as_ref(), text).expect("a series id and a time make a valid id")
@@ -349,7 +349,7 @@ fn duration(field: &'static str, d: prost_types::Duration) -> Result<Duration, I
 const EVERY: &str = "every:";
 
 /// An operator's page token after `id`.
-pub fn every_token_of(id: &MessageId) -> String {
+pub(crate) fn every_token_of(id: &MessageId) -> String {
     id.as_bytes().iter().fold(EVERY.to_owned(), |mut token, b| {
         token.push_str(&format!("{b:02x}"));
         token
@@ -357,7 +357,7 @@ pub fn every_token_of(id: &MessageId) -> String {
 }
 
 /// The series an operator's page token names.
-pub fn every_token(token: &str) -> Option<MessageId> {
+pub(crate) fn every_token(token: &str) -> Option<MessageId> {
     let digits = token.strip_prefix(EVERY)?.as_bytes();
     if digits.len() % 2 != 0 {
         return None;
@@ -372,7 +372,7 @@ pub fn every_token(token: &str) -> Option<MessageId> {
 /// Where a listed series stands in a listing's order, as its page tokens
 /// say it: its id, or for an operator's listing (`every`), which spans
 /// tenants, its stored id as [`every_token_of`] writes it.
-pub fn page_position(info: &proto::SeriesInfo, every: bool) -> String {
+pub(crate) fn page_position(info: &proto::SeriesInfo, every: bool) -> String {
     if !every {
         return info.id.clone();
     }

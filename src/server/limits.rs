@@ -28,14 +28,14 @@ use tonic::{
 /// Accepted connections, each holding one of `max` places until it closes.
 /// At the limit the listener is not polled, so new connections wait in the
 /// kernel's backlog instead of costing memory here.
-pub struct LimitedIncoming {
+pub(super) struct LimitedIncoming {
     inner: TcpIncoming,
     places: PollSemaphore,
     place: Option<OwnedSemaphorePermit>,
 }
 
 impl LimitedIncoming {
-    pub fn new(inner: TcpIncoming, max: usize) -> LimitedIncoming {
+    pub(super) fn new(inner: TcpIncoming, max: usize) -> LimitedIncoming {
         LimitedIncoming { inner, places: PollSemaphore::new(Arc::new(Semaphore::new(max))), place: None }
     }
 }
@@ -62,7 +62,7 @@ impl Stream for LimitedIncoming {
 }
 
 /// A connection and its place among the open ones.
-pub struct Limited {
+pub(super) struct Limited {
     io: TcpStream,
     _place: OwnedSemaphorePermit,
 }
@@ -119,14 +119,14 @@ impl AsyncWrite for Limited {
 /// `max` places for as long as its answer stream lives; past that, a Watch
 /// is refused with RESOURCE_EXHAUSTED. `Check` is unaffected.
 #[derive(Clone)]
-pub struct BoundedWatch<S> {
+pub(super) struct BoundedWatch<S> {
     inner: S,
     places: Arc<Semaphore>,
     max: usize,
 }
 
 impl<S> BoundedWatch<S> {
-    pub fn new(inner: S, max: usize) -> Self {
+    pub(super) fn new(inner: S, max: usize) -> Self {
         BoundedWatch { inner, places: Arc::new(Semaphore::new(max)), max }
     }
 }

@@ -96,7 +96,7 @@ pub(crate) struct Watched<'a> {
 impl Watched<'_> {
     /// Takes the dispatcher's claims on `ids` and ends the walk; the second
     /// value is true if nothing the walk read can have been removed.
-    pub fn claim_all<'b>(mut self, ids: impl Iterator<Item = &'b MessageId>) -> (Vec<Claim>, bool) {
+    pub(super) fn claim_all<'b>(mut self, ids: impl Iterator<Item = &'b MessageId>) -> (Vec<Claim>, bool) {
         let mut state = self.claims.state();
         let claims = claim_all(&mut state.held, ids);
         let undisturbed = end_watch(&mut state);
@@ -152,7 +152,7 @@ impl Claims {
     /// could remove an entry at or above `from` disturbs it: a writer's
     /// reservation or its release, and the release of a settled message's
     /// claim at or above `from`.
-    pub fn watch(&self, from: DispatchKey) -> Watched<'_> {
+    pub(super) fn watch(&self, from: DispatchKey) -> Watched<'_> {
         let mut state = self.state();
         match &mut state.watch {
             Some(watch) => {
@@ -167,12 +167,12 @@ impl Claims {
     }
 
     /// The dispatcher takes each of `ids` for producing, under one lock.
-    pub fn claim_for_dispatch_all<'a>(&self, ids: impl Iterator<Item = &'a MessageId>) -> Vec<Claim> {
+    pub(super) fn claim_for_dispatch_all<'a>(&self, ids: impl Iterator<Item = &'a MessageId>) -> Vec<Claim> {
         claim_all(&mut self.state().held, ids)
     }
 
     /// The writer takes `id` for a change; false if the dispatcher has it.
-    pub fn reserve_for_writer(&self, id: &MessageId) -> bool {
+    pub(super) fn reserve_for_writer(&self, id: &MessageId) -> bool {
         let mut state = self.state();
         let reserved = match state.held.entry(id.clone()) {
             Entry::Occupied(o) => *o.get() == Holder::Writer,
@@ -188,7 +188,7 @@ impl Claims {
     }
 
     /// Gives back a claim, whoever holds it; its entry may be gone.
-    pub fn release(&self, id: &MessageId) {
+    pub(super) fn release(&self, id: &MessageId) {
         let mut state = self.state();
         state.held.remove(id);
         state.disturb(None);
@@ -196,7 +196,7 @@ impl Claims {
 
     /// Gives back the dispatcher's claims on `ids`, and only those: one the
     /// writer took meanwhile stays. Their entries stay where they are.
-    pub fn release_dispatched(&self, ids: &[MessageId]) {
+    pub(super) fn release_dispatched(&self, ids: &[MessageId]) {
         let mut state = self.state();
         for id in ids {
             if state.held.get(id) == Some(&Holder::Dispatcher) {
@@ -213,7 +213,12 @@ impl Claims {
     /// that the commit removed, is `highest` (none with claims: anywhere).
     /// A walk that started at or below it may have read one of them as
     /// pending.
-    pub fn release_settled(&self, ids: &[MessageId], unheld: &[MessageId], highest: Option<DispatchKey>) {
+    pub(super) fn release_settled(
+        &self,
+        ids: &[MessageId],
+        unheld: &[MessageId],
+        highest: Option<DispatchKey>,
+    ) {
         if ids.is_empty() && unheld.is_empty() && highest.is_none() {
             return;
         }
@@ -230,7 +235,7 @@ impl Claims {
     }
 
     /// Lets go of the writer's hold on `id`, and of no one else's claim.
-    pub fn unhold(&self, id: &MessageId) {
+    pub(super) fn unhold(&self, id: &MessageId) {
         let mut state = self.state();
         if state.held.get(id) == Some(&Holder::Writer) {
             state.held.remove(id);
@@ -239,11 +244,11 @@ impl Claims {
     }
 
     /// Whether the dispatcher holds `id`: it is being produced.
-    pub fn held_by_dispatcher(&self, id: &MessageId) -> bool {
+    pub(super) fn held_by_dispatcher(&self, id: &MessageId) -> bool {
         self.state().held.get(id) == Some(&Holder::Dispatcher)
     }
 
-    pub fn dispatching(&self) -> usize {
+    pub(super) fn dispatching(&self) -> usize {
         self.state().held.values().filter(|h| **h == Holder::Dispatcher).count()
     }
 }
@@ -318,13 +323,13 @@ impl Wake {
     }
 
     /// The dispatcher hands `n` settles to the writer.
-    pub fn settling(&self, n: usize) {
+    pub(crate) fn settling(&self, n: usize) {
         self.unrecorded.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The writer committed `n` of the settles handed to it; wakes the
     /// dispatcher if it waits for that.
-    pub fn recorded(&self, n: usize) {
+    pub(crate) fn recorded(&self, n: usize) {
         self.unrecorded.fetch_sub(n, Ordering::AcqRel);
         if n > 0 && self.awaiting_commits.swap(false, Ordering::AcqRel) {
             self.notify.notify_one();
@@ -333,14 +338,14 @@ impl Wake {
 
     /// Settles handed to the writer and not committed yet (those of a
     /// failed commit stay until it is retried and succeeds).
-    pub fn unrecorded(&self) -> usize {
+    pub(crate) fn unrecorded(&self) -> usize {
         self.unrecorded.load(Ordering::Acquire)
     }
 
     /// The dispatcher has no room until commits record what it produced:
     /// the next commit of settles wakes it. Returns what is unrecorded now
     /// (a commit may have come in between).
-    pub fn await_commits(&self) -> usize {
+    pub(crate) fn await_commits(&self) -> usize {
         self.awaiting_commits.store(true, Ordering::Release);
         self.unrecorded()
     }
@@ -348,7 +353,7 @@ impl Wake {
     /// The writer, after a commit that added `added`: those below the
     /// dispatcher's position are handed to it, and it is woken. Returns
     /// what was handed over, by hand-over number.
-    pub fn added(&self, added: &[(DispatchKey, MessageId)]) -> Vec<(u64, DispatchKey)> {
+    pub(crate) fn added(&self, added: &[(DispatchKey, MessageId)]) -> Vec<(u64, DispatchKey)> {
         if added.is_empty() {
             return Vec::new();
         }
@@ -370,14 +375,14 @@ impl Wake {
     }
 
     /// Where the dispatcher reads up to: a new entry below it is handed over.
-    pub fn position(&self) -> DispatchKey {
+    pub(crate) fn position(&self) -> DispatchKey {
         self.state().position
     }
 
     /// The dispatcher's floor: `own` (the lowest entry it holds or has yet
     /// to read) and `producible` (the lowest it may produce), each lowered
     /// to what was handed to it and not taken yet.
-    pub fn floor(&self, own: DispatchKey, producible: DispatchKey) -> Floor {
+    pub(crate) fn floor(&self, own: DispatchKey, producible: DispatchKey) -> Floor {
         let state = self.state();
         Floor {
             key: state.lowered_to_late(own),
@@ -387,26 +392,26 @@ impl Wake {
     }
 
     /// The store recorded `floor`.
-    pub fn record_floor(&self, floor: DispatchKey) {
+    pub(crate) fn record_floor(&self, floor: DispatchKey) {
         let mut state = self.state();
         state.recorded = state.recorded.max(floor);
         state.low_water = state.low_water.max(floor);
     }
 
     /// The store recorded that the dispatcher may produce from `key` on.
-    pub fn record_produced_from(&self, key: DispatchKey) {
+    pub(crate) fn record_produced_from(&self, key: DispatchKey) {
         self.state().produced_from = key;
     }
 
     /// Whether `floor` says nothing the store has not recorded: sent
     /// alone, it would change nothing.
-    pub fn floor_known(&self, floor: &Floor) -> bool {
+    pub(crate) fn floor_known(&self, floor: &Floor) -> bool {
         let state = self.state();
         floor.key <= state.recorded && floor.produced_from.max(state.recorded) == state.produced_from
     }
 
     /// The floor the store has recorded.
-    pub fn floor_recorded(&self) -> DispatchKey {
+    pub(crate) fn floor_recorded(&self) -> DispatchKey {
         self.state().recorded
     }
 
@@ -414,35 +419,35 @@ impl Wake {
     /// committed from now on below `upper` come to it through [`Wake::take`].
     /// Set before the read starts, so that an entry committed while the
     /// read runs is either seen by the read or handed over, never neither.
-    pub fn reading_up_to(&self, upper: DispatchKey) {
+    pub(crate) fn reading_up_to(&self, upper: DispatchKey) {
         let mut state = self.state();
         state.position = state.position.max(upper);
     }
 
     /// What the writer handed over since the last call.
-    pub fn take(&self) -> Late {
+    pub(crate) fn take(&self) -> Late {
         let mut state = self.state();
         Late { entries: std::mem::take(&mut state.late), rescan_from: state.overflow.take() }
     }
 
     /// The dispatcher: nothing below `key` is pending any more.
-    pub fn set_low_water(&self, key: DispatchKey) {
+    pub(crate) fn set_low_water(&self, key: DispatchKey) {
         self.state().low_water = key;
     }
 
     /// Where live entries start: the dispatcher's mark, or lower for an
     /// entry handed over that it has not taken yet.
-    pub fn low_water(&self) -> DispatchKey {
+    pub(crate) fn low_water(&self) -> DispatchKey {
         let state = self.state();
         state.lowered_to_late(state.low_water)
     }
 
     /// Wakes the dispatcher: entries it found held by the writer are free.
-    pub fn poke(&self) {
+    pub(crate) fn poke(&self) {
         self.notify.notify_one();
     }
 
-    pub async fn notified(&self) {
+    pub(crate) async fn notified(&self) {
         self.notify.notified().await
     }
 }

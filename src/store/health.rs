@@ -42,7 +42,7 @@ struct Parts {
 }
 
 impl HealthBoard {
-    pub fn new(writable: IntGauge) -> HealthBoard {
+    pub(super) fn new(writable: IntGauge) -> HealthBoard {
         writable.set(1);
         HealthBoard {
             tx: watch::channel(StoreHealth::Ok).0,
@@ -51,7 +51,7 @@ impl HealthBoard {
         }
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<StoreHealth> {
+    pub(super) fn subscribe(&self) -> watch::Receiver<StoreHealth> {
         self.tx.subscribe()
     }
 
@@ -69,18 +69,18 @@ impl HealthBoard {
     }
 
     /// What the last commit that wrote found.
-    pub fn set_writes(&self, health: StoreHealth) {
+    pub(super) fn set_writes(&self, health: StoreHealth) {
         self.update(|p| p.writes = health);
     }
 
     /// A read of a due message failed (`Some`), or succeeded again (`None`).
-    pub fn set_reads(&self, failure: Option<String>) {
+    pub(super) fn set_reads(&self, failure: Option<String>) {
         self.update(|p| p.reads = failure);
     }
 
     /// Whether writes fail now: the dispatcher produces nothing while the
     /// store could not record what it produced.
-    pub fn writes_failing(&self) -> bool {
+    pub(super) fn writes_failing(&self) -> bool {
         matches!(self.parts.lock().unwrap_or_else(|e| e.into_inner()).writes, StoreHealth::Failing(_))
     }
 }

@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// A row as a table keeps it: its key and its bytes.
-pub type KeptRow = (Vec<u8>, Vec<u8>);
+pub(super) type KeptRow = (Vec<u8>, Vec<u8>);
 
 impl Store {
     /// Writes `rows` in one commit; returns once it is durable (and a

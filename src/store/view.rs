@@ -84,12 +84,12 @@ impl MessageRecord {
 }
 
 /// Labels as a record holds them.
-pub fn labels_of(records: Vec<LabelRecord>) -> Labels {
+pub(super) fn labels_of(records: Vec<LabelRecord>) -> Labels {
     Labels::from_stored(records.into_iter().map(|l| (l.key, l.value)))
 }
 
 /// A pending message as a listing shows it, from its due entry.
-pub fn pending_message(
+pub(super) fn pending_message(
     id: MessageId,
     key: DispatchKey,
     record: MessageRecord,
@@ -115,7 +115,7 @@ pub fn pending_message(
 /// Where the message waits in the due CF now: where its record says its
 /// entry is; else (a record written before 0.2) its due time, or the time
 /// of its next try after a failed one.
-pub fn dispatch_key(record: &MessageRecord, settlement: Option<&Settlement>) -> DispatchKey {
+pub(super) fn dispatch_key(record: &MessageRecord, settlement: Option<&Settlement>) -> DispatchKey {
     if let Some(at) = record.entry_at_ms {
         return DispatchKey { at: UnixMillis(at), seq: record.seq };
     }
@@ -126,7 +126,7 @@ pub fn dispatch_key(record: &MessageRecord, settlement: Option<&Settlement>) -> 
     DispatchKey { at: UnixMillis(due), seq: record.seq }
 }
 
-pub fn state_of(settlement: Option<&Settlement>) -> State {
+pub(super) fn state_of(settlement: Option<&Settlement>) -> State {
     let Some(s) = settlement else {
         return State::Pending { attempts: 0, last_error: None };
     };
@@ -159,7 +159,7 @@ pub fn state_of(settlement: Option<&Settlement>) -> State {
     }
 }
 
-pub fn scheduled_message(
+pub(super) fn scheduled_message(
     id: MessageId,
     record: &MessageRecord,
     settlement: Option<&Settlement>,

@@ -38,7 +38,7 @@ const SEEK_WAIT: Duration = Duration::from_secs(3);
 /// at.
 const POSITION_EVERY: Duration = Duration::from_millis(250);
 
-pub struct Applier {
+pub(crate) struct Applier {
     partition: i32,
     store: Store,
     reader: Arc<LogReader>,
@@ -50,7 +50,7 @@ pub struct Applier {
 impl Applier {
     /// An applier of `partition` of the log `log` reads, reading from
     /// where `store` has applied to.
-    pub fn new(
+    pub(crate) fn new(
         log: &Arc<LogConsumer>,
         partition: i32,
         store: Store,
@@ -64,7 +64,7 @@ impl Applier {
     }
 
     /// What it reads the partition with.
-    pub fn reader(&self) -> Arc<LogReader> {
+    pub(crate) fn reader(&self) -> Arc<LogReader> {
         Arc::clone(&self.reader)
     }
 
@@ -72,7 +72,7 @@ impl Applier {
     /// Records this node appended come on `acked` too, from their acks:
     /// each is applied as soon as every record before it is, without
     /// waiting to read it back.
-    pub async fn run(self, stop: CancellationToken, applied: watch::Sender<i64>, acks: AckReceiver) {
+    pub(crate) async fn run(self, stop: CancellationToken, applied: watch::Sender<i64>, acks: AckReceiver) {
         let mut last_owner = self.store.log_owner();
         let mut seek = Some(self.first);
         let (mut acked, mut early) = (acks.rx, Early::new(acks.held));
@@ -396,12 +396,12 @@ pub struct AckSender {
 }
 
 /// The applier's end of an [`AckSender`].
-pub struct AckReceiver {
+pub(crate) struct AckReceiver {
     rx: mpsc::UnboundedReceiver<Vec<Acked>>,
     held: Arc<AtomicUsize>,
 }
 
-pub fn ack_channel() -> (AckSender, AckReceiver) {
+pub(crate) fn ack_channel() -> (AckSender, AckReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
     let held = Arc::new(AtomicUsize::new(0));
     (AckSender { tx, held: Arc::clone(&held) }, AckReceiver { rx, held })
@@ -531,7 +531,7 @@ fn count_skipped(partition: i32, next: i64, reads: &[Read]) {
 
 /// The end of the partition `reader` reads, the offset its next record
 /// gets; retried until the broker answers or `stop`.
-pub async fn end_of(reader: &Arc<LogReader>, stop: &CancellationToken) -> Option<i64> {
+pub(crate) async fn end_of(reader: &Arc<LogReader>, stop: &CancellationToken) -> Option<i64> {
     loop {
         let reading = Arc::clone(reader);
         match tokio::task::spawn_blocking(move || reading.end(Duration::from_secs(5))).await {
@@ -555,7 +555,7 @@ pub async fn end_of(reader: &Arc<LogReader>, stop: &CancellationToken) -> Option
 /// records it replaced: a copy that resumed later would miss that the
 /// message was delivered, and still hold it pending. Half of it leaves a
 /// margin for compaction's own pace.
-pub const STALE_AFTER: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(12 * 3600);
 
 /// Whether `store` last applied its partition longer than [`STALE_AFTER`]
 /// ago (by the timestamps of hourglass's own records) and records were
@@ -582,7 +582,7 @@ async fn stale(store: &Store, reader: &Arc<LogReader>) -> bool {
 /// A shard's store following its partition of the log: opened, and its
 /// applier running. An owner dispatches from it; a standby only keeps it
 /// up to date, ready to be taken over.
-pub struct View {
+pub(crate) struct View {
     pub store: Store,
     pub reader: Arc<LogReader>,
     /// The next offset to apply, as applied.
@@ -599,7 +599,7 @@ impl View {
     /// applying its partition from the offset it recorded. A copy too far
     /// behind to be brought up to date (see [`STALE_AFTER`]) is dropped and
     /// rebuilt from the start of the partition.
-    pub async fn open(
+    pub(crate) async fn open(
         config: &StoreConfig,
         log: &Arc<LogConsumer>,
         waiters: Arc<Waiters>,
@@ -675,17 +675,17 @@ impl View {
 
     /// Whether this copy fell further behind the log than it may be
     /// brought up to date from (see [`STALE_AFTER`]).
-    pub async fn stale(&self) -> bool {
+    pub(crate) async fn stale(&self) -> bool {
         stale(&self.store, &self.reader).await
     }
 
     /// The partition's end now; see [`end_of`].
-    pub async fn end(&self, stop: &CancellationToken) -> Option<i64> {
+    pub(crate) async fn end(&self, stop: &CancellationToken) -> Option<i64> {
         end_of(&self.reader, stop).await
     }
 
     /// Stops applying and closes the store.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.stop.cancel();
         self.applier.wait().await;
         self.store.close().await;

@@ -37,7 +37,7 @@ mod owned;
 mod picture;
 
 use background::{keep_standbys, watch_owned};
-pub use owned::Owned;
+pub(crate) use owned::Owned;
 use owned::owner_record;
 
 use super::{

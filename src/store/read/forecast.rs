@@ -32,7 +32,7 @@ pub const FORECAST_EXAMINE: usize = 2_000_000;
 
 /// The longest one forecast walks one store, entries the caller does not
 /// see included: about the walk of [`FORECAST_EXAMINE`] entries.
-pub const FORECAST_BUDGET: Duration = Duration::from_secs(2);
+pub(crate) const FORECAST_BUDGET: Duration = Duration::from_secs(2);
 
 /// Entries walked between two looks at the clock.
 pub(crate) const CLOCK_EVERY: usize = 1024;

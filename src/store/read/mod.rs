@@ -278,7 +278,11 @@ pub(crate) struct Logged<'a> {
 
 impl<'a> Logged<'a> {
     /// Ready to answer for keys from `from` on.
-    pub fn from(db: &'a DB, from: DispatchKey, snapshot: Option<&Snapshot<'_>>) -> Result<Self, StoreError> {
+    pub(super) fn from(
+        db: &'a DB,
+        from: DispatchKey,
+        snapshot: Option<&Snapshot<'_>>,
+    ) -> Result<Self, StoreError> {
         let (lower, upper) = schema::delivery_logs_range();
         let mut opts = at(snapshot);
         opts.set_iterate_lower_bound(lower);
@@ -316,7 +320,7 @@ impl<'a> Logged<'a> {
 
     /// Whether the entry at `key` was delivered at its first try. Each key
     /// asked about is at least the one before.
-    pub fn contains(&mut self, key: DispatchKey) -> Result<bool, StoreError> {
+    pub(super) fn contains(&mut self, key: DispatchKey) -> Result<bool, StoreError> {
         loop {
             let Some((first, last)) = self.current else { return Ok(false) };
             if key < first {

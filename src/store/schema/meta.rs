@@ -111,4 +111,4 @@ impl Meta {
 }
 
 /// The layout of the counts entries this release writes.
-pub const COUNTS_VERSION: u32 = 1;
+pub(crate) const COUNTS_VERSION: u32 = 1;

@@ -59,19 +59,19 @@
 //! file): unknown fields are skipped, so a newer build can add fields and an
 //! older one still reads the store.
 
-pub use crate::command::{Counts, DispatchKey, HeaderRecord, LabelRecord, MessageRecord};
+pub(super) use crate::command::{Counts, DispatchKey, HeaderRecord, LabelRecord, MessageRecord};
 use crate::message::{MessageId, UnixMillis};
 
 mod meta;
 mod peek;
 mod table;
-pub use meta::*;
-pub use peek::peek_due_entry;
-pub use table::*;
+pub(super) use meta::*;
+pub(super) use peek::peek_due_entry;
+pub(super) use table::*;
 
-pub const CF_DUE: &str = "due";
-pub const CF_MESSAGES: &str = "messages";
-pub const CF_CHECKPOINT: &str = "checkpoint";
+pub(super) const CF_DUE: &str = "due";
+pub(super) const CF_MESSAGES: &str = "messages";
+pub(super) const CF_CHECKPOINT: &str = "checkpoint";
 
 const META_KEY: &[u8] = b"m";
 const SETTLEMENT_PREFIX: u8 = b's';
@@ -87,7 +87,7 @@ const DUE_ENTRY_MARK: u8 = 1;
 
 /// The bytes of a due position: its time, then its sequence, both
 /// big-endian, so that byte order is due order.
-pub const DUE_KEY_LEN: usize = 16;
+pub(super) const DUE_KEY_LEN: usize = 16;
 
 impl DispatchKey {
     pub(in crate::store) fn encode(self) -> [u8; DUE_KEY_LEN] {
@@ -107,11 +107,11 @@ impl DispatchKey {
     }
 }
 
-pub fn meta_key() -> &'static [u8] {
+pub(super) fn meta_key() -> &'static [u8] {
     META_KEY
 }
 
-pub fn settlement_key(id: &MessageId) -> Vec<u8> {
+pub(super) fn settlement_key(id: &MessageId) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + id.as_bytes().len());
     k.push(SETTLEMENT_PREFIX);
     k.extend_from_slice(id.as_bytes());
@@ -119,11 +119,11 @@ pub fn settlement_key(id: &MessageId) -> Vec<u8> {
 }
 
 /// The key range holding every settlement.
-pub fn settlements_range() -> (Vec<u8>, Vec<u8>) {
+pub(super) fn settlements_range() -> (Vec<u8>, Vec<u8>) {
     (vec![SETTLEMENT_PREFIX], vec![SETTLEMENT_PREFIX + 1])
 }
 
-pub fn retention_key(settled_at: UnixMillis, id: &MessageId) -> Vec<u8> {
+pub(super) fn retention_key(settled_at: UnixMillis, id: &MessageId) -> Vec<u8> {
     let mut k = Vec::with_capacity(9 + id.as_bytes().len());
     k.push(RETENTION_PREFIX);
     k.extend_from_slice(&settled_at.0.to_be_bytes());
@@ -132,7 +132,7 @@ pub fn retention_key(settled_at: UnixMillis, id: &MessageId) -> Vec<u8> {
 }
 
 /// The retention index range holding everything settled before `t`.
-pub fn retention_range_before(t: UnixMillis) -> (Vec<u8>, Vec<u8>) {
+pub(super) fn retention_range_before(t: UnixMillis) -> (Vec<u8>, Vec<u8>) {
     (vec![RETENTION_PREFIX], {
         let mut k = vec![RETENTION_PREFIX];
         k.extend_from_slice(&t.0.to_be_bytes());
@@ -141,7 +141,7 @@ pub fn retention_range_before(t: UnixMillis) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// Where a purge goes on from: the first retention key after `key`.
-pub fn retention_successor(key: &[u8]) -> Vec<u8> {
+pub(super) fn retention_successor(key: &[u8]) -> Vec<u8> {
     let mut next = key.to_vec();
     next.push(0);
     next
@@ -149,7 +149,7 @@ pub fn retention_successor(key: &[u8]) -> Vec<u8> {
 
 /// The key of the delivery log of a chunk whose first message was
 /// dispatched from `first`.
-pub fn delivery_log_key(first: DispatchKey) -> Vec<u8> {
+pub(super) fn delivery_log_key(first: DispatchKey) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + DUE_KEY_LEN);
     k.push(DELIVERY_LOG_PREFIX);
     k.extend_from_slice(&first.encode());
@@ -157,12 +157,12 @@ pub fn delivery_log_key(first: DispatchKey) -> Vec<u8> {
 }
 
 /// The key range holding every delivery log.
-pub fn delivery_logs_range() -> (Vec<u8>, Vec<u8>) {
+pub(super) fn delivery_logs_range() -> (Vec<u8>, Vec<u8>) {
     (vec![DELIVERY_LOG_PREFIX], vec![DELIVERY_LOG_PREFIX + 1])
 }
 
 /// The first dispatch key of the chunk a delivery log key names.
-pub fn decode_delivery_log_key(key: &[u8]) -> Option<DispatchKey> {
+pub(super) fn decode_delivery_log_key(key: &[u8]) -> Option<DispatchKey> {
     DispatchKey::decode(key.strip_prefix(&[DELIVERY_LOG_PREFIX])?)
 }
 
@@ -170,7 +170,7 @@ pub fn decode_delivery_log_key(key: &[u8]) -> Option<DispatchKey> {
 /// by its key there (which begins with the chunk's time, so the index
 /// sorts by it): kept until the chunk's retention ends and its tombstone
 /// is applied.
-pub fn log_chunk_key(chunk: &[u8]) -> Vec<u8> {
+pub(super) fn log_chunk_key(chunk: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + chunk.len());
     k.push(LOG_CHUNK_PREFIX);
     k.extend_from_slice(chunk);
@@ -180,27 +180,27 @@ pub fn log_chunk_key(chunk: &[u8]) -> Vec<u8> {
 /// Cluster mode: what a [`log_chunk_key`] entry keeps: the ids its chunk
 /// settled. Its tombstone waits until every one of them is forgotten.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct LogChunk {
+pub(super) struct LogChunk {
     #[prost(bytes = "vec", repeated, tag = "1")]
     pub ids: Vec<Vec<u8>>,
 }
 
 /// The chunk key a [`log_chunk_key`] names.
-pub fn decode_log_chunk_key(key: &[u8]) -> Option<&[u8]> {
+pub(super) fn decode_log_chunk_key(key: &[u8]) -> Option<&[u8]> {
     key.strip_prefix(&[LOG_CHUNK_PREFIX])
 }
 
 /// The key of a target partition's mark: where a search for this store's
 /// records on it may start (see `crate::dispatcher::reconcile`). Kafka's
 /// topic names never hold a 0 byte.
-pub fn mark_key(topic: &str, partition: i32) -> Vec<u8> {
+pub(super) fn mark_key(topic: &str, partition: i32) -> Vec<u8> {
     let mut k = mark_prefix(topic);
     k.extend_from_slice(&partition.to_be_bytes());
     k
 }
 
 /// The key prefix of every mark of `topic`.
-pub fn mark_prefix(topic: &str) -> Vec<u8> {
+pub(super) fn mark_prefix(topic: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(2 + topic.len() + 4);
     k.push(MARK_PREFIX);
     k.extend_from_slice(topic.as_bytes());
@@ -209,13 +209,13 @@ pub fn mark_prefix(topic: &str) -> Vec<u8> {
 }
 
 /// The key range holding every mark.
-pub fn marks_range() -> (Vec<u8>, Vec<u8>) {
+pub(super) fn marks_range() -> (Vec<u8>, Vec<u8>) {
     (vec![MARK_PREFIX], vec![MARK_PREFIX + 1])
 }
 
 /// The topic and partition a [`mark_key`] names, and the offset its value
 /// holds.
-pub fn decode_mark(key: &[u8], value: &[u8]) -> Option<(String, i32, i64)> {
+pub(super) fn decode_mark(key: &[u8], value: &[u8]) -> Option<(String, i32, i64)> {
     let rest = key.strip_prefix(&[MARK_PREFIX])?;
     let (partition, topic) = rest.split_last_chunk::<4>().map(|(t, p)| (i32::from_be_bytes(*p), t))?;
     let topic = std::str::from_utf8(topic.strip_suffix(&[0])?).ok()?;
@@ -225,7 +225,7 @@ pub fn decode_mark(key: &[u8], value: &[u8]) -> Option<(String, i32, i64)> {
 /// Cluster mode: the key of how far the shard has read a partition of an
 /// ingress topic (Kafka-native schedules): the offset of the next record
 /// to read, as the schedule log last said.
-pub fn ingress_key(topic: &str, partition: i32) -> Vec<u8> {
+pub(super) fn ingress_key(topic: &str, partition: i32) -> Vec<u8> {
     let mut k = Vec::with_capacity(2 + topic.len() + 4);
     k.push(INGRESS_PREFIX);
     k.extend_from_slice(topic.as_bytes());
@@ -237,17 +237,17 @@ pub fn ingress_key(topic: &str, partition: i32) -> Vec<u8> {
 /// Whose messages on which topic a [`Counts`] entry counts: a tenant's
 /// (none: the shared space) on one topic.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CountsKey {
+pub(super) struct CountsKey {
     pub tenant: Option<String>,
     pub topic: String,
 }
 
 impl CountsKey {
-    pub fn of(id: &MessageId, topic: &str) -> CountsKey {
+    pub(super) fn of(id: &MessageId, topic: &str) -> CountsKey {
         CountsKey { tenant: id.tenant().map(str::to_owned), topic: topic.to_owned() }
     }
 
-    pub fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Vec<u8> {
         let mut k = vec![COUNTS_PREFIX];
         match &self.tenant {
             None => k.push(0),
@@ -261,7 +261,7 @@ impl CountsKey {
         k
     }
 
-    pub fn decode(key: &[u8]) -> Option<CountsKey> {
+    pub(super) fn decode(key: &[u8]) -> Option<CountsKey> {
         let rest = key.strip_prefix(&[COUNTS_PREFIX])?;
         let (tenant, topic) = match rest.split_first()? {
             (0, topic) => (None, topic),
@@ -275,7 +275,7 @@ impl CountsKey {
     }
 
     /// The key range holding every counts entry.
-    pub fn range() -> (Vec<u8>, Vec<u8>) {
+    pub(super) fn range() -> (Vec<u8>, Vec<u8>) {
         (vec![COUNTS_PREFIX], vec![COUNTS_PREFIX + 1])
     }
 }
@@ -294,7 +294,7 @@ impl Counts {
     }
 }
 
-pub fn decode_retention_key(key: &[u8]) -> Option<(UnixMillis, MessageId)> {
+pub(super) fn decode_retention_key(key: &[u8]) -> Option<(UnixMillis, MessageId)> {
     let rest = key.strip_prefix(&[RETENTION_PREFIX])?;
     if rest.len() < 8 {
         return None;
@@ -338,7 +338,7 @@ impl MessageRecord {
 
 /// A due entry: the message whole, with its tries so far.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct DueEntry {
+pub(super) struct DueEntry {
     /// The message id, as [`MessageId::as_bytes`] stores it.
     #[prost(bytes = "vec", tag = "1")]
     pub id: Vec<u8>,
@@ -352,7 +352,7 @@ pub struct DueEntry {
 
 /// A pending message's tries, as its settlement holds them.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct TriesRecord {
+pub(super) struct TriesRecord {
     #[prost(uint32, tag = "1")]
     pub attempts: u32,
     #[prost(uint32, tag = "2")]
@@ -364,7 +364,7 @@ pub struct TriesRecord {
 }
 
 impl TriesRecord {
-    pub fn of(s: &Settlement) -> TriesRecord {
+    pub(super) fn of(s: &Settlement) -> TriesRecord {
         TriesRecord {
             attempts: s.attempts,
             rejections: s.rejections,
@@ -376,7 +376,7 @@ impl TriesRecord {
 
 /// What a due entry holds.
 #[derive(Clone, Debug, PartialEq)]
-pub enum DueValue {
+pub(super) enum DueValue {
     Entry(Box<DueEntry>),
     /// Written before 0.2: the id alone; the record and the settlement are
     /// read from their own entries.
@@ -385,7 +385,7 @@ pub enum DueValue {
 
 /// The due entry of `record` (with `id` and its tries), encoded from the
 /// parts without copying them into a [`DueEntry`] first.
-pub fn encode_due_parts(id: &[u8], record: &MessageRecord, tries: Option<&TriesRecord>) -> Vec<u8> {
+pub(super) fn encode_due_parts(id: &[u8], record: &MessageRecord, tries: Option<&TriesRecord>) -> Vec<u8> {
     use prost::encoding;
     let len = encoding::key_len(1)
         + encoding::encoded_len_varint(id.len() as u64)
@@ -404,7 +404,7 @@ pub fn encode_due_parts(id: &[u8], record: &MessageRecord, tries: Option<&TriesR
     out
 }
 
-pub fn decode_due_value(bytes: &[u8]) -> Option<DueValue> {
+pub(super) fn decode_due_value(bytes: &[u8]) -> Option<DueValue> {
     match bytes.split_first() {
         Some((&DUE_ENTRY_MARK, rest)) => {
             let entry: DueEntry = decode(rest).ok()?;
@@ -420,7 +420,7 @@ pub fn decode_due_value(bytes: &[u8]) -> Option<DueValue> {
 /// dispatch order. `first` (in the key) and `last` bound the chunk: no
 /// other chunk's range overlaps it.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct DeliveryLog {
+pub(super) struct DeliveryLog {
     /// The dispatch key of the last line, encoded.
     #[prost(bytes = "vec", tag = "1")]
     pub last: Vec<u8>,
@@ -429,7 +429,7 @@ pub struct DeliveryLog {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct DeliveryLine {
+pub(super) struct DeliveryLine {
     #[prost(bytes = "vec", tag = "1")]
     pub id: Vec<u8>,
     /// The dispatch key the message went out from.
@@ -447,7 +447,7 @@ pub struct DeliveryLine {
 
 /// The last dispatch key of an encoded [`DeliveryLog`], read without
 /// decoding its lines (prost writes field 1 first).
-pub fn delivery_log_last(bytes: &[u8]) -> Option<DispatchKey> {
+pub(super) fn delivery_log_last(bytes: &[u8]) -> Option<DispatchKey> {
     const LAST_FIELD: [u8; 2] = [0x0a, DUE_KEY_LEN as u8];
     match bytes.strip_prefix(&LAST_FIELD[..]) {
         Some(rest) if rest.len() >= DUE_KEY_LEN => DispatchKey::decode(&rest[..DUE_KEY_LEN]),
@@ -456,19 +456,19 @@ pub fn delivery_log_last(bytes: &[u8]) -> Option<DispatchKey> {
 }
 
 impl DeliveryLog {
-    pub fn last_key(&self) -> Option<DispatchKey> {
+    pub(super) fn last_key(&self) -> Option<DispatchKey> {
         DispatchKey::decode(&self.last)
     }
 
     /// When the latest of its lines was delivered.
-    pub fn delivered_until(&self) -> UnixMillis {
+    pub(super) fn delivered_until(&self) -> UnixMillis {
         UnixMillis(self.lines.iter().map(|l| l.delivered_at_ms).max().unwrap_or(0))
     }
 }
 
 impl DeliveryLine {
     /// The settlement this line stands for.
-    pub fn settlement(&self) -> Settlement {
+    pub(super) fn settlement(&self) -> Settlement {
         Settlement {
             kind: SettlementKind::Delivered as i32,
             attempts: 1,
@@ -483,7 +483,7 @@ impl DeliveryLine {
 /// What has happened to a message since it was parked. Absent = pending and
 /// never tried, or delivered at first try (see [`DeliveryLog`]).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Settlement {
+pub(crate) struct Settlement {
     #[prost(enumeration = "SettlementKind", tag = "1")]
     pub kind: i32,
     /// Produce tries so far.
@@ -535,20 +535,20 @@ pub enum SettlementKind {
 }
 
 impl Settlement {
-    pub fn is_settled(&self) -> bool {
+    pub(crate) fn is_settled(&self) -> bool {
         self.kind() != SettlementKind::Retrying
     }
 
-    pub fn settled_at(&self) -> Option<UnixMillis> {
+    pub(crate) fn settled_at(&self) -> Option<UnixMillis> {
         self.is_settled().then_some(UnixMillis(self.at_ms))
     }
 }
 
-pub fn encode<M: prost::Message>(m: &M) -> Vec<u8> {
+pub(super) fn encode<M: prost::Message>(m: &M) -> Vec<u8> {
     m.encode_to_vec()
 }
 
-pub fn decode<M: prost::Message + Default>(bytes: &[u8]) -> Result<M, prost::DecodeError> {
+pub(super) fn decode<M: prost::Message + Default>(bytes: &[u8]) -> Result<M, prost::DecodeError> {
     M::decode(bytes)
 }
 

@@ -5,7 +5,7 @@ use super::DUE_ENTRY_MARK;
 /// The id (as stored) and the topic of a due entry, read without decoding
 /// it: what a walk needs to step over the entries of a held topic. None
 /// for a legacy entry, or bytes that are not an entry.
-pub fn peek_due_entry(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn peek_due_entry(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     let (&DUE_ENTRY_MARK, rest) = bytes.split_first()? else { return None };
     let (mut id, mut topic) = (None, None);
     for (field, value) in fields(rest) {

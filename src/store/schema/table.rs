@@ -15,7 +15,7 @@ fn prefixes(table: Table) -> (u8, u8) {
 }
 
 /// Where row `key` of `table` is kept.
-pub fn row_key(table: Table, key: &[u8]) -> Vec<u8> {
+pub(crate) fn row_key(table: Table, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + key.len());
     k.push(prefixes(table).0);
     k.extend_from_slice(key);
@@ -24,22 +24,22 @@ pub fn row_key(table: Table, key: &[u8]) -> Vec<u8> {
 
 /// The first key of the rows of `table` whose keys start with `start`
 /// (every row: an empty one).
-pub fn row_prefix(table: Table, start: &[u8]) -> Vec<u8> {
+pub(crate) fn row_prefix(table: Table, start: &[u8]) -> Vec<u8> {
     row_key(table, start)
 }
 
 /// The first key after every row of `table`.
-pub fn row_end(table: Table) -> Vec<u8> {
+pub(crate) fn row_end(table: Table) -> Vec<u8> {
     vec![prefixes(table).0 + 1]
 }
 
 /// The row key of a stored key of `table`.
-pub fn decode_row_key(table: Table, key: &[u8]) -> Option<&[u8]> {
+pub(crate) fn decode_row_key(table: Table, key: &[u8]) -> Option<&[u8]> {
     key.strip_prefix(&[prefixes(table).0])
 }
 
 /// Row `key` of `table` next wakes at `at`.
-pub fn wake_key(table: Table, at: UnixMillis, key: &[u8]) -> Vec<u8> {
+pub(crate) fn wake_key(table: Table, at: UnixMillis, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(9 + key.len());
     k.push(prefixes(table).1);
     k.extend_from_slice(&at.0.to_be_bytes());
@@ -48,19 +48,19 @@ pub fn wake_key(table: Table, at: UnixMillis, key: &[u8]) -> Vec<u8> {
 }
 
 /// The first wake key of `table` after every wake at or before `t`.
-pub fn wake_bound(table: Table, t: UnixMillis) -> Vec<u8> {
+pub(crate) fn wake_bound(table: Table, t: UnixMillis) -> Vec<u8> {
     let mut k = vec![prefixes(table).1];
     k.extend_from_slice(&t.0.saturating_add(1).to_be_bytes());
     k
 }
 
 /// The first key after every wake key of `table`.
-pub fn wake_end(table: Table) -> Vec<u8> {
+pub(crate) fn wake_end(table: Table) -> Vec<u8> {
     vec![prefixes(table).1 + 1]
 }
 
 /// When and which row a wake key of `table` names.
-pub fn decode_wake_key(table: Table, key: &[u8]) -> Option<(UnixMillis, &[u8])> {
+pub(crate) fn decode_wake_key(table: Table, key: &[u8]) -> Option<(UnixMillis, &[u8])> {
     let rest = key.strip_prefix(&[prefixes(table).1])?;
     if rest.len() <= 8 {
         return None;

@@ -82,7 +82,7 @@ pub(crate) struct SettledLine {
 
 impl SettledLine {
     /// A settle of this node's dispatcher, as the log records it.
-    pub fn of(settle: &Settle) -> SettledLine {
+    pub(crate) fn of(settle: &Settle) -> SettledLine {
         SettledLine {
             id: settle.id.clone(),
             at: settle.at,

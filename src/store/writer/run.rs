@@ -40,7 +40,7 @@ const CLOSE_RETRIES_FOR: Duration = Duration::from_secs(5);
 impl Writer {
     /// Reads the store's state and records that it is open (not closed
     /// cleanly), in a synced write, before anything can be produced.
-    pub fn open(
+    pub(crate) fn open(
         shared: Shared,
         config: WriterConfig,
         rx: mpsc::Receiver<Op>,
@@ -120,27 +120,27 @@ impl Writer {
     }
 
     /// Cluster mode: the log's time of the last record applied.
-    pub fn log_time(&self) -> UnixMillis {
+    pub(crate) fn log_time(&self) -> UnixMillis {
         UnixMillis(self.meta.log_time_ms)
     }
 
     /// What may have been produced and not recorded before the store was
     /// last closed, if it was not closed cleanly.
-    pub fn in_doubt_window(&self) -> Option<InDoubt> {
+    pub(crate) fn in_doubt_window(&self) -> Option<InDoubt> {
         self.in_doubt
     }
 
     /// What the dispatcher may produce without recording more.
-    pub fn horizon(&self) -> UnixMillis {
+    pub(crate) fn horizon(&self) -> UnixMillis {
         UnixMillis(self.meta.dispatch_horizon_ms.unwrap_or(0))
     }
 
     /// Which shard of how many the store says it is.
-    pub fn recorded_shard(&self) -> ShardOf {
+    pub(crate) fn recorded_shard(&self) -> ShardOf {
         ShardOf { shard: self.meta.shard, shards: self.meta.shards }
     }
 
-    pub fn run(mut self) {
+    pub(crate) fn run(mut self) {
         loop {
             let mut ops: Vec<Op> = self.again.drain(..).collect();
             if ops.is_empty() {
