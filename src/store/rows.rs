@@ -21,6 +21,14 @@ impl Store {
         if rows.is_empty() {
             return Ok(());
         }
+        // What the log's rows are held to, a caller's are too: nothing is
+        // kept that would not read back.
+        if let Some(row) = rows.iter().find(|row| !row.table.admits(&row.key, &row.value)) {
+            return Err(StoreError::Corrupt(format!(
+                "{} would not read back: not written",
+                row.table.describe(&row.key)
+            )));
+        }
         self.call(|reply| Op::Rows { rows, reply }).await
     }
 
