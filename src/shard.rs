@@ -165,7 +165,7 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
                 tracing::warn!(error = %e, "compacting the settled head of the due index failed");
             }
         }
-        match store.size_bytes().await {
+        match store.reader().size_bytes().await {
             Ok(bytes) => store.metrics().size.set(i64::try_from(bytes).unwrap_or(i64::MAX)),
             Err(e) => tracing::warn!(error = %e, "reading the store's size failed"),
         }

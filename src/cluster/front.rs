@@ -142,7 +142,7 @@ impl Front {
             // The log keeps the latest record of a row only: one that
             // moves only the wake carries the row whole too.
             let kept = match row.value {
-                RowValue::Keep => self.store.row(row.table, row.key.clone()).await?,
+                RowValue::Keep => self.store.reader().row(row.table, row.key.clone()).await?,
                 _ => None,
             };
             if own(&row) && row.value == RowValue::Delete {

@@ -11,7 +11,7 @@ use crate::{
     command::{Answer, Intent, NewMessage, Place, Row},
     message::Scheduled,
     node::{Picture, ShardSet},
-    store::{Store, StoreError, StoreHealth},
+    store::{Reader, StoreError, StoreHealth},
 };
 
 #[tonic::async_trait]
@@ -28,12 +28,12 @@ impl ShardSet for Cluster {
         self.owns(shard)
     }
 
-    async fn store(&self, shard: usize) -> Result<Store, StoreError> {
-        Ok(self.owner_of(shard).await?.store().clone())
+    async fn reader(&self, shard: usize) -> Result<Reader, StoreError> {
+        Ok(self.owner_of(shard).await?.store().reader())
     }
 
-    fn stores(&self) -> Vec<(u32, Store)> {
-        self.owned().into_iter().map(|(n, owned)| (n, owned.store().clone())).collect()
+    fn readers(&self) -> Vec<(u32, Reader)> {
+        self.owned().into_iter().map(|(n, owned)| (n, owned.store().reader())).collect()
     }
 
     async fn change(&self, shard: usize, intent: Intent) -> Result<Answer, StoreError> {

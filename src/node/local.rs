@@ -17,7 +17,7 @@ use crate::{
     kafka::Producer,
     message::Scheduled,
     shard::{Seams, Shard},
-    store::{ShardOf, Store, StoreError, StoreHealth},
+    store::{Reader, ShardOf, Store, StoreError, StoreHealth},
 };
 
 /// Every shard, opened by this process: the node's [`ShardSet`] when it
@@ -101,12 +101,12 @@ impl ShardSet for LocalShards {
         true
     }
 
-    async fn store(&self, shard: usize) -> Result<Store, StoreError> {
-        Ok(self.store_of(shard).clone())
+    async fn reader(&self, shard: usize) -> Result<Reader, StoreError> {
+        Ok(self.store_of(shard).reader())
     }
 
-    fn stores(&self) -> Vec<(u32, Store)> {
-        (0..).zip(self.shards.iter().map(|s| s.store().clone())).collect()
+    fn readers(&self) -> Vec<(u32, Reader)> {
+        (0..).zip(self.shards.iter().map(|s| s.store().reader())).collect()
     }
 
     async fn change(&self, shard: usize, intent: Intent) -> Result<Answer, StoreError> {

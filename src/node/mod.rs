@@ -49,7 +49,7 @@ use crate::{
         Scope, UnixMillis, Window, merge_pages, shard_of,
     },
     shard::ShardConfig,
-    store::{LIST_KEY_BYTES, ListFilter, Store, StoreError, StoreHealth, StorePage},
+    store::{LIST_KEY_BYTES, ListFilter, Reader, StoreError, StoreHealth, StorePage},
 };
 
 /// What a node is built from.
@@ -134,16 +134,16 @@ impl Node {
         self.shards.serves(shard)
     }
 
-    /// The store of `id`'s shard, once this node serves it (waiting a
+    /// The reader of `id`'s shard, once this node serves it (waiting a
     /// bounded time while it moves).
-    pub(crate) async fn store_of(&self, id: &MessageId) -> Result<Store, StoreError> {
-        self.shards.store(self.shard_of(id)).await
+    pub(crate) async fn reader_of(&self, id: &MessageId) -> Result<Reader, StoreError> {
+        self.shards.reader(self.shard_of(id)).await
     }
 
-    /// The stores of the shards on this node, with their shard numbers, in
-    /// shard order.
-    pub(crate) fn stores(&self) -> Vec<(u32, Store)> {
-        self.shards.stores()
+    /// The readers of the shards on this node, with their shard numbers,
+    /// in shard order.
+    pub(crate) fn readers(&self) -> Vec<(u32, Reader)> {
+        self.shards.readers()
     }
 
     /// Writes rows of tables to one shard or every shard
@@ -158,7 +158,7 @@ impl Node {
     /// is served here.
     pub fn policies(&self) -> Option<std::sync::Arc<crate::policy::Table>> {
         self.shards
-            .stores()
+            .readers()
             .iter()
             .map(|(_, store)| std::sync::Arc::clone(&store.policies().borrow()))
             .max_by_key(|table| table.latest_change())
@@ -225,7 +225,7 @@ impl Node {
     }
 
     pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
-        self.store_of(&id).await?.get(scope, id).await
+        self.reader_of(&id).await?.get(scope, id).await
     }
 
     /// A page of the pending messages `scope` sees, in dispatch order
@@ -238,7 +238,7 @@ impl Node {
         limit: usize,
         examine: usize,
     ) -> Result<PendingPage, StoreError> {
-        let stores = self.stores();
+        let stores = self.readers();
         let examine = (examine / stores.len().max(1)).max(1);
         let from = DispatchKey { at: query.from.unwrap_or_default(), seq: 0 };
         let reads = stores.iter().map(|(shard, store)| {
@@ -266,7 +266,7 @@ impl Node {
         topic: Option<String>,
         examine: usize,
     ) -> Result<Forecast, StoreError> {
-        let stores = self.stores();
+        let stores = self.readers();
         let reads = stores.iter().map(|(_, s)| s.forecast(scope.clone(), window, topic.clone(), examine));
         let mut forecast = Forecast::new(window);
         for shard in future::try_join_all(reads).await? {
@@ -282,11 +282,11 @@ impl Node {
 
     /// Counts `scope` sees and its oldest overdue message, over the shards.
     pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<NodeStats, StoreError> {
-        let stores = self.stores();
+        let stores = self.readers();
         let all = future::try_join_all(stores.iter().map(|(_, s)| s.stats(scope.clone(), now))).await?;
         let mut stats = NodeStats::default();
         for (_, store) in &stores {
-            crate::message::HeldBack::merge(&mut stats.held_back, store.held().held_back());
+            crate::message::HeldBack::merge(&mut stats.held_back, store.held_back());
         }
         for shard in all {
             stats.counts.add(&shard.counts);
@@ -301,12 +301,12 @@ impl Node {
 
     /// Messages the dispatchers hold for producing right now.
     pub fn dispatching(&self) -> usize {
-        self.stores().iter().map(|(_, s)| s.dispatching()).sum()
+        self.readers().iter().map(|(_, s)| s.dispatching()).sum()
     }
 
     /// Bytes the stores take on disk and in memtables.
     pub async fn size_bytes(&self) -> Result<u64, StoreError> {
-        let stores = self.stores();
+        let stores = self.readers();
         Ok(future::try_join_all(stores.iter().map(|(_, s)| s.size_bytes())).await?.into_iter().sum())
     }
 
@@ -327,7 +327,7 @@ impl Node {
 
     /// What damage was found, and what to do about it.
     pub fn damage(&self) -> Option<String> {
-        self.stores().iter().find_map(|(_, s)| s.damage())
+        self.readers().iter().find_map(|(_, s)| s.damage())
     }
 
     /// Stops every shard: dispatchers settle what is in flight, stores

@@ -12,7 +12,7 @@ use super::{Picture, Role, ShardCopy};
 use crate::{
     command::{Answer, Intent, NewMessage, Place, Row},
     message::Scheduled,
-    store::{Store, StoreError, StoreHealth},
+    store::{Reader, StoreError, StoreHealth},
 };
 
 /// The shards one process serves, numbered from 0 to
@@ -28,13 +28,14 @@ pub trait ShardSet: Send + Sync {
     /// Whether this process serves `shard` now.
     fn serves(&self, shard: usize) -> bool;
 
-    /// The store of `shard`, to read, once this process serves it (waiting
-    /// a bounded time while it moves).
-    async fn store(&self, shard: usize) -> Result<Store, StoreError>;
+    /// What `shard`'s store answers its readers, once this process
+    /// serves it (waiting a bounded time while it moves). Its changes go
+    /// through the calls below.
+    async fn reader(&self, shard: usize) -> Result<Reader, StoreError>;
 
-    /// The stores of the shards this process serves now, with their shard
+    /// The readers of the shards this process serves now, with their shard
     /// numbers, in shard order.
-    fn stores(&self) -> Vec<(u32, Store)>;
+    fn readers(&self) -> Vec<(u32, Reader)>;
 
     /// Makes the change `intent` asks of `shard`: parks a message (once
     /// durable), cancels or moves one.
@@ -71,12 +72,12 @@ pub trait ShardSet: Send + Sync {
     /// standalone node) every shard served, owned, with no log.
     async fn picture(&self) -> Picture {
         let copies = self
-            .stores()
+            .readers()
             .into_iter()
-            .map(|(shard, store)| ShardCopy {
+            .map(|(shard, reader)| ShardCopy {
                 shard,
                 role: Role::Owner,
-                pending: store.pending(),
+                pending: reader.pending(),
                 applied: None,
                 log_end: None,
             })

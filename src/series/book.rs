@@ -21,7 +21,7 @@ use crate::{
     command::{Place, Row, RowValue, Table},
     message::{MessageId, Tenant, UnixMillis, murmur2},
     node::Node,
-    store::{Store, StoreError},
+    store::{Reader, StoreError},
 };
 
 /// Locks, each shared by the series whose ids hash to it.
@@ -88,7 +88,7 @@ impl Book {
     }
 
     pub(crate) async fn load(&self, id: &MessageId) -> Result<Option<SeriesRecord>, Error> {
-        let store = self.node.store_of(id).await?;
+        let store = self.node.reader_of(id).await?;
         let Some(bytes) = store.row(Table::Series, id.as_bytes().to_vec()).await? else { return Ok(None) };
         let record = SeriesRecord::from_bytes(&bytes)
             .map_err(|e| StoreError::Corrupt(format!("series {}: {e}", id.qualified())))?;
@@ -106,7 +106,7 @@ impl Book {
             by_shard.entry(self.node.shard_of(id)).or_default().push(i);
         }
         let reads = by_shard.into_values().map(|slots| async move {
-            let store = self.node.store_of(&ids[slots[0]]).await?;
+            let store = self.node.reader_of(&ids[slots[0]]).await?;
             let keys = slots.iter().map(|i| ids[*i].as_bytes().to_vec()).collect();
             let found = store.rows(Table::Series, keys).await?;
             Ok::<_, Error>(slots.into_iter().zip(found).collect::<Vec<_>>())
@@ -163,8 +163,8 @@ impl Book {
     /// The stores of the shards this node serves now, with their numbers;
     /// the floors of those it no longer serves are forgotten (one that
     /// comes back starts over).
-    pub(crate) fn shards(&self) -> Vec<(u32, Store)> {
-        let stores = self.node.stores();
+    pub(crate) fn shards(&self) -> Vec<(u32, Reader)> {
+        let stores = self.node.readers();
         let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
         floors.retain(|shard, _| stores.iter().any(|(n, _)| n == shard));
         stores
@@ -175,7 +175,7 @@ impl Book {
     pub(crate) async fn waking(
         &self,
         shard: u32,
-        store: &Store,
+        store: &Reader,
         until: UnixMillis,
         limit: usize,
     ) -> Result<(Vec<(UnixMillis, MessageId)>, Option<UnixMillis>), Error> {
@@ -196,7 +196,7 @@ impl Book {
         const PAGE: usize = 1000;
         let space = space_prefix(tenant);
         let mut counted = 0;
-        for (_, store) in self.node.stores() {
+        for (_, store) in self.node.readers() {
             let mut after = None;
             while counted < up_to {
                 let asked = PAGE.min(up_to - counted);
@@ -241,7 +241,7 @@ impl Book {
         after: Option<MessageId>,
         limit: usize,
     ) -> Result<Vec<(MessageId, Result<SeriesRecord, prost::DecodeError>)>, Error> {
-        let stores = self.node.stores();
+        let stores = self.node.readers();
         let after = after.map(|id| id.as_bytes().to_vec());
         let reads = stores
             .iter()

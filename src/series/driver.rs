@@ -35,7 +35,7 @@ use crate::{
     command::{Intent, NewId, NewMessage},
     message::{CancelOutcome, DueSpec, Envelope, Header, MessageId, OnConflict, Scope, Tenant, UnixMillis},
     metrics,
-    store::{Store, StoreError},
+    store::{Reader, StoreError},
 };
 
 /// Header carrying the series id on each occurrence's record.
@@ -148,7 +148,7 @@ impl Step {
 /// later).
 async fn drive_batch(
     series: &super::Series,
-    store: &Store,
+    store: &Reader,
     due: Vec<(UnixMillis, MessageId)>,
     now: UnixMillis,
 ) -> Result<usize, Error> {
@@ -400,7 +400,7 @@ fn make_room(record: &mut SeriesRecord) {
 /// fails is tried again at the series' next wake.
 async fn review(
     series: &super::Series,
-    store: &Store,
+    store: &Reader,
     steps: &mut [Step],
     fresh: &[(usize, u64)],
     now: UnixMillis,

@@ -354,7 +354,7 @@ impl Series {
     /// written.
     async fn check_room(&self, access: &Access) -> Result<(), Error> {
         let max = self.limits.max_per_tenant;
-        let (served, shards) = (self.book.node().stores().len(), self.shards() as usize);
+        let (served, shards) = (self.book.node().readers().len(), self.shards() as usize);
         let share = (max.saturating_mul(served)).div_ceil(shards.max(1)).min(max);
         let tenant = access.scope().tenant;
         if self.book.count(tenant.as_ref(), share).await? >= share {

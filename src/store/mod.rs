@@ -9,8 +9,9 @@
 //!   `reschedule`, `purge`, and the dispatcher's `settle`, `release`,
 //!   `in_doubt`. Each goes to the single writer thread, which commits it
 //!   with whatever else is queued as one atomic `WriteBatch`;
-//! - reads ([`read`]): `get`, `list_pending`, `stats`, `size_bytes`, from a
-//!   blocking thread straight to RocksDB;
+//! - reads ([`read`]): `get`, `list_pending`, `stats`, `forecast`, the
+//!   tables' rows, from a blocking thread straight to RocksDB, through a
+//!   [`Reader`]: what a shard's readers hold, which changes nothing;
 //! - the dispatcher's scan ([`scan`]): `take_due`, `take_listed`.
 //!
 //! This file is the handle those share, with its health and damage;
@@ -55,7 +56,7 @@ use health::HealthBoard;
 pub use health::StoreHealth;
 pub use held::HeldTopics;
 pub use options::{Durability, ShardOf, StoreConfig, open_db};
-pub use read::{FORECAST_EXAMINE, LIST_KEY_BYTES, ListFilter, StorePage, StoreStats};
+pub use read::{FORECAST_EXAMINE, LIST_KEY_BYTES, ListFilter, Reader, StorePage, StoreStats};
 use writer::Op;
 pub use writer::{Decided, Decision, Hold, Proposed};
 pub(crate) use writer::{Local, LogEntry, Replica, SettledLine};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rocksdb::DB;
 use tokio::sync::watch;
 
-use super::{Store, StoreError, rows};
+use super::{Reader, Store, StoreError, rows};
 use crate::{
     command::{Row, RowValue, Table as Rows},
     policy::{PolicyKey, Table, TopicPolicy},
@@ -17,6 +17,13 @@ impl Store {
     /// The policies as they are now, and each change after this.
     pub fn policies(&self) -> watch::Receiver<Arc<Table>> {
         self.inner.policies.subscribe()
+    }
+}
+
+impl Reader {
+    /// The policies as they are now, and each change after this.
+    pub fn policies(&self) -> watch::Receiver<Arc<Table>> {
+        self.store.policies()
     }
 }
 

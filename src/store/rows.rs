@@ -5,7 +5,7 @@
 
 use rocksdb::{Direction, IteratorMode, ReadOptions};
 
-use super::{Store, StoreError, options::cf, schema, writer::Op};
+use super::{Reader, Store, StoreError, options::cf, schema, writer::Op};
 use crate::{
     command::{Row, Table},
     message::UnixMillis,
@@ -31,26 +31,30 @@ impl Store {
         }
         self.call(|reply| Op::Rows { rows, reply }).await
     }
+}
 
+impl Reader {
     /// The bytes of row `key` of `table`, if there is one.
     pub async fn row(&self, table: Table, key: Vec<u8>) -> Result<Option<Vec<u8>>, StoreError> {
-        self.blocking(move |s| {
-            let db = &s.inner.db;
-            Ok(db.get_cf(cf(db, schema::CF_CHECKPOINT), schema::row_key(table, &key))?)
-        })
-        .await
+        self.store
+            .blocking(move |s| {
+                let db = &s.inner.db;
+                Ok(db.get_cf(cf(db, schema::CF_CHECKPOINT), schema::row_key(table, &key))?)
+            })
+            .await
     }
 
     /// The bytes of each of the rows `keys` of `table`, in order, in one
     /// read.
     pub async fn rows(&self, table: Table, keys: Vec<Vec<u8>>) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.blocking(move |s| {
-            let db = &s.inner.db;
-            let checkpoint = cf(db, schema::CF_CHECKPOINT);
-            let keys: Vec<_> = keys.iter().map(|key| (checkpoint, schema::row_key(table, key))).collect();
-            db.multi_get_cf(keys).into_iter().map(|r| r.map_err(StoreError::from)).collect()
-        })
-        .await
+        self.store
+            .blocking(move |s| {
+                let db = &s.inner.db;
+                let checkpoint = cf(db, schema::CF_CHECKPOINT);
+                let keys: Vec<_> = keys.iter().map(|key| (checkpoint, schema::row_key(table, key))).collect();
+                db.multi_get_cf(keys).into_iter().map(|r| r.map_err(StoreError::from)).collect()
+            })
+            .await
     }
 
     /// Up to `limit` rows of `table` whose keys start with `start` (a
@@ -64,41 +68,42 @@ impl Store {
         limit: usize,
         shared: bool,
     ) -> Result<Vec<KeptRow>, StoreError> {
-        self.blocking(move |s| {
-            let db = &s.inner.db;
-            let prefix = schema::row_prefix(table, &start);
-            let from = match &after {
-                Some(key) => {
-                    let mut k = schema::row_key(table, key);
-                    k.push(0);
-                    k
+        self.store
+            .blocking(move |s| {
+                let db = &s.inner.db;
+                let prefix = schema::row_prefix(table, &start);
+                let from = match &after {
+                    Some(key) => {
+                        let mut k = schema::row_key(table, key);
+                        k.push(0);
+                        k
+                    }
+                    // Past every tenant's rows (their keys start with 0).
+                    None if shared => schema::row_prefix(table, &[1]),
+                    None => prefix.clone(),
+                };
+                let mut opts = ReadOptions::default();
+                opts.set_iterate_upper_bound(schema::row_end(table));
+                let mut page = Vec::new();
+                let iter = db.iterator_cf_opt(
+                    cf(db, schema::CF_CHECKPOINT),
+                    opts,
+                    IteratorMode::From(&from, Direction::Forward),
+                );
+                for item in iter {
+                    let (stored, value) = item?;
+                    if !stored.starts_with(&prefix) || page.len() >= limit {
+                        break;
+                    }
+                    let key = schema::decode_row_key(table, &stored).unwrap_or_default();
+                    if shared && key.first() == Some(&0) {
+                        continue;
+                    }
+                    page.push((key.to_vec(), value.into_vec()));
                 }
-                // Past every tenant's rows (their keys start with 0).
-                None if shared => schema::row_prefix(table, &[1]),
-                None => prefix.clone(),
-            };
-            let mut opts = ReadOptions::default();
-            opts.set_iterate_upper_bound(schema::row_end(table));
-            let mut page = Vec::new();
-            let iter = db.iterator_cf_opt(
-                cf(db, schema::CF_CHECKPOINT),
-                opts,
-                IteratorMode::From(&from, Direction::Forward),
-            );
-            for item in iter {
-                let (stored, value) = item?;
-                if !stored.starts_with(&prefix) || page.len() >= limit {
-                    break;
-                }
-                let key = schema::decode_row_key(table, &stored).unwrap_or_default();
-                if shared && key.first() == Some(&0) {
-                    continue;
-                }
-                page.push((key.to_vec(), value.into_vec()));
-            }
-            Ok(page)
-        })
-        .await
+                Ok(page)
+            })
+            .await
     }
 
     /// Up to `limit` rows of `table` whose wake is at or before `until`
@@ -111,31 +116,32 @@ impl Store {
         until: UnixMillis,
         limit: usize,
     ) -> Result<(Vec<(UnixMillis, Vec<u8>)>, Option<UnixMillis>), StoreError> {
-        self.blocking(move |s| {
-            let db = &s.inner.db;
-            let start = schema::wake_bound(table, UnixMillis(from.0.saturating_sub(1)));
-            let bound = schema::wake_bound(table, until);
-            let mut opts = ReadOptions::default();
-            // Past the index: a walk ends there, not at the next key.
-            opts.set_iterate_upper_bound(schema::wake_end(table));
-            let mut due = Vec::new();
-            let iter = db.iterator_cf_opt(
-                cf(db, schema::CF_CHECKPOINT),
-                opts,
-                IteratorMode::From(&start, Direction::Forward),
-            );
-            for item in iter {
-                let (key, _) = item?;
-                let (at, row) = schema::decode_wake_key(table, &key)
-                    .ok_or_else(|| StoreError::Corrupt(format!("undecodable wake key {key:?}")))?;
-                if *key >= *bound || due.len() >= limit {
-                    return Ok((due, Some(at)));
+        self.store
+            .blocking(move |s| {
+                let db = &s.inner.db;
+                let start = schema::wake_bound(table, UnixMillis(from.0.saturating_sub(1)));
+                let bound = schema::wake_bound(table, until);
+                let mut opts = ReadOptions::default();
+                // Past the index: a walk ends there, not at the next key.
+                opts.set_iterate_upper_bound(schema::wake_end(table));
+                let mut due = Vec::new();
+                let iter = db.iterator_cf_opt(
+                    cf(db, schema::CF_CHECKPOINT),
+                    opts,
+                    IteratorMode::From(&start, Direction::Forward),
+                );
+                for item in iter {
+                    let (key, _) = item?;
+                    let (at, row) = schema::decode_wake_key(table, &key)
+                        .ok_or_else(|| StoreError::Corrupt(format!("undecodable wake key {key:?}")))?;
+                    if *key >= *bound || due.len() >= limit {
+                        return Ok((due, Some(at)));
+                    }
+                    due.push((at, row.to_vec()));
                 }
-                due.push((at, row.to_vec()));
-            }
-            Ok((due, None))
-        })
-        .await
+                Ok((due, None))
+            })
+            .await
     }
 }
 

@@ -2,21 +2,21 @@
 //! occurrences it parked are settled. (A series itself is a row of the
 //! series table, see [`super::rows`].)
 
-use super::{Store, StoreError, options::cf, read, schema};
+use super::{Reader, StoreError, options::cf, read, schema};
 use crate::message::MessageId;
 
-impl Store {
+impl Reader {
     /// Which of the messages `ids` are settled (delivered, failed, expired
     /// or cancelled) or gone, from one snapshot; a pending one is false.
     /// For the series driver, which forgets the occurrences it parked once
     /// they are settled: one read for a batch, the delivery logs walked
     /// once in key order.
     pub async fn settled_among(&self, ids: Vec<MessageId>) -> Result<Vec<bool>, StoreError> {
-        self.blocking(move |s| settled_among(&s.inner.db, &ids)).await
+        self.store.blocking(move |s| settled_among(&s.inner.db, &ids)).await
     }
 }
 
-/// See [`Store::settled_among`].
+/// See [`Reader::settled_among`].
 pub(crate) fn settled_among(db: &rocksdb::DB, ids: &[MessageId]) -> Result<Vec<bool>, StoreError> {
     let snapshot = db.snapshot();
     let opts = read::at(Some(&snapshot));

@@ -68,7 +68,7 @@ fn settle(ready: &Ready, at: u64, outcome: Outcome) -> Settle {
 }
 
 async fn state(store: &Store, id: &MessageId) -> State {
-    store.get(Scope::everything(), id.clone()).await.unwrap().unwrap().state
+    store.reader().get(Scope::everything(), id.clone()).await.unwrap().unwrap().state
 }
 
 #[tokio::test]
@@ -150,20 +150,20 @@ async fn settled_among_tells_settled_from_pending_in_one_read() {
     store.settle(settles, None).await.unwrap();
     barrier(&store).await;
     let ids = ["later", "e", "d", "c", "b", "gone", "a"].map(|id| MessageId::parse(id).unwrap());
-    let settled = store.settled_among(ids.to_vec()).await.unwrap();
+    let settled = store.reader().settled_among(ids.to_vec()).await.unwrap();
     let expected = [false, true, false, true, false, true, true];
     for ((id, got), want) in ids.iter().zip(settled).zip(expected) {
         assert_eq!(
             got,
             want,
             "{id:?}: settled? its state is {:?}",
-            store.get(Scope::everything(), id.clone()).await
+            store.reader().get(Scope::everything(), id.clone()).await
         );
-        if let Ok(Some(m)) = store.get(Scope::everything(), id.clone()).await {
+        if let Ok(Some(m)) = store.reader().get(Scope::everything(), id.clone()).await {
             assert_eq!(!m.state.is_pending(), want, "{id:?} agrees with Get");
         }
     }
-    assert!(store.settled_among(Vec::new()).await.unwrap().is_empty());
+    assert!(store.reader().settled_among(Vec::new()).await.unwrap().is_empty());
     store.close().await;
 }
 
@@ -322,7 +322,7 @@ async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
     assert_eq!(store.purge(UnixMillis(120), 100).await.unwrap(), 3);
     barrier(&store).await;
     for id in [&a, &b, &c] {
-        assert!(store.get(Scope::everything(), id.clone()).await.unwrap().is_none(), "{id} purged");
+        assert!(store.reader().get(Scope::everything(), id.clone()).await.unwrap().is_none(), "{id} purged");
     }
     assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 0);
     store.close().await;
@@ -337,7 +337,8 @@ async fn a_retried_message_is_settled_on_its_own_and_keeps_its_record_in_the_ind
     let retry = Outcome::Retry { retry_at: UnixMillis(50), error: "too large".into(), refused: true };
     store.settle(vec![settle(&batch.ready[0], 10, retry)], None).await.unwrap();
     barrier(&store).await;
-    let page = store.list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
+    let page =
+        store.reader().list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
     let (_, listed) = &page.messages[0];
     assert_eq!((listed.attempts, listed.last_error.as_deref()), (1, Some("too large")));
     let batch = store.take_due(DispatchKey::MIN, UnixMillis(50), 10).await.unwrap();
@@ -375,7 +376,8 @@ async fn legacy_due_entries_naming_only_an_id_are_listed_and_dispatched() {
     db.put_cf(options::cf(db, schema::CF_MESSAGES), old.as_bytes(), schema::encode(&record)).unwrap();
     db.put_cf(options::cf(db, schema::CF_DUE), key.encode(), old.as_bytes()).unwrap();
 
-    let page = store.list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
+    let page =
+        store.reader().list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
     let listed: Vec<&str> = page.messages.iter().map(|(_, m)| m.id.as_str()).collect();
     assert_eq!(listed, ["old", "new"]);
     let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
@@ -402,7 +404,8 @@ async fn listing_pages_through_pending_messages_in_dispatch_order() {
         park(&store, id, due).await;
     }
     let ids = |page: &StorePage| page.messages.iter().map(|(_, m)| m.id.to_string()).collect::<Vec<_>>();
-    let list = |filter| store.list_pending(Scope::everything(), filter);
+    let reader = store.reader();
+    let list = |filter| reader.list_pending(Scope::everything(), filter);
     let first = list(filter(DispatchKey::MIN, 2, 100)).await.unwrap();
     assert_eq!(ids(&first), ["a", "b"]);
     let next = first.next.expect("more to come");
@@ -466,7 +469,8 @@ async fn listing_and_stats_see_retries_and_settlements() {
         CancelOutcome::Cancelled
     );
 
-    let page = store.list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
+    let page =
+        store.reader().list_pending(Scope::everything(), filter(DispatchKey::MIN, 10, 100)).await.unwrap();
     assert_eq!(page.messages.len(), 1, "only what is pending: {page:?}");
     let (key, m) = &page.messages[0];
     assert_eq!(key.at, m.dispatch_at);
@@ -474,12 +478,12 @@ async fn listing_and_stats_see_retries_and_settlements() {
     assert_eq!((m.due, m.dispatch_at, m.attempts), (UnixMillis(10), UnixMillis(500), 1));
     assert_eq!(m.last_error.as_deref(), Some("broker down"));
 
-    let stats = store.stats(Scope::everything(), UnixMillis(1_000)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(1_000)).await.unwrap();
     let meta = &stats.meta;
     assert_eq!((meta.pending, meta.delivered_total, meta.cancelled_total, meta.failed_total), (1, 1, 1, 1));
     assert_eq!(stats.oldest_overdue.map(|m| m.id), Some(retried.clone()));
     assert!(
-        store.stats(Scope::everything(), UnixMillis(500)).await.unwrap().oldest_overdue.is_none(),
+        store.reader().stats(Scope::everything(), UnixMillis(500)).await.unwrap().oldest_overdue.is_none(),
         "due at 500 is not overdue at 500"
     );
 
@@ -490,7 +494,7 @@ async fn listing_and_stats_see_retries_and_settlements() {
         .unwrap()
         .rescheduled()
         .unwrap();
-    let meta = store.stats(Scope::everything(), UnixMillis(1_000)).await.unwrap().meta;
+    let meta = store.reader().stats(Scope::everything(), UnixMillis(1_000)).await.unwrap().meta;
     assert_eq!((meta.pending, meta.failed_total), (2, 0), "a re-driven failure is pending again");
     store.close().await;
 }
@@ -597,7 +601,7 @@ mod scale {
         assert_eq!(store.wake().floor_recorded(), from, "the floor is where the walk stopped");
         assert_eq!(delivered_from(&db, store.wake().low_water()), 0, "reads start past them");
         let m1 = MessageId::parse("m1").unwrap();
-        let got = store.get(Scope::everything(), m1.clone()).await.unwrap().unwrap();
+        let got = store.reader().get(Scope::everything(), m1.clone()).await.unwrap().unwrap();
         assert_eq!(got.envelope.value, b"v", "a delivered message is read whole from its entry");
 
         // A message scheduled behind the dispatcher's position (past due)
@@ -605,7 +609,12 @@ mod scale {
         // stopped finds it, and nothing is handed over.
         store.schedule(message("late", 5)).await.unwrap();
         assert!(store.wake().take().entries.is_empty());
-        let late = store.get(Scope::everything(), MessageId::parse("late").unwrap()).await.unwrap().unwrap();
+        let late = store
+            .reader()
+            .get(Scope::everything(), MessageId::parse("late").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(late.due, UnixMillis(5), "its due time is as asked");
         let now = UnixMillis(SETTLED + 1_000);
         let batch = store.take_due(from, now, 10).await.unwrap();
@@ -646,7 +655,7 @@ mod scale {
         let due_entries =
             db.iterator_cf(options::cf(&db, schema::CF_DUE), rocksdb::IteratorMode::Start).count();
         assert_eq!(due_entries, 2, "late and live are left");
-        assert!(store.get(Scope::everything(), m1).await.unwrap().is_none());
+        assert!(store.reader().get(Scope::everything(), m1).await.unwrap().is_none());
         let cursor = store.inner.purge.logs.lock().unwrap().clone();
         let ((), cost) = skipped(|| {
             read::purge_logs(&db, &cursor, UnixMillis(SETTLED + 2), 100).unwrap();

@@ -521,6 +521,32 @@ fn the_stores_layout_and_writer_are_its_own() {
     }
 }
 
+/// A shard's readers hold its store as a `Reader`, which changes nothing:
+/// the `ShardSet` hands out only that, and changes go through its calls
+/// (`change`, `schedule_batch`, `write_rows`). Only the files that run a
+/// shard (open it, dispatch it, apply its log) hold the `Store` itself.
+#[test]
+fn readers_hold_a_reader_not_the_store() {
+    let shard_set = std::fs::read_to_string(src().join("node/shard_set.rs")).unwrap();
+    assert!(shard_set.contains("-> Result<Reader, StoreError>"), "ShardSet hands out a shard's Reader");
+    let readers =
+        ["node/mod.rs", "series/", "console/", "service.rs", "admin.rs", "api/", "bulk.rs", "status.rs"];
+    for file in library_files() {
+        let path = file.to_string_lossy().replace('\\', "/");
+        if !readers.iter().any(|r| path.starts_with(r)) {
+            continue;
+        }
+        let code = code_of(&without_tests(&std::fs::read_to_string(src().join(&file)).unwrap()));
+        // `Error::Store(..)`: the error's variant, not the store.
+        let code = code.replace("Error::Store", "Error::S");
+        let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+        let named = code.match_indices("Store").any(|(at, word)| {
+            !ident(code[..at].chars().next_back()) && !ident(code[at + word.len()..].chars().next())
+        });
+        assert!(!named, "{path} holds a shard's Store: readers hold a Reader");
+    }
+}
+
 /// A stored kind is a table (`command::Table`): the store's writer and
 /// reads, the shard sets, the cluster's front and replica conversions take
 /// any table alike, so that a new one is its variant and rules, its key

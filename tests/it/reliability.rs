@@ -696,6 +696,7 @@ async fn a_batch_cut_by_a_crash_is_stored_whole_or_not_at_all() {
         let mut found = 0;
         for id in &ids {
             if store
+                .reader()
                 .get(
                     hourglass::message::Scope::everything(),
                     hourglass::message::MessageId::parse(id).unwrap(),

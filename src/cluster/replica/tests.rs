@@ -80,7 +80,7 @@ fn settled(offset: i64, lines: Vec<SettledLine>) -> LogEntry {
 }
 
 async fn state(store: &Store, text: &str) -> Option<State> {
-    store.get(Scope::everything(), id(text)).await.unwrap().map(|m| m.state)
+    store.reader().get(Scope::everything(), id(text)).await.unwrap().map(|m| m.state)
 }
 
 fn new_message(text: &str, value: &str, due: u64) -> NewMessage {
@@ -145,7 +145,7 @@ async fn the_latest_schedule_of_an_id_says_what_it_holds_and_a_retry_changes_not
         .unwrap();
     assert!(matches!(&answers[1], Answer::Scheduled(Ok(s)) if s.duplicate()));
     assert!(matches!(&answers[2], Answer::Scheduled(Ok(s)) if !s.duplicate()));
-    let got = store.get(Scope::everything(), id("a")).await.unwrap().unwrap();
+    let got = store.reader().get(Scope::everything(), id("a")).await.unwrap().unwrap();
     assert_eq!(got.envelope.value, b"other");
     assert_eq!(store.pending(), 1);
     store.close().await;
@@ -173,7 +173,7 @@ async fn the_latest_record_of_an_id_restores_it_alone() {
         .await
         .unwrap();
     assert!(matches!(state(&store, "c").await, Some(State::Cancelled { at }) if at == UnixMillis(9)));
-    let r = store.get(Scope::everything(), id("r")).await.unwrap().unwrap();
+    let r = store.reader().get(Scope::everything(), id("r")).await.unwrap().unwrap();
     assert!(matches!(r.state, State::Pending { .. }));
     assert_eq!(r.due, UnixMillis(500));
     assert!(matches!(state(&store, "f").await, Some(State::Failed { reason, .. }) if reason == "no topic"));
@@ -554,7 +554,7 @@ async fn a_delivery_read_from_the_log_while_the_dispatcher_holds_the_message_is_
     let mut entry = settled(3, vec![delivered("a", 9)]);
     entry.local = Some(Local::Settles(vec![own], None));
     store.apply(vec![entry]).await.unwrap();
-    let stats = store.stats(Scope::everything(), UnixMillis(100)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(100)).await.unwrap();
     assert_eq!((stats.counts.pending, stats.counts.delivered), (0, 1), "settled once");
     assert!(
         matches!(state(&store, "a").await, Some(State::Delivered(d)) if d.offset == 7),
@@ -759,7 +759,7 @@ async fn applied(records: Vec<(i64, Entry)>) -> Vec<Option<crate::message::Sched
     store.apply(entries).await.unwrap();
     let mut held = Vec::new();
     for text in IDS {
-        held.push(store.get(Scope::everything(), id(text)).await.unwrap());
+        held.push(store.reader().get(Scope::everything(), id(text)).await.unwrap());
     }
     store.close().await;
     held

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use rocksdb::{DB, Direction, IteratorMode, ReadOptions};
 
-use super::{Logged, corrupt, visible_at};
+use super::{Logged, Reader, corrupt, visible_at};
 use crate::{
     message::{Forecast, MessageId, Scope, Visibility, Window},
     store::{
-        Store, StoreError,
+        StoreError,
         options::cf,
         schema::{self, DispatchKey, peek_due_entry},
     },
@@ -37,7 +37,7 @@ pub(crate) const FORECAST_BUDGET: Duration = Duration::from_secs(2);
 /// Entries walked between two looks at the clock.
 pub(crate) const CLOCK_EVERY: usize = 1024;
 
-impl Store {
+impl Reader {
     /// The pending messages of `topic` (or all) that `scope` sees, per
     /// interval of `window`, from one snapshot.
     pub async fn forecast(
@@ -47,9 +47,11 @@ impl Store {
         topic: Option<String>,
         examine: usize,
     ) -> Result<Forecast, StoreError> {
-        let from = DispatchKey { at: window.from, seq: 0 }.max(self.inner.wake.low_water());
+        let from = DispatchKey { at: window.from, seq: 0 }.max(self.store.inner.wake.low_water());
         let walk = Walk { examine, budget: FORECAST_BUDGET };
-        self.blocking(move |s| forecast(&s.inner.db, &scope, window, from, topic.as_deref(), walk)).await
+        self.store
+            .blocking(move |s| forecast(&s.inner.db, &scope, window, from, topic.as_deref(), walk))
+            .await
     }
 }
 

@@ -32,13 +32,29 @@ pub(crate) use purge::*;
 /// sees, at most: one caller's messages may lie behind many of others'.
 pub(super) const STATS_EXAMINE: usize = 10_000;
 
-/// The reads, each on a blocking thread; damage a read finds is reported.
+/// A shard's store as its readers see it (the services, the console, the
+/// series driver): what is parked, pages and counts of it, the tables it
+/// keeps. It changes nothing: changes go to the shard's writer through the
+/// node. Cheap to clone.
+#[derive(Clone)]
+pub struct Reader {
+    pub(in crate::store) store: Store,
+}
+
 impl Store {
+    /// This store as its readers see it.
+    pub fn reader(&self) -> Reader {
+        Reader { store: self.clone() }
+    }
+}
+
+/// The reads, each on a blocking thread; damage a read finds is reported.
+impl Reader {
     /// The message `id` names for `scope`.
     pub async fn get(&self, scope: Scope, id: MessageId) -> Result<Option<ScheduledMessage>, StoreError> {
-        let mut found = self.blocking(move |s| message(&s.inner.db, &scope, id)).await?;
+        let mut found = self.store.blocking(move |s| message(&s.inner.db, &scope, id)).await?;
         if let Some(m) = &mut found {
-            self.inner.held.explain(m);
+            self.store.inner.held.explain(m);
         }
         Ok(found)
     }
@@ -47,28 +63,52 @@ impl Store {
     /// from one snapshot. It starts no lower than the first entry that may
     /// still be pending.
     pub async fn list_pending(&self, scope: Scope, mut filter: ListFilter) -> Result<StorePage, StoreError> {
-        filter.from = filter.from.max(self.inner.wake.low_water());
-        let mut page = self.blocking(move |s| list_pending(&s.inner.db, &scope, &filter)).await?;
-        page.messages.iter_mut().for_each(|(_, m)| self.inner.held.explain_listed(m));
+        filter.from = filter.from.max(self.store.inner.wake.low_water());
+        let mut page = self.store.blocking(move |s| list_pending(&s.inner.db, &scope, &filter)).await?;
+        page.messages.iter_mut().for_each(|(_, m)| self.store.inner.held.explain_listed(m));
         Ok(page)
     }
 
     /// The counts `scope` sees and its oldest pending message due before
     /// `now`, from one snapshot.
     pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<StoreStats, StoreError> {
-        let from = self.inner.wake.low_water();
-        let mut stats = self.blocking(move |s| stats(&s.inner.db, &scope, now, from, STATS_EXAMINE)).await?;
+        let from = self.store.inner.wake.low_water();
+        let mut stats =
+            self.store.blocking(move |s| stats(&s.inner.db, &scope, now, from, STATS_EXAMINE)).await?;
         if let Some(m) = &mut stats.oldest_overdue {
-            self.inner.held.explain_listed(m);
+            self.store.inner.held.explain_listed(m);
         }
         Ok(stats)
     }
 
     /// Bytes on disk (SST files) plus memtables.
     pub async fn size_bytes(&self) -> Result<u64, StoreError> {
-        self.blocking(|s| Ok(size_bytes(&s.inner.db))).await
+        self.store.blocking(|s| Ok(size_bytes(&s.inner.db))).await
     }
 
+    /// Messages waiting for delivery.
+    pub fn pending(&self) -> u64 {
+        self.store.pending()
+    }
+
+    /// Messages the dispatcher holds for producing right now.
+    pub fn dispatching(&self) -> usize {
+        self.store.dispatching()
+    }
+
+    /// What damage was found in the store, and what to do about it.
+    pub fn damage(&self) -> Option<String> {
+        self.store.damage()
+    }
+
+    /// The lanes dispatch policies hold back now.
+    pub fn held_back(&self) -> Vec<crate::message::HeldBack> {
+        self.store.held().held_back()
+    }
+}
+
+/// The store's own upkeep, each on a blocking thread.
+impl Store {
     /// RocksDB's sequence number: it moves with every write.
     pub fn write_seq(&self) -> u64 {
         self.inner.db.latest_sequence_number()

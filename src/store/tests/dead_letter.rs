@@ -58,7 +58,7 @@ async fn a_dead_lettered_message_says_where_and_why_is_counted_and_can_be_driven
     );
     let failed = DeadReason::Failed { error: "Unknown topic".into() };
     assert_eq!(state(&store, &refused).await, letter(91, 6, failed, 1));
-    let stats = store.stats(Scope::everything(), UnixMillis(100)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(100)).await.unwrap();
     assert_eq!((stats.counts.pending, stats.counts.dead_lettered, stats.counts.failed), (0, 2, 0));
     assert!(
         store.marks_of("t").await.unwrap().is_empty(),
@@ -74,12 +74,15 @@ async fn a_dead_lettered_message_says_where_and_why_is_counted_and_can_be_driven
     drop(store);
     let store = open(dir.path());
     assert!(matches!(state(&store, &late).await, State::DeadLettered(_)));
-    assert_eq!(store.stats(Scope::everything(), UnixMillis(100)).await.unwrap().counts.dead_lettered, 2);
+    assert_eq!(
+        store.reader().stats(Scope::everything(), UnixMillis(100)).await.unwrap().counts.dead_lettered,
+        2
+    );
 
     let again = Intent::Reschedule { scope: Scope::everything(), id: late.clone(), due: UnixMillis(200) };
     store.change(again).await.unwrap().rescheduled().unwrap();
     assert_eq!(state(&store, &late).await, State::Pending { attempts: 0, last_error: None });
-    let stats = store.stats(Scope::everything(), UnixMillis(100)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(100)).await.unwrap();
     assert_eq!((stats.counts.pending, stats.counts.dead_lettered), (1, 1), "re-driven: pending again");
     let taken = store.take_due(DispatchKey::MIN, UnixMillis(200), 10).await.unwrap();
     assert_eq!(taken.ready.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["late"]);

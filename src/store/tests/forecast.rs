@@ -19,7 +19,7 @@ async fn listed(store: &Store, scope: &Scope, window: Window) -> Forecast {
             limit: 2,
             examine: 3,
         };
-        let page = store.list_pending(scope.clone(), filter).await.unwrap();
+        let page = store.reader().list_pending(scope.clone(), filter).await.unwrap();
         page.messages.iter().for_each(|(key, m)| forecast.add(&m.topic, key.at));
         match page.next {
             Some(next) => from = next,
@@ -59,26 +59,26 @@ async fn a_forecast_counts_what_list_pages_through_per_topic_and_interval() {
     barrier(&store).await;
 
     let window = Window { from: UnixMillis(0), to: UnixMillis(4000), interval_ms: 1000 };
-    let all = store.forecast(everything.clone(), window, None, usize::MAX).await.unwrap();
+    let all = store.reader().forecast(everything.clone(), window, None, usize::MAX).await.unwrap();
     assert_eq!(all.topics["x"], [0, 1, 2, 1], "b; d and the orders tenant's g; billing's i; not a, h or f");
     assert_eq!(all.topics["y"], [0, 1, 0, 1]);
     assert_eq!(all.counted_to, None);
     assert_eq!(all, listed(&store, &everything, window).await);
 
-    let theirs = store.forecast(orders.clone(), window, None, usize::MAX).await.unwrap();
+    let theirs = store.reader().forecast(orders.clone(), window, None, usize::MAX).await.unwrap();
     assert_eq!(
         theirs.topics["x"],
         [0, 1, 2, 0],
         "a tenant counts its own and the shared space's, not billing's"
     );
     assert_eq!(theirs, listed(&store, &orders, window).await);
-    assert!(store.get(orders, mine).await.unwrap().is_some());
+    assert!(store.reader().get(orders, mine).await.unwrap().is_some());
 
-    let y = store.forecast(everything.clone(), window, Some("y".into()), usize::MAX).await.unwrap();
+    let y = store.reader().forecast(everything.clone(), window, Some("y".into()), usize::MAX).await.unwrap();
     assert_eq!(y.topics.keys().collect::<Vec<_>>(), ["y"]);
 
     // A walk that stops early says where the whole intervals end.
-    let cut = store.forecast(everything, window, None, 3).await.unwrap();
+    let cut = store.reader().forecast(everything, window, None, 3).await.unwrap();
     assert_eq!(
         cut.counted_to,
         Some(UnixMillis(2000)),

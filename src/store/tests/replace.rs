@@ -20,12 +20,12 @@ async fn replace(store: &Store, id: &str, value: &str, due: u64) -> Result<Sched
 }
 
 async fn value(store: &Store, id: &str) -> (Vec<u8>, UnixMillis) {
-    let m = store.get(Scope::everything(), MessageId::parse(id).unwrap()).await.unwrap().unwrap();
+    let m = store.reader().get(Scope::everything(), MessageId::parse(id).unwrap()).await.unwrap().unwrap();
     (m.envelope.value, m.due)
 }
 
 async fn counts(store: &Store) -> (u64, u64) {
-    let stats = store.stats(Scope::everything(), UnixMillis(0)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(0)).await.unwrap();
     (stats.counts.pending, stats.counts.failed)
 }
 
@@ -122,7 +122,8 @@ async fn a_replace_of_a_message_being_produced_waits_for_the_outcome() {
                 .await
         }
     });
-    let get = |id: &str| store.get(Scope::everything(), MessageId::parse(id).unwrap());
+    let reader = store.reader();
+    let get = |id: &str| reader.get(Scope::everything(), MessageId::parse(id).unwrap());
     // The spawned calls reach the writer when the runtime runs them: wait
     // (bounded) for the batch's new message, rather than for a barrier
     // queued maybe before them.

@@ -32,7 +32,7 @@ async fn a_dead_letter_topic_travels_with_its_message_and_a_dead_letter_applies_
         ])
         .await
         .unwrap();
-    let got = store.get(Scope::everything(), id("late")).await.unwrap().unwrap();
+    let got = store.reader().get(Scope::everything(), id("late")).await.unwrap().unwrap();
     assert_eq!(got.envelope.dead_letter_topic.as_deref(), Some("t.dead"));
     let letter = |reason| {
         State::DeadLettered(DeadLetter {
@@ -45,15 +45,15 @@ async fn a_dead_letter_topic_travels_with_its_message_and_a_dead_letter_applies_
         })
     };
     assert_eq!(got.state, letter(DeadReason::Expired { deadline: UnixMillis(1_010) }));
-    let own = store.get(Scope::everything(), id("own")).await.unwrap().unwrap();
+    let own = store.reader().get(Scope::everything(), id("own")).await.unwrap().unwrap();
     assert_eq!(
         own.envelope.dead_letter_topic, None,
         "its own topic is no dead-letter topic: dropped as read"
     );
     assert_eq!(own.state, letter(DeadReason::Failed { error: "Unknown topic".into() }));
-    let bad = store.get(Scope::everything(), id("bad")).await.unwrap().unwrap();
+    let bad = store.reader().get(Scope::everything(), id("bad")).await.unwrap().unwrap();
     assert_eq!(bad.envelope.dead_letter_topic, None, "not a topic: dropped as read");
-    let stats = store.stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
     assert_eq!((stats.counts.pending, stats.counts.dead_lettered), (1, 2));
     store.close().await;
 }
@@ -93,11 +93,11 @@ async fn a_dead_letter_wins_over_an_earlier_cancel_and_a_re_drive_leaves_the_cou
         .await
         .unwrap();
     assert!(matches!(state(&store, "both").await, Some(State::DeadLettered(DeadLetter { offset: 4, .. }))));
-    let stats = store.stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
     assert_eq!((stats.counts.cancelled, stats.counts.dead_lettered, stats.counts.pending), (0, 2, 0));
     store.apply(vec![logged(4, Change::Rescheduled(message("again", 5_000)))]).await.unwrap();
     assert!(matches!(state(&store, "again").await, Some(State::Pending { .. })));
-    let stats = store.stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
     assert_eq!(
         (stats.counts.dead_lettered, stats.counts.pending),
         (1, 1),

@@ -26,10 +26,10 @@ async fn a_deadline_travels_with_its_message_and_an_expiry_applies_as_settled() 
         outcome: Some(SettledOutcome::Expired(record::SettledExpiry { deadline_ms: 1_010 })),
     };
     store.apply(vec![logged(0, Change::Scheduled(with_deadline)), settled(1, vec![expired])]).await.unwrap();
-    let got = store.get(Scope::everything(), id("late")).await.unwrap().unwrap();
+    let got = store.reader().get(Scope::everything(), id("late")).await.unwrap().unwrap();
     assert_eq!(got.state, State::Expired { at: UnixMillis(2_000), deadline: UnixMillis(1_010) });
     assert_eq!(got.envelope.max_lateness, Some(Duration::from_secs(1)));
-    let stats = store.stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
+    let stats = store.reader().stats(Scope::everything(), UnixMillis(3_000)).await.unwrap();
     assert_eq!((stats.counts.pending, stats.counts.expired), (0, 1));
     store.close().await;
 }

@@ -23,7 +23,7 @@ async fn log(store: &Store, copy: &Store, offset: i64, decision: Decision) -> An
 }
 
 async fn value(store: &Store, text: &str) -> Vec<u8> {
-    store.get(Scope::everything(), id(text)).await.unwrap().unwrap().envelope.value
+    store.reader().get(Scope::everything(), id(text)).await.unwrap().unwrap().envelope.value
 }
 
 #[tokio::test]

@@ -21,7 +21,9 @@ async fn series_records_apply_from_the_owner_only_and_move_the_wake() {
     let series = |w: Row| crate::cluster::replica::row(w, None).1;
     let waking = |store: &Store| {
         let store = store.clone();
-        async move { store.waking(Table::Series, UnixMillis(0), UnixMillis(u64::MAX - 1), 10).await.unwrap().0 }
+        async move {
+            store.reader().waking(Table::Series, UnixMillis(0), UnixMillis(u64::MAX - 1), 10).await.unwrap().0
+        }
     };
     let daily = || id("daily").as_bytes().to_vec();
     let answers = store
@@ -36,7 +38,7 @@ async fn series_records_apply_from_the_owner_only_and_move_the_wake() {
         .unwrap();
     assert!(matches!(answers[1], Answer::Rows(Ok(()))), "{:?}", answers[1]);
     assert!(matches!(answers[2], Answer::Rows(Err(_))), "{:?}", answers[2]);
-    assert_eq!(store.row(Table::Series, daily()).await.unwrap().as_deref(), Some(&b"v2"[..]));
+    assert_eq!(store.reader().row(Table::Series, daily()).await.unwrap().as_deref(), Some(&b"v2"[..]));
     assert_eq!(waking(&store).await, [(UnixMillis(200), daily())], "the old wake is gone");
 
     let key = record::row_key(Table::Series, &daily());
@@ -54,7 +56,7 @@ async fn series_records_apply_from_the_owner_only_and_move_the_wake() {
         ])
         .await
         .unwrap();
-    assert_eq!(store.row(Table::Series, daily()).await.unwrap(), None);
+    assert_eq!(store.reader().row(Table::Series, daily()).await.unwrap(), None);
     assert!(waking(&store).await.is_empty());
     assert_eq!(store.log_next(), 6);
     store.close().await;
