@@ -85,26 +85,13 @@ pub async fn ensure_log_topic(
     let new = NewTopic::new(&topic.name, topic.partitions, replication)
         .set("cleanup.policy", "compact")
         .set("delete.retention.ms", &tombstones_kept);
-    let options = AdminOptions::new().operation_timeout(Some(timeout));
-    let created = admin
-        .create_topics([&new], &options)
-        .await
-        .map_err(|e| TopicError::Create { topic: topic.name.clone(), reason: e.to_string() })?;
-    for result in created {
-        match result {
-            Ok(_) => {}
-            // Another node won the race: check what it made.
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
-                let found = partitions_of(&admin, config, topic, timeout).await?.unwrap_or(0);
-                check(topic, found)?;
-                return check_config(&admin, config, topic, timeout).await.map(|()| Ensured::Existed);
-            }
-            Err((_, code)) => {
-                return Err(TopicError::Create { topic: topic.name.clone(), reason: code.to_string() });
-            }
-        }
+    if create(&admin, topic, new, timeout).await? {
+        return Ok(Ensured::Created);
     }
-    Ok(Ensured::Created)
+    // Another node won the race: check what it made.
+    let found = partitions_of(&admin, config, topic, timeout).await?.unwrap_or(0);
+    check(topic, found)?;
+    check_config(&admin, config, topic, timeout).await.map(|()| Ensured::Existed)
 }
 
 /// Makes sure an ingress topic (Kafka-native schedules) exists: created
@@ -123,7 +110,19 @@ pub async fn ensure_ingress_topic(
         return Ok(found);
     }
     let replication = TopicReplication::Fixed(topic.replication.unwrap_or(-1));
-    let new = NewTopic::new(&topic.name, topic.partitions, replication);
+    create(&admin, topic, NewTopic::new(&topic.name, topic.partitions, replication), timeout).await?;
+    // Made here or by another node meanwhile: as the broker says now.
+    Ok(partitions_of(&admin, config, topic, timeout).await?.unwrap_or(topic.partitions))
+}
+
+/// Creates `new`; false when it exists already (another node won the
+/// race).
+async fn create(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &LogTopic,
+    new: NewTopic<'_>,
+    timeout: Duration,
+) -> Result<bool, TopicError> {
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     let created = admin
         .create_topics([&new], &options)
@@ -131,14 +130,14 @@ pub async fn ensure_ingress_topic(
         .map_err(|e| TopicError::Create { topic: topic.name.clone(), reason: e.to_string() })?;
     for result in created {
         match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Ok(_) => {}
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => return Ok(false),
             Err((_, code)) => {
                 return Err(TopicError::Create { topic: topic.name.clone(), reason: code.to_string() });
             }
         }
     }
-    // Made here or by another node meanwhile: as the broker says now.
-    Ok(partitions_of(&admin, config, topic, timeout).await?.unwrap_or(topic.partitions))
+    Ok(true)
 }
 
 fn check(topic: &LogTopic, found: i32) -> Result<(), TopicError> {
