@@ -126,7 +126,7 @@ impl Console<'_> {
         let name = format!("precision at {}/s", self.rate);
         crate::phase("console: precision, the console left alone");
         let alone =
-            steady(self.server, self.w, self.streams, self.rate, self.window, None, "console", report)
+            steady(self.server, self.w, self.streams, self.rate, self.window, None, "console alone", report)
                 .await?;
         add_lateness(report, &format!("{name}, console alone:"), &alone, targets());
         crate::phase("console: precision, the console polled every second");
@@ -148,7 +148,8 @@ impl Console<'_> {
             }
         });
         let polled =
-            steady(self.server, self.w, self.streams, self.rate, self.window, None, "console", report).await;
+            steady(self.server, self.w, self.streams, self.rate, self.window, None, "console polled", report)
+                .await;
         stop.cancel();
         let loads = browsing.await?;
         add_lateness(report, &format!("{name}, console polled:"), &polled?, targets());

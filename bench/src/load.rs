@@ -233,8 +233,8 @@ pub async fn lateness_of_delivered(
     Ok((late, missing))
 }
 
-/// When each message was delivered (Unix milliseconds, as its delivery
-/// report came), read back with `Get` through the `servers` in turn, in
+/// When each message was delivered (Unix milliseconds, when the broker
+/// answered its produce), read back with `Get` through the `servers` in turn, in
 /// the order of `messages`.
 pub async fn delivered_at(
     servers: &[ServerProcess],

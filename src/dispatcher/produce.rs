@@ -86,6 +86,7 @@ impl Dispatcher {
     pub(super) fn send(&mut self, ready: Ready, topic: Arc<str>, probe: bool, letter: Option<Dead>) {
         let keep = letter.is_none() && self.has_dead_letter_topic(&ready, &topic);
         let token = self.sent.next_token();
+        let (sent_at, sent_wall) = (tokio::time::Instant::now(), self.clock.now());
         let outgoing = Outgoing { id: &ready.id, due: ready.due, envelope: &ready.envelope };
         let queued = self.producer.send(outgoing, token, &self.reports.tx);
         let dead = match letter {
@@ -99,13 +100,14 @@ impl Dispatcher {
             topic: Arc::clone(&topic),
             tries: ready.tries,
             probe,
-            sent_at: tokio::time::Instant::now(),
+            sent_at,
+            sent_wall,
             dead,
         });
         self.topics.states.entry(topic).or_default().in_flight += 1;
         if let Err(error) = queued {
             // Refused before it was queued: the same as a failed report.
-            self.on_report(DeliveryReport { token, result: Err(error) });
+            self.on_report(DeliveryReport::now(token, Err(error)));
         }
     }
 }

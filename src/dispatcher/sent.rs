@@ -34,6 +34,8 @@ pub(super) struct InFlight {
     /// It tries a refused topic again.
     pub probe: bool,
     pub sent_at: Instant,
+    /// The same, on the dispatcher's clock: its answer came no earlier.
+    pub sent_wall: UnixMillis,
     /// What it has to do with dead letters, if anything.
     pub dead: Option<Dead>,
 }
@@ -247,6 +249,7 @@ mod tests {
             tries: Tries::default(),
             probe: false,
             sent_at: Instant::now(),
+            sent_wall: UnixMillis(n),
             dead: None,
         }
     }

@@ -82,7 +82,12 @@ impl Dispatcher {
         };
         let dead = sent.dead.take();
         self.store.metrics().in_flight.set(self.sent.len() as i64);
+        // When the broker answered, on the dispatcher's clock: the report
+        // may have waited while the dispatcher read or produced; no
+        // earlier than the produce it answers.
+        let waited = report.known.elapsed();
         let now = self.clock.now();
+        let answered = now.saturating_sub(waited).max(sent.sent_wall);
         let state = self.topics.states.entry(Arc::clone(&sent.topic)).or_default();
         state.in_flight -= 1;
         if stalled {
@@ -114,6 +119,10 @@ impl Dispatcher {
         let outcome = match report.result {
             Ok((partition, offset)) => {
                 crate::failpoint::hit("dispatch-before-settle");
+                let broker = report.known.saturating_duration_since(sent.sent_at.into_std());
+                metrics::STAGE_WAIT.observe(sent.sent_wall.since(sent.key.at).as_secs_f64());
+                metrics::STAGE_BROKER.observe(broker.as_secs_f64());
+                metrics::STAGE_REPORT.observe(waited.as_secs_f64());
                 if let Some(refusal) = state.refusal.take() {
                     note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
                     tracing::info!(
@@ -154,7 +163,8 @@ impl Dispatcher {
             }
         };
         let Some(outcome) = self.after_produce(&sent, dead, outcome) else { return };
-        let settle = settled(sent, outcome, now);
+        let at = if matches!(outcome, Outcome::Delivered { .. }) { answered } else { now };
+        let settle = settled(sent, outcome, at);
         if matches!(settle.outcome, Outcome::Delivered { .. }) && !settle.tries.recorded {
             if let Some(settle) = self.sent.answer(report.token, settle) {
                 self.settling.settles.push(settle);

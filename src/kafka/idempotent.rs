@@ -108,7 +108,7 @@ impl ProducerContext for Reports {
         };
         // The dispatcher gone means we are shutting down past the grace
         // period; the message stays pending and is produced after restart.
-        let _ = ticket.reports.send(DeliveryReport { token: ticket.token, result });
+        let _ = ticket.reports.send(DeliveryReport::now(ticket.token, result));
     }
 }
 

@@ -4,11 +4,22 @@
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-/// The outcome of one produce, tagged with the dispatcher's token.
+/// The outcome of one produce, tagged with the dispatcher's token, and
+/// when the producer learnt it: the dispatcher may read the report later
+/// (it is busy reading or producing), and a delivery is timed by the
+/// broker's answer, not by that.
 #[derive(Debug)]
 pub struct DeliveryReport {
     pub token: u64,
     pub result: Result<(i32, i64), ProduceError>,
+    pub known: std::time::Instant,
+}
+
+impl DeliveryReport {
+    /// The outcome of produce `token`, known now.
+    pub fn now(token: u64, result: Result<(i32, i64), ProduceError>) -> DeliveryReport {
+        DeliveryReport { token, result, known: std::time::Instant::now() }
+    }
 }
 
 /// Why a produce failed, and whether it is the message's fault.

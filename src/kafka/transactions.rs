@@ -103,7 +103,7 @@ impl Queued {
     fn report(&self, result: Result<(i32, i64), ProduceError>) {
         // The dispatcher gone means the shard stopped; its messages stay
         // pending in the store.
-        let _ = self.reports.send(DeliveryReport { token: self.token, result });
+        let _ = self.reports.send(DeliveryReport::now(self.token, result));
     }
 }
 

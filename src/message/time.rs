@@ -17,6 +17,11 @@ impl UnixMillis {
         UnixMillis(self.0.saturating_add(duration_ms(d)))
     }
 
+    /// `d` before `self`; the epoch when that is before it.
+    pub fn saturating_sub(self, d: Duration) -> Self {
+        UnixMillis(self.0.saturating_sub(duration_ms(d)))
+    }
+
     /// How far `self` lies after `earlier`; zero when it does not.
     pub fn since(self, earlier: UnixMillis) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0))

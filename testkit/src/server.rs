@@ -226,11 +226,17 @@ impl ServerProcess {
     /// The value of the series `name` (summed over its labels, for a name
     /// without: the shards of a per-shard series).
     pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let body = self.metrics_text().await?;
+        series_value(&body, name).with_context(|| format!("{name} missing from /metrics"))
+    }
+
+    /// The server's /metrics, whole (with the HTTP response's head).
+    pub async fn metrics_text(&self) -> anyhow::Result<String> {
         let mut s = tokio::net::TcpStream::connect(&self.metrics).await?;
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
         let mut body = String::new();
         s.read_to_string(&mut body).await?;
-        series_value(&body, name).with_context(|| format!("{name} missing from /metrics"))
+        Ok(body)
     }
 
     /// Waits until `name` reaches `target`, polling every 5 ms (rendering

@@ -393,6 +393,7 @@ async fn metrics_and_health_are_served() {
         "hourglass_messages_delivered_total",
         "hourglass_messages_pending",
         "hourglass_dispatch_lateness_seconds_bucket",
+        "hourglass_dispatch_stage_seconds_bucket{stage=\"broker\"",
         "hourglass_kafka_produce_errors_total",
         "hourglass_store_size_bytes",
         "hourglass_grpc_requests_total{code=\"Ok\",method=\"Schedule\"}",
