@@ -21,6 +21,7 @@
 //! | `log-reader-stalls` | cluster mode: a copy of a shard stops applying the log the first time it has read all there was |
 //! | `forecast-slow` | a forecast takes 2 s more once it has its turn |
 //! | `forecast-short` | a forecast counts at most 3 due entries per store, not 2 million |
+//! | `reconcile-slow` | the search for what an unclean stop left in doubt takes 5 s more |
 
 #[cfg(feature = "failpoints")]
 mod armed {

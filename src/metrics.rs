@@ -45,6 +45,9 @@ pub struct ShardMetrics {
     /// Topics whose messages the shard's dispatcher holds back, by reason.
     pub held_stalled: IntGauge,
     pub held_refused: IntGauge,
+    /// RocksDB's memory, by part: block cache, pinned, memtables, table
+    /// readers.
+    pub memory: [IntGauge; 4],
 }
 
 impl ShardMetrics {
@@ -61,6 +64,8 @@ impl ShardMetrics {
             parked: of(&STORE_PARKED),
             held_stalled: DISPATCH_HELD_TOPICS.with_label_values(&[&label, "stalled"]),
             held_refused: DISPATCH_HELD_TOPICS.with_label_values(&[&label, "refused"]),
+            memory: ["block_cache", "pinned", "memtables", "table_readers"]
+                .map(|part| STORE_MEMORY.with_label_values(&[&label, part])),
         }
     }
 }
@@ -337,7 +342,7 @@ pub static RECONCILE_IN_DOUBT: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_reconcile_in_doubt_total",
         "Messages that may have been produced without being recorded (an unclean stop, a shard \
-         taken over) and were looked for on their topics before anything was produced.",
+         taken over) and were looked for on their topics before they were produced again.",
     )
 });
 pub static RECONCILE_UNSEARCHED: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -361,11 +366,19 @@ pub static RECONCILE_READ: LazyLock<IntCounter> = LazyLock::new(|| {
          (other producers' records included): the cost of reconciliation.",
     )
 });
+pub static RECONCILE_BESIDE: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "hourglass_reconcile_searching",
+        "Searches for messages in doubt after an unclean stop under way beside the dispatcher (one \
+         per shard): meanwhile what is not in doubt is produced, and what is waits.",
+    )
+});
 pub static RECONCILE_MILLISECONDS: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge(
         "hourglass_reconcile_last_milliseconds",
         "How long the last reconciliation after an unclean stop took, from reading the messages in \
-         doubt to knowing which reached their topic; nothing is produced meanwhile. 0 until one ran.",
+         doubt to knowing which reached their topic; those messages wait meanwhile (in cluster mode, \
+         the whole shard does). 0 until one ran.",
     )
 });
 pub static PRODUCE_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -490,6 +503,21 @@ pub static AUTH_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
 });
 pub static STORE_SIZE: LazyLock<IntGaugeVec> =
     LazyLock::new(|| shard_gauge("hourglass_store_size_bytes", "RocksDB SST files plus memtables."));
+pub static STORE_MEMORY: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register(
+        IntGaugeVec::new(
+            Opts::new(
+                "hourglass_store_memory_bytes",
+                "What RocksDB holds in memory for a shard's store, by part: block_cache (its content, \
+                 32 MiB at most), pinned (the part of it that stays: top levels of indexes and \
+                 filters), memtables (unflushed writes, 64 MiB at most), table_readers \
+                 (open files, outside the cache). Updated every 10 s.",
+            ),
+            &["shard", "part"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static STORE_WRITABLE: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     shard_gauge(
         "hourglass_store_writable",
@@ -588,6 +616,7 @@ pub fn init() {
     LazyLock::force(&RECONCILE_UNSEARCHED);
     LazyLock::force(&RECONCILE_READ);
     LazyLock::force(&RECONCILE_MILLISECONDS);
+    LazyLock::force(&RECONCILE_BESIDE);
     KAFKA_REACHABLE.set(1);
     LazyLock::force(&SCHEDULE_ITEMS);
     LazyLock::force(&GRPC_REQUESTS);

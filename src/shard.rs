@@ -169,6 +169,15 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
             Ok(bytes) => store.metrics().size.set(i64::try_from(bytes).unwrap_or(i64::MAX)),
             Err(e) => tracing::warn!(error = %e, "reading the store's size failed"),
         }
+        match store.reader().memory().await {
+            Ok(m) => {
+                let parts = [m.block_cache, m.pinned, m.memtables, m.table_readers];
+                for (gauge, bytes) in store.metrics().memory.iter().zip(parts) {
+                    gauge.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the store's memory failed"),
+        }
         let write = store.write_seq();
         if write != last_write {
             (last_write, at_rest) = (write, false);

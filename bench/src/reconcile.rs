@@ -34,6 +34,9 @@ pub struct Reconciled {
     pub found: f64,
     pub read: f64,
     pub millis: f64,
+    /// From starting the new process to its first delivery: what is not in
+    /// doubt goes out while the search runs.
+    pub dispatching_ms: f64,
     /// Records of the drain on the topic beyond one per message.
     pub duplicates: usize,
     /// Records of the other producer written meanwhile.
@@ -68,10 +71,17 @@ pub async fn cut_drain(
         )
         .await?;
     server.kill();
+    let restarted = Instant::now();
     server.spawn()?;
     server.wait_serving(Duration::from_secs(120)).await?;
-    // The restart reconciles before it produces anything: once the drain
-    // is done, so is the reconciliation, if anything was in doubt.
+    // The new process's counter starts at 0.
+    while server.metric("hourglass_messages_delivered_total").await? == 0.0 {
+        anyhow::ensure!(restarted.elapsed() < Duration::from_secs(600), "the restart delivered nothing");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let dispatching_ms = restarted.elapsed().as_secs_f64() * 1000.0;
+    // Once the drain is done, so is the reconciliation, if anything was in
+    // doubt: what it looks for waits for it.
     let started = Instant::now();
     while server.metric("hourglass_messages_pending").await? > pending {
         anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "the cut drain did not finish");
@@ -91,7 +101,7 @@ pub async fn cut_drain(
     };
     let (brokers, topic) = (brokers.to_owned(), w.topic.clone());
     let (records, ids) = tokio::task::spawn_blocking(move || ours(&brokers, &topic, &from)).await??;
-    Ok(Reconciled { in_doubt, found, read, millis, duplicates: records - ids, foreign })
+    Ok(Reconciled { in_doubt, found, read, millis, dispatching_ms, duplicates: records - ids, foreign })
 }
 
 /// Where each partition of `topic` ends now.

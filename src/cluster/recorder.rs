@@ -23,9 +23,8 @@ use super::{
 };
 use crate::{
     cluster::log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
-    command::Settle,
+    command::{DispatchKey, Settle},
     dispatcher::Recorder,
-    message::UnixMillis,
     store::{Floor, Local, StoreError},
 };
 
@@ -178,9 +177,13 @@ impl Recorder for LogRecorder {
         self.append_marks(topic, ends).await
     }
 
-    async fn extend_horizon(&self, _until: UnixMillis) -> Result<(), StoreError> {
+    async fn extend_horizon(&self, _until: DispatchKey) -> Result<(), StoreError> {
         // Not needed: a node that takes the shard searches the topics for
         // whatever was due by the end of its claim's grace.
+        Ok(())
+    }
+
+    async fn lower_horizon(&self, _until: DispatchKey) -> Result<(), StoreError> {
         Ok(())
     }
 }

@@ -37,8 +37,10 @@ impl Dispatcher {
                 self.mark(ready.envelope.topic.as_str().into()).await;
             }
         }
-        if let Some(latest) = batch.ready.iter().map(|r| r.key.at).max() {
-            self.extend_horizon(latest).await;
+        // The walk's reads record the horizon as they claim (see
+        // `start_read`); anything else past it is recorded here.
+        if let Some(last) = batch.ready.iter().map(|r| r.key).max() {
+            self.extend_horizon(last.successor(), super::produce::horizon_past(last, false)).await;
         }
         if !batch.ready.is_empty() {
             // Written before anything is handed to the producer, so that

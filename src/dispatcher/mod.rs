@@ -129,10 +129,11 @@ const HOLD_FOR: Duration = Duration::from_millis(100);
 /// ran out, or the log names another owner) looks whether it opened again.
 const GATE_RECHECK: Duration = Duration::from_millis(50);
 
-/// A read of the due index under way, from `from`.
+/// A read of the due index under way, from `from`: what it claimed, and
+/// the horizon it recorded for it.
 struct Reading {
     from: DispatchKey,
-    task: tokio::task::JoinHandle<Result<DueBatch, StoreError>>,
+    task: tokio::task::JoinHandle<Result<(DueBatch, Option<produce::Recording>), StoreError>>,
 }
 
 /// What the dispatcher knows of one topic it is holding back or producing to.
@@ -285,11 +286,21 @@ struct Doubt {
     landed: HashMap<MessageId, (DispatchKey, Outcome)>,
     /// Topics whose partitions the store has marks for.
     marked: HashSet<Arc<str>>,
-    /// Nothing due after this is produced until the recorder has recorded
-    /// a later horizon, so that after an unclean stop only what was due by
-    /// then is in doubt. (Standalone, the store records it; the log needs
-    /// none, and its recorder answers at once.)
-    horizon: UnixMillis,
+    /// Nothing from this key on is produced until the recorder has
+    /// recorded a later horizon, so that after an unclean stop only what
+    /// lies below it is in doubt. (Standalone, the store records it; the
+    /// log needs none, and its recorder answers at once.)
+    horizon: DispatchKey,
+    /// The search for what the last unclean stop left in doubt, while it
+    /// runs beside the dispatcher.
+    search: Option<start::Search>,
+    /// A horizon being recorded for a chunk read ahead.
+    recording: Option<produce::Recording>,
+    /// Everything handed to the producer lies below this.
+    produced_below: DispatchKey,
+    /// While what an unclean stop left in doubt is unresolved: the horizon
+    /// it left, below which the horizon is not brought.
+    keep_above: DispatchKey,
     /// When the process before this one last had produces unanswered, if
     /// the store says.
     in_flight_at: Option<UnixMillis>,
@@ -329,6 +340,7 @@ impl Dispatcher {
         // settled, or delivered and kept until retention.
         let scan_from = store.wake().floor_recorded();
         let horizon = store.horizon_at_open();
+        let keep_above = if store.in_doubt_window().is_some() { horizon } else { DispatchKey::MIN };
         let (in_flight_at, pulse) = (Pulse::last(store.path()), Pulse::start(store.path()));
         let policies = policy::Policies::new(store.policies());
         Dispatcher {
@@ -356,7 +368,17 @@ impl Dispatcher {
                 floor_sent: tokio::time::Instant::now(),
                 letters: Vec::new(),
             },
-            doubt: Doubt { landed: HashMap::new(), marked: HashSet::new(), horizon, in_flight_at, pulse },
+            doubt: Doubt {
+                landed: HashMap::new(),
+                marked: HashSet::new(),
+                horizon,
+                search: None,
+                recording: None,
+                produced_below: DispatchKey::MIN,
+                keep_above,
+                in_flight_at,
+                pulse,
+            },
             fenced: false,
             policies,
         }
@@ -379,7 +401,7 @@ impl Dispatcher {
             let next = if self.fenced { Next::Idle } else { self.dispatch_due().await };
             if let Next::At(due) = next {
                 // Recorded while it sleeps, not when it wakes to produce.
-                self.extend_horizon(due).await;
+                self.extend_horizon_asleep(due).await;
             }
             self.publish();
             let mut sleep = match next {
@@ -401,6 +423,11 @@ impl Dispatcher {
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
+                ended = start::search_ended(&mut self.doubt.search) => {
+                    if !self.end_search(ended, &stop).await {
+                        break;
+                    }
+                }
                 Some(report) = self.reports.rx.recv() => {
                     self.on_report(report);
                     while let Ok(report) = self.reports.rx.try_recv() {
@@ -421,9 +448,15 @@ impl Dispatcher {
     /// answers requests about them UNAVAILABLE, never CANCELLED; after a
     /// restart they are produced again.
     async fn drain(mut self) {
+        if let Some(search) = self.doubt.search.take() {
+            // Stopped with the shard: what it looked for stays in doubt.
+            metrics::RECONCILE_BESIDE.dec();
+            search.task.abort();
+            let _ = search.task.await;
+        }
         // What was read and not produced goes back.
         if let Some(reading) = self.ahead.reading.take()
-            && let Ok(Ok(batch)) = reading.task.await
+            && let Ok(Ok((batch, _))) = reading.task.await
         {
             self.ahead.ready.extend(batch.ready);
             self.settling.releasing.extend(batch.stale);

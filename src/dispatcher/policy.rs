@@ -196,6 +196,11 @@ impl Policies {
         self.table.max_lateness(tenant, topic)
     }
 
+    /// The policies as they stand now.
+    pub(super) fn table(&self) -> Arc<Table> {
+        Arc::clone(&self.table)
+    }
+
     /// Where a message of `tenant` to `topic` that names none goes when it
     /// fails or expires, by policy.
     pub(super) fn dead_letter_topic(&self, tenant: Option<&str>, topic: &str) -> Option<&str> {
@@ -431,7 +436,12 @@ impl Dispatcher {
                 }
                 self.policies.covered(&lane.key);
             }
-            match self.store.take_lane(lane.key.clone(), lane.from, self.scan.from, budget).await {
+            // While a search for what an unclean stop left in doubt runs,
+            // what lies below its window waits for it (a lane's cursor may
+            // lie there, set by a message handed over); the walk brings it
+            // back once the search ends.
+            let from = self.doubt.search.as_ref().map_or(lane.from, |s| lane.from.max(s.below()));
+            match self.store.take_lane(lane.key.clone(), from, self.scan.from, budget).await {
                 Ok(batch) => {
                     let next = batch.more.then_some(batch.next_from);
                     produced += self.handle(batch, now).await;

@@ -2,7 +2,12 @@
 //! ahead of what is produced, and the entries looked at again apart from
 //! the walk (handed over, held by the writer, unreadable, or put off).
 
-use super::{Dispatcher, GATE_RECHECK, HOLD_FOR, Next, Reading};
+use std::sync::Arc;
+
+use super::{
+    Dispatcher, GATE_RECHECK, HOLD_FOR, Next, Reading,
+    produce::{Recording, horizon_past},
+};
 use crate::{
     command::{DueBatch, Ready},
     message::UnixMillis,
@@ -10,7 +15,7 @@ use crate::{
 
 /// Messages read from the store in one go; the next chunk is read while
 /// this one is produced.
-const READ_CHUNK: usize = 2048;
+pub(super) const READ_CHUNK: usize = 2048;
 
 /// The most due entries one look goes through before the loop's upkeep.
 const LOOK_AT_MOST: usize = 64 * 1024;
@@ -42,6 +47,11 @@ impl Dispatcher {
         if let Some(from) = self.scan.rescan_from.take() {
             self.scan.from = self.scan.from.min(from);
         }
+        if let Some(search) = &self.doubt.search {
+            // What is in doubt waits for the search; the walk goes over it
+            // from its start once the search ends.
+            self.scan.from = self.scan.from.max(search.below());
+        }
         self.release_unheld(now);
         if now >= self.scan.unreadable_retry {
             self.scan.recheck.append(&mut self.scan.unreadable);
@@ -65,8 +75,22 @@ impl Dispatcher {
         }
 
         // Entries to look at again first: they are due, and behind the scan.
-        // Those found held by the writer again wait for the next look.
+        // Those found held by the writer again wait for the next look. In
+        // a backlog, those past the horizon (new messages due now) wait for
+        // the walk to reach them: they are due after what it produces, and
+        // produced now they would move the horizon past the whole backlog,
+        // all of it in doubt after a crash.
         let mut recheck = std::mem::take(&mut self.scan.recheck);
+        let behind =
+            self.ahead.after == Next::Now || self.ahead.reading.is_some() || !self.ahead.ready.is_empty();
+        let mut put_off = false;
+        if behind {
+            let horizon = self.doubt.horizon;
+            let later;
+            (recheck, later) = recheck.into_iter().partition(|(key, _)| *key < horizon);
+            put_off = !later.is_empty();
+            self.scan.recheck = later;
+        }
         while !recheck.is_empty() && room > 0 {
             let take = recheck.len().min(room).min(READ_CHUNK);
             let entries: Vec<_> = recheck.drain(..take).collect();
@@ -132,7 +156,12 @@ impl Dispatcher {
             };
             let from = reading.from;
             let mut batch = match reading.task.await {
-                Ok(Ok(batch)) => batch,
+                Ok(Ok((batch, recording))) => {
+                    if recording.is_some() {
+                        self.doubt.recording = recording;
+                    }
+                    batch
+                }
                 Ok(Err(e)) => {
                     self.store.due_read_failed(&e);
                     return Next::At(now.saturating_add(self.config.max_sleep));
@@ -157,6 +186,11 @@ impl Dispatcher {
             };
             next = self.ahead.after;
             if batch.more {
+                if let Some(last) = batch.ready.iter().map(|r| r.key).max() {
+                    // A backlog: the horizon recorded while nothing was
+                    // due may reach past much of it.
+                    self.horizon_down_to(last.successor()).await;
+                }
                 self.ahead.reading = Some(self.start_read(now));
             }
             self.ahead.ready = std::mem::take(&mut batch.ready);
@@ -165,6 +199,10 @@ impl Dispatcher {
             self.handle(batch, now).await;
         }
         self.store.metrics().in_flight.set(self.sent.len() as i64);
+        if put_off {
+            // Caught up: what waited for the walk goes on the next look.
+            return Next::Now;
+        }
         let next = self.sooner(next);
         self.sooner_for_lanes(next)
     }
@@ -206,11 +244,26 @@ impl Dispatcher {
     }
 
     /// Starts reading (and claiming) the next chunk of messages due at
-    /// `now`, from where the scan stands.
+    /// `now`, from where the scan stands, and then recording the horizon
+    /// past it (see [`horizon_past`]): while the chunk before it is
+    /// produced, not after. The chunk waits for that record only when it
+    /// is produced.
     fn start_read(&self, now: UnixMillis) -> Reading {
-        let store = self.store.clone();
+        let (store, recorder) = (self.store.clone(), Arc::clone(&self.recorder));
         let (from, limit) = (self.scan.from, READ_CHUNK.min(self.config.max_in_flight.max(1)));
-        let held = self.policies.held_lanes();
-        Reading { from, task: tokio::spawn(async move { store.take_due_but(from, now, limit, held).await }) }
+        let (held, known) = (self.policies.held_lanes(), self.doubt.horizon);
+        let task = tokio::spawn(async move {
+            let batch = store.take_due_but(from, now, limit, held).await?;
+            let recording =
+                batch.ready.iter().map(|r| r.key).max().filter(|last| *last >= known).map(|last| {
+                    let until = horizon_past(last, !batch.more);
+                    Recording {
+                        until,
+                        task: tokio::spawn(async move { recorder.extend_horizon(until).await }),
+                    }
+                });
+            Ok((batch, recording))
+        });
+        Reading { from, task }
     }
 }

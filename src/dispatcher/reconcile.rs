@@ -155,6 +155,12 @@ pub(super) async fn landed(
 ) -> Option<Vec<Found>> {
     let Some(window) = window else { return Some(Vec::new()) };
     let started = std::time::Instant::now();
+    if crate::failpoint::fires("reconcile-slow") {
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
     let in_doubt = loop {
         match store.in_doubt_messages(window).await {
             Ok(in_doubt) => break in_doubt,

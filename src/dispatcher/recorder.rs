@@ -5,8 +5,7 @@
 use std::sync::Arc;
 
 use crate::{
-    command::Settle,
-    message::UnixMillis,
+    command::{DispatchKey, Settle},
     store::{Floor, Store, StoreError},
 };
 
@@ -29,10 +28,15 @@ pub(crate) trait Recorder: Send + Sync {
     /// returns once it is recorded.
     async fn mark(&self, topic: Arc<str>, ends: Vec<(i32, i64)>) -> Result<(), StoreError>;
 
-    /// Records that the dispatcher may produce what is due up to `until`
+    /// Records that the dispatcher may produce what lies below `until`
     /// (see [`Store::extend_horizon`]); returns once that is durable. A
     /// recorder that needs no horizon answers at once.
-    async fn extend_horizon(&self, until: UnixMillis) -> Result<(), StoreError>;
+    async fn extend_horizon(&self, until: DispatchKey) -> Result<(), StoreError>;
+
+    /// Records that the dispatcher produces nothing from `until` on (lower
+    /// than the horizon recorded: nothing was produced past it); returns
+    /// once that is durable.
+    async fn lower_horizon(&self, until: DispatchKey) -> Result<(), StoreError>;
 }
 
 /// Standalone: the dispatcher records in the store itself.
@@ -63,7 +67,11 @@ impl Recorder for StoreRecorder {
         self.store.mark(topic, ends).await
     }
 
-    async fn extend_horizon(&self, until: UnixMillis) -> Result<(), StoreError> {
+    async fn extend_horizon(&self, until: DispatchKey) -> Result<(), StoreError> {
         self.store.extend_horizon(until).await
+    }
+
+    async fn lower_horizon(&self, until: DispatchKey) -> Result<(), StoreError> {
+        self.store.lower_horizon(until).await
     }
 }

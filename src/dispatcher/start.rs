@@ -1,17 +1,21 @@
 //! Before the dispatcher produces: its producer made ready (and, once
 //! another node's fenced it, taken back), the topics read back for what
 //! the shard's last dispatcher produced unrecorded, and what was found
-//! recorded as delivered (or dead-lettered).
+//! recorded as delivered (or dead-lettered). Standalone, after an unclean
+//! stop, that search runs beside the dispatcher ([`Search`]): what is not
+//! in doubt goes out meanwhile.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use super::{Dispatcher, GATE_RECHECK, dead_letter, reconcile};
 use crate::{
-    command::DispatchKey,
-    command::Outcome,
+    command::{DispatchKey, InDoubt, Outcome},
+    kafka::landed,
     message::{MessageId, PendingMessage},
+    metrics,
 };
 
 /// How long the log must have named this node the shard's owner again,
@@ -23,13 +27,43 @@ const RETAKE_GRACE: Duration = Duration::from_millis(500);
 /// that stopped before it was ready.
 const PRODUCER_RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// A search for what an unclean stop left in doubt, running beside the
+/// dispatcher (standalone).
+pub(super) struct Search {
+    pub(super) task: JoinHandle<Option<Vec<reconcile::Found>>>,
+    /// What it looks for: the walk starts at its end meanwhile.
+    pub(super) window: InDoubt,
+    /// Where the walk stood when it began: floors sent hold here until it
+    /// ends, and the walk goes on from here once it has.
+    pub(super) from: DispatchKey,
+}
+
+impl Search {
+    /// Where the walk may go while the search runs.
+    pub(super) fn below(&self) -> DispatchKey {
+        self.window.below
+    }
+}
+
+/// The end of `search`, if there is one running; else never.
+pub(super) async fn search_ended(
+    search: &mut Option<Search>,
+) -> Result<Option<Vec<reconcile::Found>>, JoinError> {
+    match search {
+        Some(search) => (&mut search.task).await,
+        None => std::future::pending().await,
+    }
+}
+
 impl Dispatcher {
     /// Before the first produce: with transactional delivery, waits until
     /// the shard's earlier producers are fenced and their open transactions
     /// resolved; then finds on their topics what the last dispatcher of
     /// the shard may have produced without recording it (after an unclean
-    /// stop, whatever was due; after a move, whatever was due before this
-    /// one took over), and records it. False if stopped first.
+    /// stop, what it had read of what was due; after a move, whatever was
+    /// due before this one took over), and records it. Standalone, that
+    /// search runs beside the dispatcher, and ends in [`Self::end_search`].
+    /// False if stopped first.
     pub(super) async fn start_producing(&mut self, stop: &CancellationToken) -> bool {
         // What is in doubt is known now; until the search for it is over, a
         // change to one of those messages is answered "dispatching" (retry),
@@ -108,23 +142,92 @@ impl Dispatcher {
                 _ = tokio::time::sleep(self.config.max_sleep) => {}
             }
         }
-        let (policies, server) = (&self.policies, self.config.dead_letter_topic.as_ref());
-        let reserved = &self.config.reserved;
-        let dead_letter_topic = |m: &PendingMessage| {
-            let policy = policies.dead_letter_topic(m.id.tenant(), &m.topic);
-            dead_letter::route(m.dead_letter_topic.as_deref(), policy, server, &m.topic, reserved)
-        };
-        match reconcile::landed(&self.store, &self.producer, search, dead_letter_topic, stop).await {
-            Some(found) => {
-                self.settle_found(found).await;
-                // Found and recorded, or not on its topic: the search can
-                // contradict no answer any more.
-                if let Err(e) = self.store.doubt(None).await {
-                    tracing::warn!(error = %e, "ending the doubt over the messages searched failed");
+        if !self.gate.claimed() && self.doubt.search.is_some() {
+            // Started over (its producer was fenced): the search goes on.
+            return true;
+        }
+        if let (false, Some(window)) = (self.gate.claimed(), search.0) {
+            // Standalone, after an unclean stop: what is not in doubt goes
+            // out while the search runs. Floors and marks wait for it.
+            match self.store.search_beside(window).await {
+                Ok(()) => {
+                    let from = self.scan.from.min(window.from);
+                    self.search_beside(window, search.1, from, stop);
+                    return true;
                 }
+                Err(e) => {
+                    tracing::warn!(error = %e, "searching beside the dispatcher failed; searching first")
+                }
+            }
+        }
+        let route = self.dead_letter_route();
+        match reconcile::landed(&self.store, &self.producer, search, route, stop).await {
+            Some(found) => {
+                self.searched(found).await;
                 true
             }
             None => false,
+        }
+    }
+
+    /// Where a message in doubt may have gone instead of its topic: its
+    /// dead-letter topic, as its own setting, the policies and the server
+    /// say now.
+    fn dead_letter_route(&self) -> impl Fn(&PendingMessage) -> Option<Arc<str>> + Send + 'static {
+        let (table, server) = (self.policies.table(), self.config.dead_letter_topic.clone());
+        let reserved = self.config.reserved.clone();
+        move |m: &PendingMessage| {
+            let policy = table.dead_letter_topic(m.id.tenant(), &m.topic);
+            dead_letter::route(m.dead_letter_topic.as_deref(), policy, server.as_ref(), &m.topic, &reserved)
+        }
+    }
+
+    /// Starts the search for `window` beside the dispatcher: until it ends,
+    /// the walk starts at the window's end, and floors sent hold at `from`
+    /// (where the walk stood), so that after another unclean stop the next
+    /// search still covers what this one looks for.
+    fn search_beside(
+        &mut self,
+        window: InDoubt,
+        late: landed::Late,
+        from: DispatchKey,
+        stop: &CancellationToken,
+    ) {
+        let (store, producer, stop) = (self.store.clone(), Arc::clone(&self.producer), stop.clone());
+        let route = self.dead_letter_route();
+        let task = tokio::spawn(async move {
+            reconcile::landed(&store, &producer, (Some(window), late), route, &stop).await
+        });
+        metrics::RECONCILE_BESIDE.inc();
+        self.doubt.search = Some(Search { task, window, from });
+    }
+
+    /// The search beside the dispatcher ended: what it found is recorded,
+    /// the doubt ends and the walk goes over what was in doubt. False if it
+    /// was stopped.
+    pub(super) async fn end_search(
+        &mut self,
+        ended: Result<Option<Vec<reconcile::Found>>, JoinError>,
+        stop: &CancellationToken,
+    ) -> bool {
+        let Some(search) = self.doubt.search.take() else { return true };
+        metrics::RECONCILE_BESIDE.dec();
+        match ended {
+            Ok(Some(found)) => {
+                // First, so that floors sent from here on hold where the
+                // walk stood until it has gone over what was in doubt.
+                self.scan.rescan(Some(search.from));
+                self.searched(found).await;
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                // Nothing it found is known: it runs again.
+                tracing::error!(error = %e, "the search for messages in doubt panicked; searching again");
+                let late = landed::Late { quiet: reconcile::LATE_APPENDS, last: std::time::Instant::now() };
+                self.search_beside(search.window, late, search.from, stop);
+                true
+            }
         }
     }
 
@@ -177,6 +280,20 @@ impl Dispatcher {
             "the log names this node the shard's owner again: dispatching with a new transactional producer"
         );
         self.start_producing(stop).await
+    }
+
+    /// The search is over: records what it found, and ends the doubt (a
+    /// change to a message that was in doubt is answered again; the marks
+    /// that waited are written).
+    async fn searched(&mut self, found: Vec<reconcile::Found>) {
+        self.settle_found(found).await;
+        // What was not found was not produced: the horizon may come down.
+        self.doubt.keep_above = DispatchKey::MIN;
+        // Found and recorded, or not on its topic: the search can
+        // contradict no answer any more.
+        if let Err(e) = self.store.doubt(None).await {
+            tracing::warn!(error = %e, "ending the doubt over the messages searched failed");
+        }
     }
 
     /// Records the messages the reconciliation found on their topics as

@@ -56,7 +56,7 @@ use health::HealthBoard;
 pub use health::StoreHealth;
 pub use held::HeldTopics;
 pub use options::{Durability, ShardOf, StoreConfig, open_db};
-pub use read::{FORECAST_EXAMINE, LIST_KEY_BYTES, ListFilter, Reader, StorePage, StoreStats};
+pub use read::{FORECAST_EXAMINE, LIST_KEY_BYTES, ListFilter, Reader, StoreMemory, StorePage, StoreStats};
 use writer::Op;
 pub use writer::{Decided, Decision, Hold, Proposed};
 pub(crate) use writer::{Local, LogEntry, Replica, SettledLine};
@@ -129,7 +129,7 @@ struct Opened {
     /// When it was opened.
     at: std::time::Instant,
     /// The dispatch horizon recorded at the open.
-    horizon: crate::message::UnixMillis,
+    horizon: crate::command::DispatchKey,
     /// Cluster mode: the log's time of the last record applied, as opened.
     log_time: crate::message::UnixMillis,
 }

@@ -396,6 +396,9 @@ async fn metrics_and_health_are_served() {
         "hourglass_dispatch_stage_seconds_bucket{stage=\"broker\"",
         "hourglass_kafka_produce_errors_total",
         "hourglass_store_size_bytes",
+        "hourglass_store_memory_bytes{part=\"block_cache\",shard=\"0\"}",
+        "hourglass_store_memory_bytes{part=\"memtables\",shard=\"0\"}",
+        "hourglass_reconcile_searching 0",
         "hourglass_grpc_requests_total{code=\"Ok\",method=\"Schedule\"}",
     ] {
         assert!(body.contains(series), "{series} missing from /metrics:\n{body}");

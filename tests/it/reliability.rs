@@ -628,6 +628,101 @@ async fn crash_with(
     Crashed { verdict, at: crashed_at, server }
 }
 
+/// 1 (continued). A restart after a kill in the middle of a drain produces
+/// what is not in doubt while the search for what is runs (slowed here by
+/// a fail point, so that it is seen running); a second kill in the middle
+/// of that search, and a third restart, send nothing twice and lose
+/// nothing. On the mock cluster, which shows a record as soon as it is
+/// appended.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_mid_drain_dispatches_beside_the_search_and_a_crash_in_it_sends_nothing_twice() {
+    let _serial = SERIAL.lock().await;
+    let mock = common::mock::Mock::start(1);
+    let topic = random_name("beside");
+    mock.topic_with(&topic, 2);
+    let brokers = mock.bootstrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::new(Path::new(BIN), dir.path(), &brokers, Durability::Sync).unwrap();
+    server.env("HOURGLASS_FAILPOINT", "dispatch-before-settle@300");
+    // What is in doubt is at most what is in flight and read ahead: a
+    // small window leaves most of the drain out of it.
+    server.env("HOURGLASS_MAX_IN_FLIGHT", "1000");
+    let mut server = server.launch().await.unwrap();
+    let ledger = Arc::new(Ledger::default());
+    let count = 12_000;
+    // All due in one millisecond, scheduled before it: a drain.
+    let spread = Spread {
+        grpc: server.grpc.clone(),
+        topic: topic.clone(),
+        run: random_name("m"),
+        count,
+        from_ms: now_ms() + 4_000,
+        over_ms: 1,
+        clients: 4,
+        batch: 200,
+        ingest_ms: 0,
+    };
+    assert_eq!(schedule_spread(spread, ledger.clone()).await, 0, "every call answered");
+    let status = server.wait_exit(Duration::from_secs(120)).await.expect("the fail point was never reached");
+    assert!(!status.success(), "the server exited cleanly instead of crashing");
+
+    // The search takes 5 s more: what lies past what the drain had read
+    // goes out meanwhile.
+    server.env("HOURGLASS_FAILPOINT", "reconcile-slow");
+    server.spawn().unwrap();
+    server.wait_serving(Duration::from_secs(60)).await.unwrap();
+    let mut beside = 0.0;
+    for _ in 0..200 {
+        let searching = server.metric("hourglass_reconcile_searching").await.unwrap_or(0.0);
+        let delivered = server.metric("hourglass_messages_delivered_total").await.unwrap_or(0.0);
+        if searching == 1.0 && delivered > 0.0 {
+            beside = delivered;
+            break;
+        }
+        assert_eq!(
+            server.metric("hourglass_reconcile_last_milliseconds").await.unwrap_or(0.0),
+            0.0,
+            "the search ended before anything was delivered beside it"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(beside > 0.0, "nothing was delivered while the search ran");
+    // Killed again in the middle of the search, while it delivers.
+    server.kill();
+    let searched_again_from = now_ms();
+    server.env("HOURGLASS_FAILPOINT", "");
+    server.spawn().unwrap();
+    server.wait_serving(Duration::from_secs(60)).await.unwrap();
+    let deliveries = collect_async(
+        &brokers,
+        &[&topic],
+        ledger.expected(),
+        Duration::from_secs(120),
+        Duration::from_secs(2),
+    )
+    .await;
+    let verdict = ledger.verdict(&deliveries);
+    let in_doubt = server.metric("hourglass_reconcile_in_doubt_total").await.unwrap_or(-1.0);
+    let found = server.metric("hourglass_reconcile_found_total").await.unwrap_or(-1.0);
+    eprintln!(
+        "a drain cut by a kill, its restart killed while searching ({beside} delivered beside the \
+         search, killed at {searched_again_from}): the last search had {in_doubt} in doubt and found \
+         {found}; {}",
+        verdict.summary()
+    );
+    verdict.assert_nothing_lost_or_early();
+    assert_eq!(verdict.acknowledged, count);
+    assert!(
+        verdict.duplicates.is_empty(),
+        "{} duplicates: {:?}",
+        verdict.duplicates.len(),
+        verdict.duplicates.iter().take(3).collect::<Vec<_>>()
+    );
+    assert!(found > 0.0, "the last search found what the two before it had produced unrecorded");
+    server.stop().unwrap();
+}
+
 /// 1 (continued). A crash while other producers write to the same topic at
 /// 20,000 records a second: after the restart, reconciliation reads back
 /// from the marks (the last deliveries recorded per partition), not the

@@ -86,6 +86,11 @@ impl Reader {
         self.store.blocking(|s| Ok(size_bytes(&s.inner.db))).await
     }
 
+    /// What RocksDB holds in memory for this store, by part.
+    pub async fn memory(&self) -> Result<StoreMemory, StoreError> {
+        self.store.blocking(|s| Ok(memory(&s.inner.db))).await
+    }
+
     /// Messages waiting for delivery.
     pub fn pending(&self) -> u64 {
         self.store.pending()
@@ -148,6 +153,40 @@ fn size_bytes(db: &DB) -> u64 {
                 .map(|p| db.property_int_value_cf(cf, p).ok().flatten().unwrap_or(0))
         })
         .sum()
+}
+
+/// What RocksDB holds in memory for one store, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreMemory {
+    /// The block cache's content (32 MiB at most): data blocks read,
+    /// and the partitions of the files' indexes and filters.
+    pub block_cache: u64,
+    /// The part of it that stays: the top levels of each file's index and
+    /// filter, and whole ones of the newest files (level 0).
+    pub pinned: u64,
+    /// Write buffers: what was written and not yet flushed to files
+    /// (64 MiB at most; nothing once the store is at rest).
+    pub memtables: u64,
+    /// What open files hold outside the cache.
+    pub table_readers: u64,
+}
+
+fn memory(db: &DB) -> StoreMemory {
+    let per_cf = |property: &str| -> u64 {
+        [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT]
+            .iter()
+            .map(|name| db.property_int_value_cf(cf(db, name), property).ok().flatten().unwrap_or(0))
+            .sum()
+    };
+    // One cache serves every column family: its figures are the same from
+    // each.
+    let cache = |property: &str| db.property_int_value(property).ok().flatten().unwrap_or(0);
+    StoreMemory {
+        block_cache: cache("rocksdb.block-cache-usage"),
+        pinned: cache("rocksdb.block-cache-pinned-usage"),
+        memtables: per_cf("rocksdb.cur-size-all-mem-tables"),
+        table_readers: per_cf("rocksdb.estimate-table-readers-mem"),
+    }
 }
 
 fn corrupt(what: impl Into<String>) -> StoreError {

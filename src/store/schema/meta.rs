@@ -82,6 +82,13 @@ pub struct Meta {
     /// Dead-lettered and not re-driven since.
     #[prost(uint64, tag = "18")]
     pub dead_lettered_total: u64,
+    /// The dispatcher produces nothing from this key on, encoded, until a
+    /// later one is recorded: finer than `dispatch_horizon_ms` (which is
+    /// kept at its time, for a build from before this field), so that a
+    /// backlog due in one millisecond is in doubt after an unclean stop
+    /// only as far as the dispatcher had read it. Empty: the time alone.
+    #[prost(bytes = "vec", tag = "19")]
+    pub dispatch_horizon: Vec<u8>,
 }
 
 impl Meta {
@@ -98,6 +105,43 @@ impl Meta {
         }
     }
 
+    /// Below which the dispatcher may have produced without recording more
+    /// (none: a store from before the horizon, where whatever was due). A
+    /// build from before the key drops it when it rewrites this record,
+    /// and keeps the time alone.
+    pub fn horizon(&self) -> Option<DispatchKey> {
+        DispatchKey::decode(&self.dispatch_horizon)
+            .or_else(|| self.dispatch_horizon_ms.map(|ms| DispatchKey::after(crate::message::UnixMillis(ms))))
+    }
+
+    /// Records that the dispatcher may produce below `until`; false if it
+    /// already could.
+    pub fn extend_horizon(&mut self, until: DispatchKey) -> bool {
+        if self.horizon().is_some_and(|h| h >= until) {
+            return false;
+        }
+        self.set_horizon(until);
+        true
+    }
+
+    /// Records that the dispatcher produced nothing from `until` on, and
+    /// will not until it records more; false if that is recorded already.
+    pub fn lower_horizon(&mut self, until: DispatchKey) -> bool {
+        if self.horizon() == Some(until) {
+            return false;
+        }
+        self.set_horizon(until);
+        true
+    }
+
+    fn set_horizon(&mut self, until: DispatchKey) {
+        self.dispatch_horizon = until.encode().to_vec();
+        // Keys below `until` were due by its time. Never lowered: a build
+        // from before the key reads the time alone, and must not find less
+        // than was produced.
+        self.dispatch_horizon_ms = Some(self.dispatch_horizon_ms.unwrap_or(0).max(until.at.0));
+    }
+
     /// Where the first pending due entry may be.
     pub fn floor(&self) -> DispatchKey {
         DispatchKey::decode(&self.floor).unwrap_or(DispatchKey::MIN)
@@ -112,3 +156,28 @@ impl Meta {
 
 /// The layout of the counts entries this release writes.
 pub(crate) const COUNTS_VERSION: u32 = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::UnixMillis;
+
+    #[test]
+    fn a_horizon_is_a_key_and_its_time_for_an_older_build() {
+        let key = |at: u64, seq: u64| DispatchKey { at: UnixMillis(at), seq };
+        let mut meta = Meta::default();
+        assert_eq!(meta.horizon(), None, "a store from before the horizon");
+        meta.dispatch_horizon_ms = Some(20);
+        assert_eq!(meta.horizon(), Some(DispatchKey::after(UnixMillis(20))), "a time alone");
+        assert!(!meta.extend_horizon(key(20, 5)), "within the time already recorded");
+        assert!(meta.extend_horizon(key(30, 5)));
+        assert_eq!(meta.horizon(), Some(key(30, 5)));
+        assert_eq!(meta.dispatch_horizon_ms, Some(30), "what an older build reads covers the key");
+        assert!(!meta.extend_horizon(key(30, 4)), "a horizon only moves on");
+        // An older build rewrites the record without the key, and may move
+        // the time on: the time alone bounds it then.
+        meta.dispatch_horizon.clear();
+        meta.dispatch_horizon_ms = Some(40);
+        assert_eq!(meta.horizon(), Some(DispatchKey::after(UnixMillis(40))));
+    }
+}

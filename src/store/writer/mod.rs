@@ -237,15 +237,22 @@ impl Store {
         self.call(|reply| Op::ProducingFrom { from, reply }).await
     }
 
-    /// Records that the dispatcher may produce what is due up to `until`;
+    /// Records that the dispatcher may produce what lies below `until`;
     /// returns once that is durable.
-    pub(crate) async fn extend_horizon(&self, until: UnixMillis) -> Result<(), StoreError> {
-        self.call(|reply| Op::Horizon { until, reply }).await
+    pub(crate) async fn extend_horizon(&self, until: DispatchKey) -> Result<(), StoreError> {
+        self.call(|reply| Op::Horizon { until, lower: false, reply }).await
     }
 
-    /// What the dispatcher may produce without recording more: what is due
-    /// up to this, as recorded at the open (0: nothing yet).
-    pub(crate) fn horizon_at_open(&self) -> UnixMillis {
+    /// Records that the dispatcher produces nothing from `until` on, lower
+    /// than the horizon recorded (the dispatcher produced nothing past
+    /// it); returns once that is durable.
+    pub(crate) async fn lower_horizon(&self, until: DispatchKey) -> Result<(), StoreError> {
+        self.call(|reply| Op::Horizon { until, lower: true, reply }).await
+    }
+
+    /// What the dispatcher may produce without recording more: what lies
+    /// below this, as recorded at the open (the lowest key: nothing yet).
+    pub(crate) fn horizon_at_open(&self) -> DispatchKey {
         self.inner.opened.horizon
     }
 
@@ -291,7 +298,15 @@ impl Store {
     /// [`StoreError::Dispatching`]: the search could still find it
     /// delivered. Takes effect before any change queued after it.
     pub(crate) async fn doubt(&self, window: Option<InDoubt>) -> Result<(), StoreError> {
-        self.send(Op::Doubt(window)).await
+        self.send(Op::Doubt { window, marks_wait: false }).await
+    }
+
+    /// As [`Self::doubt`], for a search that runs while the dispatcher
+    /// produces what is not in doubt: until the doubt ends, the marks the
+    /// dispatcher gives wait in memory, so that a search after another
+    /// unclean stop still reads from where this one's records may lie.
+    pub(crate) async fn search_beside(&self, window: InDoubt) -> Result<(), StoreError> {
+        self.send(Op::Doubt { window: Some(window), marks_wait: true }).await
     }
 
     /// Cluster mode: applies records of the shard's log partition, in

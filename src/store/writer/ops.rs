@@ -53,10 +53,12 @@ pub(crate) enum Op {
     /// The dispatcher gave these claims back without a change: requests
     /// waiting on them run again.
     Unpark(Vec<MessageId>),
-    /// The dispatcher will produce what is due up to `until`: recorded
-    /// before it does. Answered once committed.
+    /// The dispatcher will produce what lies below `until` (with `lower`,
+    /// only that, though more was recorded): recorded before it does.
+    /// Answered once committed.
     Horizon {
-        until: UnixMillis,
+        until: DispatchKey,
+        lower: bool,
         reply: Reply<()>,
     },
     /// The dispatcher will produce from `from` on, below what it said:
@@ -76,7 +78,13 @@ pub(crate) enum Op {
     /// Which pending messages a produce of an earlier dispatcher may have
     /// reached Kafka unrecorded (none: no longer any): until the search for
     /// them is over, a change to one of them is refused as dispatching.
-    Doubt(Option<InDoubt>),
+    /// `marks_wait`: the dispatcher produces while the search runs, so
+    /// the marks it gives wait in memory until the doubt ends (see
+    /// [`HeldMarks`](super::state::HeldMarks)).
+    Doubt {
+        window: Option<InDoubt>,
+        marks_wait: bool,
+    },
     /// Produces whose outcome the dispatcher will not learn: it stopped
     /// before Kafka answered. Requests waiting on them are told so; their
     /// claims stay until the store closes, and the store does not count as
@@ -171,7 +179,7 @@ pub(super) fn refuse(op: Op, error: StoreError) {
         Op::Settle { .. }
         | Op::Unpark(_)
         | Op::InDoubt(_)
-        | Op::Doubt(_)
+        | Op::Doubt { .. }
         | Op::Unhold(_)
         | Op::Tick
         | Op::Close => {}

@@ -17,7 +17,7 @@ use super::{
     park::Parking,
     replica::LogEntry,
     round::Round,
-    state::{ReplicaHolds, Shared, Writer, WriterConfig},
+    state::{HeldMarks, ReplicaHolds, Shared, Writer, WriterConfig},
 };
 use crate::{
     command::{Answer, InDoubt},
@@ -62,9 +62,9 @@ impl Writer {
         };
         // A store that never took a message (a new one) has nothing in
         // doubt, however it was left.
-        let due_by = meta.dispatch_horizon_ms.map_or(now, |horizon| now.min(UnixMillis(horizon)));
+        let due_by = DispatchKey::after(now);
         let in_doubt = (!meta.closed_cleanly && meta.next_seq > 0).then_some(InDoubt {
-            below: DispatchKey::after(due_by),
+            below: meta.horizon().map_or(due_by, |horizon| horizon.min(due_by)),
             before_seq: meta.next_seq,
             from: meta.produced_from(),
         });
@@ -112,6 +112,7 @@ impl Writer {
             handed: VecDeque::new(),
             unresolved: 0,
             marks,
+            held_marks: None,
             replica: ReplicaHolds::default(),
             closing_since: None,
         };
@@ -131,8 +132,8 @@ impl Writer {
     }
 
     /// What the dispatcher may produce without recording more.
-    pub(crate) fn horizon(&self) -> UnixMillis {
-        UnixMillis(self.meta.dispatch_horizon_ms.unwrap_or(0))
+    pub(crate) fn horizon(&self) -> DispatchKey {
+        self.meta.horizon().unwrap_or(DispatchKey::MIN)
     }
 
     /// Which shard of how many the store says it is.
@@ -207,10 +208,18 @@ impl Writer {
         self.failed_commits = 0;
     }
 
-    /// Records a clean close when nothing was left in doubt, then syncs.
+    /// Records a clean close when nothing was left in doubt, then syncs. A
+    /// search beside the dispatcher for what an earlier unclean stop left
+    /// in doubt that has not ended leaves it in doubt still: the next open
+    /// searches again.
     fn close_cleanly(&mut self) {
         let db = Arc::clone(&self.shared.db);
-        if self.unresolved == 0 {
+        if self.in_doubt.is_some() && self.held_marks.is_some() {
+            tracing::warn!(
+                "closed before the search for what the last unclean stop left in doubt ended: it runs \
+                 again after the restart"
+            );
+        } else if self.unresolved == 0 {
             let mut meta = self.meta.clone();
             meta.closed_cleanly = true;
             let mut opts = WriteOptions::default();
@@ -329,9 +338,8 @@ impl Writer {
                     self.again.extend(parked.into_iter().map(|p| p.op));
                 }
             }
-            Op::Horizon { until, reply } => {
-                r.meta.dispatch_horizon_ms = Some(r.meta.dispatch_horizon_ms.unwrap_or(0).max(until.0));
-                r.probe = true;
+            Op::Horizon { until, lower, reply } => {
+                r.probe |= if lower { r.meta.lower_horizon(until) } else { r.meta.extend_horizon(until) };
                 r.reply(reply, Ok(()));
             }
             Op::ProducingFrom { from, reply } => {
@@ -386,7 +394,14 @@ impl Writer {
                 r.reply(reply, Ok(decided));
             }
             Op::Unhold(id) => self.unhold(&id),
-            Op::Doubt(window) => self.in_doubt = window,
+            Op::Doubt { window, marks_wait } => {
+                self.in_doubt = window;
+                if window.is_none() {
+                    self.release_marks(r);
+                } else if marks_wait {
+                    self.held_marks.get_or_insert_with(HeldMarks::default);
+                }
+            }
             Op::Apply { entries, reply } => {
                 let db = r.db;
                 let round = std::mem::replace(r, Round::new(db, self.meta.clone()));

@@ -83,10 +83,28 @@ pub(crate) struct Writer {
     /// see [`schema::mark_key`](crate::store::schema::mark_key). Raised by
     /// each delivery, in the commit that records it.
     pub(super) marks: HashMap<(Arc<str>, i32), i64>,
+    /// While a search for what an unclean stop left in doubt runs beside
+    /// the dispatcher: the marks it gave meanwhile.
+    pub(super) held_marks: Option<HeldMarks>,
     /// Cluster mode: messages held for a change, or changed while the
     /// dispatcher held them.
     pub(super) replica: ReplicaHolds,
     pub(super) closing_since: Option<Instant>,
+}
+
+/// Marks given while a search for what an unclean stop left in doubt runs
+/// beside the dispatcher, written when the doubt ends. Written at once, a
+/// mark raised by a delivery made during the search would, after a second
+/// unclean stop, start the next search past records of the first that
+/// the first search had not yet found: they would be produced again. A
+/// partition's first mark waits too (its topic's records of the stopped
+/// process may lie before it). At most one of each per target partition.
+#[derive(Default)]
+pub(super) struct HeldMarks {
+    /// Where partitions without a mark ended before their first produce.
+    pub(super) first: HashMap<(Arc<str>, i32), i64>,
+    /// Past the deliveries recorded meanwhile.
+    pub(super) raised: HashMap<(Arc<str>, i32), i64>,
 }
 
 /// A replica of a log (cluster mode): the messages changes wait on.
