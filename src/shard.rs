@@ -142,7 +142,9 @@ async fn probe_while_failing(store: Store, stop: CancellationToken) {
 /// Purges settled messages past retention, compacts the settled head of the
 /// due CF, updates the store gauges and returns freed heap to the kernel.
 /// A store that took no write for a whole round is at rest: its memtables
-/// are written out once, so that a quiet backlog costs no write buffers.
+/// are written out once and its block cache shrinks to what stays pinned,
+/// so that a quiet backlog costs no write buffers and no cached blocks;
+/// the next round that finds a write gives the cache its size back.
 async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every: Duration) {
     const COMPACT_EVERY: u32 = 20;
     let Purge { store, stop, .. } = &purge;
@@ -169,6 +171,19 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
             Ok(bytes) => store.metrics().size.set(i64::try_from(bytes).unwrap_or(i64::MAX)),
             Err(e) => tracing::warn!(error = %e, "reading the store's size failed"),
         }
+        let write = store.write_seq();
+        if write != last_write {
+            if at_rest {
+                store.in_use();
+            }
+            (last_write, at_rest) = (write, false);
+        } else if !at_rest {
+            at_rest = true;
+            if let Err(e) = store.rest().await {
+                tracing::warn!(error = %e, "writing out the memtables of a store at rest failed");
+            }
+        }
+        // Read after the memtables of a store at rest are written out.
         match store.reader().memory().await {
             Ok(m) => {
                 let parts = [m.block_cache, m.pinned, m.memtables, m.table_readers];
@@ -177,15 +192,6 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reading the store's memory failed"),
-        }
-        let write = store.write_seq();
-        if write != last_write {
-            (last_write, at_rest) = (write, false);
-        } else if !at_rest {
-            at_rest = true;
-            if let Err(e) = store.flush_memtables().await {
-                tracing::warn!(error = %e, "writing out the memtables of a store at rest failed");
-            }
         }
         // Bursts leave freed heap behind; hand it back while idle-ish.
         tokio::task::spawn_blocking(crate::memory::trim);

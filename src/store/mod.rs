@@ -71,6 +71,7 @@ pub struct Store {
 
 struct Inner {
     db: Arc<DB>,
+    cache: BlockCache,
     ops: mpsc::Sender<Op>,
     claims: Arc<Claims>,
     wake: Arc<Wake>,
@@ -87,6 +88,13 @@ struct Inner {
     purge: PurgeCursors,
     /// The dispatch policies, as of the last commit that changed them.
     policies: Arc<watch::Sender<Arc<crate::policy::Table>>>,
+}
+
+/// The block cache the store's column families share, and its size while
+/// the store is in use.
+struct BlockCache {
+    cache: rocksdb::Cache,
+    bytes: usize,
 }
 
 /// How many messages are pending, and how many may be.

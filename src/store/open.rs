@@ -14,11 +14,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backlog, Durability, Inner, Lifecycle, LogPosition, Opened, PurgeCursors, Store, StoreConfig, StoreError,
-    Threads,
+    Backlog, BlockCache, Durability, Inner, Lifecycle, LogPosition, Opened, PurgeCursors, Store, StoreConfig,
+    StoreError, Threads,
     claims::{Claims, Wake},
     health::HealthBoard,
-    open_db, schema, verify,
+    options::open_db_with_cache,
+    schema, verify,
     writer::{Op, Shared, Writer, WriterConfig},
 };
 use crate::{
@@ -39,7 +40,8 @@ impl Store {
         };
         std::fs::create_dir_all(&config.path)
             .map_err(|e| StoreError::Io(format!("creating {}: {e}", config.path.display())))?;
-        let db = Arc::new(open_db(config).map_err(with_report)?);
+        let (db, cache) = open_db_with_cache(config).map_err(with_report)?;
+        let db = Arc::new(db);
         let metrics = ShardMetrics::of(config.shard.shard);
         let (ops, rx) = mpsc::channel(16 * 1024);
         let shared = Shared {
@@ -92,6 +94,7 @@ impl Store {
         let store = Store {
             inner: Arc::new(Inner {
                 db,
+                cache: BlockCache { cache, bytes: config.cache_bytes },
                 ops,
                 claims,
                 wake,

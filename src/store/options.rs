@@ -107,6 +107,11 @@ impl StoreConfig {
 /// checks), with no writer: for the store itself, and for tools that
 /// measure what RocksDB does with hourglass's options.
 pub fn open_db(config: &StoreConfig) -> Result<DB, StoreError> {
+    open_db_with_cache(config).map(|(db, _)| db)
+}
+
+/// [`open_db`], with the block cache its column families share.
+pub(crate) fn open_db_with_cache(config: &StoreConfig) -> Result<(DB, Cache), StoreError> {
     let cache = Cache::new_lru_cache(config.cache_bytes);
     let table = |bloom: bool| {
         let mut t = BlockBasedOptions::default();
@@ -165,7 +170,7 @@ pub fn open_db(config: &StoreConfig) -> Result<DB, StoreError> {
         ColumnFamilyDescriptor::new(schema::CF_MESSAGES, messages),
         ColumnFamilyDescriptor::new(schema::CF_CHECKPOINT, checkpoint),
     ];
-    Ok(DB::open_cf_descriptors(&db_opts, &config.path, cfs)?)
+    Ok((DB::open_cf_descriptors(&db_opts, &config.path, cfs)?, cache))
 }
 
 /// The handle of a column family the store opened.

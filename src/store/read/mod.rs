@@ -112,6 +112,10 @@ impl Reader {
     }
 }
 
+/// What the block cache keeps beyond its pinned blocks while the store is
+/// at rest.
+const REST_CACHE_BYTES: usize = 1 << 20;
+
 /// The store's own upkeep, each on a blocking thread.
 impl Store {
     /// RocksDB's sequence number: it moves with every write.
@@ -119,9 +123,13 @@ impl Store {
         self.inner.db.latest_sequence_number()
     }
 
-    /// Writes the memtables out, so that a store at rest holds no write
-    /// buffers in memory.
-    pub async fn flush_memtables(&self) -> Result<(), StoreError> {
+    /// A store at rest: writes the memtables out and lets the block cache
+    /// shrink to what stays pinned (the top levels of indexes and filters),
+    /// so that a quiet backlog holds neither write buffers nor cached
+    /// blocks. [`Self::in_use`] gives the cache back its size.
+    pub async fn rest(&self) -> Result<(), StoreError> {
+        let mut cache = self.inner.cache.cache.clone();
+        cache.set_capacity(REST_CACHE_BYTES);
         self.blocking(|s| {
             let db = &s.inner.db;
             for name in [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT] {
@@ -130,6 +138,13 @@ impl Store {
             Ok(())
         })
         .await
+    }
+
+    /// The store is written again after a rest: the block cache gets its
+    /// size back.
+    pub fn in_use(&self) {
+        let mut cache = self.inner.cache.cache.clone();
+        cache.set_capacity(self.inner.cache.bytes);
     }
 
     /// Drops the tombstones that cancels, retries and purges left in the
@@ -178,9 +193,11 @@ fn memory(db: &DB) -> StoreMemory {
             .map(|name| db.property_int_value_cf(cf(db, name), property).ok().flatten().unwrap_or(0))
             .sum()
     };
-    // One cache serves every column family: its figures are the same from
-    // each.
-    let cache = |property: &str| db.property_int_value(property).ok().flatten().unwrap_or(0);
+    // One cache serves the column families: its figures are the same from
+    // each of them (not from the default one, which has its own).
+    let cache = |property: &str| {
+        db.property_int_value_cf(cf(db, schema::CF_DUE), property).ok().flatten().unwrap_or(0)
+    };
     StoreMemory {
         block_cache: cache("rocksdb.block-cache-usage"),
         pinned: cache("rocksdb.block-cache-pinned-usage"),
