@@ -82,7 +82,6 @@ struct Inner {
     health: Arc<HealthBoard>,
     metrics: ShardMetrics,
     threads: Threads,
-    path: PathBuf,
     lifecycle: Lifecycle,
     opened: Opened,
     purge: PurgeCursors,
@@ -130,6 +129,8 @@ struct Lifecycle {
 
 /// What the store was found to hold when it was opened.
 struct Opened {
+    /// Where.
+    path: PathBuf,
     recorded_shard: ShardOf,
     /// What may have been produced and not recorded before the store was
     /// opened: none if it was closed cleanly.
@@ -170,10 +171,10 @@ impl Store {
     pub(crate) fn report_damage(&self, detail: &str) {
         let mut damage = self.inner.lifecycle.damage.lock().unwrap_or_else(|e| e.into_inner());
         if damage.is_none() {
-            let path = self.inner.path.display();
+            let path = self.inner.opened.path.display();
             let report = format!(
                 "the store in {path} is corrupt: {}",
-                verify::damage_report(detail, &self.inner.path)
+                verify::damage_report(detail, &self.inner.opened.path)
             );
             tracing::error!("{report}");
             *damage = Some(report);
@@ -307,7 +308,7 @@ impl Store {
     }
 
     pub fn path(&self) -> &Path {
-        &self.inner.path
+        &self.inner.opened.path
     }
 
     /// RocksDB's identity of this store: made when the store was created,

@@ -104,13 +104,13 @@ impl Store {
                 health,
                 metrics,
                 threads: Threads { writer: Mutex::new(Some(handle)), verifier: Mutex::new(None) },
-                path: config.path.clone(),
                 lifecycle: Lifecycle {
                     damaged: CancellationToken::new(),
                     damage: Mutex::new(None),
                     closing: CancellationToken::new(),
                 },
                 opened: Opened {
+                    path: config.path.clone(),
                     recorded_shard,
                     in_doubt,
                     at: std::time::Instant::now(),

@@ -17,7 +17,7 @@ use super::{
     park::Parking,
     replica::LogEntry,
     round::Round,
-    state::{HeldMarks, ReplicaHolds, Shared, Writer, WriterConfig},
+    state::{HeldMarks, Marks, ReplicaHolds, Shared, Writer, WriterConfig},
 };
 use crate::{
     command::{Answer, InDoubt},
@@ -111,8 +111,7 @@ impl Writer {
             chunk_high,
             handed: VecDeque::new(),
             unresolved: 0,
-            marks,
-            held_marks: None,
+            marks: Marks { set: marks, held: None },
             replica: ReplicaHolds::default(),
             closing_since: None,
         };
@@ -214,7 +213,7 @@ impl Writer {
     /// searches again.
     fn close_cleanly(&mut self) {
         let db = Arc::clone(&self.shared.db);
-        if self.in_doubt.is_some() && self.held_marks.is_some() {
+        if self.in_doubt.is_some() && self.marks.held.is_some() {
             tracing::warn!(
                 "closed before the search for what the last unclean stop left in doubt ended: it runs \
                  again after the restart"
@@ -399,7 +398,7 @@ impl Writer {
                 if window.is_none() {
                     self.release_marks(r);
                 } else if marks_wait {
-                    self.held_marks.get_or_insert_with(HeldMarks::default);
+                    self.marks.held.get_or_insert_with(HeldMarks::default);
                 }
             }
             Op::Apply { entries, reply } => {

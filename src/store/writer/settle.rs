@@ -24,14 +24,14 @@ impl Writer {
         ends: impl IntoIterator<Item = (i32, i64)>,
     ) {
         for (partition, end) in ends {
-            if let Some(held) = &mut self.held_marks {
-                if !self.marks.contains_key(&(Arc::clone(topic), partition)) {
+            if let Some(held) = &mut self.marks.held {
+                if !self.marks.set.contains_key(&(Arc::clone(topic), partition)) {
                     held.first.entry((Arc::clone(topic), partition)).or_insert(end);
                 }
                 continue;
             }
             if let std::collections::hash_map::Entry::Vacant(mark) =
-                self.marks.entry((Arc::clone(topic), partition))
+                self.marks.set.entry((Arc::clone(topic), partition))
             {
                 mark.insert(end);
                 r.put_mark(topic, partition, end);
@@ -42,7 +42,7 @@ impl Writer {
     /// The doubt is over: the marks that waited are written, first marks
     /// before the deliveries that raise them.
     pub(super) fn release_marks(&mut self, r: &mut Round) {
-        let Some(held) = self.held_marks.take() else { return };
+        let Some(held) = self.marks.held.take() else { return };
         for ((topic, partition), end) in held.first {
             self.set_marks(r, &topic, [(partition, end)]);
         }
@@ -58,16 +58,16 @@ impl Writer {
     /// answered before it, and is recorded in this commit or before it.
     pub(super) fn raise_mark(&mut self, r: &mut Round, topic: &Arc<str>, partition: i32, offset: i64) {
         let next = offset.saturating_add(1);
-        if let Some(held) = &mut self.held_marks {
+        if let Some(held) = &mut self.marks.held {
             let raised = held.raised.entry((Arc::clone(topic), partition)).or_insert(next);
             *raised = (*raised).max(next);
             return;
         }
-        match self.marks.get_mut(&(Arc::clone(topic), partition)) {
+        match self.marks.set.get_mut(&(Arc::clone(topic), partition)) {
             Some(mark) if *mark >= next => return,
             Some(mark) => *mark = next,
             None => {
-                self.marks.insert((Arc::clone(topic), partition), next);
+                self.marks.set.insert((Arc::clone(topic), partition), next);
             }
         }
         r.put_mark(topic, partition, next);

@@ -79,17 +79,23 @@ pub(crate) struct Writer {
     pub(super) handed: VecDeque<(u64, DispatchKey)>,
     /// Produces reported in doubt at shutdown.
     pub(super) unresolved: usize,
-    /// Where no record of this store lies before, per target partition:
-    /// see [`schema::mark_key`](crate::store::schema::mark_key). Raised by
-    /// each delivery, in the commit that records it.
-    pub(super) marks: HashMap<(Arc<str>, i32), i64>,
-    /// While a search for what an unclean stop left in doubt runs beside
-    /// the dispatcher: the marks it gave meanwhile.
-    pub(super) held_marks: Option<HeldMarks>,
+    /// Where no record of this store lies before, per target partition.
+    pub(super) marks: Marks,
     /// Cluster mode: messages held for a change, or changed while the
     /// dispatcher held them.
     pub(super) replica: ReplicaHolds,
     pub(super) closing_since: Option<Instant>,
+}
+
+/// Where no record of this store lies before, per target partition: see
+/// [`schema::mark_key`](crate::store::schema::mark_key). Raised by each
+/// delivery, in the commit that records it.
+#[derive(Default)]
+pub(super) struct Marks {
+    pub(super) set: HashMap<(Arc<str>, i32), i64>,
+    /// While a search for what an unclean stop left in doubt runs beside
+    /// the dispatcher: the marks it gave meanwhile.
+    pub(super) held: Option<HeldMarks>,
 }
 
 /// Marks given while a search for what an unclean stop left in doubt runs
