@@ -75,22 +75,8 @@ impl Dispatcher {
         }
 
         // Entries to look at again first: they are due, and behind the scan.
-        // Those found held by the writer again wait for the next look. In
-        // a backlog, those past the horizon (new messages due now) wait for
-        // the walk to reach them: they are due after what it produces, and
-        // produced now they would move the horizon past the whole backlog,
-        // all of it in doubt after a crash.
+        // Those found held by the writer again wait for the next look.
         let mut recheck = std::mem::take(&mut self.scan.recheck);
-        let behind =
-            self.ahead.after == Next::Now || self.ahead.reading.is_some() || !self.ahead.ready.is_empty();
-        let mut put_off = false;
-        if behind {
-            let horizon = self.doubt.horizon;
-            let later;
-            (recheck, later) = recheck.into_iter().partition(|(key, _)| *key < horizon);
-            put_off = !later.is_empty();
-            self.scan.recheck = later;
-        }
         while !recheck.is_empty() && room > 0 {
             let take = recheck.len().min(room).min(READ_CHUNK);
             let entries: Vec<_> = recheck.drain(..take).collect();
@@ -199,10 +185,6 @@ impl Dispatcher {
             self.handle(batch, now).await;
         }
         self.store.metrics().in_flight.set(self.sent.len() as i64);
-        if put_off {
-            // Caught up: what waited for the walk goes on the next look.
-            return Next::Now;
-        }
         let next = self.sooner(next);
         self.sooner_for_lanes(next)
     }
