@@ -40,7 +40,7 @@ impl Dispatcher {
         // The walk's reads record the horizon as they claim (see
         // `start_read`); anything else past it is recorded here.
         if let Some(last) = batch.ready.iter().map(|r| r.key).max() {
-            self.extend_horizon(last.successor(), super::produce::horizon_past(last, false)).await;
+            self.doubt.horizon.before_producing(last).await;
         }
         if !batch.ready.is_empty() {
             // Written before anything is handed to the producer, so that

@@ -75,13 +75,10 @@
 //! reads ([`read_ahead`]), what it does with what it read ([`produce`]),
 //! the topics it holds back ([`topics`]), what became of its produces
 //! ([`settle`], in send order by [`sent`]), and what it does before it
-//! produces ([`start`], [`reconcile`]).
+//! produces ([`start`], [`reconcile`]) and what bounds the doubt an
+//! unclean stop leaves ([`doubt`]).
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -98,6 +95,7 @@ use crate::{
 
 mod config;
 mod dead_letter;
+mod doubt;
 mod gate;
 mod handle;
 mod policy;
@@ -112,6 +110,7 @@ mod start;
 mod topics;
 
 pub(crate) use config::DispatcherConfig;
+use doubt::Doubt;
 pub(crate) use gate::{AlwaysOpen, Gate};
 use pulse::Pulse;
 pub(crate) use reconcile::CLAIM_GRACE;
@@ -133,7 +132,7 @@ const GATE_RECHECK: Duration = Duration::from_millis(50);
 /// the horizon it recorded for it.
 struct Reading {
     from: DispatchKey,
-    task: tokio::task::JoinHandle<Result<(DueBatch, Option<produce::Recording>), StoreError>>,
+    task: tokio::task::JoinHandle<Result<(DueBatch, Option<doubt::Recording>), StoreError>>,
 }
 
 /// What the dispatcher knows of one topic it is holding back or producing to.
@@ -277,37 +276,6 @@ impl Settling {
     }
 }
 
-/// What bounds the doubt an unclean stop leaves (the marks, the horizon),
-/// and what the search for it found.
-struct Doubt {
-    /// Messages found on their topic (or dead-letter topic) by the
-    /// reconciliation that could not be claimed then: recorded as found
-    /// when claimed from the same due entry, not produced again.
-    landed: HashMap<MessageId, (DispatchKey, Outcome)>,
-    /// Topics whose partitions the store has marks for.
-    marked: HashSet<Arc<str>>,
-    /// Nothing from this key on is produced until the recorder has
-    /// recorded a later horizon, so that after an unclean stop only what
-    /// lies below it is in doubt. (Standalone, the store records it; the
-    /// log needs none, and its recorder answers at once.)
-    horizon: DispatchKey,
-    /// The search for what the last unclean stop left in doubt, while it
-    /// runs beside the dispatcher.
-    search: Option<start::Search>,
-    /// A horizon being recorded for a chunk read ahead.
-    recording: Option<produce::Recording>,
-    /// Everything handed to the producer lies below this.
-    produced_below: DispatchKey,
-    /// While what an unclean stop left in doubt is unresolved: the horizon
-    /// it left, below which the horizon is not brought.
-    keep_above: DispatchKey,
-    /// When the process before this one last had produces unanswered, if
-    /// the store says.
-    in_flight_at: Option<UnixMillis>,
-    /// When this one last had.
-    pulse: Pulse,
-}
-
 /// What to do after a look at the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
@@ -339,9 +307,9 @@ impl Dispatcher {
         // Nothing below the store's floor is pending: what lies there is
         // settled, or delivered and kept until retention.
         let scan_from = store.wake().floor_recorded();
-        let horizon = store.horizon_at_open();
-        let keep_above = if store.in_doubt_window().is_some() { horizon } else { DispatchKey::MIN };
         let (in_flight_at, pulse) = (Pulse::last(store.path()), Pulse::start(store.path()));
+        let in_doubt = store.in_doubt_window().is_some();
+        let doubt = Doubt::new(Arc::clone(&recorder), store.horizon_at_open(), in_doubt, in_flight_at, pulse);
         let policies = policy::Policies::new(store.policies());
         Dispatcher {
             store,
@@ -368,17 +336,7 @@ impl Dispatcher {
                 floor_sent: tokio::time::Instant::now(),
                 letters: Vec::new(),
             },
-            doubt: Doubt {
-                landed: HashMap::new(),
-                marked: HashSet::new(),
-                horizon,
-                search: None,
-                recording: None,
-                produced_below: DispatchKey::MIN,
-                keep_above,
-                in_flight_at,
-                pulse,
-            },
+            doubt,
             fenced: false,
             policies,
         }
@@ -401,7 +359,7 @@ impl Dispatcher {
             let next = if self.fenced { Next::Idle } else { self.dispatch_due().await };
             if let Next::At(due) = next {
                 // Recorded while it sleeps, not when it wakes to produce.
-                self.extend_horizon_asleep(due).await;
+                self.doubt.horizon.extend_asleep(due).await;
             }
             self.publish();
             let mut sleep = match next {
@@ -423,7 +381,7 @@ impl Dispatcher {
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
-                ended = start::search_ended(&mut self.doubt.search) => {
+                ended = self.doubt.search_ended() => {
                     if !self.end_search(ended, &stop).await {
                         break;
                     }
@@ -448,12 +406,7 @@ impl Dispatcher {
     /// answers requests about them UNAVAILABLE, never CANCELLED; after a
     /// restart they are produced again.
     async fn drain(mut self) {
-        if let Some(search) = self.doubt.search.take() {
-            // Stopped with the shard: what it looked for stays in doubt.
-            metrics::RECONCILE_BESIDE.dec();
-            search.task.abort();
-            let _ = search.task.await;
-        }
+        self.doubt.stop_search().await;
         // What was read and not produced goes back.
         if let Some(reading) = self.ahead.reading.take()
             && let Ok(Ok((batch, _))) = reading.task.await

@@ -440,7 +440,7 @@ impl Dispatcher {
             // what lies below its window waits for it (a lane's cursor may
             // lie there, set by a message handed over); the walk brings it
             // back once the search ends.
-            let from = self.doubt.search.as_ref().map_or(lane.from, |s| lane.from.max(s.below()));
+            let from = self.doubt.walk_from(lane.from);
             match self.store.take_lane(lane.key.clone(), from, self.scan.from, budget).await {
                 Ok(batch) => {
                     let next = batch.more.then_some(batch.next_from);

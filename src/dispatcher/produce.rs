@@ -1,7 +1,7 @@
 //! Producing: a message handed to the producer (with whether it keeps its
-//! record for a dead-letter topic), and what is recorded before a produce,
-//! so that an unclean stop leaves little in doubt (the topic's mark, the
-//! dispatch horizon).
+//! record for a dead-letter topic), and the topic's mark recorded before
+//! its first produce, so that an unclean stop leaves little in doubt (see
+//! [`doubt`](super::doubt)).
 
 use std::{sync::Arc, time::Duration};
 
@@ -9,100 +9,9 @@ use super::{
     Dispatcher,
     sent::{Dead, InFlight},
 };
-use crate::{
-    command::{DispatchKey, Ready},
-    kafka::DeliveryReport,
-    message::{Outgoing, UnixMillis},
-    store::StoreError,
-};
-
-/// How far past what it is about to produce the dispatcher records its
-/// horizon once it has caught up: a commit per this much of due time at
-/// most, and what is in doubt after an unclean stop is what was due up to
-/// this much later.
-pub(super) const HORIZON_AHEAD: Duration = Duration::from_secs(5);
-
-/// The horizon to record before producing up to `last`: [`HORIZON_AHEAD`]
-/// past its time once nothing more is due (`caught_up`); in a backlog,
-/// just past it, so that an unclean stop in the middle of a backlog leaves
-/// in doubt only what was read of it (a chunk ahead of what went out), not
-/// all that was due by then. One commit per chunk of a backlog.
-pub(super) fn horizon_past(last: DispatchKey, caught_up: bool) -> DispatchKey {
-    let next = last.successor();
-    if caught_up { next.max(DispatchKey::after(last.at.saturating_add(HORIZON_AHEAD))) } else { next }
-}
-
-/// A horizon being recorded, for a chunk read ahead.
-pub(super) struct Recording {
-    pub(super) until: DispatchKey,
-    pub(super) task: tokio::task::JoinHandle<Result<(), StoreError>>,
-}
+use crate::{command::Ready, kafka::DeliveryReport, message::Outgoing};
 
 impl Dispatcher {
-    /// Waits for the horizon being recorded, if any.
-    async fn recorded(&mut self) {
-        let Some(Recording { until, task }) = self.doubt.recording.take() else { return };
-        match task.await {
-            Ok(Ok(())) => self.doubt.horizon = self.doubt.horizon.max(until),
-            // Recorded again before anything past the horizon is produced.
-            Ok(Err(e)) => tracing::warn!(error = %e, "recording the dispatch horizon failed"),
-            Err(e) => tracing::warn!(error = %e, "recording the dispatch horizon failed"),
-        }
-    }
-
-    /// While it sleeps until `due`: records a horizon [`HORIZON_AHEAD`]
-    /// past it, so that what is due then goes out on waking without a
-    /// commit. (A backlog found there brings it down again: see
-    /// [`Self::horizon_down_to`].)
-    pub(super) async fn extend_horizon_asleep(&mut self, due: UnixMillis) {
-        let due = DispatchKey { at: due, seq: u64::MAX };
-        self.extend_horizon(due.successor(), horizon_past(due, true)).await;
-    }
-
-    /// A backlog was found: brings the horizon down to `until` (past the
-    /// chunk just read), if it was recorded further ahead while nothing
-    /// was due, so that a crash in the backlog leaves in doubt what was
-    /// read of it, not all of it. Never below what was handed to the
-    /// producer, or to be sent to a dead-letter topic; nor, while what an
-    /// earlier unclean stop left in doubt is unresolved, below the horizon
-    /// it left.
-    pub(super) async fn horizon_down_to(&mut self, until: DispatchKey) {
-        let until = self
-            .settling
-            .letters
-            .iter()
-            .map(|l| l.key().successor())
-            .fold(until.max(self.doubt.produced_below).max(self.doubt.keep_above), DispatchKey::max);
-        if until >= self.doubt.horizon {
-            return;
-        }
-        // What is being recorded lands first, not after it.
-        self.recorded().await;
-        match self.recorder.lower_horizon(until).await {
-            Ok(()) => self.doubt.horizon = until,
-            Err(e) => tracing::warn!(error = %e, "bringing the dispatch horizon down failed"),
-        }
-    }
-
-    /// Records a horizon at `until` (in the store, standalone; the log
-    /// needs none) before anything at or past the recorded one, below
-    /// `needed`, is produced.
-    pub(super) async fn extend_horizon(&mut self, needed: DispatchKey, until: DispatchKey) {
-        if needed <= self.doubt.horizon {
-            return;
-        }
-        self.recorded().await;
-        if needed <= self.doubt.horizon {
-            return;
-        }
-        match self.recorder.extend_horizon(until).await {
-            Ok(()) => self.doubt.horizon = self.doubt.horizon.max(until),
-            // Produced anyway: after a crash, what went out past the
-            // recorded horizon is produced again, never lost.
-            Err(e) => tracing::warn!(error = %e, "recording the dispatch horizon failed"),
-        }
-    }
-
     /// Before the first produce of this store to `topic`: marks where its
     /// partitions end, unless they have marks, so that a search for what
     /// an unclean stop left unrecorded starts there (see
@@ -154,7 +63,7 @@ impl Dispatcher {
         let token = self.sent.next_token();
         let (sent_at, sent_wall) = (tokio::time::Instant::now(), self.clock.now());
         let outgoing = Outgoing { id: &ready.id, due: ready.due, envelope: &ready.envelope };
-        self.doubt.produced_below = self.doubt.produced_below.max(ready.key.successor());
+        self.doubt.horizon.produced(ready.key);
         let queued = self.producer.send(outgoing, token, &self.reports.tx);
         let dead = match letter {
             None if keep => Some(Dead::Fallback { envelope: ready.envelope }),

@@ -2,12 +2,7 @@
 //! ahead of what is produced, and the entries looked at again apart from
 //! the walk (handed over, held by the writer, unreadable, or put off).
 
-use std::sync::Arc;
-
-use super::{
-    Dispatcher, GATE_RECHECK, HOLD_FOR, Next, Reading,
-    produce::{Recording, horizon_past},
-};
+use super::{Dispatcher, GATE_RECHECK, HOLD_FOR, Next, Reading};
 use crate::{
     command::{DueBatch, Ready},
     message::UnixMillis,
@@ -15,7 +10,7 @@ use crate::{
 
 /// Messages read from the store in one go; the next chunk is read while
 /// this one is produced.
-pub(super) const READ_CHUNK: usize = 2048;
+const READ_CHUNK: usize = 2048;
 
 /// The most due entries one look goes through before the loop's upkeep.
 const LOOK_AT_MOST: usize = 64 * 1024;
@@ -47,11 +42,7 @@ impl Dispatcher {
         if let Some(from) = self.scan.rescan_from.take() {
             self.scan.from = self.scan.from.min(from);
         }
-        if let Some(search) = &self.doubt.search {
-            // What is in doubt waits for the search; the walk goes over it
-            // from its start once the search ends.
-            self.scan.from = self.scan.from.max(search.below());
-        }
+        self.scan.from = self.doubt.walk_from(self.scan.from);
         self.release_unheld(now);
         if now >= self.scan.unreadable_retry {
             self.scan.recheck.append(&mut self.scan.unreadable);
@@ -143,9 +134,7 @@ impl Dispatcher {
             let from = reading.from;
             let mut batch = match reading.task.await {
                 Ok(Ok((batch, recording))) => {
-                    if recording.is_some() {
-                        self.doubt.recording = recording;
-                    }
+                    self.doubt.horizon.recording(recording);
                     batch
                 }
                 Ok(Err(e)) => {
@@ -175,7 +164,8 @@ impl Dispatcher {
                 if let Some(last) = batch.ready.iter().map(|r| r.key).max() {
                     // A backlog: the horizon recorded while nothing was
                     // due may reach past much of it.
-                    self.horizon_down_to(last.successor()).await;
+                    let queued = self.settling.letters.iter().map(|l| l.key());
+                    self.doubt.horizon.down_to(last.successor(), queued).await;
                 }
                 self.ahead.reading = Some(self.start_read(now));
             }
@@ -227,23 +217,15 @@ impl Dispatcher {
 
     /// Starts reading (and claiming) the next chunk of messages due at
     /// `now`, from where the scan stands, and then recording the horizon
-    /// past it (see [`horizon_past`]): while the chunk before it is
-    /// produced, not after. The chunk waits for that record only when it
-    /// is produced.
+    /// past it: while the chunk before it is produced, not after. The
+    /// chunk waits for that record only when it is produced.
     fn start_read(&self, now: UnixMillis) -> Reading {
-        let (store, recorder) = (self.store.clone(), Arc::clone(&self.recorder));
+        let (store, ahead) = (self.store.clone(), self.doubt.horizon.ahead());
         let (from, limit) = (self.scan.from, READ_CHUNK.min(self.config.max_in_flight.max(1)));
-        let (held, known) = (self.policies.held_lanes(), self.doubt.horizon);
+        let held = self.policies.held_lanes();
         let task = tokio::spawn(async move {
             let batch = store.take_due_but(from, now, limit, held).await?;
-            let recording =
-                batch.ready.iter().map(|r| r.key).max().filter(|last| *last >= known).map(|last| {
-                    let until = horizon_past(last, !batch.more);
-                    Recording {
-                        until,
-                        task: tokio::spawn(async move { recorder.extend_horizon(until).await }),
-                    }
-                });
+            let recording = ahead.past(&batch);
             Ok((batch, recording))
         });
         Reading { from, task }

@@ -47,7 +47,7 @@ impl Dispatcher {
             .chain(self.policies.lowest_producible())
             .chain(self.ahead.ready.iter().map(|r| r.key))
             .chain(self.settling.letters.iter().map(|l| l.key()))
-            .chain(self.doubt.search.as_ref().map(|s| s.from))
+            .chain(self.doubt.floor_held())
             .fold(self.scan.from, DispatchKey::min);
         (self.policies.lowest().map_or(producible, |lane| lane.min(producible)), producible)
     }

@@ -2,20 +2,18 @@
 //! another node's fenced it, taken back), the topics read back for what
 //! the shard's last dispatcher produced unrecorded, and what was found
 //! recorded as delivered (or dead-lettered). Standalone, after an unclean
-//! stop, that search runs beside the dispatcher ([`Search`]): what is not
-//! in doubt goes out meanwhile.
+//! stop, that search runs beside the dispatcher (see
+//! [`doubt`](super::doubt)): what is not in doubt goes out meanwhile.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use super::{Dispatcher, GATE_RECHECK, dead_letter, reconcile};
+use super::{Dispatcher, GATE_RECHECK, dead_letter, doubt::Searched, reconcile};
 use crate::{
     command::{DispatchKey, InDoubt, Outcome},
     kafka::landed,
     message::{MessageId, PendingMessage},
-    metrics,
 };
 
 /// How long the log must have named this node the shard's owner again,
@@ -26,34 +24,6 @@ const RETAKE_GRACE: Duration = Duration::from_millis(500);
 /// Longest pause between tries of a cluster shard's transactional producer
 /// that stopped before it was ready.
 const PRODUCER_RETRY_MAX: Duration = Duration::from_secs(30);
-
-/// A search for what an unclean stop left in doubt, running beside the
-/// dispatcher (standalone).
-pub(super) struct Search {
-    pub(super) task: JoinHandle<Option<Vec<reconcile::Found>>>,
-    /// What it looks for: the walk starts at its end meanwhile.
-    pub(super) window: InDoubt,
-    /// Where the walk stood when it began: floors sent hold here until it
-    /// ends, and the walk goes on from here once it has.
-    pub(super) from: DispatchKey,
-}
-
-impl Search {
-    /// Where the walk may go while the search runs.
-    pub(super) fn below(&self) -> DispatchKey {
-        self.window.below
-    }
-}
-
-/// The end of `search`, if there is one running; else never.
-pub(super) async fn search_ended(
-    search: &mut Option<Search>,
-) -> Result<Option<Vec<reconcile::Found>>, JoinError> {
-    match search {
-        Some(search) => (&mut search.task).await,
-        None => std::future::pending().await,
-    }
-}
 
 impl Dispatcher {
     /// Before the first produce: with transactional delivery, waits until
@@ -142,7 +112,7 @@ impl Dispatcher {
                 _ = tokio::time::sleep(self.config.max_sleep) => {}
             }
         }
-        if !self.gate.claimed() && self.doubt.search.is_some() {
+        if !self.gate.claimed() && self.doubt.searching() {
             // Started over (its producer was fenced): the search goes on.
             return true;
         }
@@ -198,20 +168,14 @@ impl Dispatcher {
         let task = tokio::spawn(async move {
             reconcile::landed(&store, &producer, (Some(window), late), route, &stop).await
         });
-        metrics::RECONCILE_BESIDE.inc();
-        self.doubt.search = Some(Search { task, window, from });
+        self.doubt.search_beside(task, window, from);
     }
 
     /// The search beside the dispatcher ended: what it found is recorded,
     /// the doubt ends and the walk goes over what was in doubt. False if it
     /// was stopped.
-    pub(super) async fn end_search(
-        &mut self,
-        ended: Result<Option<Vec<reconcile::Found>>, JoinError>,
-        stop: &CancellationToken,
-    ) -> bool {
-        let Some(search) = self.doubt.search.take() else { return true };
-        metrics::RECONCILE_BESIDE.dec();
+    pub(super) async fn end_search(&mut self, ended: Searched, stop: &CancellationToken) -> bool {
+        let Some(search) = self.doubt.take_search() else { return true };
         match ended {
             Ok(Some(found)) => {
                 // First, so that floors sent from here on hold where the
@@ -287,8 +251,7 @@ impl Dispatcher {
     /// that waited are written).
     async fn searched(&mut self, found: Vec<reconcile::Found>) {
         self.settle_found(found).await;
-        // What was not found was not produced: the horizon may come down.
-        self.doubt.keep_above = DispatchKey::MIN;
+        self.doubt.resolved();
         // Found and recorded, or not on its topic: the search can
         // contradict no answer any more.
         if let Err(e) = self.store.doubt(None).await {
