@@ -1,12 +1,13 @@
 //! The physical limits each figure is measured against, on the same
 //! machine in the same run: RocksDB writing the same records with no gRPC
-//! in front, a bare rdkafka producer sending the same records, and a bare
-//! consumer reading a topic back.
+//! in front, a bare rdkafka producer sending the same records, the two
+//! together for a drain (the producer beside a bare pass of the store over
+//! the same due entries), and a bare consumer reading a topic back.
 
 use std::{
     path::Path,
     sync::{
-        Arc,
+        Arc, Barrier,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -75,17 +76,83 @@ impl ProducerContext for Counting {
 /// producer is, gets acknowledged: the same records with the same headers,
 /// to the same broker.
 pub fn producer(kafka: &KafkaConfig, topic: &str, messages: usize, w: &Workload) -> anyhow::Result<f64> {
+    let (started, ended) = produce(kafka, topic, messages, w, &Barrier::new(1))?;
+    Ok(messages as f64 / (ended - started).as_secs_f64())
+}
+
+/// Messages per second the machine drains with none of hourglass's logic:
+/// the bare producer sending `messages` records while, beside it, a bare
+/// pass of the store ([`BareWrites::deliver_due`]) reads as many due
+/// entries whole, in chunks of `read`, and logs their deliveries `settle`
+/// at a time, with the same sync setting. Both start together, on the same
+/// two cores a drain has; timed until both are done. The entries are
+/// written first, untimed.
+#[allow(clippy::too_many_arguments)]
+pub fn drain(
+    dir: &Path,
+    sync: bool,
+    kafka: &KafkaConfig,
+    topic: &str,
+    messages: usize,
+    read: usize,
+    settle: usize,
+    w: &Workload,
+) -> anyhow::Result<f64> {
+    let mut config = StoreConfig::new(dir);
+    config.durability = if sync { Durability::Sync } else { Durability::Buffered };
+    let mut store = BareWrites::open(&config).context("opening RocksDB for the drain limit")?;
+    let now = UnixMillis(chrono::Utc::now().timestamp_millis() as u64);
+    let due = UnixMillis(now.0.saturating_sub(1_000));
+    for start in (0..messages).step_by(4096) {
+        store.park((start..(start + 4096).min(messages)).map(|i| w.envelope(i)), due, now)?;
+    }
+    let go = Barrier::new(2);
+    let (produced, passed) = std::thread::scope(|scope| {
+        let producing = scope.spawn(|| produce(kafka, topic, messages, w, &go));
+        let passing = scope.spawn(|| -> anyhow::Result<(Instant, Instant)> {
+            go.wait();
+            let started = Instant::now();
+            let passed = store.deliver_due(now, read, settle)?;
+            anyhow::ensure!(passed == messages, "the store pass found {passed} of {messages} due entries");
+            Ok((started, Instant::now()))
+        });
+        (
+            producing.join().expect("the producer thread panicked"),
+            passing.join().expect("the store pass panicked"),
+        )
+    });
+    let ((p0, p1), (s0, s1)) = (produced?, passed?);
+    Ok(messages as f64 / (p1.max(s1) - p0.min(s0)).as_secs_f64())
+}
+
+/// Sends `messages` records as [`producer`] says, once `go` lets every
+/// party start (after the producer is warm); returns when it started and
+/// when the last was acknowledged.
+fn produce(
+    kafka: &KafkaConfig,
+    topic: &str,
+    messages: usize,
+    w: &Workload,
+    go: &Barrier,
+) -> anyhow::Result<(Instant, Instant)> {
     let acked = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let context = Counting { acked: Arc::clone(&acked), failed: Arc::clone(&failed) };
-    let producer: ThreadedProducer<Counting> =
-        producer_config(kafka).create_with_context(context).context("creating the raw producer")?;
+    let producer: anyhow::Result<ThreadedProducer<Counting>> = (|| {
+        let producer: ThreadedProducer<Counting> =
+            producer_config(kafka).create_with_context(context).context("creating the raw producer")?;
+        // Connect and get a producer id first: hourglass's producer is warm too.
+        producer.send(BaseRecord::<(), [u8]>::to(topic).payload(&b"warm-up"[..])).map_err(|(e, _)| e)?;
+        producer.flush(Duration::from_secs(30)).context("raw producer warm-up")?;
+        Ok(producer)
+    })();
+    // Every party waits here, ready or not, so that none is left waiting
+    // for one that failed.
+    go.wait();
+    let producer = producer?;
+    acked.store(0, Ordering::Relaxed);
     let due = (chrono::Utc::now().timestamp_millis()).to_string();
     let mut ids = ulid::Generator::new();
-    // Connect and get a producer id first: hourglass's producer is warm too.
-    producer.send(BaseRecord::<(), [u8]>::to(topic).payload(&b"warm-up"[..])).map_err(|(e, _)| e)?;
-    producer.flush(Duration::from_secs(30)).context("raw producer warm-up")?;
-    acked.store(0, Ordering::Relaxed);
     let started = Instant::now();
     for i in 0..messages {
         let envelope = w.envelope(i);
@@ -109,12 +176,14 @@ pub fn producer(kafka: &KafkaConfig, topic: &str, messages: usize, w: &Workload)
         }
     }
     producer.flush(Duration::from_secs(120)).context("raw producer flush")?;
-    let elapsed = started.elapsed();
+    let ended = Instant::now();
     let failed = failed.load(Ordering::Relaxed);
     if failed > 0 {
         anyhow::bail!("the raw producer had {failed} failed deliveries");
     }
-    Ok(acked.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64())
+    let acked = acked.load(Ordering::Relaxed);
+    anyhow::ensure!(acked == messages as u64, "the raw producer had {acked} of {messages} acknowledged");
+    Ok((started, ended))
 }
 
 /// Records per second bare rdkafka consumers read of `topic`, one per

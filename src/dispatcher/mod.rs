@@ -199,6 +199,33 @@ pub(crate) struct Dispatcher {
 struct Reports {
     tx: mpsc::UnboundedSender<DeliveryReport>,
     rx: mpsc::UnboundedReceiver<DeliveryReport>,
+    /// Where each delivery's time went, observed per report and published
+    /// once per batch of reports (see [`Stages::publish`]).
+    stages: Stages,
+}
+
+/// The stage histograms of deliveries, gathered on the dispatcher's task.
+struct Stages {
+    wait: prometheus::local::LocalHistogram,
+    broker: prometheus::local::LocalHistogram,
+    report: prometheus::local::LocalHistogram,
+}
+
+impl Stages {
+    fn new() -> Self {
+        Stages {
+            wait: metrics::STAGE_WAIT.local(),
+            broker: metrics::STAGE_BROKER.local(),
+            report: metrics::STAGE_REPORT.local(),
+        }
+    }
+
+    /// Publishes what was observed since the last time.
+    fn publish(&self) {
+        self.wait.flush();
+        self.broker.flush();
+        self.report.flush();
+    }
 }
 
 /// What the dispatcher knows of the topics it holds back or produces to.
@@ -319,7 +346,7 @@ impl Dispatcher {
             clock,
             config,
             sent: Sent::default(),
-            reports: Reports { tx: reports_tx, rx: reports },
+            reports: Reports { tx: reports_tx, rx: reports, stages: Stages::new() },
             topics: Topics { states: HashMap::new(), deferred_total: 0 },
             scan: Scan {
                 recheck: Vec::new(),
@@ -391,6 +418,7 @@ impl Dispatcher {
                     while let Ok(report) = self.reports.rx.try_recv() {
                         self.on_report(report);
                     }
+                    self.reports.stages.publish();
                 }
                 _ = self.store.wake().notified(), if !matches!(next, Next::Full) => {}
                 _ = self.policies.changed() => {}

@@ -121,9 +121,10 @@ impl Dispatcher {
             Ok((partition, offset)) => {
                 crate::failpoint::hit("dispatch-before-settle");
                 let broker = report.known.saturating_duration_since(sent.sent_at.into_std());
-                metrics::STAGE_WAIT.observe(sent.sent_wall.since(sent.key.at).as_secs_f64());
-                metrics::STAGE_BROKER.observe(broker.as_secs_f64());
-                metrics::STAGE_REPORT.observe(waited.as_secs_f64());
+                let stages = &self.reports.stages;
+                stages.wait.observe(sent.sent_wall.since(sent.key.at).as_secs_f64());
+                stages.broker.observe(broker.as_secs_f64());
+                stages.report.observe(waited.as_secs_f64());
                 if let Some(refusal) = state.refusal.take() {
                     note_held(self.store.held(), &sent.topic, state, self.config.stall_after);
                     tracing::info!(

@@ -61,7 +61,8 @@ pub(crate) struct Claims {
 
 #[derive(Default)]
 struct ClaimsState {
-    held: HashMap<MessageId, Holder>,
+    /// Hashed fast: every message a drain produces is claimed and released.
+    held: HashMap<MessageId, Holder, foldhash::fast::RandomState>,
     watch: Option<Watch>,
 }
 
@@ -125,7 +126,7 @@ fn end_watch(state: &mut ClaimsState) -> bool {
 }
 
 fn claim_all<'a>(
-    held: &mut HashMap<MessageId, Holder>,
+    held: &mut HashMap<MessageId, Holder, foldhash::fast::RandomState>,
     ids: impl Iterator<Item = &'a MessageId>,
 ) -> Vec<Claim> {
     ids.map(|id| match held.entry(id.clone()) {

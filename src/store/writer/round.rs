@@ -5,6 +5,7 @@
 use std::{
     cell::RefCell,
     collections::{HashMap, HashSet},
+    sync::Arc,
     time::Duration,
 };
 
@@ -48,7 +49,7 @@ pub(super) struct Round<'a> {
     pub(super) batch: WriteBatch,
     pub(super) meta: Meta,
     /// Counts entries this round changes, with their new values.
-    pub(super) counts: HashMap<CountsKey, Counts>,
+    pub(super) counts: foldhash::HashMap<CountsKey, Counts>,
     /// Messages changed earlier in this round, as they will be after commit.
     pub(super) overlay: HashMap<MessageId, Option<Stored>>,
     /// Claims this round ends at its commit.
@@ -81,6 +82,10 @@ pub(super) struct Produced {
     pub(super) settles: Vec<Settle>,
     /// The dispatcher's floor this round records, sent again with them.
     pub(super) floor: Option<Floor>,
+    /// The marks of target partitions this round sets or raises, as they
+    /// will be: one write per partition at the commit, not one per
+    /// delivery that raises it.
+    pub(super) marks: foldhash::HashMap<(Arc<str>, i32), i64>,
 }
 
 /// The claims a round ends at its commit: those it reserved for its own
@@ -132,7 +137,7 @@ impl<'a> Round<'a> {
             db,
             batch: WriteBatch::default(),
             meta,
-            counts: HashMap::new(),
+            counts: foldhash::HashMap::default(),
             overlay: HashMap::new(),
             claims: RoundClaims {
                 reserved: HashSet::new(),
@@ -255,12 +260,16 @@ impl<'a> Round<'a> {
         self.watched.iter().rev().find(|row| row.table == table && row.key == key).map(|row| &row.value)
     }
 
-    pub(super) fn put_mark(&mut self, topic: &str, partition: i32, offset: i64) {
-        self.batch.put_cf(
-            cf(self.db, schema::CF_CHECKPOINT),
-            schema::mark_key(topic, partition),
-            offset.to_be_bytes(),
-        );
+    pub(super) fn put_mark(&mut self, topic: &Arc<str>, partition: i32, offset: i64) {
+        self.produced.marks.insert((Arc::clone(topic), partition), offset);
+    }
+
+    /// Writes the marks this round set or raised.
+    pub(super) fn write_marks(&mut self) {
+        let checkpoint = cf(self.db, schema::CF_CHECKPOINT);
+        for ((topic, partition), offset) in self.produced.marks.drain() {
+            self.batch.put_cf(checkpoint, schema::mark_key(&topic, partition), offset.to_be_bytes());
+        }
     }
 
     pub(super) fn put_settlement(&mut self, id: &MessageId, s: &Settlement) {
@@ -299,8 +308,10 @@ impl Effects {
         metrics::DEAD_LETTERED.inc_by(self.dead_lettered);
         metrics::PURGED.inc_by(self.purged);
         metrics::DELIVERED.inc_by(self.delivered.len() as u64);
-        for lateness in &self.delivered {
-            metrics::LATENESS.observe(lateness.as_secs_f64());
+        let lateness = metrics::LATENESS.local();
+        for late in &self.delivered {
+            lateness.observe(late.as_secs_f64());
         }
+        lateness.flush();
     }
 }

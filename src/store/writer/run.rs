@@ -102,7 +102,7 @@ impl Writer {
             shared,
             config,
             meta,
-            counts,
+            counts: counts.into_iter().collect(),
             rx,
             in_doubt,
             parking: Parking::default(),
@@ -111,7 +111,7 @@ impl Writer {
             chunk_high,
             handed: VecDeque::new(),
             unresolved: 0,
-            marks: Marks { set: marks, held: None },
+            marks: Marks { set: marks.into_iter().collect(), held: None },
             replica: ReplicaHolds::default(),
             closing_since: None,
         };
@@ -324,6 +324,7 @@ impl Writer {
                 Flow::Park(held) => self.parking.park(held, Op::Reschedule { scope, id, due, reply }),
             },
             Op::Settle { settles, floor } => {
+                r.chunk.reserve(settles.len());
                 for settle in settles {
                     self.settle(r, settle);
                 }
@@ -416,6 +417,7 @@ impl Writer {
 
     fn commit(&mut self, mut r: Round) {
         let chunk_last = r.log_chunk();
+        r.write_marks();
         let writes = !r.batch.is_empty() || r.probe;
         let result = if !writes {
             Ok(())

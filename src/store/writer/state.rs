@@ -62,7 +62,7 @@ pub(crate) struct Writer {
     pub(super) config: WriterConfig,
     pub(super) meta: Meta,
     /// Every counts entry, as committed.
-    pub(super) counts: HashMap<CountsKey, Counts>,
+    pub(super) counts: foldhash::HashMap<CountsKey, Counts>,
     pub(super) rx: mpsc::Receiver<Op>,
     pub(super) in_doubt: Option<InDoubt>,
     /// Requests waiting for the dispatcher to settle a message they touch.
@@ -92,7 +92,7 @@ pub(crate) struct Writer {
 /// delivery, in the commit that records it.
 #[derive(Default)]
 pub(super) struct Marks {
-    pub(super) set: HashMap<(Arc<str>, i32), i64>,
+    pub(super) set: foldhash::HashMap<(Arc<str>, i32), i64>,
     /// While a search for what an unclean stop left in doubt runs beside
     /// the dispatcher: the marks it gave meanwhile.
     pub(super) held: Option<HeldMarks>,
