@@ -7,9 +7,10 @@
 //! resident memory long after the burst. Two arenas and a periodic trim keep
 //! resident memory near the working set. Elsewhere these are no-ops.
 //!
-//! This concerns what RocksDB and librdkafka allocate: the `hourglass`
-//! binary allocates its own memory with jemalloc, which purges in the
-//! background.
+//! This concerns a program that uses the library with glibc's malloc: on
+//! Linux, the `hourglass` binary serves every allocation, RocksDB's and
+//! librdkafka's too, with jemalloc, which purges in the background; these
+//! calls then reach a malloc nothing uses.
 
 /// Caps malloc arenas. Call once, early, before threads start.
 pub fn limit_arenas() {

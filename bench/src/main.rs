@@ -9,6 +9,12 @@ use clap::Parser;
 use hourglass::store::Durability;
 use hourglass_bench::{MOCK, Phase, Scale, Settings, cluster::ClusterSettings};
 
+/// The server's allocator, for every allocation of the limits measured
+/// here too (librdkafka's and RocksDB's among them): a limit measured with
+/// glibc's malloc would be the same work done slower.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Measure ingest, drain, precision and footprint of hourglass against a
 /// real broker and store, beside the machine's own limits; prints one table.
 #[derive(Debug, Parser)]
