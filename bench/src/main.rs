@@ -15,6 +15,18 @@ use hourglass_bench::{MOCK, Phase, Scale, Settings, cluster::ClusterSettings};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// With the server's settings.
+#[allow(non_upper_case_globals)]
+#[cfg_attr(
+    not(any(target_os = "android", target_os = "dragonfly", target_vendor = "apple")),
+    unsafe(export_name = "malloc_conf")
+)]
+#[cfg_attr(
+    any(target_os = "android", target_os = "dragonfly", target_vendor = "apple"),
+    unsafe(export_name = "_rjem_malloc_conf")
+)]
+pub static malloc_conf: &[u8] = hourglass::memory::JEMALLOC_CONF;
+
 /// Measure ingest, drain, precision and footprint of hourglass against a
 /// real broker and store, beside the machine's own limits; prints one table.
 #[derive(Debug, Parser)]

@@ -26,16 +26,19 @@ use cli::{Cli, Command, ServeArgs};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's settings, read when it starts (`MALLOC_CONF` in the
-/// environment adds to them): purge in the background, dirty pages after
-/// 1 s, no muzzy stage; two arenas and thread caches of small objects only,
-/// which keep a server at rest about 2 MiB smaller than the defaults and
-/// the drain as fast.
+/// jemalloc's settings, read when it starts: see
+/// [`hourglass::memory::JEMALLOC_CONF`]. (The name jemalloc reads: prefixed
+/// where tikv-jemalloc-sys keeps its symbols prefixed.)
 #[allow(non_upper_case_globals)]
-#[cfg_attr(target_os = "linux", unsafe(export_name = "malloc_conf"))]
-#[cfg_attr(not(target_os = "linux"), unsafe(export_name = "_rjem_malloc_conf"))]
-pub static malloc_conf: &[u8] =
-    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:2,tcache_max:1024\0";
+#[cfg_attr(
+    not(any(target_os = "android", target_os = "dragonfly", target_vendor = "apple")),
+    unsafe(export_name = "malloc_conf")
+)]
+#[cfg_attr(
+    any(target_os = "android", target_os = "dragonfly", target_vendor = "apple"),
+    unsafe(export_name = "_rjem_malloc_conf")
+)]
+pub static malloc_conf: &[u8] = hourglass::memory::JEMALLOC_CONF;
 
 fn main() -> ExitCode {
     hourglass::memory::limit_arenas();

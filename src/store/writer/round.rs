@@ -84,7 +84,8 @@ pub(super) struct Produced {
     pub(super) floor: Option<Floor>,
     /// The marks of target partitions this round sets or raises, as they
     /// will be: one write per partition at the commit, not one per
-    /// delivery that raises it.
+    /// delivery that raises it. Forgotten if the commit fails, so that
+    /// the settles tried again write them.
     pub(super) marks: foldhash::HashMap<(Arc<str>, i32), i64>,
 }
 
@@ -267,8 +268,8 @@ impl<'a> Round<'a> {
     /// Writes the marks this round set or raised.
     pub(super) fn write_marks(&mut self) {
         let checkpoint = cf(self.db, schema::CF_CHECKPOINT);
-        for ((topic, partition), offset) in self.produced.marks.drain() {
-            self.batch.put_cf(checkpoint, schema::mark_key(&topic, partition), offset.to_be_bytes());
+        for ((topic, partition), offset) in &self.produced.marks {
+            self.batch.put_cf(checkpoint, schema::mark_key(topic, *partition), offset.to_be_bytes());
         }
     }
 

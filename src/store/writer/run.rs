@@ -491,6 +491,13 @@ impl Writer {
                 for id in std::mem::take(&mut r.replica.holding) {
                     self.unhold(&id);
                 }
+                // The marks it set or raised were not written: forgotten,
+                // so that the settles tried again (or the dispatcher's next
+                // mark) write them. Until then a search reads from the
+                // mark on disk, lower or none: more, never less.
+                for partition in r.produced.marks.keys() {
+                    self.marks.set.remove(partition);
+                }
                 let retried: HashSet<MessageId> = r.produced.settles.iter().map(|s| s.id.clone()).collect();
                 for id in
                     std::mem::take(&mut r.claims.released).into_iter().filter(|id| !retried.contains(id))
