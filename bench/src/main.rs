@@ -9,23 +9,10 @@ use clap::Parser;
 use hourglass::store::Durability;
 use hourglass_bench::{MOCK, Phase, Scale, Settings, cluster::ClusterSettings};
 
-/// The server's allocator, for every allocation of the limits measured
-/// here too (librdkafka's and RocksDB's among them): a limit measured with
-/// glibc's malloc would be the same work done slower.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// With the server's settings.
-#[allow(non_upper_case_globals)]
-#[cfg_attr(
-    not(any(target_os = "android", target_os = "dragonfly", target_vendor = "apple")),
-    unsafe(export_name = "malloc_conf")
-)]
-#[cfg_attr(
-    any(target_os = "android", target_os = "dragonfly", target_vendor = "apple"),
-    unsafe(export_name = "_rjem_malloc_conf")
-)]
-pub static malloc_conf: &[u8] = hourglass::memory::JEMALLOC_CONF;
+// The server's allocator and settings, for every allocation of the limits
+// measured here too (librdkafka's and RocksDB's among them): a limit
+// measured with glibc's malloc would be the same work done slower.
+hourglass::jemalloc!();
 
 /// Measure ingest, drain, precision and footprint of hourglass against a
 /// real broker and store, beside the machine's own limits; prints one table.

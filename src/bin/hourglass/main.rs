@@ -17,31 +17,9 @@ use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command, ServeArgs};
 
-/// jemalloc for every allocation of the process: hourglass's own (the
-/// dispatcher allocates and frees per message on several threads) and, on
-/// Linux, RocksDB's and librdkafka's too, which glibc's malloc served with
-/// its arenas' locks: a quarter of the drain's rate went there. Its
-/// background thread hands freed memory back to the system within about a
-/// second, so a server at rest holds little.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// jemalloc's settings, read when it starts: see
-/// [`hourglass::memory::JEMALLOC_CONF`]. (The name jemalloc reads: prefixed
-/// where tikv-jemalloc-sys keeps its symbols prefixed.)
-#[allow(non_upper_case_globals)]
-#[cfg_attr(
-    not(any(target_os = "android", target_os = "dragonfly", target_vendor = "apple")),
-    unsafe(export_name = "malloc_conf")
-)]
-#[cfg_attr(
-    any(target_os = "android", target_os = "dragonfly", target_vendor = "apple"),
-    unsafe(export_name = "_rjem_malloc_conf")
-)]
-pub static malloc_conf: &[u8] = hourglass::memory::JEMALLOC_CONF;
+hourglass::jemalloc!();
 
 fn main() -> ExitCode {
-    hourglass::memory::limit_arenas();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Bench(args) = cli.command {
