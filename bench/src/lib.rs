@@ -11,7 +11,8 @@
 //!    setting; a bare rdkafka producer with hourglass's producer settings;
 //!    for the drain, that producer beside a bare pass of the store over as
 //!    many due entries, both at once.
-//! 2. ingest: unary `Schedule` from many clients, `ScheduleBatch`,
+//! 2. ingest: unary `Schedule` from many clients (the bench's own, then,
+//!    where it is installed, nghttp2's `h2load`), `ScheduleBatch`,
 //!    `ScheduleStream`; everything due a day later, so it stays parked.
 //! 3. drain: messages all due in the same millisecond, until Kafka has
 //!    acknowledged the last one.
@@ -33,6 +34,7 @@
 
 pub mod cluster;
 mod console;
+mod h2load;
 mod limits;
 mod load;
 mod machine;
@@ -413,6 +415,23 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         report.add(&name, run.rate(), "msg/s", Some(raw_b), &[Target::AtLeast(45_000.0)]);
         report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, &[]);
         report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, &[Target::AtMost(5.0)]);
+        // The same calls from a client that is not ours, which leaves the
+        // server more of the machine.
+        if h2load::installed() {
+            phase("ingest: unary Schedule from h2load");
+            let due = next_parked(sc.unary)(0);
+            let run = h2load::unary(&server, &w, sc.unary, s.clients, due, dir.path()).await?;
+            let name = format!("ingest: Schedule, {} clients, from h2load", s.clients);
+            report.add(&name, run.rate(), "msg/s", Some(raw_b), &[Target::AtLeast(45_000.0)]);
+            report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, &[]);
+            report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, &[Target::AtMost(5.0)]);
+            parked_now += sc.unary;
+        } else {
+            report.note(format!(
+                "unary Schedule from h2load: not measured, `{}` is not installed (Debian's nghttp2-client)",
+                h2load::COMMAND
+            ));
+        }
         phase("ingest: ScheduleBatch");
         let run = load::calls(
             std::slice::from_ref(&server),
@@ -442,7 +461,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         )
         .await?;
         add_volume(&mut report, &format!("ingest: ScheduleStream x {}", s.streams), &run, raw_b, "per msg");
-        parked_now = sc.unary + sc.batch + sc.stream;
+        parked_now += sc.unary + sc.batch + sc.stream;
     }
 
     // The series phase alone runs on a fresh store: what a million series
