@@ -384,6 +384,16 @@ impl Dispatcher {
             self.flush_settles(false).await;
             self.find_stalls();
             let next = if self.fenced { Next::Idle } else { self.dispatch_due().await };
+            // Asleep until the next due time, only what is due sooner wakes
+            // it: not every commit of a message due later.
+            let next = match next {
+                Next::At(due) if !self.store.wake().sleep_until(DispatchKey { at: due, seq: 0 }) => Next::Now,
+                Next::At(due) => Next::At(due),
+                other => {
+                    self.store.wake().wake_for_all();
+                    other
+                }
+            };
             if let Next::At(due) = next {
                 // Recorded while it sleeps, not when it wakes to produce.
                 self.doubt.horizon.extend_asleep(due).await;

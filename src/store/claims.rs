@@ -279,6 +279,14 @@ struct WakeState {
     late: Vec<(DispatchKey, MessageId)>,
     /// The lowest of those that did not fit in `late`.
     overflow: Option<DispatchKey>,
+    /// The lowest entry committed at or above `position` since the
+    /// dispatcher's last read started: one that read may not have seen.
+    unseen: Option<DispatchKey>,
+    /// Some while the dispatcher sleeps until that key's time, knowing of
+    /// nothing due before it: only an entry below it wakes the dispatcher
+    /// (a message scheduled for tomorrow does not). None: every entry
+    /// committed wakes it.
+    asleep_until: Option<DispatchKey>,
     /// Below this every due entry is settled: what reads of the due index
     /// start from, to stay clear of what was settled.
     low_water: DispatchKey,
@@ -361,7 +369,11 @@ impl Wake {
         let mut state = self.state();
         let position = state.position;
         let mut handed = Vec::new();
-        for (key, id) in added.iter().filter(|(key, _)| *key < position) {
+        for (key, id) in added {
+            if *key >= position {
+                state.unseen = Some(state.unseen.map_or(*key, |u| u.min(*key)));
+                continue;
+            }
             if state.late.len() < LATE_CAP {
                 state.late.push((*key, id.clone()));
             } else {
@@ -370,9 +382,33 @@ impl Wake {
             handed.push((state.handed, *key));
             state.handed += 1;
         }
+        let wakes =
+            !handed.is_empty() || state.unseen.is_some_and(|u| state.asleep_until.is_none_or(|a| u < a));
         drop(state);
-        self.notify.notify_one();
+        if wakes {
+            self.notify.notify_one();
+        }
         handed
+    }
+
+    /// The dispatcher is about to sleep until `until`, its next due time,
+    /// knowing of nothing due before it: from now on only an entry below
+    /// `until` wakes it. Returns false, and leaves it to be woken by every
+    /// entry, if one below `until` was committed since its last read
+    /// started (that read may have missed it): it must look again first.
+    pub(crate) fn sleep_until(&self, until: DispatchKey) -> bool {
+        let mut state = self.state();
+        if state.unseen.is_some_and(|u| u < until) {
+            state.asleep_until = None;
+            return false;
+        }
+        state.asleep_until = Some(until);
+        true
+    }
+
+    /// The dispatcher waits for anything: every entry committed wakes it.
+    pub(crate) fn wake_for_all(&self) {
+        self.state().asleep_until = None;
     }
 
     /// Where the dispatcher reads up to: a new entry below it is handed over.
@@ -423,6 +459,8 @@ impl Wake {
     pub(crate) fn reading_up_to(&self, upper: DispatchKey) {
         let mut state = self.state();
         state.position = state.position.max(upper);
+        // The read sees what is committed before it starts.
+        state.unseen = None;
     }
 
     /// What the writer handed over since the last call.
@@ -543,6 +581,35 @@ mod tests {
         let late = w.take();
         assert_eq!(late.entries.len(), LATE_CAP);
         assert_eq!(late.rescan_from, Some(k((LATE_CAP as u64) % 90)), "the lowest that did not fit");
+    }
+
+    #[test]
+    fn a_sleeping_dispatcher_is_woken_only_for_what_is_due_before_it_wakes() {
+        use futures_util::FutureExt as _;
+        let w = Wake::default();
+        let k = |d| DispatchKey { at: UnixMillis(d), seq: 0 };
+        let woken = |w: &Wake| w.notified().now_or_never().is_some();
+        w.reading_up_to(k(100));
+        assert!(w.sleep_until(k(1_000)), "nothing came since the read started");
+        w.added(&[(k(5_000), id("tomorrow"))]);
+        assert!(!woken(&w), "due after it wakes anyway");
+        w.added(&[(k(500), id("sooner"))]);
+        assert!(woken(&w), "due before it would wake");
+        w.added(&[(k(50), id("behind"))]);
+        assert!(woken(&w), "handed over");
+
+        // Committed after the read started, before the dispatcher sleeps:
+        // the read may have missed it, so it does not sleep past it.
+        w.reading_up_to(k(100));
+        w.added(&[(k(700), id("unseen"))]);
+        assert!(!w.sleep_until(k(1_000)));
+        assert!(woken(&w), "asleep_until is dropped: every entry wakes it");
+        w.reading_up_to(k(100));
+        w.added(&[(k(2_000), id("later"))]);
+        assert!(w.sleep_until(k(1_000)), "what came is due after it wakes");
+        w.wake_for_all();
+        w.added(&[(k(9_000), id("any"))]);
+        assert!(woken(&w), "waiting for anything, every entry wakes it");
     }
 
     #[test]
