@@ -13,7 +13,7 @@
 //! calls then reach a malloc nothing uses.
 
 /// jemalloc's settings for a binary that serves every allocation with it
-/// (see [`jemalloc!`](crate::jemalloc)): purge in
+/// (see [`jemalloc!`]): purge in
 /// the background, dirty pages after 1 s, no muzzy stage; two arenas and
 /// thread caches of small objects only, which keep a server at rest about
 /// 2 MiB smaller than the defaults and the drain as fast. `MALLOC_CONF`
@@ -29,7 +29,8 @@ pub const JEMALLOC_CONF: &[u8] =
 /// system within about a second, so a server at rest holds little; the
 /// glibc calls below are then not needed.
 #[macro_export]
-macro_rules! jemalloc {
+#[doc(hidden)]
+macro_rules! __jemalloc {
     () => {
         #[global_allocator]
         static ALLOCATOR: $crate::memory::Jemalloc = $crate::memory::Jemalloc;
@@ -49,6 +50,8 @@ macro_rules! jemalloc {
     };
 }
 
+#[doc(inline)]
+pub use crate::__jemalloc as jemalloc;
 #[doc(hidden)]
 pub use tikv_jemallocator::Jemalloc;
 

@@ -12,7 +12,7 @@ use hourglass_bench::{MOCK, Phase, Scale, Settings, cluster::ClusterSettings};
 // The server's allocator and settings, for every allocation of the limits
 // measured here too (librdkafka's and RocksDB's among them): a limit
 // measured with glibc's malloc would be the same work done slower.
-hourglass::jemalloc!();
+hourglass::memory::jemalloc!();
 
 /// Measure ingest, drain, precision and footprint of hourglass against a
 /// real broker and store, beside the machine's own limits; prints one table.

@@ -119,7 +119,7 @@ impl Policy<'_> {
             &[Target::RatioAtLeast(0.9), Target::AtMost(f64::from(rate) * 1.1)],
         );
         let late = load::lateness(servers, &beside.scheduled, 8).await?;
-        let targets = LatenessTargets { p99: Some(50.0), ..LatenessTargets::default() };
+        let targets = LatenessTargets { p99: Some(20.0), ..LatenessTargets::default() };
         add_lateness(report, &format!("{name}: another topic at {trickle_rate}/s"), &late, targets);
         Ok(())
     }

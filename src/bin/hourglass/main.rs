@@ -17,7 +17,7 @@ use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command, ServeArgs};
 
-hourglass::jemalloc!();
+hourglass::memory::jemalloc!();
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
