@@ -387,6 +387,8 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let mut server =
         ServerProcess::new(&hourglass_testkit::hourglass_binary()?, &data, &brokers, s.durability)?;
     server.env("HOURGLASS_DELIVERY", &s.delivery.to_string());
+    // The series phase makes more series than a tenant may have by default.
+    server.env("HOURGLASS_SERIES_MAX_PER_TENANT", &sc.series.max(10_000).to_string());
     let console_addr = console::listen()?;
     server.env("HOURGLASS_CONSOLE_LISTEN", &console_addr.to_string());
     let mut server = server.launch().await?;

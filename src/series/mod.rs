@@ -13,6 +13,7 @@
 //!   due, and what a downtime policy fires.
 //! - [`service`]: the calls (create, get, list, update, pause, resume,
 //!   delete), served as [`SeriesCalls`](crate::scheduler::SeriesCalls).
+//! - [`tally`]: how many series each tenant has, for its bound.
 //!
 //! Once parked, an occurrence is a message like any other: it is
 //! delivered, cancelled, listed and reconciled as one, so everything
@@ -24,6 +25,7 @@ pub(crate) mod record;
 pub(crate) mod rule;
 mod service;
 pub(crate) mod spec;
+mod tally;
 
 use std::sync::Arc;
 
@@ -42,9 +44,12 @@ pub(crate) struct Series {
     wake: Notify,
     /// What a new series may be, and how many a tenant may have.
     limits: spec::Limits,
-    /// Held while a series is counted and made: two creates at once cannot
-    /// both take a tenant's last place.
-    making: tokio::sync::Mutex<()>,
+    /// Held shared while a series is made or deleted, alone while a
+    /// tenant's series are counted: a count sees no write of this node's
+    /// in flight (see [`tally`]).
+    making: tokio::sync::RwLock<()>,
+    /// How many series each tenant has, as last counted.
+    tally: tally::Tally,
     /// What each tenant's tokens cover now: a series whose tenant lost its
     /// topic (the tokens file was narrowed) is paused by the driver.
     grants: Arc<dyn Grants>,
@@ -67,7 +72,8 @@ impl Series {
             service,
             wake: Notify::new(),
             limits,
-            making: tokio::sync::Mutex::new(()),
+            making: tokio::sync::RwLock::new(()),
+            tally: tally::Tally::default(),
             grants,
         }
     }

@@ -12,12 +12,17 @@
 //! may say ([`Limits`](super::spec::Limits)), and how many series a tenant
 //! may have.
 
+use std::time::Instant;
+
+use tokio::sync::RwLockReadGuard;
+
 use super::{
     Series,
     book::{Change, Record, wake_of},
     driver::space_of,
     record::SeriesRecord,
     spec::{Spec, every_token, every_token_of, occurrence_id, series_id},
+    tally::Reserve,
 };
 use crate::{
     Error, audit,
@@ -136,7 +141,6 @@ impl Series {
         let spec = Spec::parse(&given, now, now, &self.limits)?;
         self.service.check_template(access, &spec.template).await?;
         let _lock = self.book.lock(&id).await;
-        let _making = self.making.lock().await;
         if let Some(existing) = self.book.load(&id).await? {
             if existing.spec.as_ref() == Some(&given) {
                 access.check(&spec.template.topic)?;
@@ -154,7 +158,8 @@ impl Series {
                 "has no occurrence from now on: its end, count or expression rules out every one",
             )
         })?;
-        self.check_room(access).await?;
+        let tenant = access.scope().tenant;
+        let _making = self.take_place(tenant.as_ref()).await?;
         let record = SeriesRecord {
             spec: Some(given),
             created_ms: now.0,
@@ -163,7 +168,10 @@ impl Series {
             next_ms: Some(next.0),
             ..Default::default()
         };
-        self.save(&id, &record, &spec, None).await?;
+        if let Err(e) = self.save(&id, &record, &spec, None).await {
+            self.tally.removed(tenant.as_ref());
+            return Err(e);
+        }
         Ok(proto::CreateSeriesResponse {
             series: Some(record.info(&id, &spec, 1, self.shards())),
             created: true,
@@ -341,26 +349,44 @@ impl Series {
         let mut record = self.load_record(access, &id, Grant::OwnToStop).await?;
         let old_wake = record.spec().ok().and_then(|spec| wake_of(&id, &record, &spec));
         let occurrences = self.cancel_parked(&id, &mut record).await?;
+        let tenant = id.tenant().and_then(|t| Tenant::parse(t).ok());
+        let _making = self.making.read().await;
         self.book.save(vec![Change { id, record: Record::Delete, old_wake, wake: None }]).await?;
+        self.tally.removed(tenant.as_ref());
         Ok(proto::DeleteSeriesResponse { occurrences })
     }
 }
 
 impl Series {
-    /// Refuses a new series of a tenant (the shared space, without tokens)
-    /// that has as many as --series-max-per-tenant allows: in a cluster,
-    /// each node holds it to its share, by the shards it serves. Called
-    /// holding `making`, so that the count stays true until the series is
-    /// written.
-    async fn check_room(&self, access: &Access) -> Result<(), Error> {
+    /// Takes a place for a new series of `tenant` (the shared space,
+    /// without tokens), or refuses it if the tenant has as many as
+    /// --series-max-per-tenant allows: in a cluster, each node holds it to
+    /// its share, by the shards it serves. The place is held (the guard
+    /// returned) until the series is written, or given back if it is not.
+    async fn take_place(&self, tenant: Option<&Tenant>) -> Result<RwLockReadGuard<'_, ()>, Error> {
         let max = self.limits.max_per_tenant;
-        let (served, shards) = (self.book.node().readers().len(), self.shards() as usize);
-        let share = (max.saturating_mul(served)).div_ceil(shards.max(1)).min(max);
-        let tenant = access.scope().tenant;
-        if self.book.count(tenant.as_ref(), share).await? >= share {
-            return Err(Error::SeriesLimit { tenant: tenant.map(|t| t.as_str().to_owned()), share, max });
+        let served: Vec<u32> = self.book.node().readers().into_iter().map(|(shard, _)| shard).collect();
+        let share = (max.saturating_mul(served.len())).div_ceil((self.shards() as usize).max(1)).min(max);
+        let full = || Error::SeriesLimit { tenant: tenant.map(|t| t.as_str().to_owned()), share, max };
+        let making = self.making.read().await;
+        match self.tally.reserve(tenant, &served, share, Instant::now()) {
+            Reserve::Taken => return Ok(making),
+            Reserve::Full => return Err(full()),
+            Reserve::Unknown => drop(making),
         }
-        Ok(())
+        // Counted with no create or delete of this node's in flight; once,
+        // however many creates found the count stale at once.
+        let alone = self.making.write().await;
+        let taken = match self.tally.reserve(tenant, &served, share, Instant::now()) {
+            Reserve::Taken => true,
+            Reserve::Full => false,
+            Reserve::Unknown => {
+                let at = Instant::now();
+                let count = self.book.count(tenant, share).await?;
+                self.tally.counted(tenant, served, count, share, at)
+            }
+        };
+        if taken { Ok(alone.downgrade()) } else { Err(full()) }
     }
 
     /// Cancels the occurrences the series parked and may not have settled,
