@@ -48,6 +48,9 @@ pub(crate) struct DueBatch {
     pub more: bool,
     /// When nothing more is due now: when the next message is.
     pub next_dispatch_at: Option<UnixMillis>,
+    /// And its topic, so that the topic is marked before it is due
+    /// rather than when it is produced.
+    pub next_topic: Option<Box<str>>,
     /// Claimed, then found stale (settled or moved meanwhile): give back.
     pub stale: Vec<MessageId>,
     /// Held by the writer: look again once its commit is in.

@@ -10,11 +10,7 @@
 //! and floors hold where the walk stood ([`Doubt::floor_held`]), so that
 //! a second crash mid-search skips nothing.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use tokio::task::{JoinError, JoinHandle};
 
@@ -48,9 +44,9 @@ pub(super) struct Doubt {
     /// Messages found on their topic (or dead-letter topic) by the
     /// reconciliation that could not be claimed then: recorded as found
     /// when claimed from the same due entry, not produced again.
-    pub(super) landed: HashMap<MessageId, (DispatchKey, Outcome)>,
+    pub(super) landed: foldhash::HashMap<MessageId, (DispatchKey, Outcome)>,
     /// Topics whose partitions the store has marks for.
-    pub(super) marked: HashSet<Arc<str>>,
+    pub(super) marked: foldhash::HashSet<Arc<str>>,
     pub(super) horizon: Horizon,
     /// The search for what the last unclean stop left in doubt, while it
     /// runs beside the dispatcher.
@@ -88,8 +84,8 @@ impl Doubt {
         pulse: Pulse,
     ) -> Self {
         Doubt {
-            landed: HashMap::new(),
-            marked: HashSet::new(),
+            landed: foldhash::HashMap::default(),
+            marked: foldhash::HashSet::default(),
             horizon: Horizon {
                 recorder,
                 recorded: horizon,

@@ -78,7 +78,7 @@
 //! produces ([`start`], [`reconcile`]) and what bounds the doubt an
 //! unclean stop leaves ([`doubt`]).
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -230,7 +230,7 @@ impl Stages {
 
 /// What the dispatcher knows of the topics it holds back or produces to.
 struct Topics {
-    states: HashMap<Arc<str>, TopicState>,
+    states: foldhash::HashMap<Arc<str>, TopicState>,
     /// Entries put off, in all topics together.
     deferred_total: usize,
 }
@@ -269,6 +269,9 @@ struct ReadAhead {
     ready: Vec<Ready>,
     since: Option<tokio::time::Instant>,
     after: Next,
+    /// The topic of the next message due after what was read, if it is
+    /// not marked yet (see [`Dispatcher::mark_ahead`]).
+    next_topic: Option<Box<str>>,
 }
 
 /// Outcomes on their way to the recorder, and when the store was last
@@ -347,7 +350,7 @@ impl Dispatcher {
             config,
             sent: Sent::default(),
             reports: Reports { tx: reports_tx, rx: reports, stages: Stages::new() },
-            topics: Topics { states: HashMap::new(), deferred_total: 0 },
+            topics: Topics { states: foldhash::HashMap::default(), deferred_total: 0 },
             scan: Scan {
                 recheck: Vec::new(),
                 unreadable: Vec::new(),
@@ -355,7 +358,13 @@ impl Dispatcher {
                 rescan_from: None,
                 from: scan_from,
             },
-            ahead: ReadAhead { reading: None, ready: Vec::new(), since: None, after: Next::Now },
+            ahead: ReadAhead {
+                reading: None,
+                ready: Vec::new(),
+                since: None,
+                after: Next::Now,
+                next_topic: None,
+            },
             settling: Settling {
                 settles: Vec::new(),
                 releasing: Vec::new(),
@@ -395,6 +404,7 @@ impl Dispatcher {
                 }
             };
             if let Next::At(due) = next {
+                self.mark_ahead(due).await;
                 // Recorded while it sleeps, not when it wakes to produce.
                 self.doubt.horizon.extend_asleep(due).await;
             }

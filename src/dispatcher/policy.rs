@@ -50,8 +50,8 @@ impl Why {
 pub(super) struct Policies {
     watch: watch::Receiver<Arc<Table>>,
     table: Arc<Table>,
-    buckets: HashMap<PolicyKey, Bucket>,
-    lanes: HashMap<PolicyKey, LaneState>,
+    buckets: foldhash::HashMap<PolicyKey, Bucket>,
+    lanes: foldhash::HashMap<PolicyKey, LaneState>,
     /// The (topic, tenant) labels of the paused-since gauge this set.
     paused_labels: Vec<[String; 2]>,
     /// Lanes were shown held back at the last look.
@@ -91,8 +91,8 @@ impl Policies {
         let mut policies = Policies {
             watch,
             table,
-            buckets: HashMap::new(),
-            lanes: HashMap::new(),
+            buckets: foldhash::HashMap::default(),
+            lanes: foldhash::HashMap::default(),
             paused_labels: Vec::new(),
             shown: false,
         };

@@ -9,7 +9,14 @@ use super::{
     Dispatcher,
     sent::{Dead, InFlight},
 };
-use crate::{command::Ready, kafka::DeliveryReport, message::Outgoing};
+use crate::{
+    command::Ready,
+    kafka::DeliveryReport,
+    message::{Outgoing, UnixMillis},
+};
+
+/// How long before a message is due its topic may be marked.
+const MARK_AHEAD: Duration = Duration::from_secs(2);
 
 impl Dispatcher {
     /// Before the first produce of this store to `topic`: marks where its
@@ -45,6 +52,24 @@ impl Dispatcher {
             error = %failed,
             "marking where a topic's partitions end failed: after an unclean stop, they are read back from their start"
         );
+    }
+
+    /// Before sleeping until `due`: marks the topic of the message due
+    /// then, if it is due within [`MARK_AHEAD`] and its topic has no mark
+    /// yet, so that its first produce does not wait for the broker's
+    /// answer (a few round trips, more on a broker slow to find a
+    /// partition's end). Not sooner: a mark is where a search after an
+    /// unclean stop starts, and what others write to the topic between
+    /// the mark and the first produce is read back by it.
+    pub(super) async fn mark_ahead(&mut self, due: UnixMillis) {
+        if due > self.clock.now().saturating_add(MARK_AHEAD) {
+            return;
+        }
+        if let Some(topic) = self.ahead.next_topic.take()
+            && !self.doubt.marked.contains(&*topic)
+        {
+            self.mark(topic.into()).await;
+        }
     }
 
     /// Whether a message of `topic` has a dead-letter topic: as

@@ -160,6 +160,7 @@ impl Dispatcher {
                 (false, None) => Next::Idle,
             };
             next = self.ahead.after;
+            self.ahead.next_topic = batch.next_topic.take().filter(|t| !self.doubt.marked.contains(&**t));
             if batch.more {
                 if let Some(last) = batch.ready.iter().map(|r| r.key).max() {
                     // A backlog: the horizon recorded while nothing was

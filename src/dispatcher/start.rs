@@ -5,7 +5,7 @@
 //! stop, that search runs beside the dispatcher (see
 //! [`doubt`](super::doubt)): what is not in doubt goes out meanwhile.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
@@ -269,7 +269,7 @@ impl Dispatcher {
         if found.is_empty() {
             return;
         }
-        let mut at: HashMap<MessageId, (DispatchKey, Outcome)> =
+        let mut at: foldhash::HashMap<MessageId, (DispatchKey, Outcome)> =
             found.into_iter().map(|f| (f.id, (f.key, f.outcome))).collect();
         let entries = at.iter().map(|(id, (key, _))| (*key, id.clone())).collect();
         let batch = match self.store.take_listed(entries).await {

@@ -245,8 +245,9 @@ impl Producer {
     }
 
     /// Where each partition of `topic` ends now (the offset its next record
-    /// gets). Blocking.
+    /// gets). Blocking; the partitions are asked a few at a time.
     pub fn ends(&self, topic: &str, timeout: Duration) -> Result<Vec<(i32, i64)>, KafkaError> {
+        const AT_ONCE: usize = 8;
         let client = self.metadata.client();
         let metadata = client.fetch_metadata(Some(topic), timeout)?;
         let Some(described) = metadata.topics().iter().find(|t| t.name() == topic) else {
@@ -255,11 +256,22 @@ impl Producer {
         if let Some(e) = described.error() {
             return Err(KafkaError::MetadataFetch(e.into()));
         }
-        described
-            .partitions()
-            .iter()
-            .map(|p| client.fetch_watermarks(topic, p.id(), timeout).map(|(_, high)| (p.id(), high)))
-            .collect()
+        let partitions: Vec<i32> = described.partitions().iter().map(|p| p.id()).collect();
+        let end = |p: i32| client.fetch_watermarks(topic, p, timeout).map(|(_, high)| (p, high));
+        let mut ends = Vec::with_capacity(partitions.len());
+        for some in partitions.chunks(AT_ONCE) {
+            let asked = std::thread::scope(|scope| {
+                let asking: Vec<_> = some.iter().map(|&p| scope.spawn(move || end(p))).collect();
+                asking
+                    .into_iter()
+                    .map(|a| a.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect::<Vec<_>>()
+            });
+            for answer in asked {
+                ends.push(answer?);
+            }
+        }
+        Ok(ends)
     }
 
     /// Cancelled when the producer has failed fatally and cannot produce

@@ -13,11 +13,7 @@
 //! ([`Bucket`]); the dispatcher applies them ([`crate::dispatcher`]), and
 //! the Admin calls set them ([`crate::admin`]).
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use crate::message::{Tenant, UnixMillis};
 
@@ -172,7 +168,7 @@ impl TopicPolicy {
 pub struct Table {
     /// By topic, so that a message's look-up is two hash probes however
     /// many policies the table holds.
-    topics: HashMap<Arc<str>, Lanes>,
+    topics: foldhash::HashMap<Arc<str>, Lanes>,
     /// Policies removed (their last change says nothing), kept for when:
     /// in cluster mode an earlier change read later must not bring one
     /// back.
@@ -184,7 +180,7 @@ pub struct Table {
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Lanes {
     wide: Option<(PolicyKey, TopicPolicy)>,
-    tenants: HashMap<Tenant, (PolicyKey, TopicPolicy)>,
+    tenants: foldhash::HashMap<Tenant, (PolicyKey, TopicPolicy)>,
 }
 
 impl Lanes {

@@ -6,7 +6,7 @@
 //! claims, per-tenant counts or threads. What the bench measures
 //! hourglass's ingest and drain against.
 
-use rocksdb::{DB, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
+use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
 
 use super::{
     StoreError,
@@ -76,13 +76,13 @@ impl BareWrites {
             let mut opts = ReadOptions::default();
             opts.set_iterate_lower_bound(from.encode());
             opts.set_iterate_upper_bound(upper);
-            let start = from.encode();
             let mut chunk = 0;
-            for item in db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward)) {
-                let (k, v) = item?;
+            let mut items = db.raw_iterator_cf_opt(due_cf, opts);
+            items.seek(from.encode());
+            while let (Some(k), Some(v)) = (items.key(), items.value()) {
                 let key =
-                    DispatchKey::decode(&k).ok_or_else(|| StoreError::Corrupt(format!("due key {k:?}")))?;
-                let Some(DueValue::Entry(entry)) = schema::decode_due_value(&v) else {
+                    DispatchKey::decode(k).ok_or_else(|| StoreError::Corrupt(format!("due key {k:?}")))?;
+                let Some(DueValue::Entry(entry)) = schema::decode_due_value(v) else {
                     return Err(StoreError::Corrupt(format!("due entry at {k:?}")));
                 };
                 lines.push(DeliveryLine {
@@ -102,7 +102,9 @@ impl BareWrites {
                 if chunk >= read {
                     break;
                 }
+                items.next();
             }
+            items.status()?;
             if chunk < read {
                 break;
             }
@@ -136,6 +138,8 @@ fn log_delivered(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rocksdb::IteratorMode;
+
     use crate::store::Durability;
 
     fn envelope(i: usize) -> Envelope {

@@ -10,7 +10,7 @@
 
 use std::{collections::HashSet, sync::Arc};
 
-use rocksdb::{DB, Direction, IteratorMode, ReadOptions};
+use rocksdb::{DB, ReadOptions};
 
 use super::{
     Store, StoreError,
@@ -213,59 +213,70 @@ impl Store {
         let mut logged = read::Logged::from(db, from, None)?;
         let mut held_back: Vec<(PolicyKey, DispatchKey)> = Vec::new();
         let mut stepped_over = 0;
-        let items = db.iterator_cf_opt(due_cf, opts, IteratorMode::From(&start, Direction::Forward));
-        for (examined, item) in items.enumerate() {
+        // Read in place: an entry stepped over is neither copied nor decoded.
+        let mut items = db.raw_iterator_cf_opt(due_cf, opts);
+        items.seek(start);
+        let mut examined = 0;
+        while let (Some(k), Some(v)) = (items.key(), items.value()) {
             if found.len() >= limit || examined >= take.examine() {
                 more = true;
                 break;
             }
-            let (k, v) = item?;
-            let key = DispatchKey::decode(&k).ok_or_else(|| StoreError::Corrupt(format!("due key {k:?}")))?;
+            examined += 1;
+            let key = DispatchKey::decode(k).ok_or_else(|| StoreError::Corrupt(format!("due key {k:?}")))?;
             next_from = key.successor();
-            if logged.contains(key)? {
-                continue;
-            }
-            // A held lane's entry is stepped over without decoding it.
-            if let Take::AllBut(held) = take
-                && !held.is_empty()
-                && let Some((id, topic)) = schema::peek_due_entry(&v)
-                && let Some(lane) = held.iter().find(|lane| lane.holds_raw(id, topic))
-            {
-                // Keys ascend: the first met of a lane is its lowest.
-                if !held_back.iter().any(|(l, _)| l == lane) {
-                    held_back.push((lane.clone(), key));
+            let entry = 'entry: {
+                if logged.contains(key)? {
+                    break 'entry None;
                 }
-                stepped_over += 1;
-                continue;
-            }
-            // A lane's walk decodes its own entries only.
-            if let Take::Lane(lane) = take
-                && let Some((id, topic)) = schema::peek_due_entry(&v)
-                && !lane.holds_raw(id, topic)
-            {
-                continue;
-            }
-            let entry = decode_found(key, &v)?;
-            match take {
-                Take::Lane(lane) if !of_lane(lane, &entry) => continue,
-                Take::AllBut(_) | Take::Lane(_) => {}
-            }
-            found.push(entry);
+                // A held lane's entry is stepped over without decoding it.
+                if let Take::AllBut(held) = take
+                    && !held.is_empty()
+                    && let Some((id, topic)) = schema::peek_due_entry(v)
+                    && let Some(lane) = held.iter().find(|lane| lane.holds_raw(id, topic))
+                {
+                    // Keys ascend: the first met of a lane is its lowest.
+                    if !held_back.iter().any(|(l, _)| l == lane) {
+                        held_back.push((lane.clone(), key));
+                    }
+                    stepped_over += 1;
+                    break 'entry None;
+                }
+                // A lane's walk decodes its own entries only.
+                if let Take::Lane(lane) = take
+                    && let Some((id, topic)) = schema::peek_due_entry(v)
+                    && !lane.holds_raw(id, topic)
+                {
+                    break 'entry None;
+                }
+                let entry = decode_found(key, v)?;
+                match take {
+                    Take::Lane(lane) if !of_lane(lane, &entry) => None,
+                    Take::AllBut(_) | Take::Lane(_) => Some(entry),
+                }
+            };
+            found.extend(entry);
+            items.next();
         }
-        let next_dispatch_at = if more || matches!(take, Take::Lane(_)) {
-            None
+        items.status()?;
+        let (next_dispatch_at, next_topic) = if more || matches!(take, Take::Lane(_)) {
+            (None, None)
         } else {
             let mut opts = ReadOptions::default();
             opts.set_iterate_lower_bound(upper.encode());
-            let next = db
-                .iterator_cf_opt(due_cf, opts, IteratorMode::From(&upper.encode(), Direction::Forward))
-                .next();
-            next.transpose()?.and_then(|(k, _)| DispatchKey::decode(&k)).map(|k| k.at)
+            let mut next = db.raw_iterator_cf_opt(due_cf, opts);
+            next.seek(upper.encode());
+            next.status()?;
+            let at = next.key().and_then(DispatchKey::decode).map(|k| k.at);
+            let topic =
+                next.value().and_then(schema::peek_due_entry).and_then(|(_, t)| std::str::from_utf8(t).ok());
+            (at, topic.map(Box::from))
         };
         let mut batch = self.claim_and_read(found, Some(walk));
         batch.next_from = next_from;
         batch.more = more;
         batch.next_dispatch_at = next_dispatch_at;
+        batch.next_topic = next_topic;
         batch.held_back = held_back;
         batch.stepped_over = stepped_over;
         Ok(batch)
