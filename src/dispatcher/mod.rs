@@ -246,6 +246,9 @@ struct Scan {
     unreadable_retry: UnixMillis,
     /// Rescan from here: more was handed over or put off than is kept.
     rescan_from: Option<DispatchKey>,
+    /// A rescan from within the range of the read under way: from here
+    /// once it lands.
+    after_read: Option<DispatchKey>,
     /// Everything in the due CF below this is settled, in flight, read
     /// ahead, or in one of the lists above.
     from: DispatchKey,
@@ -356,6 +359,7 @@ impl Dispatcher {
                 unreadable: Vec::new(),
                 unreadable_retry: UnixMillis(0),
                 rescan_from: None,
+                after_read: None,
                 from: scan_from,
             },
             ahead: ReadAhead {

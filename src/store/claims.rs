@@ -269,6 +269,8 @@ pub(crate) struct Wake {
     unrecorded: AtomicUsize,
     /// The dispatcher waits for commits to lower `unrecorded`.
     awaiting_commits: AtomicBool,
+    /// Stretches of the due index that hold one topic's entries only.
+    runs: super::runs::Runs,
 }
 
 #[derive(Default)]
@@ -329,6 +331,11 @@ pub(crate) struct Late {
 impl Wake {
     fn state(&self) -> std::sync::MutexGuard<'_, WakeState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the writer knows of where one topic's entries lie in a row.
+    pub(super) fn runs(&self) -> &super::runs::Runs {
+        &self.runs
     }
 
     /// The dispatcher hands `n` settles to the writer.

@@ -29,6 +29,7 @@ mod options;
 mod policy;
 mod read;
 mod rows;
+mod runs;
 mod scan;
 mod schema;
 mod series;

@@ -17,6 +17,7 @@ use super::{
     claims::{Claim, Claims, Watched},
     options::cf,
     read,
+    runs::Seek,
     schema::{self, DispatchKey, DueEntry, DueValue, MessageRecord, Settlement, TriesRecord},
     view,
 };
@@ -213,10 +214,20 @@ impl Store {
         let mut logged = read::Logged::from(db, from, None)?;
         let mut held_back: Vec<(PolicyKey, DispatchKey)> = Vec::new();
         let mut stepped_over = 0;
+        // Where one topic's entries lie in a row, a walk seeks past them
+        // rather than step over each one. Taken after the walk told the
+        // writer how far it reads (see [`super::runs`]).
+        let mut runs = match take {
+            Take::AllBut([]) => Seek::new(Vec::new()),
+            Take::AllBut(_) | Take::Lane(_) => {
+                Seek::new(self.inner.wake.runs().within(from, upper, self.inner.wake.low_water()))
+            }
+        };
         // Read in place: an entry stepped over is neither copied nor decoded.
         let mut items = db.raw_iterator_cf_opt(due_cf, opts);
         items.seek(start);
         let mut examined = 0;
+        let mut skip_to = None;
         while let (Some(k), Some(v)) = (items.key(), items.value()) {
             if found.len() >= limit || examined >= take.examine() {
                 more = true;
@@ -227,6 +238,10 @@ impl Store {
             next_from = key.successor();
             let entry = 'entry: {
                 if logged.contains(key)? {
+                    // Past others' runs a lane's walk goes on, delivered or not.
+                    if let Take::Lane(lane) = take {
+                        skip_to = runs.past_others(key, lane);
+                    }
                     break 'entry None;
                 }
                 // A held lane's entry is stepped over without decoding it.
@@ -240,6 +255,12 @@ impl Store {
                         held_back.push((lane.clone(), key));
                     }
                     stepped_over += 1;
+                    // A run of a lane that holds it (a tenant's, or the
+                    // topic's for every tenant) is passed in one seek.
+                    skip_to = held
+                        .iter()
+                        .filter(|lane| lane.holds_raw(id, topic))
+                        .find_map(|lane| runs.past_lane(key, lane));
                     break 'entry None;
                 }
                 // A lane's walk decodes its own entries only.
@@ -247,6 +268,7 @@ impl Store {
                     && let Some((id, topic)) = schema::peek_due_entry(v)
                     && !lane.holds_raw(id, topic)
                 {
+                    skip_to = runs.past_others(key, lane);
                     break 'entry None;
                 }
                 let entry = decode_found(key, v)?;
@@ -256,7 +278,13 @@ impl Store {
                 }
             };
             found.extend(entry);
-            items.next();
+            match skip_to.take() {
+                Some(past) => {
+                    next_from = past.min(upper);
+                    items.seek(next_from.encode());
+                }
+                None => items.next(),
+            }
         }
         items.status()?;
         let (next_dispatch_at, next_topic) = if more || matches!(take, Take::Lane(_)) {

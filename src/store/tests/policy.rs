@@ -6,23 +6,13 @@ use std::sync::Arc;
 
 use super::*;
 use crate::{
-    command::{Row, Table},
+    command::{Intent, Row, Table},
     message::Tenant,
     policy::{PolicyKey, TopicPolicy},
 };
 
 async fn park_to(store: &Store, tenant: Option<&str>, id: &str, topic: &str, due: u64) {
-    let tenant = tenant.map(|t| Tenant::parse(t).unwrap());
-    let msg = NewMessage {
-        id: NewId::Client(MessageId::parse_in(tenant.as_ref(), id).unwrap()),
-        scope: Scope::everything(),
-        envelope: Envelope { topic: topic.into(), value: id.into(), ..Default::default() },
-        requested: DueSpec::At(UnixMillis(due)),
-        due: UnixMillis(due),
-        now: UnixMillis(0),
-        on_conflict: OnConflict::Reject,
-    };
-    store.schedule(msg).await.unwrap();
+    store.schedule(new_message(tenant, id, topic, due)).await.unwrap();
 }
 
 fn lane(topic: &str, tenant: Option<&str>) -> PolicyKey {
@@ -204,4 +194,94 @@ async fn what_a_paused_topic_holds_below_where_produces_start_is_not_in_doubt() 
     let store = open(dir.path());
     assert_eq!(store.in_doubt_window().unwrap().from, c.key);
     store.close().await;
+}
+
+fn new_message(tenant: Option<&str>, id: &str, topic: &str, due: u64) -> NewMessage {
+    let tenant = tenant.map(|t| Tenant::parse(t).unwrap());
+    NewMessage {
+        id: NewId::Client(MessageId::parse_in(tenant.as_ref(), id).unwrap()),
+        scope: Scope::everything(),
+        envelope: Envelope { topic: topic.into(), value: id.into(), ..Default::default() },
+        requested: DueSpec::At(UnixMillis(due)),
+        due: UnixMillis(due),
+        now: UnixMillis(0),
+        on_conflict: OnConflict::Reject,
+    }
+}
+
+/// Parks `n` messages of `topic` due at `due`, named `{prefix}{i}`, in
+/// batches.
+async fn wall(store: &Store, prefix: &str, topic: &str, due: u64, n: usize) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let msgs = chunk.iter().map(|i| new_message(None, &format!("{prefix}{i}"), topic, due)).collect();
+        for placed in store.schedule_batch(msgs).await.unwrap() {
+            placed.unwrap();
+        }
+    }
+}
+
+/// Walks the due index as the dispatcher does, holding `held` back, until
+/// something is taken: what was taken, and in how many walks.
+async fn walk_until_taken(store: &Store, held: &[PolicyKey], now: u64) -> (Vec<String>, usize) {
+    let held: Arc<[PolicyKey]> = Arc::from(held);
+    let (mut from, mut walks) = (DispatchKey::MIN, 0);
+    loop {
+        let batch = store.take_due_but(from, UnixMillis(now), 100, held.clone()).await.unwrap();
+        walks += 1;
+        from = batch.next_from;
+        if !batch.ready.is_empty() || !batch.more {
+            return (ids(&batch), walks);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_walk_seeks_past_a_held_topic_s_wall_and_finds_what_is_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // 200,000 due in one millisecond, one walk examines 65,536 entries at
+    // most: stepped over one by one, the wall takes four walks.
+    wall(&store, "a", "a", 1_000, 200_000).await;
+    park_to(&store, None, "b1", "b", 1_001).await;
+    let (taken, walks) = walk_until_taken(&store, &[lane("a", None)], 2_000).await;
+    assert_eq!(taken, ["b1"]);
+    assert_eq!(walks, 1, "the walk seeks past the wall");
+    // The lane still takes its own, from the lowest.
+    let a = store.take_lane(lane("a", None), DispatchKey::MIN, DispatchKey::after(UnixMillis(2_000)), 3);
+    assert_eq!(ids(&a.await.unwrap()), ["a0", "a1", "a2"]);
+}
+
+#[tokio::test]
+async fn an_entry_moved_into_a_wall_is_found_by_the_walk() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // `c1` is numbered between the wall's halves, due later; then moved
+    // into the wall's millisecond, between them.
+    wall(&store, "a", "a", 1_000, 3_000).await;
+    park_to(&store, None, "c1", "c", 5_000).await;
+    wall(&store, "z", "a", 1_000, 3_000).await;
+    let c1 = MessageId::parse("c1").unwrap();
+    store
+        .change(Intent::Reschedule { scope: Scope::everything(), id: c1, due: UnixMillis(1_000) })
+        .await
+        .unwrap()
+        .rescheduled()
+        .unwrap();
+    let (taken, _) = walk_until_taken(&store, &[lane("a", None)], 2_000).await;
+    assert_eq!(taken, ["c1"]);
+}
+
+#[tokio::test]
+async fn a_lane_walk_seeks_past_another_topic_s_wall() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    park_to(&store, None, "a1", "a", 999).await;
+    wall(&store, "b", "b", 1_000, 100_000).await;
+    park_to(&store, None, "a2", "a", 1_001).await;
+    let until = DispatchKey::after(UnixMillis(2_000));
+    // The dispatcher's walk has gone past it all (a lane is walked up to
+    // where that walk stands).
+    store.take_due_but(until, UnixMillis(2_000), 1, Arc::from([])).await.unwrap();
+    let batch = store.take_lane(lane("a", None), DispatchKey::MIN, until, 10).await.unwrap();
+    assert_eq!(ids(&batch), ["a1", "a2"], "one walk, not one per 16,384 stepped over");
 }

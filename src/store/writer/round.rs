@@ -21,6 +21,7 @@ use crate::{
         claims::{Claims, Floor},
         options::cf,
         read,
+        runs::RoundRuns,
         schema::{
             self, Counts, CountsKey, DeliveryLine, DeliveryLog, DispatchKey, MessageRecord, Meta, Settlement,
             TriesRecord,
@@ -57,7 +58,7 @@ pub(super) struct Round<'a> {
     /// What this round records of the dispatcher's produces.
     pub(super) produced: Produced,
     /// Due entries this round adds.
-    pub(super) added: Vec<(DispatchKey, MessageId)>,
+    pub(super) added: Added,
     /// First-try deliveries this round logs as one chunk.
     pub(super) chunk: Vec<DeliveryLine>,
     pub(super) replies: Vec<DeferredReply>,
@@ -73,6 +74,14 @@ pub(super) struct Round<'a> {
     /// Delivery logs this round read, decoded: none changes before the
     /// round commits.
     pub(super) delivery_logs: RefCell<read::DeliveryLogs>,
+}
+
+/// The due entries a round adds: those behind the dispatcher are handed
+/// to it, and where one topic's lie in a row is remembered (see
+/// [`crate::store::runs`]).
+pub(super) struct Added {
+    pub(super) entries: Vec<(DispatchKey, MessageId)>,
+    pub(super) runs: RoundRuns,
 }
 
 /// What a round records of the dispatcher's produces: tried again if the
@@ -134,6 +143,7 @@ pub(super) type DeferredReply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 
 impl<'a> Round<'a> {
     pub(super) fn new(db: &'a DB, meta: Meta) -> Self {
+        let fresh_from = meta.next_seq;
         Round {
             db,
             batch: WriteBatch::default(),
@@ -147,7 +157,7 @@ impl<'a> Round<'a> {
                 highest_removed: None,
             },
             produced: Produced::default(),
-            added: Vec::new(),
+            added: Added { entries: Vec::new(), runs: RoundRuns::new(fresh_from) },
             chunk: Vec::new(),
             replies: Vec::new(),
             effects: Effects::default(),
@@ -190,7 +200,8 @@ impl<'a> Round<'a> {
     ) {
         let entry = schema::encode_due_parts(id.as_bytes(), record, tries);
         self.batch.put_cf(cf(self.db, schema::CF_DUE), key.encode(), entry);
-        self.added.push((key, id.clone()));
+        self.added.runs.put(key, id, &record.topic);
+        self.added.entries.push((key, id.clone()));
     }
 
     /// Writes this round's first-try deliveries as one chunk's delivery

@@ -472,7 +472,8 @@ impl Writer {
                 self.shared.metrics.pending.set(r.meta.pending as i64);
                 self.meta = r.meta;
                 self.counts.extend(r.counts.drain());
-                self.handed.extend(self.shared.wake.added(&r.added));
+                self.shared.wake.runs().committed(std::mem::take(&mut r.added.runs));
+                self.handed.extend(self.shared.wake.added(&r.added.entries));
                 if !r.claims.reserved.is_empty() {
                     self.shared.wake.poke();
                 }

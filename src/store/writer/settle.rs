@@ -163,7 +163,7 @@ impl Writer {
                         if let Err(e) = other {
                             tracing::error!(error = %e, id = %id.qualified(), "reading a message to retry failed");
                         }
-                        r.added.push((settle.key, id.clone()));
+                        r.added.entries.push((settle.key, id.clone()));
                     }
                 }
             }
