@@ -512,6 +512,17 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
             phase(&format!("precision: {rate}/s due over a window"));
             let name = format!("precision at {rate}/s");
             let window = sc.precision_window;
+            // The floor on this broker: a bare producer sending at the due
+            // times, timed the same way.
+            let floor = {
+                let (kafka, raw_topic, w) = (kafka.clone(), raw_topic.clone(), w.clone());
+                let window = window.min(Duration::from_secs(10));
+                tokio::task::spawn_blocking(move || {
+                    limits::producer_lateness(&kafka, &raw_topic, rate, window, &w)
+                })
+                .await??
+            };
+            add_lateness_floor(&mut report, &format!("precision limit at {rate}/s: bare producer"), &floor);
             let late = steady(&server, &w, s.streams, rate, window, None, &name, &mut report).await?;
             add_lateness(&mut report, &format!("{name}:"), &late, targets);
         }
@@ -830,6 +841,16 @@ fn add_lateness(report: &mut Report, prefix: &str, late: &[i64], targets: Latene
     report.add(format!("{prefix} max lateness"), max, "ms", None, &target(targets.max));
     let early = late.iter().filter(|l| **l < 0).count() as f64;
     report.add(format!("{prefix} early"), early, "msgs", None, &[Target::AtMost(0.0)]);
+}
+
+/// The lateness of a bare producer at a phase's rate, beside it: no
+/// targets, the floor the phase's own figures stand on.
+fn add_lateness_floor(report: &mut Report, prefix: &str, late: &[i64]) {
+    let at = |p| percentile(late, p) as f64;
+    for (name, value) in [("p50", at(50.0)), ("p99", at(99.0)), ("p999", at(99.9))] {
+        report.add(format!("{prefix} {name} lateness"), value, "ms", None, &[]);
+    }
+    report.add(format!("{prefix} max lateness"), late.last().copied().unwrap_or(0) as f64, "ms", None, &[]);
 }
 
 /// Notes when a phase's messages were not all parked before the first was

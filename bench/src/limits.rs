@@ -2,7 +2,8 @@
 //! machine in the same run: RocksDB writing the same records with no gRPC
 //! in front, a bare rdkafka producer sending the same records, the two
 //! together for a drain (the producer beside a bare pass of the store over
-//! the same due entries), and a bare consumer reading a topic back.
+//! the same due entries), the producer sending at a steady rate for
+//! precision, and a bare consumer reading a topic back.
 
 use std::{
     path::Path,
@@ -184,6 +185,84 @@ fn produce(
     let acked = acked.load(Ordering::Relaxed);
     anyhow::ensure!(acked == messages as u64, "the raw producer had {acked} of {messages} acknowledged");
     Ok((started, ended))
+}
+
+/// The lateness a bare rdkafka producer, configured as hourglass's
+/// producer is, shows for records due at `rate` a second over `window`:
+/// each sent at its due millisecond by a thread that sleeps until then,
+/// and timed as the bench times a delivery, from its due time to the
+/// broker's answer (wall-clock milliseconds). The floor of the precision
+/// phase on this broker at this rate. Sorted.
+pub fn producer_lateness(
+    kafka: &KafkaConfig,
+    topic: &str,
+    rate: usize,
+    window: Duration,
+    w: &Workload,
+) -> anyhow::Result<Vec<i64>> {
+    let answered = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let failed = Arc::new(AtomicU64::new(0));
+    let context = Timing { answered: Arc::clone(&answered), failed: Arc::clone(&failed) };
+    let producer: ThreadedProducer<Timing> =
+        producer_config(kafka).create_with_context(context).context("creating the paced producer")?;
+    producer
+        .send(BaseRecord::<(), [u8], usize>::with_opaque_to(topic, usize::MAX).payload(&b"warm-up"[..]))
+        .map_err(|(e, _)| e)?;
+    producer.flush(Duration::from_secs(30)).context("paced producer warm-up")?;
+    let count = rate * window.as_secs().max(1) as usize;
+    let start = now_ms() + 100;
+    let mut ids = ulid::Generator::new();
+    for i in 0..count {
+        let due = start + (i as u64 * 1000 / rate as u64) as i64;
+        while now_ms() < due {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let envelope = w.envelope(i);
+        let id = MessageId::generate(&mut ids, None);
+        let due_text = due.to_string();
+        let headers = OwnedHeaders::new_with_capacity(2)
+            .insert(Header { key: ID_HEADER, value: Some(id.as_bytes()) })
+            .insert(Header { key: DUE_HEADER, value: Some(due_text.as_bytes()) });
+        let mut record =
+            BaseRecord::with_opaque_to(topic, due as usize).payload(&envelope.value).headers(headers);
+        if let Some(key) = envelope.key.as_deref() {
+            record = record.key(key);
+        }
+        producer.send(record).map_err(|(e, _)| e).context("paced producer send")?;
+    }
+    producer.flush(Duration::from_secs(60)).context("paced producer flush")?;
+    let failed = failed.load(Ordering::Relaxed);
+    anyhow::ensure!(failed == 0, "the paced producer had {failed} failed deliveries");
+    let mut late = std::mem::take(&mut *answered.lock().expect("not poisoned"));
+    anyhow::ensure!(late.len() == count, "the paced producer had {} of {count} answered", late.len());
+    late.sort_unstable();
+    Ok(late)
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Each answer's lateness: its arrival less the due time in its opaque.
+struct Timing {
+    answered: Arc<std::sync::Mutex<Vec<i64>>>,
+    failed: Arc<AtomicU64>,
+}
+
+impl ClientContext for Timing {}
+
+impl ProducerContext for Timing {
+    /// The record's due time, Unix ms (`usize::MAX`: the warm-up's).
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, due: usize) {
+        if result.is_err() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        } else if due != usize::MAX {
+            let late = now_ms() - due as i64;
+            self.answered.lock().expect("not poisoned").push(late);
+        }
+    }
 }
 
 /// Records per second bare rdkafka consumers read of `topic`, one per
