@@ -784,6 +784,19 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
             &[Target::AtMost(0.0)],
         );
         add_lateness(&mut report, &format!("{name}:"), &fired.late, LatenessTargets::default());
+        let (before, after) = &fired.stages;
+        after.add_since(before, &mut report, &format!("{name}:"));
+        let parked = fired.parked;
+        report.add(format!("{name}: occurrences parked"), parked.total, "msgs", None, &[]);
+        report.add(
+            format!("{name}: of those, parked at or after due"),
+            parked.at_or_after,
+            "msgs",
+            None,
+            &[],
+        );
+        let name_50 = format!("{name}: of those, parked less than 50 ms before due, or after");
+        report.add(name_50, parked.within_50ms, "msgs", None, &[]);
         // Beside them, one-off messages due at the same rate, sampled the
         // same way, on a fresh server and store (the series would go on
         // firing in this one until it stops).

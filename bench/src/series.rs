@@ -23,7 +23,10 @@ use hourglass::{
 };
 use hourglass_testkit::ServerProcess;
 
-use crate::workload::{Workload, now_ms};
+use crate::{
+    stages::Stages,
+    workload::{Workload, now_ms},
+};
 
 const MINUTE: u64 = 60_000;
 
@@ -42,6 +45,41 @@ pub struct Fired {
     /// Resident memory and disk before and after the series were created.
     pub rss: (Option<u64>, Option<u64>),
     pub disk: (u64, u64),
+    /// The dispatch stages over the measured minutes: before and after.
+    pub(crate) stages: (Stages, Stages),
+    /// Of the occurrences parked over the measured minutes, how many were
+    /// parked at or after their due time, and within 50 ms before it; and
+    /// how many were parked.
+    pub parked: ParkLead,
+}
+
+/// How far ahead of their due times the driver parked occurrences (the
+/// server's `hourglass_series_park_lead_seconds`), counted over a window.
+#[derive(Clone, Copy, Default)]
+pub struct ParkLead {
+    pub at_or_after: f64,
+    pub within_50ms: f64,
+    pub total: f64,
+}
+
+impl ParkLead {
+    async fn read(server: &ServerProcess) -> anyhow::Result<ParkLead> {
+        const METRIC: &str = "hourglass_series_park_lead_seconds";
+        let bucket = |le: &'static str| server.metric_or_zero(format!("{METRIC}_bucket{{le=\"{le}\"}}"));
+        Ok(ParkLead {
+            at_or_after: bucket("0").await?,
+            within_50ms: bucket("0.05").await?,
+            total: server.metric_or_zero(format!("{METRIC}_count")).await?,
+        })
+    }
+
+    fn since(self, before: ParkLead) -> ParkLead {
+        ParkLead {
+            at_or_after: self.at_or_after - before.at_or_after,
+            within_50ms: self.within_50ms - before.within_50ms,
+            total: self.total - before.total,
+        }
+    }
 }
 
 /// Creates `n` series of `w`'s records, each every minute, and measures
@@ -104,8 +142,10 @@ pub async fn run(
     eprintln!("bench: series: measuring from {} for {minutes} min", first_minute as i64 - now_ms() as i64);
     wait_until(first_minute).await;
     let before = server.metric("hourglass_messages_delivered_total").await?;
+    let (stages_before, lead_before) = (Stages::read(server).await?, ParkLead::read(server).await?);
     wait_until(last).await;
     let delivered = server.metric("hourglass_messages_delivered_total").await? - before;
+    let (stages_after, lead_after) = (Stages::read(server).await?, ParkLead::read(server).await?);
     let fired_rate = delivered / (minutes * MINUTE / 1000) as f64;
     // Let the last ones out, then read a sample's delivery times.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -124,7 +164,17 @@ pub async fn run(
     let sampled = messages.len();
     let (late, missing) =
         crate::load::lateness_of_delivered(std::slice::from_ref(server), &messages, 32).await?;
-    Ok(Fired { created_rate, fired_rate, late, sampled, missing, rss: (rss0, rss1), disk: (disk0, disk1) })
+    Ok(Fired {
+        created_rate,
+        fired_rate,
+        late,
+        sampled,
+        missing,
+        rss: (rss0, rss1),
+        disk: (disk0, disk1),
+        stages: (stages_before, stages_after),
+        parked: lead_after.since(lead_before),
+    })
 }
 
 async fn wait_until(t: u64) {

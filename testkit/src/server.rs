@@ -230,6 +230,12 @@ impl ServerProcess {
         series_value(&body, name).with_context(|| format!("{name} missing from /metrics"))
     }
 
+    /// `name`'s value, or 0 while the server shows none (a labelled series
+    /// appears with its first observation).
+    pub async fn metric_or_zero(&self, name: impl AsRef<str>) -> anyhow::Result<f64> {
+        Ok(series_value(&self.metrics_text().await?, name.as_ref()).unwrap_or(0.0))
+    }
+
     /// The server's /metrics, whole (with the HTTP response's head).
     pub async fn metrics_text(&self) -> anyhow::Result<String> {
         let mut s = tokio::net::TcpStream::connect(&self.metrics).await?;
