@@ -196,9 +196,14 @@ impl Ahead {
     /// reaches the horizon recorded when the read began.
     pub(super) fn past(self, batch: &DueBatch) -> Option<Recording> {
         let last = batch.ready.iter().map(|r| r.key).max().filter(|last| *last >= self.recorded)?;
-        let until = horizon_past(last, !batch.more);
-        let recorder = self.recorder;
-        Some(Recording { until, task: tokio::spawn(async move { recorder.extend_horizon(until).await }) })
+        Some(Recording::start(self.recorder, horizon_past(last, !batch.more)))
+    }
+}
+
+impl Recording {
+    /// Records `until` as the horizon, off the dispatcher's task.
+    fn start(recorder: Arc<dyn Recorder>, until: DispatchKey) -> Recording {
+        Recording { until, task: tokio::spawn(async move { recorder.extend_horizon(until).await }) }
     }
 }
 
@@ -231,9 +236,24 @@ impl Horizon {
     /// past it, so that what is due then goes out on waking without a
     /// commit. (A backlog found there brings it down again: see
     /// [`Self::down_to`].)
+    ///
+    /// Once less than half of [`HORIZON_AHEAD`] is left, the next one is
+    /// recorded in the background: a steady stream then never waits for a
+    /// commit when its messages reach the horizon (it did every
+    /// [`HORIZON_AHEAD`], for as long as the writer's round took).
     pub(super) async fn extend_asleep(&mut self, due: UnixMillis) {
+        if self.recording.as_ref().is_some_and(|r| r.task.is_finished()) {
+            self.recorded().await;
+        }
         let due = DispatchKey { at: due, seq: u64::MAX };
-        self.extend(due.successor(), horizon_past(due, true)).await;
+        let until = horizon_past(due, true);
+        if due.successor() > self.recorded {
+            return self.extend(due.successor(), until).await;
+        }
+        let half = DispatchKey::after(due.at.saturating_add(HORIZON_AHEAD / 2));
+        if self.recording.is_none() && self.recorded < half {
+            self.recording = Some(Recording::start(Arc::clone(&self.recorder), until));
+        }
     }
 
     /// A backlog was found: brings the horizon down to `until` (past the
