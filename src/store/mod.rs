@@ -20,6 +20,7 @@
 //! says what they mean. Nothing here knows about gRPC or Kafka.
 
 mod bare;
+mod browse;
 mod claims;
 mod error;
 mod health;
@@ -192,6 +193,23 @@ impl Store {
         let result = tokio::task::spawn_blocking(move || read(&store))
             .await
             .map_err(|e| StoreError::Io(format!("store read task: {e}")))?;
+        self.damage_in(result)
+    }
+
+    /// Runs `walk`, a long read for the store's readers, on a thread that
+    /// yields the CPU to deliveries ([`browse`]); damage it finds is
+    /// reported.
+    async fn browsing<T: Send + 'static>(
+        &self,
+        walk: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.clone();
+        let result = browse::run(move || walk(&store)).await?;
+        self.damage_in(result)
+    }
+
+    /// `result`, with the damage it says of reported.
+    fn damage_in<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
         if let Err(StoreError::Corrupt(detail)) = &result {
             self.report_damage(detail);
         }

@@ -50,7 +50,7 @@ impl Reader {
         let from = DispatchKey { at: window.from, seq: 0 }.max(self.store.inner.wake.low_water());
         let walk = Walk { examine, budget: FORECAST_BUDGET };
         self.store
-            .blocking(move |s| forecast(&s.inner.db, &scope, window, from, topic.as_deref(), walk))
+            .browsing(move |s| forecast(&s.inner.db, &scope, window, from, topic.as_deref(), walk))
             .await
     }
 }

@@ -4,7 +4,9 @@
 //! starts the due index where live entries start, not at the tombstones of
 //! what was settled long ago.
 //!
-//! Nothing here writes; reads run on blocking threads, never on the writer.
+//! Nothing here writes; reads run on blocking threads, never on the writer;
+//! the long walks (a page, counts, a forecast) on the store's browsing
+//! threads, which yield the CPU to deliveries ([`super::browse`]).
 
 use std::collections::HashMap;
 
@@ -64,7 +66,7 @@ impl Reader {
     /// still be pending.
     pub async fn list_pending(&self, scope: Scope, mut filter: ListFilter) -> Result<StorePage, StoreError> {
         filter.from = filter.from.max(self.store.inner.wake.low_water());
-        let mut page = self.store.blocking(move |s| list_pending(&s.inner.db, &scope, &filter)).await?;
+        let mut page = self.store.browsing(move |s| list_pending(&s.inner.db, &scope, &filter)).await?;
         page.messages.iter_mut().for_each(|(_, m)| self.store.inner.held.explain_listed(m));
         Ok(page)
     }
@@ -74,7 +76,7 @@ impl Reader {
     pub async fn stats(&self, scope: Scope, now: UnixMillis) -> Result<StoreStats, StoreError> {
         let from = self.store.inner.wake.low_water();
         let mut stats =
-            self.store.blocking(move |s| stats(&s.inner.db, &scope, now, from, STATS_EXAMINE)).await?;
+            self.store.browsing(move |s| stats(&s.inner.db, &scope, now, from, STATS_EXAMINE)).await?;
         if let Some(m) = &mut stats.oldest_overdue {
             self.store.inner.held.explain_listed(m);
         }
