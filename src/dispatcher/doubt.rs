@@ -169,7 +169,8 @@ impl Doubt {
 pub(super) struct Horizon {
     recorder: Arc<dyn Recorder>,
     recorded: DispatchKey,
-    /// A horizon being recorded for a chunk read ahead.
+    /// A horizon being recorded, for a chunk read ahead or ahead of a
+    /// steady stream; it counts once it has landed.
     recording: Option<Recording>,
     /// Everything handed to the producer lies below this.
     produced_below: DispatchKey,
@@ -178,7 +179,7 @@ pub(super) struct Horizon {
     keep_above: DispatchKey,
 }
 
-/// A horizon being recorded, for a chunk read ahead.
+/// A horizon being recorded off the dispatcher's task.
 pub(super) struct Recording {
     until: DispatchKey,
     task: JoinHandle<Result<(), StoreError>>,
@@ -322,5 +323,67 @@ mod tests {
         assert_eq!(horizon_past(key(1_000, 7), true), key(1_000 + HORIZON_AHEAD.as_millis() as u64 + 1, 0));
         // A key at the end of its millisecond.
         assert_eq!(horizon_past(key(1_000, u64::MAX), false), key(1_001, 0));
+    }
+
+    /// Records horizons only when the test lets it, and keeps what it
+    /// recorded.
+    struct Gated {
+        open: tokio::sync::Semaphore,
+        recorded: std::sync::Mutex<Vec<DispatchKey>>,
+    }
+
+    #[tonic::async_trait]
+    impl Recorder for Gated {
+        async fn record(&self, _: Vec<crate::command::Settle>, _: Option<crate::store::Floor>) {}
+        async fn flushed(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn mark(&self, _: Arc<str>, _: Vec<(i32, i64)>) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn extend_horizon(&self, until: DispatchKey) -> Result<(), StoreError> {
+            self.open.acquire().await.expect("open").forget();
+            self.recorded.lock().unwrap().push(until);
+            Ok(())
+        }
+        async fn lower_horizon(&self, _: DispatchKey) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_steady_stream_has_its_next_horizon_recorded_before_it_reaches_it() {
+        let gated = Arc::new(Gated { open: tokio::sync::Semaphore::new(0), recorded: Default::default() });
+        let ahead = HORIZON_AHEAD.as_millis() as u64;
+        let mut horizon = Horizon {
+            recorder: Arc::clone(&gated) as Arc<dyn Recorder>,
+            recorded: key(10_000 + ahead, 0),
+            recording: None,
+            produced_below: DispatchKey::MIN,
+            keep_above: DispatchKey::MIN,
+        };
+        async fn asleep(h: &mut Horizon, at: u64) {
+            tokio::time::timeout(Duration::from_secs(5), h.extend_asleep(UnixMillis(at)))
+                .await
+                .expect("extending while asleep waits for no commit")
+        }
+        // More than half the horizon left: nothing to record.
+        asleep(&mut horizon, 10_000).await;
+        assert!(horizon.recording.is_none());
+        // Less than half left: the next is recorded in the background, and
+        // counts only once it has landed.
+        let at = 10_000 + ahead / 2 + 1;
+        asleep(&mut horizon, at).await;
+        assert!(horizon.recording.is_some());
+        asleep(&mut horizon, at + 1).await;
+        assert_eq!(horizon.recorded, key(10_000 + ahead, 0), "not landed yet");
+        gated.open.add_permits(1);
+        while !horizon.recording.as_ref().is_some_and(|r| r.task.is_finished()) {
+            tokio::task::yield_now().await;
+        }
+        asleep(&mut horizon, at + 2).await;
+        assert_eq!(*gated.recorded.lock().unwrap(), [horizon_past(key(at, u64::MAX), true)]);
+        assert_eq!(horizon.recorded, horizon_past(key(at, u64::MAX), true));
+        assert!(horizon.recording.is_none(), "one recording at a time, none needed now");
     }
 }

@@ -124,6 +124,14 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 /// order: a slow produce below it does not hold its claim longer.
 const HOLD_FOR: Duration = Duration::from_millis(100);
 
+/// Answered first-try deliveries go to the store at most once per this
+/// much time: a steady stream is settled in a commit per interval (each an
+/// fsync with `--durability sync`), not in one per batch of answers, which
+/// cost 1,600 commits a second at 20,000 msg/s. A crash loses at most what
+/// gathered; that is in doubt, and found on its topic, like any delivery
+/// not yet recorded.
+const GATHER: Duration = Duration::from_millis(5);
+
 /// How often a dispatcher whose gate is shut (in cluster mode: the lease
 /// ran out, or the log names another owner) looks whether it opened again.
 const GATE_RECHECK: Duration = Duration::from_millis(50);
@@ -424,11 +432,16 @@ impl Dispatcher {
                 self.doubt.pulse.beat(self.clock.now());
                 sleep = sleep.min(pulse::EVERY);
             }
-            // What waits to be settled in order, or was settled without a
-            // produce (expired, failed with its topic), waits no longer
-            // than this.
-            let settling = self.sent.has_answered() || !self.settling.settles.is_empty();
-            let sleep = if settling { sleep.min(HOLD_FOR) } else { sleep };
+            // Deliveries gathering to be settled in order go to the store
+            // within GATHER; what was settled without a produce (expired,
+            // failed with its topic) within HOLD_FOR.
+            let sleep = if self.sent.has_answered() {
+                sleep.min(GATHER)
+            } else if !self.settling.settles.is_empty() {
+                sleep.min(HOLD_FOR)
+            } else {
+                sleep
+            };
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,

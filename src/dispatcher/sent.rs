@@ -67,6 +67,8 @@ pub(super) struct Sent {
     answered: usize,
     /// Since when answered deliveries have waited to be handed on.
     answered_since: Option<Instant>,
+    /// When answered deliveries were last handed on.
+    handed_at: Option<Instant>,
     /// Tokens below this were looked at for stalls.
     stall_cursor: u64,
 }
@@ -125,18 +127,28 @@ impl Sent {
     }
 
     /// The deliveries to hand on now: those every record sent before has
-    /// been answered for; all of them when `all`, or when they have waited
-    /// `hold_for` or number `cap`. Each is marked `in_order`: every record
+    /// been answered for, at most once per `gather` (so that a steady
+    /// stream is handed on in a chunk per `gather`, not one per answer);
+    /// all of them when `all`, or when they have waited `hold_for` or
+    /// number `cap`. Each is marked `in_order`: every record
     /// sent before it to its partition was answered before it and is
     /// handed on with it or was before.
-    pub(super) fn flush(&mut self, all: bool, hold_for: Duration, cap: usize) -> Vec<Settle> {
-        let all = all
-            || self.answered >= cap
-            || self.answered_since.is_some_and(|since| since.elapsed() >= hold_for);
+    pub(super) fn flush(
+        &mut self,
+        all: bool,
+        gather: Duration,
+        hold_for: Duration,
+        cap: usize,
+    ) -> Vec<Settle> {
+        let waited = self.answered_since.map(|since| since.elapsed());
+        let all = all || self.answered >= cap || waited.is_some_and(|w| w >= hold_for);
+        let gathered = all || self.handed_at.is_none_or(|at| at.elapsed() >= gather);
         let mut out = Vec::new();
         while let Some(front) = self.slots.front() {
-            if matches!(front, Slot::Waiting(_)) {
-                break;
+            match front {
+                Slot::Waiting(_) => break,
+                Slot::Answered(_) if !gathered => break,
+                _ => {}
             }
             if let Some(Slot::Answered(mut settle)) = self.slots.pop_front() {
                 settle.in_order = true;
@@ -153,6 +165,9 @@ impl Sent {
                     out.push(settle);
                 }
             }
+        }
+        if !out.is_empty() {
+            self.handed_at = Some(Instant::now());
         }
         self.answered -= out.len();
         if self.answered == 0 {
@@ -283,11 +298,11 @@ mod tests {
             assert!(!stalled);
             assert!(s.answer(t, delivered(f)).is_none());
         }
-        assert!(s.flush(false, HOLD, 100).is_empty(), "the first is still unanswered");
+        assert!(s.flush(false, Duration::ZERO, HOLD, 100).is_empty(), "the first is still unanswered");
         assert!(s.take(tokens[1]).is_none(), "answered once");
         let (f, _) = s.take(tokens[0]).unwrap();
         assert!(s.answer(tokens[0], delivered(f)).is_none());
-        assert_eq!(keys(&s.flush(false, HOLD, 100)), [0, 1, 2, 3], "in the order sent");
+        assert_eq!(keys(&s.flush(false, Duration::ZERO, HOLD, 100)), [0, 1, 2, 3], "in the order sent");
         assert!(s.is_empty() && !s.has_answered());
         let t = s.push(sent(9));
         assert_eq!(t, 4, "tokens go on");
@@ -301,13 +316,36 @@ mod tests {
         let second = s.push(sent(1));
         let (f, _) = s.take(second).unwrap();
         assert!(s.answer(second, delivered(f)).is_none());
-        assert!(s.flush(false, HOLD, 100).is_empty());
-        assert_eq!(keys(&s.flush(false, HOLD, 1)), [1], "at the cap");
+        assert!(s.flush(false, Duration::ZERO, HOLD, 100).is_empty());
+        assert_eq!(keys(&s.flush(false, Duration::ZERO, HOLD, 1)), [1], "at the cap");
         assert_eq!(s.waiting(), 1);
         let (f, _) = s.take(first).unwrap();
         assert!(s.answer(first, delivered(f)).is_none());
-        assert_eq!(keys(&s.flush(false, Duration::ZERO, 100)), [0], "held long enough");
+        assert_eq!(keys(&s.flush(false, Duration::ZERO, Duration::ZERO, 100)), [0], "held long enough");
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn an_answered_front_is_handed_on_at_most_once_per_gather() {
+        let mut s = Sent::default();
+        let answer = |s: &mut Sent, n: u64| {
+            let t = s.push(sent(n));
+            let (f, _) = s.take(t).unwrap();
+            assert!(s.answer(t, delivered(f)).is_none());
+        };
+        answer(&mut s, 0);
+        assert_eq!(keys(&s.flush(false, HOLD, HOLD, 100)), [0], "nothing handed on lately: at once");
+        answer(&mut s, 1);
+        answer(&mut s, 2);
+        assert!(s.flush(false, HOLD, HOLD, 100).is_empty(), "gathering");
+        assert!(s.has_answered());
+        assert_eq!(keys(&s.flush(false, HOLD, HOLD, 2)), [1, 2], "at the cap");
+        answer(&mut s, 3);
+        assert!(s.flush(false, HOLD, HOLD, 100).is_empty());
+        assert_eq!(keys(&s.flush(false, Duration::ZERO, HOLD, 100)), [3], "gathered long enough");
+        answer(&mut s, 4);
+        assert_eq!(keys(&s.flush(true, HOLD, HOLD, 100)), [4], "all, at shutdown");
+        assert!(s.is_empty() && !s.has_answered());
     }
 
     #[test]
@@ -322,7 +360,7 @@ mod tests {
         let (f, was_stalled) = s.take(quick).unwrap();
         assert!(was_stalled);
         let settle = delivered(f);
-        s.flush(false, HOLD, 100);
+        s.flush(false, Duration::ZERO, HOLD, 100);
         assert!(s.answer(quick, settle).is_some(), "its place is gone");
         let third = s.push(sent(2));
         assert!(s.find_stalls(Duration::from_secs(3600)).is_empty(), "not yet");

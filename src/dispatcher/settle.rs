@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{
-    Dispatcher, HOLD_FOR, PUBLISH_EVERY,
+    Dispatcher, GATHER, HOLD_FOR, PUBLISH_EVERY,
     sent::{Dead, InFlight},
     topics::{note_held, topic_refused},
 };
@@ -57,7 +57,7 @@ impl Dispatcher {
     /// deliveries once everything sent before them is answered (all of
     /// them when `all`, or when they have waited long or are many).
     pub(super) async fn flush_settles(&mut self, all: bool) {
-        let in_order = self.sent.flush(all, HOLD_FOR, self.config.max_in_flight);
+        let in_order = self.sent.flush(all, GATHER, HOLD_FOR, self.config.max_in_flight);
         let mut settles = std::mem::take(&mut self.settling.settles);
         settles.extend(in_order);
         // Once these are recorded, nothing below the floor is pending. It
