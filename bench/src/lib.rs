@@ -313,7 +313,7 @@ impl Bench {
 }
 
 /// Due entries a drain reads at a time, as the dispatcher does.
-const DRAIN_READ: usize = 2048;
+const DRAIN_READ: usize = 8192;
 /// Deliveries a drain records at a time, about as the writer does.
 const DRAIN_SETTLE: usize = 2048;
 
