@@ -55,7 +55,8 @@ impl Dispatcher {
                 Some((known, _)) => Arc::clone(known),
                 None => ready.envelope.topic.as_str().into(),
             };
-            if let Some((key, outcome)) = self.doubt.landed.remove(&ready.id)
+            if !self.doubt.landed.is_empty()
+                && let Some((key, outcome)) = self.doubt.landed.remove(&ready.id)
                 && key == ready.key
             {
                 // It reached Kafka (its topic or its dead-letter topic)

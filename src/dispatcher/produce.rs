@@ -91,8 +91,8 @@ impl Dispatcher {
         self.doubt.horizon.produced(ready.key);
         let queued = self.producer.send(outgoing, token, &self.reports.tx);
         let dead = match letter {
-            None if keep => Some(Dead::Fallback { envelope: ready.envelope }),
-            letter => letter,
+            None if keep => Some(Box::new(Dead::Fallback { envelope: ready.envelope })),
+            letter => letter.map(Box::new),
         };
         self.sent.push(InFlight {
             id: ready.id,

@@ -36,8 +36,9 @@ pub(super) struct InFlight {
     pub sent_at: Instant,
     /// The same, on the dispatcher's clock: its answer came no earlier.
     pub sent_wall: UnixMillis,
-    /// What it has to do with dead letters, if anything.
-    pub dead: Option<Dead>,
+    /// What it has to do with dead letters, if anything (boxed: most
+    /// have nothing, and a slot is moved whole).
+    pub dead: Option<Box<Dead>>,
 }
 
 /// What a produce has to do with dead letters.

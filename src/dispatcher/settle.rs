@@ -82,7 +82,7 @@ impl Dispatcher {
         let Some((mut sent, stalled)) = self.sent.take(report.token) else {
             return;
         };
-        let dead = sent.dead.take();
+        let dead = sent.dead.take().map(|dead| *dead);
         self.store.metrics().in_flight.set(self.sent.len() as i64);
         // When the broker answered, on the dispatcher's clock: the report
         // may have waited while the dispatcher read or produced; no

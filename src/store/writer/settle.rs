@@ -76,7 +76,7 @@ impl Writer {
     /// Records what became of a produce. The dispatcher's claim has kept
     /// the message as it read it, so nothing needs reading here.
     pub(super) fn settle(&mut self, r: &mut Round, settle: Settle) {
-        let id = settle.id.clone();
+        let id = &settle.id;
         r.claims.released.push(id.clone());
         let prev = settle.tries;
         let at = settle.at;
@@ -97,7 +97,8 @@ impl Writer {
                 if !prev.recorded && self.chunk_high < Some(settle.key) =>
             {
                 r.effects.delivered.push(at.since(settle.due));
-                r.meta.last_delivered_key = settle.key.encode().to_vec();
+                r.meta.last_delivered_key.clear();
+                r.meta.last_delivered_key.extend_from_slice(&settle.key.encode());
                 r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
                 r.meta.pending = r.meta.pending.saturating_sub(1);
                 r.chunk.push(DeliveryLine {
@@ -108,13 +109,13 @@ impl Writer {
                     offset: *offset,
                     delivered_at_ms: at.0,
                 });
-                self.count(r, &id, &settle.topic, |c| {
+                self.count(r, id, &settle.topic, |c| {
                     c.pending = c.pending.saturating_sub(1);
                     c.delivered = c.delivered.saturating_add(1);
                 });
             }
             Outcome::Delivered { partition, offset } => {
-                self.take_out_settled(r, &id, settle.key);
+                self.take_out_settled(r, id, settle.key);
                 let settlement = Settlement {
                     kind: SettlementKind::Delivered as i32,
                     attempts,
@@ -128,8 +129,8 @@ impl Writer {
                 r.effects.delivered.push(at.since(settle.due));
                 r.meta.last_delivered_key = settle.key.encode().to_vec();
                 r.meta.delivered_total = r.meta.delivered_total.saturating_add(1);
-                r.settle(&id, &settlement, at);
-                self.count(r, &id, &settle.topic, |c| {
+                r.settle(id, &settlement, at);
+                self.count(r, id, &settle.topic, |c| {
                     c.pending = c.pending.saturating_sub(1);
                     c.delivered = c.delivered.saturating_add(1);
                 });
@@ -149,13 +150,13 @@ impl Writer {
                     first_refused_at_ms,
                     ..Settlement::default()
                 };
-                match self.whole(r, &id) {
+                match self.whole(r, id) {
                     Ok(Some(mut record)) => {
                         r.delete_due(settle.key);
                         record.entry_at_ms = Some(key.at.0);
-                        r.put_message(&id, &record.locator());
-                        r.put_due(key, &id, &record, Some(&TriesRecord::of(&settlement)));
-                        r.put_settlement(&id, &settlement);
+                        r.put_message(id, &record.locator());
+                        r.put_due(key, id, &record, Some(&TriesRecord::of(&settlement)));
+                        r.put_settlement(id, &settlement);
                     }
                     // Not readable now: it stays where it is, and the
                     // dispatcher is told to look at it again.
