@@ -41,6 +41,7 @@ mod limit;
 mod overview;
 mod policies;
 mod pulse;
+mod recent;
 mod series;
 mod serve;
 mod session;
@@ -99,6 +100,8 @@ pub(crate) struct Console {
     policies: Arc<PolicyService>,
     sessions: Sessions,
     pulse: Pulse,
+    /// The overview's slow counts, shown again while fresh.
+    recent: recent::Recent,
     clock: Arc<dyn Clock>,
     /// Requests served at once: each makes the calls its page shows.
     busy: Arc<tokio::sync::Semaphore>,
@@ -124,6 +127,7 @@ impl Console {
             policies,
             sessions: Sessions::new(auth, tls.is_some()),
             pulse: Pulse::default(),
+            recent: recent::Recent::default(),
             clock,
             busy: Arc::new(tokio::sync::Semaphore::new(MAX_PAGES)),
             tls,
@@ -354,9 +358,7 @@ async fn overview(
     let signed = console.signed(&headers)?;
     let now = console.clock.now();
     let body =
-        overview::render(console.scheduler.as_ref(), &console.pulse, &console.call(&signed), &query, now)
-            .await
-            .unwrap_or_else(html::refused);
+        overview::render(&console, &console.call(&signed), &query, now).await.unwrap_or_else(html::refused);
     Ok(console.page("Overview", &signed, &body))
 }
 

@@ -6,15 +6,12 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use super::{
+    Console,
     html::{Query, esc, time},
     pulse::{EVERY, Pulse},
+    recent::Counted,
 };
-use crate::{
-    Error,
-    message::UnixMillis,
-    proto,
-    scheduler::{Call, Scheduler},
-};
+use crate::{Error, message::UnixMillis, proto, scheduler::Call};
 
 /// What the forecast on the overview covers.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -69,20 +66,21 @@ pub(super) struct OverviewQuery {
 }
 
 pub(super) async fn render(
-    scheduler: &dyn Scheduler,
-    pulse: &Pulse,
+    console: &Console,
     call: &Call,
     query: &OverviewQuery,
     now: UnixMillis,
 ) -> Result<String, Error> {
-    let stats = scheduler.stats(call).await?;
-    let forecast = scheduler.forecast(call, query.span.request(now, &query.topic)).await?;
+    let stats = console.scheduler.stats(call).await?;
+    let request = query.span.request(now, &query.topic);
+    let count = console.scheduler.forecast(call, request.clone());
+    let forecast = console.recent.forecast(call.access.scope(), request, now, count).await?;
     let mut body = String::new();
     counts(&mut body, &stats);
     if call.access.scope().is_everything() {
-        deliveries(&mut body, pulse);
+        deliveries(&mut body, &console.pulse);
     }
-    due(&mut body, query, &forecast);
+    due(&mut body, query, &forecast, now);
     Ok(body)
 }
 
@@ -188,7 +186,8 @@ fn bars(out: &mut String, id: &str, label: &str, height: f64, values: &[(f64, St
     out.push_str("</svg>");
 }
 
-fn due(out: &mut String, query: &OverviewQuery, f: &proto::ForecastResponse) {
+fn due(out: &mut String, query: &OverviewQuery, counted: &Counted, now: UnixMillis) {
+    let f = &counted.forecast;
     out.push_str("<section><h2>Coming due</h2><p class=\"tabs\">");
     for span in Span::ALL {
         let class = if span == query.span { " class=\"on\"" } else { "" };
@@ -217,6 +216,16 @@ fn due(out: &mut String, query: &OverviewQuery, f: &proto::ForecastResponse) {
         time(f.to),
         humantime::format_duration(std::time::Duration::from_secs(interval_s)),
     );
+    if let Some(at) = counted.again {
+        // A count of a large window is shown again for a while: see
+        // `recent`.
+        let _ = write!(
+            out,
+            "<p id=\"counted\" data-at=\"{}\">Counted {} s ago; a window this large is counted again every few seconds.</p>",
+            at.to_rfc3339(),
+            now.since(at).as_secs()
+        );
+    }
     if let Some(cut) = f.counted_to {
         let _ = write!(
             out,

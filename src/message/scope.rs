@@ -97,7 +97,7 @@ impl TopicPattern {
 /// Within what it sees, a message on a topic it does not cover is refused
 /// ([`Visibility::Forbidden`]); what it does not see is [`Visibility::Hidden`],
 /// answered as if there were no such message.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scope {
     /// Who, for errors: the token's name.
     pub name: std::sync::Arc<str>,
