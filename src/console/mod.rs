@@ -357,8 +357,18 @@ async fn overview(
 ) -> Result<Response, Refusal> {
     let signed = console.signed(&headers)?;
     let now = console.clock.now();
-    let body =
-        overview::render(&console, &console.call(&signed), &query, now).await.unwrap_or_else(html::refused);
+    let body = overview::render(
+        overview::Sources {
+            scheduler: console.scheduler.as_ref(),
+            pulse: &console.pulse,
+            recent: &console.recent,
+        },
+        &console.call(&signed),
+        &query,
+        now,
+    )
+    .await
+    .unwrap_or_else(html::refused);
     Ok(console.page("Overview", &signed, &body))
 }
 

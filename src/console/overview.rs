@@ -6,12 +6,23 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 
 use super::{
-    Console,
     html::{Query, esc, time},
     pulse::{EVERY, Pulse},
-    recent::Counted,
+    recent::{Counted, Recent},
 };
-use crate::{Error, message::UnixMillis, proto, scheduler::Call};
+use crate::{
+    Error,
+    message::UnixMillis,
+    proto,
+    scheduler::{Call, Scheduler},
+};
+
+/// What the overview is drawn from.
+pub(super) struct Sources<'a> {
+    pub scheduler: &'a dyn Scheduler,
+    pub pulse: &'a Pulse,
+    pub recent: &'a Recent,
+}
 
 /// What the forecast on the overview covers.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -66,19 +77,19 @@ pub(super) struct OverviewQuery {
 }
 
 pub(super) async fn render(
-    console: &Console,
+    from: Sources<'_>,
     call: &Call,
     query: &OverviewQuery,
     now: UnixMillis,
 ) -> Result<String, Error> {
-    let stats = console.scheduler.stats(call).await?;
+    let stats = from.scheduler.stats(call).await?;
     let request = query.span.request(now, &query.topic);
-    let count = console.scheduler.forecast(call, request.clone());
-    let forecast = console.recent.forecast(call.access.scope(), request, now, count).await?;
+    let count = from.scheduler.forecast(call, request.clone());
+    let forecast = from.recent.forecast(call.access.scope(), request, now, count).await?;
     let mut body = String::new();
     counts(&mut body, &stats);
     if call.access.scope().is_everything() {
-        deliveries(&mut body, &console.pulse);
+        deliveries(&mut body, from.pulse);
     }
     due(&mut body, query, &forecast, now);
     Ok(body)
