@@ -253,10 +253,9 @@ struct Scan {
     unreadable: Vec<(DispatchKey, MessageId)>,
     unreadable_retry: UnixMillis,
     /// Rescan from here: more was handed over or put off than is kept.
+    /// Within the range of a read under way, it waits for the read to
+    /// land (the read moves the scan on past it).
     rescan_from: Option<DispatchKey>,
-    /// A rescan from within the range of the read under way: from here
-    /// once it lands.
-    after_read: Option<DispatchKey>,
     /// Everything in the due CF below this is settled, in flight, read
     /// ahead, or in one of the lists above.
     from: DispatchKey,
@@ -367,7 +366,6 @@ impl Dispatcher {
                 unreadable: Vec::new(),
                 unreadable_retry: UnixMillis(0),
                 rescan_from: None,
-                after_read: None,
                 from: scan_from,
             },
             ahead: ReadAhead {

@@ -45,21 +45,16 @@ impl Dispatcher {
         let late = self.store.wake().take();
         self.scan.recheck.extend(late.entries);
         self.scan.rescan(late.rescan_from);
-        if let Some(from) = self.scan.rescan_from.take() {
+        if let Some(from) = self.scan.rescan_from {
             match &self.ahead.reading {
                 // The read under way started at or below it, and moves the
                 // scan on past it when it lands: the rescan waits for that.
-                Some(reading) if reading.from <= from => {
-                    self.scan.after_read = Some(self.scan.after_read.map_or(from, |at| at.min(from)));
+                Some(reading) if reading.from <= from => {}
+                _ => {
+                    self.scan.from = self.scan.from.min(from);
+                    self.scan.rescan_from = None;
                 }
-                _ => self.scan.from = self.scan.from.min(from),
             }
-        }
-        // One kept for a read that failed.
-        if self.ahead.reading.is_none()
-            && let Some(at) = self.scan.after_read.take()
-        {
-            self.scan.from = self.scan.from.min(at);
         }
         self.scan.from = self.doubt.walk_from(self.scan.from);
         self.release_unheld(now);
@@ -170,7 +165,7 @@ impl Dispatcher {
             if self.scan.from >= from {
                 self.scan.from = batch.next_from;
             }
-            let rescan = self.scan.after_read.take().filter(|&at| at < self.scan.from);
+            let rescan = self.scan.rescan_from.take().filter(|&at| at < self.scan.from);
             if let Some(at) = rescan {
                 self.scan.from = at;
                 batch.more = true;

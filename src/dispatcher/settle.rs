@@ -44,7 +44,6 @@ impl Dispatcher {
             .chain(self.scan.unreadable.iter().map(|(k, _)| *k))
             .chain(self.topics.states.values().flat_map(|t| t.deferred.iter().map(|(k, _)| *k)))
             .chain(self.scan.rescan_from)
-            .chain(self.scan.after_read)
             .chain(self.policies.lowest_producible())
             .chain(self.ahead.ready.iter().map(|r| r.key))
             .chain(self.settling.letters.iter().map(|l| l.key()))

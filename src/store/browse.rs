@@ -37,7 +37,7 @@ pub(super) async fn run<T: Send + 'static>(
     let job: Job = Box::new(move || {
         let _ = tx.send(walk());
     });
-    pool().lock().unwrap_or_else(|e| e.into_inner()).send(job).map_err(|_| ended())?;
+    pool().send(job).map_err(|_| ended())?;
     rx.await.map_err(|_| ended())
 }
 
@@ -46,8 +46,8 @@ fn ended() -> StoreError {
 }
 
 /// The pool's queue; its threads start with the first walk.
-fn pool() -> &'static Mutex<mpsc::Sender<Job>> {
-    static POOL: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+fn pool() -> &'static mpsc::Sender<Job> {
+    static POOL: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
     POOL.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = std::sync::Arc::new(Mutex::new(rx));
@@ -68,7 +68,7 @@ fn pool() -> &'static Mutex<mpsc::Sender<Job>> {
                 })
                 .expect("spawning a store browsing thread");
         }
-        Mutex::new(tx)
+        tx
     })
 }
 
