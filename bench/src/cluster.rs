@@ -11,7 +11,9 @@ use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
 
 use hourglass::{kafka::KafkaConfig, message::murmur2};
-use hourglass_testkit::{ServerProcess, create_topic, delete_topic, hourglass_binary, shards_owned_by};
+use hourglass_testkit::{
+    ServerProcess, cpu_seconds_of, create_topic, delete_topic, hourglass_binary, shards_owned_by,
+};
 
 use crate::{
     Bench, Phase, Report, Settings, Target, lead_time, limits, load, mib, ms, parked, phase,
@@ -77,9 +79,37 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         &[],
     );
 
-    let mut standalone_stream = None;
+    // The floor of a unary call: one append as a node appends, and the
+    // same read back as a node reads the log.
+    let mut floor = None;
+    if s.phases.contains(&Phase::Ingest) {
+        phase("log floor: bare appends, one record each, as many callers as the unary phase has");
+        let floor_topic = format!("hourglass-bench-floor-{run_id}");
+        create_topic(&brokers, &floor_topic, c.log_partitions as i32).await?;
+        let (acked, seen) =
+            limits::log_round_trips(&kafka, &floor_topic, c.log_partitions as i32, ROUND_TRIPS).await?;
+        let appends =
+            limits::log_appends(&kafka, &floor_topic, sc.unary.min(FLOOR_APPENDS), s.clients, &w).await?;
+        delete_topic(&brokers, &floor_topic).await.ok();
+        let name = format!("log floor: bare append, {} callers", s.clients);
+        report.add(&name, appends.rate(), "msg/s", None, &[]);
+        report.add(format!("{name}: p50"), ms(appends.percentile(50.0)), "ms", None, &[]);
+        report.add(format!("{name}: p99"), ms(appends.percentile(99.0)), "ms", None, &[]);
+        let one = "log floor: one append alone";
+        report.add(format!("{one}, acked: p50"), ms(load::percentile(&acked, 50.0)), "ms", None, &[]);
+        report.add(format!("{one}, read back: p50"), ms(load::percentile(&seen, 50.0)), "ms", None, &[]);
+        report.add(format!("{one}, read back: p99"), ms(load::percentile(&seen, 99.0)), "ms", None, &[]);
+        report.note(
+            "read back: as a node's log reader fetches (fetch.wait.max.ms 100); Kafka answers a fetch once a \
+             record is there, Tansu 0.6 holds each fetch for its whole wait. An owner answers from the \
+             append's acknowledgement, so the unary targets are set against the bare appends",
+        );
+        floor = Some(appends);
+    }
+
+    let mut alone = None;
     if s.phases.iter().any(|p| matches!(p, Phase::Ingest | Phase::Drain)) {
-        standalone_stream = Some(standalone(s, dir.path(), &brokers, &w, log_limit, &mut report).await?);
+        alone = Some(standalone(s, dir.path(), &brokers, &w, log_limit, &mut report).await?);
     }
 
     // 2. The nodes.
@@ -114,25 +144,48 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     let mut parked_now = 0;
     if runs(Phase::Ingest) {
         phase("ingest: unary Schedule, callers spread over the nodes");
+        let cpu = cpu_of(&nodes);
         let run =
             load::calls(&nodes, &w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary))
                 .await?;
+        let unary_cpu = per_million(cpu_of(&nodes) - cpu, sc.unary);
         let name = format!("cluster ingest: Schedule, {} clients", s.clients);
-        report.add(&name, run.rate(), "msg/s", Some(log_limit), &[]);
-        report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, &[]);
-        report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, &[]);
+        let (p50, p99) = (ms(run.percentile(50.0)), ms(run.percentile(99.0)));
+        match &floor {
+            Some(floor) => {
+                let (f50, f99) = (ms(floor.percentile(50.0)), ms(floor.percentile(99.0)));
+                report.add(&name, run.rate(), "msg/s", Some(floor.rate()), &[Target::RatioAtLeast(0.5)]);
+                report.add(format!("{name}: p50"), p50, "ms", None, &[Target::AtMost(2.0 * f50)]);
+                report.add(format!("{name}: p99"), p99, "ms", None, &[Target::AtMost(3.0 * f99)]);
+            }
+            None => {
+                report.add(&name, run.rate(), "msg/s", None, &[]);
+                report.add(format!("{name}: p50"), p50, "ms", None, &[]);
+                report.add(format!("{name}: p99"), p99, "ms", None, &[]);
+            }
+        }
+        let of_alone = alone.as_ref().map(|a| a.unary_cpu);
+        add_cpu(&mut report, &format!("{name}: CPU per 1M"), unary_cpu, of_alone);
         phase("ingest: ScheduleStream, streams spread over the nodes");
+        let cpu = cpu_of(&nodes);
         let run = load::stream(&nodes, &w, sc.stream, s.streams, next_parked(sc.stream), false).await?;
+        let stream_cpu = per_million(cpu_of(&nodes) - cpu, sc.stream);
         let name = format!("cluster ingest: ScheduleStream x {}", s.streams);
         report.add(&name, run.rate(), "msg/s", Some(log_limit), &[Target::RatioAtLeast(0.5)]);
-        if let Some(alone) = standalone_stream {
+        if let Some(alone) = &alone {
             report.note(format!(
                 "{name}: {:.0}% of one standalone node's {:.0} msg/s on the same machine",
-                100.0 * run.rate() / alone,
-                alone
+                100.0 * run.rate() / alone.stream,
+                alone.stream
             ));
         }
         report.add(format!("{name}: p99 per msg"), ms(run.percentile(99.0)), "ms", None, &[]);
+        add_cpu(
+            &mut report,
+            &format!("{name}: CPU per 1M"),
+            stream_cpu,
+            alone.as_ref().map(|a| a.stream_cpu),
+        );
         parked_now = sc.unary + sc.stream;
     }
     if sc.backlog > parked_now {
@@ -155,10 +208,15 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         load::stream(&nodes, &w, sc.drain, s.streams, Arc::new(move |_| t0), false).await?;
         anyhow::ensure!(now_ms() < t0, "the drain's messages were not all parked before they came due");
         let due_at = Instant::now() + Duration::from_millis(t0.saturating_sub(now_ms()));
+        tokio::time::sleep_until(due_at).await;
+        let cpu = cpu_of(&nodes);
         let done =
             wait_sum(&nodes, "hourglass_messages_delivered_total", delivered + sc.drain as f64).await?;
+        let drain_cpu = per_million(cpu_of(&nodes) - cpu, sc.drain);
         let rate = sc.drain as f64 / done.saturating_duration_since(due_at).as_secs_f64();
         report.add("cluster drain", rate, "msg/s", Some(log_limit), &[]);
+        let of_alone = alone.as_ref().and_then(|a| a.drain_cpu);
+        add_cpu(&mut report, "cluster drain: CPU per 1M", drain_cpu, of_alone);
     }
 
     if runs(Phase::Failover) {
@@ -391,6 +449,15 @@ async fn spread(nodes: &[ServerProcess], shards: u32, within: Duration) -> anyho
     }
 }
 
+/// What one standalone node did with the cluster's load: its stream's
+/// rate, and the CPU it spent, in core-seconds per million messages.
+struct Alone {
+    stream: f64,
+    unary_cpu: f64,
+    stream_cpu: f64,
+    drain_cpu: Option<f64>,
+}
+
 /// The same ingest and drain on one standalone node, the cluster's nodes
 /// not yet started: what a node does per message without the log. A
 /// cluster node does all of it too (decide, write the store, answer), and
@@ -402,7 +469,7 @@ async fn standalone(
     w: &Workload,
     log_limit: f64,
     report: &mut Report,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Alone> {
     let sc = &s.scale;
     let mut server = ServerProcess::start(&dir.join("standalone"), brokers, s.durability).await?;
     let mut offset = 0u64;
@@ -412,9 +479,12 @@ async fn standalone(
         due
     };
     let one = std::slice::from_ref(&server);
+    let mut drain_cpu = None;
     phase("standalone ingest: unary Schedule");
+    let cpu = cpu_of(one);
     let run =
         load::calls(one, w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary)).await?;
+    let unary_cpu = per_million(cpu_of(one) - cpu, sc.unary);
     report.add(
         format!("standalone ingest: Schedule, {} clients", s.clients),
         run.rate(),
@@ -423,7 +493,9 @@ async fn standalone(
         &[],
     );
     phase("standalone ingest: ScheduleStream");
+    let cpu = cpu_of(one);
     let stream = load::stream(one, w, sc.stream, s.streams, next_parked(sc.stream), false).await?.rate();
+    let stream_cpu = per_million(cpu_of(one) - cpu, sc.stream);
     report.add(
         format!("standalone ingest: ScheduleStream x {}", s.streams),
         stream,
@@ -437,7 +509,10 @@ async fn standalone(
         let t0 = now_ms() + lead_time(sc.drain);
         load::stream(one, w, sc.drain, s.streams, Arc::new(move |_| t0), false).await?;
         anyhow::ensure!(now_ms() < t0, "the drain's messages were not all parked before they came due");
+        tokio::time::sleep(Duration::from_millis(t0.saturating_sub(now_ms()))).await;
+        let cpu = cpu_of(one);
         let (elapsed, _) = crate::drain(&server, t0, delivered + sc.drain as f64).await?;
+        drain_cpu = Some(per_million(cpu_of(one) - cpu, sc.drain));
         report.add(
             "standalone drain",
             sc.drain as f64 / elapsed.as_secs_f64(),
@@ -447,5 +522,42 @@ async fn standalone(
         );
     }
     server.stop()?;
-    Ok(stream)
+    let alone = Alone { stream, unary_cpu, stream_cpu, drain_cpu };
+    for (what, cpu) in [("ingest: Schedule", Some(unary_cpu)), ("ingest: ScheduleStream", Some(stream_cpu))]
+        .into_iter()
+        .chain([("drain", drain_cpu)])
+    {
+        if let Some(cpu) = cpu {
+            report.add(format!("standalone {what}: CPU per 1M"), cpu, "core-s", None, &[]);
+        }
+    }
+    Ok(alone)
 }
+
+/// CPU time the `servers` have used so far, together, in seconds.
+fn cpu_of(servers: &[ServerProcess]) -> f64 {
+    servers.iter().filter_map(|s| s.pid().and_then(cpu_seconds_of)).sum()
+}
+
+/// Core-seconds per million messages.
+fn per_million(cpu: f64, messages: usize) -> f64 {
+    cpu * 1e6 / messages.max(1) as f64
+}
+
+/// A cluster's CPU per 1M messages, with its ratio to one standalone
+/// node's for the same load: at most 3x, so that three nodes on three
+/// machines out-run one.
+fn add_cpu(report: &mut Report, name: &str, cpu: f64, alone: Option<f64>) {
+    match alone {
+        Some(alone) => {
+            report.add(name, cpu, "core-s", None, &[Target::AtMost(3.0 * alone)]);
+            report.note(format!("{name}: {:.1}x one standalone node's {alone:.1} core-s", cpu / alone));
+        }
+        None => report.add(name, cpu, "core-s", None, &[]),
+    }
+}
+
+/// Round trips of one record through the log, one after another.
+const ROUND_TRIPS: usize = 50;
+/// Bare appends of the floor's unary measure, at most.
+const FLOOR_APPENDS: usize = 50_000;

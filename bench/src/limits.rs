@@ -17,19 +17,20 @@ use std::{
 use anyhow::Context as _;
 use rdkafka::{
     ClientConfig, ClientContext, Message as _, Offset, TopicPartitionList,
-    consumer::{BaseConsumer, Consumer as _},
+    consumer::{BaseConsumer, Consumer as _, StreamConsumer},
     error::{KafkaError, RDKafkaErrorCode},
     message::{DeliveryResult, Header, OwnedHeaders},
-    producer::{BaseRecord, Producer as _, ProducerContext, ThreadedProducer},
+    producer::{BaseRecord, FutureProducer, FutureRecord, Producer as _, ProducerContext, ThreadedProducer},
 };
 
 use hourglass::{
+    cluster::kafka::{log_consumer_config, log_producer_config},
     kafka::{KafkaConfig, producer_config},
     message::{DUE_HEADER, ID_HEADER, MessageId, UnixMillis},
     store::{BareWrites, Durability, StoreConfig},
 };
 
-use crate::workload::Workload;
+use crate::{load::Run, workload::Workload};
 
 /// Messages per second RocksDB takes as atomic batches of `batch`
 /// messages, written the way the store writes them ([`BareWrites`]).
@@ -325,4 +326,110 @@ pub fn consumer(kafka: &KafkaConfig, topic: &str, partitions: i32) -> anyhow::Re
         _ => Duration::ZERO,
     };
     Ok((records as f64 / elapsed.as_secs_f64().max(1e-9), records))
+}
+
+/// The schedule log's unary floor on this broker: `callers` tasks, each
+/// appending one record at a time as a node appends (the log producer's
+/// settings: `acks=all`, idempotent, its linger) and waiting for its
+/// acknowledgement before the next, `messages` in all. A cluster node
+/// answers a unary call one such append after deciding it (it applies its
+/// own change from the acknowledgement).
+pub async fn log_appends(
+    kafka: &KafkaConfig,
+    topic: &str,
+    messages: usize,
+    callers: usize,
+    w: &Workload,
+) -> anyhow::Result<Run> {
+    let producer: FutureProducer =
+        log_producer_config(kafka).create().context("creating the log producer")?;
+    warm_up(&producer, topic).await?;
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..callers.max(1) {
+        let (producer, next, w, topic) = (producer.clone(), Arc::clone(&next), w.clone(), topic.to_owned());
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= messages {
+                    return Ok::<_, anyhow::Error>(latencies);
+                }
+                let envelope = w.envelope(i);
+                let key = envelope.key.as_deref().unwrap_or_default();
+                let sent = Instant::now();
+                let record = FutureRecord::to(&topic).key(key).payload(&envelope.value);
+                producer.send(record, APPEND_TIMEOUT).await.map_err(|(e, _)| e).context("bare log append")?;
+                latencies.push(sent.elapsed());
+            }
+        });
+    }
+    let mut latencies = Vec::with_capacity(messages);
+    while let Some(done) = tasks.join_next().await {
+        latencies.extend(done??);
+    }
+    latencies.sort_unstable();
+    Ok(Run { messages, elapsed: started.elapsed(), latencies, scheduled: Vec::new() })
+}
+
+/// One replicated write and its reading on this broker, as the nodes
+/// write and read the schedule log: `samples` records appended one after
+/// another (each to the next of `partitions`), each timed from its send
+/// to its acknowledgement and to a reader following every partition (a
+/// node's log consumer's settings) getting it. `topic` is new: the
+/// reader reads it from its start. Both sorted.
+pub async fn log_round_trips(
+    kafka: &KafkaConfig,
+    topic: &str,
+    partitions: i32,
+    samples: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let producer: FutureProducer =
+        log_producer_config(kafka).create().context("creating the log producer")?;
+    let reader: StreamConsumer = log_consumer_config(kafka).create().context("creating the log reader")?;
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        assignment.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    reader.assign(&assignment)?;
+    let (mut acked, mut seen) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    // The first one waits for the reader's first fetches; it is not
+    // counted.
+    for i in 0..=samples {
+        let key = format!("round-trip-{i}");
+        let sent = Instant::now();
+        let record = FutureRecord::to(topic).key(&key).payload(&b"x"[..]).partition(i as i32 % partitions);
+        producer.send(record, APPEND_TIMEOUT).await.map_err(|(e, _)| e).context("bare log append")?;
+        let ack = sent.elapsed();
+        loop {
+            let m = tokio::time::timeout(APPEND_TIMEOUT, reader.recv())
+                .await
+                .with_context(|| {
+                    format!("the log reader did not get the record it waited for within {APPEND_TIMEOUT:?}")
+                })?
+                .context("bare log reader")?;
+            if m.key() == Some(key.as_bytes()) {
+                break;
+            }
+        }
+        if i > 0 {
+            acked.push(ack);
+            seen.push(sent.elapsed());
+        }
+    }
+    acked.sort_unstable();
+    seen.sort_unstable();
+    Ok((acked, seen))
+}
+
+/// How long a bare append may take before the limit gives up.
+const APPEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One record sent and acknowledged: the producer has its connection and
+/// its producer id, as a node's has.
+async fn warm_up(producer: &FutureProducer, topic: &str) -> anyhow::Result<()> {
+    let record = FutureRecord::<(), [u8]>::to(topic).payload(&b"warm-up"[..]);
+    producer.send(record, APPEND_TIMEOUT).await.map_err(|(e, _)| e).context("log producer warm-up")?;
+    Ok(())
 }

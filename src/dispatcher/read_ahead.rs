@@ -85,9 +85,14 @@ impl Dispatcher {
         while !recheck.is_empty() && room > 0 {
             let take = recheck.len().min(room).min(READ_CHUNK);
             let entries: Vec<_> = recheck.drain(..take).collect();
+            let lowest = entries.iter().map(|(key, _)| *key).min();
             let batch = match self.store.take_listed(entries).await {
                 Ok(batch) => batch,
                 Err(e) => {
+                    // None of them was looked at: the walk reads them again
+                    // from the index, and the rest wait for the next look.
+                    self.scan.rescan(lowest);
+                    self.scan.recheck.append(&mut recheck);
                     self.store.due_read_failed(&e);
                     return Next::At(now.saturating_add(self.config.max_sleep));
                 }

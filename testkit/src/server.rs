@@ -314,3 +314,16 @@ pub fn series_value(body: &str, name: &str) -> Option<f64> {
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
 }
+
+/// CPU time process `pid` has used so far (user and system), in seconds.
+pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: utime is the 12th
+    // of them, stime the 13th.
+    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf only reads a constant of the system.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) as f64 / ticks as f64)
+}

@@ -60,8 +60,9 @@ impl LogProducer {
 
 /// The log producer's librdkafka configuration: the delivery producer's,
 /// with the log's own defaults, and `acks=all` and idempotence whatever
-/// the user's properties say.
-fn log_producer_config(config: &KafkaConfig) -> ClientConfig {
+/// the user's properties say. Public for the bench's limits, which write
+/// and read as the nodes do.
+pub fn log_producer_config(config: &KafkaConfig) -> ClientConfig {
     let mut client = producer_config(config);
     let ours = BTreeMap::from([
         // Appends from many callers travel together.
@@ -321,6 +322,11 @@ impl Drop for LogConsumer {
     }
 }
 
+/// How a node reads the schedule log: [`consumer_config`] for it.
+pub fn log_consumer_config(config: &KafkaConfig) -> ClientConfig {
+    consumer_config(config, Isolation::Uncommitted)
+}
+
 /// Which records a [`LogConsumer`] reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Isolation {
@@ -339,8 +345,13 @@ fn consumer_config(config: &KafkaConfig, isolation: Isolation) -> ClientConfig {
         ("enable.auto.commit", "false"),
         ("enable.auto.offset.store", "false"),
         ("auto.offset.reset", "earliest"),
-        // Wake as soon as a record is there.
-        ("fetch.wait.max.ms", "20"),
+        // Kafka answers a fetch as soon as a record is there (one byte
+        // is enough): the wait only paces the polls of a quiet partition.
+        // A broker that holds every fetch for its whole wait (Tansu 0.6)
+        // shows it as how far behind standby copies and ingress readers
+        // follow, and each of its fetches costs it more as the partition
+        // grows: 100 ms keeps both small.
+        ("fetch.wait.max.ms", "100"),
         ("fetch.min.bytes", "1"),
         // The log is the truth of every store: a record damaged on the
         // way is fetched again, not applied.

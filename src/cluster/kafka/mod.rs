@@ -10,4 +10,7 @@ mod log;
 pub use admin::{Ensured, LogTopic, TopicError, ensure_ingress_topic, ensure_log_topic};
 pub use group::{GroupConfig, GroupMember, Moved, REVOKE_WAIT};
 pub(crate) use log::timestamp;
-pub use log::{Appended, Fetched, LogConsumer, LogProducer, LogReader, Read, key_digest};
+pub use log::{
+    Appended, Fetched, LogConsumer, LogProducer, LogReader, Read, key_digest, log_consumer_config,
+    log_producer_config,
+};

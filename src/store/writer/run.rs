@@ -456,6 +456,7 @@ impl Writer {
                 self.shared.wake.record_floor(r.meta.floor());
                 self.shared.wake.record_produced_from(r.meta.produced_from());
                 let released = std::mem::take(&mut r.claims.released);
+                let had_unheld = !r.claims.unheld.is_empty();
                 for id in released.into_iter().chain(std::mem::take(&mut r.claims.unheld)) {
                     let parked = self.parking.unpark(&id);
                     self.again.extend(parked.into_iter().map(|p| p.op));
@@ -474,7 +475,8 @@ impl Writer {
                 self.counts.extend(r.counts.drain());
                 self.shared.wake.runs().committed(std::mem::take(&mut r.added.runs));
                 self.handed.extend(self.shared.wake.added(&r.added.entries));
-                if !r.claims.reserved.is_empty() {
+                // What the dispatcher found held may go now.
+                if !r.claims.reserved.is_empty() || had_unheld {
                     self.shared.wake.poke();
                 }
                 // Only a commit that wrote says whether writes work.

@@ -191,6 +191,8 @@ impl Writer {
     pub(super) fn unhold(&mut self, id: &MessageId) {
         if self.replica.holds.remove(id) {
             self.shared.claims.unhold(id);
+            // The dispatcher may have found it held: it looks again.
+            self.shared.wake.poke();
             let parked = self.parking.unpark(id);
             self.again.extend(parked.into_iter().map(|p| p.op));
         }
