@@ -144,32 +144,27 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     let mut parked_now = 0;
     if runs(Phase::Ingest) {
         phase("ingest: unary Schedule, callers spread over the nodes");
-        let cpu = cpu_of(&nodes);
-        let run =
-            load::calls(&nodes, &w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary))
-                .await?;
-        let unary_cpu = per_million(cpu_of(&nodes) - cpu, sc.unary);
+        let calls =
+            load::calls(&nodes, &w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary));
+        let (run, unary_cpu) = with_cpu(&nodes, sc.unary, calls).await;
+        let run = run?;
         let name = format!("cluster ingest: Schedule, {} clients", s.clients);
-        let (p50, p99) = (ms(run.percentile(50.0)), ms(run.percentile(99.0)));
-        match &floor {
-            Some(floor) => {
-                let (f50, f99) = (ms(floor.percentile(50.0)), ms(floor.percentile(99.0)));
-                report.add(&name, run.rate(), "msg/s", Some(floor.rate()), &[Target::RatioAtLeast(0.5)]);
-                report.add(format!("{name}: p50"), p50, "ms", None, &[Target::AtMost(2.0 * f50)]);
-                report.add(format!("{name}: p99"), p99, "ms", None, &[Target::AtMost(3.0 * f99)]);
-            }
-            None => {
-                report.add(&name, run.rate(), "msg/s", None, &[]);
-                report.add(format!("{name}: p50"), p50, "ms", None, &[]);
-                report.add(format!("{name}: p99"), p99, "ms", None, &[]);
-            }
-        }
+        // Held to the bare appends: half their rate, p50 within 2x and
+        // p99 within 3x of theirs.
+        let against =
+            |p: f64, times: f64| floor.as_ref().map(|f| Target::AtMost(times * ms(f.percentile(p))));
+        let rate_target = floor.as_ref().map(|_| Target::RatioAtLeast(0.5));
+        let (p50_target, p99_target) = (against(50.0, 2.0), against(99.0, 3.0));
+        let limit = floor.as_ref().map(load::Run::rate);
+        report.add(&name, run.rate(), "msg/s", limit, rate_target.as_slice());
+        report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, p50_target.as_slice());
+        report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, p99_target.as_slice());
         let of_alone = alone.as_ref().map(|a| a.unary_cpu);
         add_cpu(&mut report, &format!("{name}: CPU per 1M"), unary_cpu, of_alone);
         phase("ingest: ScheduleStream, streams spread over the nodes");
-        let cpu = cpu_of(&nodes);
-        let run = load::stream(&nodes, &w, sc.stream, s.streams, next_parked(sc.stream), false).await?;
-        let stream_cpu = per_million(cpu_of(&nodes) - cpu, sc.stream);
+        let streams = load::stream(&nodes, &w, sc.stream, s.streams, next_parked(sc.stream), false);
+        let (run, stream_cpu) = with_cpu(&nodes, sc.stream, streams).await;
+        let run = run?;
         let name = format!("cluster ingest: ScheduleStream x {}", s.streams);
         report.add(&name, run.rate(), "msg/s", Some(log_limit), &[Target::RatioAtLeast(0.5)]);
         if let Some(alone) = &alone {
@@ -209,10 +204,9 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         anyhow::ensure!(now_ms() < t0, "the drain's messages were not all parked before they came due");
         let due_at = Instant::now() + Duration::from_millis(t0.saturating_sub(now_ms()));
         tokio::time::sleep_until(due_at).await;
-        let cpu = cpu_of(&nodes);
-        let done =
-            wait_sum(&nodes, "hourglass_messages_delivered_total", delivered + sc.drain as f64).await?;
-        let drain_cpu = per_million(cpu_of(&nodes) - cpu, sc.drain);
+        let drained = wait_sum(&nodes, "hourglass_messages_delivered_total", delivered + sc.drain as f64);
+        let (done, drain_cpu) = with_cpu(&nodes, sc.drain, drained).await;
+        let done = done?;
         let rate = sc.drain as f64 / done.saturating_duration_since(due_at).as_secs_f64();
         report.add("cluster drain", rate, "msg/s", Some(log_limit), &[]);
         let of_alone = alone.as_ref().and_then(|a| a.drain_cpu);
@@ -481,10 +475,9 @@ async fn standalone(
     let one = std::slice::from_ref(&server);
     let mut drain_cpu = None;
     phase("standalone ingest: unary Schedule");
-    let cpu = cpu_of(one);
-    let run =
-        load::calls(one, w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary)).await?;
-    let unary_cpu = per_million(cpu_of(one) - cpu, sc.unary);
+    let calls = load::calls(one, w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary));
+    let (run, unary_cpu) = with_cpu(one, sc.unary, calls).await;
+    let run = run?;
     report.add(
         format!("standalone ingest: Schedule, {} clients", s.clients),
         run.rate(),
@@ -493,9 +486,9 @@ async fn standalone(
         &[],
     );
     phase("standalone ingest: ScheduleStream");
-    let cpu = cpu_of(one);
-    let stream = load::stream(one, w, sc.stream, s.streams, next_parked(sc.stream), false).await?.rate();
-    let stream_cpu = per_million(cpu_of(one) - cpu, sc.stream);
+    let streams = load::stream(one, w, sc.stream, s.streams, next_parked(sc.stream), false);
+    let (run, stream_cpu) = with_cpu(one, sc.stream, streams).await;
+    let stream = run?.rate();
     report.add(
         format!("standalone ingest: ScheduleStream x {}", s.streams),
         stream,
@@ -510,9 +503,10 @@ async fn standalone(
         load::stream(one, w, sc.drain, s.streams, Arc::new(move |_| t0), false).await?;
         anyhow::ensure!(now_ms() < t0, "the drain's messages were not all parked before they came due");
         tokio::time::sleep(Duration::from_millis(t0.saturating_sub(now_ms()))).await;
-        let cpu = cpu_of(one);
-        let (elapsed, _) = crate::drain(&server, t0, delivered + sc.drain as f64).await?;
-        drain_cpu = Some(per_million(cpu_of(one) - cpu, sc.drain));
+        let (drained, cpu) =
+            with_cpu(one, sc.drain, crate::drain(&server, t0, delivered + sc.drain as f64)).await;
+        let (elapsed, _) = drained?;
+        drain_cpu = Some(cpu);
         report.add(
             "standalone drain",
             sc.drain as f64 / elapsed.as_secs_f64(),
@@ -522,26 +516,21 @@ async fn standalone(
         );
     }
     server.stop()?;
-    let alone = Alone { stream, unary_cpu, stream_cpu, drain_cpu };
-    for (what, cpu) in [("ingest: Schedule", Some(unary_cpu)), ("ingest: ScheduleStream", Some(stream_cpu))]
-        .into_iter()
-        .chain([("drain", drain_cpu)])
-    {
-        if let Some(cpu) = cpu {
-            report.add(format!("standalone {what}: CPU per 1M"), cpu, "core-s", None, &[]);
-        }
+    report.add("standalone ingest: Schedule: CPU per 1M", unary_cpu, "core-s", None, &[]);
+    report.add("standalone ingest: ScheduleStream: CPU per 1M", stream_cpu, "core-s", None, &[]);
+    if let Some(cpu) = drain_cpu {
+        report.add("standalone drain: CPU per 1M", cpu, "core-s", None, &[]);
     }
-    Ok(alone)
+    Ok(Alone { stream, unary_cpu, stream_cpu, drain_cpu })
 }
 
-/// CPU time the `servers` have used so far, together, in seconds.
-fn cpu_of(servers: &[ServerProcess]) -> f64 {
-    servers.iter().filter_map(|s| s.pid().and_then(cpu_seconds_of)).sum()
-}
-
-/// Core-seconds per million messages.
-fn per_million(cpu: f64, messages: usize) -> f64 {
-    cpu * 1e6 / messages.max(1) as f64
+/// `work`'s outcome, and the CPU the `servers` spent meanwhile (user and
+/// system, together) in core-seconds per million of `messages`.
+async fn with_cpu<T>(servers: &[ServerProcess], messages: usize, work: impl Future<Output = T>) -> (T, f64) {
+    let cpu = || servers.iter().filter_map(|s| s.pid().and_then(cpu_seconds_of)).sum::<f64>();
+    let before = cpu();
+    let outcome = work.await;
+    (outcome, (cpu() - before) * 1e6 / messages.max(1) as f64)
 }
 
 /// A cluster's CPU per 1M messages, with its ratio to one standalone
