@@ -29,8 +29,10 @@ pub struct ClusterSettings {
 }
 
 /// Messages per second of the failover phase's steady load (it lasts the
-/// scale's `failover_window`; the node is killed a third of the way in).
+/// scale's `failover_window`; the node is stopped a third of the way in).
 const FAILOVER_RATE: u64 = 1_000;
+/// The nodes' group session timeout (the default), and the bare group's.
+const SESSION: Duration = Duration::from_secs(6);
 
 pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     anyhow::ensure!(c.nodes >= 2, "--cluster needs at least 2 nodes: the failover phase kills one");
@@ -214,130 +216,60 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     }
 
     if runs(Phase::Failover) {
-        // 3. Failover: a steady load due over a window; the last node killed
-        // a third of the way in.
-        phase("failover: SIGKILL a node under a steady load");
-        let count = (FAILOVER_RATE * sc.failover_window.as_secs()) as usize;
-        // Room to park it while the cluster may still record the drain.
-        let t1 = now_ms() + 10_000 + lead_time(count);
-        // Ids of the bench's own, so that every shard has messages of the
-        // steady load whichever node owns it when the kill comes.
-        let spread = Workload { ids: Some(format!("failover-{run_id}")), ..w.clone() };
-        let steady = load::stream(
-            &nodes,
-            &spread,
-            count,
-            s.streams,
-            Arc::new(move |i| t1 + i as u64 * 1000 / FAILOVER_RATE),
-            true,
-        )
-        .await?;
-        anyhow::ensure!(now_ms() < t1, "the failover load was not all parked before it came due");
-        let kill_at = t1 + sc.failover_window.as_millis() as u64 / 3;
-        let victim = c.nodes - 1;
-        // Read before the wait, not at the kill: reading the routing topic
-        // can take seconds on a loaded machine, and every node is up and
-        // the drain is over, so the owners stand still until the kill.
-        let lost = shards_owned_by(
-            &brokers,
-            &log_topic,
-            c.log_partitions,
-            &format!("http://{}", nodes[victim].grpc),
-        )?;
-        anyhow::ensure!(!lost.is_empty(), "node {victim} owned no shard before the kill");
-        tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
-        // From when it is gone (kill waits for the process to end): whatever
-        // it delivered came before.
-        nodes[victim].kill();
-        let killed_ms = now_ms();
-        let end = t1 + sc.failover_window.as_millis() as u64;
-        anyhow::ensure!(
-            killed_ms + 1_000 < end,
-            "the kill came {} ms late, less than a second before the steady load's last message was due: \
-             nothing is left to measure a takeover by (is the machine loaded?)",
-            killed_ms.saturating_sub(kill_at)
-        );
-        tokio::time::sleep(Duration::from_millis(end.saturating_sub(now_ms()) + 10_000)).await;
-        let survivors = &nodes[..victim];
-        let give_up = Instant::now() + Duration::from_secs(120);
-        let at = loop {
-            match load::delivered_at(survivors, &steady.scheduled, 32).await {
-                Ok(at) => break at,
-                Err(e) if Instant::now() < give_up => {
-                    phase(&format!("failover: not all delivered yet ({e:#}); looking again"));
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-                Err(e) => {
-                    let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
-                    return Err(e.context(format!(
-                        "the steady load was not all delivered after the failover (the survivors skipped \
-                         {skipped} offsets of the schedule log while reading)"
-                    )));
-                }
-            }
-        };
-        // Per shard the victim owned: its first delivery after the kill.
-        let mut first: Vec<Option<i64>> = vec![None; c.log_partitions as usize];
-        for ((id, _), at) in steady.scheduled.iter().zip(&at) {
-            let shard = ((murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions) as usize;
-            if lost.contains(&(shard as u32)) && *at >= killed_ms as i64 {
-                first[shard] = Some(first[shard].map_or(*at, |f| f.min(*at)));
-            }
-        }
-        let firsts: Vec<i64> = first.iter().flatten().map(|at| at - killed_ms as i64).collect();
-        if firsts.is_empty() {
-            let on_lost: Vec<i64> = steady
-                .scheduled
-                .iter()
-                .zip(&at)
-                .filter(|((id, _), _)| {
-                    lost.contains(&((murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions))
-                })
-                .map(|(_, at)| at - killed_ms as i64)
-                .collect();
-            anyhow::bail!(
-                "none of the killed node's shards {lost:?} delivered after the kill: {} of its messages, delivered \
-                 from {:?} to {:?} ms after the kill",
-                on_lost.len(),
-                on_lost.iter().min(),
-                on_lost.iter().max()
-            );
-        }
+        // 3. Failover: the group alone first (a bare group on the log's
+        // shape, one member killed), then the nodes: one killed, then one
+        // stopped, each under a steady load.
+        phase("failover limit: a bare consumer group, one member killed");
+        let (group_first, group_all) =
+            limits::group_failover(&kafka, &raw_log, c.log_partitions as i32, c.nodes, SESSION).await?;
+        let name = "failover limit: the group alone, kill -9 to";
+        report.add(format!("{name} the first partition given away"), ms(group_first), "ms", None, &[]);
+        report.add(format!("{name} every partition given away"), ms(group_all), "ms", None, &[]);
         let standbys = if c.standby_replicas > 0 { "with standbys" } else { "without standbys" };
         let name = format!("failover {standbys}, {} parked", backlog as u64);
-        let goal = (c.standby_replicas > 0).then_some(Target::AtMost(10_000.0));
+        let with_standbys = c.standby_replicas > 0;
+        let targets =
+            |at_most: f64| with_standbys.then_some(Target::AtMost(at_most)).into_iter().collect::<Vec<_>>();
+
+        settled(&nodes, c, Duration::from_secs(120)).await?;
+        let killed = stop_under_load(&mut nodes, Stop::Kill, &brokers, &log_topic, c, s, &w, &run_id).await?;
+        let (first, every) = killed.takeover();
         report.add(
-            format!("{name}: kill to first delivery of a lost shard"),
-            *firsts.iter().min().unwrap_or(&0) as f64,
+            format!("{name}: kill -9 to first delivery of a lost shard"),
+            first,
             "ms",
             None,
-            &goal.into_iter().collect::<Vec<_>>(),
+            &targets(5_000.0),
         );
         report.add(
-            format!("{name}: kill to every lost shard delivering"),
-            *firsts.iter().max().unwrap_or(&0) as f64,
+            format!("{name}: kill -9 to every lost shard delivering"),
+            every,
+            "ms",
+            None,
+            &targets(8_000.0),
+        );
+        report.add(
+            format!("{name}: kill -9, longest a lost shard waited"),
+            killed.longest_wait(),
             "ms",
             None,
             &[],
         );
-        report.note(format!("the killed node owned shards {lost:?}"));
-        let late = {
-            let mut late: Vec<i64> =
-                at.iter().zip(&steady.scheduled).map(|(at, (_, due))| at - *due as i64).collect();
-            late.sort_unstable();
-            late
-        };
+        report.add("failover: lateness p50 of the steady load", killed.lateness_p50(), "ms", None, &[]);
+        report.note(format!("the killed node owned shards {:?}", killed.lost));
+
+        let stopped =
+            stop_under_load(&mut nodes, Stop::Term, &brokers, &log_topic, c, s, &w, &run_id).await?;
         report.add(
-            "failover: lateness p50 of the steady load",
-            load::percentile(&late, 50.0) as f64,
+            format!("{name}: SIGTERM, longest a lost shard waited"),
+            stopped.longest_wait(),
             "ms",
             None,
-            &[],
+            &targets(1_000.0),
         );
-        let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
-        report.note(format!("offsets of the schedule log the survivors skipped while reading: {skipped}"));
-        nodes[victim].spawn()?;
-        nodes[victim].wait_serving(Duration::from_secs(120)).await?;
+        report.note(format!("the stopped node owned shards {:?}", stopped.lost));
+        let skipped = sum(&nodes, "hourglass_cluster_log_offsets_skipped_total").await?;
+        report.note(format!("offsets of the schedule log the nodes skipped while reading: {skipped}"));
     }
 
     if runs(Phase::Restore) {
@@ -400,6 +332,188 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     delete_topic(&brokers, &topic).await.ok();
     delete_topic(&brokers, &raw_log).await.ok();
     Ok(report)
+}
+
+/// How the failover phase stops a node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stop {
+    /// SIGKILL: the node's shards are taken over without a word from it.
+    Kill,
+    /// SIGTERM: the node hands its shards over as it stops.
+    Term,
+}
+
+/// What a node's stop under a steady load cost: per message, when it was
+/// due and delivered; the shards the node owned; and when it was stopped.
+struct Stopped {
+    lost: std::collections::BTreeSet<u32>,
+    /// Per message of the steady load: its shard, when it was due, and
+    /// when it was delivered (ms since the epoch).
+    delivered: Vec<(u32, i64, i64)>,
+    at_ms: i64,
+}
+
+impl Stopped {
+    /// From the stop to the first delivery of a lost shard, and to the
+    /// latest of those firsts (every lost shard delivering), in ms.
+    fn takeover(&self) -> (f64, f64) {
+        let mut first: std::collections::BTreeMap<u32, i64> = Default::default();
+        for (shard, _, at) in &self.delivered {
+            if self.lost.contains(shard) && *at >= self.at_ms {
+                let f = first.entry(*shard).or_insert(*at);
+                *f = (*f).min(*at);
+            }
+        }
+        let after = |at: Option<&i64>| at.map_or(f64::NAN, |at| (at - self.at_ms) as f64);
+        (after(first.values().min()), after(first.values().max()))
+    }
+
+    /// The most late a message of a lost shard due after the stop was:
+    /// the longest its shard went without its owner.
+    fn longest_wait(&self) -> f64 {
+        let late =
+            self.delivered.iter().filter(|(shard, due, _)| self.lost.contains(shard) && *due >= self.at_ms);
+        late.map(|(_, due, at)| at - due).max().unwrap_or(0) as f64
+    }
+
+    fn lateness_p50(&self) -> f64 {
+        let mut late: Vec<i64> = self.delivered.iter().map(|(_, due, at)| at - due).collect();
+        late.sort_unstable();
+        load::percentile(&late, 50.0) as f64
+    }
+}
+
+/// A steady load due over the scale's failover window, the last node
+/// stopped `how` a third of the way in; once every message is delivered,
+/// the node is started again. Fails unless every message is delivered.
+#[allow(clippy::too_many_arguments)]
+async fn stop_under_load(
+    nodes: &mut [ServerProcess],
+    how: Stop,
+    brokers: &str,
+    log_topic: &str,
+    c: &ClusterSettings,
+    s: &Settings,
+    w: &Workload,
+    run_id: &str,
+) -> anyhow::Result<Stopped> {
+    let sc = &s.scale;
+    phase(&format!("failover: {how:?} a node under a steady load"));
+    let count = (FAILOVER_RATE * sc.failover_window.as_secs()) as usize;
+    // Room to park it while the cluster may still record what came before.
+    let t1 = now_ms() + 10_000 + lead_time(count);
+    // Ids of the bench's own, so that every shard has messages of the
+    // steady load whichever node owns it when the stop comes.
+    let own_ids = Workload { ids: Some(format!("failover-{how:?}-{run_id}")), ..w.clone() };
+    let steady = load::stream(
+        nodes,
+        &own_ids,
+        count,
+        s.streams,
+        Arc::new(move |i| t1 + i as u64 * 1000 / FAILOVER_RATE),
+        true,
+    )
+    .await?;
+    anyhow::ensure!(now_ms() < t1, "the failover load was not all parked before it came due");
+    let stop_at = t1 + sc.failover_window.as_millis() as u64 / 3;
+    let victim = nodes.len() - 1;
+    // Read before the wait, not at the stop: reading the routing topic
+    // can take seconds on a loaded machine, and every node is up, so the
+    // owners stand still until the stop.
+    let lost =
+        shards_owned_by(brokers, log_topic, c.log_partitions, &format!("http://{}", nodes[victim].grpc))?;
+    anyhow::ensure!(!lost.is_empty(), "node {victim} owned no shard before the stop");
+    tokio::time::sleep(Duration::from_millis(stop_at.saturating_sub(now_ms()))).await;
+    let at_ms = now_ms();
+    match how {
+        // From when it is gone (kill waits for the process to end): whatever
+        // it delivered came before.
+        Stop::Kill => nodes[victim].kill(),
+        Stop::Term => {
+            let victim = &mut nodes[victim];
+            tokio::task::block_in_place(|| victim.stop())?;
+        }
+    }
+    let at_ms = match how {
+        Stop::Kill => now_ms(),
+        Stop::Term => at_ms,
+    };
+    let end = t1 + sc.failover_window.as_millis() as u64;
+    anyhow::ensure!(
+        at_ms + 1_000 < end,
+        "the stop came {} ms late, less than a second before the steady load's last message was due: \
+         nothing is left to measure a takeover by (is the machine loaded?)",
+        at_ms.saturating_sub(stop_at)
+    );
+    tokio::time::sleep(Duration::from_millis(end.saturating_sub(now_ms()) + 10_000)).await;
+    let survivors = &nodes[..victim];
+    let give_up = Instant::now() + Duration::from_secs(120);
+    let at = loop {
+        match load::delivered_at(survivors, &steady.scheduled, 32).await {
+            Ok(at) => break at,
+            Err(e) if Instant::now() < give_up => {
+                phase(&format!("failover: not all delivered yet ({e:#}); looking again"));
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(e) => {
+                let skipped = sum(survivors, "hourglass_cluster_log_offsets_skipped_total").await?;
+                return Err(e.context(format!(
+                    "the steady load was not all delivered after the {how:?} (the survivors skipped {skipped} \
+                     offsets of the schedule log while reading)"
+                )));
+            }
+        }
+    };
+    let delivered = steady
+        .scheduled
+        .iter()
+        .zip(&at)
+        .map(|((id, due), at)| {
+            let shard = (murmur2(id.as_bytes()) & 0x7fff_ffff) as u32 % c.log_partitions;
+            (shard, *due as i64, *at)
+        })
+        .collect();
+    let stopped = Stopped { lost: lost.into_iter().collect(), delivered, at_ms: at_ms as i64 };
+    anyhow::ensure!(
+        !stopped.takeover().0.is_nan(),
+        "none of the stopped node's shards {:?} delivered after the {how:?}",
+        stopped.lost
+    );
+    nodes[victim].spawn()?;
+    nodes[victim].wait_serving(Duration::from_secs(120)).await?;
+    // The group done moving shards and every standby copy kept again
+    // before what comes next.
+    settled(nodes, c, Duration::from_secs(120)).await?;
+    Ok(stopped)
+}
+
+/// Waits until the nodes own every shard and keep every standby copy, and
+/// that stayed so for a few seconds (the group has stopped moving shards).
+async fn settled(nodes: &[ServerProcess], c: &ClusterSettings, within: Duration) -> anyhow::Result<()> {
+    const STILL: Duration = Duration::from_secs(5);
+    let copies = u64::from(c.log_partitions) * (c.standby_replicas as u64).min(nodes.len() as u64 - 1);
+    let started = Instant::now();
+    let mut last = (Vec::new(), Instant::now());
+    loop {
+        let mut now = Vec::new();
+        for n in nodes {
+            now.push(n.metric("hourglass_cluster_shards_owned").await.unwrap_or(0.0) as u64);
+            now.push(n.metric("hourglass_cluster_standbys").await.unwrap_or(0.0) as u64);
+        }
+        let owned: u64 = now.iter().step_by(2).sum();
+        let kept: u64 = now.iter().skip(1).step_by(2).sum();
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if owned == u64::from(c.log_partitions) && kept == copies && last.1.elapsed() >= STILL {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < within,
+            "the cluster did not settle within {within:?}: shards owned and standbys per node {:?}",
+            last.0
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The sum of a metric over the nodes.

@@ -35,7 +35,7 @@
 pub mod cluster;
 mod console;
 mod h2load;
-mod limits;
+pub mod limits;
 mod load;
 mod machine;
 mod policy;

@@ -433,3 +433,102 @@ async fn warm_up(producer: &FutureProducer, topic: &str) -> anyhow::Result<()> {
     producer.send(record, APPEND_TIMEOUT).await.map_err(|(e, _)| e).context("log producer warm-up")?;
     Ok(())
 }
+
+/// The consumer group's own failover on this broker: `members` members
+/// of a bare group on `topic` (as the nodes join theirs: their assignor,
+/// `session`, heartbeats), one of them a process of its own (this binary
+/// run with `--group-member`). Once the group is settled that process is
+/// killed; returned: how long until the others are given the first of
+/// its partitions, and all of them. What a node's failure costs when only
+/// the group notices it.
+pub async fn group_failover(
+    kafka: &KafkaConfig,
+    topic: &str,
+    partitions: i32,
+    members: usize,
+    session: Duration,
+) -> anyhow::Result<(Duration, Duration)> {
+    use hourglass::cluster::kafka::{GroupConfig, GroupMember, Moved};
+    const SETTLED: Duration = Duration::from_secs(3);
+    const WAIT: Duration = Duration::from_secs(120);
+    let group = GroupConfig {
+        id: format!("hourglass-bench-group-{}", ulid::Ulid::new().to_string().to_lowercase()),
+        topic: topic.to_owned(),
+        session_timeout: session,
+    };
+    // Every partition the members in this process hold, and when that
+    // last changed.
+    let held =
+        Arc::new(std::sync::Mutex::new((vec![std::collections::BTreeSet::new(); members], Instant::now())));
+    let mut survivors = Vec::new();
+    for i in 0..members.saturating_sub(1) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        survivors.push(GroupMember::join(kafka, &group, tx).context("joining the bare group")?);
+        let held = Arc::clone(&held);
+        tokio::spawn(async move {
+            while let Some(moved) = rx.recv().await {
+                let mut held = held.lock().unwrap_or_else(|e| e.into_inner());
+                match moved {
+                    Moved::Assigned(given) => held.0[i].extend(given),
+                    // Let go at once: `done` is dropped.
+                    Moved::Revoked { partitions, .. } => held.0[i].retain(|p| !partitions.contains(p)),
+                }
+                held.1 = Instant::now();
+            }
+        });
+    }
+    let union = || {
+        let held = held.lock().unwrap_or_else(|e| e.into_inner());
+        let all: std::collections::BTreeSet<i32> = held.0.iter().flatten().copied().collect();
+        (all, held.1)
+    };
+    let mut victim = std::process::Command::new(std::env::current_exe().context("this binary's path")?)
+        .args(["--group-member", &kafka.brokers, &group.id, topic, &session.as_millis().to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .context("starting the bare group's member process")?;
+    let started = Instant::now();
+    let before = loop {
+        let (all, changed) = union();
+        if !all.is_empty() && (all.len() as i32) < partitions && changed.elapsed() >= SETTLED {
+            break all;
+        }
+        if started.elapsed() > WAIT {
+            let _ = victim.kill();
+            anyhow::bail!("the bare group did not settle with a partition on each member within {WAIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    victim.kill().context("killing the bare group's member process")?;
+    victim.wait().ok();
+    let killed = Instant::now();
+    let mut first = None;
+    loop {
+        let (all, _) = union();
+        if first.is_none() && all.iter().any(|p| !before.contains(p)) {
+            first = Some(killed.elapsed());
+        }
+        if all.len() as i32 == partitions {
+            return Ok((first.unwrap_or_else(|| killed.elapsed()), killed.elapsed()));
+        }
+        anyhow::ensure!(
+            killed.elapsed() < WAIT,
+            "the bare group did not give the killed member's partitions away within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// This binary as a bare group's member (see [`group_failover`]): joins
+/// `group` on `topic` and holds what it is given until killed.
+pub fn group_member(brokers: &str, group: &str, topic: &str, session: Duration) -> anyhow::Result<()> {
+    use hourglass::cluster::kafka::{GroupConfig, GroupMember};
+    let kafka = KafkaConfig { brokers: brokers.to_owned(), properties: Default::default() };
+    let config = GroupConfig { id: group.to_owned(), topic: topic.to_owned(), session_timeout: session };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _member = GroupMember::join(&kafka, &config, tx).context("joining the bare group")?;
+    // Revocations are answered at once (`done` dropped).
+    while rx.blocking_recv().is_some() {}
+    Ok(())
+}

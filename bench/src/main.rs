@@ -82,6 +82,10 @@ struct Args {
     /// Cluster mode: standby replicas of each shard.
     #[arg(long, default_value_t = 1)]
     standby_replicas: u32,
+    /// Runs as a member of a bare consumer group until killed (the
+    /// cluster bench measures the group's own failover with it).
+    #[arg(long, hide = true, num_args = 4, value_names = ["BROKERS", "GROUP", "TOPIC", "SESSION_MS"])]
+    group_member: Vec<String>,
 }
 
 impl Args {
@@ -127,6 +131,16 @@ impl Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let [brokers, group, topic, session] = args.group_member.as_slice() {
+        let session = std::time::Duration::from_millis(session.parse().unwrap_or(6_000));
+        return match hourglass_bench::limits::group_member(brokers, group, topic, session) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let settings = match args.settings() {
         Ok(settings) => settings,
         Err(e) => {

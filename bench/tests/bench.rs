@@ -135,4 +135,8 @@ fn the_cluster_bench_runs_on_a_tiny_workload_and_reports_sane_figures() {
     let failover = value(&["failover", "first delivery of a lost shard"]);
     assert!(failover > 0.0 && failover < 120_000.0, "failover took {failover} ms");
     assert!(value(&["failover", "every lost shard"]) >= failover);
+    let group = value(&["failover limit", "every partition given away"]);
+    assert!(group > 0.0 && group < 120_000.0, "the bare group's failover took {group} ms");
+    let handover = value(&["SIGTERM, longest a lost shard waited"]);
+    assert!((0.0..120_000.0).contains(&handover), "a graceful stop's shards waited {handover} ms");
 }

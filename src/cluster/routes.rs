@@ -13,7 +13,10 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -48,6 +51,8 @@ pub(crate) struct Routes {
     me: u64,
     addr: String,
     clock: Arc<dyn Clock>,
+    /// This node is stopping (see [`Routes::leave`]).
+    leaving: AtomicBool,
 }
 
 /// Routes said and not yet written, the latest per shard, each with the
@@ -159,6 +164,7 @@ impl Routes {
             me,
             addr: config.advertise.clone(),
             clock,
+            leaving: AtomicBool::new(false),
         });
         tasks.spawn(keep_writing(Arc::clone(&routes.unwritten), log, BACKOFF, stop.clone()));
         tasks.spawn(follow(Arc::clone(&routes), reader, stop));
@@ -170,8 +176,30 @@ impl Routes {
     /// is said of the shard); meanwhile a request routed by an old record
     /// is refused by the node it reaches and sent again.
     pub(crate) fn publish(&self, shard: u32, released: bool) {
-        let route = Route { writer: self.me, addr: self.addr.clone(), at_ms: self.clock.now().0, released };
+        let route = Route {
+            writer: self.me,
+            addr: self.addr.clone(),
+            at_ms: self.clock.now().0,
+            released,
+            leaving: self.leaving.load(Ordering::Acquire),
+        };
         self.unwritten.say(shard, route);
+    }
+
+    /// Says that this node is stopping, for each of `owned` (and in every
+    /// route it says from now on), and waits up to `within` until it
+    /// reads that back: the nodes standing by for its shards then take
+    /// each as it lets go of it, not when it stops answering.
+    pub(crate) async fn leave(&self, owned: &[u32], within: Duration) {
+        self.leaving.store(true, Ordering::Release);
+        for shard in owned {
+            self.publish(*shard, false);
+        }
+        let me = self.me;
+        let mut table = self.table.subscribe();
+        let said = table
+            .wait_for(|t| owned.iter().all(|s| t.route_of(*s).is_none_or(|r| r.writer != me || r.leaving)));
+        let _ = tokio::time::timeout(within, said).await;
     }
 
     /// Whether the topic names the node incarnation `writer` the owner of
@@ -180,6 +208,18 @@ impl Routes {
         let said = self.said.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied();
         self.table.borrow().writer_of(shard) == Some(writer)
             && said.is_some_and(|(by, at)| by == writer && at.elapsed() < within)
+    }
+
+    /// What the topic last said of the owner of `shard`, if it names one.
+    pub(crate) fn owner_of(&self, shard: u32) -> Option<Route> {
+        self.table.borrow().route_of(shard).cloned()
+    }
+
+    /// Whether this node read another node incarnation than `me` say it
+    /// owns `shard` after `since`.
+    pub(crate) fn named_other_since(&self, shard: u32, me: u64, since: Instant) -> bool {
+        let said = self.said.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied();
+        said.is_some_and(|(by, at)| by != me && at > since)
     }
 
     /// Where this node answers.
@@ -275,7 +315,7 @@ async fn follow(routes: Arc<Routes>, reader: LogReader, stop: CancellationToken)
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
 
     use super::*;
 
@@ -305,7 +345,7 @@ mod tests {
     const PAUSE: Duration = Duration::from_millis(10);
 
     fn route(released: bool) -> Route {
-        Route { writer: 1, addr: "http://a:1".into(), at_ms: 0, released }
+        Route { writer: 1, addr: "http://a:1".into(), at_ms: 0, released, leaving: false }
     }
 
     /// A writer whose first `failures` writes fail, writing until `stop`.

@@ -69,6 +69,10 @@ impl ShardSet for Cluster {
         Cluster::damaged(self)
     }
 
+    async fn stopping(&self) {
+        Cluster::stopping(self).await;
+    }
+
     /// Each shard is let go as in a move: its last deliveries go to the
     /// log and are applied before its store closes.
     async fn shutdown(&self) {

@@ -16,6 +16,18 @@ pub(crate) trait Gate: Send + Sync {
     /// without recording it is searched for as after a claim, rather than
     /// as after an unclean stop.
     fn claimed(&self) -> bool;
+
+    /// Cluster mode: the shard's last owner released it with nothing in
+    /// doubt, just before this node claimed it; then nothing is searched
+    /// for on the topics. Said once: asked again (the shard taken back
+    /// after a fence), false.
+    fn released_clean(&self) -> bool {
+        false
+    }
+
+    /// The dispatcher stopped; `clean`: nothing it produced is in doubt
+    /// (every produce answered, every outcome handed to the recorder).
+    fn stopped(&self, _clean: bool) {}
 }
 
 /// Standalone: the store is this process's alone, and nothing keeps its

@@ -390,11 +390,18 @@ impl Dispatcher {
 
     pub(crate) async fn run(mut self, stop: CancellationToken) {
         if !self.start_producing(&stop).await {
-            return self.drain().await;
+            return self.drain(false).await;
         }
+        // Whether what the shard's last dispatcher left in doubt is
+        // resolved: not while fenced, until taken back and searched.
+        let mut resolved = true;
         loop {
-            if self.fenced && !self.take_back(&stop).await {
-                break;
+            if self.fenced {
+                resolved = false;
+                if !self.take_back(&stop).await {
+                    break;
+                }
+                resolved = !self.fenced;
             }
             metrics::DISPATCH_WAKEUPS.inc();
             // What the reports gave up on goes to dead-letter topics.
@@ -460,15 +467,18 @@ impl Dispatcher {
                 _ = tokio::time::sleep(sleep) => {}
             }
         }
-        self.drain().await;
+        self.drain(resolved).await;
     }
 
     /// Shutdown: produce nothing new, wait (up to the grace period) for what
     /// is in flight, and settle it. Records still unanswered then are in
     /// doubt: they may yet reach Kafka. The store keeps their claims and
     /// answers requests about them UNAVAILABLE, never CANCELLED; after a
-    /// restart they are produced again.
-    async fn drain(mut self) {
+    /// restart they are produced again. The gate is told whether it stopped
+    /// with nothing in doubt: `resolved` (what it started with was searched
+    /// for), no search left running, every produce answered.
+    async fn drain(mut self, resolved: bool) {
+        let resolved = resolved && !self.doubt.searching();
         self.doubt.stop_search().await;
         // What was read and not produced goes back.
         if let Some(reading) = self.ahead.reading.take()
@@ -498,10 +508,12 @@ impl Dispatcher {
             // next owner has searched its topics for them.
             self.producer.let_go();
         }
+        let clean = resolved && self.sent.is_empty();
         let ids = self.sent.take_all().into_iter().map(|f| f.id).collect();
         if let Err(e) = self.store.in_doubt(ids).await {
             tracing::error!(error = %e, "reporting produces in doubt at shutdown failed");
         }
+        self.gate.stopped(clean);
         self.store.metrics().in_flight.set(0);
         self.store.metrics().held_stalled.set(0);
         self.store.metrics().held_refused.set(0);

@@ -41,7 +41,11 @@ impl Dispatcher {
         // taking a shard says so before its grace ends and it answers
         // requests; a store opened after an unclean stop knew it at open.
         let search = if self.gate.claimed() {
-            reconcile::after_claim(self.clock.now())
+            if self.gate.released_clean() {
+                reconcile::after_clean_release()
+            } else {
+                reconcile::after_claim(self.clock.now())
+            }
         } else {
             reconcile::after_restart(&self.store, self.doubt.in_flight_at, self.clock.now())
         };

@@ -330,6 +330,12 @@ impl Node {
         self.readers().iter().find_map(|(_, s)| s.damage())
     }
 
+    /// Says the process is about to stop answering (see
+    /// [`ShardSet::stopping`]).
+    pub async fn stopping(&self) {
+        self.shards.stopping().await;
+    }
+
     /// Stops every shard: dispatchers settle what is in flight, stores
     /// commit what is queued and close.
     pub async fn shutdown(&self) {

@@ -64,6 +64,11 @@ pub trait ShardSet: Send + Sync {
     /// Cancelled once damage is found in a served shard's store.
     fn damaged(&self) -> CancellationToken;
 
+    /// Says the process is about to stop answering: in a cluster, the
+    /// nodes standing by for its shards then take each as it lets go of
+    /// it. Standalone, nothing.
+    async fn stopping(&self) {}
+
     /// Stops every shard: dispatchers settle what is in flight, stores
     /// commit what is queued and close.
     async fn shutdown(&self);

@@ -295,6 +295,9 @@ pub async fn run_with_clock(
     for service in ["", SCHEDULER] {
         health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
     }
+    // Said before the listener closes: a cluster's standbys then wait for
+    // this node's releases rather than take its shards at its silence.
+    node.stopping().await;
     stop_accepting.cancel();
     if let Some(ingress) = &ingress {
         // Noted in the log while the shards are still this node's.

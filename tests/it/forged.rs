@@ -172,7 +172,7 @@ async fn records_no_node_wrote_neither_stop_a_shard_nor_deliver_anything() {
         let claim = LogRecord {
             writer: 0x5eed_0000 + p as u64,
             request: 1,
-            change: Some(Change::Owner(Owner { at_ms: now_ms() as u64, released: false })),
+            change: Some(Change::Owner(Owner { at_ms: now_ms() as u64, released: false, clean: false })),
         };
         let made_up = [7u8; 32];
         let seal = (p % 2 == 1).then_some(&made_up[..]);
@@ -371,7 +371,13 @@ async fn a_route_no_node_wrote_sends_no_request_anywhere() {
     let producer = native_producer(&broker);
     let routing = route::topic_of(&log_topic);
     for shard in 0..LOG_PARTITIONS {
-        let route = Route { writer: 0x5eed, addr: stranger.clone(), at_ms: now_ms() as u64, released: false };
+        let route = Route {
+            writer: 0x5eed,
+            addr: stranger.clone(),
+            at_ms: now_ms() as u64,
+            released: false,
+            leaving: false,
+        };
         let made_up = [9u8; 32];
         let headers = if shard % 2 == 0 { vec![] } else { vec![(SEAL_HEADER.to_owned(), made_up.to_vec())] };
         let forgery =

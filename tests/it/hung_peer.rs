@@ -88,9 +88,14 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
     let routing = route::topic_of(&log_topic);
     let producer = native_producer(&broker);
     for shard in &hung {
-        let value =
-            Route { writer: 0x51_1e47, addr: silent.clone(), at_ms: now_ms() as u64, released: false }
-                .encode_to_vec();
+        let value = Route {
+            writer: 0x51_1e47,
+            addr: silent.clone(),
+            at_ms: now_ms() as u64,
+            released: false,
+            leaving: false,
+        }
+        .encode_to_vec();
         let shard_key = route::key(*shard);
         let seal = key.seal(&routing, 0, Some(&shard_key), Some(&value));
         let headers = OwnedHeaders::new().insert(Header { key: SEAL_HEADER, value: Some(&seal) });

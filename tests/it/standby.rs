@@ -1,9 +1,11 @@
-//! A standby copy that stopped following the log while it was kept open is
-//! rebuilt from the log when its node takes the shard over, not taken over
-//! as it is: it may have missed tombstones that compaction has erased
-//! since, and would bring delivered messages back.
+//! Standby copies: a shard's first standby takes it over from an owner
+//! that is gone before the group notices; and a standby copy that stopped
+//! following the log while it was kept open is rebuilt from the log when
+//! its node takes the shard over, not taken over as it is: it may have
+//! missed tombstones that compaction has erased since, and would bring
+//! delivered messages back.
 //!
-//! On librdkafka's mock cluster: the last record of the log when the
+//! The rebuilt copy, on librdkafka's mock cluster: the last record of the log when the
 //! standby opens is one of hourglass's, dated two days back, so by the
 //! record timestamps the copy is further behind than Kafka keeps
 //! tombstones (12 h here) as soon as the log goes on, as a copy whose
@@ -20,10 +22,11 @@ use hourglass::{
     cluster::log::record::{self, Change, LogRecord},
     proto,
 };
+use hourglass_testkit::ServerProcess;
 use rdkafka::{ClientConfig, producer::FutureProducer};
 
 use crate::{
-    cluster_nodes::{append_sealed, now_ms},
+    cluster_nodes::{LOG_PARTITIONS, THREE_NODES, append_sealed, id_in_shard, node as cluster_node, now_ms},
     let_go::{consume_async, node, wait_metric},
 };
 
@@ -90,4 +93,65 @@ async fn a_standby_that_stopped_following_the_log_is_rebuilt_when_its_shard_is_t
     wanted.sort_unstable();
     assert_eq!(delivered, wanted, "each scheduled message delivered once, by the node that took over");
     standby.stop().unwrap();
+}
+
+/// A node killed with its shards' standbys up: each standby finds nothing
+/// listening where the owner answered and takes its shard over before the
+/// group could notice (its session is a minute here), and every message is
+/// delivered once.
+///
+/// On Tansu: librdkafka's mock cluster takes a member out of its group as
+/// soon as its connection closes, which a real coordinator does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_owner_s_shards_are_taken_over_by_their_standbys_before_the_group_notices() {
+    let _turn = THREE_NODES.lock().await;
+    let broker = Broker::start();
+    let (topic, log_topic, group) =
+        (random_name("takeover"), random_name("hourglass-log"), random_name("hourglass"));
+    broker.create_topic(&topic, 1).await;
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut nodes: Vec<ServerProcess> = dirs
+        .iter()
+        .map(|dir| {
+            cluster_node(&broker, dir.path(), &log_topic, &group).arg("--group-session-timeout", "60s")
+        })
+        .collect();
+    for node in &mut nodes {
+        node.spawn().unwrap();
+    }
+    for node in &mut nodes {
+        node.wait_serving(Duration::from_secs(60)).await.unwrap();
+    }
+    // Half the shards each, each standing by for the other's.
+    let half = f64::from(LOG_PARTITIONS / 2);
+    for node in &nodes {
+        wait_metric(node, "hourglass_cluster_shards_owned", half, Duration::from_secs(60)).await;
+        wait_metric(node, "hourglass_cluster_standbys", half, Duration::from_secs(60)).await;
+    }
+    let mut client = reconnecting_client(&nodes[1].grpc, Duration::from_secs(10));
+    let run = random_name("m");
+    let ids: Vec<String> = (0..LOG_PARTITIONS).map(|shard| id_in_shard(&run, shard)).collect();
+    for id in &ids {
+        let request =
+            proto::ScheduleRequest { id: Some(id.clone()), ..request(&topic, id, Duration::from_secs(3)) };
+        client.schedule(request).await.unwrap_or_else(|e| panic!("{id}: {e:?}"));
+    }
+    nodes[0].kill();
+    let killed = std::time::Instant::now();
+    let taken_over = r#"hourglass_cluster_shard_moves_total{move="taken over"}"#;
+    wait_metric(&nodes[1], taken_over, half, Duration::from_secs(30)).await;
+    let got =
+        common::consume_async(&broker, &topic, ids.len(), Duration::from_secs(30), Duration::from_secs(2))
+            .await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(50),
+        "delivered {:?} after the kill: the group's session (60 s) may have moved the shards instead",
+        killed.elapsed()
+    );
+    let mut delivered: Vec<&str> = got.iter().map(|r| r.id()).collect();
+    delivered.sort_unstable();
+    let mut wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
+    wanted.sort_unstable();
+    assert_eq!(delivered, wanted, "each message delivered once, the killed node's by its standby");
+    nodes[1].stop().unwrap();
 }

@@ -5,7 +5,7 @@ use std::{
     collections::{BTreeMap, VecDeque},
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -45,6 +45,9 @@ pub(crate) struct Applier {
     waiters: Arc<Waiters>,
     /// Where the reader was put first.
     first: Seek,
+    /// The shard's owner released it last, with nothing in doubt, as far
+    /// as this process applied the log (see [`View::released_clean`]).
+    released_clean: Arc<AtomicBool>,
 }
 
 impl Applier {
@@ -60,7 +63,8 @@ impl Applier {
         let reader = log.reader(partition, first.at).map_err(|e| {
             StoreError::LogUnavailable(format!("reading partition {partition} of the schedule log: {e}"))
         })?;
-        Ok(Applier { partition, store, reader: Arc::new(reader), waiters, first })
+        let released_clean = Arc::new(AtomicBool::new(false));
+        Ok(Applier { partition, store, reader: Arc::new(reader), waiters, first, released_clean })
     }
 
     /// What it reads the partition with.
@@ -197,6 +201,7 @@ impl Applier {
     /// and answers the requests of this node that wrote them.
     async fn apply(&self, entries: Vec<(i64, UnixMillis, Entry)>) -> Result<(), StoreError> {
         let unapplied = self.unapplied(&entries);
+        let released = released_clean(self.store.log_owner(), &entries);
         let writers: Vec<Option<(u64, u64)>> = entries
             .iter()
             .map(|(_, _, entry)| match entry {
@@ -211,6 +216,9 @@ impl Applier {
             .collect();
         let count = entries.len() as u64;
         let answers = self.store.apply(entries).await?;
+        if let Some(clean) = released {
+            self.released_clean.store(clean, Ordering::Release);
+        }
         // Once: a batch that fails is read and applied again.
         self.report(unapplied);
         metrics::LOG_APPLIED.inc_by(count);
@@ -579,10 +587,31 @@ async fn stale(store: &Store, reader: &Arc<LogReader>) -> bool {
     !matches!(end, Ok(Some(end)) if end <= next)
 }
 
+/// After `entries`, applied over the owner `owner`: whether the shard is
+/// left released with nothing in doubt, if any of them claims or releases
+/// it (as the store follows them: a release by a node that is not the
+/// owner changes nothing).
+fn released_clean(mut owner: u64, entries: &[(i64, UnixMillis, Entry)]) -> Option<bool> {
+    let mut clean = None;
+    for (_, _, entry) in entries {
+        if let Entry::Logged { writer, change: Change::Owner(record), .. } = entry {
+            if !record.released {
+                (owner, clean) = (*writer, Some(false));
+            } else if owner == *writer {
+                (owner, clean) = (0, Some(record.clean));
+            }
+        }
+    }
+    clean
+}
+
 /// A shard's store following its partition of the log: opened, and its
 /// applier running. An owner dispatches from it; a standby only keeps it
 /// up to date, ready to be taken over.
 pub(crate) struct View {
+    /// Set while the last `Owner` record applied here is a clean release
+    /// by the shard's owner (see [`Self::released_clean`]).
+    released_clean: Arc<AtomicBool>,
     pub store: Store,
     pub reader: Arc<LogReader>,
     /// The next offset to apply, as applied.
@@ -632,11 +661,12 @@ impl View {
             Self::open_copy(config, log, &waiters).await?
         };
         let (reader, stop, tracker) = (applier.reader(), CancellationToken::new(), TaskTracker::new());
+        let released_clean = Arc::clone(&applier.released_clean);
         let (tx, applied) = watch::channel(store.log_next());
         let (acked, acks) = ack_channel();
         tracker.spawn(applier.run(stop.clone(), tx, acks));
         tracker.close();
-        Ok(View { store, reader, applied, stop, acked, applier: tracker })
+        Ok(View { released_clean, store, reader, applied, stop, acked, applier: tracker })
     }
 
     /// The store and an applier of its partition, not started.
@@ -671,6 +701,13 @@ impl View {
                 Err(e)
             }
         }
+    }
+
+    /// Whether the shard has no owner because its last owner released it
+    /// with nothing in doubt, by the records this process applied (a
+    /// release applied before it started is not known: false).
+    pub(crate) fn released_clean(&self) -> bool {
+        self.store.log_owner() == 0 && self.released_clean.load(Ordering::Acquire)
     }
 
     /// Whether this copy fell further behind the log than it may be

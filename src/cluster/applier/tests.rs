@@ -91,3 +91,27 @@ fn acks_are_held_up_to_a_budget_of_bytes_on_the_way_and_behind_a_gap() {
     sender.send(vec![acked(fit as i64 + 6)]);
     assert_eq!(held.load(Ordering::Relaxed), 0, "nothing held for an applier that stopped");
 }
+
+#[test]
+fn a_shard_is_released_clean_only_by_its_owner_s_last_clean_release() {
+    use crate::cluster::log::record::Owner;
+    let owner = |writer: u64, released: bool, clean: bool| {
+        let change = Change::Owner(Owner { at_ms: 1, released, clean });
+        (0, UnixMillis(1), Entry::Logged { writer, request: 0, change })
+    };
+    let other = (
+        0,
+        UnixMillis(1),
+        Entry::Logged { writer: 7, request: 1, change: Change::Cancelled(Cancelled::default()) },
+    );
+    assert_eq!(released_clean(0, std::slice::from_ref(&other)), None, "no claim or release: as it was");
+    assert_eq!(released_clean(7, &[owner(7, true, true), other]), Some(true));
+    assert_eq!(released_clean(7, &[owner(7, true, false)]), Some(false), "a release with something in doubt");
+    assert_eq!(released_clean(7, &[owner(8, true, true)]), None, "a fenced node's release changes nothing");
+    assert_eq!(
+        released_clean(7, &[owner(7, true, true), owner(8, false, false)]),
+        Some(false),
+        "claimed since"
+    );
+    assert_eq!(released_clean(7, &[owner(8, false, false), owner(8, true, true)]), Some(true));
+}

@@ -214,6 +214,11 @@ pub struct Owner {
     /// none until the next claim.
     #[prost(bool, tag = "2")]
     pub released: bool,
+    /// A release with nothing in doubt: every produce of the writer was
+    /// answered and recorded before it, so the next owner has nothing to
+    /// look for on the topics. Not set by older builds.
+    #[prost(bool, tag = "3")]
+    pub clean: bool,
 }
 
 /// A message whole: what to deliver, when, and as what it was asked for.

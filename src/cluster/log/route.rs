@@ -9,6 +9,8 @@
 //! "7"     writer, addr, at, released=false   the writer owns shard 7 and answers at addr
 //! "7"     writer, addr, at, released=true    the writer let go of it (ignored if it no
 //!                                            longer was the owner by this topic)
+//! "7"     writer, addr, at, leaving=true     the writer owns it and is stopping: it
+//!                                            lets go once its requests are drained
 //! ```
 //!
 //! Every record is sealed with the cluster key ([`super::seal`]); one
@@ -35,6 +37,11 @@ pub struct Route {
     pub at_ms: u64,
     #[prost(bool, tag = "4")]
     pub released: bool,
+    /// The writer is stopping: it lets go of the shard once its requests
+    /// are drained, and its standby takes the shard at that release
+    /// rather than when the writer stops answering.
+    #[prost(bool, tag = "5")]
+    pub leaving: bool,
 }
 
 /// The routing topic of the schedule log `log_topic`.
@@ -94,6 +101,11 @@ impl Table {
         self.owners.get(shard as usize)?.as_ref().map(|r| r.writer)
     }
 
+    /// What the topic last said of the owner of `shard`, if it names one.
+    pub fn route_of(&self, shard: u32) -> Option<&Route> {
+        self.owners.get(shard as usize)?.as_ref()
+    }
+
     /// Where the owner of `shard` answers, if the topic names one.
     pub fn addr_of(&self, shard: u32) -> Option<&str> {
         self.owners.get(shard as usize)?.as_ref().map(|r| r.addr.as_str())
@@ -136,7 +148,7 @@ mod tests {
     use super::*;
 
     fn route(writer: u64, addr: &str, released: bool) -> Route {
-        Route { writer, addr: addr.into(), at_ms: 1, released }
+        Route { writer, addr: addr.into(), at_ms: 1, released, leaving: false }
     }
 
     #[test]

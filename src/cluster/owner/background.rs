@@ -1,10 +1,12 @@
 //! What a node watches in the background for the shards it owns: the
 //! standby copies it keeps (as the routing topic says), and the owned
-//! shards' health and claims. Must not take or let go of a shard: that is
-//! the group's to say ([`super`]).
+//! shards' health and claims. Takes and lets go of no shard the group
+//! gives: that is the group's to say ([`super`]); one taken over from a
+//! gone owner ([`super::takeover`]) is let go here once the group gives it
+//! to another node.
 
 use std::{
-    sync::Arc,
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -28,7 +30,9 @@ pub(super) async fn keep_standbys(inner: Arc<Inner>, stop: CancellationToken) {
                 continue;
             };
             let elsewhere = matches!(&*slot.state.borrow(), State::Elsewhere);
-            let keep = elsewhere && wanted.contains(&(shard as u32));
+            // A released shard's first standby keeps its copy until the
+            // shard has a new owner: it may take the shard over.
+            let keep = elsewhere && (wanted.contains(&(shard as u32)) || inner.watched.watches(shard));
             let kept = slot.standby.lock().unwrap_or_else(|e| e.into_inner()).is_some();
             if keep && !kept {
                 match inner.view(shard).await {
@@ -91,6 +95,20 @@ pub(super) async fn watch_owned(
                 continue;
             };
             damage |= owned.store().damaged().is_cancelled();
+            // Taken over without the group: kept until another node claims
+            // it or says it owns it (the group gave it to that node). Not
+            // said again: a node the group gives it to, which claimed it
+            // before this one, finds this one silent and claims it back.
+            if !slot.given.load(Ordering::Acquire) {
+                let log_owner = owned.store().log_owner();
+                let claimed = log_owner != owned.me && log_owner != 0;
+                if claimed || inner.routes.named_other_since(shard as u32, owned.me, owned.since) {
+                    let (inner, owned) = (Arc::clone(&inner), Arc::clone(owned));
+                    tokio::spawn(async move { inner.let_go_taken_over(shard, &owned).await });
+                }
+                (*since, *said) = (None, None);
+                continue;
+            }
             match owned.store().log_owner() {
                 owner if owner == owned.me => {
                     *since = None;

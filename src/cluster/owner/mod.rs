@@ -35,6 +35,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 mod background;
 mod owned;
 mod picture;
+mod takeover;
 
 use background::{keep_standbys, watch_owned};
 pub(crate) use owned::Owned;
@@ -116,6 +117,8 @@ struct Inner {
     failures: Mutex<BTreeMap<usize, String>>,
     /// The latest moves, for operators.
     moves: picture::Moves,
+    /// The owners this node stands by first for, to take over once gone.
+    watched: takeover::Watched,
 }
 
 struct Slot {
@@ -128,6 +131,9 @@ struct Slot {
     standby: Mutex<Option<View>>,
     /// Cancels a take under way.
     taking: Mutex<CancellationToken>,
+    /// The group's latest assignment gives this node the shard. Owned
+    /// without it: taken over from a gone owner, until the group decides.
+    given: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -169,6 +175,7 @@ impl Cluster {
                 moving: tokio::sync::Mutex::new(()),
                 standby: Mutex::new(None),
                 taking: Mutex::new(CancellationToken::new()),
+                given: AtomicBool::new(false),
             })
             .collect();
         let inner = Arc::new(Inner {
@@ -184,6 +191,7 @@ impl Cluster {
             ready: AtomicBool::new(false),
             failures: Mutex::new(BTreeMap::new()),
             moves: Default::default(),
+            watched: Default::default(),
         });
         let stopping = Arc::new(AtomicBool::new(false));
         let lease_keeper = {
@@ -202,6 +210,7 @@ impl Cluster {
         tasks.spawn(follow(Arc::clone(&inner), moves, tasks.clone()));
         tasks.spawn(watch_owned(Arc::clone(&inner), health_tx, damaged.clone(), stop.clone()));
         tasks.spawn(keep_standbys(Arc::clone(&inner), stop.clone()));
+        tasks.spawn(takeover::watch_owners(Arc::clone(&inner), tasks.clone(), stop.clone()));
         let member = GroupMember::join(&config.kafka, &config.group, moves_tx).map_err(|e| {
             ClusterError::Group(format!("joining the consumer group {}: {e}", config.group.id))
         })?;
@@ -351,6 +360,14 @@ impl Cluster {
         self.damaged.clone()
     }
 
+    /// Says in the routing topic that this node is stopping (waiting up to
+    /// a second to read that back), so that each shard's first standby
+    /// takes it as soon as this node releases it.
+    pub async fn stopping(&self) {
+        let owned: Vec<u32> = self.owned().into_iter().map(|(shard, _)| shard).collect();
+        self.inner.routes.leave(&owned, Duration::from_secs(1)).await;
+    }
+
     /// Leaves the group: every shard is let go as in a move (dispatching
     /// stopped, deliveries recorded, stores closed), and the group gives
     /// them to other nodes at once.
@@ -376,7 +393,8 @@ impl Cluster {
 
 impl Inner {
     /// Takes `shard`: opens its store, applies the log to its end, starts
-    /// dispatching. Tried again while it fails, until cancelled.
+    /// dispatching. Tried again while it fails, until cancelled; a takeover
+    /// (the group has not given it) only once.
     async fn take(self: Arc<Self>, shard: usize, cancel: CancellationToken) {
         let slot = &self.slots[shard];
         let _moving = slot.moving.lock().await;
@@ -395,12 +413,19 @@ impl Inner {
                     slot.state.send_replace(State::Owned(Arc::new(owned)));
                     self.routes.publish(shard as u32, false);
                     metrics::SHARDS_OWNED.inc();
-                    metrics::SHARD_MOVES.with_label_values(&["taken"]).inc();
-                    self.moved(shard, "taken");
+                    let how = if slot.given.load(Ordering::Acquire) { "taken" } else { "taken over" };
+                    metrics::SHARD_MOVES.with_label_values(&[how]).inc();
+                    self.moved(shard, how);
                     return;
                 }
                 Ok(None) => {
                     tracing::info!(shard, "the take of the shard was called off: the group took it back");
+                    break;
+                }
+                Err(e) if !slot.given.load(Ordering::Acquire) => {
+                    // A takeover is not tried again: the group decides.
+                    tracing::warn!(shard, error = %e, "taking over a shard failed; leaving it to the group");
+                    self.moved(shard, "take failed");
                     break;
                 }
                 Err(e) => {
@@ -479,13 +504,14 @@ impl Inner {
         if from < end {
             tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
         }
+        let released_clean = view.released_clean();
         // The claim: from this record on, only this node dispatches the
         // shard; a node that still thinks it owns it stops when it applies
         // it. Until the grace after it is over, requests wait and the
         // dispatcher reads the topics back: what that node produced before
         // it applied the claim is found there, not produced again.
         let me = self.waiters.me();
-        let claim = owner_record(me, self.shards.clock.as_ref(), false);
+        let claim = owner_record(me, self.shards.clock.as_ref(), false, false);
         let key = record::owner_key();
         let claimed = tokio::select! {
             _ = cancel.cancelled() => return abandon(view, Ok(None)).await,
@@ -501,6 +527,10 @@ impl Inner {
         if !applier::taking_applied_to(shard, &view.applied, offset + 1, cancel).await {
             return abandon(view, Ok(None)).await;
         }
+        // Claimed right after a clean release (no record between): the last
+        // owner left nothing in doubt, and no other node claimed it since;
+        // nothing to search for, no grace to wait.
+        let clean = released_clean && offset == end;
         let claimed_at = tokio::time::Instant::now();
         let recorder = Arc::new(LogRecorder::new(
             Arc::clone(&self.log),
@@ -517,7 +547,9 @@ impl Inner {
             Arc::clone(&self.waiters),
             view.acked.clone(),
         );
-        let gate = LeaseGate::new(Arc::clone(&self.lease), store.clone(), me);
+        let stopped_clean = Arc::new(AtomicBool::new(false));
+        let gate =
+            LeaseGate::new(Arc::clone(&self.lease), store.clone(), me, clean, Arc::clone(&stopped_clean));
         let seams = Seams {
             recorder: Arc::clone(&recorder) as _,
             gate: Box::new(gate),
@@ -542,6 +574,8 @@ impl Inner {
             waiters: Arc::clone(&self.waiters),
             clock: Arc::clone(&self.shards.clock),
             claiming: AtomicBool::new(false),
+            since: Instant::now(),
+            stopped_clean,
             shard,
             front,
             recorder,
@@ -549,15 +583,34 @@ impl Inner {
         };
         // The dispatcher's search runs meanwhile, and lasts the grace at
         // least.
+        let grace = if clean { Duration::ZERO } else { CLAIM_GRACE };
         tokio::select! {
             _ = cancel.cancelled() => {
                 owned.let_go().await;
                 return Ok(None);
             }
-            _ = tokio::time::sleep_until(claimed_at + CLAIM_GRACE) => {}
+            _ = tokio::time::sleep_until(claimed_at + grace) => {}
         }
         tracing::info!(partition, "took the shard: dispatching");
         Ok(Some(owned))
+    }
+
+    /// Lets go of `shard` if this node still owns it as `owned`, taken over
+    /// without the group giving it (see [`takeover`]).
+    async fn let_go_taken_over(&self, shard: usize, owned: &Arc<Owned>) {
+        let slot = &self.slots[shard];
+        let _moving = slot.moving.lock().await;
+        let still = matches!(&*slot.state.borrow(), State::Owned(now) if Arc::ptr_eq(now, owned));
+        if !still || slot.given.load(Ordering::Acquire) {
+            return;
+        }
+        slot.state.send_replace(State::LettingGo);
+        owned.let_go().await;
+        metrics::SHARDS_OWNED.dec();
+        metrics::SHARD_MOVES.with_label_values(&["let go"]).inc();
+        self.moved(shard, "let go");
+        tracing::info!(shard, "let go of the shard taken over: the group gave it to another node");
+        slot.state.send_replace(State::Elsewhere);
     }
 
     /// Lets go of `shard` if this node owns it, or stops taking it.
@@ -631,6 +684,9 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
         match moved {
             Moved::Assigned(partitions) => {
                 let given: Vec<usize> = partitions.iter().filter_map(|p| usize::try_from(*p).ok()).collect();
+                for shard in given.iter().filter(|s| **s < inner.slots.len()) {
+                    inner.slots[*shard].given.store(true, Ordering::Release);
+                }
                 for (shard, slot) in inner.slots.iter().enumerate() {
                     if !given.contains(&shard) {
                         slot.state.send_if_modified(|s| {
@@ -645,7 +701,7 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
                 // A completed rebalance left these with this node: if the
                 // log names another owner (the group gave the shard to two
                 // nodes for a while), this node claims it again.
-                for slot in &inner.slots {
+                for slot in inner.slots.iter().filter(|s| s.given.load(Ordering::Acquire)) {
                     if let State::Owned(owned) = &*slot.state.borrow()
                         && owned.fenced()
                     {
@@ -676,7 +732,10 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
                     .iter()
                     .filter_map(|p| usize::try_from(*p).ok())
                     .filter(|s| *s < inner.slots.len())
-                    .map(|shard| inner.let_go(shard));
+                    .map(|shard| {
+                        inner.slots[shard].given.store(false, Ordering::Release);
+                        inner.let_go(shard)
+                    });
                 future::join_all(letting_go).await;
                 let _ = done.send(());
             }

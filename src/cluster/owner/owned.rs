@@ -34,6 +34,10 @@ pub struct Owned {
     pub(super) clock: Arc<dyn Clock>,
     /// A claim of the shard is being appended.
     pub(super) claiming: AtomicBool,
+    /// When this node took the shard.
+    pub(super) since: std::time::Instant,
+    /// Set by the dispatcher when it stops with nothing in doubt.
+    pub(super) stopped_clean: Arc<AtomicBool>,
     pub(super) shard: Shard,
     pub(super) front: Front,
     pub(super) recorder: Arc<LogRecorder>,
@@ -60,7 +64,7 @@ impl Owned {
         }
         let owned = Arc::clone(self);
         tokio::spawn(async move {
-            let claim = owner_record(owned.me, owned.clock.as_ref(), false);
+            let claim = owner_record(owned.me, owned.clock.as_ref(), false, false);
             match owned.log.append(owned.partition, &record::owner_key(), &claim).await {
                 Ok(_) => {
                     owned.routes.publish(owned.partition as u32, false);
@@ -98,7 +102,8 @@ impl Owned {
     pub(super) async fn let_go(&self) {
         let partition = self.partition;
         self.shard.stop_tasks().await;
-        if tokio::time::timeout(LET_GO_WAIT, self.recorder.flushed()).await.is_err() {
+        let flushed = tokio::time::timeout(LET_GO_WAIT, self.recorder.flushed()).await.is_ok();
+        if !flushed {
             tracing::error!(
                 partition,
                 "the last deliveries did not reach the schedule log in time; the next owner sends them again"
@@ -106,8 +111,9 @@ impl Owned {
         }
         // After the last deliveries: the next owner's claim finds the
         // shard released (a release by a node fenced meanwhile changes
-        // nothing).
-        let (release, key) = (owner_record(self.me, self.clock.as_ref(), true), record::owner_key());
+        // nothing), and with nothing in doubt, searches nothing.
+        let clean = flushed && self.stopped_clean.load(Ordering::Acquire);
+        let (release, key) = (owner_record(self.me, self.clock.as_ref(), true, clean), record::owner_key());
         let released = tokio::time::timeout(LET_GO_WAIT, self.log.append(partition, &key, &release)).await;
         if !matches!(released, Ok(Ok(_))) {
             tracing::warn!(
@@ -136,11 +142,12 @@ impl Owned {
     }
 }
 
-/// A claim of a shard by `me`, or its release.
-pub(super) fn owner_record(me: u64, clock: &dyn Clock, released: bool) -> LogRecord {
+/// A claim of a shard by `me`, or its release (`clean`: with nothing in
+/// doubt).
+pub(super) fn owner_record(me: u64, clock: &dyn Clock, released: bool, clean: bool) -> LogRecord {
     LogRecord {
         writer: me,
         request: 0,
-        change: Some(Change::Owner(record::Owner { at_ms: clock.now().0, released })),
+        change: Some(Change::Owner(record::Owner { at_ms: clock.now().0, released, clean })),
     }
 }

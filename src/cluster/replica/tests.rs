@@ -57,7 +57,7 @@ fn logged_by(writer: u64, offset: i64, change: Change) -> LogEntry {
 
 /// `writer`'s claim of the shard, at `offset`.
 fn claim(offset: i64, writer: u64) -> LogEntry {
-    logged_by(writer, offset, Change::Owner(record::Owner { at_ms: 1, released: false }))
+    logged_by(writer, offset, Change::Owner(record::Owner { at_ms: 1, released: false, clean: false }))
 }
 
 /// The record of a change this node decided for "a", at `offset`, as its
@@ -394,7 +394,11 @@ async fn the_last_owner_record_applied_names_the_owner_across_a_reopen() {
         entry(
             offset,
             UnixMillis(0),
-            Entry::Logged { writer, request: 0, change: Change::Owner(record::Owner { at_ms: 5, released }) },
+            Entry::Logged {
+                writer,
+                request: 0,
+                change: Change::Owner(record::Owner { at_ms: 5, released, clean: false }),
+            },
             None,
         )
     };
@@ -532,7 +536,7 @@ async fn a_hold_whose_caller_went_away_before_logging_is_let_go() {
 async fn a_delivery_read_from_the_log_while_the_dispatcher_holds_the_message_is_counted_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let claim = Change::Owner(record::Owner { at_ms: 1, released: false });
+    let claim = Change::Owner(record::Owner { at_ms: 1, released: false, clean: false });
     store.apply(vec![logged(0, claim), logged(1, Change::Scheduled(message("a", 10)))]).await.unwrap();
     let due = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
     let [ready] = &due.ready[..] else { panic!("a is due: {:?}", due.ready.len()) };
@@ -708,7 +712,7 @@ fn log_of(steps: &[Step]) -> Vec<(Vec<u8>, Entry)> {
             }
             Step::Claim { writer, released } => (
                 record::owner_key(),
-                logged(writer, offset, Change::Owner(record::Owner { at_ms: 1, released })),
+                logged(writer, offset, Change::Owner(record::Owner { at_ms: 1, released, clean: false })),
             ),
             Step::Forget { id } => {
                 (IDS[id].as_bytes().to_vec(), Entry::Forget(MessageId::parse(IDS[id]).unwrap()))
