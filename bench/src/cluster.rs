@@ -424,19 +424,19 @@ async fn stop_under_load(
         shards_owned_by(brokers, log_topic, c.log_partitions, &format!("http://{}", nodes[victim].grpc))?;
     anyhow::ensure!(!lost.is_empty(), "node {victim} owned no shard before the stop");
     tokio::time::sleep(Duration::from_millis(stop_at.saturating_sub(now_ms()))).await;
-    let at_ms = now_ms();
-    match how {
+    let at_ms = match how {
         // From when it is gone (kill waits for the process to end): whatever
         // it delivered came before.
-        Stop::Kill => nodes[victim].kill(),
-        Stop::Term => {
-            let victim = &mut nodes[victim];
-            tokio::task::block_in_place(|| victim.stop())?;
+        Stop::Kill => {
+            nodes[victim].kill();
+            now_ms()
         }
-    }
-    let at_ms = match how {
-        Stop::Kill => now_ms(),
-        Stop::Term => at_ms,
+        // From the signal: the node hands its shards over as it stops.
+        Stop::Term => {
+            let (signalled, victim) = (now_ms(), &mut nodes[victim]);
+            tokio::task::block_in_place(|| victim.stop())?;
+            signalled
+        }
     };
     let end = t1 + sc.failover_window.as_millis() as u64;
     anyhow::ensure!(

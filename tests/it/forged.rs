@@ -376,7 +376,7 @@ async fn a_route_no_node_wrote_sends_no_request_anywhere() {
             addr: stranger.clone(),
             at_ms: now_ms() as u64,
             released: false,
-            leaving: false,
+            ..Default::default()
         };
         let made_up = [9u8; 32];
         let headers = if shard % 2 == 0 { vec![] } else { vec![(SEAL_HEADER.to_owned(), made_up.to_vec())] };

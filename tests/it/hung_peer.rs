@@ -93,7 +93,7 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
             addr: silent.clone(),
             at_ms: now_ms() as u64,
             released: false,
-            leaving: false,
+            ..Default::default()
         }
         .encode_to_vec();
         let shard_key = route::key(*shard);
