@@ -173,6 +173,13 @@ pub static STANDBYS: LazyLock<IntGauge> = LazyLock::new(|| {
         "Cluster mode: shards another node owns whose store this node keeps up to date (standby copies).",
     )
 });
+pub static PEERS_LISTENING: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "hourglass_cluster_peers_listening",
+        "Cluster mode: other nodes named in the routing topic whose address accepted this node's last \
+         connection; should one stop listening, this node's standbys take over its shards at once.",
+    )
+});
 pub static LOG_APPLIED_ON_ACK: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_cluster_log_records_applied_on_ack_total",

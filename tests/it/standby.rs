@@ -136,6 +136,8 @@ async fn a_killed_owner_s_shards_are_taken_over_by_their_standbys_before_the_gro
             proto::ScheduleRequest { id: Some(id.clone()), ..request(&topic, id, Duration::from_secs(3)) };
         client.schedule(request).await.unwrap_or_else(|e| panic!("{id}: {e:?}"));
     }
+    // The survivor has connected to the owner: its death is told by a refusal.
+    wait_metric(&nodes[1], "hourglass_cluster_peers_listening", 1.0, Duration::from_secs(10)).await;
     nodes[0].kill();
     let killed = std::time::Instant::now();
     let taken_over = r#"hourglass_cluster_shard_moves_total{move="taken over"}"#;

@@ -9,6 +9,10 @@
 //!   connection there, which was accepted before, is refused twice in a
 //!   row (the process is gone; a machine that stopped answering at all is
 //!   left to the group's session timeout, as are addresses never reached).
+//!   Every node the routing topic names is connected to from the moment
+//!   it is named, not only once this node stands by for it, so that an
+//!   owner killed just after its standby caught up is known to have
+//!   listened (`hourglass_cluster_peers_listening` counts them).
 //!
 //! A release by an owner that is not stopping is the group moving the
 //! shard: the group gives it to its next owner soon, and nothing is taken
@@ -30,6 +34,7 @@ use std::{
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{Inner, State};
+use crate::metrics;
 
 /// How often the first standbys look at what their copies say of their
 /// owners (a release), and at most how often they connect to them.
@@ -85,7 +90,6 @@ pub(super) async fn watch_owners(inner: Arc<Inner>, tasks: TaskTracker, stop: Ca
     loop {
         let first: BTreeSet<u32> = inner.routes.standby_for(1).into_iter().collect();
         let mut gone = BTreeMap::new();
-        let mut looked_at = BTreeSet::new();
         for (shard, slot) in inner.slots.iter().enumerate() {
             // The standby copy's view of the log: who it says owns the
             // shard. A shard this node owns or moves is not watched.
@@ -120,13 +124,16 @@ pub(super) async fn watch_owners(inner: Arc<Inner>, tasks: TaskTracker, stop: Ca
                 }
             } else if in_log != owner.writer {
                 inner.watched.set(shard, None);
-            } else if !owner.leaving {
-                looked_at.insert(owner.addr);
             }
         }
-        let gone_away = if connected_at.elapsed() >= CONNECT_EVERY {
+        // Every other node the routing topic names; one newly named is
+        // connected to at once.
+        let peers: BTreeSet<String> = inner.routes.peers().into_iter().collect();
+        let gone_away = if connected_at.elapsed() >= CONNECT_EVERY || !listening.knows_all(&peers) {
             connected_at = std::time::Instant::now();
-            listening.look(looked_at).await
+            let gone_away = listening.look(peers).await;
+            metrics::PEERS_LISTENING.set(listening.listening() as i64);
+            gone_away
         } else {
             Vec::new()
         };
@@ -163,15 +170,30 @@ pub(super) async fn watch_owners(inner: Arc<Inner>, tasks: TaskTracker, stop: Ca
 /// Which owners' addresses still accept connections.
 #[derive(Default)]
 struct Listening {
+    /// The addresses connected to last.
+    looked_at: BTreeSet<String>,
     /// Addresses that accepted a connection, with the refusals since.
     accepted: BTreeMap<String, u32>,
+    /// How many accepted the last connection.
+    accepting: usize,
 }
 
 impl Listening {
+    /// Whether each of `addrs` was connected to already.
+    fn knows_all(&self, addrs: &BTreeSet<String>) -> bool {
+        addrs.is_subset(&self.looked_at)
+    }
+
+    /// How many addresses accepted the last connection to them.
+    fn listening(&self) -> usize {
+        self.accepting
+    }
+
     /// Connects to each of `addrs` (and forgets the others); returns those
     /// that accepted before and now refused [`REFUSALS`] times in a row.
     async fn look(&mut self, addrs: BTreeSet<String>) -> Vec<String> {
         self.accepted.retain(|addr, _| addrs.contains(addr));
+        self.looked_at.clone_from(&addrs);
         let looks = addrs.into_iter().map(|addr| async move {
             // The advertised URL's host and port.
             let authority =
@@ -185,9 +207,11 @@ impl Listening {
             (addr, outcome)
         });
         let mut gone = Vec::new();
+        self.accepting = 0;
         for (addr, outcome) in futures_util::future::join_all(looks).await {
             match outcome {
                 Ok(Ok(_)) => {
+                    self.accepting += 1;
                     self.accepted.insert(addr, 0);
                 }
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
