@@ -256,7 +256,11 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
             &[],
         );
         report.add("failover: lateness p50 of the steady load", killed.lateness_p50(), "ms", None, &[]);
-        report.note(format!("the killed node owned shards {:?}", killed.lost));
+        report.note(format!(
+            "the killed node owned shards {:?}; the longest wait: {}",
+            killed.lost,
+            killed.where_longest()
+        ));
 
         let stopped =
             stop_under_load(&mut nodes, Stop::Term, &brokers, &log_topic, c, s, &w, &run_id).await?;
@@ -267,7 +271,11 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
             None,
             &targets(1_000.0),
         );
-        report.note(format!("the stopped node owned shards {:?}", stopped.lost));
+        report.note(format!(
+            "the stopped node owned shards {:?}; the longest wait: {}",
+            stopped.lost,
+            stopped.where_longest()
+        ));
         let skipped = sum(&nodes, "hourglass_cluster_log_offsets_skipped_total").await?;
         report.note(format!("offsets of the schedule log the nodes skipped while reading: {skipped}"));
     }
@@ -371,9 +379,35 @@ impl Stopped {
     /// The most late a message of a lost shard due after the stop was:
     /// the longest its shard went without its owner.
     fn longest_wait(&self) -> f64 {
+        self.latest().map_or(0, |(_, due, at)| at - due) as f64
+    }
+
+    /// The message of [`Stopped::longest_wait`]: its shard, and when it
+    /// was due and delivered, in ms after the stop.
+    fn latest(&self) -> Option<(u32, i64, i64)> {
         let late =
             self.delivered.iter().filter(|(shard, due, _)| self.lost.contains(shard) && *due >= self.at_ms);
-        late.map(|(_, due, at)| at - due).max().unwrap_or(0) as f64
+        let (shard, due, at) = late.max_by_key(|(_, due, at)| at - due)?;
+        Some((*shard, due - self.at_ms, at - self.at_ms))
+    }
+
+    /// Says where [`Stopped::longest_wait`] was, and each lost shard's
+    /// longest wait.
+    fn where_longest(&self) -> String {
+        let mut by_shard: std::collections::BTreeMap<u32, i64> = Default::default();
+        for (shard, due, at) in &self.delivered {
+            if self.lost.contains(shard) && *due >= self.at_ms {
+                let wait = by_shard.entry(*shard).or_default();
+                *wait = (*wait).max(at - due);
+            }
+        }
+        match self.latest() {
+            Some((shard, due, at)) => format!(
+                "shard {shard}'s message due {due} ms after the stop, delivered {at} ms after it \
+                 (ms by lost shard: {by_shard:?})"
+            ),
+            None => "no message of a lost shard was due after the stop".into(),
+        }
     }
 
     fn lateness_p50(&self) -> f64 {
