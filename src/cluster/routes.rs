@@ -12,7 +12,7 @@
 //! reach the shard until it moved again.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -53,6 +53,9 @@ pub(crate) struct Routes {
     clock: Arc<dyn Clock>,
     /// This node is stopping (see [`Routes::leave`]).
     leaving: AtomicBool,
+    /// The shards this node holds without the group giving them (see
+    /// [`Routes::own`]).
+    held: Mutex<BTreeSet<u32>>,
 }
 
 /// Routes said and not yet written, the latest per shard, each with the
@@ -165,6 +168,7 @@ impl Routes {
             addr: config.advertise.clone(),
             clock,
             leaving: AtomicBool::new(false),
+            held: Mutex::default(),
         });
         tasks.spawn(keep_writing(Arc::clone(&routes.unwritten), log, BACKOFF, stop.clone()));
         tasks.spawn(follow(Arc::clone(&routes), reader, stop));
@@ -176,14 +180,45 @@ impl Routes {
     /// is said of the shard); meanwhile a request routed by an old record
     /// is refused by the node it reaches and sent again.
     pub(crate) fn publish(&self, shard: u32, released: bool) {
+        let held = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            if released {
+                held.remove(&shard);
+            }
+            held.contains(&shard)
+        };
         let route = Route {
             writer: self.me,
             addr: self.addr.clone(),
             at_ms: self.clock.now().0,
             released,
             leaving: self.leaving.load(Ordering::Acquire),
+            held,
         };
         self.unwritten.say(shard, route);
+    }
+
+    /// Whether this node said it is stopping (see [`Routes::leave`]).
+    pub(crate) fn leaving(&self) -> bool {
+        self.leaving.load(Ordering::Acquire)
+    }
+
+    /// Whether this node says it holds `shard` (see [`Routes::own`]).
+    pub(crate) fn holds(&self, shard: u32) -> bool {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).contains(&shard)
+    }
+
+    /// Says that this node owns `shard` now, `held` without the group
+    /// giving it (in every route it says of it until it says otherwise).
+    pub(crate) fn own(&self, shard: u32, held: bool) {
+        let mut holding = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held {
+            holding.insert(shard);
+        } else {
+            holding.remove(&shard);
+        }
+        drop(holding);
+        self.publish(shard, false);
     }
 
     /// Says that this node is stopping, for each of `owned` (and in every
@@ -345,7 +380,7 @@ mod tests {
     const PAUSE: Duration = Duration::from_millis(10);
 
     fn route(released: bool) -> Route {
-        Route { writer: 1, addr: "http://a:1".into(), at_ms: 0, released, leaving: false }
+        Route { writer: 1, addr: "http://a:1".into(), at_ms: 0, released, ..Route::default() }
     }
 
     /// A writer whose first `failures` writes fail, writing until `stop`.

@@ -8,7 +8,7 @@
 //! The short runs are part of `cargo test`; `HOURGLASS_CLUSTER_FULL=1`
 //! makes them long.
 
-use crate::common;
+use crate::{common, let_go::wait_metric};
 
 use std::{
     path::Path,
@@ -367,6 +367,10 @@ async fn shards_spread_as_nodes_join_and_move_when_one_leaves() {
     }
     let spread = wait_even(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
     eprintln!("1 -> 3 nodes: {spread:?} in {:?}", joined.elapsed());
+    // The first node dispatched what the group took back from it until the
+    // new nodes said they own it, and released it for them.
+    let handed_over = r#"hourglass_cluster_shard_moves_total{move="handed over"}"#;
+    wait_metric(&nodes[0], handed_over, 1.0, Duration::from_secs(10)).await;
 
     let mut clients: Vec<_> =
         nodes.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();

@@ -11,6 +11,9 @@
 //!                                            longer was the owner by this topic)
 //! "7"     writer, addr, at, leaving=true     the writer owns it and is stopping: it
 //!                                            lets go once its requests are drained
+//! "7"     writer, addr, at, held=true        the writer owns it without the group's
+//!                                            word: it lets go once another node says
+//!                                            it owns it
 //! ```
 //!
 //! Every record is sealed with the cluster key ([`super::seal`]); one
@@ -42,6 +45,13 @@ pub struct Route {
     /// rather than when the writer stops answering.
     #[prost(bool, tag = "5")]
     pub leaving: bool,
+    /// The writer holds the shard without the group giving it: it took it
+    /// over from a gone owner, or the group took it back and has not said
+    /// whose it is now. It lets go of it, cleanly, as soon as another node
+    /// says it owns the shard; that node waits for the release rather than
+    /// fence the writer with its claim.
+    #[prost(bool, tag = "6")]
+    pub held: bool,
 }
 
 /// The routing topic of the schedule log `log_topic`.
@@ -148,7 +158,7 @@ mod tests {
     use super::*;
 
     fn route(writer: u64, addr: &str, released: bool) -> Route {
-        Route { writer, addr: addr.into(), at_ms: 1, released, leaving: false }
+        Route { writer, addr: addr.into(), at_ms: 1, released, ..Route::default() }
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! What a node watches in the background for the shards it owns: the
 //! standby copies it keeps (as the routing topic says), and the owned
 //! shards' health and claims. Takes and lets go of no shard the group
-//! gives: that is the group's to say ([`super`]); one taken over from a
-//! gone owner ([`super::takeover`]) is let go here once the group gives it
-//! to another node.
+//! gives: that is the group's to say ([`super`]); one held without the
+//! group (taken over from a gone owner, [`super::takeover`], or taken back
+//! by the group) is let go here once another node says it owns it.
 
 use std::{
     sync::{Arc, atomic::Ordering},
@@ -95,16 +95,16 @@ pub(super) async fn watch_owned(
                 continue;
             };
             damage |= owned.store().damaged().is_cancelled();
-            // Taken over without the group: kept until another node claims
-            // it or says it owns it (the group gave it to that node). Not
-            // said again: a node the group gives it to, which claimed it
-            // before this one, finds this one silent and claims it back.
+            // Held without the group: kept until another node claims it
+            // or says it owns it (the group gave it to that node). Not said
+            // again: a node the group gives it to, which claimed it before
+            // this one, finds this one silent and claims it back.
             if !slot.given.load(Ordering::Acquire) {
                 let log_owner = owned.store().log_owner();
                 let claimed = log_owner != owned.me && log_owner != 0;
                 if claimed || inner.routes.named_other_since(shard as u32, owned.me, owned.since) {
                     let (inner, owned) = (Arc::clone(&inner), Arc::clone(owned));
-                    tokio::spawn(async move { inner.let_go_taken_over(shard, &owned).await });
+                    tokio::spawn(async move { inner.let_go_held(shard, &owned).await });
                 }
                 (*since, *said) = (None, None);
                 continue;

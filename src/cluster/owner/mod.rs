@@ -9,6 +9,9 @@
 //!   dispatcher, which hands its last settles to the log; wait until they
 //!   are in and applied; stop applying and close the store, kept on disk
 //!   for a later take.
+//! - **Handing over** ([`handover`]): a shard the group takes back from a
+//!   live node is held, dispatching, until its next owner says it owns it,
+//!   and released for that node to claim with nothing in doubt.
 //! - **The lease.** Dispatchers produce only while the node's lease holds:
 //!   it is renewed every 100 ms by a thread that also notices when the
 //!   process did not run (SIGSTOP, a paused VM): then nothing is produced
@@ -33,6 +36,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 mod background;
+mod handover;
 mod owned;
 mod picture;
 mod takeover;
@@ -132,8 +136,13 @@ struct Slot {
     /// Cancels a take under way.
     taking: Mutex<CancellationToken>,
     /// The group's latest assignment gives this node the shard. Owned
-    /// without it: taken over from a gone owner, until the group decides.
+    /// without it: held, taken over from a gone owner or taken back by the
+    /// group, until another node says it owns it.
     given: AtomicBool,
+    /// The take under way asked the node holding the shard to let go of it
+    /// (see [`Inner::ask_holder`]): taken back by the group meanwhile, it is
+    /// taken all the same, and held, or no one would dispatch it.
+    asked: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -176,6 +185,7 @@ impl Cluster {
                 standby: Mutex::new(None),
                 taking: Mutex::new(CancellationToken::new()),
                 given: AtomicBool::new(false),
+                asked: AtomicBool::new(false),
             })
             .collect();
         let inner = Arc::new(Inner {
@@ -407,13 +417,16 @@ impl Inner {
             metrics::STANDBYS.dec();
         }
         loop {
-            match self.open(shard, standby.take(), &cancel).await {
+            let opened = self.open(shard, standby.take(), &cancel).await;
+            let asked = slot.asked.swap(false, Ordering::AcqRel);
+            match opened {
                 Ok(Some(owned)) => {
                     self.failures().remove(&shard);
                     slot.state.send_replace(State::Owned(Arc::new(owned)));
-                    self.routes.publish(shard as u32, false);
+                    let given = slot.given.load(Ordering::Acquire);
+                    self.routes.own(shard as u32, !given);
                     metrics::SHARDS_OWNED.inc();
-                    let how = if slot.given.load(Ordering::Acquire) { "taken" } else { "taken over" };
+                    let how = if given || asked { "taken" } else { "taken over" };
                     metrics::SHARD_MOVES.with_label_values(&[how]).inc();
                     self.moved(shard, how);
                     return;
@@ -504,6 +517,17 @@ impl Inner {
         if from < end {
             tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
         }
+        let mut end = end;
+        if self.ask_holder(shard, &view, cancel).await {
+            // Its release, and what came before it, applied before the claim.
+            let Some(now) = view.end(cancel).await else {
+                return abandon(view, Ok(None)).await;
+            };
+            if !applier::taking_applied_to(shard, &view.applied, now, cancel).await {
+                return abandon(view, Ok(None)).await;
+            }
+            end = now;
+        }
         let released_clean = view.released_clean();
         // The claim: from this record on, only this node dispatches the
         // shard; a node that still thinks it owns it stops when it applies
@@ -593,24 +617,6 @@ impl Inner {
         }
         tracing::info!(partition, "took the shard: dispatching");
         Ok(Some(owned))
-    }
-
-    /// Lets go of `shard` if this node still owns it as `owned`, taken over
-    /// without the group giving it (see [`takeover`]).
-    async fn let_go_taken_over(&self, shard: usize, owned: &Arc<Owned>) {
-        let slot = &self.slots[shard];
-        let _moving = slot.moving.lock().await;
-        let still = matches!(&*slot.state.borrow(), State::Owned(now) if Arc::ptr_eq(now, owned));
-        if !still || slot.given.load(Ordering::Acquire) {
-            return;
-        }
-        slot.state.send_replace(State::LettingGo);
-        owned.let_go().await;
-        metrics::SHARDS_OWNED.dec();
-        metrics::SHARD_MOVES.with_label_values(&["let go"]).inc();
-        self.moved(shard, "let go");
-        tracing::info!(shard, "let go of the shard taken over: the group gave it to another node");
-        slot.state.send_replace(State::Elsewhere);
     }
 
     /// Lets go of `shard` if this node owns it, or stops taking it.
@@ -710,8 +716,12 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
                 }
                 for shard in given.into_iter().filter(|s| *s < inner.slots.len()) {
                     // Given again without having been taken back (a broker
-                    // that repeats an assignment): kept as it is.
+                    // that repeats an assignment), or while held: kept as
+                    // it is, no longer held.
                     if matches!(&*inner.slots[shard].state.borrow(), State::Owned(_) | State::Taking) {
+                        if inner.routes.holds(shard as u32) {
+                            inner.routes.own(shard as u32, false);
+                        }
                         continue;
                     }
                     let cancel = CancellationToken::new();
@@ -732,10 +742,11 @@ async fn follow(inner: Arc<Inner>, mut moves: mpsc::UnboundedReceiver<Moved>, ta
                     .iter()
                     .filter_map(|p| usize::try_from(*p).ok())
                     .filter(|s| *s < inner.slots.len())
-                    .map(|shard| {
-                        inner.slots[shard].given.store(false, Ordering::Release);
-                        inner.let_go(shard)
-                    });
+                    .filter(|shard| {
+                        inner.slots[*shard].given.store(false, Ordering::Release);
+                        !inner.holds_on(*shard, lost)
+                    })
+                    .map(|shard| inner.let_go(shard));
                 future::join_all(letting_go).await;
                 let _ = done.send(());
             }

@@ -1,0 +1,144 @@
+//! Handing a shard over between live nodes. With the `cooperative-sticky`
+//! assignor the group takes a shard back from a node in one rebalance and
+//! gives it to its next owner only in the next (a moment later on Apache
+//! Kafka, 2-3 s later on Tansu 0.6): let go at once, the shard would have
+//! no dispatcher in between. So the node **holds** it:
+//!
+//! - taken back by the group ([`Inner::holds_on`]), a shard this node
+//!   dispatches under its lease is kept, dispatching, and said `held` in
+//!   the routing topic; so is one taken over from a gone owner
+//!   ([`super::takeover`]) until the group decides;
+//! - its next owner, once it has applied the partition to its end, asks
+//!   ([`Inner::ask_holder`]): says in the routing topic that it owns the
+//!   shard, and waits a moment for the holder's release;
+//! - the holder lets go at that word ([`Inner::let_go_held`], from
+//!   [`super::background::watch_owned`]), cleanly: the next owner's claim
+//!   comes right after a clean release, with nothing to search for.
+//!
+//! A holder that does not answer in time is fenced by the claim, as in any
+//! move; a node whose session ran out, or that is stopping, lets go at
+//! once.
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Inner, Owned, State};
+use crate::{cluster::applier::View, metrics};
+
+/// Longest a take waits for the node holding the shard to let go of it
+/// before claiming it anyway.
+const HANDOVER_WAIT: Duration = Duration::from_secs(2);
+
+impl Inner {
+    /// Asks the node that holds `shard` without the group giving it (the
+    /// log names it, the routing topic says it holds it) to hand it over:
+    /// says that this node owns it, and waits up to [`HANDOVER_WAIT`] for
+    /// the holder's release to be applied to `view`, so that this node's
+    /// claim comes right after a clean release rather than fence a
+    /// dispatcher mid-flight. Whether it asked. A takeover asks no one:
+    /// its owner is gone.
+    pub(super) async fn ask_holder(&self, shard: usize, view: &View, cancel: &CancellationToken) -> bool {
+        if !self.slots[shard].given.load(Ordering::Acquire) {
+            return false;
+        }
+        let holder = view.store.log_owner();
+        let held = self
+            .routes
+            .owner_of(shard as u32)
+            .is_some_and(|route| route.held && route.writer == holder && route.addr != self.routes.addr());
+        if holder == 0 || !held {
+            return false;
+        }
+        let started = Instant::now();
+        {
+            // Under the lock the group's taking back looks at it with: a
+            // take it called off asks no one.
+            let _taking = self.slots[shard].taking.lock().unwrap_or_else(|e| e.into_inner());
+            if cancel.is_cancelled() {
+                return false;
+            }
+            self.slots[shard].asked.store(true, Ordering::Release);
+        }
+        self.routes.own(shard as u32, false);
+        let mut applied = view.applied.clone();
+        let released = applied.wait_for(|_| view.store.log_owner() != holder);
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            waited = tokio::time::timeout(HANDOVER_WAIT, released) => match waited {
+                Ok(Ok(_)) => tracing::info!(shard, elapsed = ?started.elapsed(), "the node that held the shard handed it over"),
+                // The copy stopped applying: the take fails at its claim.
+                Ok(Err(_)) => {}
+                Err(_) => tracing::warn!(
+                    shard,
+                    waited = ?HANDOVER_WAIT,
+                    "the node that holds the shard did not let go of it: claiming it, which stops that node"
+                ),
+            },
+        }
+        true
+    }
+
+    /// Lets go of `shard` if this node still holds it as `owned`, without
+    /// the group giving it: another node said it owns it.
+    pub(super) async fn let_go_held(&self, shard: usize, owned: &Arc<Owned>) {
+        let slot = &self.slots[shard];
+        let _moving = slot.moving.lock().await;
+        let still = matches!(&*slot.state.borrow(), State::Owned(now) if Arc::ptr_eq(now, owned));
+        if !still || slot.given.load(Ordering::Acquire) {
+            return;
+        }
+        // Asked, not fenced: the next owner claims it right after this
+        // release.
+        let how = if owned.fenced() { "let go" } else { "handed over" };
+        slot.state.send_replace(State::LettingGo);
+        owned.let_go().await;
+        metrics::SHARDS_OWNED.dec();
+        metrics::SHARD_MOVES.with_label_values(&[how]).inc();
+        self.moved(shard, how);
+        tracing::info!(shard, how, "let go of the shard held: the group gave it to another node");
+        slot.state.send_replace(State::Elsewhere);
+    }
+
+    /// The group took `shard` back: whether this node holds it until its
+    /// next owner says it owns it (it dispatches it under its lease, or is
+    /// taking it from a holder it asked already); if not, it lets go of it
+    /// at once, as when the group gave it away already (`lost`) and when
+    /// this node is stopping.
+    pub(super) fn holds_on(&self, shard: usize, lost: bool) -> bool {
+        let slot = &self.slots[shard];
+        if lost || !self.lease.holds() || self.routes.leaving() {
+            return false;
+        }
+        let (owned, taking) = match &*slot.state.borrow() {
+            State::Owned(owned) => (!owned.fenced(), false),
+            State::Taking => (false, true),
+            _ => (false, false),
+        };
+        if taking {
+            // Under the lock a take asks with ([`Inner::ask_holder`]): one
+            // that asked is taken, one that did not is called off.
+            let take = slot.taking.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.asked.load(Ordering::Acquire) {
+                tracing::info!(
+                    shard,
+                    "the group took back a shard whose holder this node asked for: taking it all the same, \
+                     and holding it until its next owner says it owns it"
+                );
+                return true;
+            }
+            take.cancel();
+        }
+        if owned {
+            tracing::info!(
+                shard,
+                "the group took the shard back: dispatching it until its next owner says it owns it"
+            );
+            self.routes.own(shard as u32, true);
+        }
+        owned
+    }
+}
