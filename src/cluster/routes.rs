@@ -287,6 +287,24 @@ impl Routes {
         }
     }
 
+    /// What the topic says of `writer` as the owner of `shard`, once it
+    /// names it (waited for up to `deadline`: a node says it owns a shard
+    /// a moment after it claimed it).
+    pub(crate) async fn route_by(
+        &self,
+        shard: u32,
+        writer: u64,
+        deadline: tokio::time::Instant,
+    ) -> Option<Route> {
+        let mut table = self.table.subscribe();
+        let named =
+            tokio::time::timeout_at(deadline, table.wait_for(|t| t.writer_of(shard) == Some(writer))).await;
+        match named {
+            Ok(Ok(t)) => t.route_of(shard).cloned(),
+            _ => None,
+        }
+    }
+
     /// The shards this node keeps a standby copy of (see
     /// [`Table::standby_for`]).
     pub(crate) fn standby_for(&self, replicas: usize) -> Vec<u32> {

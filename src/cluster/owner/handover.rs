@@ -17,7 +17,9 @@
 //!
 //! A holder that does not answer in time is fenced by the claim, as in any
 //! move; a node whose session ran out, or that is stopping, lets go at
-//! once.
+//! once. A take that claimed or asked ([`Inner::commit_take`]) and is
+//! taken back by the group meanwhile is completed and held: the last owner
+//! no longer dispatches the shard.
 
 use std::{
     sync::{Arc, atomic::Ordering},
@@ -35,7 +37,8 @@ const HANDOVER_WAIT: Duration = Duration::from_secs(2);
 
 impl Inner {
     /// Asks the node that holds `shard` without the group giving it (the
-    /// log names it, the routing topic says it holds it) to hand it over:
+    /// log names it, the routing topic says it holds it, or says so within
+    /// [`HANDOVER_WAIT`]) to hand it over:
     /// says that this node owns it, and waits up to [`HANDOVER_WAIT`] for
     /// the holder's release to be applied to `view`, so that this node's
     /// claim comes right after a clean release rather than fence a
@@ -46,22 +49,22 @@ impl Inner {
             return false;
         }
         let holder = view.store.log_owner();
-        let held = self
-            .routes
-            .owner_of(shard as u32)
-            .is_some_and(|route| route.held && route.writer == holder && route.addr != self.routes.addr());
-        if holder == 0 || !held {
+        if holder == 0 {
             return false;
         }
         let started = Instant::now();
-        {
-            // Under the lock the group's taking back looks at it with: a
-            // take it called off asks no one.
-            let _taking = self.slots[shard].taking.lock().unwrap_or_else(|e| e.into_inner());
-            if cancel.is_cancelled() {
-                return false;
-            }
-            self.slots[shard].asked.store(true, Ordering::Release);
+        // A node that has just taken the shard over says it holds it a
+        // moment after its claim; one that does not say so within the wait
+        // is claimed over.
+        let route = tokio::select! {
+            _ = cancel.cancelled() => return false,
+            route = self.routes.route_by(shard as u32, holder, (started + HANDOVER_WAIT).into()) => route,
+        };
+        if !route.is_some_and(|route| route.held && route.addr != self.routes.addr()) {
+            return false;
+        }
+        if !self.commit_take(shard, cancel) {
+            return false;
         }
         self.routes.own(shard as u32, false);
         let mut applied = view.applied.clone();
@@ -103,9 +106,23 @@ impl Inner {
         slot.state.send_replace(State::Elsewhere);
     }
 
+    /// Commits the take of `shard` under way, before it asks a holder or
+    /// claims: one the group takes back from then on is completed and held
+    /// ([`Inner::holds_on`]), since the holder let go or the claim fenced
+    /// the last owner. False if the take was called off already.
+    pub(super) fn commit_take(&self, shard: usize, cancel: &CancellationToken) -> bool {
+        // Under the lock the group's taking back looks at it with.
+        let _taking = self.slots[shard].taking.lock().unwrap_or_else(|e| e.into_inner());
+        if cancel.is_cancelled() {
+            return false;
+        }
+        self.slots[shard].committed.store(true, Ordering::Release);
+        true
+    }
+
     /// The group took `shard` back: whether this node holds it until its
-    /// next owner says it owns it (it dispatches it under its lease, or is
-    /// taking it from a holder it asked already); if not, it lets go of it
+    /// next owner says it owns it (it dispatches it under its lease, or its
+    /// take is committed: [`Inner::commit_take`]); if not, it lets go of it
     /// at once, as when the group gave it away already (`lost`) and when
     /// this node is stopping.
     pub(super) fn holds_on(&self, shard: usize, lost: bool) -> bool {
@@ -119,13 +136,13 @@ impl Inner {
             _ => (false, false),
         };
         if taking {
-            // Under the lock a take asks with ([`Inner::ask_holder`]): one
-            // that asked is taken, one that did not is called off.
+            // Under the lock a take commits with: one committed is taken,
+            // one that is not is called off.
             let take = slot.taking.lock().unwrap_or_else(|e| e.into_inner());
-            if slot.asked.load(Ordering::Acquire) {
+            if slot.committed.load(Ordering::Acquire) {
                 tracing::info!(
                     shard,
-                    "the group took back a shard whose holder this node asked for: taking it all the same, \
+                    "the group took back a shard this node has claimed or asked for: taking it all the same, \
                      and holding it until its next owner says it owns it"
                 );
                 return true;

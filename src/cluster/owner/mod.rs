@@ -139,10 +139,11 @@ struct Slot {
     /// without it: held, taken over from a gone owner or taken back by the
     /// group, until another node says it owns it.
     given: AtomicBool,
-    /// The take under way asked the node holding the shard to let go of it
-    /// (see [`Inner::ask_holder`]): taken back by the group meanwhile, it is
-    /// taken all the same, and held, or no one would dispatch it.
-    asked: AtomicBool,
+    /// The take under way asked the node holding the shard to let go of it,
+    /// or claimed it (see [`Inner::commit_take`]): taken back by the group
+    /// meanwhile, it is taken all the same, and held, or no one would
+    /// dispatch it.
+    committed: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -185,7 +186,7 @@ impl Cluster {
                 standby: Mutex::new(None),
                 taking: Mutex::new(CancellationToken::new()),
                 given: AtomicBool::new(false),
-                asked: AtomicBool::new(false),
+                committed: AtomicBool::new(false),
             })
             .collect();
         let inner = Arc::new(Inner {
@@ -412,13 +413,14 @@ impl Inner {
             return;
         }
         slot.state.send_replace(State::Taking);
+        let takeover = !slot.given.load(Ordering::Acquire);
         let mut standby = slot.standby.lock().unwrap_or_else(|e| e.into_inner()).take();
         if standby.is_some() {
             metrics::STANDBYS.dec();
         }
         loop {
             let opened = self.open(shard, standby.take(), &cancel).await;
-            let asked = slot.asked.swap(false, Ordering::AcqRel);
+            slot.committed.store(false, Ordering::Release);
             match opened {
                 Ok(Some(owned)) => {
                     self.failures().remove(&shard);
@@ -426,7 +428,7 @@ impl Inner {
                     let given = slot.given.load(Ordering::Acquire);
                     self.routes.own(shard as u32, !given);
                     metrics::SHARDS_OWNED.inc();
-                    let how = if given || asked { "taken" } else { "taken over" };
+                    let how = if takeover { "taken over" } else { "taken" };
                     metrics::SHARD_MOVES.with_label_values(&[how]).inc();
                     self.moved(shard, how);
                     return;
@@ -484,6 +486,9 @@ impl Inner {
         cancel: &CancellationToken,
     ) -> Result<Option<Owned>, StoreError> {
         let partition = shard as i32;
+        // Another node that says it owns the shard after this is let have
+        // it, should this node hold it (see `handover`).
+        let since = Instant::now();
         let view = match standby {
             Some(view) if !view.stale().await => view,
             Some(view) => {
@@ -537,6 +542,9 @@ impl Inner {
         let me = self.waiters.me();
         let claim = owner_record(me, self.shards.clock.as_ref(), false, false);
         let key = record::owner_key();
+        if !self.commit_take(shard, cancel) {
+            return abandon(view, Ok(None)).await;
+        }
         let claimed = tokio::select! {
             _ = cancel.cancelled() => return abandon(view, Ok(None)).await,
             claimed = self.log.append(partition, &key, &claim) => claimed,
@@ -598,7 +606,7 @@ impl Inner {
             waiters: Arc::clone(&self.waiters),
             clock: Arc::clone(&self.shards.clock),
             claiming: AtomicBool::new(false),
-            since: Instant::now(),
+            since,
             stopped_clean,
             shard,
             front,
