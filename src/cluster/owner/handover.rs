@@ -38,12 +38,11 @@ const HANDOVER_WAIT: Duration = Duration::from_secs(2);
 impl Inner {
     /// Asks the node that holds `shard` without the group giving it (the
     /// log names it, the routing topic says it holds it, or says so within
-    /// [`HANDOVER_WAIT`]) to hand it over:
-    /// says that this node owns it, and waits up to [`HANDOVER_WAIT`] for
-    /// the holder's release to be applied to `view`, so that this node's
-    /// claim comes right after a clean release rather than fence a
-    /// dispatcher mid-flight. Whether it asked. A takeover asks no one:
-    /// its owner is gone.
+    /// [`HANDOVER_WAIT`]) to hand it over: says that this node owns it, and
+    /// waits up to [`HANDOVER_WAIT`] for the holder's release to be applied
+    /// to `view`, so that this node's claim comes right after a clean
+    /// release rather than fence a dispatcher mid-flight. Whether it asked.
+    /// A takeover asks no one: its owner is gone.
     pub(super) async fn ask_holder(&self, shard: usize, view: &View, cancel: &CancellationToken) -> bool {
         if !self.slots[shard].given.load(Ordering::Acquire) {
             return false;

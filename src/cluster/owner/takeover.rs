@@ -132,7 +132,7 @@ pub(super) async fn watch_owners(inner: Arc<Inner>, tasks: TaskTracker, stop: Ca
         let gone_away = if connected_at.elapsed() >= CONNECT_EVERY || !listening.knows_all(&peers) {
             connected_at = std::time::Instant::now();
             let gone_away = listening.look(peers).await;
-            metrics::PEERS_LISTENING.set(listening.listening() as i64);
+            metrics::PEERS_LISTENING.set(listening.accepting as i64);
             gone_away
         } else {
             Vec::new()
@@ -182,11 +182,6 @@ impl Listening {
     /// Whether each of `addrs` was connected to already.
     fn knows_all(&self, addrs: &BTreeSet<String>) -> bool {
         addrs.is_subset(&self.looked_at)
-    }
-
-    /// How many addresses accepted the last connection to them.
-    fn listening(&self) -> usize {
-        self.accepting
     }
 
     /// Connects to each of `addrs` (and forgets the others); returns those
