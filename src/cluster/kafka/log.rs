@@ -446,10 +446,26 @@ impl LogReader {
     /// The offset after the last record this reader took or the client
     /// stepped past (transaction markers are never handed out, and take
     /// offsets): how far the partition is read. None before a record came.
+    ///
+    /// Read from the partition's own state in the client, under its lock:
+    /// rdkafka's `position()` first asks the client's main thread for the
+    /// whole assignment and blocks the caller until it answers, which on
+    /// every applied batch was a thread switch and a blocked worker each.
     pub fn position(&self) -> Option<i64> {
-        let positions = self.from.consumer.position().ok()?;
-        match positions.find_partition(&self.from.topic, self.partition)?.offset() {
-            Offset::Offset(offset) => Some(offset),
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&self.from.topic, self.partition);
+        // SAFETY: the client handle is valid while `self.from` holds the
+        // consumer, and `list` is a valid list librdkafka only writes the
+        // partition's position and error into.
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_position(self.from.consumer.client().native_ptr(), list.ptr())
+        };
+        if err != rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return None;
+        }
+        let element = list.find_partition(&self.from.topic, self.partition)?;
+        match (element.error(), element.offset()) {
+            (Ok(()), Offset::Offset(offset)) => Some(offset),
             _ => None,
         }
     }
