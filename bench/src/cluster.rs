@@ -6,13 +6,13 @@
 //! restore of every shard from the log into an empty data dir. One
 //! standalone node runs the same ingest and drain first, for comparison.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
 use hourglass::{kafka::KafkaConfig, message::murmur2};
 use hourglass_testkit::{
-    ServerProcess, cpu_seconds_of, create_topic, delete_topic, hourglass_binary, shards_owned_by,
+    ServerProcess, cpu_seconds_of, create_topic, delete_topic, hourglass_binary, shards_owned_by, threads_of,
 };
 
 use crate::{
@@ -39,6 +39,7 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
     let bench = Bench::start(s)?;
     let (dir, brokers) = (&bench.dir, bench.brokers.clone());
     let broker_setting = bench.broker_setting(s);
+    let broker = bench.broker_pid();
     let mut report = bench.report;
     let settings = [
         ("mode", format!("cluster of {} nodes on this machine", c.nodes)),
@@ -111,7 +112,7 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
 
     let mut alone = None;
     if s.phases.iter().any(|p| matches!(p, Phase::Ingest | Phase::Drain)) {
-        alone = Some(standalone(s, dir.path(), &brokers, &w, log_limit, &mut report).await?);
+        alone = Some(standalone(s, dir.path(), (&brokers, broker), &w, log_limit, &mut report).await?);
     }
 
     // 2. The nodes.
@@ -148,7 +149,7 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         phase("ingest: unary Schedule, callers spread over the nodes");
         let calls =
             load::calls(&nodes, &w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary));
-        let (run, unary_cpu) = with_cpu(&nodes, sc.unary, calls).await;
+        let (run, unary_cpu) = with_cpu(&nodes, broker, sc.unary, calls).await;
         let run = run?;
         let name = format!("cluster ingest: Schedule, {} clients", s.clients);
         // Held to the bare appends: half their rate, p50 within 2x and
@@ -161,11 +162,11 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         report.add(&name, run.rate(), "msg/s", limit, rate_target.as_slice());
         report.add(format!("{name}: p50"), ms(run.percentile(50.0)), "ms", None, p50_target.as_slice());
         report.add(format!("{name}: p99"), ms(run.percentile(99.0)), "ms", None, p99_target.as_slice());
-        let of_alone = alone.as_ref().map(|a| a.unary_cpu);
-        add_cpu(&mut report, &format!("{name}: CPU per 1M"), unary_cpu, of_alone);
+        let of_alone = alone.as_ref().map(|a| &a.unary_cpu);
+        add_cpu(&mut report, &format!("{name}: CPU per 1M"), &unary_cpu, of_alone);
         phase("ingest: ScheduleStream, streams spread over the nodes");
         let streams = load::stream(&nodes, &w, sc.stream, s.streams, next_parked(sc.stream), false);
-        let (run, stream_cpu) = with_cpu(&nodes, sc.stream, streams).await;
+        let (run, stream_cpu) = with_cpu(&nodes, broker, sc.stream, streams).await;
         let run = run?;
         let name = format!("cluster ingest: ScheduleStream x {}", s.streams);
         report.add(&name, run.rate(), "msg/s", Some(log_limit), &[Target::RatioAtLeast(0.5)]);
@@ -180,8 +181,8 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         add_cpu(
             &mut report,
             &format!("{name}: CPU per 1M"),
-            stream_cpu,
-            alone.as_ref().map(|a| a.stream_cpu),
+            &stream_cpu,
+            alone.as_ref().map(|a| &a.stream_cpu),
         );
         parked_now = sc.unary + sc.stream;
     }
@@ -207,12 +208,12 @@ pub async fn run(s: &Settings, c: &ClusterSettings) -> anyhow::Result<Report> {
         let due_at = Instant::now() + Duration::from_millis(t0.saturating_sub(now_ms()));
         tokio::time::sleep_until(due_at).await;
         let drained = wait_sum(&nodes, "hourglass_messages_delivered_total", delivered + sc.drain as f64);
-        let (done, drain_cpu) = with_cpu(&nodes, sc.drain, drained).await;
+        let (done, drain_cpu) = with_cpu(&nodes, broker, sc.drain, drained).await;
         let done = done?;
         let rate = sc.drain as f64 / done.saturating_duration_since(due_at).as_secs_f64();
         report.add("cluster drain", rate, "msg/s", Some(log_limit), &[]);
-        let of_alone = alone.as_ref().and_then(|a| a.drain_cpu);
-        add_cpu(&mut report, "cluster drain: CPU per 1M", drain_cpu, of_alone);
+        let of_alone = alone.as_ref().and_then(|a| a.drain_cpu.as_ref());
+        add_cpu(&mut report, "cluster drain: CPU per 1M", &drain_cpu, of_alone);
     }
 
     if runs(Phase::Failover) {
@@ -592,12 +593,12 @@ async fn spread(nodes: &[ServerProcess], shards: u32, within: Duration) -> anyho
 }
 
 /// What one standalone node did with the cluster's load: its stream's
-/// rate, and the CPU it spent, in core-seconds per million messages.
+/// rate, and what each phase spent.
 struct Alone {
     stream: f64,
-    unary_cpu: f64,
-    stream_cpu: f64,
-    drain_cpu: Option<f64>,
+    unary_cpu: Spent,
+    stream_cpu: Spent,
+    drain_cpu: Option<Spent>,
 }
 
 /// The same ingest and drain on one standalone node, the cluster's nodes
@@ -607,7 +608,7 @@ struct Alone {
 async fn standalone(
     s: &Settings,
     dir: &std::path::Path,
-    brokers: &str,
+    (brokers, broker): (&str, Option<u32>),
     w: &Workload,
     log_limit: f64,
     report: &mut Report,
@@ -624,7 +625,7 @@ async fn standalone(
     let mut drain_cpu = None;
     phase("standalone ingest: unary Schedule");
     let calls = load::calls(one, w, sc.unary, load::Call::Unary, s.clients, s.clients, next_parked(sc.unary));
-    let (run, unary_cpu) = with_cpu(one, sc.unary, calls).await;
+    let (run, unary_cpu) = with_cpu(one, broker, sc.unary, calls).await;
     let run = run?;
     report.add(
         format!("standalone ingest: Schedule, {} clients", s.clients),
@@ -635,7 +636,7 @@ async fn standalone(
     );
     phase("standalone ingest: ScheduleStream");
     let streams = load::stream(one, w, sc.stream, s.streams, next_parked(sc.stream), false);
-    let (run, stream_cpu) = with_cpu(one, sc.stream, streams).await;
+    let (run, stream_cpu) = with_cpu(one, broker, sc.stream, streams).await;
     let stream = run?.rate();
     report.add(
         format!("standalone ingest: ScheduleStream x {}", s.streams),
@@ -652,7 +653,7 @@ async fn standalone(
         anyhow::ensure!(now_ms() < t0, "the drain's messages were not all parked before they came due");
         tokio::time::sleep(Duration::from_millis(t0.saturating_sub(now_ms()))).await;
         let (drained, cpu) =
-            with_cpu(one, sc.drain, crate::drain(&server, t0, delivered + sc.drain as f64)).await;
+            with_cpu(one, broker, sc.drain, crate::drain(&server, t0, delivered + sc.drain as f64)).await;
         let (elapsed, _) = drained?;
         drain_cpu = Some(cpu);
         report.add(
@@ -664,33 +665,142 @@ async fn standalone(
         );
     }
     server.stop()?;
-    report.add("standalone ingest: Schedule: CPU per 1M", unary_cpu, "core-s", None, &[]);
-    report.add("standalone ingest: ScheduleStream: CPU per 1M", stream_cpu, "core-s", None, &[]);
-    if let Some(cpu) = drain_cpu {
-        report.add("standalone drain: CPU per 1M", cpu, "core-s", None, &[]);
+    report.add("standalone ingest: Schedule: CPU per 1M", unary_cpu.cpu, "core-s", None, &[]);
+    report.add("standalone ingest: ScheduleStream: CPU per 1M", stream_cpu.cpu, "core-s", None, &[]);
+    if let Some(spent) = &drain_cpu {
+        report.add("standalone drain: CPU per 1M", spent.cpu, "core-s", None, &[]);
     }
     Ok(Alone { stream, unary_cpu, stream_cpu, drain_cpu })
 }
 
-/// `work`'s outcome, and the CPU the `servers` spent meanwhile (user and
-/// system, together) in core-seconds per million of `messages`.
-async fn with_cpu<T>(servers: &[ServerProcess], messages: usize, work: impl Future<Output = T>) -> (T, f64) {
-    let cpu = || servers.iter().filter_map(|s| s.pid().and_then(cpu_seconds_of)).sum::<f64>();
-    let before = cpu();
+/// `work`'s outcome, and what the `servers` (and the local broker, whose
+/// process is `broker`) spent on its `messages` meanwhile.
+async fn with_cpu<T>(
+    servers: &[ServerProcess],
+    broker: Option<u32>,
+    messages: usize,
+    work: impl Future<Output = T>,
+) -> (T, Spent) {
+    let pids: Vec<u32> = servers.iter().filter_map(ServerProcess::pid).collect();
+    let before = Use::of(&pids, broker);
     let outcome = work.await;
-    (outcome, (cpu() - before) * 1e6 / messages.max(1) as f64)
+    (outcome, Use::of(&pids, broker).since(&before, messages))
+}
+
+/// What servers spent on a load, per message.
+#[derive(Clone, Debug, Default)]
+struct Spent {
+    /// Core-seconds per 1M messages (microseconds per message), every
+    /// thread of the servers together.
+    cpu: f64,
+    /// The same by kind of thread, largest first.
+    by_kind: Vec<(&'static str, f64)>,
+    /// Times a thread of the servers was switched off a core (it waited,
+    /// or was made to), per message.
+    switches: f64,
+    /// The local broker's core-seconds per 1M messages meanwhile.
+    broker: Option<f64>,
+}
+
+impl Spent {
+    /// Said in a note: where the CPU went.
+    fn said(&self) -> String {
+        let kinds: Vec<String> = self.by_kind.iter().map(|(kind, cpu)| format!("{kind} {cpu:.1}")).collect();
+        let broker =
+            self.broker.map(|b| format!("; the broker {b:.1} core-s per 1M beside them")).unwrap_or_default();
+        format!(
+            "{:.1} core-s per 1M: {}; {:.2} thread switches per message{broker}",
+            self.cpu,
+            kinds.join(", "),
+            self.switches
+        )
+    }
+}
+
+/// The CPU servers' threads have used so far, and the broker's.
+struct Use {
+    total: f64,
+    /// Thread id: its kind, CPU seconds, switches.
+    threads: HashMap<u32, (&'static str, f64, u64)>,
+    broker: Option<f64>,
+}
+
+impl Use {
+    fn of(pids: &[u32], broker: Option<u32>) -> Use {
+        let total = pids.iter().filter_map(|&pid| cpu_seconds_of(pid)).sum();
+        let threads = pids
+            .iter()
+            .flat_map(|&pid| threads_of(pid))
+            .map(|t| (t.id, (thread_kind(&t.name), t.cpu, t.switches)))
+            .collect();
+        Use { total, threads, broker: broker.and_then(cpu_seconds_of) }
+    }
+
+    /// What was used from `before` to this, per message of `messages`. A
+    /// thread that ended meanwhile is counted in the total only, under
+    /// "threads that ended".
+    fn since(&self, before: &Use, messages: usize) -> Spent {
+        let per_1m = 1e6 / messages.max(1) as f64;
+        let mut kinds: HashMap<&'static str, f64> = HashMap::new();
+        let mut switches = 0;
+        for (id, &(kind, cpu, switched)) in &self.threads {
+            let (was_cpu, was_switched) = before.threads.get(id).map_or((0.0, 0), |&(_, c, s)| (c, s));
+            *kinds.entry(kind).or_default() += cpu - was_cpu;
+            switches += switched.saturating_sub(was_switched);
+        }
+        let cpu = self.total - before.total;
+        let ended = cpu - kinds.values().sum::<f64>();
+        if ended > 0.005 {
+            kinds.insert("threads that ended", ended);
+        }
+        let mut by_kind: Vec<_> =
+            kinds.into_iter().map(|(k, c)| (k, c * per_1m)).filter(|(_, c)| *c >= 0.05).collect();
+        by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Spent {
+            cpu: cpu * per_1m,
+            by_kind,
+            switches: switches as f64 / messages.max(1) as f64,
+            broker: self.broker.zip(before.broker).map(|(now, was)| (now - was) * per_1m),
+        }
+    }
+}
+
+/// What a thread of a node does, by its name: the async runtime (gRPC, the
+/// log's front and appliers, the dispatchers), the stores' writer threads,
+/// librdkafka's threads (one per broker and a main one per client, and a
+/// producer's polling thread), RocksDB's flushes and compactions.
+fn thread_kind(name: &str) -> &'static str {
+    match name {
+        "tokio-rt-worker" => "runtime",
+        "hourglass-write" => "store writers",
+        n if n.starts_with("rdk:") || n.starts_with("producer pollin") => "Kafka clients",
+        n if n.starts_with("rocksdb:") => "RocksDB background",
+        _ => "other threads",
+    }
 }
 
 /// A cluster's CPU per 1M messages, with its ratio to one standalone
 /// node's for the same load: at most 3x, so that three nodes on three
-/// machines out-run one.
-fn add_cpu(report: &mut Report, name: &str, cpu: f64, alone: Option<f64>) {
+/// machines out-run one; and where it went, beside the node's.
+fn add_cpu(report: &mut Report, name: &str, spent: &Spent, alone: Option<&Spent>) {
     match alone {
         Some(alone) => {
-            report.add(name, cpu, "core-s", None, &[Target::AtMost(3.0 * alone)]);
-            report.note(format!("{name}: {:.1}x one standalone node's {alone:.1} core-s", cpu / alone));
+            report.add(name, spent.cpu, "core-s", None, &[Target::AtMost(3.0 * alone.cpu)]);
+            report.note(format!(
+                "{name}: {:.1}x one standalone node's {:.1} core-s",
+                spent.cpu / alone.cpu,
+                alone.cpu
+            ));
+            report.note(format!(
+                "{name}, where it went: {}; one standalone node: {}",
+                spent.said(),
+                alone.said()
+            ));
         }
-        None => report.add(name, cpu, "core-s", None, &[]),
+        None => {
+            report.add(name, spent.cpu, "core-s", None, &[]);
+            report.note(format!("{name}, where it went: {}", spent.said()));
+        }
     }
 }
 

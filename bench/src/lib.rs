@@ -264,7 +264,7 @@ struct Bench {
     dir: tempfile::TempDir,
     report: Report,
     brokers: String,
-    _local: Option<LocalBroker>,
+    local: Option<LocalBroker>,
     /// `--brokers mock`: the mock cluster, which makes topics itself.
     mock: Option<MockCluster<'static, DefaultProducerContext>>,
 }
@@ -292,7 +292,12 @@ impl Bench {
                 (local.addr.clone(), Some(local), None)
             }
         };
-        Ok(Bench { dir, report, brokers, _local: local, mock })
+        Ok(Bench { dir, report, brokers, local, mock })
+    }
+
+    /// The local broker's process id, when the bench started one.
+    fn broker_pid(&self) -> Option<u32> {
+        self.local.as_ref().and_then(LocalBroker::pid)
     }
 
     /// How the broker is named in the settings line.

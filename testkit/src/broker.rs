@@ -110,6 +110,11 @@ impl LocalBroker {
         wait_for_port(&self.addr, Duration::from_secs(30))
     }
 
+    /// The broker process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the broker process was started and not stopped since.
     pub fn is_running(&self) -> bool {
         self.child.is_some()

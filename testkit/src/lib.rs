@@ -14,5 +14,8 @@ mod traffic;
 pub use broker::{LocalBroker, create_topic, delete_topic, free_port, free_port_pair, listening};
 pub use browser::{Browser, Element};
 pub use routes::shards_owned_by;
-pub use server::{ServerProcess, cluster_key_file, cpu_seconds_of, hourglass_binary, rss_of, series_value};
+pub use server::{
+    ServerProcess, ThreadUse, cluster_key_file, cpu_seconds_of, hourglass_binary, rss_of, series_value,
+    threads_of,
+};
 pub use traffic::other_producer;

@@ -317,7 +317,11 @@ pub fn series_value(body: &str, name: &str) -> Option<f64> {
 
 /// CPU time process `pid` has used so far (user and system), in seconds.
 pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// CPU seconds (user and system) in a `/proc` `stat` line.
+fn cpu_of_stat(stat: &str) -> Option<f64> {
     // Fields after the command's closing parenthesis: utime is the 12th
     // of them, stime the 13th.
     let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace().skip(11);
@@ -326,4 +330,41 @@ pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
     // SAFETY: sysconf only reads a constant of the system.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (ticks > 0).then(|| (utime + stime) as f64 / ticks as f64)
+}
+
+/// What one thread of a process has used so far.
+#[derive(Clone, Debug)]
+pub struct ThreadUse {
+    /// Its id.
+    pub id: u32,
+    /// Its name (Linux keeps the first 15 bytes).
+    pub name: String,
+    /// CPU seconds, user and system.
+    pub cpu: f64,
+    /// Times it was switched off a core, by choice (it waited) or not.
+    pub switches: u64,
+}
+
+/// Every live thread of process `pid` and what it has used so far (a
+/// thread that ended is not among them; the process's own total in
+/// [`cpu_seconds_of`] still counts it).
+pub fn threads_of(pid: u32) -> Vec<ThreadUse> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(|task| {
+            let dir = task.ok()?.path();
+            let id = dir.file_name()?.to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            let name = stat.get(stat.find('(')? + 1..stat.rfind(')')?)?.to_owned();
+            let status = std::fs::read_to_string(dir.join("status")).ok()?;
+            let switches = status
+                .lines()
+                .filter(|l| {
+                    l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches")
+                })
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum();
+            Some(ThreadUse { id, name, cpu: cpu_of_stat(&stat)?, switches })
+        })
+        .collect()
 }
