@@ -112,13 +112,27 @@ impl Owned {
         // After the last deliveries: the next owner's claim finds the
         // shard released (a release by a node fenced meanwhile changes
         // nothing), and with nothing in doubt, searches nothing.
-        let clean = flushed && self.stopped_clean.load(Ordering::Acquire);
+        let drained = self.stopped_clean.load(Ordering::Acquire);
+        let clean = flushed && drained;
         let (release, key) = (owner_record(self.me, self.clock.as_ref(), true, clean), record::owner_key());
         let released = tokio::time::timeout(LET_GO_WAIT, self.log.append(partition, &key, &release)).await;
         if !matches!(released, Ok(Ok(_))) {
             tracing::warn!(
                 partition,
                 "releasing the shard in the schedule log failed; the next owner claims it anyway"
+            );
+        } else if clean {
+            tracing::info!(
+                partition,
+                "released the shard cleanly: its next owner claims it without a search"
+            );
+        } else {
+            // Why the next owner searches its topics before dispatching.
+            tracing::info!(
+                partition,
+                deliveries_recorded = flushed,
+                dispatcher_stopped_clean = drained,
+                "released the shard with deliveries in doubt: its next owner searches its topics for them first"
             );
         }
         self.routes.publish(partition as u32, true);
