@@ -15,8 +15,9 @@ use anyhow::{Context as _, bail};
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt as _;
 
-use hourglass::proto::{self, schedule_result::Result as Item};
+use hourglass::proto::{self, schedule_result::Result as Item, scheduler_client::SchedulerClient};
 use hourglass_testkit::ServerProcess;
+use tonic::transport::Channel;
 
 use crate::workload::Workload;
 
@@ -64,6 +65,35 @@ fn scheduled(result: proto::ScheduleResult) -> anyhow::Result<proto::ScheduleRes
         Some(Item::Error(e)) => bail!("item {} refused: {} ({})", result.index, e.message, e.code),
         None => bail!("item {} has an empty answer", result.index),
     }
+}
+
+/// How long a caller goes on retrying a request the server could not
+/// settle (a shard that moved while it was made, a node stopping).
+const RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// One `Schedule`, retried as a client does when the server answers
+/// UNAVAILABLE: with the same id, which makes the retry safe (the server
+/// answers what came of the first). A request without an id is not
+/// retried: a second try could park it twice.
+async fn schedule(
+    client: &mut SchedulerClient<Channel>,
+    request: proto::ScheduleRequest,
+) -> anyhow::Result<proto::ScheduleResponse> {
+    let give_up = Instant::now() + RETRY_FOR;
+    loop {
+        match client.schedule(request.clone()).await {
+            Ok(reply) => return Ok(reply.into_inner()),
+            Err(s) if retryable(s.code() as i32, request.id.is_some()) && Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(s) => return Err(s).context("Schedule"),
+        }
+    }
+}
+
+/// Whether a refusal with `code` is retried: only a request with an id.
+fn retryable(code: i32, with_id: bool) -> bool {
+    code == tonic::Code::Unavailable as i32 && with_id
 }
 
 /// A request-response way to schedule.
@@ -114,7 +144,7 @@ pub async fn calls(
                 match call {
                     Call::Unary => {
                         let request = requests.pop().context("a unary call needs a message")?;
-                        client.schedule(request).await.context("Schedule")?;
+                        schedule(&mut client, request).await?;
                     }
                     Call::Batch(_) => {
                         let reply = client
@@ -153,11 +183,12 @@ pub async fn stream(
     let started = Instant::now();
     for s in 0..streams {
         let mut client = servers[s % servers.len()].client().await?;
+        let mut retries = client.clone();
         let (next, w, due) = (Arc::clone(&next), w.clone(), Arc::clone(&due));
         // (index, due, sent at) of each request awaiting its answer, in order.
         let sent: Arc<Mutex<VecDeque<(usize, u64, Instant)>>> = Arc::default();
         let outgoing = {
-            let sent = Arc::clone(&sent);
+            let (sent, w) = (Arc::clone(&sent), w.clone());
             let (tx, rx) = tokio::sync::mpsc::channel(1024);
             tokio::spawn(async move {
                 loop {
@@ -179,12 +210,19 @@ pub async fn stream(
             let mut answers = client.schedule_stream(outgoing).await.context("ScheduleStream")?.into_inner();
             let (mut latencies, mut ids) = (Vec::new(), Vec::new());
             while let Some(answer) = answers.next().await {
-                let reply = scheduled(answer.context("ScheduleStream")?)?;
-                let (_, due_ms, at) = sent
+                let answer = answer.context("ScheduleStream")?;
+                let (i, due_ms, at) = sent
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .pop_front()
                     .context("an answer with no request")?;
+                let reply = match &answer.result {
+                    // Retried beside the stream, as a client does.
+                    Some(Item::Error(e)) if retryable(e.code, w.ids.is_some()) => {
+                        schedule(&mut retries, w.at(i, due_ms)).await?
+                    }
+                    _ => scheduled(answer)?,
+                };
                 latencies.push(at.elapsed());
                 if keep {
                     ids.push((reply.id, due_ms));
