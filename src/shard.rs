@@ -53,16 +53,16 @@ impl Seams {
 }
 
 impl Shard {
-    /// Starts the dispatcher and upkeep of an opened store.
+    /// Starts the dispatcher and upkeep of an opened store, producing with
+    /// `producer` (see [`producer_of`]).
     pub(crate) fn start(
         store: Store,
         config: &ShardConfig,
         producer: Arc<Producer>,
         clock: Arc<dyn Clock>,
         seams: Seams,
-    ) -> Result<Shard, StoreError> {
+    ) -> Shard {
         let Seams { recorder, gate, retention } = seams;
-        let producer = producer_of(&store, &producer, gate.claimed())?;
         let dispatcher = Dispatcher::new(
             store.clone(),
             producer,
@@ -78,7 +78,7 @@ impl Shard {
         tasks.spawn(upkeep(purge, clock, config.retention, config.upkeep_every));
         tasks.spawn(probe_while_failing(store.clone(), stop.clone()));
         tasks.close();
-        Ok(Shard { store, stop, tasks })
+        Shard { store, stop, tasks }
     }
 
     pub(crate) fn store(&self) -> &Store {
@@ -104,7 +104,11 @@ impl Shard {
 /// the shard's own if the shard `moves` between nodes (cluster mode), so
 /// that a let-go leaves nothing behind in the node's; or with
 /// transactional delivery a transactional producer of the shard's own.
-fn producer_of(store: &Store, producer: &Arc<Producer>, moves: bool) -> Result<Arc<Producer>, StoreError> {
+pub(crate) fn producer_of(
+    store: &Store,
+    producer: &Arc<Producer>,
+    moves: bool,
+) -> Result<Arc<Producer>, StoreError> {
     let identity = match producer.delivery() {
         Delivery::Idempotent => String::new(),
         Delivery::Transactional { .. } => store.identity()?,

@@ -288,18 +288,19 @@ impl Routes {
     }
 
     /// What the topic says of `writer` as the owner of `shard`, once it
-    /// names it (waited for up to `deadline`: a node says it owns a shard
-    /// a moment after it claimed it).
-    pub(crate) async fn route_by(
+    /// says `writer` holds it without the group (waited for up to
+    /// `deadline`: a node says it owns a shard a moment after it claimed
+    /// it, and that it holds it a moment after the group took it back).
+    pub(crate) async fn held_by(
         &self,
         shard: u32,
         writer: u64,
         deadline: tokio::time::Instant,
     ) -> Option<Route> {
         let mut table = self.table.subscribe();
-        let named =
-            tokio::time::timeout_at(deadline, table.wait_for(|t| t.writer_of(shard) == Some(writer))).await;
-        match named {
+        let held =
+            |t: &Table| t.writer_of(shard) == Some(writer) && t.route_of(shard).is_some_and(|r| r.held);
+        match tokio::time::timeout_at(deadline, table.wait_for(held)).await {
             Ok(Ok(t)) => t.route_of(shard).cloned(),
             _ => None,
         }
@@ -408,6 +409,41 @@ mod tests {
         log.failures.store(failures, Ordering::SeqCst);
         let task = tokio::spawn(keep_writing(Arc::clone(&unwritten), log.clone(), PAUSE, stop.clone()));
         (unwritten, log, stop, task)
+    }
+
+    /// This node incarnation (1, at `http://a:1`) reading nothing: the test
+    /// says what the topic says.
+    fn reading_nothing() -> Routes {
+        Routes {
+            table: watch::channel(Table::new(4)).0,
+            said: Mutex::default(),
+            unwritten: Arc::default(),
+            me: 1,
+            addr: "http://a:1".into(),
+            clock: Arc::new(crate::clock::SystemClock),
+            leaving: AtomicBool::new(false),
+            held: Mutex::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_owner_the_group_gave_the_shard_to_is_waited_for_until_it_says_it_holds_it() {
+        let routes = Arc::new(reading_nothing());
+        let by =
+            |writer, held| Route { writer, addr: format!("http://n{writer}:1"), held, ..Route::default() };
+        routes.table.send_modify(|t| t.apply(3, by(2, false)));
+        let within = |wait: Duration| tokio::time::Instant::now() + wait;
+        assert_eq!(routes.held_by(3, 2, within(PAUSE * 5)).await, None, "never said held: not asked");
+        let waiting = {
+            let routes = Arc::clone(&routes);
+            tokio::spawn(async move { routes.held_by(3, 2, within(Duration::from_secs(30))).await })
+        };
+        tokio::time::sleep(PAUSE * 5).await;
+        assert!(!waiting.is_finished(), "given, not held: waited for");
+        routes.table.send_modify(|t| t.apply(3, by(2, true)));
+        assert_eq!(waiting.await.unwrap(), Some(by(2, true)), "held once the group took it back");
+        routes.table.send_modify(|t| t.apply(3, by(4, true)));
+        assert_eq!(routes.held_by(3, 2, within(PAUSE * 5)).await, None, "another node holds it now");
     }
 
     #[tokio::test]

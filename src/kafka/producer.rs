@@ -182,6 +182,17 @@ impl Producer {
         Ok(self.beside(Arc::new(txn), fatal, stopped))
     }
 
+    /// A movable shard's own idempotent producer, made ahead of the
+    /// shard's take: librdkafka asks for an idempotent producer's id only
+    /// on a timer, half a second after it starts with no broker connected,
+    /// and holds every record until it has one; made as the take begins,
+    /// the wait passes while the take applies and claims. `None` with
+    /// transactional delivery, whose producer fences the last one of its
+    /// id as it starts: it is made once the shard is claimed.
+    pub fn ahead_for_shard(self: &Arc<Self>, shard: u32) -> Option<std::io::Result<Arc<Producer>>> {
+        matches!(self.delivery, Delivery::Idempotent).then(|| self.for_shard(shard, "", true))
+    }
+
     /// The same shard's producer anew: with transactional delivery, a new
     /// transactional producer of the same id, which fences whatever
     /// producer of it came last (see [`Producer::ready`]); else this one.

@@ -16,7 +16,7 @@ use crate::{
     command::{Answer, Intent, NewMessage, Place, Row},
     kafka::Producer,
     message::Scheduled,
-    shard::{Seams, Shard},
+    shard::{self, Seams, Shard},
     store::{Reader, ShardOf, Store, StoreError, StoreHealth},
 };
 
@@ -66,9 +66,14 @@ impl LocalShards {
                 });
             }
             let seams = Seams::standalone(&store);
-            match Shard::start(store.clone(), &shard_config, Arc::clone(&producer), Arc::clone(&clock), seams)
-            {
-                Ok(shard) => shards.push(shard),
+            match shard::producer_of(&store, &producer, false) {
+                Ok(producer) => shards.push(Shard::start(
+                    store.clone(),
+                    &shard_config,
+                    producer,
+                    Arc::clone(&clock),
+                    seams,
+                )),
                 Err(source) => {
                     store.close().await;
                     future::join_all(shards.iter().map(Shard::shutdown)).await;

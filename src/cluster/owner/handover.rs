@@ -43,23 +43,35 @@ impl Inner {
     /// to `view`, so that this node's claim comes right after a clean
     /// release rather than fence a dispatcher mid-flight. Whether it asked.
     /// A takeover asks no one: its owner is gone.
+    ///
+    /// An owner the routing topic says the group gave the shard to is
+    /// waited for too, dispatching meanwhile: Tansu 0.6 gives a shard to a
+    /// second member for a while as members rejoin, and then takes it back
+    /// from one of the two (from this node, which calls the take off; or
+    /// from that owner, which then holds it and hands it over). Claimed
+    /// over at once, it would be fenced mid-flight and claim the shard
+    /// back, each claim with its search and grace. An owner that hung
+    /// (the group gave the shard away from it) is claimed over at once
+    /// once it has been silent for two thirds of a session timeout
+    /// ([`Inner::silent`]); one that hung more lately costs the wait.
     pub(super) async fn ask_holder(&self, shard: usize, view: &View, cancel: &CancellationToken) -> bool {
         if !self.slots[shard].given.load(Ordering::Acquire) {
             return false;
         }
         let holder = view.store.log_owner();
-        if holder == 0 {
+        if holder == 0 || holder == self.waiters.me() || self.silent(shard as u32, holder) {
             return false;
         }
         let started = Instant::now();
         // A node that has just taken the shard over says it holds it a
-        // moment after its claim; one that does not say so within the wait
-        // is claimed over.
+        // moment after its claim, one the group took it back from a moment
+        // after that; one that does not say so within the wait is claimed
+        // over.
         let route = tokio::select! {
             _ = cancel.cancelled() => return false,
-            route = self.routes.route_by(shard as u32, holder, (started + HANDOVER_WAIT).into()) => route,
+            route = self.routes.held_by(shard as u32, holder, (started + HANDOVER_WAIT).into()) => route,
         };
-        if !route.is_some_and(|route| route.held && route.addr != self.routes.addr()) {
+        if route.is_none_or(|route| route.addr == self.routes.addr()) {
             return false;
         }
         if !self.commit_take(shard, cancel) {
@@ -82,6 +94,16 @@ impl Inner {
             },
         }
         true
+    }
+
+    /// Whether the routing topic names `holder` the owner of `shard`, given
+    /// it by the group, and `holder` has not said so again lately: an
+    /// owner says it every third of a session timeout, so one silent for
+    /// two thirds of it hung, and is claimed over without a wait.
+    fn silent(&self, shard: u32, holder: u64) -> bool {
+        let lately = self.config.group.session_timeout * 2 / 3;
+        self.routes.owner_of(shard).is_some_and(|r| r.writer == holder && !r.held)
+            && !self.routes.names_lately(shard, holder, lately)
     }
 
     /// Lets go of `shard` if this node still holds it as `owned`, without

@@ -63,7 +63,7 @@ use crate::{
     dispatcher::CLAIM_GRACE,
     kafka::Producer,
     metrics,
-    shard::{Seams, Shard, ShardConfig},
+    shard::{Seams, Shard, ShardConfig, producer_of},
     store::{Durability, ShardOf, StoreError, StoreHealth},
 };
 
@@ -123,6 +123,8 @@ struct Inner {
     moves: picture::Moves,
     /// The owners this node stands by first for, to take over once gone.
     watched: takeover::Watched,
+    /// Producers made for shards whose owners are stopping.
+    ahead: takeover::Ahead,
 }
 
 struct Slot {
@@ -203,6 +205,7 @@ impl Cluster {
             failures: Mutex::new(BTreeMap::new()),
             moves: Default::default(),
             watched: Default::default(),
+            ahead: Default::default(),
         });
         let stopping = Arc::new(AtomicBool::new(false));
         let lease_keeper = {
@@ -489,6 +492,10 @@ impl Inner {
         // Another node that says it owns the shard after this is let have
         // it, should this node hold it (see `handover`).
         let since = Instant::now();
+        let ahead = match self.ahead.take(shard) {
+            Some(made) => Some(Ok(made)),
+            None => self.shards.producer.ahead_for_shard(shard as u32),
+        };
         let view = match standby {
             Some(view) if !view.stale().await => view,
             Some(view) => {
@@ -587,17 +594,16 @@ impl Inner {
             gate: Box::new(gate),
             retention: Arc::new(LogRetention { recorder: Arc::clone(&recorder), owner: me }),
         };
-        let started = Shard::start(
-            store,
-            &self.shard_config(shard),
-            Arc::clone(&self.shards.producer),
-            Arc::clone(&self.shards.clock),
-            seams,
-        );
-        let shard = match started {
-            Ok(shard) => shard,
+        let producer = match ahead {
+            Some(made) => made.map_err(|e| StoreError::Io(format!("starting the shard's producer: {e}"))),
+            None => producer_of(&store, &self.shards.producer, true),
+        };
+        let producer = match producer {
+            Ok(producer) => producer,
             Err(e) => return abandon(view, Err(e)).await,
         };
+        let shard =
+            Shard::start(store, &self.shard_config(shard), producer, Arc::clone(&self.shards.clock), seams);
         let owned = Owned {
             partition,
             me,

@@ -4,7 +4,9 @@
 //! completes; a shard's first standby knows sooner, from the owner itself:
 //!
 //! - an owner that said it is stopping (the routing topic's `leaving`)
-//!   **released** the shard in the log: its last deliveries are recorded;
+//!   **released** the shard in the log: its last deliveries are recorded
+//!   (the shard's producer is made as soon as the owner says so:
+//!   [`Ahead`]);
 //! - an owner that did not say so no longer **listens** at its address: a
 //!   connection there, which was accepted before, is refused twice in a
 //!   row (the process is gone; a machine that stopped answering at all is
@@ -34,7 +36,7 @@ use std::{
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{Inner, State};
-use crate::metrics;
+use crate::{kafka::Producer, metrics};
 
 /// How often the first standbys look at what their copies say of their
 /// owners (a release), and at most how often they connect to them.
@@ -45,6 +47,8 @@ const CONNECT_EVERY: Duration = Duration::from_millis(250);
 const CONNECT_WAIT: Duration = Duration::from_millis(200);
 /// Refusals in a row that make an owner gone.
 const REFUSALS: u32 = 2;
+/// How long a producer made ahead of a takeover waits for it.
+const AHEAD_FOR: Duration = Duration::from_secs(10);
 
 /// Per shard: the owner this node is the first standby of, while the log
 /// and the routing topic both name it.
@@ -76,6 +80,48 @@ impl Watched {
 
     fn get(&self, shard: usize) -> Option<Owner> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).cloned()
+    }
+}
+
+/// Per shard, its own producer, made when its owner said it is stopping:
+/// ready by the release (see [`Producer::ahead_for_shard`]). Taken by the
+/// take that follows; dropped unused after [`AHEAD_FOR`].
+#[derive(Default)]
+pub(super) struct Ahead(Mutex<BTreeMap<usize, (Arc<Producer>, std::time::Instant)>>);
+
+impl Ahead {
+    /// The producer made ahead for `shard`, if one was.
+    pub(super) fn take(&self, shard: usize) -> Option<Arc<Producer>> {
+        let made = self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard)?;
+        Some(made.0)
+    }
+
+    /// Makes `shard`'s producer from `node`'s unless made already.
+    fn make(&self, shard: usize, node: &Arc<Producer>) {
+        let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if made.contains_key(&shard) {
+            return;
+        }
+        match node.ahead_for_shard(shard as u32) {
+            Some(Ok(producer)) => {
+                made.insert(shard, (producer, std::time::Instant::now()));
+            }
+            // Made when the shard is taken, as without a stopping owner.
+            Some(Err(e)) => tracing::debug!(shard, error = %e, "no producer made ahead of the takeover"),
+            None => {}
+        }
+    }
+
+    /// Drops the producers made longer than [`AHEAD_FOR`] ago (on a
+    /// thread of its own: librdkafka joins its threads).
+    fn forget_old(&self) {
+        let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let old: Vec<usize> =
+            made.iter().filter(|(_, (_, at))| at.elapsed() >= AHEAD_FOR).map(|(shard, _)| *shard).collect();
+        let old: Vec<_> = old.into_iter().filter_map(|shard| made.remove(&shard)).collect();
+        if !old.is_empty() {
+            tokio::task::spawn_blocking(move || drop(old));
+        }
     }
 }
 
@@ -118,6 +164,9 @@ pub(super) async fn watch_owners(inner: Arc<Inner>, tasks: TaskTracker, stop: Ca
                 _ => inner.watched.set(shard, None),
             }
             let Some(owner) = inner.watched.get(shard) else { continue };
+            if owner.leaving {
+                inner.ahead.make(shard, &inner.shards.producer);
+            }
             if in_log == 0 {
                 if owner.leaving {
                     gone.insert(shard, "released by its stopping owner");
@@ -144,6 +193,7 @@ pub(super) async fn watch_owners(inner: Arc<Inner>, tasks: TaskTracker, stop: Ca
                 }
             }
         }
+        inner.ahead.forget_old();
         for (shard, why) in gone {
             // Produced under this node's own lease: one that does not hold
             // (the process stalled) takes nothing.
