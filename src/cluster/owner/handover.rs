@@ -66,9 +66,12 @@ impl Inner {
         // A node that has just taken the shard over says it holds it a
         // moment after its claim, one the group took it back from a moment
         // after that; one that does not say so within the wait is claimed
-        // over.
+        // over. One that lets go meanwhile (its release applied to the
+        // view) is waited for no longer: the claim follows its release.
+        let mut applied = view.applied.clone();
         let route = tokio::select! {
             _ = cancel.cancelled() => return false,
+            _ = applied.wait_for(|_| view.store.log_owner() != holder) => return false,
             route = self.routes.held_by(shard as u32, holder, (started + HANDOVER_WAIT).into()) => route,
         };
         if route.is_none_or(|route| route.addr == self.routes.addr()) {

@@ -530,8 +530,11 @@ impl Inner {
             tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
         }
         let mut end = end;
-        if self.ask_holder(shard, &view, cancel).await {
-            // Its release, and what came before it, applied before the claim.
+        // Asked, or released meanwhile (its holder let go as it was about
+        // to be asked): the release, and what came before it, applied
+        // before the claim, so that a claim right after a clean release is
+        // clean.
+        if self.ask_holder(shard, &view, cancel).await || view.store.log_owner() == 0 {
             let Some(now) = view.end(cancel).await else {
                 return abandon(view, Ok(None)).await;
             };
