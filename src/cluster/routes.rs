@@ -38,13 +38,21 @@ use crate::{
 /// How long to wait before reading the topic again after a failure.
 const BACKOFF: Duration = Duration::from_secs(1);
 
+/// A say of a shard's owner, as read.
+#[derive(Clone, Copy)]
+struct Said {
+    by: u64,
+    at: Instant,
+    leaving: bool,
+}
+
 pub(crate) struct Routes {
     table: watch::Sender<Table>,
     /// Per shard, the last node incarnation that said it owns the shard,
     /// and when this node read it: an owner says so again every so often
     /// (see [`Routes::publish`]), so a claimant that stopped saying it is
-    /// gone.
-    said: Mutex<BTreeMap<u32, (u64, Instant)>>,
+    /// gone. Whether it said it is stopping too.
+    said: Mutex<BTreeMap<u32, Said>>,
     /// What this node said of each shard and has not written yet.
     unwritten: Arc<Unwritten>,
     /// This node incarnation, and where it answers.
@@ -242,7 +250,7 @@ impl Routes {
     pub(crate) fn names_lately(&self, shard: u32, writer: u64, within: Duration) -> bool {
         let said = self.said.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied();
         self.table.borrow().writer_of(shard) == Some(writer)
-            && said.is_some_and(|(by, at)| by == writer && at.elapsed() < within)
+            && said.is_some_and(|s| s.by == writer && s.at.elapsed() < within)
     }
 
     /// What the topic last said of the owner of `shard`, if it names one.
@@ -251,10 +259,25 @@ impl Routes {
     }
 
     /// Whether this node read another node incarnation than `me` say it
-    /// owns `shard` after `since`.
+    /// owns `shard` after `since`. A node that says so as it stops (its
+    /// last says, read late) takes nothing: it does not count.
     pub(crate) fn named_other_since(&self, shard: u32, me: u64, since: Instant) -> bool {
         let said = self.said.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied();
-        said.is_some_and(|(by, at)| by != me && at > since)
+        said.is_some_and(|s| s.by != me && s.at > since && !s.leaving)
+    }
+
+    /// Takes in what the topic said of each shard's owner, read now.
+    fn read(&self, says: Vec<(u32, Route)>) {
+        self.table.send_modify(|table| {
+            let mut said = self.said.lock().unwrap_or_else(|e| e.into_inner());
+            for (shard, route) in says {
+                if !route.released {
+                    let (by, leaving) = (route.writer, route.leaving);
+                    said.insert(shard, Said { by, at: Instant::now(), leaving });
+                }
+                table.apply(shard, route);
+            }
+        });
     }
 
     /// Where this node answers.
@@ -333,16 +356,11 @@ async fn follow(routes: Arc<Routes>, reader: LogReader, stop: CancellationToken)
             }) => read,
         };
         match read {
-            Ok(records) => routes.table.send_modify(|table| {
-                let mut said = routes.said.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(records) => {
+                let mut says = Vec::with_capacity(records.len());
                 for (offset, record) in records {
                     match record {
-                        Ok(Some((shard, route))) => {
-                            if !route.released {
-                                said.insert(shard, (route.writer, Instant::now()));
-                            }
-                            table.apply(shard, route)
-                        }
+                        Ok(Some(say)) => says.push(say),
                         Ok(None) => {}
                         Err(route::Forged) => {
                             metrics::FORGED.with_label_values(&["routing"]).inc();
@@ -355,7 +373,8 @@ async fn follow(routes: Arc<Routes>, reader: LogReader, stop: CancellationToken)
                         }
                     }
                 }
-            }),
+                routes.read(says);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "reading the routing topic failed; trying again shortly");
                 tokio::select! {
@@ -444,6 +463,24 @@ mod tests {
         assert_eq!(waiting.await.unwrap(), Some(by(2, true)), "held once the group took it back");
         routes.table.send_modify(|t| t.apply(3, by(4, true)));
         assert_eq!(routes.held_by(3, 2, within(PAUSE * 5)).await, None, "another node holds it now");
+    }
+
+    #[test]
+    fn a_stopping_node_saying_it_owns_a_shard_names_no_other_owner() {
+        let routes = reading_nothing();
+        let by = |writer, leaving| Route {
+            writer,
+            addr: format!("http://n{writer}:1"),
+            leaving,
+            ..Route::default()
+        };
+        let since = Instant::now();
+        routes.read(vec![(3, by(2, true))]);
+        assert!(!routes.named_other_since(3, 1, since), "a stopping owner's late say: it takes nothing");
+        assert!(routes.names_lately(3, 2, Duration::from_secs(1)), "yet it is not silent");
+        routes.read(vec![(3, by(4, false))]);
+        assert!(routes.named_other_since(3, 1, since), "a node that owns it now");
+        assert!(!routes.named_other_since(3, 4, since), "not another than itself");
     }
 
     #[tokio::test]

@@ -73,9 +73,9 @@ fn pool() -> &'static mpsc::Sender<Job> {
 }
 
 /// Lowers the calling thread's CPU priority. Where it cannot (a process
-/// already at a higher nice value, another system), the walks run as the
+/// already at a higher nice value, another system), the thread runs as the
 /// process does.
-fn lower_priority() {
+pub(super) fn lower_priority() {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: gettid and setpriority take and return plain integers.

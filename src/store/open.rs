@@ -125,7 +125,7 @@ impl Store {
                 policies,
             }),
         };
-        if config.verify_on_open {
+        if config.verify_on_open && !verify::verified(&config.path) {
             let verifying = store.clone();
             let handle = spawn("hourglass-verify", "the verifier thread", move || verifying.verify())?;
             *store.inner.threads.verifier.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
@@ -136,7 +136,7 @@ impl Store {
     /// Reads the whole store with checksums, in the background of a
     /// running server, and reports damage it finds.
     fn verify(&self) {
-        match verify::verify(&self.inner.db, &self.inner.lifecycle.closing) {
+        match verify::verify(&self.inner.db, &self.inner.opened.path, &self.inner.lifecycle.closing) {
             Ok(()) => {}
             Err(StoreError::Corrupt(detail)) => self.report_damage(&detail),
             Err(e) => tracing::warn!(error = %e, "verifying the store's checksums failed"),

@@ -1,18 +1,37 @@
 //! Checksums: reading the whole store to find damage at once, and the
 //! report a damaged store stops hourglass with.
+//!
+//! The read runs in the background at the browsing threads' lower CPU
+//! priority (see [`super::browse`]), and once per store and process: a
+//! cluster's shard opened again (moved away and back, or kept as a
+//! standby after it was owned) is not read again while its deliveries and
+//! its takeover want the CPU.
 
-use std::path::Path;
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
 
 use rocksdb::{DB, IteratorMode, ReadOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{StoreError, options::cf, schema};
 
-/// Reads every entry of every column family with checksums on, until done
-/// or `stop`. RocksDB checks a table file's blocks only when it reads them,
-/// so without this a damaged block would surface only when a message in it
-/// comes due or is asked for.
-pub(super) fn verify(db: &DB, stop: &CancellationToken) -> Result<(), StoreError> {
+/// The stores this process read whole.
+static VERIFIED: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+
+/// Whether this process read the store at `path` whole already.
+pub(super) fn verified(path: &Path) -> bool {
+    VERIFIED.lock().unwrap_or_else(|e| e.into_inner()).contains(path)
+}
+
+/// Reads every entry of every column family of the store at `path` with
+/// checksums on, until done or `stop`. RocksDB checks a table file's
+/// blocks only when it reads them, so without this a damaged block would
+/// surface only when a message in it comes due or is asked for.
+pub(super) fn verify(db: &DB, path: &Path, stop: &CancellationToken) -> Result<(), StoreError> {
+    super::browse::lower_priority();
     let started = std::time::Instant::now();
     let mut entries = 0u64;
     for name in [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT] {
@@ -32,6 +51,7 @@ pub(super) fn verify(db: &DB, stop: &CancellationToken) -> Result<(), StoreError
         }
     }
     tracing::info!(entries, elapsed = ?started.elapsed(), "store checksums verified");
+    VERIFIED.lock().unwrap_or_else(|e| e.into_inner()).insert(path.to_owned());
     Ok(())
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
-    kafka::{Appended, Fetched, LogConsumer, LogReader, Read, key_digest},
+    kafka::{Appended, Fetched, LogConsumer, LogProducer, LogReader, Read, key_digest},
     replica,
     waiters::Waiters,
 };
@@ -620,6 +620,7 @@ pub(crate) struct View {
     pub stop: CancellationToken,
     /// Where this node's appends to the partition go once acked.
     pub acked: AckSender,
+    partition: i32,
     applier: TaskTracker,
 }
 
@@ -666,7 +667,8 @@ impl View {
         let (acked, acks) = ack_channel();
         tracker.spawn(applier.run(stop.clone(), tx, acks));
         tracker.close();
-        Ok(View { released_clean, store, reader, applied, stop, acked, applier: tracker })
+        let partition = config.shard.shard as i32;
+        Ok(View { released_clean, store, reader, applied, stop, acked, partition, applier: tracker })
     }
 
     /// The store and an applier of its partition, not started.
@@ -719,6 +721,25 @@ impl View {
     /// The partition's end now; see [`end_of`].
     pub(crate) async fn end(&self, stop: &CancellationToken) -> Option<i64> {
         end_of(&self.reader, stop).await
+    }
+
+    /// Appends this node's `record` to the partition under `key`, and
+    /// hands its ack to the applier: it is applied as soon as every record
+    /// before it is, not once read back (a round trip of its own, up to a
+    /// fetch's wait). Returns its offset.
+    pub(crate) async fn append(
+        &self,
+        log: &LogProducer,
+        key: &[u8],
+        record: LogRecord,
+    ) -> Result<i64, rdkafka::error::KafkaError> {
+        let value = record.encode();
+        let appended = log.enqueue_appended(self.partition, key, Some(&value)).await?;
+        let offset = appended.offset;
+        if let Some(acked) = Acked::new(appended, key, value.len(), record) {
+            self.acked.send(vec![acked]);
+        }
+        Ok(offset)
     }
 
     /// Stops applying and closes the store.

@@ -156,6 +156,16 @@ pub struct Appended {
 /// commits nothing: where each shard is lives in its store.
 pub struct LogConsumer {
     consumer: Arc<StreamConsumer>,
+    /// Reads the partitions' ends ([`LogReader::end`]) on a connection of
+    /// its own, made at the first: a broker answers one connection's
+    /// requests in order, and holds a fetch of a quiet partition for up to
+    /// `fetch.wait.max.ms`, so an end asked on the consumer's connection
+    /// waits that long (90 ms, measured on Tansu) where it takes one round
+    /// trip on an idle one (under 1 ms).
+    ends: Mutex<Option<Arc<StreamConsumer>>>,
+    /// What both clients are made from.
+    config: ClientConfig,
+    runtime: tokio::runtime::Handle,
     topic: String,
     /// What tells the cluster's records from others.
     key: ClusterKey,
@@ -197,36 +207,32 @@ impl LogConsumer {
         Self::create(consumer_config(config, Isolation::Committed), topic, key)
     }
 
-    fn create(client: ClientConfig, topic: &str, key: &ClusterKey) -> Result<Arc<LogConsumer>, KafkaError> {
-        let consumer: Arc<StreamConsumer> = Arc::new(client.create()?);
-        let stop = CancellationToken::new();
-        // Every partition has a queue of its own; what reaches the
-        // client's queue is its events (errors, mostly).
-        let (serving, stopped, name) = (Arc::clone(&consumer), stop.clone(), topic.to_owned());
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stopped.cancelled() => return,
-                    got = serving.recv() => match got {
-                        Ok(m) => tracing::error!(
-                            topic = %name,
-                            partition = m.partition(),
-                            offset = m.offset(),
-                            "a record of the schedule log reached the consumer's own queue, not its shard's, and was not \
-                             applied (a fault of the client): the shard's store lacks it until rebuilt from the log"
-                        ),
-                        Err(e) => tracing::warn!(topic = %name, error = %e, "reading the schedule log"),
-                    },
-                }
-            }
-        });
+    fn create(config: ClientConfig, topic: &str, key: &ClusterKey) -> Result<Arc<LogConsumer>, KafkaError> {
+        let consumer: Arc<StreamConsumer> = Arc::new(config.create()?);
+        let (stop, runtime) = (CancellationToken::new(), tokio::runtime::Handle::current());
+        runtime.spawn(serve(Arc::clone(&consumer), topic.to_owned(), stop.clone()));
         Ok(Arc::new(LogConsumer {
             consumer,
+            ends: Mutex::default(),
+            config,
+            runtime,
             topic: topic.to_owned(),
             key: key.clone(),
             partitions: Mutex::default(),
             stop,
         }))
+    }
+
+    /// The client that reads the partitions' ends, made at the first call.
+    fn ends(&self) -> Result<Arc<StreamConsumer>, KafkaError> {
+        let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(client) = &*ends {
+            return Ok(Arc::clone(client));
+        }
+        let client: Arc<StreamConsumer> = Arc::new(self.config.create()?);
+        self.runtime.spawn(serve(Arc::clone(&client), self.topic.clone(), self.stop.clone()));
+        *ends = Some(Arc::clone(&client));
+        Ok(client)
     }
 
     fn partitions(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Partition>> {
@@ -319,6 +325,27 @@ impl LogConsumer {
 impl Drop for LogConsumer {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// Serves `client`'s own queue until `stop`: every partition it reads has a
+/// queue of its own, so what reaches this one is its events (errors,
+/// mostly).
+async fn serve(client: Arc<StreamConsumer>, topic: String, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = client.recv() => match got {
+                Ok(m) => tracing::error!(
+                    %topic,
+                    partition = m.partition(),
+                    offset = m.offset(),
+                    "a record of the schedule log reached the consumer's own queue, not its shard's, and was not \
+                     applied (a fault of the client): the shard's store lacks it until rebuilt from the log"
+                ),
+                Err(e) => tracing::warn!(%topic, error = %e, "reading the schedule log"),
+            },
+        }
     }
 }
 
@@ -473,7 +500,7 @@ impl LogReader {
     /// The partition's end: the offset the next record appended gets.
     /// Blocks for up to `timeout`.
     pub fn end(&self, timeout: Duration) -> Result<i64, KafkaError> {
-        self.from.consumer.fetch_watermarks(&self.from.topic, self.partition, timeout).map(|(_, high)| high)
+        self.from.ends()?.fetch_watermarks(&self.from.topic, self.partition, timeout).map(|(_, high)| high)
     }
 
     /// Waits for the next records, and takes up to `max` of those already

@@ -529,12 +529,13 @@ impl Inner {
         if from < end {
             tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
         }
-        let mut end = end;
+        let applied_at = Instant::now();
+        let (mut end, released_by_end) = (end, view.store.log_owner() == 0);
         // Asked, or released meanwhile (its holder let go as it was about
         // to be asked): the release, and what came before it, applied
         // before the claim, so that a claim right after a clean release is
         // clean.
-        if self.ask_holder(shard, &view, cancel).await || view.store.log_owner() == 0 {
+        if self.ask_holder(shard, &view, cancel).await || (view.store.log_owner() == 0 && !released_by_end) {
             let Some(now) = view.end(cancel).await else {
                 return abandon(view, Ok(None)).await;
             };
@@ -544,6 +545,7 @@ impl Inner {
             end = now;
         }
         let released_clean = view.released_clean();
+        let asked_at = Instant::now();
         // The claim: from this record on, only this node dispatches the
         // shard; a node that still thinks it owns it stops when it applies
         // it. Until the grace after it is over, requests wait and the
@@ -557,7 +559,7 @@ impl Inner {
         }
         let claimed = tokio::select! {
             _ = cancel.cancelled() => return abandon(view, Ok(None)).await,
-            claimed = self.log.append(partition, &key, &claim) => claimed,
+            claimed = view.append(&self.log, &key, claim) => claimed,
         };
         let offset = match claimed {
             Ok(offset) => offset,
@@ -574,6 +576,7 @@ impl Inner {
         // nothing to search for, no grace to wait.
         let clean = released_clean && offset == end;
         let claimed_at = tokio::time::Instant::now();
+        let claim_took = claimed_at.into_std() - asked_at;
         let recorder = Arc::new(LogRecorder::new(
             Arc::clone(&self.log),
             partition,
@@ -607,6 +610,7 @@ impl Inner {
         };
         let shard =
             Shard::start(store, &self.shard_config(shard), producer, Arc::clone(&self.shards.clock), seams);
+        let starting = claimed_at.elapsed();
         let owned = Owned {
             partition,
             me,
@@ -632,7 +636,16 @@ impl Inner {
             }
             _ = tokio::time::sleep_until(claimed_at + grace) => {}
         }
-        tracing::info!(partition, "took the shard: dispatching");
+        tracing::info!(
+            partition,
+            took = ?since.elapsed(),
+            applying = ?(applied_at - since),
+            asking = ?(asked_at - applied_at),
+            claiming = ?claim_took,
+            starting = ?starting,
+            ?grace,
+            "took the shard: dispatching"
+        );
         Ok(Some(owned))
     }
 

@@ -65,7 +65,7 @@ impl Owned {
         let owned = Arc::clone(self);
         tokio::spawn(async move {
             let claim = owner_record(owned.me, owned.clock.as_ref(), false, false);
-            match owned.log.append(owned.partition, &record::owner_key(), &claim).await {
+            match owned.view.append(&owned.log, &record::owner_key(), claim).await {
                 Ok(_) => {
                     owned.routes.publish(owned.partition as u32, false);
                     tracing::info!(partition = owned.partition, "claimed the shard again in the schedule log")
@@ -115,7 +115,7 @@ impl Owned {
         let drained = self.stopped_clean.load(Ordering::Acquire);
         let clean = flushed && drained;
         let (release, key) = (owner_record(self.me, self.clock.as_ref(), true, clean), record::owner_key());
-        let released = tokio::time::timeout(LET_GO_WAIT, self.log.append(partition, &key, &release)).await;
+        let released = tokio::time::timeout(LET_GO_WAIT, self.view.append(&self.log, &key, release)).await;
         if !matches!(released, Ok(Ok(_))) {
             tracing::warn!(
                 partition,

@@ -40,7 +40,7 @@ use crate::{kafka::Producer, metrics};
 
 /// How often the first standbys look at what their copies say of their
 /// owners (a release), and at most how often they connect to them.
-const LOOK_EVERY: Duration = Duration::from_millis(100);
+const LOOK_EVERY: Duration = Duration::from_millis(25);
 const CONNECT_EVERY: Duration = Duration::from_millis(250);
 /// How long a connection to an owner may take before the look gives up
 /// (which says nothing of the owner).
