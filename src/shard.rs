@@ -113,9 +113,12 @@ pub(crate) fn producer_of(
         Delivery::Idempotent => String::new(),
         Delivery::Transactional { .. } => store.identity()?,
     };
-    producer
-        .for_shard(store.recorded_shard().shard, &identity, moves)
-        .map_err(|e| StoreError::Io(format!("starting the shard's producer: {e}")))
+    producer.for_shard(store.recorded_shard().shard, &identity, moves).map_err(producer_failed)
+}
+
+/// A shard's producer that could not be made, as the store's error.
+pub(crate) fn producer_failed(e: std::io::Error) -> StoreError {
+    StoreError::Io(format!("starting the shard's producer: {e}"))
 }
 
 /// While the store's writes fail (disk full, I/O error), tries a tiny write

@@ -63,7 +63,7 @@ use crate::{
     dispatcher::CLAIM_GRACE,
     kafka::Producer,
     metrics,
-    shard::{Seams, Shard, ShardConfig, producer_of},
+    shard::{Seams, Shard, ShardConfig, producer_failed, producer_of},
     store::{Durability, ShardOf, StoreError, StoreHealth},
 };
 
@@ -492,10 +492,8 @@ impl Inner {
         // Another node that says it owns the shard after this is let have
         // it, should this node hold it (see `handover`).
         let since = Instant::now();
-        let ahead = match self.ahead.take(shard) {
-            Some(made) => Some(Ok(made)),
-            None => self.shards.producer.ahead_for_shard(shard as u32),
-        };
+        let ahead =
+            self.ahead.take(shard).map(Ok).or_else(|| self.shards.producer.ahead_for_shard(shard as u32));
         let view = match standby {
             Some(view) if !view.stale().await => view,
             Some(view) => {
@@ -601,7 +599,7 @@ impl Inner {
             retention: Arc::new(LogRetention { recorder: Arc::clone(&recorder), owner: me }),
         };
         let producer = match ahead {
-            Some(made) => made.map_err(|e| StoreError::Io(format!("starting the shard's producer: {e}"))),
+            Some(made) => made.map_err(producer_failed),
             None => producer_of(&store, &self.shards.producer, true),
         };
         let producer = match producer {

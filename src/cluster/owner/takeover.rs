@@ -116,9 +116,9 @@ impl Ahead {
     /// thread of its own: librdkafka joins its threads).
     fn forget_old(&self) {
         let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let old: Vec<usize> =
-            made.iter().filter(|(_, (_, at))| at.elapsed() >= AHEAD_FOR).map(|(shard, _)| *shard).collect();
-        let old: Vec<_> = old.into_iter().filter_map(|shard| made.remove(&shard)).collect();
+        let (old, kept): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut *made).into_iter().partition(|(_, (_, at))| at.elapsed() >= AHEAD_FOR);
+        *made = kept.into_iter().collect();
         if !old.is_empty() {
             tokio::task::spawn_blocking(move || drop(old));
         }
