@@ -229,6 +229,8 @@ impl LogConsumer {
         if let Some(client) = &*ends {
             return Ok(Arc::clone(client));
         }
+        // Made on any thread: the client's making spawns on the runtime.
+        let _runtime = self.runtime.enter();
         let client: Arc<StreamConsumer> = Arc::new(self.config.create()?);
         self.runtime.spawn(serve(Arc::clone(&client), self.topic.clone(), self.stop.clone()));
         *ends = Some(Arc::clone(&client));

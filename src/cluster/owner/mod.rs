@@ -528,7 +528,10 @@ impl Inner {
             tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");
         }
         let applied_at = Instant::now();
-        let (mut end, released_by_end) = (end, view.store.log_owner() == 0);
+        // Released by the end read (the applier may have applied past it,
+        // release and all: then the end is read again).
+        let released_by_end = view.store.log_owner() == 0 && view.store.log_next() <= end;
+        let mut end = end;
         // Asked, or released meanwhile (its holder let go as it was about
         // to be asked): the release, and what came before it, applied
         // before the claim, so that a claim right after a clean release is
