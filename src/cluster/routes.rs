@@ -271,11 +271,10 @@ impl Routes {
         self.table.send_modify(|table| {
             let mut said = self.said.lock().unwrap_or_else(|e| e.into_inner());
             for (shard, route) in says {
-                if !route.released {
-                    let (by, leaving) = (route.writer, route.leaving);
+                let (by, leaving) = (route.writer, route.leaving);
+                if table.apply(shard, route) {
                     said.insert(shard, Said { by, at: Instant::now(), leaving });
                 }
-                table.apply(shard, route);
             }
         });
     }
@@ -450,7 +449,9 @@ mod tests {
         let routes = Arc::new(reading_nothing());
         let by =
             |writer, held| Route { writer, addr: format!("http://n{writer}:1"), held, ..Route::default() };
-        routes.table.send_modify(|t| t.apply(3, by(2, false)));
+        routes.table.send_modify(|t| {
+            t.apply(3, by(2, false));
+        });
         let within = |wait: Duration| tokio::time::Instant::now() + wait;
         assert_eq!(routes.held_by(3, 2, within(PAUSE * 5)).await, None, "never said held: not asked");
         let waiting = {
@@ -459,9 +460,13 @@ mod tests {
         };
         tokio::time::sleep(PAUSE * 5).await;
         assert!(!waiting.is_finished(), "given, not held: waited for");
-        routes.table.send_modify(|t| t.apply(3, by(2, true)));
+        routes.table.send_modify(|t| {
+            t.apply(3, by(2, true));
+        });
         assert_eq!(waiting.await.unwrap(), Some(by(2, true)), "held once the group took it back");
-        routes.table.send_modify(|t| t.apply(3, by(4, true)));
+        routes.table.send_modify(|t| {
+            t.apply(3, by(4, true));
+        });
         assert_eq!(routes.held_by(3, 2, within(PAUSE * 5)).await, None, "another node holds it now");
     }
 
@@ -481,6 +486,13 @@ mod tests {
         routes.read(vec![(3, by(4, false))]);
         assert!(routes.named_other_since(3, 1, since), "a node that owns it now");
         assert!(!routes.named_other_since(3, 4, since), "not another than itself");
+        routes.read(vec![(3, by(2, true))]);
+        assert_eq!(
+            routes.owner_of(3).map(|r| r.writer),
+            Some(4),
+            "the stopping node's late word names no one"
+        );
+        assert!(routes.named_other_since(3, 1, since) && !routes.names_lately(3, 2, Duration::from_secs(1)));
     }
 
     #[tokio::test]

@@ -84,7 +84,9 @@ pub fn read(key: Option<&[u8]>, value: Option<&[u8]>, sealed: bool) -> Result<Op
 }
 
 /// Who owns each shard by the routing topic: a claim names its writer, a
-/// release clears the shard only if its writer is the one named.
+/// release clears the shard only if its writer is the one named, and a
+/// stopping node's claim never replaces another node's (see
+/// [`Table::apply`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Table {
     owners: Vec<Option<Route>>,
@@ -95,15 +97,25 @@ impl Table {
         Table { owners: vec![None; shards as usize] }
     }
 
-    pub fn apply(&mut self, shard: u32, route: Route) {
+    /// Takes in what the topic says of `shard`: whether it names its
+    /// writer the owner. A stopping node says again the shards it still
+    /// holds; such a word read after another node said it owns the shard
+    /// is late (that node took the shard since), and names no one.
+    pub fn apply(&mut self, shard: u32, route: Route) -> bool {
         let Some(slot) = self.owners.get_mut(shard as usize) else {
-            return;
+            return false;
         };
-        if !route.released {
-            *slot = Some(route);
-        } else if slot.as_ref().is_some_and(|r| r.writer == route.writer) {
-            *slot = None;
+        if route.released {
+            if slot.as_ref().is_some_and(|r| r.writer == route.writer) {
+                *slot = None;
+            }
+            return false;
         }
+        if route.leaving && slot.as_ref().is_some_and(|r| r.writer != route.writer && !r.leaving) {
+            return false;
+        }
+        *slot = Some(route);
+        true
     }
 
     /// The node incarnation the topic names the owner of `shard`, if any.
@@ -172,6 +184,15 @@ mod tests {
         assert_eq!(table.addr_of(1), None);
         table.apply(9, route(8, "http://b:1", false));
         assert_eq!(table.addrs(), Vec::<String>::new(), "a shard out of range is skipped");
+        table.apply(1, route(8, "http://b:1", false));
+        let leaving = |writer, addr: &str| Route { leaving: true, ..route(writer, addr, false) };
+        assert!(!table.apply(1, leaving(7, "http://a:1")), "a stopping node's late word");
+        assert_eq!(table.addr_of(1), Some("http://b:1"));
+        assert!(table.apply(1, leaving(8, "http://b:1")), "the owner itself stopping");
+        assert!(
+            table.apply(1, leaving(7, "http://a:1")),
+            "over a stopping owner, a stopping one's word counts"
+        );
     }
 
     #[test]
