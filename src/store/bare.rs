@@ -28,8 +28,7 @@ impl BareWrites {
     /// disk when `config.durability` says so.
     pub fn open(config: &StoreConfig) -> Result<BareWrites, StoreError> {
         let db = open_db(config)?;
-        let mut options = WriteOptions::default();
-        options.set_sync(config.durability == super::Durability::Sync);
+        let options = config.durability.write_options();
         Ok(BareWrites { db, options, meta: Meta::default(), ids: ulid::Generator::new() })
     }
 

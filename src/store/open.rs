@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backlog, BlockCache, Durability, Inner, Lifecycle, LogPosition, Opened, PurgeCursors, Store, StoreConfig,
-    StoreError, Threads,
+    Backlog, BlockCache, Inner, Lifecycle, LogPosition, Opened, PurgeCursors, Store, StoreConfig, StoreError,
+    Threads,
     claims::{Claims, Wake},
     health::HealthBoard,
     options::open_db_with_cache,
@@ -70,7 +70,7 @@ impl Store {
         );
         let log_time_now = Arc::clone(&shared.log_time);
         let writer_config = WriterConfig {
-            sync: config.durability == Durability::Sync,
+            durability: config.durability,
             max_pending: config.max_pending,
             max_round: 4096,
             shard: config.shard,

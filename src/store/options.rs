@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use rocksdb::{
-    BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRecoveryMode, Options,
+    BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRecoveryMode, FlushOptions,
+    Options, WriteBatch, WriteOptions,
 };
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,75 @@ pub enum Durability {
     /// hourglass itself, but a power loss or kernel crash can lose the last
     /// few hundred milliseconds of acknowledged changes.
     Buffered,
+    /// Cluster mode: the store is a view of its shard's partition of the
+    /// schedule log, which holds every change (appended with acks=all)
+    /// before the store applies it. Nothing is written ahead: RocksDB writes
+    /// every column family's memtable out at once, so that a crash leaves
+    /// the store as it was after some commit, the offset it had applied to
+    /// with it, and the store applies the log again from there. Not a
+    /// user's choice: a standalone store has no log to apply again.
+    #[serde(skip)]
+    Replayed,
+}
+
+impl Durability {
+    /// How a commit is written.
+    pub(crate) fn write_options(self) -> WriteOptions {
+        let mut options = WriteOptions::default();
+        match self {
+            Durability::Sync => options.set_sync(true),
+            Durability::Buffered => {}
+            Durability::Replayed => options.disable_wal(true),
+        }
+        options
+    }
+
+    /// Writes `batch` so that it survives a crash of the machine when this
+    /// returns: synced to the WAL, or, with none, flushed with everything
+    /// written before it.
+    pub(crate) fn write_durably(self, db: &DB, batch: WriteBatch) -> Result<(), rocksdb::Error> {
+        match self {
+            Durability::Sync | Durability::Buffered => {
+                let mut options = WriteOptions::default();
+                options.set_sync(true);
+                db.write_opt(batch, &options)
+            }
+            Durability::Replayed => {
+                db.write_opt(batch, &self.write_options())?;
+                flush_all(db)
+            }
+        }
+    }
+
+    /// Makes what was written so far survive a crash of the machine.
+    pub(crate) fn persist(self, db: &DB) -> Result<(), rocksdb::Error> {
+        match self {
+            Durability::Sync | Durability::Buffered => db.flush_wal(true),
+            Durability::Replayed => flush_all(db),
+        }
+    }
+}
+
+/// Writes every column family's memtable out, in one flush: with no WAL,
+/// what is on disk is then one moment of the store, never one column
+/// family ahead of another.
+pub(crate) fn flush_all(db: &DB) -> Result<(), rocksdb::Error> {
+    flush_all_with(db, true)
+}
+
+/// [`flush_all`], in the background.
+pub(crate) fn start_flush_all(db: &DB) -> Result<(), rocksdb::Error> {
+    flush_all_with(db, false)
+}
+
+fn flush_all_with(db: &DB, wait: bool) -> Result<(), rocksdb::Error> {
+    let cfs: Vec<_> = [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT]
+        .into_iter()
+        .map(|name| cf(db, name))
+        .collect();
+    let mut options = FlushOptions::default();
+    options.set_wait(wait);
+    db.flush_cfs_opt(&cfs, &options)
 }
 
 impl std::str::FromStr for Durability {
@@ -47,6 +117,7 @@ impl std::fmt::Display for Durability {
         f.write_str(match self {
             Durability::Sync => "sync",
             Durability::Buffered => "buffered",
+            Durability::Replayed => "replayed from the schedule log",
         })
     }
 }
@@ -153,6 +224,11 @@ pub(crate) fn open_db_with_cache(config: &StoreConfig) -> Result<(DB, Cache), St
     env.lower_thread_pool_cpu_priority();
     db_opts.set_env(&env);
     db_opts.set_max_total_wal_size(256 << 20);
+    if config.durability == Durability::Replayed {
+        // With no WAL, column families flushed apart would leave one ahead
+        // of another after a crash.
+        db_opts.set_atomic_flush(true);
+    }
 
     let mut due = Options::default();
     due.set_block_based_table_factory(&table(false));

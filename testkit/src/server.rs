@@ -94,6 +94,9 @@ impl ServerProcess {
         let durability = match durability {
             Durability::Sync => "sync",
             Durability::Buffered => "buffered",
+            Durability::Replayed => {
+                anyhow::bail!("--durability is sync or buffered; cluster mode sets its own")
+            }
         };
         let log = std::env::var("HOURGLASS_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into());
         let (grpc, metrics) = free_port_pair()?;

@@ -525,9 +525,9 @@ async fn a_broker_restart_mid_run_loses_nothing() {
 /// keeps tombstones (12 h here; the timestamps of hourglass's own records
 /// say when) is not brought up to date from where it stopped, which could
 /// miss deliveries compaction has since erased: it is rebuilt from the
-/// log. Here the last record a node applied before it was killed is one
-/// of hourglass's, dated two days back, and a Kafka-native schedule
-/// follows while the node is down.
+/// log. Here the last record a node applied and wrote out before it was
+/// killed is one of hourglass's, dated two days back, and a Kafka-native
+/// schedule follows while the node is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
     let broker = Broker::start();
@@ -536,6 +536,9 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
     broker.create_topic(&topic, 1).await;
     let dir = tempfile::tempdir().unwrap();
     let mut one = node(&broker, dir.path(), &log_topic, &group);
+    // A store writes no WAL of its own: what a kill leaves is what it
+    // wrote out, here at every tick.
+    one.env("HOURGLASS_FAILPOINT", "store-writes-out-at-once@1..1000000000");
     one.spawn().unwrap();
     one.wait_serving(Duration::from_secs(120)).await.unwrap();
     let producer = native_producer(&broker);
@@ -567,6 +570,8 @@ async fn a_copy_far_behind_the_log_is_rebuilt_not_resumed() {
         assert!(started.elapsed() < Duration::from_secs(20), "the backdated record was not applied");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Written out at the next tick.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     one.kill();
     let later = id_in_shard("stale-b", partition as u32);
     // The partition goes on while the node is down.

@@ -32,7 +32,7 @@ use crate::{
     cluster::log::{
         RECORD_HEADER,
         record::{self, Entry, LogRecord},
-        seal::{ClusterKey, SEAL_HEADER},
+        seal::{ClusterKey, PartitionSeal, SEAL_HEADER},
     },
     message::UnixMillis,
 };
@@ -42,6 +42,8 @@ pub struct LogProducer {
     inner: FutureProducer,
     topic: String,
     key: ClusterKey,
+    /// What seals each partition's records, made at its first.
+    seals: Mutex<HashMap<i32, PartitionSeal>>,
 }
 
 impl LogProducer {
@@ -50,6 +52,7 @@ impl LogProducer {
             inner: log_producer_config(config).create()?,
             topic: topic.to_owned(),
             key: key.clone(),
+            seals: Mutex::default(),
         })
     }
 
@@ -119,7 +122,11 @@ impl LogProducer {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> impl std::future::Future<Output = Result<Appended, KafkaError>> + Send + use<> {
-        let seal = self.key.seal(&self.topic, partition, Some(key), value);
+        let sealer = {
+            let mut seals = self.seals.lock().unwrap_or_else(|e| e.into_inner());
+            seals.entry(partition).or_insert_with(|| self.key.partition(&self.topic, partition)).clone()
+        };
+        let seal = sealer.seal(Some(key), value);
         let headers = OwnedHeaders::new()
             .insert(Header { key: RECORD_HEADER, value: Some(record::FORMAT.as_bytes()) })
             .insert(Header { key: SEAL_HEADER, value: Some(&seal) });
@@ -272,7 +279,8 @@ impl LogConsumer {
             entry.assigned = true;
         }
         entry.reader = Some(id);
-        Ok(LogReader { from: Arc::clone(self), queue: Arc::clone(&entry.queue), partition, id })
+        let seal = self.key.partition(&self.topic, partition);
+        Ok(LogReader { from: Arc::clone(self), queue: Arc::clone(&entry.queue), partition, seal, id })
     }
 
     /// `partition`'s own queue. Split before the partition is assigned: a
@@ -412,6 +420,8 @@ pub struct LogReader {
     from: Arc<LogConsumer>,
     queue: Arc<StreamPartitionQueue<DefaultConsumerContext>>,
     partition: i32,
+    /// What seals its records.
+    seal: PartitionSeal,
     id: u64,
 }
 
@@ -548,7 +558,10 @@ impl LogReader {
     /// [`SEAL_HEADER`]).
     fn sealed(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> bool {
         let seal = m.headers().and_then(|h| h.iter().find(|h| h.key == SEAL_HEADER)).and_then(|h| h.value);
-        self.from.key.verifies(&self.from.topic, m.partition(), m.key(), m.payload(), seal)
+        match m.partition() {
+            partition if partition == self.partition => self.seal.verifies(m.key(), m.payload(), seal),
+            partition => self.from.key.verifies(&self.from.topic, partition, m.key(), m.payload(), seal),
+        }
     }
 }
 

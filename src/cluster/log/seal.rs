@@ -62,8 +62,7 @@ impl ClusterKey {
 
     /// The seal of a record of `topic`.
     pub fn seal(&self, topic: &str, partition: i32, key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
-        let partition = partition.to_be_bytes();
-        self.tag("record", &[Some(topic.as_bytes()), Some(&partition), key, value])
+        self.partition(topic, partition).seal(key, value)
     }
 
     /// Whether `seal` is the seal of the record (in constant time).
@@ -75,7 +74,17 @@ impl ClusterKey {
         value: Option<&[u8]>,
         seal: Option<&[u8]>,
     ) -> bool {
-        seal.is_some_and(|seal| same(&self.seal(topic, partition, key, value), seal))
+        self.partition(topic, partition).verifies(key, value, seal)
+    }
+
+    /// What seals the records of one partition: the seal's first parts
+    /// taken in once, for a reader or writer of many of its records.
+    pub fn partition(&self, topic: &str, partition: i32) -> PartitionSeal {
+        let mut context = hmac::Context::with_key(&self.0);
+        for part in ["record".as_bytes(), topic.as_bytes(), &partition.to_be_bytes()] {
+            take_in(&mut context, Some(part));
+        }
+        PartitionSeal(context)
     }
 
     /// The tag of `parts` for `purpose` (each part absent, or of a length,
@@ -84,14 +93,7 @@ impl ClusterKey {
     pub fn tag(&self, purpose: &str, parts: &[Option<&[u8]>]) -> Vec<u8> {
         let mut context = hmac::Context::with_key(&self.0);
         for part in std::iter::once(Some(purpose.as_bytes())).chain(parts.iter().copied()) {
-            match part {
-                None => context.update(&[0]),
-                Some(bytes) => {
-                    context.update(&[1]);
-                    context.update(&(bytes.len() as u64).to_be_bytes());
-                    context.update(bytes);
-                }
-            }
+            take_in(&mut context, part);
         }
         context.sign().as_ref().to_vec()
     }
@@ -99,6 +101,46 @@ impl ClusterKey {
     /// Whether `tag` is the tag of `parts` for `purpose` (in constant time).
     pub fn verifies_tag(&self, purpose: &str, parts: &[Option<&[u8]>], tag: &[u8]) -> bool {
         same(&self.tag(purpose, parts), tag)
+    }
+}
+
+/// The seals of the records of one partition of a topic
+/// ([`ClusterKey::partition`]): each the same as [`ClusterKey::seal`] makes.
+#[derive(Clone)]
+pub struct PartitionSeal(hmac::Context);
+
+impl PartitionSeal {
+    /// The seal of a record of the partition.
+    pub fn seal(&self, key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
+        let mut context = self.0.clone();
+        take_in(&mut context, key);
+        take_in(&mut context, value);
+        context.sign().as_ref().to_vec()
+    }
+
+    /// Whether `seal` is the seal of the record (in constant time).
+    pub fn verifies(&self, key: Option<&[u8]>, value: Option<&[u8]>, seal: Option<&[u8]>) -> bool {
+        seal.is_some_and(|seal| same(&self.seal(key, value), seal))
+    }
+}
+
+impl fmt::Debug for PartitionSeal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PartitionSeal([redacted])")
+    }
+}
+
+/// Takes in one part of a tag: a mark of whether it is there, its length
+/// and its bytes, in one update (each costs a copy into the hash's block).
+fn take_in(context: &mut hmac::Context, part: Option<&[u8]>) {
+    match part {
+        None => context.update(&[0]),
+        Some(bytes) => {
+            let mut head = [1; 9];
+            head[1..].copy_from_slice(&(bytes.len() as u64).to_be_bytes());
+            context.update(&head);
+            context.update(bytes);
+        }
     }
 }
 
@@ -147,6 +189,33 @@ mod tests {
         }
         assert!(!k.verifies("log", 3, Some(b"id-1"), Some(b"value"), None), "no seal");
         assert!(!k.verifies("log", 3, Some(b"id-1"), Some(b"value"), Some(&seal[..31])), "a cut seal");
+    }
+
+    #[test]
+    fn a_partition_s_seals_are_the_key_s() {
+        let k = key(SECRET);
+        let partition = k.partition("log", 3);
+        for (id, value) in
+            [(Some(&b"id-1"[..]), Some(&b"value"[..])), (Some(b"id-1"), None), (None, Some(b""))]
+        {
+            let seal = partition.seal(id, value);
+            assert_eq!(seal, k.seal("log", 3, id, value));
+            assert!(partition.verifies(id, value, Some(&seal)));
+            assert!(!k.partition("log", 4).verifies(id, value, Some(&seal)), "another partition");
+            assert!(!k.partition("log-owners", 3).verifies(id, value, Some(&seal)), "another topic");
+        }
+        assert!(!partition.verifies(Some(b"id-1"), Some(b"value"), None), "no seal");
+    }
+
+    #[test]
+    fn a_seal_is_the_documented_hmac() {
+        // HMAC-SHA256 over each part as 1, its length (8 bytes, big-endian)
+        // and its bytes, or 0 for one absent: "record", the topic, the
+        // partition (4 bytes, big-endian), the key, the value. Every node
+        // of a cluster, whatever its version, must make the same.
+        let seal = key(SECRET).seal("log", 3, Some(b"id-1"), Some(b"value"));
+        let hex: String = seal.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "4e8933840cc2d8b4bb49d30a8624a1b4ae23f32eef89d3a8c30083bb1cea5923");
     }
 
     #[test]

@@ -469,14 +469,14 @@ impl Inner {
 
     /// What `shard` is built from: its store's path, number and cap. The
     /// store is a view of the log, which holds every change with acks=all:
-    /// its writes are not synced (after a crash it applies again from the
-    /// offset it recorded, which is written with the data).
+    /// it writes no WAL (after a crash it applies again from the offset it
+    /// recorded, flushed with the data: [`Durability::Replayed`]).
     fn shard_config(&self, shard: usize) -> ShardConfig {
         let mut config = self.shards.config.clone();
         config.store.path = self.shards.paths[shard].clone();
         config.store.shard = ShardOf { shard: shard as u32, shards: self.slots.len() as u32 };
         config.store.max_pending = self.shards.max_pending;
-        config.store.durability = Durability::Buffered;
+        config.store.durability = Durability::Replayed;
         config
     }
 

@@ -22,7 +22,7 @@ mod series;
 
 fn open(dir: &Path) -> Store {
     let mut config = StoreConfig::new(dir);
-    config.durability = Durability::Buffered;
+    config.durability = Durability::Replayed;
     Store::open(&config).unwrap()
 }
 
@@ -93,6 +93,38 @@ fn new_message(text: &str, value: &str, due: u64) -> NewMessage {
         now: UnixMillis(1),
         on_conflict: OnConflict::Reject,
     }
+}
+
+/// The bytes of the store's write-ahead log files.
+fn wal_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_view_of_the_log_writes_no_wal_and_keeps_what_it_applied_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.apply(vec![logged(0, Change::Scheduled(message("a", 10)))]).await.unwrap();
+    assert_eq!(wal_bytes(dir.path()), 0, "the log is the store's WAL");
+    store.close().await;
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.log_next(), 1, "written out at close");
+    assert!(matches!(state(&store, "a").await, Some(State::Pending { .. })));
+    store.close().await;
+    // A standalone store writes ahead.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::new(dir.path());
+    config.durability = Durability::Buffered;
+    let store = Store::open(&config).unwrap();
+    store.apply(vec![logged(0, Change::Scheduled(message("a", 10)))]).await.unwrap();
+    assert!(wal_bytes(dir.path()) > 0);
+    store.close().await;
 }
 
 #[tokio::test]

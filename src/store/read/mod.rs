@@ -133,10 +133,7 @@ impl Store {
         let mut cache = self.inner.cache.cache.clone();
         cache.set_capacity(REST_CACHE_BYTES);
         self.blocking(|s| {
-            let db = &s.inner.db;
-            for name in [schema::CF_DUE, schema::CF_MESSAGES, schema::CF_CHECKPOINT] {
-                db.flush_cf(cf(db, name))?;
-            }
+            crate::store::options::flush_all(&s.inner.db)?;
             Ok(())
         })
         .await

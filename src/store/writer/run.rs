@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rocksdb::{DB, ReadOptions, WriteBatch, WriteOptions};
+use rocksdb::{DB, ReadOptions, WriteBatch};
 use tokio::sync::mpsc;
 
 use super::{
@@ -26,7 +26,7 @@ use crate::{
     store::{
         StoreError,
         health::StoreHealth,
-        options::{ShardOf, cf},
+        options::{self, Durability, ShardOf, cf},
         read,
         schema::{self, COUNTS_VERSION, DispatchKey},
     },
@@ -36,6 +36,11 @@ use crate::{
 /// disk refuses, before it gives up on them (they are produced again after
 /// a restart).
 const CLOSE_RETRIES_FOR: Duration = Duration::from_secs(5);
+/// How long a store with no WAL holds commits only in memory at most: how
+/// much of its log a crash makes it apply again, besides what its write
+/// buffers hold. (A copy rolled back far enough would look stale, and be
+/// rebuilt whole.)
+const WRITE_OUT_AFTER: Duration = Duration::from_secs(30);
 
 impl Writer {
     /// Reads the store's state and records that it is open (not closed
@@ -87,9 +92,7 @@ impl Writer {
             (meta.shard, meta.shards) = (config.shard.shard, config.shard.shards);
         }
         batch.put_cf(checkpoint, schema::meta_key(), schema::encode(&meta));
-        let mut opts = WriteOptions::default();
-        opts.set_sync(true);
-        db.write_opt(batch, &opts)?;
+        config.durability.write_durably(db, batch)?;
         shared.pending.store(meta.pending, Ordering::Relaxed);
         shared.log_next.store(meta.log_next, Ordering::Release);
         shared.log_owner.store(meta.log_owner, Ordering::Release);
@@ -114,6 +117,7 @@ impl Writer {
             marks: Marks { set: marks.into_iter().collect(), held: None },
             replica: ReplicaHolds::default(),
             closing_since: None,
+            unwritten_since: None,
         };
         writer.report_capacity();
         Ok(writer)
@@ -221,11 +225,9 @@ impl Writer {
         } else if self.unresolved == 0 {
             let mut meta = self.meta.clone();
             meta.closed_cleanly = true;
-            let mut opts = WriteOptions::default();
-            opts.set_sync(true);
             let mut batch = WriteBatch::default();
             batch.put_cf(cf(&db, schema::CF_CHECKPOINT), schema::meta_key(), schema::encode(&meta));
-            if let Err(e) = db.write_opt(batch, &opts) {
+            if let Err(e) = self.config.durability.write_durably(&db, batch) {
                 tracing::error!(error = %e, "recording the clean close failed");
             }
         } else {
@@ -235,8 +237,25 @@ impl Writer {
                  and reschedule with UNAVAILABLE until they are produced again"
             );
         }
-        if let Err(e) = db.flush_wal(true) {
-            tracing::error!(error = %e, "flushing the WAL at close failed");
+        if let Err(e) = self.config.durability.persist(&db) {
+            tracing::error!(
+                error = %e,
+                "writing the store out at close failed (a cluster store applies its log again, from where it \
+                 was last written out, at its next open)"
+            );
+        }
+    }
+
+    /// A store with no WAL: writes its memtables out once the oldest commit
+    /// only they hold is [`WRITE_OUT_AFTER`] old, in the background.
+    fn write_out_if_old(&mut self) {
+        let Some(since) = self.unwritten_since else { return };
+        if since.elapsed() >= WRITE_OUT_AFTER || crate::failpoint::fires("store-writes-out-at-once") {
+            self.unwritten_since = None;
+            if let Err(e) = options::start_flush_all(&self.shared.db) {
+                tracing::warn!(error = %e, "writing the store's memtables out failed; trying again later");
+                self.unwritten_since = Some(Instant::now());
+            }
         }
     }
 
@@ -407,7 +426,10 @@ impl Writer {
                 let round = std::mem::replace(r, Round::new(db, self.meta.clone()));
                 *r = self.apply_log(db, round, entries, reply);
             }
-            Op::Tick => self.parking.expire_parked(),
+            Op::Tick => {
+                self.parking.expire_parked();
+                self.write_out_if_old();
+            }
             Op::Close => {
                 self.closing_since = Some(Instant::now());
                 self.rx.close();
@@ -427,8 +449,7 @@ impl Writer {
                 r.batch.put_cf(checkpoint, key.encode(), schema::encode(counts));
             }
             r.batch.put_cf(checkpoint, schema::meta_key(), schema::encode(&r.meta));
-            let mut opts = WriteOptions::default();
-            opts.set_sync(self.config.sync);
+            let opts = self.config.durability.write_options();
             let batch = std::mem::take(&mut r.batch);
             let started = std::time::Instant::now();
             let written = self.shared.db.write_opt(batch, &opts);
@@ -443,6 +464,9 @@ impl Writer {
         match &error {
             None => {
                 self.failed_commits = 0;
+                if writes && self.config.durability == Durability::Replayed {
+                    self.unwritten_since.get_or_insert_with(Instant::now);
+                }
                 if chunk_last.is_some() {
                     self.chunk_high = chunk_last;
                 }

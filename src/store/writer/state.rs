@@ -22,7 +22,7 @@ use crate::{
     store::{
         claims::{Claims, Wake},
         health::{HealthBoard, StoreHealth},
-        options::ShardOf,
+        options::{Durability, ShardOf},
         schema::{Counts, CountsKey, DispatchKey, Meta},
     },
 };
@@ -47,8 +47,8 @@ pub(crate) struct Shared {
 
 /// How the writer commits.
 pub(crate) struct WriterConfig {
-    /// Sync the WAL before answering.
-    pub sync: bool,
+    /// How a commit is written, and when it is safe.
+    pub durability: Durability,
     /// Most messages pending at once.
     pub max_pending: Option<u64>,
     /// Most ops (a batch counts per message) in one commit.
@@ -85,6 +85,9 @@ pub(crate) struct Writer {
     /// dispatcher held them.
     pub(super) replica: ReplicaHolds,
     pub(super) closing_since: Option<Instant>,
+    /// A store with no WAL ([`Durability::Replayed`]): since when it holds
+    /// commits only in memory.
+    pub(super) unwritten_since: Option<Instant>,
 }
 
 /// Where no record of this store lies before, per target partition: see
