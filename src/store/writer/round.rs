@@ -2,12 +2,7 @@
 //! writes it batches, the answers it holds back until the commit, and what
 //! it did, for the metrics ([`Effects`]).
 
-use std::{
-    cell::RefCell,
-    collections::{HashMap, HashSet},
-    sync::Arc,
-    time::Duration,
-};
+use std::{cell::RefCell, sync::Arc, time::Duration};
 
 use rocksdb::{DB, WriteBatch};
 
@@ -52,7 +47,7 @@ pub(super) struct Round<'a> {
     /// Counts entries this round changes, with their new values.
     pub(super) counts: foldhash::HashMap<CountsKey, Counts>,
     /// Messages changed earlier in this round, as they will be after commit.
-    pub(super) overlay: HashMap<MessageId, Option<Stored>>,
+    pub(super) overlay: foldhash::HashMap<MessageId, Option<Stored>>,
     /// Claims this round ends at its commit.
     pub(super) claims: RoundClaims,
     /// What this round records of the dispatcher's produces.
@@ -101,7 +96,7 @@ pub(super) struct Produced {
 /// The claims a round ends at its commit: those it reserved for its own
 /// changes, and those it releases once its commit is in.
 pub(super) struct RoundClaims {
-    pub(super) reserved: HashSet<MessageId>,
+    pub(super) reserved: foldhash::HashSet<MessageId>,
     pub(super) released: Vec<MessageId>,
     /// This node's holds on ids whose changes the round applies: only the
     /// writer's own claim on them goes at the commit.
@@ -115,7 +110,7 @@ pub(super) struct RoundClaims {
 /// A replica of a log (cluster mode): what applying it in a round did.
 pub(super) struct ReplicaRound {
     /// Cluster mode: messages settled by records this round applies.
-    pub(super) settled: HashSet<MessageId>,
+    pub(super) settled: foldhash::HashSet<MessageId>,
     /// Records of the log are applied: a failed commit is applied again
     /// from the log, not retried here.
     pub(super) from_log: bool,
@@ -149,9 +144,9 @@ impl<'a> Round<'a> {
             batch: WriteBatch::default(),
             meta,
             counts: foldhash::HashMap::default(),
-            overlay: HashMap::new(),
+            overlay: foldhash::HashMap::default(),
             claims: RoundClaims {
-                reserved: HashSet::new(),
+                reserved: foldhash::HashSet::default(),
                 released: Vec::new(),
                 unheld: Vec::new(),
                 highest_removed: None,
@@ -163,7 +158,11 @@ impl<'a> Round<'a> {
             effects: Effects::default(),
             watched: Vec::new(),
             probe: false,
-            replica: ReplicaRound { settled: HashSet::new(), from_log: false, holding: Vec::new() },
+            replica: ReplicaRound {
+                settled: foldhash::HashSet::default(),
+                from_log: false,
+                holding: Vec::new(),
+            },
             delivery_logs: RefCell::default(),
         }
     }

@@ -17,7 +17,7 @@ use super::{
     park::Parking,
     replica::LogEntry,
     round::Round,
-    state::{HeldMarks, Marks, ReplicaHolds, Shared, Writer, WriterConfig},
+    state::{Commits, HeldMarks, Marks, ReplicaHolds, Shared, Writer, WriterConfig},
 };
 use crate::{
     command::{Answer, InDoubt},
@@ -110,14 +110,13 @@ impl Writer {
             in_doubt,
             parking: Parking::default(),
             again: VecDeque::new(),
-            failed_commits: 0,
+            commits: Commits::default(),
             chunk_high,
             handed: VecDeque::new(),
             unresolved: 0,
             marks: Marks { set: marks.into_iter().collect(), held: None },
             replica: ReplicaHolds::default(),
             closing_since: None,
-            unwritten_since: None,
         };
         writer.report_capacity();
         Ok(writer)
@@ -170,7 +169,7 @@ impl Writer {
             }
             self.round(ops);
             self.shared.metrics.parked.set(self.parking.parked_total as i64);
-            if self.failed_commits > 0 {
+            if self.commits.failed > 0 {
                 if self.closing_since.is_some_and(|since| since.elapsed() > CLOSE_RETRIES_FOR) {
                     self.give_up_on_retries();
                     continue;
@@ -179,7 +178,7 @@ impl Writer {
                 // retries of the settles we are keeping instead of spinning.
                 // At most ~1 s apart, so a store that has room again is
                 // noticed soon.
-                let backoff = 50u64 << self.failed_commits.min(4);
+                let backoff = 50u64 << self.commits.failed.min(4);
                 std::thread::sleep(Duration::from_millis(backoff));
             }
         }
@@ -208,7 +207,7 @@ impl Writer {
              be produced again after a restart"
         );
         self.unresolved += dropped;
-        self.failed_commits = 0;
+        self.commits.failed = 0;
     }
 
     /// Records a clean close when nothing was left in doubt, then syncs. A
@@ -249,12 +248,12 @@ impl Writer {
     /// A store with no WAL: writes its memtables out once the oldest commit
     /// only they hold is [`WRITE_OUT_AFTER`] old, in the background.
     fn write_out_if_old(&mut self) {
-        let Some(since) = self.unwritten_since else { return };
+        let Some(since) = self.commits.unwritten_since else { return };
         if since.elapsed() >= WRITE_OUT_AFTER || crate::failpoint::fires("store-writes-out-at-once") {
-            self.unwritten_since = None;
+            self.commits.unwritten_since = None;
             if let Err(e) = options::start_flush_all(&self.shared.db) {
                 tracing::warn!(error = %e, "writing the store's memtables out failed; trying again later");
-                self.unwritten_since = Some(Instant::now());
+                self.commits.unwritten_since = Some(Instant::now());
             }
         }
     }
@@ -289,7 +288,7 @@ impl Writer {
                 let full = std::mem::replace(&mut r, Round::new(db, self.meta.clone()));
                 self.commit(full);
                 r = Round::new(db, self.meta.clone());
-                if self.failed_commits > 0 {
+                if self.commits.failed > 0 {
                     r.reply(
                         reply,
                         Err(StoreError::Io("applying records of the log: a commit failed".into())),
@@ -463,9 +462,9 @@ impl Writer {
         let error = result.err();
         match &error {
             None => {
-                self.failed_commits = 0;
+                self.commits.failed = 0;
                 if writes && self.config.durability == Durability::Replayed {
-                    self.unwritten_since.get_or_insert_with(Instant::now);
+                    self.commits.unwritten_since.get_or_insert_with(Instant::now);
                 }
                 if chunk_last.is_some() {
                     self.chunk_high = chunk_last;
@@ -509,7 +508,7 @@ impl Writer {
                 }
             }
             Some(e) => {
-                self.failed_commits = self.failed_commits.saturating_add(1);
+                self.commits.failed = self.commits.failed.saturating_add(1);
                 tracing::error!(error = %e, "store commit failed; nothing in it was acknowledged");
                 self.shared.health.set_writes(StoreHealth::Failing(e.to_string()));
                 // Produces that happened must still be recorded: keep their

@@ -10,7 +10,10 @@ use crate::{
     message::{DeadReason, MessageId, UnixMillis},
     store::{
         claims::Floor,
-        schema::{Counts, CountsKey, DeliveryLine, DispatchKey, Settlement, SettlementKind, TriesRecord},
+        schema::{
+            Counts, CountsKey, DeliveryLine, DispatchKey, MessageRecord, Settlement, SettlementKind,
+            TriesRecord,
+        },
     },
 };
 
@@ -76,6 +79,12 @@ impl Writer {
     /// Records what became of a produce. The dispatcher's claim has kept
     /// the message as it read it, so nothing needs reading here.
     pub(super) fn settle(&mut self, r: &mut Round, settle: Settle) {
+        self.settle_read(r, settle, None);
+    }
+
+    /// [`Self::settle`], given the message's record whole if the caller
+    /// read it already (it is not read again).
+    pub(super) fn settle_read(&mut self, r: &mut Round, settle: Settle, read: Option<MessageRecord>) {
         let id = &settle.id;
         r.claims.released.push(id.clone());
         let prev = settle.tries;
@@ -115,7 +124,7 @@ impl Writer {
                 });
             }
             Outcome::Delivered { partition, offset } => {
-                self.take_out_settled(r, id, settle.key);
+                self.take_out_settled(r, id, settle.key, read);
                 let settlement = Settlement {
                     kind: SettlementKind::Delivered as i32,
                     attempts,
@@ -150,7 +159,7 @@ impl Writer {
                     first_refused_at_ms,
                     ..Settlement::default()
                 };
-                match self.whole(r, id) {
+                match read.map_or_else(|| self.whole(r, id), |record| Ok(Some(record))) {
                     Ok(Some(mut record)) => {
                         r.delete_due(settle.key);
                         record.entry_at_ms = Some(key.at.0);
@@ -180,7 +189,7 @@ impl Writer {
                 };
                 r.effects.failed += 1;
                 r.meta.failed_total = r.meta.failed_total.saturating_add(1);
-                self.settle_unsent(r, &settle, settlement, |c| c.failed = c.failed.saturating_add(1));
+                self.settle_unsent(r, &settle, settlement, read, |c| c.failed = c.failed.saturating_add(1));
             }
             Outcome::Expired { deadline } => {
                 let settlement = Settlement {
@@ -194,7 +203,7 @@ impl Writer {
                 };
                 r.effects.expired += 1;
                 r.meta.expired_total = r.meta.expired_total.saturating_add(1);
-                self.settle_unsent(r, &settle, settlement, |c| c.expired = c.expired.saturating_add(1));
+                self.settle_unsent(r, &settle, settlement, read, |c| c.expired = c.expired.saturating_add(1));
             }
             Outcome::DeadLettered(d) => {
                 let tries = Settlement {
@@ -206,7 +215,7 @@ impl Writer {
                 let settlement = dead_lettered(d, at, tries);
                 r.effects.dead_lettered += 1;
                 r.meta.dead_lettered_total = r.meta.dead_lettered_total.saturating_add(1);
-                self.settle_unsent(r, &settle, settlement, |c| {
+                self.settle_unsent(r, &settle, settlement, read, |c| {
                     c.dead_lettered = c.dead_lettered.saturating_add(1)
                 });
             }
@@ -222,9 +231,10 @@ impl Writer {
         r: &mut Round,
         settle: &Settle,
         settlement: Settlement,
+        read: Option<MessageRecord>,
         counted: impl FnOnce(&mut Counts),
     ) {
-        self.take_out_settled(r, &settle.id, settle.key);
+        self.take_out_settled(r, &settle.id, settle.key, read);
         r.settle(&settle.id, &settlement, settle.at);
         self.count(r, &settle.id, &settle.topic, |c| {
             c.pending = c.pending.saturating_sub(1);
@@ -282,8 +292,8 @@ impl Writer {
 
     /// A settled message leaves the due index other than by a first-try
     /// delivery: its due entry goes, and its record is kept whole.
-    fn take_out_settled(&self, r: &mut Round, id: &MessageId, key: DispatchKey) {
-        match self.whole(r, id) {
+    fn take_out_settled(&self, r: &mut Round, id: &MessageId, key: DispatchKey, read: Option<MessageRecord>) {
+        match read.map_or_else(|| self.whole(r, id), |record| Ok(Some(record))) {
             Ok(Some(record)) => {
                 r.take_out(id, key, record);
             }

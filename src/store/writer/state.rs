@@ -69,7 +69,7 @@ pub(crate) struct Writer {
     pub(super) parking: Parking,
     /// Requests to run first in the next round.
     pub(super) again: VecDeque<Op>,
-    pub(super) failed_commits: u32,
+    pub(super) commits: Commits,
     /// The last dispatch key of the newest chunk logged: a first-try
     /// delivery above it joins a chunk, one at or below it (it came back
     /// out of order) is settled on its own, so chunks never overlap.
@@ -85,6 +85,13 @@ pub(crate) struct Writer {
     /// dispatcher held them.
     pub(super) replica: ReplicaHolds,
     pub(super) closing_since: Option<Instant>,
+}
+
+/// How the writer's commits stand.
+#[derive(Default)]
+pub(super) struct Commits {
+    /// Commits that failed in a row.
+    pub(super) failed: u32,
     /// A store with no WAL ([`Durability::Replayed`]): since when it holds
     /// commits only in memory.
     pub(super) unwritten_since: Option<Instant>,

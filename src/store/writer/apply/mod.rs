@@ -694,7 +694,8 @@ impl Writer {
             in_order,
         };
         r.replica.settled.insert(id);
-        self.settle(r, settle);
+        // Read whole just now: not read again.
+        self.settle_read(r, settle, Some(stored.record));
         Ok(())
     }
 
