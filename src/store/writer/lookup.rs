@@ -62,6 +62,19 @@ impl Writer {
         Ok(None)
     }
 
+    /// `read`, the record a caller read whole already, or else [`Self::whole`].
+    pub(super) fn whole_unless_read(
+        &self,
+        r: &Round,
+        id: &MessageId,
+        read: Option<MessageRecord>,
+    ) -> Result<Option<MessageRecord>, StoreError> {
+        match read {
+            Some(record) => Ok(Some(record)),
+            None => self.whole(r, id),
+        }
+    }
+
     /// The record of `id`, whole, as this round leaves it; without what
     /// became of it (which would read its chunk's delivery log).
     pub(super) fn whole(&self, r: &Round, id: &MessageId) -> Result<Option<MessageRecord>, StoreError> {

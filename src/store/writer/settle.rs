@@ -159,7 +159,7 @@ impl Writer {
                     first_refused_at_ms,
                     ..Settlement::default()
                 };
-                match read.map_or_else(|| self.whole(r, id), |record| Ok(Some(record))) {
+                match self.whole_unless_read(r, id, read) {
                     Ok(Some(mut record)) => {
                         r.delete_due(settle.key);
                         record.entry_at_ms = Some(key.at.0);
@@ -293,7 +293,7 @@ impl Writer {
     /// A settled message leaves the due index other than by a first-try
     /// delivery: its due entry goes, and its record is kept whole.
     fn take_out_settled(&self, r: &mut Round, id: &MessageId, key: DispatchKey, read: Option<MessageRecord>) {
-        match read.map_or_else(|| self.whole(r, id), |record| Ok(Some(record))) {
+        match self.whole_unless_read(r, id, read) {
             Ok(Some(record)) => {
                 r.take_out(id, key, record);
             }
