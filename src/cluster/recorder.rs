@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     cluster::log::record::{self, Change, LogRecord, Marks, PartitionEnd, Settled},
-    command::{DispatchKey, Settle},
+    command::{DispatchKey, Handed, Settle},
     dispatcher::Recorder,
     store::{Floor, Local, StoreError},
 };
@@ -85,7 +85,7 @@ impl LogRecorder {
             // Earlier deliveries may reach the log after these: none may
             // raise a mark past them.
             for settle in &mut settles {
-                settle.in_order = false;
+                settle.handed = Handed::Alone;
             }
         }
         let lines = settles.iter().map(replica::settled_line).collect();

@@ -80,11 +80,38 @@ pub(crate) struct Settle {
     /// When the outcome was known.
     pub at: UnixMillis,
     pub outcome: Outcome,
-    /// A delivery handed over after every record sent before it was
-    /// answered and handed over: each earlier record on its partition is
-    /// recorded with it or before it, so it may raise the partition's mark
-    /// (the store keeps a mark per partition).
-    pub in_order: bool,
+    /// How the dispatcher handed it over (for a delivery: whether it may
+    /// raise its partition's mark, and join the round's delivery chunk).
+    pub handed: Handed,
+}
+
+/// How a delivery was handed over to be recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Handed {
+    /// On its own (an outcome other than a delivery, a record answered
+    /// after it stalled, or one its recorder could not keep in order):
+    /// nothing is said of what else its partition holds.
+    Alone,
+    /// After every record sent before it was answered and handed over:
+    /// each earlier record on its partition is recorded with it or before
+    /// it, so it may raise the partition's mark (the store keeps a mark per
+    /// partition), and it joins the round's delivery chunk.
+    InTurn,
+    /// Answered, and held long enough, while a record sent before it (to
+    /// another partition) was still unanswered: it raises its partition's
+    /// mark (a partition answers in the order sent), but it is recorded
+    /// apart from the delivery chunks, which keep to dispatch order: a
+    /// chunk of keys above the unanswered one would send every delivery
+    /// below it, recorded later, the slow way.
+    Ahead,
+}
+
+impl Handed {
+    /// Every earlier record on its partition is recorded with it or
+    /// before it.
+    pub(crate) fn in_order(self) -> bool {
+        self != Handed::Alone
+    }
 }
 
 #[derive(Clone, Debug)]

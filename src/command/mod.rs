@@ -13,7 +13,7 @@ mod table;
 
 pub(crate) use change::{Answer, Intent, NewId, NewMessage};
 pub(crate) use counts::Counts;
-pub(crate) use dispatch::{DeadLettered, DueBatch, InDoubt, Outcome, Ready, Settle, Tries};
+pub(crate) use dispatch::{DeadLettered, DueBatch, Handed, InDoubt, Outcome, Ready, Settle, Tries};
 pub(crate) use due::DispatchKey;
 pub use error::StoreError;
 pub(crate) use record::{HeaderRecord, LabelRecord, MessageRecord};

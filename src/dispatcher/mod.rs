@@ -86,7 +86,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     clock::Clock,
     command::DispatchKey,
-    command::{DueBatch, Outcome, Ready, Settle},
+    command::{DueBatch, Handed, Outcome, Ready, Settle},
     kafka::{DeliveryReport, Producer},
     message::{MessageId, UnixMillis},
     metrics,
@@ -311,7 +311,7 @@ impl Settling {
             tries: ready.tries,
             at: now,
             outcome,
-            in_order: false,
+            handed: Handed::Alone,
         });
     }
 }

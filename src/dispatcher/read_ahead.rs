@@ -45,16 +45,14 @@ impl Dispatcher {
         let late = self.store.wake().take();
         self.scan.recheck.extend(late.entries);
         self.scan.rescan(late.rescan_from);
-        if let Some(from) = self.scan.rescan_from {
-            match &self.ahead.reading {
-                // The read under way started at or below it, and moves the
-                // scan on past it when it lands: the rescan waits for that.
-                Some(reading) if reading.from <= from => {}
-                _ => {
-                    self.scan.from = self.scan.from.min(from);
-                    self.scan.rescan_from = None;
-                }
-            }
+        // A read under way moves the scan on when it lands: the rescan
+        // waits for that (and if the read started above it, the read goes
+        // back then, to be read again after it).
+        if let Some(from) = self.scan.rescan_from
+            && self.ahead.reading.is_none()
+        {
+            self.scan.from = self.scan.from.min(from);
+            self.scan.rescan_from = None;
         }
         self.scan.from = self.doubt.walk_from(self.scan.from);
         self.release_unheld(now);
@@ -175,6 +173,11 @@ impl Dispatcher {
                 self.scan.from = at;
                 batch.more = true;
             }
+            // Entries given back below this read since it started go
+            // first: it goes back as well, and is read again after them, so
+            // that what is produced goes in dispatch order (a delivery
+            // recorded below one recorded before it is the slow kind).
+            let behind = rescan.is_some_and(|at| at < from);
             looked_at += batch.stepped_over;
             for (lane, lowest) in std::mem::take(&mut batch.held_back) {
                 self.policies.stepped_over(lane, lowest, now);
@@ -195,8 +198,15 @@ impl Dispatcher {
                 }
                 self.ahead.reading = Some(self.start_read(now));
             }
-            self.ahead.ready = std::mem::take(&mut batch.ready);
-            self.ahead.since = Some(tokio::time::Instant::now());
+            if behind {
+                let ids = batch.ready.drain(..).map(|r| r.id).collect();
+                if let Err(e) = self.store.release(ids).await {
+                    tracing::warn!(error = %e, "returning claims failed");
+                }
+            } else {
+                self.ahead.ready = std::mem::take(&mut batch.ready);
+                self.ahead.since = Some(tokio::time::Instant::now());
+            }
             // What it found and cannot produce is dealt with now.
             self.handle(batch, now).await;
         }
@@ -207,9 +217,12 @@ impl Dispatcher {
 
     /// Gives back what was read ahead and has waited for room too long
     /// (everything in flight stalled, or the store failing): its claims
-    /// would hold cancels. At shutdown (`all`) it goes back at once.
+    /// would hold cancels. Too long is [`HOLD_FOR`], or as long as a
+    /// produce takes lately if longer: room comes as answers do. At
+    /// shutdown (`all`) it goes back at once.
     pub(super) async fn give_back_ahead(&mut self, all: bool) {
-        let waited = self.ahead.since.is_some_and(|since| since.elapsed() >= HOLD_FOR);
+        let too_long = HOLD_FOR.max(self.sent.answer_time());
+        let waited = self.ahead.since.is_some_and(|since| since.elapsed() >= too_long);
         if self.ahead.ready.is_empty() || !(all || waited) {
             return;
         }

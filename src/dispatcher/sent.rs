@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::{
     command::DispatchKey,
-    command::{Settle, Tries},
+    command::{Handed, Settle, Tries},
     message::{DeadReason, Envelope, MessageId, UnixMillis},
 };
 
@@ -66,12 +66,16 @@ pub(super) struct Sent {
     stalled: HashMap<u64, InFlight>,
     waiting: usize,
     answered: usize,
-    /// Since when answered deliveries have waited to be handed on.
-    answered_since: Option<Instant>,
+    /// The answered deliveries still held, by token, in the order they
+    /// were answered: the first has waited longest. (Entries handed on
+    /// since are dropped when they reach the front.)
+    held: VecDeque<(u64, Instant)>,
     /// When answered deliveries were last handed on.
     handed_at: Option<Instant>,
     /// Tokens below this were looked at for stalls.
     stall_cursor: u64,
+    /// How long a produce takes to be answered lately (a moving average).
+    answer_time: Duration,
 }
 
 impl Sent {
@@ -98,6 +102,10 @@ impl Sent {
         match std::mem::replace(slot, Slot::Done) {
             Slot::Waiting(sent) => {
                 self.waiting -= 1;
+                let took = sent.sent_at.elapsed();
+                // A sixteenth of each new answer: steady, yet it follows a
+                // broker that slows down within a few hundred answers.
+                self.answer_time = (self.answer_time * 15 + took) / 16;
                 Some((sent, false))
             }
             other => {
@@ -120,7 +128,7 @@ impl Sent {
             Some(slot @ Slot::Done) => {
                 *slot = Slot::Answered(settle);
                 self.answered += 1;
-                self.answered_since.get_or_insert_with(Instant::now);
+                self.held.push_back((token, Instant::now()));
                 None
             }
             _ => Some(settle),
@@ -130,10 +138,13 @@ impl Sent {
     /// The deliveries to hand on now: those every record sent before has
     /// been answered for, at most once per `gather` (so that a steady
     /// stream is handed on in a chunk per `gather`, not one per answer);
-    /// all of them when `all`, or when they have waited `hold_for` or
-    /// number `cap`. Each is marked `in_order`: every record
-    /// sent before it to its partition was answered before it and is
-    /// handed on with it or was before.
+    /// all of them when `all`, or when one has waited `hold_for` (or as
+    /// long as a produce takes lately, if longer: a record answered later
+    /// than those sent after it is slow only beside what is usual) or they
+    /// number `cap`. Each is marked [`Handed::InTurn`], or
+    /// [`Handed::Ahead`] if handed on past an unanswered one: either way
+    /// every record sent before it to its partition was answered before
+    /// it and is handed on with it or was before.
     pub(super) fn flush(
         &mut self,
         all: bool,
@@ -141,7 +152,8 @@ impl Sent {
         hold_for: Duration,
         cap: usize,
     ) -> Vec<Settle> {
-        let waited = self.answered_since.map(|since| since.elapsed());
+        let hold_for = hold_for.max(self.answer_time());
+        let waited = self.held.front().map(|(_, since)| since.elapsed());
         let all = all || self.answered >= cap || waited.is_some_and(|w| w >= hold_for);
         let gathered = all || self.handed_at.is_none_or(|at| at.elapsed() >= gather);
         let mut out = Vec::new();
@@ -152,7 +164,7 @@ impl Sent {
                 _ => {}
             }
             if let Some(Slot::Answered(mut settle)) = self.slots.pop_front() {
-                settle.in_order = true;
+                settle.handed = Handed::InTurn;
                 out.push(settle);
             }
             self.base += 1;
@@ -162,7 +174,7 @@ impl Sent {
                 // Behind a record still unanswered, which went to another
                 // partition (one partition answers in the order sent).
                 if let Slot::Answered(mut settle) = std::mem::replace(slot, Slot::Done) {
-                    settle.in_order = true;
+                    settle.handed = Handed::Ahead;
                     out.push(settle);
                 }
             }
@@ -172,7 +184,10 @@ impl Sent {
         }
         self.answered -= out.len();
         if self.answered == 0 {
-            self.answered_since = None;
+            self.held.clear();
+        }
+        while self.held.front().is_some_and(|(token, _)| *token < self.base) {
+            self.held.pop_front();
         }
         self.stall_cursor = self.stall_cursor.max(self.base);
         out
@@ -199,6 +214,11 @@ impl Sent {
             self.stall_cursor += 1;
         }
         found.iter().filter_map(|token| self.stalled.get(token)).collect()
+    }
+
+    /// How long a produce takes to be answered lately.
+    pub(super) fn answer_time(&self) -> Duration {
+        self.answer_time
     }
 
     /// Records in flight and answering in time.
@@ -279,7 +299,7 @@ mod tests {
             tries: f.tries,
             at: UnixMillis(0),
             outcome: Outcome::Delivered { partition: 0, offset: 0 },
-            in_order: false,
+            handed: Handed::Alone,
         }
     }
 
@@ -322,8 +342,43 @@ mod tests {
         assert_eq!(s.waiting(), 1);
         let (f, _) = s.take(first).unwrap();
         assert!(s.answer(first, delivered(f)).is_none());
+        // Longer than the produces here took to be answered.
+        std::thread::sleep(Duration::from_millis(2));
         assert_eq!(keys(&s.flush(false, Duration::ZERO, Duration::ZERO, 100)), [0], "held long enough");
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn the_hold_is_timed_from_the_oldest_delivery_held_and_lasts_as_long_as_a_produce_takes() {
+        let mut s = Sent::default();
+        let answer = |s: &mut Sent, token: u64| {
+            let (f, _) = s.take(token).unwrap();
+            assert!(s.answer(token, delivered(f)).is_none());
+        };
+        let tokens: Vec<u64> = (0..4).map(|n| s.push(sent(n))).collect();
+        answer(&mut s, tokens[1]);
+        std::thread::sleep(Duration::from_millis(20));
+        answer(&mut s, tokens[0]);
+        answer(&mut s, tokens[3]);
+        assert_eq!(keys(&s.flush(false, Duration::ZERO, HOLD, 100)), [0, 1], "in order");
+        let hold = Duration::from_millis(10);
+        assert!(s.flush(false, Duration::ZERO, hold, 100).is_empty(), "the one held now was just answered");
+        std::thread::sleep(hold);
+        assert_eq!(
+            keys(&s.flush(false, Duration::ZERO, hold, 100)),
+            [3],
+            "held long enough: past the unanswered"
+        );
+        // Produces answered ten seconds after they were sent: a delivery
+        // behind one of them is held as long.
+        let mut s = Sent::default();
+        let slow = |n| InFlight { sent_at: Instant::now() - Duration::from_secs(10), ..sent(n) };
+        let tokens: Vec<u64> = (0..3).map(|n| s.push(slow(n))).collect();
+        answer(&mut s, tokens[0]);
+        answer(&mut s, tokens[2]);
+        std::thread::sleep(hold);
+        assert_eq!(keys(&s.flush(false, Duration::ZERO, hold, 100)), [0]);
+        assert!(s.flush(false, Duration::ZERO, hold, 100).is_empty(), "not slow beside the others");
     }
 
     #[test]

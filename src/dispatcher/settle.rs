@@ -10,7 +10,7 @@ use super::{
     topics::{note_held, topic_refused},
 };
 use crate::{
-    command::{DispatchKey, Outcome, Settle},
+    command::{DispatchKey, Handed, Outcome, Settle},
     kafka::{DeliveryReport, Fault},
     message::UnixMillis,
     metrics,
@@ -187,6 +187,6 @@ fn settled(sent: InFlight, outcome: Outcome, at: UnixMillis) -> Settle {
         tries: sent.tries,
         at,
         outcome,
-        in_order: false,
+        handed: Handed::Alone,
     }
 }

@@ -4,7 +4,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use super::{read::STATS_EXAMINE, schema::DispatchKey, *};
-use crate::command::{DueBatch, InDoubt, Intent, NewId, NewMessage, Outcome, Ready, Settle, Tries};
+use crate::command::{DueBatch, Handed, InDoubt, Intent, NewId, NewMessage, Outcome, Ready, Settle, Tries};
 use crate::message::{
     CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scheduled, Scope, State, UnixMillis,
 };
@@ -63,7 +63,7 @@ fn settle(ready: &Ready, at: u64, outcome: Outcome) -> Settle {
         tries: ready.tries,
         at: UnixMillis(at),
         outcome,
-        in_order: false,
+        handed: Handed::Alone,
     }
 }
 
@@ -329,6 +329,38 @@ async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
 }
 
 #[tokio::test]
+async fn a_delivery_handed_over_ahead_is_settled_on_its_own_and_leaves_the_chunks_to_those_below_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = park(&store, "a", 10).await;
+    let b = park(&store, "b", 20).await;
+    let c = park(&store, "c", 30).await;
+    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let ready = |id: &MessageId| batch.ready.iter().find(|r| r.id == *id).unwrap();
+    let delivered = |id: &MessageId, offset, handed| Settle {
+        handed,
+        ..settle(ready(id), 100 + offset as u64, Outcome::Delivered { partition: 2, offset })
+    };
+    // c was answered first and held long enough while a and b were not.
+    store.settle(vec![delivered(&c, 9, Handed::Ahead)], None).await.unwrap();
+    barrier(&store).await;
+    assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 0, "no chunk above a and b");
+    assert_eq!(checkpoint_keys(&store, schema::settlements_range()), 1, "c on its own");
+    store
+        .settle(vec![delivered(&a, 7, Handed::InTurn), delivered(&b, 8, Handed::InTurn)], None)
+        .await
+        .unwrap();
+    barrier(&store).await;
+    assert_eq!(checkpoint_keys(&store, schema::delivery_logs_range()), 1, "a and b: one chunk");
+    assert_eq!(checkpoint_keys(&store, schema::settlements_range()), 1, "and no settlement of their own");
+    for (id, offset) in [(&a, 7), (&b, 8), (&c, 9)] {
+        assert!(matches!(state(&store, id).await, State::Delivered(d) if d.offset == offset), "{id}");
+    }
+    assert_eq!(store.pending(), 0);
+    store.close().await;
+}
+
+#[tokio::test]
 async fn a_retried_message_is_settled_on_its_own_and_keeps_its_record_in_the_index() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
@@ -587,7 +619,7 @@ mod scale {
                     tries: r.tries,
                     at: UnixMillis(SETTLED + 1),
                     outcome: Outcome::Delivered { partition: 0, offset: 0 },
-                    in_order: false,
+                    handed: Handed::Alone,
                 })
                 .collect();
             store.settle(settles, Some(store.wake().floor(from, from))).await.unwrap();
@@ -684,7 +716,8 @@ async fn marks_rise_with_deliveries_in_order_and_an_unclean_close_leaves_the_unr
     let (a, b, c) = (&batch.ready[0], &batch.ready[1], &batch.ready[2]);
     // Before the first produce to the topic: where its partitions end.
     store.mark("t".into(), vec![(0, 4), (1, 3)]).await.unwrap();
-    let in_order = Settle { in_order: true, ..settle(a, 50, Outcome::Delivered { partition: 0, offset: 5 }) };
+    let in_order =
+        Settle { handed: Handed::InTurn, ..settle(a, 50, Outcome::Delivered { partition: 0, offset: 5 }) };
     // Handed over out of order (it had stalled): it raises no mark.
     let out_of_order = settle(b, 50, Outcome::Delivered { partition: 0, offset: 9 });
     store.settle(vec![in_order, out_of_order], None).await.unwrap();
@@ -756,7 +789,7 @@ async fn marks_wait_while_a_search_runs_beside_the_dispatcher() {
     let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
     let b = batch.ready.iter().find(|r| r.id.as_str() == "b").unwrap();
     let delivered =
-        Settle { in_order: true, ..settle(b, 50, Outcome::Delivered { partition: 0, offset: 9 }) };
+        Settle { handed: Handed::InTurn, ..settle(b, 50, Outcome::Delivered { partition: 0, offset: 9 }) };
     store.settle(vec![delivered], None).await.unwrap();
     store.mark("u".into(), vec![(0, 7)]).await.unwrap();
     assert_eq!(store.marks_of("t").await.unwrap(), HashMap::from([(0, 4)]), "the delivery's mark waits");
@@ -771,7 +804,8 @@ async fn marks_wait_while_a_search_runs_beside_the_dispatcher() {
     assert_eq!(store.marks_of("t").await.unwrap(), HashMap::from([(0, 4)]));
     let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
     let c = batch.ready.iter().find(|r| r.id.as_str() == "c").unwrap();
-    let later = Settle { in_order: true, ..settle(c, 60, Outcome::Delivered { partition: 0, offset: 12 }) };
+    let later =
+        Settle { handed: Handed::InTurn, ..settle(c, 60, Outcome::Delivered { partition: 0, offset: 12 }) };
     store.settle(vec![later], None).await.unwrap();
     store.mark("u".into(), vec![(0, 8)]).await.unwrap();
     store.doubt(None).await.unwrap();

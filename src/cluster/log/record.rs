@@ -359,6 +359,12 @@ pub struct Delivered {
     /// Handed over in the order sent: it raises the partition's mark.
     #[prost(bool, tag = "3")]
     pub in_order: bool,
+    /// Handed over ahead of a record sent before it (see
+    /// [`Handed::Ahead`](crate::command::Handed::Ahead)): recorded apart
+    /// from the delivery chunks. (Absent in records of earlier builds:
+    /// such a line joins a chunk if it may.)
+    #[prost(bool, tag = "4")]
+    pub ahead: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

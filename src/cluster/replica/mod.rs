@@ -11,7 +11,7 @@ use crate::{
         self, Cancelled, Change, Entry, LogMessage, SettledLine as LogLine, SettledOutcome,
     },
     command::MessageRecord,
-    command::{DeadLettered, Outcome, Row, RowValue, Settle, Table},
+    command::{DeadLettered, Handed, Outcome, Row, RowValue, Settle, Table},
     message::{DeadReason, DueSpec, Labels, MessageId, UnixMillis},
     store::{Local, LogEntry, Proposed, Replica, SettledLine},
 };
@@ -131,16 +131,23 @@ fn record_of(mut m: LogMessage) -> MessageRecord {
 /// A line of a settle record, if its id and outcome read.
 fn settled_of(line: LogLine) -> Option<SettledLine> {
     let id = MessageId::from_stored(&line.id)?;
-    let (outcome, in_order) = match line.outcome? {
+    let (outcome, handed) = match line.outcome? {
         SettledOutcome::Delivered(d) => {
-            (Outcome::Delivered { partition: d.partition, offset: d.offset }, d.in_order)
+            let handed = match (d.in_order, d.ahead) {
+                (false, _) => Handed::Alone,
+                (true, false) => Handed::InTurn,
+                (true, true) => Handed::Ahead,
+            };
+            (Outcome::Delivered { partition: d.partition, offset: d.offset }, handed)
         }
         SettledOutcome::Retry(t) => (
             Outcome::Retry { retry_at: UnixMillis(t.retry_at_ms), error: t.error, refused: t.refused },
-            false,
+            Handed::Alone,
         ),
-        SettledOutcome::Failed(f) => (Outcome::Failed { error: f.error, tried: f.tried }, false),
-        SettledOutcome::Expired(e) => (Outcome::Expired { deadline: UnixMillis(e.deadline_ms) }, false),
+        SettledOutcome::Failed(f) => (Outcome::Failed { error: f.error, tried: f.tried }, Handed::Alone),
+        SettledOutcome::Expired(e) => {
+            (Outcome::Expired { deadline: UnixMillis(e.deadline_ms) }, Handed::Alone)
+        }
         SettledOutcome::DeadLettered(d) => {
             // Read, not trusted: a line that names no topic says nothing.
             crate::message::validate_topic_name(&d.topic).ok()?;
@@ -149,10 +156,13 @@ fn settled_of(line: LogLine) -> Option<SettledLine> {
                 deadline => DeadReason::Expired { deadline: UnixMillis(deadline) },
             };
             let (topic, partition, offset, tried) = (d.topic.into(), d.partition, d.offset, d.tried);
-            (Outcome::DeadLettered(Box::new(DeadLettered { topic, partition, offset, reason, tried })), false)
+            (
+                Outcome::DeadLettered(Box::new(DeadLettered { topic, partition, offset, reason, tried })),
+                Handed::Alone,
+            )
         }
     };
-    Some(SettledLine { id, at: UnixMillis(line.at_ms), outcome, in_order })
+    Some(SettledLine { id, at: UnixMillis(line.at_ms), outcome, handed })
 }
 
 /// The key and the change of the record that logs what the owner decided
@@ -219,7 +229,8 @@ pub(crate) fn settled_line(settle: &Settle) -> LogLine {
         Outcome::Delivered { partition, offset } => SettledOutcome::Delivered(record::Delivered {
             partition: *partition,
             offset: *offset,
-            in_order: settle.in_order,
+            in_order: settle.handed.in_order(),
+            ahead: settle.handed == Handed::Ahead,
         }),
         Outcome::Retry { retry_at, error, refused } => SettledOutcome::Retry(record::Retry {
             retry_at_ms: retry_at.0,

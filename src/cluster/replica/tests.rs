@@ -7,7 +7,7 @@ use super::{entry, proposed};
 use crate::{
     cluster::log::record::{self, Change, Entry, LogMessage, Settled, SettledLine, SettledOutcome},
     command::DispatchKey,
-    command::{Answer, Intent, NewId, NewMessage, Outcome, Settle},
+    command::{Answer, Handed, Intent, NewId, NewMessage, Outcome, Settle},
     message::{CancelOutcome, DueSpec, Envelope, MessageId, OnConflict, Placed, Scope, State, UnixMillis},
     store::{Decision, Durability, Local, LogEntry, Proposed, Store, StoreConfig, StoreError},
 };
@@ -71,7 +71,12 @@ fn delivered(text: &str, offset: i64) -> SettledLine {
     SettledLine {
         id: id(text).as_bytes().to_vec(),
         at_ms: 50,
-        outcome: Some(SettledOutcome::Delivered(record::Delivered { partition: 0, offset, in_order: true })),
+        outcome: Some(SettledOutcome::Delivered(record::Delivered {
+            partition: 0,
+            offset,
+            in_order: true,
+            ahead: false,
+        })),
     }
 }
 
@@ -585,7 +590,7 @@ async fn a_delivery_read_from_the_log_while_the_dispatcher_holds_the_message_is_
         tries: ready.tries,
         at: UnixMillis(60),
         outcome: Outcome::Delivered { partition: 0, offset: 9 },
-        in_order: true,
+        handed: Handed::InTurn,
     };
     let mut entry = settled(3, vec![delivered("a", 9)]);
     entry.local = Some(Local::Settles(vec![own], None));
@@ -725,6 +730,7 @@ fn log_of(steps: &[Step]) -> Vec<(Vec<u8>, Entry)> {
                                 partition: 0,
                                 offset: offset as i64,
                                 in_order: false,
+                                ahead: false,
                             }),
                             1 => SettledOutcome::Retry(record::Retry {
                                 retry_at_ms: at + 50,

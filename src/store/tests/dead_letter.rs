@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::{
-    command::DeadLettered,
+    command::{DeadLettered, Handed},
     message::{DeadLetter, DeadReason},
 };
 
@@ -36,7 +36,7 @@ async fn a_dead_lettered_message_says_where_and_why_is_counted_and_can_be_driven
             _ => settle(r, 91, dead_lettered(DeadReason::Failed { error: "Unknown topic".into() }, 6)),
         })
         .map(|mut s| {
-            s.in_order = true;
+            s.handed = Handed::InTurn;
             s
         })
         .collect();

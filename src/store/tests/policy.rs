@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::{
-    command::{Intent, Row, Table},
+    command::{Handed, Intent, Row, Table},
     message::Tenant,
     policy::{PolicyKey, TopicPolicy},
 };
@@ -107,7 +107,7 @@ async fn a_listed_entry_delivered_at_its_first_try_since_is_stale_not_due_again(
     assert_eq!(ids(&walked), ["a1"]);
     let key_of_a1 = walked.ready[0].key;
     let delivered = settle(&walked.ready[0], 50, Outcome::Delivered { partition: 0, offset: 1 });
-    store.settle(vec![Settle { in_order: true, ..delivered }], None).await.unwrap();
+    store.settle(vec![Settle { handed: Handed::InTurn, ..delivered }], None).await.unwrap();
     barrier(&store).await;
     let listed = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
     let a2 = listed.ready.iter().find(|r| r.id.as_str() == "a2").unwrap().key;

@@ -214,7 +214,7 @@ async fn a_walk_that_read_a_replaced_entry_checks_it_again() {
         id: MessageId::parse("b").unwrap(),
         at: UnixMillis(11),
         outcome: Outcome::Delivered { partition: 0, offset: 1 },
-        in_order: false,
+        handed: Handed::Alone,
     };
     let settled = Replica::Settled { chunk: vec![1], ids: Vec::new(), lines: vec![b] };
     let replace = Replica::Schedule { id: id.clone(), record, fresh };

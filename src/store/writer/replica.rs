@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::{
-    command::{Outcome, Row, Settle, Table},
+    command::{Handed, Outcome, Row, Settle, Table},
     message::{MessageId, UnixMillis},
     store::{claims::Floor, schema::MessageRecord},
 };
@@ -76,8 +76,8 @@ pub(crate) struct SettledLine {
     pub id: MessageId,
     pub at: UnixMillis,
     pub outcome: Outcome,
-    /// A delivery its writer handed over in order (see [`Settle::in_order`]).
-    pub in_order: bool,
+    /// How its writer handed a delivery over (see [`Settle::handed`]).
+    pub handed: Handed,
 }
 
 impl SettledLine {
@@ -87,7 +87,7 @@ impl SettledLine {
             id: settle.id.clone(),
             at: settle.at,
             outcome: settle.outcome.clone(),
-            in_order: settle.in_order,
+            handed: settle.handed,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{round::Round, state::Writer};
 use crate::{
-    command::{DeadLettered, Outcome, Settle},
+    command::{DeadLettered, Handed, Outcome, Settle},
     message::{DeadReason, MessageId, UnixMillis},
     store::{
         claims::Floor,
@@ -97,13 +97,14 @@ impl Writer {
         };
         let attempts = if tried { prev.attempts.saturating_add(1) } else { prev.attempts };
         let first_refused_at_ms = prev.first_refused_at.map_or(0, |t| t.0);
-        if let (Outcome::Delivered { partition, offset }, true) = (&settle.outcome, settle.in_order) {
+        if let (Outcome::Delivered { partition, offset }, true) = (&settle.outcome, settle.handed.in_order())
+        {
             self.raise_mark(r, &settle.topic, *partition, *offset);
         }
         match &settle.outcome {
             // Its due entry stays, as the record of the message.
             Outcome::Delivered { partition, offset }
-                if !prev.recorded && self.chunk_high < Some(settle.key) =>
+                if !prev.recorded && settle.handed != Handed::Ahead && self.chunk_high < Some(settle.key) =>
             {
                 r.effects.delivered.push(at.since(settle.due));
                 r.meta.last_delivered_key.clear();

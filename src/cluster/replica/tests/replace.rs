@@ -88,7 +88,7 @@ async fn a_replace_waits_for_the_produce_of_the_message_it_replaces() {
         tries: ready.tries,
         at: UnixMillis(11),
         outcome: Outcome::Retry { retry_at: UnixMillis(40), error: "down".into(), refused: false },
-        in_order: false,
+        handed: Handed::Alone,
     };
     store.settle(vec![settle], None).await.unwrap();
     let decided = decided.await.unwrap().unwrap();

@@ -26,7 +26,7 @@ use super::{
     state::Writer,
 };
 use crate::{
-    command::{Answer, Intent, NewId, NewMessage, Outcome, Row, RowValue, Settle, Spread, Tries},
+    command::{Answer, Handed, Intent, NewId, NewMessage, Outcome, Row, RowValue, Settle, Spread, Tries},
     message::{
         CancelOutcome, Matching, MessageId, OnConflict, Placed, RescheduleRefusal, Scheduled, Scope,
         UnixMillis,
@@ -394,7 +394,9 @@ impl Writer {
                 match local {
                     Some(Local::Settles(settles, floor)) => {
                         for mut settle in settles {
-                            settle.in_order &= from_owner;
+                            if !from_owner {
+                                settle.handed = Handed::Alone;
+                            }
                             self.apply_own_settle(r, settle)?;
                         }
                         if let Some(floor) = floor {
@@ -635,7 +637,7 @@ impl Writer {
             return Ok(());
         }
         r.claims.released.push(settle.id.clone());
-        let from_owner = settle.in_order;
+        let from_owner = settle.handed.in_order();
         let line = SettledLine::of(&settle);
         let applied = self.apply_settled_line(r, line, from_owner);
         // Read as a line, it counts as touching the message while this very
@@ -653,15 +655,16 @@ impl Writer {
         line: SettledLine,
         from_owner: bool,
     ) -> Result<(), StoreError> {
-        let SettledLine { id, at, outcome, in_order } = line;
+        let SettledLine { id, at, outcome, handed } = line;
         let Some(stored) = self.load(r, &id)? else { return Ok(()) };
         let state = view::state_of(stored.settlement.as_ref());
-        let in_order = from_owner && in_order && matches!(outcome, Outcome::Delivered { .. });
+        let handed =
+            if from_owner && matches!(outcome, Outcome::Delivered { .. }) { handed } else { Handed::Alone };
         if !state.is_pending() {
             // Settled already (by a line of another node, or one read
             // before the dispatcher's own): an in-order delivery still
             // tells how far its partition is recorded.
-            if let (true, Outcome::Delivered { partition, offset }) = (in_order, &outcome) {
+            if let (true, Outcome::Delivered { partition, offset }) = (handed.in_order(), &outcome) {
                 let topic: Arc<str> = stored.record.topic.as_str().into();
                 self.raise_mark(r, &topic, *partition, *offset);
             }
@@ -691,7 +694,7 @@ impl Writer {
             tries: Tries::of(stored.settlement.as_ref()),
             at,
             outcome,
-            in_order,
+            handed,
         };
         r.replica.settled.insert(id);
         // Read whole just now: not read again.
