@@ -97,8 +97,9 @@ pub(crate) enum Handed {
     /// it, so it may raise the partition's mark (the store keeps a mark per
     /// partition), and it joins the round's delivery chunk.
     InTurn,
-    /// Answered, and held long enough, while a record sent before it (to
-    /// another partition) was still unanswered: it raises its partition's
+    /// Handed over while a record sent before it (to another partition)
+    /// was still unanswered (it waited long enough, too many waited, or
+    /// the dispatcher stops): it raises its partition's
     /// mark (a partition answers in the order sent), but it is recorded
     /// apart from the delivery chunks, which keep to dispatch order: a
     /// chunk of keys above the unanswered one would send every delivery

@@ -282,6 +282,9 @@ struct ReadAhead {
     /// The topic of the next message due after what was read, if it is
     /// not marked yet (see [`Dispatcher::mark_ahead`]).
     next_topic: Option<Box<str>>,
+    /// The lowest entry read ahead and given back while the next read was
+    /// under way: that read, if it started above, goes back too.
+    given_back: Option<DispatchKey>,
 }
 
 /// Outcomes on their way to the recorder, and when the store was last
@@ -374,6 +377,7 @@ impl Dispatcher {
                 since: None,
                 after: Next::Now,
                 next_topic: None,
+                given_back: None,
             },
             settling: Settling {
                 settles: Vec::new(),

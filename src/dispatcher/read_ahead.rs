@@ -46,13 +46,13 @@ impl Dispatcher {
         self.scan.recheck.extend(late.entries);
         self.scan.rescan(late.rescan_from);
         // A read under way moves the scan on when it lands: the rescan
-        // waits for that (and if the read started above it, the read goes
-        // back then, to be read again after it).
+        // waits for that.
         if let Some(from) = self.scan.rescan_from
             && self.ahead.reading.is_none()
         {
             self.scan.from = self.scan.from.min(from);
             self.scan.rescan_from = None;
+            self.ahead.given_back = None;
         }
         self.scan.from = self.doubt.walk_from(self.scan.from);
         self.release_unheld(now);
@@ -173,11 +173,20 @@ impl Dispatcher {
                 self.scan.from = at;
                 batch.more = true;
             }
-            // Entries given back below this read since it started go
-            // first: it goes back as well, and is read again after them, so
-            // that what is produced goes in dispatch order (a delivery
-            // recorded below one recorded before it is the slow kind).
-            let behind = rescan.is_some_and(|at| at < from);
+            // Entries read ahead and given back below this read since it
+            // started go first: it goes back as well (before the next read
+            // could meet its claims), and is read again after them, so that
+            // what is produced goes in dispatch order (a delivery recorded
+            // below one recorded before it is the slow kind). Other rescans
+            // (a held topic's entries over the cap) do not: they may find
+            // nothing to produce.
+            let behind = self.ahead.given_back.take().is_some_and(|at| at < from);
+            if behind {
+                let ids = batch.ready.drain(..).map(|r| r.id).collect();
+                if let Err(e) = self.store.release(ids).await {
+                    tracing::warn!(error = %e, "returning claims failed");
+                }
+            }
             looked_at += batch.stepped_over;
             for (lane, lowest) in std::mem::take(&mut batch.held_back) {
                 self.policies.stepped_over(lane, lowest, now);
@@ -198,12 +207,7 @@ impl Dispatcher {
                 }
                 self.ahead.reading = Some(self.start_read(now));
             }
-            if behind {
-                let ids = batch.ready.drain(..).map(|r| r.id).collect();
-                if let Err(e) = self.store.release(ids).await {
-                    tracing::warn!(error = %e, "returning claims failed");
-                }
-            } else {
+            if !behind {
                 self.ahead.ready = std::mem::take(&mut batch.ready);
                 self.ahead.since = Some(tokio::time::Instant::now());
             }
@@ -229,7 +233,11 @@ impl Dispatcher {
         self.ahead.since = None;
         self.ahead.after = Next::Now;
         let ahead = std::mem::take(&mut self.ahead.ready);
-        self.scan.rescan(ahead.first().map(|r| r.key));
+        let first = ahead.first().map(|r| r.key);
+        self.scan.rescan(first);
+        if let Some(first) = first {
+            self.ahead.given_back = Some(self.ahead.given_back.map_or(first, |g| g.min(first)));
+        }
         let ids = ahead.into_iter().map(|r| r.id).collect();
         if let Err(e) = self.store.release(ids).await {
             tracing::warn!(error = %e, "returning claims failed");

@@ -24,6 +24,10 @@ use crate::{
     message::{DeadReason, Envelope, MessageId, UnixMillis},
 };
 
+/// Longest a delivery or a read-ahead is held because produces take long
+/// lately: their claims hold cancels of those messages meanwhile.
+const LONGEST_HOLD: Duration = Duration::from_secs(1);
+
 /// A message handed to the producer, waiting for its report.
 pub(super) struct InFlight {
     pub id: MessageId,
@@ -74,7 +78,8 @@ pub(super) struct Sent {
     handed_at: Option<Instant>,
     /// Tokens below this were looked at for stalls.
     stall_cursor: u64,
-    /// How long a produce takes to be answered lately (a moving average).
+    /// How long a produce takes to be answered lately (a moving average of
+    /// the reports of those answered in time).
     answer_time: Duration,
 }
 
@@ -102,10 +107,6 @@ impl Sent {
         match std::mem::replace(slot, Slot::Done) {
             Slot::Waiting(sent) => {
                 self.waiting -= 1;
-                let took = sent.sent_at.elapsed();
-                // A sixteenth of each new answer: steady, yet it follows a
-                // broker that slows down within a few hundred answers.
-                self.answer_time = (self.answer_time * 15 + took) / 16;
                 Some((sent, false))
             }
             other => {
@@ -216,9 +217,18 @@ impl Sent {
         found.iter().filter_map(|token| self.stalled.get(token)).collect()
     }
 
-    /// How long a produce takes to be answered lately.
+    /// A produce was answered `took` after it was sent (by the broker's
+    /// report, not by when the dispatcher got to it).
+    pub(super) fn answered_in(&mut self, took: Duration) {
+        // A sixteenth of each new answer: steady, yet it follows a broker
+        // that slows down within a few hundred answers.
+        self.answer_time = (self.answer_time * 15 + took) / 16;
+    }
+
+    /// How long a produce takes to be answered lately, up to
+    /// [`LONGEST_HOLD`].
     pub(super) fn answer_time(&self) -> Duration {
-        self.answer_time
+        self.answer_time.min(LONGEST_HOLD)
     }
 
     /// Records in flight and answering in time.
@@ -370,12 +380,14 @@ mod tests {
             "held long enough: past the unanswered"
         );
         // Produces answered ten seconds after they were sent: a delivery
-        // behind one of them is held as long.
+        // behind one of them is held as long, up to a second.
         let mut s = Sent::default();
-        let slow = |n| InFlight { sent_at: Instant::now() - Duration::from_secs(10), ..sent(n) };
-        let tokens: Vec<u64> = (0..3).map(|n| s.push(slow(n))).collect();
-        answer(&mut s, tokens[0]);
-        answer(&mut s, tokens[2]);
+        let tokens: Vec<u64> = (0..3).map(|n| s.push(sent(n))).collect();
+        for t in [tokens[0], tokens[2]] {
+            s.answered_in(Duration::from_secs(10));
+            answer(&mut s, t);
+        }
+        assert_eq!(s.answer_time(), LONGEST_HOLD, "up to a bound");
         std::thread::sleep(hold);
         assert_eq!(keys(&s.flush(false, Duration::ZERO, hold, 100)), [0]);
         assert!(s.flush(false, Duration::ZERO, hold, 100).is_empty(), "not slow beside the others");

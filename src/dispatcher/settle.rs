@@ -81,6 +81,9 @@ impl Dispatcher {
         let Some((mut sent, stalled)) = self.sent.take(report.token) else {
             return;
         };
+        if !stalled {
+            self.sent.answered_in(report.known.saturating_duration_since(sent.sent_at.into_std()));
+        }
         let dead = sent.dead.take().map(|dead| *dead);
         self.store.metrics().in_flight.set(self.sent.len() as i64);
         // When the broker answered, on the dispatcher's clock: the report
