@@ -259,14 +259,17 @@ fn checkpoint_keys(store: &Store, (lower, upper): (Vec<u8>, Vec<u8>)) -> usize {
     .count()
 }
 
+/// a, b and c parked due at 10, 20 and 30, and taken due at 100.
+async fn three_due(store: &Store) -> ([MessageId; 3], DueBatch) {
+    let ids = [park(store, "a", 10).await, park(store, "b", 20).await, park(store, "c", 30).await];
+    (ids, store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap())
+}
+
 #[tokio::test]
 async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let a = park(&store, "a", 10).await;
-    let b = park(&store, "b", 20).await;
-    let c = park(&store, "c", 30).await;
-    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let ([a, b, c], batch) = three_due(&store).await;
     assert!(batch.ready.iter().all(|r| !r.tries.recorded), "never tried: nothing recorded yet");
     let delivered =
         |r: &Ready, offset| settle(r, 100 + offset as u64, Outcome::Delivered { partition: 2, offset });
@@ -332,10 +335,7 @@ async fn first_try_deliveries_are_logged_by_chunk_and_read_back_one_by_one() {
 async fn a_delivery_handed_over_ahead_is_settled_on_its_own_and_leaves_the_chunks_to_those_below_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let a = park(&store, "a", 10).await;
-    let b = park(&store, "b", 20).await;
-    let c = park(&store, "c", 30).await;
-    let batch = store.take_due(DispatchKey::MIN, UnixMillis(100), 10).await.unwrap();
+    let ([a, b, c], batch) = three_due(&store).await;
     let ready = |id: &MessageId| batch.ready.iter().find(|r| r.id == *id).unwrap();
     let delivered = |id: &MessageId, offset, handed| Settle {
         handed,
