@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use super::{
-    Dispatcher,
+    Dispatcher, Stamp,
     sent::{Dead, InFlight},
 };
 use crate::{
@@ -170,7 +170,8 @@ impl Dispatcher {
             let attempts = ready.tries.attempts.saturating_add(u32::from(tried));
             let envelope = ready.envelope.dead_letter(&to, &reason, attempts);
             let ready = Ready { envelope, ..ready };
-            self.send(ready, to, false, Some(Dead::Letter { topic, reason, tried }));
+            let stamp = Stamp::now(&*self.clock);
+            self.send(ready, to, false, Some(Dead::Letter { topic, reason, tried }), stamp);
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{Dispatcher, topics::Decision};
+use super::{Dispatcher, Stamps, topics::Decision};
 use crate::{
     command::{DueBatch, Outcome},
     message::UnixMillis,
@@ -49,6 +49,7 @@ impl Dispatcher {
             // them): what was due after it and its slack was not sent.
             self.doubt.pulse.beat(self.clock.now());
         }
+        let mut stamps = Stamps::new(&*self.clock);
         for ready in batch.ready {
             // One allocation per topic, not per message.
             let topic = match self.topics.states.get_key_value(ready.envelope.topic.as_str()) {
@@ -90,7 +91,7 @@ impl Dispatcher {
             match self.decide(&topic, &ready.id, ready.key, now) {
                 Decision::Produce { probe } => {
                     self.policies.observe_produced(ready.id.tenant(), &topic, ready.due, now);
-                    self.send(ready, topic, probe, None);
+                    self.send(ready, topic, probe, None, stamps.next(&*self.clock));
                     produced += 1;
                 }
                 Decision::Hold(lane, why) => {

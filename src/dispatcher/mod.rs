@@ -136,6 +136,46 @@ const GATHER: Duration = Duration::from_millis(5);
 /// ran out, or the log names another owner) looks whether it opened again.
 const GATE_RECHECK: Duration = Duration::from_millis(50);
 
+/// Both clocks, read once for many records of a batch: in a drain, two
+/// reads of the clock per produce and as many per report were a seventh
+/// of the dispatcher's own work.
+#[derive(Clone, Copy)]
+struct Stamp {
+    at: tokio::time::Instant,
+    wall: UnixMillis,
+}
+
+impl Stamp {
+    /// Records handled between two reads of the clocks: a few dozen
+    /// microseconds of work, well inside the millisecond times are kept in.
+    const FOR_RECORDS: u32 = 64;
+
+    fn now(clock: &dyn Clock) -> Stamp {
+        Stamp { at: tokio::time::Instant::now(), wall: clock.now() }
+    }
+}
+
+/// The clocks for one batch of records, read again every
+/// [`Stamp::FOR_RECORDS`].
+struct Stamps {
+    stamp: Stamp,
+    left: u32,
+}
+
+impl Stamps {
+    fn new(clock: &dyn Clock) -> Stamps {
+        Stamps { stamp: Stamp::now(clock), left: Stamp::FOR_RECORDS }
+    }
+
+    fn next(&mut self, clock: &dyn Clock) -> Stamp {
+        if self.left == 0 {
+            *self = Stamps::new(clock);
+        }
+        self.left -= 1;
+        self.stamp
+    }
+}
+
 /// A read of the due index under way, from `from`: what it claimed, and
 /// the horizon it recorded for it.
 struct Reading {
@@ -460,9 +500,10 @@ impl Dispatcher {
                     }
                 }
                 Some(report) = self.reports.rx.recv() => {
-                    self.on_report(report);
+                    let mut stamps = Stamps::new(&*self.clock);
+                    self.on_report(report, stamps.next(&*self.clock));
                     while let Ok(report) = self.reports.rx.try_recv() {
-                        self.on_report(report);
+                        self.on_report(report, stamps.next(&*self.clock));
                     }
                     self.reports.stages.publish();
                 }
@@ -496,7 +537,7 @@ impl Dispatcher {
         let deadline = deadline_after(self.config.shutdown_grace);
         while !self.sent.is_empty() {
             match tokio::time::timeout_at(deadline, self.reports.rx.recv()).await {
-                Ok(Some(report)) => self.on_report(report),
+                Ok(Some(report)) => self.on_report(report, Stamp::now(&*self.clock)),
                 Ok(None) | Err(_) => break,
             }
         }

@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{
-    Dispatcher,
+    Dispatcher, Stamp,
     sent::{Dead, InFlight},
 };
 use crate::{
@@ -83,10 +83,17 @@ impl Dispatcher {
     /// Hands `ready` to the producer for `topic`: a dead letter if
     /// `letter` says so, else a delivery, which keeps the message for its
     /// dead-letter topic if it has one.
-    pub(super) fn send(&mut self, ready: Ready, topic: Arc<str>, probe: bool, letter: Option<Dead>) {
+    pub(super) fn send(
+        &mut self,
+        ready: Ready,
+        topic: Arc<str>,
+        probe: bool,
+        letter: Option<Dead>,
+        stamp: Stamp,
+    ) {
         let keep = letter.is_none() && self.has_dead_letter_topic(&ready, &topic);
         let token = self.sent.next_token();
-        let (sent_at, sent_wall) = (tokio::time::Instant::now(), self.clock.now());
+        let Stamp { at: sent_at, wall: sent_wall } = stamp;
         let outgoing = Outgoing { id: &ready.id, due: ready.due, envelope: &ready.envelope };
         self.doubt.horizon.produced(ready.key);
         let queued = self.producer.send(outgoing, token, &self.reports.tx);
@@ -108,7 +115,7 @@ impl Dispatcher {
         self.topics.states.entry(topic).or_default().in_flight += 1;
         if let Err(error) = queued {
             // Refused before it was queued: the same as a failed report.
-            self.on_report(DeliveryReport::now(token, Err(error)));
+            self.on_report(DeliveryReport::now(token, Err(error)), stamp);
         }
     }
 }

@@ -124,7 +124,11 @@ impl Dispatcher {
                 // upkeep (reports, settles), and goes on at once.
                 let take = room.min(self.ahead.ready.len());
                 looked_at += take;
-                let ready: Vec<Ready> = self.ahead.ready.drain(..take).collect();
+                let ready: Vec<Ready> = if take == self.ahead.ready.len() {
+                    std::mem::take(&mut self.ahead.ready)
+                } else {
+                    self.ahead.ready.drain(..take).collect()
+                };
                 room = room.saturating_sub(self.handle(DueBatch { ready, ..DueBatch::default() }, now).await);
                 if !self.ahead.ready.is_empty() {
                     if room > 0 && looked_at < LOOK_AT_MOST {

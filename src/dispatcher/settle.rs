@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{
-    Dispatcher, GATHER, HOLD_FOR, PUBLISH_EVERY,
+    Dispatcher, GATHER, HOLD_FOR, PUBLISH_EVERY, Stamp,
     sent::{Dead, InFlight},
     topics::{note_held, topic_refused},
 };
@@ -77,7 +77,9 @@ impl Dispatcher {
         }
     }
 
-    pub(super) fn on_report(&mut self, report: DeliveryReport) {
+    /// What became of a produce, as the broker's answer says; `stamp` is
+    /// the time it is taken in.
+    pub(super) fn on_report(&mut self, report: DeliveryReport, stamp: Stamp) {
         let Some((mut sent, stalled)) = self.sent.take(report.token) else {
             return;
         };
@@ -89,8 +91,8 @@ impl Dispatcher {
         // When the broker answered, on the dispatcher's clock: the report
         // may have waited while the dispatcher read or produced; no
         // earlier than the produce it answers.
-        let waited = report.known.elapsed();
-        let now = self.clock.now();
+        let waited = stamp.at.into_std().saturating_duration_since(report.known);
+        let now = stamp.wall;
         let answered = now.saturating_sub(waited).max(sent.sent_wall);
         let state = self.topics.states.entry(Arc::clone(&sent.topic)).or_default();
         state.in_flight -= 1;

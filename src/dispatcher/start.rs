@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Dispatcher, GATE_RECHECK, dead_letter, doubt::Searched, reconcile};
+use super::{Dispatcher, GATE_RECHECK, Stamp, dead_letter, doubt::Searched, reconcile};
 use crate::{
     command::{DispatchKey, InDoubt, Outcome},
     kafka::landed,
@@ -226,7 +226,7 @@ impl Dispatcher {
             }
             tokio::select! {
                 _ = stop.cancelled() => return false,
-                Some(report) = self.reports.rx.recv() => self.on_report(report),
+                Some(report) = self.reports.rx.recv() => self.on_report(report, Stamp::now(&*self.clock)),
                 _ = tokio::time::sleep(GATE_RECHECK) => {}
             }
             self.flush_settles(false).await;

@@ -67,11 +67,27 @@ impl MessageId {
     /// An id read back from the store, where it was validated on the way in.
     pub(crate) fn from_stored(bytes: &[u8]) -> Option<Self> {
         let key = std::str::from_utf8(bytes).ok()?;
+        Self::id_at(key).map(|id_at| MessageId { key: key.to_owned(), id_at })
+    }
+
+    /// [`Self::from_stored`], keeping the buffer it was decoded into.
+    pub(crate) fn from_stored_vec(bytes: Vec<u8>) -> Option<Self> {
+        let key = String::from_utf8(bytes).ok()?;
+        Self::id_at(&key).map(|id_at| MessageId { key, id_at })
+    }
+
+    /// Whether `bytes` are an id's stored form, without making the id.
+    pub(crate) fn is_stored_form(bytes: &[u8]) -> bool {
+        std::str::from_utf8(bytes).ok().and_then(Self::id_at).is_some()
+    }
+
+    /// Where the client's id starts in a stored key, if it is one.
+    fn id_at(key: &str) -> Option<usize> {
         let id_at = match key.strip_prefix('\0') {
             None => 0,
             Some(rest) => rest.find('\0')? + 2,
         };
-        (id_at < key.len()).then(|| MessageId { key: key.to_owned(), id_at })
+        (id_at < key.len()).then_some(id_at)
     }
 
     /// The id as the client knows it, without its space.

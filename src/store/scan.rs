@@ -316,7 +316,7 @@ impl Store {
     /// by a `walk` are checked again only if the walk was disturbed.
     fn claim_and_read(&self, found: Vec<Found>, walk: Option<Watched<'_>>) -> DueBatch {
         let db = &self.inner.db;
-        let mut batch = DueBatch::default();
+        let mut batch = DueBatch { ready: Vec::with_capacity(found.len()), ..DueBatch::default() };
         let ids = found.iter().map(|f| &f.id);
         let (claims, undisturbed) = match walk {
             Some(walk) => walk.claim_all(ids),
@@ -426,8 +426,9 @@ type Message = (MessageRecord, Tries);
 
 fn decode_found(key: DispatchKey, value: &[u8]) -> Result<Found, StoreError> {
     match schema::decode_due_value(value) {
-        Some(DueValue::Entry(entry)) => {
-            let id = MessageId::from_stored(&entry.id)
+        Some(DueValue::Entry(mut entry)) => {
+            // The entry's own copy of the id becomes the id.
+            let id = MessageId::from_stored_vec(std::mem::take(&mut entry.id))
                 .ok_or_else(|| StoreError::Corrupt(format!("due entry {key:?} names no id")))?;
             Ok(Found { key, id, source: Source::Inline(entry) })
         }

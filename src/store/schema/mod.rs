@@ -408,7 +408,9 @@ pub(super) fn decode_due_value(bytes: &[u8]) -> Option<DueValue> {
     match bytes.split_first() {
         Some((&DUE_ENTRY_MARK, rest)) => {
             let entry: DueEntry = decode(rest).ok()?;
-            MessageId::from_stored(&entry.id)?;
+            if !MessageId::is_stored_form(&entry.id) {
+                return None;
+            }
             entry.record.as_ref()?;
             Some(DueValue::Entry(Box::new(entry)))
         }
