@@ -22,6 +22,7 @@
 //! | `forecast-slow` | a forecast takes 2 s more once it has its turn |
 //! | `forecast-short` | a forecast counts at most 3 due entries per store, not 2 million |
 //! | `reconcile-slow` | the search for what an unclean stop left in doubt takes 5 s more |
+//! | `store-writer-panics` | a store's writer thread panics before a round that is not only its clock's tick |
 //! | `store-writes-out-at-once` | cluster mode: a store writes its memtables out at its next tick (500 ms), not 30 s after a commit |
 
 #[cfg(feature = "failpoints")]

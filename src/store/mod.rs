@@ -122,9 +122,10 @@ struct Threads {
 
 /// Damage found, and the store's closing.
 struct Lifecycle {
-    /// Cancelled when damage is found; `damage` says what and where.
+    /// Cancelled when damage is found, or the writer stopped; `damage`
+    /// says what and where. Either way the store takes no more changes.
     damaged: CancellationToken,
-    damage: Mutex<Option<String>>,
+    damage: Arc<Mutex<Option<String>>>,
     /// Cancelled by `close`: background reads stop.
     closing: CancellationToken,
 }

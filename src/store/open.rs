@@ -80,7 +80,17 @@ impl Store {
             (writer.recorded_shard(), writer.log_time(), writer.in_doubt_window(), writer.horizon());
         metrics.pending.set(pending.load(Ordering::Relaxed) as i64);
         metrics.max_pending.set(config.max_pending.map_or(0, |cap| i64::try_from(cap).unwrap_or(i64::MAX)));
-        let handle = spawn("hourglass-writer", "the writer thread", move || writer.run())?;
+        let (damaged, damage) = (CancellationToken::new(), Arc::new(Mutex::new(None)));
+        let stopped = WriterStopped {
+            damaged: damaged.clone(),
+            damage: Arc::clone(&damage),
+            path: config.path.display().to_string(),
+        };
+        let handle = spawn("hourglass-writer", "the writer thread", move || {
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run())) {
+                stopped.say(&*panic);
+            }
+        })?;
         let ticks = ops.downgrade();
         spawn("hourglass-tick", "the writer's clock", move || {
             loop {
@@ -104,11 +114,7 @@ impl Store {
                 health,
                 metrics,
                 threads: Threads { writer: Mutex::new(Some(handle)), verifier: Mutex::new(None) },
-                lifecycle: Lifecycle {
-                    damaged: CancellationToken::new(),
-                    damage: Mutex::new(None),
-                    closing: CancellationToken::new(),
-                },
+                lifecycle: Lifecycle { damaged, damage, closing: CancellationToken::new() },
                 opened: Opened {
                     path: config.path.clone(),
                     recorded_shard,
@@ -165,6 +171,37 @@ impl Store {
             store.inner.db.cancel_all_background_work(true);
         })
         .await;
+    }
+}
+
+/// What a writer thread that panicked leaves behind: the store takes no
+/// more changes, so it is reported as damage is, and the server stops
+/// (in cluster mode, for a shard it owns, handing its shards over as at
+/// any stop) rather than stay up and answer every change "the store is
+/// closed". Nothing acknowledged is
+/// lost: an answer waits for its commit, and a restart reopens the store
+/// where its last commit left it.
+struct WriterStopped {
+    damaged: CancellationToken,
+    damage: Arc<Mutex<Option<String>>>,
+    path: String,
+}
+
+impl WriterStopped {
+    fn say(self, panic: &(dyn std::any::Any + Send)) {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_owned());
+        let report = format!(
+            "the writer of the store in {} stopped ({why}): the store takes no more changes; \
+             restart the server, which reopens it where its last commit left it",
+            self.path
+        );
+        tracing::error!("{report}");
+        self.damage.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(report);
+        self.damaged.cancel();
     }
 }
 

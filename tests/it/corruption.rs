@@ -7,7 +7,10 @@
 //! - damage in the middle of the WAL, with valid records after it, and
 //!   damage inside a table (SST) file: start-up stops with a clear error
 //!   and a non-zero exit instead of serving without the records, and the
-//!   files are left as they were.
+//!   files are left as they were;
+//! - the store's writer thread panics (a fail point): the server stops
+//!   with a non-zero exit and says why, rather than stay up refusing
+//!   every change, and a restart delivers every acknowledged message once.
 
 use crate::common;
 
@@ -186,4 +189,66 @@ async fn a_damaged_table_file_stops_start_up_with_a_clear_error() {
     let err = refused_start(&broker, dir.path());
     assert_clear_refusal(&err, dir.path());
     assert_eq!(std::fs::read(sst).unwrap(), bytes, "the damaged table file is left as it was");
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_panics_stops_the_server_and_loses_nothing_acknowledged() {
+    let broker = Broker::start();
+    let topic = random_name("writer-panic");
+    broker.create_topic(&topic, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let panics = [("HOURGLASS_FAILPOINT", "store-writer-panics@20")];
+    let (child, grpc, metrics) = spawn_serve_with(&broker, dir.path(), Stdio::piped(), &[], &panics);
+    let mut server = Serve { child, grpc, metrics };
+    let started = Instant::now();
+    while !hourglass_testkit::listening(&server.grpc) {
+        assert!(started.elapsed() < Duration::from_secs(30), "hourglass did not start listening");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut client = server.client().await;
+    let mut acknowledged = Vec::new();
+    for i in 0..200 {
+        match client.schedule(request(&topic, &format!("panic-{i:04}"), Duration::from_secs(3))).await {
+            Ok(answer) => acknowledged.push(answer.into_inner().id),
+            Err(status) => {
+                eprintln!("corruption: schedule {i} refused once the writer stopped: {status:?}");
+                break;
+            }
+        }
+    }
+    assert!(
+        !acknowledged.is_empty() && acknowledged.len() < 200,
+        "the writer stopped after some of the schedules: {} acknowledged",
+        acknowledged.len()
+    );
+    let status =
+        server.exited(Duration::from_secs(60)).expect("the server stops once its store's writer has");
+    assert!(!status.success(), "it stops with a non-zero exit: {status}");
+    let mut err = String::new();
+    server.child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    eprintln!("corruption: the writer panicked; the server stopped with {status}:\n{err}");
+    assert!(
+        err.contains("writer of the store in") && err.contains("restart"),
+        "says what stopped and what to do: {err}"
+    );
+    drop(server);
+
+    let server = Serve::start(&broker, dir.path());
+    let got =
+        consume_async(&broker, &topic, acknowledged.len(), Duration::from_secs(60), Duration::from_secs(2))
+            .await;
+    let seen: HashSet<&str> = got.iter().map(Received::id).collect();
+    assert_eq!(got.len(), seen.len(), "each delivered once");
+    assert_eq!(
+        seen,
+        acknowledged.iter().map(String::as_str).collect(),
+        "every acknowledged message delivered"
+    );
+    eprintln!(
+        "corruption: writer panic: {} acknowledged, {} delivered after restart",
+        acknowledged.len(),
+        got.len()
+    );
+    assert!(server.terminate().success());
 }

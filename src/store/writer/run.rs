@@ -167,6 +167,10 @@ impl Writer {
             for id in dropped {
                 self.unhold(&id);
             }
+            if ops.iter().any(|op| !matches!(op, Op::Tick)) && crate::failpoint::fires("store-writer-panics")
+            {
+                panic!("fail point store-writer-panics");
+            }
             self.round(ops);
             self.shared.metrics.parked.set(self.parking.parked_total as i64);
             if self.commits.failed > 0 {
