@@ -51,6 +51,9 @@ impl Dispatcher {
         }
         let mut stamps = Stamps::new(&*self.clock);
         for ready in batch.ready {
+            // Counted per entry looked at, not per produce: a run of held
+            // entries between two produces does not age the stamp.
+            let stamp = stamps.next(&*self.clock);
             // One allocation per topic, not per message.
             let topic = match self.topics.states.get_key_value(ready.envelope.topic.as_str()) {
                 Some((known, _)) => Arc::clone(known),
@@ -91,7 +94,7 @@ impl Dispatcher {
             match self.decide(&topic, &ready.id, ready.key, now) {
                 Decision::Produce { probe } => {
                     self.policies.observe_produced(ready.id.tenant(), &topic, ready.due, now);
-                    self.send(ready, topic, probe, None, stamps.next(&*self.clock));
+                    self.send(ready, topic, probe, None, stamp);
                     produced += 1;
                 }
                 Decision::Hold(lane, why) => {

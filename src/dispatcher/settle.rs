@@ -91,9 +91,15 @@ impl Dispatcher {
         // When the broker answered, on the dispatcher's clock: the report
         // may have waited while the dispatcher read or produced; no
         // earlier than the produce it answers.
-        let waited = stamp.at.into_std().saturating_duration_since(report.known);
+        let taken_in = stamp.at.into_std();
+        let waited = taken_in.saturating_duration_since(report.known);
         let now = stamp.wall;
-        let answered = now.saturating_sub(waited).max(sent.sent_wall);
+        // A report answered after the stamp was read (later in its batch)
+        // is that much after it.
+        let answered = now
+            .saturating_sub(waited)
+            .saturating_add(report.known.saturating_duration_since(taken_in))
+            .max(sent.sent_wall);
         let state = self.topics.states.entry(Arc::clone(&sent.topic)).or_default();
         state.in_flight -= 1;
         if stalled {

@@ -289,6 +289,9 @@ pub async fn run_with_clock(
         _ = failed.cancelled() => {}
         _ = damaged.cancelled() => {}
     }
+    // Taken now: in cluster mode the damaged store is one the node owns,
+    // and by the end of the shutdown it owns none.
+    let damage_at_stop = node.damage();
     tracing::info!("shutting down: no longer serving");
     health_task.abort();
     let _ = health_task.await;
@@ -316,7 +319,7 @@ pub async fn run_with_clock(
     let _ = hangup_task.await;
     let _ = metrics_task.await;
     producer.flush(Duration::from_secs(1)).ok();
-    if let Some(damage) = node.damage() {
+    if let Some(damage) = damage_at_stop.or_else(|| node.damage()) {
         anyhow::bail!(damage);
     }
     if failed.is_cancelled() {

@@ -199,7 +199,14 @@ async fn a_writer_that_panics_stops_the_server_and_loses_nothing_acknowledged() 
     broker.create_topic(&topic, 2).await;
     let dir = tempfile::tempdir().unwrap();
     let panics = [("HOURGLASS_FAILPOINT", "store-writer-panics@20")];
-    let (child, grpc, metrics) = spawn_serve_with(&broker, dir.path(), Stdio::piped(), &[], &panics);
+    let (mut child, grpc, metrics) = spawn_serve_with(&broker, dir.path(), Stdio::piped(), &[], &panics);
+    // Read as it is written, so that a full pipe never holds the server up.
+    let mut stderr = child.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        let mut err = String::new();
+        stderr.read_to_string(&mut err).unwrap();
+        err
+    });
     let mut server = Serve { child, grpc, metrics };
     let started = Instant::now();
     while !hourglass_testkit::listening(&server.grpc) {
@@ -225,8 +232,7 @@ async fn a_writer_that_panics_stops_the_server_and_loses_nothing_acknowledged() 
     let status =
         server.exited(Duration::from_secs(60)).expect("the server stops once its store's writer has");
     assert!(!status.success(), "it stops with a non-zero exit: {status}");
-    let mut err = String::new();
-    server.child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let err = said.join().unwrap();
     eprintln!("corruption: the writer panicked; the server stopped with {status}:\n{err}");
     assert!(
         err.contains("writer of the store in") && err.contains("restart"),
