@@ -175,12 +175,11 @@ impl Store {
 }
 
 /// What a writer thread that panicked leaves behind: the store takes no
-/// more changes, so it is reported as damage is, and the server stops
-/// (in cluster mode, for a shard it owns, handing its shards over as at
-/// any stop) rather than stay up and answer every change "the store is
-/// closed". Nothing acknowledged is
-/// lost: an answer waits for its commit, and a restart reopens the store
-/// where its last commit left it.
+/// more changes, so it is reported as damage is, and the server stops (in
+/// cluster mode, for a shard it owns, handing its shards over as at any
+/// stop) rather than stay up and answer every change "the store is
+/// closed". Nothing acknowledged is lost: an answer waits for its commit,
+/// and a restart reopens the store where its last commit left it.
 struct WriterStopped {
     damaged: CancellationToken,
     damage: Arc<Mutex<Option<String>>>,
