@@ -211,6 +211,13 @@ pub static STALE_COPIES: LazyLock<IntCounter> = LazyLock::new(|| {
          tombstones, and rebuilt from the log instead of brought up to date.",
     )
 });
+pub static STANDBYS_STOPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_standby_copies_stopped_total",
+        "Cluster mode: standby copies whose store stopped (damage found, or its writer thread gone), \
+         closed and opened again from the log offset they recorded.",
+    )
+});
 pub static LOG_SKIPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_cluster_log_offsets_skipped_total",

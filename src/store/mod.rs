@@ -116,6 +116,8 @@ struct LogPosition {
 /// The store's own threads, joined at `close`.
 struct Threads {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The writer's clock, and what stops it.
+    tick: Mutex<Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>>,
     /// The thread reading the store's checksums after it opened, if any.
     verifier: Mutex<Option<std::thread::JoinHandle<()>>>,
 }

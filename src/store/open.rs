@@ -6,6 +6,7 @@ use std::{
     sync::{
         Arc, Mutex,
         atomic::{AtomicI64, AtomicU64, Ordering},
+        mpsc::RecvTimeoutError,
     },
     time::Duration,
 };
@@ -92,9 +93,10 @@ impl Store {
             }
         })?;
         let ticks = ops.downgrade();
-        spawn("hourglass-tick", "the writer's clock", move || {
-            loop {
-                std::thread::sleep(TICK);
+        let (stop_ticks, stopped) = std::sync::mpsc::channel::<()>();
+        let tick = spawn("hourglass-tick", "the writer's clock", move || {
+            // Until the store closes (its sender dropped) or the writer is gone.
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(TICK) {
                 match ticks.upgrade() {
                     Some(ops) if ops.try_send(Op::Tick).is_ok() || !ops.is_closed() => {}
                     _ => return,
@@ -113,7 +115,11 @@ impl Store {
                 log: LogPosition { next: log_next, owner: log_owner, time: log_time_now },
                 health,
                 metrics,
-                threads: Threads { writer: Mutex::new(Some(handle)), verifier: Mutex::new(None) },
+                threads: Threads {
+                    writer: Mutex::new(Some(handle)),
+                    tick: Mutex::new(Some((stop_ticks, tick))),
+                    verifier: Mutex::new(None),
+                },
                 lifecycle: Lifecycle { damaged, damage, closing: CancellationToken::new() },
                 opened: Opened {
                     path: config.path.clone(),
@@ -162,9 +168,17 @@ impl Store {
         // RocksDB's flushes and compactions, and wait for them: the process
         // may exit while the handle is still held, and RocksDB work still
         // running then would lock mutexes that exit has destroyed.
+        // The clock stops at once, and is waited for too: a thread that ends
+        // while the process exits can abort it (glibc frees the thread's
+        // malloc arena as exit tears it down).
+        let tick = self.inner.threads.tick.lock().unwrap_or_else(|e| e.into_inner()).take();
         let verifier = self.inner.threads.verifier.lock().unwrap_or_else(|e| e.into_inner()).take();
         let store = self.clone();
         let _ = tokio::task::spawn_blocking(move || {
+            if let Some((stop, tick)) = tick {
+                drop(stop);
+                let _ = tick.join();
+            }
             if let Some(verifier) = verifier {
                 let _ = verifier.join();
             }

@@ -207,12 +207,7 @@ async fn a_writer_that_panics_stops_the_server_and_loses_nothing_acknowledged() 
         stderr.read_to_string(&mut err).unwrap();
         err
     });
-    let mut server = Serve { child, grpc, metrics };
-    let started = Instant::now();
-    while !hourglass_testkit::listening(&server.grpc) {
-        assert!(started.elapsed() < Duration::from_secs(30), "hourglass did not start listening");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut server = Serve::once_listening(child, grpc, metrics);
     let mut client = server.client().await;
     let mut acknowledged = Vec::new();
     for i in 0..200 {

@@ -1,5 +1,6 @@
 //! Standby copies: a shard's first standby takes it over from an owner
-//! that is gone before the group notices; and a standby copy that stopped
+//! that is gone before the group notices; a copy whose store stopped is
+//! opened again; and a standby copy that stopped
 //! following the log while it was kept open is rebuilt from the log when
 //! its node takes the shard over, not taken over as it is: it may have
 //! missed tombstones that compaction has erased since, and would bring
@@ -85,6 +86,69 @@ async fn a_standby_that_stopped_following_the_log_is_rebuilt_when_its_shard_is_t
         standby.metric("hourglass_cluster_stale_copies_rebuilt_total").await.unwrap(),
         1.0,
         "the copy is rebuilt from the log, not taken over"
+    );
+    let got = consume_async(&mock, &topic, ids.len(), Duration::from_secs(2)).await;
+    let mut delivered: Vec<&str> = got.iter().map(|r| r.id()).collect();
+    delivered.sort_unstable();
+    let mut wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
+    wanted.sort_unstable();
+    assert_eq!(delivered, wanted, "each scheduled message delivered once, by the node that took over");
+    standby.stop().unwrap();
+}
+
+/// A standby copy whose store's writer thread panics (the fail point
+/// `store-writer-panics`, in the standby's process only, where the copy is
+/// the only store) is closed and opened again from the log offset it
+/// recorded; the node stays up, and when the owner dies it takes the shard
+/// over from that copy (up to date, not rebuilt): every message is
+/// delivered once, those applied before the panic and those after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_copy_whose_writer_stopped_is_opened_again_and_takes_over() {
+    let mock = Mock::start(1);
+    let (topic, log_topic, group) =
+        (random_name("copy-stopped"), random_name("hourglass-log"), random_name("hourglass"));
+    mock.topic_led(&topic, 1, 1);
+    for (name, partitions) in
+        [(log_topic.clone(), 1), (format!("{log_topic}-owners"), 1), (format!("{log_topic}-ingress"), 1)]
+    {
+        mock.topic_led(&name, partitions, 1);
+    }
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut owner = node(&mock, dirs[0].path(), &log_topic, &group, 1);
+    owner.spawn().unwrap();
+    owner.wait_serving(Duration::from_secs(60)).await.unwrap();
+    let mut standby = node(&mock, dirs[1].path(), &log_topic, &group, 1);
+    standby.env("HOURGLASS_FAILPOINT", "store-writer-panics");
+    standby.spawn().unwrap();
+    standby.wait_serving(Duration::from_secs(60)).await.unwrap();
+    wait_metric(&standby, "hourglass_cluster_standbys", 1.0, Duration::from_secs(60)).await;
+
+    let mut client = reconnecting_client(&owner.grpc, Duration::from_secs(10));
+    let run = random_name("m");
+    let ids: Vec<String> = (0..20).map(|i| format!("{run}-{i}")).collect();
+    let schedule = |id: &String| proto::ScheduleRequest {
+        id: Some(id.clone()),
+        ..request(&topic, id, Duration::from_secs(30))
+    };
+    // The copy's first round of changes (the owner's records, or these)
+    // panics its writer.
+    for id in &ids[..10] {
+        client.schedule(schedule(id)).await.unwrap_or_else(|e| panic!("{id}: {e:?}"));
+    }
+    wait_metric(&standby, "hourglass_cluster_standby_copies_stopped_total", 1.0, Duration::from_secs(60))
+        .await;
+    wait_metric(&standby, "hourglass_cluster_standbys", 1.0, Duration::from_secs(60)).await;
+    for id in &ids[10..] {
+        client.schedule(schedule(id)).await.unwrap_or_else(|e| panic!("{id}: {e:?}"));
+    }
+    // Let the reopened copy apply what followed before its owner dies.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    owner.kill();
+    wait_metric(&standby, "hourglass_cluster_shards_owned", 1.0, Duration::from_secs(60)).await;
+    assert_eq!(
+        standby.metric("hourglass_cluster_stale_copies_rebuilt_total").await.unwrap(),
+        0.0,
+        "the reopened copy is taken over as it is"
     );
     let got = consume_async(&mock, &topic, ids.len(), Duration::from_secs(2)).await;
     let mut delivered: Vec<&str> = got.iter().map(|r| r.id()).collect();

@@ -29,6 +29,24 @@ pub(super) async fn keep_standbys(inner: Arc<Inner>, stop: CancellationToken) {
             let Ok(_moving) = slot.moving.try_lock() else {
                 continue;
             };
+            // A copy whose store stopped (damage found, or its writer gone)
+            // applies nothing more: it is closed, and opened again below,
+            // from the log offset it recorded.
+            let stopped = slot
+                .standby
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take_if(|view| view.store.damaged().is_cancelled());
+            if let Some(view) = stopped {
+                tracing::error!(
+                    shard,
+                    damage = view.store.damage().unwrap_or_default(),
+                    "a standby copy of the shard stopped; opening it again"
+                );
+                view.close().await;
+                metrics::STANDBYS.dec();
+                metrics::STANDBYS_STOPPED.inc();
+            }
             let elsewhere = matches!(&*slot.state.borrow(), State::Elsewhere);
             // A released shard's first standby keeps its copy until the
             // shard has a new owner: it may take the shard over.

@@ -64,11 +64,17 @@ impl Serve {
 
     /// As [`Serve::start_with`], with more environment variables.
     pub fn start_env(broker: &Broker, data_dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> Serve {
-        let (mut child, grpc, metrics) = spawn_serve_with(broker, data_dir, Stdio::inherit(), flags, env);
+        let (child, grpc, metrics) = spawn_serve_with(broker, data_dir, Stdio::inherit(), flags, env);
+        Serve::once_listening(child, grpc, metrics)
+    }
+
+    /// A server [`spawn_serve_with`] started, once its gRPC port accepts
+    /// connections.
+    pub fn once_listening(mut child: Child, grpc: String, metrics: String) -> Serve {
         let started = Instant::now();
         while !hourglass_testkit::listening(&grpc) {
             if let Some(status) = child.try_wait().unwrap() {
-                panic!("hourglass exited with {status} at start-up (its log is above)");
+                panic!("hourglass exited with {status} at start-up (see its log)");
             }
             assert!(started.elapsed() < Duration::from_secs(30), "hourglass did not start listening");
             std::thread::sleep(Duration::from_millis(50));
