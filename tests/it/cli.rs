@@ -283,6 +283,44 @@ async fn sighup_without_a_tokens_file_is_harmless() {
     assert!(server.terminate().success());
 }
 
+/// `--log-format json`: every line hourglass writes to stderr, from start
+/// to a clean stop, is one JSON object with the time, level, target and
+/// message, and the event's fields beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    use std::io::BufRead as _;
+
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, grpc, metrics) = spawn_serve_with(
+        &broker,
+        dir.path(),
+        std::process::Stdio::piped(),
+        &["--log-format", "json"],
+        &[("HOURGLASS_LOG", "info")],
+    );
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let lines = std::thread::spawn(move || stderr.lines().map(Result::unwrap).collect::<Vec<String>>());
+    let server = Serve::once_listening(child, grpc.clone(), metrics);
+    assert!(server.terminate().success());
+    let lines = lines.join().unwrap();
+    assert!(lines.len() >= 3, "a start and a stop: {lines:#?}");
+    let events: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    for event in &events {
+        for key in ["timestamp", "level", "target", "message"] {
+            assert!(event[key].is_string(), "{key} in {event}");
+        }
+    }
+    let serving = events.iter().find(|e| e["message"] == "hourglass is serving").expect("the serving line");
+    assert_eq!(serving["grpc_addr"], grpc.as_str(), "an event's fields sit beside its message");
+    assert_eq!(serving["level"], "INFO");
+    assert_eq!(serving["target"], "hourglass::server");
+    assert!(events.iter().any(|e| e["message"] == "shut down cleanly"), "{lines:#?}");
+}
+
 /// A password with every character that has tripped a parser.
 const PASSWORD: &str = "Pw1,Xq9=Zk\"Jj";
 

@@ -37,7 +37,9 @@ fn serve_options() -> (BTreeSet<String>, BTreeSet<String>) {
     for line in help.lines() {
         if let Some(long) = line.trim_start().strip_prefix("--").and_then(|l| l.split([' ', '=']).next()) {
             match long {
-                "config" | "print-config" | "help" => {}
+                // The binary's own, for every subcommand: not a setting
+                // of the server's (like HOURGLASS_LOG, its filter).
+                "config" | "print-config" | "help" | "log-format" => {}
                 "kafka-property" => drop(keys.insert("kafka_properties".to_owned())),
                 other => drop(keys.insert(other.replace('-', "_"))),
             }

@@ -17,6 +17,18 @@ use hourglass::{
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How hourglass logs to stderr: text, a line per event for people;
+    /// json, one object per line for a log pipeline (docs/CONFIGURATION.md
+    /// lists its fields).
+    #[arg(long, global = true, env = "HOURGLASS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

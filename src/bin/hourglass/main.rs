@@ -15,7 +15,7 @@ use clap::{CommandFactory as _, FromArgMatches as _};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use cli::{Cli, Command, ServeArgs};
+use cli::{Cli, Command, LogFormat, ServeArgs};
 
 hourglass::memory::jemalloc!();
 
@@ -25,17 +25,7 @@ fn main() -> ExitCode {
     if let Command::Bench(args) = cli.command {
         return bench(args.args);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("HOURGLASS_LOG")
-                .unwrap_or_else(|_| EnvFilter::new("info,librdkafka=warn")),
-        )
-        .with_writer(std::io::stderr)
-        // Colours for a person at a terminal; none in a log file or a pipe.
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none(),
-        )
-        .init();
+    log_to_stderr(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -65,6 +55,26 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `HOURGLASS_LOG`: lines for people (coloured
+/// at a terminal, unless `NO_COLOR`), or one JSON object per event with
+/// the spans it happened in.
+fn log_to_stderr(format: LogFormat) {
+    let filter =
+        EnvFilter::try_from_env("HOURGLASS_LOG").unwrap_or_else(|_| EnvFilter::new("info,librdkafka=warn"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none(),
+            )
+            .init(),
+        LogFormat::Json => {
+            logs.json().flatten_event(true).with_current_span(true).with_span_list(true).init()
         }
     }
 }
