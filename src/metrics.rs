@@ -649,6 +649,7 @@ pub fn init() {
     LazyLock::force(&LOG_APPEND_SECONDS);
     LazyLock::force(&LOG_APPLY_WAIT_SECONDS);
     LazyLock::force(&STALE_COPIES);
+    LazyLock::force(&STANDBYS_STOPPED);
 }
 
 /// The Prometheus text exposition of every metric.

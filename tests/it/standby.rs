@@ -31,21 +31,83 @@ use crate::{
     let_go::{consume_async, node, wait_metric},
 };
 
+/// A one-shard cluster on a mock broker (the log has one partition), its
+/// first node up and owning the shard; a second node's directory ready.
+struct OneShard {
+    mock: Mock,
+    topic: String,
+    log_topic: String,
+    group: String,
+    dirs: [tempfile::TempDir; 2],
+    owner: ServerProcess,
+}
+
+impl OneShard {
+    async fn start(name: &str) -> OneShard {
+        let mock = Mock::start(1);
+        let (topic, log_topic, group) =
+            (random_name(name), random_name("hourglass-log"), random_name("hourglass"));
+        mock.topic_led(&topic, 1, 1);
+        for (name, partitions) in
+            [(log_topic.clone(), 1), (format!("{log_topic}-owners"), 1), (format!("{log_topic}-ingress"), 1)]
+        {
+            mock.topic_led(&name, partitions, 1);
+        }
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let mut owner = node(&mock, dirs[0].path(), &log_topic, &group, 1);
+        owner.spawn().unwrap();
+        owner.wait_serving(Duration::from_secs(60)).await.unwrap();
+        OneShard { mock, topic, log_topic, group, dirs, owner }
+    }
+
+    /// The second node, with `HOURGLASS_FAILPOINT` set to `failpoint`, up
+    /// and keeping its standby copy of the shard.
+    async fn standby(&self, failpoint: &str) -> ServerProcess {
+        let mut standby = node(&self.mock, self.dirs[1].path(), &self.log_topic, &self.group, 1);
+        standby.env("HOURGLASS_FAILPOINT", failpoint);
+        standby.spawn().unwrap();
+        standby.wait_serving(Duration::from_secs(60)).await.unwrap();
+        wait_metric(&standby, "hourglass_cluster_standbys", 1.0, Duration::from_secs(60)).await;
+        standby
+    }
+
+    /// Schedules `ids` through the owner, due `after` from now.
+    async fn schedule(&self, ids: &[String], after: Duration) {
+        let mut client = reconnecting_client(&self.owner.grpc, Duration::from_secs(10));
+        for id in ids {
+            let request = proto::ScheduleRequest { id: Some(id.clone()), ..request(&self.topic, id, after) };
+            client.schedule(request).await.unwrap_or_else(|e| panic!("{id}: {e:?}"));
+        }
+    }
+
+    /// Kills the owner; `standby` takes the shard, and every one of `ids`
+    /// is delivered once. Whether its copy was rebuilt from the log, not
+    /// taken over as it was: `rebuilt`.
+    async fn owner_dies(&mut self, standby: &ServerProcess, ids: &[String], rebuilt: bool) {
+        self.owner.kill();
+        wait_metric(standby, "hourglass_cluster_shards_owned", 1.0, Duration::from_secs(60)).await;
+        assert_eq!(
+            standby.metric("hourglass_cluster_stale_copies_rebuilt_total").await.unwrap(),
+            if rebuilt { 1.0 } else { 0.0 },
+            "the copy rebuilt from the log ({rebuilt}) rather than taken over as it was"
+        );
+        let got = consume_async(&self.mock, &self.topic, ids.len(), Duration::from_secs(2)).await;
+        let mut delivered: Vec<&str> = got.iter().map(|r| r.id()).collect();
+        delivered.sort_unstable();
+        let mut wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
+        wanted.sort_unstable();
+        assert_eq!(delivered, wanted, "each scheduled message delivered once, by the node that took over");
+    }
+}
+
+fn run_ids(n: usize) -> Vec<String> {
+    let run = random_name("m");
+    (0..n).map(|i| format!("{run}-{i}")).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_standby_that_stopped_following_the_log_is_rebuilt_when_its_shard_is_taken() {
-    let mock = Mock::start(1);
-    let (topic, log_topic, group) =
-        (random_name("standby"), random_name("hourglass-log"), random_name("hourglass"));
-    mock.topic_led(&topic, 1, 1);
-    for (name, partitions) in
-        [(log_topic.clone(), 1), (format!("{log_topic}-owners"), 1), (format!("{log_topic}-ingress"), 1)]
-    {
-        mock.topic_led(&name, partitions, 1);
-    }
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let mut owner = node(&mock, dirs[0].path(), &log_topic, &group, 1);
-    owner.spawn().unwrap();
-    owner.wait_serving(Duration::from_secs(60)).await.unwrap();
+    let mut cluster = OneShard::start("standby").await;
     // A record as hourglass writes it (a message recorded as failed), two
     // days old by its timestamp, last in the log.
     let two_days_ago = now_ms() - 2 * 24 * 3_600_000;
@@ -60,102 +122,39 @@ async fn a_standby_that_stopped_following_the_log_is_rebuilt_when_its_shard_is_t
         })),
     };
     let producer: FutureProducer =
-        ClientConfig::new().set("bootstrap.servers", mock.bootstrap()).create().unwrap();
-    append_sealed(&producer, &log_topic, 0, "long-ago", &failed, two_days_ago).await;
-    let mut standby = node(&mock, dirs[1].path(), &log_topic, &group, 1);
-    standby.env("HOURGLASS_FAILPOINT", "log-reader-stalls");
-    standby.spawn().unwrap();
-    standby.wait_serving(Duration::from_secs(60)).await.unwrap();
-    wait_metric(&standby, "hourglass_cluster_standbys", 1.0, Duration::from_secs(60)).await;
+        ClientConfig::new().set("bootstrap.servers", cluster.mock.bootstrap()).create().unwrap();
+    append_sealed(&producer, &cluster.log_topic, 0, "long-ago", &failed, two_days_ago).await;
+    let mut standby = cluster.standby("log-reader-stalls").await;
     // The copy reads the log to its end, finds nothing more within a
     // quarter of a second, and stops there.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The log goes on past what the standby applied.
-    let mut client = reconnecting_client(&owner.grpc, Duration::from_secs(10));
-    let run = random_name("m");
-    let ids: Vec<String> = (0..10).map(|i| format!("{run}-{i}")).collect();
-    for id in &ids {
-        let request =
-            proto::ScheduleRequest { id: Some(id.clone()), ..request(&topic, id, Duration::from_secs(20)) };
-        client.schedule(request).await.unwrap_or_else(|e| panic!("{id}: {e:?}"));
-    }
-    owner.kill();
-    wait_metric(&standby, "hourglass_cluster_shards_owned", 1.0, Duration::from_secs(60)).await;
-    assert_eq!(
-        standby.metric("hourglass_cluster_stale_copies_rebuilt_total").await.unwrap(),
-        1.0,
-        "the copy is rebuilt from the log, not taken over"
-    );
-    let got = consume_async(&mock, &topic, ids.len(), Duration::from_secs(2)).await;
-    let mut delivered: Vec<&str> = got.iter().map(|r| r.id()).collect();
-    delivered.sort_unstable();
-    let mut wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
-    wanted.sort_unstable();
-    assert_eq!(delivered, wanted, "each scheduled message delivered once, by the node that took over");
+    let ids = run_ids(10);
+    cluster.schedule(&ids, Duration::from_secs(20)).await;
+    cluster.owner_dies(&standby, &ids, true).await;
     standby.stop().unwrap();
 }
 
 /// A standby copy whose store's writer thread panics (the fail point
-/// `store-writer-panics`, in the standby's process only, where the copy is
-/// the only store) is closed and opened again from the log offset it
-/// recorded; the node stays up, and when the owner dies it takes the shard
-/// over from that copy (up to date, not rebuilt): every message is
-/// delivered once, those applied before the panic and those after.
+/// `store-writer-panics` at its third round of changes, in the standby's
+/// process only, where the copy is the only store: after it has applied
+/// some of the log) is closed and opened again, and goes on from the log
+/// offset it recorded; the node stays up, and when the owner dies it takes
+/// the shard over from that copy (up to date, not rebuilt): every message
+/// is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_standby_copy_whose_writer_stopped_is_opened_again_and_takes_over() {
-    let mock = Mock::start(1);
-    let (topic, log_topic, group) =
-        (random_name("copy-stopped"), random_name("hourglass-log"), random_name("hourglass"));
-    mock.topic_led(&topic, 1, 1);
-    for (name, partitions) in
-        [(log_topic.clone(), 1), (format!("{log_topic}-owners"), 1), (format!("{log_topic}-ingress"), 1)]
-    {
-        mock.topic_led(&name, partitions, 1);
-    }
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let mut owner = node(&mock, dirs[0].path(), &log_topic, &group, 1);
-    owner.spawn().unwrap();
-    owner.wait_serving(Duration::from_secs(60)).await.unwrap();
-    let mut standby = node(&mock, dirs[1].path(), &log_topic, &group, 1);
-    standby.env("HOURGLASS_FAILPOINT", "store-writer-panics");
-    standby.spawn().unwrap();
-    standby.wait_serving(Duration::from_secs(60)).await.unwrap();
-    wait_metric(&standby, "hourglass_cluster_standbys", 1.0, Duration::from_secs(60)).await;
-
-    let mut client = reconnecting_client(&owner.grpc, Duration::from_secs(10));
-    let run = random_name("m");
-    let ids: Vec<String> = (0..20).map(|i| format!("{run}-{i}")).collect();
-    let schedule = |id: &String| proto::ScheduleRequest {
-        id: Some(id.clone()),
-        ..request(&topic, id, Duration::from_secs(30))
-    };
-    // The copy's first round of changes (the owner's records, or these)
-    // panics its writer.
-    for id in &ids[..10] {
-        client.schedule(schedule(id)).await.unwrap_or_else(|e| panic!("{id}: {e:?}"));
-    }
+    let mut cluster = OneShard::start("copy-stopped").await;
+    let mut standby = cluster.standby("store-writer-panics@3").await;
+    // One at a time: each a record of the log, applied by the copy in a
+    // round of its own or a few together.
+    let ids = run_ids(20);
+    cluster.schedule(&ids, Duration::from_secs(30)).await;
     wait_metric(&standby, "hourglass_cluster_standby_copies_stopped_total", 1.0, Duration::from_secs(60))
         .await;
     wait_metric(&standby, "hourglass_cluster_standbys", 1.0, Duration::from_secs(60)).await;
-    for id in &ids[10..] {
-        client.schedule(schedule(id)).await.unwrap_or_else(|e| panic!("{id}: {e:?}"));
-    }
-    // Let the reopened copy apply what followed before its owner dies.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    owner.kill();
-    wait_metric(&standby, "hourglass_cluster_shards_owned", 1.0, Duration::from_secs(60)).await;
-    assert_eq!(
-        standby.metric("hourglass_cluster_stale_copies_rebuilt_total").await.unwrap(),
-        0.0,
-        "the reopened copy is taken over as it is"
-    );
-    let got = consume_async(&mock, &topic, ids.len(), Duration::from_secs(2)).await;
-    let mut delivered: Vec<&str> = got.iter().map(|r| r.id()).collect();
-    delivered.sort_unstable();
-    let mut wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
-    wanted.sort_unstable();
-    assert_eq!(delivered, wanted, "each scheduled message delivered once, by the node that took over");
+    cluster.owner_dies(&standby, &ids, false).await;
     standby.stop().unwrap();
 }
 

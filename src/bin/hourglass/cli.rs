@@ -20,7 +20,14 @@ pub struct Cli {
     /// How hourglass logs to stderr: text, a line per event for people;
     /// json, one object per line for a log pipeline (docs/CONFIGURATION.md
     /// lists its fields).
-    #[arg(long, global = true, env = "HOURGLASS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(
+        long,
+        global = true,
+        env = "HOURGLASS_LOG_FORMAT",
+        value_enum,
+        ignore_case = true,
+        default_value_t = LogFormat::Text
+    )]
     pub log_format: LogFormat,
 }
 

@@ -53,7 +53,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            match cli.log_format {
+                LogFormat::Text => eprintln!("error: {e:#}"),
+                LogFormat::Json => tracing::error!("{e:#}"),
+            }
             ExitCode::FAILURE
         }
     }
@@ -74,7 +77,12 @@ fn log_to_stderr(format: LogFormat) {
             )
             .init(),
         LogFormat::Json => {
-            logs.json().flatten_event(true).with_current_span(true).with_span_list(true).init()
+            logs.json().flatten_event(true).with_current_span(true).with_span_list(true).init();
+            // A panic is an event like any other, not text among the JSON.
+            std::panic::set_hook(Box::new(|panic| {
+                let thread = std::thread::current();
+                tracing::error!(thread = thread.name().unwrap_or("unnamed"), "{panic}");
+            }));
         }
     }
 }

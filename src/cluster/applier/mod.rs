@@ -712,6 +712,12 @@ impl View {
         self.store.log_owner() == 0 && self.released_clean.load(Ordering::Acquire)
     }
 
+    /// What stopped this copy's store, if it stopped (damage found, or
+    /// its writer thread gone): it applies nothing more.
+    pub(crate) fn stopped(&self) -> Option<String> {
+        self.store.damaged().is_cancelled().then(|| self.store.damage().unwrap_or_default())
+    }
+
     /// Whether this copy fell further behind the log than it may be
     /// brought up to date from (see [`STALE_AFTER`]).
     pub(crate) async fn stale(&self) -> bool {

@@ -22,6 +22,10 @@ use crate::{metrics, store::StoreHealth};
 /// Checked when the routing topic changes, and every few seconds.
 pub(super) async fn keep_standbys(inner: Arc<Inner>, stop: CancellationToken) {
     const EVERY: Duration = Duration::from_secs(5);
+    // Per shard: copies that stopped here, and when the last did. A copy
+    // that keeps stopping (damage its files still hold) is opened again
+    // after longer and longer waits.
+    let mut stops: Vec<(u32, Option<Instant>)> = vec![(0, None); inner.slots.len()];
     loop {
         let wanted = inner.routes.standby_for(inner.config.standby_replicas);
         for (shard, slot) in inner.slots.iter().enumerate() {
@@ -36,23 +40,30 @@ pub(super) async fn keep_standbys(inner: Arc<Inner>, stop: CancellationToken) {
                 .standby
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .take_if(|view| view.store.damaged().is_cancelled());
+                .take_if(|view| view.stopped().is_some());
             if let Some(view) = stopped {
+                let (count, last) = &mut stops[shard];
+                // Counted afresh after an hour without one.
+                *count = if last.is_some_and(|at| at.elapsed() < STOPS_FORGOTTEN) { *count + 1 } else { 1 };
+                *last = Some(Instant::now());
                 tracing::error!(
                     shard,
-                    damage = view.store.damage().unwrap_or_default(),
-                    "a standby copy of the shard stopped; opening it again"
+                    damage = view.stopped().unwrap_or_default(),
+                    reopen_in = ?reopen_after(*count),
+                    "a standby copy of the shard stopped; it is opened again"
                 );
                 view.close().await;
                 metrics::STANDBYS.dec();
                 metrics::STANDBYS_STOPPED.inc();
+                inner.moved(shard, "standby stopped");
             }
             let elsewhere = matches!(&*slot.state.borrow(), State::Elsewhere);
             // A released shard's first standby keeps its copy until the
             // shard has a new owner: it may take the shard over.
             let keep = elsewhere && (wanted.contains(&(shard as u32)) || inner.watched.watches(shard));
             let kept = slot.standby.lock().unwrap_or_else(|e| e.into_inner()).is_some();
-            if keep && !kept {
+            let waiting = matches!(stops[shard], (count, Some(at)) if at.elapsed() < reopen_after(count));
+            if keep && !kept && !waiting {
                 match inner.view(shard).await {
                     Ok(view) => {
                         *slot.standby.lock().unwrap_or_else(|e| e.into_inner()) = Some(view);
@@ -84,6 +95,20 @@ pub(super) async fn keep_standbys(inner: Arc<Inner>, stop: CancellationToken) {
             view.close().await;
             metrics::STANDBYS.dec();
         }
+    }
+}
+
+/// After this long without a copy of a shard stopping, its stops are
+/// counted afresh.
+const STOPS_FORGOTTEN: Duration = Duration::from_secs(3_600);
+
+/// How long a standby copy that stopped `count` times in a row waits to
+/// be opened again: none the first time (the next look, within 5 s), then
+/// twice as long each time from 10 s, at most 10 minutes.
+fn reopen_after(count: u32) -> Duration {
+    match count {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(5u64 << (n - 1).min(7)).min(Duration::from_secs(600)),
     }
 }
 

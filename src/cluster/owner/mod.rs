@@ -495,6 +495,14 @@ impl Inner {
         let ahead =
             self.ahead.take(shard).map(Ok).or_else(|| self.shards.producer.ahead_for_shard(shard as u32));
         let view = match standby {
+            // Stopped since it was last looked at: opened again, it goes
+            // on from the log offset it recorded.
+            Some(view) if let Some(damage) = view.stopped() => {
+                tracing::error!(shard, damage, "the standby copy of the shard stopped: opening it again");
+                metrics::STANDBYS_STOPPED.inc();
+                view.close().await;
+                self.view(shard).await?
+            }
             Some(view) if !view.stale().await => view,
             Some(view) => {
                 // Kept open, it stopped following the log long ago: opened
