@@ -85,27 +85,34 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
             held.push(socket);
         }
     });
-    let routing = route::topic_of(&log_topic);
-    let producer = native_producer(&broker);
-    for shard in &hung {
-        let value = Route {
-            writer: 0x51_1e47,
-            addr: silent.clone(),
-            at_ms: now_ms() as u64,
-            released: false,
-            ..Default::default()
+    // Said again every 300 ms: the second node says where its shards are
+    // every third of a session timeout (2 s here), which would end the
+    // detour before a call finds it on a busy machine.
+    let (routing, producer, forged) = (route::topic_of(&log_topic), native_producer(&broker), hung.clone());
+    let forging = tokio::spawn(async move {
+        loop {
+            for shard in &forged {
+                let value = Route {
+                    writer: 0x51_1e47,
+                    addr: silent.clone(),
+                    at_ms: now_ms() as u64,
+                    released: false,
+                    ..Default::default()
+                }
+                .encode_to_vec();
+                let shard_key = route::key(*shard);
+                let seal = key.seal(&routing, 0, Some(&shard_key), Some(&value));
+                let headers = OwnedHeaders::new().insert(Header { key: SEAL_HEADER, value: Some(&seal) });
+                let record = FutureRecord::<[u8], [u8]>::to(&routing)
+                    .partition(0)
+                    .key(&shard_key)
+                    .payload(&value)
+                    .headers(headers);
+                producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        .encode_to_vec();
-        let shard_key = route::key(*shard);
-        let seal = key.seal(&routing, 0, Some(&shard_key), Some(&value));
-        let headers = OwnedHeaders::new().insert(Header { key: SEAL_HEADER, value: Some(&seal) });
-        let record = FutureRecord::<[u8], [u8]>::to(&routing)
-            .partition(0)
-            .key(&shard_key)
-            .payload(&value)
-            .headers(headers);
-        producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
-    }
+    });
     // Once the first node routes there, a call with a deadline runs out.
     let began = Instant::now();
     loop {
@@ -179,6 +186,7 @@ async fn a_node_that_never_answers_costs_only_its_own_shards() {
         "{refused} of the sixteen refused at once, {answered} answered otherwise, {metric} forwards refused"
     );
     waiting.abort_all();
+    forging.abort();
     holding.abort();
     for n in &mut nodes {
         n.stop().unwrap();
