@@ -82,6 +82,7 @@ pub(crate) mod console;
 pub(crate) mod dispatcher;
 mod error;
 pub(crate) mod failpoint;
+pub(crate) mod ingress;
 pub mod kafka;
 pub mod memory;
 pub mod message;

@@ -82,10 +82,11 @@ start_node() {
   say "node $i on $(grpc_of "$i") (pid $(pid_of "$i"), log: $state/node-$i.log)"
 }
 
-# How the node of pid $1 ended, from its exit file (waiting a moment for it).
+# How the node of pid $1 ended, from its exit file (waiting up to 5 s for
+# it: on a busy machine the subshell that writes it may be slow to run).
 how_it_ended() {
   local status=""
-  for _ in $(seq 20); do
+  for _ in $(seq 100); do
     status="$(cat "$state/exit-$1" 2>/dev/null || true)"
     [ -n "$status" ] && break
     sleep 0.05

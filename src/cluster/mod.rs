@@ -36,7 +36,6 @@ mod everywhere;
 mod forward;
 pub(crate) mod front;
 pub(crate) mod gate;
-pub mod ingress;
 pub mod kafka;
 pub(crate) mod lease;
 pub mod log;
@@ -50,7 +49,6 @@ mod vouch;
 pub(crate) mod waiters;
 
 pub use forward::{Router, SeriesRouter};
-pub use ingress::{Ingress, IngressTopic};
 pub use kafka::{GroupConfig, LogTopic, TopicError};
 pub use log::seal::{ClusterKey, KeyError};
 pub use owner::{Cluster, Place, Shards};
@@ -79,8 +77,6 @@ pub struct ClusterConfig {
     pub standby_replicas: usize,
     /// What seals the records of this cluster (`--cluster-key-file`).
     pub key: ClusterKey,
-    /// Where Kafka-native schedules come from, each with its grant.
-    pub ingress: Vec<IngressTopic>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +87,4 @@ pub enum ClusterError {
     Log(String),
     #[error("the consumer group: {0}")]
     Group(String),
-    #[error("Kafka-native schedules: {0}")]
-    Ingress(String),
 }

@@ -28,6 +28,10 @@ impl ShardSet for Cluster {
         self.owns(shard)
     }
 
+    async fn served(&self, shard: usize) -> CancellationToken {
+        self.owned_while(shard).await
+    }
+
     async fn reader(&self, shard: usize) -> Result<Reader, StoreError> {
         Ok(self.owner_of(shard).await?.store().reader())
     }

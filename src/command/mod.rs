@@ -17,4 +17,4 @@ pub(crate) use dispatch::{DeadLettered, DueBatch, Handed, InDoubt, Outcome, Read
 pub(crate) use due::DispatchKey;
 pub use error::StoreError;
 pub(crate) use record::{HeaderRecord, LabelRecord, MessageRecord};
-pub(crate) use table::{Place, Row, RowValue, Spread, Table};
+pub(crate) use table::{IngressPosition, Place, Row, RowValue, Spread, Table};

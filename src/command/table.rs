@@ -17,6 +17,9 @@ pub enum Table {
     Series,
     /// Dispatch policies (`crate::policy`), by `PolicyKey`.
     Policy,
+    /// How far each partition of an ingress topic was read
+    /// (`crate::ingress`), by topic and partition.
+    Ingress,
 }
 
 /// Where a table's rows live.
@@ -32,11 +35,11 @@ pub enum Spread {
 
 impl Table {
     /// Every table, for whoever must walk them all.
-    pub const ALL: [Table; 2] = [Table::Series, Table::Policy];
+    pub const ALL: [Table; 3] = [Table::Series, Table::Policy, Table::Ingress];
 
     pub fn spread(self) -> Spread {
         match self {
-            Table::Series => Spread::Shard,
+            Table::Series | Table::Ingress => Spread::Shard,
             Table::Policy => Spread::Everywhere,
         }
     }
@@ -57,6 +60,10 @@ impl Table {
                 RowValue::Put(bytes) => crate::policy::row_reads(key, bytes),
                 RowValue::Delete | RowValue::Keep => false,
             },
+            Table::Ingress => match value {
+                RowValue::Put(bytes) => IngressPosition::read(key, bytes).is_some(),
+                RowValue::Delete | RowValue::Keep => false,
+            },
         }
     }
 
@@ -66,7 +73,7 @@ impl Table {
     /// in).
     pub fn order(self, bytes: &[u8]) -> (u64, Vec<u8>) {
         let at = match self {
-            Table::Series => 0,
+            Table::Series | Table::Ingress => 0,
             Table::Policy => crate::policy::changed_at(bytes),
         };
         (at, bytes.to_vec())
@@ -77,6 +84,57 @@ impl Table {
         match self {
             Table::Series => format!("series {}", String::from_utf8_lossy(key)),
             Table::Policy => crate::policy::describe_row(key),
+            Table::Ingress => IngressPosition::describe(key),
+        }
+    }
+}
+
+/// A row of [`Table::Ingress`]: partition `partition` of the ingress topic
+/// `topic` was read up to `next`, the offset of the next record to read.
+/// Keyed by the topic, a 0 (Kafka's topic names never hold one) and the
+/// partition; its bytes are `next`, both big-endian.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct IngressPosition {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    pub(crate) next: i64,
+}
+
+impl IngressPosition {
+    /// The key of `partition` of `topic`.
+    pub(crate) fn key(topic: &str, partition: i32) -> Vec<u8> {
+        let mut key = Vec::with_capacity(topic.len() + 5);
+        key.extend_from_slice(topic.as_bytes());
+        key.push(0);
+        key.extend_from_slice(&partition.to_be_bytes());
+        key
+    }
+
+    /// The row that says so.
+    pub(crate) fn row(&self) -> Row {
+        Row::put(Table::Ingress, Self::key(&self.topic, self.partition), self.next.to_be_bytes().to_vec())
+    }
+
+    /// A row read back; none if it does not read.
+    pub(crate) fn read(key: &[u8], bytes: &[u8]) -> Option<IngressPosition> {
+        let (topic, partition) = key.split_last_chunk::<4>()?;
+        let topic = std::str::from_utf8(topic.strip_suffix(&[0])?).ok()?;
+        let next = i64::from_be_bytes(bytes.try_into().ok()?);
+        (!topic.is_empty() && next >= 0).then(|| IngressPosition {
+            topic: topic.to_owned(),
+            partition: i32::from_be_bytes(*partition),
+            next,
+        })
+    }
+
+    fn describe(key: &[u8]) -> String {
+        match key.split_last_chunk::<4>() {
+            Some((topic, partition)) => format!(
+                "the read position of partition {} of the ingress topic {}",
+                i32::from_be_bytes(*partition),
+                String::from_utf8_lossy(topic.strip_suffix(&[0]).unwrap_or(topic))
+            ),
+            None => format!("the read position {:?}", String::from_utf8_lossy(key)),
         }
     }
 }

@@ -367,12 +367,13 @@ settings! {
             /// nodes of one cluster [default: standalone, an id of each
             /// store's own; cluster mode, <group-id>-<log-topic>].
             transactional_id: String as "PREFIX", "HOURGLASS_TRANSACTIONAL_ID";
-            /// Cluster mode: the ingress topics Kafka-native schedules are
-            /// produced to, comma-separated, each TOPIC or TOPIC=GRANT: GRANT
-            /// names an entry of --auth-tokens, whose topics and tenant the
-            /// records get (required with --auth-tokens); `none` reads none.
-            /// Created when missing [default: <log-topic>-ingress, and none
-            /// with --auth-tokens].
+            /// The ingress topics Kafka-native schedules are produced to,
+            /// comma-separated, each TOPIC or TOPIC=GRANT: GRANT names an
+            /// entry of --auth-tokens, whose topics and tenant the records
+            /// get (required with --auth-tokens); `none` reads none. Created
+            /// when missing (with --log-partitions partitions in cluster
+            /// mode, --shards standalone) [default: standalone, none; cluster
+            /// mode, <log-topic>-ingress, and none with --auth-tokens].
             ingress: String as "TOPIC[=GRANT],...", "HOURGLASS_INGRESS";
             /// Cluster mode: where the other nodes reach this one's gRPC
             /// port, as a URL (http://host:port, https:// with TLS); a node
@@ -468,27 +469,27 @@ impl ConfigError {
 }
 
 impl Config {
-    /// The topics hourglass writes itself and no message may name (see
-    /// [`crate::message::ReservedTopics`]): in cluster mode the schedule
-    /// log, its routing topic and the ingress topics; none standalone.
+    /// The topics hourglass reads or writes itself and no message may name
+    /// (see [`crate::message::ReservedTopics`]): the ingress topics, and in
+    /// cluster mode the schedule log and its routing topic.
     pub fn reserved_topics(&self) -> Vec<String> {
-        if !self.cluster {
-            return Vec::new();
-        }
         let log = self.log_topic.trim();
-        let mut topics = vec![log.to_owned(), format!("{log}-owners")];
+        let mut topics = match self.cluster {
+            true => vec![log.to_owned(), format!("{log}-owners")],
+            false => Vec::new(),
+        };
         // Settings that do not validate are refused before this is asked.
         topics.extend(self.ingress_topics().unwrap_or_default().into_iter().map(|(topic, _)| topic));
         topics
     }
 
-    /// Cluster mode: the ingress topics and the grant each is mapped to,
-    /// as --ingress says (see its help), defaults applied.
+    /// The ingress topics and the grant each is mapped to, as --ingress
+    /// says (see its help), defaults applied.
     pub fn ingress_topics(&self) -> Result<Vec<(String, Option<String>)>, ConfigError> {
         let Some(list) = &self.ingress else {
-            return Ok(match self.auth_tokens {
-                Some(_) => Vec::new(),
-                None => vec![(format!("{}-ingress", self.log_topic.trim()), None)],
+            return Ok(match (self.cluster, &self.auth_tokens) {
+                (true, None) => vec![(format!("{}-ingress", self.log_topic.trim()), None)],
+                _ => Vec::new(),
             });
         };
         if list.trim() == "none" {
@@ -505,7 +506,7 @@ impl Config {
             if topic.is_empty() || !topic.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
                 return bad("is no topic name (letters, digits, '.', '_' and '-')".into());
             }
-            if topic == self.log_topic || topic == format!("{}-owners", self.log_topic) {
+            if self.cluster && (topic == self.log_topic || topic == format!("{}-owners", self.log_topic)) {
                 return bad("is a topic only the nodes write (the schedule log or its routing topic)".into());
             }
             match grant {
@@ -606,8 +607,8 @@ impl Config {
                 return Err(ConfigError::out_of_range(
                     "dead_letter_topic",
                     format!(
-                        "is {topic:?}, a topic only the nodes write (the schedule log, its routing topic or an \
-                         ingress topic); name another"
+                        "is {topic:?}, a topic hourglass reads or writes itself (an ingress topic, the schedule \
+                         log or its routing topic); name another"
                     ),
                 ));
             }
@@ -679,7 +680,6 @@ impl Config {
                         .into(),
                 ));
             }
-            self.ingress_topics()?;
             match &self.advertise_addr {
                 Some(addr) => check_advertised(addr)?,
                 None if self.listen.ip().is_unspecified() => {
@@ -694,13 +694,7 @@ impl Config {
                 None => {}
             }
         }
-        if !self.cluster && self.ingress.is_some() {
-            return Err(ConfigError::Clash(
-                "--ingress names the topics Kafka-native schedules are read from in cluster mode; set --cluster \
-                 too, or drop it"
-                    .into(),
-            ));
-        }
+        self.ingress_topics()?;
         match (&self.transactional_id, self.delivery) {
             (Some(_), DeliveryMode::Idempotent) => {
                 return Err(ConfigError::Clash(

@@ -295,5 +295,13 @@ fn ingress_topics_default_to_the_log_s_without_tokens_and_need_a_grant_with_them
     refused("hourglass-log-owners", &clustered(), "only the nodes write");
     refused("a,a", &clustered(), "twice");
     refused("no spaces", &clustered(), "no topic name");
-    refused("orders-in", &Config::default(), "cluster mode");
+    // Standalone: none unless named, the same rules, and no log to clash with.
+    assert!(topics(Config::default()).is_empty());
+    let standalone = Config { ingress: Some("orders-in".into()), ..Config::default() };
+    assert_eq!(topics(standalone.clone()), [("orders-in".to_owned(), None)]);
+    assert_eq!(standalone.reserved_topics(), ["orders-in"], "no message may be delivered to it");
+    assert!(Config { ingress: Some("hourglass-log".into()), ..Config::default() }.validate().is_ok());
+    let standalone_tokens = Config { auth_tokens: Some("tokens.toml".into()), ..Config::default() };
+    refused("orders-in", &standalone_tokens, "names no grant");
+    refused("orders-in=orders", &Config::default(), "no --auth-tokens");
 }

@@ -106,6 +106,10 @@ impl ShardSet for LocalShards {
         true
     }
 
+    async fn served(&self, _shard: usize) -> CancellationToken {
+        self.stop.child_token()
+    }
+
     async fn reader(&self, shard: usize) -> Result<Reader, StoreError> {
         Ok(self.store_of(shard).reader())
     }

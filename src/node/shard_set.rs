@@ -28,6 +28,12 @@ pub trait ShardSet: Send + Sync {
     /// Whether this process serves `shard` now.
     fn serves(&self, shard: usize) -> bool;
 
+    /// Waits until this process serves `shard`, and returns a token
+    /// cancelled once it no longer serves it as it does now (in a cluster,
+    /// the shard moved away, or moved away and back), or by the caller.
+    /// Standalone, at once, until the node stops.
+    async fn served(&self, shard: usize) -> CancellationToken;
+
     /// What `shard`'s store answers its readers, once this process
     /// serves it (waiting a bounded time while it moves). Its changes go
     /// through the calls below.

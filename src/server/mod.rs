@@ -32,9 +32,10 @@ use crate::{
     api::{ApiConfig, Budget, Local, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
-    cluster::{Cluster, ClusterConfig, Ingress, Router, SeriesRouter, Shards, Voucher},
+    cluster::{Cluster, ClusterConfig, Router, SeriesRouter, Shards, Voucher, kafka::IngressFeed},
     config::Config,
     console::{self, Console},
+    ingress::{self, Ingress},
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
     node::{LocalShards, Node, NodeConfig, ShardSet},
@@ -114,15 +115,16 @@ pub async fn run_with_clock(
         Some(cluster) => auth.vouched_by(Arc::new(Voucher::new(cluster.key.clone()))),
         None => auth,
     };
-    // Before joining the group: an ingress topic whose grant the tokens
-    // file does not list is refused at once.
-    for ingress in cluster_config.iter().flat_map(|c| &c.ingress) {
-        if let Err(why) = auth.named(ingress.grant.as_deref()) {
-            anyhow::bail!("--ingress {}: {why}", ingress.topic);
+    // Before opening the shards (and joining the group): an ingress topic
+    // whose grant the tokens file does not list is refused at once.
+    let ingress_topics = settings::ingress(&config)?;
+    for (topic, grant) in &ingress_topics {
+        if let Err(why) = auth.named(grant.as_deref()) {
+            anyhow::bail!("--ingress {}: {why}", topic.name);
         }
     }
     let (shards, cluster) = open_shards(&node_config, cluster_config.as_ref(), &producer, &clock).await?;
-    let node = Arc::new(Node::new(shards, node_config.max_pending));
+    let node = Arc::new(Node::new(Arc::clone(&shards), node_config.max_pending));
     let service = Arc::new(Service::new(
         Arc::clone(&node),
         Arc::clone(&catalog),
@@ -213,23 +215,29 @@ pub async fn run_with_clock(
     // Cluster mode: a call is served here or on the node that owns its
     // shard.
     let local: Arc<dyn Scheduler> = Arc::new(Local::new(service));
-    let (scheduler, series_calls, ingress): (Arc<dyn Scheduler>, Arc<dyn SeriesCalls>, _) =
+    let (scheduler, series_calls): (Arc<dyn Scheduler>, Arc<dyn SeriesCalls>) =
         match cluster.zip(cluster_config.as_ref()) {
             Some((cluster, cluster_config)) => {
                 // A node that does not answer holds at most half of this
                 // node's admission.
                 let per_peer = config.max_concurrent_requests / 2;
                 let tls = settings::peer_tls(&config, cluster_config)?;
-                let router = Arc::new(Router::new(local, Arc::clone(&cluster), tls, per_peer));
+                let router = Arc::new(Router::new(local, cluster, tls, per_peer));
                 let series_router = Arc::new(SeriesRouter::new(series.clone(), Arc::clone(&router)));
-                // Kafka-native schedules are calls of the router's, each
-                // with its topic's grant.
-                let ingress =
-                    Ingress::start(cluster_config, cluster, Arc::clone(&router) as _, auth.clone()).await?;
-                (router, series_router, Some(ingress))
+                (router, series_router)
             }
-            None => (local, series.clone(), None),
+            None => (local, series.clone()),
         };
+    // Kafka-native schedules are calls of the scheduler's (in a cluster,
+    // the router's), each with its topic's grant.
+    let mut feeds = Vec::new();
+    for (topic, grant) in ingress_topics {
+        let feed = IngressFeed::new(&kafka, topic, INGRESS_TOPIC_TIMEOUT)?;
+        feeds.push(ingress::Topic { feed: Arc::new(feed), grant });
+    }
+    let ingress =
+        Ingress::start(feeds, shards, Arc::clone(&scheduler), auth.clone(), settings::limits(&config))
+            .await?;
     let console_tls = match &listeners.console {
         Some(_) => settings::tls(&config)?.map(|files| files.rustls()).transpose()?,
         None => None,
@@ -298,14 +306,13 @@ pub async fn run_with_clock(
     for service in ["", SCHEDULER] {
         health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
     }
+    // Where it read to is noted while the shards are still this node's,
+    // and take changes.
+    ingress.stop().await;
     // Said before the listener closes: a cluster's standbys then wait for
     // this node's releases rather than take its shards at its silence.
     node.stopping().await;
     stop_accepting.cancel();
-    if let Some(ingress) = &ingress {
-        // Noted in the log while the shards are still this node's.
-        ingress.stop().await;
-    }
     drain_within(*config.shutdown_grace, "gRPC requests", grpc).await;
     if let Some(console) = console_task {
         drain_within(*config.shutdown_grace, "console requests", console).await;
@@ -400,6 +407,9 @@ async fn report_health(
         }
     }
 }
+
+/// How long creating or reading the metadata of an ingress topic may take.
+const INGRESS_TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The gRPC health service name a liveness probe asks for.
 pub const LIVENESS: &str = "liveness";

@@ -9,7 +9,7 @@ use tonic::transport::ClientTlsConfig;
 use crate::{
     admin::PolicyLimits,
     auth::{Tokens, TokensError},
-    cluster::{ClusterConfig, ClusterKey, GroupConfig, IngressTopic, KeyError, LogTopic},
+    cluster::{ClusterConfig, ClusterKey, GroupConfig, KeyError, LogTopic},
     config::{Config, ConfigError, DeliveryMode, REQUEST_OVERHEAD_BYTES},
     dispatcher::DispatcherConfig,
     kafka::{Delivery, KafkaConfig, OnFence},
@@ -180,12 +180,19 @@ pub fn cluster(
             .clone()
             .unwrap_or_else(|| format!("{}://{grpc}", if tls { "https" } else { "http" })),
         key,
-        ingress: config
-            .ingress_topics()?
-            .into_iter()
-            .map(|(topic, grant)| IngressTopic { topic, grant })
-            .collect(),
     }))
+}
+
+/// The ingress topics (`--ingress`), each as it is created when missing
+/// (a partition per shard, the log's replication), with its grant.
+pub fn ingress(config: &Config) -> Result<Vec<(LogTopic, Option<String>)>, SettingsError> {
+    let partitions = node(config).shards as i32;
+    let replication = config.log_replication;
+    Ok(config
+        .ingress_topics()?
+        .into_iter()
+        .map(|(name, grant)| (LogTopic { name, partitions, replication }, grant))
+        .collect())
 }
 
 /// What each shard is built from (the node sets its path and its part of

@@ -19,7 +19,7 @@ use tonic::Code;
 
 const LOG_PARTITIONS: u32 = 3;
 
-fn cluster_config(broker: &Broker, dir: &std::path::Path, log_topic: &str) -> Config {
+pub(crate) fn cluster_config(broker: &Broker, dir: &std::path::Path, log_topic: &str) -> Config {
     Config {
         cluster: true,
         cluster_key_file: Some(hourglass_testkit::cluster_key_file().unwrap()),
@@ -147,94 +147,6 @@ async fn a_one_node_cluster_answers_as_standalone_and_restores_from_the_log_alon
     assert!(again.into_inner().duplicate, "ids are remembered across the rebuild");
     let got = consume_async(&broker, &topic, 31, Duration::from_secs(5), Duration::from_millis(1500)).await;
     assert_eq!(got.len(), 30, "nothing is delivered twice after the rebuild");
-    server.stop().await;
-}
-
-/// How many records of `ingress` came to `outcome`.
-pub(crate) fn ingress_count(ingress: &str, outcome: &str) -> u64 {
-    hourglass::metrics::INGRESS_RECORDS.with_label_values(&[ingress, outcome]).get()
-}
-
-/// Kafka-native schedules come through the ingress topic, with the checks
-/// of a `Schedule` call: a record that breaks the format, or names a topic
-/// that does not exist, is refused and parks nothing; the node reads on
-/// after a restart from where it noted in the log, taking nothing twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_native_records_on_the_ingress_topic_get_the_checks_of_a_call() {
-    let broker = Broker::start();
-    let topic = random_name("native");
-    let log_topic = random_name("hourglass-log");
-    let ingress = format!("{log_topic}-ingress");
-    broker.create_topic(&topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
-    let mut client = server.client().await;
-    let producer = native_producer(&broker);
-    let t = topic.as_str();
-    send_native(
-        &producer,
-        &ingress,
-        "native-1",
-        Some("hello"),
-        &[("hourglass-topic", t), ("hourglass-delay", "500ms"), ("hourglass-key", "k1"), ("trace", "t-9")],
-    )
-    .await;
-    send_native(&producer, &ingress, "native-bad", Some("x"), &[("hourglass-topic", t)]).await;
-    send_native(
-        &producer,
-        &ingress,
-        "native-2",
-        Some("later"),
-        &[("hourglass-topic", t), ("hourglass-delay", "1h")],
-    )
-    .await;
-    // Cancelling by tombstone, after its schedule: in order per id.
-    send_native(&producer, &ingress, "native-2", None, &[]).await;
-    // A topic that does not exist: refused, as `Schedule` refuses it.
-    let missing = random_name("missing");
-    send_native(
-        &producer,
-        &ingress,
-        "native-lost",
-        Some("v"),
-        &[("hourglass-topic", &missing), ("hourglass-delay", "0")],
-    )
-    .await;
-
-    let got = consume_async(&broker, &topic, 1, Duration::from_secs(20), Duration::from_millis(1500)).await;
-    assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got[0].id(), "native-1");
-    assert_eq!(got[0].key.as_deref(), Some(&b"k1"[..]));
-    assert_eq!(got[0].header("trace"), Some("t-9"));
-    assert_eq!(state_of(&mut client, "native-2").await, State::Cancelled);
-    let started = std::time::Instant::now();
-    while ingress_count(&ingress, "refused") < 2 {
-        assert!(started.elapsed() < Duration::from_secs(20), "the bad records were not refused");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for id in ["native-bad", "native-lost"] {
-        let status = client.get(proto::GetRequest { id: id.into(), ..Default::default() }).await.unwrap_err();
-        assert_eq!(status.code(), Code::NotFound, "{id} parked nothing: {status:?}");
-    }
-    assert_eq!(ingress_count(&ingress, "scheduled"), 2);
-    assert_eq!(ingress_count(&ingress, "cancelled"), 1);
-    server.stop().await;
-
-    // A restart reads on from the offset noted in the log: nothing is
-    // taken again, and what came meanwhile is.
-    send_native(
-        &producer,
-        &ingress,
-        "native-3",
-        Some("after"),
-        &[("hourglass-topic", t), ("hourglass-delay", "0")],
-    )
-    .await;
-    let server = Hourglass::start(cluster_config(&broker, dir.path(), &log_topic)).await;
-    let got = consume_async(&broker, &topic, 2, Duration::from_secs(20), Duration::from_millis(1500)).await;
-    assert_eq!(got.iter().map(|r| r.id()).collect::<Vec<_>>(), ["native-1", "native-3"]);
-    assert_eq!(ingress_count(&ingress, "scheduled"), 3, "only native-3 again");
-    assert_eq!(ingress_count(&ingress, "duplicate"), 0, "nothing read twice");
     server.stop().await;
 }
 

@@ -658,7 +658,7 @@ fn the_cluster_script_reports_a_dead_node_and_restarts_it() {
     let (code, out) = run_to_end(&dir, "kill -9 $(cat .local/node-2.pid)");
     assert_eq!(code, Some(0), "{out}");
     assert!(
-        await_text(&cluster, "NODE 2 (pid", Duration::from_secs(10)),
+        await_text(&cluster, "NODE 2 (pid", Duration::from_secs(20)),
         "the script says node 2 died:\n{}",
         cluster.output()
     );

@@ -81,3 +81,83 @@ async fn the_node_example_schedules_retries_cancels_and_sees_its_delivery() {
     }
     example_against_a_real_server("node", dir.join("client.js"), "node").await;
 }
+
+/// The retry pattern of examples/python/retry_with_backoff.py against a
+/// standalone server reading an ingress topic: a record that fails comes
+/// back after its backoff (never before), one that keeps failing goes to
+/// the dead-letter topic after its last attempt, and the work topic sees
+/// each retry once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_example_backs_off_through_the_ingress_topic_and_dead_letters_the_last_attempt() {
+    let ingress = random_name("orders-retry");
+    let mapped = ingress.clone();
+    let bed = TestBed::start_with("orders", 1, move |c| c.ingress = Some(mapped)).await;
+    let dead = random_name("orders-dead");
+    bed.broker.create_topic(&dead, 1).await;
+    let producer = native_producer(&bed.broker);
+    for (key, value) in [("order-1", "ok"), ("order-2", "fail:2"), ("order-3", "poison")] {
+        let record = rdkafka::producer::FutureRecord::<str, str>::to(&bed.topic).key(key).payload(value);
+        producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    }
+    let args: Vec<String> = [
+        repo("examples/python/retry_with_backoff.py").to_str().unwrap(),
+        "--brokers",
+        bed.broker.addr(),
+        "--topic",
+        &bed.topic,
+        "--ingress-topic",
+        &ingress,
+        "--dead-letter-topic",
+        &dead,
+        "--max-attempts",
+        "3",
+        "--base-delay-ms",
+        "300",
+        "--exit-when-idle",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let events = tokio::task::spawn_blocking(move || {
+        run_example("python3", &args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    let of = |key: &str, step: &str| -> Vec<&Value> {
+        events.iter().filter(|e| e["key"] == key && e["step"] == step).collect()
+    };
+    assert_eq!(of("order-1", "processed").len(), 1, "{events:#?}");
+    assert!(of("order-1", "retry").is_empty(), "{events:#?}");
+    let retries = of("order-2", "retry");
+    assert_eq!(retries.len(), 2, "fail:2 fails twice: {events:#?}");
+    assert_eq!(retries[1]["attempt"], 1);
+    assert!(retries[1]["delay_ms"].as_i64().unwrap() >= 600, "the backoff doubles: {events:#?}");
+    let done = of("order-2", "processed");
+    assert_eq!((done.len(), &done[0]["attempt"]), (1, &Value::from(2)), "{events:#?}");
+    let dead_lettered = of("order-3", "dead-letter");
+    assert_eq!((dead_lettered.len(), &dead_lettered[0]["attempt"]), (1, &Value::from(2)), "{events:#?}");
+    // Every retry came back after its delay, never before.
+    let asked: std::collections::HashMap<String, i64> = events
+        .iter()
+        .filter(|e| e["step"] == "retry")
+        .map(|e| {
+            (format!("{}/{}", e["key"], e["attempt"].as_i64().unwrap() + 1), e["delay_ms"].as_i64().unwrap())
+        })
+        .collect();
+    let back: Vec<&Value> = events.iter().filter(|e| e.get("back_after_ms").is_some()).collect();
+    assert_eq!(back.len(), 4, "two retries of order-2, two of order-3: {events:#?}");
+    for e in back {
+        let delay = asked[&format!("{}/{}", e["key"], e["attempt"])];
+        assert!(e["back_after_ms"].as_i64().unwrap() >= delay, "early: {e} (asked {delay} ms)");
+    }
+    let letters = consume_async(&bed.broker, &dead, 1, Duration::from_secs(10), Duration::ZERO).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].key.as_deref(), Some(&b"order-3"[..]));
+    assert_eq!(letters[0].header("retry-attempt"), Some("2"));
+    assert!(letters[0].header("retry-last-error").is_some_and(|e| e.contains("poison")), "{letters:?}");
+    let work =
+        consume_async(&bed.broker, &bed.topic, 7, Duration::from_secs(10), Duration::from_secs(1)).await;
+    assert_eq!(work.len(), 7, "three records and four retries, each once: {work:?}");
+    assert_eq!(hourglass::metrics::INGRESS_RECORDS.with_label_values(&[&ingress, "scheduled"]).get(), 4);
+    bed.server.stop().await;
+}

@@ -25,6 +25,7 @@ mod examples;
 mod forged;
 mod history;
 mod hung_peer;
+mod ingress;
 mod inspect;
 mod labels;
 mod let_go;

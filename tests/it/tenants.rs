@@ -497,8 +497,8 @@ async fn health_watches_are_bounded_and_freed_when_they_end() {
 /// cancel another tenant's messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingress_topic_schedules_with_its_grant_and_reaches_no_other_tenant() {
-    let (ingress, log_topic) = (random_name("orders-ingress"), random_name("hourglass-log"));
-    let (mapped, log) = (format!("{ingress}=orders"), log_topic.clone());
+    let ingress = random_name("orders-ingress");
+    let (mapped, log) = (format!("{ingress}=orders"), random_name("hourglass-log"));
     let t = Tenants::start_with(move |c| {
         c.cluster = true;
         c.cluster_key_file = Some(hourglass_testkit::cluster_key_file().unwrap());
@@ -507,25 +507,37 @@ async fn an_ingress_topic_schedules_with_its_grant_and_reaches_no_other_tenant()
         c.ingress = Some(mapped);
     })
     .await;
+    an_ingress_topic_reaches_no_other_tenant(t, &ingress).await;
+}
+
+/// The same standalone: the ingress needs no cluster, and its grant holds
+/// as much.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_an_ingress_topic_schedules_with_its_grant_and_reaches_no_other_tenant() {
+    let ingress = random_name("orders-ingress");
+    let mapped = format!("{ingress}=orders");
+    let t = Tenants::start_with(move |c| {
+        c.shards = 2;
+        c.ingress = Some(mapped);
+    })
+    .await;
+    an_ingress_topic_reaches_no_other_tenant(t, &ingress).await;
+}
+
+async fn an_ingress_topic_reaches_no_other_tenant(t: Tenants, ingress: &str) {
     let (mut orders, mut billing) = (t.client("orders-token").await, t.client("billing-token").await);
     billing.schedule(with_id(request(&t.billing, "theirs", later()), "shared")).await.unwrap();
 
     let producer = native_producer(&t.broker);
     let (o, b) = (t.orders.as_str(), t.billing.as_str());
-    send_native(&producer, &ingress, "mine", Some("v"), &[("hourglass-topic", o), ("hourglass-delay", "1h")])
+    send_native(&producer, ingress, "mine", Some("v"), &[("hourglass-topic", o), ("hourglass-delay", "1h")])
         .await;
     // Another tenant's topic: refused, as the orders token is refused it.
-    send_native(
-        &producer,
-        &ingress,
-        "stolen",
-        Some("v"),
-        &[("hourglass-topic", b), ("hourglass-delay", "0")],
-    )
-    .await;
+    send_native(&producer, ingress, "stolen", Some("v"), &[("hourglass-topic", b), ("hourglass-delay", "0")])
+        .await;
     // A tombstone cancels the orders tenant's own "shared", which it has not.
-    send_native(&producer, &ingress, "shared", None, &[]).await;
-    send_native(&producer, &ingress, "last", Some("v"), &[("hourglass-topic", o), ("hourglass-delay", "1h")])
+    send_native(&producer, ingress, "shared", None, &[]).await;
+    send_native(&producer, ingress, "last", Some("v"), &[("hourglass-topic", o), ("hourglass-delay", "1h")])
         .await;
 
     let started = std::time::Instant::now();
@@ -550,7 +562,7 @@ async fn an_ingress_topic_schedules_with_its_grant_and_reaches_no_other_tenant()
         .unwrap()
         .into_inner();
     assert_eq!(shared.state(), State::Pending, "another tenant's message is untouched: {shared:?}");
-    let refused = hourglass::metrics::INGRESS_RECORDS.with_label_values(&[&ingress, "refused"]).get();
+    let refused = hourglass::metrics::INGRESS_RECORDS.with_label_values(&[ingress, "refused"]).get();
     assert_eq!(refused, 1, "the record for billing's topic");
     let delivered = consume_async(&t.broker, &t.billing, 1, Duration::from_secs(2), Duration::ZERO).await;
     assert!(delivered.is_empty(), "nothing reached billing's topic: {delivered:?}");

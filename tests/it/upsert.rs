@@ -16,7 +16,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::cluster::ingress_count;
+use crate::ingress::ingress_count;
 use common::*;
 use hourglass::proto::{self, ScheduleOutcome, State};
 use tonic::Code;

@@ -52,6 +52,8 @@ pub enum TopicError {
     PartitionCount { topic: String, found: i32, asked: i32 },
     #[error("creating the topic {topic}: {reason}")]
     Create { topic: String, reason: String },
+    #[error("creating the consumer of the topic {topic}: {reason}")]
+    Consumer { topic: String, reason: String },
     #[error("reading the metadata of the topic {topic} from {brokers}: {reason}")]
     Metadata { topic: String, brokers: String, reason: String },
     #[error(
@@ -100,7 +102,7 @@ pub async fn ensure_log_topic(
 /// need not be kept). Returns its partition count, whatever it is: each
 /// of its partitions is read by the owner of the shard of the same number
 /// modulo the shard count.
-pub async fn ensure_ingress_topic(
+pub(super) async fn ensure_ingress_topic(
     config: &KafkaConfig,
     topic: &LogTopic,
     timeout: Duration,

@@ -6,7 +6,7 @@
 //! [`RECORD_HEADER`] and sealed with the cluster key ([`seal`]), and one
 //! without a valid seal is refused as forged. Applications that would
 //! rather write to Kafka than call gRPC produce to an ingress topic
-//! (`crate::cluster::ingress`), whose records the shards' owners check and
+//! (`crate::ingress`), whose records the shards' owners check and
 //! turn into the log's.
 //!
 //! This module only says what a record means; it reads and writes nothing.

@@ -81,8 +81,8 @@ pub const OWNER_KEY_MARK: u8 = 2;
 /// topic).
 pub const MARKS_KEY_MARK: u8 = 3;
 
-/// The first byte of the key of [`Ingress`] records (one key per
-/// partition of an ingress topic).
+/// The first byte of the key of the ingress table's records, [`Ingress`]
+/// or [`Change::IngressRead`] (one key per partition of an ingress topic).
 pub const INGRESS_KEY_MARK: u8 = 4;
 
 /// The first byte of the key of [`Series`] records (one key per series).
@@ -99,7 +99,7 @@ pub struct LogRecord {
     /// Which of its requests: the node answers it once this is applied.
     #[prost(uint64, tag = "2")]
     pub request: u64,
-    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
+    #[prost(oneof = "Change", tags = "3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13")]
     pub change: Option<Change>,
 }
 
@@ -119,6 +119,8 @@ pub enum Change {
     Owner(Owner),
     #[prost(message, tag = "9")]
     Marks(Marks),
+    /// How far an ingress partition was read, as earlier builds wrote it:
+    /// read as a row of the ingress table.
     #[prost(message, tag = "10")]
     Ingress(Ingress),
     /// A row of the series table.
@@ -127,6 +129,9 @@ pub enum Change {
     /// A row of the policy table.
     #[prost(message, tag = "12")]
     Policy(Row),
+    /// A row of the ingress table (how far an ingress partition was read).
+    #[prost(message, tag = "13")]
+    IngressRead(Row),
 }
 
 impl Change {
@@ -135,6 +140,7 @@ impl Change {
         match table {
             Table::Series => Change::Series(row),
             Table::Policy => Change::Policy(row),
+            Table::Ingress => Change::IngressRead(row),
         }
     }
 }
@@ -144,6 +150,7 @@ fn key_mark(table: Table) -> u8 {
     match table {
         Table::Series => SERIES_KEY_MARK,
         Table::Policy => POLICY_KEY_MARK,
+        Table::Ingress => INGRESS_KEY_MARK,
     }
 }
 
@@ -171,7 +178,7 @@ pub struct Row {
 }
 
 /// How far the shard's owner has read a partition of an ingress topic
-/// (see `crate::cluster::ingress`): every record before `next` was turned
+/// (see `crate::ingress`): every record before `next` was turned
 /// into the log's records (or refused). The latest record of its key says.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Ingress {
@@ -448,17 +455,6 @@ pub fn marks_key(topic: &str) -> Vec<u8> {
     key
 }
 
-/// The key of the [`Ingress`] records of `partition` of the ingress topic
-/// `topic`. Kafka's topic names never hold a 0 byte.
-pub fn ingress_key(topic: &str, partition: i32) -> Vec<u8> {
-    let mut key = Vec::with_capacity(2 + topic.len() + 4);
-    key.push(INGRESS_KEY_MARK);
-    key.extend_from_slice(topic.as_bytes());
-    key.push(0);
-    key.extend_from_slice(&partition.to_be_bytes());
-    key
-}
-
 /// The key of the records of row `key` of `table`.
 pub fn row_key(table: Table, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + key.len());
@@ -512,7 +508,7 @@ pub enum Entry {
 /// tombstone) and headers, and whether it carries the cluster's seal. Only
 /// the nodes of the cluster write the log: a record without the seal is
 /// [`Entry::Forged`], whatever it says it is (Kafka-native schedules come
-/// through an ingress topic, `crate::cluster::ingress`).
+/// through an ingress topic, `crate::ingress`).
 pub fn read<'a>(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
@@ -547,9 +543,9 @@ pub fn read<'a>(
             Some(key @ [CHUNK_KEY_MARK, ..]) if key.len() == CHUNK_KEY_LEN => {
                 Entry::ForgetChunk(key.to_vec())
             }
-            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK | INGRESS_KEY_MARK, ..]) => Entry::Skip(
-                "the tombstone of an owner, of marks, of an ingress offset, or of no chunk".to_owned(),
-            ),
+            Some([CHUNK_KEY_MARK | OWNER_KEY_MARK | MARKS_KEY_MARK, ..]) => {
+                Entry::Skip("the tombstone of an owner, of marks, or of no chunk".to_owned())
+            }
             _ => match key.and_then(MessageId::from_stored) {
                 Some(id) => Entry::Forget(id),
                 None => Entry::Skip("a tombstone whose key is no message id".to_owned()),
@@ -662,10 +658,12 @@ mod tests {
     }
 
     #[test]
-    fn ingress_keys_name_the_topic_and_partition() {
-        assert_ne!(ingress_key("a", 1), ingress_key("a", 2));
-        assert_ne!(ingress_key("a", 0), ingress_key("a\u{0}", 0));
-        assert_eq!(ingress_key("in", 3)[0], INGRESS_KEY_MARK);
-        assert!(matches!(read_internal(&ingress_key("in", 3), None, FORMAT), Entry::Skip(_)));
+    fn the_ingress_table_keeps_the_keys_of_earlier_builds_records() {
+        // `Ingress` records were keyed by the mark, the topic, a 0 and the
+        // partition: the rows of the ingress table are, so compaction keeps
+        // the latest of either.
+        let row = crate::command::IngressPosition { topic: "in".into(), partition: 3, next: 7 }.row();
+        assert_eq!(row_key(Table::Ingress, &row.key), b"\x04in\0\0\0\0\x03");
+        assert!(matches!(read_internal(&row_key(Table::Ingress, &row.key), None, FORMAT), Entry::Skip(_)));
     }
 }

@@ -60,6 +60,13 @@ impl ClusterKey {
         Ok(ClusterKey(hmac::Key::new(hmac::HMAC_SHA256, secret)))
     }
 
+    /// A key of a secret nobody knows, made afresh: no record's seal
+    /// verifies with it.
+    pub fn nobodys() -> ClusterKey {
+        let random = ring::rand::SystemRandom::new();
+        ClusterKey(hmac::Key::generate(hmac::HMAC_SHA256, &random).expect("the system gives random bytes"))
+    }
+
     /// The seal of a record of `topic`.
     pub fn seal(&self, topic: &str, partition: i32, key: Option<&[u8]>, value: Option<&[u8]>) -> Vec<u8> {
         self.partition(topic, partition).seal(key, value)

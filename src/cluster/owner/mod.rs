@@ -321,25 +321,29 @@ impl Cluster {
         }
     }
 
-    /// `shard`, once this node owns it (however long that takes).
-    pub async fn until_owned(&self, shard: usize) -> Arc<Owned> {
+    /// Waits until this node owns `shard` (however long that takes); the
+    /// token is cancelled once it no longer owns it as it does now (it let
+    /// go of it, or took it again since), or by whoever holds it.
+    pub async fn owned_while(&self, shard: usize) -> CancellationToken {
         let mut state = self.inner.slots[shard].state.subscribe();
         let owned = match state.wait_for(|s| matches!(s, State::Owned(_))).await.as_deref() {
-            Ok(State::Owned(owned)) => Some(Arc::clone(owned)),
+            Ok(State::Owned(owned)) => Some(Arc::downgrade(owned)),
             _ => None,
         };
-        match owned {
-            Some(owned) => owned,
-            // The slots live as long as the cluster: never.
-            None => std::future::pending().await,
-        }
-    }
-
-    /// Returns once this node no longer owns `shard` as `owned` (it lets
-    /// go of it, or took it again since).
-    pub async fn until_gone(&self, shard: usize, owned: &Arc<Owned>) {
-        let mut state = self.inner.slots[shard].state.subscribe();
-        let _ = state.wait_for(|s| !matches!(s, State::Owned(now) if Arc::ptr_eq(now, owned))).await;
+        // The slots live as long as the cluster: never none.
+        let Some(owned) = owned else { return std::future::pending().await };
+        let gone = CancellationToken::new();
+        let watching = gone.clone();
+        tokio::spawn(async move {
+            let same =
+                |s: &State| matches!(s, State::Owned(now) if std::ptr::eq(Arc::as_ptr(now), owned.as_ptr()));
+            tokio::select! {
+                _ = state.wait_for(|s| !same(s)) => {}
+                _ = watching.cancelled() => {}
+            }
+            watching.cancel();
+        });
+        gone
     }
 
     /// Whether this node owns `shard` now.

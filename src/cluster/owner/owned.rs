@@ -20,7 +20,7 @@ use crate::{
         waiters::Waiters,
     },
     shard::Shard,
-    store::{Store, StoreError},
+    store::Store,
 };
 
 /// A shard this node owns.
@@ -76,21 +76,6 @@ impl Owned {
             }
             owned.claiming.store(false, Ordering::Release);
         });
-    }
-
-    /// Appends that the shard read `partition` of the ingress topic `topic`
-    /// up to `next`, while the log names this node the shard's owner.
-    pub async fn note_ingress(&self, topic: &str, partition: i32, next: i64) -> Result<(), StoreError> {
-        if self.fenced() {
-            return Err(StoreError::LogUnavailable("the shard is no longer this node's".to_owned()));
-        }
-        let read = record::Ingress { topic: topic.to_owned(), partition, next };
-        let note = LogRecord { writer: self.me, request: 0, change: Some(Change::Ingress(read)) };
-        self.log
-            .append(self.partition, &record::ingress_key(topic, partition), &note)
-            .await
-            .map(drop)
-            .map_err(|e| StoreError::LogUnavailable(format!("noting how far ingress read: {e}")))
     }
 
     /// Whether the log names another owner (or none) of this shard.

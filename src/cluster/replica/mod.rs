@@ -11,7 +11,7 @@ use crate::{
         self, Cancelled, Change, Entry, LogMessage, SettledLine as LogLine, SettledOutcome,
     },
     command::MessageRecord,
-    command::{DeadLettered, Handed, Outcome, Row, RowValue, Settle, Table},
+    command::{DeadLettered, Handed, IngressPosition, Outcome, Row, RowValue, Settle, Table},
     message::{DeadReason, DueSpec, Labels, MessageId, UnixMillis},
     store::{Local, LogEntry, Proposed, Replica, SettledLine},
 };
@@ -68,11 +68,13 @@ fn logged(writer: u64, request: u64, change: Change) -> Replica {
             topic: Arc::from(marks.topic),
             ends: marks.ends.iter().map(|e| (e.partition, e.offset)).collect(),
         },
-        Change::Ingress(read) => {
-            Replica::Ingress { topic: read.topic, partition: read.partition, next: read.next }
-        }
+        // As earlier builds wrote it: the latest says, as compaction keeps.
+        Change::Ingress(read) => Replica::Row(
+            IngressPosition { topic: read.topic, partition: read.partition, next: read.next }.row(),
+        ),
         Change::Series(row) => row_of(Table::Series, row),
         Change::Policy(row) => row_of(Table::Policy, row),
+        Change::IngressRead(row) => row_of(Table::Ingress, row),
     }
 }
 

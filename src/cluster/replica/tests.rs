@@ -249,28 +249,52 @@ async fn a_delivery_wins_over_a_cancel_that_came_first_and_a_cancel_after_it_is_
     store.close().await;
 }
 
+/// The `Ingress` records of earlier builds and the ingress table's rows of
+/// this one are one key: the latest of either says how far a partition was
+/// read, from the shard's owner only.
 #[tokio::test]
 async fn ingress_offsets_are_kept_the_latest_winning_and_skipped_records_passed_over() {
+    use crate::command::{IngressPosition, Table};
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let ingress = |topic: &str, partition, next| {
+    let earlier = |topic: &str, partition, next| {
         Change::Ingress(record::Ingress { topic: topic.into(), partition, next })
+    };
+    let row = |topic: &str, partition, next| {
+        let row = IngressPosition { topic: topic.into(), partition, next }.row();
+        let crate::command::RowValue::Put(bytes) = row.value else { unreachable!() };
+        Change::IngressRead(record::Row {
+            key: row.key,
+            value: Some(bytes),
+            old_wake_ms: None,
+            wake_ms: None,
+        })
     };
     store
         .apply(vec![
-            logged(0, ingress("in", 0, 10)),
-            logged(1, ingress("in", 1, 4)),
-            logged(2, ingress("in", 0, 7)),
-            entry(3, UnixMillis(0), Entry::Skip("newer".into()), None),
-            entry(4, UnixMillis(0), Entry::Forged("unsealed"), None),
+            claim(0, 1),
+            logged(1, earlier("in", 0, 10)),
+            logged(2, row("in", 1, 4)),
+            logged(3, earlier("in", 0, 7)),
+            logged(4, row("in", 1, 9)),
+            entry(5, UnixMillis(0), Entry::Skip("newer".into()), None),
+            entry(6, UnixMillis(0), Entry::Forged("unsealed"), None),
+            // Not the owner's: not applied.
+            logged_by(2, 7, row("in", 0, 99)),
         ])
         .await
         .unwrap();
-    assert_eq!(store.ingress_next("in", 0).await.unwrap(), Some(7), "the latest record, as compaction keeps");
-    assert_eq!(store.ingress_next("in", 1).await.unwrap(), Some(4));
-    assert_eq!(store.ingress_next("in", 2).await.unwrap(), None);
-    assert_eq!(store.ingress_next("other", 0).await.unwrap(), None);
-    assert_eq!(store.log_next(), 5, "a skipped or forged record is passed over, not retried");
+    let reader = store.reader();
+    let next = async |topic: &str, partition| {
+        let key = IngressPosition::key(topic, partition);
+        let bytes = reader.row(Table::Ingress, key.clone()).await.unwrap()?;
+        Some(IngressPosition::read(&key, &bytes).unwrap().next)
+    };
+    assert_eq!(next("in", 0).await, Some(7), "the latest record, as compaction keeps");
+    assert_eq!(next("in", 1).await, Some(9));
+    assert_eq!(next("in", 2).await, None);
+    assert_eq!(next("other", 0).await, None);
+    assert_eq!(store.log_next(), 8, "a skipped or forged record is passed over, not retried");
     store.close().await;
 }
 

@@ -638,14 +638,6 @@ pub(crate) fn marks_of(db: &DB, topic: &str) -> Result<HashMap<i32, i64>, StoreE
     Ok(marks_in(db, lower, upper)?.into_iter().map(|(_, partition, offset)| (partition, offset)).collect())
 }
 
-/// The offset an [`schema::ingress_key`] holds, if any.
-pub(crate) fn ingress_next(db: &DB, key: &[u8]) -> Result<Option<i64>, StoreError> {
-    let Some(value) = db.get_cf(cf(db, schema::CF_CHECKPOINT), key)? else { return Ok(None) };
-    let bytes: [u8; 8] =
-        value.as_slice().try_into().map_err(|_| corrupt(format!("ingress offset {key:?}")))?;
-    Ok(Some(i64::from_be_bytes(bytes)))
-}
-
 /// Marks between two keys: (topic, partition, offset).
 fn marks_in(db: &DB, lower: Vec<u8>, upper: Vec<u8>) -> Result<Vec<(String, i32, i64)>, StoreError> {
     let mut opts = ReadOptions::default();

@@ -80,7 +80,6 @@ const COUNTS_PREFIX: u8 = b'c';
 const DELIVERY_LOG_PREFIX: u8 = b'd';
 const LOG_CHUNK_PREFIX: u8 = b'k';
 const MARK_PREFIX: u8 = b'o';
-const INGRESS_PREFIX: u8 = b'i';
 /// The first byte of a due entry in the current layout. A legacy entry is
 /// a bare id, whose first byte is printable or 0 (a tenant's space).
 const DUE_ENTRY_MARK: u8 = 1;
@@ -220,18 +219,6 @@ pub(super) fn decode_mark(key: &[u8], value: &[u8]) -> Option<(String, i32, i64)
     let (partition, topic) = rest.split_last_chunk::<4>().map(|(t, p)| (i32::from_be_bytes(*p), t))?;
     let topic = std::str::from_utf8(topic.strip_suffix(&[0])?).ok()?;
     Some((topic.to_owned(), partition, i64::from_be_bytes(value.try_into().ok()?)))
-}
-
-/// Cluster mode: the key of how far the shard has read a partition of an
-/// ingress topic (Kafka-native schedules): the offset of the next record
-/// to read, as the schedule log last said.
-pub(super) fn ingress_key(topic: &str, partition: i32) -> Vec<u8> {
-    let mut k = Vec::with_capacity(2 + topic.len() + 4);
-    k.push(INGRESS_PREFIX);
-    k.extend_from_slice(topic.as_bytes());
-    k.push(0);
-    k.extend_from_slice(&partition.to_be_bytes());
-    k
 }
 
 /// Whose messages on which topic a [`Counts`] entry counts: a tenant's

@@ -11,6 +11,8 @@ fn prefixes(table: Table) -> (u8, u8) {
     match table {
         Table::Series => (b'S', b'w'),
         Table::Policy => (b'P', b'p'),
+        // Its rows keep the keys of earlier builds' ingress offsets.
+        Table::Ingress => (b'i', b'j'),
     }
 }
 
@@ -79,6 +81,7 @@ mod tests {
         assert_eq!(row_key(Table::Series, b"a"), b"Sa");
         assert_eq!(row_key(Table::Policy, b"\0t"), b"P\0t");
         assert_eq!(wake_key(Table::Series, UnixMillis(1), b"a"), b"w\0\0\0\0\0\0\0\x01a");
+        assert_eq!(row_key(Table::Ingress, b"in\0\0\0\0\x03"), b"iin\0\0\0\0\x03");
     }
 
     #[test]
@@ -88,12 +91,12 @@ mod tests {
         seen.dedup();
         assert_eq!(seen.len(), 2 * Table::ALL.len());
         use super::super::{
-            COUNTS_PREFIX, DELIVERY_LOG_PREFIX, INGRESS_PREFIX, LOG_CHUNK_PREFIX, MARK_PREFIX, META_KEY,
-            RETENTION_PREFIX, SETTLEMENT_PREFIX,
+            COUNTS_PREFIX, DELIVERY_LOG_PREFIX, LOG_CHUNK_PREFIX, MARK_PREFIX, META_KEY, RETENTION_PREFIX,
+            SETTLEMENT_PREFIX,
         };
         let others =
             [SETTLEMENT_PREFIX, RETENTION_PREFIX, COUNTS_PREFIX, DELIVERY_LOG_PREFIX, LOG_CHUNK_PREFIX];
-        for taken in others.into_iter().chain([MARK_PREFIX, INGRESS_PREFIX, META_KEY[0]]) {
+        for taken in others.into_iter().chain([MARK_PREFIX, META_KEY[0]]) {
             assert!(!seen.contains(&taken), "{}", taken as char);
         }
     }

@@ -223,14 +223,6 @@ impl Store {
         self.blocking(move |s| read::marks_of(&s.inner.db, &topic)).await
     }
 
-    /// Cluster mode: the offset of the next record of `partition` of the
-    /// ingress topic `topic` to read, as the log last said (none: never
-    /// read).
-    pub(crate) async fn ingress_next(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
-        let key = schema::ingress_key(topic, partition);
-        self.blocking(move |s| read::ingress_next(&s.inner.db, &key)).await
-    }
-
     /// Records that the dispatcher may produce from `from` on (a paused
     /// topic's messages, once it resumes); returns once that is durable.
     pub(crate) async fn producing_from(&self, from: DispatchKey) -> Result<(), StoreError> {

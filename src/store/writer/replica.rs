@@ -51,9 +51,6 @@ pub(crate) enum Replica {
     Settled { chunk: Vec<u8>, ids: Vec<Vec<u8>>, lines: Vec<SettledLine> },
     /// Where each partition of `topic` ended before its first produce.
     Marks { topic: Arc<str>, ends: Vec<(i32, i64)> },
-    /// The shard has read partition `partition` of the ingress topic
-    /// `topic` up to `next` (the offset of the next record to read).
-    Ingress { topic: String, partition: i32, next: i64 },
     /// Retention ended for a settled message: forget it.
     Forget(MessageId),
     /// Retention ended for a chunk: forget its key.

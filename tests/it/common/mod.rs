@@ -111,6 +111,21 @@ impl Broker {
     pub async fn delete_topic(&self, name: &str) {
         hourglass_testkit::delete_topic(&self.0.addr, name).await.unwrap();
     }
+
+    /// How many partitions `topic` has, as the broker's metadata says (0:
+    /// none).
+    pub async fn partitions(&self, topic: &str) -> usize {
+        use rdkafka::consumer::{BaseConsumer, Consumer as _};
+        let (addr, topic) = (self.addr().to_owned(), topic.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let client: BaseConsumer =
+                rdkafka::ClientConfig::new().set("bootstrap.servers", &addr).create().unwrap();
+            let metadata = client.fetch_metadata(Some(&topic), Duration::from_secs(10)).unwrap();
+            metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len())
+        })
+        .await
+        .unwrap()
+    }
 }
 
 /// A server config pointing at `broker`, storing in `data_dir`, on port 0.

@@ -325,7 +325,6 @@ pub(super) fn ids_of(entry: &LogEntry) -> Vec<MessageId> {
         },
         Replica::Owner { .. }
         | Replica::Marks { .. }
-        | Replica::Ingress { .. }
         | Replica::ForgetChunk(_)
         | Replica::Row(_)
         | Replica::ForgetRow(..)
@@ -420,11 +419,6 @@ impl Writer {
             }
             Replica::Marks { topic, ends } => {
                 self.set_marks(r, &topic, ends);
-                Answer::None
-            }
-            Replica::Ingress { topic, partition, next } => {
-                // The latest record says, as compaction keeps it.
-                r.batch.put_cf(self.checkpoint(), schema::ingress_key(&topic, partition), next.to_be_bytes());
                 Answer::None
             }
             Replica::Forget(id) => {

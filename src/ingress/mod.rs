@@ -1,11 +1,10 @@
-//! Kafka-native schedules in cluster mode: applications that would rather
-//! write to Kafka than call gRPC produce to an **ingress topic** (default
-//! `<log-topic>-ingress`, see [`native`] for a record's format). Only the
-//! nodes write the schedule log itself.
+//! Kafka-native schedules: applications that would rather write to Kafka
+//! than call gRPC produce to an **ingress topic** (`--ingress`, see
+//! [`native`] for a record's format), standalone or in cluster mode.
 //!
 //! ```text
-//! producer ─► ingress topic, partition p ─► owner of shard p % shards ─► Scheduler (as a gRPC call) ─► log
-//!                                                      └── how far it read: an Ingress record of the log
+//! producer ─► ingress topic, partition p ─► the node serving shard p % shards ─► Scheduler (as a gRPC call)
+//!                                                      └── how far it read: a row of the shard's ingress table
 //! ```
 //!
 //! - **The same checks as a gRPC call.** Each record becomes the call a
@@ -13,26 +12,33 @@
 //!   the node's own [`Scheduler`] with the grant its topic is mapped to
 //!   (`--ingress TOPIC=NAME`, an entry of the tokens file): validation, the
 //!   idempotency rule, the topic grant and the tenant's id space apply as
-//!   they do to a caller with that token. A record whose id belongs to
-//!   another shard than its partition's goes to that shard's owner, as any
-//!   call does.
+//!   they do to a caller with that token. In a cluster, a record whose id
+//!   belongs to another shard than its partition's goes to that shard's
+//!   owner, as any call does.
 //! - **In order per id.** A partition's records are taken in order; those
 //!   with distinct ids go together, and a record of an id already among
 //!   them waits for the ones before it.
 //! - **Nothing read is lost.** A call that could not be made (a shard
-//!   moving, the log unreachable) is made again until it is answered; a
-//!   record is refused only for what it says (counted in
+//!   moving, the store or the log unreachable) is made again until it is
+//!   answered; a record is refused only for what it says (counted in
 //!   `hourglass_ingress_records_total{outcome="refused"}` and logged with
 //!   its partition, offset and why).
-//! - **Where the shard's owner is** in each partition is a record of the
-//!   shard's log partition (`Ingress`, `super::log::record`), written about once a
-//!   second while it reads: the next owner goes on from there. What it
-//!   reads again was answered before, and its calls are retries (a delay
-//!   counts from the record's timestamp, so it asks for the same time).
+//! - **Where the reader is** in each partition is a row of the shard's
+//!   ingress table ([`Table::Ingress`]), written about once a second while
+//!   it reads, durably (in a cluster, through the schedule log): a restart,
+//!   or the shard's next owner, goes on from there. What it reads again was
+//!   answered before, and its calls are retries (a delay counts from the
+//!   record's timestamp, so it asks for the same time).
 //! - An open transaction of a producer holds back only its ingress
 //!   partition (read committed); commit and abort markers are skipped.
+//!
+//! Where the records come from is a [`Feed`], the wiring's; which shards
+//! this process serves, and where their rows are, a [`ShardSet`].
 
-pub mod native;
+mod feed;
+pub(crate) mod native;
+
+pub(crate) use feed::{Feed, FeedError, PartitionFeed, Raw};
 
 use std::{
     collections::HashSet,
@@ -41,54 +47,51 @@ use std::{
 };
 
 use futures_util::future;
-use rdkafka::{Message as _, message::Headers as _};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use self::native::Native;
-use super::{
-    Cluster, ClusterConfig, ClusterError,
-    applier::end_of,
-    kafka::{LogConsumer, LogReader, LogTopic, ensure_ingress_topic},
-    owner::Owned,
-};
 use crate::{
     auth::{Access, Authenticator},
+    command::{IngressPosition, Place, Table},
     kafka::seek::Seek,
-    message::{Limits, OnConflict, UnixMillis},
-    metrics, proto,
+    message::{Limits, OnConflict},
+    metrics,
+    node::ShardSet,
+    proto,
     scheduler::{Call, Scheduler},
 };
 
 /// Records taken from a partition at once, at most.
 const BATCH: usize = 512;
-/// How often, at most, the read position goes to the log while records come.
+/// How often, at most, the read position is written while records come.
 const NOTE_EVERY: Duration = Duration::from_secs(1);
 /// How long a call answered "try again" waits before it is.
 const BACKOFF: Duration = Duration::from_millis(500);
+/// The longest wait before making or reading an ingress topic again.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long a read after a seek may find nothing before the partition's
 /// end is looked at.
 const SEEK_WAIT: Duration = Duration::from_secs(3);
 /// How long one call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// An ingress topic and the grant its records are checked against.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IngressTopic {
-    pub topic: String,
-    /// The name of an entry of the tokens file; none: authentication is
-    /// off, and the records may use every topic, in the shared id space.
-    pub grant: Option<String>,
+/// Why the ingress could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("--ingress {topic}: {reason}")]
+pub(crate) struct IngressError {
+    pub(crate) topic: String,
+    pub(crate) reason: String,
 }
 
-/// Reads the ingress topics for the shards this node owns.
-pub struct Ingress {
+/// Reads the ingress topics for the shards this process serves.
+pub(crate) struct Ingress {
     stop: CancellationToken,
     tasks: TaskTracker,
 }
 
 /// What every follower shares.
 struct Shared {
-    cluster: Arc<Cluster>,
+    shards: Arc<dyn ShardSet>,
     caller: Caller,
     topics: Vec<Topic>,
 }
@@ -109,92 +112,112 @@ struct Source<'a> {
     partition: i32,
 }
 
-/// An ingress topic as read.
-struct Topic {
-    name: String,
-    grant: Option<String>,
-    partitions: i32,
-    consumer: Arc<LogConsumer>,
+/// An ingress topic as read, and the grant its records are checked
+/// against.
+pub(crate) struct Topic {
+    pub(crate) feed: Arc<dyn Feed>,
+    /// The name of an entry of the tokens file; none: authentication is
+    /// off, and the records may use every topic, in the shared id space.
+    pub(crate) grant: Option<String>,
 }
 
 impl Ingress {
-    /// Makes sure each ingress topic exists, checks that its grant is one
-    /// the tokens file lists, and follows every partition whose shard this
-    /// node owns, for as long as it does.
-    pub async fn start(
-        config: &ClusterConfig,
-        cluster: Arc<Cluster>,
+    /// Checks that each topic's grant is one the tokens file lists, and
+    /// follows every partition whose shard this process serves, for as
+    /// long as it does. Each partition `p` is read for shard `p % shards`.
+    pub(crate) async fn start(
+        topics: Vec<Topic>,
+        shards: Arc<dyn ShardSet>,
         scheduler: Arc<dyn Scheduler>,
         auth: Authenticator,
-    ) -> Result<Ingress, ClusterError> {
-        let mut topics = Vec::new();
-        for ingress in &config.ingress {
-            auth.named(ingress.grant.as_deref())
-                .map_err(|why| ClusterError::Ingress(format!("--ingress {}: {why}", ingress.topic)))?;
-            let topic = LogTopic {
-                name: ingress.topic.clone(),
-                partitions: config.log.partitions,
-                replication: config.log.replication,
-            };
-            let partitions = ensure_ingress_topic(&config.kafka, &topic, config.admin_timeout).await?;
-            let consumer =
-                LogConsumer::committed(&config.kafka, &ingress.topic, &config.key).map_err(|e| {
-                    ClusterError::Ingress(format!("creating the consumer of {}: {e}", ingress.topic))
-                })?;
-            tracing::info!(topic = %ingress.topic, partitions, grant = ?ingress.grant, "reading Kafka-native schedules");
+        limits: Limits,
+    ) -> Result<Ingress, IngressError> {
+        for topic in &topics {
+            let name = topic.feed.topic();
+            auth.named(topic.grant.as_deref())
+                .map_err(|why| IngressError { topic: name.to_owned(), reason: why.to_string() })?;
             // Every outcome exported from the start, at 0.
             for outcome in ["scheduled", "duplicate", "replaced", "cancelled", "refused"] {
-                metrics::INGRESS_RECORDS.with_label_values(&[&ingress.topic, outcome]);
+                metrics::INGRESS_RECORDS.with_label_values(&[name, outcome]);
             }
-            topics.push(Topic {
-                name: ingress.topic.clone(),
-                grant: ingress.grant.clone(),
-                partitions,
-                consumer,
-            });
+            // Made now, as a rule, before the first call is served; if the
+            // broker cannot say, the follower tries again.
+            let _ = topic.feed.partitions().await;
         }
         let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
-        if !topics.is_empty() {
-            let caller = Caller { scheduler, auth, limits: config.limits.clone() };
-            let shared = Arc::new(Shared { cluster, caller, topics });
-            for shard in 0..shared.cluster.partitions() as usize {
-                tasks.spawn(follow_shard(Arc::clone(&shared), shard, stop.clone()));
-            }
+        let caller = Caller { scheduler, auth, limits };
+        let shared = Arc::new(Shared { shards, caller, topics });
+        for topic in 0..shared.topics.len() {
+            tasks.spawn(follow_topic(Arc::clone(&shared), topic, stop.clone()));
         }
         tasks.close();
         Ok(Ingress { stop, tasks })
     }
 
     /// Stops reading (each follower notes where it got to, if its shard is
-    /// still this node's).
-    pub async fn stop(&self) {
+    /// still served here).
+    pub(crate) async fn stop(&self) {
         self.stop.cancel();
         self.tasks.wait().await;
     }
 }
 
-/// While this node owns `shard`, follows every ingress partition that maps
-/// to it.
-async fn follow_shard(shared: Arc<Shared>, shard: usize, stop: CancellationToken) {
-    let count = shared.cluster.partitions() as i32;
-    loop {
-        let owned = tokio::select! {
+/// Follows the ingress topic `topic` (of `shared.topics`) until `stop`:
+/// once it is made (or found) on the broker, which is tried again until it
+/// is, every partition of each shard this process serves.
+async fn follow_topic(shared: Arc<Shared>, topic: usize, stop: CancellationToken) {
+    let feed = &shared.topics[topic].feed;
+    let mut wait = BACKOFF;
+    let partitions = loop {
+        match feed.partitions().await {
+            Ok(partitions) => break partitions,
+            Err(e) => tracing::warn!(
+                topic = %feed.topic(),
+                error = %e,
+                retry_in = ?wait,
+                "making or reading an ingress topic failed: its records wait until it works"
+            ),
+        }
+        tokio::select! {
             _ = stop.cancelled() => return,
-            owned = shared.cluster.until_owned(shard) => owned,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(MAX_BACKOFF);
+    };
+    let grant = &shared.topics[topic].grant;
+    tracing::info!(topic = %feed.topic(), partitions, ?grant, "reading Kafka-native schedules");
+    let shards =
+        (0..shared.shards.count()).map(|shard| follow_shard(&shared, topic, partitions, shard, &stop));
+    future::join_all(shards).await;
+}
+
+/// While this process serves `shard`, follows every partition of the
+/// ingress topic `topic` that maps to it.
+async fn follow_shard(
+    shared: &Shared,
+    topic: usize,
+    partitions: i32,
+    shard: usize,
+    stop: &CancellationToken,
+) {
+    let count = shared.shards.count() as i32;
+    let topic = &shared.topics[topic];
+    loop {
+        let served = tokio::select! {
+            _ = stop.cancelled() => return,
+            served = shared.shards.served(shard) => served,
         };
         let lost = stop.child_token();
-        let followers = shared.topics.iter().flat_map(|topic| {
-            (0..topic.partitions)
-                .filter(|p| p % count == shard as i32)
-                .map(|p| follow(&shared, topic, p, &owned, lost.clone()))
-                .collect::<Vec<_>>()
-        });
+        let followers = (0..partitions)
+            .filter(|p| p % count == shard as i32)
+            .map(|p| follow(shared, topic, shard, p, lost.clone()));
         let watch = async {
             tokio::select! {
-                _ = shared.cluster.until_gone(shard, &owned) => {}
+                _ = served.cancelled() => {}
                 _ = lost.cancelled() => {}
             }
             lost.cancel();
+            served.cancel();
         };
         tokio::join!(future::join_all(followers), watch);
         if stop.is_cancelled() {
@@ -203,35 +226,12 @@ async fn follow_shard(shared: Arc<Shared>, shard: usize, stop: CancellationToken
     }
 }
 
-/// A record of an ingress topic, as read.
-struct Raw {
-    offset: i64,
-    at: UnixMillis,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
-}
-
-impl Raw {
-    fn of(m: &rdkafka::message::BorrowedMessage<'_>) -> Raw {
-        let headers = m
-            .headers()
-            .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-            .unwrap_or_default();
-        Raw {
-            offset: m.offset(),
-            at: super::kafka::timestamp(m.timestamp()).unwrap_or_default(),
-            key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec),
-            headers,
-        }
-    }
-}
-
-/// Follows partition `partition` of `topic` for the shard `owned`, from
-/// where the log says its owner got to, until `lost`.
-async fn follow(shared: &Shared, topic: &Topic, partition: i32, owned: &Arc<Owned>, lost: CancellationToken) {
-    let Some(mut next) = start_at(owned, &topic.name, partition, &lost).await else { return };
+/// Follows partition `partition` of `topic` for `shard`, from where its
+/// ingress table says it was read to, until `lost`.
+async fn follow(shared: &Shared, topic: &Topic, shard: usize, partition: i32, lost: CancellationToken) {
+    let name = topic.feed.topic();
+    let at = Position { shards: shared.shards.as_ref(), shard, topic: name, partition };
+    let Some(mut next) = at.read(&lost).await else { return };
     let Some(reader) = open_reader(topic, partition, next, &lost).await else { return };
     let mut seek = Some(Seek::to(next, 0));
     let (mut noted, mut noted_at) = (next, Instant::now());
@@ -239,10 +239,10 @@ async fn follow(shared: &Shared, topic: &Topic, partition: i32, owned: &Arc<Owne
         let note_due = noted_at + NOTE_EVERY;
         let read = tokio::select! {
             _ = lost.cancelled() => break,
-            read = reader.next_with(BATCH, |m, _| Raw::of(m)) => Some(read),
+            read = reader.next(BATCH) => Some(read),
             _ = tokio::time::sleep(SEEK_WAIT), if seek.is_some() => None,
             _ = tokio::time::sleep_until(note_due.into()), if noted < next => {
-                if note(owned, &topic.name, partition, next).await {
+                if at.note(next).await {
                     noted = next;
                 }
                 noted_at = Instant::now();
@@ -252,7 +252,7 @@ async fn follow(shared: &Shared, topic: &Topic, partition: i32, owned: &Arc<Owne
         let records = match read {
             Some(Ok(records)) => records,
             Some(Err(e)) => {
-                tracing::warn!(topic = %topic.name, partition, error = %e, "reading an ingress topic failed; trying again");
+                tracing::warn!(topic = %name, partition, error = %e, "reading an ingress topic failed; trying again");
                 pause(&lost).await;
                 continue;
             }
@@ -260,13 +260,13 @@ async fn follow(shared: &Shared, topic: &Topic, partition: i32, owned: &Arc<Owne
             // of a batch answers nothing at all when nothing follows.
             None => {
                 let Some(put) = seek else { continue };
-                seek = match end_of(&reader, &lost).await {
+                seek = match end_of(reader.as_ref(), &lost).await {
                     Some(end) if end > put.next => put.check(i64::MAX),
                     Some(_) => None,
                     None => break,
                 };
                 if let Some(again) = seek
-                    && !put_at(&reader, again, &lost).await
+                    && !put_at(reader.as_ref(), again, &lost).await
                 {
                     break;
                 }
@@ -276,7 +276,7 @@ async fn follow(shared: &Shared, topic: &Topic, partition: i32, owned: &Arc<Owne
         if let (Some(put), Some(first)) = (seek, records.first()) {
             seek = put.check(first.offset);
             if let Some(again) = seek {
-                if !put_at(&reader, again, &lost).await {
+                if !put_at(reader.as_ref(), again, &lost).await {
                     break;
                 }
                 continue;
@@ -284,35 +284,79 @@ async fn follow(shared: &Shared, topic: &Topic, partition: i32, owned: &Arc<Owne
         }
         let records: Vec<Raw> = records.into_iter().filter(|r| r.offset >= next).collect();
         let Some(last) = records.last().map(|r| r.offset) else { continue };
-        let source = Source { topic: &topic.name, grant: topic.grant.as_deref(), partition };
+        let source = Source { topic: name, grant: topic.grant.as_deref(), partition };
         if !take(&shared.caller, &source, records, &lost).await {
             break;
         }
         next = last + 1;
         if noted_at.elapsed() >= NOTE_EVERY {
-            if note(owned, &topic.name, partition, next).await {
+            if at.note(next).await {
                 noted = next;
             }
             noted_at = Instant::now();
         }
     }
     if noted < next {
-        note(owned, &topic.name, partition, next).await;
+        at.note(next).await;
     }
 }
 
-/// Where the shard's owner got to in the partition, as its store says (the
-/// start, if it never read it); none if `lost` first.
-async fn start_at(owned: &Owned, topic: &str, partition: i32, lost: &CancellationToken) -> Option<i64> {
-    loop {
-        match owned.store().ingress_next(topic, partition).await {
-            Ok(next) => return Some(next.unwrap_or(0)),
-            Err(e) => {
-                tracing::warn!(topic, partition, error = %e, "reading where the ingress was read to failed")
+/// Where a partition's reader is kept: a row of its shard's ingress table.
+struct Position<'a> {
+    shards: &'a dyn ShardSet,
+    shard: usize,
+    topic: &'a str,
+    partition: i32,
+}
+
+impl Position<'_> {
+    /// Where the partition was read to (its start, if it never was); none
+    /// if `lost` first.
+    async fn read(&self, lost: &CancellationToken) -> Option<i64> {
+        let key = IngressPosition::key(self.topic, self.partition);
+        loop {
+            let read = match self.shards.reader(self.shard).await {
+                Ok(reader) => reader.row(Table::Ingress, key.clone()).await,
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok(None) => return Some(0),
+                Ok(Some(bytes)) => match IngressPosition::read(&key, &bytes) {
+                    Some(position) => return Some(position.next),
+                    None => {
+                        tracing::error!(
+                            topic = self.topic,
+                            partition = self.partition,
+                            "the ingress read position does not read; reading the partition from its start (its records are retries)"
+                        );
+                        return Some(0);
+                    }
+                },
+                Err(e) => tracing::warn!(
+                    topic = self.topic,
+                    partition = self.partition,
+                    error = %e,
+                    "reading where the ingress was read to failed"
+                ),
+            }
+            if !pause(lost).await {
+                return None;
             }
         }
-        if !pause(lost).await {
-            return None;
+    }
+
+    /// Writes that the partition was read up to `next`; false if it was
+    /// not (the shard is no longer served here, or the write failed: the
+    /// next note says it again).
+    async fn note(&self, next: i64) -> bool {
+        let row = IngressPosition { topic: self.topic.to_owned(), partition: self.partition, next }.row();
+        match self.shards.write_rows(Place::Shard(self.shard), vec![row]).await {
+            Ok(()) => true,
+            Err(e) => {
+                let (topic, partition) = (self.topic, self.partition);
+                tracing::debug!(topic, partition, next, error = %e, "noting how far an ingress partition was read failed");
+                false
+            }
         }
     }
 }
@@ -324,12 +368,27 @@ async fn open_reader(
     partition: i32,
     next: i64,
     lost: &CancellationToken,
-) -> Option<Arc<LogReader>> {
+) -> Option<Arc<dyn PartitionFeed>> {
     loop {
-        match topic.consumer.reader(partition, Seek::to(next, 0).at) {
-            Ok(reader) => return Some(Arc::new(reader)),
+        match topic.feed.open(partition, Seek::to(next, 0).at) {
+            Ok(reader) => return Some(reader),
             Err(e) => {
-                tracing::warn!(topic = %topic.name, partition, error = %e, "reading an ingress topic failed; trying again")
+                tracing::warn!(topic = %topic.feed.topic(), partition, error = %e, "reading an ingress topic failed; trying again")
+            }
+        }
+        if !pause(lost).await {
+            return None;
+        }
+    }
+}
+
+/// The end of the partition `reader` reads; none if `lost` first.
+async fn end_of(reader: &dyn PartitionFeed, lost: &CancellationToken) -> Option<i64> {
+    loop {
+        match reader.end().await {
+            Ok(end) => return Some(end),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the end of an ingress partition failed; trying again")
             }
         }
         if !pause(lost).await {
@@ -339,12 +398,10 @@ async fn open_reader(
 }
 
 /// Puts the reader at `seek.at`; false if `lost` first.
-async fn put_at(reader: &Arc<LogReader>, seek: Seek, lost: &CancellationToken) -> bool {
+async fn put_at(reader: &dyn PartitionFeed, seek: Seek, lost: &CancellationToken) -> bool {
     loop {
-        let moving = Arc::clone(reader);
-        match tokio::task::spawn_blocking(move || moving.seek_to(seek.at)).await {
-            Ok(Ok(())) => return true,
-            Ok(Err(e)) => tracing::warn!(error = %e, "seeking in an ingress topic failed; trying again"),
+        match reader.seek(seek.at).await {
+            Ok(()) => return true,
             Err(e) => tracing::warn!(error = %e, "seeking in an ingress topic failed; trying again"),
         }
         if !pause(lost).await {
@@ -358,19 +415,6 @@ async fn pause(lost: &CancellationToken) -> bool {
     tokio::select! {
         _ = lost.cancelled() => false,
         _ = tokio::time::sleep(BACKOFF) => true,
-    }
-}
-
-/// Notes in the log that the partition was read up to `next`; false if it
-/// was not (the shard is no longer this node's, or the log did not take
-/// it: the next note says it again).
-async fn note(owned: &Owned, topic: &str, partition: i32, next: i64) -> bool {
-    match owned.note_ingress(topic, partition, next).await {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::debug!(topic, partition, next, error = %e, "noting how far an ingress partition was read failed");
-            false
-        }
     }
 }
 
@@ -595,7 +639,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::{Error, scheduler::Listing};
+    use crate::{Error, message::UnixMillis, scheduler::Listing};
 
     /// A scheduler that notes every call, answers `again` ids UNAVAILABLE
     /// the first time, and refuses `refuse` ids as a bad request.

@@ -41,18 +41,18 @@ use crate::message::{
     UnixMillis,
 };
 
-pub const TOPIC_HEADER: &str = "hourglass-topic";
-pub const DELIVER_AT_HEADER: &str = "hourglass-deliver-at";
-pub const DELAY_HEADER: &str = "hourglass-delay";
-pub const KEY_HEADER: &str = "hourglass-key";
-pub const PARTITION_HEADER: &str = "hourglass-partition";
-pub const ON_CONFLICT_HEADER: &str = "hourglass-on-conflict";
-pub const LABELS_HEADER: &str = "hourglass-labels";
-pub const MAX_LATENESS_HEADER: &str = "hourglass-max-lateness";
-pub const DEAD_LETTER_TOPIC_HEADER: &str = "hourglass-dead-letter-topic";
+pub(crate) const TOPIC_HEADER: &str = "hourglass-topic";
+pub(crate) const DELIVER_AT_HEADER: &str = "hourglass-deliver-at";
+pub(crate) const DELAY_HEADER: &str = "hourglass-delay";
+pub(crate) const KEY_HEADER: &str = "hourglass-key";
+pub(crate) const PARTITION_HEADER: &str = "hourglass-partition";
+pub(crate) const ON_CONFLICT_HEADER: &str = "hourglass-on-conflict";
+pub(crate) const LABELS_HEADER: &str = "hourglass-labels";
+pub(crate) const MAX_LATENESS_HEADER: &str = "hourglass-max-lateness";
+pub(crate) const DEAD_LETTER_TOPIC_HEADER: &str = "hourglass-dead-letter-topic";
 
 /// Every `hourglass-` header a native record may carry.
-pub const HEADERS: [&str; 9] = [
+pub(crate) const HEADERS: [&str; 9] = [
     TOPIC_HEADER,
     DELIVER_AT_HEADER,
     DELAY_HEADER,
@@ -66,7 +66,7 @@ pub const HEADERS: [&str; 9] = [
 
 /// What a native record asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Native {
+pub(crate) enum Native {
     Schedule {
         id: MessageId,
         envelope: Envelope,
@@ -80,16 +80,16 @@ pub enum Native {
 /// A native record that cannot be applied, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{}{reason}", id.as_ref().map(|id| format!("message {id}: ")).unwrap_or_default())]
-pub struct Rejected {
+pub(crate) struct Rejected {
     /// The id, when the record's key is one.
     pub id: Option<MessageId>,
-    pub reason: Invalid,
+    pub(crate) reason: Invalid,
 }
 
 /// Reads a native record: its key, its value (none for a tombstone) and its
 /// headers, a header's value none when Kafka's is null. Everything that can
 /// be checked without the broker is checked here, against `limits`.
-pub fn parse<'a>(
+pub(crate) fn parse<'a>(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
     headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
