@@ -6,7 +6,7 @@
 #     console on http://127.0.0.1:9470, store in .local/hourglass, pid in
 #     .local/hourglass.pid; the hourglass command linked into ~/.cargo/bin;
 #     Kafka-native schedules read from the topic "hourglass-ingress"
-#     (none with tokens; HOURGLASS_INGRESS or --ingress says otherwise)
+#     (unless --ingress, a --config file or tokens say otherwise)
 # Installs what is missing and builds first. Arguments go to `hourglass
 # serve`. Ctrl-C (or SIGTERM or SIGHUP to this script) stops hourglass, then
 # the broker, and exits 0; if hourglass stops by itself, so does the script,
@@ -18,9 +18,11 @@ listen=127.0.0.1:50051
 metrics=127.0.0.1:9464
 console=127.0.0.1:9470
 console_given=
-# With tokens, an ingress topic needs a grant: none is read unless named.
+# An ingress topic to try Kafka-native schedules with, unless the
+# arguments, a config file or the environment say otherwise (or tokens are
+# on: an ingress topic then needs a grant).
 ingress=hourglass-ingress
-[ -z "${HOURGLASS_AUTH_TOKENS:-}" ] || ingress=none
+[ -z "${HOURGLASS_AUTH_TOKENS:-}${HOURGLASS_INGRESS:-}${HOURGLASS_CONFIG:-}" ] || ingress=
 args=("$@")
 for i in "${!args[@]}"; do
   case "${args[$i]}" in
@@ -30,7 +32,7 @@ for i in "${!args[@]}"; do
     --metrics-listen=*) metrics="${args[$i]#--metrics-listen=}" ;;
     --console-listen) console="${args[$((i + 1))]:-$console}" console_given=1 ;;
     --console-listen=*) console="${args[$i]#--console-listen=}" console_given=1 ;;
-    --auth-tokens | --auth-tokens=*) ingress=none ;;
+    --auth-tokens | --auth-tokens=* | --ingress | --ingress=* | --config | --config=*) ingress= ;;
   esac
 done
 
@@ -62,10 +64,10 @@ ports_free "$listen" "$metrics" "$console"
 # The console on loopback, unless the arguments say where.
 defaults=()
 [ -n "$console_given" ] || defaults=(--console-listen "$console")
+[ -z "$ingress" ] || defaults+=(--ingress "$ingress")
 start_broker
 # Its own session, so that Ctrl-C reaches this script, which stops it in order.
-HOURGLASS_INGRESS="${HOURGLASS_INGRESS:-$ingress}" \
-  HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" setsid "$hourglass" serve \
+HOURGLASS_LOG="${HOURGLASS_LOG:-info,librdkafka=warn}" setsid "$hourglass" serve \
   --kafka-brokers "$broker" --data-dir "$state/hourglass" "${defaults[@]}" "$@" </dev/null &
 server_pid=$!
 echo "$server_pid" >"$state/hourglass.pid"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Scheduling through Kafka alone: a record produced to hourglass's ingress
-topic (cluster mode) instead of a gRPC call.
+topic (--ingress, standalone or in cluster mode) instead of a gRPC call.
 
   1. schedules a message due in --delay-ms, keyed by its id, with the
      target topic, key and due time in hourglass- headers,
@@ -27,7 +27,7 @@ def main():
     args = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     args.add_argument("--brokers", default="127.0.0.1:9092")
     args.add_argument("--ingress-topic", default="hourglass-log-ingress",
-                      help="the cluster's ingress topic (--ingress; <log-topic>-ingress by default)")
+                      help="hourglass's ingress topic (--ingress; in cluster mode <log-topic>-ingress by default)")
     args.add_argument("--topic", required=True, help="the topic to deliver to")
     args.add_argument("--id", required=True, help="the message id (the record's key)")
     args.add_argument("--delay-ms", type=int, default=1000)

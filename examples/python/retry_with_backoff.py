@@ -10,21 +10,27 @@ ingress topic when started with --ingress.
       --topic orders --ingress-topic orders-retry --dead-letter-topic orders-dead
 
 The pattern, per record that fails:
-  - the attempt count travels in a header of the record (retry-attempt);
+  - the attempt count travels in a header of the record (retry-attempt),
+    and where the record first came from (retry-origin: topic/partition/
+    offset);
   - the consumer computes the backoff: --base-delay-ms * 2^attempt, at most
-    --max-delay-ms, with up to 10% jitter, so that a burst of failures does
-    not come back at once;
-  - the retry is one produce to the ingress topic: the record's own key,
-    value and headers, with hourglass-topic (back to this topic),
-    hourglass-delay (the backoff) and hourglass-key (the record's key). Its
-    key, the hourglass message id, is the record's key and attempt: a
-    consumer that crashes before committing and produces the same retry
-    again asks for the same message, which hourglass answers as a duplicate
-    and delivers once;
+    --max-delay-ms, with up to 10% jitter (so that a burst of failures does
+    not come back at once), from the failed record's own timestamp;
+  - the retry is one produce to the ingress topic: the record's value and
+    headers, with hourglass-topic (back to this topic), hourglass-deliver-at
+    (its timestamp plus the backoff) and hourglass-key (the record's key).
+    Its key, the hourglass message id, is its origin and attempt. All of it
+    follows from the failed record alone (the jitter is seeded by the same),
+    so a consumer that crashes before committing and takes the record again
+    produces the same retry: hourglass answers it as a duplicate and
+    delivers it once;
   - after --max-attempts tries, the record goes to the dead-letter topic,
-    with the attempts and the last error in headers;
+    with the tries (retry-attempts) and the last error in headers;
   - the consumer commits the record's offset only once the retry or the
     dead letter is acknowledged by Kafka (acks=all), so a crash loses none.
+    (A retry hourglass refuses, say a topic the ingress topic's grant does
+    not cover, is counted and logged by hourglass, and lost to this
+    consumer: watch hourglass_ingress_records_total{outcome="refused"}.)
 
 The work here is a stand-in: a record whose value is `fail:N` fails its
 first N tries, `poison` fails every time, anything else succeeds. Each
@@ -35,6 +41,7 @@ Needs: pip install confluent-kafka
 """
 
 import argparse
+import hashlib
 import json
 import random
 import sys
@@ -43,8 +50,11 @@ import time
 from confluent_kafka import Consumer, KafkaException, Producer
 
 ATTEMPT = "retry-attempt"
-SCHEDULED_AT = "retry-scheduled-at-ms"
+ORIGIN = "retry-origin"
+DUE = "retry-due-ms"
 LAST_ERROR = "retry-last-error"
+ATTEMPTS = "retry-attempts"
+OURS = {ATTEMPT, ORIGIN, DUE, LAST_ERROR, ATTEMPTS}
 
 
 def header(headers, name):
@@ -54,22 +64,35 @@ def header(headers, name):
     return None
 
 
-def without(headers, names):
-    return [(k, v) for k, v in headers or [] if k not in names and not k.startswith("hourglass-")]
+def kept(headers):
+    """The record's own headers: none of this pattern's, none of hourglass's."""
+    return [(k, v) for k, v in headers or [] if k not in OURS and not k.startswith("hourglass-")]
 
 
 def work(value, attempt):
     """The stand-in for real work: raises on failure."""
-    text = value.decode() if value else ""
+    text = value.decode(errors="replace") if value else ""
     if text == "poison":
         raise RuntimeError("poison: this record never succeeds")
     if text.startswith("fail:") and attempt < int(text[5:]):
         raise RuntimeError(f"failed on try {attempt + 1} of {text}")
 
 
-def backoff_ms(attempt, base, cap):
+def backoff_ms(origin, attempt, base, cap):
+    """The wait before try `attempt + 2`, with jitter seeded by the record
+    and the attempt: the same every time it is computed."""
     delay = min(cap, base * (2 ** attempt))
-    return int(delay + random.uniform(0, delay / 10))
+    jitter = random.Random(f"{origin}/{attempt}").uniform(0, delay / 10)
+    return int(delay + jitter)
+
+
+def retry_id(origin, attempt):
+    """The hourglass message id of a retry: readable when it fits in an
+    id (printable ASCII, 128 bytes), a digest of the origin otherwise."""
+    id = f"{origin}.attempt-{attempt}"
+    if len(id) <= 128 and all(33 <= ord(c) < 127 for c in id):
+        return id
+    return f"retry-{hashlib.sha256(origin.encode()).hexdigest()[:40]}.attempt-{attempt}"
 
 
 def main():
@@ -107,7 +130,7 @@ def main():
         if producer.flush(30) > 0 or failed:
             raise KafkaException(failed[0] if failed else "not acknowledged within 30 s")
 
-    waiting = {}  # retries on their way back: message id -> when due (ms)
+    waiting = set()  # retries on their way back, by id
     idle_since = time.monotonic()
     while True:
         msg = consumer.poll(0.2)
@@ -119,39 +142,34 @@ def main():
             raise KafkaException(msg.error())
         idle_since = time.monotonic()
         headers = msg.headers() or []
-        key = msg.key().decode() if msg.key() else f"{msg.partition()}-{msg.offset()}"
+        origin = header(headers, ORIGIN) or f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
         attempt = int(header(headers, ATTEMPT) or 0)
-        event = {"key": key, "attempt": attempt}
-        scheduled_at = header(headers, SCHEDULED_AT)
+        key = msg.key().decode(errors="replace") if msg.key() is not None else None
+        event = {"key": key, "origin": origin, "attempt": attempt}
         if attempt > 0:
-            waiting.pop(f"{key}.attempt-{attempt}", None)
-            if scheduled_at:
-                # How long after the retry was asked for it came back.
-                event["back_after_ms"] = int(time.time() * 1000) - int(scheduled_at)
+            waiting.discard(retry_id(origin, attempt))
+            # How long after its due time the retry came back: never before.
+            event["late_ms"] = int(time.time() * 1000) - int(header(headers, DUE))
         try:
             work(msg.value(), attempt)
             emit(step="processed", **event)
         except Exception as error:
-            kept = without(headers, {ATTEMPT, SCHEDULED_AT, LAST_ERROR})
             reason = str(error)[:200]
             if attempt + 1 >= opts.max_attempts:
-                send(opts.dead_letter_topic, key, msg.value(),
-                     kept + [(ATTEMPT, str(attempt)), (LAST_ERROR, reason)])
+                send(opts.dead_letter_topic, msg.key(), msg.value(), kept(headers) + [
+                    (ORIGIN, origin), (ATTEMPTS, str(attempt + 1)), (LAST_ERROR, reason)])
                 emit(step="dead-letter", error=reason, **event)
             else:
-                delay = backoff_ms(attempt, opts.base_delay_ms, opts.max_delay_ms)
-                now = int(time.time() * 1000)
-                retry_id = f"{key}.attempt-{attempt + 1}"
-                send(opts.ingress_topic, retry_id, msg.value(), kept + [
-                    ("hourglass-topic", opts.topic),
-                    ("hourglass-delay", str(delay)),
-                    ("hourglass-key", key),
-                    (ATTEMPT, str(attempt + 1)),
-                    (SCHEDULED_AT, str(now)),
-                    (LAST_ERROR, reason),
-                ])
-                waiting[retry_id] = now + delay
-                emit(step="retry", id=retry_id, delay_ms=delay, error=reason, **event)
+                delay = backoff_ms(origin, attempt, opts.base_delay_ms, opts.max_delay_ms)
+                due = msg.timestamp()[1] + delay
+                id = retry_id(origin, attempt + 1)
+                ask = [("hourglass-topic", msg.topic()), ("hourglass-deliver-at", str(due))]
+                if msg.key() is not None:
+                    ask.append(("hourglass-key", msg.key()))
+                send(opts.ingress_topic, id, msg.value(), kept(headers) + ask + [
+                    (ORIGIN, origin), (ATTEMPT, str(attempt + 1)), (DUE, str(due)), (LAST_ERROR, reason)])
+                waiting.add(id)
+                emit(step="retry", id=id, delay_ms=delay, error=reason, **event)
         consumer.commit(message=msg, asynchronous=False)
     consumer.close()
 

@@ -44,6 +44,16 @@ impl Table {
         }
     }
 
+    /// Of a [`Spread::Shard`] table, whether a row is applied only from
+    /// the record of the shard's owner (the log's latest claim). The
+    /// ingress table's is not: a read position says how far records were
+    /// turned into calls, whoever noted it, and one applied late costs
+    /// retries, never a message; while a copy rebuilt from the compacted
+    /// log, whose earlier claims are gone, would refuse an owner's.
+    pub fn fenced(self) -> bool {
+        !matches!(self, Table::Ingress)
+    }
+
     /// Whether the store keeps the whole table in memory too, handed to
     /// whoever watches it after each commit that changed it.
     pub fn cached(self) -> bool {

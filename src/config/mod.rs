@@ -359,8 +359,9 @@ settings! {
             /// routing topic is sealed with it; one that claims to be
             /// hourglass's own without its seal is refused.
             cluster_key_file: PathBuf as "FILE", "HOURGLASS_CLUSTER_KEY_FILE";
-            /// Cluster mode: replicas of each partition of the schedule log,
-            /// when hourglass creates it [default: the brokers' default].
+            /// Replicas of each partition of the topics hourglass creates: in
+            /// cluster mode the schedule log and its routing topic, and the
+            /// ingress topics standalone too [default: the brokers' default].
             log_replication: i32 as "REPLICAS", "HOURGLASS_LOG_REPLICATION";
             /// --delivery exactly-once: the transactional ids are
             /// <this>-<shard>. Unique to this node standalone, shared by the
@@ -669,9 +670,6 @@ impl Config {
             if !(Duration::from_secs(1)..=Duration::from_secs(300)).contains(&*self.group_session_timeout) {
                 return fail("group_session_timeout", "use 1s to 5m (brokers allow 6s to 5m by default)");
             }
-            if self.log_replication.is_some_and(|r| r < 1) {
-                return fail("log_replication", "must be at least 1");
-            }
             if self.cluster_key_file.is_none() {
                 return Err(ConfigError::Clash(
                     "cluster mode needs --cluster-key-file: the nodes seal their records in the schedule log with \
@@ -695,6 +693,9 @@ impl Config {
             }
         }
         self.ingress_topics()?;
+        if self.log_replication.is_some_and(|r| r < 1) {
+            return Err(ConfigError::out_of_range("log_replication", "must be at least 1"));
+        }
         match (&self.transactional_id, self.delivery) {
             (Some(_), DeliveryMode::Idempotent) => {
                 return Err(ConfigError::Clash(

@@ -67,6 +67,8 @@ const BATCH: usize = 512;
 const NOTE_EVERY: Duration = Duration::from_secs(1);
 /// How long a call answered "try again" waits before it is.
 const BACKOFF: Duration = Duration::from_millis(500);
+/// How long the start waits for the ingress topics to be made.
+const START_WAIT: Duration = Duration::from_secs(5);
 /// The longest wait before making or reading an ingress topic again.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long a read after a seek may find nothing before the partition's
@@ -140,10 +142,16 @@ impl Ingress {
             for outcome in ["scheduled", "duplicate", "replaced", "cancelled", "refused"] {
                 metrics::INGRESS_RECORDS.with_label_values(&[name, outcome]);
             }
-            // Made now, as a rule, before the first call is served; if the
-            // broker cannot say, the follower tries again.
-            let _ = topic.feed.partitions().await;
         }
+        // Made now, as a rule, before the first call is served; a broker
+        // that does not answer within START_WAIT holds the start no longer.
+        // Each try goes on in a task of its own rather than being dropped
+        // half-way through the client's call; its follower waits for it.
+        let first = topics.iter().map(|topic| {
+            let feed = Arc::clone(&topic.feed);
+            tokio::spawn(async move { feed.partitions().await.is_ok() })
+        });
+        let _ = tokio::time::timeout(START_WAIT, future::join_all(first.collect::<Vec<_>>())).await;
         let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
         let caller = Caller { scheduler, auth, limits };
         let shared = Arc::new(Shared { shards, caller, topics });

@@ -11,6 +11,7 @@ mod architecture;
 mod audit;
 mod bad_input;
 mod cli;
+mod clients;
 mod cluster;
 mod cluster_nodes;
 mod console;

@@ -25,8 +25,10 @@
 //!                                                   shard first produced to it: marks for those
 //!                                                   that have none (see `crate::dispatcher`'s
 //!                                                   reconciliation)
-//! 0x04 ‖ topic ‖ 0 ‖ p Ingress(topic, partition,   how far the shard read partition p of an
-//!                      next)                        ingress topic: the next offset to read
+//! 0x04 ‖ topic ‖ 0 ‖ p Ingress(topic, partition,   a row of the ingress table (`crate::ingress`):
+//!                      next)                        how far the shard read partition p of an
+//!                                                   ingress topic, the next offset to read; from
+//!                                                   any node, the latest record says
 //! 0x05 ‖ series id   Series(row)                    a row of the series table (`crate::series`) as
 //!                                                   its owner wrote it, and its wake moved; no
 //!                                                   bytes: deleted. Applied only from the shard's
@@ -60,7 +62,7 @@
 //! for it can answer its caller once it is applied.
 
 use crate::{
-    command::{HeaderRecord, LabelRecord, RowValue, Spread, Table},
+    command::{HeaderRecord, IngressPosition, LabelRecord, RowValue, Spread, Table},
     message::{DueSpec, Envelope, MessageId, UnixMillis},
 };
 
@@ -140,7 +142,17 @@ impl Change {
         match table {
             Table::Series => Change::Series(row),
             Table::Policy => Change::Policy(row),
-            Table::Ingress => Change::IngressRead(row),
+            // As earlier builds write it, so that a cluster of mixed
+            // builds reads it; a row that is no position (none is written)
+            // as a row.
+            Table::Ingress => {
+                match row.value.as_deref().and_then(|bytes| IngressPosition::read(&row.key, bytes)) {
+                    Some(IngressPosition { topic, partition, next }) => {
+                        Change::Ingress(Ingress { topic, partition, next })
+                    }
+                    None => Change::IngressRead(row),
+                }
+            }
         }
     }
 }
@@ -664,6 +676,10 @@ mod tests {
         // the latest of either.
         let row = crate::command::IngressPosition { topic: "in".into(), partition: 3, next: 7 }.row();
         assert_eq!(row_key(Table::Ingress, &row.key), b"\x04in\0\0\0\0\x03");
+        let RowValue::Put(bytes) = row.value.clone() else { unreachable!() };
+        let as_row = Row { key: row.key.clone(), value: Some(bytes), old_wake_ms: None, wake_ms: None };
+        let earlier = Change::Ingress(Ingress { topic: "in".into(), partition: 3, next: 7 });
+        assert!(Change::of_row(Table::Ingress, as_row) == earlier, "written as earlier builds read it");
         assert!(matches!(read_internal(&row_key(Table::Ingress, &row.key), None, FORMAT), Entry::Skip(_)));
     }
 }

@@ -15,6 +15,9 @@
 //!                "w" ‖ wake_ms:u64be ‖ series id  → ()   when the series next parks an occurrence
 //!                "P" ‖ tenant ‖ 0 ‖ topic         → a row of the policy table (a TopicPolicy)
 //!                "p" ‖ wake_ms:u64be ‖ key        → ()   the policy table's wake index (unused)
+//!                "i" ‖ topic ‖ 0 ‖ partition:i32be → next:i64be: a row of the ingress table, how far
+//!                                                   an ingress partition was read ("j": its unused
+//!                                                   wake index)
 //! ```
 //!
 //! Each table (`crate::command::Table`) has a prefix for its rows and one

@@ -434,7 +434,7 @@ impl Writer {
                 Answer::None
             }
             Replica::Row(row) => Answer::Rows(match row.table.spread() {
-                Spread::Shard if from_owner => {
+                Spread::Shard if from_owner || !row.table.fenced() => {
                     r.put_row(row);
                     Ok(())
                 }

@@ -1,0 +1,1 @@
+"""Generated from proto/hourglass/v1/hourglass.proto by generate.sh."""

@@ -1,0 +1,106 @@
+//! The packaged clients (clients/), each installed as its README says into
+//! an environment of its own, and its own tests run against a real server
+//! with tokens and a real broker.
+
+use crate::common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use common::*;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// Runs `command`, failing the test with its output if it fails; its
+/// output, stdout and stderr together.
+fn run(command: &mut Command, what: &str) -> String {
+    let out = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{what}: {}\n{said}", out.status);
+    said
+}
+
+/// A fresh virtual environment in `venv` with the Python package installed
+/// as its README says (`pip install ./clients/python`); its python. The
+/// system's grpcio and protobuf serve, as a team's own would.
+pub(crate) fn python_with_package(venv: &Path) -> PathBuf {
+    run(Command::new("python3").args(["-m", "venv", "--system-site-packages"]).arg(venv), "python3 -m venv");
+    let python = venv.join("bin/python");
+    run(
+        Command::new(&python).args(["-m", "pip", "install", "--quiet"]).arg(repo("clients/python")),
+        "pip install ./clients/python",
+    );
+    python
+}
+
+/// The stubs the Python package ships are what generate.sh makes from
+/// the proto now: the package never drifts from the server.
+#[test]
+fn the_python_package_ships_the_stubs_of_the_proto_as_it_is() {
+    let fresh = tempfile::tempdir().unwrap();
+    run(
+        Command::new("bash").arg(repo("clients/python/generate.sh")).arg(fresh.path()),
+        "generate.sh (pip install grpcio-tools)",
+    );
+    let shipped = repo("clients/python/src/hourglass_kafka/_proto");
+    for file in ["__init__.py", "hourglass_pb2.py", "hourglass_pb2.pyi", "hourglass_pb2_grpc.py"] {
+        let (now, kept) =
+            (std::fs::read(fresh.path().join(file)).unwrap(), std::fs::read(shipped.join(file)).unwrap());
+        assert!(now == kept, "{file} differs from the proto's: run bash clients/python/generate.sh");
+    }
+}
+
+/// `pip install clients/python` into a fresh virtual environment, then the
+/// package's own tests against a server with tokens: schedule, retry,
+/// get, cancel, reschedule, list, upsert, series, policies, the errors and
+/// their field violations, a token's grant, UNAVAILABLE retried with the
+/// same id, and the asyncio client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_package_installs_and_passes_its_tests_against_a_real_server() {
+    let broker = Broker::start();
+    let prefix = random_name("py");
+    let (topic, other) = (format!("{prefix}.events"), random_name("others"));
+    broker.create_topic(&topic, 1).await;
+    broker.create_topic(&other, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nname = \"python\"\ntoken = \"python-token\"\ntopics = [\"{prefix}.*\"]\nadmin = \"tenant\"\n\n\
+             [[token]]\nname = \"others\"\ntoken = \"others-token\"\ntopics = [\"{other}\"]\n"
+        ),
+    )
+    .unwrap();
+    let server = Hourglass::start(hourglass::config::Config {
+        auth_tokens: Some(tokens),
+        ..config(&broker, &dir.path().join("data"))
+    })
+    .await;
+
+    let (venv, addr) = (dir.path().join("venv"), server.addr.to_string());
+    tokio::task::spawn_blocking(move || {
+        let python = python_with_package(&venv);
+        // From outside the checkout: the installed package, not the sources.
+        let said = run(
+            Command::new(&python)
+                .args(["-m", "unittest", "discover", "-v", "-s"])
+                .arg(repo("clients/python/tests"))
+                .current_dir(&venv)
+                .env("HOURGLASS_TEST_SERVER", addr)
+                .env("HOURGLASS_TEST_TOPIC", &topic)
+                .env("HOURGLASS_TEST_TOKEN", "python-token")
+                .env("HOURGLASS_TEST_OTHER_TOPIC", &other),
+            "the Python package's tests",
+        );
+        // Every test of the file ran, and none was skipped.
+        assert!(said.contains("Ran 9 tests") && said.trim_end().ends_with("OK"), "{said}");
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
