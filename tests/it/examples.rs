@@ -79,15 +79,14 @@ async fn the_python_example_schedules_retries_cancels_and_sees_its_delivery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_example_schedules_retries_cancels_and_sees_its_delivery() {
+    // Every time: it installs a copy of clients/typescript as it is now.
     let dir = repo("examples/node");
-    if !dir.join("node_modules").exists() {
-        let status = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--prefix"])
-            .arg(&dir)
-            .status()
-            .expect("npm (install Node.js with bash deploy/local/install-deps.sh)");
-        assert!(status.success(), "npm ci in examples/node failed");
-    }
+    let status = Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund", "--prefix"])
+        .arg(&dir)
+        .status()
+        .expect("npm (install Node.js with bash deploy/local/install-deps.sh)");
+    assert!(status.success(), "npm ci in examples/node failed");
     example_against_a_real_server("node".into(), dir.join("client.js"), "node").await;
 }
 

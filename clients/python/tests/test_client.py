@@ -1,6 +1,6 @@
 """The client against a real hourglass server (and its broker).
 
-Set HOURGLASS_TEST_SERVER (host:port), HOURGLASS_TEST_TOPIC (a topic that
+Set HOURGLASS_TEST_SERVER (http://host:port), HOURGLASS_TEST_TOPIC (a topic that
 exists and the token may use), HOURGLASS_TEST_TOKEN (its token) and
 HOURGLASS_TEST_OTHER_TOPIC (one that exists but the token may not use).
 The Rust suite's `clients::` tests start a server and run these.
@@ -135,7 +135,7 @@ class FlakyFront(hg.rpc.SchedulerServicer):
 
     def __init__(self):
         self.ids = []
-        self.upstream = hg.rpc.SchedulerStub(grpc.insecure_channel(SERVER))
+        self.upstream = hg.rpc.SchedulerStub(grpc.insecure_channel(SERVER.removeprefix("http://")))
 
     def Schedule(self, request, context):
         self.ids.append(request.id)

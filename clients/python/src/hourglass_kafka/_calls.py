@@ -35,8 +35,18 @@ def timestamp(at: When) -> timestamp_pb2.Timestamp:
             raise ValueError("at: give a datetime with a time zone (datetime.now(timezone.utc)), not a naive one")
         out.FromDatetime(at.astimezone(_dt.timezone.utc))
     else:
-        out.FromNanoseconds(int(float(at) * 1e9))
+        out.FromNanoseconds(_nanos(at))
     return out
+
+
+def _nanos(seconds: Union[float, int]) -> int:
+    """Seconds as nanoseconds, exact for whole seconds and to the
+    microsecond for a float (whose own precision is about that)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{seconds!r}: give a number of seconds")
+    if isinstance(seconds, int):
+        return seconds * 1_000_000_000
+    return round(seconds * 1_000_000) * 1_000
 
 
 def duration(span: Span) -> duration_pb2.Duration:
@@ -45,7 +55,7 @@ def duration(span: Span) -> duration_pb2.Duration:
     if isinstance(span, _dt.timedelta):
         out.FromTimedelta(span)
     else:
-        out.FromNanoseconds(int(float(span) * 1e9))
+        out.FromNanoseconds(_nanos(span))
     return out
 
 
@@ -147,9 +157,18 @@ def series_request(
     return pb.CreateSeriesRequest(id=id, spec=spec)
 
 
+def name_of(enum, value: int, prefix: str) -> str:
+    """An enum value's name without its prefix, lower case; `unknown_N` for
+    one a newer server answers that this client does not know."""
+    try:
+        return enum.Name(value).removeprefix(prefix).lower()
+    except ValueError:
+        return f"unknown_{value}"
+
+
 def cancel_outcome(response: pb.CancelResponse) -> str:
     """`cancelled`, `already_delivered`, `already_cancelled`, `not_found`..."""
-    return pb.CancelOutcome.Name(response.outcome).removeprefix("CANCEL_OUTCOME_").lower()
+    return name_of(pb.CancelOutcome, response.outcome, "CANCEL_OUTCOME_")
 
 
 def credentials(
@@ -159,17 +178,17 @@ def credentials(
     client_key: Optional[bytes],
 ) -> Optional[grpc.ChannelCredentials]:
     """TLS credentials, or none for plaintext."""
-    if not (tls or ca_cert or client_cert):
-        return None
     if (client_cert is None) != (client_key is None):
         raise ValueError("client_cert and client_key go together (mutual TLS)")
+    if not (tls or ca_cert or client_cert):
+        return None
     return grpc.ssl_channel_credentials(root_certificates=ca_cert, private_key=client_key, certificate_chain=client_cert)
 
 
 def target_of(target: str) -> Tuple[str, bool]:
     """`host:port`, and whether the URL asked for TLS (https://)."""
     for scheme, tls in (("https://", True), ("http://", False)):
-        if target.startswith(scheme):
+        if target[: len(scheme)].lower() == scheme:
             return target[len(scheme):].rstrip("/"), tls
     return target, False
 

@@ -30,7 +30,7 @@ class Scheduled:
 
 
 def _scheduled(response: pb.ScheduleResponse) -> Scheduled:
-    outcome = pb.ScheduleOutcome.Name(response.outcome).removeprefix("SCHEDULE_OUTCOME_").lower()
+    outcome = c.name_of(pb.ScheduleOutcome, response.outcome, "SCHEDULE_OUTCOME_")
     return Scheduled(response.id, c.when(response.deliver_at), response.duplicate, outcome)
 
 
@@ -110,11 +110,15 @@ class Client(_Base):
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method, request):
+    def _call(self, method, request, *, gone_is_done: bool = False):
         for attempt in range(self._retries + 1):
             try:
-                return method(request, timeout=self._timeout, metadata=self._metadata)
+                # A retry waits for the connection to come back, up to its
+                # timeout, rather than failing at once while it is down.
+                return method(request, timeout=self._timeout, metadata=self._metadata, wait_for_ready=attempt > 0)
             except grpc.RpcError as e:
+                if gone_is_done and attempt > 0 and e.code() == grpc.StatusCode.NOT_FOUND:
+                    return None
                 if e.code() not in c.RETRIED or attempt == self._retries:
                     raise from_rpc_error(e) from None
             time.sleep(self._pause(attempt))
@@ -187,8 +191,9 @@ class Client(_Base):
         return self._call(self._series.GetSeries, pb.GetSeriesRequest(id=id))
 
     def delete_series(self, id: str) -> None:
-        """Deletes a series and cancels its parked occurrences."""
-        self._call(self._series.DeleteSeries, pb.DeleteSeriesRequest(id=id))
+        """Deletes a series and cancels its parked occurrences. (A retry
+        that finds it gone was answered by the first try.)"""
+        self._call(self._series.DeleteSeries, pb.DeleteSeriesRequest(id=id), gone_is_done=True)
 
     def pause_topic(self, topic: str) -> pb.TopicPolicy:
         """Holds the topic's due messages back until :meth:`resume_topic`."""
@@ -241,11 +246,15 @@ class AsyncClient(_Base):
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, method, request):
+    async def _call(self, method, request, *, gone_is_done: bool = False):
         for attempt in range(self._retries + 1):
             try:
-                return await method(request, timeout=self._timeout, metadata=self._metadata)
+                return await method(
+                    request, timeout=self._timeout, metadata=self._metadata, wait_for_ready=attempt > 0
+                )
             except grpc.RpcError as e:
+                if gone_is_done and attempt > 0 and e.code() == grpc.StatusCode.NOT_FOUND:
+                    return None
                 if e.code() not in c.RETRIED or attempt == self._retries:
                     raise from_rpc_error(e) from None
             await asyncio.sleep(self._pause(attempt))
@@ -307,7 +316,7 @@ class AsyncClient(_Base):
         return await self._call(self._series.GetSeries, pb.GetSeriesRequest(id=id))
 
     async def delete_series(self, id: str) -> None:
-        await self._call(self._series.DeleteSeries, pb.DeleteSeriesRequest(id=id))
+        await self._call(self._series.DeleteSeries, pb.DeleteSeriesRequest(id=id), gone_is_done=True)
 
     async def pause_topic(self, topic: str) -> pb.TopicPolicy:
         return await self._call(self._admin.PauseTopic, pb.TopicPolicyRequest(topic=topic))
