@@ -1,7 +1,7 @@
 // The types of hourglass-kafka's client (index.js). The messages' types are
 // the generated ones (./gen/hourglass/v1/hourglass_pb.d.ts), exported as `pb`.
 
-import type { Transport } from "@connectrpc/connect";
+import type { Client, Transport } from "@connectrpc/connect";
 import type * as pb from "./gen/hourglass/v1/hourglass_pb.js";
 
 export * as pb from "./gen/hourglass/v1/hourglass_pb.js";
@@ -14,6 +14,7 @@ export interface FieldViolation {
 
 /** A call the server refused or could not answer. */
 export declare class HourglassError extends Error {
+  constructor(code: string, message: string, violations: FieldViolation[]);
   /** The gRPC status, as its name: "INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE"... */
   readonly code: string;
   /** The server's message. */
@@ -33,11 +34,13 @@ export interface ClientOptions {
   key?: string;
   /** Per call. Default 10 s. */
   timeoutMs?: number;
-  /** How many times a call answered UNAVAILABLE is made again. Default 6 (about 11 s in all). */
+  /** How many times a call answered UNAVAILABLE (or cut by a connection
+   * reset) is made again. Default 6 (about 11 s in all). */
   retries?: number;
   /** The first wait before a retry, doubled each time. Default 200 ms. */
   retryBackoffMs?: number;
-  /** Another connect-es transport (a gRPC-Web one, say) instead of gRPC over HTTP/2. */
+  /** Another connect-es transport instead of gRPC over HTTP/2 (one with
+   * interceptors of its own: `token` is refused beside it). */
   transport?: Transport;
 }
 
@@ -96,6 +99,12 @@ export interface SeriesOptions extends RecordOptions {
 
 export declare class HourglassClient {
   constructor(options?: ClientOptions);
+  /** The transport the calls go over. */
+  readonly transport: Transport;
+  /** connect-es clients of the three services, for what the verbs below leave out. */
+  readonly scheduler: Client<typeof pb.Scheduler>;
+  readonly series: Client<typeof pb.Series>;
+  readonly admin: Client<typeof pb.Admin>;
   schedule(topic: string, value: Bytes, options?: ScheduleOptions): Promise<Scheduled>;
   cancel(id: string): Promise<CancelOutcome>;
   reschedule(id: string, due: { at?: Date | number; delayMs?: number }): Promise<Date>;

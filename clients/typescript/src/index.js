@@ -27,11 +27,17 @@ export class HourglassError extends Error {
   }
 }
 
+// gRPC's names for its codes (connect's enum spells code 1 "Canceled").
 const CODE_NAMES = Object.fromEntries(
   Object.entries(Code)
     .filter(([, v]) => typeof v === "number")
-    .map(([name, v]) => [v, name.replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase()]),
+    .map(([name, v]) => [v, v === Code.Canceled ? "CANCELLED" : name.replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase()]),
 );
+
+// Answered by a server restarting or unreachable: made again. The server
+// never answers ABORTED itself; connect-node reports a connection reset
+// mid-call (the server killed) as that.
+const RETRIED = new Set([Code.Unavailable, Code.Aborted]);
 
 // google.rpc.BadRequest, read by hand: field_violations (1) of messages
 // whose field (1) and description (2) are strings.
@@ -88,6 +94,11 @@ function toError(error) {
 
 const bytes = (value) => (typeof value === "string" ? new TextEncoder().encode(value) : value);
 
+function whole(n, what) {
+  if (!Number.isSafeInteger(n) || n < 0) throw new TypeError(`${what}: give a whole number, 0 or more`);
+  return n;
+}
+
 function timestamp(at) {
   const date = at instanceof Date ? at : new Date(at);
   if (Number.isNaN(date.getTime())) throw new TypeError(`at: ${at} is no time (give a Date or Unix milliseconds)`);
@@ -136,19 +147,24 @@ export class HourglassClient {
       return next(req);
     };
     const read = (path) => (path ? readFileSync(path) : undefined);
+    const tls = /^https:/i.test(baseUrl);
+    if (!tls && (ca || cert || key)) throw new TypeError("ca, cert and key are for TLS: give an https:// baseUrl");
+    if (Boolean(cert) !== Boolean(key)) throw new TypeError("cert and key go together (mutual TLS)");
+    if (transport && token) throw new TypeError("a transport of your own carries its own interceptors: give the token there");
+    /** The transport the calls go over. */
     this.transport =
       transport ??
       createGrpcTransport({
         baseUrl,
         interceptors: [auth],
-        nodeOptions: baseUrl.startsWith("https:") ? { ca: read(ca), cert: read(cert), key: read(key) } : undefined,
+        nodeOptions: tls ? { ca: read(ca), cert: read(cert), key: read(key) } : undefined,
       });
     this.scheduler = createClient(pb.Scheduler, this.transport);
     this.series = createClient(pb.Series, this.transport);
     this.admin = createClient(pb.Admin, this.transport);
     this.timeoutMs = timeoutMs;
-    this.retries = Math.max(0, retries);
-    this.retryBackoffMs = retryBackoffMs;
+    this.retries = whole(retries, "retries");
+    this.retryBackoffMs = whole(retryBackoffMs, "retryBackoffMs");
   }
 
   // A call, made again while it is answered UNAVAILABLE (about 11 s in
@@ -161,7 +177,7 @@ export class HourglassClient {
       } catch (error) {
         const e = ConnectError.from(error);
         if (goneIsDone && attempt > 0 && e.code === Code.NotFound) return undefined;
-        if (e.code !== Code.Unavailable || attempt >= this.retries) throw toError(e);
+        if (!RETRIED.has(e.code) || attempt >= this.retries) throw toError(e);
       }
       await new Promise((r) => setTimeout(r, Math.min(this.retryBackoffMs * 2 ** attempt, 5000)));
     }
@@ -175,13 +191,13 @@ export class HourglassClient {
    */
   async schedule(topic, value, options = {}) {
     const { at, delayMs, id, labels, maxLatenessMs, deadLetterTopic, replace } = options;
-    if (at !== undefined && delayMs !== undefined) throw new TypeError("give at or delayMs, not both");
+    if (at != null && delayMs != null) throw new TypeError("give at or delayMs, not both");
     const request = create(pb.ScheduleRequestSchema, {
       message: message(topic, value, options),
-      due: at !== undefined ? { case: "deliverAt", value: timestamp(at) } : { case: "delay", value: duration(delayMs ?? 0, "delayMs") },
+      due: at != null ? { case: "deliverAt", value: timestamp(at) } : { case: "delay", value: duration(delayMs ?? 0, "delayMs") },
       id: id ?? randomUUID(),
       labels: labels ?? {},
-      maxLateness: maxLatenessMs === undefined ? undefined : duration(maxLatenessMs, "maxLatenessMs"),
+      maxLateness: maxLatenessMs == null ? undefined : duration(maxLatenessMs, "maxLatenessMs"),
       deadLetterTopic: deadLetterTopic ?? "",
       onConflict: replace ? pb.OnConflict.REPLACE : pb.OnConflict.REJECT,
     });
@@ -202,8 +218,8 @@ export class HourglassClient {
 
   /** Moves a pending message to `at` or `delayMs` from now; its new due time. */
   async reschedule(id, { at, delayMs } = {}) {
-    if ((at === undefined) === (delayMs === undefined)) throw new TypeError("give at or delayMs (one of them)");
-    const due = at !== undefined ? { case: "deliverAt", value: timestamp(at) } : { case: "delay", value: duration(delayMs, "delayMs") };
+    if ((at == null) === (delayMs == null)) throw new TypeError("give at or delayMs (one of them)");
+    const due = at != null ? { case: "deliverAt", value: timestamp(at) } : { case: "delay", value: duration(delayMs, "delayMs") };
     const done = await this.call((r, o) => this.scheduler.reschedule(r, o), create(pb.RescheduleRequestSchema, { id, due }));
     return timestampDate(done.deliverAt);
   }
@@ -227,15 +243,15 @@ export class HourglassClient {
   /** A recurring record, by `cron` (in `timeZone`) or every `intervalMs`. */
   async createSeries(id, topic, value, options = {}) {
     const { cron, intervalMs, timeZone = "", labels, start, end, count = 0 } = options;
-    if ((cron === undefined) === (intervalMs === undefined)) throw new TypeError("give cron or intervalMs (one of them)");
+    if ((cron == null) === (intervalMs == null)) throw new TypeError("give cron or intervalMs (one of them)");
     const spec = create(pb.SeriesSpecSchema, {
       template: message(topic, value, options),
-      every: cron !== undefined ? { case: "cron", value: cron } : { case: "interval", value: duration(intervalMs, "intervalMs") },
+      every: cron != null ? { case: "cron", value: cron } : { case: "interval", value: duration(intervalMs, "intervalMs") },
       timeZone,
       labels: labels ?? {},
-      start: start === undefined ? undefined : timestamp(start),
-      end: end === undefined ? undefined : timestamp(end),
-      count: BigInt(count),
+      start: start == null ? undefined : timestamp(start),
+      end: end == null ? undefined : timestamp(end),
+      count: BigInt(whole(count, "count")),
     });
     const done = await this.call((r, o) => this.series.createSeries(r, o), create(pb.CreateSeriesRequestSchema, { id, spec }));
     return done.series;
@@ -260,7 +276,11 @@ export class HourglassClient {
 
   /** Limits how fast the topic's messages go out (0: no limit). */
   async setRateLimit(topic, perSecond, burst = 0) {
-    const request = create(pb.SetRateLimitRequestSchema, { topic, perSecond, burst });
+    const request = create(pb.SetRateLimitRequestSchema, {
+      topic,
+      perSecond: whole(perSecond, "perSecond"),
+      burst: whole(burst, "burst"),
+    });
     return this.call((r, o) => this.admin.setRateLimit(r, o), request);
   }
 

@@ -6,6 +6,8 @@ export async function use(client: HourglassClient): Promise<string> {
   const done: Scheduled = await client.schedule("reminders", "hello", { delayMs: 10_000, key: "teacher-7", labels: { class: "7" } });
   const got: pb.GetResponse = await client.get(done.id);
   const state: pb.State = got.state;
+  const stats: pb.StatsResponse = await client.scheduler.stats({});
+  void stats;
   for await (const pending of client.list({ topic: "reminders" })) {
     const id: string = pending.id;
     void id;
