@@ -61,7 +61,7 @@ fn the_python_package_ships_the_stubs_of_the_proto_as_it_is() {
 /// same id, and the asyncio client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_package_installs_and_passes_its_tests_against_a_real_server() {
-    let (dir, (_broker, server), env) = server_with_tokens().await;
+    let (dir, (_broker, server, _pki), env) = server_with_tokens().await;
     let venv = dir.path().join("venv");
     tokio::task::spawn_blocking(move || {
         let python = python_with_package(&venv);
@@ -82,16 +82,20 @@ async fn the_python_package_installs_and_passes_its_tests_against_a_real_server(
     server.stop().await;
 }
 
-/// A server with tokens and a broker for a package's tests: a token for
-/// one tenant's topics (with `admin = "tenant"`) and another tenant's
-/// topic; the environment its tests read (HOURGLASS_TEST_*).
-async fn server_with_tokens() -> (tempfile::TempDir, (Broker, Hourglass), Vec<(&'static str, String)>) {
+/// A server with mutual TLS and tokens, and a broker, for a package's
+/// tests: a token for one tenant's topics (with `admin = "tenant"`) and
+/// another tenant's topic; the environment its tests read
+/// (HOURGLASS_TEST_*: the server's https:// URL, the CA, a client
+/// certificate and key).
+async fn server_with_tokens()
+-> (tempfile::TempDir, (Broker, Hourglass, tempfile::TempDir), Vec<(&'static str, String)>) {
     let broker = Broker::start();
     let prefix = random_name("client");
     let (topic, other) = (format!("{prefix}.events"), random_name("others"));
     broker.create_topic(&topic, 1).await;
     broker.create_topic(&other, 1).await;
     let dir = tempfile::tempdir().unwrap();
+    let pki = crate::security::pki();
     let tokens = dir.path().join("tokens.toml");
     std::fs::write(
         &tokens,
@@ -103,16 +107,23 @@ async fn server_with_tokens() -> (tempfile::TempDir, (Broker, Hourglass), Vec<(&
     .unwrap();
     let server = Hourglass::start(hourglass::config::Config {
         auth_tokens: Some(tokens),
+        tls_cert: Some(pki.path().join("server.pem")),
+        tls_key: Some(pki.path().join("server.key")),
+        tls_client_ca: Some(pki.path().join("ca.pem")),
         ..config(&broker, &dir.path().join("data"))
     })
     .await;
+    let file = |name: &str| pki.path().join(name).display().to_string();
     let env = vec![
-        ("HOURGLASS_TEST_SERVER", format!("http://{}", server.addr)),
+        ("HOURGLASS_TEST_SERVER", format!("https://{}", server.addr)),
+        ("HOURGLASS_TEST_CA", file("ca.pem")),
+        ("HOURGLASS_TEST_CERT", file("client.pem")),
+        ("HOURGLASS_TEST_KEY", file("client.key")),
         ("HOURGLASS_TEST_TOPIC", topic),
         ("HOURGLASS_TEST_TOKEN", "client-token".to_owned()),
         ("HOURGLASS_TEST_OTHER_TOPIC", other),
     ];
-    (dir, (broker, server), env)
+    (dir, (broker, server, pki), env)
 }
 
 /// The code the TypeScript package ships is what `npm run generate` makes
@@ -148,7 +159,7 @@ fn the_typescript_package_ships_the_code_of_the_proto_as_it_is() {
 /// UNAVAILABLE retried with the same id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_package_installs_type_checks_and_passes_its_tests_against_a_real_server() {
-    let (dir, (_broker, server), env) = server_with_tokens().await;
+    let (dir, (_broker, server, _pki), env) = server_with_tokens().await;
     let project = dir.path().join("project");
     tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(&project).unwrap();

@@ -1,8 +1,10 @@
 """The client against a real hourglass server (and its broker).
 
-Set HOURGLASS_TEST_SERVER (http://host:port), HOURGLASS_TEST_TOPIC (a topic that
-exists and the token may use), HOURGLASS_TEST_TOKEN (its token) and
-HOURGLASS_TEST_OTHER_TOPIC (one that exists but the token may not use).
+Set HOURGLASS_TEST_SERVER (http://host:port, or https://), HOURGLASS_TEST_TOPIC
+(a topic that exists and the token may use), HOURGLASS_TEST_TOKEN (its token)
+and HOURGLASS_TEST_OTHER_TOPIC (one that exists but the token may not use);
+for TLS, HOURGLASS_TEST_CA and, for mutual TLS, HOURGLASS_TEST_CERT and
+HOURGLASS_TEST_KEY (PEM files).
 The Rust suite's `clients::` tests start a server and run these.
 
   python3 -m unittest discover -s clients/python/tests -v
@@ -32,6 +34,12 @@ SERVER = setting("HOURGLASS_TEST_SERVER")
 TOPIC = setting("HOURGLASS_TEST_TOPIC")
 TOKEN = setting("HOURGLASS_TEST_TOKEN")
 OTHER_TOPIC = setting("HOURGLASS_TEST_OTHER_TOPIC")
+TLS = {
+    name: os.environ[variable]
+    for name, variable in (("ca_cert", "HOURGLASS_TEST_CA"), ("client_cert", "HOURGLASS_TEST_CERT"),
+                           ("client_key", "HOURGLASS_TEST_KEY"))
+    if os.environ.get(variable)
+}
 
 
 def fresh(prefix):
@@ -49,7 +57,7 @@ def wait_for_state(client, id, state, within=20.0):
 
 class Blocking(unittest.TestCase):
     def setUp(self):
-        self.hg = hg.Client(SERVER, token=TOKEN)
+        self.hg = hg.Client(SERVER, token=TOKEN, **TLS)
 
     def tearDown(self):
         self.hg.close()
@@ -110,7 +118,7 @@ class Blocking(unittest.TestCase):
 
     def test_a_token_is_needed_and_checked(self):
         for token in (None, "not-a-token"):
-            with hg.Client(SERVER, token=token, retries=0) as anonymous:
+            with hg.Client(SERVER, token=token, retries=0, **TLS) as anonymous:
                 with self.assertRaises(hg.Unauthenticated):
                     anonymous.schedule(TOPIC, b"x", delay=60)
 
@@ -135,14 +143,13 @@ class FlakyFront(hg.rpc.SchedulerServicer):
 
     def __init__(self):
         self.ids = []
-        self.upstream = hg.rpc.SchedulerStub(grpc.insecure_channel(SERVER.removeprefix("http://")))
+        self.upstream = hg.Client(SERVER, token=TOKEN, **TLS)
 
     def Schedule(self, request, context):
         self.ids.append(request.id)
         if len(self.ids) == 1:
             context.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
-        metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
-        return self.upstream.Schedule(request, metadata=metadata, timeout=10)
+        return self.upstream._scheduler.Schedule(request, metadata=self.upstream._metadata, timeout=10)
 
 
 class Retries(unittest.TestCase):
@@ -164,11 +171,12 @@ class Retries(unittest.TestCase):
                     client.schedule(TOPIC, b"x", delay=3600)
         finally:
             server.stop(None)
+            front.upstream.close()
 
 
 class Asyncio(unittest.IsolatedAsyncioTestCase):
     async def test_the_same_verbs(self):
-        async with hg.AsyncClient(SERVER, token=TOKEN) as client:
+        async with hg.AsyncClient(SERVER, token=TOKEN, **TLS) as client:
             id = fresh("aio")
             done = await client.schedule(TOPIC, b"async", delay=3600, id=id)
             self.assertEqual(done.outcome, "created")

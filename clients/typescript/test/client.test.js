@@ -1,7 +1,9 @@
 // The client against a real hourglass server (and its broker). Set
-// HOURGLASS_TEST_SERVER (http://host:port), HOURGLASS_TEST_TOPIC (a topic
-// that exists and the token may use), HOURGLASS_TEST_TOKEN and
-// HOURGLASS_TEST_OTHER_TOPIC (one the token may not use). The Rust suite's
+// HOURGLASS_TEST_SERVER (http://host:port, or https://), HOURGLASS_TEST_TOPIC
+// (a topic that exists and the token may use), HOURGLASS_TEST_TOKEN and
+// HOURGLASS_TEST_OTHER_TOPIC (one the token may not use); for TLS,
+// HOURGLASS_TEST_CA and, for mutual TLS, HOURGLASS_TEST_CERT and
+// HOURGLASS_TEST_KEY (PEM files). The Rust suite's
 // `clients::` tests start a server, install this package into a project of
 // their own and run this file there:  node --test
 import assert from "node:assert/strict";
@@ -20,8 +22,9 @@ const SERVER = setting("HOURGLASS_TEST_SERVER");
 const TOPIC = setting("HOURGLASS_TEST_TOPIC");
 const TOKEN = setting("HOURGLASS_TEST_TOKEN");
 const OTHER_TOPIC = setting("HOURGLASS_TEST_OTHER_TOPIC");
+const TLS = { ca: process.env.HOURGLASS_TEST_CA, cert: process.env.HOURGLASS_TEST_CERT, key: process.env.HOURGLASS_TEST_KEY };
 const fresh = (prefix) => `${prefix}-${randomUUID().slice(0, 12)}`;
-const client = () => new HourglassClient({ baseUrl: SERVER, token: TOKEN });
+const client = () => new HourglassClient({ baseUrl: SERVER, token: TOKEN, ...TLS });
 
 async function refused(promise, code) {
   try {
@@ -83,7 +86,7 @@ test("errors carry the fields the server refused, and the grant holds", async ()
   await refused(hg.get(fresh("missing")), "NOT_FOUND");
   await refused(hg.schedule(OTHER_TOPIC, "x", { delayMs: 60_000 }), "PERMISSION_DENIED");
   for (const token of [undefined, "not-a-token"]) {
-    await refused(new HourglassClient({ baseUrl: SERVER, token, retries: 0 }).schedule(TOPIC, "x", { delayMs: 60_000 }), "UNAUTHENTICATED");
+    await refused(new HourglassClient({ baseUrl: SERVER, token, retries: 0, ...TLS }).schedule(TOPIC, "x", { delayMs: 60_000 }), "UNAUTHENTICATED");
   }
 });
 
