@@ -50,12 +50,15 @@
 //! - [`console`]: the operator console, web pages over the same
 //!   [`scheduler::Scheduler`] seam as the gRPC adapter, with the same
 //!   grants (`--console-listen`).
+//! - [`web`]: the doors beside gRPC on its port: every unary call as JSON
+//!   over HTTP (the Connect protocol), gRPC-Web, the OpenAPI document;
+//!   each transcoded into the gRPC call it stands for.
 //! - [`server`]: wiring (from [`config`], each setting declared once), the
 //!   bounds on what clients can hold (connections, health watches; calls and
 //!   request bytes are bounded in [`api`]), and ordered shutdown.
 //!
 //! Modules depend downward only, in this order from the top: `server`;
-//! `console`, `api`; `bulk`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
+//! `console`, `web`, `api`; `bulk`; `service`; `cluster`; `node`; `scheduler`, `status`; `shard`; `dispatcher`; `kafka`, `store`,
 //! `auth`; `config`, `tls`, `secret`, `message`, `clock`, `metrics` and the
 //! other leaves. `tests/it/architecture.rs` fails on an import that would close
 //! a circle, and on any module but the wiring (`server`) that imports
@@ -98,6 +101,7 @@ pub(crate) mod shard;
 pub(crate) mod status;
 pub mod store;
 pub mod tls;
+pub(crate) mod web;
 
 pub use error::Error;
 pub use server::{Listeners, run, run_with_clock};

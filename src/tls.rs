@@ -4,13 +4,14 @@
 //! start-up, so a wrong path or a broken file stops the server with an error
 //! naming the flag and the file rather than at the first handshake.
 //!
-//! This module only loads and checks; the handshake is tonic's (rustls).
+//! This module only loads and checks; the handshakes are the servers'
+//! (rustls: `server::handshake` for the gRPC port, the console's own).
 //! It takes plain paths, from the server's settings or a client's flags.
 
 use std::path::{Path, PathBuf};
 
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 /// What is wrong with TLS settings or their files; names the flag and the
 /// file.
@@ -60,25 +61,12 @@ impl TlsFiles {
         }
     }
 
-    /// Reads the files, checks that each holds what it should, and builds
-    /// tonic's server TLS settings.
-    pub fn load(&self) -> Result<ServerTlsConfig, TlsError> {
-        let cert = read_certificates("--tls-cert", &self.cert)?;
-        let key = read("--tls-key", &self.key)?;
-        if let Err(e) = PrivateKeyDer::from_pem_slice(&key) {
-            return Err(bad_pem("--tls-key", &self.key, &format!("no private key in PEM form ({e})")));
-        }
-        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
-        if let Some(ca) = &self.client_ca {
-            tls = tls.client_ca_root(Certificate::from_pem(read_certificates("--tls-client-ca", ca)?));
-        }
-        Ok(tls)
-    }
-
-    /// The same settings for a server of its own (the console): rustls's,
-    /// TLS 1.2 and 1.3, with HTTP/1.1 offered; with a client CA, a client
-    /// must present a certificate it signed.
-    pub fn rustls(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, TlsError> {
+    /// Reads the files, checks that each holds what it should (and that
+    /// the key goes with the certificate), and builds rustls's server
+    /// settings: TLS 1.2 and 1.3, offering the protocols `alpn` names (in
+    /// order of preference); with a client CA, a client must present a
+    /// certificate it signed.
+    pub fn rustls(&self, alpn: &[&[u8]]) -> Result<std::sync::Arc<rustls::ServerConfig>, TlsError> {
         use std::sync::Arc;
         let certs = CertificateDer::pem_slice_iter(&read_certificates("--tls-cert", &self.cert)?)
             .collect::<Result<Vec<_>, _>>()
@@ -107,7 +95,7 @@ impl TlsFiles {
         let mut config = builder
             .with_single_cert(certs, key)
             .map_err(|e| bad_pem("--tls-key", &self.key, &format!("does not go with --tls-cert: {e}")))?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
         Ok(Arc::new(config))
     }
 }
@@ -196,27 +184,27 @@ mod tests {
         std::fs::write(&garbage, "not a certificate").unwrap();
 
         let files = TlsFiles { cert: missing.clone(), key: garbage.clone(), client_ca: None };
-        let err = files.load().unwrap_err().to_string();
+        let err = files.rustls(&[]).unwrap_err().to_string();
         assert!(
             err.contains("--tls-cert") && err.contains("missing.pem") && err.contains("cannot read"),
             "{err}"
         );
 
         let files = TlsFiles { cert: garbage.clone(), key: garbage.clone(), client_ca: None };
-        let err = files.load().unwrap_err().to_string();
+        let err = files.rustls(&[]).unwrap_err().to_string();
         assert!(err.contains("--tls-cert") && err.contains("garbage.pem") && err.contains("no PEM"), "{err}");
 
         let signed = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let cert = dir.path().join("cert.pem");
         std::fs::write(&cert, signed.cert.pem()).unwrap();
         let files = TlsFiles { cert: cert.clone(), key: garbage.clone(), client_ca: None };
-        let err = files.load().unwrap_err().to_string();
+        let err = files.rustls(&[]).unwrap_err().to_string();
         assert!(err.contains("--tls-key") && err.contains("garbage.pem"), "{err}");
 
         let key = dir.path().join("key.pem");
         std::fs::write(&key, signed.signing_key.serialize_pem()).unwrap();
         let files = TlsFiles { cert, key, client_ca: Some(garbage) };
-        let err = files.load().unwrap_err().to_string();
+        let err = files.rustls(&[]).unwrap_err().to_string();
         assert!(err.contains("--tls-client-ca") && err.contains("garbage.pem"), "{err}");
     }
 }

@@ -33,7 +33,10 @@ impl MessageId {
     /// A client-chosen id in `tenant`'s space (the shared one for none).
     pub fn parse_in(tenant: Option<&Tenant>, id: &str) -> Result<Self, Invalid> {
         if id.is_empty() {
-            return Err(Invalid::new("id", "must not be empty; omit it to let the server assign one"));
+            return Err(Invalid::new(
+                "id",
+                "must not be empty (a Schedule without one gets one from the server)",
+            ));
         }
         if id.len() > Self::MAX_LEN {
             return Err(Invalid::new(

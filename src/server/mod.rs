@@ -17,6 +17,7 @@
 //! ([`limits::BoundedWatch`]); HTTP/2 keepalive closes connections whose
 //! peer is gone.
 
+mod handshake;
 mod limits;
 pub mod settings;
 
@@ -45,6 +46,7 @@ use crate::{
     series::{Series, spec::Limits as SeriesLimits},
     service::Service,
     store::StoreHealth,
+    web::WebLayer,
 };
 
 /// The sockets the server answers on, bound by the caller (port 0 in tests).
@@ -92,7 +94,10 @@ pub async fn run_with_clock(
     let hangups = auth::hangups();
     metrics::init();
     settings::check(&config)?;
-    let tls = settings::tls(&config)?.map(|tls| tls.load()).transpose()?;
+    let tls = settings::tls(&config)?
+        .map(|tls| tls.rustls(settings::GRPC_ALPN))
+        .transpose()
+        .context("setting up TLS (--tls-cert, --tls-key, --tls-client-ca)")?;
     let auth = match &config.auth_tokens {
         Some(path) => Authenticator::load(path)?,
         None => Authenticator::disabled(),
@@ -189,7 +194,7 @@ pub async fn run_with_clock(
              port may schedule to, read and cancel on every topic"
         );
     }
-    let mut server = tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .max_concurrent_streams(
             (config.max_streams_per_connection > 0).then_some(config.max_streams_per_connection),
         )
@@ -202,10 +207,9 @@ pub async fn run_with_clock(
         // connection. h2's default (20) then closes that connection with
         // ENHANCE_YOUR_CALM, failing calls that were not abandoned. The
         // bound still stops a rapid-reset flood (CVE-2023-44487).
-        .http2_max_pending_accept_reset_streams(Some(PENDING_RESETS_PER_CONNECTION));
-    if let Some(tls) = tls {
-        server = server.tls_config(tls).context("setting up TLS (--tls-cert, --tls-key, --tls-client-ca)")?;
-    }
+        .http2_max_pending_accept_reset_streams(Some(PENDING_RESETS_PER_CONNECTION))
+        // JSON over HTTP/1.1 and gRPC-Web beside gRPC (see `web`).
+        .accept_http1(true);
     let stop_accepting = CancellationToken::new();
     let api = ApiConfig {
         max_concurrent: config.max_concurrent_requests,
@@ -239,7 +243,7 @@ pub async fn run_with_clock(
         Ingress::start(feeds, shards, Arc::clone(&scheduler), auth.clone(), settings::limits(&config))
             .await?;
     let console_tls = match &listeners.console {
-        Some(_) => settings::tls(&config)?.map(|files| files.rustls()).transpose()?,
+        Some(_) => settings::tls(&config)?.map(|files| files.rustls(&[b"http/1.1"])).transpose()?,
         None => None,
     };
     let console_task = listeners.console.map(|listener| {
@@ -266,29 +270,32 @@ pub async fn run_with_clock(
         ));
         tokio::spawn(console.serve(listener, stop_accepting.clone()))
     });
+    let web = WebLayer::new(settings::limits(&config).max_batch_request_bytes(), api.memory.clone());
     let scheduler_api = SchedulerApi::new(scheduler, api);
     let series_api = scheduler_api.series(series_calls);
     let admin_api = scheduler_api.admin(policies);
-    let grpc = tokio::spawn(
-        server
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(InterceptedService::new(scheduler_api.into_server(), auth.clone()))
-            .add_service(InterceptedService::new(series_api.into_server(), auth.clone()))
-            .add_service(InterceptedService::new(admin_api.into_server(), auth.clone()))
-            .serve_with_incoming_shutdown(
-                limits::LimitedIncoming::new(
-                    // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs
-                    // hold back small answers for up to 40 ms.
-                    TcpIncoming::from(listeners.grpc)
-                        .with_nodelay(Some(true))
-                        .with_keepalive(Some(KEEPALIVE_EVERY)),
-                    config.max_connections,
-                ),
-                stop_accepting.clone().cancelled_owned(),
-            ),
+    let routes = server
+        .layer(web)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(InterceptedService::new(scheduler_api.into_server(), auth.clone()))
+        .add_service(InterceptedService::new(series_api.into_server(), auth.clone()))
+        .add_service(InterceptedService::new(admin_api.into_server(), auth.clone()));
+    let incoming = limits::LimitedIncoming::new(
+        // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs hold back
+        // small answers for up to 40 ms.
+        TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)).with_keepalive(Some(KEEPALIVE_EVERY)),
+        config.max_connections,
     );
+    let stopped = stop_accepting.clone().cancelled_owned();
+    let grpc = match tls {
+        Some(tls) => tokio::spawn(routes.serve_with_incoming_shutdown(
+            handshake::TlsIncoming::new(incoming, tokio_rustls::TlsAcceptor::from(tls)),
+            stopped,
+        )),
+        None => tokio::spawn(routes.serve_with_incoming_shutdown(incoming, stopped)),
+    };
 
     let failed = producer.failed();
     let damaged = node.damaged();

@@ -39,7 +39,7 @@ pub enum SettingsError {
 pub fn check(config: &Config) -> Result<(), SettingsError> {
     config.validate()?;
     if let Some(files) = tls(config)? {
-        files.load()?;
+        files.rustls(GRPC_ALPN)?;
     }
     if let Some(path) = &config.auth_tokens {
         Tokens::load(path)?;
@@ -55,6 +55,10 @@ fn cluster_key(config: &Config) -> Result<Option<ClusterKey>, KeyError> {
         _ => Ok(None),
     }
 }
+
+/// What the gRPC port offers in TLS's ALPN: HTTP/2 (gRPC), and HTTP/1.1
+/// for the JSON door and gRPC-Web.
+pub const GRPC_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 
 /// The TLS files of the gRPC port, or none for plaintext.
 pub fn tls(config: &Config) -> Result<Option<TlsFiles>, TlsError> {

@@ -87,7 +87,7 @@ async fn the_python_package_installs_and_passes_its_tests_against_a_real_server(
 /// another tenant's topic; the environment its tests read
 /// (HOURGLASS_TEST_*: the server's https:// URL, the CA, a client
 /// certificate and key).
-async fn server_with_tokens()
+pub(crate) async fn server_with_tokens()
 -> (tempfile::TempDir, (Broker, Hourglass, tempfile::TempDir), Vec<(&'static str, String)>) {
     let broker = Broker::start();
     let prefix = random_name("client");
@@ -190,7 +190,7 @@ async fn the_typescript_package_installs_type_checks_and_passes_its_tests_agains
             Command::new("node").args(["--test", "client.test.js"]).current_dir(&project).envs(env),
             "the TypeScript package's tests",
         );
-        assert!(said.contains("# pass 5") && said.contains("# fail 0"), "{said}");
+        assert!(said.contains("# pass 6") && said.contains("# fail 0"), "{said}");
     })
     .await
     .unwrap();

@@ -48,3 +48,4 @@ mod tenants;
 mod upgrade;
 mod upsert;
 mod volume;
+mod web;

@@ -39,6 +39,10 @@ export interface ClientOptions {
   retries?: number;
   /** The first wait before a retry, doubled each time. Default 200 ms. */
   retryBackoffMs?: number;
+  /** What the calls speak: gRPC over HTTP/2 (the default), gRPC-Web or
+   * the Connect protocol's JSON, both over HTTP/1.1. Streaming calls need
+   * "grpc" or "grpc-web". */
+  protocol?: "grpc" | "grpc-web" | "connect";
   /** Another connect-es transport instead of gRPC over HTTP/2 (one with
    * interceptors of its own: `token` is refused beside it). */
   transport?: Transport;

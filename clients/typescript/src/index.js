@@ -8,7 +8,7 @@ import { readFileSync } from "node:fs";
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs, timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 
 import * as pb from "./gen/hourglass/v1/hourglass_pb.js";
 
@@ -125,10 +125,21 @@ function message(topic, value, { key, headers, partition } = {}) {
 // answers that this client does not know.
 const outcomeName = (names, prefix, value) => (names[value] ?? `UNKNOWN_${value}`).replace(prefix, "").toLowerCase();
 
+// How each protocol the server's port speaks is reached: gRPC over
+// HTTP/2; gRPC-Web and the Connect protocol (JSON) over HTTP/1.1, as
+// through proxies that speak nothing else.
+const PROTOCOLS = {
+  grpc: (options) => createGrpcTransport(options),
+  "grpc-web": (options) => createGrpcWebTransport({ ...options, httpVersion: "1.1" }),
+  connect: (options) => createConnectTransport({ ...options, httpVersion: "1.1", useBinaryFormat: false }),
+};
+
 /**
  * A client of one hourglass server. `baseUrl`: http://host:port, or
  * https:// for TLS (`ca`, `cert`, `key`: PEM file paths, for a private CA
  * and mutual TLS). `token`: the bearer token of a server with tokens.
+ * `protocol`: "grpc" (the default), "grpc-web" or "connect" (JSON over
+ * HTTP/1.1); streaming calls need "grpc" or "grpc-web".
  */
 export class HourglassClient {
   constructor({
@@ -140,6 +151,7 @@ export class HourglassClient {
     timeoutMs = 10_000,
     retries = 6,
     retryBackoffMs = 200,
+    protocol = "grpc",
     transport,
   } = {}) {
     const auth = (next) => async (req) => {
@@ -151,10 +163,12 @@ export class HourglassClient {
     if (!tls && (ca || cert || key)) throw new TypeError("ca, cert and key are for TLS: give an https:// baseUrl");
     if (Boolean(cert) !== Boolean(key)) throw new TypeError("cert and key go together (mutual TLS)");
     if (transport && token) throw new TypeError("a transport of your own carries its own interceptors: give the token there");
+    const make = PROTOCOLS[protocol];
+    if (!make) throw new TypeError(`protocol: "${protocol}" is none of ${Object.keys(PROTOCOLS).join(", ")}`);
     /** The transport the calls go over. */
     this.transport =
       transport ??
-      createGrpcTransport({
+      make({
         baseUrl,
         interceptors: [auth],
         nodeOptions: tls ? { ca: read(ca), cert: read(cert), key: read(key) } : undefined,

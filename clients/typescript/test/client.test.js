@@ -90,6 +90,24 @@ test("errors carry the fields the server refused, and the grant holds", async ()
   }
 });
 
+test("the same calls over gRPC-Web and over JSON (the Connect protocol), HTTP/1.1", async () => {
+  for (const protocol of ["grpc-web", "connect"]) {
+    const hg = new HourglassClient({ baseUrl: SERVER, token: TOKEN, protocol, ...TLS });
+    const id = fresh(protocol);
+    const done = await hg.schedule(TOPIC, `over ${protocol}`, { delayMs: 3_600_000, id, labels: { over: protocol } });
+    assert.deepEqual([done.id, done.outcome], [id, "created"], protocol);
+    const got = await hg.get(id);
+    assert.equal(got.state, pb.State.PENDING, protocol);
+    assert.equal(new TextDecoder().decode(got.message.value), `over ${protocol}`);
+    assert.equal(await hg.cancel(id), "cancelled", protocol);
+    const bad = await refused(hg.schedule(TOPIC, "x", { delayMs: 60_000, id: "has space" }), "INVALID_ARGUMENT");
+    assert.ok(bad.violations.some((v) => v.field === "id"), `${protocol}: ${JSON.stringify(bad.violations)}`);
+    await refused(hg.schedule(OTHER_TOPIC, "x", { delayMs: 60_000 }), "PERMISSION_DENIED");
+    await refused(new HourglassClient({ baseUrl: SERVER, protocol, retries: 0, ...TLS }).get(id), "UNAUTHENTICATED");
+  }
+  assert.throws(() => new HourglassClient({ protocol: "carrier-pigeon" }), /protocol/);
+});
+
 test("series and policies", async () => {
   const hg = client();
   const id = fresh("series");
