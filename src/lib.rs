@@ -100,7 +100,7 @@ pub(crate) mod service;
 pub(crate) mod shard;
 pub(crate) mod status;
 pub mod store;
-pub mod tls;
+pub(crate) mod tls;
 pub(crate) mod web;
 
 pub use error::Error;

@@ -103,7 +103,7 @@ impl TlsFiles {
 /// A client's TLS: none for an http:// `server`; for https://, the server
 /// checked against `ca_cert` (or the system's roots), and `identity` (a
 /// certificate and its key) presented when given.
-pub fn client_config(
+pub(crate) fn client_config(
     server: &str,
     ca_cert: Option<&Path>,
     identity: Option<(&Path, &Path)>,

@@ -196,3 +196,63 @@ async fn the_typescript_package_installs_type_checks_and_passes_its_tests_agains
     .unwrap();
     server.stop().await;
 }
+
+/// The Rust package (clients/rust, which the command line uses too)
+/// against a server with mutual TLS and tokens: schedule (an id made
+/// before the first try, a repeat answered as a duplicate), get, the
+/// delivery, list, reschedule, cancel, and the errors with their fields;
+/// the other tenant's topic and a missing token refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_package_schedules_reads_and_cancels_against_a_real_server() {
+    use hourglass_kafka::{Client, Schedule, proto};
+    use std::time::{Duration, SystemTime};
+
+    let (_dir, (_broker, server, _pki), env) = server_with_tokens().await;
+    let get = |name: &str| env.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let (topic, other) = (get("HOURGLASS_TEST_TOPIC"), get("HOURGLASS_TEST_OTHER_TOPIC"));
+    let builder = Client::builder(get("HOURGLASS_TEST_SERVER"))
+        .ca_cert(get("HOURGLASS_TEST_CA"))
+        .identity(get("HOURGLASS_TEST_CERT"), get("HOURGLASS_TEST_KEY"));
+    let client = builder.clone().token("client-token").connect().await.unwrap();
+
+    let soon =
+        Schedule::new(&topic, "from rust").delay(Duration::from_millis(300)).key("k").label("from", "rust");
+    let done = client.schedule(soon.clone().id("rust-1")).await.unwrap();
+    assert_eq!((done.id.as_str(), done.duplicate), ("rust-1", false));
+    assert!(done.deliver_at > SystemTime::now() - Duration::from_secs(5));
+    assert!(client.schedule(soon.id("rust-1")).await.unwrap().duplicate);
+    let mut got = client.get("rust-1").await.unwrap();
+    for _ in 0..100 {
+        if got.state() == proto::State::Delivered {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        got = client.get("rust-1").await.unwrap();
+    }
+    assert_eq!(got.state(), proto::State::Delivered);
+    assert_eq!(got.message.unwrap().value, b"from rust");
+
+    let later =
+        client.schedule(Schedule::new(&topic, "later").delay(Duration::from_secs(3600))).await.unwrap();
+    assert_eq!(later.id.len(), 26, "an id made by the client, a ULID: {}", later.id);
+    let listed =
+        client.list(proto::ListRequest { topic: topic.clone(), page_size: 1, ..Default::default() }).await;
+    assert!(listed.unwrap().iter().any(|m| m.id == later.id));
+    let at = SystemTime::now() + Duration::from_secs(7200);
+    let moved = client.reschedule(&later.id, at).await.unwrap();
+    assert!(moved.duration_since(at).unwrap_or_else(|e| e.duration()) < Duration::from_millis(1));
+    assert_eq!(client.cancel(&later.id).await.unwrap(), proto::CancelOutcome::Cancelled);
+    assert_eq!(client.cancel(&later.id).await.unwrap(), proto::CancelOutcome::AlreadyCancelled);
+
+    let bad = client.schedule(Schedule::new(&topic, "x").id("has space")).await.unwrap_err();
+    assert_eq!(bad.code(), Some(tonic::Code::InvalidArgument));
+    assert_eq!(bad.violations()[0].field, "id", "{bad}");
+    let theirs = client.schedule(Schedule::new(&other, "x")).await.unwrap_err();
+    assert_eq!(theirs.code(), Some(tonic::Code::PermissionDenied), "{theirs}");
+    let anonymous = builder.connect().await.unwrap();
+    let refused = anonymous.get("rust-1").await.unwrap_err();
+    assert_eq!(refused.code(), Some(tonic::Code::Unauthenticated), "{refused}");
+    let plaintext = Client::builder("http://127.0.0.1:1").ca_cert("ca.pem").connect().await.unwrap_err();
+    assert!(plaintext.to_string().contains("https://"), "{plaintext}");
+    server.stop().await;
+}

@@ -256,15 +256,15 @@ pub struct RecordArgs {
 }
 
 impl RecordArgs {
-    pub fn message(&self) -> hourglass::proto::Message {
-        hourglass::proto::Message {
+    pub fn message(&self) -> hourglass_kafka::proto::Message {
+        hourglass_kafka::proto::Message {
             topic: self.topic.clone(),
             key: self.key.clone().map(String::into_bytes),
             value: self.value.clone().into_bytes(),
             headers: self
                 .headers
                 .iter()
-                .map(|(key, value)| hourglass::proto::Header {
+                .map(|(key, value)| hourglass_kafka::proto::Header {
                     key: key.clone(),
                     value: value.clone().into_bytes(),
                 })

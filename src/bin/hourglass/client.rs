@@ -8,15 +8,9 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
-use hourglass::{
-    auth::Bearer,
-    message::UnixMillis,
-    proto::{self, scheduler_client::SchedulerClient},
-    secret::Secret,
-    tls,
-};
+use hourglass::message::UnixMillis;
+use hourglass_kafka::proto;
 
 use crate::cli::{
     CancelArgs, ClientArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs, When,
@@ -24,26 +18,31 @@ use crate::cli::{
 
 pub const EXIT_NOT_APPLIED: u8 = 3;
 
-/// A client that sends `--token`, if given, with every call.
-type Client = SchedulerClient<InterceptedService<Channel, Bearer>>;
+type Client = hourglass_kafka::SchedulerClient;
 
-/// A channel to `--server`, and what sends `--token` with every call.
-pub async fn channel(server: &ClientArgs) -> anyhow::Result<(Channel, Bearer)> {
-    // The command line checked the URL.
-    let mut endpoint = Channel::from_shared(server.server.clone())
-        .with_context(|| format!("--server {:?} is not a URL like http://127.0.0.1:50051", server.server))?;
-    let identity = server.client_cert.as_deref().zip(server.client_key.as_deref());
-    if let Some(tls) = tls::client_config(&server.server, server.ca_cert.as_deref(), identity)? {
-        endpoint = endpoint.tls_config(tls).context("setting up TLS")?;
+/// A connection to `--server`, with `--token` on every call and TLS as the
+/// flags say; the services' stubs come from it.
+pub async fn connection(server: &ClientArgs) -> anyhow::Result<hourglass_kafka::Client> {
+    let mut builder = hourglass_kafka::Client::builder(&server.server)
+        // A command waits as long as its call takes: the server bounds it.
+        .timeout(CALL_TIMEOUT);
+    if let Some(token) = &server.token {
+        builder = builder.token(token.expose());
     }
-    let channel =
-        endpoint.connect().await.with_context(|| format!("cannot reach hourglass at {}", server.server))?;
-    Ok((channel, Bearer::new(server.token.as_ref().map(Secret::expose))?))
+    if let Some(ca) = &server.ca_cert {
+        builder = builder.ca_cert(ca);
+    }
+    if let Some((cert, key)) = server.client_cert.as_deref().zip(server.client_key.as_deref()) {
+        builder = builder.identity(cert, key);
+    }
+    Ok(builder.connect().await?)
 }
 
+/// How long one call of a command may take.
+const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
-    let (channel, bearer) = channel(server).await?;
-    Ok(SchedulerClient::with_interceptor(channel, bearer))
+    Ok(connection(server).await?.scheduler())
 }
 
 pub fn status_error(e: tonic::Status) -> anyhow::Error {

@@ -6,7 +6,7 @@ use std::{process::ExitCode, time::Duration};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use hourglass::proto::{self, series_client::SeriesClient};
+use hourglass_kafka::proto;
 
 use crate::{
     cli::{ClientArgs, Output, RecordArgs, duration, label, time as parse_time},
@@ -186,13 +186,10 @@ impl SpecArgs {
     }
 }
 
-type Client = SeriesClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, hourglass::auth::Bearer>,
->;
+type Client = hourglass_kafka::SeriesClient;
 
 async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
-    let (channel, bearer) = client::channel(server).await?;
-    Ok(SeriesClient::with_interceptor(channel, bearer))
+    Ok(client::connection(server).await?.series())
 }
 
 pub async fn run(args: SeriesArgs) -> anyhow::Result<ExitCode> {

@@ -8,7 +8,7 @@ use std::{process::ExitCode, time::Duration};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use hourglass::proto::{self, admin_client::AdminClient};
+use hourglass_kafka::proto;
 
 use crate::{
     cli::{ClientArgs, Output, duration},
@@ -109,13 +109,10 @@ pub struct ListArgs {
     pub client: ClientArgs,
 }
 
-type Client = AdminClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, hourglass::auth::Bearer>,
->;
+type Client = hourglass_kafka::AdminClient;
 
 async fn connect(server: &ClientArgs) -> anyhow::Result<Client> {
-    let (channel, bearer) = client::channel(server).await?;
-    Ok(AdminClient::with_interceptor(channel, bearer))
+    Ok(client::connection(server).await?.admin())
 }
 
 pub async fn run(args: TopicArgs) -> anyhow::Result<ExitCode> {

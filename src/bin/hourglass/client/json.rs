@@ -9,7 +9,7 @@ use base64::Engine as _;
 use serde::Serialize;
 
 use super::millis;
-use hourglass::proto;
+use hourglass_kafka::proto;
 
 pub fn time(t: Option<prost_types::Timestamp>) -> Option<String> {
     t.map(|t| millis(t).to_rfc3339())
