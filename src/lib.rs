@@ -91,6 +91,7 @@ pub mod memory;
 pub mod message;
 pub mod metrics;
 pub(crate) mod node;
+pub(crate) mod otel;
 pub(crate) mod policy;
 pub(crate) mod scheduler;
 pub mod secret;

@@ -6,7 +6,8 @@
 #   - grpcurl, for the walkthroughs in the docs and their test
 #   - confluent-kafka for Python, to watch a topic from the terminal
 #   - grpcio for Python and Node.js with npm, for the example clients
-#   - schemathesis, which fuzzes the HTTP/JSON API from its OpenAPI document
+#   - schemathesis, which fuzzes the HTTP/JSON API from its OpenAPI document,
+#     and opentelemetry-proto, for the OTLP receiver of the trace test
 #   - promtool (from the prometheus package) and yamllint, which the tests
 #     use to check the alert rules, the dashboard and the deploy manifests
 #   - openssl, for deploy/secrets/make-secrets.sh (and its test), and a C
@@ -57,6 +58,9 @@ install_system() {
   python3 -c "import grpc, grpc_tools" 2>/dev/null || pip grpcio grpcio-tools
   # schemathesis, which the tests run against the HTTP/JSON API's OpenAPI document.
   command -v schemathesis >/dev/null || pip schemathesis
+  # opentelemetry-proto: the OTLP receiver the trace test runs.
+  python3 -c "import opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc" 2>/dev/null \
+    || pip opentelemetry-proto
   # The version clients/python/generate.sh made the package's stubs with:
   # the tests check they are what it makes.
   [ "$(python3 -c 'from importlib.metadata import version; print(version("grpcio-tools"))' 2>/dev/null)" = 1.85.1 ] \

@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     Error,
     auth::Access,
-    bulk, metrics, proto,
+    bulk, metrics, otel, proto,
     scheduler::{Call, FORWARDED, Listing, POSITIONS, Scheduler},
 };
 
@@ -184,7 +184,13 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
     ) -> Result<Response<proto::ScheduleResponse>, Status> {
         self.call("Schedule", async {
             let call = call_of(&request)?;
-            self.scheduler.schedule(&call, request.into_inner()).await
+            let (metadata, _, mut request) = request.into_parts();
+            let span = otel::carry(&metadata, "Schedule", request.message.as_mut());
+            let answer = self.scheduler.schedule(&call, request).await;
+            if let Some(span) = span {
+                span.end(&answer);
+            }
+            answer
         })
         .await
     }
@@ -195,9 +201,15 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
     ) -> Result<Response<proto::ScheduleBatchResponse>, Status> {
         self.call("ScheduleBatch", async {
             let call = call_of(&request)?;
-            let requests = request.into_inner().requests;
+            let (metadata, _, request) = request.into_parts();
+            let mut requests = request.requests;
             self.scheduler.limits().check_batch(requests.len())?;
+            let messages = requests.iter_mut().filter_map(|r| r.message.as_mut());
+            let span = otel::carry(&metadata, "ScheduleBatch", messages);
             let results = self.scheduler.schedule_batch(&call, "ScheduleBatch", requests).await;
+            if let Some(span) = span {
+                span.end(&Ok::<_, Error>(()));
+            }
             Ok(proto::ScheduleBatchResponse { results })
         })
         .await
@@ -211,13 +223,7 @@ impl proto::scheduler_server::Scheduler for SchedulerApi {
     ) -> Result<Response<Self::ScheduleStreamStream>, Status> {
         let call = call_of(&request).map_err(Status::from)?;
         let permits = self.admit_stream()?;
-        let answers = stream::serve(
-            Arc::clone(&self.scheduler),
-            call,
-            request.into_inner(),
-            self.config.stream,
-            permits,
-        );
+        let answers = stream::serve(Arc::clone(&self.scheduler), call, request, self.config.stream, permits);
         Ok(Response::new(answers))
     }
 

@@ -26,7 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use crate::{
-    Error, metrics, proto,
+    Error, metrics, otel, proto,
     scheduler::{Call, Scheduler},
 };
 
@@ -57,13 +57,16 @@ const METHOD: &str = "ScheduleStream";
 pub(super) fn serve<P: Send + 'static>(
     scheduler: Arc<dyn Scheduler>,
     call: Call,
-    inbound: Streaming<proto::ScheduleRequest>,
+    request: tonic::Request<Streaming<proto::ScheduleRequest>>,
     limits: StreamLimits,
     permits: P,
 ) -> Answers {
     let (tx, rx) = mpsc::channel(CHUNK);
+    // The stream's trace context, kept on each of its records.
+    let (metadata, _, inbound) = request.into_parts();
+    let metadata = Arc::new(metadata);
     tokio::spawn(async move {
-        pump(scheduler, call, inbound, limits, tx).await;
+        pump(scheduler, call, metadata, inbound, limits, tx).await;
         drop(permits);
     });
     ReceiverStream::new(rx)
@@ -82,6 +85,7 @@ type Chunk = Pin<Box<dyn Future<Output = (Vec<proto::ScheduleResult>, usize)> + 
 async fn pump(
     scheduler: Arc<dyn Scheduler>,
     call: Call,
+    metadata: Arc<tonic::metadata::MetadataMap>,
     mut inbound: Streaming<proto::ScheduleRequest>,
     limits: StreamLimits,
     tx: mpsc::Sender<Result<proto::ScheduleResult, Status>>,
@@ -161,7 +165,8 @@ async fn pump(
                     unanswered_bytes += chunk_bytes;
                     let first_index = next_index;
                     next_index += chunk.len() as u64;
-                    let answered = schedule_chunk(Arc::clone(&scheduler), access, chunk, first_index);
+                    let answered =
+                        schedule_chunk(Arc::clone(&scheduler), access, Arc::clone(&metadata), chunk, first_index);
                     answers.push_back(Box::pin(answered.map(move |results| (results, chunk_bytes))));
                 }
             }
@@ -182,10 +187,15 @@ async fn pump(
 async fn schedule_chunk(
     scheduler: Arc<dyn Scheduler>,
     call: Call,
-    chunk: Vec<proto::ScheduleRequest>,
+    metadata: Arc<tonic::metadata::MetadataMap>,
+    mut chunk: Vec<proto::ScheduleRequest>,
     first_index: u64,
 ) -> Vec<proto::ScheduleResult> {
+    let span = otel::carry(&metadata, METHOD, chunk.iter_mut().filter_map(|r| r.message.as_mut()));
     let mut answers = scheduler.schedule_batch(&call, METHOD, chunk).await;
+    if let Some(span) = span {
+        span.end(&Ok::<_, Error>(()));
+    }
     for answer in &mut answers {
         answer.index += first_index;
     }

@@ -390,6 +390,11 @@ settings! {
             /// a message and act on it) on this address. On any address but
             /// a loopback one it needs --auth-tokens [default: no console].
             console_listen: SocketAddr as "ADDR", "HOURGLASS_CONSOLE_LISTEN";
+            /// Exports a span for each traced Schedule call and for each
+            /// traced record's dispatch, linked, over OTLP/gRPC to this
+            /// collector (http://host:4317). A Schedule's `traceparent` is
+            /// kept on its record either way [default: no spans].
+            otlp_endpoint: String as "URL", "HOURGLASS_OTLP_ENDPOINT";
         }
     }
 }

@@ -308,8 +308,16 @@ impl Producer {
     ) -> Result<(), ProduceError> {
         let record = message.envelope;
         let due = message.due.0.to_string();
+        // With spans exported, a traced record goes out with its dispatch
+        // span's context.
+        let traced =
+            crate::otel::dispatch(&record.topic, message.id.as_str(), message.due.0, &record.headers);
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 3);
         for (key, value) in message.headers(&due) {
+            let value = match &traced {
+                Some(own) if key.eq_ignore_ascii_case(crate::otel::TRACEPARENT) => own.as_bytes(),
+                _ => value,
+            };
             headers = headers.insert(Header { key, value: Some(value) });
         }
         self.send.send(record, headers, token, reports)

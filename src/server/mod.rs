@@ -40,7 +40,7 @@ use crate::{
     kafka::{MetadataSource, Producer, TopicCatalog},
     metrics,
     node::{LocalShards, Node, NodeConfig, ShardSet},
-    proto,
+    otel, proto,
     scheduler::{Scheduler, SeriesCalls},
     secret,
     series::{Series, spec::Limits as SeriesLimits},
@@ -101,6 +101,10 @@ pub async fn run_with_clock(
     let auth = match &config.auth_tokens {
         Some(path) => Authenticator::load(path)?,
         None => Authenticator::disabled(),
+    };
+    let exporting = match &config.otlp_endpoint {
+        Some(endpoint) => Some(otel::export_to(endpoint).map_err(anyhow::Error::msg)?),
+        None => None,
     };
     let mut kafka = settings::kafka(&config);
     secret::resolve(&mut kafka.properties)?;
@@ -333,6 +337,9 @@ pub async fn run_with_clock(
     let _ = hangup_task.await;
     let _ = metrics_task.await;
     producer.flush(Duration::from_secs(1)).ok();
+    if let Some(exporting) = exporting {
+        exporting.shutdown().await;
+    }
     if let Some(damage) = damage_at_stop.or_else(|| node.damage()) {
         anyhow::bail!(damage);
     }

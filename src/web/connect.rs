@@ -63,18 +63,29 @@ impl Connect {
         S: Service<Request<Body>, Response = Response<Body>>,
         S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        match self.transcode(grpc, request).await {
+        let (parts, body) = request.into_parts();
+        let asked = match self.check(&parts) {
+            Ok(asked) => asked,
+            Err(refusal) => {
+                let mut response = refusal.into_response(&self.pool);
+                // Refused unread: an HTTP/1.1 connection with a body left
+                // in it cannot carry another request. Said, so that the
+                // client does not send one.
+                if parts.version < http::Version::HTTP_2 {
+                    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                return response;
+            }
+        };
+        match self.transcode(grpc, parts, body, asked).await {
             Ok(response) => response,
             Err(refusal) => refusal.into_response(&self.pool),
         }
     }
 
-    async fn transcode<S>(&self, mut grpc: S, request: Request<Body>) -> Result<Response<Body>, Refusal>
-    where
-        S: Service<Request<Body>, Response = Response<Body>>,
-        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let path = request.uri().path();
+    /// What a request asks for, from its head alone.
+    fn check(&self, parts: &http::request::Parts) -> Result<Asked, Refusal> {
+        let path = parts.uri.path();
         let Some(method) = self.methods.get(path) else {
             return Err(Refusal::new(
                 Code::Unimplemented,
@@ -91,16 +102,16 @@ impl Connect {
                 format!("{} is a streaming call: call it over gRPC or gRPC-Web", method.full_name()),
             ));
         }
-        if request.method() != http::Method::POST {
+        if parts.method != http::Method::POST {
             return Err(Refusal::new(
                 Code::Unimplemented,
-                format!("{path} takes POST, not {}", request.method()),
+                format!("{path} takes POST, not {}", parts.method),
             )
             .with_http(StatusCode::METHOD_NOT_ALLOWED)
             .with_header(header::ALLOW, HeaderValue::from_static("POST")));
         }
-        let codec = Codec::of(request.headers())?;
-        if let Some(encoding) = request.headers().get(header::CONTENT_ENCODING)
+        let codec = Codec::of(&parts.headers)?;
+        if let Some(encoding) = parts.headers.get(header::CONTENT_ENCODING)
             && encoding.as_bytes() != b"identity"
         {
             return Err(Refusal::new(
@@ -109,8 +120,20 @@ impl Connect {
             )
             .with_header(CONNECT_ACCEPT_ENCODING, HeaderValue::from_static("identity")));
         }
-        let timeout = timeout(request.headers())?;
-        let (mut parts, body) = request.into_parts();
+        Ok(Asked { method: method.clone(), codec, timeout: timeout(&parts.headers)? })
+    }
+
+    async fn transcode<S>(
+        &self,
+        mut grpc: S,
+        mut parts: http::request::Parts,
+        body: Body,
+        Asked { method, codec, timeout }: Asked,
+    ) -> Result<Response<Body>, Refusal>
+    where
+        S: Service<Request<Body>, Response = Response<Body>>,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let (body, _held) = self.read(body).await?;
         let message = codec.decode(method.input(), body)?;
         let mut frame = BytesMut::with_capacity(5 + message.len());
@@ -141,7 +164,10 @@ impl Connect {
 
     /// The whole body, its bytes taken from the budget as they arrive and
     /// held until the answer.
-    async fn read(&self, mut body: Body) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Refusal> {
+    pub(super) async fn read(
+        &self,
+        mut body: Body,
+    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Refusal> {
         let mut read = BytesMut::new();
         let mut held: Option<OwnedSemaphorePermit> = None;
         while let Some(frame) = body.frame().await {
@@ -172,6 +198,13 @@ impl Connect {
         }
         Ok((read.freeze(), held))
     }
+}
+
+/// A call, as its head asks for it.
+struct Asked {
+    method: MethodDescriptor,
+    codec: Codec,
+    timeout: Option<Duration>,
 }
 
 /// How a body is written.
@@ -331,6 +364,17 @@ impl Refusal {
         for (name, value) in self.headers {
             headers.insert(name, value);
         }
+        response
+    }
+}
+
+impl Refusal {
+    /// The refusal as a gRPC-Web answer: trailers only, in the headers.
+    pub(super) fn into_grpc_web(self) -> Response<Body> {
+        let mut response = Status::new(self.code, self.message).into_http::<Body>();
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc-web+proto"));
         response
     }
 }

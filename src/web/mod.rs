@@ -103,7 +103,18 @@ where
             Door::Grpc => Box::pin(self.grpc.call(request)),
             Door::GrpcWeb => {
                 let mut grpc_web = self.grpc_web.clone();
+                let connect = Arc::clone(&self.connect);
                 Box::pin(async move {
+                    // Read whole before the call: over HTTP/1.1 a call
+                    // refused before its body is read (a missing token)
+                    // leaves a connection that cannot be used again, which
+                    // the server closes as the client reuses it.
+                    let (parts, body) = request.into_parts();
+                    let (body, _held) = match connect.read(body).await {
+                        Ok(read) => read,
+                        Err(refusal) => return Ok(refusal.into_grpc_web()),
+                    };
+                    let request = Request::from_parts(parts, Body::new(Full::new(body)));
                     std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut grpc_web, cx))
                         .await?;
                     grpc_web.call(request).await

@@ -45,6 +45,7 @@ mod standby;
 #[cfg(feature = "failpoints")]
 mod takeover;
 mod tenants;
+mod trace;
 mod upgrade;
 mod upsert;
 mod volume;
