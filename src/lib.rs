@@ -47,6 +47,9 @@
 //!   Kafka secrets from the environment or files, kept out of logs.
 //! - [`audit`]: one structured log line per change a caller makes (who,
 //!   what, the outcome), under the target `hourglass::audit`.
+//! - [`otel`]: trace context kept on the records of traced Schedule
+//!   calls, and with `--otlp-endpoint` the OTLP spans of the call and of
+//!   the dispatch, linked.
 //! - [`console`]: the operator console, web pages over the same
 //!   [`scheduler::Scheduler`] seam as the gRPC adapter, with the same
 //!   grants (`--console-listen`).

@@ -29,10 +29,10 @@ use opentelemetry_sdk::trace::{
 
 use crate::proto;
 
-/// The record header that carries the trace context (W3C Trace Context).
-pub(crate) const TRACEPARENT: &str = "traceparent";
-/// The vendor part of it, passed as given.
-pub(crate) const TRACESTATE: &str = "tracestate";
+/// The record header that carries the trace context (W3C Trace Context),
+/// and its vendor part, passed as given.
+pub(crate) const TRACEPARENT: &str = crate::message::TRACE_HEADERS[0];
+const TRACESTATE: &str = crate::message::TRACE_HEADERS[1];
 /// The longest `tracestate` kept (W3C: 32 members of up to 256 characters;
 /// 512 is what implementations are told they may cut it to).
 const MAX_TRACESTATE: usize = 512;
@@ -54,22 +54,29 @@ impl Exporting {
     }
 }
 
+/// Why spans cannot be exported.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExportError {
+    #[error("--otlp-endpoint {endpoint}: {source}")]
+    Exporter { endpoint: String, source: opentelemetry_otlp::ExporterBuildError },
+    #[error("spans are exported already (one --otlp-endpoint per process)")]
+    Twice,
+}
+
 /// Starts exporting spans to `endpoint` (an OTLP/gRPC collector, such as
 /// http://127.0.0.1:4317). Once per process.
-pub(crate) fn export_to(endpoint: &str) -> Result<Exporting, String> {
+pub(crate) fn export_to(endpoint: &str) -> Result<Exporting, ExportError> {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .with_endpoint(endpoint)
         .with_timeout(Duration::from_secs(10))
         .build()
-        .map_err(|e| format!("--otlp-endpoint {endpoint}: {e}"))?;
+        .map_err(|source| ExportError::Exporter { endpoint: endpoint.to_owned(), source })?;
     let processor = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
     let resource = opentelemetry_sdk::Resource::builder().with_service_name("hourglass").build();
     let provider =
         SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource).build();
-    TRACER
-        .set(provider.tracer("hourglass"))
-        .map_err(|_| "spans are exported already (one --otlp-endpoint per process)".to_owned())?;
+    TRACER.set(provider.tracer("hourglass")).map_err(|_| ExportError::Twice)?;
     Ok(Exporting(provider))
 }
 
@@ -179,7 +186,7 @@ pub(crate) fn carry<'a>(
             continue;
         }
         message.headers.push(proto::Header { key: TRACEPARENT.into(), value: kept.clone().into_bytes() });
-        if let Some(state) = &state {
+        if let Some(state) = state.as_ref().filter(|_| header(&message.headers, TRACESTATE).is_none()) {
             message.headers.push(proto::Header { key: TRACESTATE.into(), value: state.clone() });
         }
     }

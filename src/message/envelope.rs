@@ -31,6 +31,14 @@ pub struct Envelope {
 
 /// Prefix of the headers hourglass adds to every record it produces.
 pub const RESERVED_HEADER_PREFIX: &str = "hourglass-";
+/// The W3C trace context headers a traced Schedule keeps on its record
+/// (`otel`): a retry under another span is still the same request.
+pub const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+
+/// Whether a header is trace context rather than the record's content.
+pub fn is_trace_header(key: &str) -> bool {
+    TRACE_HEADERS.iter().any(|trace| key.eq_ignore_ascii_case(trace))
+}
 /// Header carrying the message id, so consumers can deduplicate.
 pub const ID_HEADER: &str = "hourglass-id";
 /// Header carrying the due time in Unix milliseconds (decimal text).

@@ -43,7 +43,9 @@ impl Stream for TlsIncoming {
             match Pin::new(&mut self.inner).poll_next(cx) {
                 Poll::Ready(Some(Ok(connection))) => {
                     let accept = self.acceptor.accept(connection);
-                    self.handshakes.push(Box::pin(async move {
+                    // On a task of its own: handshakes use the cores the
+                    // runtime has, not the accepting task's alone.
+                    let handshake = tokio::spawn(async move {
                         match tokio::time::timeout(HANDSHAKE_WITHIN, accept).await {
                             Ok(Ok(stream)) => Some(stream),
                             Ok(Err(e)) => {
@@ -55,7 +57,8 @@ impl Stream for TlsIncoming {
                                 None
                             }
                         }
-                    }));
+                    });
+                    self.handshakes.push(Box::pin(async move { handshake.await.ok().flatten() }));
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(None) => self.ended = true,

@@ -103,7 +103,7 @@ pub async fn run_with_clock(
         None => Authenticator::disabled(),
     };
     let exporting = match &config.otlp_endpoint {
-        Some(endpoint) => Some(otel::export_to(endpoint).map_err(anyhow::Error::msg)?),
+        Some(endpoint) => Some(otel::export_to(endpoint)?),
         None => None,
     };
     let mut kafka = settings::kafka(&config);
@@ -274,7 +274,8 @@ pub async fn run_with_clock(
         ));
         tokio::spawn(console.serve(listener, stop_accepting.clone()))
     });
-    let web = WebLayer::new(settings::limits(&config).max_batch_request_bytes(), api.memory.clone());
+    let web =
+        WebLayer::new(settings::limits(&config).max_batch_request_bytes(), api.memory.clone(), auth.clone());
     let scheduler_api = SchedulerApi::new(scheduler, api);
     let series_api = scheduler_api.series(series_calls);
     let admin_api = scheduler_api.admin(policies);

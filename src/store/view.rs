@@ -8,7 +8,7 @@ use super::schema::{
 };
 use crate::message::{
     DeadLetter, DeadReason, Delivery, DueSpec, Envelope, Header, Labels, MessageId, PendingMessage,
-    ScheduledMessage, State, UnixMillis, duration_ms,
+    ScheduledMessage, State, UnixMillis, duration_ms, is_trace_header,
 };
 
 impl MessageRecord {
@@ -76,8 +76,14 @@ impl MessageRecord {
             && self.partition == envelope.partition
             && self.max_lateness_ms == envelope.max_lateness.map(duration_ms)
             && self.dead_letter_topic == envelope.dead_letter_topic
-            && self.headers.len() == envelope.headers.len()
-            && self.headers.iter().zip(&envelope.headers).all(|(a, b)| a.key == b.key && a.value == b.value)
+            // Trace context is not the request's content: a retry carries
+            // its own span's.
+            && self
+                .headers
+                .iter()
+                .filter(|h| !is_trace_header(&h.key))
+                .map(|h| (&h.key, &h.value))
+                .eq(envelope.headers.iter().filter(|h| !is_trace_header(&h.key)).map(|h| (&h.key, &h.value)))
             && self.labels.len() == envelope.labels.iter().count()
             && self.labels.iter().zip(envelope.labels.iter()).all(|(a, (k, v))| a.key == k && a.value == v)
     }
@@ -197,6 +203,27 @@ mod tests {
             3,
             UnixMillis(70),
         )
+    }
+
+    #[test]
+    fn a_retry_under_another_trace_is_the_same_request() {
+        let r = record();
+        let mut retried = r.envelope();
+        let trace = |span: &str| format!("00-0af7651916cd43dd8448eb211c80319c-{span}-01").into_bytes();
+        retried.headers.push(Header { key: "traceparent".into(), value: trace("b7ad6b7169203331") });
+        assert!(r.is_same_request(&retried, DueSpec::After(Duration::from_secs(30))));
+        let mut traced = MessageRecord::new(
+            retried.clone(),
+            DueSpec::After(Duration::from_secs(30)),
+            UnixMillis(100),
+            3,
+            UnixMillis(70),
+        );
+        retried.headers.last_mut().unwrap().value = trace("c7ad6b7169203332");
+        assert!(traced.is_same_request(&retried, DueSpec::After(Duration::from_secs(30))));
+        // Any other header still tells requests apart.
+        traced.headers.push(HeaderRecord { key: "source".into(), value: b"x".to_vec() });
+        assert!(!traced.is_same_request(&retried, DueSpec::After(Duration::from_secs(30))));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use tonic::{
     },
 };
 
-use crate::api::Budget;
+use crate::{api::Budget, auth::Authenticator};
 
 /// The JSON codec's and the binary one's content types.
 const JSON: &str = "application/json";
@@ -42,19 +42,26 @@ pub(super) struct Connect {
     /// The largest body read, in bytes.
     max_body: usize,
     budget: Budget,
+    /// Who may have a body read: the services check the token again.
+    auth: Authenticator,
 }
 
 impl Connect {
     /// `max_request` is the largest protobuf request the gRPC services take;
     /// a JSON body may be larger by base64's and JSON's overhead.
-    pub(super) fn new(pool: DescriptorPool, max_request: usize, budget: Budget) -> Connect {
+    pub(super) fn new(
+        pool: DescriptorPool,
+        max_request: usize,
+        budget: Budget,
+        auth: Authenticator,
+    ) -> Connect {
         let methods = pool
             .services()
             .filter(|service| service.package_name() == "hourglass.v1")
             .flat_map(|service| service.methods().collect::<Vec<_>>())
             .map(|method| (format!("/{}/{}", method.parent_service().full_name(), method.name()), method))
             .collect();
-        Connect { pool, methods, max_body: max_request.saturating_mul(2), budget }
+        Connect { pool, methods, max_body: max_request.saturating_mul(2), budget, auth }
     }
 
     /// Serves one request through `grpc`, the gRPC services.
@@ -64,23 +71,40 @@ impl Connect {
         S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (parts, body) = request.into_parts();
+        let http1 = parts.version < http::Version::HTTP_2;
         let asked = match self.check(&parts) {
             Ok(asked) => asked,
-            Err(refusal) => {
-                let mut response = refusal.into_response(&self.pool);
-                // Refused unread: an HTTP/1.1 connection with a body left
-                // in it cannot carry another request. Said, so that the
-                // client does not send one.
-                if parts.version < http::Version::HTTP_2 {
-                    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                return response;
-            }
+            Err(refusal) if http1 => return drained(body, refusal.into_response(&self.pool)).await,
+            Err(refusal) => return refusal.into_response(&self.pool),
         };
-        match self.transcode(grpc, parts, body, asked).await {
-            Ok(response) => response,
-            Err(refusal) => refusal.into_response(&self.pool),
+        let (body, held) = match self.read(body).await {
+            Ok(read) => read,
+            Err(refusal) if http1 => return closing(refusal.into_response(&self.pool)),
+            Err(refusal) => return refusal.into_response(&self.pool),
+        };
+        let within = asked.timeout;
+        let answer = self.transcode(grpc, parts, body, held, asked);
+        let answer = match within {
+            Some(within) => tokio::time::timeout(within, answer).await.unwrap_or_else(|_| {
+                Err(Refusal::new(
+                    Code::DeadlineExceeded,
+                    format!("no answer within Connect-Timeout-Ms ({within:?})"),
+                ))
+            }),
+            None => answer.await,
+        };
+        answer.unwrap_or_else(|refusal| refusal.into_response(&self.pool))
+    }
+
+    /// Lets a request's caller in on its head, before its body is read:
+    /// a call with no token or a bad one is refused unread, as over gRPC.
+    /// Health answers everyone.
+    pub(super) fn admit(&self, parts: &http::request::Parts) -> Result<(), Refusal> {
+        if parts.uri.path().starts_with("/grpc.health.") {
+            return Ok(());
         }
+        let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
+        self.auth.authenticate(&metadata).map(drop).map_err(|e| Refusal::from(Status::from(e)))
     }
 
     /// What a request asks for, from its head alone.
@@ -96,6 +120,7 @@ impl Connect {
             )
             .with_http(StatusCode::NOT_FOUND));
         };
+        self.admit(parts)?;
         if method.is_client_streaming() || method.is_server_streaming() {
             return Err(Refusal::new(
                 Code::Unimplemented,
@@ -127,15 +152,18 @@ impl Connect {
         &self,
         mut grpc: S,
         mut parts: http::request::Parts,
-        body: Body,
+        body: Bytes,
+        held: Option<OwnedSemaphorePermit>,
         Asked { method, codec, timeout }: Asked,
     ) -> Result<Response<Body>, Refusal>
     where
         S: Service<Request<Body>, Response = Response<Body>>,
         S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let (body, _held) = self.read(body).await?;
         let message = codec.decode(method.input(), body)?;
+        // The JSON is gone; the services take the protobuf's bytes from
+        // the budget as they read them.
+        drop(held);
         let mut frame = BytesMut::with_capacity(5 + message.len());
         frame.put_u8(0);
         frame.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
@@ -164,10 +192,17 @@ impl Connect {
 
     /// The whole body, its bytes taken from the budget as they arrive and
     /// held until the answer.
-    pub(super) async fn read(
-        &self,
-        mut body: Body,
-    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Refusal> {
+    pub(super) async fn read(&self, body: Body) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Refusal> {
+        tokio::time::timeout(READ_WITHIN, self.read_all(body)).await.unwrap_or_else(|_| {
+            Err(Refusal::new(
+                Code::DeadlineExceeded,
+                format!("the body did not arrive whole within {READ_WITHIN:?}"),
+            )
+            .with_http(StatusCode::REQUEST_TIMEOUT))
+        })
+    }
+
+    async fn read_all(&self, mut body: Body) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Refusal> {
         let mut read = BytesMut::new();
         let mut held: Option<OwnedSemaphorePermit> = None;
         while let Some(frame) = body.frame().await {
@@ -206,6 +241,43 @@ struct Asked {
     codec: Codec,
     timeout: Option<Duration>,
 }
+
+/// `response` with `Connection: close`: sent when an HTTP/1.1 request is
+/// answered before its body was read whole.
+pub(super) fn closing(mut response: Response<Body>) -> Response<Body> {
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// A refusal of an HTTP/1.1 request made on its head alone. An answer
+/// sent with the body unread would close the connection under a client
+/// still sending it (a reset, not the answer, is what it would see), so a
+/// small body is read and dropped first; a larger or slower one gets the
+/// answer with `Connection: close`.
+pub(super) async fn drained(mut body: Body, response: Response<Body>) -> Response<Body> {
+    let drain = async {
+        let mut seen = 0;
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return false };
+            seen += frame.data_ref().map_or(0, Bytes::len);
+            if seen > DRAIN_AT_MOST {
+                return false;
+            }
+        }
+        true
+    };
+    match tokio::time::timeout(DRAIN_WITHIN, drain).await {
+        Ok(true) => response,
+        _ => closing(response),
+    }
+}
+
+/// What a refused request's body may be to be read and dropped.
+const DRAIN_AT_MOST: usize = 64 * 1024;
+const DRAIN_WITHIN: Duration = Duration::from_secs(1);
+
+/// How long a body may take to arrive whole.
+const READ_WITHIN: Duration = Duration::from_secs(30);
 
 /// How a body is written.
 #[derive(Clone, Copy)]
@@ -286,9 +358,13 @@ fn grpc_headers(headers: &mut HeaderMap, timeout: Option<Duration>) {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(header::TE, HeaderValue::from_static("trailers"));
     headers.remove("grpc-timeout");
-    if let Some(timeout) = timeout
-        && let Ok(value) = HeaderValue::from_str(&format!("{}m", timeout.as_millis()))
-    {
+    // At most 8 digits, as gRPC has it: milliseconds, or whole seconds
+    // for a longer time.
+    let text = timeout.map(|t| match t.as_millis() {
+        ms @ 0..=99_999_999 => format!("{ms}m"),
+        _ => format!("{}S", t.as_secs().min(99_999_999)),
+    });
+    if let Some(value) = text.and_then(|text| HeaderValue::from_str(&text).ok()) {
         headers.insert("grpc-timeout", value);
     }
 }
@@ -514,6 +590,9 @@ mod tests {
         grpc_headers(&mut headers, Some(Duration::from_millis(250)));
         assert_eq!(headers[header::CONTENT_TYPE], "application/grpc");
         assert_eq!(headers["grpc-timeout"], "250m");
+        // gRPC's 8 digits: a longer time in seconds.
+        grpc_headers(&mut headers, Some(Duration::from_millis(9_999_999_999)));
+        assert_eq!(headers["grpc-timeout"], "9999999S");
         assert_eq!(headers[header::AUTHORIZATION], "Bearer t");
         assert!(headers.contains_key("traceparent"));
         assert!(!headers.contains_key("connect-protocol-version"));

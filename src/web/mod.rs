@@ -32,7 +32,7 @@ use tonic::{
 };
 use tower_layer::Layer;
 
-use crate::{api::Budget, proto};
+use crate::{api::Budget, auth::Authenticator, proto};
 
 /// The OpenAPI document of the JSON API, as served (checked against the
 /// descriptors by a test).
@@ -56,9 +56,10 @@ pub(crate) struct WebLayer {
 
 impl WebLayer {
     /// `max_request` is the largest protobuf request the services take;
-    /// JSON bodies take their bytes from `budget`, as gRPC bodies do.
-    pub(crate) fn new(max_request: usize, budget: Budget) -> WebLayer {
-        WebLayer { connect: Arc::new(connect::Connect::new(descriptors(), max_request, budget)) }
+    /// bodies read whole take their bytes from `budget` while they are
+    /// read, and only once `auth` lets their caller in.
+    pub(crate) fn new(max_request: usize, budget: Budget, auth: Authenticator) -> WebLayer {
+        WebLayer { connect: Arc::new(connect::Connect::new(descriptors(), max_request, budget, auth)) }
     }
 }
 
@@ -101,18 +102,33 @@ where
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         match Door::of(&request) {
             Door::Grpc => Box::pin(self.grpc.call(request)),
+            // Over HTTP/2 each call is a stream of its own: straight on.
+            Door::GrpcWeb if request.version() >= http::Version::HTTP_2 => {
+                let mut grpc_web = self.grpc_web.clone();
+                Box::pin(async move {
+                    std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut grpc_web, cx))
+                        .await?;
+                    grpc_web.call(request).await
+                })
+            }
             Door::GrpcWeb => {
                 let mut grpc_web = self.grpc_web.clone();
                 let connect = Arc::clone(&self.connect);
                 Box::pin(async move {
-                    // Read whole before the call: over HTTP/1.1 a call
-                    // refused before its body is read (a missing token)
-                    // leaves a connection that cannot be used again, which
-                    // the server closes as the client reuses it.
+                    // Over HTTP/1.1 the body is read whole (its caller let
+                    // in first) before the call: a call refused with its
+                    // body unread leaves a connection that cannot be used
+                    // again, which the server closes as the client reuses
+                    // it. A refusal here says so.
                     let (parts, body) = request.into_parts();
-                    let (body, _held) = match connect.read(body).await {
-                        Ok(read) => read,
-                        Err(refusal) => return Ok(refusal.into_grpc_web()),
+                    if let Err(refusal) = connect.admit(&parts) {
+                        return Ok(connect::drained(body, refusal.into_grpc_web()).await);
+                    }
+                    let body = match connect.read(body).await {
+                        // The services take the bytes from the budget
+                        // again as they read them.
+                        Ok((body, _held)) => body,
+                        Err(refusal) => return Ok(connect::closing(refusal.into_grpc_web())),
                     };
                     let request = Request::from_parts(parts, Body::new(Full::new(body)));
                     std::future::poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut grpc_web, cx))

@@ -48,7 +48,7 @@ pub(super) fn document(pool: &DescriptorPool) -> Value {
                 let status = http_status(*code).as_u16().to_string();
                 responses.entry(status).or_insert_with(|| json!({"$ref": "#/components/responses/Error"}));
             }
-            for extra in ["413", "415"] {
+            for extra in ["408", "413", "415"] {
                 responses.insert(extra.into(), json!({"$ref": "#/components/responses/Error"}));
             }
             paths.insert(

@@ -90,14 +90,23 @@ async fn a_schedules_trace_reaches_the_delivered_record_and_the_otlp_receiver_ge
         "4bf92f3577b34da6a3ce929d0e0e4736",
         "5bf92f3577b34da6a3ce929d0e0e4737",
     );
+    let due = now_ms() + 300;
     let traced = |id: &str, trace: &str, flags: &str| {
-        let mut request = tonic::Request::new(request_at(&topic, id, now_ms() + 300));
+        let mut request = tonic::Request::new(request_at(&topic, id, due));
         let metadata = request.metadata_mut();
         metadata.insert("traceparent", traceparent(trace, caller_span, flags).parse().unwrap());
         metadata.insert("tracestate", "vendor=opaque".parse().unwrap());
         request
     };
     client.schedule(traced("over-grpc", grpc_trace, "01")).await.unwrap();
+    // A retry under another trace is the same request: a duplicate, not a
+    // conflict.
+    let again = client
+        .schedule(traced("over-grpc", "7bf92f3577b34da6a3ce929d0e0e4739", "01"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.duplicate, "{again:?}");
     client.schedule(traced("not-sampled", unsampled_trace, "00")).await.unwrap();
     client.schedule(request_at(&topic, "untraced", now_ms() + 300)).await.unwrap();
     // A stream's context is kept on each of its records.

@@ -193,12 +193,27 @@ impl Builder {
             let read = |path: &Path| {
                 std::fs::read(path).map_err(|e| settings(format!("cannot read {}: {e}", path.display())))
             };
-            let mut config = ClientTlsConfig::new().with_native_roots();
-            if let Some(ca) = &self.ca_cert {
-                config = config.ca_certificate(Certificate::from_pem(read(ca)?));
-            }
+            // PEM that holds what it should, or an error naming the file.
+            let pem = |path: &Path, what: &str, mark: &str| {
+                let text = read(path)?;
+                match std::str::from_utf8(&text).is_ok_and(|t| t.contains(mark)) {
+                    true => Ok(text),
+                    false => Err(settings(format!("{}: no {what} in PEM form", path.display()))),
+                }
+            };
+            // A CA given is the only one trusted; the system's otherwise.
+            let mut config = match &self.ca_cert {
+                Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem(
+                    ca,
+                    "certificate",
+                    "-----BEGIN CERTIFICATE-----",
+                )?)),
+                None => ClientTlsConfig::new().with_native_roots(),
+            };
             if let Some((cert, key)) = &self.identity {
-                config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+                let cert = pem(cert, "certificate", "-----BEGIN CERTIFICATE-----")?;
+                config =
+                    config.identity(Identity::from_pem(cert, pem(key, "private key", "PRIVATE KEY-----")?));
             }
             endpoint = endpoint.tls_config(config).map_err(|e| settings(format!("setting up TLS: {e}")))?;
         }

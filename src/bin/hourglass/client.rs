@@ -23,9 +23,7 @@ type Client = hourglass_kafka::SchedulerClient;
 /// A connection to `--server`, with `--token` on every call and TLS as the
 /// flags say; the services' stubs come from it.
 pub async fn connection(server: &ClientArgs) -> anyhow::Result<hourglass_kafka::Client> {
-    let mut builder = hourglass_kafka::Client::builder(&server.server)
-        // A command waits as long as its call takes: the server bounds it.
-        .timeout(CALL_TIMEOUT);
+    let mut builder = hourglass_kafka::Client::builder(&server.server).timeout(CALL_TIMEOUT);
     if let Some(token) = &server.token {
         builder = builder.token(token.expose());
     }
