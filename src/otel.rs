@@ -12,6 +12,12 @@
 //! context the delivered record then carries. Spans follow the caller's
 //! sampled flag. Without the flag nothing is exported and no span is made:
 //! a message without trace headers costs one check of a `OnceLock` more.
+//!
+//! Log lines follow the trace too: a call that comes with a `traceparent`
+//! (on any door) runs in a `call` log span whose `trace_id` and `span_id`
+//! each of its lines carries (under `span` in `--log-format json`); the
+//! span id is the call's own span's where spans are exported, the caller's
+//! otherwise.
 
 use std::{sync::OnceLock, time::Duration};
 
@@ -135,6 +141,19 @@ fn trace_state(value: Option<&[u8]>) -> TraceState {
         .unwrap_or_default()
 }
 
+/// The log span of a call that comes with a valid `traceparent` header,
+/// naming its trace and span; a disabled span for any other call.
+pub(crate) fn log_span(headers: &tonic::codegen::http::HeaderMap) -> tracing::Span {
+    let Some(given) = headers.get(TRACEPARENT).and_then(|v| TraceParent::parse(v.as_bytes())) else {
+        return tracing::Span::none();
+    };
+    tracing::info_span!(
+        "call",
+        trace_id = %given.trace_id,
+        span_id = %given.span_id,
+    )
+}
+
 /// The span of a Schedule call, ended when the call is answered.
 pub(crate) struct CallSpan(opentelemetry_sdk::trace::Span);
 
@@ -178,6 +197,8 @@ pub(crate) fn carry<'a>(
                 KeyValue::new("messaging.destination.name", topic),
             ])
             .start_with_context(tracer, &parent);
+        // The call's log lines name this span from here on.
+        tracing::Span::current().record("span_id", tracing::field::display(span.span_context().span_id()));
         CallSpan(span)
     });
     let kept = span.as_ref().map(|s| TraceParent::of(s.0.span_context())).unwrap_or(given).header();

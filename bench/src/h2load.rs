@@ -44,7 +44,7 @@ pub async fn unary(
 
     let pending = server.metric("hourglass_messages_pending").await?;
     let url = format!("http://{}/hourglass.v1.Scheduler/Schedule", server.grpc);
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "-n".into(),
         calls.to_string(),
         "-c".into(),
@@ -61,8 +61,13 @@ pub async fn unary(
         "te: trailers".into(),
         "--log-file".into(),
         log.display().to_string(),
-        url,
     ];
+    if w.traced {
+        // One trace for every call: the server makes a span per call all
+        // the same.
+        args.extend(["-H".into(), format!("traceparent: {}", crate::otlp::traceparent().to_str()?)]);
+    }
+    args.push(url);
     let out = tokio::task::spawn_blocking(move || Command::new(COMMAND).args(&args).output())
         .await?
         .context("running h2load")?;

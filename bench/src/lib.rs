@@ -38,6 +38,7 @@ mod h2load;
 pub mod limits;
 mod load;
 mod machine;
+mod otlp;
 mod policy;
 mod reconcile;
 mod report;
@@ -176,6 +177,8 @@ pub struct Settings {
     pub batch_size: usize,
     pub batch_callers: usize,
     pub streams: usize,
+    /// Each call traced, the server's spans exported to the bench.
+    pub trace: bool,
     /// The phases to run (limits always run).
     pub phases: Vec<Phase>,
     /// Measure a cluster of nodes instead of one standalone server.
@@ -336,6 +339,10 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         ("unary", format!("{} clients on {} connections", s.clients, s.connections.clamp(1, s.clients))),
         ("batch", format!("{} x {} callers", s.batch_size, s.batch_callers)),
         ("streams", s.streams.to_string()),
+        (
+            "tracing",
+            if s.trace { "every call traced, spans exported over OTLP to the bench" } else { "off" }.into(),
+        ),
     ];
     report.settings = settings.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
 
@@ -344,7 +351,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     let raw_topic = format!("hourglass-bench-raw-{run_id}");
     bench.create_topic(&topic, s.partitions).await?;
     bench.create_topic(&raw_topic, s.partitions).await?;
-    let w = Workload::new(&topic, s.value_bytes);
+    let w = Workload { traced: s.trace, ..Workload::new(&topic, s.value_bytes) };
     let sync = s.durability == Durability::Sync;
     let sc = &s.scale;
 
@@ -396,6 +403,13 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     server.env("HOURGLASS_SERIES_MAX_PER_TENANT", &sc.series.max(10_000).to_string());
     let console_addr = console::listen()?;
     server.env("HOURGLASS_CONSOLE_LISTEN", &console_addr.to_string());
+    let collector = match s.trace {
+        true => Some(otlp::Collector::start().await?),
+        false => None,
+    };
+    if let Some(collector) = &collector {
+        server.env("HOURGLASS_OTLP_ENDPOINT", &collector.endpoint);
+    }
     let mut server = server.launch().await?;
     report.add("memory: empty", mib(server.rss_bytes()), "MiB", None, &[]);
     let mut offset = 0u64;
@@ -825,6 +839,10 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
     }
 
     server.stop()?;
+    if let Some(collector) = collector {
+        // The server sends what it still holds as it stops.
+        report.add("tracing: spans the collector received", collector.spans() as f64, "spans", None, &[]);
+    }
     if bench.mock.is_none() {
         delete_topic(&brokers, &topic).await.ok();
         delete_topic(&brokers, &raw_topic).await.ok();

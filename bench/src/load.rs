@@ -77,11 +77,12 @@ const RETRY_FOR: Duration = Duration::from_secs(30);
 /// retried: a second try could park it twice.
 async fn schedule(
     client: &mut SchedulerClient<Channel>,
+    w: &Workload,
     request: proto::ScheduleRequest,
 ) -> anyhow::Result<proto::ScheduleResponse> {
     let give_up = Instant::now() + RETRY_FOR;
     loop {
-        match client.schedule(request.clone()).await {
+        match client.schedule(w.call(request.clone())).await {
             Ok(reply) => return Ok(reply.into_inner()),
             Err(s) if retryable(s.code() as i32, request.id.is_some()) && Instant::now() < give_up => {
                 tokio::time::sleep(Duration::from_millis(100)).await
@@ -144,11 +145,11 @@ pub async fn calls(
                 match call {
                     Call::Unary => {
                         let request = requests.pop().context("a unary call needs a message")?;
-                        schedule(&mut client, request).await?;
+                        schedule(&mut client, &w, request).await?;
                     }
                     Call::Batch(_) => {
                         let reply = client
-                            .schedule_batch(proto::ScheduleBatchRequest { requests })
+                            .schedule_batch(w.call(proto::ScheduleBatchRequest { requests }))
                             .await
                             .context("ScheduleBatch")?;
                         for result in reply.into_inner().results {
@@ -207,7 +208,8 @@ pub async fn stream(
             tokio_stream::wrappers::ReceiverStream::new(rx)
         };
         tasks.spawn(async move {
-            let mut answers = client.schedule_stream(outgoing).await.context("ScheduleStream")?.into_inner();
+            let mut answers =
+                client.schedule_stream(w.call(outgoing)).await.context("ScheduleStream")?.into_inner();
             let (mut latencies, mut ids) = (Vec::new(), Vec::new());
             while let Some(answer) = answers.next().await {
                 let answer = answer.context("ScheduleStream")?;
@@ -219,7 +221,7 @@ pub async fn stream(
                 let reply = match &answer.result {
                     // Retried beside the stream, as a client does.
                     Some(Item::Error(e)) if retryable(e.code, w.ids.is_some()) => {
-                        schedule(&mut retries, w.at(i, due_ms)).await?
+                        schedule(&mut retries, &w, w.at(i, due_ms)).await?
                     }
                     _ => scheduled(answer)?,
                 };

@@ -66,6 +66,12 @@ struct Args {
     /// Concurrent ScheduleStream calls.
     #[arg(long, default_value_t = 4)]
     streams: usize,
+    /// Trace every call: each carries a sampled W3C `traceparent`, and
+    /// the server exports its spans (`--otlp-endpoint`) to an OTLP
+    /// collector in the bench, which counts them. Compare a run with it
+    /// and one without for tracing's cost.
+    #[arg(long)]
+    trace: bool,
     /// Run only these phases (the limits and the parked backlog always
     /// run), e.g. `--only drain,burst` while working on one figure.
     #[arg(long, value_delimiter = ',', value_name = "PHASE")]
@@ -119,6 +125,7 @@ impl Args {
             batch_size: self.batch_size,
             batch_callers: self.batch_callers.max(1),
             streams: self.streams,
+            trace: self.trace,
             phases: if self.only.is_empty() { Phase::ALL.to_vec() } else { self.only.clone() },
             cluster: self.cluster.map(|nodes| ClusterSettings {
                 nodes,

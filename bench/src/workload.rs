@@ -14,13 +14,23 @@ pub struct Workload {
     pub ids: Option<String>,
     /// Labels every record is scheduled with.
     pub labels: Vec<(String, String)>,
+    /// Whether each call carries a sampled `traceparent` of its own
+    /// (`--trace`).
+    pub traced: bool,
 }
 
 impl Workload {
     /// Records for `topic` of `value_bytes`, over 10,000 keys, with ids the
     /// server makes and no labels.
     pub fn new(topic: &str, value_bytes: usize) -> Workload {
-        Workload { topic: topic.to_owned(), value_bytes, keys: 10_000, ids: None, labels: Vec::new() }
+        Workload {
+            topic: topic.to_owned(),
+            value_bytes,
+            keys: 10_000,
+            ids: None,
+            labels: Vec::new(),
+            traced: false,
+        }
     }
 
     fn key(&self, i: usize) -> Vec<u8> {
@@ -59,6 +69,15 @@ impl Workload {
             max_lateness: None,
             dead_letter_topic: String::new(),
         }
+    }
+
+    /// A call with `message`, traced if the workload is.
+    pub fn call<T>(&self, message: T) -> tonic::Request<T> {
+        let mut call = tonic::Request::new(message);
+        if self.traced {
+            call.metadata_mut().insert("traceparent", crate::otlp::traceparent());
+        }
+        call
     }
 }
 

@@ -100,7 +100,8 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        match Door::of(&request) {
+        let logs = crate::otel::log_span(request.headers());
+        let call: Self::Future = match Door::of(&request) {
             Door::Grpc => Box::pin(self.grpc.call(request)),
             // Over HTTP/2 each call is a stream of its own: straight on.
             Door::GrpcWeb if request.version() >= http::Version::HTTP_2 => {
@@ -142,7 +143,8 @@ where
                 let grpc = self.grpc.clone();
                 Box::pin(async move { Ok(connect.call(grpc, request).await) })
             }
-        }
+        };
+        if logs.is_disabled() { call } else { Box::pin(tracing::Instrument::instrument(call, logs)) }
     }
 }
 

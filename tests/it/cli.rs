@@ -285,7 +285,8 @@ async fn sighup_without_a_tokens_file_is_harmless() {
 
 /// `--log-format json`: every line hourglass writes to stderr, from start
 /// to a clean stop, is one JSON object with the time, level, target and
-/// message, and the event's fields beside them.
+/// message, and the event's fields beside them; a line written for a call
+/// that came with a `traceparent` names its trace and span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_are_one_object_per_line() {
     use std::io::BufRead as _;
@@ -302,6 +303,16 @@ async fn json_logs_are_one_object_per_line() {
     let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let lines = std::thread::spawn(move || stderr.lines().map(Result::unwrap).collect::<Vec<String>>());
     let server = Serve::once_listening(child, grpc.clone(), metrics);
+    let mut client = server.client().await;
+    let (trace, span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let mut cancel =
+        tonic::Request::new(hourglass::proto::CancelRequest { id: "never-was".into(), ..Default::default() });
+    cancel.metadata_mut().insert("traceparent", format!("00-{trace}-{span}-01").parse().unwrap());
+    client.cancel(cancel).await.expect("a cancel of nothing is answered");
+    client
+        .cancel(hourglass::proto::CancelRequest { id: "untraced".into(), ..Default::default() })
+        .await
+        .expect("a cancel of nothing is answered");
     assert!(server.terminate().success());
     let lines = lines.join().unwrap();
     assert!(lines.len() >= 3, "a start and a stop: {lines:#?}");
@@ -319,6 +330,18 @@ async fn json_logs_are_one_object_per_line() {
     assert_eq!(serving["level"], "INFO");
     assert_eq!(serving["target"], "hourglass::server");
     assert!(events.iter().any(|e| e["message"] == "shut down cleanly"), "{lines:#?}");
+    let audit = |id: &str| {
+        events
+            .iter()
+            .find(|e| e["message"] == "audit" && e["what"].as_str().is_some_and(|w| w.contains(id)))
+            .unwrap_or_else(|| panic!("the audit line of {id}: {lines:#?}"))
+    };
+    let traced = audit("never-was");
+    assert_eq!(traced["span"]["name"], "call", "{traced}");
+    assert_eq!(traced["span"]["trace_id"], trace, "{traced}");
+    assert_eq!(traced["span"]["span_id"], span, "{traced}");
+    let untraced = audit("untraced");
+    assert!(untraced.get("span").is_none(), "a call without a trace runs in no span: {untraced}");
 }
 
 /// A password with every character that has tripped a parser.
