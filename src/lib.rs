@@ -108,6 +108,13 @@ pub(crate) mod tls;
 pub(crate) mod web;
 
 pub use error::Error;
+
+/// The version of this build (`Cargo.toml`'s).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit this build was made from and its date (`0123456789ab
+/// 2026-12-05`), or `unknown` for a build outside a git checkout that was
+/// not told (`HOURGLASS_COMMIT` at build time).
+pub const COMMIT: &str = env!("HOURGLASS_COMMIT");
 pub use server::{Listeners, run, run_with_clock};
 
 /// The wire types and the gRPC service, generated from

@@ -591,6 +591,20 @@ pub static STORE_COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     )
 });
 
+/// The build that runs: always 1, its labels say which (a dashboard shows
+/// the version each node runs during an upgrade).
+pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    let info = register(
+        IntGaugeVec::new(
+            Opts::new("hourglass_build_info", "The running build: version and commit (always 1)."),
+            &["version", "commit"],
+        )
+        .expect("valid metric"),
+    );
+    info.with_label_values(&[crate::VERSION, crate::COMMIT]).set(1);
+    info
+});
+
 /// Touches every metric so that each series is exported from the start,
 /// even before its first event (a shard's series, once it opens).
 pub fn init() {
@@ -650,6 +664,7 @@ pub fn init() {
     LazyLock::force(&LOG_APPLY_WAIT_SECONDS);
     LazyLock::force(&STALE_COPIES);
     LazyLock::force(&STANDBYS_STOPPED);
+    LazyLock::force(&BUILD_INFO);
 }
 
 /// The Prometheus text exposition of every metric.

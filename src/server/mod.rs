@@ -180,6 +180,8 @@ pub async fn run_with_clock(
 
     let metrics_task = tokio::spawn(serve_metrics(listeners.metrics, background.clone()));
     tracing::info!(
+        version = crate::VERSION,
+        commit = crate::COMMIT,
         %grpc_addr,
         tls = tls.is_some(),
         mutual_tls = config.tls_client_ca.is_some(),

@@ -440,6 +440,29 @@ async fn client_subcommands_reach_a_server_with_mutual_tls_and_tokens() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // `hourglass health`, as a probe runs it: over mutual TLS, without a
+    // token, the certificate's name given apart from the address.
+    let health = |extra: &[&str]| run(hourglass().arg("health").args(&tls).args(extra));
+    let out = health(&["--tls-server-name", "localhost"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "the server: SERVING\n");
+    let out = health(&["--service", "liveness", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), r#"{"service":"liveness","serving":true}"#);
+    // A name the certificate does not hold, a service health does not
+    // know, and a server that is not there: each exits 1 and says why.
+    let elsewhere = health(&["--tls-server-name", "elsewhere.example"]);
+    let unknown = health(&["--service", "no.such.Service"]);
+    let absent =
+        run(hourglass().args(["health", "--server", "https://127.0.0.1:1", "--ca-cert", &path("ca.pem")]));
+    for (out, says) in
+        [(elsewhere, "error: the server at https://"), (unknown, "NotFound"), (absent, "127.0.0.1:1")]
+    {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    }
     bed.server.stop().await;
 }
 

@@ -128,6 +128,7 @@ pub struct Builder {
     token: Option<String>,
     ca_cert: Option<PathBuf>,
     identity: Option<(PathBuf, PathBuf)>,
+    server_name: Option<String>,
     timeout: Duration,
     connect_timeout: Duration,
     retries: u32,
@@ -151,6 +152,14 @@ impl Builder {
     /// A certificate and its key (PEM files), for mutual TLS.
     pub fn identity(mut self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Builder {
         self.identity = Some((cert.as_ref().to_owned(), key.as_ref().to_owned()));
+        self
+    }
+
+    /// The name the server's certificate must hold, when it is not the
+    /// host of the URL (a probe inside the server's pod that connects to
+    /// 127.0.0.1, say).
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> Builder {
+        self.server_name = Some(name.into());
         self
     }
 
@@ -183,9 +192,9 @@ impl Builder {
             .timeout(self.timeout)
             .connect_timeout(self.connect_timeout);
         let tls = self.server.starts_with("https://");
-        if !tls && (self.ca_cert.is_some() || self.identity.is_some()) {
+        if !tls && (self.ca_cert.is_some() || self.identity.is_some() || self.server_name.is_some()) {
             return Err(settings(format!(
-                "a CA or an identity is for TLS: give an https:// server, not {}",
+                "a CA, an identity or a TLS server name is for TLS: give an https:// server, not {}",
                 self.server
             )));
         }
@@ -214,6 +223,9 @@ impl Builder {
                 let cert = pem(cert, "certificate", "-----BEGIN CERTIFICATE-----")?;
                 config =
                     config.identity(Identity::from_pem(cert, pem(key, "private key", "PRIVATE KEY-----")?));
+            }
+            if let Some(name) = &self.server_name {
+                config = config.domain_name(name);
             }
             endpoint = endpoint.tls_config(config).map_err(|e| settings(format!("setting up TLS: {e}")))?;
         }
@@ -346,6 +358,7 @@ impl Client {
             token: None,
             ca_cert: None,
             identity: None,
+            server_name: None,
             timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             retries: 6,
@@ -363,6 +376,17 @@ impl Client {
 
     pub fn admin(&self) -> AdminClient {
         AdminClient::new(self.channel.clone())
+    }
+
+    /// Whether the server says `service` is serving, in gRPC health
+    /// (`grpc.health.v1.Health/Check`): `""` for the server as a whole (it
+    /// takes new messages), `liveness` for the process. Not retried: a
+    /// probe wants the answer of now.
+    pub async fn serving(&self, service: &str) -> Result<bool, Error> {
+        use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client};
+        let mut health = health_client::HealthClient::new(self.channel.clone());
+        let answer = health.check(HealthCheckRequest { service: service.to_owned() }).await?;
+        Ok(answer.into_inner().status == ServingStatus::Serving as i32)
     }
 
     /// Makes `call` until it is not answered `UNAVAILABLE`, or the retries

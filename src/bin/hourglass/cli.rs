@@ -12,8 +12,11 @@ use hourglass::{
     server::settings::{self, SettingsError},
 };
 
+/// `hourglass --version`: the version, the commit and its date.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("HOURGLASS_COMMIT"), ")");
+
 #[derive(Debug, Parser)]
-#[command(name = "hourglass", version, about = "Delayed delivery for Apache Kafka", long_about = None)]
+#[command(name = "hourglass", version = VERSION, about = "Delayed delivery for Apache Kafka", long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -56,6 +59,9 @@ pub enum Command {
     List(ListArgs),
     /// Counts by state, the oldest overdue message, the store's size.
     Stats(StatsArgs),
+    /// Ask the server's gRPC health whether it serves (over TLS too): exits
+    /// 0 if so, 1 if not or unreachable. For probes and scripts.
+    Health(HealthArgs),
     /// Recurring schedules: create, get, list, update, pause, resume and
     /// delete series.
     Series(crate::series::SeriesArgs),
@@ -205,6 +211,11 @@ pub struct ClientArgs {
     /// system's trusted roots]
     #[arg(long, env = "HOURGLASS_CA_CERT", value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
+    /// The name the server's certificate must hold, when it is not the
+    /// host of --server (a probe in the server's own pod connects to
+    /// 127.0.0.1 and names the Service here).
+    #[arg(long, env = "HOURGLASS_TLS_SERVER_NAME", value_name = "NAME")]
+    pub tls_server_name: Option<String>,
     /// PEM client certificate, for a server that requires mutual TLS.
     #[arg(long, env = "HOURGLASS_CLIENT_CERT", value_name = "FILE", requires = "client_key")]
     pub client_cert: Option<PathBuf>,
@@ -388,6 +399,20 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// What to ask about: "" for the server as a whole (SERVING while it
+    /// takes new messages: for readiness), liveness (SERVING while the
+    /// process answers: for liveness), or hourglass.v1.Scheduler.
+    #[arg(long, default_value = "")]
+    pub service: String,
+    /// How long to wait for the answer, connecting included.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub timeout: Duration,
     #[command(flatten)]
     pub client: ClientArgs,
 }

@@ -13,7 +13,8 @@ use hourglass::message::UnixMillis;
 use hourglass_kafka::proto;
 
 use crate::cli::{
-    CancelArgs, ClientArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs, When,
+    CancelArgs, ClientArgs, HealthArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs,
+    When,
 };
 
 pub const EXIT_NOT_APPLIED: u8 = 3;
@@ -32,6 +33,9 @@ pub async fn connection(server: &ClientArgs) -> anyhow::Result<hourglass_kafka::
     }
     if let Some((cert, key)) = server.client_cert.as_deref().zip(server.client_key.as_deref()) {
         builder = builder.identity(cert, key);
+    }
+    if let Some(name) = &server.tls_server_name {
+        builder = builder.tls_server_name(name);
     }
     Ok(builder.connect().await?)
 }
@@ -335,6 +339,31 @@ fn print_rows(messages: &[proto::PendingMessage]) {
         }
         println!("{}", line.trim_end());
     }
+}
+
+/// `hourglass health`: SERVING exits 0; anything else, an unreachable
+/// server included, says what and exits 1.
+pub async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
+    let service = if args.service.is_empty() { "the server" } else { args.service.as_str() };
+    let asked = async {
+        let client = connection(&args.client).await?;
+        anyhow::Ok(client.serving(&args.service).await?)
+    };
+    let (serving, why) = match tokio::time::timeout(args.timeout, asked).await {
+        Ok(Ok(serving)) => (serving, None),
+        Ok(Err(e)) => (false, Some(format!("{e:#}"))),
+        Err(_) => (false, Some(format!("no answer within {:?}", args.timeout))),
+    };
+    if args.client.output == Output::Json {
+        print_json(&json::Health { service: &args.service, serving, error: why.as_deref() })?;
+    } else {
+        match &why {
+            None if serving => println!("{service}: SERVING"),
+            None => println!("{service}: NOT_SERVING"),
+            Some(why) => eprintln!("error: {service} at {}: {why}", args.client.server),
+        }
+    }
+    Ok(if serving { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {

@@ -277,6 +277,15 @@ pub struct Overdue {
     pub overdue_ms: u64,
 }
 
+/// `hourglass health`'s answer.
+#[derive(Debug, Serialize)]
+pub struct Health<'a> {
+    pub service: &'a str,
+    pub serving: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Stats {
     pub as_of: Option<String>,
