@@ -105,6 +105,7 @@ pub(crate) mod shard;
 pub(crate) mod status;
 pub mod store;
 pub(crate) mod tls;
+pub(crate) mod watched;
 pub(crate) mod web;
 
 pub use error::Error;

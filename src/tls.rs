@@ -4,6 +4,10 @@
 //! start-up, so a wrong path or a broken file stops the server with an error
 //! naming the flag and the file rather than at the first handshake.
 //!
+//! While the server runs, [`LiveTls`] follows the files: a certificate
+//! renewed on disk (cert-manager, a mounted Secret, a cron job) is served
+//! to new connections without a restart.
+//!
 //! This module only loads and checks; the handshakes are the servers'
 //! (rustls: `server::handshake` for the gRPC port, the console's own).
 //! It takes plain paths, from the server's settings or a client's flags.
@@ -97,6 +101,65 @@ impl TlsFiles {
             .map_err(|e| bad_pem("--tls-key", &self.key, &format!("does not go with --tls-cert: {e}")))?;
         config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
         Ok(Arc::new(config))
+    }
+}
+
+/// A server's TLS settings that follow their files: when the contents of
+/// the certificate, the key or the client CA change, they are read and
+/// checked again, and new connections get the new settings (those made
+/// before keep theirs). Files that do not make valid settings, such as a
+/// certificate renewed before its key, leave the settings in use as they
+/// are and are said once, until the next change.
+#[derive(Clone)]
+pub(crate) struct LiveTls {
+    files: TlsFiles,
+    alpn: &'static [&'static [u8]],
+    current: std::sync::Arc<std::sync::RwLock<std::sync::Arc<rustls::ServerConfig>>>,
+}
+
+impl LiveTls {
+    /// Reads the files now (an error stops the start); ALPN offers `alpn`.
+    pub(crate) fn load(files: TlsFiles, alpn: &'static [&'static [u8]]) -> Result<LiveTls, TlsError> {
+        let config = files.rustls(alpn)?;
+        Ok(LiveTls { files, alpn, current: std::sync::Arc::new(std::sync::RwLock::new(config)) })
+    }
+
+    /// What the next handshake uses.
+    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        let current = self.current.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        tokio_rustls::TlsAcceptor::from(std::sync::Arc::clone(&current))
+    }
+
+    /// Follows the files until `stop`.
+    pub(crate) async fn follow(self, stop: tokio_util::sync::CancellationToken) {
+        let files = &self.files;
+        let mut watched = crate::watched::Watched::new(
+            [Some(&files.cert), Some(&files.key), files.client_ca.as_ref()]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect(),
+        );
+        let mut every = crate::watched::every();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            if !watched.changed() {
+                continue;
+            }
+            match files.rustls(self.alpn) {
+                Ok(config) => {
+                    *self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = config;
+                    tracing::info!(cert = %files.cert.display(), "the TLS files changed: new connections get them");
+                }
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "the TLS files changed but do not make valid settings; connections go on with the ones before"
+                ),
+            }
+        }
     }
 }
 

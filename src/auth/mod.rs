@@ -607,26 +607,44 @@ pub fn hangups() -> Option<tokio::signal::unix::Signal> {
     hangups
 }
 
-/// Reloads the tokens file on each of `hangups` until `stop`; a bad file is
-/// logged and the tokens in use stay. Without a tokens file SIGHUP is only
-/// logged: its default action, ending the process, is never what the
-/// sender meant.
-pub async fn reload_on_hangup(
+async fn hangup(hangups: &mut Option<tokio::signal::unix::Signal>) {
+    match hangups {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Keeps the tokens in use equal to the tokens file's: it is read again on
+/// SIGHUP, and whenever its contents change (looked at every two seconds),
+/// so a Kubernetes Secret mounted as a volume, which is updated in place
+/// with no signal, takes effect by itself. A file that does not parse
+/// leaves the tokens in use as they are, and says so once per change.
+/// Without a tokens file SIGHUP is only logged: its default action, ending
+/// the process, is never what the sender meant.
+pub async fn keep_tokens_current(
     auth: Authenticator,
-    hangups: Option<tokio::signal::unix::Signal>,
+    mut hangups: Option<tokio::signal::unix::Signal>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let Some(mut hangup) = hangups else { return };
+    let mut file = crate::watched::Watched::new(auth.tokens.iter().map(|(path, _)| path.clone()).collect());
+    let mut every = crate::watched::every();
     loop {
-        tokio::select! {
+        let why = tokio::select! {
             _ = stop.cancelled() => return,
-            _ = hangup.recv() => match auth.reload() {
-                Ok(_) if !auth.is_enabled() => {
-                    tracing::info!("SIGHUP: nothing to reload (no --auth-tokens); going on");
-                }
-                Ok(count) => tracing::info!(count, "SIGHUP: tokens file reloaded"),
-                Err(e) => tracing::error!(error = %e, "SIGHUP: tokens file not reloaded; old tokens stay"),
+            _ = hangup(&mut hangups) => "SIGHUP",
+            _ = every.tick(), if auth.is_enabled() => match file.changed() {
+                true => "the tokens file changed",
+                false => continue,
             },
+        };
+        match auth.reload() {
+            Ok(_) if !auth.is_enabled() => {
+                tracing::info!("{why}: nothing to reload (no --auth-tokens); going on")
+            }
+            Ok(count) => tracing::info!(count, "{why}: tokens file reloaded"),
+            Err(e) => tracing::error!(error = %e, "{why}: tokens file not reloaded; the tokens in use stay"),
         }
     }
 }

@@ -350,8 +350,9 @@ settings! {
             tls_peer_ca: PathBuf as "FILE", "HOURGLASS_TLS_PEER_CA";
             /// Tokens file (TOML): every call but health then needs
             /// `authorization: Bearer <token>`, and each token may use its
-            /// listed topics only, in its tenant's id space. Reloaded on
-            /// SIGHUP [default: no authentication].
+            /// listed topics only, in its tenant's id space. Reloaded when
+            /// its contents change, and on SIGHUP [default: no
+            /// authentication].
             auth_tokens: PathBuf as "FILE", "HOURGLASS_AUTH_TOKENS";
             /// Cluster mode (required): a file holding the cluster's secret
             /// key, the same on every node (make one with `openssl rand -hex

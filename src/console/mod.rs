@@ -106,7 +106,7 @@ pub(crate) struct Console {
     /// Requests served at once: each makes the calls its page shows.
     busy: Arc<tokio::sync::Semaphore>,
     /// The gRPC port's certificate, when it speaks TLS: the console does too.
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::LiveTls>,
     limits: Limits,
     /// Sign-in attempts lately, to slow down guessing.
     attempts: Attempts,
@@ -117,7 +117,7 @@ impl Console {
         calls: Calls,
         auth: Authenticator,
         clock: Arc<dyn Clock>,
-        tls: Option<Arc<rustls::ServerConfig>>,
+        tls: Option<crate::tls::LiveTls>,
         limits: Limits,
     ) -> Console {
         let Calls { scheduler, series, policies } = calls;

@@ -29,8 +29,9 @@ use tokio::{
     net::TcpListener,
     sync::Semaphore,
 };
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+
+use crate::tls::LiveTls;
 
 /// Connections served at once; more wait to be accepted.
 pub(super) const MAX_CONNECTIONS: usize = 256;
@@ -56,12 +57,11 @@ impl Limits {
 
 pub(super) async fn serve(
     listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<LiveTls>,
     app: axum::Router,
     limits: Limits,
     stop: CancellationToken,
 ) {
-    let acceptor = tls.map(TlsAcceptor::from);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let peers = Peers::new(limits.per_peer);
     loop {
@@ -91,7 +91,7 @@ pub(super) async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (acceptor, app, stop) = (acceptor.clone(), app.clone(), stop.clone());
+        let (acceptor, app, stop) = (tls.as_ref().map(LiveTls::acceptor), app.clone(), stop.clone());
         let timeout = limits.request_timeout;
         tokio::spawn(async move {
             let (_slot, _held) = (slot, held);

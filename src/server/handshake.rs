@@ -11,9 +11,10 @@ use std::{
 };
 
 use futures_util::stream::{FuturesUnordered, Stream};
-use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_rustls::server::TlsStream;
 
 use super::limits::{Limited, LimitedIncoming};
+use crate::tls::LiveTls;
 
 /// How long a client may take over its handshake.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
@@ -24,14 +25,14 @@ type Handshake = Pin<Box<dyn Future<Output = Option<TlsStream<Limited>>> + Send>
 /// handshake fails or stalls are closed (and their place given back).
 pub(super) struct TlsIncoming {
     inner: LimitedIncoming,
-    acceptor: TlsAcceptor,
+    tls: LiveTls,
     handshakes: FuturesUnordered<Handshake>,
     ended: bool,
 }
 
 impl TlsIncoming {
-    pub(super) fn new(inner: LimitedIncoming, acceptor: TlsAcceptor) -> TlsIncoming {
-        TlsIncoming { inner, acceptor, handshakes: FuturesUnordered::new(), ended: false }
+    pub(super) fn new(inner: LimitedIncoming, tls: LiveTls) -> TlsIncoming {
+        TlsIncoming { inner, tls, handshakes: FuturesUnordered::new(), ended: false }
     }
 }
 
@@ -42,7 +43,7 @@ impl Stream for TlsIncoming {
         while !self.ended {
             match Pin::new(&mut self.inner).poll_next(cx) {
                 Poll::Ready(Some(Ok(connection))) => {
-                    let accept = self.acceptor.accept(connection);
+                    let accept = self.tls.acceptor().accept(connection);
                     // On a task of its own: handshakes use the cores the
                     // runtime has, not the accepting task's alone.
                     let handshake = tokio::spawn(async move {

@@ -46,6 +46,7 @@ use crate::{
     series::{Series, spec::Limits as SeriesLimits},
     service::Service,
     store::StoreHealth,
+    tls::LiveTls,
     web::WebLayer,
 };
 
@@ -95,7 +96,7 @@ pub async fn run_with_clock(
     metrics::init();
     settings::check(&config)?;
     let tls = settings::tls(&config)?
-        .map(|tls| tls.rustls(settings::GRPC_ALPN))
+        .map(|tls| LiveTls::load(tls, settings::GRPC_ALPN))
         .transpose()
         .context("setting up TLS (--tls-cert, --tls-key, --tls-client-ca)")?;
     let auth = match &config.auth_tokens {
@@ -176,7 +177,7 @@ pub async fn run_with_clock(
     // when authentication is on.
     let reflection_v1 = InterceptedService::new(reflection().build_v1()?, auth.clone());
     let reflection_v1alpha = InterceptedService::new(reflection().build_v1alpha()?, auth.clone());
-    let hangup_task = tokio::spawn(auth::reload_on_hangup(auth.clone(), hangups, background.clone()));
+    let tokens_task = tokio::spawn(auth::keep_tokens_current(auth.clone(), hangups, background.clone()));
 
     let metrics_task = tokio::spawn(serve_metrics(listeners.metrics, background.clone()));
     tracing::info!(
@@ -249,9 +250,12 @@ pub async fn run_with_clock(
         Ingress::start(feeds, shards, Arc::clone(&scheduler), auth.clone(), settings::limits(&config))
             .await?;
     let console_tls = match &listeners.console {
-        Some(_) => settings::tls(&config)?.map(|files| files.rustls(&[b"http/1.1"])).transpose()?,
+        Some(_) => settings::tls(&config)?.map(|files| LiveTls::load(files, &[b"http/1.1"])).transpose()?,
         None => None,
     };
+    if let Some(tls) = &console_tls {
+        tokio::spawn(tls.clone().follow(background.clone()));
+    }
     let console_task = listeners.console.map(|listener| {
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, tls = console_tls.is_some(), "the console is serving");
@@ -296,11 +300,13 @@ pub async fn run_with_clock(
         config.max_connections,
     );
     let stopped = stop_accepting.clone().cancelled_owned();
+    if let Some(tls) = &tls {
+        tokio::spawn(tls.clone().follow(background.clone()));
+    }
     let grpc = match tls {
-        Some(tls) => tokio::spawn(routes.serve_with_incoming_shutdown(
-            handshake::TlsIncoming::new(incoming, tokio_rustls::TlsAcceptor::from(tls)),
-            stopped,
-        )),
+        Some(tls) => tokio::spawn(
+            routes.serve_with_incoming_shutdown(handshake::TlsIncoming::new(incoming, tls), stopped),
+        ),
         None => tokio::spawn(routes.serve_with_incoming_shutdown(incoming, stopped)),
     };
 
@@ -337,7 +343,7 @@ pub async fn run_with_clock(
     node.shutdown().await;
     background.cancel();
     let _ = catalog_task.await;
-    let _ = hangup_task.await;
+    let _ = tokens_task.await;
     let _ = metrics_task.await;
     producer.flush(Duration::from_secs(1)).ok();
     if let Some(exporting) = exporting {

@@ -118,6 +118,49 @@ async fn tls_serves_clients_that_trust_the_ca_and_refuses_plaintext() {
     bed.server.stop().await;
 }
 
+/// A certificate renewed on disk while the server runs: new connections
+/// get it, no restart or signal needed. A certificate written before its
+/// key (the pair does not match for a moment) changes nothing until the
+/// key comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_renewed_on_disk_is_served_to_new_connections() {
+    let (old, renewed) = (pki(), pki());
+    let live = tempfile::tempdir().unwrap();
+    let (cert, key) = (live.path().join("tls.crt"), live.path().join("tls.key"));
+    std::fs::copy(old.path().join("server.pem"), &cert).unwrap();
+    std::fs::copy(old.path().join("server.key"), &key).unwrap();
+    let bed = TestBed::start_with("renewed", 1, |c| {
+        c.tls_cert = Some(cert.clone());
+        c.tls_key = Some(key.clone());
+    })
+    .await;
+    let addr = bed.server.addr;
+    let trusts = |pki: &Path| {
+        let pki = pki.to_owned();
+        async move { answered(tls_channel(addr, &pki, None).await).await }
+    };
+    assert!(trusts(old.path()).await, "the first certificate is served");
+    assert!(!trusts(renewed.path()).await, "the renewed one is not yet");
+
+    std::fs::copy(renewed.path().join("server.pem"), &cert).unwrap();
+    // Longer than the files are looked at: the half-renewed pair was seen.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(trusts(old.path()).await, "a certificate without its key changes nothing");
+
+    std::fs::copy(renewed.path().join("server.key"), &key).unwrap();
+    let mut served = false;
+    for _ in 0..100 {
+        if trusts(renewed.path()).await {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served, "the renewed certificate is not served 10 s after it was written");
+    assert!(!trusts(old.path()).await, "new connections no longer get the first certificate");
+    bed.server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_serves_only_clients_with_a_certificate_from_the_client_ca() {
     let pki = pki();

@@ -341,6 +341,49 @@ async fn a_revoked_token_cannot_go_on_scheduling_on_its_open_stream() {
     open.stop().await;
 }
 
+/// The tokens file replaced on disk, as the kubelet updates a mounted
+/// Secret (a new file moved over the old), with no signal: a file that
+/// does not parse changes nothing; a good one takes effect by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokens_file_replaced_on_disk_takes_effect_without_a_signal() {
+    let t = Tenants::start().await;
+    let mut orders = t.client("orders-token").await;
+    let get = proto::GetRequest { id: "nothing".into(), ..Default::default() };
+    let answered = |r: Result<tonic::Response<proto::GetResponse>, tonic::Status>| match r {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    };
+    assert_eq!(answered(orders.get(get.clone()).await), Code::NotFound, "the token is let in");
+    let replace = |text: &str| {
+        let next = t.dir.path().join("tokens.next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &t.tokens).unwrap();
+    };
+
+    replace("[[token]]\nname = \"broken\"\n");
+    // Longer than the file is looked at: the broken file was seen.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(answered(orders.get(get.clone()).await), Code::NotFound, "a broken file changes nothing");
+
+    let (orders_prefix, billing_prefix) = (
+        t.orders.strip_suffix(".events").unwrap().to_owned(),
+        t.billing.strip_suffix(".events").unwrap().to_owned(),
+    );
+    replace(&tokens_file(&orders_prefix, &billing_prefix, false));
+    let mut revoked = false;
+    for _ in 0..100 {
+        if answered(orders.get(get.clone()).await) == Code::Unauthenticated {
+            revoked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(revoked, "the token is still let in 10 s after the file left it out");
+    let mut billing = t.client("billing-token").await;
+    assert_eq!(answered(billing.get(get).await), Code::NotFound, "the other tokens stay");
+    t.server.stop().await;
+}
+
 /// Every RPC of the proto, called with a token that covers no topic
 /// anybody uses, while another tenant has messages: none answers with any
 /// of them. A new RPC fails this test until it is given a case here.
