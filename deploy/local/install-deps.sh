@@ -61,6 +61,8 @@ install_system() {
   # opentelemetry-proto: the OTLP receiver the trace test runs.
   python3 -c "import opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc" 2>/dev/null \
     || pip opentelemetry-proto
+  # deploy/release.sh packs the Python client with it.
+  python3 -c "import build" 2>/dev/null || pip build
   # The version clients/python/generate.sh made the package's stubs with:
   # the tests check they are what it makes.
   [ "$(python3 -c 'from importlib.metadata import version; print(version("grpcio-tools"))' 2>/dev/null)" = 1.85.1 ] \

@@ -225,16 +225,24 @@ fn the_dockerfile_copies_what_exists_and_runs_a_valid_server() {
     let (_, env) = serve_options();
     let mut command = Vec::new();
     let mut set_env = Vec::new();
+    // What the build stage sees: the files it copies, where it puts them.
+    let context = tempfile::tempdir().unwrap();
     let lines: Vec<String> = dockerfile.replace("\\\n", " ").lines().map(str::to_owned).collect();
     for line in &lines {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.first().copied() {
             Some("COPY") if !words[1].starts_with("--from") => {
+                let to = words[words.len() - 1];
                 for source in &words[1..words.len() - 1] {
                     assert!(
                         repo(source).exists(),
                         "the Dockerfile copies {source}, which is not in the repo"
                     );
+                    let into = match to {
+                        "./" => context.path().join(source),
+                        to => context.path().join(to),
+                    };
+                    copy_tree(&repo(source), &into);
                 }
             }
             Some("ENTRYPOINT") | Some("CMD") => {
@@ -246,6 +254,27 @@ fn the_dockerfile_copies_what_exists_and_runs_a_valid_server() {
             }
             _ => {}
         }
+    }
+    // The build stage has every file the build reads: cargo resolves the
+    // workspace (members, the [patch]) from what was copied, and every
+    // file the server's source builds in is there.
+    let metadata = Command::new(env!("CARGO"))
+        .args(["metadata", "--offline", "--locked", "--format-version", "1", "--manifest-path"])
+        .arg(context.path().join("Cargo.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        metadata.status.success(),
+        "cargo cannot read the workspace the Dockerfile copies: {}",
+        String::from_utf8_lossy(&metadata.stderr)
+    );
+    for (file, included) in included_files(&context.path().join("src")) {
+        assert!(
+            included.exists(),
+            "{} builds in {}, which the Dockerfile does not copy",
+            file.display(),
+            included.display()
+        );
     }
     for var in &set_env {
         assert!(env.contains(*var), "the Dockerfile sets {var}, which hourglass does not read");
@@ -575,4 +604,103 @@ fn the_example_token_administers() {
     let token = std::fs::read_to_string(secrets().join("admin-token")).unwrap();
     let access = auth.token(token.trim()).unwrap();
     assert_eq!(access.admin().unwrap(), AdminScope::All, "the example token cannot administer");
+}
+
+/// `deploy/release.sh`, with the binaries this suite runs: every artifact
+/// it names is made, the checksums hold, the server's tarball runs and
+/// says its commit, and a second run makes the same bytes.
+#[test]
+fn the_release_script_packs_every_artifact_the_same_way_twice() {
+    let binaries = Path::new(BIN).parent().unwrap();
+    let release = |out: &Path| {
+        let run = Command::new("bash")
+            .arg(repo("deploy/release.sh"))
+            .arg("--binaries")
+            .arg(binaries)
+            .arg("--out")
+            .arg(out)
+            // The suite may run on a tree with changes; the script packs
+            // the commit all the same.
+            .arg("--allow-dirty")
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "release.sh failed: {}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        std::fs::read_to_string(out.join("SHA256SUMS")).unwrap()
+    };
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sums = release(first.path());
+    let version = env!("CARGO_PKG_VERSION");
+    let server = format!("hourglass-{version}-x86_64-linux-gnu");
+    for artifact in [
+        format!("{server}.tar.gz"),
+        format!("hourglass_kafka-{version}-py3-none-any.whl"),
+        format!("hourglass_kafka-{version}.tar.gz"),
+        format!("hourglass-kafka-{version}.tgz"),
+        format!("hourglass-kafka-{version}.crate"),
+    ] {
+        assert!(sums.lines().any(|l| l.ends_with(&format!("  {artifact}"))), "{artifact} in {sums}");
+    }
+    tool_in(first.path(), "sha256sum", &["--check", "--quiet", "SHA256SUMS"]);
+    tool_in(first.path(), "tar", &["-xzf", &format!("{server}.tar.gz")]);
+    let unpacked = first.path().join(&server);
+    for file in ["LICENSE", "README.md", "CHANGELOG.md", "docs/OPERATIONS.md", "deploy/hourglass.toml"] {
+        assert!(unpacked.join(file).is_file(), "{file} is in the tarball");
+    }
+    let said = Command::new(unpacked.join("bin/hourglass")).arg("--version").output().unwrap();
+    let ours = Command::new(BIN).arg("--version").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&said.stdout), String::from_utf8_lossy(&ours.stdout));
+    assert!(!String::from_utf8_lossy(&said.stdout).contains("unknown"), "the build names its commit");
+    // The same commit packs to the same bytes.
+    let again = release(second.path());
+    let server_line = |sums: &str| sums.lines().find(|l| l.contains(&server)).unwrap().to_owned();
+    assert_eq!(server_line(&sums), server_line(&again), "the server's tarball is reproducible");
+}
+
+fn tool_in(dir: &Path, name: &str, args: &[&str]) {
+    let out = Command::new(name).args(args).current_dir(dir).output().unwrap();
+    assert!(out.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Copies a file, or a directory's tree (without build output), to `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    if from.is_file() {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, to).unwrap();
+        return;
+    }
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if ["target", "node_modules", "build"].contains(&name.to_str().unwrap_or_default()) {
+            continue;
+        }
+        copy_tree(&entry.path(), &to.join(name));
+    }
+}
+
+/// Every `include_str!`/`include_bytes!` under `dir`: the file that has
+/// it, and the file it names.
+fn included_files(dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(included_files(&path));
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for macro_name in ["include_str!(\"", "include_bytes!(\""] {
+            for (at, _) in text.match_indices(macro_name) {
+                let rest = &text[at + macro_name.len()..];
+                let named = &rest[..rest.find('"').unwrap()];
+                found.push((path.clone(), path.parent().unwrap().join(named)));
+            }
+        }
+    }
+    found
 }
