@@ -58,7 +58,7 @@ declare -A versions=(
 for file in "${!versions[@]}"; do
     [ "${versions[$file]}" = "$version" ] || fail "$file says ${versions[$file]}, Cargo.toml says $version"
 done
-committed CHANGELOG.md | grep -q "^## $version (" || fail "CHANGELOG.md has no section '## $version (date)'"
+grep -q "^## $version (" <(committed CHANGELOG.md) || fail "CHANGELOG.md has no section '## $version (date)'"
 
 commit=$(git log -1 --format='%h %cs' --abbrev=12)
 export SOURCE_DATE_EPOCH
