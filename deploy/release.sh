@@ -21,8 +21,9 @@
 #
 # Archives are made reproducibly from the commit: files sorted, owned by
 # root, dated at the commit (SOURCE_DATE_EPOCH), gzip without a name or
-# time. It refuses a tree with uncommitted changes, and versions that
-# disagree between the server and the three clients.
+# time; all but the Python sdist, whose gzip header setuptools dates now.
+# It refuses a tree with uncommitted changes, and versions that disagree
+# between the server and the three clients.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
         --out) out=$(realpath -m "$2"); shift 2 ;;
         --binaries) binaries=$(realpath "$2"); shift 2 ;;
         --allow-dirty) allow_dirty=1; shift ;;
-        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "release.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done

@@ -655,10 +655,13 @@ fn the_release_script_packs_every_artifact_the_same_way_twice() {
     let ours = Command::new(BIN).arg("--version").output().unwrap();
     assert_eq!(String::from_utf8_lossy(&said.stdout), String::from_utf8_lossy(&ours.stdout));
     assert!(!String::from_utf8_lossy(&said.stdout).contains("unknown"), "the build names its commit");
-    // The same commit packs to the same bytes.
+    // The same commit packs to the same bytes (but for the Python sdist,
+    // whose gzip header setuptools dates now).
     let again = release(second.path());
-    let server_line = |sums: &str| sums.lines().find(|l| l.contains(&server)).unwrap().to_owned();
-    assert_eq!(server_line(&sums), server_line(&again), "the server's tarball is reproducible");
+    let sdist = format!("  hourglass_kafka-{version}.tar.gz");
+    let reproducible =
+        |sums: &str| sums.lines().filter(|l| !l.ends_with(&sdist)).collect::<Vec<_>>().join("\n");
+    assert_eq!(reproducible(&sums), reproducible(&again), "the artifacts are reproducible");
 }
 
 fn tool_in(dir: &Path, name: &str, args: &[&str]) {
