@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
         --out) out=$(realpath -m "$2"); shift 2 ;;
         --binaries) binaries=$(realpath "$2"); shift 2 ;;
         --allow-dirty) allow_dirty=1; shift ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "release.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
