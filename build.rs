@@ -33,15 +33,19 @@ fn commit() -> String {
             .and_then(|out| String::from_utf8(out.stdout).ok())
             .map(|text| text.trim().to_owned())
     };
-    let Some(dir) = git(&["rev-parse", "--git-dir"]) else {
+    if git(&["rev-parse", "--git-dir"]).is_none() {
         return "unknown".into();
-    };
-    let dir = PathBuf::from(dir);
+    }
+    // HEAD's log moves at every commit, checkout and reset; HEAD itself and
+    // the branch's ref besides, where a repository keeps no logs. Each as
+    // git names it (a worktree's are apart from the main checkout's), and
+    // only if it exists: a path that does not would run this every build.
     let branch = git(&["symbolic-ref", "-q", "HEAD"]);
-    // (A path that does not exist would have the script run at every build.)
-    let watched = [Some("HEAD"), Some("packed-refs"), branch.as_deref()];
-    for path in watched.into_iter().flatten().map(|p| dir.join(p)).filter(|p| p.exists()) {
-        println!("cargo:rerun-if-changed={}", path.display());
+    for name in ["HEAD", "logs/HEAD", "packed-refs"].into_iter().chain(branch.as_deref()) {
+        if let Some(path) = git(&["rev-parse", "--git-path", name]).map(PathBuf::from).filter(|p| p.exists())
+        {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
     }
     match git(&["log", "-1", "--format=%h %cs", "--abbrev=12"]) {
         Some(commit) if !commit.is_empty() => commit,

@@ -17,7 +17,7 @@
 #
 #   bash deploy/release.sh                    # release build, then pack
 #   bash deploy/release.sh --binaries DIR     # pack binaries built already
-#   bash deploy/release.sh --allow-dirty      # from a tree with changes
+#   bash deploy/release.sh --binaries DIR --allow-dirty   # the commit, beside changes
 #
 # Archives are made reproducibly from the commit: files sorted, owned by
 # root, dated at the commit (SOURCE_DATE_EPOCH), gzip without a name or
@@ -40,10 +40,17 @@ while [ $# -gt 0 ]; do
     esac
 done
 cd "$root"
+# Modes as written, whatever the caller's umask.
+umask 022
 
 fail() { echo "release.sh: $*" >&2; exit 1; }
-if [ "$allow_dirty" = 0 ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
-    fail "the tree has uncommitted changes (commit them, or --allow-dirty)"
+if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+    [ "$allow_dirty" = 1 ] || fail "the tree has uncommitted changes (commit them, or --allow-dirty)"
+    # What is packed is the commit; a build of this tree would not be it.
+    [ -n "$binaries" ] || fail "--allow-dirty packs binaries built already: give --binaries"
+fi
+if [ -e "$out" ] && [ -n "$(ls -A "$out")" ] && [ ! -e "$out/SHA256SUMS" ]; then
+    fail "$out holds files of its own (not a release's): give an empty or new --out"
 fi
 
 # One version everywhere, as committed (what is packed is the commit).
@@ -89,7 +96,7 @@ git archive --format=tar HEAD | tar -x -C "$stage/tree"
 # A tar.gz of DIR (under PARENT) that is the same for the same files.
 pack() {
     local parent=$1 dir=$2 archive=$3
-    tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
+    tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner --mode=go-w \
         --format=gnu -C "$parent" -cf - "$dir" | gzip -n -9 > "$archive"
 }
 

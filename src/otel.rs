@@ -15,9 +15,8 @@
 //!
 //! Log lines follow the trace too: a call that comes with a `traceparent`
 //! (on any door) runs in a `call` log span whose `trace_id` and `span_id`
-//! each of its lines carries (under `span` in `--log-format json`); the
-//! span id is the call's own span's where spans are exported, the caller's
-//! otherwise.
+//! (the caller's span) each of its lines carries (under `span` in
+//! `--log-format json`).
 
 use std::{sync::OnceLock, time::Duration};
 
@@ -197,8 +196,6 @@ pub(crate) fn carry<'a>(
                 KeyValue::new("messaging.destination.name", topic),
             ])
             .start_with_context(tracer, &parent);
-        // The call's log lines name this span from here on.
-        tracing::Span::current().record("span_id", tracing::field::display(span.span_context().span_id()));
         CallSpan(span)
     });
     let kept = span.as_ref().map(|s| TraceParent::of(s.0.span_context())).unwrap_or(given).header();

@@ -12,10 +12,15 @@
 //! (rustls: `server::handshake` for the gRPC port, the console's own).
 //! It takes plain paths, from the server's settings or a client's flags.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, RwLock},
+};
 
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+use crate::watched::Watched;
 
 /// What is wrong with TLS settings or their files; names the flag and the
 /// file.
@@ -42,6 +47,11 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
+    /// Every file, in a fixed order.
+    fn paths(&self) -> Vec<PathBuf> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()].into_iter().flatten().cloned().collect()
+    }
+
     /// The TLS settings given, or none for plaintext; a half-given set is an
     /// error naming what is missing.
     pub fn from_parts(
@@ -70,8 +80,7 @@ impl TlsFiles {
     /// settings: TLS 1.2 and 1.3, offering the protocols `alpn` names (in
     /// order of preference); with a client CA, a client must present a
     /// certificate it signed.
-    pub fn rustls(&self, alpn: &[&[u8]]) -> Result<std::sync::Arc<rustls::ServerConfig>, TlsError> {
-        use std::sync::Arc;
+    pub fn rustls(&self, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let certs = CertificateDer::pem_slice_iter(&read_certificates("--tls-cert", &self.cert)?)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad_pem("--tls-cert", &self.cert, &format!("broken PEM certificate ({e})")))?;
@@ -114,32 +123,37 @@ impl TlsFiles {
 pub(crate) struct LiveTls {
     files: TlsFiles,
     alpn: &'static [&'static [u8]],
-    current: std::sync::Arc<std::sync::RwLock<std::sync::Arc<rustls::ServerConfig>>>,
+    current: Arc<RwLock<Arc<rustls::ServerConfig>>>,
+    /// The files as they were before they were first read, until
+    /// [`LiveTls::follow`] takes them: a change while the server starts is
+    /// not missed.
+    loaded: Arc<Mutex<Option<Watched>>>,
 }
 
 impl LiveTls {
     /// Reads the files now (an error stops the start); ALPN offers `alpn`.
     pub(crate) fn load(files: TlsFiles, alpn: &'static [&'static [u8]]) -> Result<LiveTls, TlsError> {
+        let loaded = Watched::new(files.paths());
         let config = files.rustls(alpn)?;
-        Ok(LiveTls { files, alpn, current: std::sync::Arc::new(std::sync::RwLock::new(config)) })
+        Ok(LiveTls {
+            files,
+            alpn,
+            current: Arc::new(RwLock::new(config)),
+            loaded: Arc::new(Mutex::new(Some(loaded))),
+        })
     }
 
     /// What the next handshake uses.
     pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         let current = self.current.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        tokio_rustls::TlsAcceptor::from(std::sync::Arc::clone(&current))
+        tokio_rustls::TlsAcceptor::from(Arc::clone(&current))
     }
 
     /// Follows the files until `stop`.
     pub(crate) async fn follow(self, stop: tokio_util::sync::CancellationToken) {
         let files = &self.files;
-        let mut watched = crate::watched::Watched::new(
-            [Some(&files.cert), Some(&files.key), files.client_ca.as_ref()]
-                .into_iter()
-                .flatten()
-                .cloned()
-                .collect(),
-        );
+        let loaded = self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        let mut watched = loaded.unwrap_or_else(|| Watched::new(files.paths()));
         let mut every = crate::watched::every();
         loop {
             tokio::select! {
@@ -154,10 +168,16 @@ impl LiveTls {
                     *self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = config;
                     tracing::info!(cert = %files.cert.display(), "the TLS files changed: new connections get them");
                 }
-                Err(e) => tracing::error!(
-                    error = %e,
-                    "the TLS files changed but do not make valid settings; connections go on with the ones before"
-                ),
+                Err(e) => {
+                    if matches!(e, TlsError::Unreadable { .. }) {
+                        // Gone for a moment (being replaced): read them again.
+                        watched.forget();
+                    }
+                    tracing::error!(
+                        error = %e,
+                        "the TLS files changed but do not make valid settings; connections go on with the ones before"
+                    )
+                }
             }
         }
     }

@@ -5,9 +5,12 @@
 //! no signal to the process; following the contents catches that, and
 //! any other way of replacing a file, whatever its times say.
 //!
-//! A leaf: it reads files and says whether they changed.
+//! Only a digest of the contents is kept: the files hold secrets (tokens,
+//! a private key). A leaf: it reads files and says whether they changed.
 
 use std::{path::PathBuf, time::Duration};
+
+use sha2::{Digest as _, Sha256};
 
 /// How often followed files are read.
 const EVERY: Duration = Duration::from_secs(2);
@@ -15,11 +18,12 @@ const EVERY: Duration = Duration::from_secs(2);
 /// The contents of some files, as last seen.
 pub(crate) struct Watched {
     paths: Vec<PathBuf>,
-    seen: Option<Vec<u8>>,
+    seen: Option<[u8; 32]>,
 }
 
 impl Watched {
-    /// Starts from the files' contents now.
+    /// Starts from the files' contents now: made before the files are
+    /// first loaded, so that a change while they load is not missed.
     pub(crate) fn new(paths: Vec<PathBuf>) -> Watched {
         let mut watched = Watched { paths, seen: None };
         watched.seen = watched.read();
@@ -39,15 +43,22 @@ impl Watched {
         }
     }
 
-    /// Every file's length and bytes, in order; none if one is unreadable.
-    fn read(&self) -> Option<Vec<u8>> {
-        let mut all = Vec::new();
+    /// Forgets what was seen: the next look is a change. For a reload
+    /// that could not read the files: it is tried again.
+    pub(crate) fn forget(&mut self) {
+        self.seen = None;
+    }
+
+    /// A digest of every file's length and bytes, in order; none if one is
+    /// unreadable.
+    fn read(&self) -> Option<[u8; 32]> {
+        let mut digest = Sha256::new();
         for path in &self.paths {
             let bytes = std::fs::read(path).ok()?;
-            all.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            all.extend_from_slice(&bytes);
+            digest.update((bytes.len() as u64).to_le_bytes());
+            digest.update(&bytes);
         }
-        Some(all)
+        Some(digest.finalize().into())
     }
 }
 
@@ -80,5 +91,7 @@ mod tests {
         assert!(!watched.changed(), "a file being replaced is no change");
         std::fs::write(&b, "three").unwrap();
         assert!(watched.changed());
+        watched.forget();
+        assert!(watched.changed(), "forgotten, the same contents are a change");
     }
 }

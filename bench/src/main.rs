@@ -108,6 +108,9 @@ impl Args {
         if self.cluster.is_some() && self.brokers.as_deref() == Some(MOCK) {
             return Err("--cluster needs a broker that creates topics; the mock cluster does not".into());
         }
+        if self.trace && self.cluster.is_some() {
+            return Err("--trace measures one standalone server: leave out --cluster".into());
+        }
         if self.log_partitions == 0 {
             return Err("--log-partitions must be at least 1".into());
         }
@@ -187,5 +190,7 @@ mod tests {
         let args = Args::try_parse_from(["hourglass-bench", "--only", "drain,burst"]).unwrap();
         assert_eq!(args.settings().unwrap().phases, [Phase::Drain, Phase::Burst]);
         assert!(Args::try_parse_from(["hourglass-bench", "--only", "everything"]).is_err());
+        let args = Args::try_parse_from(["hourglass-bench", "--trace", "--cluster", "3"]).unwrap();
+        assert!(args.settings().unwrap_err().contains("--trace"));
     }
 }

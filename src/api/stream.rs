@@ -65,10 +65,12 @@ pub(super) fn serve<P: Send + 'static>(
     // The stream's trace context, kept on each of its records.
     let (metadata, _, inbound) = request.into_parts();
     let metadata = Arc::new(metadata);
-    tokio::spawn(async move {
+    // In the call's log span (its trace), as the call's other work is.
+    let work = async move {
         pump(scheduler, call, metadata, inbound, limits, tx).await;
         drop(permits);
-    });
+    };
+    tokio::spawn(tracing::Instrument::in_current_span(work));
     ReceiverStream::new(rx)
 }
 

@@ -61,6 +61,7 @@ use crate::{
     Error,
     message::{Scope, Tenant, TopicPattern},
     metrics,
+    watched::Watched,
 };
 
 /// What is wrong with a tokens file, or a token a client would send. Names
@@ -607,6 +608,12 @@ pub fn hangups() -> Option<tokio::signal::unix::Signal> {
     hangups
 }
 
+/// The tokens file (if any) as it is now, for [`keep_tokens_current`]:
+/// taken before it is loaded.
+pub(crate) fn watch(path: Option<&Path>) -> Watched {
+    Watched::new(path.into_iter().map(Path::to_owned).collect())
+}
+
 async fn hangup(hangups: &mut Option<tokio::signal::unix::Signal>) {
     match hangups {
         Some(signal) => {
@@ -623,12 +630,14 @@ async fn hangup(hangups: &mut Option<tokio::signal::unix::Signal>) {
 /// leaves the tokens in use as they are, and says so once per change.
 /// Without a tokens file SIGHUP is only logged: its default action, ending
 /// the process, is never what the sender meant.
-pub async fn keep_tokens_current(
+///
+/// `file` is [`watch`]'s, made before the tokens were loaded.
+pub(crate) async fn keep_tokens_current(
     auth: Authenticator,
+    mut file: Watched,
     mut hangups: Option<tokio::signal::unix::Signal>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let mut file = crate::watched::Watched::new(auth.tokens.iter().map(|(path, _)| path.clone()).collect());
     let mut every = crate::watched::every();
     loop {
         let why = tokio::select! {
@@ -644,7 +653,13 @@ pub async fn keep_tokens_current(
                 tracing::info!("{why}: nothing to reload (no --auth-tokens); going on")
             }
             Ok(count) => tracing::info!(count, "{why}: tokens file reloaded"),
-            Err(e) => tracing::error!(error = %e, "{why}: tokens file not reloaded; the tokens in use stay"),
+            Err(e) => {
+                if matches!(e, TokensError::Unreadable { .. }) {
+                    // Gone for a moment (being replaced): read it again.
+                    file.forget();
+                }
+                tracing::error!(error = %e, "{why}: tokens file not reloaded; the tokens in use stay")
+            }
         }
     }
 }

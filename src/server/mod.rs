@@ -99,6 +99,7 @@ pub async fn run_with_clock(
         .map(|tls| LiveTls::load(tls, settings::GRPC_ALPN))
         .transpose()
         .context("setting up TLS (--tls-cert, --tls-key, --tls-client-ca)")?;
+    let tokens_file = auth::watch(config.auth_tokens.as_deref());
     let auth = match &config.auth_tokens {
         Some(path) => Authenticator::load(path)?,
         None => Authenticator::disabled(),
@@ -115,6 +116,9 @@ pub async fn run_with_clock(
     producer.warm_up();
     let catalog = Arc::new(TopicCatalog::new(Arc::clone(&producer) as Arc<dyn MetadataSource>));
     let background = CancellationToken::new();
+    // Whatever way this returns, the background tasks (the files followed
+    // among them) stop.
+    let _background = background.clone().drop_guard();
     let catalog_task = tokio::spawn(Arc::clone(&catalog).run(*config.metadata_refresh, background.clone()));
 
     let grpc_addr = listeners.grpc.local_addr()?;
@@ -177,7 +181,8 @@ pub async fn run_with_clock(
     // when authentication is on.
     let reflection_v1 = InterceptedService::new(reflection().build_v1()?, auth.clone());
     let reflection_v1alpha = InterceptedService::new(reflection().build_v1alpha()?, auth.clone());
-    let tokens_task = tokio::spawn(auth::keep_tokens_current(auth.clone(), hangups, background.clone()));
+    let tokens_task =
+        tokio::spawn(auth::keep_tokens_current(auth.clone(), tokens_file, hangups, background.clone()));
 
     let metrics_task = tokio::spawn(serve_metrics(listeners.metrics, background.clone()));
     tracing::info!(

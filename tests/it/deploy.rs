@@ -655,6 +655,18 @@ fn the_release_script_packs_every_artifact_the_same_way_twice() {
     let ours = Command::new(BIN).arg("--version").output().unwrap();
     assert_eq!(String::from_utf8_lossy(&said.stdout), String::from_utf8_lossy(&ours.stdout));
     assert!(!String::from_utf8_lossy(&said.stdout).contains("unknown"), "the build names its commit");
+    // A directory of other files is not made a release's.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("notes.txt"), "mine").unwrap();
+    let refused = Command::new("bash")
+        .arg(repo("deploy/release.sh"))
+        .args(["--binaries", binaries.to_str().unwrap(), "--allow-dirty", "--out"])
+        .arg(elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("holds files of its own"));
+    assert!(elsewhere.path().join("notes.txt").exists(), "nothing of it was removed");
     // The same commit packs to the same bytes (but for the Python sdist,
     // whose gzip header setuptools dates now).
     let again = release(second.path());
