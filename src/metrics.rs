@@ -601,7 +601,7 @@ pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         )
         .expect("valid metric"),
     );
-    info.with_label_values(&[crate::VERSION, crate::COMMIT]).set(1);
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), env!("HOURGLASS_COMMIT")]).set(1);
     info
 });
 
