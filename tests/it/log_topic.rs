@@ -114,6 +114,27 @@ async fn a_log_topic_that_drops_tombstones_early_is_refused() {
     );
 }
 
+/// `min.insync.replicas` above the topic's copies: every append would be
+/// refused (NOT_ENOUGH_REPLICAS), so the node does not start on it, and
+/// says the setting that lets appends in. (Shown on Tansu, one broker, one
+/// copy; Apache Kafka reports the same settings.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_topic_no_append_could_be_acknowledged_on_is_refused() {
+    let broker = Broker::start();
+    let name = random_name("log");
+    made_by_hand(&broker, &name, 2, &[("cleanup.policy", "compact"), ("min.insync.replicas", "2")]).await;
+    let topic = LogTopic { name: name.clone(), partitions: 2, replication: None };
+    let err = ensure_log_topic(&kafka(&broker), &topic, TIMEOUT).await.unwrap_err();
+    assert!(matches!(err, TopicError::Unwritable { min_insync: 2, replicas: 1, fix: 1, .. }), "{err}");
+    let said = err.to_string();
+    assert!(said.contains(&name) && said.contains("--add-config min.insync.replicas=1"), "{said}");
+    // One broker's one copy, with Kafka's default, is all it can have.
+    let fine = random_name("log");
+    made_by_hand(&broker, &fine, 2, &[("cleanup.policy", "compact")]).await;
+    let topic = LogTopic { name: fine, partitions: 2, replication: None };
+    assert_eq!(ensure_log_topic(&kafka(&broker), &topic, TIMEOUT).await.unwrap(), Ensured::Existed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_creating_the_log_topic_at_once_both_go_on() {
     let broker = Broker::start();

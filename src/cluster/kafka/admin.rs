@@ -1,8 +1,10 @@
 //! The topics hourglass keeps for itself in cluster mode (the schedule log
 //! and its routing topic): created when absent (compacted, with the asked
-//! partition count), and when present checked for what the store's
-//! assumptions need: the partition count, compaction, and how long
-//! tombstones are kept. Admin calls only; no records are read or written.
+//! partition count and replication, and `min.insync.replicas` 2 where there
+//! are three replicas or more), and checked for what the store's
+//! assumptions need: the partition count, compaction, how long tombstones
+//! are kept, and copies enough that an acknowledged append survives a
+//! broker. Admin calls only; no records are read or written.
 
 use std::{sync::Arc, time::Duration};
 
@@ -63,6 +65,22 @@ pub enum TopicError {
          --add-config {fix}`, or name a new topic (hourglass creates it as it needs it)"
     )]
     Config { topic: String, problem: String, brokers: String, fix: String },
+    #[error(
+        "the topic {topic} has min.insync.replicas={min_insync} but {replicas} replica(s): no append can be \
+         acknowledged. Fix it with `kafka-configs.sh --bootstrap-server {brokers} --alter --entity-type \
+         topics --entity-name {topic} --add-config min.insync.replicas={fix}`"
+    )]
+    Unwritable { topic: String, min_insync: i32, replicas: i32, brokers: String, fix: i32 },
+}
+
+/// A topic's partitions and copies, as the brokers' metadata says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    partitions: i32,
+    /// The fewest replicas any partition has.
+    replicas: i32,
+    /// Brokers in the cluster.
+    brokers: i32,
 }
 
 /// Makes sure the log topic exists with `topic.partitions` partitions:
@@ -74,9 +92,9 @@ pub async fn ensure_log_topic(
     timeout: Duration,
 ) -> Result<Ensured, TopicError> {
     let admin = Arc::new(admin(config).map_err(|e| metadata_error(config, topic, e.to_string()))?);
-    if let Some(found) = partitions_of(&admin, config, topic, timeout).await? {
-        check(topic, found)?;
-        return check_config(&admin, config, topic, timeout).await.map(|()| Ensured::Existed);
+    if let Some(found) = shape_of(&admin, config, topic, timeout).await? {
+        check(topic, found.partitions)?;
+        return check_config(&admin, config, topic, found, timeout).await.map(|()| Ensured::Existed);
     }
     let replication = TopicReplication::Fixed(topic.replication.unwrap_or(-1));
     // Tombstones are kept a day (Kafka's default, set so that a broker
@@ -84,16 +102,35 @@ pub async fn ensure_log_topic(
     // half of that is rebuilt, not brought up to date (see
     // `cluster::applier::STALE_AFTER`).
     let tombstones_kept = TOMBSTONES_KEPT_MS.to_string();
-    let new = NewTopic::new(&topic.name, topic.partitions, replication)
+    let mut new = NewTopic::new(&topic.name, topic.partitions, replication)
         .set("cleanup.policy", "compact")
         .set("delete.retention.ms", &tombstones_kept);
+    let min_insync = new_min_insync(topic);
+    if let Some(min_insync) = min_insync {
+        new = new.set("min.insync.replicas", min_insync);
+    }
     if create(&admin, topic, new, timeout).await? {
+        // Configured here; its copies are the broker's default unless
+        // --log-replication said.
+        if let Some(found) = shape_of(&admin, config, topic, timeout).await? {
+            if let Durability::Weak(why) = durability(found, min_insync) {
+                tracing::warn!(topic = %topic.name, replicas = found.replicas, brokers = found.brokers, "{why}");
+            }
+        }
         return Ok(Ensured::Created);
     }
     // Another node won the race: check what it made.
-    let found = partitions_of(&admin, config, topic, timeout).await?.unwrap_or(0);
-    check(topic, found)?;
-    check_config(&admin, config, topic, timeout).await.map(|()| Ensured::Existed)
+    let found = shape_of(&admin, config, topic, timeout).await?;
+    let found = found.unwrap_or(Shape { partitions: 0, replicas: 0, brokers: 0 });
+    check(topic, found.partitions)?;
+    check_config(&admin, config, topic, found, timeout).await.map(|()| Ensured::Existed)
+}
+
+/// The `min.insync.replicas` a log topic is made with: 2 with three copies
+/// or more, so that an acknowledged append survives a broker; none
+/// (the broker's default) otherwise.
+fn new_min_insync(topic: &LogTopic) -> Option<&'static str> {
+    topic.replication.is_some_and(|r| r >= 3).then_some("2")
 }
 
 /// Makes sure an ingress topic (Kafka-native schedules) exists: created
@@ -108,13 +145,13 @@ pub(super) async fn ensure_ingress_topic(
     timeout: Duration,
 ) -> Result<i32, TopicError> {
     let admin = Arc::new(admin(config).map_err(|e| metadata_error(config, topic, e.to_string()))?);
-    if let Some(found) = partitions_of(&admin, config, topic, timeout).await? {
-        return Ok(found);
+    if let Some(found) = shape_of(&admin, config, topic, timeout).await? {
+        return Ok(found.partitions);
     }
     let replication = TopicReplication::Fixed(topic.replication.unwrap_or(-1));
     create(&admin, topic, NewTopic::new(&topic.name, topic.partitions, replication), timeout).await?;
     // Made here or by another node meanwhile: as the broker says now.
-    Ok(partitions_of(&admin, config, topic, timeout).await?.unwrap_or(topic.partitions))
+    Ok(shape_of(&admin, config, topic, timeout).await?.map_or(topic.partitions, |found| found.partitions))
 }
 
 /// Creates `new`; false when it exists already (another node won the
@@ -161,6 +198,7 @@ async fn check_config(
     admin: &AdminClient<DefaultClientContext>,
     config: &KafkaConfig,
     topic: &LogTopic,
+    shape: Shape,
     timeout: Duration,
 ) -> Result<(), TopicError> {
     // A broker answers at once; one that does not describe configurations
@@ -192,15 +230,67 @@ async fn check_config(
         value("retention.bytes").as_deref(),
         value("delete.retention.ms").as_deref(),
     );
-    match problem {
-        None => Ok(()),
-        Some((problem, fix)) => Err(TopicError::Config {
+    if let Some((problem, fix)) = problem {
+        return Err(TopicError::Config {
             topic: topic.name.clone(),
             problem,
             brokers: config.brokers.clone(),
             fix,
-        }),
+        });
     }
+    match durability(shape, value("min.insync.replicas").as_deref()) {
+        Durability::Enough => Ok(()),
+        Durability::Unwritable { min_insync, fix } => Err(TopicError::Unwritable {
+            topic: topic.name.clone(),
+            min_insync,
+            replicas: shape.replicas,
+            brokers: config.brokers.clone(),
+            fix,
+        }),
+        Durability::Weak(why) => {
+            tracing::warn!(topic = %topic.name, replicas = shape.replicas, brokers = shape.brokers, "{why}");
+            Ok(())
+        }
+    }
+}
+
+/// Whether appends to a topic so copied survive a broker.
+#[derive(Debug, PartialEq, Eq)]
+enum Durability {
+    Enough,
+    /// Every append would be refused (NOT_ENOUGH_REPLICAS): `fix` is a
+    /// `min.insync.replicas` that lets them in.
+    Unwritable {
+        min_insync: i32,
+        fix: i32,
+    },
+    /// Writable, but a broker lost can lose acknowledged appends.
+    Weak(String),
+}
+
+/// How durable the topic is: `min_insync` as described (Kafka's default,
+/// 1, when not); a single broker's one copy is all it can have.
+fn durability(shape: Shape, min_insync: Option<&str>) -> Durability {
+    let min_insync = min_insync.and_then(|v| v.trim().parse::<i32>().ok()).unwrap_or(1);
+    let Shape { replicas, brokers, .. } = shape;
+    if replicas > 0 && min_insync > replicas {
+        return Durability::Unwritable { min_insync, fix: (replicas - 1).max(1) };
+    }
+    if replicas > 0 && replicas < 3 && brokers >= 3 {
+        return Durability::Weak(format!(
+            "the topic has {replicas} replica(s) on a cluster of {brokers} brokers: losing {replicas} \
+             broker(s) loses the schedule; give it 3 (kafka-reassign-partitions.sh) and \
+             min.insync.replicas=2, or name a new topic with --log-replication 3"
+        ));
+    }
+    if replicas >= 3 && min_insync < 2 {
+        return Durability::Weak(format!(
+            "the topic has min.insync.replicas={min_insync}: an append its leader alone acknowledged is \
+             lost if the leader fails before a follower copies it; set min.insync.replicas=2 \
+             (kafka-configs.sh --alter --add-config min.insync.replicas=2)"
+        ));
+    }
+    Durability::Enough
 }
 
 /// What is wrong with a topic so configured (Kafka's default for a setting
@@ -254,24 +344,29 @@ fn admin(config: &KafkaConfig) -> rdkafka::error::KafkaResult<AdminClient<Defaul
     client.create()
 }
 
-/// The topic's partition count; none if the broker does not know it.
-async fn partitions_of(
+/// The topic's partitions and copies; none if the broker does not know it.
+async fn shape_of(
     admin: &Arc<AdminClient<DefaultClientContext>>,
     config: &KafkaConfig,
     topic: &LogTopic,
     timeout: Duration,
-) -> Result<Option<i32>, TopicError> {
+) -> Result<Option<Shape>, TopicError> {
     let name = topic.name.clone();
     let admin = Arc::clone(admin);
     let read = tokio::task::spawn_blocking(move || {
         let metadata = admin.inner().fetch_metadata(Some(&name), timeout)?;
+        let brokers = metadata.brokers().len() as i32;
         Ok::<_, rdkafka::error::KafkaError>(
             metadata
                 .topics()
                 .iter()
                 .find(|t| t.name() == name && t.error().is_none())
-                .map(|t| t.partitions().len() as i32)
-                .filter(|n| *n > 0),
+                .filter(|t| !t.partitions().is_empty())
+                .map(|t| Shape {
+                    partitions: t.partitions().len() as i32,
+                    replicas: t.partitions().iter().map(|p| p.replicas().len() as i32).min().unwrap_or(0),
+                    brokers,
+                }),
         )
     })
     .await
@@ -314,5 +409,28 @@ mod tests {
         assert!(problem.contains("delete.retention.ms=60000"), "{problem}");
         assert_eq!(fix, "delete.retention.ms=86400000");
         assert!(config_problem(Some("compact"), None, None, Some("a day")).is_some(), "unreadable");
+    }
+
+    #[test]
+    fn copies_are_checked_against_the_brokers_and_min_insync_replicas() {
+        let shape = |replicas, brokers| Shape { partitions: 12, replicas, brokers };
+        // A single broker (Tansu, a laptop) has one copy to give.
+        assert_eq!(durability(shape(1, 1), None), Durability::Enough);
+        assert_eq!(durability(shape(3, 3), Some("2")), Durability::Enough);
+        assert_eq!(durability(shape(3, 5), Some("3")), Durability::Enough, "strict, but writable");
+        assert_eq!(
+            durability(shape(3, 3), Some("4")),
+            Durability::Unwritable { min_insync: 4, fix: 2 },
+            "no append could be acknowledged"
+        );
+        assert_eq!(durability(shape(1, 1), Some("2")), Durability::Unwritable { min_insync: 2, fix: 1 });
+        let Durability::Weak(why) = durability(shape(1, 3), None) else {
+            panic!("one copy of three brokers")
+        };
+        assert!(why.contains("1 replica(s) on a cluster of 3 brokers"), "{why}");
+        let Durability::Weak(why) = durability(shape(3, 3), None) else { panic!("the default min.insync") };
+        assert!(why.contains("min.insync.replicas=1"), "{why}");
+        // Metadata without replicas (a mock broker) says nothing.
+        assert_eq!(durability(shape(0, 0), Some("2")), Durability::Enough);
     }
 }
