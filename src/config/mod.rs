@@ -247,7 +247,8 @@ settings! {
             /// a clear error at once; false leaves damage to be found when it
             /// is read.
             verify_on_start: bool = "true", "HOURGLASS_VERIFY_ON_START";
-            /// Messages produced and not yet acknowledged by Kafka.
+            /// Messages produced and not yet acknowledged by Kafka, per shard
+            /// (a node holds up to its shards times this).
             max_in_flight: usize = "10000", "HOURGLASS_MAX_IN_FLIGHT";
             /// Times the broker may refuse a message (or its topic) before it
             /// is failed; --fail-after must have passed too.
