@@ -642,7 +642,12 @@ pub(crate) async fn keep_tokens_current(
     loop {
         let why = tokio::select! {
             _ = stop.cancelled() => return,
-            _ = hangup(&mut hangups) => "SIGHUP",
+            _ = hangup(&mut hangups) => {
+                // What this reload reads is seen: the next look does not
+                // load it again.
+                file.changed();
+                "SIGHUP"
+            }
             _ = every.tick(), if auth.is_enabled() => match file.changed() {
                 true => "the tokens file changed",
                 false => continue,
