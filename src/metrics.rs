@@ -238,6 +238,14 @@ pub static FORGED: LazyLock<IntCounterVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static LOG_UNREADABLE: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_cluster_log_unreadable_total",
+        "Cluster mode: copies of a shard stopped at a sealed record of the schedule log this build cannot read \
+         (a newer release's format, or damage). An owned copy stops the node; a standby copy is opened again \
+         later, and stops at the same record.",
+    )
+});
 pub static FORWARD_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_cluster_forward_refused_total",
@@ -664,6 +672,7 @@ pub fn init() {
     LazyLock::force(&LOG_APPLY_WAIT_SECONDS);
     LazyLock::force(&STALE_COPIES);
     LazyLock::force(&STANDBYS_STOPPED);
+    LazyLock::force(&LOG_UNREADABLE);
     LazyLock::force(&BUILD_INFO);
 }
 

@@ -174,13 +174,26 @@ impl Store {
     }
 
     pub(crate) fn report_damage(&self, detail: &str) {
-        let mut damage = self.inner.lifecycle.damage.lock().unwrap_or_else(|e| e.into_inner());
-        if damage.is_none() {
+        self.stop_with(|| {
             let path = self.inner.opened.path.display();
-            let report = format!(
+            format!(
                 "the store in {path} is corrupt: {}",
                 verify::damage_report(detail, &self.inner.opened.path)
-            );
+            )
+        });
+    }
+
+    /// Stops the store as damage does ([`Self::damaged`]), for a reason of
+    /// its owner's: `why` says what happened and what to do. The first
+    /// reason given is kept.
+    pub(crate) fn stop_for(&self, why: String) {
+        self.stop_with(|| why);
+    }
+
+    fn stop_with(&self, report: impl FnOnce() -> String) {
+        let mut damage = self.inner.lifecycle.damage.lock().unwrap_or_else(|e| e.into_inner());
+        if damage.is_none() {
+            let report = report();
             tracing::error!("{report}");
             *damage = Some(report);
         }

@@ -101,3 +101,100 @@ async fn a_store_from_the_previous_release_opens_unchanged_as_one_shard() {
     server.stop().await;
     assert!(!dir.path().join("shard-0").exists(), "still one store, where it was");
 }
+
+/// A node reads a sealed record of the schedule log in a format a newer
+/// release writes. Skipped, a change it holds (a schedule, a cancel) would
+/// be lost on that copy of the shard without a word: the copy applies
+/// nothing from it on instead. The node that owns the shard stops (exit 1),
+/// so that a node that reads the record can take it; the other node counts
+/// the record, does not take the shard over, and goes on delivering every
+/// other shard once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_log_record_of_a_newer_release_stops_its_shard_instead_of_being_skipped() {
+    use std::time::Instant;
+
+    use crate::cluster_nodes::{Bed, LOG_PARTITIONS, id_in_shard, now_ms, on_any_node, wait_spread};
+    use common::verify::{Ledger, collect_async, due_message};
+    use hourglass::cluster::log::{
+        RECORD_HEADER,
+        record::{Change, LogRecord, Owner},
+        seal::{ClusterKey, SEAL_HEADER},
+    };
+    use rdkafka::{
+        message::{Header, OwnedHeaders},
+        producer::FutureRecord,
+    };
+
+    let Bed { broker, topic, log_topic, dirs: _dirs, mut nodes } = Bed::start(2, 2).await;
+    wait_spread(&nodes[..2], &[0, 1], Duration::from_secs(60)).await;
+    // Shard 0's partition gets a record written as a newer format.
+    let key = b"newer-release";
+    let value = LogRecord { writer: 7, request: 1, change: Some(Change::Owner(Owner::default())) }.encode();
+    let cluster_key = ClusterKey::load(&hourglass_testkit::cluster_key_file().unwrap()).unwrap();
+    let seal = cluster_key.seal(&log_topic, 0, Some(key), Some(&value));
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: RECORD_HEADER, value: Some(b"99") })
+        .insert(Header { key: SEAL_HEADER, value: Some(&seal) });
+    let record =
+        FutureRecord::<[u8], [u8]>::to(&log_topic).partition(0).key(key).payload(&value).headers(headers);
+    native_producer(&broker).send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+
+    let began = Instant::now();
+    let (stopped, status) = loop {
+        assert!(began.elapsed() < Duration::from_secs(60), "the shard's owner did not stop");
+        let mut exited = None;
+        for (i, node) in nodes[..2].iter_mut().enumerate() {
+            if let Some(status) = node.wait_exit(Duration::from_millis(100)).await {
+                exited = Some((i, status));
+                break;
+            }
+        }
+        if let Some(exited) = exited {
+            break exited;
+        }
+    };
+    assert_eq!(status.code(), Some(1), "the owner exits as for a damaged store: {status:?}");
+    let survivor = &nodes[1 - stopped];
+    survivor
+        .wait_metric("hourglass_cluster_log_unreadable_total", 1.0, Duration::from_secs(60))
+        .await
+        .expect("the other node's copy of the shard stopped at the record too");
+
+    // Every other shard moves to the survivor and delivers once, on time.
+    let client = reconnecting_client(&survivor.grpc, Duration::from_secs(5));
+    let (ledger, run) = (Ledger::default(), random_name("newer"));
+    let due = now_ms() + 3_000;
+    for shard in 1..LOG_PARTITIONS {
+        let id = id_in_shard(&format!("{run}-{shard}"), shard);
+        let request = due_message(&topic, &id, due);
+        on_any_node(std::slice::from_ref(&client), 0, move |mut c| {
+            let request = request.clone();
+            Box::pin(async move { c.schedule(request).await.map(|_| ()) })
+        })
+        .await
+        .unwrap();
+        ledger.ack(&id, due, &topic);
+    }
+    let deliveries = collect_async(
+        broker.addr(),
+        &[topic.as_str()],
+        ledger.expected(),
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+    )
+    .await;
+    let verdict = ledger.verdict(&deliveries);
+    verdict.assert_nothing_lost_or_early();
+    assert!(verdict.duplicates.is_empty(), "duplicates: {:?}", verdict.duplicates);
+    assert_eq!(
+        survivor.metric("hourglass_cluster_shards_owned").await.unwrap(),
+        f64::from(LOG_PARTITIONS - 1),
+        "every shard but the stopped one is owned, and that one by no node that cannot read its log"
+    );
+    let survivor = &mut nodes[1 - stopped];
+    assert!(
+        survivor.wait_exit(Duration::ZERO).await.is_none(),
+        "the node that owned nothing of it serves on"
+    );
+    survivor.stop().unwrap();
+}

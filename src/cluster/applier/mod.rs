@@ -181,7 +181,13 @@ impl Applier {
                 count_skipped(self.partition, next, &reads);
                 let entries =
                     reads.into_iter().map(|Read { offset, at, entry }| (offset, at, entry)).collect();
-                if let Err(e) = self.apply(entries).await {
+                let applied = self.apply(entries).await;
+                if self.store.damaged().is_cancelled() {
+                    // Stopped (an unreadable record, or damage): nothing
+                    // more is applied; the node closes this copy.
+                    return;
+                }
+                if let Err(e) = applied {
                     tracing::error!(error = %e, "applying the schedule log failed; reading it again from the last record applied");
                     self.pause(&stop).await;
                     let again = Seek::to(self.store.log_next(), 0);
@@ -198,9 +204,40 @@ impl Applier {
     }
 
     /// Applies `entries`, in offset order from the store's next offset,
-    /// and answers the requests of this node that wrote them.
-    async fn apply(&self, entries: Vec<(i64, UnixMillis, Entry)>) -> Result<(), StoreError> {
-        let unapplied = self.unapplied(&entries);
+    /// and answers the requests of this node that wrote them. Up to the
+    /// first record this build cannot read: there the store stops
+    /// ([`Self::stop_at`]).
+    async fn apply(&self, mut entries: Vec<(i64, UnixMillis, Entry)>) -> Result<(), StoreError> {
+        let unreadable = entries.iter().position(|(_, _, entry)| matches!(entry, Entry::Unreadable(_)));
+        let unreadable = unreadable.map(|at| entries.split_off(at).swap_remove(0));
+        if !entries.is_empty() {
+            self.apply_readable(entries).await?;
+        }
+        if let Some((offset, _, Entry::Unreadable(why))) = unreadable {
+            self.stop_at(offset, &why);
+        }
+        Ok(())
+    }
+
+    /// Stops the store before the record at `offset`, which this build
+    /// cannot read: skipped, a change it holds (a schedule, a cancel) would
+    /// be lost on this copy without a word. A standby copy is closed and
+    /// opened again later; an owned one stops the node, and its shards go
+    /// to nodes that read the record.
+    fn stop_at(&self, offset: i64, why: &str) {
+        metrics::LOG_UNREADABLE.inc();
+        self.store.stop_for(format!(
+            "partition {} of the schedule log holds at offset {offset} a record this build ({}) cannot read: \
+             {why}. A newer release of hourglass wrote it, or it is damaged: this copy of the shard applies \
+             nothing from it on rather than skip a change. Run the release that wrote it (see OPERATIONS.md, \
+             Upgrades)",
+            self.partition,
+            env!("CARGO_PKG_VERSION"),
+        ));
+    }
+
+    async fn apply_readable(&self, entries: Vec<(i64, UnixMillis, Entry)>) -> Result<(), StoreError> {
+        let forged = self.forged(&entries);
         let released = released_clean(self.store.log_owner(), &entries);
         let writers: Vec<Option<(u64, u64)>> = entries
             .iter()
@@ -220,19 +257,18 @@ impl Applier {
             self.released_clean.store(clean, Ordering::Release);
         }
         // Once: a batch that fails is read and applied again.
-        self.report(unapplied);
+        self.report(forged);
         metrics::LOG_APPLIED.inc_by(count);
         self.waiters.answer_all(writers.into_iter().zip(answers));
         Ok(())
     }
 
-    /// What of `entries` cannot be applied as it asks, to say once they
-    /// are applied: a forged record is counted and logged by the shard's
-    /// owner when it is read (every copy of the shard reads it, and would
-    /// count it again), following the claims and releases among `entries`
-    /// as the store does; a record this build does not read is logged by
-    /// each node that skips it.
-    fn unapplied(&self, entries: &[(i64, UnixMillis, Entry)]) -> Vec<Unapplied> {
+    /// The forged records among `entries` (their offsets, and why), to say
+    /// once they are applied: a forged record is counted and logged by the
+    /// shard's owner when it is read (every copy of the shard reads it, and
+    /// would count it again), following the claims and releases among
+    /// `entries` as the store does.
+    fn forged(&self, entries: &[(i64, UnixMillis, Entry)]) -> Vec<(i64, &'static str)> {
         let me = self.waiters.me();
         let mut owner = self.store.log_owner();
         let mut found = Vec::new();
@@ -245,32 +281,24 @@ impl Applier {
                         owner = 0;
                     }
                 }
-                Entry::Skip(why) => found.push(Unapplied::Skipped { offset: *offset, why: why.clone() }),
-                Entry::Forged(why) if owner == me => found.push(Unapplied::Forged { offset: *offset, why }),
+                Entry::Forged(why) if owner == me => found.push((*offset, *why)),
                 _ => {}
             }
         }
         found
     }
 
-    fn report(&self, unapplied: Vec<Unapplied>) {
+    fn report(&self, forged: Vec<(i64, &'static str)>) {
         let partition = self.partition;
-        for u in unapplied {
-            match u {
-                Unapplied::Skipped { offset, why } => {
-                    tracing::warn!(partition, offset, "skipped a record of the schedule log: {why}")
-                }
-                Unapplied::Forged { offset, why } => {
-                    metrics::FORGED.with_label_values(&["log"]).inc();
-                    tracing::warn!(
-                        partition,
-                        offset,
-                        "refused {why}: no node of this cluster wrote it (check who may write the schedule log, \
-                         and that every node has the same --cluster-key-file; Kafka-native schedules go to an \
-                         ingress topic, not the log)"
-                    )
-                }
-            }
+        for (offset, why) in forged {
+            metrics::FORGED.with_label_values(&["log"]).inc();
+            tracing::warn!(
+                partition,
+                offset,
+                "refused {why}: no node of this cluster wrote it (check who may write the schedule log, \
+                 and that every node has the same --cluster-key-file; Kafka-native schedules go to an \
+                 ingress topic, not the log)"
+            )
         }
     }
 
@@ -345,14 +373,6 @@ impl Applier {
             _ = tokio::time::sleep(BACKOFF) => {}
         }
     }
-}
-
-/// A record read from the log that is applied otherwise than it asks.
-enum Unapplied {
-    /// A record this build does not read.
-    Skipped { offset: i64, why: String },
-    /// A record without the cluster's seal.
-    Forged { offset: i64, why: &'static str },
 }
 
 /// A record this node appended to a shard's partition, as its ack tells.

@@ -507,9 +507,15 @@ pub enum Entry {
     /// A deleted row's tombstone (of a shard's own table): whatever is
     /// left of it goes.
     ForgetRow(Table, Vec<u8>),
-    /// Nothing to apply: an owner's tombstone, or a record this build does
-    /// not know (from a newer release), which is skipped with a warning.
+    /// Nothing to apply: the tombstone of an owner, of marks, or of a row
+    /// no copy of a shard forgets.
     Skip(String),
+    /// A sealed record this build cannot read: a newer release wrote it
+    /// (another format, a change or a key this build does not know), or it
+    /// is damaged. Skipping it could lose a change (a schedule, a cancel),
+    /// so the copy of the shard stops before it ([`crate::cluster`]'s
+    /// applier), saying why.
+    Unreadable(String),
     /// A record without the cluster's seal ([`super::seal`]): no node of
     /// this cluster wrote it. Not applied, and counted and logged as
     /// forged, with why.
@@ -536,11 +542,11 @@ pub fn read<'a>(
     }
     let format = headers.into_iter().find(|(name, _)| *name == RECORD_HEADER).map(|(_, v)| v);
     let Some(format) = format else {
-        return Entry::Skip(format!("a sealed record without the {RECORD_HEADER} header"));
+        return Entry::Unreadable(format!("a sealed record without the {RECORD_HEADER} header"));
     };
     if format != Some(FORMAT.as_bytes()) {
         let shown = format.map(String::from_utf8_lossy).unwrap_or_default();
-        return Entry::Skip(format!("record format {shown:?} is not one this build reads ({FORMAT})"));
+        return Entry::Unreadable(format!("record format {shown:?} is not one this build reads ({FORMAT})"));
     }
     let Some(value) = value else {
         let row = key.and_then(|key| Some((table_of(*key.first()?)?, &key[1..])));
@@ -560,16 +566,16 @@ pub fn read<'a>(
             }
             _ => match key.and_then(MessageId::from_stored) {
                 Some(id) => Entry::Forget(id),
-                None => Entry::Skip("a tombstone whose key is no message id".to_owned()),
+                None => Entry::Unreadable("a tombstone whose key is no message id".to_owned()),
             },
         };
     };
     match <LogRecord as prost::Message>::decode(value) {
         Ok(LogRecord { writer, request, change: Some(change) }) => Entry::Logged { writer, request, change },
         Ok(LogRecord { change: None, .. }) => {
-            Entry::Skip("a record of a change this build does not know".to_owned())
+            Entry::Unreadable("a record of a change this build does not know".to_owned())
         }
-        Err(e) => Entry::Skip(format!("undecodable record: {e}")),
+        Err(e) => Entry::Unreadable(format!("undecodable record: {e}")),
     }
 }
 
@@ -636,13 +642,13 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_format_or_change_is_skipped_not_misread() {
-        assert!(matches!(read_internal(b"a", Some(b"\x08\x01"), "2"), Entry::Skip(r) if r.contains("\"2\"")));
+    fn an_unknown_format_change_or_key_is_unreadable_not_skipped() {
+        let unreadable = |entry: Entry, says: &str| matches!(entry, Entry::Unreadable(r) if r.contains(says));
+        assert!(unreadable(read_internal(b"a", Some(b"\x08\x01"), "2"), "\"2\""));
         let empty = LogRecord { writer: 1, request: 1, change: None };
-        assert!(matches!(read_internal(b"a", Some(&empty.encode()), FORMAT), Entry::Skip(_)));
-        assert!(
-            matches!(read_internal(b"a", Some(b"\xff\xff"), FORMAT), Entry::Skip(r) if r.contains("undecodable"))
-        );
+        assert!(unreadable(read_internal(b"a", Some(&empty.encode()), FORMAT), "change"));
+        assert!(unreadable(read_internal(b"a", Some(b"\xff\xff"), FORMAT), "undecodable"));
+        assert!(unreadable(read_internal(b"\xff\x00", None, FORMAT), "no message id"));
     }
 
     #[test]
@@ -666,7 +672,10 @@ mod tests {
         let native = [("hourglass-topic", Some(&b"orders"[..])), ("hourglass-delay", Some(&b"5s"[..]))];
         assert!(matches!(read(Some(b"n-1"), Some(b"v"), native, false), Entry::Forged(_)));
         assert!(matches!(read(Some(b"n-1"), None, [], false), Entry::Forged(_)), "a tombstone too");
-        assert!(matches!(read(Some(b"n-1"), Some(b"v"), [], true), Entry::Skip(_)), "sealed, no format");
+        assert!(
+            matches!(read(Some(b"n-1"), Some(b"v"), [], true), Entry::Unreadable(_)),
+            "sealed, no format"
+        );
     }
 
     #[test]

@@ -24,8 +24,9 @@ pub(crate) fn entry(offset: i64, at: UnixMillis, entry: Entry, local: Option<Loc
         Entry::ForgetChunk(chunk) => (None, Replica::ForgetChunk(chunk)),
         Entry::ForgetRow(table, key) => (None, Replica::ForgetRow(table, key)),
         // Logged (and a forgery counted) where it is read, with its
-        // partition.
-        Entry::Skip(_) | Entry::Forged(_) => (None, Replica::Skip),
+        // partition. The applier stops before an unreadable record: none
+        // comes here.
+        Entry::Skip(_) | Entry::Forged(_) | Entry::Unreadable(_) => (None, Replica::Skip),
     };
     LogEntry { offset, at, writer, change, local }
 }
