@@ -9,7 +9,9 @@
 #   - schemathesis, which fuzzes the HTTP/JSON API from its OpenAPI document,
 #     and opentelemetry-proto, for the OTLP receiver of the trace test
 #   - promtool (from the prometheus package) and yamllint, which the tests
-#     use to check the alert rules, the dashboard and the deploy manifests
+#     use to check the alert rules, the dashboard and the deploy manifests;
+#     kubectl (its `kustomize`) and kubernetes-validate, which render the
+#     Kubernetes bases and check them against Kubernetes' schemas
 #   - openssl, for deploy/secrets/make-secrets.sh (and its test), and a C
 #     compiler (build-essential), for the durability test's sync probe
 #   - chromium and chromium-driver, the headless browser the console's
@@ -34,7 +36,7 @@ sudo=""
 install_system() {
   missing=()
   for pkg in clang libclang-dev protobuf-compiler libssl-dev pkg-config build-essential python3-pip \
-    prometheus yamllint openssl curl chromium chromium-driver; do
+    prometheus yamllint openssl curl chromium chromium-driver kubectl; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   # Node.js may come from elsewhere than Debian (with npm bundled): look for
@@ -61,6 +63,8 @@ install_system() {
   # opentelemetry-proto: the OTLP receiver the trace test runs.
   python3 -c "import opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc" 2>/dev/null \
     || pip opentelemetry-proto
+  # The Kubernetes bases' test validates what `kubectl kustomize` renders.
+  command -v kubernetes-validate >/dev/null || pip kubernetes-validate
   # deploy/release.sh packs the Python client with it.
   python3 -c "import build" 2>/dev/null || pip build
   # The version clients/python/generate.sh made the package's stubs with:

@@ -34,7 +34,7 @@ if [ ! -f tls.crt ]; then
   openssl req -newkey rsa:3072 -sha256 -nodes -subj "/CN=hourglass" -keyout tls.key -out tls.csr 2>/dev/null
   # The nodes of a cluster reach each other by name too: hourglass-1..3 in
   # docker-compose.cluster.yml, <pod>.hourglass-cluster.<namespace>.svc in
-  # kubernetes/cluster.yaml.
+  # kubernetes/cluster.
   printf 'subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:hourglass,DNS:hourglass.%s.svc,DNS:hourglass.%s.svc.cluster.local,DNS:hourglass-1,DNS:hourglass-2,DNS:hourglass-3,DNS:*.hourglass-cluster.%s.svc\n' \
     "$namespace" "$namespace" "$namespace" >tls.ext
   openssl x509 -req -sha256 -days 825 -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial \

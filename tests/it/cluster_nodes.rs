@@ -400,6 +400,71 @@ async fn shards_spread_as_nodes_join_and_move_when_one_leaves() {
     }
 }
 
+/// The sidecar pattern (`deploy/kubernetes/sidecar`): each pod's hourglass
+/// a node of one cluster, its store an emptyDir that goes with the pod.
+/// Three nodes are scaled down to one as a Deployment scales down: each
+/// removed pod stopped with SIGTERM, then its data dir deleted. Messages
+/// scheduled through every node before and between the stops, due all
+/// along, are each delivered once, none early, none later than failover
+/// allows; the last node owns every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sidecars_scaled_down_from_three_to_one_deliver_every_message_once() {
+    let _turn = THREE_NODES.lock().await;
+    let Bed { broker, topic, dirs, mut nodes, .. } = Bed::start(2, 3).await;
+    wait_even(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
+    let clients: Vec<_> =
+        nodes.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();
+    let (ledger, run) = (Arc::new(Ledger::default()), random_name("sidecar"));
+    // Due every 40 ms over 16 s, from 8 s on: the stops fall at 4 s and
+    // 9 s into it. A second half is scheduled after the first stop,
+    // through the nodes left.
+    let (start, count, every) = (now_ms() + 8_000, 400, 40);
+    let schedule = |clients: Vec<SchedulerClient<Channel>>, range: std::ops::Range<usize>| {
+        let mut scheduling = tokio::task::JoinSet::new();
+        for i in range {
+            let (mut clients, ledger) = (clients.clone(), Arc::clone(&ledger));
+            let request = due_message(&topic, &format!("{run}-{i}"), start + (i as i64) * every);
+            scheduling.spawn(async move { schedule_anywhere(&mut clients, i % 3, request, &ledger).await });
+        }
+        scheduling
+    };
+    for done in schedule(clients.clone(), 0..count / 2).join_all().await {
+        let () = done;
+    }
+    assert!(now_ms() < start, "scheduling took past the first due time");
+
+    let scale_down = |node: &mut ServerProcess, dir: &Path| {
+        node.stop().unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
+    };
+    tokio::time::sleep(Duration::from_millis((start + 4_000 - now_ms()).max(0) as u64)).await;
+    scale_down(&mut nodes[2], dirs[2].path());
+    eprintln!("3 -> 2: node 2 stopped and its data dir removed");
+    let left = clients[..2].to_vec();
+    for done in schedule(left, count / 2..count).join_all().await {
+        let () = done;
+    }
+    tokio::time::sleep(Duration::from_millis((start + 9_000 - now_ms()).max(0) as u64)).await;
+    scale_down(&mut nodes[1], dirs[1].path());
+    eprintln!("2 -> 1: node 1 stopped and its data dir removed");
+    let spread = wait_spread(&nodes, &[0], Duration::from_secs(30)).await;
+    assert_eq!(spread[0], f64::from(LOG_PARTITIONS), "the last node owns every shard");
+
+    let wait = Duration::from_millis((start + count as i64 * every - now_ms()).max(0) as u64)
+        + Duration::from_secs(30);
+    let deliveries =
+        collect_async(broker.addr(), &[topic.as_str()], ledger.expected(), wait, Duration::from_secs(3))
+            .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("sidecars scaled down 3 -> 1: {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert!(verdict.duplicates.is_empty(), "delivered twice: {:?}", verdict.duplicates);
+    assert_eq!(verdict.unacknowledged, 0, "delivered what no one scheduled");
+    let latest = verdict.lateness(1.0);
+    assert!(latest <= 5_000, "a message {latest} ms late: past failover's bound (5 s)");
+    nodes[0].stop().unwrap();
+}
+
 /// 5 (short). A node stopped with SIGSTOP for longer than the session
 /// timeout, then continued: the group gives its shards to the others
 /// meanwhile, and once it runs again it produces nothing until it knows

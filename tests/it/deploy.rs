@@ -17,18 +17,18 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hourglass");
 
-fn repo(path: &str) -> PathBuf {
+pub(crate) fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-fn read(path: &str) -> String {
+pub(crate) fn read(path: &str) -> String {
     std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }
 
 /// The flags of `hourglass serve`, as config keys (`max-pending` →
 /// `max_pending`), and the environment variables they read: from the real
 /// binary's `--help`.
-fn serve_options() -> (BTreeSet<String>, BTreeSet<String>) {
+pub(crate) fn serve_options() -> (BTreeSet<String>, BTreeSet<String>) {
     let out = Command::new(BIN).args(["serve", "--help"]).output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
@@ -92,7 +92,7 @@ fn parse_serve(args: &[String], what: &str) -> Config {
 }
 
 /// [`parse_serve`] with the `HOURGLASS_*` environment the example sets.
-fn parse_serve_with(args: &[String], env: &[(String, String)], what: &str) -> Config {
+pub(crate) fn parse_serve_with(args: &[String], env: &[(String, String)], what: &str) -> Config {
     assert_eq!(args.first().map(String::as_str), Some("serve"), "{what} does not run `hourglass serve`");
     let mut local = Vec::new();
     let mut after_config = false;
@@ -127,7 +127,7 @@ fn parse_serve_with(args: &[String], env: &[(String, String)], what: &str) -> Co
 }
 
 /// A server reachable beyond its own machine must ask for tokens.
-fn assert_not_open(config: &Config, what: &str) {
+pub(crate) fn assert_not_open(config: &Config, what: &str) {
     if !config.listen.ip().is_loopback() {
         assert!(
             config.auth_tokens.is_some(),
@@ -137,33 +137,40 @@ fn assert_not_open(config: &Config, what: &str) {
     }
 }
 
-fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+pub(crate) fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
 }
 
-fn port_of(addr: &str) -> u64 {
+pub(crate) fn port_of(addr: &str) -> u64 {
     addr.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or_else(|| panic!("no port in {addr}"))
 }
 
 /// YAML documents as JSON, through PyYAML (installed with yamllint).
 fn yaml(path: &str) -> Vec<Value> {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, json, yaml; json.dump(list(yaml.safe_load_all(open(sys.argv[1]))), sys.stdout)",
-        ])
-        .arg(repo(path))
-        .output()
+    yaml_of(&read(path), path)
+}
+
+/// [`yaml`] of `text`, which `what` names.
+pub(crate) fn yaml_of(text: &str, what: &str) -> Vec<Value> {
+    use std::io::Write as _;
+    let mut python = Command::new("python3")
+        .args(["-c", "import sys, json, yaml; json.dump(list(yaml.safe_load_all(sys.stdin)), sys.stdout)"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("python3 runs");
+    python.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = python.wait_with_output().unwrap();
     assert!(
         out.status.success(),
-        "{path} is not valid YAML (or PyYAML is missing: bash deploy/local/install-deps.sh):\n{}",
+        "{what} is not valid YAML (or PyYAML is missing: bash deploy/local/install-deps.sh):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn tool(name: &str, args: &[&str]) {
+pub(crate) fn tool(name: &str, args: &[&str]) {
     let out = Command::new(name).args(args).output().unwrap_or_else(|e| {
         panic!("running {name} ({e}); install it with bash deploy/local/install-deps.sh")
     });
@@ -176,7 +183,7 @@ fn tool(name: &str, args: &[&str]) {
     );
 }
 
-fn strings(v: &Value) -> Vec<String> {
+pub(crate) fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| a.iter().map(|s| s.as_str().map_or_else(|| s.to_string(), str::to_owned)).collect())
         .unwrap_or_default()
@@ -371,130 +378,6 @@ fn compose_runs_valid_servers_built_from_the_dockerfile() {
         if file.contains("cluster") {
             assert_eq!(cluster, 3, "{file} runs a 3-node cluster");
         }
-    }
-}
-
-#[test]
-fn kubernetes_pods_run_a_valid_server_and_probe_its_grpc_health() {
-    let (_, env) = serve_options();
-    for file in [
-        "deploy/kubernetes/statefulset.yaml",
-        "deploy/kubernetes/sidecar.yaml",
-        "deploy/kubernetes/cluster.yaml",
-    ] {
-        tool("yamllint", &["-d", "relaxed", "--no-warnings", repo(file).to_str().unwrap()]);
-        let docs = yaml(file);
-        let config_maps: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "ConfigMap").collect();
-        let mut checked = 0;
-        for set in docs.iter().filter(|d| d["kind"] == "StatefulSet") {
-            let pod = &set["spec"]["template"]["spec"];
-            for c in pod["containers"].as_array().unwrap() {
-                if !c["image"].as_str().unwrap().starts_with("hourglass:") {
-                    continue;
-                }
-                let what = format!("{file}, container {}", c["name"]);
-                // Kubernetes expands $(VAR) in args from the container's
-                // env: a pod's name and namespace, say.
-                let args: Vec<String> = strings(&c["args"])
-                    .into_iter()
-                    .map(|a| {
-                        a.replace("$(POD_NAME)", "hourglass-cluster-0").replace("$(POD_NAMESPACE)", "default")
-                    })
-                    .collect();
-                let mut vars = Vec::new();
-                for source in c["envFrom"].as_array().into_iter().flatten() {
-                    let name = &source["configMapRef"]["name"];
-                    if let Some(map) = config_maps.iter().find(|m| &m["metadata"]["name"] == name) {
-                        for (k, v) in map["data"].as_object().unwrap() {
-                            vars.push((k.clone(), v.as_str().unwrap().to_owned()));
-                        }
-                    }
-                }
-                let config = parse_serve_with(&args, &vars, &what);
-                if config.cluster {
-                    let addr =
-                        config.advertise_addr.as_deref().expect("a cluster pod says where it is reached");
-                    let service = set["spec"]["serviceName"].as_str().unwrap();
-                    assert!(
-                        addr.contains(&format!("hourglass-cluster-0.{service}.default.svc")),
-                        "{what}: a pod is reached at its own name under the headless Service: {addr}"
-                    );
-                    let headless = docs
-                        .iter()
-                        .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == service)
-                        .expect("the StatefulSet's Service");
-                    assert_eq!(headless["spec"]["clusterIP"], "None", "{what}: its Service is headless");
-                }
-                assert_not_open(&config, &what);
-                let mounts = c["volumeMounts"].as_array().unwrap();
-                let tokens = flag(&args, "--auth-tokens").unwrap();
-                assert!(
-                    mounts.iter().any(|m| {
-                        let at = m["mountPath"].as_str().unwrap();
-                        Path::new(tokens).starts_with(at)
-                            && pod["volumes"]
-                                .as_array()
-                                .into_iter()
-                                .flatten()
-                                .any(|v| v["name"] == m["name"] && v["secret"].is_object())
-                    }),
-                    "{what}: the tokens file comes from a mounted Secret"
-                );
-                for var in c["env"].as_array().into_iter().flatten() {
-                    let name = var["name"].as_str().unwrap();
-                    // Or it is there for the args to name: $(POD_NAME).
-                    let expanded = strings(&c["args"]).iter().any(|a| a.contains(&format!("$({name})")));
-                    assert!(
-                        env.contains(name) || expanded,
-                        "{what} sets {name}, which hourglass does not read"
-                    );
-                }
-                for source in c["envFrom"].as_array().into_iter().flatten() {
-                    let name = &source["configMapRef"]["name"];
-                    let map =
-                        config_maps.iter().find(|m| &m["metadata"]["name"] == name).expect("the ConfigMap");
-                    for var in map["data"].as_object().unwrap().keys() {
-                        assert!(
-                            env.contains(var),
-                            "{what}: ConfigMap sets {var}, which hourglass does not read"
-                        );
-                    }
-                }
-                let grpc_port = port_of(flag(&args, "--listen").expect("--listen"));
-                let probe = |kind: &str| &c[kind]["grpc"];
-                assert_eq!(
-                    probe("readinessProbe")["port"],
-                    grpc_port,
-                    "{what}: readiness probes the gRPC port"
-                );
-                assert_eq!(probe("readinessProbe")["service"], "", "{what}: readiness asks for the server");
-                assert_eq!(
-                    probe("livenessProbe")["port"],
-                    grpc_port,
-                    "{what}: liveness probes the gRPC port"
-                );
-                assert_eq!(
-                    probe("livenessProbe")["service"],
-                    hourglass::server::LIVENESS,
-                    "{what}: liveness"
-                );
-                let mounts = c["volumeMounts"].as_array().unwrap();
-                assert!(
-                    mounts.iter().any(|m| Path::new(m["mountPath"].as_str().unwrap()) == config.data_dir),
-                    "{what}: the store ({}) must be on a mounted volume",
-                    config.data_dir.display()
-                );
-                let claims = set["spec"]["volumeClaimTemplates"].as_array().expect("a volume claim per pod");
-                assert!(
-                    mounts.iter().any(|m| claims.iter().any(|v| v["metadata"]["name"] == m["name"])),
-                    "{what}: the store's volume is persistent"
-                );
-                let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
-                assert!(Duration::from_secs(grace) > *config.shutdown_grace, "{what}: grace period");
-                checked += 1;
-            }
-        }
-        assert_eq!(checked, 1, "{file} runs one hourglass");
     }
 }
 

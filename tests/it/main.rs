@@ -28,6 +28,7 @@ mod history;
 mod hung_peer;
 mod ingress;
 mod inspect;
+mod kubernetes;
 mod labels;
 mod let_go;
 mod log_topic;
