@@ -98,6 +98,9 @@ pub enum Error {
          and clearing its limit, deadline and dead-letter topic remove a policy)"
     )]
     TooManyPolicies { whose: String, most: usize, flag: &'static str },
+    /// A call a cluster does not serve, and what to do instead.
+    #[error("{0}")]
+    NotInCluster(&'static str),
     #[error("no series {0:?} (never created, or deleted)")]
     SeriesNotFound(String),
     #[error("series {0:?} exists with a different definition; UpdateSeries changes it, or choose another id")]

@@ -291,6 +291,18 @@ impl Service {
         Ok(Picture { as_of: self.clock.now(), ..self.node.picture().await })
     }
 
+    /// A backup of every store into `dir` (`Admin/Backup`), for an operator.
+    pub async fn back_up(
+        &self,
+        access: &Access,
+        dir: &std::path::Path,
+    ) -> Result<crate::node::Backup, Error> {
+        if !access.is_operator() {
+            return Err(Error::NotOperator { token: access.name().to_owned() });
+        }
+        self.node.back_up(dir, self.clock.now()).await
+    }
+
     /// Counts by state and the oldest overdue message, of what the caller
     /// sees. Figures about the whole server (what is being dispatched, the
     /// store's size) go only to a caller that sees everything.

@@ -19,12 +19,16 @@ use crate::{
     policy::{PolicyKey, Rate, TopicPolicy},
     proto,
     scheduler::Scheduler,
+    service::Service,
 };
 
 pub struct AdminApi {
     policies: Arc<PolicyService>,
     /// What describes the cluster (in cluster mode, asking every node).
     scheduler: Arc<dyn Scheduler>,
+    /// What backs the stores up: a standalone node's service; none in a
+    /// cluster.
+    backups: Option<Arc<Service>>,
     admission: Arc<Semaphore>,
     max_concurrent: usize,
 }
@@ -33,10 +37,11 @@ impl AdminApi {
     pub(super) fn new(
         policies: Arc<PolicyService>,
         scheduler: Arc<dyn Scheduler>,
+        backups: Option<Arc<Service>>,
         admission: Arc<Semaphore>,
         max_concurrent: usize,
     ) -> AdminApi {
-        AdminApi { policies, scheduler, admission, max_concurrent }
+        AdminApi { policies, scheduler, backups, admission, max_concurrent }
     }
 
     pub fn into_server(self) -> proto::admin_server::AdminServer<Self> {
@@ -148,6 +153,30 @@ impl proto::admin_server::Admin for AdminApi {
         self.call("DescribeCluster", async {
             let call = call_of(&request)?;
             self.scheduler.describe(&call).await
+        })
+        .await
+    }
+
+    async fn backup(
+        &self,
+        request: Request<proto::BackupRequest>,
+    ) -> Result<Response<proto::BackupResponse>, Status> {
+        self.call("Backup", async {
+            let call = call_of(&request)?;
+            let Some(backups) = &self.backups else {
+                return Err(Error::NotInCluster(
+                    "Backup: a cluster's stores are copies of its schedule log, rebuilt from it; keep the log \
+                     topic (its replication, and a copy of it with your Kafka tools) instead",
+                ));
+            };
+            let dir = std::path::Path::new(&request.get_ref().dir);
+            let backup = backups.back_up(&call.access, dir).await?;
+            Ok(proto::BackupResponse {
+                dir: backup.dir.display().to_string(),
+                shards: backup.shards,
+                pending: backup.pending,
+                taken_at: Some(timestamp(backup.taken_at)),
+            })
         })
         .await
     }

@@ -109,13 +109,18 @@ impl SchedulerApi {
         SeriesApi::new(series, Arc::clone(&self.admission), self.config.max_concurrent)
     }
 
-    /// The `Admin` service over `policies` (and this service's scheduler,
-    /// for the cluster's description), its calls admitted among this
-    /// service's.
-    pub fn admin(&self, policies: Arc<crate::admin::PolicyService>) -> AdminApi {
+    /// The `Admin` service over `policies` and `backups` (a standalone
+    /// node's service; none in a cluster), and this service's scheduler for
+    /// the cluster's description, its calls admitted among this service's.
+    pub fn admin(
+        &self,
+        policies: Arc<crate::admin::PolicyService>,
+        backups: Option<Arc<crate::service::Service>>,
+    ) -> AdminApi {
         AdminApi::new(
             policies,
             Arc::clone(&self.scheduler),
+            backups,
             Arc::clone(&self.admission),
             self.config.max_concurrent,
         )

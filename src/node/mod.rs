@@ -25,10 +25,12 @@
 //! records which shard of how many it is when first opened, and a start
 //! with another count is refused: ids would hash to other shards.
 
+mod backup;
 mod local;
 mod picture;
 mod shard_set;
 
+pub(crate) use backup::Backup;
 pub(crate) use local::LocalShards;
 pub(crate) use picture::{Move, Picture, Role, ShardCopy};
 pub(crate) use shard_set::ShardSet;
@@ -378,7 +380,13 @@ fn shard_paths(dir: &Path, shards: u32) -> Result<Vec<PathBuf>, NodeError> {
     if let Some(n) = most.filter(|n| *n > shards) {
         return refuse(n);
     }
-    Ok((0..shards).map(|i| dir.join(format!("shard-{i}"))).collect())
+    Ok((0..shards).map(|i| shard_dir(dir, i)).collect())
+}
+
+/// Where the store of `shard` lies in the data dir `dir` of more than one
+/// shard.
+fn shard_dir(dir: &Path, shard: u32) -> PathBuf {
+    dir.join(format!("shard-{shard}"))
 }
 
 /// Where `shard` goes on after `token`, in the order (dispatch time, shard,

@@ -230,6 +230,9 @@ pub async fn run_with_clock(
     };
     // Cluster mode: a call is served here or on the node that owns its
     // shard.
+    // Backups are of a standalone node's stores: a cluster's are copies of
+    // its log.
+    let backups = cluster.is_none().then(|| Arc::clone(&service));
     let local: Arc<dyn Scheduler> = Arc::new(Local::new(service));
     let (scheduler, series_calls): (Arc<dyn Scheduler>, Arc<dyn SeriesCalls>) =
         match cluster.zip(cluster_config.as_ref()) {
@@ -289,7 +292,7 @@ pub async fn run_with_clock(
         WebLayer::new(settings::limits(&config).max_batch_request_bytes(), api.memory.clone(), auth.clone());
     let scheduler_api = SchedulerApi::new(scheduler, api);
     let series_api = scheduler_api.series(series_calls);
-    let admin_api = scheduler_api.admin(policies);
+    let admin_api = scheduler_api.admin(policies, backups);
     let routes = server
         .layer(web)
         .add_service(health_service)

@@ -19,6 +19,7 @@
 //! reads it whole for damage, [`schema`] lays out the bytes and [`view`]
 //! says what they mean. Nothing here knows about gRPC or Kafka.
 
+mod backup;
 mod bare;
 mod browse;
 mod claims;

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Backlog, BlockCache, Inner, Lifecycle, LogPosition, Opened, PurgeCursors, Store, StoreConfig, StoreError,
-    Threads,
+    Threads, backup,
     claims::{Claims, Wake},
     health::HealthBoard,
     options::open_db_with_cache,
@@ -76,7 +76,18 @@ impl Store {
             max_round: 4096,
             shard: config.shard,
         };
-        let writer = Writer::open(shared, writer_config, rx, SystemClock.now()).map_err(with_report)?;
+        let restored = backup::restored_from(&config.path);
+        let writer = Writer::open(shared, writer_config, rx, SystemClock.now(), restored.is_some())
+            .map_err(with_report)?;
+        if let Some(taken) = restored {
+            backup::restore_recorded(&config.path)?;
+            tracing::warn!(
+                path = %config.path.display(),
+                backup_taken_at_ms = taken.0,
+                "opened a backup: its messages pending and due by now are searched for on their topics before \
+                 any is produced, so that none delivered since the backup is sent again"
+            );
+        }
         let (recorded_shard, log_time, in_doubt, horizon_at_open) =
             (writer.recorded_shard(), writer.log_time(), writer.in_doubt_window(), writer.horizon());
         metrics.pending.set(pending.load(Ordering::Relaxed) as i64);

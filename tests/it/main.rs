@@ -9,6 +9,7 @@ mod common;
 
 mod architecture;
 mod audit;
+mod backup;
 mod bad_input;
 mod cli;
 mod clients;

@@ -62,6 +62,11 @@ pub enum Command {
     /// Ask the server's gRPC health whether it serves (over TLS too): exits
     /// 0 if so, 1 if not or unreachable. For probes and scripts.
     Health(HealthArgs),
+    /// Write a consistent copy of a standalone server's stores into a new
+    /// directory on the server's machine, while it serves; restore by
+    /// starting a stopped server on it (docs/OPERATIONS.md, "Backup and
+    /// restore"). Needs an operator token (admin = "all").
+    Backup(BackupArgs),
     /// Recurring schedules: create, get, list, update, pause, resume and
     /// delete series.
     Series(crate::series::SeriesArgs),
@@ -399,6 +404,16 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// A new directory on the server's machine (an absolute path whose
+    /// parent exists). On the store's filesystem the copy is made of hard
+    /// links, in about no time or space; copy it elsewhere to keep it.
+    pub dir: String,
     #[command(flatten)]
     pub client: ClientArgs,
 }

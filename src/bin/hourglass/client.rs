@@ -13,8 +13,8 @@ use hourglass::message::UnixMillis;
 use hourglass_kafka::proto;
 
 use crate::cli::{
-    CancelArgs, ClientArgs, HealthArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs, StatsArgs,
-    When,
+    BackupArgs, CancelArgs, ClientArgs, HealthArgs, IdArgs, ListArgs, Output, RescheduleArgs, ScheduleArgs,
+    StatsArgs, When,
 };
 
 pub const EXIT_NOT_APPLIED: u8 = 3;
@@ -339,6 +339,31 @@ fn print_rows(messages: &[proto::PendingMessage]) {
         }
         println!("{}", line.trim_end());
     }
+}
+
+/// `hourglass backup DIR`: says where the copy is and how to restore it.
+pub async fn backup(args: BackupArgs) -> anyhow::Result<ExitCode> {
+    let request = proto::BackupRequest { dir: args.dir };
+    let mut admin = connection(&args.client).await?.admin();
+    let b = admin.backup(request).await.map_err(status_error)?.into_inner();
+    if args.client.output == Output::Json {
+        print_json(&json::Backup {
+            dir: &b.dir,
+            shards: b.shards,
+            pending: b.pending,
+            taken_at: time(b.taken_at),
+        })?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "backed up {} store(s), {} pending, as of {}, to {}",
+        b.shards,
+        b.pending,
+        time(b.taken_at),
+        b.dir
+    );
+    println!("to restore: stop the server, and start it with --data-dir {} (or a copy of it)", b.dir);
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `hourglass health`: SERVING exits 0; anything else, an unreachable

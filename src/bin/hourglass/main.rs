@@ -45,6 +45,7 @@ fn main() -> ExitCode {
             Command::Get(args) => client::get(args).await,
             Command::List(args) => client::list(args).await,
             Command::Stats(args) => client::stats(args).await,
+            Command::Backup(args) => client::backup(args).await,
             Command::Health(args) => client::health(args).await,
             Command::Series(args) => series::run(args).await,
             Command::Topic(args) => topic::run(args).await,

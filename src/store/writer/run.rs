@@ -44,15 +44,24 @@ const WRITE_OUT_AFTER: Duration = Duration::from_secs(30);
 
 impl Writer {
     /// Reads the store's state and records that it is open (not closed
-    /// cleanly), in a synced write, before anything can be produced.
+    /// cleanly), in a synced write, before anything can be produced. A
+    /// store `restored` from a backup forgets how far its dispatcher
+    /// produced: whatever was due by now may have been, since the copy.
     pub(crate) fn open(
         shared: Shared,
         config: WriterConfig,
         rx: mpsc::Receiver<Op>,
         now: UnixMillis,
+        restored: bool,
     ) -> Result<Writer, StoreError> {
         let db = &shared.db;
         let mut meta = read::meta(db, &ReadOptions::default())?;
+        if restored {
+            meta.closed_cleanly = false;
+            meta.dispatch_horizon.clear();
+            meta.dispatch_horizon_ms = None;
+            meta.produced_from.clear();
+        }
         let counts = if meta.counts_version == COUNTS_VERSION {
             read::counts(db, None)?
         } else {

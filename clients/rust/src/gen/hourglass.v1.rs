@@ -782,6 +782,28 @@ pub struct DeleteSeriesResponse {
     #[prost(message, repeated, tag = "1")]
     pub occurrences: ::prost::alloc::vec::Vec<OccurrenceOutcome>,
 }
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BackupRequest {
+    /// An absolute path on the server's machine that does not exist yet; its
+    /// parent must. The server makes it.
+    #[prost(string, tag = "1")]
+    pub dir: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BackupResponse {
+    /// Where the copy is.
+    #[prost(string, tag = "1")]
+    pub dir: ::prost::alloc::string::String,
+    /// The stores copied, one per shard.
+    #[prost(uint32, tag = "2")]
+    pub shards: u32,
+    /// Messages pending in the copy.
+    #[prost(uint64, tag = "3")]
+    pub pending: u64,
+    /// When the copy was taken.
+    #[prost(message, optional, tag = "4")]
+    pub taken_at: ::core::option::Option<::prost_types::Timestamp>,
+}
 /// Which policy a call names.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct TopicPolicyRequest {
@@ -2199,6 +2221,38 @@ pub mod admin_client {
             let mut req = request.into_request();
             req.extensions_mut()
                 .insert(GrpcMethod::new("hourglass.v1.Admin", "DescribeCluster"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Writes a consistent copy of every store of a standalone server into a
+        /// new directory on the server's machine, while it serves: a RocksDB
+        /// checkpoint of each shard (hard links where the directory is on the
+        /// store's filesystem, so it takes about no time or space there; copy it
+        /// elsewhere to keep it). The directory is a data dir: start a stopped
+        /// server on it (or a copy of it) to restore. Restored, the messages
+        /// pending in the copy and due by the restart are searched for on their
+        /// topics before any is produced, as after a crash, so one delivered
+        /// since the copy is not sent again; messages scheduled, cancelled or
+        /// rescheduled since are not in it. A cluster refuses (its stores are
+        /// copies of the schedule log: keep the log topic instead). Needs an
+        /// `admin = "all"` token when tokens are on.
+        pub async fn backup(
+            &mut self,
+            request: impl tonic::IntoRequest<super::BackupRequest>,
+        ) -> std::result::Result<tonic::Response<super::BackupResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/hourglass.v1.Admin/Backup",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("hourglass.v1.Admin", "Backup"));
             self.inner.unary(req, path, codec).await
         }
     }

@@ -277,6 +277,15 @@ pub struct Overdue {
     pub overdue_ms: u64,
 }
 
+/// `hourglass backup`'s answer.
+#[derive(Debug, Serialize)]
+pub struct Backup<'a> {
+    pub dir: &'a str,
+    pub shards: u32,
+    pub pending: u64,
+    pub taken_at: String,
+}
+
 /// `hourglass health`'s answer.
 #[derive(Debug, Serialize)]
 pub struct Health<'a> {

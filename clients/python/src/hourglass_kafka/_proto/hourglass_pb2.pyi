@@ -699,6 +699,24 @@ class DeleteSeriesResponse(_message.Message):
     occurrences: _containers.RepeatedCompositeFieldContainer[OccurrenceOutcome]
     def __init__(self, occurrences: _Optional[_Iterable[_Union[OccurrenceOutcome, _Mapping]]] = ...) -> None: ...
 
+class BackupRequest(_message.Message):
+    __slots__ = ("dir",)
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    dir: str
+    def __init__(self, dir: _Optional[str] = ...) -> None: ...
+
+class BackupResponse(_message.Message):
+    __slots__ = ("dir", "shards", "pending", "taken_at")
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_AT_FIELD_NUMBER: _ClassVar[int]
+    dir: str
+    shards: int
+    pending: int
+    taken_at: _timestamp_pb2.Timestamp
+    def __init__(self, dir: _Optional[str] = ..., shards: _Optional[int] = ..., pending: _Optional[int] = ..., taken_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class TopicPolicyRequest(_message.Message):
     __slots__ = ("topic", "all_tenants", "tenant")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

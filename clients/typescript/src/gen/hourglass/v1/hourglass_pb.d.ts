@@ -1858,6 +1858,64 @@ export declare type DeleteSeriesResponse = Message$1<"hourglass.v1.DeleteSeriesR
 export declare const DeleteSeriesResponseSchema: GenMessage<DeleteSeriesResponse>;
 
 /**
+ * @generated from message hourglass.v1.BackupRequest
+ */
+export declare type BackupRequest = Message$1<"hourglass.v1.BackupRequest"> & {
+  /**
+   * An absolute path on the server's machine that does not exist yet; its
+   * parent must. The server makes it.
+   *
+   * @generated from field: string dir = 1;
+   */
+  dir: string;
+};
+
+/**
+ * Describes the message hourglass.v1.BackupRequest.
+ * Use `create(BackupRequestSchema)` to create a new message.
+ */
+export declare const BackupRequestSchema: GenMessage<BackupRequest>;
+
+/**
+ * @generated from message hourglass.v1.BackupResponse
+ */
+export declare type BackupResponse = Message$1<"hourglass.v1.BackupResponse"> & {
+  /**
+   * Where the copy is.
+   *
+   * @generated from field: string dir = 1;
+   */
+  dir: string;
+
+  /**
+   * The stores copied, one per shard.
+   *
+   * @generated from field: uint32 shards = 2;
+   */
+  shards: number;
+
+  /**
+   * Messages pending in the copy.
+   *
+   * @generated from field: uint64 pending = 3;
+   */
+  pending: bigint;
+
+  /**
+   * When the copy was taken.
+   *
+   * @generated from field: google.protobuf.Timestamp taken_at = 4;
+   */
+  takenAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message hourglass.v1.BackupResponse.
+ * Use `create(BackupResponseSchema)` to create a new message.
+ */
+export declare const BackupResponseSchema: GenMessage<BackupResponse>;
+
+/**
  * Which policy a call names.
  *
  * @generated from message hourglass.v1.TopicPolicyRequest
@@ -2976,6 +3034,27 @@ export declare const Admin: GenService<{
     methodKind: "unary";
     input: typeof DescribeClusterRequestSchema;
     output: typeof DescribeClusterResponseSchema;
+  },
+  /**
+   * Writes a consistent copy of every store of a standalone server into a
+   * new directory on the server's machine, while it serves: a RocksDB
+   * checkpoint of each shard (hard links where the directory is on the
+   * store's filesystem, so it takes about no time or space there; copy it
+   * elsewhere to keep it). The directory is a data dir: start a stopped
+   * server on it (or a copy of it) to restore. Restored, the messages
+   * pending in the copy and due by the restart are searched for on their
+   * topics before any is produced, as after a crash, so one delivered
+   * since the copy is not sent again; messages scheduled, cancelled or
+   * rescheduled since are not in it. A cluster refuses (its stores are
+   * copies of the schedule log: keep the log topic instead). Needs an
+   * `admin = "all"` token when tokens are on.
+   *
+   * @generated from rpc hourglass.v1.Admin.Backup
+   */
+  backup: {
+    methodKind: "unary";
+    input: typeof BackupRequestSchema;
+    output: typeof BackupResponseSchema;
   },
 }>;
 
