@@ -50,7 +50,18 @@ fn full() -> bool {
 
 /// A node of the cluster, not started yet.
 pub(crate) fn node(broker: &Broker, data_dir: &Path, log_topic: &str, group: &str) -> ServerProcess {
-    ServerProcess::new(Path::new(BIN), data_dir, broker.addr(), Durability::Buffered)
+    node_of(Path::new(BIN), broker, data_dir, log_topic, group)
+}
+
+/// [`node`], of the server `exe` (another release's, say).
+pub(crate) fn node_of(
+    exe: &Path,
+    broker: &Broker,
+    data_dir: &Path,
+    log_topic: &str,
+    group: &str,
+) -> ServerProcess {
+    ServerProcess::new(exe, data_dir, broker.addr(), Durability::Buffered)
         .unwrap()
         .clustered()
         .unwrap()
@@ -74,7 +85,7 @@ pub(crate) fn now_ms() -> i64 {
 /// Schedules `request` through whichever node takes it, starting at
 /// `first`: a node that is down, or whose request waited too long for a
 /// moving shard, answers UNAVAILABLE and the next one is tried.
-async fn schedule_anywhere(
+pub(crate) async fn schedule_anywhere(
     clients: &mut [SchedulerClient<Channel>],
     first: usize,
     request: proto::ScheduleRequest,
@@ -147,7 +158,7 @@ pub(crate) async fn wait_spread(nodes: &[ServerProcess], live: &[usize], within:
 
 /// Waits until the live nodes own every shard between them, as evenly as
 /// the count allows.
-async fn wait_even(nodes: &[ServerProcess], live: &[usize], within: Duration) -> Vec<f64> {
+pub(crate) async fn wait_even(nodes: &[ServerProcess], live: &[usize], within: Duration) -> Vec<f64> {
     let started = Instant::now();
     loop {
         let owned = wait_spread(nodes, live, within).await;

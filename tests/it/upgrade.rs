@@ -198,3 +198,117 @@ async fn a_log_record_of_a_newer_release_stops_its_shard_instead_of_being_skippe
     );
     survivor.stop().unwrap();
 }
+
+/// The previous release's server, which `tests/fixtures/previous-release.sh`
+/// builds beside this build's (the README's test command runs it first).
+fn previous_release() -> std::path::PathBuf {
+    let this = Path::new(env!("CARGO_BIN_EXE_hourglass"));
+    let target = this.parent().and_then(Path::parent).expect("the target directory");
+    let previous = target.join("previous-release/hourglass-0.2.0");
+    assert!(
+        previous.exists(),
+        "{} is missing: run bash tests/fixtures/previous-release.sh (bash .ci/test does)",
+        previous.display()
+    );
+    previous
+}
+
+/// A rolling upgrade of a three-node cluster from the previous release to
+/// this build, one node at a time as a StatefulSet's rollout does (SIGTERM,
+/// then the new server on the same data dir and address), while messages
+/// are scheduled through every node and delivered all along: calls pass
+/// between nodes of both releases, shards move from old nodes to new and
+/// back, and every message is delivered once, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_upgrade_from_the_previous_release_loses_and_repeats_nothing() {
+    use std::time::Instant;
+
+    use crate::cluster_nodes::{
+        Bed, THREE_NODES, node, node_of, now_ms, schedule_anywhere, wait_even, wait_spread,
+    };
+    use common::verify::{Ledger, collect_async, due_message};
+
+    let previous = previous_release();
+    let _turn = THREE_NODES.lock().await;
+    // The Bed's nodes are this build's, not started: their data dirs and
+    // names serve both releases.
+    let Bed { broker, topic, log_topic, dirs, nodes: unstarted } = Bed::start(2, 0).await;
+    let group = random_name("upgrade");
+    let mut nodes = Vec::new();
+    for (dir, planned) in dirs.iter().zip(&unstarted) {
+        let mut old = node_of(&previous, &broker, dir.path(), &log_topic, &group);
+        (old.grpc, old.metrics) = (planned.grpc.clone(), planned.metrics.clone());
+        old.spawn().unwrap();
+        nodes.push(old);
+    }
+    for node in &mut nodes {
+        node.wait_serving(Duration::from_secs(120)).await.unwrap();
+    }
+    wait_even(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
+    let built = nodes[0].metrics_text().await.unwrap();
+    assert!(built.contains("b98674251c68"), "the first nodes run the previous release");
+
+    // Ten a second through every node in turn, each due 2 to 4 s later,
+    // until the upgrade is over.
+    let clients: Vec<_> =
+        nodes.iter().map(|n| reconnecting_client(&n.grpc, Duration::from_secs(5))).collect();
+    let (ledger, run) = (Arc::new(Ledger::default()), random_name("rolling"));
+    let stop = CancellationToken::new();
+    let load = {
+        let (ledger, stop, topic) = (Arc::clone(&ledger), stop.clone(), topic.clone());
+        tokio::spawn(async move {
+            let mut scheduling = tokio::task::JoinSet::new();
+            for i in 0i64.. {
+                if stop.is_cancelled() {
+                    break;
+                }
+                let request = due_message(&topic, &format!("{run}-{i}"), now_ms() + 2_000 + (i % 20) * 100);
+                let (mut clients, ledger) = (clients.clone(), Arc::clone(&ledger));
+                scheduling.spawn(async move {
+                    schedule_anywhere(&mut clients, i as usize % 3, request, &ledger).await
+                });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            scheduling.join_all().await;
+        })
+    };
+
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let began = Instant::now();
+        nodes[i].stop().unwrap();
+        let mut new = node(&broker, dirs[i].path(), &log_topic, &group);
+        (new.grpc, new.metrics) = (nodes[i].grpc.clone(), nodes[i].metrics.clone());
+        new.spawn().unwrap();
+        new.wait_serving(Duration::from_secs(120)).await.unwrap();
+        nodes[i] = new;
+        let spread = wait_spread(&nodes, &[0, 1, 2], Duration::from_secs(60)).await;
+        eprintln!("node {i} upgraded in {:?}: shards {spread:?}", began.elapsed());
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.cancel();
+    load.await.unwrap();
+
+    let deliveries = collect_async(
+        broker.addr(),
+        &[topic.as_str()],
+        ledger.expected(),
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+    )
+    .await;
+    let verdict = ledger.verdict(&deliveries);
+    eprintln!("rolling upgrade 0.2.0 -> this build: {}", verdict.summary());
+    assert!(verdict.acknowledged >= 100, "scheduled all along: {}", verdict.summary());
+    verdict.assert_nothing_lost_or_early();
+    assert!(verdict.duplicates.is_empty(), "delivered twice: {:?}", verdict.duplicates);
+    assert_eq!(verdict.unacknowledged, 0, "delivered what no one scheduled");
+    for node in &mut nodes {
+        let version = node.metrics_text().await.unwrap();
+        assert!(
+            version.contains(env!("HOURGLASS_COMMIT").split(' ').next().unwrap()),
+            "every node runs this build"
+        );
+        node.stop().unwrap();
+    }
+}
