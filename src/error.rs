@@ -98,6 +98,13 @@ pub enum Error {
          and clearing its limit, deadline and dead-letter topic remove a policy)"
     )]
     TooManyPolicies { whose: String, most: usize, flag: &'static str },
+    /// A call that writes where its caller names, on a server that checks
+    /// no tokens.
+    #[error(
+        "{0} writes files where it is told, so it needs an operator's token, and this server checks none: \
+         start it with --auth-tokens and a token with admin = \"all\""
+    )]
+    NeedsTokens(&'static str),
     /// A call a cluster does not serve, and what to do instead.
     #[error("{0}")]
     NotInCluster(&'static str),

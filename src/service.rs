@@ -291,16 +291,26 @@ impl Service {
         Ok(Picture { as_of: self.clock.now(), ..self.node.picture().await })
     }
 
-    /// A backup of every store into `dir` (`Admin/Backup`), for an operator.
+    /// A backup of every store into `dir` (`Admin/Backup`), outside
+    /// `data_dir`, for an operator's token: a call that writes where it
+    /// names is not for a server without tokens. Audited.
     pub async fn back_up(
         &self,
         access: &Access,
         dir: &std::path::Path,
+        data_dir: &std::path::Path,
     ) -> Result<crate::node::Backup, Error> {
-        if !access.is_operator() {
-            return Err(Error::NotOperator { token: access.name().to_owned() });
+        let backup = match access {
+            Access::Open => Err(Error::NeedsTokens("Backup")),
+            _ if !access.is_operator() => Err(Error::NotOperator { token: access.name().to_owned() }),
+            _ => self.node.back_up(dir, data_dir, self.clock.now()).await,
+        };
+        let what = dir.display();
+        match &backup {
+            Ok(_) => crate::audit::record(access, "backup", &what, Ok("backed_up")),
+            Err(e) => crate::audit::record(access, "backup", &what, Err(e)),
         }
-        self.node.back_up(dir, self.clock.now()).await
+        backup
     }
 
     /// Counts by state and the oldest overdue message, of what the caller

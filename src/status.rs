@@ -50,7 +50,7 @@ impl From<Error> for Status {
             Error::TooLarge { .. } | Error::Undecodable(_) => Code::InvalidArgument,
             Error::TopicUnknown(_) | Error::SeriesNotFound(_) => Code::NotFound,
             Error::SeriesExists(_) => Code::AlreadyExists,
-            Error::NotInCluster(_) => Code::FailedPrecondition,
+            Error::NotInCluster(_) | Error::NeedsTokens(_) => Code::FailedPrecondition,
             Error::KafkaUnavailable { .. } | Error::StreamIdle(_) => Code::Unavailable,
             Error::Store(e) => store_code(&e),
             Error::Forbidden { .. }

@@ -26,9 +26,8 @@ pub struct AdminApi {
     policies: Arc<PolicyService>,
     /// What describes the cluster (in cluster mode, asking every node).
     scheduler: Arc<dyn Scheduler>,
-    /// What backs the stores up: a standalone node's service; none in a
-    /// cluster.
-    backups: Option<Arc<Service>>,
+    /// What backs the stores up: a standalone node's; none in a cluster.
+    backups: Option<Backups>,
     admission: Arc<Semaphore>,
     max_concurrent: usize,
 }
@@ -37,7 +36,7 @@ impl AdminApi {
     pub(super) fn new(
         policies: Arc<PolicyService>,
         scheduler: Arc<dyn Scheduler>,
-        backups: Option<Arc<Service>>,
+        backups: Option<Backups>,
         admission: Arc<Semaphore>,
         max_concurrent: usize,
     ) -> AdminApi {
@@ -72,6 +71,13 @@ impl AdminApi {
         })
         .await
     }
+}
+
+/// A standalone node's service, and its data dir, which no backup may be
+/// written into.
+pub struct Backups {
+    pub service: Arc<Service>,
+    pub data_dir: std::path::PathBuf,
 }
 
 #[tonic::async_trait]
@@ -164,13 +170,17 @@ impl proto::admin_server::Admin for AdminApi {
         self.call("Backup", async {
             let call = call_of(&request)?;
             let Some(backups) = &self.backups else {
+                // An operator is told why; anyone else only that it is not theirs.
+                if !call.access.is_operator() {
+                    return Err(Error::NotOperator { token: call.access.name().to_owned() });
+                }
                 return Err(Error::NotInCluster(
                     "Backup: a cluster's stores are copies of its schedule log, rebuilt from it; keep the log \
                      topic (its replication, and a copy of it with your Kafka tools) instead",
                 ));
             };
             let dir = std::path::Path::new(&request.get_ref().dir);
-            let backup = backups.back_up(&call.access, dir).await?;
+            let backup = backups.service.back_up(&call.access, dir, &backups.data_dir).await?;
             Ok(proto::BackupResponse {
                 dir: backup.dir.display().to_string(),
                 shards: backup.shards,

@@ -12,7 +12,7 @@ mod local;
 mod series;
 mod stream;
 
-pub use admin::AdminApi;
+pub use admin::{AdminApi, Backups};
 pub use limit::Budget;
 pub use local::Local;
 pub use series::SeriesApi;
@@ -115,7 +115,7 @@ impl SchedulerApi {
     pub fn admin(
         &self,
         policies: Arc<crate::admin::PolicyService>,
-        backups: Option<Arc<crate::service::Service>>,
+        backups: Option<admin::Backups>,
     ) -> AdminApi {
         AdminApi::new(
             policies,

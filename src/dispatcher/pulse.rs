@@ -34,8 +34,8 @@ use std::{
 use crate::message::UnixMillis;
 
 /// The file, in the store's directory (RocksDB leaves files it does not
-/// know alone).
-const FILE: &str = "HOURGLASS-IN-FLIGHT";
+/// know alone; a store restored from a backup removes it).
+const FILE: &str = crate::store::IN_FLIGHT_FILE;
 /// Most time between two writes while produces are unanswered.
 pub(super) const EVERY: Duration = Duration::from_millis(100);
 /// How far the time in the file may be behind the last moment the

@@ -2,10 +2,16 @@
 //! shard's store checkpointed where it would lie in a data dir of the same
 //! shard count, so that the backup is a data dir ([`crate::store`] says what
 //! opening one does).
+//!
+//! A backup appears whole or not at all: it is made in a directory of its
+//! own beside the one asked for (readable by the server's user alone),
+//! every store and its marker written and synced, then renamed into place.
+//! One is made at a time.
 
-use std::path::{Path, PathBuf};
-
-use futures_util::future;
+use std::{
+    os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+};
 
 use super::Node;
 use crate::{
@@ -23,35 +29,99 @@ pub struct Backup {
     pub taken_at: UnixMillis,
 }
 
+/// One backup at a time, on this process.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 impl Node {
     /// Writes a backup of every shard to `dir`, a new directory whose
-    /// parent exists, taken at `now`.
-    pub async fn back_up(&self, dir: &Path, now: UnixMillis) -> Result<Backup, Error> {
-        let invalid = |reason: String| Error::Invalid(Invalid::new("dir", reason));
-        if !dir.is_absolute() {
-            return Err(invalid(format!(
-                "{} is not an absolute path on the server's machine",
-                dir.display()
-            )));
-        }
-        if dir.symlink_metadata().is_ok() {
-            return Err(invalid(format!("{} exists: name a new directory", dir.display())));
-        }
-        match dir.parent().map(Path::is_dir) {
-            Some(true) => {}
-            _ => return Err(invalid(format!("the parent of {} is not a directory", dir.display()))),
-        }
-        let readers = self.readers();
-        let shards = self.shards.count() as u32;
-        let stores: Vec<PathBuf> = if shards == 1 {
-            vec![dir.to_owned()]
-        } else {
-            std::fs::create_dir(dir)
-                .map_err(|e| StoreError::Io(format!("creating {}: {e}", dir.display())))?;
-            readers.iter().map(|(shard, _)| super::shard_dir(dir, *shard)).collect()
+    /// parent exists, outside `data_dir`, taken at `now`.
+    pub async fn back_up(&self, dir: &Path, data_dir: &Path, now: UnixMillis) -> Result<Backup, Error> {
+        let _one = ONE_AT_A_TIME.lock().await;
+        let (parent, name) = where_to(dir, data_dir)?;
+        let io = |what: &str, path: &Path, e: std::io::Error| {
+            Error::Store(StoreError::Io(format!("{what} {}: {e}", path.display())))
         };
-        let copies = readers.iter().zip(stores).map(|((_, reader), to)| reader.back_up(to, now));
-        let pending = future::try_join_all(copies).await?.into_iter().sum();
+        let staging = parent.join(format!(".{name}.partial-{}-{}", std::process::id(), now.0));
+        std::fs::DirBuilder::new().mode(0o700).create(&staging).map_err(|e| io("creating", &staging, e))?;
+        let made = self.checkpoint_in(&staging, now).await;
+        let placed = made.and_then(|(root, shards, pending)| {
+            std::fs::rename(&root, dir).map_err(|e| io("moving the backup to", dir, e))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .and_then(|()| std::fs::File::open(&parent)?.sync_all())
+                .map_err(|e| io("syncing", &parent, e))?;
+            Ok((shards, pending))
+        });
+        // Empty once renamed (one shard), or what a failure left.
+        let _ = std::fs::remove_dir_all(&staging);
+        let (shards, pending) = placed?;
         Ok(Backup { dir: dir.to_owned(), shards, pending, taken_at: now })
+    }
+
+    /// Every shard's store checkpointed in `staging`: its root (the store
+    /// itself with one shard), the shard count and the messages pending.
+    async fn checkpoint_in(&self, staging: &Path, now: UnixMillis) -> Result<(PathBuf, u32, u64), Error> {
+        let shards = self.shards.count() as u32;
+        let root = if shards == 1 { staging.join("store") } else { staging.to_owned() };
+        let mut pending = 0;
+        for (shard, reader) in self.readers() {
+            let to = if shards == 1 { root.clone() } else { super::shard_dir(&root, shard) };
+            pending += reader.back_up(to, now).await?;
+        }
+        Ok((root, shards, pending))
+    }
+}
+
+/// `dir`'s parent and name, if it may be a backup's: an absolute path that
+/// does not exist, whose parent does, outside the data dir.
+fn where_to(dir: &Path, data_dir: &Path) -> Result<(PathBuf, String), Error> {
+    let invalid = |reason: String| Error::Invalid(Invalid::new("dir", reason));
+    if !dir.is_absolute() {
+        return Err(invalid(format!("{} is not an absolute path on the server's machine", dir.display())));
+    }
+    let name = dir.file_name().and_then(|n| n.to_str()).filter(|n| !n.starts_with('.'));
+    let Some(name) = name else {
+        return Err(invalid(format!(
+            "{} does not end in a name (one not beginning with '.')",
+            dir.display()
+        )));
+    };
+    if dir.symlink_metadata().is_ok() {
+        return Err(invalid(format!("{} exists: name a new directory", dir.display())));
+    }
+    let parent = dir.parent().and_then(|p| p.canonicalize().ok()).filter(|p| p.is_dir());
+    let Some(parent) = parent else {
+        return Err(invalid(format!("the parent of {} is not a directory", dir.display())));
+    };
+    let data = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_owned());
+    if parent.starts_with(&data) {
+        return Err(invalid(format!(
+            "{} lies in the data dir {}: name a directory outside it",
+            dir.display(),
+            data.display()
+        )));
+    }
+    Ok((parent, name.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backup_goes_to_a_new_absolute_directory_outside_the_data_dir() {
+        let root = tempfile::tempdir().unwrap();
+        let data = root.path().join("data");
+        std::fs::create_dir_all(data.join("shard-0")).unwrap();
+        let refused = |dir: PathBuf, says: &str| {
+            let e = where_to(&dir, &data).unwrap_err().to_string();
+            assert!(e.contains(says), "{}: {e}", dir.display());
+        };
+        refused(PathBuf::from("backup"), "absolute");
+        refused(root.path().join(".hidden"), "name");
+        refused(data.join("shard-0"), "exists");
+        refused(data.join("backup"), "data dir");
+        refused(root.path().join("missing/backup"), "parent");
+        let (parent, name) = where_to(&root.path().join("backup"), &data).unwrap();
+        assert_eq!((parent, name.as_str()), (root.path().canonicalize().unwrap(), "backup"));
     }
 }

@@ -30,7 +30,7 @@ use tonic::{service::interceptor::InterceptedService, transport::server::TcpInco
 
 use crate::{
     admin::PolicyService,
-    api::{ApiConfig, Budget, Local, SchedulerApi, StreamLimits},
+    api::{ApiConfig, Backups, Budget, Local, SchedulerApi, StreamLimits},
     auth::{self, Authenticator},
     clock::{Clock, SystemClock},
     cluster::{Cluster, ClusterConfig, Router, SeriesRouter, Shards, Voucher, kafka::IngressFeed},
@@ -232,7 +232,9 @@ pub async fn run_with_clock(
     // shard.
     // Backups are of a standalone node's stores: a cluster's are copies of
     // its log.
-    let backups = cluster.is_none().then(|| Arc::clone(&service));
+    let backups = cluster
+        .is_none()
+        .then(|| Backups { service: Arc::clone(&service), data_dir: node_config.data_dir.clone() });
     let local: Arc<dyn Scheduler> = Arc::new(Local::new(service));
     let (scheduler, series_calls): (Arc<dyn Scheduler>, Arc<dyn SeriesCalls>) =
         match cluster.zip(cluster_config.as_ref()) {

@@ -23,6 +23,10 @@ use crate::message::UnixMillis;
 /// taken, in Unix milliseconds, as text.
 const MARKER: &str = "HOURGLASS-BACKUP";
 
+/// The file, in a store's directory, where its dispatcher notes when it
+/// last had produces unanswered (`crate::dispatcher`'s pulse).
+pub(crate) const IN_FLIGHT_FILE: &str = "HOURGLASS-IN-FLIGHT";
+
 impl Reader {
     /// Writes a consistent copy of the store to `dir`, which must not
     /// exist (its parent must), taken at `now`. Returns the messages
@@ -48,16 +52,32 @@ impl Reader {
 }
 
 /// When the backup the store in `path` was restored from was taken, if it
-/// was and the restore is not recorded yet.
-pub(super) fn restored_from(path: &Path) -> Option<UnixMillis> {
-    let text = std::fs::read_to_string(path.join(MARKER)).ok()?;
-    Some(UnixMillis(text.trim().parse().unwrap_or(0)))
+/// was and the restore is not recorded yet. A marker that cannot be read
+/// fails the open: taken for none, the store would open as closed cleanly.
+pub(super) fn restored_from(path: &Path) -> Result<Option<UnixMillis>, StoreError> {
+    let marker = path.join(MARKER);
+    match std::fs::read_to_string(&marker) {
+        Ok(text) => Ok(Some(UnixMillis(text.trim().parse().unwrap_or(0)))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::Io(format!("reading {}: {e}", marker.display()))),
+    }
 }
 
-/// The restore is recorded: the store opens as any other from now on.
+/// The restore is recorded: the store opens as any other from now on. The
+/// dispatcher's note of when it last had produces unanswered
+/// ([`IN_FLIGHT_FILE`]) goes first, if the directory the backup was put
+/// in holds one: it is of another process, and would bound the search.
 pub(super) fn restore_recorded(path: &Path) -> Result<(), StoreError> {
-    let marker = path.join(MARKER);
-    std::fs::remove_file(&marker)
-        .and_then(|()| std::fs::File::open(path)?.sync_all())
-        .map_err(|e| StoreError::Io(format!("removing {}: {e}", marker.display())))
+    let (in_flight, marker) = (path.join(IN_FLIGHT_FILE), path.join(MARKER));
+    let removed = |file: &Path| match std::fs::remove_file(file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(StoreError::Io(format!("removing {}: {e}", file.display())))
+        }
+        _ => Ok(()),
+    };
+    removed(&in_flight)?;
+    removed(&marker)?;
+    std::fs::File::open(path)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| StoreError::Io(format!("syncing {}: {e}", path.display())))
 }

@@ -51,6 +51,7 @@ use rocksdb::DB;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use backup::IN_FLIGHT_FILE;
 pub use bare::BareWrites;
 use claims::Claims;
 pub(crate) use claims::{Floor, Wake};

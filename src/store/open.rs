@@ -76,7 +76,7 @@ impl Store {
             max_round: 4096,
             shard: config.shard,
         };
-        let restored = backup::restored_from(&config.path);
+        let restored = backup::restored_from(&config.path)?;
         let writer = Writer::open(shared, writer_config, rx, SystemClock.now(), restored.is_some())
             .map_err(with_report)?;
         if let Some(taken) = restored {

@@ -735,6 +735,11 @@ async fn marks_rise_with_deliveries_in_order_and_an_unclean_close_leaves_the_unr
     let doubt = store.in_doubt_messages(store.in_doubt_window().expect("not closed cleanly")).await.unwrap();
     assert_eq!(doubt.iter().map(|(_, m)| (m.id.as_str(), m.due.0)).collect::<Vec<_>>(), [("c", 30)]);
     assert_eq!(store.marks_of("t").await.unwrap(), HashMap::from([(0, 6), (1, 3), (2, 7)]), "kept");
+    // Closed again before a search for c began: still in doubt.
+    store.close().await;
+    drop(store);
+    let store = open(dir.path());
+    assert!(store.in_doubt_window().is_some(), "closed before its search began: still in doubt");
     store.close().await;
 }
 

@@ -120,10 +120,14 @@ async fn a_backup_restored_later_loses_nothing_pending_then_and_repeats_nothing_
     let refused = app_admin.backup(request.clone()).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert!(!backup.exists(), "a refused backup writes nothing");
-    let relative = proto::BackupRequest { dir: "backup".into() };
     let (_, mut ops_admin) = clients(&original, OPS).await;
-    let invalid = ops_admin.backup(relative).await.unwrap_err();
-    assert_eq!(invalid.code(), Code::InvalidArgument, "{invalid:?}");
+    let data = dir.path().join("data");
+    for (path, says) in [("backup".into(), "absolute"), (data.join("copy").display().to_string(), "data dir")]
+    {
+        let invalid = ops_admin.backup(proto::BackupRequest { dir: path }).await.unwrap_err();
+        assert_eq!(invalid.code(), Code::InvalidArgument, "{invalid:?}");
+        assert!(invalid.message().contains(says), "{}", invalid.message());
+    }
     // The command line, as an operator runs it, while the server serves.
     let out = Command::new(BIN)
         .args([
@@ -142,6 +146,14 @@ async fn a_backup_restored_later_loses_nothing_pending_then_and_repeats_nothing_
     let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((said["shards"].as_u64(), said["pending"].as_u64()), (Some(2), Some(20)), "{said}");
     assert!(backup.join("shard-0/CURRENT").exists() && backup.join("shard-1/CURRENT").exists());
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the server's user alone reads a backup");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(
+        left.iter().all(|n| !n.to_string_lossy().contains("partial")),
+        "nothing half made is left: {left:?}"
+    );
     let again = ops_admin.backup(request).await.unwrap_err();
     assert_eq!(again.code(), Code::InvalidArgument, "an existing directory is refused: {again:?}");
 
@@ -187,4 +199,22 @@ async fn a_cluster_refuses_a_backup_and_says_what_to_keep() {
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
     assert!(refused.message().contains("log topic"), "{}", refused.message());
     nodes[0].stop().unwrap();
+}
+
+/// A call that writes where it is told is not for a server that checks no
+/// tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_tokens_refuses_a_backup() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server =
+        ServerProcess::start(&dir.path().join("data"), broker.addr(), Durability::Sync).await.unwrap();
+    let channel = Channel::from_shared(format!("http://{}", server.grpc)).unwrap().connect().await.unwrap();
+    let backup = dir.path().join("backup");
+    let request = proto::BackupRequest { dir: backup.display().to_string() };
+    let refused = AdminClient::new(channel).backup(request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("--auth-tokens"), "{}", refused.message());
+    assert!(!backup.exists());
+    server.stop().unwrap();
 }

@@ -199,31 +199,28 @@ fn every_base_runs_a_valid_server_probed_fenced_and_sized_as_documented() {
                 if config.cluster {
                     let addr =
                         config.advertise_addr.as_deref().expect("a node says where its peers reach it");
-                    match set["kind"].as_str() {
-                        Some("StatefulSet") => {
-                            let service = set["spec"]["serviceName"].as_str().unwrap();
-                            assert!(
-                                addr.contains(&format!("orders-0.{service}.default.svc")),
-                                "{what}: a pod is reached at its own name under the headless Service: {addr}"
-                            );
-                            let peers = of_kind("Service")
-                                .find(|d| d["metadata"]["name"] == service)
-                                .expect("the StatefulSet's Service");
-                            assert_eq!(peers["spec"]["clusterIP"], "None", "{what}: peers find pods by name");
-                            assert_eq!(
-                                peers["spec"]["publishNotReadyAddresses"], true,
-                                "{what}: a pod is reached as soon as it owns shards"
-                            );
-                        }
-                        _ => {
-                            assert!(
-                                addr.contains("10.1.2.3"),
-                                "{what}: a pod is reached at its own address: {addr}"
-                            );
-                            let ip = c["env"].as_array().unwrap().iter().find(|v| v["name"] == "POD_IP");
-                            assert_eq!(ip.unwrap()["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
-                        }
-                    }
+                    // Each pod is reached at its own name under a headless
+                    // Service: the StatefulSet's, or the pods' subdomain.
+                    let service = set["spec"]["serviceName"]
+                        .as_str()
+                        .or_else(|| pod["subdomain"].as_str())
+                        .unwrap_or_else(|| panic!("{what}: pods named under a Service"));
+                    assert!(
+                        addr.contains(&format!("orders-0.{service}.default.svc")),
+                        "{what}: a pod is reached at its own name under the headless Service: {addr}"
+                    );
+                    let peers = of_kind("Service")
+                        .find(|d| d["metadata"]["name"] == service)
+                        .expect("the pods' Service");
+                    assert_eq!(peers["spec"]["clusterIP"], "None", "{what}: peers find pods by name");
+                    assert_eq!(
+                        peers["spec"]["publishNotReadyAddresses"], true,
+                        "{what}: a pod is reached as soon as it owns shards"
+                    );
+                    assert!(
+                        selects(&peers["spec"]["selector"], pod_labels),
+                        "{what}: the Service names these pods"
+                    );
                 }
 
                 // The tokens file from a Secret mounted as a directory: the
@@ -243,8 +240,13 @@ fn every_base_runs_a_valid_server_probed_fenced_and_sized_as_documented() {
 
                 // Probes run `hourglass health` against the port it serves on.
                 let grpc_port = port_of(flag(&args, "--listen").expect("--listen"));
+                // Beside an application, readiness asks for liveness: a
+                // sidecar at its cap would take the application's pods out
+                // of its Service.
+                let sidecar = pod["containers"].as_array().unwrap().len() > 1;
+                let ready = if sidecar { "liveness" } else { "" };
                 for (probe, service) in
-                    [("readinessProbe", ""), ("livenessProbe", "liveness"), ("startupProbe", "liveness")]
+                    [("readinessProbe", ready), ("livenessProbe", "liveness"), ("startupProbe", "liveness")]
                 {
                     let command = strings(&c[probe]["exec"]["command"]);
                     assert_eq!(

@@ -534,7 +534,13 @@ impl Inner {
         };
         let started = Instant::now();
         if !applier::taking_applied_to(shard, &view.applied, end, cancel).await {
-            return abandon(view, Ok(None)).await;
+            // The copy stopped (a record it cannot read, damage): the take
+            // fails, saying why, and is tried again; else it was called off.
+            let outcome = match view.stopped() {
+                Some(why) => Err(StoreError::LogUnavailable(why)),
+                None => Ok(None),
+            };
+            return abandon(view, outcome).await;
         }
         if from < end {
             tracing::info!(shard, from, end, elapsed = ?started.elapsed(), "applied the schedule log");

@@ -224,12 +224,12 @@ impl Writer {
     }
 
     /// Records a clean close when nothing was left in doubt, then syncs. A
-    /// search beside the dispatcher for what an earlier unclean stop left
-    /// in doubt that has not ended leaves it in doubt still: the next open
-    /// searches again.
+    /// search for what an earlier unclean stop (or the backup it was
+    /// restored from) left in doubt that has not ended, or not begun,
+    /// leaves it in doubt still: the next open searches again.
     fn close_cleanly(&mut self) {
         let db = Arc::clone(&self.shared.db);
-        if self.in_doubt.is_some() && self.marks.held.is_some() {
+        if self.in_doubt.is_some() {
             tracing::warn!(
                 "closed before the search for what the last unclean stop left in doubt ended: it runs \
                  again after the restart"

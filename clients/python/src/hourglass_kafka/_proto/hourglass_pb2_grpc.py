@@ -1054,9 +1054,11 @@ class AdminServicer:
         pending in the copy and due by the restart are searched for on their
         topics before any is produced, as after a crash, so one delivered
         since the copy is not sent again; messages scheduled, cancelled or
-        rescheduled since are not in it. A cluster refuses (its stores are
-        copies of the schedule log: keep the log topic instead). Needs an
-        `admin = "all"` token when tokens are on.
+        rescheduled since are as the copy has them (docs/OPERATIONS.md,
+        "Backup and restore", says what that means for series and ingress).
+        The directory must lie outside the data dir. A cluster refuses (its
+        stores are copies of the schedule log: keep the log topic instead).
+        Needs an `admin = "all"` token; a server without tokens refuses.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
