@@ -506,10 +506,18 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         phase("drain: all due in the same millisecond");
         let delivered = server.metric("hourglass_messages_delivered_total").await?;
         let t0 = now_ms() + lead_time(sc.drain);
+        let disk_before = dir_bytes(&data);
         load::stream(std::slice::from_ref(&server), &w, sc.drain, s.streams, Arc::new(move |_| t0), false)
             .await?;
         check_lead("drain", t0, &mut report);
         let (elapsed, peak) = drain(&server, t0, delivered + sc.drain as f64).await?;
+        // What the store keeps of each once delivered (for --retention):
+        // the data dir's growth over the drain's messages, write-ahead log
+        // included, once the last settles are written. (Per parked message
+        // at rest: the footprint's disk over its backlog.)
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let kept = dir_bytes(&data).saturating_sub(disk_before) as f64 / sc.drain as f64;
+        report.add("drain: disk per delivered message kept for retention", kept, "bytes", None, &[]);
         report.add(
             "drain",
             sc.drain as f64 / elapsed.as_secs_f64(),
@@ -680,12 +688,20 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
                 &[],
             );
         }
+        let disk = dir_bytes(&data);
         report.add(
             format!("{name}: disk"),
-            dir_bytes(&data) as f64 / (1 << 20) as f64,
+            disk as f64 / (1 << 20) as f64,
             "MiB",
             None,
             &[Target::AtMost(4096.0 * pending as f64 / 10_000_000.0)],
+        );
+        report.add(
+            format!("{name}: disk per parked message (with what earlier phases delivered)"),
+            disk as f64 / pending.max(1) as f64,
+            "bytes",
+            None,
+            &[],
         );
         for (how, crash) in [("SIGTERM", false), ("SIGKILL", true)] {
             phase(&format!("footprint: restart after {how}"));
