@@ -34,41 +34,52 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 impl Node {
     /// Writes a backup of every shard to `dir`, a new directory whose
-    /// parent exists, outside `data_dir`, taken at `now`.
+    /// parent exists, outside `data_dir`, taken at `now`. The work goes on
+    /// to its end, and cleans up after itself, if the caller goes away.
     pub async fn back_up(&self, dir: &Path, data_dir: &Path, now: UnixMillis) -> Result<Backup, Error> {
-        let _one = ONE_AT_A_TIME.lock().await;
+        let one = ONE_AT_A_TIME.lock().await;
         let (parent, name) = where_to(dir, data_dir)?;
-        let io = |what: &str, path: &Path, e: std::io::Error| {
-            Error::Store(StoreError::Io(format!("{what} {}: {e}", path.display())))
-        };
-        let staging = parent.join(format!(".{name}.partial-{}-{}", std::process::id(), now.0));
-        std::fs::DirBuilder::new().mode(0o700).create(&staging).map_err(|e| io("creating", &staging, e))?;
-        let made = self.checkpoint_in(&staging, now).await;
-        let placed = made.and_then(|(root, shards, pending)| {
-            std::fs::rename(&root, dir).map_err(|e| io("moving the backup to", dir, e))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .and_then(|()| std::fs::File::open(&parent)?.sync_all())
-                .map_err(|e| io("syncing", &parent, e))?;
-            Ok((shards, pending))
+        let (readers, shards) = (self.readers(), self.shards.count() as u32);
+        let work = tokio::spawn(async move {
+            let _one = one;
+            let staging = parent.join(format!(".{name}.partial-{}-{}", std::process::id(), now.0));
+            let made = make(&staging, &parent.join(&name), readers, shards, now).await;
+            // Empty once renamed (one shard), or what a failure left.
+            let _ = std::fs::remove_dir_all(&staging);
+            made.map(|pending| Backup { dir: parent.join(&name), shards, pending, taken_at: now })
         });
-        // Empty once renamed (one shard), or what a failure left.
-        let _ = std::fs::remove_dir_all(&staging);
-        let (shards, pending) = placed?;
-        Ok(Backup { dir: dir.to_owned(), shards, pending, taken_at: now })
+        work.await.map_err(|e| Error::Store(StoreError::Io(format!("the backup's task: {e}"))))?
     }
+}
 
-    /// Every shard's store checkpointed in `staging`: its root (the store
-    /// itself with one shard), the shard count and the messages pending.
-    async fn checkpoint_in(&self, staging: &Path, now: UnixMillis) -> Result<(PathBuf, u32, u64), Error> {
-        let shards = self.shards.count() as u32;
-        let root = if shards == 1 { staging.join("store") } else { staging.to_owned() };
-        let mut pending = 0;
-        for (shard, reader) in self.readers() {
-            let to = if shards == 1 { root.clone() } else { super::shard_dir(&root, shard) };
-            pending += reader.back_up(to, now).await?;
-        }
-        Ok((root, shards, pending))
+/// Checkpoints every store in `staging` (readable by this user alone), then
+/// renames it (with one shard, its store) to `to`. Returns the messages
+/// pending in it.
+async fn make(
+    staging: &Path,
+    to: &Path,
+    readers: Vec<(u32, crate::store::Reader)>,
+    shards: u32,
+    now: UnixMillis,
+) -> Result<u64, Error> {
+    let io = |what: &str, path: &Path, e: std::io::Error| {
+        Error::Store(StoreError::Io(format!("{what} {}: {e}", path.display())))
+    };
+    std::fs::DirBuilder::new().mode(0o700).create(staging).map_err(|e| io("creating", staging, e))?;
+    let root = if shards == 1 { staging.join("store") } else { staging.to_owned() };
+    let mut pending = 0;
+    for (shard, reader) in readers {
+        let into = if shards == 1 { root.clone() } else { super::shard_dir(&root, shard) };
+        pending += reader.back_up(into, now).await?;
     }
+    let sync =
+        |dir: &Path| std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing", dir, e));
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| io("restricting", &root, e))?;
+    sync(&root)?;
+    std::fs::rename(&root, to).map_err(|e| io("moving the backup to", to, e))?;
+    sync(to.parent().unwrap_or(Path::new("/")))?;
+    Ok(pending)
 }
 
 /// `dir`'s parent and name, if it may be a backup's: an absolute path that

@@ -74,8 +74,7 @@ impl Connect {
         let http1 = parts.version < http::Version::HTTP_2;
         let asked = match self.check(&parts) {
             Ok(asked) => asked,
-            Err(refusal) if http1 => return drained(body, refusal.into_response(&self.pool)).await,
-            Err(refusal) => return refusal.into_response(&self.pool),
+            Err(refusal) => return drained(body, refusal.into_response(&self.pool), http1).await,
         };
         let (body, held) = match self.read(body).await {
             Ok(read) => read,
@@ -249,12 +248,13 @@ pub(super) fn closing(mut response: Response<Body>) -> Response<Body> {
     response
 }
 
-/// A refusal of an HTTP/1.1 request made on its head alone. An answer
-/// sent with the body unread would close the connection under a client
-/// still sending it (a reset, not the answer, is what it would see), so a
-/// small body is read and dropped first; a larger or slower one gets the
-/// answer with `Connection: close`.
-pub(super) async fn drained(mut body: Body, response: Response<Body>) -> Response<Body> {
+/// A refusal of a request made on its head alone. An answer sent with the
+/// body unread ends the request under a client still sending it: over
+/// HTTP/1.1 the connection closes, over HTTP/2 the stream is reset, and
+/// the client may see the reset rather than the answer. So a small body is
+/// read and dropped first; a larger or slower one gets the answer at once
+/// (over HTTP/1.1 with `Connection: close`).
+pub(super) async fn drained(mut body: Body, response: Response<Body>, http1: bool) -> Response<Body> {
     let drain = async {
         let mut seen = 0;
         while let Some(frame) = body.frame().await {
@@ -268,7 +268,8 @@ pub(super) async fn drained(mut body: Body, response: Response<Body>) -> Respons
     };
     match tokio::time::timeout(DRAIN_WITHIN, drain).await {
         Ok(true) => response,
-        _ => closing(response),
+        _ if http1 => closing(response),
+        _ => response,
     }
 }
 

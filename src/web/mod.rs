@@ -123,7 +123,8 @@ where
                     // it. A refusal here says so.
                     let (parts, body) = request.into_parts();
                     if let Err(refusal) = connect.admit(&parts) {
-                        return Ok(connect::drained(body, refusal.into_grpc_web()).await);
+                        let http1 = parts.version < http::Version::HTTP_2;
+                        return Ok(connect::drained(body, refusal.into_grpc_web(), http1).await);
                     }
                     let body = match connect.read(body).await {
                         // The services take the bytes from the budget

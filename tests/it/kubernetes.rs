@@ -199,28 +199,34 @@ fn every_base_runs_a_valid_server_probed_fenced_and_sized_as_documented() {
                 if config.cluster {
                     let addr =
                         config.advertise_addr.as_deref().expect("a node says where its peers reach it");
-                    // Each pod is reached at its own name under a headless
-                    // Service: the StatefulSet's, or the pods' subdomain.
-                    let service = set["spec"]["serviceName"]
-                        .as_str()
-                        .or_else(|| pod["subdomain"].as_str())
-                        .unwrap_or_else(|| panic!("{what}: pods named under a Service"));
-                    assert!(
-                        addr.contains(&format!("orders-0.{service}.default.svc")),
-                        "{what}: a pod is reached at its own name under the headless Service: {addr}"
-                    );
-                    let peers = of_kind("Service")
-                        .find(|d| d["metadata"]["name"] == service)
-                        .expect("the pods' Service");
-                    assert_eq!(peers["spec"]["clusterIP"], "None", "{what}: peers find pods by name");
-                    assert_eq!(
-                        peers["spec"]["publishNotReadyAddresses"], true,
-                        "{what}: a pod is reached as soon as it owns shards"
-                    );
-                    assert!(
-                        selects(&peers["spec"]["selector"], pod_labels),
-                        "{what}: the Service names these pods"
-                    );
+                    match set["spec"]["serviceName"].as_str() {
+                        // A StatefulSet's pods have names under its headless
+                        // Service.
+                        Some(service) => {
+                            assert!(
+                                addr.contains(&format!("orders-0.{service}.default.svc")),
+                                "{what}: a pod is reached at its own name under the headless Service: {addr}"
+                            );
+                            let peers = of_kind("Service")
+                                .find(|d| d["metadata"]["name"] == service)
+                                .expect("the StatefulSet's Service");
+                            assert_eq!(peers["spec"]["clusterIP"], "None", "{what}: peers find pods by name");
+                            assert_eq!(
+                                peers["spec"]["publishNotReadyAddresses"], true,
+                                "{what}: a pod is reached as soon as it owns shards"
+                            );
+                        }
+                        // A Deployment's have none (a subdomain without a
+                        // hostname makes no record per pod): their IPs.
+                        None => {
+                            assert!(
+                                addr.contains("10.1.2.3"),
+                                "{what}: a pod is reached at its own IP: {addr}"
+                            );
+                            let ip = c["env"].as_array().unwrap().iter().find(|v| v["name"] == "POD_IP");
+                            assert_eq!(ip.unwrap()["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+                        }
+                    }
                 }
 
                 // The tokens file from a Secret mounted as a directory: the

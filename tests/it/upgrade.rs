@@ -207,8 +207,9 @@ fn previous_release() -> std::path::PathBuf {
     let previous = target.join("previous-release/hourglass-0.2.0");
     assert!(
         previous.exists(),
-        "{} is missing: run bash tests/fixtures/previous-release.sh (bash .ci/test does)",
-        previous.display()
+        "{} is missing: run CARGO_TARGET_DIR={} bash tests/fixtures/previous-release.sh (bash .ci/test does)",
+        previous.display(),
+        target.display()
     );
     previous
 }

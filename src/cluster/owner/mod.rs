@@ -74,6 +74,14 @@ const MOVE_WAIT: Duration = Duration::from_secs(5);
 const LET_GO_WAIT: Duration = Duration::from_secs(10);
 /// How long a failed take waits before it tries again.
 const RETAKE_AFTER: Duration = Duration::from_secs(5);
+
+/// How long a take that failed `failed` times in a row waits before the
+/// next: [`RETAKE_AFTER`], twice as long after each further failure, at
+/// most 5 minutes (a copy that stops at a record this build cannot read
+/// stops there every time).
+fn retake_after(failed: u32) -> Duration {
+    RETAKE_AFTER.saturating_mul(1 << failed.saturating_sub(1).min(6)).min(Duration::from_secs(300))
+}
 /// How often the health of the owned shards is looked at.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 
@@ -425,6 +433,7 @@ impl Inner {
         if standby.is_some() {
             metrics::STANDBYS.dec();
         }
+        let mut failed = 0u32;
         loop {
             let opened = self.open(shard, standby.take(), &cancel).await;
             slot.committed.store(false, Ordering::Release);
@@ -451,14 +460,16 @@ impl Inner {
                     break;
                 }
                 Err(e) => {
-                    tracing::error!(shard, error = %e, "taking a shard failed; trying again shortly");
+                    failed = failed.saturating_add(1);
+                    let again = retake_after(failed);
+                    tracing::error!(shard, error = %e, again_in = ?again, "taking a shard failed");
                     self.moved(shard, "take failed");
                     self.failures().insert(shard, format!("taking shard {shard} failed: {e}"));
                 }
             }
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(RETAKE_AFTER) => {}
+                _ = tokio::time::sleep(retake_after(failed)) => {}
             }
         }
         self.failures().remove(&shard);

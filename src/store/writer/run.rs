@@ -226,10 +226,14 @@ impl Writer {
     /// Records a clean close when nothing was left in doubt, then syncs. A
     /// search for what an earlier unclean stop (or the backup it was
     /// restored from) left in doubt that has not ended, or not begun,
-    /// leaves it in doubt still: the next open searches again.
+    /// leaves it in doubt still: the next open searches again. (A cluster's
+    /// copy of a shard keeps no doubt of its own across a close: whoever
+    /// takes the shard searches for what its last owner left, whatever the
+    /// copy says.)
     fn close_cleanly(&mut self) {
         let db = Arc::clone(&self.shared.db);
-        if self.in_doubt.is_some() {
+        let copy_of_log = self.config.durability == Durability::Replayed;
+        if self.in_doubt.is_some() && (self.marks.held.is_some() || !copy_of_log) {
             tracing::warn!(
                 "closed before the search for what the last unclean stop left in doubt ended: it runs \
                  again after the restart"
