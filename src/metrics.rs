@@ -246,6 +246,13 @@ pub static LOG_UNREADABLE: LazyLock<IntCounter> = LazyLock::new(|| {
          later, and stops at the same record.",
     )
 });
+pub static DELIVERED_BODIES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "hourglass_delivered_bodies_dropped_total",
+        "Delivered messages whose key, value and headers the store dropped once their delivery was on disk \
+         (none with --keep-delivered-bodies).",
+    )
+});
 pub static FORWARD_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "hourglass_cluster_forward_refused_total",
@@ -673,6 +680,7 @@ pub fn init() {
     LazyLock::force(&STALE_COPIES);
     LazyLock::force(&STANDBYS_STOPPED);
     LazyLock::force(&LOG_UNREADABLE);
+    LazyLock::force(&DELIVERED_BODIES_DROPPED);
     LazyLock::force(&BUILD_INFO);
 }
 

@@ -146,12 +146,13 @@ async fn probe_while_failing(store: Store, stop: CancellationToken) {
     }
 }
 
-/// Purges settled messages past retention, compacts the settled head of the
-/// due CF, updates the store gauges and returns freed heap to the kernel.
-/// A store that took no write for a whole round is at rest: its memtables
-/// are written out once and its block cache shrinks to what stays pinned,
-/// so that a quiet backlog costs no write buffers and no cached blocks;
-/// the next round that finds a write gives the cache its size back.
+/// Purges settled messages past retention, drops the bodies of delivered
+/// ones, compacts the settled head of the due CF, updates the store gauges
+/// and returns freed heap to the kernel. A store that took no write for a
+/// whole round is at rest: its memtables are written out once, what was
+/// delivered sheds its bodies, and its block cache shrinks to what stays
+/// pinned, so that a quiet backlog costs no write buffers and no cached
+/// blocks; the next round that finds a write gives the cache its size back.
 async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every: Duration) {
     const COMPACT_EVERY: u32 = 20;
     let Purge { store, stop, .. } = &purge;
@@ -163,6 +164,7 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
         if let Err(e) = purge.run(before).await {
             tracing::warn!(error = %e, "purging settled messages failed");
         }
+        shed(store, false);
         rounds += 1;
         if rounds % COMPACT_EVERY == 0 {
             // Below this lie delivered entries kept until retention and
@@ -189,6 +191,7 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
             if let Err(e) = store.rest().await {
                 tracing::warn!(error = %e, "writing out the memtables of a store at rest failed");
             }
+            shed(store, true);
         }
         // Read after the memtables of a store at rest are written out.
         match store.reader().memory().await {
@@ -207,6 +210,18 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
             _ = tokio::time::sleep(every) => {}
         }
     }
+}
+
+/// Drops the bodies of delivered messages if a pass is due, or `now`, on
+/// its own: on a busy machine its compaction can take minutes, and the
+/// upkeep goes on meanwhile.
+fn shed(store: &Store, now: bool) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        if let Err(e) = store.shed_delivered(now).await {
+            tracing::warn!(error = %e, "dropping the bodies of delivered messages failed");
+        }
+    });
 }
 
 /// The upkeep's retention: the store, what forgets, and the shard's stop.

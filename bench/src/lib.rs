@@ -505,17 +505,45 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         // 3. Drain.
         phase("drain: all due in the same millisecond");
         let delivered = server.metric("hourglass_messages_delivered_total").await?;
-        let t0 = now_ms() + lead_time(sc.drain);
+        let dropped = server.metric(DROPPED).await?;
+        // The disk at rest (memtables written out, the write-ahead log
+        // gone), before and after, for what the drain's messages keep.
+        tokio::time::sleep(AT_REST).await;
         let disk_before = dir_bytes(&data);
+        let t0 = now_ms() + lead_time(sc.drain);
         load::stream(std::slice::from_ref(&server), &w, sc.drain, s.streams, Arc::new(move |_| t0), false)
             .await?;
         check_lead("drain", t0, &mut report);
         let (elapsed, peak) = drain(&server, t0, delivered + sc.drain as f64).await?;
         // What the store keeps of each once delivered (for --retention):
-        // the data dir's growth over the drain's messages, write-ahead log
-        // included, once the last settles are written. (Per parked message
-        // at rest: the footprint's disk over its backlog.)
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // the data dir's growth over the drain's messages, at rest, once
+        // their bodies are dropped (a pass starts once 64 MiB were
+        // delivered). (Per parked message at rest: the footprint's disk
+        // over its backlog.)
+        if sc.drain >= SHED_AT_ONCE {
+            let started = Instant::now();
+            let target = dropped + sc.drain as f64;
+            match server.wait_metric(DROPPED, target, Duration::from_secs(120)).await {
+                Ok(_) => report.add(
+                    "drain: bodies dropped after delivery, within",
+                    started.elapsed().as_secs_f64(),
+                    "s",
+                    None,
+                    &[],
+                ),
+                Err(_) => report.note(format!(
+                    "drain: {} of the {} messages' bodies dropped within 120 s",
+                    server.metric(DROPPED).await? - dropped,
+                    sc.drain
+                )),
+            }
+        } else {
+            report.note(format!(
+                "drain: {} messages are too few for their bodies to be dropped at once (they are within 5 min)",
+                sc.drain
+            ));
+        }
+        tokio::time::sleep(AT_REST).await;
         let kept = dir_bytes(&data).saturating_sub(disk_before) as f64 / sc.drain as f64;
         report.add("drain: disk per delivered message kept for retention", kept, "bytes", None, &[]);
         report.add(
@@ -661,7 +689,7 @@ pub async fn run(s: Settings) -> anyhow::Result<Report> {
         let pending = server.metric("hourglass_messages_pending").await? as u64;
         // At rest: the server's upkeep (every 10 s) finds a store that took no
         // write for one of its rounds at rest; give it two.
-        tokio::time::sleep(Duration::from_secs(22)).await;
+        tokio::time::sleep(AT_REST).await;
         let name = format!("footprint: {pending} parked");
         report.add(
             format!("{name}: memory at rest"),
@@ -968,6 +996,17 @@ fn check_lead(phase: &str, due_ms: u64, report: &mut Report) {
 fn lead_time(messages: usize) -> u64 {
     2_000 + messages as u64 / 40
 }
+
+/// Long enough for a store that takes no more writes to be at rest: a
+/// whole upkeep round (10 s) without a write, and the next.
+const AT_REST: Duration = Duration::from_secs(22);
+
+/// Delivered messages whose bodies the server dropped.
+const DROPPED: &str = "hourglass_delivered_bodies_dropped_total";
+
+/// Messages drained at once that make the 64 MiB that start a pass of the
+/// store's at once (about 300 bytes each); fewer are shed within 5 min.
+const SHED_AT_ONCE: usize = 250_000;
 
 /// Waits for `target` deliveries; returns the time from `due_ms` until the
 /// last was acknowledged, and the server's peak memory meanwhile.

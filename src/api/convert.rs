@@ -231,6 +231,7 @@ impl From<ScheduledMessage> for proto::GetResponse {
             // 0: a refused Kafka-native record that said no due time.
             deliver_at: (m.due != UnixMillis(0)).then(|| timestamp(m.due)),
             scheduled_at: Some(timestamp(m.scheduled_at)),
+            body_dropped: m.body_dropped,
             ..Default::default()
         };
         let state = match m.state {

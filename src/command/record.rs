@@ -45,6 +45,11 @@ pub struct MessageRecord {
     /// Its own dead-letter topic, if it names one.
     #[prost(string, optional, tag = "14")]
     pub dead_letter_topic: Option<String>,
+    /// Set when the message was delivered and its key, value and headers
+    /// were dropped afterwards: the SHA-256 of the request's content, so
+    /// that a retried request is still told from a different one.
+    #[prost(bytes = "vec", optional, tag = "15")]
+    pub digest: Option<Vec<u8>>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

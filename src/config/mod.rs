@@ -212,6 +212,11 @@ settings! {
             /// How long delivered, cancelled and failed messages stay
             /// queryable (and their ids remembered).
             retention: HumanDuration = "7days", "HOURGLASS_RETENTION";
+            /// Keep a delivered message's key, value and headers until
+            /// retention ends. By default they are dropped once its delivery
+            /// is on disk (within minutes): Get then answers with
+            /// body_dropped, and a retried Schedule is still recognised.
+            keep_delivered_bodies: bool = "false", "HOURGLASS_KEEP_DELIVERED_BODIES";
             /// Latest due time accepted, counted from now.
             max_delay: HumanDuration = "1098days", "HOURGLASS_MAX_DELAY";
             /// Largest message (key + value + headers) in bytes.

@@ -301,6 +301,13 @@ pub(super) async fn message(
     out.push_str("</dl>");
     actions(&mut out, (tenant, &m.id), st, csrf);
     out.push_str("<h2>Record</h2>");
+    if m.body_dropped {
+        out.push_str(
+            "<p id=\"body-dropped\">Delivered: its key, value and headers were not kept once the delivery was \
+             on disk (the server keeps them with <code>--keep-delivered-bodies</code>).</p>",
+        );
+        return out;
+    }
     if let Some(key) = &record.key {
         out.push_str("<h3>Key</h3>");
         shown(&mut out, "key", key, hex_view);

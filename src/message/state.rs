@@ -132,6 +132,8 @@ pub struct ScheduledMessage {
     pub due: UnixMillis,
     pub scheduled_at: UnixMillis,
     pub state: State,
+    /// Delivered, and its key, value and headers were not kept.
+    pub body_dropped: bool,
 }
 
 /// What a schedule with an id that is taken does.

@@ -206,6 +206,7 @@ pub fn shard(config: &Config) -> ShardConfig {
     store.durability = config.durability;
     store.max_pending = (config.max_pending > 0).then_some(config.max_pending);
     store.verify_on_open = config.verify_on_start;
+    store.keep_delivered_bodies = config.keep_delivered_bodies;
     ShardConfig {
         store,
         dispatcher: DispatcherConfig {

@@ -35,6 +35,7 @@ mod runs;
 mod scan;
 mod schema;
 mod series;
+mod shed;
 mod verify;
 mod view;
 mod writer;
@@ -91,6 +92,8 @@ struct Inner {
     purge: PurgeCursors,
     /// The dispatch policies, as of the last commit that changed them.
     policies: Arc<watch::Sender<Arc<crate::policy::Table>>>,
+    /// What delivered messages shed, and below where.
+    shed: shed::Shed,
 }
 
 /// The block cache the store's column families share, and its size while

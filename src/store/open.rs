@@ -20,7 +20,9 @@ use super::{
     claims::{Claims, Wake},
     health::HealthBoard,
     options::open_db_with_cache,
-    schema, verify,
+    schema,
+    shed::Shed,
+    verify,
     writer::{Op, Shared, Writer, WriterConfig},
 };
 use crate::{
@@ -41,7 +43,8 @@ impl Store {
         };
         std::fs::create_dir_all(&config.path)
             .map_err(|e| StoreError::Io(format!("creating {}: {e}", config.path.display())))?;
-        let (db, cache) = open_db_with_cache(config).map_err(with_report)?;
+        let shed = Shed::new(config.keep_delivered_bodies, config.durability);
+        let (db, cache) = open_db_with_cache(config, shed.filters()).map_err(with_report)?;
         let db = Arc::new(db);
         let metrics = ShardMetrics::of(config.shard.shard);
         let (ops, rx) = mpsc::channel(16 * 1024);
@@ -75,6 +78,7 @@ impl Store {
             max_pending: config.max_pending,
             max_round: 4096,
             shard: config.shard,
+            keep_delivered_bodies: config.keep_delivered_bodies,
         };
         let restored = backup::restored_from(&config.path)?;
         let writer = Writer::open(shared, writer_config, rx, SystemClock.now(), restored.is_some())
@@ -146,6 +150,7 @@ impl Store {
                     chunks: Mutex::default(),
                 },
                 policies,
+                shed,
             }),
         };
         if config.verify_on_open && !verify::verified(&config.path) {
@@ -194,6 +199,7 @@ impl Store {
                 let _ = verifier.join();
             }
             store.inner.db.cancel_all_background_work(true);
+            store.inner.shed.wait_idle();
         })
         .await;
     }

@@ -140,6 +140,9 @@ pub struct StoreConfig {
     /// Which of its node's shards this store is (the `shard` label of its
     /// metrics), and of how many: recorded at its first open.
     pub shard: ShardOf,
+    /// Keep the key, value and headers of a delivered message until
+    /// retention ends, rather than drop them once the delivery is on disk.
+    pub keep_delivered_bodies: bool,
 }
 
 /// Which shard of how many a store is.
@@ -170,6 +173,7 @@ impl StoreConfig {
             max_pending: None,
             verify_on_open: true,
             shard: ShardOf::ALONE,
+            keep_delivered_bodies: false,
         }
     }
 }
@@ -178,11 +182,15 @@ impl StoreConfig {
 /// checks), with no writer: for the store itself, and for tools that
 /// measure what RocksDB does with hourglass's options.
 pub fn open_db(config: &StoreConfig) -> Result<DB, StoreError> {
-    open_db_with_cache(config).map(|(db, _)| db)
+    open_db_with_cache(config, None).map(|(db, _)| db)
 }
 
-/// [`open_db`], with the block cache its column families share.
-pub(crate) fn open_db_with_cache(config: &StoreConfig) -> Result<(DB, Cache), StoreError> {
+/// [`open_db`], with the block cache its column families share, and what
+/// filters compactions of the due CF.
+pub(crate) fn open_db_with_cache(
+    config: &StoreConfig,
+    shed: Option<super::shed::Filters>,
+) -> Result<(DB, Cache), StoreError> {
     let cache = Cache::new_lru_cache(config.cache_bytes);
     let table = |bloom: bool| {
         let mut t = BlockBasedOptions::default();
@@ -235,6 +243,9 @@ pub(crate) fn open_db_with_cache(config: &StoreConfig) -> Result<(DB, Cache), St
     // The due CF is a queue: its head fills with tombstones. Compact files
     // dense with deletions so later seeks do not wade through them.
     due.add_compact_on_deletion_collector_factory(64 * 1024, 16 * 1024, 0.5);
+    if let Some(shed) = shed {
+        due.set_compaction_filter_factory(shed);
+    }
     let mut messages = Options::default();
     messages.set_block_based_table_factory(&table(true));
     messages.add_compact_on_deletion_collector_factory(64 * 1024, 16 * 1024, 0.5);

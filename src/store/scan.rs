@@ -400,6 +400,16 @@ impl Store {
             } else {
                 read.expect("every entry read")
             };
+            // A message whose body was dropped as delivered would go out
+            // empty: its store is damaged, and stops.
+            let read = read.and_then(|found| match found {
+                Some((record, _)) if record.body_dropped() => Err(StoreError::Corrupt(format!(
+                    "the due entry {key:?} of {} is pending, but its key, value and headers were dropped as \
+                     delivered",
+                    id.qualified()
+                ))),
+                other => Ok(other),
+            });
             match read {
                 Ok(Some((record, tries))) => batch.ready.push(Ready {
                     id,

@@ -14,6 +14,7 @@ mod expire;
 mod forecast;
 mod policy;
 mod replace;
+mod shed;
 
 fn open(dir: &Path) -> Store {
     let mut config = StoreConfig::new(dir);

@@ -39,6 +39,7 @@ impl MessageRecord {
             entry_at_ms: None,
             max_lateness_ms: envelope.max_lateness.map(duration_ms),
             dead_letter_topic: envelope.dead_letter_topic.clone(),
+            digest: None,
         }
     }
 
@@ -69,6 +70,10 @@ impl MessageRecord {
     /// Whether `envelope` + `requested` is the request that created this
     /// record (an idempotent retry) rather than a different one.
     pub fn is_same_request(&self, envelope: &Envelope, requested: DueSpec) -> bool {
+        if let Some(digest) = &self.digest {
+            let asked = MessageRecord::new(envelope.clone(), requested, UnixMillis(0), 0, UnixMillis(0));
+            return asked.content_digest()[..] == digest[..];
+        }
         requested.stored() == (self.requested_at_ms, self.requested_delay_ms)
             && self.topic == envelope.topic
             && self.key == envelope.key
@@ -86,6 +91,47 @@ impl MessageRecord {
                 .eq(envelope.headers.iter().filter(|h| !is_trace_header(&h.key)).map(|h| (&h.key, &h.value)))
             && self.labels.len() == envelope.labels.iter().count()
             && self.labels.iter().zip(envelope.labels.iter()).all(|(a, (k, v))| a.key == k && a.value == v)
+    }
+}
+
+impl MessageRecord {
+    /// The SHA-256 of what [`MessageRecord::is_same_request`] compares: the
+    /// request's content, trace headers left out.
+    pub(super) fn content_digest(&self) -> [u8; 32] {
+        use prost::Message as _;
+        use sha2::Digest as _;
+        let content = MessageRecord {
+            topic: self.topic.clone(),
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers: self.headers.iter().filter(|h| !is_trace_header(&h.key)).cloned().collect(),
+            partition: self.partition,
+            requested_at_ms: self.requested_at_ms,
+            requested_delay_ms: self.requested_delay_ms,
+            labels: self.labels.clone(),
+            max_lateness_ms: self.max_lateness_ms,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            ..MessageRecord::default()
+        };
+        sha2::Sha256::digest(content.encode_to_vec()).into()
+    }
+
+    /// Drops the message's key, value and headers, and keeps the digest of
+    /// its content instead: once its delivery is recorded. Counted.
+    pub(super) fn shed(&mut self) {
+        if self.digest.is_none() {
+            self.digest = Some(self.content_digest().to_vec());
+            self.key = None;
+            self.value = Vec::new();
+            self.headers = Vec::new();
+            crate::metrics::DELIVERED_BODIES_DROPPED.inc();
+        }
+    }
+
+    /// Whether the message's key, value and headers were dropped after its
+    /// delivery.
+    pub fn body_dropped(&self) -> bool {
+        self.digest.is_some()
     }
 }
 
@@ -176,6 +222,7 @@ pub(super) fn scheduled_message(
         due: record.due(),
         scheduled_at: UnixMillis(record.scheduled_at_ms),
         state: state_of(settlement),
+        body_dropped: record.body_dropped(),
     }
 }
 

@@ -110,6 +110,8 @@ pub(crate) async fn server_with_tokens()
         tls_cert: Some(pki.path().join("server.pem")),
         tls_key: Some(pki.path().join("server.key")),
         tls_client_ca: Some(pki.path().join("ca.pem")),
+        // The clients' tests read a delivered message's body back.
+        keep_delivered_bodies: true,
         ..config(&broker, &dir.path().join("data"))
     })
     .await;

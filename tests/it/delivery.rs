@@ -23,7 +23,9 @@ fn murmur2_matches_kafka_test_vectors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_arrive_on_topic_partition_and_key_with_headers_not_before_due() {
-    let TestBed { broker, topic, dir: _dir, server } = TestBed::start("orders", 4).await;
+    // Get shows each delivered body: kept.
+    let TestBed { broker, topic, dir: _dir, server } =
+        TestBed::start_with("orders", 4, |c| c.keep_delivered_bodies = true).await;
     let mut client = server.client().await;
 
     let mut keyed = request(&topic, "keyed", Duration::from_millis(800));
@@ -169,6 +171,61 @@ async fn a_retried_request_is_answered_once_and_delivered_once() {
     let after = client.schedule(r).await.unwrap().into_inner();
     assert!(after.duplicate);
     server.stop().await;
+}
+
+/// Once delivered and quiet, a message keeps what Get and a retry need and
+/// drops its body; with --keep-delivered-bodies it keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivered_message_drops_its_body_and_is_still_known_by_get_and_retries() {
+    for keep in [false, true] {
+        let TestBed { broker, topic, dir: _dir, server } =
+            TestBed::start_with("shed", 1, |c| c.keep_delivered_bodies = keep).await;
+        let mut client = server.client().await;
+        let mut r = request(&topic, "the body", Duration::from_millis(500));
+        r.id = Some("invoice-9:remind".into());
+        r.labels = [("customer".to_owned(), "c-9".to_owned())].into();
+        let message = r.message.as_mut().unwrap();
+        message.key = Some(b"invoice-9".to_vec());
+        message.headers = vec![proto::Header { key: "source".into(), value: b"billing".to_vec() }];
+        client.schedule(r.clone()).await.unwrap();
+        let got = consume_async(&broker, &topic, 1, Duration::from_secs(15), Duration::ZERO).await;
+        assert_eq!(got[0].value, b"the body");
+
+        let get = || {
+            let mut client = client.clone();
+            async move {
+                let id = "invoice-9:remind".to_owned();
+                client.get(proto::GetRequest { id, ..Default::default() }).await.unwrap().into_inner()
+            }
+        };
+        // The store goes quiet a round (10 s) after the delivery, and then
+        // drops what it delivered: kept, the body is still there well after.
+        let (started, within) = (std::time::Instant::now(), Duration::from_secs(if keep { 25 } else { 40 }));
+        let mut m = get().await;
+        while !m.body_dropped && started.elapsed() < within {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            m = get().await;
+        }
+        assert_eq!(m.state(), State::Delivered);
+        assert!(matches!(m.settlement, Some(proto::get_response::Settlement::Delivered(_))));
+        assert_eq!(m.labels.get("customer").map(String::as_str), Some("c-9"));
+        let kept = m.message.unwrap();
+        assert_eq!(kept.topic, topic);
+        if keep {
+            assert!(!m.body_dropped, "kept for {:?}", started.elapsed());
+            assert_eq!((kept.key.as_deref(), &kept.value[..]), (Some(&b"invoice-9"[..]), &b"the body"[..]));
+            assert_eq!(kept.headers.len(), 1);
+        } else {
+            assert!(m.body_dropped, "not dropped within {:?}", started.elapsed());
+            assert_eq!((kept.key, kept.value, kept.headers.len()), (None, vec![], 0));
+        }
+        // Retried, it is the same request; changed, it is another.
+        assert!(client.schedule(r.clone()).await.unwrap().into_inner().duplicate, "keep {keep}");
+        let mut other = r.clone();
+        other.message.as_mut().unwrap().headers[0].value = b"sales".to_vec();
+        assert_eq!(client.schedule(other).await.unwrap_err().code(), Code::AlreadyExists, "keep {keep}");
+        server.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

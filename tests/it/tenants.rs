@@ -181,7 +181,8 @@ async fn a_tenants_label_selector_never_reaches_another_tenants_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_tenant_has_its_own_ids_and_cannot_probe_anothers() {
-    let t = Tenants::start().await;
+    // Each delivered body is read back.
+    let t = Tenants::start_with(|c| c.keep_delivered_bodies = true).await;
     let (mut orders, mut billing) = (t.client("orders-token").await, t.client("billing-token").await);
 
     // The same id, chosen by both: two messages, each delivered to its own

@@ -31,14 +31,19 @@ fn replacing(topic: &str, id: &str, value: &str, due: SystemTime) -> proto::Sche
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replace_at_the_due_instant_is_either_replaced_or_already_delivered() {
-    let bed = TestBed::start("upsert-race", 3).await;
+    // Get shows what was delivered: bodies kept.
+    let bed = TestBed::start_with("upsert-race", 3, |c| c.keep_delivered_bodies = true).await;
     race(bed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_a_replace_at_the_due_instant_is_either_replaced_or_already_delivered() {
     let log_topic = random_name("hourglass-log");
-    let bed = TestBed::start_with("upsert-race-cluster", 3, one_node_cluster(&log_topic)).await;
+    let bed = TestBed::start_with("upsert-race-cluster", 3, |c| {
+        one_node_cluster(&log_topic)(c);
+        c.keep_delivered_bodies = true;
+    })
+    .await;
     race(bed).await;
 }
 
@@ -149,7 +154,11 @@ async fn race(bed: TestBed) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_latest_kafka_native_record_for_an_id_wins_while_it_is_pending() {
     let log_topic = random_name("hourglass-log");
-    let bed = TestBed::start_with("upsert-native", 1, one_node_cluster(&log_topic)).await;
+    let bed = TestBed::start_with("upsert-native", 1, |c| {
+        one_node_cluster(&log_topic)(c);
+        c.keep_delivered_bodies = true;
+    })
+    .await;
     let TestBed { broker, topic, dir: _dir, server } = bed;
     let ingress = format!("{log_topic}-ingress");
     let mut client = server.client().await;

@@ -128,6 +128,7 @@ fn record_of(mut m: LogMessage) -> MessageRecord {
         labels: m.labels.into_iter().take(Labels::MAX).collect(),
         max_lateness_ms: m.max_lateness_ms,
         dead_letter_topic,
+        digest: None,
     }
 }
 

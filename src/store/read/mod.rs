@@ -147,11 +147,14 @@ impl Store {
     }
 
     /// Drops the tombstones that cancels, retries and purges left in the
-    /// due CF below `below`.
+    /// due CF below `below`. Files at the bottom level were written by a
+    /// compaction already, and are left as they are.
     pub async fn compact_settled(&self, below: DispatchKey) -> Result<(), StoreError> {
         self.blocking(move |s| {
             let db = &s.inner.db;
-            db.compact_range_cf(cf(db, schema::CF_DUE), None::<&[u8]>, Some(&below.encode()[..]));
+            let mut options = rocksdb::CompactOptions::default();
+            options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Skip);
+            db.compact_range_cf_opt(cf(db, schema::CF_DUE), None::<&[u8]>, Some(below.encode()), &options);
             Ok(())
         })
         .await

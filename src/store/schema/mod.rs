@@ -42,7 +42,9 @@
 //! it ([`super::read::Logged`]). A new entry is never put below the floor or
 //! below where the dispatcher reads, so the floor only rises. Retention
 //! deletes a chunk's entries with one range delete once its range lies
-//! below the floor.
+//! below the floor. Before that, compaction drops the key, value and
+//! headers of such an entry and keeps a digest of its content instead
+//! ([`MessageRecord::digest`]; see `super::shed`).
 //!
 //! A message delivered at its first try gets no settlement and no retention
 //! entry of its own: its delivery is one line of the delivery log of the
@@ -317,6 +319,7 @@ impl MessageRecord {
             labels: Vec::new(),
             max_lateness_ms: self.max_lateness_ms,
             dead_letter_topic: self.dead_letter_topic.clone(),
+            digest: None,
         }
     }
 
@@ -406,6 +409,17 @@ pub(super) fn decode_due_value(bytes: &[u8]) -> Option<DueValue> {
         }
         _ => MessageId::from_stored(bytes).map(DueValue::Legacy),
     }
+}
+
+/// A due entry of the current layout without its message's key, value and
+/// headers, and with the digest of its content instead; `None` if it is
+/// none, or shed already.
+pub(super) fn shed_due_value(bytes: &[u8]) -> Option<Vec<u8>> {
+    let (&DUE_ENTRY_MARK, rest) = bytes.split_first()? else { return None };
+    let mut entry: DueEntry = decode(rest).ok()?;
+    let record = entry.record.as_mut().filter(|r| r.digest.is_none())?;
+    record.shed();
+    Some(encode_due_parts(&entry.id, record, entry.tries.as_ref()))
 }
 
 /// What one chunk delivered at first try: one line per message, in

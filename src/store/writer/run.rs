@@ -456,6 +456,14 @@ impl Writer {
     fn commit(&mut self, mut r: Round) {
         let chunk_last = r.log_chunk();
         r.write_marks();
+        // An entry this round left where it was (a retry whose record
+        // could not be read) or put in is pending: the floor waits for it,
+        // and never goes below where it was.
+        if let Some(left) = r.added.entries.iter().map(|(key, _)| *key).min()
+            && left < r.meta.floor()
+        {
+            r.meta.floor = left.max(self.meta.floor()).encode().to_vec();
+        }
         let writes = !r.batch.is_empty() || r.probe;
         let result = if !writes {
             Ok(())

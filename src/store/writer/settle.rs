@@ -125,7 +125,9 @@ impl Writer {
                 });
             }
             Outcome::Delivered { partition, offset } => {
-                self.take_out_settled(r, id, settle.key, read);
+                // Its delivery is recorded in the same write: its body is
+                // no longer needed (see `store::shed`).
+                self.take_out_settled(r, id, settle.key, read, !self.config.keep_delivered_bodies);
                 let settlement = Settlement {
                     kind: SettlementKind::Delivered as i32,
                     attempts,
@@ -235,7 +237,7 @@ impl Writer {
         read: Option<MessageRecord>,
         counted: impl FnOnce(&mut Counts),
     ) {
-        self.take_out_settled(r, &settle.id, settle.key, read);
+        self.take_out_settled(r, &settle.id, settle.key, read, false);
         r.settle(&settle.id, &settlement, settle.at);
         self.count(r, &settle.id, &settle.topic, |c| {
             c.pending = c.pending.saturating_sub(1);
@@ -292,10 +294,21 @@ impl Writer {
     }
 
     /// A settled message leaves the due index other than by a first-try
-    /// delivery: its due entry goes, and its record is kept whole.
-    fn take_out_settled(&self, r: &mut Round, id: &MessageId, key: DispatchKey, read: Option<MessageRecord>) {
+    /// delivery: its due entry goes, and its record is kept whole, or
+    /// without its body (`shed`).
+    fn take_out_settled(
+        &self,
+        r: &mut Round,
+        id: &MessageId,
+        key: DispatchKey,
+        read: Option<MessageRecord>,
+        shed: bool,
+    ) {
         match self.whole_unless_read(r, id, read) {
-            Ok(Some(record)) => {
+            Ok(Some(mut record)) => {
+                if shed {
+                    record.shed();
+                }
                 r.take_out(id, key, record);
             }
             Ok(None) => r.delete_due(key),

@@ -55,6 +55,9 @@ pub(crate) struct WriterConfig {
     pub max_round: usize,
     /// Recorded in a store that has no shard recorded yet.
     pub shard: ShardOf,
+    /// A message delivered other than at its first try in order keeps
+    /// its key, value and headers (see `store::shed`).
+    pub keep_delivered_bodies: bool,
 }
 
 pub(crate) struct Writer {

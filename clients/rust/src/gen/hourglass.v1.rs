@@ -294,6 +294,11 @@ pub struct GetResponse {
     /// Its own dead-letter topic, if it named one.
     #[prost(string, tag = "16")]
     pub dead_letter_topic: ::prost::alloc::string::String,
+    /// It was delivered, and its key, value and headers were dropped since
+    /// (the server keeps them only with --keep-delivered-bodies): `message`
+    /// holds its topic, partition and labels, and no body.
+    #[prost(bool, tag = "17")]
+    pub body_dropped: bool,
     #[prost(oneof = "get_response::Settlement", tags = "8, 9, 10, 13, 15")]
     pub settlement: ::core::option::Option<get_response::Settlement>,
 }

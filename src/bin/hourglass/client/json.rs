@@ -100,6 +100,9 @@ pub struct Message {
     pub key: Option<String>,
     pub value: String,
     pub headers: Vec<Header>,
+    /// Delivered, and its key, value and headers were not kept: they read
+    /// null, empty and none here.
+    pub body_dropped: bool,
     /// Written in place, field by field.
     #[serde(flatten)]
     pub ending: Ending,
@@ -193,6 +196,7 @@ impl From<proto::GetResponse> for Message {
                 .iter()
                 .map(|h| Header { key: h.key.clone(), value: base64(&h.value) })
                 .collect(),
+            body_dropped: m.body_dropped,
             ending,
             dead_letter_topic: text(m.dead_letter_topic),
             labels: m.labels.into_iter().collect(),

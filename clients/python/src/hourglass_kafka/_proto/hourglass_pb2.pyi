@@ -299,7 +299,7 @@ class DeadLetter(_message.Message):
     def __init__(self, dead_lettered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., reason: _Optional[str] = ..., error: _Optional[str] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("id", "message", "deliver_at", "scheduled_at", "state", "attempts", "last_error", "delivered", "cancelled", "failed", "expired", "dead_lettered", "tenant", "labels", "max_lateness", "dead_letter_topic")
+    __slots__ = ("id", "message", "deliver_at", "scheduled_at", "state", "attempts", "last_error", "delivered", "cancelled", "failed", "expired", "dead_lettered", "tenant", "labels", "max_lateness", "dead_letter_topic", "body_dropped")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +323,7 @@ class GetResponse(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MAX_LATENESS_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BODY_DROPPED_FIELD_NUMBER: _ClassVar[int]
     id: str
     message: Message
     deliver_at: _timestamp_pb2.Timestamp
@@ -339,7 +340,8 @@ class GetResponse(_message.Message):
     labels: _containers.ScalarMap[str, str]
     max_lateness: _duration_pb2.Duration
     dead_letter_topic: str
-    def __init__(self, id: _Optional[str] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[State, str]] = ..., attempts: _Optional[int] = ..., last_error: _Optional[str] = ..., delivered: _Optional[_Union[Delivery, _Mapping]] = ..., cancelled: _Optional[_Union[Cancellation, _Mapping]] = ..., failed: _Optional[_Union[Failure, _Mapping]] = ..., expired: _Optional[_Union[Expiry, _Mapping]] = ..., dead_lettered: _Optional[_Union[DeadLetter, _Mapping]] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_lateness: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_topic: _Optional[str] = ...) -> None: ...
+    body_dropped: bool
+    def __init__(self, id: _Optional[str] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[State, str]] = ..., attempts: _Optional[int] = ..., last_error: _Optional[str] = ..., delivered: _Optional[_Union[Delivery, _Mapping]] = ..., cancelled: _Optional[_Union[Cancellation, _Mapping]] = ..., failed: _Optional[_Union[Failure, _Mapping]] = ..., expired: _Optional[_Union[Expiry, _Mapping]] = ..., dead_lettered: _Optional[_Union[DeadLetter, _Mapping]] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_lateness: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., dead_letter_topic: _Optional[str] = ..., body_dropped: _Optional[bool] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("topic", "due_from", "due_to", "page_size", "page_token", "dispatch_from", "dispatch_to", "selector")

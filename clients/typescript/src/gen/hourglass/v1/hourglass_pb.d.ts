@@ -722,6 +722,15 @@ export declare type GetResponse = Message$1<"hourglass.v1.GetResponse"> & {
    * @generated from field: string dead_letter_topic = 16;
    */
   deadLetterTopic: string;
+
+  /**
+   * It was delivered, and its key, value and headers were dropped since
+   * (the server keeps them only with --keep-delivered-bodies): `message`
+   * holds its topic, partition and labels, and no body.
+   *
+   * @generated from field: bool body_dropped = 17;
+   */
+  bodyDropped: boolean;
 };
 
 /**
