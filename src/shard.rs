@@ -164,7 +164,6 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
         if let Err(e) = purge.run(before).await {
             tracing::warn!(error = %e, "purging settled messages failed");
         }
-        shed(store, false);
         rounds += 1;
         if rounds % COMPACT_EVERY == 0 {
             // Below this lie delivered entries kept until retention and
@@ -181,18 +180,21 @@ async fn upkeep(purge: Purge, clock: Arc<dyn Clock>, retention: Duration, every:
             Err(e) => tracing::warn!(error = %e, "reading the store's size failed"),
         }
         let write = store.write_seq();
+        let rested = write == last_write && !at_rest;
         if write != last_write {
             if at_rest {
                 store.in_use();
             }
             (last_write, at_rest) = (write, false);
-        } else if !at_rest {
+        } else if rested {
             at_rest = true;
             if let Err(e) = store.rest().await {
                 tracing::warn!(error = %e, "writing out the memtables of a store at rest failed");
             }
-            shed(store, true);
         }
+        // Once a round: a pass if one is due, and at once when the store
+        // has just gone quiet.
+        shed(store, rested);
         // Read after the memtables of a store at rest are written out.
         match store.reader().memory().await {
             Ok(m) => {

@@ -89,9 +89,14 @@ struct Inner {
     threads: Threads,
     lifecycle: Lifecycle,
     opened: Opened,
-    purge: PurgeCursors,
+    upkeep: Upkeep,
     /// The dispatch policies, as of the last commit that changed them.
     policies: Arc<watch::Sender<Arc<crate::policy::Table>>>,
+}
+
+/// What the upkeep's purges and passes keep from one to the next.
+struct Upkeep {
+    purge: PurgeCursors,
     /// What delivered messages shed, and below where.
     shed: shed::Shed,
 }

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Backlog, BlockCache, Inner, Lifecycle, LogPosition, Opened, PurgeCursors, Store, StoreConfig, StoreError,
-    Threads, backup,
+    Threads, Upkeep, backup,
     claims::{Claims, Wake},
     health::HealthBoard,
     options::open_db_with_cache,
@@ -44,7 +44,13 @@ impl Store {
         std::fs::create_dir_all(&config.path)
             .map_err(|e| StoreError::Io(format!("creating {}: {e}", config.path.display())))?;
         let shed = Shed::new(config.keep_delivered_bodies, config.durability);
-        let (db, cache) = open_db_with_cache(config, shed.filters()).map_err(with_report)?;
+        let filters = shed.filters();
+        let (db, cache) = open_db_with_cache(config, |due| {
+            if let Some(filters) = filters {
+                due.set_compaction_filter_factory(filters);
+            }
+        })
+        .map_err(with_report)?;
         let db = Arc::new(db);
         let metrics = ShardMetrics::of(config.shard.shard);
         let (ops, rx) = mpsc::channel(16 * 1024);
@@ -144,13 +150,15 @@ impl Store {
                     horizon: horizon_at_open,
                     log_time,
                 },
-                purge: PurgeCursors {
-                    retention: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
-                    logs: Mutex::new(schema::delivery_logs_range().0),
-                    chunks: Mutex::default(),
+                upkeep: Upkeep {
+                    purge: PurgeCursors {
+                        retention: Mutex::new(schema::retention_range_before(UnixMillis(0)).0),
+                        logs: Mutex::new(schema::delivery_logs_range().0),
+                        chunks: Mutex::default(),
+                    },
+                    shed,
                 },
                 policies,
-                shed,
             }),
         };
         if config.verify_on_open && !verify::verified(&config.path) {
@@ -199,7 +207,7 @@ impl Store {
                 let _ = verifier.join();
             }
             store.inner.db.cancel_all_background_work(true);
-            store.inner.shed.wait_idle();
+            store.inner.upkeep.shed.wait_idle();
         })
         .await;
     }

@@ -182,14 +182,14 @@ impl StoreConfig {
 /// checks), with no writer: for the store itself, and for tools that
 /// measure what RocksDB does with hourglass's options.
 pub fn open_db(config: &StoreConfig) -> Result<DB, StoreError> {
-    open_db_with_cache(config, None).map(|(db, _)| db)
+    open_db_with_cache(config, |_| {}).map(|(db, _)| db)
 }
 
-/// [`open_db`], with the block cache its column families share, and what
-/// filters compactions of the due CF.
+/// [`open_db`], with the block cache its column families share; `due_too`
+/// adds to the due CF's options (its compaction filter).
 pub(crate) fn open_db_with_cache(
     config: &StoreConfig,
-    shed: Option<super::shed::Filters>,
+    due_too: impl FnOnce(&mut Options),
 ) -> Result<(DB, Cache), StoreError> {
     let cache = Cache::new_lru_cache(config.cache_bytes);
     let table = |bloom: bool| {
@@ -243,9 +243,7 @@ pub(crate) fn open_db_with_cache(
     // The due CF is a queue: its head fills with tombstones. Compact files
     // dense with deletions so later seeks do not wade through them.
     due.add_compact_on_deletion_collector_factory(64 * 1024, 16 * 1024, 0.5);
-    if let Some(shed) = shed {
-        due.set_compaction_filter_factory(shed);
-    }
+    due_too(&mut due);
     let mut messages = Options::default();
     messages.set_block_based_table_factory(&table(true));
     messages.add_compact_on_deletion_collector_factory(64 * 1024, 16 * 1024, 0.5);

@@ -22,7 +22,7 @@
 //!
 //! In cluster mode a standby copy's floor does not move (the log's settle
 //! lines do not carry it): it keeps bodies until it owns the shard, and
-//! its first pass then starts from the oldest entry kept.
+//! its first pass then starts where bodies were left ([`first_pass_from`]).
 
 use std::{
     ffi::CStr,
@@ -41,8 +41,8 @@ use tokio_util::sync::CancellationToken;
 use super::{Durability, Store, StoreError, options::cf, read, schema};
 use crate::{command::DispatchKey, message::UnixMillis};
 
-/// How far back of the floor the first pass starts: what the last run
-/// delivered after its last pass is shed by it.
+/// The step, in due time, of the first pass's look for where bodies were
+/// left (see [`first_pass_from`]).
 const FIRST_PASS_BACK_MS: u64 = 3_600_000;
 
 /// Bytes delivered and not yet shed that start a pass at the next look.
@@ -114,12 +114,7 @@ impl Shed {
         let due = cf(db, schema::CF_DUE);
         let from = match passes.compacted_to {
             Some(to) => to,
-            // The first pass of this process: from the start if the oldest
-            // entry kept still has its body (a store of an earlier
-            // release, or a copy that had no owner's passes), else from a
-            // little before the floor.
-            None if oldest_has_body(db)? => DispatchKey::MIN,
-            None => DispatchKey { at: UnixMillis(floor.at.0.saturating_sub(FIRST_PASS_BACK_MS)), seq: 0 },
+            None => first_pass_from(db, floor)?,
         };
         let (lower, upper) = (from.encode(), floor.encode());
         let settled = db.get_approximate_sizes_cf(&due, &[Range::new(&lower, &upper)]);
@@ -150,14 +145,27 @@ impl Shed {
     }
 }
 
-/// Whether the oldest entry of the due index is one whose body could be
-/// shed and was not.
-fn oldest_has_body(db: &DB) -> Result<bool, StoreError> {
+/// Where the first pass of a process starts: a sample's step before the
+/// first entry below `floor` that still has its body (a store of an
+/// earlier release, a copy that was a standby, what the last run
+/// delivered after its last pass), sampling an entry every
+/// `FIRST_PASS_BACK_MS` of due time from the oldest (passes shed in due
+/// order); else that step before `floor`.
+fn first_pass_from(db: &DB, floor: DispatchKey) -> Result<DispatchKey, StoreError> {
     let mut it = db.raw_iterator_cf(cf(db, schema::CF_DUE));
     it.seek_to_first();
-    let oldest = it.value().map(|v| schema::shed_due_value(v).is_some());
+    let mut found = floor;
+    while let (Some(k), Some(value)) = (it.key(), it.value()) {
+        let Some(key) = DispatchKey::decode(k).filter(|key| *key < floor) else { break };
+        if schema::shed_due_value(value).is_some() {
+            found = key;
+            break;
+        }
+        let next = DispatchKey { at: UnixMillis(key.at.0.saturating_add(FIRST_PASS_BACK_MS)), seq: 0 };
+        it.seek(next.encode());
+    }
     it.status()?;
-    Ok(oldest.unwrap_or(false))
+    Ok(DispatchKey { at: UnixMillis(found.at.0.saturating_sub(FIRST_PASS_BACK_MS)), seq: 0 })
 }
 
 impl Store {
@@ -165,7 +173,7 @@ impl Store {
     /// holds now, if enough were delivered since the last time, or long
     /// enough ago, or `now` (see [`Shed`]). Whether it did.
     pub async fn shed_delivered(&self, now: bool) -> Result<bool, StoreError> {
-        if self.inner.shed.keep {
+        if self.inner.upkeep.shed.keep {
             return Ok(false);
         }
         // The writer writes a raised floor with its next change; a store
@@ -175,7 +183,7 @@ impl Store {
         if self.inner.wake.floor_recorded() > written {
             self.probe().await?;
         }
-        self.blocking(move |s| s.inner.shed.pass(&s.inner.db, now, &s.inner.lifecycle.closing)).await
+        self.blocking(move |s| s.inner.upkeep.shed.pass(&s.inner.db, now, &s.inner.lifecycle.closing)).await
     }
 }
 

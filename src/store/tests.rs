@@ -689,7 +689,7 @@ mod scale {
             db.iterator_cf(options::cf(&db, schema::CF_DUE), rocksdb::IteratorMode::Start).count();
         assert_eq!(due_entries, 2, "late and live are left");
         assert!(store.reader().get(Scope::everything(), m1).await.unwrap().is_none());
-        let cursor = store.inner.purge.logs.lock().unwrap().clone();
+        let cursor = store.inner.upkeep.purge.logs.lock().unwrap().clone();
         let ((), cost) = skipped(|| {
             read::purge_logs(&db, &cursor, UnixMillis(SETTLED + 2), 100).unwrap();
         });

@@ -144,3 +144,29 @@ async fn a_message_delivered_after_a_retry_drops_its_body_with_its_settle() {
         store.close().await;
     }
 }
+
+/// A store that kept its bodies (an earlier release's, or one run with
+/// `--keep-delivered-bodies`) sheds every delivered body at the first pass
+/// of a run that drops them, however far below the floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_kept_its_bodies_sheds_them_all_at_its_first_pass() {
+    const HOURS: u64 = 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&config(dir.path(), true)).unwrap();
+    for (id, due) in [("old", 1), ("older-by-hours", 5 * HOURS), ("recent", 9 * HOURS)] {
+        store.schedule(message(id, id, "00-aa", due)).await.unwrap();
+    }
+    assert_eq!(deliver_due(&store, 10 * HOURS).await, 3);
+    assert!(!store.shed_delivered(true).await.unwrap(), "kept: no pass");
+    store.close().await;
+    drop(store);
+
+    let store = Store::open(&config(dir.path(), false)).unwrap();
+    assert!(store.shed_delivered(true).await.unwrap());
+    for id in ["old", "older-by-hours", "recent"] {
+        let got =
+            store.reader().get(Scope::everything(), MessageId::parse(id).unwrap()).await.unwrap().unwrap();
+        assert!(got.body_dropped, "{id}");
+    }
+    store.close().await;
+}

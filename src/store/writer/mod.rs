@@ -138,10 +138,10 @@ impl Store {
         before: Vec<u8>,
         limit: usize,
     ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let from = self.inner.purge.chunks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let from = self.inner.upkeep.purge.chunks.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (chunks, next) =
             self.blocking(move |s| read::expired_log_chunks(&s.inner.db, &from, before, limit)).await?;
-        *self.inner.purge.chunks.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        *self.inner.upkeep.purge.chunks.lock().unwrap_or_else(|e| e.into_inner()) = next;
         Ok(chunks)
     }
 
@@ -151,8 +151,8 @@ impl Store {
         limit: usize,
         hold: bool,
     ) -> Result<(usize, Vec<MessageId>), StoreError> {
-        let from = self.inner.purge.retention.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let logs_from = self.inner.purge.logs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let from = self.inner.upkeep.purge.retention.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let logs_from = self.inner.upkeep.purge.logs.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (candidates, logs, logs_next) = self
             .blocking(move |s| {
                 let db = &s.inner.db;
@@ -173,9 +173,9 @@ impl Store {
             return Ok((looked_at, forgotten));
         }
         if let Some(next) = next {
-            *self.inner.purge.retention.lock().unwrap_or_else(|e| e.into_inner()) = next;
+            *self.inner.upkeep.purge.retention.lock().unwrap_or_else(|e| e.into_inner()) = next;
         }
-        *self.inner.purge.logs.lock().unwrap_or_else(|e| e.into_inner()) = logs_next;
+        *self.inner.upkeep.purge.logs.lock().unwrap_or_else(|e| e.into_inner()) = logs_next;
         Ok((looked_at, forgotten))
     }
 

@@ -462,7 +462,12 @@ impl Writer {
         if let Some(left) = r.added.entries.iter().map(|(key, _)| *key).min()
             && left < r.meta.floor()
         {
-            r.meta.floor = left.max(self.meta.floor()).encode().to_vec();
+            let floor = left.max(self.meta.floor());
+            r.meta.floor = floor.encode().to_vec();
+            // It may be produced again: the search after a crash covers it.
+            if r.meta.produced_from() > floor {
+                r.meta.produced_from = floor.encode().to_vec();
+            }
         }
         let writes = !r.batch.is_empty() || r.probe;
         let result = if !writes {

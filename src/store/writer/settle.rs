@@ -306,7 +306,8 @@ impl Writer {
     ) {
         match self.whole_unless_read(r, id, read) {
             Ok(Some(mut record)) => {
-                if shed {
+                // A record written before 0.2 stays whole where it is.
+                if shed && record.is_locator() {
                     record.shed();
                 }
                 r.take_out(id, key, record);
